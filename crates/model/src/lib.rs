@@ -1,0 +1,31 @@
+//! weft's domain model: the types every other crate speaks, and the pure
+//! logic over them. Nothing here does I/O, so everything here is tested by
+//! plain unit tests.
+//!
+//! - [`uplink`]: what a device or network server sent, as kept in the ingest log.
+//! - [`unit`]: the data unit, the canonical record the pipeline produces.
+//! - [`device`]: device types (decoder + processor) and devices (records, static data).
+//! - [`mapping`]: the processor's field mappings from an uplink body to a data unit.
+//! - [`query`]: the NGSI Simple Query Language (`q`), shared by live filters,
+//!   NGSI queries and rules.
+//! - [`validate`]: the name rules of the compatible surfaces.
+#![deny(missing_docs)]
+
+pub mod device;
+pub mod mapping;
+pub mod query;
+pub mod unit;
+pub mod uplink;
+pub mod validate;
+
+pub use device::{Device, DeviceType, Decoder, Mapping, Processor, SubDevice};
+pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
+pub use uplink::{NewUplink, Uplink, UplinkFormat};
+
+/// Milliseconds since the Unix epoch, the time unit of data units.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,215 @@
+//! weft's storage seam. Every durable thing goes through the [`Store`]
+//! trait so that the pipeline and the API never see SQL, and a PostgreSQL
+//! backend can be added without touching them.
+//!
+//! - [`sqlite`]: the embedded default (bundled SQLite, WAL, one writer
+//!   thread with group commit, a read pool, migrations).
+//!
+//! Durability contract: a write method returns only after the transaction
+//! holding it has committed. Concurrent writes are batched into one
+//! transaction by the backend (group commit), so many small durable writes
+//! cost one commit.
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use weft_model::{DataUnit, Device, DeviceType, FailedUplink, NewUplink, Uplink};
+
+pub mod sqlite;
+
+pub use sqlite::{SqliteConfig, SqliteStore};
+
+/// Errors a store reports. Callers map `Overloaded` to 503 + Retry-After
+/// and everything else to 500.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The writer's queue is full: the caller should shed load, not wait.
+    #[error("the store's write queue is full")]
+    Overloaded,
+    /// The store has been shut down.
+    #[error("the store is closed")]
+    Closed,
+    /// The database reported an error.
+    #[error("database error: {0}")]
+    Database(String),
+    /// A stored value could not be decoded (corruption or a schema bug).
+    #[error("stored value could not be decoded: {0}")]
+    Corrupt(String),
+}
+
+/// Result alias for store operations.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A data unit ready to store: the struct (for indexed columns) and its
+/// JSON, serialised once by the pipeline and reused for storage and
+/// fan-out.
+#[derive(Debug, Clone)]
+pub struct UnitRecord {
+    /// The unit.
+    pub unit: Arc<DataUnit>,
+    /// `serde_json::to_string(&unit)`.
+    pub json: Arc<str>,
+}
+
+/// A stored data unit as read back: its storage position (the paging
+/// cursor) and its JSON exactly as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredUnit {
+    /// Storage position; strictly increasing in insertion order.
+    pub seq: u64,
+    /// The unit's JSON.
+    pub json: String,
+}
+
+/// Everything the pipeline produced from a run of ingest-log entries,
+/// committed atomically together with the consumer's new cursor: after a
+/// crash, either all of it and the cursor are stored, or none of it is and
+/// the entries are processed again (and `dataId` uniqueness makes that
+/// idempotent).
+#[derive(Debug, Clone, Default)]
+pub struct ProcessedBatch {
+    /// Name of the consumer whose cursor moves (e.g. `"pipeline"`).
+    pub consumer: String,
+    /// The consumer's cursor after this batch: the next log `seq` to read.
+    pub next_seq: u64,
+    /// Data units to insert; a unit whose `dataId` is already stored is skipped.
+    pub units: Vec<UnitRecord>,
+    /// Failed uplinks to record (keyed by their log `seq`; replays overwrite).
+    pub failures: Vec<FailedUplink>,
+    /// Devices seen for the first time; inserted only if absent.
+    pub new_devices: Vec<Device>,
+}
+
+/// What [`Store::commit_processed`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CommitOutcome {
+    /// One flag per `units` entry: `true` if inserted, `false` if its
+    /// `dataId` was already stored (a duplicate, not to be published again).
+    pub inserted: Vec<bool>,
+}
+
+/// Filters of `GET /api/v1/data`. Results are in storage order (oldest
+/// first), starting after `after`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DataQuery {
+    /// Only this device.
+    pub device: Option<String>,
+    /// Only this channel.
+    pub channel: Option<String>,
+    /// Only this device type.
+    pub device_type: Option<String>,
+    /// `reportedAt >= from` (epoch ms).
+    pub from: Option<i64>,
+    /// `reportedAt <= to` (epoch ms).
+    pub to: Option<i64>,
+    /// Only units stored after this position (the paging cursor).
+    pub after: Option<u64>,
+    /// At most this many (the backend caps it at 10,000).
+    pub limit: usize,
+}
+
+/// Filters of `GET /api/v1/uplinks/failed`, oldest first after `after`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FailedQuery {
+    /// Only entries with log `seq > after`.
+    pub after: Option<u64>,
+    /// Only this device type.
+    pub device_type: Option<String>,
+    /// Only this channel.
+    pub channel: Option<String>,
+    /// At most this many (the backend caps it at 10,000).
+    pub limit: usize,
+}
+
+/// Filters of `GET /api/v1/devices`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceFilter {
+    /// Only devices of this type.
+    pub device_type: Option<String>,
+    /// Only devices on this channel.
+    pub channel: Option<String>,
+    /// Only devices whose records hold all these label values
+    /// (compared as strings; numbers and booleans by their JSON text).
+    pub records: Vec<(String, String)>,
+}
+
+/// Durable state of weft. Implementations must be safe to share between
+/// tasks and must never block the async runtime (do blocking work on their
+/// own threads).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // --- ingest log -------------------------------------------------------
+
+    /// Appends an uplink to the ingest log and returns its `seq` once the
+    /// append has committed. `Err(Overloaded)` when the write queue is full.
+    async fn append_uplink(&self, uplink: NewUplink) -> Result<u64>;
+
+    /// The highest committed ingest-log `seq` (0 when empty), updated after
+    /// every commit; the pipeline waits on it instead of polling.
+    fn committed_seq(&self) -> tokio::sync::watch::Receiver<u64>;
+
+    /// Up to `limit` log entries with `seq >= from_seq`, in `seq` order.
+    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>>;
+
+    /// The next `seq` consumer `name` has to process (1 for a new consumer).
+    async fn cursor(&self, consumer: &str) -> Result<u64>;
+
+    /// Commits a processed batch and the consumer's cursor atomically.
+    async fn commit_processed(&self, batch: ProcessedBatch) -> Result<CommitOutcome>;
+
+    /// Deletes log entries with `seq < below_seq` received before
+    /// `received_before` (epoch ms); returns how many were deleted.
+    async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64>;
+
+    // --- device types -----------------------------------------------------
+
+    /// Creates or replaces a device type; `true` if it was created.
+    async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool>;
+    /// One device type.
+    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>>;
+    /// All device types, by name.
+    async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>>;
+    /// Deletes a device type; `true` if it existed.
+    async fn delete_device_type(&self, name: &str) -> Result<bool>;
+
+    // --- devices ----------------------------------------------------------
+
+    /// Creates or replaces a device (`device.id` is the key); `true` if created.
+    async fn put_device(&self, device: &Device) -> Result<bool>;
+    /// One device.
+    async fn get_device(&self, id: &str) -> Result<Option<Device>>;
+    /// Devices matching `filter`, ordered by id.
+    async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>>;
+    /// Deletes a device; `true` if it existed.
+    async fn delete_device(&self, id: &str) -> Result<bool>;
+
+    // --- data units -------------------------------------------------------
+
+    /// Stored data units matching `query`, oldest first.
+    async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>>;
+    /// One stored data unit by `dataId`.
+    async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>>;
+    /// Failed uplinks matching `query`, oldest first.
+    async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>>;
+
+    // --- operations -------------------------------------------------------
+
+    /// Commits an empty write through the writer: `Ok` means the store is
+    /// writable right now (used by `/health`).
+    async fn ping(&self) -> Result<()>;
+
+    /// Stops accepting writes, commits what is queued, and stops the
+    /// writer. Later writes fail with `Closed`.
+    async fn close(&self);
+}
+
+/// Helper for backends: a device's records as the `(label, text)` pairs a
+/// [`DeviceFilter`] compares against.
+pub fn record_text(records: &Map<String, Value>, label: &str) -> Option<String> {
+    records.get(label).map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
