@@ -1,1 +1,56 @@
-//! placeholder
+//! weft's HTTP surfaces. Each module is one surface with its own
+//! `router()`; [`router`] merges them and applies the shared layers once.
+//! Handlers call the pipeline or the Store trait, never SQL.
+//!
+//! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
+//! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
+//! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
+//! - [`live`]: `/api/v1/live` websocket and SSE.
+//! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
+#![deny(missing_docs)]
+
+pub mod catalog;
+pub mod data;
+pub mod error;
+pub mod ingest;
+pub mod live;
+pub mod ops;
+
+use std::sync::Arc;
+
+use axum::Router;
+use weft_pipeline::Pipeline;
+
+pub use error::{ApiError, ApiResult};
+
+/// Renders the Prometheus exposition text; given by the binary, which owns
+/// the metrics recorder.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What handlers share: cheap to clone (handles only).
+#[derive(Clone)]
+pub struct AppState {
+    /// The running pipeline (catalog, store, bus).
+    pub pipeline: Arc<Pipeline>,
+    /// The key sensae-path and webhook uplinks must carry in
+    /// `Authorization`; `None` accepts any.
+    pub ingest_key: Option<Arc<str>>,
+    /// Renders `/metrics`.
+    pub metrics: MetricsRender,
+}
+
+/// Largest request body weft accepts on its own surfaces (1 MiB, the same
+/// limit Orion applies), so one client cannot make it buffer without bound.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// All of weft's routes with their shared layers.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(ingest::router())
+        .merge(catalog::router())
+        .merge(data::router())
+        .merge(live::router())
+        .merge(ops::router())
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}

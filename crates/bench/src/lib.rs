@@ -1,1 +1,81 @@
-//! weft bench (placeholder)
+//! `weft bench`: load generators that reproduce the seed systems' published
+//! workloads against a running weft (or one started in a temp dir with
+//! `--spawn`) and print a k6-style summary, so weft's figures can be read
+//! side by side with the seeds' k6 outputs.
+//!
+//! The crate is a map of small parts, each with one job:
+//!
+//! - [`common`]: the flags every scenario shares ([`CommonArgs`]) and the
+//!   [`Session`](common::Session) that owns the target server for a run.
+//! - [`target`]: where the server is: a base URL, or a `weft serve` child
+//!   process the bench started itself.
+//! - [`http`]: a lean HTTP/1.1 client (one keep-alive connection per worker,
+//!   pre-rendered requests, no per-request allocation) — the generator shares
+//!   a 2-core machine with the server, so every cycle it spends is one the
+//!   server does not get.
+//! - [`summary`]: the result of a run (checks and metrics) and its k6-style
+//!   text and JSON renderings.
+//! - [`progress`]: the progress bar shown on a terminal during long runs.
+//! - [`ingest`]: the `ingest` scenario (seed 000's throughput and
+//!   availability tests).
+//!
+//! Adding a scenario is a new module with an `Args` struct (flattening
+//! [`CommonArgs`]) and a `run` returning a [`summary::Summary`], plus one
+//! variant of [`BenchCommand`].
+
+pub mod common;
+pub mod http;
+pub mod ingest;
+pub mod progress;
+pub mod summary;
+pub mod target;
+
+pub use common::CommonArgs;
+pub use ingest::IngestArgs;
+
+use std::io::Write;
+
+/// The `weft bench <scenario>` subcommands, one per reproduced seed workload.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Seed 000's throughput/availability test: N devices POST em300th
+    /// uplinks (half encoded, half decoded) while one websocket subscriber
+    /// watches the live stream; checks every accepted uplink is delivered
+    /// on the socket and stored exactly once.
+    Ingest(IngestArgs),
+}
+
+impl BenchCommand {
+    /// The flags shared by every scenario, whichever was chosen.
+    fn common(&self) -> &CommonArgs {
+        match self {
+            BenchCommand::Ingest(args) => &args.common,
+        }
+    }
+}
+
+/// Runs one scenario and prints its summary (text, or JSON with `--json`)
+/// on stdout.
+///
+/// Returns `Ok(true)` when every check passed; the binary exits 1 otherwise,
+/// so a benchmark can gate a CI job. `Err` means the run itself could not
+/// be carried out (no server, setup refused, …), not that a check failed.
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
+    let common = cmd.common().clone();
+    let session = common::Session::start(&common).await?;
+    let outcome = match &cmd {
+        BenchCommand::Ingest(args) => ingest::run(args, &session).await,
+    };
+    // Stop a spawned server whatever happened, then report.
+    session.finish().await;
+    let summary = outcome?;
+    let rendered = if common.json {
+        summary.to_json_string()
+    } else {
+        summary.to_text()
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(rendered.as_bytes())?;
+    out.flush()?;
+    Ok(summary.passed())
+}

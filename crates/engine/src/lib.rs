@@ -1,14 +1,41 @@
-//! weft's script sandbox (façade). Callers never see rquickjs: they hand
+//! weft's script sandbox: device codecs (`decodeUplink`, `convert`) and JS
+//! rules run here, in QuickJS, with a time limit, a memory limit and a stack
+//! limit, and with every script compiled once and reused. It sits in the
+//! decode step of the data flow (ingest log → **decode** → process →
+//! context) and in the rule engine. Callers never see rquickjs: they hand
 //! [`Call`]s to an [`Engine`] and get JSON values or a [`CodecError`] back.
-//!
-//! PUBLIC API CONTRACT (implemented in the private modules):
+//! Scripts get no I/O of any kind: no modules, no network, no files.
 //!
 //! ```ignore
 //! let engine = Engine::start(EngineConfig::default());
 //! let script = Script::new("function decodeUplink(input){ return {data:{a:input.bytes[0]}} }");
-//! engine.check(&script).await?;                 // compile check: Ok(ScriptKind) or Err(CodecError::Compile{..})
+//! engine.check(&script).await?;   // Ok(ScriptKind::DecodeUplink) or Err(CodecError::Compile{..})
 //! let out = engine.run(vec![Call::DecodeUplink{script, bytes: vec![1], f_port: 85, recv_time_ms: 0}]).await?;
-//! // out: Vec<Result<serde_json::Value, CodecError>>, one per call, same order
-//! let decoded = interpret_decode_uplink(out[0].clone()?)?;  // Decoded{data, warnings}
+//! let decoded = interpret_decode_uplink(out[0].clone()?)?;   // Decoded{data, warnings}
 //! ```
+//!
+//! The modules:
+//!
+//! - `engine`: the cloneable handle; bounded queues in front of the workers.
+//! - `worker`: a thread owning a QuickJS runtime, its limits and its cache
+//!   of compiled scripts.
+//! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
+//! - `script`: the plain-data [`Script`] and [`Call`] callers build.
+//! - `decoded`: reading a `decodeUplink` result the TTN/ChirpStack way.
+//! - `error`: [`CodecError`], whose texts users see.
 #![deny(missing_docs)]
+
+mod convert;
+mod decoded;
+mod engine;
+mod error;
+mod script;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use decoded::{interpret_decode_uplink, Decoded};
+pub use engine::{Engine, EngineConfig};
+pub use error::CodecError;
+pub use script::{Call, Script, ScriptKind};

@@ -1,1 +1,311 @@
-//! placeholder
+//! weft's uplink pipeline: ingest log → decode → process → enrich → store →
+//! publish.
+//!
+//! - [`Pipeline::accept`] is the only way in: it appends an uplink to the
+//!   durable ingest log and returns once it has committed (the HTTP 202).
+//! - A consumer task tails the log from its stored cursor in two stages:
+//!   the reader decodes a batch ([`decode`]) while the committer stores the
+//!   previous one together with the new cursor, then publishes the units
+//!   that were new on the bus. A crash between the two replays the batch;
+//!   `dataId` uniqueness makes the replay store nothing twice.
+//! - [`catalog`] caches device types and devices for the hot path.
+#![deny(missing_docs)]
+
+pub mod catalog;
+pub mod decode;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weft_bus::{Bus, Event, Payload, Stream};
+use weft_engine::Engine;
+use weft_model::{FailedUplink, NewUplink, Uplink, UplinkFormat};
+use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
+
+pub use catalog::{Catalog, CatalogError, TypeEntry};
+pub use decode::Produced;
+
+/// The consumer name under which the pipeline's log cursor is stored.
+pub const CONSUMER: &str = "pipeline";
+
+/// Tuning of the pipeline; the defaults carry the seed workloads.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Most log entries decoded and committed as one batch. Larger batches
+    /// amortise commits under load; under light load batches are as small
+    /// as what has arrived, so latency does not wait for a full batch.
+    pub batch_size: usize,
+    /// Most accepted-but-unprocessed uplinks before `accept` answers
+    /// `Overloaded` (503): the log is durable, but a backlog this deep
+    /// means the consumer cannot keep up and clients should back off.
+    pub max_backlog: u64,
+    /// Processed log entries older than this are pruned.
+    pub log_retention: Duration,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            batch_size: 1024,
+            max_backlog: 500_000,
+            log_retention: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Why an uplink was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// Too much is queued; retry later (503 + Retry-After).
+    #[error("weft is overloaded; retry later")]
+    Overloaded,
+    /// The store failed (500).
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// Handle on the running pipeline, shared by the API.
+pub struct Pipeline {
+    store: Arc<dyn Store>,
+    bus: Arc<dyn Bus>,
+    engine: Engine,
+    catalog: Arc<Catalog>,
+    config: PipelineConfig,
+    /// Next log `seq` the committer has not yet stored (everything below
+    /// is processed).
+    processed: Arc<AtomicU64>,
+}
+
+/// A decoded batch on its way from the reader to the committer.
+struct Decoded {
+    batch: ProcessedBatch,
+}
+
+/// Capacity of the reader → committer queue: two batches, so decoding the
+/// next batch overlaps with committing the current one and no more.
+const STAGE_QUEUE: usize = 2;
+
+impl Pipeline {
+    /// Loads the catalog, then starts the consumer on `tracker`; it stops
+    /// when `shutdown` is cancelled, after processing what was committed.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+        engine: Engine,
+        config: PipelineConfig,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<Arc<Pipeline>, StoreError> {
+        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
+        let cursor = store.cursor(CONSUMER).await?;
+        let pipeline = Arc::new(Pipeline {
+            store,
+            bus,
+            engine,
+            catalog,
+            config,
+            processed: Arc::new(AtomicU64::new(cursor)),
+        });
+        let (tx, rx) = mpsc::channel(STAGE_QUEUE);
+        tracker.spawn(pipeline.clone().read_loop(cursor, tx, shutdown.clone()));
+        tracker.spawn(pipeline.clone().commit_loop(rx));
+        tracker.spawn(pipeline.clone().prune_loop(shutdown));
+        Ok(pipeline)
+    }
+
+    /// Durably appends an uplink to the ingest log; `Ok` means it is
+    /// committed and will be processed, even across a crash.
+    pub async fn accept(&self, uplink: NewUplink) -> Result<u64, AcceptError> {
+        let committed = *self.store.committed_seq().borrow();
+        let processed = self.processed.load(Ordering::Relaxed);
+        if committed.saturating_add(1).saturating_sub(processed) > self.config.max_backlog {
+            metrics::counter!("weft_uplinks_rejected_total", "reason" => "backlog").increment(1);
+            return Err(AcceptError::Overloaded);
+        }
+        match self.store.append_uplink(uplink).await {
+            Ok(seq) => {
+                metrics::counter!("weft_uplinks_accepted_total").increment(1);
+                Ok(seq)
+            }
+            Err(StoreError::Overloaded) => {
+                metrics::counter!("weft_uplinks_rejected_total", "reason" => "queue").increment(1);
+                Err(AcceptError::Overloaded)
+            }
+            Err(e) => Err(AcceptError::Store(e)),
+        }
+    }
+
+    /// Runs a sample uplink of type `type_name` through decode and process
+    /// without storing or registering anything (the `decode` dry run). A
+    /// body with `payload` or `bytes` is treated as encoded, otherwise as
+    /// decoded.
+    pub async fn dry_run(
+        &self,
+        type_name: &str,
+        channel: Option<String>,
+        body: &Value,
+    ) -> Result<Produced, FailedUplink> {
+        let encoded = body.get("payload").is_some() || body.get("bytes").is_some();
+        let uplink = Uplink {
+            seq: 0,
+            uplink: NewUplink {
+                received_at: weft_model::now_ms(),
+                format: if encoded { UplinkFormat::SensaeEncoded } else { UplinkFormat::SensaeDecoded },
+                channel,
+                device_type: Some(type_name.to_string()),
+                body: serde_json::to_vec(body).unwrap_or_default(),
+            },
+        };
+        let mut ignored = Vec::new();
+        let mut out =
+            decode::process(std::slice::from_ref(&uplink), &self.catalog, &self.engine, &mut ignored, false)
+                .await;
+        out.pop().expect("one outcome per uplink")
+    }
+
+    /// The device catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The store, for read-only API queries.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The bus, for live subscribers.
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+
+    /// Accepted uplinks not yet processed.
+    pub fn backlog(&self) -> u64 {
+        let committed = *self.store.committed_seq().borrow();
+        (committed + 1).saturating_sub(self.processed.load(Ordering::Relaxed))
+    }
+
+    /// Reader stage: waits for committed log entries past `next`, decodes
+    /// them in batches and hands them to the committer.
+    async fn read_loop(self: Arc<Self>, mut next: u64, tx: mpsc::Sender<Decoded>, shutdown: CancellationToken) {
+        let mut committed = self.store.committed_seq();
+        loop {
+            let head = *committed.borrow_and_update();
+            if head < next {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                tokio::select! {
+                    changed = committed.changed() => if changed.is_err() { break },
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            let uplinks = match self.store.read_uplinks(next, self.config.batch_size).await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::error!(error = %e, next, "reading the ingest log failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let Some(last) = uplinks.last().map(|u| u.seq) else {
+                // Entries below `head` were pruned or never existed: skip ahead.
+                next = head + 1;
+                continue;
+            };
+            let batch = self.decode_batch(&uplinks, last + 1).await;
+            if tx.send(batch).await.is_err() {
+                break;
+            }
+            next = last + 1;
+        }
+    }
+
+    async fn decode_batch(&self, uplinks: &[Uplink], next_seq: u64) -> Decoded {
+        let mut new_devices = Vec::new();
+        let outcomes = decode::process(uplinks, &self.catalog, &self.engine, &mut new_devices, true).await;
+        let mut batch = ProcessedBatch {
+            consumer: CONSUMER.to_string(),
+            next_seq,
+            new_devices,
+            ..ProcessedBatch::default()
+        };
+        for outcome in outcomes {
+            match outcome {
+                Ok(produced) => {
+                    for unit in produced.units {
+                        let json = serde_json::to_string(&unit).expect("data units serialise");
+                        batch.units.push(UnitRecord { unit: Arc::new(unit), json: json.into() });
+                    }
+                }
+                Err(failure) => {
+                    metrics::counter!("weft_uplinks_failed_total", "reason" => failure.reason.as_str())
+                        .increment(1);
+                    tracing::debug!(seq = failure.seq, reason = failure.reason.as_str(), "{}", failure.description);
+                    batch.failures.push(failure);
+                }
+            }
+        }
+        Decoded { batch }
+    }
+
+    /// Committer stage: stores each batch with its cursor, then publishes
+    /// the units that were new. Retries store failures: the batch is not
+    /// dropped, because the cursor must not move past unstored units.
+    async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>) {
+        while let Some(Decoded { batch }) = rx.recv().await {
+            let next_seq = batch.next_seq;
+            let units: Vec<UnitRecord> = batch.units.clone();
+            let mut delay = Duration::from_millis(5);
+            let outcome = loop {
+                match self.store.commit_processed(batch.clone()).await {
+                    Ok(outcome) => break Some(outcome),
+                    Err(StoreError::Closed) => break None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "committing processed uplinks failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                }
+            };
+            let Some(outcome) = outcome else { break };
+            let mut stored = 0u64;
+            for (record, inserted) in units.into_iter().zip(outcome.inserted) {
+                if !inserted {
+                    metrics::counter!("weft_units_duplicate_total").increment(1);
+                    continue;
+                }
+                stored += 1;
+                let json = Bytes::from(record.json.as_bytes().to_vec());
+                self.bus.publish(Event { stream: Stream::Data, payload: Payload::Data(record.unit), json });
+            }
+            metrics::counter!("weft_units_stored_total").increment(stored);
+            self.processed.store(next_seq, Ordering::Relaxed);
+            metrics::gauge!("weft_pipeline_backlog").set(self.backlog() as f64);
+        }
+    }
+
+    /// Deletes processed log entries older than the retention, every 10 s.
+    async fn prune_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => break,
+            }
+            let below = self.processed.load(Ordering::Relaxed);
+            let before = weft_model::now_ms() - self.config.log_retention.as_millis() as i64;
+            match self.store.prune_uplinks(below, before).await {
+                Ok(n) if n > 0 => tracing::debug!(pruned = n, "pruned the ingest log"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "pruning the ingest log failed"),
+            }
+        }
+    }
+}

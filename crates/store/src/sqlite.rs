@@ -1,1 +1,336 @@
-pub struct SqliteStore; pub struct SqliteConfig;
+//! The embedded default backend: one SQLite file in WAL mode, written by a
+//! single writer thread with group commit, read through a pool.
+//!
+//! Data flow: ingest endpoints `append_uplink` (answered after the batch
+//! holding it commits) → the pipeline wakes on `committed_seq`, reads the
+//! log, and `commit_processed`s its units, failures, new devices and
+//! cursor in one go → the API reads data units, failures and
+//! configuration through the read pool.
+//!
+//! - [`writer`]: the writer thread and every write's SQL.
+//! - [`reader`]: the read pool and every read's SQL.
+//! - [`schema`]: migrations and connection settings.
+//!
+//! This file holds the configuration and the handle, which only routes:
+//! writes become queued operations (`try_send`, so a full queue is an
+//! immediate `Overloaded`, never a wait), reads become blocking-pool tasks.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot, watch};
+use weft_model::{Device, DeviceType, FailedUplink, NewUplink, Uplink};
+
+use crate::{
+    CommitOutcome, DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Result, Store,
+    StoreError, StoredUnit,
+};
+
+mod reader;
+mod schema;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use reader::ReadPool;
+use writer::{Op, Reply, Writer};
+
+/// How SQLite syncs commits to disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// fsync the WAL on every commit: an acknowledged write survives a
+    /// power cut. The default, because weft acknowledges uplinks with 202
+    /// only once stored. Group commit keeps its cost per batch, not per
+    /// write.
+    #[default]
+    Full,
+    /// fsync only at checkpoints: still safe against a crash of weft
+    /// itself, but the last commits can be lost on a power cut or an OS
+    /// crash. For deployments that prefer throughput to that guarantee.
+    Normal,
+}
+
+/// Settings of the SQLite backend. The defaults need no setup: the
+/// database is created under `./weft-data/` on first start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqliteConfig {
+    /// The database file; its parent directory is created if missing.
+    pub path: PathBuf,
+    /// Read-only connections for queries. WAL readers do not block each
+    /// other or the writer, so this bounds read parallelism only; a few
+    /// are enough for the API's queries on small machines.
+    pub read_connections: usize,
+    /// fsync policy of commits.
+    pub synchronous: Synchronous,
+    /// Write operations that may wait for the writer. When it is full,
+    /// writes fail at once with `Overloaded` (the API answers 503 with
+    /// `Retry-After`) instead of queueing without bound. 65,536 covers
+    /// about a second of ingest at the target rate, so short stalls
+    /// (checkpoints, a slow disk) are absorbed rather than shed.
+    pub queue_capacity: usize,
+    /// Most operations committed in one transaction. Bounds how long one
+    /// commit holds the waiters of all its operations; 4,096 is far above
+    /// what one fsync needs to amortise.
+    pub max_batch: usize,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        SqliteConfig {
+            path: PathBuf::from("weft-data/weft.db"),
+            read_connections: 4,
+            synchronous: Synchronous::Full,
+            queue_capacity: 65_536,
+            max_batch: 4_096,
+        }
+    }
+}
+
+/// The SQLite [`Store`]. Share it behind an `Arc`; dropping the last
+/// handle lets the writer commit what is queued and stop on its own, and
+/// [`Store::close`] does the same but waits for it.
+pub struct SqliteStore {
+    ops: mpsc::Sender<Op>,
+    committed: watch::Receiver<u64>,
+    stopped: watch::Receiver<bool>,
+    reads: Arc<ReadPool>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("committed_seq", &*self.committed.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) and migrates the database, then starts
+    /// the writer thread. Blocking: call it at startup, before serving.
+    pub fn open(config: SqliteConfig) -> Result<SqliteStore> {
+        if let Some(parent) = config.path.parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    StoreError::Database(format!("cannot create {}: {e}", parent.display()))
+                })?;
+            }
+        }
+        let mut conn = Connection::open(&config.path).db()?;
+        schema::configure_writer(&conn, config.synchronous).db()?;
+        let version =
+            schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
+        // The writer runs a fixed, small set of statements; keep them all.
+        conn.set_prepared_statement_cache_capacity(64);
+        let last_seq = highest_seq(&conn).db()?;
+        let reads = Arc::new(ReadPool::open(&config.path, config.read_connections)?);
+
+        let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
+        let (committed_tx, committed) = watch::channel(last_seq);
+        let (stopped_tx, stopped) = watch::channel(false);
+        let writer = Writer::new(conn, ops_rx, config.max_batch, committed_tx, stopped_tx);
+        let handle = std::thread::Builder::new()
+            .name("weft-store-writer".to_string())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Database(format!("cannot start the writer thread: {e}")))?;
+        tracing::info!(
+            path = %config.path.display(),
+            schema_version = version,
+            last_seq,
+            synchronous = ?config.synchronous,
+            "opened the SQLite store"
+        );
+        Ok(SqliteStore {
+            ops: ops_tx,
+            committed,
+            stopped,
+            reads,
+            writer: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Queues a write built around its reply channel and waits for the
+    /// answer, which comes after the commit.
+    async fn write<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        match self.ops.try_send(op(reply)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(StoreError::Overloaded),
+            Err(TrySendError::Closed(_)) => return Err(StoreError::Closed),
+        }
+        // The writer drops replies only when it dies.
+        answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+/// The highest `seq` the ingest log ever handed out: SQLite's
+/// `AUTOINCREMENT` counter, which survives pruning (so the value never
+/// goes back after a restart), or the log's maximum.
+fn highest_seq(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'ingest_log'), 0), \
+                    COALESCE((SELECT MAX(seq) FROM ingest_log), 0))",
+        [],
+        |row| row.get::<_, i64>(0),
+    )
+    .map(|n| n.max(0) as u64)
+}
+
+/// `u64` positions as SQLite integers. Positions never come near
+/// `i64::MAX`; a caller passing a larger bound ("everything") gets the
+/// largest integer instead of an error.
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// rusqlite errors as [`StoreError`]s, without making rusqlite part of
+/// the crate's public API.
+trait Db<T> {
+    fn db(self) -> Result<T>;
+}
+
+impl<T> Db<T> for rusqlite::Result<T> {
+    fn db(self) -> Result<T> {
+        self.map_err(|e| StoreError::Database(e.to_string()))
+    }
+}
+
+fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
+        self.write(|reply| Op::Append(uplink, reply)).await
+    }
+
+    fn committed_seq(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
+        self.reads
+            .run(move |c| reader::read_uplinks(c, from_seq, limit))
+            .await
+    }
+
+    async fn cursor(&self, consumer: &str) -> Result<u64> {
+        let consumer = consumer.to_string();
+        self.reads.run(move |c| reader::cursor(c, &consumer)).await
+    }
+
+    async fn commit_processed(&self, batch: ProcessedBatch) -> Result<CommitOutcome> {
+        self.write(|reply| Op::Processed(batch, reply)).await
+    }
+
+    async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
+        self.write(|reply| Op::Prune {
+            below_seq,
+            received_before,
+            reply,
+        })
+        .await
+    }
+
+    async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
+        let json = encode("device type", device_type)?;
+        let name = name.to_string();
+        self.write(|reply| Op::PutDeviceType { name, json, reply })
+            .await
+    }
+
+    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>> {
+        let name = name.to_string();
+        self.reads
+            .run(move |c| reader::get_device_type(c, &name))
+            .await
+    }
+
+    async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
+        self.reads.run(reader::list_device_types).await
+    }
+
+    async fn delete_device_type(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.write(|reply| Op::DeleteDeviceType(name, reply)).await
+    }
+
+    async fn put_device(&self, device: &Device) -> Result<bool> {
+        let json = encode("device", device)?;
+        self.write(|reply| Op::PutDevice {
+            id: device.id.clone(),
+            device_type: device.device_type.clone(),
+            channel: device.channel.clone(),
+            json,
+            reply,
+        })
+        .await
+    }
+
+    async fn get_device(&self, id: &str) -> Result<Option<Device>> {
+        let id = id.to_string();
+        self.reads.run(move |c| reader::get_device(c, &id)).await
+    }
+
+    async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
+        let filter = filter.clone();
+        self.reads
+            .run(move |c| reader::list_devices(c, &filter))
+            .await
+    }
+
+    async fn delete_device(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.write(|reply| Op::DeleteDevice(id, reply)).await
+    }
+
+    async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
+        let query = query.clone();
+        self.reads.run(move |c| reader::query_data(c, &query)).await
+    }
+
+    async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>> {
+        let data_id = data_id.to_string();
+        self.reads.run(move |c| reader::get_data(c, &data_id)).await
+    }
+
+    async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>> {
+        let query = query.clone();
+        self.reads
+            .run(move |c| reader::query_failed(c, &query))
+            .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.write(Op::Ping).await
+    }
+
+    async fn close(&self) {
+        // `send`, not `try_send`: shutting down may wait for queue room.
+        // It fails only if the writer already stopped accepting.
+        let (reply, answer) = oneshot::channel();
+        if self.ops.send(Op::Close(reply)).await.is_ok() {
+            let _ = answer.await;
+        }
+        // A concurrent or repeated close waits for the same end. An error
+        // means the writer is gone, which is the end too.
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+        let handle = self.writer.lock().take();
+        if let Some(handle) = handle {
+            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+            if !matches!(joined, Ok(Ok(()))) {
+                tracing::error!("the storage writer thread panicked");
+            }
+        }
+    }
+}

@@ -1,1 +1,106 @@
-fn main() {}
+//! The `weft` command line: `weft serve` runs the platform, `weft bench`
+//! drives a running one with the seed workloads. Everything else lives in
+//! the library crates; this binary is configuration and wiring.
+
+mod config;
+mod server;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use config::{Config, Overrides};
+
+/// weft: one program for the whole job of an IoT data platform.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run weft: the HTTP API, the uplink pipeline and the store.
+    Serve {
+        /// TOML configuration file (every key can also be set as WEFT_<KEY>).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen address, e.g. 127.0.0.1:8080 (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Data directory (created if missing).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Key ingest requests must send in Authorization.
+        #[arg(long)]
+        ingest_key: Option<String>,
+    },
+    /// Reproduce a seed workload against a running weft (or --spawn one).
+    #[command(subcommand)]
+    Bench(weft_bench::BenchCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Command::Serve { config, listen, data, ingest_key } => {
+            let config = Config::load(config.as_deref(), Overrides { listen, data, ingest_key })
+                .context("reading the configuration")?;
+            init_logging(&config.log);
+            runtime.block_on(run_server(config))
+        }
+        Command::Bench(cmd) => {
+            init_logging("warn");
+            let passed = runtime.block_on(weft_bench::run(cmd))?;
+            std::process::exit(if passed { 0 } else { 1 });
+        }
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG_FILTER")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+async fn run_server(config: Config) -> anyhow::Result<()> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    // Scripts and tests read this line to learn the address when port 0 was asked for.
+    println!("weft listening on http://{}", listener.local_addr()?);
+    std::io::stdout().flush()?;
+
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    server::serve(config, listener, Arc::new(move || handle.render()), shutdown).await
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

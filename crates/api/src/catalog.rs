@@ -1,0 +1,174 @@
+//! `/api/v1/device-types` and `/api/v1/devices`: the configuration the
+//! pipeline decodes and enriches with, plus the `decode` dry run. Changes
+//! go through the pipeline's catalog so the next uplink sees them.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use weft_model::validate::is_object_id;
+use weft_model::{Device, DeviceType};
+use weft_pipeline::TypeEntry;
+use weft_store::DeviceFilter;
+
+use crate::{ApiError, ApiResult, AppState};
+
+/// The catalog routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/device-types", get(list_types))
+        .route("/api/v1/device-types/{name}", get(get_type).put(put_type).delete(delete_type))
+        .route("/api/v1/device-types/{name}/decode", post(decode))
+        .route("/api/v1/devices", get(list_devices))
+        .route("/api/v1/devices/{id}", get(get_device).put(put_device).delete(delete_device))
+}
+
+/// Parses a JSON body into `T`, answering 400 with serde's message.
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn check_id(id: &str) -> ApiResult<()> {
+    if is_object_id(id) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!("invalid name '{id}'")))
+    }
+}
+
+fn type_json(entry: &TypeEntry) -> Value {
+    let mut v = serde_json::to_value(&entry.def).expect("device types serialise");
+    if let Value::Object(map) = &mut v {
+        map.insert("name".into(), json!(entry.name));
+    }
+    v
+}
+
+fn created_or_ok(created: bool) -> StatusCode {
+    if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+}
+
+/// `GET /api/v1/device-types`: every type, by name.
+async fn list_types(State(state): State<AppState>) -> Json<Value> {
+    let all = state.pipeline.catalog().device_types();
+    Json(Value::Array(all.iter().map(|e| type_json(e)).collect()))
+}
+
+/// `GET /api/v1/device-types/{name}`.
+async fn get_type(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+    let entry = state
+        .pipeline
+        .catalog()
+        .device_type(&name)
+        .ok_or_else(|| ApiError::not_found(format!("device type '{name}' does not exist")))?;
+    Ok(Json(type_json(&entry)))
+}
+
+/// `PUT /api/v1/device-types/{name}`: create or replace. A decoder that
+/// does not compile is refused with the engine's message and line.
+async fn put_type(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    check_id(&name)?;
+    let def: DeviceType = parse_body(&body)?;
+    let created = state.pipeline.catalog().put_device_type(&name, def).await?;
+    let entry = state.pipeline.catalog().device_type(&name).expect("just stored");
+    Ok((created_or_ok(created), Json(type_json(&entry))))
+}
+
+/// `DELETE /api/v1/device-types/{name}`.
+async fn delete_type(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    if state.pipeline.catalog().delete_device_type(&name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("device type '{name}' does not exist")))
+    }
+}
+
+/// `POST /api/v1/device-types/{name}/decode`: runs the type's decoder (or
+/// processor) on a sample body and returns what it would produce, storing
+/// nothing. `?channel=` sets the units' channel.
+async fn decode(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    if state.pipeline.catalog().device_type(&name).is_none() {
+        return Err(ApiError::not_found(format!("device type '{name}' does not exist")));
+    }
+    let sample: Value = parse_body(&body)?;
+    if !sample.is_object() {
+        return Err(ApiError::bad_request("body must be a JSON object"));
+    }
+    match state.pipeline.dry_run(&name, params.get("channel").cloned(), &sample).await {
+        Ok(produced) => Ok(Json(json!({"units": produced.units, "warnings": produced.warnings}))),
+        Err(failed) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "DecodeFailed", failed.description.clone())
+            .with_extra(json!({"reason": failed.reason, "errors": [failed.description]}))),
+    }
+}
+
+/// `GET /api/v1/devices?type=&channel=&record.<label>=`.
+async fn list_devices(
+    State(state): State<AppState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Json<Vec<Device>>> {
+    let mut filter = DeviceFilter::default();
+    for (k, v) in params {
+        match k.as_str() {
+            "type" => filter.device_type = Some(v),
+            "channel" => filter.channel = Some(v),
+            _ => match k.strip_prefix("record.") {
+                Some(label) => filter.records.push((label.to_string(), v)),
+                None => return Err(ApiError::bad_request(format!("unknown parameter '{k}'"))),
+            },
+        }
+    }
+    Ok(Json(state.pipeline.store().list_devices(&filter).await?))
+}
+
+/// `GET /api/v1/devices/{id}`.
+async fn get_device(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Device>> {
+    let device = state
+        .pipeline
+        .catalog()
+        .device(&id)
+        .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
+    Ok(Json((*device).clone()))
+}
+
+/// `PUT /api/v1/devices/{id}`: create or replace; the id comes from the path.
+async fn put_device(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    check_id(&id)?;
+    let mut device: Device = parse_body(&body)?;
+    device.id = id;
+    for sub in &device.sub_devices {
+        check_id(&sub.id)?;
+    }
+    let created = state.pipeline.catalog().put_device(device.clone()).await?;
+    Ok((created_or_ok(created), Json(device)))
+}
+
+/// `DELETE /api/v1/devices/{id}`.
+async fn delete_device(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    if state.pipeline.catalog().delete_device(&id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("device '{id}' does not exist")))
+    }
+}

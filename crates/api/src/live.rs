@@ -1,0 +1,282 @@
+//! The live stream: `/api/v1/live` (websocket) and `/api/v1/live/sse`
+//! (server-sent events). Clients subscribe to a stream (`data`, `alarms`,
+//! `entities`) with a filter and receive each matching event as it is
+//! published on the bus.
+//!
+//! A consumer that cannot keep up is disconnected with a `SlowConsumer`
+//! error rather than slowing the pipeline or buffering without bound: the
+//! bus buffers at most its stream capacity for it, and a send that stays
+//! blocked longer than [`SEND_TIMEOUT`] ends the connection.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use futures::{SinkExt, Stream as FutStream, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use weft_bus::{Event, Payload, RecvError, Stream, Subscription};
+use weft_model::query::Query as Q;
+
+use crate::{ApiError, ApiResult, AppState};
+
+/// How long one websocket send may stay blocked on a client that does not
+/// read before the client is cut off.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The live routes.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/v1/live", get(websocket)).route("/api/v1/live/sse", get(sse))
+}
+
+/// Which events of a stream a subscriber wants. Empty lists match all.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterSpec {
+    /// Only these channels.
+    pub channels: Vec<String>,
+    /// Only these device ids.
+    pub devices: Vec<String>,
+    /// Only these device types.
+    pub types: Vec<String>,
+    /// Simple Query Language over the unit's measures.
+    pub q: Option<String>,
+}
+
+/// A validated filter, with its query parsed once.
+#[derive(Debug)]
+pub struct Filter {
+    spec: FilterSpec,
+    q: Option<Q>,
+}
+
+impl Filter {
+    /// Validates `spec`; a bad `q` is a 400-class error for the subscriber.
+    pub fn new(spec: FilterSpec) -> Result<Filter, String> {
+        let q = match spec.q.as_deref().filter(|q| !q.trim().is_empty()) {
+            Some(q) => Some(Q::parse(q).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Ok(Filter { spec, q })
+    }
+
+    /// Whether `event` passes the filter.
+    pub fn matches(&self, event: &Event) -> bool {
+        match &event.payload {
+            Payload::Data(unit) => {
+                let s = &self.spec;
+                (s.channels.is_empty() || s.channels.contains(&unit.channel))
+                    && (s.devices.is_empty() || s.devices.contains(&unit.device.id))
+                    && (s.types.is_empty() || s.types.contains(&unit.device.device_type))
+                    && self.q.as_ref().is_none_or(|q| q.matches(|p| unit.attribute(p)))
+            }
+        }
+    }
+}
+
+/// A message a websocket client sends.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum ClientMessage {
+    Subscribe {
+        id: String,
+        stream: String,
+        #[serde(default)]
+        filter: FilterSpec,
+    },
+    Unsubscribe {
+        id: String,
+    },
+}
+
+/// `GET /api/v1/live`: upgrades to the subscription protocol.
+async fn websocket(State(state): State<AppState>, ws: WebSocketUpgrade) -> impl IntoResponse {
+    ws.on_upgrade(move |socket| serve_socket(state, socket))
+}
+
+fn control(kind: &str, id: Option<&str>) -> Message {
+    Message::Text(json!({"type": kind, "id": id}).to_string().into())
+}
+
+fn error_message(id: Option<&str>, error: &str, description: &str) -> Message {
+    Message::Text(json!({"type":"error","id":id,"error":error,"description":description}).to_string().into())
+}
+
+/// The next event of an optional subscription; pending forever if absent.
+async fn next_event(sub: &mut Option<Subscription>) -> Result<std::sync::Arc<Event>, RecvError> {
+    match sub {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One subscriber's frame: the event JSON spliced into the envelope
+/// without re-serialising it.
+fn event_frame(id: &str, event: &Event) -> Message {
+    let mut s = String::with_capacity(event.json.len() + id.len() + 40);
+    s.push_str("{\"type\":\"event\",\"id\":");
+    s.push_str(&serde_json::to_string(id).expect("strings serialise"));
+    s.push_str(",\"event\":");
+    s.push_str(std::str::from_utf8(&event.json).unwrap_or("null"));
+    s.push('}');
+    Message::Text(Utf8Bytes::from(s))
+}
+
+async fn serve_socket(state: AppState, socket: WebSocket) {
+    let (mut sink, mut source) = socket.split();
+    let bus = state.pipeline.bus().clone();
+    // Per stream: the bus subscription and the client's filters on it.
+    let mut subs: HashMap<Stream, (Option<Subscription>, Vec<(String, Filter)>)> =
+        Stream::ALL.iter().map(|s| (*s, (None, Vec::new()))).collect();
+    metrics::gauge!("weft_live_connections").increment(1.0);
+    let reason = loop {
+        let [data, alarms, entities] = Stream::ALL;
+        let (mut d, mut a, mut e) = (
+            subs.get_mut(&data).map(|x| x.0.take()).unwrap_or(None),
+            subs.get_mut(&alarms).map(|x| x.0.take()).unwrap_or(None),
+            subs.get_mut(&entities).map(|x| x.0.take()).unwrap_or(None),
+        );
+        let received = tokio::select! {
+            msg = source.next() => Err(msg),
+            ev = next_event(&mut d) => Ok((data, ev)),
+            ev = next_event(&mut a) => Ok((alarms, ev)),
+            ev = next_event(&mut e) => Ok((entities, ev)),
+        };
+        subs.get_mut(&data).expect("all streams").0 = d;
+        subs.get_mut(&alarms).expect("all streams").0 = a;
+        subs.get_mut(&entities).expect("all streams").0 = e;
+
+        match received {
+            Ok((stream, Ok(event))) => {
+                let (sub, filters) = subs.get(&stream).expect("all streams");
+                for (id, filter) in filters {
+                    if filter.matches(&event) {
+                        if sink.feed(event_frame(id, &event)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                let idle = sub.as_ref().is_none_or(|s| s.backlog() == 0);
+                if idle {
+                    match tokio::time::timeout(SEND_TIMEOUT, sink.flush()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break None,
+                        Err(_) => break Some("the client did not read for 5 s"),
+                    }
+                }
+            }
+            Ok((_, Err(RecvError::Lagged(_)))) => break Some("the client fell too far behind the stream"),
+            Ok((_, Err(RecvError::Closed))) => break None,
+            Err(None) | Err(Some(Err(_))) => break None,
+            Err(Some(Ok(msg))) => {
+                let text = match msg {
+                    Message::Text(t) => t,
+                    Message::Close(_) => break None,
+                    _ => continue,
+                };
+                let reply = match serde_json::from_str::<ClientMessage>(&text) {
+                    Err(e) => error_message(None, "BadRequest", &format!("invalid message: {e}")),
+                    Ok(ClientMessage::Subscribe { id, stream, filter }) => {
+                        match (Stream::parse(&stream), Filter::new(filter)) {
+                            (None, _) => error_message(Some(&id), "BadRequest", &format!("unknown stream '{stream}'")),
+                            (_, Err(e)) => error_message(Some(&id), "BadRequest", &e),
+                            (Some(stream), Ok(filter)) => {
+                                for (_, filters) in subs.values_mut() {
+                                    filters.retain(|(i, _)| i != &id);
+                                }
+                                let entry = subs.get_mut(&stream).expect("all streams");
+                                if entry.0.is_none() {
+                                    entry.0 = Some(bus.subscribe(stream));
+                                }
+                                entry.1.push((id.clone(), filter));
+                                control("subscribed", Some(&id))
+                            }
+                        }
+                    }
+                    Ok(ClientMessage::Unsubscribe { id }) => {
+                        for (sub, filters) in subs.values_mut() {
+                            filters.retain(|(i, _)| i != &id);
+                            if filters.is_empty() {
+                                *sub = None;
+                            }
+                        }
+                        control("unsubscribed", Some(&id))
+                    }
+                };
+                if sink.send(reply).await.is_err() {
+                    break None;
+                }
+            }
+        }
+    };
+    if let Some(reason) = reason {
+        metrics::counter!("weft_live_slow_consumers_total").increment(1);
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let _ = sink.send(error_message(None, "SlowConsumer", reason)).await;
+            let _ = sink.close().await;
+        })
+        .await;
+    }
+    metrics::gauge!("weft_live_connections").decrement(1.0);
+}
+
+/// Query parameters of the SSE endpoint; lists are comma-separated.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SseParams {
+    stream: String,
+    channels: Option<String>,
+    devices: Option<String>,
+    types: Option<String>,
+    q: Option<String>,
+}
+
+fn list(s: Option<String>) -> Vec<String> {
+    s.map(|s| s.split(',').filter(|x| !x.is_empty()).map(str::to_string).collect()).unwrap_or_default()
+}
+
+/// `GET /api/v1/live/sse?stream=data&channels=…`: the same events as
+/// server-sent events (`event: data`, `data: <json>`). A lagging client
+/// gets `event: error` and the stream ends.
+async fn sse(
+    State(state): State<AppState>,
+    params: Result<Query<SseParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Sse<impl FutStream<Item = Result<SseEvent, Infallible>>>> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let stream = Stream::parse(&p.stream).ok_or_else(|| ApiError::bad_request(format!("unknown stream '{}'", p.stream)))?;
+    let filter = Filter::new(FilterSpec {
+        channels: list(p.channels),
+        devices: list(p.devices),
+        types: list(p.types),
+        q: p.q,
+    })
+    .map_err(ApiError::bad_request)?;
+    let sub = state.pipeline.bus().subscribe(stream);
+    let events = futures::stream::unfold(Some((sub, filter)), move |state| async move {
+        let (mut sub, filter) = state?;
+        loop {
+            match sub.recv().await {
+                Ok(event) if filter.matches(&event) => {
+                    let data = std::str::from_utf8(&event.json).unwrap_or("null").to_string();
+                    let ev = SseEvent::default().event(stream.as_str()).data(data);
+                    return Some((Ok(ev), Some((sub, filter))));
+                }
+                Ok(_) => continue,
+                Err(RecvError::Lagged(_)) => {
+                    let ev = SseEvent::default()
+                        .event("error")
+                        .data(json!({"error":"SlowConsumer","description":"the client fell too far behind the stream"}).to_string());
+                    return Some((Ok(ev), None));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}

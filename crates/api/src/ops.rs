@@ -1,0 +1,45 @@
+//! Operations endpoints: `/health` (is the store writable, how deep is the
+//! backlog), `/metrics` (Prometheus text) and the OpenAPI document.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::AppState;
+
+/// The operations routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/api/v1/openapi.json", get(openapi))
+}
+
+/// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
+/// the store, 503 `{"status":"fail"}` otherwise.
+async fn health(State(state): State<AppState>) -> impl IntoResponse {
+    let backlog = state.pipeline.backlog();
+    match state.pipeline.store().ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({"status":"pass","version":env!("CARGO_PKG_VERSION"),"backlog":backlog})),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status":"fail","version":env!("CARGO_PKG_VERSION"),"output":e.to_string()})),
+        ),
+    }
+}
+
+/// `GET /metrics`: Prometheus exposition text.
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], (state.metrics)())
+}
+
+/// `GET /api/v1/openapi.json`: the contract of weft's own API.
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json"))
+}

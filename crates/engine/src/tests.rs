@@ -1,0 +1,551 @@
+//! The engine's behaviour end to end: real QuickJS workers, real scripts.
+//! Each test says what it proves; together they cover ChirpStack's codec
+//! cases (decoding, exact error text, infinite loop) plus what weft adds
+//! (memory bomb, busy queue, isolation, cache reuse).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::{interpret_decode_uplink, Call, CodecError, Engine, EngineConfig, Script, ScriptKind};
+
+const EM300TH: &str = include_str!("../../../examples/codecs/em300th.js");
+
+fn engine() -> Engine {
+    Engine::start(EngineConfig::default())
+}
+
+fn decode_call(script: &Script, bytes: &[u8]) -> Call {
+    Call::DecodeUplink {
+        script: script.clone(),
+        bytes: bytes.to_vec(),
+        f_port: 85,
+        recv_time_ms: 1_700_000_000_123,
+    }
+}
+
+fn function_call(script: &Script, name: &str, args: Vec<Value>) -> Call {
+    Call::Function {
+        script: script.clone(),
+        name: name.to_string(),
+        args,
+    }
+}
+
+/// Runs one call and returns its own result.
+async fn run_one(engine: &Engine, call: Call) -> Result<Value, CodecError> {
+    let mut results = engine.run(vec![call]).await.expect("engine accepts the batch");
+    assert_eq!(results.len(), 1);
+    results.remove(0)
+}
+
+async fn decode(engine: &Engine, script: &Script, bytes: &[u8]) -> Result<Value, CodecError> {
+    let returned = run_one(engine, decode_call(script, bytes)).await?;
+    interpret_decode_uplink(returned).map(|d| Value::Object(d.data))
+}
+
+/// The spec's example uplink decodes to exactly the documented object.
+#[tokio::test]
+async fn em300th_spec_example() {
+    let engine = engine();
+    let script = Script::new(EM300TH);
+    let bytes = [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65];
+    assert_eq!(
+        decode(&engine, &script, &bytes).await,
+        Ok(json!({"battery": 92, "temperature": 30.8, "humidity": 50.5}))
+    );
+}
+
+/// More vectors derived from the payload table: a negative temperature
+/// (0xFF9C LE = -100 → -10.0 °C), records in another order, a lone record.
+#[tokio::test]
+async fn em300th_derived_vectors() {
+    let engine = engine();
+    let script = Script::new(EM300TH);
+    let cases: &[(&[u8], Value)] = &[
+        // JSON has one number type: -10.0 travels as -10.
+        (&[0x03, 0x67, 0x9C, 0xFF], json!({"temperature": -10})),
+        (&[0x04, 0x68, 0x7B], json!({"humidity": 61.5})),
+        (
+            &[0x04, 0x68, 0x00, 0x01, 0x75, 0x64, 0x03, 0x67, 0x00, 0x00],
+            json!({"humidity": 0, "battery": 100, "temperature": 0}),
+        ),
+        (&[0x03, 0x67, 0x01, 0x80], json!({"temperature": -3276.7})),
+        (&[], json!({})),
+    ];
+    for (bytes, want) in cases {
+        assert_eq!(decode(&engine, &script, bytes).await.as_ref(), Ok(want), "{bytes:02X?}");
+    }
+}
+
+/// A record cut short and an unknown channel are the codec's own errors.
+#[tokio::test]
+async fn em300th_reported_errors() {
+    let engine = engine();
+    let script = Script::new(EM300TH);
+    assert_eq!(
+        decode(&engine, &script, &[0x01, 0x75, 0x5C, 0x03, 0x67, 0x34]).await,
+        Err(CodecError::Reported(vec!["truncated record at byte 5".into()]))
+    );
+    assert_eq!(
+        decode(&engine, &script, &[0x05, 0x99, 0x01]).await,
+        Err(CodecError::Reported(vec![
+            "unknown record: channel 0x5 type 0x99".into()
+        ]))
+    );
+    let error = decode(&engine, &script, &[0x01]).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "decoder reported errors: truncated record at byte 0"
+    );
+}
+
+/// `check` names the entry point, preferring decodeUplink over convert over evaluate.
+#[tokio::test]
+async fn check_reports_the_kind() {
+    let engine = engine();
+    let cases = [
+        (EM300TH, ScriptKind::DecodeUplink),
+        (
+            "function convert(o) {} function decodeUplink(i) {}",
+            ScriptKind::DecodeUplink,
+        ),
+        (
+            "function evaluate() {} var convert = function (o) {};",
+            ScriptKind::Convert,
+        ),
+        ("function evaluate(unit, state) {}", ScriptKind::Evaluate),
+        ("var x = 1;", ScriptKind::Unknown),
+    ];
+    for (source, kind) in cases {
+        assert_eq!(engine.check(&Script::new(source)).await, Ok(kind), "{source}");
+    }
+}
+
+/// A syntax error is a compile error with the parser's text and the line.
+#[tokio::test]
+async fn syntax_error_has_line() {
+    let engine = engine();
+    let script = Script::new("function decodeUplink(input) {\n  var a = 1;\n  return (a + );\n}\n");
+    let error = engine.check(&script).await.unwrap_err();
+    assert_eq!(
+        error,
+        CodecError::Compile {
+            message: "SyntaxError: unexpected token in expression: ')'".into(),
+            line: Some(3),
+        }
+    );
+    assert_eq!(
+        error.to_string(),
+        "SyntaxError: unexpected token in expression: ')' at line 3"
+    );
+    // Running it gives the same error, without recompiling each time.
+    assert_eq!(run_one(&engine, decode_call(&script, &[1])).await, Err(error));
+}
+
+/// A thrown Error comes back with its exact text and the frame it was thrown in.
+#[tokio::test]
+async fn thrown_error_text() {
+    let engine = engine();
+    let script = Script::new(
+        "function decodeUplink(input) {\n  if (input.bytes.length > 0) {\n    throw new Error(\"boom\");\n  }\n}\n",
+    );
+    let error = run_one(&engine, decode_call(&script, &[1])).await.unwrap_err();
+    let CodecError::Exception { message, stack } = &error else {
+        panic!("expected an exception, got {error:?}");
+    };
+    assert_eq!(message, "Error: boom");
+    assert_eq!(stack.as_deref(), Some("    at decodeUplink (script.js:3:15)\n"));
+    assert_eq!(
+        error.to_string(),
+        "Error: boom\n    at decodeUplink (script.js:3:15)"
+    );
+    // Non-Error values are shown as themselves.
+    let script = Script::new("function f(x) { throw x; }");
+    let thrown = |x: Value| function_call(&script, "f", vec![x]);
+    assert_eq!(
+        run_one(&engine, thrown(json!("plain text"))).await,
+        Err(CodecError::Exception {
+            message: "plain text".into(),
+            stack: None
+        })
+    );
+    assert_eq!(
+        run_one(&engine, thrown(json!({"code": 7}))).await,
+        Err(CodecError::Exception {
+            message: "{\"code\":7}".into(),
+            stack: None
+        })
+    );
+}
+
+/// A decodeUplink without `data` is invalid output; TypeErrors of a broken
+/// codec are exceptions; a script without the function says so.
+#[tokio::test]
+async fn missing_data_and_missing_function() {
+    let engine = engine();
+    let script = Script::new("function decodeUplink(input) { return {warnings: []}; }");
+    assert_eq!(
+        decode(&engine, &script, &[1]).await,
+        Err(CodecError::InvalidOutput(
+            "decodeUplink returned no data object".into()
+        ))
+    );
+    let script = Script::new("function convert(object) { return object; }");
+    let error = run_one(&engine, decode_call(&script, &[1])).await.unwrap_err();
+    assert_eq!(error, CodecError::MissingFunction("decodeUplink".into()));
+    assert_eq!(
+        error.to_string(),
+        "script does not define a function named `decodeUplink`"
+    );
+    assert_eq!(
+        run_one(&engine, function_call(&script, "nope", vec![])).await,
+        Err(CodecError::MissingFunction("nope".into()))
+    );
+}
+
+/// The decodeUplink input has TTN's shape: a plain array, the port, a real Date.
+#[tokio::test]
+async fn decode_uplink_input_shape() {
+    let engine = engine();
+    let script = Script::new(
+        "function decodeUplink(input) {
+           return {data: {
+             isArray: Array.isArray(input.bytes), bytes: input.bytes, port: input.fPort,
+             isDate: input.recvTime instanceof Date, ms: input.recvTime.getTime(),
+             iso: input.recvTime.toISOString(), keys: Object.keys(input)
+           }};
+         }",
+    );
+    assert_eq!(
+        decode(&engine, &script, &[0, 255, 7]).await,
+        Ok(json!({
+            "isArray": true, "bytes": [0, 255, 7], "port": 85, "isDate": true,
+            "ms": 1_700_000_000_123_i64, "iso": "2023-11-14T22:13:20.123Z",
+            "keys": ["bytes", "fPort", "recvTime"]
+        }))
+    );
+}
+
+/// sensae's `convert(object)` gets the body as a JS object and its result
+/// comes back as JSON; undefined members vanish as in JSON.stringify.
+#[tokio::test]
+async fn convert_call() {
+    let engine = engine();
+    let script = Script::new(
+        "function convert(object) {
+           console.log('converting', object);
+           return {
+             dataId: object.uuid, reportedAt: object.ts,
+             device: {id: object.dev, name: object.name.toUpperCase()},
+             measures: {temperature: {celsius: object.t * 2}},
+             skipped: undefined, nan: NaN, nested: [1, 'two', null, true, {deep: [2.5]}]
+           };
+         }",
+    );
+    let input = json!({"uuid": "d4f1", "ts": 1_700_000_000_123_i64, "dev": "0e1c",
+                       "name": "p00010", "t": 18.5});
+    let out = run_one(&engine, Call::Convert { script, input }).await;
+    assert_eq!(
+        out,
+        Ok(json!({
+            "dataId": "d4f1", "reportedAt": 1_700_000_000_123_i64,
+            "device": {"id": "0e1c", "name": "P00010"},
+            "measures": {"temperature": {"celsius": 37}},
+            "nan": null, "nested": [1, "two", null, true, {"deep": [2.5]}]
+        }))
+    );
+}
+
+/// A generic function call passes each argument and returns the value as
+/// JSON; a function returning nothing gives null.
+#[tokio::test]
+async fn function_call_with_arguments() {
+    let engine = engine();
+    let script = Script::new(
+        "function evaluate(unit, state) {
+           return {fire: unit.temperature > state.threshold, seen: (state.seen || 0) + 1};
+         }
+         function nothing() {}",
+    );
+    let results = engine
+        .run(vec![
+            function_call(
+                &script,
+                "evaluate",
+                vec![json!({"temperature": 31.5}), json!({"threshold": 30, "seen": 4})],
+            ),
+            function_call(&script, "evaluate", vec![json!({"temperature": 20}), json!({"threshold": 30})]),
+            function_call(&script, "nothing", vec![]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            Ok(json!({"fire": true, "seen": 5})),
+            Ok(json!({"fire": false, "seen": 1})),
+            Ok(Value::Null),
+        ]
+    );
+}
+
+/// A result JSON cannot express is invalid output, not a crash.
+#[tokio::test]
+async fn unserialisable_output() {
+    let engine = engine();
+    let script = Script::new("function f() { var a = {}; a.self = a; return a; } function g() { return 10n; }");
+    for name in ["f", "g"] {
+        let error = run_one(&engine, function_call(&script, name, vec![])).await.unwrap_err();
+        assert!(
+            matches!(&error, CodecError::InvalidOutput(m) if m.starts_with("the returned value cannot be converted to JSON: TypeError")),
+            "{error:?}"
+        );
+    }
+}
+
+/// An infinite loop is stopped near the limit, even when the script tries
+/// to catch the interrupt, and the worker serves the next call normally.
+#[tokio::test]
+async fn infinite_loop_times_out_and_worker_recovers() {
+    let limit = Duration::from_millis(50);
+    let engine = Engine::start(EngineConfig {
+        time_limit: limit,
+        ..EngineConfig::default()
+    });
+    let good = Script::new(EM300TH);
+    let bytes = [0x01, 0x75, 0x5C];
+    assert!(decode(&engine, &good, &bytes).await.is_ok());
+    let sources = [
+        "function decodeUplink(input) { while (true) {} }",
+        "function decodeUplink(input) { for (;;) { try { while (true) {} } catch (e) {} } }",
+        "function decodeUplink(input) { try { while (true) {} } finally { while (true) {} } }",
+        "function decodeUplink(input) { function f() { try { return f(); } catch (e) { return f(); } } return f(); }",
+    ];
+    for source in sources {
+        let script = Script::new(source);
+        let started = Instant::now();
+        let result = run_one(&engine, decode_call(&script, &bytes)).await;
+        let took = started.elapsed();
+        assert_eq!(result, Err(CodecError::Timeout(limit)), "{source}");
+        assert!(took < limit * 4, "{source} took {took:?}");
+        assert_eq!(
+            decode(&engine, &good, &bytes).await,
+            Ok(json!({"battery": 92})),
+            "after {source}"
+        );
+    }
+    assert_eq!(
+        CodecError::Timeout(Duration::from_millis(100)).to_string(),
+        "script ran longer than its 100ms limit and was interrupted"
+    );
+    // A loop at the top level is stopped too, when checking.
+    let script = Script::new("while (true) {}");
+    assert_eq!(engine.check(&script).await, Err(CodecError::Timeout(limit)));
+}
+
+/// A script that allocates without end hits the memory limit and gets
+/// OutOfMemory; the worker (and the scripts cached on it) work afterwards.
+#[tokio::test]
+async fn memory_bomb_is_stopped_and_worker_recovers() {
+    let engine = Engine::start(EngineConfig {
+        memory_limit: 8 * 1024 * 1024,
+        time_limit: Duration::from_secs(5),
+        ..EngineConfig::default()
+    });
+    let good = Script::new(EM300TH);
+    let bytes = [0x01, 0x75, 0x5C];
+    assert!(decode(&engine, &good, &bytes).await.is_ok());
+    let bombs = [
+        "function decodeUplink(input) { var a = []; while (true) { a.push('x'.repeat(1000) + a.length); } }",
+        "var kept = []; function decodeUplink(input) { while (true) { kept.push({n: kept.length, s: 'y' + kept.length}); } }",
+        "function decodeUplink(input) { var m = new Map(); for (var i = 0; ; i++) { m.set(i, new Array(100).fill(i)); } }",
+    ];
+    for source in bombs {
+        let script = Script::new(source);
+        let result = run_one(&engine, decode_call(&script, &bytes)).await;
+        assert_eq!(result, Err(CodecError::OutOfMemory), "{source}");
+        assert_eq!(
+            decode(&engine, &good, &bytes).await,
+            Ok(json!({"battery": 92})),
+            "after {source}"
+        );
+        // Again, to see the bomb's own state did not survive either.
+        assert_eq!(
+            run_one(&engine, decode_call(&script, &bytes)).await,
+            Err(CodecError::OutOfMemory)
+        );
+    }
+}
+
+/// Unbounded recursion ends in a RangeError at the stack limit, not a crash.
+#[tokio::test]
+async fn deep_recursion_is_an_exception() {
+    let engine = engine();
+    let script = Script::new("function f(n) { return f(n + 1) + 1; } function decodeUplink() { return f(0); }");
+    let error = run_one(&engine, decode_call(&script, &[])).await.unwrap_err();
+    assert!(
+        matches!(&error, CodecError::Exception { message, .. } if message == "RangeError: Maximum call stack size exceeded"),
+        "{error:?}"
+    );
+    assert!(decode(&engine, &Script::new(EM300TH), &[0x01, 0x75, 0x01]).await.is_ok());
+}
+
+/// Each script has its own globals: one cannot read or clobber another's.
+#[tokio::test]
+async fn scripts_are_isolated() {
+    let engine = engine();
+    let a = Script::new("var secret = 'a'; Array.prototype.evil = 1; function get() { return typeof secret === 'undefined' ? null : secret; }");
+    let b = Script::new("function get() { return [typeof secret, typeof [].evil, typeof a]; }");
+    let results = engine
+        .run(vec![function_call(&a, "get", vec![]), function_call(&b, "get", vec![])])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![Ok(json!("a")), Ok(json!(["undefined", "undefined", "undefined"]))]
+    );
+}
+
+/// A compiled script is reused: its top level runs once and its globals
+/// persist across calls and batches. A changed source starts afresh.
+#[tokio::test]
+async fn compiled_script_is_reused() {
+    let engine = engine();
+    let source = "var loads = (globalThis.loads || 0) + 1; var calls = 0;
+                  function count() { calls += 1; return [loads, calls]; }";
+    let script = Script::new(source);
+    let results = engine
+        .run(vec![function_call(&script, "count", vec![]), function_call(&script, "count", vec![])])
+        .await
+        .unwrap();
+    assert_eq!(results, vec![Ok(json!([1, 1])), Ok(json!([1, 2]))]);
+    assert_eq!(engine.check(&script).await, Ok(ScriptKind::Unknown));
+    assert_eq!(
+        run_one(&engine, function_call(&script, "count", vec![])).await,
+        Ok(json!([1, 3]))
+    );
+    let changed = Script::new(&format!("{source}\n// v2"));
+    assert_ne!(changed.id, script.id);
+    assert_eq!(
+        run_one(&engine, function_call(&changed, "count", vec![])).await,
+        Ok(json!([1, 1]))
+    );
+}
+
+/// Two sources that share an id (as a hash collision would) never run each
+/// other's code: the cache compares the source on a hit.
+#[tokio::test]
+async fn same_id_different_source_is_not_confused() {
+    let engine = engine();
+    let one = Script::new("function f() { return 1; }");
+    let mut two = Script::new("function f() { return 2; }");
+    two.id = one.id;
+    let results = engine
+        .run(vec![function_call(&one, "f", vec![]), function_call(&two, "f", vec![]), function_call(&one, "f", vec![])])
+        .await
+        .unwrap();
+    assert_eq!(results, vec![Ok(json!(1)), Ok(json!(2)), Ok(json!(1))]);
+}
+
+/// When the queue is full, `run` answers Busy at once instead of waiting.
+#[tokio::test]
+async fn full_queue_is_busy() {
+    let engine = Engine::start(EngineConfig {
+        queue_capacity: 1,
+        time_limit: Duration::from_millis(300),
+        ..EngineConfig::default()
+    });
+    let slow = Script::new("function decodeUplink() { var end = Date.now() + 200; while (Date.now() < end) {} return {data: {}}; }");
+    // The first batch occupies the worker, the second fills the queue.
+    let first = tokio::spawn({
+        let engine = engine.clone();
+        let call = decode_call(&slow, &[]);
+        async move { engine.run(vec![call]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn({
+        let engine = engine.clone();
+        let call = decode_call(&slow, &[]);
+        async move { engine.run(vec![call]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    assert_eq!(engine.run(vec![decode_call(&slow, &[])]).await, Err(CodecError::Busy));
+    assert!(started.elapsed() < Duration::from_millis(50));
+    assert_eq!(
+        CodecError::Busy.to_string(),
+        "script engine is busy: its queue is full, retry later"
+    );
+    assert!(first.await.unwrap().unwrap()[0].is_ok());
+    assert!(second.await.unwrap().unwrap()[0].is_ok());
+}
+
+/// Batches spread over several workers, and every worker compiles on demand.
+#[tokio::test]
+async fn several_workers() {
+    let engine = Engine::start(EngineConfig {
+        workers: 3,
+        ..EngineConfig::default()
+    });
+    let script = Script::new(EM300TH);
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let engine = engine.clone();
+        let script = script.clone();
+        tasks.push(tokio::spawn(async move {
+            decode(&engine, &script, &[0x04, 0x68, 0x65]).await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), Ok(json!({"humidity": 50.5})));
+    }
+    assert_eq!(engine.run(Vec::new()).await, Ok(Vec::new()));
+}
+
+/// Scripts have no I/O: no `require`, no `import`, no `std`/`os` modules.
+#[tokio::test]
+async fn no_io_available() {
+    let engine = engine();
+    let script = Script::new(
+        "function probe() {
+           return [typeof require, typeof process, typeof std, typeof os, typeof fetch, typeof XMLHttpRequest];
+         }
+         function dynamicImport() { return import('os'); }",
+    );
+    assert_eq!(
+        run_one(&engine, function_call(&script, "probe", vec![])).await,
+        Ok(json!(["undefined", "undefined", "undefined", "undefined", "undefined", "undefined"]))
+    );
+    let script = Script::new("import * as os from 'os';\nfunction decodeUplink() {}");
+    assert!(matches!(engine.check(&script).await, Err(CodecError::Compile { .. })));
+}
+
+/// Measures decode throughput on one worker: 100k em300th uplinks in batches
+/// of 256. Run with `cargo test -p weft-engine --release -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn bench_em300th_decode_rate() {
+    const TOTAL: usize = 100_000;
+    const BATCH: usize = 256;
+    let engine = engine();
+    let script = Script::new(EM300TH);
+    let bytes = [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65];
+    let batch = || -> Vec<Call> { (0..BATCH).map(|_| decode_call(&script, &bytes)).collect() };
+    engine.run(batch()).await.unwrap();
+    let started = Instant::now();
+    let mut done = 0;
+    while done < TOTAL {
+        let results = engine.run(batch()).await.unwrap();
+        for result in results {
+            let decoded = interpret_decode_uplink(result.unwrap()).unwrap();
+            assert_eq!(decoded.data.len(), 3);
+        }
+        done += BATCH;
+    }
+    let took = started.elapsed();
+    println!(
+        "em300th: {done} decodes in {took:?} on one worker = {:.0} decodes/s",
+        done as f64 / took.as_secs_f64()
+    );
+}

@@ -1,0 +1,534 @@
+//! One script worker: an OS thread that owns a QuickJS runtime and runs the
+//! batches queued for it. All of rquickjs stays in here and in `convert.rs`.
+//!
+//! The runtime carries the three limits (ChirpStack's shape, minus its
+//! gaps): a memory limit, a stack limit, and an interrupt handler that stops
+//! a call once its `Instant` deadline has passed. Each script is compiled
+//! once into a context of its own (so scripts never see each other's
+//! globals) and kept in a bounded cache keyed by the script id. A call that
+//! times out drops its script's context, since its globals may be half
+//! updated; running out of memory rebuilds the whole runtime, so the worker
+//! is as good as new for the next call either way.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::rc::Rc;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rquickjs::context::EvalOptions;
+use rquickjs::function::Constructor;
+use rquickjs::{Context, Ctx, Function, Persistent, Runtime, Value};
+use tokio::sync::oneshot;
+
+use crate::convert;
+use crate::{Call, CodecError, Script, ScriptKind};
+
+/// Compiled scripts kept per worker. Far more than the codecs and rules a
+/// deployment has in active use, while bounding the memory of stale ones.
+const CACHE_CAPACITY: usize = 256;
+
+/// Stack for the worker thread on top of the JavaScript stack limit: the
+/// Rust frames around the interpreter and the JSON conversion need room too.
+const THREAD_STACK_HEADROOM: usize = 4 * 1024 * 1024;
+
+/// The file name scripts are compiled under; it shows up in stack traces
+/// (`at decodeUplink (script.js:5:11)`).
+const FILE_NAME: &str = "script.js";
+
+/// Makes `console.*` harmless no-ops: many vendor codecs log, and a missing
+/// `console` would turn every call into a `ReferenceError`.
+const PRELUDE: &str = "globalThis.console = (function () {
+  function ignore() {}
+  return { log: ignore, info: ignore, warn: ignore, error: ignore, debug: ignore, trace: ignore };
+})();";
+
+/// The limits a worker's runtime enforces, copied from `EngineConfig`.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub time: Duration,
+    pub memory: usize,
+    pub stack: usize,
+}
+
+/// Work for a worker, with the channel its answer goes back on.
+pub(crate) enum Job {
+    /// Compile a script and report which entry point it defines.
+    Check {
+        script: Script,
+        reply: oneshot::Sender<Result<ScriptKind, CodecError>>,
+    },
+    /// Run a batch of calls.
+    Run {
+        calls: Vec<Call>,
+        reply: oneshot::Sender<Vec<Result<serde_json::Value, CodecError>>>,
+    },
+}
+
+/// Starts a worker thread that serves `jobs` until every sender is dropped.
+pub(crate) fn spawn(index: usize, limits: Limits, jobs: Receiver<Job>) -> io::Result<()> {
+    thread::Builder::new()
+        .name(format!("weft-engine-{index}"))
+        .stack_size(limits.stack.saturating_add(THREAD_STACK_HEADROOM))
+        .spawn(move || serve(limits, jobs))?;
+    Ok(())
+}
+
+fn serve(limits: Limits, jobs: Receiver<Job>) {
+    let mut sandbox = match Sandbox::new(limits.clone()) {
+        Ok(sandbox) => sandbox,
+        Err(error) => {
+            tracing::error!(%error, "could not create a QuickJS runtime; script worker not started");
+            return;
+        }
+    };
+    for job in jobs {
+        if panic::catch_unwind(AssertUnwindSafe(|| sandbox.handle(job))).is_ok() {
+            continue;
+        }
+        // A panic here is a bug in weft, not in a script. The runtime may
+        // be in any state, so it is leaked rather than freed, and replaced.
+        tracing::error!("script worker panicked; replacing its runtime");
+        match Sandbox::new(limits.clone()) {
+            Ok(fresh) => std::mem::forget(std::mem::replace(&mut sandbox, fresh)),
+            Err(error) => {
+                tracing::error!(%error, "could not recreate a QuickJS runtime; script worker stopped");
+                std::mem::forget(sandbox);
+                return;
+            }
+        }
+    }
+}
+
+/// The deadline of the call that is running, shared with the runtime's
+/// interrupt handler.
+#[derive(Default)]
+struct Clock {
+    deadline: Cell<Option<Instant>>,
+    /// Set when the handler interrupted the script, so the resulting
+    /// exception is reported as a timeout rather than as an error.
+    fired: Cell<bool>,
+}
+
+impl Clock {
+    fn arm(&self, limit: Duration) {
+        self.fired.set(false);
+        self.deadline.set(Instant::now().checked_add(limit));
+    }
+
+    fn disarm(&self) {
+        self.deadline.set(None);
+    }
+
+    /// The interrupt handler: QuickJS polls it every few thousand
+    /// instructions, so the check must stay this cheap.
+    fn expired(&self) -> bool {
+        match self.deadline.get() {
+            Some(deadline) if Instant::now() >= deadline => {
+                self.fired.set(true);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A script compiled into its own context, with its entry points looked up
+/// once instead of on every call.
+struct Compiled {
+    // The persistent values are declared before the context so that they
+    // are freed first.
+    decode: Option<Persistent<Function<'static>>>,
+    convert: Option<Persistent<Function<'static>>>,
+    /// The context's own `Date`, taken before the script ran, so a script
+    /// that shadows `Date` still gets a real Date as `recvTime`.
+    date: Persistent<Constructor<'static>>,
+    kind: ScriptKind,
+    context: Context,
+}
+
+/// A cache slot: a compiled script, or the error its top level ended in
+/// (remembered so a broken codec is not recompiled for every uplink).
+enum Slot {
+    Ready(Box<Compiled>),
+    Broken(CodecError),
+}
+
+struct Entry {
+    source: Arc<str>,
+    last_used: u64,
+    slot: Slot,
+}
+
+/// A worker's runtime and everything compiled in it.
+struct Sandbox {
+    limits: Limits,
+    // Declared before the runtime so that cached contexts are freed first.
+    cache: HashMap<u64, Entry>,
+    clock: Rc<Clock>,
+    runtime: Runtime,
+    /// Monotonic use counter for LRU eviction.
+    uses: u64,
+}
+
+impl Sandbox {
+    fn new(limits: Limits) -> rquickjs::Result<Sandbox> {
+        let runtime = Runtime::new()?;
+        let clock = Rc::new(Clock::default());
+        let handler_clock = Rc::clone(&clock);
+        runtime.set_interrupt_handler(Some(Box::new(move || handler_clock.expired())));
+        runtime.set_max_stack_size(limits.stack);
+        let sandbox = Sandbox {
+            limits,
+            cache: HashMap::new(),
+            clock,
+            runtime,
+            uses: 0,
+        };
+        sandbox.update_memory_limit();
+        Ok(sandbox)
+    }
+
+    /// Replaces the runtime and drops every compiled script: the way back to
+    /// a known-good state after the heap ran out.
+    fn rebuild(&mut self) {
+        match Sandbox::new(self.limits.clone()) {
+            Ok(fresh) => *self = fresh,
+            Err(error) => {
+                // Keep the old runtime without its contexts; it is still usable.
+                tracing::error!(%error, "could not recreate a QuickJS runtime after running out of memory");
+                self.cache.clear();
+                self.runtime.run_gc();
+                self.update_memory_limit();
+            }
+        }
+    }
+
+    /// The memory limit counts only what scripts allocate while they run:
+    /// whatever the cached contexts hold is measured (on compile and
+    /// eviction, not per call) and added on top.
+    fn update_memory_limit(&self) {
+        let held = usize::try_from(self.runtime.memory_usage().malloc_size).unwrap_or(0);
+        self.runtime
+            .set_memory_limit(held.saturating_add(self.limits.memory));
+    }
+
+    fn handle(&mut self, job: Job) {
+        match job {
+            Job::Check { script, reply } => {
+                if reply.is_closed() {
+                    return;
+                }
+                let kind = self
+                    .prepare(&script)
+                    .and_then(|()| self.ready(script.id))
+                    .map(|compiled| compiled.kind);
+                let _ = reply.send(kind);
+            }
+            Job::Run { calls, reply } => {
+                // The caller gave up (its future was dropped): skip the work.
+                if reply.is_closed() {
+                    return;
+                }
+                let results = calls.into_iter().map(|call| self.call(call)).collect();
+                let _ = reply.send(results);
+            }
+        }
+    }
+
+    /// Runs one call under the time limit, then repairs the worker if the
+    /// call hit a limit.
+    fn call(&mut self, call: Call) -> Result<serde_json::Value, CodecError> {
+        let id = call.script().id;
+        self.prepare(call.script())?;
+        let compiled = self.ready(id)?;
+        let limit = self.limits.time;
+        let clock = &self.clock;
+        clock.arm(limit);
+        let result = compiled.context.with(|ctx| {
+            invoke(&ctx, compiled, call).map_err(|fault| fault.into_error(&ctx, clock, limit))
+        });
+        clock.disarm();
+        if let Err(CodecError::OutOfMemory | CodecError::Timeout(_)) = result {
+            self.evict(id);
+        }
+        result
+    }
+
+    /// Makes sure `script` is in the cache, compiling it on a miss, and
+    /// marks it as just used.
+    fn prepare(&mut self, script: &Script) -> Result<(), CodecError> {
+        self.uses += 1;
+        match self.cache.get_mut(&script.id) {
+            Some(entry) if same_source(&entry.source, &script.source) => {
+                entry.last_used = self.uses;
+            }
+            _ => {
+                let slot = self.compile(script)?;
+                self.insert(script, slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// The cached compiled script `id`, or the error its loading ended in.
+    fn ready(&self, id: u64) -> Result<&Compiled, CodecError> {
+        match self.cache.get(&id).map(|entry| &entry.slot) {
+            Some(Slot::Ready(compiled)) => Ok(compiled),
+            Some(Slot::Broken(error)) => Err(error.clone()),
+            None => Err(CodecError::Stopped),
+        }
+    }
+
+    /// Compiles `script` into a fresh context and runs its top level.
+    /// Returns the slot to cache, or an error that must not be cached
+    /// (a limit was hit, and the worker has been repaired).
+    fn compile(&mut self, script: &Script) -> Result<Slot, CodecError> {
+        let context = match Context::full(&self.runtime) {
+            Ok(context) => context,
+            Err(_) => {
+                self.rebuild();
+                return Err(CodecError::OutOfMemory);
+            }
+        };
+        let limit = self.limits.time;
+        let clock = &self.clock;
+        clock.arm(limit);
+        let result = context.with(|ctx| {
+            load(&ctx, &script.source).map_err(|fault| fault.into_compile_error(&ctx, clock, limit))
+        });
+        clock.disarm();
+        match result {
+            Ok((decode, convert, date, kind)) => Ok(Slot::Ready(Box::new(Compiled {
+                decode,
+                convert,
+                date,
+                kind,
+                context,
+            }))),
+            Err(error @ (CodecError::Compile { .. } | CodecError::Exception { .. })) => {
+                Ok(Slot::Broken(error))
+            }
+            Err(error) => {
+                drop(context);
+                self.runtime.run_gc();
+                Err(error)
+            }
+        }
+    }
+
+    fn insert(&mut self, script: &Script, slot: Slot) {
+        if self.cache.len() >= CACHE_CAPACITY && !self.cache.contains_key(&script.id) {
+            let oldest = self
+                .cache
+                .iter()
+                .min_by_key(|(_, entry)| entry.last_used)
+                .map(|(id, _)| *id);
+            if let Some(id) = oldest {
+                self.cache.remove(&id);
+            }
+        }
+        self.cache.insert(
+            script.id,
+            Entry {
+                source: Arc::clone(&script.source),
+                last_used: self.uses,
+                slot,
+            },
+        );
+        self.update_memory_limit();
+    }
+
+    fn evict(&mut self, id: u64) {
+        if self.cache.remove(&id).is_some() {
+            self.runtime.run_gc();
+            self.update_memory_limit();
+        }
+    }
+}
+
+/// Cache hits compare the source too, so a hash collision can never run one
+/// script's code for another. The pointer check makes the common case free.
+fn same_source(cached: &Arc<str>, wanted: &Arc<str>) -> bool {
+    Arc::ptr_eq(cached, wanted) || cached == wanted
+}
+
+type Loaded = (
+    Option<Persistent<Function<'static>>>,
+    Option<Persistent<Function<'static>>>,
+    Persistent<Constructor<'static>>,
+    ScriptKind,
+);
+
+/// Runs the prelude and the script's top level in a fresh context, then
+/// finds the entry points it defined.
+fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<Loaded, Fault> {
+    let date: Constructor = ctx.globals().get("Date")?;
+    ctx.eval::<(), _>(PRELUDE)?;
+    let mut options = EvalOptions::default();
+    // Vendor codecs are written for sloppy mode (undeclared variables,
+    // `arguments.callee`); TTN's and ChirpStack's runners accept them.
+    options.strict = false;
+    options.backtrace_barrier = true;
+    options.filename = Some(FILE_NAME.to_string());
+    ctx.eval_with_options::<(), _>(source.as_bytes(), options)?;
+
+    let globals = ctx.globals();
+    let function = |name: &str| -> Result<Option<Function<'js>>, Fault> {
+        let value: Value = globals.get(name)?;
+        Ok(value.into_function())
+    };
+    let decode = function("decodeUplink")?;
+    let convert = function("convert")?;
+    let kind = if decode.is_some() {
+        ScriptKind::DecodeUplink
+    } else if convert.is_some() {
+        ScriptKind::Convert
+    } else if function("evaluate")?.is_some() {
+        ScriptKind::Evaluate
+    } else {
+        ScriptKind::Unknown
+    };
+    Ok((
+        decode.map(|f| Persistent::save(ctx, f)),
+        convert.map(|f| Persistent::save(ctx, f)),
+        Persistent::save(ctx, date),
+        kind,
+    ))
+}
+
+/// Runs one call in its script's context and returns the result as JSON.
+fn invoke<'js>(
+    ctx: &Ctx<'js>,
+    compiled: &Compiled,
+    call: Call,
+) -> Result<serde_json::Value, Fault> {
+    let returned: Value = match call {
+        Call::DecodeUplink {
+            bytes,
+            f_port,
+            recv_time_ms,
+            ..
+        } => {
+            let decode = entry_point(ctx, &compiled.decode, "decodeUplink")?;
+            let date = compiled.date.clone().restore(ctx)?;
+            let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &date)?;
+            decode.call((input,))?
+        }
+        Call::Convert { input, .. } => {
+            let convert = entry_point(ctx, &compiled.convert, "convert")?;
+            convert.call((convert::to_js(ctx, &input)?,))?
+        }
+        Call::Function { name, args, .. } => {
+            let value: Value = ctx.globals().get(name.as_str())?;
+            let Some(function) = value.into_function() else {
+                return Err(Fault::Codec(CodecError::MissingFunction(name)));
+            };
+            let mut js_args = rquickjs::function::Args::new(ctx.clone(), args.len());
+            for arg in &args {
+                js_args.push_arg(convert::to_js(ctx, arg)?)?;
+            }
+            function.call_arg(js_args)?
+        }
+    };
+    convert::to_json(ctx, returned).map_err(|fault| match fault {
+        // A value JSON cannot express (a cycle, a BigInt) is the script's
+        // output being wrong, not the script failing.
+        Fault::Js(rquickjs::Error::Exception) => Fault::Output,
+        other => other,
+    })
+}
+
+fn entry_point<'js>(
+    ctx: &Ctx<'js>,
+    function: &Option<Persistent<Function<'static>>>,
+    name: &str,
+) -> Result<Function<'js>, Fault> {
+    match function {
+        Some(function) => Ok(function.clone().restore(ctx)?),
+        None => Err(Fault::Codec(CodecError::MissingFunction(name.to_string()))),
+    }
+}
+
+/// A failure inside a context, turned into a [`CodecError`] while the
+/// context (and its pending exception) is still at hand.
+pub(crate) enum Fault {
+    /// QuickJS reported an error; a thrown exception is pending in the context.
+    Js(rquickjs::Error),
+    /// The returned value could not be turned into JSON; the exception
+    /// explaining why is pending in the context.
+    Output,
+    /// Already decided.
+    Codec(CodecError),
+}
+
+impl From<rquickjs::Error> for Fault {
+    fn from(error: rquickjs::Error) -> Fault {
+        Fault::Js(error)
+    }
+}
+
+impl From<CodecError> for Fault {
+    fn from(error: CodecError) -> Fault {
+        Fault::Codec(error)
+    }
+}
+
+impl Fault {
+    fn into_error(self, ctx: &Ctx<'_>, clock: &Clock, limit: Duration) -> CodecError {
+        let (error, output) = match self {
+            Fault::Codec(error) => return error,
+            Fault::Js(error) => (error, false),
+            Fault::Output => (rquickjs::Error::Exception, true),
+        };
+        // Always take the pending exception, so it cannot leak into the
+        // next call on this context.
+        let thrown = match error {
+            rquickjs::Error::Exception => Some(ctx.catch()),
+            _ => None,
+        };
+        if clock.fired.get() {
+            return CodecError::Timeout(limit);
+        }
+        let described = match (thrown, error) {
+            (Some(thrown), _) => convert::describe_thrown(ctx, thrown),
+            (None, rquickjs::Error::Allocation) => CodecError::OutOfMemory,
+            (None, other) => CodecError::Exception {
+                message: other.to_string(),
+                stack: None,
+            },
+        };
+        match described {
+            CodecError::Exception { message, .. } if output => CodecError::InvalidOutput(format!(
+                "the returned value cannot be converted to JSON: {message}"
+            )),
+            other => other,
+        }
+    }
+
+    /// Like `into_error`, but a `SyntaxError` thrown while loading is a
+    /// compile error with the line it points at.
+    fn into_compile_error(self, ctx: &Ctx<'_>, clock: &Clock, limit: Duration) -> CodecError {
+        match self.into_error(ctx, clock, limit) {
+            CodecError::Exception { message, stack } if message.starts_with("SyntaxError") => {
+                CodecError::Compile {
+                    line: stack.as_deref().and_then(syntax_error_line),
+                    message,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Reads the line from a SyntaxError's stack, `    at script.js:3:5`.
+fn syntax_error_line(stack: &str) -> Option<u32> {
+    let at = stack.find(FILE_NAME)? + FILE_NAME.len();
+    let rest = stack[at..].strip_prefix(':')?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}

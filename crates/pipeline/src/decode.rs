@@ -1,0 +1,529 @@
+//! Decode and process: turns ingest-log entries into data units. Each
+//! wire format (sensae encoded/decoded, TTN v3, ChirpStack v4) is read into
+//! an [`Envelope`] of identity fields and payload; the device type's codec
+//! runs in the engine (all of a batch's calls in one engine round trip);
+//! the processor mappings shape the result; the device record enriches it.
+//!
+//! Nothing here writes: the caller stores units and failures together with
+//! the log cursor. See docs/data-units.md for the rules implemented here.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+use weft_engine::{interpret_decode_uplink, Call, CodecError, Engine, ScriptKind};
+use weft_model::mapping::{self, get_path, value_as_id, value_as_millis, PartialUnit};
+use weft_model::{DataUnit, Device, DeviceInfo, FailedUplink, FailureReason, Uplink, UplinkFormat};
+
+use crate::catalog::{Catalog, TypeEntry};
+
+/// Body fields that identify a sensae/Helium uplink rather than measure
+/// anything; left out of `measures` when no processor says otherwise.
+const SENSAE_ENVELOPE_FIELDS: &[&str] = &[
+    "uuid", "id", "name", "reported_at", "reportedAt", "dataId", "device", "downlink_url",
+    "payload", "port", "fPort", "f_port", "bytes",
+];
+
+/// Channel used when neither the request nor the device names one.
+pub const DEFAULT_CHANNEL: &str = "default";
+
+/// What an uplink produced: its data units (and the codec's warnings), or
+/// why it produced none.
+pub type Outcome = Result<Produced, FailedUplink>;
+
+/// The data units of one uplink.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Produced {
+    /// One unit per (sub-)device.
+    pub units: Vec<DataUnit>,
+    /// Warnings the codec returned; shown by the dry-run endpoint.
+    pub warnings: Vec<String>,
+}
+
+/// Identity and payload read from an uplink body according to its format.
+#[derive(Debug, Default)]
+struct Envelope {
+    data_id: Option<String>,
+    device_id: Option<String>,
+    device_name: Option<String>,
+    reported_at: Option<i64>,
+    type_hint: Option<String>,
+    channel_hint: Option<String>,
+    /// Raw payload and port, for `decodeUplink` codecs.
+    payload: Option<Result<(Vec<u8>, u32), String>>,
+    /// A payload the network server already decoded.
+    predecoded: Option<Value>,
+}
+
+/// An uplink read and matched to its type, waiting for its codec call.
+struct Prepared {
+    body: Value,
+    envelope: Envelope,
+    device_type: Arc<TypeEntry>,
+    call: Option<Call>,
+}
+
+/// A reason plus a description; becomes a [`FailedUplink`].
+type Failure = (FailureReason, String);
+
+/// Decodes and processes `uplinks`, in order, one outcome per uplink.
+/// Devices seen for the first time are appended to `new_devices`.
+pub async fn process(
+    uplinks: &[Uplink],
+    catalog: &Catalog,
+    engine: &Engine,
+    new_devices: &mut Vec<Device>,
+    register: bool,
+) -> Vec<Outcome> {
+    let prepared: Vec<Result<Prepared, Failure>> =
+        uplinks.iter().map(|u| prepare(u, catalog)).collect();
+
+    let calls: Vec<Call> = prepared
+        .iter()
+        .filter_map(|p| p.as_ref().ok().and_then(|p| p.call.clone()))
+        .collect();
+    let mut results = run_calls(engine, calls).await.into_iter();
+
+    uplinks
+        .iter()
+        .zip(prepared)
+        .map(|(uplink, p)| {
+            let produced = p.and_then(|p| {
+                let result = p.call.as_ref().map(|_| results.next().expect("one result per call"));
+                finish(uplink, p, result, catalog, new_devices, register)
+            });
+            produced.map_err(|(reason, description)| failed(uplink, reason, description))
+        })
+        .collect()
+}
+
+/// Runs the calls, waiting out a momentarily full engine queue: the log
+/// keeps the uplinks, so waiting here is backpressure, not loss.
+async fn run_calls(engine: &Engine, calls: Vec<Call>) -> Vec<Result<Value, CodecError>> {
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let mut delay = std::time::Duration::from_millis(1);
+    loop {
+        match engine.run(calls.clone()).await {
+            Ok(results) => return results,
+            Err(CodecError::Busy) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_millis(100));
+            }
+            Err(other) => return calls.iter().map(|_| Err(other.clone())).collect(),
+        }
+    }
+}
+
+fn failed(uplink: &Uplink, reason: FailureReason, description: String) -> FailedUplink {
+    let u = &uplink.uplink;
+    let body = serde_json::from_slice(&u.body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&u.body).into_owned()));
+    FailedUplink {
+        seq: uplink.seq,
+        received_at: u.received_at,
+        format: u.format.as_str().to_string(),
+        channel: u.channel.clone(),
+        device_type: u.device_type.clone(),
+        reason,
+        description,
+        body,
+    }
+}
+
+fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
+    let u = &uplink.uplink;
+    let body: Value = serde_json::from_slice(&u.body)
+        .map_err(|e| (FailureReason::InvalidUplink, format!("body is not JSON: {e}")))?;
+    if !body.is_object() {
+        return Err((FailureReason::InvalidUplink, "body is not a JSON object".into()));
+    }
+    let envelope = read_envelope(u.format, &body);
+
+    let type_name = u
+        .device_type
+        .clone()
+        .or_else(|| {
+            let id = envelope.device_id.as_deref()?;
+            catalog.device(id).map(|d| d.device_type.clone()).filter(|t| !t.is_empty())
+        })
+        .or_else(|| envelope.type_hint.clone())
+        .ok_or_else(|| {
+            (
+                FailureReason::UnknownType,
+                "no device type: name it in the path or ?type=, or register the device".into(),
+            )
+        })?;
+    let device_type = catalog.device_type(&type_name).ok_or_else(|| {
+        (FailureReason::UnknownType, format!("device type '{type_name}' does not exist"))
+    })?;
+
+    let call = codec_call(u.format, &body, &envelope, &device_type, u.received_at)?;
+    Ok(Prepared { body, envelope, device_type, call })
+}
+
+/// The engine call an uplink needs, if any.
+fn codec_call(
+    format: UplinkFormat,
+    body: &Value,
+    envelope: &Envelope,
+    device_type: &TypeEntry,
+    received_at: i64,
+) -> Result<Option<Call>, Failure> {
+    if format == UplinkFormat::SensaeDecoded {
+        return Ok(None);
+    }
+    let Some((script, kind)) = &device_type.codec else {
+        if format == UplinkFormat::SensaeEncoded || envelope.predecoded.is_none() {
+            return Err((
+                FailureReason::DecodeError,
+                format!("device type '{}' has no decoder", device_type.name),
+            ));
+        }
+        return Ok(None);
+    };
+    match kind {
+        ScriptKind::Convert => Ok(Some(Call::Convert { script: script.clone(), input: body.clone() })),
+        _ => {
+            let (bytes, f_port) = match &envelope.payload {
+                Some(Ok(p)) => p.clone(),
+                Some(Err(e)) => return Err((FailureReason::InvalidUplink, e.clone())),
+                None => {
+                    return Err((FailureReason::InvalidUplink, "uplink carries no payload".into()))
+                }
+            };
+            let recv_time_ms = envelope.reported_at.unwrap_or(received_at);
+            Ok(Some(Call::DecodeUplink { script: script.clone(), bytes, f_port, recv_time_ms }))
+        }
+    }
+}
+
+fn finish(
+    uplink: &Uplink,
+    p: Prepared,
+    result: Option<Result<Value, CodecError>>,
+    catalog: &Catalog,
+    new_devices: &mut Vec<Device>,
+    register: bool,
+) -> Result<Produced, Failure> {
+    let u = &uplink.uplink;
+    let mut warnings = Vec::new();
+    let mappings = p.device_type.def.processor.as_ref().map(|pr| pr.mappings.as_slice()).unwrap_or(&[]);
+
+    let partial = match result {
+        Some(Err(e)) => return Err(codec_failure(e)),
+        Some(Ok(returned)) => match p.device_type.codec.as_ref().map(|c| c.1) {
+            Some(ScriptKind::Convert) => from_convert(returned)?,
+            _ => {
+                let decoded = interpret_decode_uplink(returned).map_err(codec_failure)?;
+                warnings = decoded.warnings;
+                let data = Value::Object(decoded.data);
+                if u.format == UplinkFormat::SensaeEncoded {
+                    shape(mappings, merged(&p.body, data.clone()), Some(data), u.format)
+                } else {
+                    shape(mappings, data.clone(), Some(data), u.format)
+                }
+            }
+        },
+        None => match (u.format, p.envelope.predecoded.clone()) {
+            (UplinkFormat::SensaeDecoded, _) => shape(mappings, p.body.clone(), None, u.format),
+            (_, Some(pre)) => shape(mappings, pre.clone(), Some(pre), u.format),
+            (_, None) => return Err((FailureReason::InvalidUplink, "nothing to decode".into())),
+        },
+    };
+
+    let env = p.envelope;
+    let device_id = partial
+        .device_id
+        .or(env.device_id)
+        .ok_or((FailureReason::InvalidUplink, "uplink names no device id".to_string()))?;
+    let known = catalog.device(&device_id);
+    let name = partial
+        .device_name
+        .or(env.device_name)
+        .or_else(|| known.as_ref().map(|d| d.name.clone()))
+        .unwrap_or_default();
+    let channel = u
+        .channel
+        .clone()
+        .or_else(|| known.as_ref().map(|d| d.channel.clone()).filter(|c| !c.is_empty()))
+        .or(env.channel_hint)
+        .unwrap_or_else(|| DEFAULT_CHANNEL.to_string());
+    let data_id = partial.data_id.or(env.data_id).unwrap_or_else(|| format!("weft-{}", uplink.seq));
+    let reported_at = partial.reported_at.or(env.reported_at).unwrap_or(u.received_at);
+
+    if known.is_none() && register {
+        let device = Device {
+            id: device_id.clone(),
+            name: name.clone(),
+            device_type: p.device_type.name.clone(),
+            channel: channel.clone(),
+            ..Device::default()
+        };
+        if catalog.register_seen(&device) {
+            new_devices.push(device);
+        }
+    }
+
+    let base = DataUnit {
+        data_id,
+        reported_at,
+        received_at: u.received_at,
+        channel,
+        device: DeviceInfo {
+            id: device_id,
+            name,
+            device_type: p.device_type.name.clone(),
+            records: known.as_ref().map(|d| d.records.clone()).unwrap_or_default(),
+            static_data: known.as_ref().map(|d| d.static_data.clone()).unwrap_or_default(),
+        },
+        measures: partial.measures,
+    };
+    Ok(Produced { units: split_sub_devices(base, known.as_deref(), catalog), warnings })
+}
+
+fn codec_failure(e: CodecError) -> Failure {
+    let reason = match e {
+        CodecError::Timeout(_) => FailureReason::Timeout,
+        CodecError::OutOfMemory => FailureReason::OutOfMemory,
+        _ => FailureReason::DecodeError,
+    };
+    (reason, e.to_string())
+}
+
+/// `body` with `data`'s fields laid over it: decoded values win over
+/// envelope fields of the same name.
+fn merged(body: &Value, data: Value) -> Value {
+    let mut out = body.as_object().cloned().unwrap_or_default();
+    if let Value::Object(d) = data {
+        out.extend(d);
+    }
+    Value::Object(out)
+}
+
+/// Applies the processor mappings, or without any, takes `decoded` (or the
+/// body minus its envelope fields) as the measures.
+fn shape(mappings: &[weft_model::Mapping], source: Value, decoded: Option<Value>, format: UplinkFormat) -> PartialUnit {
+    if !mappings.is_empty() {
+        return mapping::apply(mappings, &source);
+    }
+    let measures = match decoded {
+        Some(Value::Object(m)) => m,
+        Some(_) => Map::new(),
+        None => {
+            let mut m = source.as_object().cloned().unwrap_or_default();
+            if matches!(format, UplinkFormat::SensaeDecoded | UplinkFormat::SensaeEncoded) {
+                for f in SENSAE_ENVELOPE_FIELDS {
+                    m.remove(*f);
+                }
+            }
+            m
+        }
+    };
+    PartialUnit { measures, ..PartialUnit::default() }
+}
+
+/// A sensae `convert(object)` codec returns the data unit itself.
+fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
+    let Value::Object(obj) = returned else {
+        return Err((FailureReason::DecodeError, "convert() did not return an object".into()));
+    };
+    let v = Value::Object(obj);
+    let measures = match get_path(&v, "measures") {
+        Some(Value::Object(m)) => m.clone(),
+        None => Map::new(),
+        Some(_) => return Err((FailureReason::DecodeError, "convert() returned non-object measures".into())),
+    };
+    Ok(PartialUnit {
+        data_id: get_path(&v, "dataId").and_then(value_as_id),
+        reported_at: get_path(&v, "reportedAt").and_then(value_as_millis),
+        device_id: get_path(&v, "device.id").and_then(value_as_id),
+        device_name: get_path(&v, "device.name").and_then(value_as_id),
+        measures,
+    })
+}
+
+/// sensae's sub-device shape: when every measure key is an index
+/// (`{"0":{…},"1":{…}}`), index 0 is the device itself and the others map
+/// to sub-device ids through the device record (unmapped indexes become
+/// `<device id>:<index>`). Each gets its own unit and `dataId`
+/// (`<dataId>:<index>` for sub-devices, so replays stay idempotent).
+fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) -> Vec<DataUnit> {
+    let indexed = !base.measures.is_empty()
+        && base.measures.iter().all(|(k, v)| k.parse::<u32>().is_ok() && v.is_object());
+    if !indexed {
+        return vec![base];
+    }
+    let mut units = Vec::with_capacity(base.measures.len());
+    for (key, measures) in &base.measures {
+        let index: u32 = key.parse().expect("checked above");
+        let Value::Object(measures) = measures else { continue };
+        let mut unit = base.clone();
+        unit.measures = measures.clone();
+        if index != 0 {
+            let id = known
+                .and_then(|d| d.sub_devices.iter().find(|s| s.index == index))
+                .map(|s| s.id.clone())
+                .unwrap_or_else(|| format!("{}:{index}", base.device.id));
+            let sub = catalog.device(&id);
+            unit.data_id = format!("{}:{index}", base.data_id);
+            unit.device = DeviceInfo {
+                id,
+                name: sub.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+                device_type: sub
+                    .as_ref()
+                    .map(|d| d.device_type.clone())
+                    .unwrap_or_else(|| base.device.device_type.clone()),
+                records: sub.as_ref().map(|d| d.records.clone()).unwrap_or_default(),
+                static_data: sub.as_ref().map(|d| d.static_data.clone()).unwrap_or_default(),
+            };
+        }
+        units.push(unit);
+    }
+    units
+}
+
+fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
+    let s = |path: &str| get_path(body, path).and_then(value_as_id);
+    match format {
+        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => Envelope {
+            data_id: s("uuid").or_else(|| s("dataId")),
+            device_id: s("id").or_else(|| s("device.id")).or_else(|| s("dev_eui")),
+            device_name: s("name").or_else(|| s("device.name")),
+            reported_at: get_path(body, "reported_at")
+                .or_else(|| get_path(body, "reportedAt"))
+                .and_then(value_as_millis),
+            payload: sensae_payload(body),
+            ..Envelope::default()
+        },
+        UplinkFormat::Ttn => {
+            let msg = get_path(body, "uplink_message");
+            let up_id = get_path(body, "correlation_ids")
+                .and_then(Value::as_array)
+                .and_then(|ids| {
+                    ids.iter().filter_map(Value::as_str).find(|id| id.starts_with("as:up:")).map(str::to_string)
+                });
+            let received = s("received_at").and_then(|t| rfc3339_millis(&t));
+            Envelope {
+                data_id: up_id.or_else(|| {
+                    Some(format!("{}:{}:{}", s("end_device_ids.device_id")?, s("uplink_message.f_cnt").unwrap_or_default(), s("received_at")?))
+                }),
+                device_id: s("end_device_ids.device_id"),
+                device_name: s("end_device_ids.device_id"),
+                reported_at: received,
+                type_hint: s("uplink_message.version_ids.model_id"),
+                channel_hint: s("end_device_ids.application_ids.application_id"),
+                payload: msg.and_then(|m| {
+                    let raw = m.get("frm_payload")?.as_str()?;
+                    let port = m.get("f_port").and_then(Value::as_u64).unwrap_or(0) as u32;
+                    Some(base64_bytes(raw).map(|b| (b, port)))
+                }),
+                predecoded: msg.and_then(|m| m.get("decoded_payload")).filter(|v| v.is_object()).cloned(),
+            }
+        }
+        UplinkFormat::ChirpStack => Envelope {
+            data_id: s("deduplicationId"),
+            device_id: s("deviceInfo.devEui"),
+            device_name: s("deviceInfo.deviceName"),
+            reported_at: s("time").and_then(|t| rfc3339_millis(&t)),
+            type_hint: s("deviceInfo.deviceProfileName"),
+            channel_hint: s("deviceInfo.applicationName"),
+            payload: get_path(body, "data").and_then(Value::as_str).map(|raw| {
+                let port = get_path(body, "fPort").and_then(Value::as_u64).unwrap_or(0) as u32;
+                base64_bytes(raw).map(|b| (b, port))
+            }),
+            predecoded: get_path(body, "object").filter(|v| v.is_object()).cloned(),
+        },
+    }
+}
+
+/// The payload of a sensae/Helium body: `payload` (base64), or `bytes` as
+/// an array of numbers, hex or base64; the port from `port`/`fPort`/`f_port`.
+fn sensae_payload(body: &Value) -> Option<Result<(Vec<u8>, u32), String>> {
+    let port = ["port", "fPort", "f_port"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+        .unwrap_or(0) as u32;
+    let bytes = if let Some(raw) = body.get("payload").and_then(Value::as_str) {
+        base64_bytes(raw)
+    } else {
+        match body.get("bytes")? {
+            Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_u64().filter(|n| *n < 256).map(|n| n as u8))
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(|| "`bytes` must be an array of numbers 0-255".to_string()),
+            Value::String(s) => hex_or_base64(s),
+            _ => Err("`bytes` must be an array, hex or base64".to_string()),
+        }
+    };
+    Some(bytes.map(|b| (b, port)))
+}
+
+/// Bytes from a base64 string (standard alphabet, padding optional).
+pub fn base64_bytes(raw: &str) -> Result<Vec<u8>, String> {
+    let raw = raw.trim();
+    base64::engine::general_purpose::STANDARD
+        .decode(raw)
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(raw.trim_end_matches('=')))
+        .map_err(|e| format!("payload is not valid base64: {e}"))
+}
+
+/// Bytes from a hex string (spaces allowed) or, failing that, base64.
+pub fn hex_or_base64(raw: &str) -> Result<Vec<u8>, String> {
+    let compact: String = raw.chars().filter(|c| !c.is_whitespace()).collect();
+    if compact.len() % 2 == 0 && compact.chars().all(|c| c.is_ascii_hexdigit()) {
+        return hex::decode(&compact).map_err(|e| e.to_string());
+    }
+    base64_bytes(raw)
+}
+
+fn rfc3339_millis(t: &str) -> Option<i64> {
+    let at = humantime::parse_rfc3339_weak(t).ok()?;
+    at.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn helium_bodies_give_identity_and_payload() {
+        let body = json!({"uuid":"u1","id":"d1","name":"P1","reported_at":5,"port":85,"payload":"AXVc"});
+        let e = read_envelope(UplinkFormat::SensaeEncoded, &body);
+        assert_eq!(e.data_id.as_deref(), Some("u1"));
+        assert_eq!(e.device_id.as_deref(), Some("d1"));
+        assert_eq!(e.reported_at, Some(5));
+        assert_eq!(e.payload, Some(Ok((vec![0x01, 0x75, 0x5c], 85))));
+    }
+
+    #[test]
+    fn ttn_and_chirpstack_envelopes() {
+        let ttn = json!({"end_device_ids":{"device_id":"eui-1","dev_eui":"A1","application_ids":{"application_id":"farm"}},
+            "correlation_ids":["as:up:01ABC","rpc:x"],"received_at":"2026-01-02T03:04:05.123456Z",
+            "uplink_message":{"f_port":85,"f_cnt":3,"frm_payload":"AXVc","decoded_payload":{"battery":92}}});
+        let e = read_envelope(UplinkFormat::Ttn, &ttn);
+        assert_eq!(e.data_id.as_deref(), Some("as:up:01ABC"));
+        assert_eq!(e.device_id.as_deref(), Some("eui-1"));
+        assert_eq!(e.channel_hint.as_deref(), Some("farm"));
+        assert_eq!(e.reported_at, Some(1767323045123));
+        assert_eq!(e.predecoded, Some(json!({"battery":92})));
+        let cs = json!({"deduplicationId":"dd","time":"2026-01-02T03:04:05Z","fPort":85,"data":"AXVc",
+            "deviceInfo":{"devEui":"0102","deviceName":"n","deviceProfileName":"em300th","applicationName":"app"}});
+        let e = read_envelope(UplinkFormat::ChirpStack, &cs);
+        assert_eq!(e.data_id.as_deref(), Some("dd"));
+        assert_eq!(e.type_hint.as_deref(), Some("em300th"));
+        assert_eq!(e.payload, Some(Ok((vec![0x01, 0x75, 0x5c], 85))));
+    }
+
+    #[test]
+    fn bytes_accept_arrays_hex_and_base64() {
+        assert_eq!(sensae_payload(&json!({"bytes":[1,2]})), Some(Ok((vec![1, 2], 0))));
+        assert_eq!(sensae_payload(&json!({"bytes":"01 75 5C","fPort":85})), Some(Ok((vec![1, 0x75, 0x5c], 85))));
+        assert_eq!(sensae_payload(&json!({"bytes":"AXVc"})), Some(Ok((vec![1, 0x75, 0x5c], 0))));
+        assert!(matches!(sensae_payload(&json!({"bytes":[300]})), Some(Err(_))));
+        assert_eq!(sensae_payload(&json!({"temperature":1})), None);
+    }
+}

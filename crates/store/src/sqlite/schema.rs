@@ -1,0 +1,151 @@
+//! The SQLite schema as an append-only list of migration steps, and the
+//! connection settings every connection of the store shares.
+//!
+//! `PRAGMA user_version` records how many steps a database has applied.
+//! Opening a database applies the missing steps in order, all in one
+//! transaction, so a crash mid-migration leaves the database as it was.
+//! Later issues add tables by appending a step; a step, once released, is
+//! never edited, because databases in the field have already applied it.
+
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::Synchronous;
+
+/// How long a connection waits for a lock held by another connection
+/// before reporting `database is locked`. Only another process (or a
+/// checkpoint) ever holds the write lock against our single writer, so a
+/// generous wait turns rare contention into latency instead of errors.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The migration steps, applied in order. Step `i` (0-based) brings the
+/// database to `user_version = i + 1`.
+///
+/// Step 1, the first schema:
+/// - `ingest_log`: uplinks exactly as received. `AUTOINCREMENT` makes
+///   SQLite remember the highest `seq` ever used, so pruning the log never
+///   lets a `seq` be handed out twice (consumer cursors rely on that).
+/// - `data_units`: the pipeline's output. `seq` is the paging cursor of
+///   `GET /api/v1/data` (also `AUTOINCREMENT`, never reused); `data_id` is
+///   unique so replays store a unit once. `(device_id, seq)` serves the
+///   per-device history query in storage order.
+/// - `failed_uplinks`: keyed by the log `seq` of the uplink, so a replay
+///   overwrites instead of duplicating. `body` is JSON text.
+/// - `devices`, `device_types`: configuration, stored as the API's JSON
+///   with the columns filters need beside it.
+/// - `cursors`: how far each log consumer got (the next `seq` to read).
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE ingest_log (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    received_at INTEGER NOT NULL,
+    format      TEXT    NOT NULL,
+    channel     TEXT,
+    device_type TEXT,
+    body        BLOB    NOT NULL
+);
+CREATE TABLE data_units (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    data_id     TEXT    NOT NULL UNIQUE,
+    device_id   TEXT    NOT NULL,
+    channel     TEXT    NOT NULL,
+    device_type TEXT    NOT NULL,
+    reported_at INTEGER NOT NULL,
+    json        TEXT    NOT NULL
+);
+CREATE INDEX data_units_device_seq ON data_units (device_id, seq);
+CREATE TABLE failed_uplinks (
+    seq         INTEGER PRIMARY KEY,
+    received_at INTEGER NOT NULL,
+    format      TEXT    NOT NULL,
+    channel     TEXT,
+    device_type TEXT,
+    reason      TEXT    NOT NULL,
+    description TEXT    NOT NULL,
+    body        TEXT    NOT NULL
+);
+CREATE TABLE devices (
+    id          TEXT PRIMARY KEY,
+    device_type TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    json        TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE device_types (
+    name TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE cursors (
+    name     TEXT    PRIMARY KEY,
+    next_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+"#];
+
+/// Settings for the write connection: WAL (readers never block the writer
+/// and the writer never blocks readers) and the chosen fsync policy.
+pub(super) fn configure_writer(conn: &Connection, sync: Synchronous) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // `journal_mode` answers with the mode actually in effect; WAL is
+    // persistent, so this is a no-op after the first open.
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(%mode, "SQLite refused WAL mode; writes will block reads");
+    }
+    let level = match sync {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", level)?;
+    // Temporary b-trees (sorts of unindexed queries) stay in memory.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
+}
+
+/// Settings for a read connection.
+pub(super) fn configure_reader(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
+}
+
+/// Brings the database up to the latest schema. Returns the version it
+/// is at afterwards. A database written by a newer weft (more steps than
+/// this build knows) is refused rather than misread.
+pub(super) fn migrate(conn: &mut Connection) -> Result<usize, MigrateError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let current: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let current = usize::try_from(current).map_err(|_| MigrateError::Version(current))?;
+    if current > MIGRATIONS.len() {
+        return Err(MigrateError::Newer {
+            found: current,
+            known: MIGRATIONS.len(),
+        });
+    }
+    for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
+        tx.execute_batch(step)?;
+        tracing::info!(version = index + 1, "applied storage migration");
+    }
+    if current < MIGRATIONS.len() {
+        tx.pragma_update(None, "user_version", MIGRATIONS.len() as i64)?;
+    }
+    tx.commit()?;
+    Ok(MIGRATIONS.len())
+}
+
+/// Why [`migrate`] failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MigrateError {
+    /// SQLite failed while migrating.
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// `user_version` holds something no weft writes.
+    #[error("the database's schema version {0} is invalid")]
+    Version(i64),
+    /// The database comes from a newer weft.
+    #[error("the database has schema version {found}, newer than this weft knows ({known}); upgrade weft")]
+    Newer {
+        /// The database's version.
+        found: usize,
+        /// The newest version this build knows.
+        known: usize,
+    },
+}

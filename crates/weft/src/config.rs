@@ -1,0 +1,167 @@
+//! weft's configuration: one struct, read from (lowest to highest
+//! precedence) built-in defaults, a TOML file, `WEFT_*` environment
+//! variables (`__` separates sections: `WEFT_ENGINE__TIME_LIMIT=50ms`), and
+//! command-line flags. docs/configuration.md lists every key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// Everything `weft serve` can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address of the HTTP listener (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Directory holding weft's database; created if missing.
+    pub data: PathBuf,
+    /// Key ingest requests must carry in `Authorization`; empty = none.
+    pub ingest_key: String,
+    /// Log filter (`tracing` env-filter syntax), e.g. `info,weft_pipeline=debug`.
+    pub log: String,
+    /// The script sandbox.
+    pub engine: EngineSection,
+    /// The SQLite store.
+    pub store: StoreSection,
+    /// The uplink pipeline.
+    pub pipeline: PipelineSection,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".parse().expect("valid address"),
+            data: PathBuf::from("./weft-data"),
+            ingest_key: String::new(),
+            log: "info".into(),
+            engine: EngineSection::default(),
+            store: StoreSection::default(),
+            pipeline: PipelineSection::default(),
+        }
+    }
+}
+
+/// `[engine]`: limits of decoder and rule scripts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// Threads running scripts.
+    pub workers: usize,
+    /// Longest one script call may run before it is interrupted.
+    #[serde(with = "humantime_serde")]
+    pub time_limit: Duration,
+    /// Memory one script runtime may allocate, in MiB.
+    pub memory_limit_mb: usize,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection { workers: 1, time_limit: Duration::from_millis(100), memory_limit_mb: 32 }
+    }
+}
+
+/// `[store]`: the SQLite database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// `full`: fsync every commit (an acknowledged write survives power
+    /// loss); `normal`: survives a crash of weft, not of the machine.
+    pub synchronous: String,
+    /// Read-only connections serving queries.
+    pub read_connections: usize,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection { synchronous: "full".into(), read_connections: 4 }
+    }
+}
+
+/// `[pipeline]`: uplink processing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineSection {
+    /// Most uplinks decoded and committed together.
+    pub batch_size: usize,
+    /// Accepted-but-unprocessed uplinks beyond which ingest answers 503.
+    pub max_backlog: u64,
+    /// How long processed uplinks stay in the ingest log.
+    #[serde(with = "humantime_serde")]
+    pub log_retention: Duration,
+}
+
+impl Default for PipelineSection {
+    fn default() -> Self {
+        let d = weft_pipeline::PipelineConfig::default();
+        PipelineSection { batch_size: d.batch_size, max_backlog: d.max_backlog, log_retention: d.log_retention }
+    }
+}
+
+/// Command-line values that override the file and the environment.
+#[derive(Debug, Default, Serialize)]
+pub struct Overrides {
+    /// `--listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// `--data`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// `--ingest-key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingest_key: Option<String>,
+}
+
+impl Config {
+    /// Defaults, then `file` (if given), then `WEFT_*`, then `overrides`.
+    pub fn load(file: Option<&std::path::Path>, overrides: Overrides) -> Result<Config, figment::Error> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(figment::Error::from(format!("config file {} does not exist", file.display())));
+            }
+            fig = fig.merge(Toml::file(file));
+        }
+        fig.merge(Env::prefixed("WEFT_").split("__")).merge(Serialized::defaults(overrides)).extract()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_no_file_and_flags_beat_environment_beat_file() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None, Overrides::default())?;
+            assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+            assert_eq!(c.data, PathBuf::from("./weft-data"));
+
+            jail.create_file("weft.toml", "listen = \"127.0.0.1:9000\"\ningest_key = \"file\"\n[engine]\ntime_limit = \"50ms\"\n")?;
+            jail.set_env("WEFT_INGEST_KEY", "env");
+            jail.set_env("WEFT_ENGINE__WORKERS", "2");
+            let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;
+            assert_eq!(c.listen.port(), 9000);
+            assert_eq!(c.ingest_key, "env");
+            assert_eq!(c.engine.workers, 2);
+            assert_eq!(c.engine.time_limit, Duration::from_millis(50));
+
+            let flags = Overrides { ingest_key: Some("flag".into()), ..Overrides::default() };
+            let c = Config::load(Some("weft.toml".as_ref()), flags)?;
+            assert_eq!(c.ingest_key, "flag");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("weft.toml", "lisen = \"x\"\n")?;
+            assert!(Config::load(Some("weft.toml".as_ref()), Overrides::default()).is_err());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,95 @@
+//! `weft serve`: builds the store, bus, engine and pipeline from the
+//! configuration, serves the API, and shuts down in order.
+//!
+//! Shutdown order, once `shutdown` is cancelled: stop accepting HTTP
+//! requests and let in-flight ones finish; let the pipeline process what
+//! the ingest log already holds (bounded by [`DRAIN_TIMEOUT`]; anything
+//! left is processed at the next start); then close the store, which
+//! commits the writer's last batch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weft_api::{AppState, MetricsRender};
+use weft_bus::InProcessBus;
+use weft_engine::{Engine, EngineConfig};
+use weft_pipeline::{Pipeline, PipelineConfig};
+use weft_store::{SqliteConfig, SqliteStore, Store, Synchronous};
+
+use crate::config::Config;
+
+/// Longest the pipeline may spend processing the remaining log at shutdown.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs weft on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    metrics: MetricsRender,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data)
+        .with_context(|| format!("creating data directory {}", config.data.display()))?;
+    let synchronous = match config.store.synchronous.as_str() {
+        "full" => Synchronous::Full,
+        "normal" => Synchronous::Normal,
+        other => anyhow::bail!("store.synchronous must be 'full' or 'normal', not '{other}'"),
+    };
+    let store_config = SqliteConfig {
+        path: config.data.join("weft.db"),
+        read_connections: config.store.read_connections.max(1),
+        synchronous,
+        ..SqliteConfig::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(
+        tokio::task::spawn_blocking(move || SqliteStore::open(store_config))
+            .await?
+            .context("opening the store")?,
+    );
+    let engine = Engine::start(EngineConfig {
+        workers: config.engine.workers.max(1),
+        time_limit: config.engine.time_limit,
+        memory_limit: config.engine.memory_limit_mb.max(1) * 1024 * 1024,
+        ..EngineConfig::default()
+    });
+    let bus = Arc::new(InProcessBus::default());
+    let tracker = TaskTracker::new();
+    let pipeline_stop = CancellationToken::new();
+    let pipeline = Pipeline::start(
+        store.clone(),
+        bus,
+        engine,
+        PipelineConfig {
+            batch_size: config.pipeline.batch_size.max(1),
+            max_backlog: config.pipeline.max_backlog,
+            log_retention: config.pipeline.log_retention,
+        },
+        pipeline_stop.clone(),
+        &tracker,
+    )
+    .await
+    .context("starting the pipeline")?;
+
+    let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
+    if ingest_key.is_none() {
+        tracing::warn!("no ingest key configured: ingest endpoints accept uplinks without Authorization");
+    }
+    let app = weft_api::router(AppState { pipeline, ingest_key, metrics });
+
+    tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
+    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+
+    tracing::info!("HTTP stopped; draining the pipeline");
+    pipeline_stop.cancel();
+    tracker.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait()).await.is_err() {
+        tracing::warn!("pipeline did not drain in time; the rest is processed at the next start");
+    }
+    store.close().await;
+    tracing::info!("weft stopped");
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! Black-box tests: each starts the real `weft` binary on an ephemeral port
+//! with its own data directory and talks to it over HTTP and websockets.
+//!
+//! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
+//! - `codecs`: decoders, the dry run, time limits.
+//! - `live`: the websocket and SSE streams and their filters.
+//! - `catalog`: device types and devices, enrichment.
+//! - `durability`: kill -9 and restart lose nothing acknowledged.
+//! - `ops`: health and metrics.
+
+mod catalog;
+mod codecs;
+mod durability;
+mod ingest;
+mod live;
+mod ops;
+mod util;

@@ -1,0 +1,262 @@
+//! The harness: starts the real `weft` binary on port 0 with its own temp
+//! data directory, and offers a client whose calls state the status they
+//! expect, a websocket subscriber, and polling against a deadline instead
+//! of fixed sleeps.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The ingest key every test server is started with.
+pub const KEY: &str = "test-ingest-key";
+
+/// The em300th decoder shipped in examples/.
+pub const EM300TH_JS: &str = include_str!("../../examples/codecs/em300th.js");
+
+/// A running weft process. Killed when dropped.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    data: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+    env: Vec<(String, String)>,
+}
+
+impl Server {
+    /// Starts weft in a fresh temp data dir.
+    pub fn start() -> Server {
+        Self::start_with_env(&[])
+    }
+
+    /// Starts weft with extra `WEFT_*` environment variables.
+    pub fn start_with_env(env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().to_path_buf();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (child, url) = spawn(&data, &env);
+        Server { child, url, data, _dir: Some(dir), env }
+    }
+
+    /// SIGKILLs the process (no graceful shutdown, like a crash).
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts weft again on the same data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let (child, url) = spawn(&self.data, &self.env);
+        self.child = child;
+        self.url = url;
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> Client {
+        Client { http: reqwest::Client::new(), url: self.url.clone() }
+    }
+
+    /// `ws://…/api/v1/live`.
+    pub fn live_url(&self) -> String {
+        format!("{}/api/v1/live", self.url.replacen("http", "ws", 1))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--ingest-key", KEY, "--data"])
+        .arg(data)
+        .env("WEFT_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("weft starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = lines.next().expect("weft prints its address").expect("readable stdout");
+    let url = line.strip_prefix("weft listening on ").expect("address line").trim().to_string();
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
+
+/// An HTTP client bound to one server.
+#[derive(Clone)]
+pub struct Client {
+    /// The underlying client.
+    pub http: reqwest::Client,
+    /// Base URL.
+    pub url: String,
+}
+
+/// Status and parsed body (`Value::Null` if the body is empty or not JSON).
+pub type Reply = (u16, Value);
+
+impl Client {
+    /// Sends a request and returns status and JSON body.
+    pub async fn send(&self, method: &str, path: &str, body: Option<&Value>, auth: Option<&str>) -> Reply {
+        let mut req = self.http.request(method.parse().unwrap(), format!("{}{}", self.url, path));
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        if let Some(auth) = auth {
+            req = req.header("Authorization", auth);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Sends a raw body with a content type.
+    pub async fn send_raw(&self, path: &str, body: &'static str, auth: Option<&str>) -> Reply {
+        let mut req = self.http.post(format!("{}{}", self.url, path)).body(body);
+        if let Some(auth) = auth {
+            req = req.header("Authorization", auth);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Sends and asserts the status; returns the body.
+    pub async fn expect(&self, status: u16, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let (got, reply) = self.send(method, path, body, Some(KEY)).await;
+        assert_eq!(got, status, "{method} {path}: expected {status}, got {got}: {reply}");
+        reply
+    }
+
+    /// Posts an uplink on sensae's path with the right key; asserts 202.
+    pub async fn uplink(&self, channel: &str, info: &str, device_type: &str, body: &Value) {
+        let path = format!("/sensor-data/{channel}/{info}/{device_type}");
+        self.expect(202, "POST", &path, Some(body)).await;
+    }
+
+    /// Creates the em300th type: the shipped decoder and the seed's mappings.
+    pub async fn create_em300th(&self) {
+        self.expect(201, "PUT", "/api/v1/device-types/em300th", Some(&em300th_type())).await;
+    }
+
+    /// Every stored unit matching `query` (e.g. `channel=x`), following cursors.
+    pub async fn all_units(&self, query: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let path = format!("/api/v1/data?{query}&limit=1000&after={after}");
+            let page = self.expect(200, "GET", &path, None).await;
+            out.extend(page["units"].as_array().unwrap().iter().cloned());
+            match page["next"].as_str() {
+                Some(next) => after = next.to_string(),
+                None => return out,
+            }
+        }
+    }
+}
+
+/// The em300th device type with the seed's processor mappings.
+pub fn em300th_type() -> Value {
+    json!({
+        "entityType": "TemperatureSensor",
+        "decoder": {"language": "javascript", "script": EM300TH_JS},
+        "processor": {"mappings": [
+            {"from": "temperature", "to": "temperature.celsius"},
+            {"from": "humidity", "to": "airHumidity.relativePercentage"},
+            {"from": "uuid", "to": "dataId"},
+            {"from": "id", "to": "device.id"},
+            {"from": "name", "to": "device.name"},
+            {"from": "reported_at", "to": "reportedAt"}
+        ]}
+    })
+}
+
+/// sensae's load-test body for the decoded path.
+pub fn decoded_body(uuid: &str, device: &str, temperature: i64, humidity: i64, reported_at: i64) -> Value {
+    json!({"downlink_url": "https://console.example/api/v1/down/abc/def/0e1c",
+           "temperature": temperature, "humidity": humidity, "id": device, "name": "P00010",
+           "reported_at": reported_at, "uuid": uuid})
+}
+
+/// A Helium-style encoded body carrying `payload` (base64) on port 85.
+pub fn encoded_body(uuid: &str, device: &str, payload: &[u8], reported_at: i64) -> Value {
+    use base64::Engine as _;
+    json!({"id": device, "name": "P00011", "reported_at": reported_at, "uuid": uuid, "port": 85,
+           "payload": base64::engine::general_purpose::STANDARD.encode(payload)})
+}
+
+/// Polls `check` until it returns `Some` or `timeout` passes.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "condition not met within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A websocket client of `/api/v1/live`.
+pub struct Live {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl Live {
+    /// Connects to the server's live endpoint.
+    pub async fn connect(server: &Server) -> Live {
+        let (ws, _) = tokio_tungstenite::connect_async(server.live_url()).await.expect("websocket connects");
+        Live { ws }
+    }
+
+    /// Sends a subscribe message and waits for its acknowledgement.
+    pub async fn subscribe(&mut self, id: &str, stream: &str, filter: Value) {
+        self.send(json!({"type":"subscribe","id":id,"stream":stream,"filter":filter})).await;
+        let reply = self.next().await;
+        assert_eq!(reply, json!({"type":"subscribed","id":id}), "subscribe acknowledged");
+    }
+
+    /// Sends a JSON message.
+    pub async fn send(&mut self, msg: Value) {
+        self.ws.send(Message::Text(msg.to_string().into())).await.expect("ws send");
+    }
+
+    /// The next JSON message (10 s at most).
+    pub async fn next(&mut self) -> Value {
+        self.next_within(Duration::from_secs(10)).await.expect("a live message within 10 s")
+    }
+
+    /// The next JSON message, or `None` if none arrives within `timeout`.
+    pub async fn next_within(&mut self, timeout: Duration) -> Option<Value> {
+        loop {
+            let msg = tokio::time::timeout(timeout, self.ws.next()).await.ok()??.ok()?;
+            if let Message::Text(t) = msg {
+                return Some(serde_json::from_str(&t).expect("live messages are JSON"));
+            }
+        }
+    }
+}
+
+/// Epoch ms now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
