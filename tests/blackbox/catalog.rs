@@ -67,3 +67,11 @@ async fn units_carry_device_records_and_unknown_devices_are_registered() {
     assert_eq!(n["channel"], "irrigation");
     assert_eq!(n["name"], "P00010");
 }
+
+/// The example type file the README's walkthrough uploads is the same
+/// decoder and mappings the tests use.
+#[test]
+fn the_readme_example_type_matches_the_shipped_codec() {
+    let file: serde_json::Value = serde_json::from_str(EM300TH_TYPE_FILE).unwrap();
+    assert_eq!(file, em300th_type());
+}

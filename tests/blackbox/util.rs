@@ -260,3 +260,7 @@ impl Live {
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
+
+/// The README's example device type file, which must stay in step with the
+/// codec and mappings the tests use.
+pub const EM300TH_TYPE_FILE: &str = include_str!("../../examples/device-types/em300th.json");

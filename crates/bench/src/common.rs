@@ -9,8 +9,12 @@ use anyhow::bail;
 use crate::http;
 use crate::target::{BaseUrl, SpawnedServer};
 
-/// How long a server may take to answer `GET /health` with 200.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a spawned server may take to answer `GET /health` with 200.
+const SPAWNED_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long to retry an external server's health before giving up: short,
+/// as it should already be running.
+const EXTERNAL_READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Flags shared by every `weft bench` scenario.
 #[derive(Debug, Clone, clap::Args)]
@@ -87,11 +91,16 @@ impl Session {
         }
     }
 
-    /// Polls `GET /health` until it answers 200 or [`READY_TIMEOUT`] passes.
+    /// Polls `GET /health` until it answers 200 or the ready timeout passes.
     async fn wait_ready(&self) -> anyhow::Result<()> {
+        let timeout = if self.spawned() {
+            SPAWNED_READY_TIMEOUT
+        } else {
+            EXTERNAL_READY_TIMEOUT
+        };
         let started = Instant::now();
         let mut last = String::new();
-        while started.elapsed() < READY_TIMEOUT {
+        while started.elapsed() < timeout {
             match http::request(&self.base, "GET", "/health", &[], None, Duration::from_secs(5)).await {
                 Ok(r) if r.status == 200 => return Ok(()),
                 Ok(r) => last = format!("GET /health answered {}: {}", r.status, r.text().trim()),
@@ -107,7 +116,7 @@ impl Session {
         bail!(
             "{} is not ready after {}s: {last}{hint}",
             self.base,
-            READY_TIMEOUT.as_secs()
+            timeout.as_secs()
         )
     }
 }

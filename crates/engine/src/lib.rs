@@ -6,12 +6,22 @@
 //! [`Call`]s to an [`Engine`] and get JSON values or a [`CodecError`] back.
 //! Scripts get no I/O of any kind: no modules, no network, no files.
 //!
-//! ```ignore
+//! ```
+//! use weft_engine::{interpret_decode_uplink, Call, CodecError, Engine, EngineConfig, Script, ScriptKind};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), CodecError> {
 //! let engine = Engine::start(EngineConfig::default());
-//! let script = Script::new("function decodeUplink(input){ return {data:{a:input.bytes[0]}} }");
-//! engine.check(&script).await?;   // Ok(ScriptKind::DecodeUplink) or Err(CodecError::Compile{..})
-//! let out = engine.run(vec![Call::DecodeUplink{script, bytes: vec![1], f_port: 85, recv_time_ms: 0}]).await?;
-//! let decoded = interpret_decode_uplink(out[0].clone()?)?;   // Decoded{data, warnings}
+//! let script = Script::new("function decodeUplink(input) { return {data: {a: input.bytes[0]}}; }");
+//! // Compile when the codec is saved: a syntax error is CodecError::Compile{message, line}.
+//! assert_eq!(engine.check(&script).await?, ScriptKind::DecodeUplink);
+//! let call = Call::DecodeUplink { script, bytes: vec![1], f_port: 85, recv_time_ms: 0 };
+//! // Outer error: the engine is busy or stopped. Inner: this call's own result.
+//! let mut results = engine.run(vec![call]).await?;
+//! let decoded = interpret_decode_uplink(results.remove(0)?)?;
+//! assert_eq!(decoded.data["a"], 1);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The modules:
