@@ -19,7 +19,7 @@ use weft_model::{DataUnit, Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
 pub mod sqlite;
 
-pub use sqlite::{SqliteConfig, SqliteStore};
+pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 
 /// Errors a store reports. Callers map `Overloaded` to 503 + Retry-After
 /// and everything else to 500.

@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use weft_model::{Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
 use crate::{
-    CommitOutcome, DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Result, Store,
-    StoreError, StoredUnit,
+    CommitOutcome, DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Result, Store, StoreError,
+    StoredUnit,
 };
 
 mod reader;

@@ -15,7 +15,9 @@ use parking_lot::Mutex;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OpenFlags, Row};
 use tokio::sync::Semaphore;
-use weft_model::{Device, DeviceType, FailedUplink, FailureReason, NewUplink, Uplink, UplinkFormat};
+use weft_model::{
+    Device, DeviceType, FailedUplink, FailureReason, NewUplink, Uplink, UplinkFormat,
+};
 
 use super::{schema, to_i64, Db};
 use crate::{record_text, DataQuery, DeviceFilter, FailedQuery, Result, StoreError, StoredUnit};
@@ -115,8 +117,12 @@ pub(super) fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Resu
     while let Some(row) = rows.next().db()? {
         let seq = position(row, 0)?;
         let format: String = row.get(2).db()?;
-        let format = UplinkFormat::parse(&format)
-            .ok_or_else(|| corrupt(&format!("ingest log entry {seq}"), format!("unknown format {format:?}")))?;
+        let format = UplinkFormat::parse(&format).ok_or_else(|| {
+            corrupt(
+                &format!("ingest log entry {seq}"),
+                format!("unknown format {format:?}"),
+            )
+        })?;
         out.push(Uplink {
             seq,
             uplink: NewUplink {
@@ -167,8 +173,8 @@ pub(super) fn list_device_types(conn: &Connection) -> Result<Vec<(String, Device
     while let Some(row) = rows.next().db()? {
         let name: String = row.get(0).db()?;
         let json: String = row.get(1).db()?;
-        let device_type =
-            serde_json::from_str(&json).map_err(|e| corrupt(&format!("device type {name:?}"), e))?;
+        let device_type = serde_json::from_str(&json)
+            .map_err(|e| corrupt(&format!("device type {name:?}"), e))?;
         out.push((name, device_type));
     }
     Ok(out)
@@ -291,7 +297,10 @@ pub(super) fn query_failed(conn: &Connection, query: &FailedQuery) -> Result<Vec
         let seq = position(row, 0)?;
         let reason: String = row.get(5).db()?;
         let reason = FailureReason::parse(&reason).ok_or_else(|| {
-            corrupt(&format!("failed uplink {seq}"), format!("unknown reason {reason:?}"))
+            corrupt(
+                &format!("failed uplink {seq}"),
+                format!("unknown reason {reason:?}"),
+            )
         })?;
         let body: String = row.get(7).db()?;
         // Bodies are stored as JSON; anything else is returned as text

@@ -13,9 +13,7 @@ use weft_model::{
 };
 
 use super::{SqliteConfig, SqliteStore, Synchronous};
-use crate::{
-    DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Store, StoreError, UnitRecord,
-};
+use crate::{DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Store, StoreError, UnitRecord};
 
 fn config(dir: &TempDir) -> SqliteConfig {
     SqliteConfig {
@@ -31,13 +29,15 @@ fn open(dir: &TempDir) -> SqliteStore {
 fn uplink(i: usize) -> NewUplink {
     NewUplink {
         received_at: 1_000 + i as i64,
-        format: if i % 2 == 0 {
-            UplinkFormat::SensaeDecoded
-        } else {
-            UplinkFormat::Ttn
+        format: [UplinkFormat::SensaeDecoded, UplinkFormat::Ttn][i % 2],
+        channel: match i % 3 {
+            0 => None,
+            n => Some(format!("ch{n}")),
         },
-        channel: (i % 3 != 0).then(|| format!("ch{}", i % 3)),
-        device_type: (i % 5 != 0).then(|| "thermo".to_string()),
+        device_type: match i % 5 {
+            0 => None,
+            _ => Some("thermo".to_string()),
+        },
         body: format!(r#"{{"n":{i},"uuid":"u-{i}"}}"#).into_bytes(),
     }
 }
@@ -67,7 +67,12 @@ fn unit(data_id: &str, device: &str, channel: &str, device_type: &str, at: i64) 
     }
 }
 
-fn failure(seq: u64, channel: Option<&str>, device_type: Option<&str>, body: Value) -> FailedUplink {
+fn failure(
+    seq: u64,
+    channel: Option<&str>,
+    device_type: Option<&str>,
+    body: Value,
+) -> FailedUplink {
     FailedUplink {
         seq,
         received_at: 5_000 + seq as i64,
@@ -113,12 +118,15 @@ struct WriteLock(rusqlite::Connection);
 impl WriteLock {
     fn take(dir: &TempDir) -> WriteLock {
         let conn = rusqlite::Connection::open(config(dir).path).expect("second connection");
-        conn.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
         WriteLock(conn)
     }
 
     fn release(self) {
-        self.0.execute_batch("ROLLBACK").expect("release the write lock");
+        self.0
+            .execute_batch("ROLLBACK")
+            .expect("release the write lock");
     }
 }
 
@@ -158,7 +166,10 @@ async fn appends_survive_reopen() {
     }
     // `from_seq` is inclusive and `limit` bounds the page.
     let page = store.read_uplinks(10, 5).await.unwrap();
-    assert_eq!(page.iter().map(|u| u.seq).collect::<Vec<_>>(), [10, 11, 12, 13, 14]);
+    assert_eq!(
+        page.iter().map(|u| u.seq).collect::<Vec<_>>(),
+        [10, 11, 12, 13, 14]
+    );
     assert_eq!(store.append_uplink(uplink(50)).await.unwrap(), 51);
 }
 
@@ -175,7 +186,10 @@ async fn concurrent_appends_get_unique_ordered_seqs() {
         tasks.push(tokio::spawn(async move {
             let mut seqs = Vec::new();
             for i in 0..20 {
-                seqs.push((store.append_uplink(uplink(t * 20 + i)).await.unwrap(), t * 20 + i));
+                seqs.push((
+                    store.append_uplink(uplink(t * 20 + i)).await.unwrap(),
+                    t * 20 + i,
+                ));
             }
             seqs
         }));
@@ -186,7 +200,11 @@ async fn concurrent_appends_get_unique_ordered_seqs() {
     }
     acked.sort();
     let seqs: Vec<u64> = acked.iter().map(|(s, _)| *s).collect();
-    assert_eq!(seqs, (1..=2_000).collect::<Vec<u64>>(), "unique, gap-free seqs");
+    assert_eq!(
+        seqs,
+        (1..=2_000).collect::<Vec<u64>>(),
+        "unique, gap-free seqs"
+    );
 
     tokio::time::timeout(Duration::from_secs(5), watch.wait_for(|s| *s == 2_000))
         .await
@@ -197,7 +215,11 @@ async fn concurrent_appends_get_unique_ordered_seqs() {
     assert_eq!(log.len(), 2_000);
     for (entry, (seq, i)) in log.iter().zip(&acked) {
         assert_eq!(entry.seq, *seq);
-        assert_eq!(entry.uplink, uplink(*i), "seq {seq} holds what was appended");
+        assert_eq!(
+            entry.uplink,
+            uplink(*i),
+            "seq {seq} holds what was appended"
+        );
     }
 }
 
@@ -290,7 +312,10 @@ async fn a_failing_operation_fails_alone() {
                 .commit_processed(ProcessedBatch {
                     consumer: "pipeline".to_string(),
                     next_seq: 9,
-                    units: vec![unit("fine", "d", "c", "t", 1), unit("poison", "d", "c", "t", 2)],
+                    units: vec![
+                        unit("fine", "d", "c", "t", 1),
+                        unit("poison", "d", "c", "t", 2),
+                    ],
                     ..ProcessedBatch::default()
                 })
                 .await
@@ -371,9 +396,18 @@ async fn query_data_filters_and_get_data() {
     };
 
     assert_eq!(ids(q(|_| {})).await, ["u1", "u2", "u3", "u4", "u5"]);
-    assert_eq!(ids(q(|q| q.device = Some("dev-a".into()))).await, ["u1", "u3", "u5"]);
-    assert_eq!(ids(q(|q| q.channel = Some("south".into()))).await, ["u3", "u4"]);
-    assert_eq!(ids(q(|q| q.device_type = Some("meter".into()))).await, ["u2", "u4"]);
+    assert_eq!(
+        ids(q(|q| q.device = Some("dev-a".into()))).await,
+        ["u1", "u3", "u5"]
+    );
+    assert_eq!(
+        ids(q(|q| q.channel = Some("south".into()))).await,
+        ["u3", "u4"]
+    );
+    assert_eq!(
+        ids(q(|q| q.device_type = Some("meter".into()))).await,
+        ["u2", "u4"]
+    );
     assert_eq!(ids(q(|q| q.from = Some(300))).await, ["u3", "u4", "u5"]);
     assert_eq!(ids(q(|q| q.to = Some(200))).await, ["u1", "u2"]);
     assert_eq!(
@@ -388,7 +422,10 @@ async fn query_data_filters_and_get_data() {
     );
     assert_eq!(ids(q(|q| q.limit = 2)).await, ["u1", "u2"]);
     assert_eq!(ids(q(|q| q.limit = 0)).await, Vec::<String>::new());
-    assert_eq!(ids(q(|q| q.device = Some("nobody".into()))).await, Vec::<String>::new());
+    assert_eq!(
+        ids(q(|q| q.device = Some("nobody".into()))).await,
+        Vec::<String>::new()
+    );
 
     // Paging: `after` is the last seen `seq`.
     let first = store.query_data(&q(|q| q.limit = 2)).await.unwrap();
@@ -404,7 +441,7 @@ async fn query_data_filters_and_get_data() {
     assert!(seqs_of(&next)[0] > seqs_of(&first)[1]);
 
     let u3 = store.get_data("u3").await.unwrap().unwrap();
-    assert_eq!(data_ids(&[u3.clone()]), ["u3"]);
+    assert_eq!(data_ids(std::slice::from_ref(&u3)), ["u3"]);
     assert_eq!(u3.json, *unit("u3", "dev-a", "south", "thermo", 300).json);
     assert_eq!(store.get_data("missing").await.unwrap(), None);
 }
@@ -471,8 +508,11 @@ async fn query_failed_filters_and_overwrites() {
 
     // A body stored by something else that is not JSON reads as a string.
     let raw = rusqlite::Connection::open(config(&dir).path).unwrap();
-    raw.execute("UPDATE failed_uplinks SET body = 'not json' WHERE seq = 3", [])
-        .unwrap();
+    raw.execute(
+        "UPDATE failed_uplinks SET body = 'not json' WHERE seq = 3",
+        [],
+    )
+    .unwrap();
     let listed = all(FailedQuery {
         limit: 1,
         ..FailedQuery::default()
@@ -487,7 +527,12 @@ async fn query_failed_filters_and_overwrites() {
 async fn devices_crud_and_filters() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    let a = device("a", "thermo", "north", json!({"floor": 1, "zone": "x", "on": true}));
+    let a = device(
+        "a",
+        "thermo",
+        "north",
+        json!({"floor": 1, "zone": "x", "on": true}),
+    );
     let b = device("b", "meter", "north", json!({"floor": 2, "zone": "x"}));
     let c = device("c", "thermo", "south", json!({"floor": 1, "zone": "y"}));
     assert!(store.put_device(&c).await.unwrap());
@@ -497,7 +542,10 @@ async fn devices_crud_and_filters() {
         name: "renamed".to_string(),
         ..b.clone()
     };
-    assert!(!store.put_device(&renamed).await.unwrap(), "replace, not create");
+    assert!(
+        !store.put_device(&renamed).await.unwrap(),
+        "replace, not create"
+    );
     assert_eq!(store.get_device("b").await.unwrap(), Some(renamed));
     assert_eq!(store.get_device("zzz").await.unwrap(), None);
 
@@ -561,7 +609,10 @@ async fn device_types_crud() {
     assert!(store.put_device_type("zeta", &plain).await.unwrap());
     assert!(store.put_device_type("alpha", &plain).await.unwrap());
     assert!(!store.put_device_type("alpha", &mapped).await.unwrap());
-    assert_eq!(store.get_device_type("alpha").await.unwrap(), Some(mapped.clone()));
+    assert_eq!(
+        store.get_device_type("alpha").await.unwrap(),
+        Some(mapped.clone())
+    );
     assert_eq!(store.get_device_type("nope").await.unwrap(), None);
     assert_eq!(
         store.list_device_types().await.unwrap(),
@@ -653,7 +704,10 @@ async fn full_queue_is_overloaded_and_loses_nothing() {
     let log = store.read_uplinks(1, 100).await.unwrap();
     assert_eq!(log.len(), acked.len());
     for (i, seq) in acked {
-        let entry = log.iter().find(|u| u.seq == seq).expect("acknowledged entry stored");
+        let entry = log
+            .iter()
+            .find(|u| u.seq == seq)
+            .expect("acknowledged entry stored");
         assert_eq!(entry.uplink, uplink(i));
     }
 }
@@ -686,7 +740,10 @@ async fn close_commits_the_queue_then_refuses_writes() {
     }
     assert_eq!(store.read_uplinks(1, 1_000).await.unwrap().len(), ok);
 
-    assert!(matches!(store.append_uplink(uplink(0)).await, Err(StoreError::Closed)));
+    assert!(matches!(
+        store.append_uplink(uplink(0)).await,
+        Err(StoreError::Closed)
+    ));
     assert!(matches!(store.ping().await, Err(StoreError::Closed)));
     assert!(matches!(
         store.put_device_type("t", &DeviceType::default()).await,
@@ -775,7 +832,15 @@ async fn throughput() {
     let mut times = Vec::new();
     for b in 0..BATCHES {
         let units = (0..1_000)
-            .map(|i| unit(&format!("b{b}-u{i}"), &format!("dev-{}", i % 50), "north", "thermo", i))
+            .map(|i| {
+                unit(
+                    &format!("b{b}-u{i}"),
+                    &format!("dev-{}", i % 50),
+                    "north",
+                    "thermo",
+                    i,
+                )
+            })
             .collect();
         let batch = ProcessedBatch {
             consumer: "pipeline".to_string(),

@@ -4,7 +4,8 @@
 //! Shape (after mini-redis's `buffered_client.rs`): the store's handle
 //! holds a bounded sender of [`Op`]s, each carrying a `oneshot` for its
 //! answer. The thread blocks for the first operation, takes everything
-//! else already queued (up to `max_batch`), runs them in one
+//! else already queued (up to `max_batch`, waiting a fraction of a
+//! millisecond for stragglers when load is steady), runs them in one
 //! `BEGIN IMMEDIATE … COMMIT`, and answers only after `COMMIT` returned,
 //! so an answer always means "durable". One fsync therefore covers the
 //! whole batch, which is what makes thousands of durable appends per
@@ -20,14 +21,26 @@
 //! It does no reads for callers (the read pool does) and never decides
 //! about overload (the sender's `try_send` does).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot, watch};
 use weft_model::NewUplink;
 
 use super::{to_i64, Db};
 use crate::{CommitOutcome, ProcessedBatch, Result, StoreError};
+
+/// Longest the writer waits for stragglers before committing a batch that
+/// is smaller than the previous one. A commit with `synchronous = FULL`
+/// costs an fsync, 0.3–5 ms on the reference machine, so a quarter of a
+/// millisecond spent collecting writes that are about to arrive is cheap
+/// next to the commit it saves (measured: 256 concurrent appenders went
+/// from ~135 to ~240 writes per commit).
+const STRAGGLER_WINDOW: Duration = Duration::from_micros(250);
+
+/// How often the writer looks at its queue while waiting for stragglers.
+const STRAGGLER_POLL: Duration = Duration::from_micros(20);
 
 /// Where the writer sends an operation's answer.
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
@@ -101,6 +114,15 @@ impl Done {
         }
     }
 
+    fn is_err(&self) -> bool {
+        match self {
+            Done::U64(_, result) => result.is_err(),
+            Done::Bool(_, result) => result.is_err(),
+            Done::Outcome(_, result) => result.is_err(),
+            Done::Unit(_, result) => result.is_err(),
+        }
+    }
+
     /// Answers with `error` instead of the result: the transaction did
     /// not commit, so whatever the operation did is gone.
     fn fail(self, error: &str) {
@@ -154,19 +176,15 @@ impl Writer {
         let mut closers: Vec<Reply<()>> = Vec::new();
         // After `close()`, `blocking_recv` still yields what was queued
         // before and then `None`, so the loop ends with the queue drained.
+        let mut previous = 0;
         while let Some(first) = self.ops.blocking_recv() {
             self.take(first, &mut batch, &mut closers);
-            while batch.len() < self.max_batch {
-                match self.ops.try_recv() {
-                    Ok(op) => self.take(op, &mut batch, &mut closers),
-                    Err(_) => break,
-                }
-            }
+            self.gather(&mut batch, &mut closers, previous);
+            previous = batch.len();
             if !batch.is_empty() {
                 self.run_batch(&mut batch, &mut done);
             }
         }
-        STATS.with(|st| { let st = st.borrow(); eprintln!("batches {} ops {} avg batch {:.1} exec {:.3}s commit {:.3}s", st.0, st.1, st.1 as f64 / st.0 as f64, st.2, st.3); });
         let Writer { conn, stopped, .. } = self;
         if let Err((_, e)) = conn.close() {
             tracing::warn!(error = %e, "closing the write connection failed");
@@ -175,6 +193,32 @@ impl Writer {
         stopped.send_replace(true);
         for reply in closers {
             let _ = reply.send(Ok(()));
+        }
+    }
+
+    /// Fills `batch` with what is queued, up to `max_batch`. While the
+    /// batch is smaller than the `previous` one, it waits up to
+    /// [`STRAGGLER_WINDOW`] for the rest: right after a commit, the
+    /// callers it answered are still coming back with their next write,
+    /// and taking them now halves the number of commits (each an fsync)
+    /// under steady concurrent load. A lone caller (previous batch of
+    /// one) never waits.
+    fn gather(&mut self, batch: &mut Vec<Op>, closers: &mut Vec<Reply<()>>, previous: usize) {
+        let started = Instant::now();
+        loop {
+            while batch.len() < self.max_batch {
+                match self.ops.try_recv() {
+                    Ok(op) => self.take(op, batch, closers),
+                    Err(TryRecvError::Empty) => break,
+                    // Closed and drained: nobody else is coming.
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            if batch.len() >= previous.min(self.max_batch) || started.elapsed() >= STRAGGLER_WINDOW
+            {
+                return;
+            }
+            std::thread::sleep(STRAGGLER_POLL);
         }
     }
 
@@ -208,10 +252,19 @@ impl Writer {
             if self.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (disk full, I/O
                 // error…): nothing executed so far in it survives.
+                // The operation that caused it keeps its own error.
                 let msg = "the database abandoned the transaction after an error";
                 tracing::warn!(ops = done.len(), "{msg}");
+                let culprit = done.pop();
                 for d in done.drain(..) {
                     d.fail(msg);
+                }
+                if let Some(culprit) = culprit {
+                    if culprit.is_err() {
+                        culprit.send();
+                    } else {
+                        culprit.fail(msg);
+                    }
                 }
                 appended = None;
                 if let Err(e) = self.begin() {
@@ -223,10 +276,7 @@ impl Writer {
                 }
             }
         }
-        let exec_done = Instant::now();
-        let committed = self.commit();
-        STATS.with(|st| { let mut st = st.borrow_mut(); st.0 += 1; st.1 += size; st.2 += (exec_done - started).as_secs_f64(); st.3 += exec_done.elapsed().as_secs_f64(); });
-        match committed {
+        match self.commit() {
             Ok(()) => {
                 // Publish before answering, so that whoever holds a `seq`
                 // answer finds `committed_seq()` at least that high.
@@ -477,5 +527,3 @@ fn put_device(
 fn delete(conn: &Connection, sql: &str, key: &str) -> rusqlite::Result<bool> {
     Ok(conn.prepare_cached(sql)?.execute([key])? > 0)
 }
-
-thread_local! { static STATS: std::cell::RefCell<(usize, usize, f64, f64)> = std::cell::RefCell::new((0,0,0.0,0.0)); }
