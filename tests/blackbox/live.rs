@@ -58,15 +58,14 @@ async fn sse_streams_matching_data_units() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    let resp = c.http.get(format!("{}/api/v1/live/sse?stream=data&channels=north", server.url)).send().await.unwrap();
+    let mut resp = c.http.get(format!("{}/api/v1/live/sse?stream=data&channels=north", server.url)).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
     // Give the subscription a moment to be registered by sending until seen.
     let mut text = String::new();
     for i in 0..50 {
         c.uplink("south", "decoded", "em300th", &decoded_body(&format!("s{i}"), "d1", 1, 1, now_ms())).await;
         c.uplink("north", "decoded", "em300th", &decoded_body(&format!("n{i}"), "d1", 1, 1, now_ms())).await;
-        if let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_millis(500), body.next()).await {
+        if let Ok(Ok(Some(chunk))) = tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await {
             text.push_str(&String::from_utf8_lossy(&chunk));
             if text.contains("\"dataId\":\"n") {
                 break;

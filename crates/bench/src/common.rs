@@ -101,7 +101,16 @@ impl Session {
         let started = Instant::now();
         let mut last = String::new();
         while started.elapsed() < timeout {
-            match http::request(&self.base, "GET", "/health", &[], None, Duration::from_secs(5)).await {
+            match http::request(
+                &self.base,
+                "GET",
+                "/health",
+                &[],
+                None,
+                Duration::from_secs(5),
+            )
+            .await
+            {
                 Ok(r) if r.status == 200 => return Ok(()),
                 Ok(r) => last = format!("GET /health answered {}: {}", r.status, r.text().trim()),
                 Err(e) => last = format!("{e:#}"),

@@ -65,7 +65,12 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
     let head_len = match response.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad response head: {e}"))),
+        Err(e) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad response head: {e}"),
+            ))
+        }
     };
     let status = response.code.unwrap_or(0);
     let http11 = response.version == Some(1);
@@ -75,8 +80,13 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
     let mut retry_after = None;
     for h in response.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<usize>().ok());
-            length = Some(v.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad content-length"))?);
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            length =
+                Some(v.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "bad content-length")
+                })?);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = h
                 .value
@@ -124,14 +134,23 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
 /// it occupies (through the final CRLF after any trailers) once complete,
 /// appending the decoded data to `out` if given; `None` while incomplete.
 fn parse_chunked(buf: &[u8], mut out: Option<&mut Vec<u8>>) -> io::Result<Option<usize>> {
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad chunked body: {what}"));
+    let bad = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad chunked body: {what}"),
+        )
+    };
     let mut pos = 0;
     loop {
         let Some(line_end) = find_crlf(&buf[pos..]) else {
             return Ok(None);
         };
         let line = &buf[pos..pos + line_end];
-        let size_part = line.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+        let size_part = line
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
         let size_str = std::str::from_utf8(size_part).map_err(|_| bad("size"))?;
         let size = usize::from_str_radix(size_str, 16).map_err(|_| bad("size"))?;
         pos += line_end + 2;
@@ -198,7 +217,11 @@ impl Conn {
 
     /// Writes `request` (a complete HTTP/1.1 request) and reads the whole
     /// response. The body is appended to `body` when given, else skipped.
-    pub async fn round_trip(&mut self, request: &[u8], mut body: Option<&mut Vec<u8>>) -> io::Result<Head> {
+    pub async fn round_trip(
+        &mut self,
+        request: &[u8],
+        mut body: Option<&mut Vec<u8>>,
+    ) -> io::Result<Head> {
         self.stream.write_all(request).await?;
         let head = loop {
             if self.len > 0 {
@@ -225,7 +248,10 @@ impl Conn {
                 }
                 while self.len < n {
                     if self.fill().await? == 0 {
-                        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed mid-body",
+                        ));
                     }
                 }
                 if let Some(out) = body.as_deref_mut() {
@@ -242,7 +268,10 @@ impl Conn {
                     break;
                 }
                 if self.fill().await? == 0 {
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed mid-body"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed mid-body",
+                    ));
                 }
             },
             Framing::UntilClose => {
@@ -280,7 +309,13 @@ impl Conn {
 }
 
 /// Renders a complete request with an optional JSON body.
-pub fn render_request(method: &str, target: &str, host: &str, headers: &[(&str, &str)], json: Option<&[u8]>) -> Vec<u8> {
+pub fn render_request(
+    method: &str,
+    target: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    json: Option<&[u8]>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + json.map_or(0, <[u8]>::len));
     out.extend_from_slice(format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\n").as_bytes());
     for (name, value) in headers {
@@ -289,7 +324,11 @@ pub fn render_request(method: &str, target: &str, host: &str, headers: &[(&str, 
     match json {
         Some(body) => {
             out.extend_from_slice(
-                format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(),
+                format!(
+                    "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
             );
             out.extend_from_slice(body);
         }
@@ -342,7 +381,10 @@ pub async fn request(
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
-        Err(_) => bail!("{method} {target}: no response within {}", humantime::format_duration(timeout)),
+        Err(_) => bail!(
+            "{method} {target}: no response within {}",
+            humantime::format_duration(timeout)
+        ),
     }
 }
 
@@ -385,14 +427,21 @@ mod tests {
         assert!(!h.keep_alive);
         assert_eq!(h.framing, Framing::Length(5));
         let raw = b"HTTP/1.1 429 Too Many\r\nretry-after: 99999\r\ncontent-length: 0\r\n\r\n";
-        assert_eq!(parse_head(raw).unwrap().unwrap().retry_after, Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            parse_head(raw).unwrap().unwrap().retry_after,
+            Some(MAX_RETRY_AFTER)
+        );
     }
 
     #[test]
     fn head_framings() {
-        let h = parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").unwrap().unwrap();
+        let h = parse_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(h.framing, Framing::Chunked);
-        let h = parse_head(b"HTTP/1.1 204 No Content\r\n\r\n").unwrap().unwrap();
+        let h = parse_head(b"HTTP/1.1 204 No Content\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(h.framing, Framing::Empty);
         let h = parse_head(b"HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
         assert_eq!(h.framing, Framing::UntilClose);
@@ -405,14 +454,24 @@ mod tests {
     fn chunked_bodies() {
         let raw = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\nNEXT";
         let mut out = Vec::new();
-        assert_eq!(parse_chunked(raw, Some(&mut out)).unwrap(), Some(raw.len() - 4));
+        assert_eq!(
+            parse_chunked(raw, Some(&mut out)).unwrap(),
+            Some(raw.len() - 4)
+        );
         assert_eq!(out, b"hello, world");
         // Incomplete at every cut.
         for cut in 0..raw.len() - 4 {
-            assert_eq!(parse_chunked(&raw[..cut], None).unwrap(), None, "cut at {cut}");
+            assert_eq!(
+                parse_chunked(&raw[..cut], None).unwrap(),
+                None,
+                "cut at {cut}"
+            );
         }
         let with_trailer = b"0\r\nX-T: 1\r\n\r\n";
-        assert_eq!(parse_chunked(with_trailer, None).unwrap(), Some(with_trailer.len()));
+        assert_eq!(
+            parse_chunked(with_trailer, None).unwrap(),
+            Some(with_trailer.len())
+        );
         assert!(parse_chunked(b"zz\r\n", None).is_err());
         assert!(parse_chunked(b"2\r\nabXX", None).is_err());
     }
@@ -424,7 +483,10 @@ mod tests {
             r,
             b"PUT /a HTTP/1.1\r\nHost: h:1\r\nAuthorization: k\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
         );
-        assert_eq!(render_request("GET", "/", "h", &[], None), b"GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert_eq!(
+            render_request("GET", "/", "h", &[], None),
+            b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+        );
     }
 
     #[test]
@@ -444,9 +506,13 @@ mod tests {
             let mut buf = [0u8; 1024];
             let n = s.read(&mut buf).await.unwrap();
             assert!(buf[..n].starts_with(b"POST /x HTTP/1.1\r\n"));
-            s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
             let _ = s.read(&mut buf).await.unwrap();
-            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab").await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab")
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
             s.write_all(b"c\r\n0\r\n\r\n").await.unwrap();
         });

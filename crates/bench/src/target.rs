@@ -154,7 +154,8 @@ impl SpawnedServer {
         };
         // Keep reading stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let base = BaseUrl::parse(&url).map_err(|e| anyhow!("the spawned server announced {url:?}: {e}"))?;
+        let base = BaseUrl::parse(&url)
+            .map_err(|e| anyhow!("the spawned server announced {url:?}: {e}"))?;
         Ok((SpawnedServer { child, dir }, base))
     }
 

@@ -84,15 +84,11 @@ mod tests {
     /// No `data` object, or no object at all, is invalid output with a fixed text.
     #[test]
     fn missing_data() {
-        let want = Err(CodecError::InvalidOutput(
-            "decodeUplink returned no data object".into(),
-        ));
+        let error = CodecError::InvalidOutput("decodeUplink returned no data object".into());
+        let want = Err(error.clone());
         assert_eq!(interpret_decode_uplink(json!({"warnings": []})), want);
         assert_eq!(interpret_decode_uplink(json!({"data": 5})), want);
         assert_eq!(interpret_decode_uplink(Value::Null), want);
-        assert_eq!(
-            want.unwrap_err().to_string(),
-            "decodeUplink returned no data object"
-        );
+        assert_eq!(error.to_string(), "decodeUplink returned no data object");
     }
 }

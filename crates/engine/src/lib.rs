@@ -29,6 +29,7 @@
 //! - `engine`: the cloneable handle; bounded queues in front of the workers.
 //! - `worker`: a thread owning a QuickJS runtime, its limits and its cache
 //!   of compiled scripts.
+//! - `meter`: the allocator that lets a worker read its heap size cheaply.
 //! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
 //! - `script`: the plain-data [`Script`] and [`Call`] callers build.
 //! - `decoded`: reading a `decodeUplink` result the TTN/ChirpStack way.
@@ -39,6 +40,7 @@ mod convert;
 mod decoded;
 mod engine;
 mod error;
+mod meter;
 mod script;
 mod worker;
 

@@ -34,7 +34,10 @@ fn function_call(script: &Script, name: &str, args: Vec<Value>) -> Call {
 
 /// Runs one call and returns its own result.
 async fn run_one(engine: &Engine, call: Call) -> Result<Value, CodecError> {
-    let mut results = engine.run(vec![call]).await.expect("engine accepts the batch");
+    let mut results = engine
+        .run(vec![call])
+        .await
+        .expect("engine accepts the batch");
     assert_eq!(results.len(), 1);
     results.remove(0)
 }
@@ -74,7 +77,11 @@ async fn em300th_derived_vectors() {
         (&[], json!({})),
     ];
     for (bytes, want) in cases {
-        assert_eq!(decode(&engine, &script, bytes).await.as_ref(), Ok(want), "{bytes:02X?}");
+        assert_eq!(
+            decode(&engine, &script, bytes).await.as_ref(),
+            Ok(want),
+            "{bytes:02X?}"
+        );
     }
 }
 
@@ -85,7 +92,9 @@ async fn em300th_reported_errors() {
     let script = Script::new(EM300TH);
     assert_eq!(
         decode(&engine, &script, &[0x01, 0x75, 0x5C, 0x03, 0x67, 0x34]).await,
-        Err(CodecError::Reported(vec!["truncated record at byte 5".into()]))
+        Err(CodecError::Reported(vec![
+            "truncated record at byte 5".into()
+        ]))
     );
     assert_eq!(
         decode(&engine, &script, &[0x05, 0x99, 0x01]).await,
@@ -118,7 +127,11 @@ async fn check_reports_the_kind() {
         ("var x = 1;", ScriptKind::Unknown),
     ];
     for (source, kind) in cases {
-        assert_eq!(engine.check(&Script::new(source)).await, Ok(kind), "{source}");
+        assert_eq!(
+            engine.check(&Script::new(source)).await,
+            Ok(kind),
+            "{source}"
+        );
     }
 }
 
@@ -140,7 +153,10 @@ async fn syntax_error_has_line() {
         "SyntaxError: unexpected token in expression: ')' at line 3"
     );
     // Running it gives the same error, without recompiling each time.
-    assert_eq!(run_one(&engine, decode_call(&script, &[1])).await, Err(error));
+    assert_eq!(
+        run_one(&engine, decode_call(&script, &[1])).await,
+        Err(error)
+    );
 }
 
 /// A thrown Error comes back with its exact text and the frame it was thrown in.
@@ -150,12 +166,17 @@ async fn thrown_error_text() {
     let script = Script::new(
         "function decodeUplink(input) {\n  if (input.bytes.length > 0) {\n    throw new Error(\"boom\");\n  }\n}\n",
     );
-    let error = run_one(&engine, decode_call(&script, &[1])).await.unwrap_err();
+    let error = run_one(&engine, decode_call(&script, &[1]))
+        .await
+        .unwrap_err();
     let CodecError::Exception { message, stack } = &error else {
         panic!("expected an exception, got {error:?}");
     };
     assert_eq!(message, "Error: boom");
-    assert_eq!(stack.as_deref(), Some("    at decodeUplink (script.js:3:15)\n"));
+    assert_eq!(
+        stack.as_deref(),
+        Some("    at decodeUplink (script.js:3:15)\n")
+    );
     assert_eq!(
         error.to_string(),
         "Error: boom\n    at decodeUplink (script.js:3:15)"
@@ -192,7 +213,9 @@ async fn missing_data_and_missing_function() {
         ))
     );
     let script = Script::new("function convert(object) { return object; }");
-    let error = run_one(&engine, decode_call(&script, &[1])).await.unwrap_err();
+    let error = run_one(&engine, decode_call(&script, &[1]))
+        .await
+        .unwrap_err();
     assert_eq!(error, CodecError::MissingFunction("decodeUplink".into()));
     assert_eq!(
         error.to_string(),
@@ -273,9 +296,16 @@ async fn function_call_with_arguments() {
             function_call(
                 &script,
                 "evaluate",
-                vec![json!({"temperature": 31.5}), json!({"threshold": 30, "seen": 4})],
+                vec![
+                    json!({"temperature": 31.5}),
+                    json!({"threshold": 30, "seen": 4}),
+                ],
             ),
-            function_call(&script, "evaluate", vec![json!({"temperature": 20}), json!({"threshold": 30})]),
+            function_call(
+                &script,
+                "evaluate",
+                vec![json!({"temperature": 20}), json!({"threshold": 30})],
+            ),
             function_call(&script, "nothing", vec![]),
         ])
         .await
@@ -290,13 +320,81 @@ async fn function_call_with_arguments() {
     );
 }
 
+/// Results mean what JSON.stringify would make of them, whether the fast
+/// direct conversion or the stringify fallback produced them.
+#[tokio::test]
+async fn output_matches_json_stringify() {
+    let engine = engine();
+    let expressions = [
+        "({a: 1, b: 'two', c: [1, 2.5, -0, null, true], d: {e: {f: 'g'}}})",
+        "({skip: undefined, f: function () {}, s: Symbol('x'), arr: [undefined, function () {}]})",
+        "({nan: NaN, inf: -Infinity, big: 1e21, max: 9007199254740993, neg: -10.0, tiny: 5e-324})",
+        "({when: new Date(1700000000123), boxed: new Number(3), text: new String('t'), map: new Map([[1, 2]])})",
+        "({custom: {toJSON: function (key) { return 'custom:' + key; }}})",
+        "(function () { class P { constructor() { this.x = 1; } } return {p: new P()}; })()",
+        "(function () { var o = Object.create(null); o.z = 1; o.a = [o.z]; return o; })()",
+        "(function () { var a = [1, 2, 3]; a.extra = 'no'; delete a[1]; return a; })()",
+        "(function () { var o = {}, cur = o; for (var i = 0; i < 100; i++) { cur.n = {}; cur = cur.n; } return o; })()",
+        r#"({'\u00e9t\u00e9': '\ud83d\ude00', '1': 'numeric key', 'quote"': '\n'})"#,
+        "({err: new Error('e'), re: /x/g, getter: Object.defineProperty({}, 'g', {get: function () { return 42; }, enumerable: true})})",
+        "undefined",
+        "'just a string'",
+        "42",
+    ];
+    let mut source = String::from("var cases = [");
+    for expression in expressions {
+        source.push_str(&format!("function () {{ return {expression}; }},"));
+    }
+    source.push_str(
+        "];
+         function value(i) { return cases[i](); }
+         function text(i) { var t = JSON.stringify(cases[i]()); return t === undefined ? 'null' : t; }
+         function withToJson(i) { Number.prototype.toJSON = function () { return 'n'; }; Object.prototype.toJSON = function (k) { return 'object:' + k; }; return cases[i](); }",
+    );
+    let script = Script::new(&source);
+    for (index, expression) in expressions.iter().enumerate() {
+        let arg = vec![json!(index)];
+        let results = engine
+            .run(vec![
+                function_call(&script, "value", arg.clone()),
+                function_call(&script, "text", arg.clone()),
+            ])
+            .await
+            .unwrap();
+        let text = results[1].clone().unwrap();
+        let want: Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+        assert_eq!(results[0], Ok(want), "{expression}");
+    }
+    // A toJSON on a standard prototype is honoured on objects and arrays,
+    // and (as in JSON.stringify) not on primitives.
+    let results = engine
+        .run(vec![function_call(&script, "withToJson", vec![json!(0)])])
+        .await
+        .unwrap();
+    assert_eq!(results[0], Ok(json!("object:")));
+}
+
 /// A result JSON cannot express is invalid output, not a crash.
 #[tokio::test]
 async fn unserialisable_output() {
     let engine = engine();
-    let script = Script::new("function f() { var a = {}; a.self = a; return a; } function g() { return 10n; }");
-    for name in ["f", "g"] {
-        let error = run_one(&engine, function_call(&script, name, vec![])).await.unwrap_err();
+    let script = Script::new(
+        r#"function f() { var a = {}; a.self = a; return a; }
+           function g() { return {n: 10n}; }
+           function h() { var e = {}; e.toJSON = function () { throw new TypeError("no JSON"); }; return [e]; }
+           function lone() { return {text: "\ud800"}; }"#,
+    );
+    let error = run_one(&engine, function_call(&script, "lone", vec![]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, CodecError::InvalidOutput(m) if m.starts_with("the returned value is not valid JSON")),
+        "{error:?}"
+    );
+    for name in ["f", "g", "h"] {
+        let error = run_one(&engine, function_call(&script, name, vec![]))
+            .await
+            .unwrap_err();
         assert!(
             matches!(&error, CodecError::InvalidOutput(m) if m.starts_with("the returned value cannot be converted to JSON: TypeError")),
             "{error:?}"
@@ -378,17 +476,91 @@ async fn memory_bomb_is_stopped_and_worker_recovers() {
     }
 }
 
+/// The memory limit applies to what a call allocates, on top of what the
+/// cached scripts hold, so a full cache does not eat into it.
+#[tokio::test]
+async fn memory_limit_is_on_top_of_the_cache() {
+    let engine = Engine::start(EngineConfig {
+        memory_limit: 4 * 1024 * 1024,
+        time_limit: Duration::from_secs(5),
+        ..EngineConfig::default()
+    });
+    // About 60 KiB per cached context: 100 of them hold more than the limit.
+    let calls = (0..100)
+        .map(|i| {
+            decode_call(
+                &Script::new(&format!("{EM300TH}\n// copy {i}")),
+                &[0x01, 0x75, 0x01],
+            )
+        })
+        .collect();
+    for result in engine.run(calls).await.unwrap() {
+        assert!(result.is_ok());
+    }
+    let script = Script::new(
+        "function allocate(mib) { var a = []; for (var i = 0; i < mib * 16; i++) { a.push(new Array(8000).fill(i)); } return a.length; }",
+    );
+    let allocate = |mib: u32| function_call(&script, "allocate", vec![json!(mib)]);
+    assert_eq!(run_one(&engine, allocate(1)).await, Ok(json!(16)));
+    assert_eq!(
+        run_one(&engine, allocate(8)).await,
+        Err(CodecError::OutOfMemory)
+    );
+    assert_eq!(run_one(&engine, allocate(1)).await, Ok(json!(16)));
+}
+
+/// An exception thrown by a script's top level is reported by `check` and
+/// by every call, as an exception (even a runtime SyntaxError).
+#[tokio::test]
+async fn top_level_exception() {
+    let engine = engine();
+    let script = Script::new("var table = JSON.parse('{oops');\nfunction decodeUplink() {}");
+    let error = engine.check(&script).await.unwrap_err();
+    assert!(
+        matches!(&error, CodecError::Exception { message, .. } if message.starts_with("SyntaxError")),
+        "{error:?}"
+    );
+    assert_eq!(
+        run_one(&engine, decode_call(&script, &[])).await,
+        Err(error)
+    );
+    let script = Script::new("var buffer = Buffer.from([1]);\nfunction decodeUplink() {}");
+    assert_eq!(
+        engine.check(&script).await,
+        Err(CodecError::Exception {
+            message: "ReferenceError: Buffer is not defined".into(),
+            stack: Some("    at <eval> (script.js:1:14)\n".into()),
+        })
+    );
+}
+
+/// The handle can be shared across tasks and threads.
+#[test]
+fn engine_is_send_sync_clone() {
+    fn assert_traits<T: Send + Sync + Clone + 'static>() {}
+    assert_traits::<Engine>();
+    assert_traits::<Script>();
+    assert_traits::<Call>();
+    assert_traits::<CodecError>();
+}
+
 /// Unbounded recursion ends in a RangeError at the stack limit, not a crash.
 #[tokio::test]
 async fn deep_recursion_is_an_exception() {
     let engine = engine();
-    let script = Script::new("function f(n) { return f(n + 1) + 1; } function decodeUplink() { return f(0); }");
-    let error = run_one(&engine, decode_call(&script, &[])).await.unwrap_err();
+    let script = Script::new(
+        "function f(n) { return f(n + 1) + 1; } function decodeUplink() { return f(0); }",
+    );
+    let error = run_one(&engine, decode_call(&script, &[]))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&error, CodecError::Exception { message, .. } if message == "RangeError: Maximum call stack size exceeded"),
         "{error:?}"
     );
-    assert!(decode(&engine, &Script::new(EM300TH), &[0x01, 0x75, 0x01]).await.is_ok());
+    assert!(decode(&engine, &Script::new(EM300TH), &[0x01, 0x75, 0x01])
+        .await
+        .is_ok());
 }
 
 /// Each script has its own globals: one cannot read or clobber another's.
@@ -398,12 +570,18 @@ async fn scripts_are_isolated() {
     let a = Script::new("var secret = 'a'; Array.prototype.evil = 1; function get() { return typeof secret === 'undefined' ? null : secret; }");
     let b = Script::new("function get() { return [typeof secret, typeof [].evil, typeof a]; }");
     let results = engine
-        .run(vec![function_call(&a, "get", vec![]), function_call(&b, "get", vec![])])
+        .run(vec![
+            function_call(&a, "get", vec![]),
+            function_call(&b, "get", vec![]),
+        ])
         .await
         .unwrap();
     assert_eq!(
         results,
-        vec![Ok(json!("a")), Ok(json!(["undefined", "undefined", "undefined"]))]
+        vec![
+            Ok(json!("a")),
+            Ok(json!(["undefined", "undefined", "undefined"]))
+        ]
     );
 }
 
@@ -416,7 +594,10 @@ async fn compiled_script_is_reused() {
                   function count() { calls += 1; return [loads, calls]; }";
     let script = Script::new(source);
     let results = engine
-        .run(vec![function_call(&script, "count", vec![]), function_call(&script, "count", vec![])])
+        .run(vec![
+            function_call(&script, "count", vec![]),
+            function_call(&script, "count", vec![]),
+        ])
         .await
         .unwrap();
     assert_eq!(results, vec![Ok(json!([1, 1])), Ok(json!([1, 2]))]);
@@ -442,7 +623,11 @@ async fn same_id_different_source_is_not_confused() {
     let mut two = Script::new("function f() { return 2; }");
     two.id = one.id;
     let results = engine
-        .run(vec![function_call(&one, "f", vec![]), function_call(&two, "f", vec![]), function_call(&one, "f", vec![])])
+        .run(vec![
+            function_call(&one, "f", vec![]),
+            function_call(&two, "f", vec![]),
+            function_call(&one, "f", vec![]),
+        ])
         .await
         .unwrap();
     assert_eq!(results, vec![Ok(json!(1)), Ok(json!(2)), Ok(json!(1))]);
@@ -471,7 +656,10 @@ async fn full_queue_is_busy() {
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     let started = Instant::now();
-    assert_eq!(engine.run(vec![decode_call(&slow, &[])]).await, Err(CodecError::Busy));
+    assert_eq!(
+        engine.run(vec![decode_call(&slow, &[])]).await,
+        Err(CodecError::Busy)
+    );
     assert!(started.elapsed() < Duration::from_millis(50));
     assert_eq!(
         CodecError::Busy.to_string(),
@@ -515,14 +703,25 @@ async fn no_io_available() {
     );
     assert_eq!(
         run_one(&engine, function_call(&script, "probe", vec![])).await,
-        Ok(json!(["undefined", "undefined", "undefined", "undefined", "undefined", "undefined"]))
+        Ok(json!([
+            "undefined",
+            "undefined",
+            "undefined",
+            "undefined",
+            "undefined",
+            "undefined"
+        ]))
     );
     let script = Script::new("import * as os from 'os';\nfunction decodeUplink() {}");
-    assert!(matches!(engine.check(&script).await, Err(CodecError::Compile { .. })));
+    assert!(matches!(
+        engine.check(&script).await,
+        Err(CodecError::Compile { .. })
+    ));
 }
 
 /// Measures decode throughput on one worker: 100k em300th uplinks in batches
-/// of 256. Run with `cargo test -p weft-engine --release -- --ignored --nocapture`.
+/// of 256, two batches in flight so the worker never waits for the caller.
+/// Run with `cargo test -p weft-engine --release -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn bench_em300th_decode_rate() {
@@ -531,13 +730,23 @@ async fn bench_em300th_decode_rate() {
     let engine = engine();
     let script = Script::new(EM300TH);
     let bytes = [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65];
-    let batch = || -> Vec<Call> { (0..BATCH).map(|_| decode_call(&script, &bytes)).collect() };
-    engine.run(batch()).await.unwrap();
+    let submit = || {
+        let engine = engine.clone();
+        let calls: Vec<Call> = (0..BATCH).map(|_| decode_call(&script, &bytes)).collect();
+        tokio::spawn(async move { engine.run(calls).await })
+    };
+    submit().await.unwrap().unwrap();
     let started = Instant::now();
+    let batches = TOTAL.div_ceil(BATCH);
+    let mut in_flight = std::collections::VecDeque::from([submit(), submit()]);
+    let mut submitted = in_flight.len();
     let mut done = 0;
-    while done < TOTAL {
-        let results = engine.run(batch()).await.unwrap();
-        for result in results {
+    while let Some(batch) = in_flight.pop_front() {
+        if submitted < batches {
+            in_flight.push_back(submit());
+            submitted += 1;
+        }
+        for result in batch.await.unwrap().unwrap() {
             let decoded = interpret_decode_uplink(result.unwrap()).unwrap();
             assert_eq!(decoded.data.len(), 3);
         }

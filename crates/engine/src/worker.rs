@@ -6,9 +6,10 @@
 //! a call once its `Instant` deadline has passed. Each script is compiled
 //! once into a context of its own (so scripts never see each other's
 //! globals) and kept in a bounded cache keyed by the script id. A call that
-//! times out drops its script's context, since its globals may be half
-//! updated; running out of memory rebuilds the whole runtime, so the worker
-//! is as good as new for the next call either way.
+//! times out or runs out of memory drops its script's context (its globals
+//! may be half updated, or hold the memory), so the next call starts from a
+//! fresh compile and the other scripts on the worker are unaffected. If not
+//! even a fresh context can be allocated, the whole runtime is rebuilt.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -21,11 +22,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rquickjs::context::EvalOptions;
-use rquickjs::function::Constructor;
-use rquickjs::{Context, Ctx, Function, Persistent, Runtime, Value};
+use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
 use tokio::sync::oneshot;
 
 use crate::convert;
+use crate::meter::MeteredAllocator;
 use crate::{Call, CodecError, Script, ScriptKind};
 
 /// Compiled scripts kept per worker. Far more than the codecs and rules a
@@ -35,6 +36,9 @@ const CACHE_CAPACITY: usize = 256;
 /// Stack for the worker thread on top of the JavaScript stack limit: the
 /// Rust frames around the interpreter and the JSON conversion need room too.
 const THREAD_STACK_HEADROOM: usize = 4 * 1024 * 1024;
+
+/// The smallest JavaScript stack a worker accepts.
+const MIN_STACK: usize = 64 * 1024;
 
 /// The file name scripts are compiled under; it shows up in stack traces
 /// (`at decodeUplink (script.js:5:11)`).
@@ -46,6 +50,14 @@ const PRELUDE: &str = "globalThis.console = (function () {
   function ignore() {}
   return { log: ignore, info: ignore, warn: ignore, error: ignore, debug: ignore, trace: ignore };
 })();";
+
+/// Builds TTN's `{bytes, fPort, recvTime}` in JavaScript: an object literal
+/// of fixed shape is cheaper to make there than property by property from
+/// Rust. It closes over the context's own `Date`, taken before the script
+/// runs, so a script that shadows `Date` still gets a real Date.
+const INPUT_MAKER: &str = "(function (RealDate) {
+  return function (bytes, fPort, ms) { return { bytes: bytes, fPort: fPort, recvTime: new RealDate(ms) }; };
+})";
 
 /// The limits a worker's runtime enforces, copied from `EngineConfig`.
 #[derive(Clone, Debug)]
@@ -73,7 +85,12 @@ pub(crate) enum Job {
 pub(crate) fn spawn(index: usize, limits: Limits, jobs: Receiver<Job>) -> io::Result<()> {
     thread::Builder::new()
         .name(format!("weft-engine-{index}"))
-        .stack_size(limits.stack.saturating_add(THREAD_STACK_HEADROOM))
+        .stack_size(
+            limits
+                .stack
+                .max(MIN_STACK)
+                .saturating_add(THREAD_STACK_HEADROOM),
+        )
         .spawn(move || serve(limits, jobs))?;
     Ok(())
 }
@@ -142,13 +159,23 @@ impl Clock {
 struct Compiled {
     // The persistent values are declared before the context so that they
     // are freed first.
-    decode: Option<Persistent<Function<'static>>>,
-    convert: Option<Persistent<Function<'static>>>,
-    /// The context's own `Date`, taken before the script ran, so a script
-    /// that shadows `Date` still gets a real Date as `recvTime`.
-    date: Persistent<Constructor<'static>>,
+    /// Values of the context taken before the script ran, so a script that
+    /// shadows a global cannot change how weft talks to it.
+    handles: Handles,
     kind: ScriptKind,
     context: Context,
+}
+
+/// What `load` keeps of a context for its calls.
+struct Handles {
+    decode: Option<Persistent<Function<'static>>>,
+    convert: Option<Persistent<Function<'static>>>,
+    /// Builds `decodeUplink`'s input from (bytes, fPort, recvTime ms) with
+    /// the real `Date`; see [`INPUT_MAKER`].
+    make_input: Persistent<Function<'static>>,
+    /// `Object.prototype`, which tells plain objects from others when
+    /// results are converted.
+    object_prototype: Persistent<Object<'static>>,
 }
 
 /// A cache slot: a compiled script, or the error its top level ended in
@@ -171,22 +198,28 @@ struct Sandbox {
     cache: HashMap<u64, Entry>,
     clock: Rc<Clock>,
     runtime: Runtime,
+    /// Bytes the runtime holds, kept by its allocator.
+    held: Rc<Cell<usize>>,
     /// Monotonic use counter for LRU eviction.
     uses: u64,
 }
 
 impl Sandbox {
     fn new(limits: Limits) -> rquickjs::Result<Sandbox> {
-        let runtime = Runtime::new()?;
+        let (allocator, held) = MeteredAllocator::new();
+        let runtime = Runtime::new_with_alloc(allocator)?;
         let clock = Rc::new(Clock::default());
         let handler_clock = Rc::clone(&clock);
         runtime.set_interrupt_handler(Some(Box::new(move || handler_clock.expired())));
-        runtime.set_max_stack_size(limits.stack);
+        // QuickJS reads 0 as "no limit", which would let recursion overflow
+        // the thread's stack; never go below a small floor.
+        runtime.set_max_stack_size(limits.stack.max(MIN_STACK));
         let sandbox = Sandbox {
             limits,
             cache: HashMap::new(),
             clock,
             runtime,
+            held,
             uses: 0,
         };
         sandbox.update_memory_limit();
@@ -209,12 +242,11 @@ impl Sandbox {
     }
 
     /// The memory limit counts only what scripts allocate while they run:
-    /// whatever the cached contexts hold is measured (on compile and
-    /// eviction, not per call) and added on top.
+    /// what the cached contexts hold (read after each compile and eviction,
+    /// not per call) is added on top.
     fn update_memory_limit(&self) {
-        let held = usize::try_from(self.runtime.memory_usage().malloc_size).unwrap_or(0);
         self.runtime
-            .set_memory_limit(held.saturating_add(self.limits.memory));
+            .set_memory_limit(self.held.get().saturating_add(self.limits.memory));
     }
 
     fn handle(&mut self, job: Job) {
@@ -250,7 +282,8 @@ impl Sandbox {
         let clock = &self.clock;
         clock.arm(limit);
         let result = compiled.context.with(|ctx| {
-            invoke(&ctx, compiled, call).map_err(|fault| fault.into_error(&ctx, clock, limit))
+            invoke(&ctx, &compiled.handles, call)
+                .map_err(|fault| fault.into_error(&ctx, clock, limit))
         });
         clock.disarm();
         if let Err(CodecError::OutOfMemory | CodecError::Timeout(_)) = result {
@@ -303,10 +336,8 @@ impl Sandbox {
         });
         clock.disarm();
         match result {
-            Ok((decode, convert, date, kind)) => Ok(Slot::Ready(Box::new(Compiled {
-                decode,
-                convert,
-                date,
+            Ok((handles, kind)) => Ok(Slot::Ready(Box::new(Compiled {
+                handles,
                 kind,
                 context,
             }))),
@@ -357,17 +388,15 @@ fn same_source(cached: &Arc<str>, wanted: &Arc<str>) -> bool {
     Arc::ptr_eq(cached, wanted) || cached == wanted
 }
 
-type Loaded = (
-    Option<Persistent<Function<'static>>>,
-    Option<Persistent<Function<'static>>>,
-    Persistent<Constructor<'static>>,
-    ScriptKind,
-);
-
 /// Runs the prelude and the script's top level in a fresh context, then
 /// finds the entry points it defined.
-fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<Loaded, Fault> {
-    let date: Constructor = ctx.globals().get("Date")?;
+fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Fault> {
+    let globals = ctx.globals();
+    let make_input: Function = ctx
+        .eval::<Function, _>(INPUT_MAKER)?
+        .call((globals.get::<_, Value>("Date")?,))?;
+    let object: Object = globals.get("Object")?;
+    let object_prototype: Object = object.get("prototype")?;
     ctx.eval::<(), _>(PRELUDE)?;
     let mut options = EvalOptions::default();
     // Vendor codecs are written for sloppy mode (undeclared variables,
@@ -377,7 +406,6 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<Loaded, Fault> {
     options.filename = Some(FILE_NAME.to_string());
     ctx.eval_with_options::<(), _>(source.as_bytes(), options)?;
 
-    let globals = ctx.globals();
     let function = |name: &str| -> Result<Option<Function<'js>>, Fault> {
         let value: Value = globals.get(name)?;
         Ok(value.into_function())
@@ -393,20 +421,17 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<Loaded, Fault> {
     } else {
         ScriptKind::Unknown
     };
-    Ok((
-        decode.map(|f| Persistent::save(ctx, f)),
-        convert.map(|f| Persistent::save(ctx, f)),
-        Persistent::save(ctx, date),
-        kind,
-    ))
+    let handles = Handles {
+        decode: decode.map(|f| Persistent::save(ctx, f)),
+        convert: convert.map(|f| Persistent::save(ctx, f)),
+        make_input: Persistent::save(ctx, make_input),
+        object_prototype: Persistent::save(ctx, object_prototype),
+    };
+    Ok((handles, kind))
 }
 
 /// Runs one call in its script's context and returns the result as JSON.
-fn invoke<'js>(
-    ctx: &Ctx<'js>,
-    compiled: &Compiled,
-    call: Call,
-) -> Result<serde_json::Value, Fault> {
+fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_json::Value, Fault> {
     let returned: Value = match call {
         Call::DecodeUplink {
             bytes,
@@ -414,13 +439,13 @@ fn invoke<'js>(
             recv_time_ms,
             ..
         } => {
-            let decode = entry_point(ctx, &compiled.decode, "decodeUplink")?;
-            let date = compiled.date.clone().restore(ctx)?;
-            let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &date)?;
+            let decode = entry_point(ctx, &handles.decode, "decodeUplink")?;
+            let make_input = handles.make_input.clone().restore(ctx)?;
+            let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &make_input)?;
             decode.call((input,))?
         }
         Call::Convert { input, .. } => {
-            let convert = entry_point(ctx, &compiled.convert, "convert")?;
+            let convert = entry_point(ctx, &handles.convert, "convert")?;
             convert.call((convert::to_js(ctx, &input)?,))?
         }
         Call::Function { name, args, .. } => {
@@ -435,7 +460,8 @@ fn invoke<'js>(
             function.call_arg(js_args)?
         }
     };
-    convert::to_json(ctx, returned).map_err(|fault| match fault {
+    let object_prototype = handles.object_prototype.clone().restore(ctx)?;
+    convert::to_json(ctx, returned, &object_prototype).map_err(|fault| match fault {
         // A value JSON cannot express (a cycle, a BigInt) is the script's
         // output being wrong, not the script failing.
         Fault::Js(rquickjs::Error::Exception) => Fault::Output,
@@ -510,14 +536,18 @@ impl Fault {
         }
     }
 
-    /// Like `into_error`, but a `SyntaxError` thrown while loading is a
-    /// compile error with the line it points at.
+    /// Like `into_error`, but the parser's `SyntaxError` is a compile error
+    /// with the line it points at. (A `SyntaxError` the top level throws
+    /// while running, say from `JSON.parse`, stays an exception.)
     fn into_compile_error(self, ctx: &Ctx<'_>, clock: &Clock, limit: Duration) -> CodecError {
         match self.into_error(ctx, clock, limit) {
             CodecError::Exception { message, stack } if message.starts_with("SyntaxError") => {
-                CodecError::Compile {
-                    line: stack.as_deref().and_then(syntax_error_line),
-                    message,
+                match stack.as_deref().and_then(parser_position) {
+                    Some(line) => CodecError::Compile {
+                        message,
+                        line: Some(line),
+                    },
+                    None => CodecError::Exception { message, stack },
                 }
             }
             other => other,
@@ -525,10 +555,15 @@ impl Fault {
     }
 }
 
-/// Reads the line from a SyntaxError's stack, `    at script.js:3:5`.
-fn syntax_error_line(stack: &str) -> Option<u32> {
-    let at = stack.find(FILE_NAME)? + FILE_NAME.len();
-    let rest = stack[at..].strip_prefix(':')?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+/// The line of a parser error, whose stack is the bare position
+/// `    at script.js:3:5` with no function frame.
+fn parser_position(stack: &str) -> Option<u32> {
+    let first = stack.lines().next()?.trim();
+    let rest = first.strip_prefix("at ")?.strip_prefix(FILE_NAME)?;
+    let digits: String = rest
+        .strip_prefix(':')?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     digits.parse().ok()
 }

@@ -83,10 +83,18 @@ impl Live {
     /// this can be missed for want of a subscriber.
     pub async fn subscribe(base: &BaseUrl, channel: &str) -> anyhow::Result<Live> {
         let url = base.ws_url("/api/v1/live");
-        let (mut ws, _) = tokio::time::timeout(SUBSCRIBE_TIMEOUT, tokio_tungstenite::connect_async(url.as_str()))
-            .await
-            .map_err(|_| anyhow!("{url}: no websocket handshake within {}s", SUBSCRIBE_TIMEOUT.as_secs()))?
-            .with_context(|| format!("opening {url}"))?;
+        let (mut ws, _) = tokio::time::timeout(
+            SUBSCRIBE_TIMEOUT,
+            tokio_tungstenite::connect_async(url.as_str()),
+        )
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "{url}: no websocket handshake within {}s",
+                SUBSCRIBE_TIMEOUT.as_secs()
+            )
+        })?
+        .with_context(|| format!("opening {url}"))?;
         let request = serde_json::json!({
             "type": "subscribe",
             "id": SUBSCRIPTION,
@@ -117,7 +125,12 @@ impl Live {
             bail!("the server closed the websocket before confirming the subscription")
         })
         .await
-        .map_err(|_| anyhow!("no 'subscribed' reply within {}s", SUBSCRIBE_TIMEOUT.as_secs()))?;
+        .map_err(|_| {
+            anyhow!(
+                "no 'subscribed' reply within {}s",
+                SUBSCRIBE_TIMEOUT.as_secs()
+            )
+        })?;
         confirmed?;
 
         let state = Arc::new(Mutex::new(LiveState {
@@ -190,7 +203,10 @@ async fn read_events<S>(
             Some(Ok(Message::Text(text))) => text,
             Some(Ok(Message::Close(frame))) => {
                 break Some(match frame {
-                    Some(f) => format!("the server closed the live socket ({}: {})", f.code, f.reason),
+                    Some(f) => format!(
+                        "the server closed the live socket ({}: {})",
+                        f.code, f.reason
+                    ),
                     None => "the server closed the live socket".to_string(),
                 });
             }
@@ -204,7 +220,8 @@ async fn read_events<S>(
             Err(e) => {
                 let mut st = lock(&state);
                 st.messages += 1;
-                st.failure.get_or_insert_with(|| format!("unreadable live message ({e})"));
+                st.failure
+                    .get_or_insert_with(|| format!("unreadable live message ({e})"));
                 continue;
             }
         };
@@ -263,7 +280,10 @@ mod tests {
         assert!(matches!(e.data_id, Cow::Borrowed(_)));
         assert_eq!(e.reported_at, 1_700_000_000_123);
 
-        let f: Frame = serde_json::from_str(r#"{"type":"error","id":null,"error":"SlowConsumer","description":"too slow"}"#).unwrap();
+        let f: Frame = serde_json::from_str(
+            r#"{"type":"error","id":null,"error":"SlowConsumer","description":"too slow"}"#,
+        )
+        .unwrap();
         assert_eq!(f.kind, "error");
         assert_eq!(f.error.as_deref(), Some("SlowConsumer"));
         assert_eq!(f.description.as_deref(), Some("too slow"));

@@ -192,7 +192,12 @@ struct Worker {
 
 impl Worker {
     /// Closed loop over `devices`: always send the device due soonest.
-    async fn closed_loop(mut self, devices: Vec<usize>, interval: Duration, start: Instant) -> LoadReport {
+    async fn closed_loop(
+        mut self,
+        devices: Vec<usize>,
+        interval: Duration,
+        start: Instant,
+    ) -> LoadReport {
         let end = self.plan.duration;
         let total = self.plan.devices.len();
         let mut due: BinaryHeap<Reverse<(Duration, usize)>> = devices
@@ -236,7 +241,9 @@ impl Worker {
             let claim = clock.claim(start.elapsed(), SEND_GRACE);
             if claim.dropped > 0 {
                 self.report.dropped += claim.dropped;
-                self.counters.dropped.fetch_add(claim.dropped, Ordering::Relaxed);
+                self.counters
+                    .dropped
+                    .fetch_add(claim.dropped, Ordering::Relaxed);
             }
             let Some((slot, at)) = claim.slot else { break };
             tokio::time::sleep_until(start + at).await;
@@ -271,9 +278,13 @@ impl Worker {
         let id = uplink_id(&mut self.rng);
         // Stamped just before sending, as the seed's k6 script did.
         let reported_at = now_ms() as u64;
-        let request = self
-            .renderer
-            .render(&self.plan.heads, &self.plan.devices[device], &reading, reported_at, id);
+        let request = self.renderer.render(
+            &self.plan.heads,
+            &self.plan.devices[device],
+            &reading,
+            reported_at,
+            id,
+        );
         let started = Instant::now();
         let outcome = tokio::time::timeout(REQUEST_TIMEOUT, conn.round_trip(request, None)).await;
         self.report.sent += 1;
@@ -282,6 +293,7 @@ impl Worker {
             Ok(Ok(head)) => {
                 let micros = started.elapsed().as_micros() as u64;
                 self.report.latency.saturating_record(micros);
+                if micros < 30 { eprintln!("DEBUG fast response {} {:?} {}", micros, head, String::from_utf8_lossy(request)); }
                 *self.report.statuses.entry(head.status).or_insert(0) += 1;
                 if head.status == 202 {
                     self.report.accepted.push(id.as_u128());

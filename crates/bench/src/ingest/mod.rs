@@ -97,9 +97,15 @@ impl IngestArgs {
             "--encoded-ratio must be between 0 and 1"
         );
         ensure!(!self.interval.is_zero(), "--interval must be positive");
-        ensure!(!self.common.duration.is_zero(), "--duration must be positive");
+        ensure!(
+            !self.common.duration.is_zero(),
+            "--duration must be positive"
+        );
         if let Some(rate) = self.rate {
-            ensure!(rate.is_finite() && rate > 0.0, "--rate must be a positive number");
+            ensure!(
+                rate.is_finite() && rate > 0.0,
+                "--rate must be a positive number"
+            );
         }
         Ok(())
     }
@@ -151,7 +157,8 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
     let load_secs = load.elapsed.as_secs_f64();
     let ok_202 = load.status(202);
     let overloaded = load.status(503) + load.status(429);
-    s.checks.push(Check::new("status was 202", ok_202, load.sent - ok_202));
+    s.checks
+        .push(Check::new("status was 202", ok_202, load.sent - ok_202));
     s.checks.push(Check::new(
         "every accepted uplink delivered on the socket",
         ws.once + ws.repeated,
@@ -180,25 +187,49 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
 
     let m = &mut s.metrics;
     m.insert("http_reqs".into(), Metric::counter(load.sent, load_secs));
-    m.insert("http_req_duration".into(), Metric::Trend(Trend::from_micros(&load.latency)));
-    m.insert("http_req_failed".into(), Metric::rate(load.sent - ok_202, ok_202));
+    m.insert(
+        "http_req_duration".into(),
+        Metric::Trend(Trend::from_micros(&load.latency)),
+    );
+    m.insert(
+        "http_req_failed".into(),
+        Metric::rate(load.sent - ok_202, ok_202),
+    );
     m.insert("http_req_overloaded".into(), Metric::count(overloaded));
     m.insert("http_status".into(), status_tally(&load));
-    m.insert("uplinks_accepted".into(), Metric::counter(ok_202, load_secs));
-    m.insert("uplinks_dropped_by_generator".into(), Metric::count(load.dropped));
+    m.insert(
+        "uplinks_accepted".into(),
+        Metric::counter(ok_202, load_secs),
+    );
+    m.insert(
+        "uplinks_dropped_by_generator".into(),
+        Metric::count(load.dropped),
+    );
     m.insert(
         "ws_msgs_received".into(),
-        Metric::counter(live_state.messages, (load.elapsed + drain_elapsed).as_secs_f64()),
+        Metric::counter(
+            live_state.messages,
+            (load.elapsed + drain_elapsed).as_secs_f64(),
+        ),
     );
-    m.insert("time_lapse".into(), Metric::Trend(Trend::from_micros(&live_state.time_lapse)));
+    m.insert(
+        "time_lapse".into(),
+        Metric::Trend(Trend::from_micros(&live_state.time_lapse)),
+    );
     m.insert("ws_duplicates".into(), Metric::count(ws.repeated));
     m.insert("ws_missing".into(), Metric::count(ws.missing));
-    m.insert("ws_unexpected".into(), Metric::count(ws.unexpected + live_state.foreign));
+    m.insert(
+        "ws_unexpected".into(),
+        Metric::count(ws.unexpected + live_state.foreign),
+    );
     if let Ok((stored, t)) = &stored {
         m.insert("store_units".into(), Metric::count(stored.units));
         m.insert("store_missing".into(), Metric::count(t.missing));
         m.insert("store_duplicates".into(), Metric::count(t.repeated));
-        m.insert("store_unexpected".into(), Metric::count(t.unexpected + stored.foreign));
+        m.insert(
+            "store_unexpected".into(),
+            Metric::count(t.unexpected + stored.foreign),
+        );
     }
 
     if load.dropped > 0 {
@@ -221,7 +252,10 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
         }
     }
     if load.retry_pauses > 0 {
-        s.notes.push(format!("connections paused {} times for Retry-After", load.retry_pauses));
+        s.notes.push(format!(
+            "connections paused {} times for Retry-After",
+            load.retry_pauses
+        ));
     }
     if let Some(failure) = &live_state.failure {
         s.notes.push(format!("live socket: {failure}"));
@@ -234,7 +268,15 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
 async fn register_device_type(session: &Session) -> anyhow::Result<()> {
     let path = format!("/api/v1/device-types/{}", payload::DEVICE_TYPE);
     let body = payload::device_type_body();
-    let response = http::request(&session.base, "PUT", &path, &[], Some(&body), Duration::from_secs(30)).await?;
+    let response = http::request(
+        &session.base,
+        "PUT",
+        &path,
+        &[],
+        Some(&body),
+        Duration::from_secs(30),
+    )
+    .await?;
     if !matches!(response.status, 200 | 201) {
         bail!(
             "registering the {} device type: PUT {path} answered {}: {}",
@@ -256,7 +298,9 @@ async fn generate(args: &IngestArgs, session: &Session, channel: &str, live: &Li
         Some(rate) => Model::Open {
             clock: OpenClock::new(OpenSchedule::new(rate, args.common.duration)),
         },
-        None => Model::Closed { interval: args.interval },
+        None => Model::Closed {
+            interval: args.interval,
+        },
     };
     let plan = Arc::new(Plan {
         connect: session.base.connect.clone(),
@@ -317,7 +361,10 @@ async fn drain(args: &IngestArgs, session: &Session, live: &Live, accepted: &[u1
         if pending.is_empty() || started.elapsed() >= args.drain_timeout {
             break;
         }
-        bar.set_message(format!("{} accepted uplinks not yet on the socket", pending.len()));
+        bar.set_message(format!(
+            "{} accepted uplinks not yet on the socket",
+            pending.len()
+        ));
         tokio::time::sleep(DRAIN_POLL).await;
     }
     bar.finish_and_clear();
@@ -352,7 +399,11 @@ async fn verify_store(
 
 /// Responses by status, plus the requests that got none.
 fn status_tally(load: &LoadReport) -> Metric {
-    let mut values: BTreeMap<String, u64> = load.statuses.iter().map(|(s, n)| (s.to_string(), *n)).collect();
+    let mut values: BTreeMap<String, u64> = load
+        .statuses
+        .iter()
+        .map(|(s, n)| (s.to_string(), *n))
+        .collect();
     for (label, n) in [
         ("connect_error", load.connect_errors),
         ("broken", load.io_errors),
@@ -470,7 +521,10 @@ mod tests {
         assert_eq!(a.nominal_rate(), 20000.0);
         assert_eq!(a.common.ingest_key.as_deref(), Some("k"));
         let d = describe(&a, "benchX");
-        assert!(d[0].starts_with("open loop: 20000 uplinks/s for 5s"), "{d:?}");
+        assert!(
+            d[0].starts_with("open loop: 20000 uplinks/s for 5s"),
+            "{d:?}"
+        );
         assert!(d[1].starts_with("25% encoded"), "{d:?}");
         assert!(parse(&["--encoded-ratio", "2"]).validate().is_err());
         assert!(parse(&["--rate", "0"]).validate().is_err());

@@ -51,7 +51,18 @@ impl Reading {
     pub fn encode_em300th(&self) -> [u8; 10] {
         let t = ((self.temperature * 10.0).round() as i16).to_le_bytes();
         let h = (self.humidity * 2.0).round() as u8;
-        [0x01, 0x75, self.battery, 0x03, 0x67, t[0], t[1], 0x04, 0x68, h]
+        [
+            0x01,
+            0x75,
+            self.battery,
+            0x03,
+            0x67,
+            t[0],
+            t[1],
+            0x04,
+            0x68,
+            h,
+        ]
     }
 }
 
@@ -128,7 +139,14 @@ pub struct Renderer {
 impl Renderer {
     /// Renders one uplink request and returns it; the slice borrows the
     /// renderer's buffer, valid until the next call.
-    pub fn render(&mut self, heads: &Heads, device: &Device, reading: &Reading, reported_at_ms: u64, uplink: Uuid) -> &[u8] {
+    pub fn render(
+        &mut self,
+        heads: &Heads,
+        device: &Device,
+        reading: &Reading,
+        reported_at_ms: u64,
+        uplink: Uuid,
+    ) -> &[u8] {
         self.body.clear();
         self.body.extend_from_slice(&device.prefix);
         match device.form {
@@ -152,7 +170,10 @@ impl Renderer {
         }
         let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let id = uplink.hyphenated().encode_lower(&mut id);
-        let _ = write!(self.body, r#","reported_at":{reported_at_ms},"uuid":"{id}"}}"#);
+        let _ = write!(
+            self.body,
+            r#","reported_at":{reported_at_ms},"uuid":"{id}"}}"#
+        );
 
         self.request.clear();
         self.request.extend_from_slice(match device.form {
@@ -222,7 +243,8 @@ mod tests {
                     i += 3;
                 }
                 (0x03, 0x67) => {
-                    r.temperature = f64::from(i16::from_le_bytes([bytes[i + 2], bytes[i + 3]])) / 10.0;
+                    r.temperature =
+                        f64::from(i16::from_le_bytes([bytes[i + 2], bytes[i + 3]])) / 10.0;
                     i += 4;
                 }
                 (0x04, 0x68) => {
@@ -242,7 +264,10 @@ mod tests {
             humidity: 50.5,
             battery: 92,
         };
-        assert_eq!(r.encode_em300th(), [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65]);
+        assert_eq!(
+            r.encode_em300th(),
+            [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65]
+        );
         assert_eq!(decode(&r.encode_em300th()), r);
     }
 
@@ -291,7 +316,8 @@ mod tests {
 
         let device = Device::new(10, Form::Decoded, &mut rng);
         let id = uplink_id(&mut rng);
-        let (head, body) = rendered_body(renderer.render(&heads, &device, &reading, 1_700_000_000_123, id));
+        let (head, body) =
+            rendered_body(renderer.render(&heads, &device, &reading, 1_700_000_000_123, id));
         assert!(head.starts_with("POST /sensor-data/benchAbc123/decoded/em300th HTTP/1.1\r\n"));
         assert!(head.contains("\r\nAuthorization: k3y\r\n"));
         assert!(head.contains("\r\nHost: 127.0.0.1:8080\r\n"));
@@ -302,7 +328,10 @@ mod tests {
         assert_eq!(body["uuid"], id.hyphenated().to_string());
         let device_id = Uuid::parse_str(body["id"].as_str().unwrap()).unwrap();
         assert_eq!(device_id.get_version_num(), 4);
-        assert!(body["downlink_url"].as_str().unwrap().ends_with(&device_id.simple().to_string()));
+        assert!(body["downlink_url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&device_id.simple().to_string()));
 
         let device = Device::new(3, Form::Encoded, &mut rng);
         let (head, body) = rendered_body(renderer.render(&heads, &device, &reading, 5, id));
@@ -315,28 +344,39 @@ mod tests {
         assert_eq!(decode(&bytes), reading);
 
         let heads = Heads::new("/weft", "h", "ch", None);
-        let text = String::from_utf8(renderer.render(&heads, &device, &reading, 5, id).to_vec()).unwrap();
+        let text =
+            String::from_utf8(renderer.render(&heads, &device, &reading, 5, id).to_vec()).unwrap();
         assert!(text.starts_with("POST /weft/sensor-data/ch/encoded/em300th HTTP/1.1\r\n"));
         assert!(!text.contains("Authorization"));
     }
 
     #[test]
     fn encoded_devices_are_spread_evenly() {
-        let count = |n: usize, ratio: f64| (0..n).filter(|&i| device_form(i, ratio) == Form::Encoded).count();
+        let count = |n: usize, ratio: f64| {
+            (0..n)
+                .filter(|&i| device_form(i, ratio) == Form::Encoded)
+                .count()
+        };
         assert_eq!(count(500, 0.5), 250);
         assert_eq!(count(500, 0.0), 0);
         assert_eq!(count(500, 1.0), 500);
         assert_eq!(count(1000, 0.1), 100);
         assert_eq!(count(3, 0.5), 1);
         let first: Vec<Form> = (0..4).map(|i| device_form(i, 0.5)).collect();
-        assert_eq!(first, [Form::Decoded, Form::Encoded, Form::Decoded, Form::Encoded]);
+        assert_eq!(
+            first,
+            [Form::Decoded, Form::Encoded, Form::Decoded, Form::Encoded]
+        );
     }
 
     #[test]
     fn registration_carries_decoder_and_mappings() {
         let v: serde_json::Value = serde_json::from_slice(&device_type_body()).unwrap();
         assert_eq!(v["entityType"], "TemperatureSensor");
-        assert!(v["decoder"]["script"].as_str().unwrap().contains("function decodeUplink"));
+        assert!(v["decoder"]["script"]
+            .as_str()
+            .unwrap()
+            .contains("function decodeUplink"));
         assert_eq!(v["processor"]["mappings"].as_array().unwrap().len(), 6);
     }
 }

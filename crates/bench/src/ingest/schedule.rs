@@ -105,7 +105,10 @@ impl OpenClock {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.schedule.slots {
-                return Claim { slot: None, dropped };
+                return Claim {
+                    slot: None,
+                    dropped,
+                };
             }
             let due = self.schedule.offset(i);
             if due + grace >= elapsed {
@@ -117,7 +120,10 @@ impl OpenClock {
             // Slot i is overdue: drop it and every slot up to the first one
             // that is still within the grace period. Others may be claiming
             // concurrently; only the range this call moved past is ours.
-            let first_ok = self.schedule.first_slot_at(elapsed - grace).min(self.schedule.slots);
+            let first_ok = self
+                .schedule
+                .first_slot_at(elapsed - grace)
+                .min(self.schedule.slots);
             let before = self.next.fetch_max(first_ok, Ordering::Relaxed);
             dropped += 1 + first_ok.saturating_sub(before);
         }
@@ -136,7 +142,10 @@ mod tests {
         assert_eq!(device_phase(0, 500, second), Duration::ZERO);
         assert_eq!(device_phase(250, 500, second), 500 * MS);
         assert_eq!(device_phase(499, 500, second), 998 * MS);
-        assert_eq!(device_phase(1, 3, second), Duration::from_nanos(333_333_333));
+        assert_eq!(
+            device_phase(1, 3, second),
+            Duration::from_nanos(333_333_333)
+        );
     }
 
     #[test]
@@ -159,7 +168,11 @@ mod tests {
         assert_eq!(s.offset(20_000), Duration::from_secs(1));
         for k in [0u64, 1, 7, 19_999, 20_000, 99_999, 1_200_000] {
             assert_eq!(s.first_slot_at(s.offset(k)), k, "slot {k}");
-            assert_eq!(s.first_slot_at(s.offset(k) + Duration::from_nanos(1)), k + 1, "slot {k}");
+            assert_eq!(
+                s.first_slot_at(s.offset(k) + Duration::from_nanos(1)),
+                k + 1,
+                "slot {k}"
+            );
         }
         // Fractional rates.
         let s = OpenSchedule::new(2.5, Duration::from_secs(10));
@@ -203,7 +216,13 @@ mod tests {
         let c = clock.claim(Duration::from_secs(5), 10 * MS);
         assert_eq!(c.slot, None);
         assert_eq!(c.dropped, 99);
-        assert_eq!(clock.claim(Duration::from_secs(5), 10 * MS), Claim { slot: None, dropped: 0 });
+        assert_eq!(
+            clock.claim(Duration::from_secs(5), 10 * MS),
+            Claim {
+                slot: None,
+                dropped: 0
+            }
+        );
     }
 
     #[test]
@@ -222,7 +241,12 @@ mod tests {
                         dropped += c.dropped;
                         let Some((i, due)) = c.slot else { break };
                         sent += 1;
-                        now = now.max(due) + if (i + t) % 97 == 0 { 25 * MS } else { Duration::from_micros(300) };
+                        now = now.max(due)
+                            + if (i + t) % 97 == 0 {
+                                25 * MS
+                            } else {
+                                Duration::from_micros(300)
+                            };
                     }
                     (sent, dropped)
                 })

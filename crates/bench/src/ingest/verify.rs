@@ -85,7 +85,11 @@ pub struct Stored {
 }
 
 /// Reads every data unit of `channel`, oldest first, until the last page.
-pub async fn read_store(base: &BaseUrl, channel: &str, bar: &ProgressBar) -> anyhow::Result<Stored> {
+pub async fn read_store(
+    base: &BaseUrl,
+    channel: &str,
+    bar: &ProgressBar,
+) -> anyhow::Result<Stored> {
     let mut stored = Stored::default();
     let mut after: Option<String> = None;
     loop {
@@ -99,10 +103,14 @@ pub async fn read_store(base: &BaseUrl, channel: &str, bar: &ProgressBar) -> any
         }
         let response = http::request(base, "GET", &path, &[], None, PAGE_TIMEOUT).await?;
         if response.status != 200 {
-            bail!("GET {path} answered {}: {}", response.status, response.text().trim());
+            bail!(
+                "GET {path} answered {}: {}",
+                response.status,
+                response.text().trim()
+            );
         }
-        let page: Page =
-            serde_json::from_slice(&response.body).with_context(|| format!("GET {path}: unexpected body"))?;
+        let page: Page = serde_json::from_slice(&response.body)
+            .with_context(|| format!("GET {path}: unexpected body"))?;
         let empty = page.units.is_empty();
         for unit in &page.units {
             stored.units += 1;

@@ -1,0 +1,92 @@
+//! The allocator a worker's QuickJS runtime allocates through: rquickjs's
+//! Rust-allocator adapter plus a running count of the bytes it holds.
+//!
+//! The worker sets the runtime's memory limit to "what the cached scripts
+//! hold + `memory_limit`" after every compile and eviction. QuickJS can only
+//! report its heap size by walking every object of every context, which
+//! with a full cache costs milliseconds per compile; this count is read in
+//! constant time. It does not enforce anything itself: QuickJS's own
+//! `set_memory_limit` check does.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use rquickjs::allocator::{Allocator, RustAllocator};
+
+/// Counts the bytes currently allocated by one runtime.
+pub(crate) struct MeteredAllocator {
+    held: Rc<Cell<usize>>,
+}
+
+impl MeteredAllocator {
+    /// An allocator and the counter it keeps up to date.
+    pub(crate) fn new() -> (MeteredAllocator, Rc<Cell<usize>>) {
+        let held = Rc::new(Cell::new(0));
+        (
+            MeteredAllocator {
+                held: Rc::clone(&held),
+            },
+            held,
+        )
+    }
+
+    fn add(&self, ptr: *mut u8) {
+        if !ptr.is_null() {
+            // SAFETY: `ptr` was just returned by RustAllocator.
+            let size = unsafe { RustAllocator::usable_size(ptr) };
+            self.held.set(self.held.get().saturating_add(size));
+        }
+    }
+
+    fn sub(&self, ptr: *mut u8) {
+        if !ptr.is_null() {
+            // SAFETY: callers pass pointers allocated by RustAllocator and
+            // not yet freed.
+            let size = unsafe { RustAllocator::usable_size(ptr) };
+            self.held.set(self.held.get().saturating_sub(size));
+        }
+    }
+}
+
+// SAFETY: every call is forwarded to RustAllocator, which upholds the
+// trait's contract; the counting only reads sizes of live allocations.
+unsafe impl Allocator for MeteredAllocator {
+    fn alloc(&mut self, size: usize) -> *mut u8 {
+        let ptr = RustAllocator.alloc(size);
+        self.add(ptr);
+        ptr
+    }
+
+    fn calloc(&mut self, count: usize, size: usize) -> *mut u8 {
+        let ptr = RustAllocator.calloc(count, size);
+        self.add(ptr);
+        ptr
+    }
+
+    unsafe fn dealloc(&mut self, ptr: *mut u8) {
+        self.sub(ptr);
+        // SAFETY: forwarded contract: `ptr` came from this allocator.
+        unsafe { RustAllocator.dealloc(ptr) }
+    }
+
+    unsafe fn realloc(&mut self, ptr: *mut u8, new_size: usize) -> *mut u8 {
+        // QuickJS never reallocates null, but RustAllocator must not see it.
+        if ptr.is_null() {
+            return self.alloc(new_size);
+        }
+        // SAFETY: forwarded contract: `ptr` came from this allocator.
+        let old = unsafe { RustAllocator::usable_size(ptr) };
+        // SAFETY: forwarded contract.
+        let new = unsafe { RustAllocator.realloc(ptr, new_size) };
+        if !new.is_null() {
+            self.held.set(self.held.get().saturating_sub(old));
+            self.add(new);
+        }
+        new
+    }
+
+    unsafe fn usable_size(ptr: *mut u8) -> usize {
+        // SAFETY: forwarded contract.
+        unsafe { RustAllocator::usable_size(ptr) }
+    }
+}
