@@ -248,7 +248,14 @@ pub(crate) fn describe_thrown<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> CodecE
         }
         None => (thrown_text(ctx, thrown), None),
     };
-    if message.contains("out of memory") {
+    // Reading `name` or `message` may itself have thrown (a hostile
+    // getter); leave no exception pending for the next call.
+    if ctx.has_exception() {
+        let _ = ctx.catch();
+    }
+    // QuickJS's own texts ("out of memory", "out of memory in regexp
+    // execution"), not any error that mentions memory.
+    if message.starts_with("InternalError: out of memory") {
         return CodecError::OutOfMemory;
     }
     CodecError::Exception { message, stack }

@@ -192,6 +192,23 @@ async fn thrown_error_text() {
         })
     );
     assert_eq!(
+        run_one(
+            &engine,
+            Call::Function {
+                script: Script::new(
+                    "function f() { throw new RangeError('sensor out of memory'); }"
+                ),
+                name: "f".into(),
+                args: vec![]
+            }
+        )
+        .await,
+        Err(CodecError::Exception {
+            message: "RangeError: sensor out of memory".into(),
+            stack: Some("    at f (script.js:1:26)\n".into())
+        })
+    );
+    assert_eq!(
         run_one(&engine, thrown(json!({"code": 7}))).await,
         Err(CodecError::Exception {
             message: "{\"code\":7}".into(),
@@ -641,32 +658,41 @@ async fn full_queue_is_busy() {
         time_limit: Duration::from_millis(300),
         ..EngineConfig::default()
     });
-    let slow = Script::new("function decodeUplink() { var end = Date.now() + 200; while (Date.now() < end) {} return {data: {}}; }");
-    // The first batch occupies the worker, the second fills the queue.
-    let first = tokio::spawn({
-        let engine = engine.clone();
-        let call = decode_call(&slow, &[]);
-        async move { engine.run(vec![call]).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let second = tokio::spawn({
-        let engine = engine.clone();
-        let call = decode_call(&slow, &[]);
-        async move { engine.run(vec![call]).await }
-    });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let started = Instant::now();
-    assert_eq!(
-        engine.run(vec![decode_call(&slow, &[])]).await,
-        Err(CodecError::Busy)
+    let slow = Script::new(
+        "function decodeUplink() { var end = Date.now() + 150; while (Date.now() < end) {} return {data: {}}; }",
     );
-    assert!(started.elapsed() < Duration::from_millis(50));
+    // One worker holds one running batch plus one queued: of five batches
+    // sent at once, at least three are refused, and refused at once.
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let engine = engine.clone();
+            let call = decode_call(&slow, &[]);
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let result = engine.run(vec![call]).await;
+                (result, started.elapsed())
+            })
+        })
+        .collect();
+    let (mut busy, mut done) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            (Err(CodecError::Busy), took) => {
+                assert!(took < Duration::from_millis(100), "Busy took {took:?}");
+                busy += 1;
+            }
+            (Ok(results), _) => {
+                assert!(results[0].is_ok());
+                done += 1;
+            }
+            (other, _) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(busy >= 3 && done >= 1, "busy {busy}, done {done}");
     assert_eq!(
         CodecError::Busy.to_string(),
         "script engine is busy: its queue is full, retry later"
     );
-    assert!(first.await.unwrap().unwrap()[0].is_ok());
-    assert!(second.await.unwrap().unwrap()[0].is_ok());
 }
 
 /// Batches spread over several workers, and every worker compiles on demand.
