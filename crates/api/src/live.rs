@@ -30,6 +30,11 @@ use crate::{ApiError, ApiResult, AppState};
 /// read before the client is cut off.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most events written to a websocket before it is flushed, so a steady
+/// stream is sent in bursts of at most this many frames rather than
+/// waiting for the write buffer to fill.
+const FLUSH_EVERY: usize = 64;
+
 /// The live routes.
 pub fn router() -> Router<AppState> {
     Router::new().route("/api/v1/live", get(websocket)).route("/api/v1/live/sse", get(sse))
@@ -154,21 +159,41 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
 
         match received {
             Ok((stream, Ok(event))) => {
-                let (sub, filters) = subs.get(&stream).expect("all streams");
-                for (id, filter) in filters {
-                    if filter.matches(&event) {
-                        if sink.feed(event_frame(id, &event)).await.is_err() {
-                            break;
+                let (sub, filters) = subs.get_mut(&stream).expect("all streams");
+                // Forward this event and whatever else is already buffered
+                // (up to a bound), then flush once: one write per burst,
+                // and never more than FLUSH_EVERY events held back.
+                let mut next = Some(event);
+                let mut forwarded = 0;
+                let mut lagged = false;
+                let mut failed = false;
+                while let Some(event) = next.take() {
+                    for (id, filter) in filters.iter() {
+                        if filter.matches(&event) && sink.feed(event_frame(id, &event)).await.is_err() {
+                            failed = true;
                         }
                     }
-                }
-                let idle = sub.as_ref().is_none_or(|s| s.backlog() == 0);
-                if idle {
-                    match tokio::time::timeout(SEND_TIMEOUT, sink.flush()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break None,
-                        Err(_) => break Some("the client did not read for 5 s"),
+                    forwarded += 1;
+                    let Some(s) = sub.as_mut() else { break };
+                    if failed || forwarded >= FLUSH_EVERY || s.backlog() == 0 {
+                        break;
                     }
+                    match s.recv().await {
+                        Ok(e) => next = Some(e),
+                        Err(RecvError::Lagged(_)) => lagged = true,
+                        Err(RecvError::Closed) => {}
+                    }
+                }
+                if failed {
+                    break None;
+                }
+                if lagged {
+                    break Some("the client fell too far behind the stream");
+                }
+                match tokio::time::timeout(SEND_TIMEOUT, sink.flush()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break None,
+                    Err(_) => break Some("the client did not read for 5 s"),
                 }
             }
             Ok((_, Err(RecvError::Lagged(_)))) => break Some("the client fell too far behind the stream"),

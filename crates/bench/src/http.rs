@@ -276,7 +276,7 @@ impl Conn {
             },
             Framing::UntilClose => {
                 while self.fill().await? > 0 {}
-                if let Some(out) = body.as_deref_mut() {
+                if let Some(out) = body {
                     out.extend_from_slice(&self.buf[..self.len]);
                 }
                 self.len = 0;

@@ -23,6 +23,8 @@
 //! [`CommonArgs`]) and a `run` returning a [`summary::Summary`], plus one
 //! variant of [`BenchCommand`].
 
+#![warn(missing_docs)]
+
 pub mod common;
 pub mod http;
 pub mod ingest;

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use std::time::Duration;
+
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -25,8 +27,9 @@ pub struct Summary {
     pub spawned: bool,
     /// The scenario's parameters, as given or defaulted.
     pub params: serde_json::Map<String, serde_json::Value>,
-    /// Wall-clock length of each phase, in seconds.
-    pub phases: BTreeMap<String, f64>,
+    /// Wall-clock length of each phase in seconds, in the order they ran.
+    #[serde(serialize_with = "ordered_map")]
+    pub phases: Vec<(String, f64)>,
     /// Human lines describing the load, shown under the scenario name.
     #[serde(skip)]
     pub description: Vec<String>,
@@ -225,11 +228,16 @@ impl Trend {
     }
 }
 
-/// A histogram for microsecond latencies: three significant digits,
-/// growing as needed so a worker's histogram stays small until it sees a
-/// slow request.
-pub fn micros_histogram() -> Histogram<u64> {
-    Histogram::new(3).expect("3 significant digits is a valid precision")
+/// A histogram of microseconds up to `max` (larger values are clamped to
+/// it), with three significant digits.
+///
+/// The range is fixed on purpose: hdrhistogram's auto-resizing histograms
+/// lose track of the minimum when they grow (recording only values of a
+/// millisecond or more reported a 2µs minimum), and a fixed range of a
+/// minute costs about 140 KB.
+pub fn micros_histogram(max: Duration) -> Histogram<u64> {
+    let max = (max.as_micros() as u64).max(2);
+    Histogram::new_with_bounds(1, max, 3).expect("1µs..max at 3 digits is a valid range")
 }
 
 /// Formats microseconds the way k6 (Go's `time.Duration`) does, rounded to
@@ -347,20 +355,23 @@ impl Summary {
 }
 
 /// The metrics block: `name....: cells`, each column padded to its widest
-/// cell across all lines, as k6 does.
+/// cell, as k6 does. Trends are aligned among themselves and everything
+/// else among itself, so a long `avg=…` does not push counters apart.
 fn render_metrics(metrics: &BTreeMap<String, Metric>) -> String {
-    let rows: Vec<(&str, Vec<String>)> = metrics
+    let rows: Vec<(&str, bool, Vec<String>)> = metrics
         .iter()
-        .map(|(n, m)| (n.as_str(), m.cells()))
+        .map(|(n, m)| (n.as_str(), matches!(m, Metric::Trend(_)), m.cells()))
         .collect();
     let name_width = rows
         .iter()
-        .map(|(n, _)| n.chars().count())
+        .map(|(n, ..)| n.chars().count())
         .max()
         .unwrap_or(0)
         + 3;
-    let mut widths: Vec<usize> = Vec::new();
-    for (_, cells) in &rows {
+    // Column widths for [non-trend rows, trend rows].
+    let mut widths: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+    for (_, trend, cells) in &rows {
+        let widths = &mut widths[usize::from(*trend)];
         for (i, cell) in cells.iter().enumerate() {
             let w = cell.chars().count();
             match widths.get_mut(i) {
@@ -370,7 +381,8 @@ fn render_metrics(metrics: &BTreeMap<String, Metric>) -> String {
         }
     }
     let mut out = String::new();
-    for (name, cells) in rows {
+    for (name, trend, cells) in rows {
+        let widths = &widths[usize::from(trend)];
         let mut line = format!(
             "     {name}{}: ",
             ".".repeat(name_width - name.chars().count())
@@ -384,6 +396,16 @@ fn render_metrics(metrics: &BTreeMap<String, Metric>) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Serialises `(name, value)` pairs as a JSON object in their order.
+fn ordered_map<S: serde::Serializer>(pairs: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(pairs.len()))?;
+    for (k, v) in pairs {
+        map.serialize_entry(k, v)?;
+    }
+    map.end()
 }
 
 #[cfg(test)]
@@ -409,7 +431,7 @@ mod tests {
 
     #[test]
     fn trend_percentiles_from_a_histogram() {
-        let mut h = micros_histogram();
+        let mut h = micros_histogram(Duration::from_secs(60));
         for us in 1..=1000u64 {
             h.record(us * 1000).unwrap(); // 1ms ..= 1000ms
         }
@@ -429,7 +451,22 @@ mod tests {
         assert_eq!(cells[0], "avg=500.5ms");
         assert!(cells[4].starts_with("p(90)=90"), "{}", cells[4]);
         assert!(cells[6].starts_with("p(99)=99"), "{}", cells[6]);
-        assert_eq!(Trend::from_micros(&micros_histogram()).cells()[0], "avg=0s");
+        assert_eq!(
+            Trend::from_micros(&micros_histogram(Duration::from_secs(60))).cells()[0],
+            "avg=0s"
+        );
+    }
+
+    #[test]
+    fn histograms_keep_their_minimum_and_clamp_outliers() {
+        let mut h = micros_histogram(Duration::from_secs(60));
+        for us in [1759, 1801, 2393, 2148, 1015] {
+            h.saturating_record(us);
+        }
+        assert_eq!(h.min(), 1015);
+        h.saturating_record(3_600_000_000);
+        assert_eq!(h.len(), 6);
+        assert!(h.max() >= 60_000_000 && h.max() < 60_100_000, "{}", h.max());
     }
 
     fn sample() -> Summary {
@@ -439,7 +476,7 @@ mod tests {
             target: "http://127.0.0.1:8080".into(),
             spawned: true,
             params: serde_json::Map::new(),
-            phases: BTreeMap::from([("load".to_string(), 60.0)]),
+            phases: vec![("load".to_string(), 60.0), ("drain".to_string(), 0.5)],
             description: vec!["500 devices".into()],
             checks: vec![
                 Check::new("status was 202", 30000, 0),
@@ -468,7 +505,10 @@ mod tests {
             text.contains("    target: http://127.0.0.1:8080 (spawned)\n"),
             "{text}"
         );
-        assert!(text.contains("    phases: load 1m0s\n"), "{text}");
+        assert!(
+            text.contains("    phases: load 1m0s, drain 500ms\n"),
+            "{text}"
+        );
         // Names padded with dots to one width, values in aligned columns.
         assert!(
             text.contains("     checks............: 99.98% ✓ 59990     ✗ 10\n"),
@@ -494,24 +534,11 @@ mod tests {
         assert_eq!(v["metrics"]["http_reqs"]["type"], "counter");
         assert_eq!(v["metrics"]["http_reqs"]["count"], 30004);
         assert_eq!(v["metrics"]["checks"]["type"], "rate");
-        let mut h = micros_histogram();
+        assert_eq!(v["phases"]["drain"], 0.5);
+        let mut h = micros_histogram(Duration::from_secs(60));
         h.record(1500).unwrap();
         let t = serde_json::to_value(Metric::Trend(Trend::from_micros(&h))).unwrap();
         assert_eq!(t["type"], "trend");
         assert_eq!(t["p(95)"], 1.5);
-    }
-}
-#[cfg(test)]
-mod scratch {
-    #[test]
-    fn merge_min() {
-        let mut total = super::micros_histogram();
-        for k in 0..50u64 {
-            let mut h = super::micros_histogram();
-            for v in 0..(k % 7) { h.record(60 + v * 337 * (k % 5) + k).unwrap(); }
-            total.add(&h).unwrap();
-            eprintln!("k={k} min={} len={}", total.min(), total.len());
-        }
-        panic!();
     }
 }

@@ -68,7 +68,10 @@ async fn start(faults: Faults, key: Option<&'static str>) -> String {
 
 async fn device_type(Path(t): Path<String>, Json(body): Json<Value>) -> StatusCode {
     assert_eq!(t, "em300th");
-    assert!(body["decoder"]["script"].as_str().unwrap().contains("decodeUplink"));
+    assert!(body["decoder"]["script"]
+        .as_str()
+        .unwrap()
+        .contains("decodeUplink"));
     StatusCode::OK
 }
 
@@ -144,7 +147,9 @@ async fn live(State(m): State<Mock>, ws: WebSocketUpgrade) -> impl IntoResponse 
 }
 
 async fn serve_live(m: Mock, mut socket: WebSocket) {
-    let Some(Ok(Message::Text(sub))) = socket.recv().await else { return };
+    let Some(Ok(Message::Text(sub))) = socket.recv().await else {
+        return;
+    };
     let sub: Value = serde_json::from_str(&sub).unwrap();
     assert_eq!(sub["type"], "subscribe");
     assert_eq!(sub["stream"], "data");
@@ -187,7 +192,15 @@ struct Cli {
 }
 
 async fn bench(url: &str, extra: &[&str]) -> Summary {
-    let mut argv = vec!["bench", "ingest", "--url", url, "--no-progress", "--drain-timeout", "2s"];
+    let mut argv = vec![
+        "bench",
+        "ingest",
+        "--url",
+        url,
+        "--no-progress",
+        "--drain-timeout",
+        "2s",
+    ];
     argv.extend_from_slice(extra);
     let BenchCommand::Ingest(args) = Cli::try_parse_from(argv).unwrap().cmd;
     let session = Session::start(&args.common).await.unwrap();
@@ -211,9 +224,21 @@ fn check<'a>(s: &'a Summary, name: &str) -> &'a weft_bench::summary::Check {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_run_passes() {
     let url = start(Faults::default(), Some("sekret")).await;
-    let s = bench(&url, &["--duration", "1s", "--devices", "40", "--interval", "100ms", "--ingest-key", "sekret"]).await;
+    let s = bench(
+        &url,
+        &[
+            "--duration",
+            "1s",
+            "--devices",
+            "40",
+            "--interval",
+            "100ms",
+            "--ingest-key",
+            "sekret",
+        ],
+    )
+    .await;
     let text = s.to_text();
-    println!("{text}");
     assert!(s.passed(), "{text}");
     let sent = count(&s, "http_reqs");
     // 40 devices every 100ms for 1s: about 400 uplinks.
@@ -222,7 +247,10 @@ async fn closed_loop_run_passes() {
     assert_eq!(count(&s, "ws_missing"), 0);
     assert_eq!(count(&s, "store_units"), sent);
     assert_eq!(count(&s, "uplinks_dropped_by_generator"), 0);
-    assert!(text.contains("✓ every accepted uplink delivered on the socket"), "{text}");
+    assert!(
+        text.contains("✓ every accepted uplink delivered on the socket"),
+        "{text}"
+    );
     assert!(text.contains("time_lapse"), "{text}");
     let json: Value = serde_json::from_str(&s.to_json_string()).unwrap();
     assert_eq!(json["ok"], true);
@@ -233,7 +261,18 @@ async fn closed_loop_run_passes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_uplinks_fail_the_status_check() {
     let url = start(Faults::default(), Some("sekret")).await;
-    let s = bench(&url, &["--duration", "500ms", "--devices", "5", "--interval", "100ms"]).await;
+    let s = bench(
+        &url,
+        &[
+            "--duration",
+            "500ms",
+            "--devices",
+            "5",
+            "--interval",
+            "100ms",
+        ],
+    )
+    .await;
     assert!(!s.passed());
     assert!(!check(&s, "status was 202").ok);
     assert_eq!(count(&s, "uplinks_accepted"), 0);
@@ -247,7 +286,20 @@ async fn refused_uplinks_fail_the_status_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_run_offers_the_rate() {
     let url = start(Faults::default(), None).await;
-    let s = bench(&url, &["--duration", "1s", "--rate", "500", "--devices", "7", "--connections", "16"]).await;
+    let s = bench(
+        &url,
+        &[
+            "--duration",
+            "1s",
+            "--rate",
+            "500",
+            "--devices",
+            "7",
+            "--connections",
+            "16",
+        ],
+    )
+    .await;
     assert!(s.passed(), "{}", s.to_text());
     let offered = count(&s, "http_reqs") + count(&s, "uplinks_dropped_by_generator");
     assert_eq!(offered, 500);
@@ -264,13 +316,22 @@ async fn faults_are_caught() {
         ..Faults::default()
     };
     let url = start(faults, None).await;
-    let s = bench(&url, &["--duration", "1s", "--devices", "20", "--interval", "50ms"]).await;
+    let s = bench(
+        &url,
+        &["--duration", "1s", "--devices", "20", "--interval", "50ms"],
+    )
+    .await;
     let text = s.to_text();
-    println!("{text}{}", s.to_json_string());
     assert!(!s.passed(), "{text}");
     assert!(!check(&s, "status was 202").ok, "{text}");
-    assert!(!check(&s, "every accepted uplink delivered on the socket").ok, "{text}");
-    assert!(!check(&s, "every accepted uplink stored exactly once").ok, "{text}");
+    assert!(
+        !check(&s, "every accepted uplink delivered on the socket").ok,
+        "{text}"
+    );
+    assert!(
+        !check(&s, "every accepted uplink stored exactly once").ok,
+        "{text}"
+    );
     assert!(check(&s, "live subscription stayed open").ok, "{text}");
     assert!(count(&s, "ws_missing") > 0, "{text}");
     assert!(count(&s, "store_duplicates") > 0, "{text}");
@@ -287,7 +348,11 @@ async fn slow_consumer_is_a_failure() {
         ..Faults::default()
     };
     let url = start(faults, None).await;
-    let s = bench(&url, &["--duration", "1s", "--devices", "20", "--interval", "100ms"]).await;
+    let s = bench(
+        &url,
+        &["--duration", "1s", "--devices", "20", "--interval", "100ms"],
+    )
+    .await;
     let text = s.to_text();
     assert!(!s.passed(), "{text}");
     assert!(!check(&s, "live subscription stayed open").ok, "{text}");

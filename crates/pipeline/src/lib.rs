@@ -276,12 +276,15 @@ impl Pipeline {
             };
             let Some(outcome) = outcome else { break };
             let mut stored = 0u64;
+            let now = weft_model::now_ms();
             for (record, inserted) in units.into_iter().zip(outcome.inserted) {
                 if !inserted {
                     metrics::counter!("weft_units_duplicate_total").increment(1);
                     continue;
                 }
                 stored += 1;
+                let lag_ms = (now - record.unit.received_at).max(0) as f64;
+                metrics::histogram!("weft_pipeline_latency_seconds").record(lag_ms / 1000.0);
                 let json = Bytes::from(record.json.as_bytes().to_vec());
                 self.bus.publish(Event { stream: Stream::Data, payload: Payload::Data(record.unit), json });
             }

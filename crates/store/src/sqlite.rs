@@ -80,6 +80,13 @@ pub struct SqliteConfig {
     /// commit holds the waiters of all its operations; 4,096 is far above
     /// what one fsync needs to amortise.
     pub max_batch: usize,
+    /// Shortest time between the starts of two commits. A write arriving
+    /// sooner after the previous commit waits for the rest of the interval
+    /// and shares the next commit with everything queued meanwhile; a write
+    /// arriving after a quiet spell commits at once. This caps commits (each
+    /// a WAL write and an fsync, the writer's main cost) at 1/interval per
+    /// second, so batches grow with load instead of commits multiplying.
+    pub commit_interval: std::time::Duration,
 }
 
 impl Default for SqliteConfig {
@@ -90,6 +97,7 @@ impl Default for SqliteConfig {
             synchronous: Synchronous::Full,
             queue_capacity: 65_536,
             max_batch: 4_096,
+            commit_interval: std::time::Duration::from_millis(1),
         }
     }
 }
@@ -136,7 +144,7 @@ impl SqliteStore {
         let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
         let (committed_tx, committed) = watch::channel(last_seq);
         let (stopped_tx, stopped) = watch::channel(false);
-        let writer = Writer::new(conn, ops_rx, config.max_batch, committed_tx, stopped_tx);
+        let writer = Writer::new(conn, ops_rx, config.max_batch, config.commit_interval, committed_tx, stopped_tx);
         let handle = std::thread::Builder::new()
             .name("weft-store-writer".to_string())
             .spawn(move || writer.run())

@@ -23,6 +23,10 @@ use crate::summary::micros_histogram;
 /// Longest wait for one response before the request counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The latency histograms' range: past the request timeout, so no
+/// recorded latency is ever clamped.
+const LATENCY_RANGE: Duration = Duration::from_secs(60);
+
 /// Longest wait for a connection to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -108,7 +112,7 @@ pub struct LoadReport {
 impl LoadReport {
     fn empty() -> LoadReport {
         LoadReport {
-            latency: micros_histogram(),
+            latency: micros_histogram(LATENCY_RANGE),
             accepted: Vec::new(),
             statuses: HashMap::new(),
             connect_errors: 0,
@@ -293,7 +297,6 @@ impl Worker {
             Ok(Ok(head)) => {
                 let micros = started.elapsed().as_micros() as u64;
                 self.report.latency.saturating_record(micros);
-                if micros < 30 { eprintln!("DEBUG fast response {} {:?} {}", micros, head, String::from_utf8_lossy(request)); }
                 *self.report.statuses.entry(head.status).or_insert(0) += 1;
                 if head.status == 202 {
                     self.report.accepted.push(id.as_u128());

@@ -54,6 +54,7 @@ const SHORTFALL_WARNING: f64 = 0.95;
 /// Flags of `weft bench ingest`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IngestArgs {
+    /// The flags every scenario takes.
     #[command(flatten)]
     pub common: CommonArgs,
 
@@ -143,11 +144,11 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
         target: session.base.to_string(),
         spawned: session.spawned(),
         params: params(args, &channel),
-        phases: BTreeMap::from([
+        phases: vec![
             ("load".to_string(), load.elapsed.as_secs_f64()),
             ("drain".to_string(), drain_elapsed.as_secs_f64()),
             ("verify".to_string(), verify_elapsed.as_secs_f64()),
-        ]),
+        ],
         description: describe(args, &channel),
         checks: Vec::new(),
         metrics: BTreeMap::new(),
@@ -528,6 +529,30 @@ mod tests {
         assert!(d[1].starts_with("25% encoded"), "{d:?}");
         assert!(parse(&["--encoded-ratio", "2"]).validate().is_err());
         assert!(parse(&["--rate", "0"]).validate().is_err());
+    }
+
+    #[test]
+    fn help_lists_every_flag() {
+        let err = Cli::try_parse_from(["bench", "ingest", "--help"])
+            .err()
+            .unwrap();
+        let help = err.to_string();
+        for flag in [
+            "--url",
+            "--spawn",
+            "--duration",
+            "--json",
+            "--ingest-key",
+            "--no-progress",
+            "--devices",
+            "--interval",
+            "--rate",
+            "--connections",
+            "--encoded-ratio",
+            "--drain-timeout",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from\n{help}");
+        }
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! Shape (after mini-redis's `buffered_client.rs`): the store's handle
 //! holds a bounded sender of [`Op`]s, each carrying a `oneshot` for its
 //! answer. The thread blocks for the first operation, takes everything
-//! else already queued (up to `max_batch`, waiting a fraction of a
-//! millisecond for stragglers when load is steady), runs them in one
+//! else already queued (up to `max_batch`; when the previous commit started
+//! less than `commit_interval` ago, it first waits out the interval so the
+//! batch grows with load instead of commits multiplying), runs them in one
 //! `BEGIN IMMEDIATE … COMMIT`, and answers only after `COMMIT` returned,
 //! so an answer always means "durable". One fsync therefore covers the
 //! whole batch, which is what makes thousands of durable appends per
@@ -30,17 +31,6 @@ use weft_model::NewUplink;
 
 use super::{to_i64, Db};
 use crate::{CommitOutcome, ProcessedBatch, Result, StoreError};
-
-/// Longest the writer waits for stragglers before committing a batch that
-/// is smaller than the previous one. A commit with `synchronous = FULL`
-/// costs an fsync, 0.3–5 ms on the reference machine, so a quarter of a
-/// millisecond spent collecting writes that are about to arrive is cheap
-/// next to the commit it saves (measured: 256 concurrent appenders went
-/// from ~135 to ~240 writes per commit).
-const STRAGGLER_WINDOW: Duration = Duration::from_micros(250);
-
-/// How often the writer looks at its queue while waiting for stragglers.
-const STRAGGLER_POLL: Duration = Duration::from_micros(20);
 
 /// Where the writer sends an operation's answer.
 pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
@@ -143,6 +133,8 @@ pub(super) struct Writer {
     conn: Connection,
     ops: mpsc::Receiver<Op>,
     max_batch: usize,
+    /// Shortest time between commit starts (see `SqliteConfig::commit_interval`).
+    commit_interval: Duration,
     /// Highest committed ingest-log `seq`, published after each commit.
     committed: watch::Sender<u64>,
     /// Set once the thread has committed its last batch and let go of the
@@ -156,6 +148,7 @@ impl Writer {
         conn: Connection,
         ops: mpsc::Receiver<Op>,
         max_batch: usize,
+        commit_interval: Duration,
         committed: watch::Sender<u64>,
         stopped: watch::Sender<bool>,
     ) -> Writer {
@@ -163,6 +156,7 @@ impl Writer {
             conn,
             ops,
             max_batch: max_batch.max(1),
+            commit_interval,
             committed,
             stopped,
         }
@@ -176,11 +170,14 @@ impl Writer {
         let mut closers: Vec<Reply<()>> = Vec::new();
         // After `close()`, `blocking_recv` still yields what was queued
         // before and then `None`, so the loop ends with the queue drained.
-        let mut previous = 0;
+        let mut last_commit: Option<Instant> = None;
         while let Some(first) = self.ops.blocking_recv() {
             self.take(first, &mut batch, &mut closers);
-            self.gather(&mut batch, &mut closers, previous);
-            previous = batch.len();
+            if let Some(wait) = last_commit.and_then(|at| self.commit_interval.checked_sub(at.elapsed())) {
+                std::thread::sleep(wait);
+            }
+            self.gather(&mut batch, &mut closers);
+            last_commit = Some(Instant::now());
             if !batch.is_empty() {
                 self.run_batch(&mut batch, &mut done);
             }
@@ -196,29 +193,14 @@ impl Writer {
         }
     }
 
-    /// Fills `batch` with what is queued, up to `max_batch`. While the
-    /// batch is smaller than the `previous` one, it waits up to
-    /// [`STRAGGLER_WINDOW`] for the rest: right after a commit, the
-    /// callers it answered are still coming back with their next write,
-    /// and taking them now halves the number of commits (each an fsync)
-    /// under steady concurrent load. A lone caller (previous batch of
-    /// one) never waits.
-    fn gather(&mut self, batch: &mut Vec<Op>, closers: &mut Vec<Reply<()>>, previous: usize) {
-        let started = Instant::now();
-        loop {
-            while batch.len() < self.max_batch {
-                match self.ops.try_recv() {
-                    Ok(op) => self.take(op, batch, closers),
-                    Err(TryRecvError::Empty) => break,
-                    // Closed and drained: nobody else is coming.
-                    Err(TryRecvError::Disconnected) => return,
-                }
+    /// Fills `batch` with what is queued, up to `max_batch`.
+    fn gather(&mut self, batch: &mut Vec<Op>, closers: &mut Vec<Reply<()>>) {
+        while batch.len() < self.max_batch {
+            match self.ops.try_recv() {
+                Ok(op) => self.take(op, batch, closers),
+                // Empty, or closed and drained: commit what we have.
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => return,
             }
-            if batch.len() >= previous.min(self.max_batch) || started.elapsed() >= STRAGGLER_WINDOW
-            {
-                return;
-            }
-            std::thread::sleep(STRAGGLER_POLL);
         }
     }
 
