@@ -37,6 +37,10 @@ pub struct AppState {
     pub ingest_key: Option<Arc<str>>,
     /// Renders `/metrics`.
     pub metrics: MetricsRender,
+    /// Where live websocket connections run. A runtime of their own keeps
+    /// event delivery from queueing behind every ready HTTP request on the
+    /// main runtime (measured: ~10 ms at 5,000 uplinks/s).
+    pub live_runtime: tokio::runtime::Handle,
 }
 
 /// Largest request body weft accepts on its own surfaces (1 MiB, the same

@@ -102,7 +102,10 @@ enum ClientMessage {
 
 /// `GET /api/v1/live`: upgrades to the subscription protocol.
 async fn websocket(State(state): State<AppState>, ws: WebSocketUpgrade) -> impl IntoResponse {
-    ws.on_upgrade(move |socket| serve_socket(state, socket))
+    let runtime = state.live_runtime.clone();
+    ws.on_upgrade(move |socket| async move {
+        runtime.spawn(serve_socket(state, socket));
+    })
 }
 
 fn control(kind: &str, id: Option<&str>) -> Message {

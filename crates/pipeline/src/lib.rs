@@ -113,9 +113,32 @@ impl Pipeline {
             processed: Arc::new(AtomicU64::new(cursor)),
         });
         let (tx, rx) = mpsc::channel(STAGE_QUEUE);
-        tracker.spawn(pipeline.clone().read_loop(cursor, tx, shutdown.clone()));
-        tracker.spawn(pipeline.clone().commit_loop(rx));
-        tracker.spawn(pipeline.clone().prune_loop(shutdown));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let stages = pipeline.clone();
+        // The pipeline runs on a thread and runtime of its own. On the
+        // shared runtime its many short hops (read pool, engine, writer)
+        // would each wait behind every ready HTTP connection task, which
+        // under load adds tens of milliseconds per batch; here the OS
+        // scheduler gives it its turn directly.
+        std::thread::Builder::new()
+            .name("weft-pipeline".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the pipeline's runtime starts");
+                runtime.block_on(async move {
+                    let reader = tokio::spawn(stages.clone().read_loop(cursor, tx, shutdown.clone()));
+                    let committer = tokio::spawn(stages.clone().commit_loop(rx));
+                    let pruner = tokio::spawn(stages.prune_loop(shutdown));
+                    let _ = tokio::join!(reader, committer, pruner);
+                });
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| StoreError::Database(format!("starting the pipeline thread: {e}")))?;
+        tracker.spawn(async move {
+            let _ = done_rx.await;
+        });
         Ok(pipeline)
     }
 

@@ -78,9 +78,27 @@ pub async fn serve(
     if ingest_key.is_none() {
         tracing::warn!("no ingest key configured: ingest endpoints accept uplinks without Authorization");
     }
-    let app = weft_api::router(AppState { pipeline, ingest_key, metrics });
+    let live_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("weft-live")
+        .enable_all()
+        .build()
+        .context("starting the live runtime")?;
+    let app = weft_api::router(AppState {
+        pipeline,
+        ingest_key,
+        metrics,
+        live_runtime: live_runtime.handle().clone(),
+    });
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
+    // Small writes (live events, 202s) go out at once instead of waiting for
+    // Nagle's algorithm and the peer's delayed ACK (up to 40 ms on Linux).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
 
     tracing::info!("HTTP stopped; draining the pipeline");
@@ -90,6 +108,7 @@ pub async fn serve(
         tracing::warn!("pipeline did not drain in time; the rest is processed at the next start");
     }
     store.close().await;
+    live_runtime.shutdown_background();
     tracing::info!("weft stopped");
     Ok(())
 }

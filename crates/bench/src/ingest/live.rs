@@ -55,6 +55,10 @@ struct EventHead<'a> {
     data_id: Cow<'a, str>,
     #[serde(rename = "reportedAt")]
     reported_at: i64,
+    /// When the server accepted the uplink; splits `time_lapse` into the
+    /// request's share and the pipeline-to-socket share.
+    #[serde(rename = "receivedAt", default)]
+    received_at: i64,
 }
 
 /// What the subscriber saw, read by the scenario while draining and at the end.
@@ -64,12 +68,28 @@ pub struct LiveState {
     pub seen: HashMap<u128, u32>,
     /// `time_lapse` in microseconds (from millisecond clocks).
     pub time_lapse: Histogram<u64>,
+    /// Socket receive time − the unit's `receivedAt` (server accepted it),
+    /// in microseconds: `time_lapse` without the request's own latency.
+    pub delivery_lapse: Histogram<u64>,
     /// Every message received, including the subscription confirmation.
     pub messages: u64,
     /// Events whose dataId is not a uuid (so cannot be one of ours).
     pub foreign: u64,
     /// Why the socket ended early, when it did (`SlowConsumer: …`).
     pub failure: Option<String>,
+}
+
+/// The runtime running live subscribers: one dedicated worker thread.
+fn live_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-live")
+            .enable_all()
+            .build()
+            .expect("the live subscriber runtime starts")
+    })
 }
 
 /// A running subscription.
@@ -85,11 +105,25 @@ impl Live {
     /// Connects, subscribes to `channel`'s data units, and returns once
     /// the server confirmed the subscription — so no uplink sent after
     /// this can be missed for want of a subscriber.
+    ///
+    /// The socket and its reader live on a runtime of their own (one
+    /// thread), so each event is stamped when it arrives rather than when
+    /// the load generator's busy runtime gets round to it: otherwise the
+    /// generator's own scheduling delay would be counted as `time_lapse`.
     pub async fn subscribe(base: &BaseUrl, channel: &str) -> anyhow::Result<Live> {
         let url = base.ws_url("/api/v1/live");
+        let channel = channel.to_string();
+        live_runtime()
+            .spawn(async move { Live::connect(url, channel).await })
+            .await
+            .map_err(|e| anyhow!("the live subscriber task failed: {e}"))?
+    }
+
+    async fn connect(url: String, channel: String) -> anyhow::Result<Live> {
+        let channel = channel.as_str();
         let (mut ws, _) = tokio::time::timeout(
             SUBSCRIBE_TIMEOUT,
-            tokio_tungstenite::connect_async(url.as_str()),
+            tokio_tungstenite::connect_async_with_config(url.as_str(), None, true),
         )
         .await
         .map_err(|_| {
@@ -140,6 +174,7 @@ impl Live {
         let state = Arc::new(Mutex::new(LiveState {
             seen: HashMap::new(),
             time_lapse: micros_histogram(TIME_LAPSE_RANGE),
+            delivery_lapse: micros_histogram(TIME_LAPSE_RANGE),
             messages,
             foreign: 0,
             failure: None,
@@ -178,6 +213,7 @@ impl Live {
             LiveState {
                 seen: HashMap::new(),
                 time_lapse: micros_histogram(TIME_LAPSE_RANGE),
+                delivery_lapse: micros_histogram(TIME_LAPSE_RANGE),
                 messages: 0,
                 foreign: 0,
                 failure: None,
@@ -241,6 +277,8 @@ async fn read_events<S>(
                 }
                 let lapse_ms = (received_ms - event.reported_at).max(0) as u64;
                 st.time_lapse.saturating_record(lapse_ms * 1000);
+                let delivery_ms = (received_ms - event.received_at).max(0) as u64;
+                st.delivery_lapse.saturating_record(delivery_ms * 1000);
             }
             "error" => {
                 // e.g. SlowConsumer: the server is about to drop us.

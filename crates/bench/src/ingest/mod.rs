@@ -217,6 +217,10 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
         "time_lapse".into(),
         Metric::Trend(Trend::from_micros(&live_state.time_lapse)),
     );
+    m.insert(
+        "delivery_lapse".into(),
+        Metric::Trend(Trend::from_micros(&live_state.delivery_lapse)),
+    );
     m.insert("ws_duplicates".into(), Metric::count(ws.repeated));
     m.insert("ws_missing".into(), Metric::count(ws.missing));
     m.insert(
