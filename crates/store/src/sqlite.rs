@@ -32,6 +32,7 @@ use crate::{
     StoredUnit,
 };
 
+mod checkpointer;
 mod reader;
 mod schema;
 mod writer;
@@ -145,6 +146,8 @@ impl SqliteStore {
         let (committed_tx, committed) = watch::channel(last_seq);
         let (stopped_tx, stopped) = watch::channel(false);
         let writer = Writer::new(conn, ops_rx, config.max_batch, config.commit_interval, committed_tx, stopped_tx);
+        checkpointer::spawn(&config.path, stopped.clone())
+            .map_err(|e| StoreError::Database(format!("cannot start the checkpointer: {e}")))?;
         let handle = std::thread::Builder::new()
             .name("weft-store-writer".to_string())
             .spawn(move || writer.run())

@@ -95,6 +95,11 @@ pub(super) fn configure_writer(conn: &Connection, sync: Synchronous) -> rusqlite
         Synchronous::Normal => "NORMAL",
     };
     conn.pragma_update(None, "synchronous", level)?;
+    // Checkpoints run on the checkpointer's thread, not inside commits.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    // When the WAL starts over, cut its file back to 64 MiB, so a burst
+    // does not leave a huge file behind.
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
     // Temporary b-trees (sorts of unindexed queries) stay in memory.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())
