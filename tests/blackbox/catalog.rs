@@ -13,30 +13,63 @@ async fn device_types_and_devices_crud() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(200, "PUT", "/api/v1/device-types/em300th", Some(&em300th_type())).await;
+    c.expect(
+        200,
+        "PUT",
+        "/api/v1/device-types/em300th",
+        Some(&em300th_type()),
+    )
+    .await;
     let list = c.expect(200, "GET", "/api/v1/device-types", None).await;
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["name"], "em300th");
     assert_eq!(list[0]["entityType"], "TemperatureSensor");
-    assert_eq!(c.send("PUT", "/api/v1/device-types/x", Some(&json!({"decoder": 5})), Some(KEY)).await.0, 400);
+    assert_eq!(
+        c.send(
+            "PUT",
+            "/api/v1/device-types/x",
+            Some(&json!({"decoder": 5})),
+            Some(KEY)
+        )
+        .await
+        .0,
+        400
+    );
 
     let dev = json!({"name":"P1","type":"em300th","channel":"irrigation","records":{"Project":"perf"},
                      "static":{"location":{"lat":41.15,"lon":-8.61}}});
-    let created = c.expect(201, "PUT", "/api/v1/devices/dev-1", Some(&dev)).await;
+    let created = c
+        .expect(201, "PUT", "/api/v1/devices/dev-1", Some(&dev))
+        .await;
     assert_eq!(created["id"], "dev-1");
-    c.expect(201, "PUT", "/api/v1/devices/dev-2", Some(&json!({"name":"P2","type":"other","records":{"Project":"x"}}))).await;
-    let by_record = c.expect(200, "GET", "/api/v1/devices?record.Project=perf", None).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/dev-2",
+        Some(&json!({"name":"P2","type":"other","records":{"Project":"x"}})),
+    )
+    .await;
+    let by_record = c
+        .expect(200, "GET", "/api/v1/devices?record.Project=perf", None)
+        .await;
     assert_eq!(by_record.as_array().unwrap().len(), 1);
     assert_eq!(by_record[0]["id"], "dev-1");
-    let by_type = c.expect(200, "GET", "/api/v1/devices?type=other", None).await;
+    let by_type = c
+        .expect(200, "GET", "/api/v1/devices?type=other", None)
+        .await;
     assert_eq!(by_type[0]["id"], "dev-2");
-    assert_eq!(c.expect(200, "GET", "/api/v1/devices/dev-1", None).await["records"], json!({"Project":"perf"}));
+    assert_eq!(
+        c.expect(200, "GET", "/api/v1/devices/dev-1", None).await["records"],
+        json!({"Project":"perf"})
+    );
 
     c.expect(204, "DELETE", "/api/v1/devices/dev-2", None).await;
     c.expect(404, "GET", "/api/v1/devices/dev-2", None).await;
     c.expect(404, "DELETE", "/api/v1/devices/dev-2", None).await;
-    c.expect(204, "DELETE", "/api/v1/device-types/em300th", None).await;
-    c.expect(404, "GET", "/api/v1/device-types/em300th", None).await;
+    c.expect(204, "DELETE", "/api/v1/device-types/em300th", None)
+        .await;
+    c.expect(404, "GET", "/api/v1/device-types/em300th", None)
+        .await;
 }
 
 /// A registered device's records and static data ride on every unit; a
@@ -48,8 +81,20 @@ async fn units_carry_device_records_and_unknown_devices_are_registered() {
     c.create_em300th().await;
     c.expect(201, "PUT", "/api/v1/devices/known",
         Some(&json!({"name":"K","type":"em300th","records":{"Project":"perf"},"static":{"location":{"lat":1.5,"lon":2.5}}}))).await;
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("k1", "known", 20, 30, now_ms())).await;
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("n1", "newcomer", 20, 30, now_ms())).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("k1", "known", 20, 30, now_ms()),
+    )
+    .await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("n1", "newcomer", 20, 30, now_ms()),
+    )
+    .await;
 
     let k = eventually(Duration::from_secs(10), || async {
         let (s, v) = c.send("GET", "/api/v1/data/k1", None, None).await;
@@ -57,7 +102,10 @@ async fn units_carry_device_records_and_unknown_devices_are_registered() {
     })
     .await;
     assert_eq!(k["device"]["records"], json!({"Project":"perf"}));
-    assert_eq!(k["device"]["static"], json!({"location":{"lat":1.5,"lon":2.5}}));
+    assert_eq!(
+        k["device"]["static"],
+        json!({"location":{"lat":1.5,"lon":2.5}})
+    );
     let n = eventually(Duration::from_secs(10), || async {
         let (s, v) = c.send("GET", "/api/v1/devices/newcomer", None, None).await;
         (s == 200).then_some(v)

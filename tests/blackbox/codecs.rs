@@ -10,7 +10,13 @@ use serde_json::{json, Value};
 use crate::util::*;
 
 async fn dry_run(c: &Client, ty: &str, sample: Value) -> Reply {
-    c.send("POST", &format!("/api/v1/device-types/{ty}/decode"), Some(&sample), Some(KEY)).await
+    c.send(
+        "POST",
+        &format!("/api/v1/device-types/{ty}/decode"),
+        Some(&sample),
+        Some(KEY),
+    )
+    .await
 }
 
 /// The spec's example and vectors derived from the EM300-TH payload table,
@@ -20,32 +26,59 @@ async fn dry_run(c: &Client, ty: &str, sample: Value) -> Reply {
 async fn em300th_decoder_decodes_the_spec_example_and_table_vectors() {
     let server = Server::start();
     let c = server.client();
-    c.expect(201, "PUT", "/api/v1/device-types/em300th", Some(&json!({"decoder":{"script": EM300TH_JS}}))).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/em300th",
+        Some(&json!({"decoder":{"script": EM300TH_JS}})),
+    )
+    .await;
 
     let cases = [
         // The spec's example.
-        ("01755C03673401046865", json!({"battery":92,"temperature":30.8,"humidity":50.5})),
+        (
+            "01755C03673401046865",
+            json!({"battery":92,"temperature":30.8,"humidity":50.5}),
+        ),
         // -10.0 °C is -100 = 0xFF9C little-endian; humidity 0 %; battery 100 %.
-        ("01756403679CFF046800", json!({"battery":100,"temperature":-10,"humidity":0})),
+        (
+            "01756403679CFF046800",
+            json!({"battery":100,"temperature":-10,"humidity":0}),
+        ),
         // Records may come in any order and alone.
         ("0468C9", json!({"humidity":100.5})),
         ("0367FF7F", json!({"temperature":3276.7})),
     ];
     for (hex, expected) in cases {
-        let (status, reply) = dry_run(&c, "em300th", json!({"bytes": hex, "fPort": 85, "id": "d1"})).await;
+        let (status, reply) = dry_run(
+            &c,
+            "em300th",
+            json!({"bytes": hex, "fPort": 85, "id": "d1"}),
+        )
+        .await;
         assert_eq!(status, 200, "{hex}: {reply}");
         assert_eq!(reply["units"][0]["measures"], expected, "{hex}");
         assert_eq!(reply["units"][0]["device"]["id"], "d1");
     }
     // base64 works too, and nothing was stored by the dry runs.
-    let (status, reply) = dry_run(&c, "em300th", json!({"bytes": "AXVcA2c0AQRoZQ==", "fPort": 85, "id": "d1"})).await;
+    let (status, reply) = dry_run(
+        &c,
+        "em300th",
+        json!({"bytes": "AXVcA2c0AQRoZQ==", "fPort": 85, "id": "d1"}),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(reply["units"][0]["measures"]["battery"], 92);
     assert_eq!(c.all_units("device=d1").await, Vec::<Value>::new());
 
     // Malformed payloads: the codec reports errors → 422 DecodeFailed.
     for hex in ["0367", "FF01", "01"] {
-        let (status, reply) = dry_run(&c, "em300th", json!({"bytes": hex, "fPort": 85, "id": "d1"})).await;
+        let (status, reply) = dry_run(
+            &c,
+            "em300th",
+            json!({"bytes": hex, "fPort": 85, "id": "d1"}),
+        )
+        .await;
         assert_eq!(status, 422, "{hex}: {reply}");
         assert_eq!(reply["error"], "DecodeFailed");
         assert!(!reply["errors"].as_array().unwrap().is_empty());
@@ -61,17 +94,44 @@ async fn a_decoder_that_does_not_compile_is_refused_with_its_line() {
     let c = server.client();
     c.create_em300th().await;
     let bad = json!({"decoder":{"script":"function decodeUplink(input) {\n  return {data: {a: 1}\n}\n)"}});
-    let (status, reply) = c.send("PUT", "/api/v1/device-types/em300th", Some(&bad), Some(KEY)).await;
+    let (status, reply) = c
+        .send("PUT", "/api/v1/device-types/em300th", Some(&bad), Some(KEY))
+        .await;
     assert_eq!(status, 400, "{reply}");
     assert_eq!(reply["error"], "InvalidScript");
-    assert!(reply["description"].as_str().unwrap().contains("line"), "{reply}");
-    let stored = c.expect(200, "GET", "/api/v1/device-types/em300th", None).await;
+    assert!(
+        reply["description"].as_str().unwrap().contains("line"),
+        "{reply}"
+    );
+    let stored = c
+        .expect(200, "GET", "/api/v1/device-types/em300th", None)
+        .await;
     assert_eq!(stored["decoder"]["script"], EM300TH_JS);
 
     let none = json!({"decoder":{"script":"var x = 1;"}});
-    assert_eq!(c.send("PUT", "/api/v1/device-types/other", Some(&none), Some(KEY)).await.0, 400);
-    assert_eq!(c.send("PUT", "/api/v1/device-types/other", Some(&json!({"decoder":{"language":"lua","script":"x"}})), Some(KEY)).await.0, 400);
-    assert_eq!(c.send("GET", "/api/v1/device-types/other", None, None).await.0, 404);
+    assert_eq!(
+        c.send("PUT", "/api/v1/device-types/other", Some(&none), Some(KEY))
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        c.send(
+            "PUT",
+            "/api/v1/device-types/other",
+            Some(&json!({"decoder":{"language":"lua","script":"x"}})),
+            Some(KEY)
+        )
+        .await
+        .0,
+        400
+    );
+    assert_eq!(
+        c.send("GET", "/api/v1/device-types/other", None, None)
+            .await
+            .0,
+        404
+    );
 }
 
 /// An infinite loop in one type's decoder is interrupted at the time limit
@@ -82,22 +142,42 @@ async fn an_infinite_loop_is_interrupted_while_other_uplinks_keep_flowing() {
     let server = Server::start_with_env(&[("WEFT_ENGINE__TIME_LIMIT", "50ms")]);
     let c = server.client();
     c.create_em300th().await;
-    c.expect(201, "PUT", "/api/v1/device-types/loopy",
-        Some(&json!({"decoder":{"script":"function decodeUplink(input) { while (true) {} }"}}))).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/loopy",
+        Some(&json!({"decoder":{"script":"function decodeUplink(input) { while (true) {} }"}})),
+    )
+    .await;
     let mut live = Live::connect(&server).await;
-    live.subscribe("s", "data", json!({"types":["em300th"]})).await;
+    live.subscribe("s", "data", json!({"types":["em300th"]}))
+        .await;
 
     let payload = [0x01, 0x75, 0x5C];
     for i in 0..20 {
-        c.uplink("farm", "encoded", "loopy", &encoded_body(&format!("loop-{i}"), "dev-l", &payload, now_ms())).await;
-        c.uplink("farm", "decoded", "em300th", &decoded_body(&format!("ok-{i}"), "dev-ok", i, 50, now_ms())).await;
+        c.uplink(
+            "farm",
+            "encoded",
+            "loopy",
+            &encoded_body(&format!("loop-{i}"), "dev-l", &payload, now_ms()),
+        )
+        .await;
+        c.uplink(
+            "farm",
+            "decoded",
+            "em300th",
+            &decoded_body(&format!("ok-{i}"), "dev-ok", i, 50, now_ms()),
+        )
+        .await;
     }
     for i in 0..20 {
         let e = live.next().await;
         assert_eq!(e["event"]["dataId"], format!("ok-{i}"));
     }
     let failures = eventually(Duration::from_secs(20), || async {
-        let f = c.expect(200, "GET", "/api/v1/uplinks/failed?type=loopy", None).await;
+        let f = c
+            .expect(200, "GET", "/api/v1/uplinks/failed?type=loopy", None)
+            .await;
         let list = f["failures"].as_array().unwrap().clone();
         (list.len() == 20).then_some(list)
     })
@@ -116,8 +196,20 @@ async fn convert_codecs_return_the_data_unit() {
     let c = server.client();
     let script = "function convert(o) { return {dataId: o.uuid, reportedAt: o.ts, device: {id: o.dev, name: 'x'},
                    measures: {temperature: {celsius: o.t / 10}}}; }";
-    c.expect(201, "PUT", "/api/v1/device-types/legacy", Some(&json!({"decoder":{"script": script}}))).await;
-    c.uplink("farm", "encoded", "legacy", &json!({"uuid":"cv-1","ts":42,"dev":"d9","t":215})).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/legacy",
+        Some(&json!({"decoder":{"script": script}})),
+    )
+    .await;
+    c.uplink(
+        "farm",
+        "encoded",
+        "legacy",
+        &json!({"uuid":"cv-1","ts":42,"dev":"d9","t":215}),
+    )
+    .await;
     let unit = eventually(Duration::from_secs(10), || async {
         let (s, v) = c.send("GET", "/api/v1/data/cv-1", None, None).await;
         (s == 200).then_some(v)

@@ -30,7 +30,14 @@ async fn kill_9_after_a_burst_of_202s_loses_nothing() {
                     encoded_body(&id, &format!("dev-{}", i % 50), &payload, now_ms())
                 };
                 let path = if i % 2 == 0 { "decoded" } else { "encoded" };
-                let (status, _) = c.send("POST", &format!("/sensor-data/crash/{path}/em300th"), Some(&body), Some(KEY)).await;
+                let (status, _) = c
+                    .send(
+                        "POST",
+                        &format!("/sensor-data/crash/{path}/em300th"),
+                        Some(&body),
+                        Some(KEY),
+                    )
+                    .await;
                 (status == 202).then_some(id)
             }
         })
@@ -50,7 +57,9 @@ async fn kill_9_after_a_burst_of_202s_loses_nothing() {
     .await;
     let mut seen: HashMap<String, usize> = HashMap::new();
     for u in &units {
-        *seen.entry(u["dataId"].as_str().unwrap().to_string()).or_default() += 1;
+        *seen
+            .entry(u["dataId"].as_str().unwrap().to_string())
+            .or_default() += 1;
     }
     for id in &accepted {
         assert_eq!(seen.get(id), Some(&1), "{id} stored exactly once");

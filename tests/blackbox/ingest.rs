@@ -17,11 +17,24 @@ async fn encoded_and_decoded_uplinks_become_data_units_on_the_socket_and_in_stor
     let c = server.client();
     c.create_em300th().await;
     let mut live = Live::connect(&server).await;
-    live.subscribe("s1", "data", json!({"channels":["irrigation"]})).await;
+    live.subscribe("s1", "data", json!({"channels":["irrigation"]}))
+        .await;
 
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("u-dec", "dev-1", 37, 61, 1700000000123)).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("u-dec", "dev-1", 37, 61, 1700000000123),
+    )
+    .await;
     let payload = [0x01, 0x75, 0x5C, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65];
-    c.uplink("irrigation", "encoded", "em300th", &encoded_body("u-enc", "dev-2", &payload, 1700000000456)).await;
+    c.uplink(
+        "irrigation",
+        "encoded",
+        "em300th",
+        &encoded_body("u-enc", "dev-2", &payload, 1700000000456),
+    )
+    .await;
 
     let mut events = vec![live.next().await, live.next().await];
     events.sort_by_key(|e| e["event"]["dataId"].as_str().unwrap().to_string());
@@ -33,18 +46,32 @@ async fn encoded_and_decoded_uplinks_become_data_units_on_the_socket_and_in_stor
     assert_eq!(dec["dataId"], "u-dec");
     assert_eq!(dec["reportedAt"], 1700000000123i64);
     assert_eq!(dec["channel"], "irrigation");
-    assert_eq!(dec["device"], json!({"id":"dev-1","name":"P00010","type":"em300th"}));
-    assert_eq!(dec["measures"], json!({"temperature":{"celsius":37},"airHumidity":{"relativePercentage":61}}));
+    assert_eq!(
+        dec["device"],
+        json!({"id":"dev-1","name":"P00010","type":"em300th"})
+    );
+    assert_eq!(
+        dec["measures"],
+        json!({"temperature":{"celsius":37},"airHumidity":{"relativePercentage":61}})
+    );
     assert!(dec["receivedAt"].as_i64().unwrap() > 1700000000123);
 
     assert_eq!(enc["dataId"], "u-enc");
     assert_eq!(enc["reportedAt"], 1700000000456i64);
-    assert_eq!(enc["device"], json!({"id":"dev-2","name":"P00011","type":"em300th"}));
-    assert_eq!(enc["measures"], json!({"temperature":{"celsius":30.8},"airHumidity":{"relativePercentage":50.5}}));
+    assert_eq!(
+        enc["device"],
+        json!({"id":"dev-2","name":"P00011","type":"em300th"})
+    );
+    assert_eq!(
+        enc["measures"],
+        json!({"temperature":{"celsius":30.8},"airHumidity":{"relativePercentage":50.5}})
+    );
 
     for e in [dec, enc] {
         let id = e["dataId"].as_str().unwrap();
-        let stored = c.expect(200, "GET", &format!("/api/v1/data/{id}"), None).await;
+        let stored = c
+            .expect(200, "GET", &format!("/api/v1/data/{id}"), None)
+            .await;
         assert_eq!(&stored, e, "stored unit equals the one pushed live");
     }
     let listed = c.all_units("channel=irrigation").await;
@@ -62,8 +89,16 @@ async fn unauthorized_and_malformed_uplinks_change_nothing() {
     let ok_path = "/sensor-data/irrigation/decoded/em300th";
 
     assert_eq!(c.send("POST", ok_path, Some(&body), None).await.0, 401);
-    assert_eq!(c.send("POST", ok_path, Some(&body), Some("wrong")).await.0, 401);
-    assert_eq!(c.send("POST", ok_path, Some(&body), Some(&format!("Bearer {KEY}"))).await.0, 401);
+    assert_eq!(
+        c.send("POST", ok_path, Some(&body), Some("wrong")).await.0,
+        401
+    );
+    assert_eq!(
+        c.send("POST", ok_path, Some(&body), Some(&format!("Bearer {KEY}")))
+            .await
+            .0,
+        401
+    );
     for path in [
         "/sensor-data/i/decoded/em300th",
         "/sensor-data/irrigation-x/decoded/em300th",
@@ -76,11 +111,21 @@ async fn unauthorized_and_malformed_uplinks_change_nothing() {
         assert_eq!(reply["error"], "BadRequest");
     }
     for raw in ["not json", "[1,2]", "{\"a\":", "\"text\"", ""] {
-        assert_eq!(c.send_raw(ok_path, raw, Some(KEY)).await.0, 400, "body {raw:?}");
+        assert_eq!(
+            c.send_raw(ok_path, raw, Some(KEY)).await.0,
+            400,
+            "body {raw:?}"
+        );
     }
 
     // A valid uplink afterwards is the only thing that gets through.
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("u-good", "dev-1", 20, 50, now_ms())).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("u-good", "dev-1", 20, 50, now_ms()),
+    )
+    .await;
     let units = eventually(Duration::from_secs(10), || async {
         let u = c.all_units("channel=irrigation").await;
         (!u.is_empty()).then_some(u)
@@ -105,13 +150,22 @@ async fn a_duplicate_data_id_is_stored_and_pushed_once() {
     let body = decoded_body("dup-1", "dev-1", 30, 40, now_ms());
     c.uplink("irrigation", "decoded", "em300th", &body).await;
     c.uplink("irrigation", "decoded", "em300th", &body).await;
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("after", "dev-1", 31, 40, now_ms())).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("after", "dev-1", 31, 40, now_ms()),
+    )
+    .await;
 
     assert_eq!(live.next().await["event"]["dataId"], "dup-1");
     // The next event is the later uplink: the duplicate was not pushed.
     assert_eq!(live.next().await["event"]["dataId"], "after");
     let units = c.all_units("device=dev-1").await;
-    let ids: Vec<&str> = units.iter().map(|u| u["dataId"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = units
+        .iter()
+        .map(|u| u["dataId"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["dup-1", "after"]);
 }
 
@@ -121,7 +175,13 @@ async fn a_duplicate_data_id_is_stored_and_pushed_once() {
 async fn an_unknown_type_is_kept_as_a_failed_uplink() {
     let server = Server::start();
     let c = server.client();
-    c.uplink("irrigation", "decoded", "nosuchtype", &decoded_body("u-x", "dev-1", 1, 2, now_ms())).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "nosuchtype",
+        &decoded_body("u-x", "dev-1", 1, 2, now_ms()),
+    )
+    .await;
     let failed = eventually(Duration::from_secs(10), || async {
         let f = c.expect(200, "GET", "/api/v1/uplinks/failed", None).await;
         let list = f["failures"].as_array().unwrap().clone();
@@ -133,7 +193,10 @@ async fn an_unknown_type_is_kept_as_a_failed_uplink() {
     assert_eq!(failed[0]["deviceType"], "nosuchtype");
     assert_eq!(failed[0]["channel"], "irrigation");
     assert_eq!(failed[0]["body"]["uuid"], "u-x");
-    assert!(failed[0]["description"].as_str().unwrap().contains("nosuchtype"));
+    assert!(failed[0]["description"]
+        .as_str()
+        .unwrap()
+        .contains("nosuchtype"));
 }
 
 /// TTN v3 and ChirpStack v4 uplink webhooks are decoded with the device
@@ -142,8 +205,13 @@ async fn an_unknown_type_is_kept_as_a_failed_uplink() {
 async fn ttn_and_chirpstack_webhooks_produce_units() {
     let server = Server::start();
     let c = server.client();
-    c.expect(201, "PUT", "/api/v1/device-types/em300th",
-        Some(&json!({"decoder":{"script": EM300TH_JS}}))).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/em300th",
+        Some(&json!({"decoder":{"script": EM300TH_JS}})),
+    )
+    .await;
     let ttn = json!({
         "end_device_ids": {"device_id": "eui-a84041", "dev_eui": "A84041000181D2A5",
                            "application_ids": {"application_id": "farm"}},
@@ -152,7 +220,14 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
         "uplink_message": {"f_port": 85, "f_cnt": 7, "frm_payload": "AXVcA2c0AQRoZQ==",
                            "rx_metadata": [{"gateway_ids": {"gateway_id": "gw"}, "rssi": -80}]}
     });
-    let (status, _) = c.send("POST", "/api/v1/uplinks/ttn?type=em300th", Some(&ttn), Some(&format!("Bearer {KEY}"))).await;
+    let (status, _) = c
+        .send(
+            "POST",
+            "/api/v1/uplinks/ttn?type=em300th",
+            Some(&ttn),
+            Some(&format!("Bearer {KEY}")),
+        )
+        .await;
     assert_eq!(status, 202);
     let cs = json!({
         "deduplicationId": "3f2a-cs", "time": "2026-01-02T03:04:06Z",
@@ -160,8 +235,23 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
                        "deviceName": "north", "devEui": "0102030405060708"},
         "fPort": 85, "data": "AXVcA2c0AQRoZQ=="
     });
-    assert_eq!(c.send("POST", "/api/v1/uplinks/chirpstack", Some(&cs), Some(KEY)).await.0, 202);
-    assert_eq!(c.send("POST", "/api/v1/uplinks/chirpstack", Some(&cs), Some("nope")).await.0, 401);
+    assert_eq!(
+        c.send("POST", "/api/v1/uplinks/chirpstack", Some(&cs), Some(KEY))
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        c.send(
+            "POST",
+            "/api/v1/uplinks/chirpstack",
+            Some(&cs),
+            Some("nope")
+        )
+        .await
+        .0,
+        401
+    );
 
     let t = eventually(Duration::from_secs(10), || async {
         let (s, v) = c.send("GET", "/api/v1/data/as:up:01HTTN", None, None).await;
@@ -171,14 +261,20 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
     assert_eq!(t["device"]["id"], "eui-a84041");
     assert_eq!(t["channel"], "farm");
     assert_eq!(t["reportedAt"], 1767323045678i64);
-    assert_eq!(t["measures"], json!({"battery":92,"temperature":30.8,"humidity":50.5}));
+    assert_eq!(
+        t["measures"],
+        json!({"battery":92,"temperature":30.8,"humidity":50.5})
+    );
 
     let s = eventually(Duration::from_secs(10), || async {
         let (s, v) = c.send("GET", "/api/v1/data/3f2a-cs", None, None).await;
         (s == 200).then_some(v)
     })
     .await;
-    assert_eq!(s["device"], json!({"id":"0102030405060708","name":"north","type":"em300th"}));
+    assert_eq!(
+        s["device"],
+        json!({"id":"0102030405060708","name":"north","type":"em300th"})
+    );
     assert_eq!(s["channel"], "orchard");
     assert_eq!(s["measures"]["temperature"], json!(30.8));
 }
@@ -189,9 +285,15 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
 async fn indexed_measures_split_into_sub_device_units() {
     let server = Server::start();
     let c = server.client();
-    c.expect(201, "PUT", "/api/v1/device-types/valves", Some(&json!({}))).await;
-    c.expect(201, "PUT", "/api/v1/devices/gw-1",
-        Some(&json!({"name":"gateway","type":"valves","subDevices":[{"ref":1,"id":"valve-7"}]}))).await;
+    c.expect(201, "PUT", "/api/v1/device-types/valves", Some(&json!({})))
+        .await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/gw-1",
+        Some(&json!({"name":"gateway","type":"valves","subDevices":[{"ref":1,"id":"valve-7"}]})),
+    )
+    .await;
     let body = json!({"uuid":"sd-1","id":"gw-1","reported_at":5,"0":{"battery":{"percentage":80}},"1":{"valve":{"open":true}}});
     c.uplink("field", "decoded", "valves", &body).await;
     let units: Vec<Value> = eventually(Duration::from_secs(10), || async {

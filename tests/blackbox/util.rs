@@ -40,9 +40,18 @@ impl Server {
     pub fn start_with_env(env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().to_path_buf();
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let (child, url) = spawn(&data, &env);
-        Server { child, url, data, _dir: Some(dir), env }
+        Server {
+            child,
+            url,
+            data,
+            _dir: Some(dir),
+            env,
+        }
     }
 
     /// SIGKILLs the process (no graceful shutdown, like a crash).
@@ -61,7 +70,10 @@ impl Server {
 
     /// A client for this server.
     pub fn client(&self) -> Client {
-        Client { http: reqwest::Client::new(), url: self.url.clone() }
+        Client {
+            http: reqwest::Client::new(),
+            url: self.url.clone(),
+        }
     }
 
     /// `ws://…/api/v1/live`.
@@ -78,19 +90,33 @@ impl Drop for Server {
 
 fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--ingest-key", KEY, "--data"])
-        .arg(data)
-        .env("WEFT_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--ingest-key",
+        KEY,
+        "--data",
+    ])
+    .arg(data)
+    .env("WEFT_LOG", "warn")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().expect("weft starts");
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next().expect("weft prints its address").expect("readable stdout");
-    let url = line.strip_prefix("weft listening on ").expect("address line").trim().to_string();
+    let line = lines
+        .next()
+        .expect("weft prints its address")
+        .expect("readable stdout");
+    let url = line
+        .strip_prefix("weft listening on ")
+        .expect("address line")
+        .trim()
+        .to_string();
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (child, url)
@@ -110,8 +136,16 @@ pub type Reply = (u16, Value);
 
 impl Client {
     /// Sends a request and returns status and JSON body.
-    pub async fn send(&self, method: &str, path: &str, body: Option<&Value>, auth: Option<&str>) -> Reply {
-        let mut req = self.http.request(method.parse().unwrap(), format!("{}{}", self.url, path));
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        auth: Option<&str>,
+    ) -> Reply {
+        let mut req = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{}", self.url, path));
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -137,9 +171,18 @@ impl Client {
     }
 
     /// Sends and asserts the status; returns the body.
-    pub async fn expect(&self, status: u16, method: &str, path: &str, body: Option<&Value>) -> Value {
+    pub async fn expect(
+        &self,
+        status: u16,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Value {
         let (got, reply) = self.send(method, path, body, Some(KEY)).await;
-        assert_eq!(got, status, "{method} {path}: expected {status}, got {got}: {reply}");
+        assert_eq!(
+            got, status,
+            "{method} {path}: expected {status}, got {got}: {reply}"
+        );
         reply
     }
 
@@ -151,7 +194,13 @@ impl Client {
 
     /// Creates the em300th type: the shipped decoder and the seed's mappings.
     pub async fn create_em300th(&self) {
-        self.expect(201, "PUT", "/api/v1/device-types/em300th", Some(&em300th_type())).await;
+        self.expect(
+            201,
+            "PUT",
+            "/api/v1/device-types/em300th",
+            Some(&em300th_type()),
+        )
+        .await;
     }
 
     /// Every stored unit matching `query` (e.g. `channel=x`), following cursors.
@@ -187,7 +236,13 @@ pub fn em300th_type() -> Value {
 }
 
 /// sensae's load-test body for the decoded path.
-pub fn decoded_body(uuid: &str, device: &str, temperature: i64, humidity: i64, reported_at: i64) -> Value {
+pub fn decoded_body(
+    uuid: &str,
+    device: &str,
+    temperature: i64,
+    humidity: i64,
+    reported_at: i64,
+) -> Value {
     json!({"downlink_url": "https://console.example/api/v1/down/abc/def/0e1c",
            "temperature": temperature, "humidity": humidity, "id": device, "name": "P00010",
            "reported_at": reported_at, "uuid": uuid})
@@ -211,7 +266,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "condition not met within {timeout:?}");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -224,31 +282,46 @@ pub struct Live {
 impl Live {
     /// Connects to the server's live endpoint.
     pub async fn connect(server: &Server) -> Live {
-        let (ws, _) = tokio_tungstenite::connect_async(server.live_url()).await.expect("websocket connects");
+        let (ws, _) = tokio_tungstenite::connect_async(server.live_url())
+            .await
+            .expect("websocket connects");
         Live { ws }
     }
 
     /// Sends a subscribe message and waits for its acknowledgement.
     pub async fn subscribe(&mut self, id: &str, stream: &str, filter: Value) {
-        self.send(json!({"type":"subscribe","id":id,"stream":stream,"filter":filter})).await;
+        self.send(json!({"type":"subscribe","id":id,"stream":stream,"filter":filter}))
+            .await;
         let reply = self.next().await;
-        assert_eq!(reply, json!({"type":"subscribed","id":id}), "subscribe acknowledged");
+        assert_eq!(
+            reply,
+            json!({"type":"subscribed","id":id}),
+            "subscribe acknowledged"
+        );
     }
 
     /// Sends a JSON message.
     pub async fn send(&mut self, msg: Value) {
-        self.ws.send(Message::Text(msg.to_string().into())).await.expect("ws send");
+        self.ws
+            .send(Message::Text(msg.to_string().into()))
+            .await
+            .expect("ws send");
     }
 
     /// The next JSON message (10 s at most).
     pub async fn next(&mut self) -> Value {
-        self.next_within(Duration::from_secs(10)).await.expect("a live message within 10 s")
+        self.next_within(Duration::from_secs(10))
+            .await
+            .expect("a live message within 10 s")
     }
 
     /// The next JSON message, or `None` if none arrives within `timeout`.
     pub async fn next_within(&mut self, timeout: Duration) -> Option<Value> {
         loop {
-            let msg = tokio::time::timeout(timeout, self.ws.next()).await.ok()??.ok()?;
+            let msg = tokio::time::timeout(timeout, self.ws.next())
+                .await
+                .ok()??
+                .ok()?;
             if let Message::Text(t) = msg {
                 return Some(serde_json::from_str(&t).expect("live messages are JSON"));
             }
@@ -258,7 +331,10 @@ impl Live {
 
 /// Epoch ms now.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// The README's example device type file, which must stay in step with the

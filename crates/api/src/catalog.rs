@@ -22,15 +22,22 @@ use crate::{ApiError, ApiResult, AppState};
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/device-types", get(list_types))
-        .route("/api/v1/device-types/{name}", get(get_type).put(put_type).delete(delete_type))
+        .route(
+            "/api/v1/device-types/{name}",
+            get(get_type).put(put_type).delete(delete_type),
+        )
         .route("/api/v1/device-types/{name}/decode", post(decode))
         .route("/api/v1/devices", get(list_devices))
-        .route("/api/v1/devices/{id}", get(get_device).put(put_device).delete(delete_device))
+        .route(
+            "/api/v1/devices/{id}",
+            get(get_device).put(put_device).delete(delete_device),
+        )
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's message.
 pub(crate) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 fn check_id(id: &str) -> ApiResult<()> {
@@ -64,7 +71,10 @@ async fn list_types(State(state): State<AppState>) -> Json<Value> {
 }
 
 /// `GET /api/v1/device-types/{name}`.
-async fn get_type(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+async fn get_type(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
     let entry = state
         .pipeline
         .catalog()
@@ -83,16 +93,25 @@ async fn put_type(
     check_id(&name)?;
     let def: DeviceType = parse_body(&body)?;
     let created = state.pipeline.catalog().put_device_type(&name, def).await?;
-    let entry = state.pipeline.catalog().device_type(&name).expect("just stored");
+    let entry = state
+        .pipeline
+        .catalog()
+        .device_type(&name)
+        .expect("just stored");
     Ok((created_or_ok(created), Json(type_json(&entry))))
 }
 
 /// `DELETE /api/v1/device-types/{name}`.
-async fn delete_type(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_type(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
     if state.pipeline.catalog().delete_device_type(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::not_found(format!("device type '{name}' does not exist")))
+        Err(ApiError::not_found(format!(
+            "device type '{name}' does not exist"
+        )))
     }
 }
 
@@ -106,16 +125,28 @@ async fn decode(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     if state.pipeline.catalog().device_type(&name).is_none() {
-        return Err(ApiError::not_found(format!("device type '{name}' does not exist")));
+        return Err(ApiError::not_found(format!(
+            "device type '{name}' does not exist"
+        )));
     }
     let sample: Value = parse_body(&body)?;
     if !sample.is_object() {
         return Err(ApiError::bad_request("body must be a JSON object"));
     }
-    match state.pipeline.dry_run(&name, params.get("channel").cloned(), &sample).await {
-        Ok(produced) => Ok(Json(json!({"units": produced.units, "warnings": produced.warnings}))),
-        Err(failed) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "DecodeFailed", failed.description.clone())
-            .with_extra(json!({"reason": failed.reason, "errors": [failed.description]}))),
+    match state
+        .pipeline
+        .dry_run(&name, params.get("channel").cloned(), &sample)
+        .await
+    {
+        Ok(produced) => Ok(Json(
+            json!({"units": produced.units, "warnings": produced.warnings}),
+        )),
+        Err(failed) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "DecodeFailed",
+            failed.description.clone(),
+        )
+        .with_extra(json!({"reason": failed.reason, "errors": [failed.description]}))),
     }
 }
 
@@ -139,7 +170,10 @@ async fn list_devices(
 }
 
 /// `GET /api/v1/devices/{id}`.
-async fn get_device(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Device>> {
+async fn get_device(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Device>> {
     let device = state
         .pipeline
         .catalog()
@@ -165,7 +199,10 @@ async fn put_device(
 }
 
 /// `DELETE /api/v1/devices/{id}`.
-async fn delete_device(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+async fn delete_device(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
     if state.pipeline.catalog().delete_device(&id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -49,7 +49,10 @@ fn limit(given: Option<usize>) -> ApiResult<usize> {
 fn cursor(after: Option<&str>) -> ApiResult<Option<u64>> {
     after
         .filter(|a| !a.is_empty())
-        .map(|a| a.parse::<u64>().map_err(|_| ApiError::bad_request("after must be a cursor returned as 'next'")))
+        .map(|a| {
+            a.parse::<u64>()
+                .map_err(|_| ApiError::bad_request("after must be a cursor returned as 'next'"))
+        })
         .transpose()
 }
 
@@ -89,7 +92,10 @@ async fn list_data(
 }
 
 /// `GET /api/v1/data/{dataId}`.
-async fn get_data(State(state): State<AppState>, Path(data_id): Path<String>) -> ApiResult<impl IntoResponse> {
+async fn get_data(
+    State(state): State<AppState>,
+    Path(data_id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
     let row = state
         .pipeline
         .store()

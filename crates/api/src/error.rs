@@ -26,7 +26,11 @@ impl ApiError {
 
     /// 401: the ingest key is missing or wrong.
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", "missing or wrong ingest key in Authorization")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "missing or wrong ingest key in Authorization",
+        )
     }
 
     /// 404: the named object does not exist.
@@ -36,12 +40,21 @@ impl ApiError {
 
     /// 503 with Retry-After: shed load, the client should retry.
     pub fn overloaded() -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "Overloaded", "weft is overloaded; retry later")
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Overloaded",
+            "weft is overloaded; retry later",
+        )
     }
 
     /// Any status with a stable error name.
     pub fn new(status: StatusCode, name: &'static str, description: impl Into<String>) -> Self {
-        ApiError { status, name, description: description.into(), extra: None }
+        ApiError {
+            status,
+            name,
+            description: description.into(),
+            extra: None,
+        }
     }
 
     /// Adds fields to the JSON body (e.g. the codec's `errors`).
@@ -52,19 +65,26 @@ impl ApiError {
 
     fn internal(err: impl std::fmt::Display) -> Self {
         tracing::error!(error = %err, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "internal error")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "internal error",
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({"error": self.name, "description": self.description});
-        if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (self.extra, body.as_object_mut()) {
+        if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+            (self.extra, body.as_object_mut())
+        {
             obj.extend(extra);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
     }
@@ -91,7 +111,9 @@ impl From<AcceptError> for ApiError {
 impl From<CatalogError> for ApiError {
     fn from(e: CatalogError) -> Self {
         match e {
-            CatalogError::Script(_) => Self::new(StatusCode::BAD_REQUEST, "InvalidScript", e.to_string()),
+            CatalogError::Script(_) => {
+                Self::new(StatusCode::BAD_REQUEST, "InvalidScript", e.to_string())
+            }
             CatalogError::Language(_) => Self::bad_request(e.to_string()),
             CatalogError::Store(s) => s.into(),
         }

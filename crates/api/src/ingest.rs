@@ -20,7 +20,10 @@ use crate::{ApiError, ApiResult, AppState};
 /// The ingest routes.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/sensor-data/{channel}/{info_type}/{device_type}", post(sensae_uplink))
+        .route(
+            "/sensor-data/{channel}/{info_type}/{device_type}",
+            post(sensae_uplink),
+        )
         .route("/api/v1/uplinks/ttn", post(ttn_uplink))
         .route("/api/v1/uplinks/chirpstack", post(chirpstack_uplink))
 }
@@ -38,13 +41,21 @@ async fn sensae_uplink(
     let format = match info_type.as_str() {
         "encoded" => UplinkFormat::SensaeEncoded,
         "decoded" => UplinkFormat::SensaeDecoded,
-        _ => return Err(ApiError::bad_request("infoType must be 'encoded' or 'decoded'")),
+        _ => {
+            return Err(ApiError::bad_request(
+                "infoType must be 'encoded' or 'decoded'",
+            ))
+        }
     };
     if !is_sensae_name(&channel) {
-        return Err(ApiError::bad_request("channel must match [a-zA-Z0-9]{2,15}"));
+        return Err(ApiError::bad_request(
+            "channel must match [a-zA-Z0-9]{2,15}",
+        ));
     }
     if !is_sensae_name(&device_type) {
-        return Err(ApiError::bad_request("device type must match [a-zA-Z0-9]{2,15}"));
+        return Err(ApiError::bad_request(
+            "device type must match [a-zA-Z0-9]{2,15}",
+        ));
     }
     accept(&state, format, Some(channel), Some(device_type), body).await
 }
@@ -97,8 +108,12 @@ async fn webhook(
 /// Checks the ingest key. Webhooks may also send it as `Bearer <key>`, the
 /// form network servers' header settings usually produce.
 fn authorize(state: &AppState, headers: &HeaderMap, allow_bearer: bool) -> ApiResult<()> {
-    let Some(key) = state.ingest_key.as_deref() else { return Ok(()) };
-    let given = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let Some(key) = state.ingest_key.as_deref() else {
+        return Ok(());
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let ok = match given {
         Some(g) if g == key => true,
         Some(g) if allow_bearer => g.strip_prefix("Bearer ").is_some_and(|t| t == key),
@@ -121,7 +136,13 @@ async fn accept(
     if !is_json_object(&body) {
         return Err(ApiError::bad_request("body must be a JSON object"));
     }
-    let uplink = NewUplink { received_at: now_ms(), format, channel, device_type, body: body.to_vec() };
+    let uplink = NewUplink {
+        received_at: now_ms(),
+        format,
+        channel,
+        device_type,
+        body: body.to_vec(),
+    };
     state.pipeline.accept(uplink).await?;
     Ok(StatusCode::ACCEPTED)
 }

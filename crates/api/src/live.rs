@@ -37,7 +37,9 @@ const FLUSH_EVERY: usize = 64;
 
 /// The live routes.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/api/v1/live", get(websocket)).route("/api/v1/live/sse", get(sse))
+    Router::new()
+        .route("/api/v1/live", get(websocket))
+        .route("/api/v1/live/sse", get(sse))
 }
 
 /// Which events of a stream a subscriber wants. Empty lists match all.
@@ -79,7 +81,10 @@ impl Filter {
                 (s.channels.is_empty() || s.channels.contains(&unit.channel))
                     && (s.devices.is_empty() || s.devices.contains(&unit.device.id))
                     && (s.types.is_empty() || s.types.contains(&unit.device.device_type))
-                    && self.q.as_ref().is_none_or(|q| q.matches(|p| unit.attribute(p)))
+                    && self
+                        .q
+                        .as_ref()
+                        .is_none_or(|q| q.matches(|p| unit.attribute(p)))
             }
         }
     }
@@ -113,7 +118,11 @@ fn control(kind: &str, id: Option<&str>) -> Message {
 }
 
 fn error_message(id: Option<&str>, error: &str, description: &str) -> Message {
-    Message::Text(json!({"type":"error","id":id,"error":error,"description":description}).to_string().into())
+    Message::Text(
+        json!({"type":"error","id":id,"error":error,"description":description})
+            .to_string()
+            .into(),
+    )
 }
 
 /// The next event of an optional subscription; pending forever if absent.
@@ -140,8 +149,10 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
     let (mut sink, mut source) = socket.split();
     let bus = state.pipeline.bus().clone();
     // Per stream: the bus subscription and the client's filters on it.
-    let mut subs: HashMap<Stream, (Option<Subscription>, Vec<(String, Filter)>)> =
-        Stream::ALL.iter().map(|s| (*s, (None, Vec::new()))).collect();
+    let mut subs: HashMap<Stream, (Option<Subscription>, Vec<(String, Filter)>)> = Stream::ALL
+        .iter()
+        .map(|s| (*s, (None, Vec::new())))
+        .collect();
     metrics::gauge!("weft_live_connections").increment(1.0);
     let reason = loop {
         let [data, alarms, entities] = Stream::ALL;
@@ -172,7 +183,9 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
                 let mut failed = false;
                 while let Some(event) = next.take() {
                     for (id, filter) in filters.iter() {
-                        if filter.matches(&event) && sink.feed(event_frame(id, &event)).await.is_err() {
+                        if filter.matches(&event)
+                            && sink.feed(event_frame(id, &event)).await.is_err()
+                        {
                             failed = true;
                         }
                     }
@@ -199,7 +212,9 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
                     Err(_) => break Some("the client did not read for 5 s"),
                 }
             }
-            Ok((_, Err(RecvError::Lagged(_)))) => break Some("the client fell too far behind the stream"),
+            Ok((_, Err(RecvError::Lagged(_)))) => {
+                break Some("the client fell too far behind the stream")
+            }
             Ok((_, Err(RecvError::Closed))) => break None,
             Err(None) | Err(Some(Err(_))) => break None,
             Err(Some(Ok(msg))) => {
@@ -212,7 +227,11 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
                     Err(e) => error_message(None, "BadRequest", &format!("invalid message: {e}")),
                     Ok(ClientMessage::Subscribe { id, stream, filter }) => {
                         match (Stream::parse(&stream), Filter::new(filter)) {
-                            (None, _) => error_message(Some(&id), "BadRequest", &format!("unknown stream '{stream}'")),
+                            (None, _) => error_message(
+                                Some(&id),
+                                "BadRequest",
+                                &format!("unknown stream '{stream}'"),
+                            ),
                             (_, Err(e)) => error_message(Some(&id), "BadRequest", &e),
                             (Some(stream), Ok(filter)) => {
                                 for (_, filters) in subs.values_mut() {
@@ -266,7 +285,13 @@ struct SseParams {
 }
 
 fn list(s: Option<String>) -> Vec<String> {
-    s.map(|s| s.split(',').filter(|x| !x.is_empty()).map(str::to_string).collect()).unwrap_or_default()
+    s.map(|s| {
+        s.split(',')
+            .filter(|x| !x.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// `GET /api/v1/live/sse?stream=data&channels=…`: the same events as
@@ -277,7 +302,8 @@ async fn sse(
     params: Result<Query<SseParams>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Sse<impl FutStream<Item = Result<SseEvent, Infallible>>>> {
     let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let stream = Stream::parse(&p.stream).ok_or_else(|| ApiError::bad_request(format!("unknown stream '{}'", p.stream)))?;
+    let stream = Stream::parse(&p.stream)
+        .ok_or_else(|| ApiError::bad_request(format!("unknown stream '{}'", p.stream)))?;
     let filter = Filter::new(FilterSpec {
         channels: list(p.channels),
         devices: list(p.devices),
@@ -291,7 +317,9 @@ async fn sse(
         loop {
             match sub.recv().await {
                 Ok(event) if filter.matches(&event) => {
-                    let data = std::str::from_utf8(&event.json).unwrap_or("null").to_string();
+                    let data = std::str::from_utf8(&event.json)
+                        .unwrap_or("null")
+                        .to_string();
                     let ev = SseEvent::default().event(stream.as_str()).data(data);
                     return Some((Ok(ev), Some((sub, filter))));
                 }

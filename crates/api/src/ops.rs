@@ -29,17 +29,25 @@ async fn health(State(state): State<AppState>) -> impl IntoResponse {
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status":"fail","version":env!("CARGO_PKG_VERSION"),"output":e.to_string()})),
+            Json(
+                json!({"status":"fail","version":env!("CARGO_PKG_VERSION"),"output":e.to_string()}),
+            ),
         ),
     }
 }
 
 /// `GET /metrics`: Prometheus exposition text.
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], (state.metrics)())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        (state.metrics)(),
+    )
 }
 
 /// `GET /api/v1/openapi.json`: the contract of weft's own API.
 async fn openapi() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json"))
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
 }

@@ -155,7 +155,9 @@ impl Bus for InProcessBus {
     }
 
     fn subscribe(&self, stream: Stream) -> Subscription {
-        Subscription { rx: self.sender(stream).subscribe() }
+        Subscription {
+            rx: self.sender(stream).subscribe(),
+        }
     }
 }
 
@@ -172,7 +174,11 @@ mod tests {
             device: Default::default(),
             measures: Default::default(),
         };
-        Event { stream: Stream::Data, payload: Payload::Data(Arc::new(unit)), json: Bytes::new() }
+        Event {
+            stream: Stream::Data,
+            payload: Payload::Data(Arc::new(unit)),
+            json: Bytes::new(),
+        }
     }
 
     #[tokio::test]

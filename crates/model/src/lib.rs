@@ -18,7 +18,7 @@ pub mod unit;
 pub mod uplink;
 pub mod validate;
 
-pub use device::{Device, DeviceType, Decoder, Mapping, Processor, SubDevice};
+pub use device::{Decoder, Device, DeviceType, Mapping, Processor, SubDevice};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
 pub use uplink::{NewUplink, Uplink, UplinkFormat};
 

@@ -81,7 +81,9 @@ pub fn value_as_millis(value: &Value) -> Option<i64> {
 pub fn apply(mappings: &[Mapping], source: &Value) -> PartialUnit {
     let mut unit = PartialUnit::default();
     for m in mappings {
-        let Some(v) = get_path(source, &m.from) else { continue };
+        let Some(v) = get_path(source, &m.from) else {
+            continue;
+        };
         match m.to.as_str() {
             "dataId" => unit.data_id = value_as_id(v),
             "reportedAt" => unit.reported_at = value_as_millis(v),
@@ -102,7 +104,10 @@ mod tests {
     use serde_json::json;
 
     fn m(from: &str, to: &str) -> Mapping {
-        Mapping { from: from.into(), to: to.into() }
+        Mapping {
+            from: from.into(),
+            to: to.into(),
+        }
     }
 
     /// The seed's processor turns the load test's Helium body into the
@@ -132,7 +137,10 @@ mod tests {
 
     #[test]
     fn missing_sources_are_skipped_and_explicit_measures_prefix_is_stripped() {
-        let u = apply(&[m("a.b", "measures.x.y"), m("nope", "z")], &json!({"a":{"b":1.5}}));
+        let u = apply(
+            &[m("a.b", "measures.x.y"), m("nope", "z")],
+            &json!({"a":{"b":1.5}}),
+        );
         assert_eq!(Value::Object(u.measures), json!({"x":{"y":1.5}}));
     }
 

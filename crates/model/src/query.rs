@@ -139,7 +139,10 @@ fn split_outside_quotes(s: &str, sep: char) -> Vec<&str> {
 }
 
 fn parse_statement(s: &str) -> Result<Statement, QueryError> {
-    let err = |reason| QueryError { statement: s.to_string(), reason };
+    let err = |reason| QueryError {
+        statement: s.to_string(),
+        reason,
+    };
     const OPS: [&str; 6] = ["==", "!=", ">=", "<=", ">", "<"];
     let found = OPS
         .iter()
@@ -154,7 +157,10 @@ fn parse_statement(s: &str) -> Result<Statement, QueryError> {
             return Err(err("bad attribute name"));
         }
         let op = if negated { Op::NotExists } else { Op::Exists };
-        return Ok(Statement { path: path.to_string(), op });
+        return Ok(Statement {
+            path: path.to_string(),
+            op,
+        });
     };
     let path = s[..at].trim();
     let rhs = s[at + op.len()..].trim();
@@ -167,14 +173,21 @@ fn parse_statement(s: &str) -> Result<Statement, QueryError> {
     let op = match op {
         "==" | "!=" => {
             let target = parse_target(rhs).ok_or_else(|| err("bad value"))?;
-            if op == "==" { Op::Equal(target) } else { Op::NotEqual(target) }
+            if op == "==" {
+                Op::Equal(target)
+            } else {
+                Op::NotEqual(target)
+            }
         }
         ">" => Op::Greater(parse_literal(rhs).ok_or_else(|| err("bad value"))?, true),
         ">=" => Op::Greater(parse_literal(rhs).ok_or_else(|| err("bad value"))?, false),
         "<" => Op::Less(parse_literal(rhs).ok_or_else(|| err("bad value"))?, true),
         _ => Op::Less(parse_literal(rhs).ok_or_else(|| err("bad value"))?, false),
     };
-    Ok(Statement { path: path.to_string(), op })
+    Ok(Statement {
+        path: path.to_string(),
+        op,
+    })
 }
 
 fn parse_target(rhs: &str) -> Option<Target> {

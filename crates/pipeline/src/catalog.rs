@@ -66,7 +66,11 @@ impl Catalog {
                 Ok(entry) => entry,
                 Err(e) => {
                     tracing::warn!(device_type = %name, error = %e, "stored decoder does not compile");
-                    TypeEntry { name: name.clone(), def, codec: None }
+                    TypeEntry {
+                        name: name.clone(),
+                        def,
+                        codec: None,
+                    }
                 }
             };
             catalog.types.write().insert(name, Arc::new(entry));
@@ -88,7 +92,11 @@ impl Catalog {
             }
             Some(d) => {
                 let script = Script::new(&d.script);
-                let kind = self.engine.check(&script).await.map_err(CatalogError::Script)?;
+                let kind = self
+                    .engine
+                    .check(&script)
+                    .await
+                    .map_err(CatalogError::Script)?;
                 if !matches!(kind, ScriptKind::DecodeUplink | ScriptKind::Convert) {
                     return Err(CatalogError::Script(CodecError::MissingFunction(
                         "decodeUplink(input) or convert(object)".into(),
@@ -97,7 +105,11 @@ impl Catalog {
                 Some((script, kind))
             }
         };
-        Ok(TypeEntry { name: name.to_string(), def, codec })
+        Ok(TypeEntry {
+            name: name.to_string(),
+            def,
+            codec,
+        })
     }
 
     /// The cached type entry.
@@ -136,7 +148,9 @@ impl Catalog {
     /// Stores a device and caches it; `true` if created.
     pub async fn put_device(&self, device: Device) -> Result<bool, StoreError> {
         let created = self.store.put_device(&device).await?;
-        self.devices.write().insert(device.id.clone(), Arc::new(device));
+        self.devices
+            .write()
+            .insert(device.id.clone(), Arc::new(device));
         Ok(created)
     }
 

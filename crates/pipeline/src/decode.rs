@@ -20,8 +20,19 @@ use crate::catalog::{Catalog, TypeEntry};
 /// Body fields that identify a sensae/Helium uplink rather than measure
 /// anything; left out of `measures` when no processor says otherwise.
 const SENSAE_ENVELOPE_FIELDS: &[&str] = &[
-    "uuid", "id", "name", "reported_at", "reportedAt", "dataId", "device", "downlink_url",
-    "payload", "port", "fPort", "f_port", "bytes",
+    "uuid",
+    "id",
+    "name",
+    "reported_at",
+    "reportedAt",
+    "dataId",
+    "device",
+    "downlink_url",
+    "payload",
+    "port",
+    "fPort",
+    "f_port",
+    "bytes",
 ];
 
 /// Channel used when neither the request nor the device names one.
@@ -89,7 +100,10 @@ pub async fn process(
         .zip(prepared)
         .map(|(uplink, p)| {
             let produced = p.and_then(|p| {
-                let result = p.call.as_ref().map(|_| results.next().expect("one result per call"));
+                let result = p
+                    .call
+                    .as_ref()
+                    .map(|_| results.next().expect("one result per call"));
                 finish(uplink, p, result, catalog, new_devices, register)
             });
             produced.map_err(|(reason, description)| failed(uplink, reason, description))
@@ -134,10 +148,17 @@ fn failed(uplink: &Uplink, reason: FailureReason, description: String) -> Failed
 
 fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
     let u = &uplink.uplink;
-    let body: Value = serde_json::from_slice(&u.body)
-        .map_err(|e| (FailureReason::InvalidUplink, format!("body is not JSON: {e}")))?;
+    let body: Value = serde_json::from_slice(&u.body).map_err(|e| {
+        (
+            FailureReason::InvalidUplink,
+            format!("body is not JSON: {e}"),
+        )
+    })?;
     if !body.is_object() {
-        return Err((FailureReason::InvalidUplink, "body is not a JSON object".into()));
+        return Err((
+            FailureReason::InvalidUplink,
+            "body is not a JSON object".into(),
+        ));
     }
     let envelope = read_envelope(u.format, &body);
 
@@ -146,7 +167,10 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
         .clone()
         .or_else(|| {
             let id = envelope.device_id.as_deref()?;
-            catalog.device(id).map(|d| d.device_type.clone()).filter(|t| !t.is_empty())
+            catalog
+                .device(id)
+                .map(|d| d.device_type.clone())
+                .filter(|t| !t.is_empty())
         })
         .or_else(|| envelope.type_hint.clone())
         .ok_or_else(|| {
@@ -156,11 +180,19 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
             )
         })?;
     let device_type = catalog.device_type(&type_name).ok_or_else(|| {
-        (FailureReason::UnknownType, format!("device type '{type_name}' does not exist"))
+        (
+            FailureReason::UnknownType,
+            format!("device type '{type_name}' does not exist"),
+        )
     })?;
 
     let call = codec_call(u.format, &body, &envelope, &device_type, u.received_at)?;
-    Ok(Prepared { body, envelope, device_type, call })
+    Ok(Prepared {
+        body,
+        envelope,
+        device_type,
+        call,
+    })
 }
 
 /// The engine call an uplink needs, if any.
@@ -184,17 +216,28 @@ fn codec_call(
         return Ok(None);
     };
     match kind {
-        ScriptKind::Convert => Ok(Some(Call::Convert { script: script.clone(), input: body.clone() })),
+        ScriptKind::Convert => Ok(Some(Call::Convert {
+            script: script.clone(),
+            input: body.clone(),
+        })),
         _ => {
             let (bytes, f_port) = match &envelope.payload {
                 Some(Ok(p)) => p.clone(),
                 Some(Err(e)) => return Err((FailureReason::InvalidUplink, e.clone())),
                 None => {
-                    return Err((FailureReason::InvalidUplink, "uplink carries no payload".into()))
+                    return Err((
+                        FailureReason::InvalidUplink,
+                        "uplink carries no payload".into(),
+                    ))
                 }
             };
             let recv_time_ms = envelope.reported_at.unwrap_or(received_at);
-            Ok(Some(Call::DecodeUplink { script: script.clone(), bytes, f_port, recv_time_ms }))
+            Ok(Some(Call::DecodeUplink {
+                script: script.clone(),
+                bytes,
+                f_port,
+                recv_time_ms,
+            }))
         }
     }
 }
@@ -209,7 +252,13 @@ fn finish(
 ) -> Result<Produced, Failure> {
     let u = &uplink.uplink;
     let mut warnings = Vec::new();
-    let mappings = p.device_type.def.processor.as_ref().map(|pr| pr.mappings.as_slice()).unwrap_or(&[]);
+    let mappings = p
+        .device_type
+        .def
+        .processor
+        .as_ref()
+        .map(|pr| pr.mappings.as_slice())
+        .unwrap_or(&[]);
 
     let partial = match result {
         Some(Err(e)) => return Err(codec_failure(e)),
@@ -220,7 +269,12 @@ fn finish(
                 warnings = decoded.warnings;
                 let data = Value::Object(decoded.data);
                 if u.format == UplinkFormat::SensaeEncoded {
-                    shape(mappings, merged(&p.body, data.clone()), Some(data), u.format)
+                    shape(
+                        mappings,
+                        merged(&p.body, data.clone()),
+                        Some(data),
+                        u.format,
+                    )
                 } else {
                     shape(mappings, data.clone(), Some(data), u.format)
                 }
@@ -234,10 +288,10 @@ fn finish(
     };
 
     let env = p.envelope;
-    let device_id = partial
-        .device_id
-        .or(env.device_id)
-        .ok_or((FailureReason::InvalidUplink, "uplink names no device id".to_string()))?;
+    let device_id = partial.device_id.or(env.device_id).ok_or((
+        FailureReason::InvalidUplink,
+        "uplink names no device id".to_string(),
+    ))?;
     let known = catalog.device(&device_id);
     let name = partial
         .device_name
@@ -247,11 +301,22 @@ fn finish(
     let channel = u
         .channel
         .clone()
-        .or_else(|| known.as_ref().map(|d| d.channel.clone()).filter(|c| !c.is_empty()))
+        .or_else(|| {
+            known
+                .as_ref()
+                .map(|d| d.channel.clone())
+                .filter(|c| !c.is_empty())
+        })
         .or(env.channel_hint)
         .unwrap_or_else(|| DEFAULT_CHANNEL.to_string());
-    let data_id = partial.data_id.or(env.data_id).unwrap_or_else(|| format!("weft-{}", uplink.seq));
-    let reported_at = partial.reported_at.or(env.reported_at).unwrap_or(u.received_at);
+    let data_id = partial
+        .data_id
+        .or(env.data_id)
+        .unwrap_or_else(|| format!("weft-{}", uplink.seq));
+    let reported_at = partial
+        .reported_at
+        .or(env.reported_at)
+        .unwrap_or(u.received_at);
 
     if known.is_none() && register {
         let device = Device {
@@ -275,12 +340,21 @@ fn finish(
             id: device_id,
             name,
             device_type: p.device_type.name.clone(),
-            records: known.as_ref().map(|d| d.records.clone()).unwrap_or_default(),
-            static_data: known.as_ref().map(|d| d.static_data.clone()).unwrap_or_default(),
+            records: known
+                .as_ref()
+                .map(|d| d.records.clone())
+                .unwrap_or_default(),
+            static_data: known
+                .as_ref()
+                .map(|d| d.static_data.clone())
+                .unwrap_or_default(),
         },
         measures: partial.measures,
     };
-    Ok(Produced { units: split_sub_devices(base, known.as_deref(), catalog), warnings })
+    Ok(Produced {
+        units: split_sub_devices(base, known.as_deref(), catalog),
+        warnings,
+    })
 }
 
 fn codec_failure(e: CodecError) -> Failure {
@@ -304,7 +378,12 @@ fn merged(body: &Value, data: Value) -> Value {
 
 /// Applies the processor mappings, or without any, takes `decoded` (or the
 /// body minus its envelope fields) as the measures.
-fn shape(mappings: &[weft_model::Mapping], source: Value, decoded: Option<Value>, format: UplinkFormat) -> PartialUnit {
+fn shape(
+    mappings: &[weft_model::Mapping],
+    source: Value,
+    decoded: Option<Value>,
+    format: UplinkFormat,
+) -> PartialUnit {
     if !mappings.is_empty() {
         return mapping::apply(mappings, &source);
     }
@@ -313,7 +392,10 @@ fn shape(mappings: &[weft_model::Mapping], source: Value, decoded: Option<Value>
         Some(_) => Map::new(),
         None => {
             let mut m = source.as_object().cloned().unwrap_or_default();
-            if matches!(format, UplinkFormat::SensaeDecoded | UplinkFormat::SensaeEncoded) {
+            if matches!(
+                format,
+                UplinkFormat::SensaeDecoded | UplinkFormat::SensaeEncoded
+            ) {
                 for f in SENSAE_ENVELOPE_FIELDS {
                     m.remove(*f);
                 }
@@ -321,19 +403,30 @@ fn shape(mappings: &[weft_model::Mapping], source: Value, decoded: Option<Value>
             m
         }
     };
-    PartialUnit { measures, ..PartialUnit::default() }
+    PartialUnit {
+        measures,
+        ..PartialUnit::default()
+    }
 }
 
 /// A sensae `convert(object)` codec returns the data unit itself.
 fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
     let Value::Object(obj) = returned else {
-        return Err((FailureReason::DecodeError, "convert() did not return an object".into()));
+        return Err((
+            FailureReason::DecodeError,
+            "convert() did not return an object".into(),
+        ));
     };
     let v = Value::Object(obj);
     let measures = match get_path(&v, "measures") {
         Some(Value::Object(m)) => m.clone(),
         None => Map::new(),
-        Some(_) => return Err((FailureReason::DecodeError, "convert() returned non-object measures".into())),
+        Some(_) => {
+            return Err((
+                FailureReason::DecodeError,
+                "convert() returned non-object measures".into(),
+            ))
+        }
     };
     Ok(PartialUnit {
         data_id: get_path(&v, "dataId").and_then(value_as_id),
@@ -351,14 +444,19 @@ fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
 /// (`<dataId>:<index>` for sub-devices, so replays stay idempotent).
 fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) -> Vec<DataUnit> {
     let indexed = !base.measures.is_empty()
-        && base.measures.iter().all(|(k, v)| k.parse::<u32>().is_ok() && v.is_object());
+        && base
+            .measures
+            .iter()
+            .all(|(k, v)| k.parse::<u32>().is_ok() && v.is_object());
     if !indexed {
         return vec![base];
     }
     let mut units = Vec::with_capacity(base.measures.len());
     for (key, measures) in &base.measures {
         let index: u32 = key.parse().expect("checked above");
-        let Value::Object(measures) = measures else { continue };
+        let Value::Object(measures) = measures else {
+            continue;
+        };
         let mut unit = base.clone();
         unit.measures = measures.clone();
         if index != 0 {
@@ -376,7 +474,10 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
                     .map(|d| d.device_type.clone())
                     .unwrap_or_else(|| base.device.device_type.clone()),
                 records: sub.as_ref().map(|d| d.records.clone()).unwrap_or_default(),
-                static_data: sub.as_ref().map(|d| d.static_data.clone()).unwrap_or_default(),
+                static_data: sub
+                    .as_ref()
+                    .map(|d| d.static_data.clone())
+                    .unwrap_or_default(),
             };
         }
         units.push(unit);
@@ -402,12 +503,20 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
             let up_id = get_path(body, "correlation_ids")
                 .and_then(Value::as_array)
                 .and_then(|ids| {
-                    ids.iter().filter_map(Value::as_str).find(|id| id.starts_with("as:up:")).map(str::to_string)
+                    ids.iter()
+                        .filter_map(Value::as_str)
+                        .find(|id| id.starts_with("as:up:"))
+                        .map(str::to_string)
                 });
             let received = s("received_at").and_then(|t| rfc3339_millis(&t));
             Envelope {
                 data_id: up_id.or_else(|| {
-                    Some(format!("{}:{}:{}", s("end_device_ids.device_id")?, s("uplink_message.f_cnt").unwrap_or_default(), s("received_at")?))
+                    Some(format!(
+                        "{}:{}:{}",
+                        s("end_device_ids.device_id")?,
+                        s("uplink_message.f_cnt").unwrap_or_default(),
+                        s("received_at")?
+                    ))
                 }),
                 device_id: s("end_device_ids.device_id"),
                 device_name: s("end_device_ids.device_id"),
@@ -419,7 +528,10 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
                     let port = m.get("f_port").and_then(Value::as_u64).unwrap_or(0) as u32;
                     Some(base64_bytes(raw).map(|b| (b, port)))
                 }),
-                predecoded: msg.and_then(|m| m.get("decoded_payload")).filter(|v| v.is_object()).cloned(),
+                predecoded: msg
+                    .and_then(|m| m.get("decoded_payload"))
+                    .filter(|v| v.is_object())
+                    .cloned(),
             }
         }
         UplinkFormat::ChirpStack => Envelope {
@@ -466,7 +578,9 @@ pub fn base64_bytes(raw: &str) -> Result<Vec<u8>, String> {
     let raw = raw.trim();
     base64::engine::general_purpose::STANDARD
         .decode(raw)
-        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(raw.trim_end_matches('=')))
+        .or_else(|_| {
+            base64::engine::general_purpose::STANDARD_NO_PAD.decode(raw.trim_end_matches('='))
+        })
         .map_err(|e| format!("payload is not valid base64: {e}"))
 }
 
@@ -481,7 +595,9 @@ pub fn hex_or_base64(raw: &str) -> Result<Vec<u8>, String> {
 
 fn rfc3339_millis(t: &str) -> Option<i64> {
     let at = humantime::parse_rfc3339_weak(t).ok()?;
-    at.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as i64)
+    at.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as i64)
 }
 
 #[cfg(test)]
@@ -491,7 +607,8 @@ mod tests {
 
     #[test]
     fn helium_bodies_give_identity_and_payload() {
-        let body = json!({"uuid":"u1","id":"d1","name":"P1","reported_at":5,"port":85,"payload":"AXVc"});
+        let body =
+            json!({"uuid":"u1","id":"d1","name":"P1","reported_at":5,"port":85,"payload":"AXVc"});
         let e = read_envelope(UplinkFormat::SensaeEncoded, &body);
         assert_eq!(e.data_id.as_deref(), Some("u1"));
         assert_eq!(e.device_id.as_deref(), Some("d1"));
@@ -520,10 +637,22 @@ mod tests {
 
     #[test]
     fn bytes_accept_arrays_hex_and_base64() {
-        assert_eq!(sensae_payload(&json!({"bytes":[1,2]})), Some(Ok((vec![1, 2], 0))));
-        assert_eq!(sensae_payload(&json!({"bytes":"01 75 5C","fPort":85})), Some(Ok((vec![1, 0x75, 0x5c], 85))));
-        assert_eq!(sensae_payload(&json!({"bytes":"AXVc"})), Some(Ok((vec![1, 0x75, 0x5c], 0))));
-        assert!(matches!(sensae_payload(&json!({"bytes":[300]})), Some(Err(_))));
+        assert_eq!(
+            sensae_payload(&json!({"bytes":[1,2]})),
+            Some(Ok((vec![1, 2], 0)))
+        );
+        assert_eq!(
+            sensae_payload(&json!({"bytes":"01 75 5C","fPort":85})),
+            Some(Ok((vec![1, 0x75, 0x5c], 85)))
+        );
+        assert_eq!(
+            sensae_payload(&json!({"bytes":"AXVc"})),
+            Some(Ok((vec![1, 0x75, 0x5c], 0)))
+        );
+        assert!(matches!(
+            sensae_payload(&json!({"bytes":[300]})),
+            Some(Err(_))
+        ));
         assert_eq!(sensae_payload(&json!({"temperature":1})), None);
     }
 }

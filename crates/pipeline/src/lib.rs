@@ -128,7 +128,8 @@ impl Pipeline {
                     .build()
                     .expect("the pipeline's runtime starts");
                 runtime.block_on(async move {
-                    let reader = tokio::spawn(stages.clone().read_loop(cursor, tx, shutdown.clone()));
+                    let reader =
+                        tokio::spawn(stages.clone().read_loop(cursor, tx, shutdown.clone()));
                     let committer = tokio::spawn(stages.clone().commit_loop(rx));
                     let pruner = tokio::spawn(stages.prune_loop(shutdown));
                     let _ = tokio::join!(reader, committer, pruner);
@@ -179,16 +180,25 @@ impl Pipeline {
             seq: 0,
             uplink: NewUplink {
                 received_at: weft_model::now_ms(),
-                format: if encoded { UplinkFormat::SensaeEncoded } else { UplinkFormat::SensaeDecoded },
+                format: if encoded {
+                    UplinkFormat::SensaeEncoded
+                } else {
+                    UplinkFormat::SensaeDecoded
+                },
                 channel,
                 device_type: Some(type_name.to_string()),
                 body: serde_json::to_vec(body).unwrap_or_default(),
             },
         };
         let mut ignored = Vec::new();
-        let mut out =
-            decode::process(std::slice::from_ref(&uplink), &self.catalog, &self.engine, &mut ignored, false)
-                .await;
+        let mut out = decode::process(
+            std::slice::from_ref(&uplink),
+            &self.catalog,
+            &self.engine,
+            &mut ignored,
+            false,
+        )
+        .await;
         out.pop().expect("one outcome per uplink")
     }
 
@@ -215,7 +225,12 @@ impl Pipeline {
 
     /// Reader stage: waits for committed log entries past `next`, decodes
     /// them in batches and hands them to the committer.
-    async fn read_loop(self: Arc<Self>, mut next: u64, tx: mpsc::Sender<Decoded>, shutdown: CancellationToken) {
+    async fn read_loop(
+        self: Arc<Self>,
+        mut next: u64,
+        tx: mpsc::Sender<Decoded>,
+        shutdown: CancellationToken,
+    ) {
         let mut committed = self.store.committed_seq();
         loop {
             let head = *committed.borrow_and_update();
@@ -252,7 +267,8 @@ impl Pipeline {
 
     async fn decode_batch(&self, uplinks: &[Uplink], next_seq: u64) -> Decoded {
         let mut new_devices = Vec::new();
-        let outcomes = decode::process(uplinks, &self.catalog, &self.engine, &mut new_devices, true).await;
+        let outcomes =
+            decode::process(uplinks, &self.catalog, &self.engine, &mut new_devices, true).await;
         let mut batch = ProcessedBatch {
             consumer: CONSUMER.to_string(),
             next_seq,
@@ -264,13 +280,21 @@ impl Pipeline {
                 Ok(produced) => {
                     for unit in produced.units {
                         let json = serde_json::to_string(&unit).expect("data units serialise");
-                        batch.units.push(UnitRecord { unit: Arc::new(unit), json: json.into() });
+                        batch.units.push(UnitRecord {
+                            unit: Arc::new(unit),
+                            json: json.into(),
+                        });
                     }
                 }
                 Err(failure) => {
                     metrics::counter!("weft_uplinks_failed_total", "reason" => failure.reason.as_str())
                         .increment(1);
-                    tracing::debug!(seq = failure.seq, reason = failure.reason.as_str(), "{}", failure.description);
+                    tracing::debug!(
+                        seq = failure.seq,
+                        reason = failure.reason.as_str(),
+                        "{}",
+                        failure.description
+                    );
                     batch.failures.push(failure);
                 }
             }
@@ -309,7 +333,11 @@ impl Pipeline {
                 let lag_ms = (now - record.unit.received_at).max(0) as f64;
                 metrics::histogram!("weft_pipeline_latency_seconds").record(lag_ms / 1000.0);
                 let json = Bytes::from(record.json.as_bytes().to_vec());
-                self.bus.publish(Event { stream: Stream::Data, payload: Payload::Data(record.unit), json });
+                self.bus.publish(Event {
+                    stream: Stream::Data,
+                    payload: Payload::Data(record.unit),
+                    json,
+                });
             }
             metrics::counter!("weft_units_stored_total").increment(stored);
             self.processed.store(next_seq, Ordering::Relaxed);
@@ -317,21 +345,29 @@ impl Pipeline {
         }
     }
 
-    /// Deletes processed log entries older than the retention, every 10 s.
+    /// Deletes processed log entries older than the retention: every 10 s,
+    /// or every 100 ms while there is more to delete (the store deletes in
+    /// bounded chunks so the writer is never held for long).
     async fn prune_loop(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        let mut wait = Duration::from_secs(10);
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => break,
             }
             let below = self.processed.load(Ordering::Relaxed);
             let before = weft_model::now_ms() - self.config.log_retention.as_millis() as i64;
-            match self.store.prune_uplinks(below, before).await {
-                Ok(n) if n > 0 => tracing::debug!(pruned = n, "pruned the ingest log"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "pruning the ingest log failed"),
-            }
+            wait = match self.store.prune_uplinks(below, before).await {
+                Ok(n) if n > 0 => {
+                    tracing::debug!(pruned = n, "pruned the ingest log");
+                    Duration::from_millis(100)
+                }
+                Ok(_) => Duration::from_secs(10),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning the ingest log failed");
+                    Duration::from_secs(10)
+                }
+            };
         }
     }
 }

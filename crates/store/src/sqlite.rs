@@ -15,7 +15,7 @@
 //! writes become queued operations (`try_send`, so a full queue is an
 //! immediate `Overloaded`, never a wait), reads become blocking-pool tasks.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -104,11 +104,25 @@ impl Default for SqliteConfig {
 }
 
 /// The SQLite [`Store`]. Share it behind an `Arc`; dropping the last
-/// handle lets the writer commit what is queued and stop on its own, and
-/// [`Store::close`] does the same but waits for it.
+/// handle lets the writers commit what is queued and stop on their own,
+/// and [`Store::close`] does the same but waits for them.
+///
+/// It keeps two database files, each with its own writer thread: the
+/// ingest log (`<name>-log.db` beside the configured file) and everything
+/// else. A 202 then waits only for a cheap sequential append, never behind
+/// a pipeline batch's index updates, and the two writers use both cores.
+/// Atomicity needs nothing across the files: the pipeline's cursor lives
+/// with the data units it covers, and the log is only ever appended to
+/// and pruned below that cursor.
 pub struct SqliteStore {
-    ops: mpsc::Sender<Op>,
+    log: Part,
+    main: Part,
     committed: watch::Receiver<u64>,
+}
+
+/// One database file: its writer thread, its queue and its read pool.
+struct Part {
+    ops: mpsc::Sender<Op>,
     stopped: watch::Receiver<bool>,
     reads: Arc<ReadPool>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -122,9 +136,15 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// The ingest log's file beside the main one: `weft.db` → `weft-log.db`.
+fn log_path(main: &Path) -> PathBuf {
+    let stem = main.file_stem().and_then(|s| s.to_str()).unwrap_or("weft");
+    main.with_file_name(format!("{stem}-log.db"))
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) and migrates the database, then starts
-    /// the writer thread. Blocking: call it at startup, before serving.
+    /// Opens (creating if needed) and migrates the databases, then starts
+    /// the writer threads. Blocking: call it at startup, before serving.
     pub fn open(config: SqliteConfig) -> Result<SqliteStore> {
         if let Some(parent) = config.path.parent() {
             if !parent.as_os_str().is_empty() {
@@ -133,39 +153,67 @@ impl SqliteStore {
                 })?;
             }
         }
-        let mut conn = Connection::open(&config.path).db()?;
+        let (log, committed) = Part::open(&log_path(&config.path), &config, "log", 2)?;
+        let (main, _) = Part::open(&config.path, &config, "main", config.read_connections)?;
+        Ok(SqliteStore {
+            log,
+            main,
+            committed,
+        })
+    }
+}
+
+impl Part {
+    /// Opens and migrates one file and starts its writer and checkpointer.
+    /// Returns the part and the watch of its highest committed log `seq`.
+    fn open(
+        path: &Path,
+        config: &SqliteConfig,
+        name: &str,
+        read_connections: usize,
+    ) -> Result<(Part, watch::Receiver<u64>)> {
+        let mut conn = Connection::open(path).db()?;
         schema::configure_writer(&conn, config.synchronous).db()?;
         let version =
             schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
         // The writer runs a fixed, small set of statements; keep them all.
         conn.set_prepared_statement_cache_capacity(64);
         let last_seq = highest_seq(&conn).db()?;
-        let reads = Arc::new(ReadPool::open(&config.path, config.read_connections)?);
+        let reads = Arc::new(ReadPool::open(path, read_connections)?);
 
         let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
         let (committed_tx, committed) = watch::channel(last_seq);
         let (stopped_tx, stopped) = watch::channel(false);
-        let writer = Writer::new(conn, ops_rx, config.max_batch, config.commit_interval, committed_tx, stopped_tx);
-        checkpointer::spawn(&config.path, stopped.clone())
+        let restart_wal = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = Writer::new(
+            conn,
+            ops_rx,
+            config.max_batch,
+            config.commit_interval,
+            restart_wal.clone(),
+            committed_tx,
+            stopped_tx,
+        );
+        checkpointer::spawn(path, restart_wal, stopped.clone())
             .map_err(|e| StoreError::Database(format!("cannot start the checkpointer: {e}")))?;
         let handle = std::thread::Builder::new()
-            .name("weft-store-writer".to_string())
+            .name(format!("weft-store-{name}"))
             .spawn(move || writer.run())
             .map_err(|e| StoreError::Database(format!("cannot start the writer thread: {e}")))?;
         tracing::info!(
-            path = %config.path.display(),
+            path = %path.display(),
             schema_version = version,
             last_seq,
             synchronous = ?config.synchronous,
             "opened the SQLite store"
         );
-        Ok(SqliteStore {
+        let part = Part {
             ops: ops_tx,
-            committed,
             stopped,
             reads,
             writer: Mutex::new(Some(handle)),
-        })
+        };
+        Ok((part, committed))
     }
 
     /// Queues a write built around its reply channel and waits for the
@@ -179,6 +227,28 @@ impl SqliteStore {
         }
         // The writer drops replies only when it dies.
         answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Stops accepting writes, lets the writer commit what is queued, and
+    /// waits for its thread.
+    async fn close(&self) {
+        // `send`, not `try_send`: shutting down may wait for queue room.
+        // It fails only if the writer already stopped accepting.
+        let (reply, answer) = oneshot::channel();
+        if self.ops.send(Op::Close(reply)).await.is_ok() {
+            let _ = answer.await;
+        }
+        // A concurrent or repeated close waits for the same end. An error
+        // means the writer is gone, which is the end too.
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+        let handle = self.writer.lock().take();
+        if let Some(handle) = handle {
+            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+            if !matches!(joined, Ok(Ok(()))) {
+                tracing::error!("the storage writer thread panicked");
+            }
+        }
     }
 }
 
@@ -221,7 +291,7 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
-        self.write(|reply| Op::Append(uplink, reply)).await
+        self.log.write(|reply| Op::Append(uplink, reply)).await
     }
 
     fn committed_seq(&self) -> watch::Receiver<u64> {
@@ -229,119 +299,126 @@ impl Store for SqliteStore {
     }
 
     async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
-        self.reads
+        self.log
+            .reads
             .run(move |c| reader::read_uplinks(c, from_seq, limit))
             .await
     }
 
     async fn cursor(&self, consumer: &str) -> Result<u64> {
         let consumer = consumer.to_string();
-        self.reads.run(move |c| reader::cursor(c, &consumer)).await
+        self.main
+            .reads
+            .run(move |c| reader::cursor(c, &consumer))
+            .await
     }
 
     async fn commit_processed(&self, batch: ProcessedBatch) -> Result<CommitOutcome> {
-        self.write(|reply| Op::Processed(batch, reply)).await
+        self.main.write(|reply| Op::Processed(batch, reply)).await
     }
 
     async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
-        self.write(|reply| Op::Prune {
-            below_seq,
-            received_before,
-            reply,
-        })
-        .await
+        self.log
+            .write(|reply| Op::Prune {
+                below_seq,
+                received_before,
+                reply,
+            })
+            .await
     }
 
     async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
         let json = encode("device type", device_type)?;
         let name = name.to_string();
-        self.write(|reply| Op::PutDeviceType { name, json, reply })
+        self.main
+            .write(|reply| Op::PutDeviceType { name, json, reply })
             .await
     }
 
     async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>> {
         let name = name.to_string();
-        self.reads
+        self.main
+            .reads
             .run(move |c| reader::get_device_type(c, &name))
             .await
     }
 
     async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
-        self.reads.run(reader::list_device_types).await
+        self.main.reads.run(reader::list_device_types).await
     }
 
     async fn delete_device_type(&self, name: &str) -> Result<bool> {
         let name = name.to_string();
-        self.write(|reply| Op::DeleteDeviceType(name, reply)).await
+        self.main
+            .write(|reply| Op::DeleteDeviceType(name, reply))
+            .await
     }
 
     async fn put_device(&self, device: &Device) -> Result<bool> {
         let json = encode("device", device)?;
-        self.write(|reply| Op::PutDevice {
-            id: device.id.clone(),
-            device_type: device.device_type.clone(),
-            channel: device.channel.clone(),
-            json,
-            reply,
-        })
-        .await
+        self.main
+            .write(|reply| Op::PutDevice {
+                id: device.id.clone(),
+                device_type: device.device_type.clone(),
+                channel: device.channel.clone(),
+                json,
+                reply,
+            })
+            .await
     }
 
     async fn get_device(&self, id: &str) -> Result<Option<Device>> {
         let id = id.to_string();
-        self.reads.run(move |c| reader::get_device(c, &id)).await
+        self.main
+            .reads
+            .run(move |c| reader::get_device(c, &id))
+            .await
     }
 
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
         let filter = filter.clone();
-        self.reads
+        self.main
+            .reads
             .run(move |c| reader::list_devices(c, &filter))
             .await
     }
 
     async fn delete_device(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
-        self.write(|reply| Op::DeleteDevice(id, reply)).await
+        self.main.write(|reply| Op::DeleteDevice(id, reply)).await
     }
 
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
         let query = query.clone();
-        self.reads.run(move |c| reader::query_data(c, &query)).await
+        self.main
+            .reads
+            .run(move |c| reader::query_data(c, &query))
+            .await
     }
 
     async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>> {
         let data_id = data_id.to_string();
-        self.reads.run(move |c| reader::get_data(c, &data_id)).await
+        self.main
+            .reads
+            .run(move |c| reader::get_data(c, &data_id))
+            .await
     }
 
     async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>> {
         let query = query.clone();
-        self.reads
+        self.main
+            .reads
             .run(move |c| reader::query_failed(c, &query))
             .await
     }
 
     async fn ping(&self) -> Result<()> {
-        self.write(Op::Ping).await
+        self.log.write(Op::Ping).await?;
+        self.main.write(Op::Ping).await
     }
 
     async fn close(&self) {
-        // `send`, not `try_send`: shutting down may wait for queue room.
-        // It fails only if the writer already stopped accepting.
-        let (reply, answer) = oneshot::channel();
-        if self.ops.send(Op::Close(reply)).await.is_ok() {
-            let _ = answer.await;
-        }
-        // A concurrent or repeated close waits for the same end. An error
-        // means the writer is gone, which is the end too.
-        let mut stopped = self.stopped.clone();
-        let _ = stopped.wait_for(|stopped| *stopped).await;
-        let handle = self.writer.lock().take();
-        if let Some(handle) = handle {
-            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
-            if !matches!(joined, Ok(Ok(()))) {
-                tracing::error!("the storage writer thread panicked");
-            }
-        }
+        self.log.close().await;
+        self.main.close().await;
     }
 }

@@ -60,7 +60,11 @@ pub struct EngineSection {
 
 impl Default for EngineSection {
     fn default() -> Self {
-        EngineSection { workers: 1, time_limit: Duration::from_millis(100), memory_limit_mb: 32 }
+        EngineSection {
+            workers: 1,
+            time_limit: Duration::from_millis(100),
+            memory_limit_mb: 32,
+        }
     }
 }
 
@@ -77,7 +81,10 @@ pub struct StoreSection {
 
 impl Default for StoreSection {
     fn default() -> Self {
-        StoreSection { synchronous: "full".into(), read_connections: 4 }
+        StoreSection {
+            synchronous: "full".into(),
+            read_connections: 4,
+        }
     }
 }
 
@@ -97,7 +104,11 @@ pub struct PipelineSection {
 impl Default for PipelineSection {
     fn default() -> Self {
         let d = weft_pipeline::PipelineConfig::default();
-        PipelineSection { batch_size: d.batch_size, max_backlog: d.max_backlog, log_retention: d.log_retention }
+        PipelineSection {
+            batch_size: d.batch_size,
+            max_backlog: d.max_backlog,
+            log_retention: d.log_retention,
+        }
     }
 }
 
@@ -117,15 +128,23 @@ pub struct Overrides {
 
 impl Config {
     /// Defaults, then `file` (if given), then `WEFT_*`, then `overrides`.
-    pub fn load(file: Option<&std::path::Path>, overrides: Overrides) -> Result<Config, figment::Error> {
+    pub fn load(
+        file: Option<&std::path::Path>,
+        overrides: Overrides,
+    ) -> Result<Config, figment::Error> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(figment::Error::from(format!("config file {} does not exist", file.display())));
+                return Err(figment::Error::from(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
             }
             fig = fig.merge(Toml::file(file));
         }
-        fig.merge(Env::prefixed("WEFT_").split("__")).merge(Serialized::defaults(overrides)).extract()
+        fig.merge(Env::prefixed("WEFT_").split("__"))
+            .merge(Serialized::defaults(overrides))
+            .extract()
     }
 }
 
@@ -149,7 +168,10 @@ mod tests {
             assert_eq!(c.engine.workers, 2);
             assert_eq!(c.engine.time_limit, Duration::from_millis(50));
 
-            let flags = Overrides { ingest_key: Some("flag".into()), ..Overrides::default() };
+            let flags = Overrides {
+                ingest_key: Some("flag".into()),
+                ..Overrides::default()
+            };
             let c = Config::load(Some("weft.toml".as_ref()), flags)?;
             assert_eq!(c.ingest_key, "flag");
             Ok(())

@@ -76,7 +76,9 @@ pub async fn serve(
 
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
     if ingest_key.is_none() {
-        tracing::warn!("no ingest key configured: ingest endpoints accept uplinks without Authorization");
+        tracing::warn!(
+            "no ingest key configured: ingest endpoints accept uplinks without Authorization"
+        );
     }
     let live_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -99,12 +101,17 @@ pub async fn serve(
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
 
     tracing::info!("HTTP stopped; draining the pipeline");
     pipeline_stop.cancel();
     tracker.close();
-    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("pipeline did not drain in time; the rest is processed at the next start");
     }
     store.close().await;

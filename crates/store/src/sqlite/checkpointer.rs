@@ -5,12 +5,15 @@
 //! commit — for ~20 ms at a time. Here checkpoints run beside the writer
 //! (WAL allows it), on the other core.
 //!
-//! Passive checkpoints never block anyone. If the WAL still grows past
-//! [`RESTART_FRAMES`] (the writer outpaces passive copying), one RESTART
-//! checkpoint briefly waits for the writer so the WAL starts over and
-//! stays bounded.
+//! Passive checkpoints never block anyone, but only a checkpoint that can
+//! take the write lock lets the WAL start over. When the WAL has grown past
+//! [`RESTART_BYTES`], the checkpointer asks the writer (through a flag) to
+//! run that restart between two of its commits; a large WAL makes every
+//! page lookup slower, so it must stay bounded.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -19,16 +22,23 @@ use tokio::sync::watch;
 
 use super::schema;
 
-/// Time between passive checkpoints.
-const PERIOD: Duration = Duration::from_millis(100);
+/// Time between passive checkpoints. Longer periods copy a page that
+/// changed many times (a hot index leaf) once instead of many times, at the
+/// price of a longer WAL; half a second keeps the WAL to a few MB at the
+/// target ingest rate.
+const PERIOD: Duration = Duration::from_millis(500);
 
-/// WAL size (in pages of 4 KiB: 64 MiB) beyond which a RESTART checkpoint
-/// makes the next write start the WAL over.
-const RESTART_FRAMES: i64 = 16 * 1024;
+/// WAL size in bytes beyond which the writer is asked to start the WAL
+/// over; a longer WAL slows every page lookup.
+const RESTART_BYTES: i64 = 64 * 1024 * 1024;
 
 /// Starts the checkpointer; it stops once `stopped` becomes true (the
 /// writer has finished), after a last full checkpoint.
-pub(super) fn spawn(path: &Path, mut stopped: watch::Receiver<bool>) -> std::io::Result<JoinHandle<()>> {
+pub(super) fn spawn(
+    path: &Path,
+    restart_wal: Arc<AtomicBool>,
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<JoinHandle<()>> {
     let path = path.to_path_buf();
     std::thread::Builder::new().name("weft-store-checkpoint".to_string()).spawn(move || {
         let conn = match Connection::open(&path).and_then(|c| schema::configure_reader(&c).map(|_| c)) {
@@ -38,17 +48,14 @@ pub(super) fn spawn(path: &Path, mut stopped: watch::Receiver<bool>) -> std::io:
                 return;
             }
         };
+        let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap_or(4096);
         loop {
             if *stopped.borrow_and_update() {
                 let _ = checkpoint(&conn, "TRUNCATE");
                 return;
             }
             match checkpoint(&conn, "PASSIVE") {
-                Ok(frames) if frames > RESTART_FRAMES => {
-                    if let Err(e) = checkpoint(&conn, "RESTART") {
-                        tracing::warn!(error = %e, "restart checkpoint failed");
-                    }
-                }
+                Ok(frames) if frames * page_size > RESTART_BYTES => restart_wal.store(true, Ordering::Relaxed),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "checkpoint failed"),
             }
@@ -59,5 +66,7 @@ pub(super) fn spawn(path: &Path, mut stopped: watch::Receiver<bool>) -> std::io:
 
 /// Runs one checkpoint; returns the WAL's size in frames.
 fn checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<i64> {
-    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| row.get::<_, i64>(1))
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+        row.get::<_, i64>(1)
+    })
 }

@@ -116,8 +116,18 @@ fn data_ids(units: &[crate::StoredUnit]) -> Vec<String> {
 struct WriteLock(rusqlite::Connection);
 
 impl WriteLock {
+    /// Locks the ingest log's file (the writer of appends).
     fn take(dir: &TempDir) -> WriteLock {
-        let conn = rusqlite::Connection::open(config(dir).path).expect("second connection");
+        Self::take_file(&super::log_path(&config(dir).path))
+    }
+
+    /// Locks the main file (everything but the log).
+    fn take_main(dir: &TempDir) -> WriteLock {
+        Self::take_file(&config(dir).path)
+    }
+
+    fn take_file(path: &std::path::Path) -> WriteLock {
+        let conn = rusqlite::Connection::open(path).expect("second connection");
         conn.execute_batch("BEGIN IMMEDIATE")
             .expect("take the write lock");
         WriteLock(conn)
@@ -133,7 +143,9 @@ impl WriteLock {
 /// Waits until the writer has taken everything out of its queue.
 async fn queue_drained(store: &SqliteStore) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while store.ops.capacity() < store.ops.max_capacity() {
+    while store.log.ops.capacity() < store.log.ops.max_capacity()
+        || store.main.ops.capacity() < store.main.ops.max_capacity()
+    {
         assert!(Instant::now() < deadline, "the writer never took its queue");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -291,18 +303,18 @@ async fn commit_processed_is_idempotent_and_moves_the_cursor() {
 async fn a_failing_operation_fails_alone() {
     let dir = TempDir::new().unwrap();
     let store = Arc::new(open(&dir));
-    let lock = WriteLock::take(&dir);
+    let lock = WriteLock::take_main(&dir);
     lock.0
         .execute_batch(
             "CREATE TRIGGER poison BEFORE INSERT ON data_units WHEN NEW.data_id = 'poison' \
              BEGIN SELECT RAISE(ABORT, 'poisoned unit'); END;",
         )
         .unwrap();
-    // The first append occupies the writer (blocked on the lock) so the
+    // A first write occupies the main writer (blocked on the lock) so the
     // next ones queue up and are committed together.
     let first = tokio::spawn({
         let store = Arc::clone(&store);
-        async move { store.append_uplink(uplink(0)).await }
+        async move { store.put_device_type("first", &DeviceType::default()).await }
     });
     queue_drained(&store).await;
     let bad = tokio::spawn({
@@ -342,11 +354,12 @@ async fn a_failing_operation_fails_alone() {
     // Commit (not roll back) so the trigger exists when the writer runs.
     lock.0.execute_batch("COMMIT").unwrap();
 
-    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert!(first.await.unwrap().unwrap());
     let err = bad.await.unwrap().unwrap_err();
     assert!(err.to_string().contains("poisoned unit"), "{err}");
     assert_eq!(good.await.unwrap().unwrap().inserted, [true]);
-    assert_eq!(append.await.unwrap().unwrap(), 2);
+    // The log has a writer of its own: the append went through regardless.
+    assert_eq!(append.await.unwrap().unwrap(), 1);
 
     let all = store
         .query_data(&DataQuery {
@@ -758,7 +771,7 @@ async fn dropping_the_store_stops_the_writer() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     store.append_uplink(uplink(0)).await.unwrap();
-    let mut stopped = store.stopped.clone();
+    let mut stopped = store.log.stopped.clone();
     drop(store);
     let done = tokio::time::timeout(Duration::from_secs(5), stopped.wait_for(|s| *s)).await;
     assert!(matches!(done, Ok(Ok(_))), "writer did not stop");

@@ -135,6 +135,8 @@ pub(super) struct Writer {
     max_batch: usize,
     /// Shortest time between commit starts (see `SqliteConfig::commit_interval`).
     commit_interval: Duration,
+    /// Set by the checkpointer when the WAL has grown past its bound.
+    restart_wal: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Highest committed ingest-log `seq`, published after each commit.
     committed: watch::Sender<u64>,
     /// Set once the thread has committed its last batch and let go of the
@@ -149,6 +151,7 @@ impl Writer {
         ops: mpsc::Receiver<Op>,
         max_batch: usize,
         commit_interval: Duration,
+        restart_wal: std::sync::Arc<std::sync::atomic::AtomicBool>,
         committed: watch::Sender<u64>,
         stopped: watch::Sender<bool>,
     ) -> Writer {
@@ -157,6 +160,7 @@ impl Writer {
             ops,
             max_batch: max_batch.max(1),
             commit_interval,
+            restart_wal,
             committed,
             stopped,
         }
@@ -173,7 +177,9 @@ impl Writer {
         let mut last_commit: Option<Instant> = None;
         while let Some(first) = self.ops.blocking_recv() {
             self.take(first, &mut batch, &mut closers);
-            if let Some(wait) = last_commit.and_then(|at| self.commit_interval.checked_sub(at.elapsed())) {
+            if let Some(wait) =
+                last_commit.and_then(|at| self.commit_interval.checked_sub(at.elapsed()))
+            {
                 std::thread::sleep(wait);
             }
             self.gather(&mut batch, &mut closers);
@@ -278,6 +284,7 @@ impl Writer {
                 metrics::histogram!("weft_store_batch_size").record(size as f64);
                 metrics::histogram!("weft_store_commit_seconds")
                     .record(started.elapsed().as_secs_f64());
+                self.restart_wal_if_asked();
             }
             Err(e) => {
                 let msg = format!("commit failed: {e}");
@@ -291,6 +298,28 @@ impl Writer {
                     d.fail(&msg);
                 }
             }
+        }
+    }
+
+    /// Starts the WAL over when the checkpointer asks: only a connection
+    /// that can take the write lock between commits can do that, and the
+    /// writer is the one that never has to wait for it. The checkpointer
+    /// has already copied almost every frame, so this is short.
+    fn restart_wal_if_asked(&self) {
+        if !self
+            .restart_wal
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let started = Instant::now();
+        match self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
+        {
+            Ok(0) => tracing::debug!(took = ?started.elapsed(), "restarted the WAL"),
+            Ok(_) => tracing::debug!("WAL restart deferred: a reader holds an old snapshot"),
+            Err(e) => tracing::warn!(error = %e, "restarting the WAL failed"),
         }
     }
 
@@ -462,12 +491,25 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
     Ok(CommitOutcome { inserted })
 }
 
+/// Deletes the oldest processed log entries received before the cutoff.
+/// `received_at` grows with `seq` (stamped just before the append), so the
+/// boundary is the first entry received at or after the cutoff, found by
+/// scanning from the oldest entry: the cost is proportional to what is
+/// deleted, never to the size of the log. At most [`PRUNE_CHUNK`] entries
+/// go per call, so one prune never holds the writer for long.
 fn prune(conn: &Connection, below_seq: u64, received_before: i64) -> rusqlite::Result<u64> {
     let deleted = conn
-        .prepare_cached("DELETE FROM ingest_log WHERE seq < ?1 AND received_at < ?2")?
-        .execute((to_i64(below_seq), received_before))?;
+        .prepare_cached(
+            "DELETE FROM ingest_log WHERE seq < MIN(?1, \
+               COALESCE((SELECT seq FROM ingest_log WHERE received_at >= ?2 ORDER BY seq LIMIT 1), ?1), \
+               COALESCE((SELECT MIN(seq) FROM ingest_log), 0) + ?3)",
+        )?
+        .execute((to_i64(below_seq), received_before, PRUNE_CHUNK))?;
     Ok(deleted as u64)
 }
+
+/// Most log entries one prune deletes.
+const PRUNE_CHUNK: i64 = 50_000;
 
 /// Insert-if-absent, else update: two single statements, so "created" is
 /// known without a read, and the single writer makes the pair atomic.
