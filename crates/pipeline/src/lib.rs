@@ -257,6 +257,7 @@ impl Pipeline {
                 next = head + 1;
                 continue;
             };
+            metrics::histogram!("weft_pipeline_batch_size").record(uplinks.len() as f64);
             let batch = self.decode_batch(&uplinks, last + 1).await;
             if tx.send(batch).await.is_err() {
                 break;

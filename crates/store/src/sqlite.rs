@@ -153,8 +153,20 @@ impl SqliteStore {
                 })?;
             }
         }
-        let (log, committed) = Part::open(&log_path(&config.path), &config, "log", 2)?;
-        let (main, _) = Part::open(&config.path, &config, "main", config.read_connections)?;
+        let (log, committed) =
+            Part::open(&log_path(&config.path), &config, config.synchronous, "log", 2)?;
+        // Everything in the main file can be rebuilt from the log: a commit
+        // lost to a power cut takes the pipeline's cursor back with it, and
+        // the pipeline processes those uplinks again (the log keeps them far
+        // longer than the next checkpoint, which makes the main file
+        // durable). So only the log pays an fsync per commit.
+        let (main, _) = Part::open(
+            &config.path,
+            &config,
+            Synchronous::Normal,
+            "main",
+            config.read_connections,
+        )?;
         Ok(SqliteStore {
             log,
             main,
@@ -169,11 +181,12 @@ impl Part {
     fn open(
         path: &Path,
         config: &SqliteConfig,
+        synchronous: Synchronous,
         name: &str,
         read_connections: usize,
     ) -> Result<(Part, watch::Receiver<u64>)> {
         let mut conn = Connection::open(path).db()?;
-        schema::configure_writer(&conn, config.synchronous).db()?;
+        schema::configure_writer(&conn, synchronous).db()?;
         let version =
             schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
         // The writer runs a fixed, small set of statements; keep them all.
@@ -204,7 +217,7 @@ impl Part {
             path = %path.display(),
             schema_version = version,
             last_seq,
-            synchronous = ?config.synchronous,
+            ?synchronous,
             "opened the SQLite store"
         );
         let part = Part {
