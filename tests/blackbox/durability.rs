@@ -66,3 +66,34 @@ async fn kill_9_after_a_burst_of_202s_loses_nothing() {
     }
     assert_eq!(units.len(), total, "nothing stored twice");
 }
+
+/// SIGTERM is a clean stop: weft exits with status 0 after finishing what
+/// it accepted, and everything is there when it starts again.
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_keeps_everything() {
+    let mut server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let total = 300;
+    futures::stream::iter(0..total)
+        .map(|i| {
+            let c = c.clone();
+            async move {
+                let body = decoded_body(&format!("term-{i}"), "dev-t", 20, 40, now_ms());
+                c.uplink("term", "decoded", "em300th", &body).await;
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    assert!(server.terminate(), "weft exited with a failure status");
+
+    server.restart();
+    let c = server.client();
+    let units = eventually(Duration::from_secs(30), || async {
+        let units = c.all_units("channel=term").await;
+        (units.len() >= total).then_some(units)
+    })
+    .await;
+    assert_eq!(units.len(), total);
+}

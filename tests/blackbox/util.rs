@@ -60,6 +60,28 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM and waits (15 s at most) for the process to exit;
+    /// returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM delivered");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("child status") {
+                return status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "weft did not exit within 15 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts weft again on the same data directory.
     pub fn restart(&mut self) {
         self.kill9();

@@ -186,7 +186,7 @@ mod tests {
         let bus = InProcessBus::default();
         bus.publish(event(0));
         let mut sub = bus.subscribe(Stream::Data);
-        let mut other = bus.subscribe(Stream::Alarms);
+        let other = bus.subscribe(Stream::Alarms);
         bus.publish(event(1));
         let got = sub.recv().await.unwrap();
         assert!(matches!(&got.payload, Payload::Data(u) if u.data_id == "1"));

@@ -258,7 +258,10 @@ impl Pipeline {
                 continue;
             };
             metrics::histogram!("weft_pipeline_batch_size").record(uplinks.len() as f64);
+            let started = std::time::Instant::now();
             let batch = self.decode_batch(&uplinks, last + 1).await;
+            metrics::histogram!("weft_pipeline_decode_seconds")
+                .record(started.elapsed().as_secs_f64());
             if tx.send(batch).await.is_err() {
                 break;
             }
@@ -311,6 +314,7 @@ impl Pipeline {
             let next_seq = batch.next_seq;
             let units: Vec<UnitRecord> = batch.units.clone();
             let mut delay = Duration::from_millis(5);
+            let started = std::time::Instant::now();
             let outcome = loop {
                 match self.store.commit_processed(batch.clone()).await {
                     Ok(outcome) => break Some(outcome),
@@ -323,6 +327,11 @@ impl Pipeline {
                 }
             };
             let Some(outcome) = outcome else { break };
+            metrics::histogram!("weft_pipeline_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
+            if started.elapsed() > Duration::from_millis(20) {
+                tracing::debug!(took = ?started.elapsed(), "slow pipeline commit");
+            }
             let mut stored = 0u64;
             let now = weft_model::now_ms();
             for (record, inserted) in units.into_iter().zip(outcome.inserted) {

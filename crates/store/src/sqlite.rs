@@ -153,8 +153,13 @@ impl SqliteStore {
                 })?;
             }
         }
-        let (log, committed) =
-            Part::open(&log_path(&config.path), &config, config.synchronous, "log", 2)?;
+        let (log, committed) = Part::open(
+            &log_path(&config.path),
+            &config,
+            config.synchronous,
+            "log",
+            2,
+        )?;
         // Everything in the main file can be rebuilt from the log: a commit
         // lost to a power cut takes the pipeline's cursor back with it, and
         // the pipeline processes those uplinks again (the log keeps them far

@@ -85,8 +85,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG_FILTER")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let filter = tracing_subscriber::EnvFilter::new(filter);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -26,7 +26,7 @@ use super::schema;
 /// changed many times (a hot index leaf) once instead of many times, at the
 /// price of a longer WAL; half a second keeps the WAL to a few MB at the
 /// target ingest rate.
-const PERIOD: Duration = Duration::from_millis(500);
+const PERIOD: Duration = Duration::from_millis(100);
 
 /// WAL size in bytes beyond which the writer is asked to start the WAL
 /// over; a longer WAL slows every page lookup.
@@ -48,13 +48,31 @@ pub(super) fn spawn(
                 return;
             }
         };
+        // Passive checkpoints that do not reach the end of the WAL leave the
+        // pages they copied unsynced; SQLite syncs the database file only
+        // when a checkpoint completes, which would make that one (run by the
+        // writer, see `restart_wal_if_asked`) pay for seconds of copying.
+        // Syncing after every pass, here, keeps that final sync small.
+        let file = std::fs::File::open(&path).ok();
         let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap_or(4096);
         loop {
             if *stopped.borrow_and_update() {
                 let _ = checkpoint(&conn, "TRUNCATE");
                 return;
             }
-            match checkpoint(&conn, "PASSIVE") {
+            // While the writer has a restart to do, stay out of its way: a
+            // checkpoint running here would make it wait for the lock.
+            if restart_wal.load(Ordering::Relaxed) {
+                std::thread::sleep(PERIOD);
+                continue;
+            }
+            let result = checkpoint(&conn, "PASSIVE");
+            if let Some(file) = &file {
+                if let Err(e) = file.sync_data() {
+                    tracing::warn!(error = %e, "syncing the database file failed");
+                }
+            }
+            match result {
                 Ok(frames) if frames * page_size > RESTART_BYTES => restart_wal.store(true, Ordering::Relaxed),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "checkpoint failed"),

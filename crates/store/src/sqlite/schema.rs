@@ -110,7 +110,6 @@ pub(super) fn configure_writer(conn: &Connection, sync: Synchronous) -> rusqlite
     // Keep the hot index pages in memory: inserts into the random-keyed
     // `data_id` index touch pages all over it, and a miss costs a read.
     conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)?;
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     Ok(())
 }
 
@@ -124,16 +123,11 @@ const WRITER_CACHE_KIB: i64 = -64 * 1024;
 /// Page cache of each read connection: 16 MiB.
 const READER_CACHE_KIB: i64 = -16 * 1024;
 
-/// Memory-mapped reads up to this many bytes of the database file, so
-/// reading a page is a memory access rather than a system call.
-const MMAP_BYTES: i64 = 1024 * 1024 * 1024;
-
 /// Settings for a read connection.
 pub(super) fn configure_reader(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.pragma_update(None, "cache_size", READER_CACHE_KIB)?;
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     Ok(())
 }
 

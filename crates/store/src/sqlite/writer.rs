@@ -301,25 +301,29 @@ impl Writer {
         }
     }
 
-    /// Starts the WAL over when the checkpointer asks: only a connection
-    /// that can take the write lock between commits can do that, and the
-    /// writer is the one that never has to wait for it. The checkpointer
-    /// has already copied almost every frame, so this is short.
+    /// Lets the WAL start over when the checkpointer asks. SQLite rewinds
+    /// the WAL at the start of a write once every frame has been copied
+    /// back and no reader needs it; under steady load the checkpointer
+    /// never catches up with the last frames, because the writer keeps
+    /// adding some while it copies. So the writer copies the rest itself,
+    /// between two of its commits, while nothing new arrives: a passive
+    /// checkpoint of only what came since the checkpointer's last pass,
+    /// never waiting on a lock. The next write then rewinds the WAL.
     fn restart_wal_if_asked(&self) {
-        if !self
-            .restart_wal
-            .swap(false, std::sync::atomic::Ordering::Relaxed)
-        {
+        if !self.restart_wal.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         let started = Instant::now();
-        match self
+        let result = self
             .conn
-            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
-        {
-            Ok(0) => tracing::debug!(took = ?started.elapsed(), "restarted the WAL"),
-            Ok(_) => tracing::debug!("WAL restart deferred: a reader holds an old snapshot"),
-            Err(e) => tracing::warn!(error = %e, "restarting the WAL failed"),
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
+        self.restart_wal
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        metrics::histogram!("weft_store_wal_restart_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(_) => tracing::debug!(took = ?started.elapsed(), "caught up the WAL for a restart"),
+            Err(e) => tracing::warn!(error = %e, "checkpointing for a WAL restart failed"),
         }
     }
 
