@@ -96,11 +96,7 @@ async fn units_carry_device_records_and_unknown_devices_are_registered() {
     )
     .await;
 
-    let k = eventually(Duration::from_secs(10), || async {
-        let (s, v) = c.send("GET", "/api/v1/data/k1", None, None).await;
-        (s == 200).then_some(v)
-    })
-    .await;
+    let k = c.unit_eventually("k1").await;
     assert_eq!(k["device"]["records"], json!({"Project":"perf"}));
     assert_eq!(
         k["device"]["static"],
@@ -116,10 +112,15 @@ async fn units_carry_device_records_and_unknown_devices_are_registered() {
     assert_eq!(n["name"], "P00010");
 }
 
-/// The example type file the README's walkthrough uploads is the same
-/// decoder and mappings the tests use.
+/// The example type file the README's walkthrough uploads embeds the
+/// shipped codec and the seed's mappings.
 #[test]
-fn the_readme_example_type_matches_the_shipped_codec() {
-    let file: serde_json::Value = serde_json::from_str(EM300TH_TYPE_FILE).unwrap();
-    assert_eq!(file, em300th_type());
+fn the_readme_example_type_embeds_the_shipped_codec() {
+    let file = em300th_type();
+    assert_eq!(file["decoder"]["script"], EM300TH_JS);
+    assert_eq!(
+        file["processor"]["mappings"][0],
+        json!({"from":"temperature","to":"temperature.celsius"})
+    );
+    assert_eq!(file["processor"]["mappings"].as_array().unwrap().len(), 6);
 }

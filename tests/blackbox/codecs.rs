@@ -210,11 +210,7 @@ async fn convert_codecs_return_the_data_unit() {
         &json!({"uuid":"cv-1","ts":42,"dev":"d9","t":215}),
     )
     .await;
-    let unit = eventually(Duration::from_secs(10), || async {
-        let (s, v) = c.send("GET", "/api/v1/data/cv-1", None, None).await;
-        (s == 200).then_some(v)
-    })
-    .await;
+    let unit = c.unit_eventually("cv-1").await;
     assert_eq!(unit["reportedAt"], 42);
     assert_eq!(unit["device"]["id"], "d9");
     assert_eq!(unit["measures"], json!({"temperature":{"celsius":21.5}}));

@@ -253,11 +253,7 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
         401
     );
 
-    let t = eventually(Duration::from_secs(10), || async {
-        let (s, v) = c.send("GET", "/api/v1/data/as:up:01HTTN", None, None).await;
-        (s == 200).then_some(v)
-    })
-    .await;
+    let t = c.unit_eventually("as:up:01HTTN").await;
     assert_eq!(t["device"]["id"], "eui-a84041");
     assert_eq!(t["channel"], "farm");
     assert_eq!(t["reportedAt"], 1767323045678i64);
@@ -266,11 +262,7 @@ async fn ttn_and_chirpstack_webhooks_produce_units() {
         json!({"battery":92,"temperature":30.8,"humidity":50.5})
     );
 
-    let s = eventually(Duration::from_secs(10), || async {
-        let (s, v) = c.send("GET", "/api/v1/data/3f2a-cs", None, None).await;
-        (s == 200).then_some(v)
-    })
-    .await;
+    let s = c.unit_eventually("3f2a-cs").await;
     assert_eq!(
         s["device"],
         json!({"id":"0102030405060708","name":"north","type":"em300th"})

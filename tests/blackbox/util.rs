@@ -174,22 +174,27 @@ impl Client {
         if let Some(auth) = auth {
             req = req.header("Authorization", auth);
         }
-        let resp = req.send().await.expect("request sent");
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        reply(req).await
     }
 
-    /// Sends a raw body with a content type.
+    /// Posts a raw (possibly malformed) body.
     pub async fn send_raw(&self, path: &str, body: &'static str, auth: Option<&str>) -> Reply {
         let mut req = self.http.post(format!("{}{}", self.url, path)).body(body);
         if let Some(auth) = auth {
             req = req.header("Authorization", auth);
         }
-        let resp = req.send().await.expect("request sent");
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        reply(req).await
+    }
+
+    /// The stored unit `data_id`, waiting (10 s at most) for the pipeline
+    /// to store it.
+    pub async fn unit_eventually(&self, data_id: &str) -> Value {
+        let path = format!("/api/v1/data/{data_id}");
+        eventually(Duration::from_secs(10), || async {
+            let (status, unit) = self.send("GET", &path, None, None).await;
+            (status == 200).then_some(unit)
+        })
+        .await
     }
 
     /// Sends and asserts the status; returns the body.
@@ -241,20 +246,17 @@ impl Client {
     }
 }
 
+/// Sends `req`; status and JSON body (`Null` when empty or not JSON).
+async fn reply(req: reqwest::RequestBuilder) -> Reply {
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
 /// The em300th device type with the seed's processor mappings.
 pub fn em300th_type() -> Value {
-    json!({
-        "entityType": "TemperatureSensor",
-        "decoder": {"language": "javascript", "script": EM300TH_JS},
-        "processor": {"mappings": [
-            {"from": "temperature", "to": "temperature.celsius"},
-            {"from": "humidity", "to": "airHumidity.relativePercentage"},
-            {"from": "uuid", "to": "dataId"},
-            {"from": "id", "to": "device.id"},
-            {"from": "name", "to": "device.name"},
-            {"from": "reported_at", "to": "reportedAt"}
-        ]}
-    })
+    serde_json::from_str(EM300TH_TYPE_FILE).expect("the example type file is JSON")
 }
 
 /// sensae's load-test body for the decoded path.

@@ -206,21 +206,10 @@ pub fn device_form(index: usize, ratio: f64) -> Form {
 }
 
 /// The session's registration body for `PUT /api/v1/device-types/em300th`:
-/// the decoder plus the processor mappings of sensae's load test.
+/// the example type shipped with weft (the decoder plus the processor
+/// mappings of sensae's load test), the same file the README uploads.
 pub fn device_type_body() -> Vec<u8> {
-    let body = serde_json::json!({
-        "entityType": "TemperatureSensor",
-        "decoder": {"language": "javascript", "script": DECODER_SOURCE},
-        "processor": {"mappings": [
-            {"from": "temperature", "to": "temperature.celsius"},
-            {"from": "humidity", "to": "airHumidity.relativePercentage"},
-            {"from": "uuid", "to": "dataId"},
-            {"from": "id", "to": "device.id"},
-            {"from": "name", "to": "device.name"},
-            {"from": "reported_at", "to": "reportedAt"},
-        ]},
-    });
-    serde_json::to_vec(&body).expect("a JSON value serialises")
+    include_bytes!("../../../../examples/device-types/em300th.json").to_vec()
 }
 
 #[cfg(test)]
