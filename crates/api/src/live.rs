@@ -145,11 +145,16 @@ fn event_frame(id: &str, event: &Event) -> Message {
     Message::Text(Utf8Bytes::from(s))
 }
 
+/// One connection's hold on one stream: the bus subscription (only while
+/// some client subscription wants the stream) and the client's
+/// subscriptions on it, by id.
+type StreamSubscriptions = (Option<Subscription>, Vec<(String, Filter)>);
+
 async fn serve_socket(state: AppState, socket: WebSocket) {
     let (mut sink, mut source) = socket.split();
     let bus = state.pipeline.bus().clone();
     // Per stream: the bus subscription and the client's filters on it.
-    let mut subs: HashMap<Stream, (Option<Subscription>, Vec<(String, Filter)>)> = Stream::ALL
+    let mut subs: HashMap<Stream, StreamSubscriptions> = Stream::ALL
         .iter()
         .map(|s| (*s, (None, Vec::new())))
         .collect();

@@ -79,6 +79,8 @@ type Failure = (FailureReason, String);
 
 /// Decodes and processes `uplinks`, in order, one outcome per uplink.
 /// Devices seen for the first time are appended to `new_devices`.
+// A failed uplink carries its whole body; outcomes are moved once, not copied.
+#[allow(clippy::result_large_err)]
 pub async fn process(
     uplinks: &[Uplink],
     catalog: &Catalog,
@@ -587,7 +589,7 @@ pub fn base64_bytes(raw: &str) -> Result<Vec<u8>, String> {
 /// Bytes from a hex string (spaces allowed) or, failing that, base64.
 pub fn hex_or_base64(raw: &str) -> Result<Vec<u8>, String> {
     let compact: String = raw.chars().filter(|c| !c.is_whitespace()).collect();
-    if compact.len() % 2 == 0 && compact.chars().all(|c| c.is_ascii_hexdigit()) {
+    if compact.len().is_multiple_of(2) && compact.chars().all(|c| c.is_ascii_hexdigit()) {
         return hex::decode(&compact).map_err(|e| e.to_string());
     }
     base64_bytes(raw)

@@ -128,6 +128,8 @@ pub struct Overrides {
 
 impl Config {
     /// Defaults, then `file` (if given), then `WEFT_*`, then `overrides`.
+    // figment's error is large, but it is built once, at start-up.
+    #[allow(clippy::result_large_err)]
     pub fn load(
         file: Option<&std::path::Path>,
         overrides: Overrides,
@@ -149,6 +151,7 @@ impl Config {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
     use super::*;
 
