@@ -6,13 +6,18 @@
 //! - [`unit`]: the data unit, the canonical record the pipeline produces.
 //! - [`device`]: device types (decoder + processor) and devices (records, static data).
 //! - [`mapping`]: the processor's field mappings from an uplink body to a data unit.
-//! - [`query`]: the NGSI Simple Query Language (`q`), shared by live filters,
-//!   NGSI queries and rules.
+//! - [`query`]: the NGSI Simple Query Language (`q`, `mq`), shared by live
+//!   filters, NGSI queries, subscriptions and rules.
+//! - [`ngsi`]: NGSIv2 context entities: attributes, metadata, their
+//!   representations and Orion's validation rules.
+//! - [`geo`]: geometry for `geo:json` attributes and geo-queries.
 //! - [`validate`]: the name rules of the compatible surfaces.
 #![deny(missing_docs)]
 
 pub mod device;
+pub mod geo;
 pub mod mapping;
+pub mod ngsi;
 pub mod query;
 pub mod unit;
 pub mod uplink;

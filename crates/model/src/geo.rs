@@ -1,0 +1,1 @@
+//! Geometry for geo-queries (being written).

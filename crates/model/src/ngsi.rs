@@ -1,0 +1,1 @@
+//! NGSIv2 context entities (being written).
