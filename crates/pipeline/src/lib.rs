@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -84,7 +83,7 @@ pub struct Pipeline {
 
 /// A decoded batch on its way from the reader to the committer.
 struct Decoded {
-    batch: ProcessedBatch,
+    batch: Arc<ProcessedBatch>,
 }
 
 /// Capacity of the reader → committer queue: two batches, so decoding the
@@ -303,7 +302,9 @@ impl Pipeline {
                 }
             }
         }
-        Decoded { batch }
+        Decoded {
+            batch: Arc::new(batch),
+        }
     }
 
     /// Committer stage: stores each batch with its cursor, then publishes
@@ -312,11 +313,10 @@ impl Pipeline {
     async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>) {
         while let Some(Decoded { batch }) = rx.recv().await {
             let next_seq = batch.next_seq;
-            let units: Vec<UnitRecord> = batch.units.clone();
             let mut delay = Duration::from_millis(5);
             let started = std::time::Instant::now();
             let outcome = loop {
-                match self.store.commit_processed(batch.clone()).await {
+                match self.store.commit_processed(Arc::clone(&batch)).await {
                     Ok(outcome) => break Some(outcome),
                     Err(StoreError::Closed) => break None,
                     Err(e) => {
@@ -334,7 +334,7 @@ impl Pipeline {
             }
             let mut stored = 0u64;
             let now = weft_model::now_ms();
-            for (record, inserted) in units.into_iter().zip(outcome.inserted) {
+            for (record, inserted) in batch.units.iter().zip(outcome.inserted) {
                 if !inserted {
                     metrics::counter!("weft_units_duplicate_total").increment(1);
                     continue;
@@ -342,11 +342,10 @@ impl Pipeline {
                 stored += 1;
                 let lag_ms = (now - record.unit.received_at).max(0) as f64;
                 metrics::histogram!("weft_pipeline_latency_seconds").record(lag_ms / 1000.0);
-                let json = Bytes::from(record.json.as_bytes().to_vec());
                 self.bus.publish(Event {
                     stream: Stream::Data,
-                    payload: Payload::Data(record.unit),
-                    json,
+                    payload: Payload::Data(Arc::clone(&record.unit)),
+                    json: record.json.clone(),
                 });
             }
             metrics::counter!("weft_units_stored_total").increment(stored);

@@ -49,8 +49,9 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub struct UnitRecord {
     /// The unit.
     pub unit: Arc<DataUnit>,
-    /// `serde_json::to_string(&unit)`.
-    pub json: Arc<str>,
+    /// `serde_json::to_string(&unit)` as UTF-8 bytes: stored as is, and
+    /// shared (not copied) with the bus event that publishes the unit.
+    pub json: bytes::Bytes,
 }
 
 /// A stored data unit as read back: its storage position (the paging
@@ -156,8 +157,10 @@ pub trait Store: Send + Sync + 'static {
     /// The next `seq` consumer `name` has to process (1 for a new consumer).
     async fn cursor(&self, consumer: &str) -> Result<u64>;
 
-    /// Commits a processed batch and the consumer's cursor atomically.
-    async fn commit_processed(&self, batch: ProcessedBatch) -> Result<CommitOutcome>;
+    /// Commits a processed batch and the consumer's cursor atomically. The
+    /// batch is shared so a caller can retry it, and publish its units
+    /// afterwards, without copying it.
+    async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome>;
 
     /// Deletes log entries with `seq < below_seq` received before
     /// `received_before` (epoch ms); returns how many were deleted.

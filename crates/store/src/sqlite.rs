@@ -331,7 +331,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn commit_processed(&self, batch: ProcessedBatch) -> Result<CommitOutcome> {
+    async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
         self.main.write(|reply| Op::Processed(batch, reply)).await
     }
 

@@ -251,7 +251,10 @@ async fn commit_processed_is_idempotent_and_moves_the_cursor() {
         failures: vec![failure(2, Some("c"), None, json!({"x": 1}))],
         new_devices: vec![device("d1", "t", "c", json!({}))],
     };
-    let out = store.commit_processed(first.clone()).await.unwrap();
+    let out = store
+        .commit_processed(Arc::new(first.clone()))
+        .await
+        .unwrap();
     assert_eq!(out.inserted, [true, true]);
 
     // A replay of the same entries plus a new one, and a duplicate inside
@@ -266,7 +269,7 @@ async fn commit_processed_is_idempotent_and_moves_the_cursor() {
         new_devices: vec![device("d1", "other", "elsewhere", json!({}))],
         ..first.clone()
     };
-    let out = store.commit_processed(second).await.unwrap();
+    let out = store.commit_processed(Arc::new(second)).await.unwrap();
     assert_eq!(out.inserted, [false, true, false]);
     assert_eq!(store.cursor("pipeline").await.unwrap(), 5);
     assert_eq!(store.cursor("someone-else").await.unwrap(), 1);
@@ -321,7 +324,7 @@ async fn a_failing_operation_fails_alone() {
         let store = Arc::clone(&store);
         async move {
             store
-                .commit_processed(ProcessedBatch {
+                .commit_processed(Arc::new(ProcessedBatch {
                     consumer: "pipeline".to_string(),
                     next_seq: 9,
                     units: vec![
@@ -329,7 +332,7 @@ async fn a_failing_operation_fails_alone() {
                         unit("poison", "d", "c", "t", 2),
                     ],
                     ..ProcessedBatch::default()
-                })
+                }))
                 .await
         }
     });
@@ -337,12 +340,12 @@ async fn a_failing_operation_fails_alone() {
         let store = Arc::clone(&store);
         async move {
             store
-                .commit_processed(ProcessedBatch {
+                .commit_processed(Arc::new(ProcessedBatch {
                     consumer: "other".to_string(),
                     next_seq: 4,
                     units: vec![unit("good", "d", "c", "t", 3)],
                     ..ProcessedBatch::default()
-                })
+                }))
                 .await
         }
     });
@@ -387,12 +390,12 @@ async fn query_data_filters_and_get_data() {
         unit("u5", "dev-a", "north", "thermo", 500),
     ];
     store
-        .commit_processed(ProcessedBatch {
+        .commit_processed(Arc::new(ProcessedBatch {
             consumer: "pipeline".to_string(),
             next_seq: 2,
             units,
             ..ProcessedBatch::default()
-        })
+        }))
         .await
         .unwrap();
     let q = |f: fn(&mut DataQuery)| {
@@ -455,7 +458,10 @@ async fn query_data_filters_and_get_data() {
 
     let u3 = store.get_data("u3").await.unwrap().unwrap();
     assert_eq!(data_ids(std::slice::from_ref(&u3)), ["u3"]);
-    assert_eq!(u3.json, *unit("u3", "dev-a", "south", "thermo", 300).json);
+    assert_eq!(
+        u3.json.as_bytes(),
+        &unit("u3", "dev-a", "south", "thermo", 300).json[..]
+    );
     assert_eq!(store.get_data("missing").await.unwrap(), None);
 }
 
@@ -477,13 +483,16 @@ async fn query_failed_filters_and_overwrites() {
         failures: failures.clone(),
         ..ProcessedBatch::default()
     };
-    store.commit_processed(batch.clone()).await.unwrap();
+    store
+        .commit_processed(Arc::new(batch.clone()))
+        .await
+        .unwrap();
     let mut replayed = batch;
     replayed.failures = vec![FailedUplink {
         description: "second try".to_string(),
         ..failures[1].clone()
     }];
-    store.commit_processed(replayed).await.unwrap();
+    store.commit_processed(Arc::new(replayed)).await.unwrap();
 
     let all = |query: FailedQuery| {
         let store = &store;
@@ -862,7 +871,7 @@ async fn throughput() {
             ..ProcessedBatch::default()
         };
         let started = Instant::now();
-        store.commit_processed(batch).await.unwrap();
+        store.commit_processed(Arc::new(batch)).await.unwrap();
         times.push(started.elapsed());
     }
     times.sort();

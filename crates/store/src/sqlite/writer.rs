@@ -22,6 +22,7 @@
 //! It does no reads for callers (the read pool does) and never decides
 //! about overload (the sender's `try_send` does).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
@@ -41,7 +42,7 @@ pub(super) enum Op {
     /// Append to the ingest log; answers the new `seq`.
     Append(NewUplink, Reply<u64>),
     /// A pipeline batch and its cursor, atomically.
-    Processed(ProcessedBatch, Reply<CommitOutcome>),
+    Processed(Arc<ProcessedBatch>, Reply<CommitOutcome>),
     /// Delete old log entries; answers how many.
     Prune {
         /// Only entries with `seq` below this.
@@ -452,7 +453,7 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
                 &unit.channel,
                 &unit.device.device_type,
                 unit.reported_at,
-                &*record.json,
+                json_text(&record.json)?,
             ))?;
             inserted.push(changed == 1);
         }
@@ -501,6 +502,12 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
 /// scanning from the oldest entry: the cost is proportional to what is
 /// deleted, never to the size of the log. At most [`PRUNE_CHUNK`] entries
 /// go per call, so one prune never holds the writer for long.
+/// A unit's JSON as text (it was serialised from a `String`, so this only
+/// fails on a caller's bug, reported as an SQL error rather than a panic).
+fn json_text(json: &[u8]) -> rusqlite::Result<&str> {
+    std::str::from_utf8(json).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
 fn prune(conn: &Connection, below_seq: u64, received_before: i64) -> rusqlite::Result<u64> {
     let deleted = conn
         .prepare_cached(
