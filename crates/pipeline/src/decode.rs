@@ -399,7 +399,7 @@ fn shape(
                 UplinkFormat::SensaeDecoded | UplinkFormat::SensaeEncoded
             ) {
                 for f in SENSAE_ENVELOPE_FIELDS {
-                    m.remove(*f);
+                    m.shift_remove(*f);
                 }
             }
             m
@@ -445,17 +445,22 @@ fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
 /// `<device id>:<index>`). Each gets its own unit and `dataId`
 /// (`<dataId>:<index>` for sub-devices, so replays stay idempotent).
 fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) -> Vec<DataUnit> {
-    let indexed = !base.measures.is_empty()
+    let all_indexes = !base.measures.is_empty()
         && base
             .measures
             .iter()
             .all(|(k, v)| k.parse::<u32>().is_ok() && v.is_object());
-    if !indexed {
+    if !all_indexes {
         return vec![base];
     }
-    let mut units = Vec::with_capacity(base.measures.len());
-    for (key, measures) in &base.measures {
-        let index: u32 = key.parse().expect("checked above");
+    let mut indexed: Vec<(u32, &Value)> = base
+        .measures
+        .iter()
+        .map(|(k, v)| (k.parse().expect("checked above"), v))
+        .collect();
+    indexed.sort_by_key(|(index, _)| *index);
+    let mut units = Vec::with_capacity(indexed.len());
+    for (index, measures) in indexed {
         let Value::Object(measures) = measures else {
             continue;
         };

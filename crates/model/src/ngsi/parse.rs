@@ -1,0 +1,919 @@
+//! Request payloads into the model, with Orion's validation and its exact
+//! error texts (taken from Orion's functional test cases, cited in the
+//! tests below).
+//!
+//! Attribute order follows the order of the [`Value`] object handed in.
+//! serde_json keeps a document's key order only with its `preserve_order`
+//! feature; without it objects iterate alphabetically.
+
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+use std::fmt;
+
+use super::{
+    default_type, parse_datetime, AttrMap, Attribute, Entity, Metadata, MetadataMap, NgsiError,
+    DEFAULT_ENTITY_TYPE, MAX_NAME_LEN,
+};
+use crate::ngsi::datetime::format_datetime;
+
+/// Deepest nesting Orion accepts in attribute and metadata values.
+pub const MAX_NESTING: usize = 50;
+
+/// Characters Orion forbids in values (unless `TextUnrestricted`) and in
+/// identifiers.
+pub const FORBIDDEN_CHARS: &[char] = &['<', '>', '"', '\'', '=', ';', '(', ')'];
+
+/// What an identifier names; selects the words of the error texts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// Entity id.
+    EntityId,
+    /// Entity type.
+    EntityType,
+    /// Attribute name.
+    AttrName,
+    /// Attribute type.
+    AttrType,
+    /// Metadata name.
+    MetadataName,
+    /// Metadata type.
+    MetadataType,
+}
+
+impl NameKind {
+    fn label(self) -> &'static str {
+        match self {
+            NameKind::EntityId => "entity id",
+            NameKind::EntityType => "entity type",
+            NameKind::AttrName => "attribute name",
+            NameKind::AttrType => "attribute type",
+            NameKind::MetadataName => "metadata name",
+            NameKind::MetadataType => "metadata type",
+        }
+    }
+}
+
+/// Checks an identifier: 1–256 characters of printable ASCII, none of
+/// `& ? / #`, none of the forbidden characters `< > " ' = ; ( )`.
+/// The texts are Orion's: "entity id length: 0, min length supported: 1",
+/// "entity id length: 257, max length supported: 256",
+/// "Invalid characters in entity id" (and likewise for the other kinds).
+pub fn check_name(kind: NameKind, s: &str) -> Result<(), NgsiError> {
+    let label = kind.label();
+    if s.is_empty() {
+        return Err(NgsiError::bad_request(format!(
+            "{label} length: 0, min length supported: 1"
+        )));
+    }
+    if s.len() > MAX_NAME_LEN {
+        return Err(NgsiError::bad_request(format!(
+            "{label} length: {}, max length supported: {MAX_NAME_LEN}",
+            s.len()
+        )));
+    }
+    let valid = s.bytes().all(|b| {
+        b.is_ascii_graphic()
+            && !matches!(b, b'&' | b'?' | b'/' | b'#')
+            && !FORBIDDEN_CHARS.contains(&(b as char))
+    });
+    if !valid {
+        return Err(NgsiError::bad_request(format!(
+            "Invalid characters in {label}"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a JSON request body. Syntax errors (including non-string keys)
+/// are Orion's ParseError; a key repeated at the top level is
+/// "duplicated attribute /<name>/" (`1444_err_msg_duplicate_attr`), which
+/// a plain `serde_json` parse would silently resolve to the last value.
+pub fn parse_body(text: &str) -> Result<Value, NgsiError> {
+    let value: Value = serde_json::from_str(text).map_err(|_| NgsiError::parse_error())?;
+    if value.is_object() {
+        match serde_json::from_str::<DuplicateCheck>(text) {
+            Ok(DuplicateCheck(None)) => {}
+            Ok(DuplicateCheck(Some(name))) => {
+                return Err(NgsiError::bad_request(format!(
+                    "duplicated attribute /{name}/"
+                )))
+            }
+            Err(_) => return Err(NgsiError::parse_error()),
+        }
+    }
+    Ok(value)
+}
+
+/// The first key repeated at the top level of an object, if any.
+struct DuplicateCheck(Option<String>);
+
+impl<'de> Deserialize<'de> for DuplicateCheck {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DuplicateCheck;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut seen = HashSet::new();
+                let mut dup = None;
+                while let Some((k, _)) = access.next_entry::<String, IgnoredAny>()? {
+                    if dup.is_none() && !seen.insert(k.clone()) {
+                        dup = Some(k);
+                    }
+                }
+                Ok(DuplicateCheck(dup))
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
+}
+
+/// Parses an entity creation payload (`POST /v2/entities`, batch
+/// entities): `{"id","type",<attrs>}` in normalized form, or with
+/// `key_values` the attribute values directly. The entity's dates are left
+/// at 0: call [`Entity::stamp_created`] when it is stored.
+pub fn parse_entity(body: &Value, key_values: bool) -> Result<Entity, NgsiError> {
+    let Value::Object(obj) = body else {
+        return Err(NgsiError::parse_error());
+    };
+    let id = match obj.get("id") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(NgsiError::bad_request("Invalid JSON type for entity id")),
+    };
+    check_name(NameKind::EntityId, &id)?;
+    let entity_type = match obj.get("type") {
+        None => DEFAULT_ENTITY_TYPE.to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(NgsiError::bad_request("Invalid JSON type for entity type")),
+    };
+    check_name(NameKind::EntityType, &entity_type)?;
+    let mut entity = Entity::new(id, entity_type);
+    let attrs = parse_attr_entries(obj, key_values, true)?;
+    take_builtins(&mut entity, attrs);
+    entity.check_locations()?;
+    Ok(entity)
+}
+
+/// Parses the attributes of `/v2/entities/{id}/attrs` payloads (POST,
+/// PATCH, PUT) and batch updates. `id` and `type` are refused here:
+/// "entity id specified in payload", "entity type specified in payload"
+/// (`1259_new_json_for_v2/putPostPatch_v2_entities_eid_with_error.test`).
+pub fn parse_attrs(body: &Value, key_values: bool) -> Result<AttrMap, NgsiError> {
+    let Value::Object(obj) = body else {
+        return Err(NgsiError::parse_error());
+    };
+    if obj.contains_key("id") {
+        return Err(NgsiError::bad_request("entity id specified in payload"));
+    }
+    if obj.contains_key("type") {
+        return Err(NgsiError::bad_request("entity type specified in payload"));
+    }
+    parse_attr_entries(obj, key_values, false)
+}
+
+/// Parses the body of `PUT /v2/entities/{id}/attrs/{name}`: one attribute
+/// in normalized form (`{"value","type","metadata"}`).
+pub fn parse_attr(name: &str, body: &Value) -> Result<Attribute, NgsiError> {
+    check_attr_name(name)?;
+    parse_normalized_attr(body)
+}
+
+/// Parses a `text/plain` body of `PUT /v2/entities/{id}/attrs/{name}/value`:
+/// a number, `true`, `false`, `null` or a double-quoted string
+/// (`1188_empty_attribute_value`, `2386_missing_citation_mark_error`).
+pub fn parse_attr_value_text(text: &str) -> Result<Value, NgsiError> {
+    let t = text.trim();
+    match t {
+        "true" => return Ok(Value::Bool(true)),
+        "false" => return Ok(Value::Bool(false)),
+        "null" => return Ok(Value::Null),
+        _ => {}
+    }
+    if let Some(rest) = t.strip_prefix('"') {
+        return match rest.strip_suffix('"') {
+            Some(inner) => Ok(Value::String(inner.to_string())),
+            None => Err(NgsiError::bad_request(
+                "Missing citation-mark at end of string",
+            )),
+        };
+    }
+    if t.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '.' || c == '+') {
+        let numeric = t.strip_prefix('+').unwrap_or(t);
+        if let Ok(v @ Value::Number(_)) = serde_json::from_str::<Value>(numeric) {
+            return Ok(v);
+        }
+        if let Ok(f) = numeric.parse::<f64>() {
+            if let Some(n) = serde_json::Number::from_f64(f) {
+                return Ok(Value::Number(n));
+            }
+        }
+    }
+    Err(NgsiError::bad_request(
+        "attribute value type not recognized",
+    ))
+}
+
+fn check_attr_name(name: &str) -> Result<(), NgsiError> {
+    check_name(NameKind::AttrName, name)?;
+    if matches!(name, "id" | "type" | "geo:distance" | "*") {
+        return Err(NgsiError::bad_request(
+            "Invalid characters in attribute name",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_attr_entries(
+    obj: &Map<String, Value>,
+    key_values: bool,
+    skip_entity_keys: bool,
+) -> Result<AttrMap, NgsiError> {
+    let mut attrs = AttrMap::new();
+    for (name, v) in obj {
+        if skip_entity_keys && (name == "id" || name == "type") {
+            continue;
+        }
+        check_attr_name(name)?;
+        let attr = if key_values {
+            let value = check_value(default_type(v), &MetadataMap::new(), v.clone())?;
+            Attribute::new(value, default_type(v))
+        } else {
+            parse_normalized_attr(v)?
+        };
+        attrs.insert(name.clone(), attr);
+    }
+    Ok(attrs)
+}
+
+/// Moves a `dateExpires` attribute of type `DateTime` into the entity's
+/// builtin expiration date; everything else becomes a user attribute.
+fn take_builtins(entity: &mut Entity, attrs: AttrMap) {
+    for (name, attr) in attrs {
+        if name == "dateExpires" && attr.attr_type == "DateTime" {
+            if let Some(ms) = attr.value.as_str().and_then(parse_datetime) {
+                entity.date_expires = Some(ms);
+                continue;
+            }
+        }
+        entity.attrs.insert(name, attr);
+    }
+}
+
+fn parse_normalized_attr(v: &Value) -> Result<Attribute, NgsiError> {
+    let Value::Object(o) = v else {
+        return Err(NgsiError::bad_request(
+            "attribute must be a JSON object, unless keyValues option is used",
+        ));
+    };
+    if o.keys()
+        .any(|k| !matches!(k.as_str(), "value" | "type" | "metadata"))
+    {
+        return Err(NgsiError::bad_request(
+            "unrecognized property for context attribute",
+        ));
+    }
+    let value = o.get("value").cloned().unwrap_or(Value::Null);
+    let attr_type = match o.get("type") {
+        None => default_type(&value).to_string(),
+        Some(Value::String(s)) => {
+            check_name(NameKind::AttrType, s)?;
+            s.clone()
+        }
+        Some(_) => {
+            return Err(NgsiError::bad_request(
+                "invalid JSON type for attribute type",
+            ))
+        }
+    };
+    let metadata = match o.get("metadata") {
+        None | Some(Value::Null) => MetadataMap::new(),
+        Some(Value::Object(m)) => parse_metadata(m)?,
+        Some(_) => return Err(NgsiError::bad_request("metadata must be a JSON object")),
+    };
+    let value = check_value(&attr_type, &metadata, value)?;
+    let mut attr = Attribute::new(value, attr_type);
+    attr.metadata = metadata;
+    Ok(attr)
+}
+
+fn parse_metadata(m: &Map<String, Value>) -> Result<MetadataMap, NgsiError> {
+    let mut out = MetadataMap::new();
+    for (name, md) in m {
+        check_name(NameKind::MetadataName, name)?;
+        let Value::Object(o) = md else {
+            return Err(NgsiError::bad_request("metadata must be a JSON object"));
+        };
+        if o.keys().any(|k| k != "value" && k != "type") {
+            return Err(NgsiError::bad_request(
+                "invalid JSON field for attribute metadata",
+            ));
+        }
+        let value = o.get("value").cloned().unwrap_or(Value::Null);
+        let md_type = match o.get("type") {
+            None => default_type(&value).to_string(),
+            Some(Value::String(s)) => {
+                check_name(NameKind::MetadataType, s)?;
+                s.clone()
+            }
+            Some(_) => {
+                return Err(NgsiError::bad_request(
+                    "invalid JSON type for attribute metadata type",
+                ))
+            }
+        };
+        check_nesting(&value)?;
+        let value = if is_date_type(&md_type) {
+            normalise_date(value, "date has invalid format in metadata value")?
+        } else {
+            value
+        };
+        out.insert(name.clone(), Metadata { value, md_type });
+    }
+    Ok(out)
+}
+
+fn is_date_type(t: &str) -> bool {
+    t == "DateTime" || t == "ISO8601"
+}
+
+fn normalise_date(value: Value, error: &str) -> Result<Value, NgsiError> {
+    match &value {
+        Value::Null => Ok(value),
+        Value::String(s) => match parse_datetime(s) {
+            Some(ms) => Ok(Value::String(format_datetime(ms))),
+            None => Err(NgsiError::bad_request(error)),
+        },
+        _ => Err(NgsiError::bad_request(error)),
+    }
+}
+
+/// Validates (and normalises) an attribute value for its type and
+/// metadata: nesting depth, forbidden characters unless the type or a
+/// `TextUnrestricted: true` metadata lifts them (`4792_text_unrestricted_metadata`,
+/// `3867_textUnrestricted…`), `DateTime`/`ISO8601` dates, `geo:json` shapes.
+pub(crate) fn check_value(
+    attr_type: &str,
+    metadata: &MetadataMap,
+    value: Value,
+) -> Result<Value, NgsiError> {
+    check_nesting(&value)?;
+    let unrestricted = attr_type == "TextUnrestricted"
+        || matches!(
+            metadata.get("TextUnrestricted").map(|m| &m.value),
+            Some(Value::Bool(true))
+        );
+    if !unrestricted && has_forbidden_chars(&value) {
+        return Err(NgsiError::bad_request(
+            "Invalid characters in attribute value",
+        ));
+    }
+    if is_date_type(attr_type) {
+        return normalise_date(value, "date has invalid format in attribute value");
+    }
+    if attr_type == "geo:json" && !value.is_null() {
+        check_geojson(&value).map_err(|why| {
+            NgsiError::bad_request(format!("error parsing location attribute: {why}"))
+        })?;
+    }
+    Ok(value)
+}
+
+fn has_forbidden_chars(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains(FORBIDDEN_CHARS),
+        Value::Array(a) => a.iter().any(has_forbidden_chars),
+        Value::Object(o) => o.values().any(has_forbidden_chars),
+        _ => false,
+    }
+}
+
+fn check_nesting(v: &Value) -> Result<(), NgsiError> {
+    fn depth(v: &Value) -> usize {
+        match v {
+            Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    if depth(v) > MAX_NESTING {
+        return Err(NgsiError::bad_request(format!(
+            "attribute or metadata value has overpassed maximum nesting limit: {MAX_NESTING}"
+        )));
+    }
+    Ok(())
+}
+
+/// A shape check of a GeoJSON geometry (or a Feature carrying one); the
+/// geometry maths lives in [`crate::geo`].
+fn check_geojson(v: &Value) -> Result<(), String> {
+    let Value::Object(o) = v else {
+        return Err("geo:json needs an object as value".into());
+    };
+    let Some(Value::String(t)) = o.get("type") else {
+        return Err("geometry has no /type/".into());
+    };
+    match t.as_str() {
+        "Feature" => match o.get("geometry") {
+            Some(g) => check_geojson(g),
+            None => Err("Feature has no /geometry/".into()),
+        },
+        "FeatureCollection" => match o.get("features") {
+            Some(Value::Array(fs)) if !fs.is_empty() => fs.iter().try_for_each(check_geojson),
+            _ => Err("FeatureCollection needs a non-empty /features/ array".into()),
+        },
+        "GeometryCollection" => match o.get("geometries") {
+            Some(Value::Array(gs)) => gs.iter().try_for_each(check_geojson),
+            _ => Err("GeometryCollection needs a /geometries/ array".into()),
+        },
+        "Point" | "MultiPoint" | "LineString" | "MultiLineString" | "Polygon" | "MultiPolygon" => {
+            let c = o
+                .get("coordinates")
+                .ok_or_else(|| format!("{t} has no /coordinates/"))?;
+            let ok = match t.as_str() {
+                "Point" => is_position(c),
+                "MultiPoint" => array_of(c, 0, is_position),
+                "LineString" => is_line(c),
+                "MultiLineString" => array_of(c, 0, is_line),
+                "Polygon" => is_polygon(c),
+                _ => array_of(c, 0, is_polygon),
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("invalid coordinates for {t}"))
+            }
+        }
+        other => Err(format!("unsupported geometry type /{other}/")),
+    }
+}
+
+fn is_position(v: &Value) -> bool {
+    matches!(v, Value::Array(a) if (2..=3).contains(&a.len()) && a.iter().all(Value::is_number))
+}
+
+fn array_of(v: &Value, min: usize, item: fn(&Value) -> bool) -> bool {
+    matches!(v, Value::Array(a) if a.len() >= min && a.iter().all(item))
+}
+
+fn is_line(v: &Value) -> bool {
+    array_of(v, 2, is_position)
+}
+
+fn is_ring(v: &Value) -> bool {
+    array_of(v, 4, is_position) && v.as_array().map(|a| a.first() == a.last()) == Some(true)
+}
+
+fn is_polygon(v: &Value) -> bool {
+    array_of(v, 1, is_ring)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(r: Result<impl fmt::Debug, NgsiError>) -> (u16, &'static str, String) {
+        let e = r.unwrap_err();
+        (e.status, e.error, e.description)
+    }
+
+    fn bad(text: &str) -> (u16, &'static str, String) {
+        (400, "BadRequest", text.to_string())
+    }
+
+    // 0970_create_entity/simple_creation.test, 1836_min_length_id_v2: defaults.
+    #[test]
+    fn normalized_entity_with_default_types() {
+        let e = parse_entity(
+            &json!({"id":"E","A":{"value":1},"B":{"value":"x"},"C":{"value":true},
+                    "D":{"value":[1]},"F":{"value":null},"G":{}}),
+            false,
+        )
+        .unwrap();
+        assert_eq!(e.entity_type, "Thing");
+        let types: Vec<_> = e.attrs.iter().map(|(_, a)| a.attr_type.as_str()).collect();
+        assert_eq!(
+            types,
+            [
+                "Number",
+                "Text",
+                "Boolean",
+                "StructuredValue",
+                "None",
+                "None"
+            ]
+        );
+    }
+
+    // 1836_min_length_id_v2_metadata.test: metadata without type is Text.
+    #[test]
+    fn metadata_default_type_and_compound_values() {
+        let e = parse_entity(
+            &json!({"id":"E","A":{"value":1,"metadata":{"m":{"value":"x"},
+                    "c":{"value":{"a":1,"b":"beee"}}}}}),
+            false,
+        )
+        .unwrap();
+        let md = &e.attrs.get("A").unwrap().metadata;
+        assert_eq!(md.get("m").unwrap().md_type, "Text");
+        // 1068_metadata_value_as_compound_object.test
+        assert_eq!(md.get("c").unwrap().value, json!({"a":1,"b":"beee"}));
+        assert_eq!(md.get("c").unwrap().md_type, "StructuredValue");
+    }
+
+    // 0970_create_entity/errors_at_creation.test
+    #[test]
+    fn entity_id_and_type_errors() {
+        let kv = |v| parse_entity(&v, true);
+        assert_eq!(
+            err(kv(json!({"type":"T1","attr01":"1"}))),
+            bad("entity id length: 0, min length supported: 1")
+        );
+        assert_eq!(
+            err(kv(json!({"id":"","attr01":"1"}))),
+            bad("entity id length: 0, min length supported: 1")
+        );
+        assert_eq!(
+            err(kv(json!({"id":true}))),
+            bad("Invalid JSON type for entity id")
+        );
+        assert_eq!(
+            err(kv(json!({"id":12}))),
+            bad("Invalid JSON type for entity id")
+        );
+        assert_eq!(
+            err(kv(json!({"id":"ID","type":false}))),
+            bad("Invalid JSON type for entity type")
+        );
+        assert_eq!(
+            err(kv(json!({"id":"ID","type":"WT","":"1"}))),
+            bad("attribute name length: 0, min length supported: 1")
+        );
+        // 1836_min_length_id_v2_entity.test
+        assert_eq!(
+            err(kv(json!({"id":"E","type":""}))),
+            bad("entity type length: 0, min length supported: 1")
+        );
+    }
+
+    // 0970_create_entity/errors_at_creation.test steps 08-09: non-string keys.
+    #[test]
+    fn non_string_keys_are_parse_errors() {
+        let e = parse_body(r#"{"id":"ID","type":"WT",6:"1"}"#).unwrap_err();
+        assert_eq!(
+            e.to_json(),
+            json!({"error":"ParseError","description":"Errors found in incoming JSON buffer"})
+        );
+    }
+
+    // 1444_err_msg_duplicate_attr/create_entity_dup_attr.test
+    #[test]
+    fn duplicated_attribute() {
+        let r = parse_body(r#"{"id":"E1","type":"T1","attr":"value","attr":1}"#);
+        assert_eq!(err(r), bad("duplicated attribute /attr/"));
+        assert!(parse_body(r#"{"a":{"x":1},"b":{"x":2}}"#).is_ok());
+    }
+
+    // 1601_restrict_chars_in_ids/*.test, 1728_bug_forbidden_chars/*.test
+    #[test]
+    fn invalid_characters_in_identifiers() {
+        let n = |v| err(parse_entity(&v, false));
+        assert_eq!(
+            n(json!({"id":"España","A1":""})),
+            bad("Invalid characters in entity id")
+        );
+        assert_eq!(
+            n(json!({"id":"E#"})),
+            bad("Invalid characters in entity id")
+        );
+        assert_eq!(
+            n(json!({"id":"Espa>a"})),
+            bad("Invalid characters in entity id")
+        );
+        assert_eq!(
+            n(json!({"id":"E;"})),
+            bad("Invalid characters in entity id")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","type":"Olé"})),
+            bad("Invalid characters in entity type")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","type":"Ol("})),
+            bad("Invalid characters in entity type")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","España":{"value":"06","type":"AT"}})),
+            bad("Invalid characters in attribute name")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","A?":{"value":"06"}})),
+            bad("Invalid characters in attribute name")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","A1":{"value":"06","type":"olé"}})),
+            bad("Invalid characters in attribute type")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","A1":{"value":"06","type":"A/"}})),
+            bad("Invalid characters in attribute type")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","a":{"value":"06","metadata":{"España":{"value":"m1"}}}})),
+            bad("Invalid characters in metadata name")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","a":{"value":"06","metadata":{"m1":{"value":"m1","type":"ol)"}}}})),
+            bad("Invalid characters in metadata type")
+        );
+    }
+
+    // 1601_restrict_chars_in_ids/restrict_len_ids.test
+    #[test]
+    fn identifier_lengths() {
+        let long = "a".repeat(257);
+        let n = |v| err(parse_entity(&v, false));
+        assert_eq!(
+            n(json!({ "id": long })),
+            bad("entity id length: 257, max length supported: 256")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","type": long})),
+            bad("entity type length: 257, max length supported: 256")
+        );
+        let mut o = serde_json::Map::new();
+        o.insert("id".into(), json!("E1"));
+        o.insert(long.clone(), json!({"value":"06"}));
+        assert_eq!(
+            n(Value::Object(o)),
+            bad("attribute name length: 257, max length supported: 256")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","A1":{"value":"06","type": long}})),
+            bad("attribute type length: 257, max length supported: 256")
+        );
+        assert_eq!(
+            n(json!({"id":"E1","A1":{"value":"06","metadata":{"m":{"value":1,"type": long}}}})),
+            bad("metadata type length: 257, max length supported: 256")
+        );
+        assert!(parse_entity(&json!({"id": "a".repeat(256)}), false).is_ok());
+    }
+
+    // 1785_error_on_empty_attr_type, 1836_min_length_id_v2_{attr,metadata}.test
+    #[test]
+    fn empty_types() {
+        assert_eq!(
+            err(parse_attrs(&json!({"A1":{"value":"03","type":""}}), false)),
+            bad("attribute type length: 0, min length supported: 1")
+        );
+        assert_eq!(
+            err(parse_attrs(
+                &json!({"A1":{"value":1,"metadata":{"m":{"value":1,"type":""}}}}),
+                false
+            )),
+            bad("metadata type length: 0, min length supported: 1")
+        );
+    }
+
+    // 1108_non_string_fields/non_string_fields.test
+    #[test]
+    fn non_string_fields() {
+        let n = |v| err(parse_entity(&v, false));
+        assert_eq!(
+            n(json!({"type":"room","id":false,"temperature":{"type":"AT","value":25}})),
+            bad("Invalid JSON type for entity id")
+        );
+        assert_eq!(
+            n(json!({"type":false,"id":"E1","temperature":25})),
+            bad("Invalid JSON type for entity type")
+        );
+        assert_eq!(
+            n(json!({"type":"room","id":"E1","temperature":{"type":false,"value":25}})),
+            bad("invalid JSON type for attribute type")
+        );
+        assert_eq!(
+            n(
+                json!({"type":"room","id":"E1","temperature":{"type":"AT","value":25,"metadata":{"meta":{"type":false,"value":"STRING"}}}})
+            ),
+            bad("invalid JSON type for attribute metadata type")
+        );
+        assert_eq!(
+            n(
+                json!({"type":"room","id":"E1","temperature":{"type":"AT","value":25,"metadata":{"meta":{"type":"md","value":3,"invalid":true}}}})
+            ),
+            bad("invalid JSON field for attribute metadata")
+        );
+        assert_eq!(
+            n(
+                json!({"type":"room","id":"E1","temperature":{"type":"AT","value":25,"metadata":{"meta":14}}})
+            ),
+            bad("metadata must be a JSON object")
+        );
+    }
+
+    // 1259_new_json_for_v2/putPostPatch_v2_entities_eid_with_error.test
+    #[test]
+    fn attrs_payload_errors() {
+        assert_eq!(
+            err(parse_attrs(&json!({"id":"E1","a1":"a1"}), true)),
+            bad("entity id specified in payload")
+        );
+        assert_eq!(
+            err(parse_attrs(&json!({"type":"T1","a1":"a1"}), true)),
+            bad("entity type specified in payload")
+        );
+        assert_eq!(
+            err(parse_attrs(
+                &json!({"a1":{"value":12,"type":"int","bad_tag":14}}),
+                false
+            )),
+            bad("unrecognized property for context attribute")
+        );
+        // errors_at_creation / attribute given as a plain value without keyValues
+        assert_eq!(
+            err(parse_attrs(&json!({"a1":12}), false)),
+            bad("attribute must be a JSON object, unless keyValues option is used")
+        );
+    }
+
+    // 1039_ngsiv2_date_support/basic_dates_support.test, 2654_iso8601_as_alias_for_DateTime
+    #[test]
+    fn datetime_values() {
+        for t in ["DateTime", "ISO8601"] {
+            assert_eq!(
+                err(parse_attrs(&json!({"d":{"value":"foo","type":t}}), false)),
+                bad("date has invalid format in attribute value")
+            );
+        }
+        let a = parse_attrs(
+            &json!({"d":{"value":"2050-04-05T14:00:00.123","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        assert_eq!(a.get("d").unwrap().value, json!("2050-04-05T14:00:00.123Z"));
+        // keyValues: a date string is just Text
+        let a = parse_attrs(&json!({"d":"foo"}), true).unwrap();
+        assert_eq!(a.get("d").unwrap().attr_type, "Text");
+    }
+
+    // 2681_bugfix_op_update_attr_value_checks, 4792_text_unrestricted_metadata, 3867_textUnrestricted…
+    #[test]
+    fn forbidden_characters_in_values() {
+        assert_eq!(
+            err(parse_attrs(
+                &json!({"A1":{"type":"Text","value":"house<flat>"}}),
+                false
+            )),
+            bad("Invalid characters in attribute value")
+        );
+        assert_eq!(
+            err(parse_attrs(&json!({"A1":{"value":{"a":["(x)"]}}}), false)),
+            bad("Invalid characters in attribute value")
+        );
+        assert_eq!(
+            err(parse_attrs(&json!({"A1":"a=b"}), true)),
+            bad("Invalid characters in attribute value")
+        );
+        let v = "Value with <forbidden> characters (like = or ;)";
+        assert!(parse_attrs(
+            &json!({"A":{"type":"TextUnrestricted","value":{"(A)":["(A)"]}}}),
+            false
+        )
+        .is_ok());
+        assert!(parse_attrs(
+            &json!({"A":{"type":"FunnyType","value":v,
+            "metadata":{"TextUnrestricted":{"value":true,"type":"Boolean"}}}}),
+            false
+        )
+        .is_ok());
+        assert_eq!(
+            err(parse_attrs(
+                &json!({"A":{"type":"FunnyType","value":v,
+                "metadata":{"TextUnrestricted":{"value":false,"type":"Boolean"}}}}),
+                false
+            )),
+            bad("Invalid characters in attribute value")
+        );
+        assert!(parse_attrs(
+            &json!({"A":{"type":"TextUnrestricted","value":v,
+            "metadata":{"TextUnrestricted":{"value":false,"type":"Boolean"}}}}),
+            false
+        )
+        .is_ok());
+    }
+
+    // 3121_missing_or_empty_metadata_values/batch_operation.test: missing values are null.
+    #[test]
+    fn missing_values_are_null() {
+        let a = parse_attrs(
+            &json!({"pressure":{"type":"Integer","metadata":{"accuracy":{"type":"Float"}}}}),
+            false,
+        )
+        .unwrap();
+        let p = a.get("pressure").unwrap();
+        assert_eq!(p.value, Value::Null);
+        assert_eq!(p.attr_type, "Integer");
+        assert_eq!(p.metadata.get("accuracy").unwrap().value, Value::Null);
+    }
+
+    // 1188_empty_attribute_value, 2386_missing_citation_mark_error
+    #[test]
+    fn text_plain_values() {
+        assert_eq!(parse_attr_value_text("\"\"").unwrap(), json!(""));
+        assert_eq!(parse_attr_value_text("5").unwrap(), json!(5));
+        assert_eq!(parse_attr_value_text("-2.5").unwrap(), json!(-2.5));
+        assert_eq!(parse_attr_value_text("true").unwrap(), json!(true));
+        assert_eq!(parse_attr_value_text("null").unwrap(), Value::Null);
+        assert_eq!(parse_attr_value_text("\"foo\"").unwrap(), json!("foo"));
+        assert_eq!(
+            err(parse_attr_value_text("\"foo")),
+            bad("Missing citation-mark at end of string")
+        );
+        assert_eq!(
+            err(parse_attr_value_text("foo\"")),
+            bad("attribute value type not recognized")
+        );
+        assert_eq!(
+            err(parse_attr_value_text("foo")),
+            bad("attribute value type not recognized")
+        );
+    }
+
+    #[test]
+    fn reserved_attribute_names_and_geojson() {
+        for n in ["geo:distance", "*"] {
+            let mut o = serde_json::Map::new();
+            o.insert(n.into(), json!(1));
+            assert!(parse_attrs(&Value::Object(o), true).is_err());
+        }
+        assert!(parse_attrs(
+            &json!({"l":{"type":"geo:json","value":{"type":"Point","coordinates":[-3.69,40.41]}}}),
+            false
+        )
+        .is_ok());
+        assert!(parse_attrs(
+            &json!({"l":{"type":"geo:json","value":{"type":"Polygon",
+            "coordinates":[[[0,0],[1,0],[1,1],[0,0]]]}}}),
+            false
+        )
+        .is_ok());
+        assert!(parse_attrs(
+            &json!({"l":{"type":"geo:json","value":{"type":"Feature",
+            "geometry":{"type":"LineString","coordinates":[[0,0],[1,1]]}}}}),
+            false
+        )
+        .is_ok());
+        for bad_geo in [
+            json!("x"),
+            json!({"type":"Point","coordinates":[1]}),
+            json!({"type":"Polygon","coordinates":[[[0,0],[1,0],[0,0]]]}),
+            json!({"type":"Circle"}),
+        ] {
+            let r = parse_attrs(&json!({"l":{"type":"geo:json","value":bad_geo}}), false);
+            assert_eq!(r.unwrap_err().status, 400);
+        }
+        // two locations at creation: 413
+        let r = parse_entity(
+            &json!({"id":"E",
+            "a":{"type":"geo:json","value":{"type":"Point","coordinates":[1,2]}},
+            "b":{"type":"geo:json","value":{"type":"Point","coordinates":[1,2]}}}),
+            false,
+        );
+        assert_eq!(r.unwrap_err().error, "NoResourcesAvailable");
+    }
+
+    #[test]
+    fn nesting_limit() {
+        let mut v = json!(1);
+        for _ in 0..51 {
+            v = json!([v]);
+        }
+        assert_eq!(
+            err(parse_attrs(&json!({"a":{"value":v}}), false)),
+            bad("attribute or metadata value has overpassed maximum nesting limit: 50")
+        );
+    }
+
+    // 0876_entity_dates: dateExpires of type DateTime is the builtin, others are user attrs.
+    #[test]
+    fn date_expires_is_taken_out() {
+        let e = parse_entity(
+            &json!({"id":"E",
+            "dateExpires":{"type":"DateTime","value":"2040-01-01T00:00:00Z"},
+            "dateCreated":{"type":"DateTime","value":"2050-01-01T00:00:00.666"}}),
+            false,
+        )
+        .unwrap();
+        assert!(e.date_expires.is_some());
+        assert!(!e.attrs.contains_key("dateExpires"));
+        assert_eq!(
+            e.attrs.get("dateCreated").unwrap().value,
+            json!("2050-01-01T00:00:00.666Z")
+        );
+    }
+}

@@ -1,0 +1,438 @@
+//! The model into Orion's representations.
+//!
+//! Order (from `1049_values_mode/attrs_order.test`, whose raw bodies are
+//! compared byte for byte): `id`, `type`, then the attributes in creation
+//! order, or in the order of the `attrs` filter when one is given; each
+//! attribute renders `type`, `value`, `metadata`. Object key order reaches
+//! the wire only if serde_json keeps insertion order (its
+//! `preserve_order` feature); `values`/`unique` arrays are ordered anyway.
+//!
+//! Builtins (`0876_entity_dates`): the attributes `dateCreated`,
+//! `dateModified`, `dateExpires` appear only when named in `attrs`, and a
+//! user attribute of the same name wins over the builtin; the metadata
+//! `dateCreated`, `dateModified`, `previousValue`, `actionType` appear only
+//! when named in `metadata`. `*` in either list means all user items.
+
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+
+use super::{format_datetime, Attribute, Entity, OrderedMap};
+
+/// A representation of entities (`options=` / `attrsFormat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `{"id","type","A":{"type","value","metadata"}}`.
+    Normalized,
+    /// `{"id","type","A":value}` (`options=keyValues`).
+    KeyValues,
+    /// `[value, …]` in `attrs` order (`options=values`).
+    Values,
+    /// Like `Values` without repeated values (`options=unique`).
+    Unique,
+    /// Notification format: the entity as in `Normalized`, without the
+    /// `subscriptionId`/`data` envelope (the notifier omits it).
+    SimplifiedNormalized,
+    /// Notification format: the entity as in `KeyValues`, no envelope.
+    SimplifiedKeyValues,
+}
+
+impl Format {
+    /// The format named by an `options` word or an `attrsFormat` value.
+    pub fn from_name(name: &str) -> Option<Format> {
+        Some(match name {
+            "normalized" => Format::Normalized,
+            "keyValues" => Format::KeyValues,
+            "values" => Format::Values,
+            "unique" => Format::Unique,
+            "simplifiedNormalized" => Format::SimplifiedNormalized,
+            "simplifiedKeyValues" => Format::SimplifiedKeyValues,
+            _ => return None,
+        })
+    }
+}
+
+/// What notifications add to a rendering: the values before the update
+/// (builtin metadata `previousValue`) and the kind of update (builtin
+/// metadata `actionType`: `update`, `append` or `delete`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderContext<'a> {
+    /// Previous value of each attribute the update touched (`null` for
+    /// attributes it created). Attributes not listed were not touched:
+    /// their `previousValue` is their current value.
+    pub previous: Option<&'a OrderedMap<Value>>,
+    /// The `actionType` of the update.
+    pub action_type: Option<&'a str>,
+}
+
+/// Renders an entity; see [`render_with`].
+pub fn render(
+    entity: &Entity,
+    format: Format,
+    attrs_filter: Option<&[String]>,
+    metadata_filter: Option<&[String]>,
+) -> Value {
+    render_with(
+        entity,
+        format,
+        attrs_filter,
+        metadata_filter,
+        &RenderContext::default(),
+    )
+}
+
+/// Renders an entity in `format`, limited to `attrs_filter` (None or
+/// empty: all user attributes) with metadata limited to `metadata_filter`
+/// (None or empty: all user metadata).
+pub fn render_with(
+    entity: &Entity,
+    format: Format,
+    attrs_filter: Option<&[String]>,
+    metadata_filter: Option<&[String]>,
+    ctx: &RenderContext,
+) -> Value {
+    let selected = select_attrs(entity, attrs_filter);
+    match format {
+        Format::Values | Format::Unique => {
+            let mut out: Vec<Value> = Vec::with_capacity(selected.len());
+            for (_, attr) in &selected {
+                let v = attr.value.clone();
+                if format == Format::Unique && out.contains(&v) {
+                    continue;
+                }
+                out.push(v);
+            }
+            Value::Array(out)
+        }
+        Format::KeyValues | Format::SimplifiedKeyValues => {
+            let mut obj = entity_head(entity);
+            for (name, attr) in selected {
+                obj.insert(name.to_string(), attr.value.clone());
+            }
+            Value::Object(obj)
+        }
+        Format::Normalized | Format::SimplifiedNormalized => {
+            let mut obj = entity_head(entity);
+            for (name, attr) in selected {
+                let touched = ctx.previous.map(|p| p.contains_key(name)).unwrap_or(true);
+                let previous = ctx
+                    .previous
+                    .and_then(|p| p.get(name))
+                    .unwrap_or(&attr.value);
+                let action = if touched { ctx.action_type } else { None };
+                obj.insert(
+                    name.to_string(),
+                    attr_object(&attr, metadata_filter, Some(previous), action),
+                );
+            }
+            Value::Object(obj)
+        }
+    }
+}
+
+/// Renders one attribute in normalized form (`GET
+/// /v2/entities/{id}/attrs/{name}`): `{"type","value","metadata"}`.
+pub fn render_attr(attr: &Attribute, metadata_filter: Option<&[String]>) -> Value {
+    attr_object(attr, metadata_filter, None, None)
+}
+
+fn entity_head(entity: &Entity) -> Map<String, Value> {
+    let mut obj = Map::new();
+    obj.insert("id".into(), Value::String(entity.id.clone()));
+    obj.insert("type".into(), Value::String(entity.entity_type.clone()));
+    obj
+}
+
+/// An attribute to render: a user attribute, or a builtin made up for the
+/// occasion.
+type Selected<'a> = (&'a str, std::borrow::Cow<'a, Attribute>);
+
+fn builtin_attr(entity: &Entity, name: &str) -> Option<Attribute> {
+    let ms = match name {
+        "dateCreated" => entity.date_created,
+        "dateModified" => entity.date_modified,
+        "dateExpires" => entity.date_expires?,
+        _ => return None,
+    };
+    Some(Attribute::new(
+        Value::String(format_datetime(ms)),
+        "DateTime",
+    ))
+}
+
+fn select_attrs<'a>(entity: &'a Entity, filter: Option<&'a [String]>) -> Vec<Selected<'a>> {
+    use std::borrow::Cow;
+    let all = || {
+        entity
+            .attrs
+            .iter()
+            .map(|(n, a)| (n, Cow::Borrowed(a)))
+            .collect()
+    };
+    let Some(list) = filter.filter(|l| !l.is_empty()) else {
+        return all();
+    };
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut out = Vec::new();
+    for name in list {
+        if name == "*" {
+            for (n, a) in entity.attrs.iter() {
+                if seen.insert(n) {
+                    out.push((n, Cow::Borrowed(a)));
+                }
+            }
+        } else if let Some(a) = entity.attrs.get(name) {
+            if seen.insert(name) {
+                out.push((name.as_str(), Cow::Borrowed(a)));
+            }
+        } else if let Some(b) = builtin_attr(entity, name) {
+            if seen.insert(name) {
+                out.push((name.as_str(), Cow::Owned(b)));
+            }
+        }
+    }
+    out
+}
+
+fn attr_object(
+    attr: &Attribute,
+    metadata_filter: Option<&[String]>,
+    previous: Option<&Value>,
+    action_type: Option<&str>,
+) -> Value {
+    let mut md = Map::new();
+    let datetime = |ms: i64| serde_json::json!({"type": "DateTime", "value": format_datetime(ms)});
+    match metadata_filter.filter(|l| !l.is_empty()) {
+        None => {
+            for (n, m) in attr.metadata.iter() {
+                md.insert(n.to_string(), md_object(&m.md_type, &m.value));
+            }
+        }
+        Some(list) => {
+            for name in list {
+                if md.contains_key(name) {
+                    continue;
+                }
+                if name == "*" {
+                    for (n, m) in attr.metadata.iter() {
+                        if !md.contains_key(n) {
+                            md.insert(n.to_string(), md_object(&m.md_type, &m.value));
+                        }
+                    }
+                    continue;
+                }
+                let item = if let Some(m) = attr.metadata.get(name) {
+                    md_object(&m.md_type, &m.value)
+                } else {
+                    match name.as_str() {
+                        "dateCreated" => datetime(attr.date_created),
+                        "dateModified" => datetime(attr.date_modified),
+                        "previousValue" => match previous {
+                            Some(p) => md_object(&attr.attr_type, p),
+                            None => continue,
+                        },
+                        "actionType" => match action_type {
+                            Some(a) => md_object("Text", &Value::String(a.to_string())),
+                            None => continue,
+                        },
+                        _ => continue,
+                    }
+                };
+                md.insert(name.clone(), item);
+            }
+        }
+    }
+    let mut obj = Map::new();
+    obj.insert("type".into(), Value::String(attr.attr_type.clone()));
+    obj.insert("value".into(), attr.value.clone());
+    obj.insert("metadata".into(), Value::Object(md));
+    Value::Object(obj)
+}
+
+fn md_object(t: &str, v: &Value) -> Value {
+    let mut obj = Map::new();
+    obj.insert("type".into(), Value::String(t.to_string()));
+    obj.insert("value".into(), v.clone());
+    Value::Object(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ngsi::parse_entity;
+    use serde_json::json;
+
+    fn abcd() -> Entity {
+        // 1049_values_mode/attrs_order.test step 01 (built in order, as the
+        // request body lists them)
+        let mut e = Entity::new("E", "T");
+        for (n, t, v) in [
+            ("A", "AT", 1),
+            ("B", "BT", 2),
+            ("C", "CT", 3),
+            ("D", "DT", 4),
+        ] {
+            e.attrs.insert(n, Attribute::new(json!(v), t));
+        }
+        e
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    // 1049_values_mode/attrs_order.test steps 02-05
+    #[test]
+    fn normalized_and_key_values_follow_attrs_order() {
+        let e = abcd();
+        assert_eq!(
+            render(&e, Format::Normalized, None, None),
+            json!({"id":"E","type":"T","A":{"type":"AT","value":1,"metadata":{}},"B":{"type":"BT","value":2,"metadata":{}},"C":{"type":"CT","value":3,"metadata":{}},"D":{"type":"DT","value":4,"metadata":{}}})
+        );
+        assert_eq!(
+            render(&e, Format::KeyValues, None, None),
+            json!({"id":"E","type":"T","A":1,"B":2,"C":3,"D":4})
+        );
+        let bdc = s(&["B", "D", "C"]);
+        assert_eq!(
+            render(&e, Format::KeyValues, Some(&bdc), None),
+            json!({"id":"E","type":"T","B":2,"D":4,"C":3})
+        );
+    }
+
+    // 1049_values_mode/values_mode.test
+    #[test]
+    fn values_in_attrs_order() {
+        let mut e = abcd();
+        e.attrs.get_mut("B").unwrap().value = json!({"x":1,"y":2});
+        assert_eq!(
+            render(&e, Format::Values, None, None),
+            json!([1, {"x":1,"y":2}, 3, 4])
+        );
+        assert_eq!(
+            render(&e, Format::Values, Some(&s(&["B", "D", "C"])), None),
+            json!([{"x":1,"y":2}, 4, 3])
+        );
+    }
+
+    #[test]
+    fn unique_drops_repeated_values() {
+        let mut e = abcd();
+        e.attrs.get_mut("C").unwrap().value = json!(1);
+        assert_eq!(render(&e, Format::Unique, None, None), json!([1, 2, 4]));
+    }
+
+    // 0876_entity_dates/get_entity_dates.test steps 02a-02c, get_entity_dates_with_attr.test
+    #[test]
+    fn builtin_dates_only_when_asked() {
+        let mut e = parse_entity(&json!({"id":"E","type":"T","A":{"value":"foo"}}), false).unwrap();
+        e.stamp_created(1_500_000_000_123);
+        assert_eq!(
+            render(&e, Format::KeyValues, None, None),
+            json!({"id":"E","type":"T","A":"foo"})
+        );
+        let f = s(&["dateCreated", "dateModified", "*"]);
+        assert_eq!(
+            render(&e, Format::Normalized, Some(&f), None),
+            json!({"id":"E","type":"T","A":{"type":"Text","value":"foo","metadata":{}},
+                "dateCreated":{"type":"DateTime","value":"2017-07-14T02:40:00.123Z","metadata":{}},
+                "dateModified":{"type":"DateTime","value":"2017-07-14T02:40:00.123Z","metadata":{}}})
+        );
+        assert_eq!(
+            render(&e, Format::Values, Some(&f), None),
+            json!([
+                "2017-07-14T02:40:00.123Z",
+                "2017-07-14T02:40:00.123Z",
+                "foo"
+            ])
+        );
+        // attrs=B (non-existing): only id and type
+        assert_eq!(
+            render(&e, Format::Normalized, Some(&s(&["B"])), None),
+            json!({"id":"E","type":"T"})
+        );
+    }
+
+    // 0876_entity_dates/entity_dates_overridden_by_user.test steps 02-03
+    #[test]
+    fn user_date_attributes_win_over_builtins() {
+        let mut e = parse_entity(
+            &json!({"id":"E1","type":"T",
+            "dateCreated":{"value":"2050-01-01T00:00:00.666","type":"DateTime"},
+            "dateModified":{"value":"2051-01-01T00:00:00.777","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(0);
+        let expected = json!({"id":"E1","type":"T",
+            "dateCreated":{"metadata":{},"type":"DateTime","value":"2050-01-01T00:00:00.666Z"},
+            "dateModified":{"metadata":{},"type":"DateTime","value":"2051-01-01T00:00:00.777Z"}});
+        assert_eq!(render(&e, Format::Normalized, None, None), expected);
+        assert_eq!(
+            render(
+                &e,
+                Format::Normalized,
+                Some(&s(&["dateModified", "dateCreated"])),
+                None
+            ),
+            expected
+        );
+    }
+
+    // 2544_metadata_filtering_in_retrieve_operations: metadata filter, builtin metadata.
+    #[test]
+    fn metadata_filter_and_builtin_metadata() {
+        let mut e = parse_entity(
+            &json!({"id":"E","A":{"value":1,"metadata":{"m1":{"value":1},"m2":{"value":"x"}}}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(0);
+        let r = render(&e, Format::Normalized, None, Some(&s(&["m2"])));
+        assert_eq!(
+            r["A"]["metadata"],
+            json!({"m2":{"type":"Text","value":"x"}})
+        );
+        let r = render(
+            &e,
+            Format::Normalized,
+            None,
+            Some(&s(&["dateModified", "*"])),
+        );
+        assert_eq!(
+            r["A"]["metadata"],
+            json!({"m1":{"type":"Number","value":1},"m2":{"type":"Text","value":"x"},
+                   "dateModified":{"type":"DateTime","value":"1970-01-01T00:00:00.000Z"}})
+        );
+        let mut prev = OrderedMap::new();
+        prev.insert("A", json!(0));
+        let ctx = RenderContext {
+            previous: Some(&prev),
+            action_type: Some("update"),
+        };
+        let r = render_with(
+            &e,
+            Format::Normalized,
+            None,
+            Some(&s(&["previousValue", "actionType"])),
+            &ctx,
+        );
+        assert_eq!(
+            r["A"]["metadata"],
+            json!({"previousValue":{"type":"Number","value":0},"actionType":{"type":"Text","value":"update"}})
+        );
+        assert_eq!(
+            render_attr(e.attrs.get("A").unwrap(), Some(&s(&["nope"]))),
+            json!({"type":"Number","value":1,"metadata":{}})
+        );
+    }
+
+    #[test]
+    fn format_names() {
+        assert_eq!(Format::from_name("keyValues"), Some(Format::KeyValues));
+        assert_eq!(
+            Format::from_name("simplifiedNormalized"),
+            Some(Format::SimplifiedNormalized)
+        );
+        assert_eq!(Format::from_name("x"), None);
+    }
+}
