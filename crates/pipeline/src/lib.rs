@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod catalog;
+pub mod context;
 pub mod decode;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,6 +76,7 @@ pub struct Pipeline {
     bus: Arc<dyn Bus>,
     engine: Engine,
     catalog: Arc<Catalog>,
+    context: Arc<context::Context>,
     config: PipelineConfig,
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
@@ -102,12 +104,14 @@ impl Pipeline {
         tracker: &TaskTracker,
     ) -> Result<Arc<Pipeline>, StoreError> {
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
+        let context = Arc::new(context::Context::load(store.clone()).await?);
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
             bus,
             engine,
             catalog,
+            context,
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
         });
@@ -204,6 +208,11 @@ impl Pipeline {
     /// The device catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    /// The NGSI context (entities of every tenant).
+    pub fn context(&self) -> &context::Context {
+        &self.context
     }
 
     /// The store, for read-only API queries.

@@ -136,6 +136,24 @@ pub struct DeviceFilter {
     pub records: Vec<(String, String)>,
 }
 
+/// An NGSI entity as stored: where it lives, its key, its creation order
+/// and its JSON (the model's storage form, opaque to the store).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntityRecord {
+    /// Tenant (`Fiware-Service`, lowercased; empty for the default tenant).
+    pub tenant: String,
+    /// Service path.
+    pub service_path: String,
+    /// Entity id.
+    pub id: String,
+    /// Entity type.
+    pub entity_type: String,
+    /// Creation order within the tenant, kept across restarts.
+    pub created: u64,
+    /// The entity.
+    pub json: String,
+}
+
 /// Durable state of weft. Implementations must be safe to share between
 /// tasks and must never block the async runtime (do blocking work on their
 /// own threads).
@@ -196,6 +214,22 @@ pub trait Store: Send + Sync + 'static {
     async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>>;
     /// Failed uplinks matching `query`, oldest first.
     async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>>;
+
+    // --- NGSI entities -----------------------------------------------------
+
+    /// Creates or replaces an entity (keyed by tenant, service path, id, type).
+    async fn put_entity(&self, record: EntityRecord) -> Result<()>;
+    /// Deletes an entity; `true` if it existed.
+    async fn delete_entity(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        id: &str,
+        entity_type: &str,
+    ) -> Result<bool>;
+    /// Every stored entity of every tenant, in creation order (loaded once
+    /// at start into the in-memory context).
+    async fn load_entities(&self) -> Result<Vec<EntityRecord>>;
 
     // --- operations -------------------------------------------------------
 

@@ -430,6 +430,25 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn put_entity(&self, record: crate::EntityRecord) -> Result<()> {
+        self.main.write(|reply| Op::PutEntity(record, reply)).await
+    }
+
+    async fn delete_entity(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        id: &str,
+        entity_type: &str,
+    ) -> Result<bool> {
+        let key = [tenant, service_path, id, entity_type].map(str::to_string);
+        self.main.write(|reply| Op::DeleteEntity(key, reply)).await
+    }
+
+    async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
+        self.main.reads.run(reader::load_entities).await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
         self.main.write(Op::Ping).await

@@ -319,3 +319,24 @@ pub(super) fn query_failed(conn: &Connection, query: &FailedQuery) -> Result<Vec
     }
     Ok(out)
 }
+
+pub(super) fn load_entities(conn: &Connection) -> Result<Vec<crate::EntityRecord>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, service_path, id, type, created, json FROM entities ORDER BY created",
+        )
+        .db()?;
+    let mut rows = stmt.query([]).db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        out.push(crate::EntityRecord {
+            tenant: row.get(0).db()?,
+            service_path: row.get(1).db()?,
+            id: row.get(2).db()?,
+            entity_type: row.get(3).db()?,
+            created: position(row, 4)?,
+            json: row.get(5).db()?,
+        });
+    }
+    Ok(out)
+}

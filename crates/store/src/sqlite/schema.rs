@@ -35,6 +35,8 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `devices`, `device_types`: configuration, stored as the API's JSON
 ///   with the columns filters need beside it.
 /// - `cursors`: how far each log consumer got (the next `seq` to read).
+/// - `entities` (step 2): NGSI entities as the model's JSON, keyed as
+///   Orion keys them, with their creation order.
 const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE ingest_log (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -77,6 +79,16 @@ CREATE TABLE device_types (
 CREATE TABLE cursors (
     name     TEXT    PRIMARY KEY,
     next_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+"#, r#"
+CREATE TABLE entities (
+    tenant       TEXT    NOT NULL,
+    service_path TEXT    NOT NULL,
+    id           TEXT    NOT NULL,
+    type         TEXT    NOT NULL,
+    created      INTEGER NOT NULL,
+    json         TEXT    NOT NULL,
+    PRIMARY KEY (tenant, service_path, id, type)
 ) WITHOUT ROWID;
 "#];
 

@@ -78,6 +78,10 @@ pub(super) enum Op {
     },
     /// Delete a device; answers "existed".
     DeleteDevice(String, Reply<bool>),
+    /// Create or replace an NGSI entity.
+    PutEntity(crate::EntityRecord, Reply<()>),
+    /// Delete an NGSI entity (tenant, service path, id, type); answers "existed".
+    DeleteEntity([String; 4], Reply<bool>),
     /// Round-trip through a (possibly empty) commit.
     Ping(Reply<()>),
     /// Stop accepting, commit what is queued, stop; answered last.
@@ -378,6 +382,16 @@ impl Writer {
                 reply,
                 delete(conn, "DELETE FROM devices WHERE id = ?1", &id).db(),
             ),
+            Op::PutEntity(record, reply) => Done::Unit(reply, put_entity(conn, &record).db()),
+            Op::DeleteEntity([tenant, path, id, entity_type], reply) => Done::Bool(
+                reply,
+                conn.prepare_cached(
+                    "DELETE FROM entities WHERE tenant = ?1 AND service_path = ?2 AND id = ?3 AND type = ?4",
+                )
+                .and_then(|mut st| st.execute((&tenant, &path, &id, &entity_type)))
+                .map(|n| n > 0)
+                .db(),
+            ),
             Op::Ping(reply) => Done::Unit(reply, Ok(())),
             // `take` keeps `Close` out of batches; answer it anyway.
             Op::Close(reply) => Done::Unit(reply, Ok(())),
@@ -393,8 +407,9 @@ fn not_run(op: Op) -> Done {
         Op::PutDeviceType { reply, .. }
         | Op::DeleteDeviceType(_, reply)
         | Op::PutDevice { reply, .. }
-        | Op::DeleteDevice(_, reply) => Done::Bool(reply, Ok(false)),
-        Op::Ping(reply) | Op::Close(reply) => Done::Unit(reply, Ok(())),
+        | Op::DeleteDevice(_, reply)
+        | Op::DeleteEntity(_, reply) => Done::Bool(reply, Ok(false)),
+        Op::Ping(reply) | Op::Close(reply) | Op::PutEntity(_, reply) => Done::Unit(reply, Ok(())),
     }
 }
 
@@ -506,6 +521,15 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
 /// fails on a caller's bug, reported as an SQL error rather than a panic).
 fn json_text(json: &[u8]) -> rusqlite::Result<&str> {
     std::str::from_utf8(json).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn put_entity(conn: &Connection, r: &crate::EntityRecord) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO entities (tenant, service_path, id, type, created, json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute((&r.tenant, &r.service_path, &r.id, &r.entity_type, to_i64(r.created), &r.json))?;
+    Ok(())
 }
 
 fn prune(conn: &Connection, below_seq: u64, received_before: i64) -> rusqlite::Result<u64> {

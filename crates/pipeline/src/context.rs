@@ -1,0 +1,318 @@
+//! The context: every tenant's NGSIv2 entities, kept in memory for queries
+//! and persisted through the store before a write is acknowledged.
+//!
+//! Entities are keyed by (service path, id, type), as Orion keys them, and
+//! kept in creation order (Orion's default order for listings). Reads
+//! (`get`, `query`) never touch the database; writes change the in-memory
+//! entity under a short lock, then wait for the store to commit the new
+//! state, so a 201/204 means durable. Filtering (`q`, `mq`, geo, ids,
+//! types, service paths) happens here; representation, ordering and paging
+//! belong to the HTTP layer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use regex::Regex;
+use weft_model::geo::{GeoQuery, Shape};
+use weft_model::ngsi::{Entity, NgsiError};
+use weft_model::query::{Operand, Query, Resolver};
+use weft_store::{EntityRecord, Store};
+
+/// An entity with where it lives and when it was created (its position in
+/// listings).
+#[derive(Debug, Clone)]
+pub struct StoredEntity {
+    /// Service path (`/` when none was given).
+    pub service_path: String,
+    /// The entity.
+    pub entity: Entity,
+    /// Creation order within the tenant.
+    pub created: u64,
+}
+
+/// Which entities a query or a lookup covers. Empty lists match all.
+#[derive(Debug, Default)]
+pub struct EntityFilter {
+    /// Service-path patterns: `/a/b` (exactly) or `/a/#` (the subtree).
+    /// Empty: every path.
+    pub service_paths: Vec<String>,
+    /// Entity ids (any of).
+    pub ids: Vec<String>,
+    /// Id regex.
+    pub id_pattern: Option<Regex>,
+    /// Entity types (any of).
+    pub types: Vec<String>,
+    /// Type regex.
+    pub type_pattern: Option<Regex>,
+    /// `q` over attributes.
+    pub q: Option<Query>,
+    /// `mq` over metadata.
+    pub mq: Option<Query>,
+    /// Geo-query over the entity's location attribute.
+    pub geo: Option<GeoQuery>,
+}
+
+impl EntityFilter {
+    /// Whether `e` passes every condition.
+    pub fn matches(&self, e: &StoredEntity) -> bool {
+        let entity = &e.entity;
+        path_matches(&self.service_paths, &e.service_path)
+            && (self.ids.is_empty() || self.ids.iter().any(|i| i == &entity.id))
+            && self.id_pattern.as_ref().is_none_or(|r| r.is_match(&entity.id))
+            && (self.types.is_empty() || self.types.iter().any(|t| t == &entity.entity_type))
+            && self.type_pattern.as_ref().is_none_or(|r| r.is_match(&entity.entity_type))
+            && self.q.as_ref().is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+            && self.mq.as_ref().is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+            && self.geo.as_ref().is_none_or(|g| location(entity).is_some_and(|s| g.matches(&s)))
+    }
+}
+
+/// The entity's location shape, if it has a location attribute.
+pub fn location(entity: &Entity) -> Option<Shape> {
+    entity
+        .attrs
+        .iter()
+        .find(|(_, a)| a.is_location())
+        .and_then(|(_, a)| Shape::from_attribute(&a.attr_type, &a.value).ok().flatten())
+}
+
+/// Whether a service path matches the patterns (`/#` and `/x/#` are subtrees).
+pub fn path_matches(patterns: &[String], path: &str) -> bool {
+    patterns.is_empty()
+        || patterns.iter().any(|p| match p.strip_suffix("/#") {
+            Some("") => true,
+            Some(prefix) => path == prefix || path.starts_with(&format!("{prefix}/")),
+            None => p == path,
+        })
+}
+
+/// Resolves `q`/`mq` paths against an entity: attribute values (typed by
+/// their NGSI type: `DateTime` compares as a date), metadata values, and
+/// the builtins `dateCreated`/`dateModified`.
+pub struct EntityResolver<'a>(pub &'a Entity);
+
+impl Resolver for EntityResolver<'_> {
+    fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
+        let e = self.0;
+        let Some(a) = e.attrs.get(attr) else {
+            return match (attr, path.is_empty()) {
+                ("dateCreated", true) => Some(Operand::DateTime(e.date_created)),
+                ("dateModified", true) => Some(Operand::DateTime(e.date_modified)),
+                _ => None,
+            };
+        };
+        if path.is_empty() {
+            if a.attr_type == "DateTime" || a.attr_type == "ISO8601" {
+                return a.value.as_str().and_then(weft_model::query::parse_datetime).map(Operand::DateTime);
+            }
+            return Some(Operand::Json(std::borrow::Cow::Borrowed(&a.value)));
+        }
+        weft_model::query::descend(&a.value, path).map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
+    }
+
+    fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
+        let m = self.0.attrs.get(attr)?.metadata.get(md)?;
+        if path.is_empty() {
+            if m.md_type == "DateTime" {
+                return m.value.as_str().and_then(weft_model::query::parse_datetime).map(Operand::DateTime);
+            }
+            return Some(Operand::Json(std::borrow::Cow::Borrowed(&m.value)));
+        }
+        weft_model::query::descend(&m.value, path).map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
+    }
+}
+
+/// One tenant's entities.
+#[derive(Default)]
+struct Tenant {
+    /// (service path, id, type) → entity.
+    entities: HashMap<(String, String, String), StoredEntity>,
+}
+
+/// Every tenant's entities, in memory, backed by the store.
+pub struct Context {
+    store: Arc<dyn Store>,
+    tenants: RwLock<HashMap<String, Tenant>>,
+    next_created: AtomicU64,
+}
+
+/// The tenant name of requests without `Fiware-Service`.
+pub const DEFAULT_TENANT: &str = "";
+
+impl Context {
+    /// Loads every stored entity.
+    pub async fn load(store: Arc<dyn Store>) -> Result<Context, weft_store::StoreError> {
+        let records = store.load_entities().await?;
+        let mut tenants: HashMap<String, Tenant> = HashMap::new();
+        let mut max = 0;
+        for r in records {
+            let entity = match Entity::from_storage(&r.json) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::error!(id = %r.id, error = %e, "stored entity could not be read; skipped");
+                    continue;
+                }
+            };
+            max = max.max(r.created);
+            tenants.entry(r.tenant).or_default().entities.insert(
+                (r.service_path.clone(), r.id, r.entity_type),
+                StoredEntity { service_path: r.service_path, entity, created: r.created },
+            );
+        }
+        Ok(Context { store, tenants: RwLock::new(tenants), next_created: AtomicU64::new(max + 1) })
+    }
+
+    /// Entities of `tenant` passing `filter`, in creation order.
+    pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
+        let tenants = self.tenants.read();
+        let Some(t) = tenants.get(tenant) else { return Vec::new() };
+        let mut out: Vec<StoredEntity> = t.entities.values().filter(|e| filter.matches(e)).cloned().collect();
+        out.sort_by_key(|e| e.created);
+        out
+    }
+
+    /// The one entity with `id` (and `entity_type`, if given) in the
+    /// service paths: 404 if none, 409 if several.
+    pub fn get(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+    ) -> Result<StoredEntity, NgsiError> {
+        let filter = EntityFilter {
+            service_paths: service_paths.to_vec(),
+            ids: vec![id.to_string()],
+            types: entity_type.map(|t| vec![t.to_string()]).unwrap_or_default(),
+            ..EntityFilter::default()
+        };
+        let mut found = self.query(tenant, &filter);
+        match found.len() {
+            0 => Err(NgsiError::entity_not_found()),
+            1 => Ok(found.pop().expect("one")),
+            _ => Err(NgsiError::too_many_results()),
+        }
+    }
+
+    /// All entity types of `tenant` in the service paths.
+    pub fn types(&self, tenant: &str, service_paths: &[String]) -> Vec<StoredEntity> {
+        self.query(tenant, &EntityFilter { service_paths: service_paths.to_vec(), ..EntityFilter::default() })
+    }
+
+    /// Creates an entity; 422 `Already Exists` if one with the same id,
+    /// type and service path exists.
+    pub async fn create(&self, tenant: &str, service_path: &str, entity: Entity) -> Result<(), NgsiError> {
+        entity.check_locations()?;
+        let key = (service_path.to_string(), entity.id.clone(), entity.entity_type.clone());
+        let stored = {
+            let mut tenants = self.tenants.write();
+            let t = tenants.entry(tenant.to_string()).or_default();
+            if t.entities.contains_key(&key) {
+                return Err(NgsiError::already_exists());
+            }
+            let stored = StoredEntity {
+                service_path: service_path.to_string(),
+                entity,
+                created: self.next_created.fetch_add(1, Ordering::Relaxed),
+            };
+            t.entities.insert(key, stored.clone());
+            stored
+        };
+        self.persist(tenant, &stored).await
+    }
+
+    /// Applies `change` to the one entity matching (`id`, `entity_type`)
+    /// in the service paths, then persists it. `change` runs under the
+    /// lock on a copy; an error leaves the entity untouched.
+    pub async fn modify<T>(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+        change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
+    ) -> Result<T, NgsiError> {
+        let current = self.get(tenant, service_paths, id, entity_type)?;
+        let key = (current.service_path.clone(), current.entity.id.clone(), current.entity.entity_type.clone());
+        let (result, stored) = {
+            let mut tenants = self.tenants.write();
+            let t = tenants.get_mut(tenant).ok_or_else(NgsiError::entity_not_found)?;
+            let slot = t.entities.get_mut(&key).ok_or_else(NgsiError::entity_not_found)?;
+            let mut next = slot.entity.clone();
+            let result = change(&mut next)?;
+            next.check_locations()?;
+            slot.entity = next;
+            (result, slot.clone())
+        };
+        self.persist(tenant, &stored).await?;
+        Ok(result)
+    }
+
+    /// Deletes the one entity matching (`id`, `entity_type`).
+    pub async fn delete(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+    ) -> Result<StoredEntity, NgsiError> {
+        let current = self.get(tenant, service_paths, id, entity_type)?;
+        {
+            let mut tenants = self.tenants.write();
+            if let Some(t) = tenants.get_mut(tenant) {
+                t.entities.remove(&(
+                    current.service_path.clone(),
+                    current.entity.id.clone(),
+                    current.entity.entity_type.clone(),
+                ));
+            }
+        }
+        self.store
+            .delete_entity(tenant, &current.service_path, &current.entity.id, &current.entity.entity_type)
+            .await
+            .map_err(internal)?;
+        Ok(current)
+    }
+
+    async fn persist(&self, tenant: &str, e: &StoredEntity) -> Result<(), NgsiError> {
+        let record = EntityRecord {
+            tenant: tenant.to_string(),
+            service_path: e.service_path.clone(),
+            id: e.entity.id.clone(),
+            entity_type: e.entity.entity_type.clone(),
+            created: e.created,
+            json: e.entity.to_storage(),
+        };
+        self.store.put_entity(record).await.map_err(internal)
+    }
+}
+
+fn internal(e: weft_store::StoreError) -> NgsiError {
+    tracing::error!(error = %e, "storing an entity failed");
+    match e {
+        weft_store::StoreError::Overloaded => {
+            NgsiError::new(503, "ServiceUnavailable", "the store is overloaded; retry later")
+        }
+        _ => NgsiError::new(500, "InternalServerError", "internal error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_path_patterns() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(path_matches(&[], "/a"));
+        assert!(path_matches(&p(&["/#"]), "/a/b"));
+        assert!(path_matches(&p(&["/a/#"]), "/a"));
+        assert!(path_matches(&p(&["/a/#"]), "/a/b"));
+        assert!(!path_matches(&p(&["/a/#"]), "/ab"));
+        assert!(path_matches(&p(&["/a"]), "/a"));
+        assert!(!path_matches(&p(&["/a"]), "/a/b"));
+        assert!(path_matches(&p(&["/x", "/a"]), "/a"));
+    }
+}
