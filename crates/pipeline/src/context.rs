@@ -60,12 +60,27 @@ impl EntityFilter {
         let entity = &e.entity;
         path_matches(&self.service_paths, &e.service_path)
             && (self.ids.is_empty() || self.ids.iter().any(|i| i == &entity.id))
-            && self.id_pattern.as_ref().is_none_or(|r| r.is_match(&entity.id))
+            && self
+                .id_pattern
+                .as_ref()
+                .is_none_or(|r| r.is_match(&entity.id))
             && (self.types.is_empty() || self.types.iter().any(|t| t == &entity.entity_type))
-            && self.type_pattern.as_ref().is_none_or(|r| r.is_match(&entity.entity_type))
-            && self.q.as_ref().is_none_or(|q| q.matches_with(&EntityResolver(entity)))
-            && self.mq.as_ref().is_none_or(|q| q.matches_with(&EntityResolver(entity)))
-            && self.geo.as_ref().is_none_or(|g| location(entity).is_some_and(|s| g.matches(&s)))
+            && self
+                .type_pattern
+                .as_ref()
+                .is_none_or(|r| r.is_match(&entity.entity_type))
+            && self
+                .q
+                .as_ref()
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+            && self
+                .mq
+                .as_ref()
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+            && self
+                .geo
+                .as_ref()
+                .is_none_or(|g| location(entity).is_some_and(|s| g.matches(&s)))
     }
 }
 
@@ -105,22 +120,32 @@ impl Resolver for EntityResolver<'_> {
         };
         if path.is_empty() {
             if a.attr_type == "DateTime" || a.attr_type == "ISO8601" {
-                return a.value.as_str().and_then(weft_model::query::parse_datetime).map(Operand::DateTime);
+                return a
+                    .value
+                    .as_str()
+                    .and_then(weft_model::query::parse_datetime)
+                    .map(Operand::DateTime);
             }
             return Some(Operand::Json(std::borrow::Cow::Borrowed(&a.value)));
         }
-        weft_model::query::descend(&a.value, path).map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
+        weft_model::query::descend(&a.value, path)
+            .map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
     }
 
     fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
         let m = self.0.attrs.get(attr)?.metadata.get(md)?;
         if path.is_empty() {
             if m.md_type == "DateTime" {
-                return m.value.as_str().and_then(weft_model::query::parse_datetime).map(Operand::DateTime);
+                return m
+                    .value
+                    .as_str()
+                    .and_then(weft_model::query::parse_datetime)
+                    .map(Operand::DateTime);
             }
             return Some(Operand::Json(std::borrow::Cow::Borrowed(&m.value)));
         }
-        weft_model::query::descend(&m.value, path).map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
+        weft_model::query::descend(&m.value, path)
+            .map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
     }
 }
 
@@ -158,17 +183,32 @@ impl Context {
             max = max.max(r.created);
             tenants.entry(r.tenant).or_default().entities.insert(
                 (r.service_path.clone(), r.id, r.entity_type),
-                StoredEntity { service_path: r.service_path, entity, created: r.created },
+                StoredEntity {
+                    service_path: r.service_path,
+                    entity,
+                    created: r.created,
+                },
             );
         }
-        Ok(Context { store, tenants: RwLock::new(tenants), next_created: AtomicU64::new(max + 1) })
+        Ok(Context {
+            store,
+            tenants: RwLock::new(tenants),
+            next_created: AtomicU64::new(max + 1),
+        })
     }
 
     /// Entities of `tenant` passing `filter`, in creation order.
     pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
         let tenants = self.tenants.read();
-        let Some(t) = tenants.get(tenant) else { return Vec::new() };
-        let mut out: Vec<StoredEntity> = t.entities.values().filter(|e| filter.matches(e)).cloned().collect();
+        let Some(t) = tenants.get(tenant) else {
+            return Vec::new();
+        };
+        let mut out: Vec<StoredEntity> = t
+            .entities
+            .values()
+            .filter(|e| filter.matches(e))
+            .cloned()
+            .collect();
         out.sort_by_key(|e| e.created);
         out
     }
@@ -198,14 +238,29 @@ impl Context {
 
     /// All entity types of `tenant` in the service paths.
     pub fn types(&self, tenant: &str, service_paths: &[String]) -> Vec<StoredEntity> {
-        self.query(tenant, &EntityFilter { service_paths: service_paths.to_vec(), ..EntityFilter::default() })
+        self.query(
+            tenant,
+            &EntityFilter {
+                service_paths: service_paths.to_vec(),
+                ..EntityFilter::default()
+            },
+        )
     }
 
     /// Creates an entity; 422 `Already Exists` if one with the same id,
     /// type and service path exists.
-    pub async fn create(&self, tenant: &str, service_path: &str, entity: Entity) -> Result<(), NgsiError> {
+    pub async fn create(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        entity: Entity,
+    ) -> Result<(), NgsiError> {
         entity.check_locations()?;
-        let key = (service_path.to_string(), entity.id.clone(), entity.entity_type.clone());
+        let key = (
+            service_path.to_string(),
+            entity.id.clone(),
+            entity.entity_type.clone(),
+        );
         let stored = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
@@ -235,11 +290,20 @@ impl Context {
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
         let current = self.get(tenant, service_paths, id, entity_type)?;
-        let key = (current.service_path.clone(), current.entity.id.clone(), current.entity.entity_type.clone());
+        let key = (
+            current.service_path.clone(),
+            current.entity.id.clone(),
+            current.entity.entity_type.clone(),
+        );
         let (result, stored) = {
             let mut tenants = self.tenants.write();
-            let t = tenants.get_mut(tenant).ok_or_else(NgsiError::entity_not_found)?;
-            let slot = t.entities.get_mut(&key).ok_or_else(NgsiError::entity_not_found)?;
+            let t = tenants
+                .get_mut(tenant)
+                .ok_or_else(NgsiError::entity_not_found)?;
+            let slot = t
+                .entities
+                .get_mut(&key)
+                .ok_or_else(NgsiError::entity_not_found)?;
             let mut next = slot.entity.clone();
             let result = change(&mut next)?;
             next.check_locations()?;
@@ -270,31 +334,86 @@ impl Context {
             }
         }
         self.store
-            .delete_entity(tenant, &current.service_path, &current.entity.id, &current.entity.entity_type)
+            .delete_entity(
+                tenant,
+                &current.service_path,
+                &current.entity.id,
+                &current.entity.entity_type,
+            )
             .await
             .map_err(internal)?;
         Ok(current)
     }
 
+    /// Applies data units to their devices' entities (creating them on
+    /// first sight) in the default tenant and service path `/`, and returns
+    /// the entities' new states for the caller to store with the units, one
+    /// record per entity however many units touched it. `units` pairs each
+    /// unit with its entity type.
+    pub fn apply_units<'a>(
+        &self,
+        units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
+        now: i64,
+    ) -> Vec<EntityRecord> {
+        let mut touched: Vec<(String, String, String)> = Vec::new();
+        let mut tenants = self.tenants.write();
+        let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
+        for (unit, entity_type) in units {
+            let key = (
+                "/".to_string(),
+                unit.device.id.clone(),
+                entity_type.to_string(),
+            );
+            let slot = t.entities.entry(key.clone()).or_insert_with(|| {
+                let mut entity = Entity::new(unit.device.id.clone(), entity_type);
+                entity.stamp_created(now);
+                StoredEntity {
+                    service_path: "/".to_string(),
+                    entity,
+                    created: self.next_created.fetch_add(1, Ordering::Relaxed),
+                }
+            });
+            let attrs = crate::entity::unit_attributes(unit);
+            weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
+            if !touched.contains(&key) {
+                touched.push(key);
+            }
+        }
+        touched
+            .iter()
+            .filter_map(|key| t.entities.get(key))
+            .map(|e| record(DEFAULT_TENANT, e))
+            .collect()
+    }
+
     async fn persist(&self, tenant: &str, e: &StoredEntity) -> Result<(), NgsiError> {
-        let record = EntityRecord {
-            tenant: tenant.to_string(),
-            service_path: e.service_path.clone(),
-            id: e.entity.id.clone(),
-            entity_type: e.entity.entity_type.clone(),
-            created: e.created,
-            json: e.entity.to_storage(),
-        };
-        self.store.put_entity(record).await.map_err(internal)
+        self.store
+            .put_entity(record(tenant, e))
+            .await
+            .map_err(internal)
+    }
+}
+
+/// The store's form of an entity.
+fn record(tenant: &str, e: &StoredEntity) -> EntityRecord {
+    EntityRecord {
+        tenant: tenant.to_string(),
+        service_path: e.service_path.clone(),
+        id: e.entity.id.clone(),
+        entity_type: e.entity.entity_type.clone(),
+        created: e.created,
+        json: e.entity.to_storage(),
     }
 }
 
 fn internal(e: weft_store::StoreError) -> NgsiError {
     tracing::error!(error = %e, "storing an entity failed");
     match e {
-        weft_store::StoreError::Overloaded => {
-            NgsiError::new(503, "ServiceUnavailable", "the store is overloaded; retry later")
-        }
+        weft_store::StoreError::Overloaded => NgsiError::new(
+            503,
+            "ServiceUnavailable",
+            "the store is overloaded; retry later",
+        ),
         _ => NgsiError::new(500, "InternalServerError", "internal error"),
     }
 }

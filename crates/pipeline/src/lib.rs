@@ -14,6 +14,7 @@
 pub mod catalog;
 pub mod context;
 pub mod decode;
+pub mod entity;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -287,10 +288,17 @@ impl Pipeline {
             new_devices,
             ..ProcessedBatch::default()
         };
+        let mut entity_types = Vec::new();
         for outcome in outcomes {
             match outcome {
                 Ok(produced) => {
                     for unit in produced.units {
+                        let entity_type = self
+                            .catalog
+                            .device_type(&unit.device.device_type)
+                            .and_then(|t| t.def.entity_type.clone())
+                            .unwrap_or_else(|| unit.device.device_type.clone());
+                        entity_types.push(entity_type);
                         let json = serde_json::to_string(&unit).expect("data units serialise");
                         batch.units.push(UnitRecord {
                             unit: Arc::new(unit),

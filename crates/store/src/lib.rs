@@ -81,6 +81,8 @@ pub struct ProcessedBatch {
     pub failures: Vec<FailedUplink>,
     /// Devices seen for the first time; inserted only if absent.
     pub new_devices: Vec<Device>,
+    /// The new states of the NGSI entities the units updated.
+    pub entities: Vec<EntityRecord>,
 }
 
 /// What [`Store::commit_processed`] did.

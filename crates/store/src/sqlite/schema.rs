@@ -37,7 +37,8 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `cursors`: how far each log consumer got (the next `seq` to read).
 /// - `entities` (step 2): NGSI entities as the model's JSON, keyed as
 ///   Orion keys them, with their creation order.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE ingest_log (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
     received_at INTEGER NOT NULL,
@@ -80,7 +81,8 @@ CREATE TABLE cursors (
     name     TEXT    PRIMARY KEY,
     next_seq INTEGER NOT NULL
 ) WITHOUT ROWID;
-"#, r#"
+"#,
+    r#"
 CREATE TABLE entities (
     tenant       TEXT    NOT NULL,
     service_path TEXT    NOT NULL,
@@ -90,7 +92,8 @@ CREATE TABLE entities (
     json         TEXT    NOT NULL,
     PRIMARY KEY (tenant, service_path, id, type)
 ) WITHOUT ROWID;
-"#];
+"#,
+];
 
 /// Settings for the write connection: WAL (readers never block the writer
 /// and the writer never blocks readers) and the chosen fsync policy.

@@ -508,6 +508,9 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
          ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
     )?
     .execute((&batch.consumer, to_i64(batch.next_seq)))?;
+    for record in &batch.entities {
+        put_entity(conn, record)?;
+    }
     Ok(CommitOutcome { inserted })
 }
 
@@ -528,7 +531,14 @@ fn put_entity(conn: &Connection, r: &crate::EntityRecord) -> rusqlite::Result<()
         "INSERT OR REPLACE INTO entities (tenant, service_path, id, type, created, json) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute((&r.tenant, &r.service_path, &r.id, &r.entity_type, to_i64(r.created), &r.json))?;
+    .execute((
+        &r.tenant,
+        &r.service_path,
+        &r.id,
+        &r.entity_type,
+        to_i64(r.created),
+        &r.json,
+    ))?;
     Ok(())
 }
 
