@@ -15,9 +15,12 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use regex::Regex;
+use std::borrow::Cow;
 use weft_model::geo::{GeoQuery, Shape};
 use weft_model::ngsi::{Entity, NgsiError};
-use weft_model::query::{Operand, Query, Resolver};
+
+use serde_json::Value;
+use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
 use weft_store::{EntityRecord, Store};
 
 /// An entity with where it lives and when it was created (its position in
@@ -111,42 +114,33 @@ pub struct EntityResolver<'a>(pub &'a Entity);
 impl Resolver for EntityResolver<'_> {
     fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
         let e = self.0;
-        let Some(a) = e.attrs.get(attr) else {
-            return match (attr, path.is_empty()) {
-                ("dateCreated", true) => Some(Operand::DateTime(e.date_created)),
-                ("dateModified", true) => Some(Operand::DateTime(e.date_modified)),
-                _ => None,
-            };
-        };
-        if path.is_empty() {
-            if a.attr_type == "DateTime" || a.attr_type == "ISO8601" {
-                return a
-                    .value
-                    .as_str()
-                    .and_then(weft_model::query::parse_datetime)
-                    .map(Operand::DateTime);
-            }
-            return Some(Operand::Json(std::borrow::Cow::Borrowed(&a.value)));
+        match (e.attrs.get(attr), attr, path.is_empty()) {
+            (Some(a), _, _) => typed(&a.value, &a.attr_type, path),
+            (None, "dateCreated", true) => Some(Operand::DateTime(e.date_created)),
+            (None, "dateModified", true) => Some(Operand::DateTime(e.date_modified)),
+            _ => None,
         }
-        weft_model::query::descend(&a.value, path)
-            .map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
     }
 
     fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
         let m = self.0.attrs.get(attr)?.metadata.get(md)?;
-        if path.is_empty() {
-            if m.md_type == "DateTime" {
-                return m
-                    .value
-                    .as_str()
-                    .and_then(weft_model::query::parse_datetime)
-                    .map(Operand::DateTime);
-            }
-            return Some(Operand::Json(std::borrow::Cow::Borrowed(&m.value)));
-        }
-        weft_model::query::descend(&m.value, path)
-            .map(|v| Operand::Json(std::borrow::Cow::Borrowed(v)))
+        typed(&m.value, &m.md_type, path)
     }
+}
+
+/// A value as a query operand: a `DateTime` value compares as an instant,
+/// anything else as typed JSON; `path` reaches inside structured values.
+fn typed<'v>(value: &'v Value, ngsi_type: &str, path: &[String]) -> Option<Operand<'v>> {
+    if !path.is_empty() {
+        return descend(value, path).map(|v| Operand::Json(Cow::Borrowed(v)));
+    }
+    if ngsi_type == "DateTime" || ngsi_type == "ISO8601" {
+        return value
+            .as_str()
+            .and_then(parse_datetime)
+            .map(Operand::DateTime);
+    }
+    Some(Operand::Json(Cow::Borrowed(value)))
 }
 
 /// One tenant's entities.
