@@ -112,6 +112,26 @@ impl Default for PipelineSection {
     }
 }
 
+/// The top-level keys of [`Config`]. Only `WEFT_*` variables naming one of
+/// them are configuration: other tools set `WEFT_*` variables of their own
+/// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
+/// error but a stranger's variable in the environment must not be.
+const CONFIG_KEYS: [&str; 7] = [
+    "listen",
+    "data",
+    "ingest_key",
+    "log",
+    "engine",
+    "store",
+    "pipeline",
+];
+
+fn is_config_key(key: &figment::value::UncasedStr) -> bool {
+    let head = key.as_str().split("__").next().unwrap_or_default();
+    let head = head.split('.').next().unwrap_or_default();
+    CONFIG_KEYS.iter().any(|k| k.eq_ignore_ascii_case(head))
+}
+
 /// Command-line values that override the file and the environment.
 #[derive(Debug, Default, Serialize)]
 pub struct Overrides {
@@ -144,7 +164,7 @@ impl Config {
             }
             fig = fig.merge(Toml::file(file));
         }
-        fig.merge(Env::prefixed("WEFT_").split("__"))
+        fig.merge(Env::prefixed("WEFT_").filter(is_config_key).split("__"))
             .merge(Serialized::defaults(overrides))
             .extract()
     }
@@ -177,6 +197,18 @@ mod tests {
             };
             let c = Config::load(Some("weft.toml".as_ref()), flags)?;
             assert_eq!(c.ingest_key, "flag");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn foreign_weft_variables_are_ignored() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("WEFT_PORT", "9999");
+            jail.set_env("WEFT_BROKER_ARGS", "-multiservice");
+            jail.set_env("WEFT_DATA", "/tmp/x");
+            let c = Config::load(None, Overrides::default())?;
+            assert_eq!(c.data, PathBuf::from("/tmp/x"));
             Ok(())
         });
     }
