@@ -7,11 +7,13 @@
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
 //! - `ops`: health and metrics.
+//! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
 
 mod catalog;
 mod codecs;
 mod durability;
 mod ingest;
 mod live;
+mod ngsi;
 mod ops;
 mod util;

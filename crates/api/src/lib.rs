@@ -7,6 +7,7 @@
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
+//! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
 #![deny(missing_docs)]
 
 pub mod catalog;
@@ -14,6 +15,7 @@ pub mod data;
 pub mod error;
 pub mod ingest;
 pub mod live;
+pub mod ngsi;
 pub mod ops;
 
 use std::sync::Arc;
@@ -55,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())
+        .merge(ngsi::router())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

@@ -1,0 +1,398 @@
+//! `/v2/op/update` and `/v2/op/query`: batch operations.
+//!
+//! An update applies its action to each entity in turn; what failed is
+//! gathered into one Orion text (`do not exist: E1/T - [ B ], E2/T
+//! [entity itself]`): 404 when no entity existed, 422 Unprocessable when
+//! nothing at all was applied, 422 PartialUpdate otherwise. The payload is
+//! validated completely before anything is applied.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use weft_model::ngsi::{self, check_name, Entity, NameKind, NgsiError, UpdateOptions};
+use weft_pipeline::context::EntityFilter;
+
+use super::entities::{listing_response, parse_geo, parse_mq, parse_q, pattern, Listing};
+use super::error::{Error, Result};
+use super::now_ms;
+use super::params::{json_body, order_by, Params};
+use super::tenant::{ServicePath, Tenant, WriteOp};
+use crate::AppState;
+
+/// The `actionType` of a batch update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Append,
+    AppendStrict,
+    Update,
+    Delete,
+    Replace,
+}
+
+impl Action {
+    fn parse(s: &str) -> Result<Action> {
+        Ok(match s {
+            "append" => Action::Append,
+            "appendStrict" => Action::AppendStrict,
+            "update" => Action::Update,
+            "delete" => Action::Delete,
+            "replace" => Action::Replace,
+            _ => {
+                return Err(Error::bad_request(
+                    "invalid update action type: right ones are: append, appendStric, delete, replace, update",
+                ))
+            }
+        })
+    }
+}
+
+/// One entity of the payload, parsed.
+struct Item {
+    /// The entity as given (type `Thing` when none was).
+    entity: Entity,
+    /// Whether the payload named the type (lookups then use it).
+    typed: bool,
+    /// Attribute names given (for `delete`).
+    names: Vec<String>,
+}
+
+/// What failed for one entity.
+enum Failure {
+    /// The entity does not exist.
+    Entity,
+    /// These attributes were refused; the flag says whether others of
+    /// the entity were applied.
+    Attrs(Vec<String>, bool),
+}
+
+/// Orion's "Update" batch operation (`POST /v2/op/update`).
+pub async fn update(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    sp: ServicePath,
+    params: Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let path = sp.for_write(WriteOp::Update)?;
+    let options = params.options()?;
+    let value = json_body(&headers, &body)?;
+    let Value::Object(obj) = &value else {
+        return Err(NgsiError::parse_error().into());
+    };
+    if obj.is_empty() {
+        return Err(Error::empty_payload());
+    }
+    for key in obj.keys() {
+        if key != "actionType" && key != "entities" {
+            return Err(Error::bad_request(format!(
+                "Unrecognized field in JSON payload: /{key}/"
+            )));
+        }
+    }
+    let action = match obj.get("actionType") {
+        None => {
+            return Err(Error::bad_request(
+                "Invalid JSON payload, mandatory field /actionType/ not found",
+            ))
+        }
+        Some(Value::String(s)) => Action::parse(s)?,
+        Some(_) => return Err(NgsiError::parse_error().into()),
+    };
+    let entities = match obj.get("entities") {
+        None => {
+            return Err(Error::bad_request(
+                "Invalid JSON payload, mandatory field /entities/ not found",
+            ))
+        }
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(NgsiError::parse_error().into()),
+    };
+    if entities.is_empty() {
+        return Err(Error::bad_request("empty entities vector"));
+    }
+    let mut items = Vec::with_capacity(entities.len());
+    for e in entities {
+        items.push(parse_item(e, action, options.key_values)?);
+    }
+    let opts = options.update();
+    let mut failures: Vec<(String, Option<String>, Failure)> = Vec::new();
+    let mut applied = false;
+    let mut all_missing = !items.is_empty();
+    for item in items {
+        let label_type = item.typed.then(|| item.entity.entity_type.clone());
+        let id = item.entity.id.clone();
+        match apply(&state, &tenant, &path, action, item, opts).await? {
+            None => {
+                applied = true;
+                all_missing = false;
+            }
+            Some(Failure::Entity) => failures.push((id, label_type, Failure::Entity)),
+            Some(Failure::Attrs(names, some_applied)) => {
+                all_missing = false;
+                applied |= some_applied;
+                failures.push((id, label_type, Failure::Attrs(names, some_applied)));
+            }
+        }
+    }
+    if failures.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let prefix = if action == Action::AppendStrict {
+        "one or more of the attributes in the request already exist: "
+    } else {
+        "do not exist: "
+    };
+    let mut text = String::from(prefix);
+    for (i, (id, t, f)) in failures.iter().enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        let label = match t {
+            Some(t) => format!("{id}/{t}"),
+            None => id.clone(),
+        };
+        match f {
+            Failure::Entity if i == 0 => text.push_str(&format!("{label} - [entity itself]")),
+            Failure::Entity => text.push_str(&format!("{label} [entity itself]")),
+            Failure::Attrs(names, _) => {
+                text.push_str(&format!("{label} - [ {} ]", names.join(", ")))
+            }
+        }
+    }
+    Err(Error(if all_missing {
+        NgsiError::new(404, "NotFound", text)
+    } else if applied {
+        NgsiError::partial_update(text)
+    } else {
+        NgsiError::unprocessable(text)
+    }))
+}
+
+fn parse_item(e: &Value, action: Action, key_values: bool) -> Result<Item> {
+    let Value::Object(obj) = e else {
+        return Err(NgsiError::parse_error().into());
+    };
+    if !obj.contains_key("id") {
+        if obj.contains_key("idPattern") {
+            return Err(Error::not_implemented());
+        }
+        return Err(Error::bad_request("nor /id/ nor /idPattern/ present"));
+    }
+    let names: Vec<String> = obj
+        .keys()
+        .filter(|k| *k != "id" && *k != "type")
+        .cloned()
+        .collect();
+    let entity = if action == Action::Delete {
+        // Attribute values of a delete are ignored (Orion accepts nulls).
+        let mut head = Map::new();
+        for k in ["id", "type"] {
+            if let Some(v) = obj.get(k) {
+                head.insert(k.to_string(), v.clone());
+            }
+        }
+        ngsi::parse_entity(&Value::Object(head), key_values)?
+    } else {
+        ngsi::parse_entity(e, key_values)?
+    };
+    Ok(Item {
+        entity,
+        typed: obj.contains_key("type"),
+        names,
+    })
+}
+
+/// Applies the action to one entity: `None` when it fully succeeded.
+async fn apply(
+    state: &AppState,
+    tenant: &str,
+    path: &str,
+    action: Action,
+    item: Item,
+    opts: UpdateOptions,
+) -> Result<Option<Failure>> {
+    let context = state.pipeline.context();
+    let paths = vec![path.to_string()];
+    let id = item.entity.id.clone();
+    let etype = item.typed.then(|| item.entity.entity_type.clone());
+    let now = now_ms();
+    let exists = match context.get(tenant, &paths, &id, etype.as_deref()) {
+        Ok(_) => true,
+        Err(e) if e.status == 404 => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !exists {
+        return match action {
+            Action::Append | Action::AppendStrict => {
+                let mut entity = item.entity;
+                entity.stamp_created(now);
+                context.create(tenant, path, entity).await?;
+                Ok(None)
+            }
+            _ => Ok(Some(Failure::Entity)),
+        };
+    }
+    let attrs = item.entity.attrs;
+    let requested = if action == Action::Delete {
+        item.names.len()
+    } else {
+        attrs.len()
+    };
+    let expires = item.entity.date_expires;
+    let failed = match action {
+        Action::Append | Action::AppendStrict => {
+            let opts = UpdateOptions {
+                append_strict: action == Action::AppendStrict,
+                ..opts
+            };
+            let outcome = context
+                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    let out = ngsi::append(e, attrs, opts, now);
+                    if expires.is_some() {
+                        e.date_expires = expires;
+                    }
+                    Ok(out)
+                })
+                .await?;
+            outcome.failed
+        }
+        Action::Update => {
+            let outcome = context
+                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    Ok(ngsi::update(e, attrs, opts, now))
+                })
+                .await?;
+            outcome.failed
+        }
+        Action::Replace => {
+            context
+                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    let out = ngsi::replace(e, attrs, opts, now);
+                    e.date_expires = expires;
+                    Ok(out)
+                })
+                .await?;
+            Vec::new()
+        }
+        Action::Delete if item.names.is_empty() => {
+            context
+                .delete(tenant, &paths, &id, etype.as_deref())
+                .await?;
+            Vec::new()
+        }
+        Action::Delete => {
+            let names = item.names;
+            context
+                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    let mut failed = Vec::new();
+                    for n in names {
+                        if ngsi::delete_attr(e, &n, now).is_err() {
+                            failed.push(n);
+                        }
+                    }
+                    Ok(failed)
+                })
+                .await?
+        }
+    };
+    let some_applied = failed.len() < requested;
+    Ok((!failed.is_empty()).then_some(Failure::Attrs(failed, some_applied)))
+}
+
+/// Orion's "Query" batch operation (`POST /v2/op/query`).
+pub async fn query(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    sp: ServicePath,
+    params: Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let value = json_body(&headers, &body)?;
+    let Value::Object(obj) = &value else {
+        return Err(NgsiError::parse_error().into());
+    };
+    for key in obj.keys() {
+        if !matches!(
+            key.as_str(),
+            "entities" | "attrs" | "attributes" | "expression" | "metadata"
+        ) {
+            return Err(Error::bad_request(format!(
+                "Unrecognized field in JSON payload: /{key}/"
+            )));
+        }
+    }
+    let expr = obj.get("expression").and_then(Value::as_object);
+    let field = |k: &str| expr.and_then(|e| e.get(k)).and_then(Value::as_str);
+    let q = parse_q(field("q"))?;
+    let mq = parse_mq(field("mq"))?;
+    let geo = parse_geo(field("georel"), field("geometry"), field("coords"))?;
+    let service_paths = sp.for_read();
+    let base = || EntityFilter {
+        service_paths: service_paths.clone(),
+        q: q.clone(),
+        mq: mq.clone(),
+        geo: geo.clone(),
+        ..EntityFilter::default()
+    };
+    let mut filters = Vec::new();
+    if let Some(list) = obj.get("entities") {
+        let Value::Array(list) = list else {
+            return Err(NgsiError::parse_error().into());
+        };
+        for sel in list {
+            let Value::Object(sel) = sel else {
+                return Err(NgsiError::parse_error().into());
+            };
+            let text = |k: &str| sel.get(k).and_then(Value::as_str);
+            let mut f = base();
+            match (text("id"), text("idPattern")) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::bad_request("Incompatible parameters: id, IdPattern"))
+                }
+                (Some(id), None) => {
+                    check_name(NameKind::EntityId, id)?;
+                    f.ids = vec![id.to_string()];
+                }
+                (None, Some(p)) => f.id_pattern = Some(pattern(p, "idPattern")?),
+                (None, None) => {}
+            }
+            match (text("type"), text("typePattern")) {
+                (Some(t), _) => f.types = vec![t.to_string()],
+                (None, Some(p)) => f.type_pattern = Some(pattern(p, "typePattern")?),
+                (None, None) => {}
+            }
+            filters.push(f);
+        }
+    }
+    if filters.is_empty() {
+        filters.push(base());
+    }
+    let strings = |k: &str| -> Option<Vec<String>> {
+        obj.get(k).and_then(Value::as_array).map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+    };
+    let listing = Listing {
+        filters,
+        // `attributes` is the older name of `attrs`.
+        attrs: strings("attrs")
+            .or_else(|| strings("attributes"))
+            .filter(|a| !a.is_empty()),
+        metadata: strings("metadata").filter(|a| !a.is_empty()),
+        order: order_by(&params)?,
+        page: params.paging()?,
+        options: params.options()?,
+    };
+    let (body, total) = listing.run(&state, &tenant);
+    Ok(listing_response(
+        body,
+        listing.options.count.then_some(total),
+    ))
+}

@@ -1,0 +1,310 @@
+//! The inputs of a request besides tenancy: URI parameters (decoded and
+//! checked for Orion's forbidden characters), `options`, paging,
+//! `orderBy`, and the JSON or text body with its media type.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use serde_json::Value;
+use weft_model::ngsi::parse::MAX_NESTING;
+use weft_model::ngsi::{parse_body, NgsiError};
+
+use super::error::{Error, Result};
+
+/// Characters Orion refuses in URI parameter values (outside the query
+/// languages) and in path segments.
+const FORBIDDEN: &[char] = &['<', '>', '"', '\'', '=', ';', '(', ')'];
+
+/// Parameters whose values are expressions and may hold those characters.
+const FREE_PARAMS: &[&str] = &[
+    "q",
+    "mq",
+    "georel",
+    "geometry",
+    "coords",
+    "idPattern",
+    "typePattern",
+];
+
+/// Default page size of listings.
+pub const DEFAULT_LIMIT: usize = 20;
+/// Largest page size Orion serves.
+pub const MAX_LIMIT: usize = 1000;
+
+/// The decoded URI parameters of a request, in order.
+#[derive(Debug, Default, Clone)]
+pub struct Params(Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
+        Params::parse(parts.uri.query().unwrap_or(""))
+    }
+}
+
+/// Percent-decodes a URI component (`+` stays `+`, as in Orion).
+pub fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+impl Params {
+    /// Splits and decodes a query string, refusing forbidden characters.
+    pub fn parse(query: &str) -> Result<Params> {
+        let mut out = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let (k, v) = (decode(k), decode(v));
+            if !FREE_PARAMS.contains(&k.as_str()) && v.contains(FORBIDDEN) {
+                return Err(Error::bad_request("invalid character in URI parameter"));
+            }
+            out.push((k, v));
+        }
+        Ok(Params(out))
+    }
+
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A comma list (`attrs=A,B`), `None` when absent.
+    pub fn list(&self, key: &str) -> Option<Vec<String>> {
+        self.get(key).map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+    }
+
+    /// The `options` words.
+    pub fn options(&self) -> Result<Options> {
+        let mut o = Options::default();
+        for word in self.list("options").unwrap_or_default() {
+            match word.as_str() {
+                "keyValues" => o.key_values = true,
+                "values" => o.values = true,
+                "unique" => o.unique = true,
+                "count" => o.count = true,
+                "append" => o.append = true,
+                "upsert" => o.upsert = true,
+                "overrideMetadata" => o.override_metadata = true,
+                "forcedUpdate" => o.forced_update = true,
+                "noAttrDetail" => o.no_attr_detail = true,
+                "skipForwarding" | "normalized" | "flowControl" => {}
+                _ => return Err(Error::bad_request("Invalid value for URI param /options/")),
+            }
+        }
+        Ok(o)
+    }
+
+    /// `limit` and `offset` with Orion's checks.
+    pub fn paging(&self) -> Result<(usize, usize)> {
+        let limit = match self.get("limit") {
+            None => DEFAULT_LIMIT,
+            Some(s) => {
+                let n: usize = s.parse().map_err(|_| {
+                    Error::bad_request(format!(
+                        "Bad pagination limit: /{s}/ [must be a decimal number]"
+                    ))
+                })?;
+                if n > MAX_LIMIT {
+                    return Err(Error::bad_request(format!(
+                        "Bad pagination limit: /{s}/ [max: {MAX_LIMIT}]"
+                    )));
+                }
+                n
+            }
+        };
+        let offset = match self.get("offset") {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| {
+                Error::bad_request(format!(
+                    "Bad pagination offset: /{s}/ [must be a decimal number]"
+                ))
+            })?,
+        };
+        Ok((limit, offset))
+    }
+}
+
+/// The `options` URI parameter.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Options {
+    /// `keyValues`.
+    pub key_values: bool,
+    /// `values`.
+    pub values: bool,
+    /// `unique`.
+    pub unique: bool,
+    /// `count`: add `Fiware-Total-Count`.
+    pub count: bool,
+    /// `append`: strict append on POST attrs.
+    pub append: bool,
+    /// `upsert`: POST /v2/entities updates an existing entity.
+    pub upsert: bool,
+    /// `overrideMetadata`.
+    pub override_metadata: bool,
+    /// `forcedUpdate`.
+    pub forced_update: bool,
+    /// `noAttrDetail` (types).
+    pub no_attr_detail: bool,
+}
+
+impl Options {
+    /// The representation asked for (`values` wins over `unique`, which
+    /// wins over `keyValues`, as in Orion).
+    pub fn format(&self) -> weft_model::ngsi::Format {
+        use weft_model::ngsi::Format;
+        if self.values {
+            Format::Values
+        } else if self.unique {
+            Format::Unique
+        } else if self.key_values {
+            Format::KeyValues
+        } else {
+            Format::Normalized
+        }
+    }
+
+    /// The update options these carry.
+    pub fn update(&self) -> weft_model::ngsi::UpdateOptions {
+        weft_model::ngsi::UpdateOptions {
+            append_strict: self.append,
+            override_metadata: self.override_metadata,
+            forced: self.forced_update,
+        }
+    }
+}
+
+/// One `orderBy` key: an attribute (or `id`, `type`, `dateCreated`,
+/// `dateModified`, `geo:distance`), descending with a leading `!`.
+#[derive(Debug, Clone)]
+pub struct OrderKey {
+    /// What to sort by.
+    pub name: String,
+    /// `!name`.
+    pub descending: bool,
+}
+
+/// Parses `orderBy`, refusing a key given twice.
+pub fn order_by(params: &Params) -> Result<Vec<OrderKey>> {
+    let Some(list) = params.list("orderBy") else {
+        return Ok(Vec::new());
+    };
+    let mut keys: Vec<OrderKey> = Vec::new();
+    for item in list {
+        let (name, descending) = match item.strip_prefix('!') {
+            Some(n) => (n.to_string(), true),
+            None => (item, false),
+        };
+        if keys.iter().any(|k| k.name == name) {
+            return Err(Error::bad_request("duplicate orderBy token detected"));
+        }
+        keys.push(OrderKey { name, descending });
+    }
+    Ok(keys)
+}
+
+/// The media type of the body, without parameters (`charset=…`).
+pub fn content_type(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+}
+
+/// A JSON body: checks the media type, then parses with Orion's errors.
+pub fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value> {
+    if let Some(ct) = content_type(headers) {
+        if ct != "application/json" {
+            return Err(Error::unsupported_media_type(&ct));
+        }
+    }
+    let text = std::str::from_utf8(body).map_err(|_| Error(NgsiError::parse_error()))?;
+    parse_body(text).map_err(|e| {
+        if e.error == "ParseError" && nesting(text) > MAX_NESTING {
+            Error(NgsiError::new(
+                400,
+                "ParseError",
+                format!("attribute or metadata value has overpassed maximum nesting limit: {MAX_NESTING}"),
+            ))
+        } else {
+            Error(e)
+        }
+    })
+}
+
+/// The deepest bracket nesting of a JSON text (outside strings), to tell
+/// Orion's nesting error from other syntax errors when parsing failed
+/// (serde_json stops at its own recursion limit first).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+    for c in text.chars() {
+        if in_str {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '{' | '[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            '}' | ']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// A JSON object body that must not be `{}` (attribute updates).
+pub fn json_attrs_body(headers: &HeaderMap, body: &Bytes) -> Result<Value> {
+    let v = json_body(headers, body)?;
+    if v.as_object().is_some_and(|o| o.is_empty()) {
+        return Err(Error::empty_payload());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_characters_only_outside_expressions() {
+        assert!(Params::parse("w1=a%3C").is_err());
+        assert!(Params::parse("q=a==%3C").is_ok());
+        let p = Params::parse("attrs=A,B&limit=3").unwrap();
+        assert_eq!(p.list("attrs").unwrap(), ["A", "B"]);
+        assert_eq!(p.paging().unwrap(), (3, 0));
+    }
+
+    #[test]
+    fn order_by_refuses_duplicates() {
+        let p = Params::parse("orderBy=A,!A").unwrap();
+        assert_eq!(
+            order_by(&p).unwrap_err().0.description,
+            "duplicate orderBy token detected"
+        );
+    }
+}

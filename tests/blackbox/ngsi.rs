@@ -1,0 +1,197 @@
+//! The NGSIv2 surface (`/v2`): tenancy, the query language, keyValues
+//! round trips and Orion's 405 answers, seen from a client.
+
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+/// One NGSIv2 call: status, headers and JSON body (`Null` when empty).
+async fn call(
+    c: &Client,
+    method: &str,
+    path: &str,
+    tenant: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, HeaderMap, Value) {
+    let mut req = c
+        .http
+        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
+    if let Some(t) = tenant {
+        req = req.header("Fiware-Service", t);
+    }
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// The ids of a listing, in order.
+fn ids(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect()
+}
+
+/// An entity created in tenant A is invisible from tenant B and from the
+/// default tenant, by id and in listings; the tenant name is
+/// case-insensitive, as in Orion.
+#[tokio::test]
+async fn tenants_are_isolated() {
+    let server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "Room1", "type": "Room", "temperature": {"value": 21, "type": "Number"}});
+    let (status, headers, _) = call(&c, "POST", "/v2/entities", Some("tenant_a"), Some(&e)).await;
+    assert_eq!(status, 201);
+    assert_eq!(headers["location"], "/v2/entities/Room1?type=Room");
+    assert!(headers.contains_key("fiware-correlator"));
+
+    let (status, _, got) = call(&c, "GET", "/v2/entities/Room1", Some("Tenant_A"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(got["temperature"]["value"], 21);
+
+    for tenant in [Some("tenant_b"), None] {
+        let (status, _, body) = call(&c, "GET", "/v2/entities/Room1", tenant, None).await;
+        assert_eq!(status, 404, "{tenant:?}");
+        assert_eq!(body["error"], "NotFound");
+        let (_, _, list) = call(&c, "GET", "/v2/entities", tenant, None).await;
+        assert_eq!(list, json!([]), "{tenant:?}");
+        let (_, _, types) = call(&c, "GET", "/v2/types", tenant, None).await;
+        assert_eq!(types, json!([]), "{tenant:?}");
+    }
+
+    // The same id may live in another tenant independently.
+    let (status, _, _) = call(&c, "POST", "/v2/entities", Some("tenant_b"), Some(&e)).await;
+    assert_eq!(status, 201);
+    let (status, _, body) = call(&c, "GET", "/v2/entities", Some("bad-name"), None).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["description"],
+        "bad character in tenant name - only underscore and alphanumeric characters are allowed"
+    );
+}
+
+/// `q` and `mq` operators select the expected entities, in creation
+/// order, and bad expressions get Orion's 400 texts.
+#[tokio::test]
+async fn q_and_mq_filter_entities() {
+    let server = Server::start();
+    let c = server.client();
+    let rooms = [("R1", 10, "low"), ("R2", 20, "mid"), ("R3", 30, "high")];
+    for (id, temp, level) in rooms {
+        let e = json!({"id": id, "type": "Room",
+            "temperature": {"value": temp, "type": "Number",
+                            "metadata": {"accuracy": {"value": temp / 10, "type": "Number"}}},
+            "level": {"value": level, "type": "Text"}});
+        let (status, _, _) = call(&c, "POST", "/v2/entities", None, Some(&e)).await;
+        assert_eq!(status, 201);
+    }
+    let cases = [
+        ("q=temperature%3E15", vec!["R2", "R3"]),
+        ("q=temperature%3C=20", vec!["R1", "R2"]),
+        ("q=temperature==10,30", vec!["R1", "R3"]),
+        ("q=temperature==15..25", vec!["R2"]),
+        ("q=temperature!=20;level==high", vec!["R3"]),
+        ("q=level~=i", vec!["R2", "R3"]),
+        ("q=!level", vec![]),
+        ("mq=temperature.accuracy%3E=2", vec!["R2", "R3"]),
+        (
+            "q=temperature%3E0&orderBy=!temperature&limit=2",
+            vec!["R3", "R2"],
+        ),
+    ];
+    for (query, want) in cases {
+        let (status, _, list) = call(&c, "GET", &format!("/v2/entities?{query}"), None, None).await;
+        assert_eq!(status, 200, "{query}");
+        assert_eq!(ids(&list), want, "{query}");
+    }
+    let (status, headers, _) =
+        call(&c, "GET", "/v2/entities?options=count&limit=1", None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["fiware-total-count"], "3");
+    let (status, _, body) = call(&c, "GET", "/v2/entities?q=temperature%3E=0..5", None, None).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["description"],
+        "ranges only valid for equal and not equal ops"
+    );
+}
+
+/// An entity created with `options=keyValues` reads back the same in
+/// keyValues, and in normalized form with the default attribute types.
+#[tokio::test]
+async fn key_values_round_trip() {
+    let server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "Car1", "type": "Car", "speed": 98.5, "brand": "Volvo",
+                   "on": true, "extras": {"seats": 5}});
+    let (status, _, _) = call(&c, "POST", "/v2/entities?options=keyValues", None, Some(&e)).await;
+    assert_eq!(status, 201);
+    let (_, _, got) = call(&c, "GET", "/v2/entities/Car1?options=keyValues", None, None).await;
+    assert_eq!(got, e);
+    let (_, _, full) = call(&c, "GET", "/v2/entities/Car1?type=Car", None, None).await;
+    assert_eq!(
+        full["speed"],
+        json!({"type": "Number", "value": 98.5, "metadata": {}})
+    );
+    assert_eq!(full["extras"]["type"], "StructuredValue");
+    let (_, _, values) = call(
+        &c,
+        "GET",
+        "/v2/entities/Car1?options=values&attrs=brand,speed",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(values, json!(["Volvo", 98.5]));
+    let (status, _, _) = call(
+        &c,
+        "PATCH",
+        "/v2/entities/Car1/attrs?options=keyValues",
+        None,
+        Some(&json!({"speed": 50})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, speed) = call(&c, "GET", "/v2/entities/Car1/attrs/speed", None, None).await;
+    assert_eq!(speed["value"], 50);
+}
+
+/// A known path with a verb it does not serve answers 405 with `Allow` in
+/// Orion's order; an unknown path answers Orion's 400.
+#[tokio::test]
+async fn wrong_verb_and_unknown_path() {
+    let server = Server::start();
+    let c = server.client();
+    let cases = [
+        ("PATCH", "/v2/entities/E1/attrs/A1", "GET, PUT, DELETE"),
+        ("DELETE", "/v2/entities/E1/attrs", "GET, PATCH, POST, PUT"),
+        ("POST", "/v2/entities/E1/attrs/A1/value", "GET, PUT"),
+        ("DELETE", "/v2/types", "GET"),
+    ];
+    for (method, path, allow) in cases {
+        let (status, headers, body) = call(&c, method, path, None, Some(&json!({"x": 1}))).await;
+        assert_eq!(status, 405, "{method} {path}");
+        assert_eq!(headers["allow"], allow, "{method} {path}");
+        assert_eq!(
+            body,
+            json!({"error": "MethodNotAllowed", "description": "method not allowed"})
+        );
+    }
+    let (status, _, body) = call(&c, "GET", "/v2/nothing/here", None, None).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["description"],
+        "Service not found. Check your URL as probably it is wrong."
+    );
+}
