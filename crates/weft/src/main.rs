@@ -3,6 +3,7 @@
 //! the library crates; this binary is configuration and wiring.
 
 mod config;
+mod http;
 mod server;
 
 use std::io::Write;

@@ -94,16 +94,7 @@ pub async fn serve(
     });
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
-    // Small writes (live events, 202s) go out at once instead of waiting for
-    // Nagle's algorithm and the peer's delayed ACK (up to 40 ms on Linux).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
+    crate::http::serve(listener, app, shutdown).await;
 
     tracing::info!("HTTP stopped; draining the pipeline");
     pipeline_stop.cancel();

@@ -1,0 +1,70 @@
+//! The HTTP/1.1 server loop. `axum::serve` would do, except for two things
+//! Orion's clients and its functional tests see: header names are sent in
+//! Title-Case (as Orion sends them; HTTP says case does not matter, but
+//! tests and some clients compare them literally), and `TCP_NODELAY` is set
+//! on every connection (small writes — live events, 202s — go out at once
+//! instead of waiting for Nagle's algorithm and the peer's delayed ACK, up
+//! to 40 ms on Linux).
+//!
+//! Shutdown: once `shutdown` is cancelled no new connection is accepted;
+//! open connections finish their in-flight request (for at most
+//! [`DRAIN_CONNECTIONS`]) and are closed.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Longest wait for open connections to finish at shutdown.
+pub const DRAIN_CONNECTIONS: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown` is cancelled.
+pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) {
+    let connections = TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, retry.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+        let service = TowerToHyperService::new(app.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = shutdown.cancelled() => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    if tokio::time::timeout(DRAIN_CONNECTIONS, connections.wait()).await.is_err() {
+        tracing::warn!("some connections were still open after the drain timeout");
+    }
+}
