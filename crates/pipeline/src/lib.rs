@@ -319,6 +319,15 @@ impl Pipeline {
                 }
             }
         }
+        let now = weft_model::now_ms();
+        batch.entities = self.context.apply_units(
+            batch
+                .units
+                .iter()
+                .map(|r| &*r.unit)
+                .zip(entity_types.iter().map(String::as_str)),
+            now,
+        );
         Decoded {
             batch: Arc::new(batch),
         }
