@@ -205,23 +205,61 @@ async fn data_units_update_their_devices_entities() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(201, "PUT", "/api/v1/devices/dev-ctx",
-        Some(&json!({"name":"P1","type":"em300th","static":{"location":{"lat":41.15,"lon":-8.61}}}))).await;
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("ctx-1", "dev-ctx", 37, 61, 1_700_000_000_123)).await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/dev-ctx",
+        Some(
+            &json!({"name":"P1","type":"em300th","static":{"location":{"lat":41.15,"lon":-8.61}}}),
+        ),
+    )
+    .await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("ctx-1", "dev-ctx", 37, 61, 1_700_000_000_123),
+    )
+    .await;
     c.unit_eventually("ctx-1").await;
 
     let (status, _, entity) = call(&c, "GET", "/v2/entities/dev-ctx", None, None).await;
     assert_eq!(status, 200, "{entity}");
     assert_eq!(entity["type"], "TemperatureSensor");
-    assert_eq!(entity["temperature"], json!({"type":"Number","value":37,"metadata":{"unit":{"type":"Text","value":"celsius"}}}));
+    assert_eq!(
+        entity["temperature"],
+        json!({"type":"Number","value":37,"metadata":{"unit":{"type":"Text","value":"celsius"}}})
+    );
     assert_eq!(entity["airHumidity"]["value"], 61);
-    assert_eq!(entity["location"], json!({"type":"geo:json","value":{"type":"Point","coordinates":[-8.61,41.15]},"metadata":{}}));
-    assert_eq!(entity["dateObserved"], json!({"type":"DateTime","value":"2023-11-14T22:13:20.123Z","metadata":{}}));
+    assert_eq!(
+        entity["location"],
+        json!({"type":"geo:json","value":{"type":"Point","coordinates":[-8.61,41.15]},"metadata":{}})
+    );
+    assert_eq!(
+        entity["dateObserved"],
+        json!({"type":"DateTime","value":"2023-11-14T22:13:20.123Z","metadata":{}})
+    );
     let (_, _, other) = call(&c, "GET", "/v2/entities/dev-ctx", Some("othertenant"), None).await;
     assert_eq!(other["error"], "NotFound");
 
-    c.uplink("irrigation", "decoded", "em300th", &decoded_body("ctx-2", "dev-ctx", 45, 60, 1_700_000_001_000)).await;
+    c.uplink(
+        "irrigation",
+        "decoded",
+        "em300th",
+        &decoded_body("ctx-2", "dev-ctx", 45, 60, 1_700_000_001_000),
+    )
+    .await;
     c.unit_eventually("ctx-2").await;
-    let (_, _, hot) = call(&c, "GET", "/v2/entities?q=temperature>40&options=keyValues&attrs=temperature", None, None).await;
-    assert_eq!(hot, json!([{"id":"dev-ctx","type":"TemperatureSensor","temperature":45}]));
+    let (_, _, hot) = call(
+        &c,
+        "GET",
+        "/v2/entities?q=temperature>40&options=keyValues&attrs=temperature",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        hot,
+        json!([{"id":"dev-ctx","type":"TemperatureSensor","temperature":45}])
+    );
 }

@@ -4,7 +4,9 @@
 //! tests and some clients compare them literally), and `TCP_NODELAY` is set
 //! on every connection (small writes — live events, 202s — go out at once
 //! instead of waiting for Nagle's algorithm and the peer's delayed ACK, up
-//! to 40 ms on Linux).
+//! to 40 ms on Linux). Request targets with bytes HTTP forbids but Orion's
+//! clients send raw (`q=temperature>40`) are repaired first
+//! ([`crate::uri_escape`]).
 //!
 //! Shutdown: once `shutdown` is cancelled no new connection is accepted;
 //! open connections finish their in-flight request (for at most
@@ -18,6 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::uri_escape::UriEscaping;
 
 /// Longest wait for open connections to finish at shutdown.
 pub const DRAIN_CONNECTIONS: Duration = Duration::from_secs(10);
@@ -44,7 +48,7 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationTok
         let service = TowerToHyperService::new(app.clone());
         let connection = hyper::server::conn::http1::Builder::new()
             .title_case_headers(true)
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(TokioIo::new(UriEscaping::new(stream)), service)
             .with_upgrades();
         let shutdown = shutdown.clone();
         connections.spawn(async move {
@@ -64,7 +68,10 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationTok
     }
     drop(listener);
     connections.close();
-    if tokio::time::timeout(DRAIN_CONNECTIONS, connections.wait()).await.is_err() {
+    if tokio::time::timeout(DRAIN_CONNECTIONS, connections.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("some connections were still open after the drain timeout");
     }
 }

@@ -5,6 +5,7 @@
 mod config;
 mod http;
 mod server;
+mod uri_escape;
 
 use std::io::Write;
 use std::path::PathBuf;
