@@ -263,3 +263,62 @@ async fn data_units_update_their_devices_entities() {
         json!([{"id":"dev-ctx","type":"TemperatureSensor","temperature":45}])
     );
 }
+
+/// Entities fed by device data survive kill -9: whatever was not yet
+/// written in bulk is rebuilt from the stored units at start.
+#[tokio::test]
+async fn device_entities_survive_kill_9() {
+    let mut server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    for i in 0..5 {
+        let body = decoded_body(
+            &format!("k-{i}"),
+            &format!("dev-k{i}"),
+            20 + i,
+            50,
+            now_ms(),
+        );
+        c.uplink("crash", "decoded", "em300th", &body).await;
+    }
+    c.uplink(
+        "crash",
+        "decoded",
+        "em300th",
+        &decoded_body("k-last", "dev-k0", 33, 50, now_ms()),
+    )
+    .await;
+    c.unit_eventually("k-last").await;
+    server.kill9();
+    server.restart();
+    let c = server.client();
+    let (status, _, list) = call(
+        &c,
+        "GET",
+        "/v2/entities?type=TemperatureSensor&options=keyValues&attrs=temperature&limit=100",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut got: Vec<(String, i64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["id"].as_str().unwrap().to_string(),
+                e["temperature"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    let want: Vec<(String, i64)> = vec![
+        ("dev-k0".into(), 33),
+        ("dev-k1".into(), 21),
+        ("dev-k2".into(), 22),
+        ("dev-k3".into(), 23),
+        ("dev-k4".into(), 24),
+    ];
+    assert_eq!(got, want);
+}

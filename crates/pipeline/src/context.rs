@@ -148,6 +148,8 @@ fn typed<'v>(value: &'v Value, ngsi_type: &str, path: &[String]) -> Option<Opera
 struct Tenant {
     /// (service path, id, type) → entity.
     entities: HashMap<(String, String, String), StoredEntity>,
+    /// Entities changed by device data and not yet stored.
+    dirty: std::collections::HashSet<(String, String, String)>,
 }
 
 /// Every tenant's entities, in memory, backed by the store.
@@ -340,16 +342,17 @@ impl Context {
     }
 
     /// Applies data units to their devices' entities (creating them on
-    /// first sight) in the default tenant and service path `/`, and returns
-    /// the entities' new states for the caller to store with the units, one
-    /// record per entity however many units touched it. `units` pairs each
-    /// unit with its entity type.
+    /// first sight) in the default tenant and service path `/`. `units`
+    /// pairs each unit with its entity type. The entities are only marked
+    /// dirty: the pipeline stores them in bulk ([`Context::take_dirty`])
+    /// every so often, and after a crash the units stored since the last
+    /// bulk write are applied again at start, so device data never costs an
+    /// entity write per unit.
     pub fn apply_units<'a>(
         &self,
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
-    ) -> Vec<EntityRecord> {
-        let mut touched: Vec<(String, String, String)> = Vec::new();
+    ) {
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
         for (unit, entity_type) in units {
@@ -369,11 +372,19 @@ impl Context {
             });
             let attrs = crate::entity::unit_attributes(unit);
             weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
-            if !touched.contains(&key) {
-                touched.push(key);
-            }
+            t.dirty.insert(key);
         }
-        touched
+    }
+
+    /// The current state of every entity changed by [`Context::apply_units`]
+    /// since the last call, for the caller to store.
+    pub fn take_dirty(&self) -> Vec<EntityRecord> {
+        let mut tenants = self.tenants.write();
+        let Some(t) = tenants.get_mut(DEFAULT_TENANT) else {
+            return Vec::new();
+        };
+        let dirty = std::mem::take(&mut t.dirty);
+        dirty
             .iter()
             .filter_map(|key| t.entities.get(key))
             .map(|e| record(DEFAULT_TENANT, e))

@@ -35,6 +35,56 @@ pub use decode::Produced;
 /// The consumer name under which the pipeline's log cursor is stored.
 pub const CONSUMER: &str = "pipeline";
 
+/// Applies to the context the units stored after the entities were last
+/// stored (the store records how far they reach), so a crash between two
+/// bulk entity writes loses nothing.
+async fn replay_units_into_context(
+    store: &Arc<dyn Store>,
+    catalog: &Catalog,
+    context: &context::Context,
+) -> Result<(), StoreError> {
+    let mut after = store
+        .cursor(weft_store::ENTITIES_CURSOR)
+        .await?
+        .saturating_sub(1);
+    let mut replayed = 0usize;
+    loop {
+        let query = weft_store::DataQuery {
+            after: Some(after),
+            limit: 10_000,
+            ..Default::default()
+        };
+        let rows = store.query_data(&query).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        let units: Vec<weft_model::DataUnit> = rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.json).ok())
+            .collect();
+        let types: Vec<String> = units
+            .iter()
+            .map(|u| {
+                catalog
+                    .device_type(&u.device.device_type)
+                    .and_then(|t| t.def.entity_type.clone())
+                    .unwrap_or_else(|| u.device.device_type.clone())
+            })
+            .collect();
+        context.apply_units(
+            units.iter().zip(types.iter().map(String::as_str)),
+            weft_model::now_ms(),
+        );
+        replayed += units.len();
+    }
+    if replayed > 0 {
+        tracing::info!(
+            units = replayed,
+            "applied recent data units to their entities"
+        );
+    }
+    Ok(())
+}
+
 /// Tuning of the pipeline; the defaults carry the seed workloads.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
@@ -78,6 +128,8 @@ pub struct Pipeline {
     engine: Engine,
     catalog: Arc<Catalog>,
     context: Arc<context::Context>,
+    /// When the entities changed by device data were last stored.
+    entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
@@ -88,6 +140,11 @@ pub struct Pipeline {
 struct Decoded {
     batch: Arc<ProcessedBatch>,
 }
+
+/// How often entities changed by device data are stored (in bulk, with a
+/// pipeline batch). Between two writes a crash loses nothing: the units
+/// stored since are applied again at start ([`Pipeline::start`]).
+pub const ENTITY_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Capacity of the reader → committer queue: two batches, so decoding the
 /// next batch overlaps with committing the current one and no more.
@@ -106,6 +163,7 @@ impl Pipeline {
     ) -> Result<Arc<Pipeline>, StoreError> {
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
         let context = Arc::new(context::Context::load(store.clone()).await?);
+        replay_units_into_context(&store, &catalog, &context).await?;
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -113,6 +171,7 @@ impl Pipeline {
             engine,
             catalog,
             context,
+            entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
         });
@@ -320,7 +379,7 @@ impl Pipeline {
             }
         }
         let now = weft_model::now_ms();
-        batch.entities = self.context.apply_units(
+        self.context.apply_units(
             batch
                 .units
                 .iter()
@@ -328,6 +387,11 @@ impl Pipeline {
                 .zip(entity_types.iter().map(String::as_str)),
             now,
         );
+        let mut last_flush = self.entities_flushed.lock();
+        if last_flush.elapsed() >= ENTITY_FLUSH_INTERVAL {
+            batch.entities = self.context.take_dirty();
+            *last_flush = std::time::Instant::now();
+        }
         Decoded {
             batch: Arc::new(batch),
         }

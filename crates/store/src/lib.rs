@@ -21,6 +21,11 @@ pub mod sqlite;
 
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 
+/// The cursor under which a processed batch that stores entities records
+/// how far they reach: one past the highest data-unit `seq` stored at that
+/// point. Units after it are applied to the entities again at start.
+pub const ENTITIES_CURSOR: &str = "entities";
+
 /// Errors a store reports. Callers map `Overloaded` to 503 + Retry-After
 /// and everything else to 500.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +86,9 @@ pub struct ProcessedBatch {
     pub failures: Vec<FailedUplink>,
     /// Devices seen for the first time; inserted only if absent.
     pub new_devices: Vec<Device>,
-    /// The new states of the NGSI entities the units updated.
+    /// New states of NGSI entities changed by device data. When not empty,
+    /// the [`ENTITIES_CURSOR`] moves to just past the highest stored data
+    /// unit, in the same transaction.
     pub entities: Vec<EntityRecord>,
 }
 

@@ -508,8 +508,16 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
          ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
     )?
     .execute((&batch.consumer, to_i64(batch.next_seq)))?;
-    for record in &batch.entities {
-        put_entity(conn, record)?;
+    if !batch.entities.is_empty() {
+        for record in &batch.entities {
+            put_entity(conn, record)?;
+        }
+        conn.prepare_cached(
+            "INSERT INTO cursors (name, next_seq) \
+             VALUES (?1, COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1) \
+             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+        )?
+        .execute([crate::ENTITIES_CURSOR])?;
     }
     Ok(CommitOutcome { inserted })
 }
