@@ -18,6 +18,8 @@
 //! - [`progress`]: the progress bar shown on a terminal during long runs.
 //! - [`ingest`]: the `ingest` scenario (seed 000's throughput and
 //!   availability tests).
+//! - [`ngsi_update`]: the `ngsi-update` scenario (seed 002's NGSIv2 update
+//!   stress tests).
 //!
 //! Adding a scenario is a new module with an `Args` struct (flattening
 //! [`CommonArgs`]) and a `run` returning a [`summary::Summary`], plus one
@@ -28,12 +30,14 @@
 pub mod common;
 pub mod http;
 pub mod ingest;
+pub mod ngsi_update;
 pub mod progress;
 pub mod summary;
 pub mod target;
 
 pub use common::CommonArgs;
 pub use ingest::IngestArgs;
+pub use ngsi_update::NgsiUpdateArgs;
 
 use std::io::Write;
 
@@ -45,6 +49,11 @@ pub enum BenchCommand {
     /// watches the live stream; checks every accepted uplink is delivered
     /// on the socket and stored exactly once.
     Ingest(IngestArgs),
+    /// Seed 002's NGSIv2 update stress (scenarios 1, 2, 4): C clients PATCH
+    /// a random number of attributes of random `Room` entities back to
+    /// back; checks every update got 204 and the final entity state is the
+    /// last value written.
+    NgsiUpdate(NgsiUpdateArgs),
 }
 
 impl BenchCommand {
@@ -52,6 +61,7 @@ impl BenchCommand {
     fn common(&self) -> &CommonArgs {
         match self {
             BenchCommand::Ingest(args) => &args.common,
+            BenchCommand::NgsiUpdate(args) => &args.common,
         }
     }
 }
@@ -67,6 +77,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let session = common::Session::start(&common).await?;
     let outcome = match &cmd {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
+        BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;

@@ -202,7 +202,9 @@ async fn bench(url: &str, extra: &[&str]) -> Summary {
         "2s",
     ];
     argv.extend_from_slice(extra);
-    let BenchCommand::Ingest(args) = Cli::try_parse_from(argv).unwrap().cmd;
+    let BenchCommand::Ingest(args) = Cli::try_parse_from(argv).unwrap().cmd else {
+        panic!("not parsed as ingest");
+    };
     let session = Session::start(&args.common).await.unwrap();
     let summary = weft_bench::ingest::run(&args, &session).await.unwrap();
     session.finish().await;

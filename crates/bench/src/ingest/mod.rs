@@ -481,7 +481,9 @@ mod tests {
 
     fn parse(args: &[&str]) -> IngestArgs {
         let cli = Cli::try_parse_from([&["bench", "ingest"], args].concat()).unwrap();
-        let crate::BenchCommand::Ingest(args) = cli.cmd;
+        let crate::BenchCommand::Ingest(args) = cli.cmd else {
+            panic!("not parsed as ingest");
+        };
         args
     }
 
