@@ -147,9 +147,34 @@ fn typed<'v>(value: &'v Value, ngsi_type: &str, path: &[String]) -> Option<Opera
 #[derive(Default)]
 struct Tenant {
     /// (service path, id, type) → entity.
-    entities: HashMap<(String, String, String), StoredEntity>,
+    entities: HashMap<Key, StoredEntity>,
+    /// Entity id → the keys with that id, so lookups by id (every
+    /// `/v2/entities/{id}` request) don't scan the tenant.
+    by_id: HashMap<String, Vec<Key>>,
     /// Entities changed by device data and not yet stored.
-    dirty: std::collections::HashSet<(String, String, String)>,
+    dirty: std::collections::HashSet<Key>,
+}
+
+/// An entity's identity: (service path, id, type).
+type Key = (String, String, String);
+
+impl Tenant {
+    fn insert(&mut self, key: Key, entity: StoredEntity) {
+        if self.entities.insert(key.clone(), entity).is_none() {
+            self.by_id.entry(key.1.clone()).or_default().push(key);
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if self.entities.remove(key).is_some() {
+            if let Some(keys) = self.by_id.get_mut(&key.1) {
+                keys.retain(|k| k != key);
+                if keys.is_empty() {
+                    self.by_id.remove(&key.1);
+                }
+            }
+        }
+    }
 }
 
 /// Every tenant's entities, in memory, backed by the store.
@@ -177,7 +202,7 @@ impl Context {
                 }
             };
             max = max.max(r.created);
-            tenants.entry(r.tenant).or_default().entities.insert(
+            tenants.entry(r.tenant).or_default().insert(
                 (r.service_path.clone(), r.id, r.entity_type),
                 StoredEntity {
                     service_path: r.service_path,
@@ -199,13 +224,26 @@ impl Context {
         let Some(t) = tenants.get(tenant) else {
             return Vec::new();
         };
-        let mut out: Vec<StoredEntity> = t
-            .entities
-            .values()
-            .filter(|e| filter.matches(e))
-            .cloned()
-            .collect();
+        let mut out: Vec<StoredEntity> = if filter.ids.is_empty() {
+            t.entities
+                .values()
+                .filter(|e| filter.matches(e))
+                .cloned()
+                .collect()
+        } else {
+            filter
+                .ids
+                .iter()
+                .filter_map(|id| t.by_id.get(id))
+                .flatten()
+                .filter_map(|key| t.entities.get(key))
+                .filter(|e| filter.matches(e))
+                .cloned()
+                .collect()
+        };
         out.sort_by_key(|e| e.created);
+        // `ids` may name an entity twice; creation order is unique per entity.
+        out.dedup_by_key(|e| e.created);
         out
     }
 
@@ -268,7 +306,7 @@ impl Context {
                 entity,
                 created: self.next_created.fetch_add(1, Ordering::Relaxed),
             };
-            t.entities.insert(key, stored.clone());
+            t.insert(key, stored.clone());
             stored
         };
         self.persist(tenant, &stored).await
@@ -322,7 +360,7 @@ impl Context {
         {
             let mut tenants = self.tenants.write();
             if let Some(t) = tenants.get_mut(tenant) {
-                t.entities.remove(&(
+                t.remove(&(
                     current.service_path.clone(),
                     current.entity.id.clone(),
                     current.entity.entity_type.clone(),
@@ -361,15 +399,20 @@ impl Context {
                 unit.device.id.clone(),
                 entity_type.to_string(),
             );
-            let slot = t.entities.entry(key.clone()).or_insert_with(|| {
+            if !t.entities.contains_key(&key) {
                 let mut entity = Entity::new(unit.device.id.clone(), entity_type);
                 entity.stamp_created(now);
-                StoredEntity {
-                    service_path: "/".to_string(),
-                    entity,
-                    created: self.next_created.fetch_add(1, Ordering::Relaxed),
-                }
-            });
+                let created = self.next_created.fetch_add(1, Ordering::Relaxed);
+                t.insert(
+                    key.clone(),
+                    StoredEntity {
+                        service_path: "/".to_string(),
+                        entity,
+                        created,
+                    },
+                );
+            }
+            let slot = t.entities.get_mut(&key).expect("inserted above");
             let attrs = crate::entity::unit_attributes(unit);
             weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
             t.dirty.insert(key);
