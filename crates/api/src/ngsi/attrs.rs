@@ -51,6 +51,51 @@ pub async fn get_attrs(
     Ok(axum::Json(body).into_response())
 }
 
+/// One of the three whole-attribute-set writes.
+type AttrsWrite =
+    fn(&mut ngsi::Entity, ngsi::AttrMap, ngsi::UpdateOptions, i64) -> ngsi::UpdateOutcome;
+
+/// What makes an attribute-set write fail as a whole (attributes that
+/// already exist for a strict append, missing ones for an update).
+type AttrsCheck = fn(&ngsi::UpdateOutcome, &str, Option<&str>) -> Option<NgsiError>;
+
+/// The shared body of POST, PATCH and PUT `/v2/entities/{id}/attrs`:
+/// validate, parse the attributes, apply `write` to the entity (stored
+/// before the 204), and answer `check`'s error if it has one.
+#[allow(clippy::too_many_arguments)]
+async fn write_attrs(
+    state: AppState,
+    tenant: String,
+    sp: ServicePath,
+    params: Params,
+    id: String,
+    headers: HeaderMap,
+    body: Bytes,
+    op: WriteOp,
+    write: AttrsWrite,
+    check: Option<AttrsCheck>,
+) -> Result<Response> {
+    check_segment(&id)?;
+    let path = sp.for_write(op)?;
+    let options = params.options()?;
+    let value = json_attrs_body(&headers, &body)?;
+    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
+    let opts = options.update();
+    let now = now_ms();
+    let etype = params.get("type");
+    let outcome = state
+        .pipeline
+        .context()
+        .modify(&tenant, &[path], &id, etype, move |e| {
+            Ok(write(e, attrs, opts, now))
+        })
+        .await?;
+    if let Some(err) = check.and_then(|check| check(&outcome, &id, etype)) {
+        return Err(err.into());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 /// Orion's "Update or Append Entity Attributes" (`POST
 /// /v2/entities/{id}/attrs`; with `options=append` "Append" strictly).
 pub async fn append_attrs(
@@ -62,25 +107,20 @@ pub async fn append_attrs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    check_segment(&id)?;
-    let path = sp.for_write(WriteOp::Update)?;
-    let options = params.options()?;
-    let value = json_attrs_body(&headers, &body)?;
-    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
-    let opts = options.update();
-    let now = now_ms();
-    let etype = params.get("type");
-    let outcome = state
-        .pipeline
-        .context()
-        .modify(&tenant, &[path], &id, etype, move |e| {
-            Ok(ngsi::append(e, attrs, opts, now))
-        })
-        .await?;
-    if let Some(err) = outcome.existing_error(&id, etype) {
-        return Err(err.into());
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    let check: AttrsCheck = |o, id, t| o.existing_error(id, t);
+    write_attrs(
+        state,
+        tenant,
+        sp,
+        params,
+        id,
+        headers,
+        body,
+        WriteOp::Update,
+        ngsi::append,
+        Some(check),
+    )
+    .await
 }
 
 /// Orion's "Update Existing Entity Attributes" (`PATCH
@@ -94,25 +134,20 @@ pub async fn update_attrs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    check_segment(&id)?;
-    let path = sp.for_write(WriteOp::Patch)?;
-    let options = params.options()?;
-    let value = json_attrs_body(&headers, &body)?;
-    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
-    let opts = options.update();
-    let now = now_ms();
-    let etype = params.get("type");
-    let outcome = state
-        .pipeline
-        .context()
-        .modify(&tenant, &[path], &id, etype, move |e| {
-            Ok(ngsi::update(e, attrs, opts, now))
-        })
-        .await?;
-    if let Some(err) = outcome.missing_error(&id, etype) {
-        return Err(err.into());
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    let check: AttrsCheck = |o, id, t| o.missing_error(id, t);
+    write_attrs(
+        state,
+        tenant,
+        sp,
+        params,
+        id,
+        headers,
+        body,
+        WriteOp::Patch,
+        ngsi::update,
+        Some(check),
+    )
+    .await
 }
 
 /// Orion's "Replace all entity attributes" (`PUT /v2/entities/{id}/attrs`).
@@ -125,21 +160,19 @@ pub async fn replace_attrs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    check_segment(&id)?;
-    let path = sp.for_write(WriteOp::Update)?;
-    let options = params.options()?;
-    let value = json_attrs_body(&headers, &body)?;
-    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
-    let opts = options.update();
-    let now = now_ms();
-    state
-        .pipeline
-        .context()
-        .modify(&tenant, &[path], &id, params.get("type"), move |e| {
-            Ok(ngsi::replace(e, attrs, opts, now))
-        })
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_attrs(
+        state,
+        tenant,
+        sp,
+        params,
+        id,
+        headers,
+        body,
+        WriteOp::Update,
+        ngsi::replace,
+        None,
+    )
+    .await
 }
 
 /// Orion's "Get attribute data" (`GET /v2/entities/{id}/attrs/{attr}`).
