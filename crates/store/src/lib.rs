@@ -163,6 +163,44 @@ pub struct EntityRecord {
     pub json: String,
 }
 
+/// What an [`NgsiDocument`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DocumentKind {
+    /// An NGSI subscription (`/v2/subscriptions`).
+    Subscription,
+    /// An NGSI registration (`/v2/registrations`).
+    Registration,
+}
+
+impl DocumentKind {
+    /// The name kept in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DocumentKind::Subscription => "subscription",
+            DocumentKind::Registration => "registration",
+        }
+    }
+}
+
+/// An NGSI subscription or registration as stored: opaque JSON keyed by
+/// kind, tenant and id, with the service path it belongs to and its
+/// creation order (listings are in creation order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NgsiDocument {
+    /// Subscription or registration.
+    pub kind: DocumentKind,
+    /// Tenant (empty for the default tenant).
+    pub tenant: String,
+    /// The 24-hex id.
+    pub id: String,
+    /// Service path of the request that created it.
+    pub service_path: String,
+    /// Creation order, kept across restarts.
+    pub created: u64,
+    /// The document (the model's storage form).
+    pub json: String,
+}
+
 /// Durable state of weft. Implementations must be safe to share between
 /// tasks and must never block the async runtime (do blocking work on their
 /// own threads).
@@ -239,6 +277,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every stored entity of every tenant, in creation order (loaded once
     /// at start into the in-memory context).
     async fn load_entities(&self) -> Result<Vec<EntityRecord>>;
+
+    // --- NGSI subscriptions and registrations -------------------------------
+
+    /// Creates or replaces a document (keyed by kind, tenant, id).
+    async fn put_document(&self, document: NgsiDocument) -> Result<()>;
+    /// Deletes a document; `true` if it existed.
+    async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool>;
+    /// Every stored document of `kind`, in creation order.
+    async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>>;
 
     // --- operations -------------------------------------------------------
 

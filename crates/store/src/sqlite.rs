@@ -449,6 +449,27 @@ impl Store for SqliteStore {
         self.main.reads.run(reader::load_entities).await
     }
 
+    async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
+        self.main.write(|reply| Op::PutDocument(document, reply)).await
+    }
+
+    async fn delete_document(
+        &self,
+        kind: crate::DocumentKind,
+        tenant: &str,
+        id: &str,
+    ) -> Result<bool> {
+        let key = [kind.as_str(), tenant, id].map(str::to_string);
+        self.main.write(|reply| Op::DeleteDocument(key, reply)).await
+    }
+
+    async fn load_documents(&self, kind: crate::DocumentKind) -> Result<Vec<crate::NgsiDocument>> {
+        self.main
+            .reads
+            .run(move |c| reader::load_documents(c, kind))
+            .await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
         self.main.write(Op::Ping).await

@@ -13,6 +13,7 @@
 //!   functions that report what changed (for subscriptions);
 //! - [`render`]: the model into Orion's representations (normalized,
 //!   keyValues, values, unique, simplified*);
+//! - [`subscription`]: subscriptions, parsed and rendered as Orion does;
 //! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values.
 //!
 //! Errors are [`NgsiError`]s carrying Orion's status, name and text, so the
@@ -28,6 +29,7 @@ use std::marker::PhantomData;
 pub mod datetime;
 pub mod parse;
 pub mod render;
+pub mod subscription;
 pub mod update;
 
 pub use datetime::{format_datetime, parse_datetime};

@@ -340,3 +340,28 @@ pub(super) fn load_entities(conn: &Connection) -> Result<Vec<crate::EntityRecord
     }
     Ok(out)
 }
+
+pub(super) fn load_documents(
+    conn: &Connection,
+    kind: crate::DocumentKind,
+) -> Result<Vec<crate::NgsiDocument>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, id, service_path, created, json FROM ngsi_documents \
+             WHERE kind = ?1 ORDER BY created",
+        )
+        .db()?;
+    let mut rows = stmt.query([kind.as_str()]).db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        out.push(crate::NgsiDocument {
+            kind,
+            tenant: row.get(0).db()?,
+            id: row.get(1).db()?,
+            service_path: row.get(2).db()?,
+            created: position(row, 3)?,
+            json: row.get(4).db()?,
+        });
+    }
+    Ok(out)
+}

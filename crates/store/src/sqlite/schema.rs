@@ -37,6 +37,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `cursors`: how far each log consumer got (the next `seq` to read).
 /// - `entities` (step 2): NGSI entities as the model's JSON, keyed as
 ///   Orion keys them, with their creation order.
+/// - `ngsi_documents` (step 3): NGSI subscriptions and registrations, one
+///   row per (kind, tenant, id), as the model's JSON, with the service
+///   path they were created in and their creation order.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -91,6 +94,17 @@ CREATE TABLE entities (
     created      INTEGER NOT NULL,
     json         TEXT    NOT NULL,
     PRIMARY KEY (tenant, service_path, id, type)
+) WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE ngsi_documents (
+    kind         TEXT    NOT NULL,
+    tenant       TEXT    NOT NULL,
+    id           TEXT    NOT NULL,
+    service_path TEXT    NOT NULL,
+    created      INTEGER NOT NULL,
+    json         TEXT    NOT NULL,
+    PRIMARY KEY (kind, tenant, id)
 ) WITHOUT ROWID;
 "#,
 ];

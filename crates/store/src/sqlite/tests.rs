@@ -14,6 +14,7 @@ use weft_model::{
 
 use super::{SqliteConfig, SqliteStore, Synchronous};
 use crate::{
+    DocumentKind, NgsiDocument,
     DataQuery, DeviceFilter, EntityRecord, FailedQuery, ProcessedBatch, Store, StoreError,
     UnitRecord,
 };
@@ -953,5 +954,51 @@ async fn entities_are_keyed_replaced_deleted_and_kept_across_reopen() {
             entity("t1", "/a", "E", "T", 3, "{}"),
             entity("", "/", "dev", "Sensor", 4, "{\"t\":1}"),
         ]
+    );
+}
+
+fn document(kind: DocumentKind, tenant: &str, id: &str, created: u64, json: &str) -> NgsiDocument {
+    NgsiDocument {
+        kind,
+        tenant: tenant.into(),
+        id: id.into(),
+        service_path: "/".into(),
+        created,
+        json: json.into(),
+    }
+}
+
+/// Subscriptions and registrations are kept apart by kind, keyed by tenant
+/// and id, replaced on put, loaded in creation order, and survive a reopen.
+#[tokio::test(flavor = "multi_thread")]
+async fn ngsi_documents_are_keyed_by_kind_and_kept_across_reopen() {
+    use DocumentKind::{Registration, Subscription};
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    for d in [
+        document(Subscription, "", "b", 2, "{}"),
+        document(Subscription, "", "a", 1, "{}"),
+        document(Subscription, "t", "a", 3, "{}"),
+        document(Registration, "", "a", 4, "{\"r\":1}"),
+        document(Subscription, "", "a", 1, "{\"v\":2}"),
+    ] {
+        store.put_document(d).await.unwrap();
+    }
+    assert!(store.delete_document(Subscription, "t", "a").await.unwrap());
+    assert!(!store.delete_document(Subscription, "t", "a").await.unwrap());
+    store.close().await;
+    drop(store);
+
+    let store = open(&dir);
+    assert_eq!(
+        store.load_documents(Subscription).await.unwrap(),
+        vec![
+            document(Subscription, "", "a", 1, "{\"v\":2}"),
+            document(Subscription, "", "b", 2, "{}"),
+        ]
+    );
+    assert_eq!(
+        store.load_documents(Registration).await.unwrap(),
+        vec![document(Registration, "", "a", 4, "{\"r\":1}")]
     );
 }

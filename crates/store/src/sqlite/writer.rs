@@ -82,6 +82,10 @@ pub(super) enum Op {
     PutEntity(crate::EntityRecord, Reply<()>),
     /// Delete an NGSI entity (tenant, service path, id, type); answers "existed".
     DeleteEntity([String; 4], Reply<bool>),
+    /// Create or replace an NGSI subscription or registration.
+    PutDocument(crate::NgsiDocument, Reply<()>),
+    /// Delete one (kind, tenant, id); answers "existed".
+    DeleteDocument([String; 3], Reply<bool>),
     /// Round-trip through a (possibly empty) commit.
     Ping(Reply<()>),
     /// Stop accepting, commit what is queued, stop; answered last.
@@ -392,6 +396,34 @@ impl Writer {
                 .map(|n| n > 0)
                 .db(),
             ),
+            Op::PutDocument(d, reply) => Done::Unit(
+                reply,
+                conn.prepare_cached(
+                    "INSERT OR REPLACE INTO ngsi_documents (kind, tenant, id, service_path, created, json) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut st| {
+                    st.execute((
+                        d.kind.as_str(),
+                        &d.tenant,
+                        &d.id,
+                        &d.service_path,
+                        d.created as i64,
+                        &d.json,
+                    ))
+                })
+                .map(|_| ())
+                .db(),
+            ),
+            Op::DeleteDocument([kind, tenant, id], reply) => Done::Bool(
+                reply,
+                conn.prepare_cached(
+                    "DELETE FROM ngsi_documents WHERE kind = ?1 AND tenant = ?2 AND id = ?3",
+                )
+                .and_then(|mut st| st.execute((&kind, &tenant, &id)))
+                .map(|n| n > 0)
+                .db(),
+            ),
             Op::Ping(reply) => Done::Unit(reply, Ok(())),
             // `take` keeps `Close` out of batches; answer it anyway.
             Op::Close(reply) => Done::Unit(reply, Ok(())),
@@ -408,8 +440,12 @@ fn not_run(op: Op) -> Done {
         | Op::DeleteDeviceType(_, reply)
         | Op::PutDevice { reply, .. }
         | Op::DeleteDevice(_, reply)
-        | Op::DeleteEntity(_, reply) => Done::Bool(reply, Ok(false)),
-        Op::Ping(reply) | Op::Close(reply) | Op::PutEntity(_, reply) => Done::Unit(reply, Ok(())),
+        | Op::DeleteEntity(_, reply)
+        | Op::DeleteDocument(_, reply) => Done::Bool(reply, Ok(false)),
+        Op::Ping(reply)
+        | Op::Close(reply)
+        | Op::PutEntity(_, reply)
+        | Op::PutDocument(_, reply) => Done::Unit(reply, Ok(())),
     }
 }
 
