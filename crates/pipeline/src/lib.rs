@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod context;
 pub mod decode;
 pub mod entity;
+pub mod registrations;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -128,6 +129,7 @@ pub struct Pipeline {
     engine: Engine,
     catalog: Arc<Catalog>,
     context: Arc<context::Context>,
+    registrations: Arc<registrations::Registrations>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -164,6 +166,7 @@ impl Pipeline {
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
         let context = Arc::new(context::Context::load(store.clone()).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
+        let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -171,6 +174,7 @@ impl Pipeline {
             engine,
             catalog,
             context,
+            registrations,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -273,6 +277,11 @@ impl Pipeline {
     /// The NGSI context (entities of every tenant).
     pub fn context(&self) -> &context::Context {
         &self.context
+    }
+
+    /// The NGSI registrations of every tenant.
+    pub fn registrations(&self) -> &registrations::Registrations {
+        &self.registrations
     }
 
     /// The store, for read-only API queries.

@@ -18,6 +18,7 @@ pub mod batch;
 pub mod entities;
 pub mod error;
 pub mod params;
+pub mod registrations;
 pub mod tenant;
 pub mod types;
 
@@ -113,6 +114,22 @@ fn routes() -> Router<AppState> {
         .route(
             "/v2/op/query",
             verbs("POST", axum::routing::post(batch::query)),
+        )
+        .route(
+            "/v2/registrations",
+            verbs(
+                "GET, POST",
+                get(registrations::not_implemented).post(registrations::not_implemented),
+            ),
+        )
+        .route(
+            "/v2/registrations/{id}",
+            verbs(
+                "GET, PATCH, DELETE",
+                get(registrations::not_implemented)
+                    .patch(registrations::not_implemented)
+                    .delete(registrations::not_implemented),
+            ),
         )
 }
 
