@@ -17,11 +17,78 @@ use parking_lot::RwLock;
 use regex::Regex;
 use std::borrow::Cow;
 use weft_model::geo::{GeoQuery, Shape};
-use weft_model::ngsi::{Entity, NgsiError};
+use weft_model::ngsi::{AttrChange, ChangeKind, Entity, NgsiError, UpdateOutcome};
 
 use serde_json::Value;
 use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
 use weft_store::{EntityRecord, Store};
+
+tokio::task_local! {
+    /// The `Fiware-Correlator` of the request being served, so changes it
+    /// makes carry it to the notifications they trigger. Set by the HTTP
+    /// layer around each request.
+    pub static CORRELATOR: String;
+}
+
+/// What happened to an entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alteration {
+    /// Created (every attribute is new).
+    Created,
+    /// Attributes written (changed or not).
+    Updated,
+    /// Deleted (the entity is its last state).
+    Deleted,
+}
+
+/// One change to an entity, as subscriptions see it: the entity after the
+/// change (before it, for a deletion) and the attributes the operation
+/// touched.
+#[derive(Debug)]
+pub struct EntityChange<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Service path of the entity.
+    pub service_path: &'a str,
+    /// The entity's state after the change (last state when deleted).
+    pub entity: &'a Entity,
+    /// Kind of change.
+    pub alteration: Alteration,
+    /// Attributes the operation touched, in request order.
+    pub attrs: &'a [AttrChange],
+    /// The correlator of the request that made the change, if any.
+    pub correlator: Option<String>,
+}
+
+/// Something that wants to see every entity change (subscriptions).
+/// Called after the change is stored, outside the context's lock; must not
+/// block.
+pub trait ChangeListener: Send + Sync {
+    /// Whether `tenant` has anyone listening, so changes nobody watches
+    /// cost nothing.
+    fn interested(&self, tenant: &str) -> bool;
+    /// Sees one change.
+    fn on_change(&self, change: &EntityChange<'_>);
+}
+
+/// What an operation passed to [`Context::modify`] reports about the
+/// attributes it touched.
+pub trait Touched {
+    /// The attributes touched, in request order.
+    fn touched(&self) -> &[AttrChange];
+}
+
+impl Touched for UpdateOutcome {
+    fn touched(&self) -> &[AttrChange] {
+        &self.changes
+    }
+}
+
+impl Touched for AttrChange {
+    fn touched(&self) -> &[AttrChange] {
+        std::slice::from_ref(self)
+    }
+}
 
 /// An entity with where it lives and when it was created (its position in
 /// listings).
@@ -182,6 +249,7 @@ pub struct Context {
     store: Arc<dyn Store>,
     tenants: RwLock<HashMap<String, Tenant>>,
     next_created: AtomicU64,
+    listener: std::sync::OnceLock<Arc<dyn ChangeListener>>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -215,7 +283,35 @@ impl Context {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
+            listener: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets who sees every change from now on (once).
+    pub fn set_listener(&self, listener: Arc<dyn ChangeListener>) {
+        let _ = self.listener.set(listener);
+    }
+
+    /// Tells the listener about a change, if it watches the tenant.
+    fn announce(
+        &self,
+        tenant: &str,
+        e: &StoredEntity,
+        alteration: Alteration,
+        attrs: &[AttrChange],
+    ) {
+        if let Some(l) = self.listener.get() {
+            if l.interested(tenant) {
+                l.on_change(&EntityChange {
+                    tenant,
+                    service_path: &e.service_path,
+                    entity: &e.entity,
+                    alteration,
+                    attrs,
+                    correlator: CORRELATOR.try_with(|c| c.clone()).ok(),
+                });
+            }
+        }
     }
 
     /// Entities of `tenant` passing `filter`, in creation order.
@@ -309,13 +405,16 @@ impl Context {
             t.insert(key, stored.clone());
             stored
         };
-        self.persist(tenant, &stored).await
+        self.persist(tenant, &stored).await?;
+        let attrs = created_attrs(&stored.entity);
+        self.announce(tenant, &stored, Alteration::Created, &attrs);
+        Ok(())
     }
 
     /// Applies `change` to the one entity matching (`id`, `entity_type`)
     /// in the service paths, then persists it. `change` runs under the
     /// lock on a copy; an error leaves the entity untouched.
-    pub async fn modify<T>(
+    pub async fn modify<T: Touched>(
         &self,
         tenant: &str,
         service_paths: &[String],
@@ -345,6 +444,9 @@ impl Context {
             (result, slot.clone())
         };
         self.persist(tenant, &stored).await?;
+        if !result.touched().is_empty() {
+            self.announce(tenant, &stored, Alteration::Updated, result.touched());
+        }
         Ok(result)
     }
 
@@ -376,6 +478,7 @@ impl Context {
             )
             .await
             .map_err(internal)?;
+        self.announce(tenant, &current, Alteration::Deleted, &[]);
         Ok(current)
     }
 
@@ -391,6 +494,11 @@ impl Context {
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
     ) {
+        let listener = self
+            .listener
+            .get()
+            .filter(|l| l.interested(DEFAULT_TENANT));
+        let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
         for (unit, entity_type) in units {
@@ -399,7 +507,8 @@ impl Context {
                 unit.device.id.clone(),
                 entity_type.to_string(),
             );
-            if !t.entities.contains_key(&key) {
+            let created = !t.entities.contains_key(&key);
+            if created {
                 let mut entity = Entity::new(unit.device.id.clone(), entity_type);
                 entity.stamp_created(now);
                 let created = self.next_created.fetch_add(1, Ordering::Relaxed);
@@ -414,8 +523,31 @@ impl Context {
             }
             let slot = t.entities.get_mut(&key).expect("inserted above");
             let attrs = crate::entity::unit_attributes(unit);
-            weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
+            let outcome =
+                weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
+            if listener.is_some() {
+                let alteration = if created {
+                    Alteration::Created
+                } else {
+                    Alteration::Updated
+                };
+                changes.push((slot.clone(), alteration, outcome.changes));
+            }
             t.dirty.insert(key);
+        }
+        drop(tenants);
+        if let Some(l) = listener {
+            let correlator = CORRELATOR.try_with(|c| c.clone()).ok();
+            for (e, alteration, attrs) in &changes {
+                l.on_change(&EntityChange {
+                    tenant: DEFAULT_TENANT,
+                    service_path: &e.service_path,
+                    entity: &e.entity,
+                    alteration: *alteration,
+                    attrs,
+                    correlator: correlator.clone(),
+                });
+            }
         }
     }
 
@@ -440,6 +572,20 @@ impl Context {
             .await
             .map_err(internal)
     }
+}
+
+/// Every attribute of a new entity, as created.
+fn created_attrs(entity: &Entity) -> Vec<AttrChange> {
+    entity
+        .attrs
+        .keys()
+        .map(|name| AttrChange {
+            name: name.to_string(),
+            kind: ChangeKind::Created,
+            previous: None,
+            modified: true,
+        })
+        .collect()
 }
 
 /// The store's form of an entity.

@@ -16,6 +16,7 @@ pub mod context;
 pub mod decode;
 pub mod entity;
 pub mod registrations;
+pub mod subscriptions;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -99,6 +100,8 @@ pub struct PipelineConfig {
     pub max_backlog: u64,
     /// Processed log entries older than this are pruned.
     pub log_retention: Duration,
+    /// How NGSI notifications are sent.
+    pub notifications: subscriptions::sender::SenderConfig,
 }
 
 impl Default for PipelineConfig {
@@ -107,6 +110,7 @@ impl Default for PipelineConfig {
             batch_size: 1024,
             max_backlog: 500_000,
             log_retention: Duration::from_secs(3600),
+            notifications: Default::default(),
         }
     }
 }
@@ -130,6 +134,7 @@ pub struct Pipeline {
     catalog: Arc<Catalog>,
     context: Arc<context::Context>,
     registrations: Arc<registrations::Registrations>,
+    subscriptions: Arc<subscriptions::Subscriptions>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -167,6 +172,10 @@ impl Pipeline {
         let context = Arc::new(context::Context::load(store.clone()).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
         let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
+        let subscriptions =
+            subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
+        context.set_listener(subscriptions.clone());
+        tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -175,6 +184,7 @@ impl Pipeline {
             catalog,
             context,
             registrations,
+            subscriptions,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -277,6 +287,11 @@ impl Pipeline {
     /// The NGSI context (entities of every tenant).
     pub fn context(&self) -> &context::Context {
         &self.context
+    }
+
+    /// The NGSI subscriptions of every tenant.
+    pub fn subscriptions(&self) -> &subscriptions::Subscriptions {
+        &self.subscriptions
     }
 
     /// The NGSI registrations of every tenant.

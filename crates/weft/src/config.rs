@@ -29,6 +29,8 @@ pub struct Config {
     pub store: StoreSection,
     /// The uplink pipeline.
     pub pipeline: PipelineSection,
+    /// The NGSI broker's notifications.
+    pub notifications: NotificationsSection,
 }
 
 impl Default for Config {
@@ -41,6 +43,7 @@ impl Default for Config {
             engine: EngineSection::default(),
             store: StoreSection::default(),
             pipeline: PipelineSection::default(),
+            notifications: NotificationsSection::default(),
         }
     }
 }
@@ -112,11 +115,35 @@ impl Default for PipelineSection {
     }
 }
 
+/// `[notifications]`: how NGSI subscription notifications are sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotificationsSection {
+    /// Timeout of a notification request whose subscription sets none.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Parallel connections per notification endpoint.
+    pub connections_per_endpoint: usize,
+    /// Notifications queued per connection before new ones fail.
+    pub queue_per_connection: usize,
+}
+
+impl Default for NotificationsSection {
+    fn default() -> Self {
+        let d = weft_pipeline::subscriptions::sender::SenderConfig::default();
+        NotificationsSection {
+            timeout: d.timeout,
+            connections_per_endpoint: d.lanes,
+            queue_per_connection: d.lane_capacity,
+        }
+    }
+}
+
 /// The top-level keys of [`Config`]. Only `WEFT_*` variables naming one of
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 7] = [
+const CONFIG_KEYS: [&str; 8] = [
     "listen",
     "data",
     "ingest_key",
@@ -124,6 +151,7 @@ const CONFIG_KEYS: [&str; 7] = [
     "engine",
     "store",
     "pipeline",
+    "notifications",
 ];
 
 fn is_config_key(key: &figment::value::UncasedStr) -> bool {

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use weft_api::{AppState, MetricsRender};
 use weft_bus::InProcessBus;
 use weft_engine::{Engine, EngineConfig};
+use weft_pipeline::subscriptions::sender::SenderConfig;
 use weft_pipeline::{Pipeline, PipelineConfig};
 use weft_store::{SqliteConfig, SqliteStore, Store, Synchronous};
 
@@ -67,6 +68,11 @@ pub async fn serve(
             batch_size: config.pipeline.batch_size.max(1),
             max_backlog: config.pipeline.max_backlog,
             log_retention: config.pipeline.log_retention,
+            notifications: SenderConfig {
+                timeout: config.notifications.timeout,
+                lanes: config.notifications.connections_per_endpoint.max(1),
+                lane_capacity: config.notifications.queue_per_connection.max(1),
+            },
         },
         pipeline_stop.clone(),
         &tracker,

@@ -287,15 +287,17 @@ async fn apply(
             let names = item.names;
             context
                 .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
-                    let mut failed = Vec::new();
+                    let mut outcome = ngsi::UpdateOutcome::default();
                     for n in names {
-                        if ngsi::delete_attr(e, &n, now).is_err() {
-                            failed.push(n);
+                        match ngsi::delete_attr(e, &n, now) {
+                            Ok(change) => outcome.changes.push(change),
+                            Err(_) => outcome.failed.push(n),
                         }
                     }
-                    Ok(failed)
+                    Ok(outcome)
                 })
                 .await?
+                .failed
         }
     };
     let some_applied = failed.len() < requested;

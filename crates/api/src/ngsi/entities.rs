@@ -299,11 +299,11 @@ pub async fn create(
                 let opts = options.update();
                 context
                     .modify(&tenant, &paths, &id, Some(&etype), move |e| {
-                        ngsi::append(e, attrs, opts, now);
+                        let outcome = ngsi::append(e, attrs, opts, now);
                         if expires.is_some() {
                             e.date_expires = expires;
                         }
-                        Ok(())
+                        Ok(outcome)
                     })
                     .await?;
             }

@@ -10,8 +10,7 @@
 //! context; this module only parses, validates and renders.
 //!
 //! One file per route group: [`entities`], [`attrs`], [`types`],
-//! [`batch`]. Subscriptions and registrations are separate surfaces and
-//! add their own routes next to these.
+//! [`batch`], [`subscriptions`], [`registrations`].
 
 pub mod attrs;
 pub mod batch;
@@ -19,6 +18,7 @@ pub mod entities;
 pub mod error;
 pub mod params;
 pub mod registrations;
+pub mod subscriptions;
 pub mod tenant;
 pub mod types;
 
@@ -116,19 +116,33 @@ fn routes() -> Router<AppState> {
             verbs("POST", axum::routing::post(batch::query)),
         )
         .route(
+            "/v2/subscriptions",
+            verbs(
+                "GET, POST",
+                get(subscriptions::list).post(subscriptions::create),
+            ),
+        )
+        .route(
+            "/v2/subscriptions/{id}",
+            verbs(
+                "GET, DELETE, PATCH",
+                get(subscriptions::retrieve)
+                    .patch(subscriptions::update)
+                    .delete(subscriptions::remove),
+            ),
+        )
+        .route(
             "/v2/registrations",
             verbs(
                 "GET, POST",
-                get(registrations::not_implemented).post(registrations::not_implemented),
+                get(registrations::list).post(registrations::create),
             ),
         )
         .route(
             "/v2/registrations/{id}",
             verbs(
-                "GET, PATCH, DELETE",
-                get(registrations::not_implemented)
-                    .patch(registrations::not_implemented)
-                    .delete(registrations::not_implemented),
+                "GET, DELETE",
+                get(registrations::retrieve).delete(registrations::remove),
             ),
         )
 }
@@ -186,7 +200,10 @@ async fn correlator(req: Request, next: Next) -> Response {
             HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
                 .expect("a UUID is a valid header value")
         });
-    let mut resp = next.run(req).await;
+    let text = value.to_str().unwrap_or_default().to_string();
+    let mut resp = weft_pipeline::context::CORRELATOR
+        .scope(text, next.run(req))
+        .await;
     resp.headers_mut().insert("fiware-correlator", value);
     // Orion's status lines use RFC 9110's reasons ("Unprocessable
     // Content", "Content Too Large"); the http crate's are older.

@@ -1,0 +1,114 @@
+//! Orion's subscriptions (`/v2/subscriptions`): create, list, retrieve,
+//! update and delete. The subscriptions themselves (matching, sending,
+//! counters) live in the pipeline; this module parses, checks ids and
+//! renders.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::entities::listing_response;
+use super::error::{Error, Result};
+use super::params::{json_body, Params};
+use super::tenant::{ServicePath, Tenant};
+use crate::AppState;
+
+/// Checks a subscription id in a URL: Orion answers 400 for anything but
+/// 24 characters, and 404 for 24 characters that name nothing.
+fn check_id(id: &str) -> Result<()> {
+    if id.len() != 24 {
+        return Err(Error::bad_request(
+            "Invalid subscription ID: bad length - 24 chars expected",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /v2/subscriptions`: 201 with `Location: /v2/subscriptions/{id}`.
+pub async fn create(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    sp: ServicePath,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let value = json_body(&headers, &body)?;
+    let paths = match sp.for_read() {
+        p if p.is_empty() => vec!["/#".to_string()],
+        p => p,
+    };
+    let id = state
+        .pipeline
+        .subscriptions()
+        .create(&tenant, paths, &value)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        [("location", format!("/v2/subscriptions/{id}"))],
+    )
+        .into_response())
+}
+
+/// `GET /v2/subscriptions`: creation order, `limit`/`offset`,
+/// `options=count`.
+pub async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    params: Params,
+) -> Result<Response> {
+    let options = params.options()?;
+    let (limit, offset) = params.paging()?;
+    let all = state.pipeline.subscriptions().list(&tenant);
+    let total = all.len();
+    let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
+    Ok(listing_response(
+        Value::Array(page),
+        options.count.then_some(total),
+    ))
+}
+
+/// `GET /v2/subscriptions/{id}`.
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    check_id(&id)?;
+    let json = state.pipeline.subscriptions().get(&tenant, &id)?;
+    Ok(axum::Json(json).into_response())
+}
+
+/// `PATCH /v2/subscriptions/{id}`: replaces the fields given.
+pub async fn update(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    check_id(&id)?;
+    let value = json_body(&headers, &body)?;
+    state
+        .pipeline
+        .subscriptions()
+        .patch(&tenant, &id, &value)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /v2/subscriptions/{id}`.
+pub async fn remove(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    check_id(&id)?;
+    state
+        .pipeline
+        .subscriptions()
+        .delete(&tenant, &id)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

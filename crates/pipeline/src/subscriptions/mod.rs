@@ -1,0 +1,516 @@
+//! NGSI subscriptions at work: the registry behind `/v2/subscriptions`,
+//! the matcher that sees every entity change, and the notifier.
+//!
+//! Flow: the [`Context`](crate::context::Context) announces each stored
+//! change ([`ChangeListener`]) → [`Subscriptions::on_change`] finds the
+//! candidate subscriptions of the tenant (indexed by entity id; pattern
+//! subscriptions are checked one by one), checks status, expiry, service
+//! path, selectors, alteration type, condition attributes, expression and
+//! throttling, renders the request ([`payload`]) and hands it to the
+//! [`sender`], which never blocks the change: each endpoint has its own
+//! bounded lanes, so one slow or dead endpoint delays only itself.
+//! Outcomes come back as counters on the subscription (`timesSent`,
+//! `lastSuccess`, `failsCounter`, …), which are stored every second.
+//!
+//! Subscriptions live in memory per tenant and in the store
+//! (`ngsi_documents`), loaded at start.
+
+pub mod payload;
+pub mod sender;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
+use weft_model::ngsi::{new_document_id, NgsiError};
+use weft_store::{DocumentKind, NgsiDocument, Store};
+
+use crate::context::{
+    path_matches, Alteration, ChangeListener, EntityChange, EntityResolver,
+};
+use sender::{Outcome, Sender};
+
+/// How often changed counters are stored.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One subscription with where it belongs and what the notifier keeps.
+pub struct Entry {
+    tenant: String,
+    /// Service-path patterns of the request that created it
+    /// (`/#`-style; empty: every path).
+    service_paths: Vec<String>,
+    created: u64,
+    state: Mutex<EntryState>,
+}
+
+struct EntryState {
+    sub: Subscription,
+    /// When it last notified, for throttling.
+    last_fired: Option<Instant>,
+}
+
+impl Entry {
+    fn id(&self) -> String {
+        self.state.lock().sub.id.clone()
+    }
+
+    /// Records the outcome of one notification; returns the key to mark
+    /// dirty.
+    pub(crate) fn record(&self, outcome: Outcome) -> (String, String) {
+        let now = weft_model::now_ms();
+        let mut state = self.state.lock();
+        let sub = &mut state.sub;
+        let stats = &mut sub.notification.stats;
+        match outcome {
+            Outcome::Answered(code) => {
+                stats.last_success = Some(now);
+                stats.last_success_code = Some(code);
+                stats.fails_counter = 0;
+            }
+            Outcome::Failed(reason) => {
+                stats.last_failure = Some(now);
+                stats.last_failure_reason = Some(reason);
+                stats.fails_counter += 1;
+                if sub
+                    .notification
+                    .max_fails_limit
+                    .is_some_and(|limit| stats.fails_counter >= limit)
+                {
+                    sub.status = Status::Inactive;
+                }
+            }
+        }
+        (self.tenant.clone(), sub.id.clone())
+    }
+}
+
+/// One tenant's subscriptions, indexed for matching.
+#[derive(Default)]
+struct TenantSubs {
+    /// Id → entry.
+    by_id: HashMap<String, Arc<Entry>>,
+    /// Entity id → entries whose every selector names exact ids.
+    by_entity: HashMap<String, Vec<Arc<Entry>>>,
+    /// Entries with an `idPattern` selector: checked on every change.
+    patterned: Vec<Arc<Entry>>,
+}
+
+impl TenantSubs {
+    fn index(&mut self, entry: &Arc<Entry>) {
+        let state = entry.state.lock();
+        let ids: Option<Vec<String>> = state
+            .sub
+            .subject
+            .entities
+            .iter()
+            .map(|s| s.id.clone())
+            .collect();
+        match ids {
+            Some(ids) => {
+                let mut seen = HashSet::new();
+                for id in ids {
+                    if seen.insert(id.clone()) {
+                        self.by_entity.entry(id).or_default().push(entry.clone());
+                    }
+                }
+            }
+            None => self.patterned.push(entry.clone()),
+        }
+    }
+
+    fn unindex(&mut self, entry: &Arc<Entry>) {
+        self.patterned.retain(|e| !Arc::ptr_eq(e, entry));
+        self.by_entity.retain(|_, list| {
+            list.retain(|e| !Arc::ptr_eq(e, entry));
+            !list.is_empty()
+        });
+    }
+
+    fn candidates(&self, entity_id: &str) -> Vec<Arc<Entry>> {
+        let mut out: Vec<Arc<Entry>> = self.patterned.clone();
+        if let Some(list) = self.by_entity.get(entity_id) {
+            out.extend(list.iter().cloned());
+        }
+        out.sort_by_key(|e| e.created);
+        out
+    }
+}
+
+/// Every tenant's subscriptions.
+pub struct Subscriptions {
+    store: Arc<dyn Store>,
+    tenants: RwLock<HashMap<String, TenantSubs>>,
+    next_created: AtomicU64,
+    sender: Sender,
+    /// Entries whose counters or status changed since the last flush.
+    dirty: Arc<Dirty>,
+}
+
+/// (tenant, subscription id) of the entries whose counters or status
+/// changed since they were last stored; shared with the sender.
+pub(crate) type Dirty = Mutex<HashSet<(String, String)>>;
+
+impl Subscriptions {
+    /// Loads the stored subscriptions; notifications go out on the
+    /// current runtime.
+    pub async fn load(
+        store: Arc<dyn Store>,
+        config: sender::SenderConfig,
+    ) -> Result<Arc<Subscriptions>, weft_store::StoreError> {
+        let docs = store.load_documents(DocumentKind::Subscription).await?;
+        let mut tenants: HashMap<String, TenantSubs> = HashMap::new();
+        let mut max = 0;
+        for d in docs {
+            let sub = match Subscription::from_storage(&d.json) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(id = %d.id, error = %e, "stored subscription could not be read; skipped");
+                    continue;
+                }
+            };
+            max = max.max(d.created);
+            let entry = Arc::new(Entry {
+                tenant: d.tenant.clone(),
+                service_paths: split_paths(&d.service_path),
+                created: d.created,
+                state: Mutex::new(EntryState {
+                    sub,
+                    last_fired: None,
+                }),
+            });
+            let t = tenants.entry(d.tenant).or_default();
+            t.by_id.insert(d.id, entry.clone());
+            t.index(&entry);
+        }
+        let dirty: Arc<Dirty> = Arc::default();
+        Ok(Arc::new(Subscriptions {
+            store,
+            tenants: RwLock::new(tenants),
+            next_created: AtomicU64::new(max + 1),
+            sender: Sender::new(config, dirty.clone()),
+            dirty,
+        }))
+    }
+
+    /// Stores changed counters every second until `shutdown`, then once
+    /// more.
+    pub async fn flush_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(FLUSH_INTERVAL) => {}
+                _ = shutdown.cancelled() => {
+                    self.flush().await;
+                    return;
+                }
+            }
+            self.flush().await;
+        }
+    }
+
+    async fn flush(&self) {
+        let dirty: Vec<(String, String)> = self.dirty.lock().drain().collect();
+        for (tenant, id) in dirty {
+            let entry = self.tenants.read().get(&tenant).and_then(|t| t.by_id.get(&id).cloned());
+            if let Some(entry) = entry {
+                if let Err(e) = self.persist(&entry).await {
+                    tracing::warn!(error = %e, "storing subscription counters failed");
+                }
+            }
+        }
+    }
+
+    async fn persist(&self, entry: &Entry) -> Result<(), NgsiError> {
+        let (id, json) = {
+            let s = entry.state.lock();
+            (s.sub.id.clone(), s.sub.to_storage())
+        };
+        self.store
+            .put_document(NgsiDocument {
+                kind: DocumentKind::Subscription,
+                tenant: entry.tenant.clone(),
+                id,
+                service_path: entry.service_paths.join(","),
+                created: entry.created,
+                json,
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    /// Creates a subscription from a `POST /v2/subscriptions` body;
+    /// `service_paths` are the request's (read-style) patterns. Returns
+    /// the new id once stored.
+    pub async fn create(
+        &self,
+        tenant: &str,
+        service_paths: Vec<String>,
+        body: &Value,
+    ) -> Result<String, NgsiError> {
+        let sub = Subscription::parse(body, new_document_id())?;
+        let id = sub.id.clone();
+        let entry = Arc::new(Entry {
+            tenant: tenant.to_string(),
+            service_paths,
+            created: self.next_created.fetch_add(1, Ordering::Relaxed),
+            state: Mutex::new(EntryState {
+                sub,
+                last_fired: None,
+            }),
+        });
+        self.persist(&entry).await?;
+        let mut tenants = self.tenants.write();
+        let t = tenants.entry(tenant.to_string()).or_default();
+        t.by_id.insert(id.clone(), entry.clone());
+        t.index(&entry);
+        Ok(id)
+    }
+
+    /// Every subscription of `tenant`, rendered, in creation order.
+    pub fn list(&self, tenant: &str) -> Vec<Value> {
+        let mut entries: Vec<Arc<Entry>> = self
+            .tenants
+            .read()
+            .get(tenant)
+            .map(|t| t.by_id.values().cloned().collect())
+            .unwrap_or_default();
+        entries.sort_by_key(|e| e.created);
+        let now = weft_model::now_ms();
+        entries
+            .iter()
+            .map(|e| e.state.lock().sub.render(now))
+            .collect()
+    }
+
+    fn entry(&self, tenant: &str, id: &str) -> Result<Arc<Entry>, NgsiError> {
+        self.tenants
+            .read()
+            .get(tenant)
+            .and_then(|t| t.by_id.get(id).cloned())
+            .ok_or_else(not_found)
+    }
+
+    /// One subscription, rendered.
+    pub fn get(&self, tenant: &str, id: &str) -> Result<Value, NgsiError> {
+        let entry = self.entry(tenant, id)?;
+        let json = entry.state.lock().sub.render(weft_model::now_ms());
+        Ok(json)
+    }
+
+    /// Applies a `PATCH` body; nothing changes if it is invalid.
+    pub async fn patch(&self, tenant: &str, id: &str, body: &Value) -> Result<(), NgsiError> {
+        let entry = self.entry(tenant, id)?;
+        {
+            let mut state = entry.state.lock();
+            state.sub.patch(body)?;
+            state.last_fired = None;
+        }
+        {
+            let mut tenants = self.tenants.write();
+            if let Some(t) = tenants.get_mut(tenant) {
+                t.unindex(&entry);
+                t.index(&entry);
+            }
+        }
+        self.persist(&entry).await
+    }
+
+    /// Deletes a subscription.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), NgsiError> {
+        let entry = {
+            let mut tenants = self.tenants.write();
+            let t = tenants.get_mut(tenant).ok_or_else(not_found)?;
+            let entry = t.by_id.remove(id).ok_or_else(not_found)?;
+            t.unindex(&entry);
+            entry
+        };
+        self.dirty.lock().remove(&(tenant.to_string(), entry.id()));
+        self.store
+            .delete_document(DocumentKind::Subscription, tenant, id)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Decides whether `entry` fires for `change`; if so, updates its
+    /// counters and returns the request to send.
+    fn fire(
+        &self,
+        entry: &Arc<Entry>,
+        change: &EntityChange<'_>,
+        now: i64,
+        sequence: &mut u32,
+    ) -> Option<sender::Job> {
+        if !path_matches(&entry.service_paths, change.service_path) {
+            return None;
+        }
+        let mut state = entry.state.lock();
+        let sub = &state.sub;
+        if sub.status == Status::Inactive || sub.expired(now) {
+            return None;
+        }
+        let entity = change.entity;
+        if !sub
+            .subject
+            .entities
+            .iter()
+            .any(|s| s.matches(&entity.id, &entity.entity_type))
+        {
+            return None;
+        }
+        let condition = &sub.subject.condition;
+        let (kind, names): (AlterationType, Vec<&str>) = match change.alteration {
+            Alteration::Created => (
+                AlterationType::EntityCreate,
+                entity.attrs.keys().collect(),
+            ),
+            Alteration::Deleted => (
+                AlterationType::EntityDelete,
+                entity.attrs.keys().collect(),
+            ),
+            Alteration::Updated => {
+                let changed: Vec<&str> = change
+                    .attrs
+                    .iter()
+                    .filter(|c| {
+                        c.modified
+                            && (condition.notify_on_metadata_change
+                                || c.value_changed(entity.attrs.get(&c.name)))
+                    })
+                    .map(|c| c.name.as_str())
+                    .collect();
+                if changed.is_empty() {
+                    (
+                        AlterationType::EntityUpdate,
+                        change.attrs.iter().map(|c| c.name.as_str()).collect(),
+                    )
+                } else {
+                    (AlterationType::EntityChange, changed)
+                }
+            }
+        };
+        let wanted = condition.wants(kind)
+            || (kind == AlterationType::EntityChange
+                && condition.wants(AlterationType::EntityUpdate));
+        if !wanted {
+            return None;
+        }
+        if kind != AlterationType::EntityDelete
+            && !condition.attrs.is_empty()
+            && !names.iter().any(|n| condition.attrs.iter().any(|a| a == n))
+        {
+            return None;
+        }
+        if let Some(e) = &condition.expression {
+            let resolver = EntityResolver(entity);
+            if e.q.as_ref().is_some_and(|q| !q.matches_with(&resolver))
+                || e.mq.as_ref().is_some_and(|q| !q.matches_with(&resolver))
+                || e.geo.as_ref().is_some_and(|g| {
+                    !crate::context::location(entity).is_some_and(|s| g.matches(&s))
+                })
+            {
+                return None;
+            }
+        }
+        if let (Some(t), Some(last)) = (sub.throttling, state.last_fired) {
+            if t > 0.0 && last.elapsed() < Duration::from_secs_f64(t) {
+                return None;
+            }
+        }
+        *sequence += 1;
+        let request = payload::build(&payload::Trigger {
+            sub,
+            tenant: change.tenant,
+            service_path: change.service_path,
+            entity,
+            touched: change.attrs,
+            alteration: kind,
+            correlator: change.correlator.as_deref(),
+            sequence: *sequence,
+        });
+        state.last_fired = Some(Instant::now());
+        let sub = &mut state.sub;
+        sub.notification.stats.times_sent += 1;
+        sub.notification.stats.last_notification = Some(now);
+        if sub.status == Status::Oneshot {
+            sub.status = Status::Inactive;
+        }
+        let timeout = sub.notification.endpoint.timeout();
+        let lane_key = sub.id.clone();
+        drop(state);
+        match request {
+            Ok(request) => Some(sender::Job {
+                request,
+                timeout,
+                lane_key,
+                entry: entry.clone(),
+            }),
+            Err(reason) => {
+                entry.record(Outcome::Failed(reason));
+                None
+            }
+        }
+    }
+}
+
+impl ChangeListener for Subscriptions {
+    fn interested(&self, tenant: &str) -> bool {
+        self.tenants
+            .read()
+            .get(tenant)
+            .is_some_and(|t| !t.by_id.is_empty())
+    }
+
+    fn on_change(&self, change: &EntityChange<'_>) {
+        let candidates = match self.tenants.read().get(change.tenant) {
+            Some(t) => t.candidates(&change.entity.id),
+            None => return,
+        };
+        if candidates.is_empty() {
+            return;
+        }
+        let now = weft_model::now_ms();
+        let mut sequence = 0;
+        for entry in &candidates {
+            let Some(job) = self.fire(entry, change, now, &mut sequence) else {
+                continue;
+            };
+            let key = (entry.tenant.clone(), job.lane_key.clone());
+            if let Err(reason) = self.sender.enqueue(job) {
+                entry.record(Outcome::Failed(reason));
+            }
+            self.dirty.lock().insert(key);
+        }
+    }
+}
+
+fn split_paths(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn not_found() -> NgsiError {
+    NgsiError::new(
+        404,
+        "NotFound",
+        "The requested subscription has not been found. Check id",
+    )
+}
+
+fn store_error(e: weft_store::StoreError) -> NgsiError {
+    tracing::error!(error = %e, "storing a subscription failed");
+    match e {
+        weft_store::StoreError::Overloaded => NgsiError::new(
+            503,
+            "ServiceUnavailable",
+            "the store is overloaded; retry later",
+        ),
+        _ => NgsiError::new(500, "InternalServerError", "internal error"),
+    }
+}

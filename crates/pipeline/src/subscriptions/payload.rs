@@ -1,0 +1,529 @@
+//! Renders the HTTP request of one notification, as Orion sends it.
+//!
+//! - `http`: `POST` to the URL with `{"subscriptionId","data":[entity]}`
+//!   (`simplified*` formats: the entity alone), headers `Content-Type:
+//!   application/json; charset=utf-8`, `Accept`, `User-Agent: orion/…`,
+//!   `Fiware-Service` (tenants only), `Fiware-ServicePath`,
+//!   `Fiware-Correlator: <correlator>; cbnotif=<n>` and
+//!   `Ngsiv2-AttrsFormat`.
+//! - `httpCustom`: the same defaults, then the subscription's method,
+//!   headers (a header whose value ends up empty is removed), query
+//!   string and payload, with `${…}` macros replaced: `${id}`, `${type}`,
+//!   `${service}`, `${servicePath}`, `${authToken}` and attribute values.
+//!   In a `json` payload a string that is exactly one macro becomes the
+//!   attribute's JSON value; elsewhere values are spliced in as text
+//!   (strings bare, everything else as JSON), missing ones as nothing.
+//!
+//! The entity is projected first: `attrs` (or `exceptAttrs`), then
+//! `onlyChangedAttrs`, then `covered` (missing attributes as `null`); the
+//! pseudo-attribute `alterationType` appears when named in `attrs`.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use weft_model::ngsi::subscription::{
+    attrs_format_name, AlterationType, CustomPayload, Endpoint, Subscription,
+};
+use weft_model::ngsi::{
+    parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format, OrderedMap,
+    RenderContext,
+};
+
+use super::sender::Request;
+
+/// The `User-Agent` of notifications: Orion's form (`orion/<version>`),
+/// which receivers written for Orion may check.
+pub const USER_AGENT: &str = concat!("orion/3.10.1 weft/", env!("CARGO_PKG_VERSION"));
+
+/// What a notification is about.
+pub struct Trigger<'a> {
+    /// The subscription.
+    pub sub: &'a Subscription,
+    /// Tenant (empty: none).
+    pub tenant: &'a str,
+    /// The entity's service path.
+    pub service_path: &'a str,
+    /// The entity after the change.
+    pub entity: &'a Entity,
+    /// Attributes the change touched.
+    pub touched: &'a [AttrChange],
+    /// The kind of change reported.
+    pub alteration: AlterationType,
+    /// The correlator of the request that made the change.
+    pub correlator: Option<&'a str>,
+    /// Position of this notification among those the change triggered
+    /// (`cbnotif=<n>`).
+    pub sequence: u32,
+}
+
+/// Builds the request; `Err` is the failure reason to record.
+pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
+    let n = &t.sub.notification;
+    let correlator = match t.correlator {
+        Some(c) => format!("{c}; cbnotif={}", t.sequence),
+        None => format!("{}; cbnotif={}", uuid_like(), t.sequence),
+    };
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(8);
+    let mut push = |k: &str, v: &str| headers.push((k.to_string(), v.to_string()));
+    push("Content-Type", "application/json; charset=utf-8");
+    push("Accept", "application/json");
+    push("User-Agent", USER_AGENT);
+    if !t.tenant.is_empty() {
+        push("Fiware-Service", t.tenant);
+    }
+    push("Fiware-ServicePath", t.service_path);
+    push("Fiware-Correlator", &correlator);
+    let entity = project(t);
+    match &n.endpoint {
+        Endpoint::Http { url, .. } => {
+            headers.push((
+                "Ngsiv2-AttrsFormat".into(),
+                attrs_format_name(n.attrs_format).into(),
+            ));
+            let body = standard_body(t, &entity, n.attrs_format);
+            Ok(Request {
+                method: reqwest::Method::POST,
+                url: url.clone(),
+                headers,
+                body: Some(body),
+            })
+        }
+        Endpoint::HttpCustom(c) => {
+            let macros = Macros { t };
+            let (format_header, body) = match &c.payload {
+                CustomPayload::Standard => (
+                    attrs_format_name(n.attrs_format),
+                    Some(standard_body(t, &entity, n.attrs_format)),
+                ),
+                CustomPayload::Text(None) => ("custom", None),
+                CustomPayload::Text(Some(text)) => {
+                    set_header(&mut headers, "Content-Type", "text/plain; charset=utf-8");
+                    let text = macros.text(text);
+                    ("custom", (!text.is_empty()).then(|| Bytes::from(text)))
+                }
+                CustomPayload::Json(template) => {
+                    let v = macros.json(template);
+                    ("custom", Some(Bytes::from(v.to_string())))
+                }
+                CustomPayload::Ngsi(patch) => {
+                    let patched = apply_ngsi_patch(&entity, patch, &macros)?;
+                    (
+                        attrs_format_name(n.attrs_format),
+                        Some(standard_body(t, &patched, n.attrs_format)),
+                    )
+                }
+            };
+            headers.push(("Ngsiv2-AttrsFormat".into(), format_header.into()));
+            for (name, value) in &c.headers {
+                let value = macros.text(value);
+                set_header(&mut headers, name, &value);
+            }
+            headers.retain(|(_, v)| !v.is_empty());
+            let mut url = macros.text(&c.url);
+            if !c.qs.is_empty() {
+                let mut pairs: Vec<String> = Vec::new();
+                for (k, v) in &c.qs {
+                    let v = macros.text(v);
+                    if !v.is_empty() {
+                        pairs.push(format!("{}={}", encode(k), encode(&v)));
+                    }
+                }
+                if !pairs.is_empty() {
+                    url.push(if url.contains('?') { '&' } else { '?' });
+                    url.push_str(&pairs.join("&"));
+                }
+            }
+            let method = match &c.method {
+                Some(m) => reqwest::Method::from_bytes(m.as_bytes())
+                    .map_err(|_| "invalid HTTP method".to_string())?,
+                None => reqwest::Method::POST,
+            };
+            if body.is_none() {
+                headers.retain(|(k, _)| !k.eq_ignore_ascii_case("Content-Type"));
+            }
+            Ok(Request {
+                method,
+                url,
+                headers,
+                body,
+            })
+        }
+    }
+}
+
+/// Sets a header, replacing one of the same name (case-insensitively).
+fn set_header(headers: &mut Vec<(String, String)>, name: &str, value: &str) {
+    match headers.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+        Some(slot) => *slot = (slot.0.clone(), value.to_string()),
+        None => headers.push((name.to_string(), value.to_string())),
+    }
+}
+
+/// Percent-encodes a query-string component.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A correlator for changes made without one (device data).
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let a = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let b = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let hex = format!("{a:016x}{b:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The notification's body in the subscription's format.
+fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format) -> Bytes {
+    let (entity, names) = entity;
+    let previous: OrderedMap<Value> = t
+        .touched
+        .iter()
+        .map(|c| {
+            let v = c.previous.as_ref().map(|p| p.value.clone());
+            (c.name.clone(), v.unwrap_or(Value::Null))
+        })
+        .collect();
+    let action = match t.alteration {
+        AlterationType::EntityCreate => "append",
+        AlterationType::EntityDelete => "delete",
+        _ => match t.touched.first().map(|c| c.kind) {
+            Some(ChangeKind::Created) => "append",
+            Some(ChangeKind::Deleted) => "delete",
+            _ => "update",
+        },
+    };
+    let ctx = RenderContext {
+        previous: Some(&previous),
+        action_type: Some(action),
+    };
+    let metadata = &t.sub.notification.metadata;
+    let render_format = match format {
+        Format::Values => Format::Values,
+        f => f,
+    };
+    let rendered = render_with(
+        entity,
+        render_format,
+        Some(names),
+        (!metadata.is_empty()).then_some(metadata.as_slice()),
+        &ctx,
+    );
+    let body = match format {
+        Format::SimplifiedNormalized | Format::SimplifiedKeyValues => rendered,
+        _ => {
+            let mut obj = Map::new();
+            obj.insert("subscriptionId".into(), t.sub.id.clone().into());
+            obj.insert("data".into(), Value::Array(vec![rendered]));
+            Value::Object(obj)
+        }
+    };
+    Bytes::from(body.to_string())
+}
+
+/// The entity as notified (only the selected attributes, plus
+/// `alterationType` and covered ones) and the names to render, in order.
+fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
+    let n = &t.sub.notification;
+    let e = t.entity;
+    let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
+    let mut names: Vec<String> = Vec::new();
+    let push = |name: &str, names: &mut Vec<String>| {
+        if !names.iter().any(|x| x == name) {
+            names.push(name.to_string());
+        }
+    };
+    if let Some(except) = &n.except_attrs {
+        for name in e.attrs.keys() {
+            if !except.iter().any(|x| x == name) {
+                push(name, &mut names);
+            }
+        }
+    } else if all {
+        for a in &n.attrs {
+            if a == "*" {
+                for name in e.attrs.keys() {
+                    push(name, &mut names);
+                }
+            } else {
+                push(a, &mut names);
+            }
+        }
+        if n.attrs.is_empty() {
+            for name in e.attrs.keys() {
+                push(name, &mut names);
+            }
+        }
+    } else {
+        for a in &n.attrs {
+            push(a, &mut names);
+        }
+    }
+    if n.only_changed_attrs && t.alteration != AlterationType::EntityDelete {
+        let touched: Vec<&str> = match t.alteration {
+            AlterationType::EntityCreate => e.attrs.keys().collect(),
+            _ => t.touched.iter().map(|c| c.name.as_str()).collect(),
+        };
+        names.retain(|n| touched.contains(&n.as_str()) || n == "alterationType");
+    }
+    let mut out = Entity {
+        attrs: OrderedMap::new(),
+        ..e.clone()
+    };
+    out.attrs = OrderedMap::new();
+    let mut kept: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        if let Some(a) = e.attrs.get(&name) {
+            out.attrs.insert(name.clone(), a.clone());
+        } else if name == "alterationType" {
+            out.attrs.insert(
+                name.clone(),
+                Attribute::new(Value::String(t.alteration.as_str().into()), "Text"),
+            );
+        } else if matches!(name.as_str(), "dateCreated" | "dateModified" | "dateExpires") {
+            // Rendered as builtins.
+        } else if n.covered {
+            out.attrs
+                .insert(name.clone(), Attribute::new(Value::Null, "None"));
+        } else {
+            continue;
+        }
+        kept.push(name);
+    }
+    if kept.is_empty() {
+        // An empty filter would mean "all": name nothing that exists.
+        kept.push(String::new());
+    }
+    (out, kept)
+}
+
+/// Replaces `${…}` macros for one trigger.
+struct Macros<'a, 'b> {
+    t: &'a Trigger<'b>,
+}
+
+impl Macros<'_, '_> {
+    /// The value a macro name stands for.
+    fn lookup(&self, name: &str) -> Option<Value> {
+        let t = self.t;
+        match name {
+            "id" => Some(Value::String(t.entity.id.clone())),
+            "type" => Some(Value::String(t.entity.entity_type.clone())),
+            "service" => Some(Value::String(t.tenant.to_string())),
+            "servicePath" => Some(Value::String(t.service_path.to_string())),
+            "authToken" => Some(Value::String(String::new())),
+            _ => t.entity.attrs.get(name).map(|a| a.value.clone()),
+        }
+    }
+
+    /// Replaces every macro in `text` with its value as text.
+    fn text(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            let Some(len) = rest[start + 2..].find('}') else {
+                break;
+            };
+            out.push_str(&rest[..start]);
+            let name = &rest[start + 2..start + 2 + len];
+            if let Some(v) = self.lookup(name) {
+                out.push_str(&as_text(&v));
+            }
+            rest = &rest[start + 3 + len..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Replaces macros inside a JSON template.
+    fn json(&self, template: &Value) -> Value {
+        match template {
+            Value::String(s) => match whole_macro(s) {
+                Some(name) => self.lookup(name).unwrap_or(Value::Null),
+                None => Value::String(self.text(s)),
+            },
+            Value::Array(items) => Value::Array(items.iter().map(|i| self.json(i)).collect()),
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), self.json(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+}
+
+/// `Some(name)` when `s` is exactly `${name}`.
+fn whole_macro(s: &str) -> Option<&str> {
+    let inner = s.strip_prefix("${")?.strip_suffix('}')?;
+    (!inner.contains('}') && !inner.contains("${")).then_some(inner)
+}
+
+/// A value spliced into text: strings bare, the rest as JSON.
+fn as_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Applies an `ngsi` patch (id, type and attributes, with macros) to the
+/// projected entity.
+fn apply_ngsi_patch(
+    projected: &(Entity, Vec<String>),
+    patch: &Map<String, Value>,
+    macros: &Macros<'_, '_>,
+) -> Result<(Entity, Vec<String>), String> {
+    let (entity, names) = projected;
+    let mut entity = entity.clone();
+    let mut names: Vec<String> = names.iter().filter(|n| !n.is_empty()).cloned().collect();
+    let mut attrs = Map::new();
+    for (k, v) in patch {
+        match k.as_str() {
+            "id" => entity.id = as_text(&macros.json(v)),
+            "type" => entity.entity_type = as_text(&macros.json(v)),
+            _ => {
+                attrs.insert(k.clone(), macros.json(v));
+            }
+        }
+    }
+    let parsed = parse_attrs(&Value::Object(attrs), false).map_err(|e| e.description)?;
+    for (name, attr) in parsed.iter() {
+        entity.attrs.insert(name.to_string(), attr.clone());
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    if names.is_empty() {
+        names.push(String::new());
+    }
+    Ok((entity, names))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entity() -> Entity {
+        let mut e = Entity::new("E1", "T");
+        e.attrs
+            .insert("A".to_string(), Attribute::new(json!(10), "Number"));
+        e.attrs
+            .insert("B".to_string(), Attribute::new(json!({"x": [1]}), "StructuredValue"));
+        e.attrs
+            .insert("S".to_string(), Attribute::new(json!("foo"), "Text"));
+        e
+    }
+
+    fn sub(notification: Value) -> Subscription {
+        Subscription::parse(
+            &json!({"subject": {"entities": [{"id": "E1"}]}, "notification": notification}),
+            "0123456789abcdef01234567".into(),
+        )
+        .unwrap()
+    }
+
+    fn request(sub: &Subscription, entity: &Entity) -> Request {
+        build(&Trigger {
+            sub,
+            tenant: "t1",
+            service_path: "/",
+            entity,
+            touched: &[],
+            alteration: AlterationType::EntityChange,
+            correlator: Some("c-1"),
+            sequence: 1,
+        })
+        .unwrap()
+    }
+
+    fn header<'a>(r: &'a Request, name: &str) -> Option<&'a str> {
+        r.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn standard_notification_has_orions_headers_and_envelope() {
+        let s = sub(json!({"http": {"url": "http://h:1/notify"}, "attrs": ["A"]}));
+        let r = request(&s, &entity());
+        assert_eq!(r.url, "http://h:1/notify");
+        assert_eq!(header(&r, "Fiware-Service"), Some("t1"));
+        assert_eq!(header(&r, "Fiware-ServicePath"), Some("/"));
+        assert_eq!(header(&r, "Fiware-Correlator"), Some("c-1; cbnotif=1"));
+        assert_eq!(header(&r, "Ngsiv2-AttrsFormat"), Some("normalized"));
+        let body: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"subscriptionId": "0123456789abcdef01234567",
+                   "data": [{"id": "E1", "type": "T",
+                             "A": {"type": "Number", "value": 10, "metadata": {}}}]})
+        );
+    }
+
+    #[test]
+    fn custom_json_macros_keep_types_and_text_macros_splice() {
+        let s = sub(json!({"httpCustom": {
+            "url": "http://h:1/${id}",
+            "qs": {"a": "${S}", "none": "${missing}"},
+            "headers": {"X-A": "${A}", "Fiware-Service": ""},
+            "json": {"a": "${A}", "b": "${B}", "t": "id=${id} a=${A}", "m": "${missing}"}
+        }}));
+        let r = request(&s, &entity());
+        assert_eq!(r.url, "http://h:1/E1?a=foo");
+        assert_eq!(header(&r, "X-A"), Some("10"));
+        assert_eq!(header(&r, "Fiware-Service"), None, "emptied header removed");
+        assert_eq!(header(&r, "Ngsiv2-AttrsFormat"), Some("custom"));
+        let body: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"a": 10, "b": {"x": [1]}, "t": "id=E1 a=10", "m": null})
+        );
+    }
+
+    #[test]
+    fn text_payload_is_plain_text() {
+        let s = sub(json!({"httpCustom": {"url": "http://h:1", "payload": "A is ${A}", "method": "PUT"}}));
+        let r = request(&s, &entity());
+        assert_eq!(r.method, reqwest::Method::PUT);
+        assert_eq!(header(&r, "Content-Type"), Some("text/plain; charset=utf-8"));
+        assert_eq!(r.body.as_deref(), Some(&b"A is 10"[..]));
+    }
+
+    #[test]
+    fn except_attrs_covered_and_alteration_type() {
+        let s = sub(json!({"http": {"url": "http://h:1"}, "exceptAttrs": ["B"], "attrsFormat": "keyValues"}));
+        let body: Value =
+            serde_json::from_slice(request(&s, &entity()).body.as_ref().unwrap()).unwrap();
+        assert_eq!(body["data"][0], json!({"id": "E1", "type": "T", "A": 10, "S": "foo"}));
+
+        let s = sub(json!({"http": {"url": "http://h:1"}, "attrs": ["A", "Z", "alterationType"],
+                           "covered": true, "attrsFormat": "simplifiedKeyValues"}));
+        let body: Value =
+            serde_json::from_slice(request(&s, &entity()).body.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"id": "E1", "type": "T", "A": 10, "Z": null, "alterationType": "entityChange"})
+        );
+    }
+}
