@@ -43,6 +43,10 @@ pub struct AppState {
     /// event delivery from queueing behind every ready HTTP request on the
     /// main runtime (measured: ~10 ms at 5,000 uplinks/s).
     pub live_runtime: tokio::runtime::Handle,
+    /// Whether `Fiware-Service` selects a tenant (weft's default). Off, it
+    /// behaves like Orion started without `-multiservice`: one tenant for
+    /// all, the header only passed on to notifications.
+    pub ngsi_multiservice: bool,
 }
 
 /// Largest request body weft accepts on its own surfaces (1 MiB, the same

@@ -24,10 +24,27 @@ use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
 use weft_store::{EntityRecord, Store};
 
 tokio::task_local! {
-    /// The `Fiware-Correlator` of the request being served, so changes it
-    /// makes carry it to the notifications they trigger. Set by the HTTP
-    /// layer around each request.
-    pub static CORRELATOR: String;
+    /// Where the request being served came from, so the changes it makes
+    /// carry its correlator, service and token to the notifications they
+    /// trigger (as Orion propagates them). Set by the HTTP layer around
+    /// each request.
+    pub static ORIGIN: Origin;
+}
+
+/// The headers of a request that notifications repeat.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// `Fiware-Correlator` (echoed or minted).
+    pub correlator: String,
+    /// `Fiware-Service` as sent, also when it does not select a tenant
+    /// (single-tenant mode).
+    pub service: Option<String>,
+    /// `X-Auth-Token`, for `${authToken}` and the notification header.
+    pub auth_token: Option<String>,
+}
+
+fn current_origin() -> Option<Origin> {
+    ORIGIN.try_with(|o| o.clone()).ok()
 }
 
 /// What happened to an entity.
@@ -56,8 +73,8 @@ pub struct EntityChange<'a> {
     pub alteration: Alteration,
     /// Attributes the operation touched, in request order.
     pub attrs: &'a [AttrChange],
-    /// The correlator of the request that made the change, if any.
-    pub correlator: Option<String>,
+    /// The request that made the change (none for device data).
+    pub origin: Option<Origin>,
 }
 
 /// Something that wants to see every entity change (subscriptions).
@@ -308,7 +325,7 @@ impl Context {
                     entity: &e.entity,
                     alteration,
                     attrs,
-                    correlator: CORRELATOR.try_with(|c| c.clone()).ok(),
+                    origin: current_origin(),
                 });
             }
         }
@@ -537,7 +554,7 @@ impl Context {
         }
         drop(tenants);
         if let Some(l) = listener {
-            let correlator = CORRELATOR.try_with(|c| c.clone()).ok();
+            let origin = current_origin();
             for (e, alteration, attrs) in &changes {
                 l.on_change(&EntityChange {
                     tenant: DEFAULT_TENANT,
@@ -545,7 +562,7 @@ impl Context {
                     entity: &e.entity,
                     alteration: *alteration,
                     attrs,
-                    correlator: correlator.clone(),
+                    origin: origin.clone(),
                 });
             }
         }

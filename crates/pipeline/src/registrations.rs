@@ -1,19 +1,229 @@
 //! NGSI registrations (`/v2/registrations`): context providers announced
 //! to the broker, kept per tenant and persisted through the store.
+//!
+//! weft stores and lists registrations as Orion does but forwards nothing
+//! to the providers, so nothing on the hot path reads them: they live in
+//! memory per tenant, in creation order (Orion lists them by id, which
+//! grows with time), and every create or delete is committed to the store
+//! before it is acknowledged.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use weft_store::{Store, StoreError};
+use parking_lot::RwLock;
+use weft_model::ngsi::registration::{not_found, Registration};
+use weft_model::ngsi::NgsiError;
+use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
+
+use crate::context::path_matches;
+
+/// A registration with where it was created and its position in listings.
+#[derive(Debug, Clone)]
+pub struct StoredRegistration {
+    /// Service path of the request that created it (`/` when none).
+    pub service_path: String,
+    /// The registration.
+    pub registration: Registration,
+    /// Creation order within the tenant, kept across restarts.
+    pub created: u64,
+}
 
 /// Every tenant's registrations.
 pub struct Registrations {
-    #[allow(dead_code)]
     store: Arc<dyn Store>,
+    /// Tenant → its registrations, sorted by `created`.
+    tenants: RwLock<HashMap<String, Vec<StoredRegistration>>>,
+    next_created: AtomicU64,
 }
 
 impl Registrations {
-    /// Loads the stored registrations.
+    /// Loads the stored registrations. A stored document that no longer
+    /// parses is logged and skipped rather than failing the start.
     pub async fn load(store: Arc<dyn Store>) -> Result<Registrations, StoreError> {
-        Ok(Registrations { store })
+        let documents = store.load_documents(DocumentKind::Registration).await?;
+        let mut tenants: HashMap<String, Vec<StoredRegistration>> = HashMap::new();
+        let mut max = 0;
+        for d in documents {
+            let registration = match Registration::from_storage(&d.json) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(id = %d.id, error = %e, "stored registration could not be read; skipped");
+                    continue;
+                }
+            };
+            max = max.max(d.created);
+            tenants
+                .entry(d.tenant)
+                .or_default()
+                .push(StoredRegistration {
+                    service_path: d.service_path,
+                    registration,
+                    created: d.created,
+                });
+        }
+        for list in tenants.values_mut() {
+            list.sort_by_key(|r| r.created);
+        }
+        Ok(Registrations {
+            store,
+            tenants: RwLock::new(tenants),
+            next_created: AtomicU64::new(max + 1),
+        })
+    }
+
+    /// Stores a new registration of `tenant` made under `service_path`;
+    /// it is listed once the store has committed it.
+    pub async fn create(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        registration: Registration,
+    ) -> Result<(), NgsiError> {
+        let stored = StoredRegistration {
+            service_path: service_path.to_string(),
+            registration,
+            created: self.next_created.fetch_add(1, Ordering::Relaxed),
+        };
+        self.store
+            .put_document(NgsiDocument {
+                kind: DocumentKind::Registration,
+                tenant: tenant.to_string(),
+                id: stored.registration.id.clone(),
+                service_path: stored.service_path.clone(),
+                created: stored.created,
+                json: stored.registration.to_storage(),
+            })
+            .await
+            .map_err(internal)?;
+        let mut tenants = self.tenants.write();
+        let list = tenants.entry(tenant.to_string()).or_default();
+        // Concurrent creations may commit out of order; keep the list sorted.
+        let at = list.partition_point(|r| r.created < stored.created);
+        list.insert(at, stored);
+        Ok(())
+    }
+
+    /// The registrations of `tenant` made under the service paths
+    /// (`/a`, or `/a/#` for the subtree; empty means every path), in
+    /// creation order.
+    pub fn list(&self, tenant: &str, service_paths: &[String]) -> Vec<StoredRegistration> {
+        self.tenants
+            .read()
+            .get(tenant)
+            .map(|list| {
+                list.iter()
+                    .filter(|r| path_matches(service_paths, &r.service_path))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The registration of `tenant` with `id`, whatever its service path
+    /// (Orion looks registrations up by id alone); 404 if none.
+    pub fn get(&self, tenant: &str, id: &str) -> Result<StoredRegistration, NgsiError> {
+        self.tenants
+            .read()
+            .get(tenant)
+            .and_then(|list| list.iter().find(|r| r.registration.id == id))
+            .cloned()
+            .ok_or_else(not_found)
+    }
+
+    /// Deletes the registration of `tenant` with `id`, whatever its
+    /// service path; 404 if none. Answered once the store has committed.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), NgsiError> {
+        self.get(tenant, id)?;
+        let existed = self
+            .store
+            .delete_document(DocumentKind::Registration, tenant, id)
+            .await
+            .map_err(internal)?;
+        let removed = {
+            let mut tenants = self.tenants.write();
+            tenants.get_mut(tenant).is_some_and(|list| {
+                let before = list.len();
+                list.retain(|r| r.registration.id != id);
+                list.len() < before
+            })
+        };
+        if existed || removed {
+            Ok(())
+        } else {
+            Err(not_found())
+        }
+    }
+}
+
+fn internal(e: StoreError) -> NgsiError {
+    tracing::error!(error = %e, "storing a registration failed");
+    match e {
+        StoreError::Overloaded => NgsiError::new(
+            503,
+            "ServiceUnavailable",
+            "the store is overloaded; retry later",
+        ),
+        _ => NgsiError::new(500, "InternalServerError", "internal error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use weft_model::ngsi::registration::new_id;
+
+    fn registration() -> Registration {
+        let body = json!({
+            "dataProvided": {"entities": [{"id": "E1", "type": "T1"}], "attrs": ["A1"]},
+            "provider": {"http": {"url": "http://localhost:1028/v2"}}
+        });
+        Registration::parse(&body, new_id()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn created_listed_deleted_and_reloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || -> Arc<dyn Store> {
+            Arc::new(
+                weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
+                    path: dir.path().join("weft.db"),
+                    ..Default::default()
+                })
+                .unwrap(),
+            )
+        };
+        let store = open();
+        let regs = Registrations::load(store.clone()).await.unwrap();
+        let (a, b, c) = (registration(), registration(), registration());
+        regs.create("", "/", a.clone()).await.unwrap();
+        regs.create("", "/x", b.clone()).await.unwrap();
+        regs.create("t2", "/", c.clone()).await.unwrap();
+
+        let ids = |list: Vec<StoredRegistration>| -> Vec<String> {
+            list.into_iter().map(|r| r.registration.id).collect()
+        };
+        assert_eq!(ids(regs.list("", &[])), [a.id.as_str(), b.id.as_str()]);
+        assert_eq!(ids(regs.list("", &["/x".into()])), [b.id.as_str()]);
+        assert_eq!(ids(regs.list("", &["/#".into()])).len(), 2);
+        assert_eq!(ids(regs.list("t2", &[])), [c.id.as_str()]);
+        assert_eq!(regs.get("", &b.id).unwrap().service_path, "/x");
+        assert_eq!(regs.get("t2", &a.id).unwrap_err().status, 404);
+
+        regs.delete("", &a.id).await.unwrap();
+        assert_eq!(regs.delete("", &a.id).await.unwrap_err().status, 404);
+
+        store.close().await;
+        drop(store);
+        let reloaded = Registrations::load(open()).await.unwrap();
+        assert_eq!(ids(reloaded.list("", &[])), [b.id.as_str()]);
+        assert_eq!(reloaded.get("t2", &c.id).unwrap().registration, c);
+        let next = registration();
+        reloaded.create("", "/", next.clone()).await.unwrap();
+        assert_eq!(
+            ids(reloaded.list("", &[])),
+            [b.id.as_str(), next.id.as_str()]
+        );
     }
 }

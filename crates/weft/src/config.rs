@@ -31,6 +31,8 @@ pub struct Config {
     pub pipeline: PipelineSection,
     /// The NGSI broker's notifications.
     pub notifications: NotificationsSection,
+    /// The NGSI broker.
+    pub ngsi: NgsiSection,
 }
 
 impl Default for Config {
@@ -44,6 +46,7 @@ impl Default for Config {
             store: StoreSection::default(),
             pipeline: PipelineSection::default(),
             notifications: NotificationsSection::default(),
+            ngsi: NgsiSection::default(),
         }
     }
 }
@@ -115,6 +118,22 @@ impl Default for PipelineSection {
     }
 }
 
+/// `[ngsi]`: the NGSIv2 broker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NgsiSection {
+    /// `Fiware-Service` selects a tenant (Orion's `-multiservice`). Off:
+    /// one tenant for every request, as an Orion started without that
+    /// flag, and the header is only passed on to notifications.
+    pub multiservice: bool,
+}
+
+impl Default for NgsiSection {
+    fn default() -> Self {
+        NgsiSection { multiservice: true }
+    }
+}
+
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -143,7 +162,8 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 8] = [
+const CONFIG_KEYS: [&str; 9] = [
+    "ngsi",
     "listen",
     "data",
     "ingest_key",

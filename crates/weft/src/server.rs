@@ -97,6 +97,7 @@ pub async fn serve(
         ingest_key,
         metrics,
         live_runtime: live_runtime.handle().clone(),
+        ngsi_multiservice: config.ngsi.multiservice,
     });
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");

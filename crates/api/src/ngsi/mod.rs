@@ -24,7 +24,7 @@ pub mod types;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, MethodRouter};
@@ -200,9 +200,21 @@ async fn correlator(req: Request, next: Next) -> Response {
             HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
                 .expect("a UUID is a valid header value")
         });
-    let text = value.to_str().unwrap_or_default().to_string();
-    let mut resp = weft_pipeline::context::CORRELATOR
-        .scope(text, next.run(req))
+    let header = |headers: &HeaderMap, name: &str| -> Option<String> {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let service = header(req.headers(), "fiware-service").map(|s| s.to_ascii_lowercase());
+    let auth_token = header(req.headers(), "x-auth-token");
+    let origin = weft_pipeline::context::Origin {
+        correlator: value.to_str().unwrap_or_default().to_string(),
+        service,
+        auth_token,
+    };
+    let mut resp = weft_pipeline::context::ORIGIN
+        .scope(origin, next.run(req))
         .await;
     resp.headers_mut().insert("fiware-correlator", value);
     // Orion's status lines use RFC 9110's reasons ("Unprocessable

@@ -11,6 +11,7 @@ use axum::http::request::Parts;
 use weft_pipeline::context::DEFAULT_TENANT;
 
 use super::error::Error;
+use crate::AppState;
 
 /// Longest tenant name Orion accepts.
 const MAX_TENANT_LEN: usize = 50;
@@ -26,15 +27,21 @@ const MAX_COMPONENT_LEN: usize = 50;
 #[derive(Debug, Clone)]
 pub struct Tenant(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+impl FromRequestParts<AppState> for Tenant {
     type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Error> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
         let Some(raw) = parts.headers.get("fiware-service") else {
             return Ok(Tenant(DEFAULT_TENANT.to_string()));
         };
         let name = raw.to_str().map_err(|_| bad_tenant_char())?;
-        check_tenant(name).map(Tenant)
+        let tenant = check_tenant(name)?;
+        if !state.ngsi_multiservice {
+            // Orion without `-multiservice`: the header is checked, but
+            // there is one tenant; it is only passed on to notifications.
+            return Ok(Tenant(DEFAULT_TENANT.to_string()));
+        }
+        Ok(Tenant(tenant))
     }
 }
 

@@ -429,7 +429,7 @@ impl Subscriptions {
             entity,
             touched: change.attrs,
             alteration: kind,
-            correlator: change.correlator.as_deref(),
+            origin: change.origin.as_ref(),
             sequence: *sequence,
         });
         state.last_fired = Some(Instant::now());

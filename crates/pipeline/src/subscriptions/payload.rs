@@ -29,6 +29,7 @@ use weft_model::ngsi::{
 };
 
 use super::sender::Request;
+use crate::context::Origin;
 
 /// The `User-Agent` of notifications: Orion's form (`orion/<version>`),
 /// which receivers written for Orion may check.
@@ -48,8 +49,8 @@ pub struct Trigger<'a> {
     pub touched: &'a [AttrChange],
     /// The kind of change reported.
     pub alteration: AlterationType,
-    /// The correlator of the request that made the change.
-    pub correlator: Option<&'a str>,
+    /// The request that made the change (none for device data).
+    pub origin: Option<&'a Origin>,
     /// Position of this notification among those the change triggered
     /// (`cbnotif=<n>`).
     pub sequence: u32,
@@ -58,20 +59,28 @@ pub struct Trigger<'a> {
 /// Builds the request; `Err` is the failure reason to record.
 pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
     let n = &t.sub.notification;
-    let correlator = match t.correlator {
-        Some(c) => format!("{c}; cbnotif={}", t.sequence),
+    let correlator = match t.origin {
+        Some(o) => format!("{}; cbnotif={}", o.correlator, t.sequence),
         None => format!("{}; cbnotif={}", uuid_like(), t.sequence),
     };
+    let service = match t.tenant {
+        "" => t.origin.and_then(|o| o.service.as_deref()).unwrap_or(""),
+        tenant => tenant,
+    };
+    let auth_token = t.origin.and_then(|o| o.auth_token.as_deref());
     let mut headers: Vec<(String, String)> = Vec::with_capacity(8);
     let mut push = |k: &str, v: &str| headers.push((k.to_string(), v.to_string()));
     push("Content-Type", "application/json; charset=utf-8");
     push("Accept", "application/json");
     push("User-Agent", USER_AGENT);
-    if !t.tenant.is_empty() {
-        push("Fiware-Service", t.tenant);
+    if !service.is_empty() {
+        push("Fiware-Service", service);
     }
     push("Fiware-ServicePath", t.service_path);
     push("Fiware-Correlator", &correlator);
+    if let Some(token) = auth_token {
+        push("X-Auth-Token", token);
+    }
     let entity = project(t);
     match &n.endpoint {
         Endpoint::Http { url, .. } => {
@@ -94,11 +103,13 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                     attrs_format_name(n.attrs_format),
                     Some(standard_body(t, &entity, n.attrs_format)),
                 ),
-                CustomPayload::Text(None) => ("custom", None),
+                CustomPayload::Text(None) => ("custom", Some(Bytes::new())),
                 CustomPayload::Text(Some(text)) => {
                     set_header(&mut headers, "Content-Type", "text/plain; charset=utf-8");
-                    let text = macros.text(text);
-                    ("custom", (!text.is_empty()).then(|| Bytes::from(text)))
+                    // Forbidden characters reach a payload percent-encoded
+                    // (`%22` for `"`); they are sent decoded.
+                    let text = percent_decode(&macros.text(text));
+                    ("custom", Some(Bytes::from(text)))
                 }
                 CustomPayload::Json(template) => {
                     let v = macros.json(template);
@@ -137,7 +148,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                     .map_err(|_| "invalid HTTP method".to_string())?,
                 None => reqwest::Method::POST,
             };
-            if body.is_none() {
+            if body.as_ref().is_some_and(|b| b.is_empty()) {
                 headers.retain(|(k, _)| !k.eq_ignore_ascii_case("Content-Type"));
             }
             Ok(Request {
@@ -156,6 +167,13 @@ fn set_header(headers: &mut Vec<(String, String)>, name: &str, value: &str) {
         Some(slot) => *slot = (slot.0.clone(), value.to_string()),
         None => headers.push((name.to_string(), value.to_string())),
     }
+}
+
+/// Decodes `%XX` escapes (invalid ones are kept as they are).
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Percent-encodes a query-string component.
@@ -321,16 +339,24 @@ struct Macros<'a, 'b> {
 }
 
 impl Macros<'_, '_> {
-    /// The value a macro name stands for.
+    /// The value a macro name stands for: an attribute of that name, else
+    /// one of the builtins.
     fn lookup(&self, name: &str) -> Option<Value> {
         let t = self.t;
+        if let Some(a) = t.entity.attrs.get(name) {
+            return Some(a.value.clone());
+        }
+        let text = |s: &str| Some(Value::String(s.to_string()));
         match name {
-            "id" => Some(Value::String(t.entity.id.clone())),
-            "type" => Some(Value::String(t.entity.entity_type.clone())),
-            "service" => Some(Value::String(t.tenant.to_string())),
-            "servicePath" => Some(Value::String(t.service_path.to_string())),
-            "authToken" => Some(Value::String(String::new())),
-            _ => t.entity.attrs.get(name).map(|a| a.value.clone()),
+            "id" => text(&t.entity.id),
+            "type" => text(&t.entity.entity_type),
+            "service" => match t.tenant {
+                "" => text(t.origin.and_then(|o| o.service.as_deref()).unwrap_or("")),
+                tenant => text(tenant),
+            },
+            "servicePath" => text(t.service_path),
+            "authToken" => text(t.origin.and_then(|o| o.auth_token.as_deref()).unwrap_or("")),
+            _ => None,
         }
     }
 
@@ -450,7 +476,11 @@ mod tests {
             entity,
             touched: &[],
             alteration: AlterationType::EntityChange,
-            correlator: Some("c-1"),
+            origin: Some(&Origin {
+                correlator: "c-1".into(),
+                service: None,
+                auth_token: Some("tok".into()),
+            }),
             sequence: 1,
         })
         .unwrap()
