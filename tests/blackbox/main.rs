@@ -8,6 +8,9 @@
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
 //! - `ops`: health and metrics.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
+//! - `ngsi_subscriptions`: notifications on API and device changes, counters,
+//!   a dead endpoint beside a live one, kill -9.
+//! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 
 mod catalog;
 mod codecs;
@@ -15,5 +18,7 @@ mod durability;
 mod ingest;
 mod live;
 mod ngsi;
+mod ngsi_registrations;
+mod ngsi_subscriptions;
 mod ops;
 mod util;

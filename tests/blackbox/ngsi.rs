@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use crate::util::*;
 
 /// One NGSIv2 call: status, headers and JSON body (`Null` when empty).
-async fn call(
+pub(crate) async fn call(
     c: &Client,
     method: &str,
     path: &str,

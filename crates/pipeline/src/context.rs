@@ -511,10 +511,7 @@ impl Context {
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
     ) {
-        let listener = self
-            .listener
-            .get()
-            .filter(|l| l.interested(DEFAULT_TENANT));
+        let listener = self.listener.get().filter(|l| l.interested(DEFAULT_TENANT));
         let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();

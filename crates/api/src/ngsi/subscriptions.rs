@@ -105,10 +105,6 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
-    state
-        .pipeline
-        .subscriptions()
-        .delete(&tenant, &id)
-        .await?;
+    state.pipeline.subscriptions().delete(&tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -19,11 +19,6 @@
 //! back with the same parser ([`Registration::from_storage`]), so one format
 //! serves the API and the disk.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
-
 use regex::Regex;
 use serde_json::{Map, Value};
 
@@ -142,29 +137,11 @@ pub fn not_found() -> NgsiError {
     )
 }
 
-/// A new 24-hex-digit id, shaped like a Mongo ObjectId (which Orion's ids
-/// are): 4 bytes of seconds since the epoch, 5 random bytes drawn once per
-/// process, and a 3-byte counter starting at a random value. Ids minted by
-/// one process never repeat (until the counter wraps within one second),
-/// ids of several processes (scale-out) differ by their random part, and
-/// ids sort roughly by creation time, like Orion's.
+/// A new 24-hex-digit id for a registration: the same minting as
+/// subscriptions ([`super::new_document_id`], shaped like the Mongo
+/// ObjectIds Orion hands out), so both kinds of documents get ids alike.
 pub fn new_id() -> String {
-    static SEED: OnceLock<(u64, u32)> = OnceLock::new();
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let (process, start) = *SEED.get_or_init(|| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(std::process::id() as u64);
-        let a = h.finish();
-        h.write_u64(a);
-        let b = h.finish();
-        (a & 0xff_ffff_ffff, (b as u32) & 0xff_ffff)
-    });
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as u32;
-    let count = start.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) & 0xff_ffff;
-    format!("{secs:08x}{process:010x}{count:06x}")
+    super::new_document_id()
 }
 
 /// Whether `s` has the shape of an id: 24 hexadecimal digits.

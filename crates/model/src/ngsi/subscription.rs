@@ -342,7 +342,9 @@ impl Subscription {
                 "throttling" => next.throttling = parse_throttling(Some(value))?,
                 "id" | "notifyOnMetadataChange" => {}
                 other => {
-                    return Err(bad(format!("unrecognized field in subscription: /{other}/")))
+                    return Err(bad(format!(
+                        "unrecognized field in subscription: /{other}/"
+                    )))
                 }
             }
         }
@@ -517,7 +519,9 @@ fn parse_selector(v: &Value) -> Result<EntitySelector, NgsiError> {
         match obj.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(bad(format!("/entities/ vector item /{key}/ is not a string"))),
+            Some(_) => Err(bad(format!(
+                "/entities/ vector item /{key}/ is not a string"
+            ))),
         }
     };
     let id = text("id")?;
@@ -525,7 +529,9 @@ fn parse_selector(v: &Value) -> Result<EntitySelector, NgsiError> {
     let etype = text("type")?;
     let type_pattern = text("typePattern")?;
     match (id, id_pattern) {
-        (Some(_), Some(_)) => return Err(bad("/entities/ vector item has both /id/ and /idPattern/")),
+        (Some(_), Some(_)) => {
+            return Err(bad("/entities/ vector item has both /id/ and /idPattern/"))
+        }
         (None, None) => {
             return Err(bad(
                 "/entities/ vector item does not have /id/ nor /idPattern/",
@@ -666,9 +672,8 @@ fn parse_expression(v: &Value) -> Result<Expression, NgsiError> {
     let geometry = text("geometry")?.unwrap_or_default();
     let coords = text("coords")?.unwrap_or_default();
     if !(georel.is_empty() && geometry.is_empty() && coords.is_empty()) {
-        e.geo = Some(
-            GeoQuery::parse(&georel, &geometry, &coords).map_err(|err| bad(err.to_string()))?,
-        );
+        e.geo =
+            Some(GeoQuery::parse(&georel, &geometry, &coords).map_err(|err| bad(err.to_string()))?);
         e.geo_text = Some((georel, geometry, coords));
     }
     Ok(e)
@@ -693,19 +698,19 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         None => None,
     };
     if except_attrs.is_some() && obj.contains_key("attrs") {
-        return Err(bad(
-            "http notification has attrs and exceptAttrs",
-        ));
+        return Err(bad("http notification has attrs and exceptAttrs"));
     }
     check_attr_names(&attrs)?;
     let attrs_format = match obj.get("attrsFormat") {
         None => Format::Normalized,
         Some(Value::String(s)) => match Format::from_name(s) {
-            Some(f @ (Format::Normalized
-            | Format::KeyValues
-            | Format::Values
-            | Format::SimplifiedNormalized
-            | Format::SimplifiedKeyValues)) => f,
+            Some(
+                f @ (Format::Normalized
+                | Format::KeyValues
+                | Format::Values
+                | Format::SimplifiedNormalized
+                | Format::SimplifiedKeyValues),
+            ) => f,
             _ => return Err(bad("invalid attrsFormat")),
         },
         Some(_) => return Err(bad("attrsFormat is not a string")),
@@ -732,11 +737,7 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         Some(_) => return Err(bad("maxFailsLimit is not a number")),
     };
     let endpoint = match (obj.get("http"), obj.get("httpCustom")) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                "notification has both http and httpCustom",
-            ))
-        }
+        (Some(_), Some(_)) => return Err(bad("notification has both http and httpCustom")),
         (Some(h), None) => parse_http(h)?,
         (None, Some(h)) => Endpoint::HttpCustom(parse_custom(h)?),
         (None, None) => {
@@ -773,9 +774,13 @@ fn parse_timeout(obj: &Map<String, Value>) -> Result<Option<u64>, NgsiError> {
         None => Ok(None),
         Some(Value::Number(n)) => match n.as_u64() {
             Some(t) if t <= 1_800_000 => Ok(Some(t).filter(|t| *t > 0)),
-            _ => Err(bad("timeout field must be an integer between 0 and 1800000")),
+            _ => Err(bad(
+                "timeout field must be an integer between 0 and 1800000",
+            )),
         },
-        Some(_) => Err(bad("timeout field must be an integer between 0 and 1800000")),
+        Some(_) => Err(bad(
+            "timeout field must be an integer between 0 and 1800000",
+        )),
     }
 }
 
@@ -797,8 +802,7 @@ fn valid_url(url: &str) -> bool {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (h, Some(p)),
         _ => (authority, None),
     };
-    !host.is_empty()
-        && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    !host.is_empty() && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn parse_http(v: &Value) -> Result<Endpoint, NgsiError> {
@@ -855,7 +859,15 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
             let m = m.to_ascii_uppercase();
             if !matches!(
                 m.as_str(),
-                "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" | "TRACE" | "CONNECT"
+                "GET"
+                    | "POST"
+                    | "PUT"
+                    | "PATCH"
+                    | "DELETE"
+                    | "HEAD"
+                    | "OPTIONS"
+                    | "TRACE"
+                    | "CONNECT"
             ) {
                 return Err(bad("invalid HTTP method"));
             }
@@ -874,34 +886,33 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
             "only one of payload, json or ngsi fields accepted at the same time in httpCustom, mqttCustom or kafkaCustom",
         ));
     }
-    let payload = if let Some(p) = obj.get("payload") {
-        match p {
-            Value::Null => CustomPayload::Text(None),
-            Value::String(s) => {
-                if s.contains(FORBIDDEN_CHARS) {
-                    return Err(bad("payload has forbidden characters"));
+    let payload =
+        if let Some(p) = obj.get("payload") {
+            match p {
+                Value::Null => CustomPayload::Text(None),
+                Value::String(s) => {
+                    if s.contains(FORBIDDEN_CHARS) {
+                        return Err(bad("payload has forbidden characters"));
+                    }
+                    CustomPayload::Text(Some(s.clone()))
                 }
-                CustomPayload::Text(Some(s.clone()))
+                _ => return Err(bad("payload is not a string")),
             }
-            _ => return Err(bad("payload is not a string")),
-        }
-    } else if let Some(j) = obj.get("json") {
-        match j {
-            Value::Object(_) | Value::Array(_) => CustomPayload::Json(j.clone()),
-            _ => {
-                return Err(bad(
+        } else if let Some(j) = obj.get("json") {
+            match j {
+                Value::Object(_) | Value::Array(_) => CustomPayload::Json(j.clone()),
+                _ => return Err(bad(
                     "json fields in httpCustom, mqttCustom or kafkaCustom must be object or array",
-                ))
+                )),
             }
-        }
-    } else if let Some(n) = obj.get("ngsi") {
-        match n {
-            Value::Object(m) => CustomPayload::Ngsi(m.clone()),
-            _ => return Err(bad("ngsi field must be an object")),
-        }
-    } else {
-        CustomPayload::Standard
-    };
+        } else if let Some(n) = obj.get("ngsi") {
+            match n {
+                Value::Object(m) => CustomPayload::Ngsi(m.clone()),
+                _ => return Err(bad("ngsi field must be an object")),
+            }
+        } else {
+            CustomPayload::Standard
+        };
     Ok(CustomHttp {
         url,
         method,
@@ -1153,7 +1164,10 @@ mod tests {
     #[test]
     fn orion_error_texts() {
         let cases = [
-            (json!({"notification": {}}), "no subject for subscription specified"),
+            (
+                json!({"notification": {}}),
+                "no subject for subscription specified",
+            ),
             (
                 json!({"subject": {"entities": [{"id": "E"}]}}),
                 "no notification for subscription specified",

@@ -30,9 +30,7 @@ use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
 use weft_model::ngsi::{new_document_id, NgsiError};
 use weft_store::{DocumentKind, NgsiDocument, Store};
 
-use crate::context::{
-    path_matches, Alteration, ChangeListener, EntityChange, EntityResolver,
-};
+use crate::context::{path_matches, Alteration, ChangeListener, EntityChange, EntityResolver};
 use sender::{Outcome, Sender};
 
 /// How often changed counters are stored.
@@ -215,7 +213,11 @@ impl Subscriptions {
     async fn flush(&self) {
         let dirty: Vec<(String, String)> = self.dirty.lock().drain().collect();
         for (tenant, id) in dirty {
-            let entry = self.tenants.read().get(&tenant).and_then(|t| t.by_id.get(&id).cloned());
+            let entry = self
+                .tenants
+                .read()
+                .get(&tenant)
+                .and_then(|t| t.by_id.get(&id).cloned());
             if let Some(entry) = entry {
                 if let Err(e) = self.persist(&entry).await {
                     tracing::warn!(error = %e, "storing subscription counters failed");
@@ -364,14 +366,8 @@ impl Subscriptions {
         }
         let condition = &sub.subject.condition;
         let (kind, names): (AlterationType, Vec<&str>) = match change.alteration {
-            Alteration::Created => (
-                AlterationType::EntityCreate,
-                entity.attrs.keys().collect(),
-            ),
-            Alteration::Deleted => (
-                AlterationType::EntityDelete,
-                entity.attrs.keys().collect(),
-            ),
+            Alteration::Created => (AlterationType::EntityCreate, entity.attrs.keys().collect()),
+            Alteration::Deleted => (AlterationType::EntityDelete, entity.attrs.keys().collect()),
             Alteration::Updated => {
                 let changed: Vec<&str> = change
                     .attrs

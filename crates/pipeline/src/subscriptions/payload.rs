@@ -163,7 +163,10 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
 
 /// Sets a header, replacing one of the same name (case-insensitively).
 fn set_header(headers: &mut Vec<(String, String)>, name: &str, value: &str) {
-    match headers.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+    match headers
+        .iter_mut()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+    {
         Some(slot) => *slot = (slot.0.clone(), value.to_string()),
         None => headers.push((name.to_string(), value.to_string())),
     }
@@ -316,7 +319,10 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
                 name.clone(),
                 Attribute::new(Value::String(t.alteration.as_str().into()), "Text"),
             );
-        } else if matches!(name.as_str(), "dateCreated" | "dateModified" | "dateExpires") {
+        } else if matches!(
+            name.as_str(),
+            "dateCreated" | "dateModified" | "dateExpires"
+        ) {
             // Rendered as builtins.
         } else if n.covered {
             out.attrs
@@ -387,11 +393,9 @@ impl Macros<'_, '_> {
                 None => Value::String(self.text(s)),
             },
             Value::Array(items) => Value::Array(items.iter().map(|i| self.json(i)).collect()),
-            Value::Object(m) => Value::Object(
-                m.iter()
-                    .map(|(k, v)| (k.clone(), self.json(v)))
-                    .collect(),
-            ),
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, v)| (k.clone(), self.json(v))).collect())
+            }
             other => other.clone(),
         }
     }
@@ -453,8 +457,10 @@ mod tests {
         let mut e = Entity::new("E1", "T");
         e.attrs
             .insert("A".to_string(), Attribute::new(json!(10), "Number"));
-        e.attrs
-            .insert("B".to_string(), Attribute::new(json!({"x": [1]}), "StructuredValue"));
+        e.attrs.insert(
+            "B".to_string(),
+            Attribute::new(json!({"x": [1]}), "StructuredValue"),
+        );
         e.attrs
             .insert("S".to_string(), Attribute::new(json!("foo"), "Text"));
         e
@@ -533,22 +539,34 @@ mod tests {
 
     #[test]
     fn text_payload_is_plain_text() {
-        let s = sub(json!({"httpCustom": {"url": "http://h:1", "payload": "A is ${A}", "method": "PUT"}}));
+        let s = sub(
+            json!({"httpCustom": {"url": "http://h:1", "payload": "A is ${A}", "method": "PUT"}}),
+        );
         let r = request(&s, &entity());
         assert_eq!(r.method, reqwest::Method::PUT);
-        assert_eq!(header(&r, "Content-Type"), Some("text/plain; charset=utf-8"));
+        assert_eq!(
+            header(&r, "Content-Type"),
+            Some("text/plain; charset=utf-8")
+        );
         assert_eq!(r.body.as_deref(), Some(&b"A is 10"[..]));
     }
 
     #[test]
     fn except_attrs_covered_and_alteration_type() {
-        let s = sub(json!({"http": {"url": "http://h:1"}, "exceptAttrs": ["B"], "attrsFormat": "keyValues"}));
+        let s = sub(
+            json!({"http": {"url": "http://h:1"}, "exceptAttrs": ["B"], "attrsFormat": "keyValues"}),
+        );
         let body: Value =
             serde_json::from_slice(request(&s, &entity()).body.as_ref().unwrap()).unwrap();
-        assert_eq!(body["data"][0], json!({"id": "E1", "type": "T", "A": 10, "S": "foo"}));
+        assert_eq!(
+            body["data"][0],
+            json!({"id": "E1", "type": "T", "A": 10, "S": "foo"})
+        );
 
-        let s = sub(json!({"http": {"url": "http://h:1"}, "attrs": ["A", "Z", "alterationType"],
-                           "covered": true, "attrsFormat": "simplifiedKeyValues"}));
+        let s = sub(
+            json!({"http": {"url": "http://h:1"}, "attrs": ["A", "Z", "alterationType"],
+                           "covered": true, "attrsFormat": "simplifiedKeyValues"}),
+        );
         let body: Value =
             serde_json::from_slice(request(&s, &entity()).body.as_ref().unwrap()).unwrap();
         assert_eq!(

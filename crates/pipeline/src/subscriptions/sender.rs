@@ -158,9 +158,7 @@ async fn lane(
         let outcome = send(&client, job.request, timeout).await;
         match &outcome {
             Outcome::Answered(_) => metrics::counter!("weft_notifications_sent_total").increment(1),
-            Outcome::Failed(_) => {
-                metrics::counter!("weft_notifications_failed_total").increment(1)
-            }
+            Outcome::Failed(_) => metrics::counter!("weft_notifications_failed_total").increment(1),
         }
         let key = job.entry.record(outcome);
         dirty.lock().insert(key);
@@ -212,10 +210,7 @@ mod tests {
             endpoint_of("http://127.0.0.1:9997/notify?x=1").as_deref(),
             Some("http://127.0.0.1:9997")
         );
-        assert_eq!(
-            endpoint_of("https://h/a").as_deref(),
-            Some("https://h")
-        );
+        assert_eq!(endpoint_of("https://h/a").as_deref(), Some("https://h"));
         assert_eq!(endpoint_of("localhost:1234"), None);
         assert_eq!(endpoint_of("http:///x"), None);
     }
