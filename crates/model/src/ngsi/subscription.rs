@@ -340,12 +340,8 @@ impl Subscription {
                 "expires" => next.expires = parse_expires(Some(value))?,
                 "status" => next.status = parse_status(Some(value))?.unwrap_or(next.status),
                 "throttling" => next.throttling = parse_throttling(Some(value))?,
-                "id" | "notifyOnMetadataChange" => {}
-                other => {
-                    return Err(bad(format!(
-                        "unrecognized field in subscription: /{other}/"
-                    )))
-                }
+                // Orion ignores fields it does not know.
+                _ => {}
             }
         }
         *self = next;

@@ -125,8 +125,10 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
             };
             headers.push(("Ngsiv2-AttrsFormat".into(), format_header.into()));
             for (name, value) in &c.headers {
-                let value = macros.text(value);
-                set_header(&mut headers, name, &value);
+                let name = macros.text(name);
+                if !name.is_empty() {
+                    set_header(&mut headers, &name, &macros.text(value));
+                }
             }
             headers.retain(|(_, v)| !v.is_empty());
             let mut url = macros.text(&c.url);
@@ -150,6 +152,8 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
             };
             if body.as_ref().is_some_and(|b| b.is_empty()) {
                 headers.retain(|(k, _)| !k.eq_ignore_ascii_case("Content-Type"));
+                // Orion says so explicitly; a client library would not.
+                headers.push(("Content-Length".into(), "0".into()));
             }
             Ok(Request {
                 method,
