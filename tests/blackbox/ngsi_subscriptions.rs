@@ -353,3 +353,32 @@ async fn failures_oneshot_and_restart() {
     .await;
     assert_eq!(status, 404);
 }
+
+/// Two brokers federated as Orion users do it: a subscription on one
+/// notifies the other's `/v2/op/notify`, which applies the entities.
+#[tokio::test]
+async fn op_notify_applies_notifications_from_another_broker() {
+    let upstream = Server::start();
+    let downstream = Server::start();
+    let (up, down) = (upstream.client(), downstream.client());
+    subscribe(
+        &up,
+        None,
+        json!({"subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
+               "notification": {"http": {"url": format!("{}/v2/op/notify", downstream.url)}}}),
+    )
+    .await;
+    let room = json!({"id": "R1", "type": "Room", "t": {"value": 21, "type": "Number"}});
+    call(&up, "POST", "/v2/entities", None, Some(&room)).await;
+    let v = json!({"t": {"value": 22, "type": "Number"}});
+    call(&up, "PATCH", "/v2/entities/R1/attrs", None, Some(&v)).await;
+    let entity = eventually(Duration::from_secs(5), || async {
+        let (status, _, e) = call(&down, "GET", "/v2/entities/R1?options=keyValues", None, None).await;
+        (status == 200 && e["t"] == 22).then_some(e)
+    })
+    .await;
+    assert_eq!(entity, json!({"id": "R1", "type": "Room", "t": 22}));
+
+    let (status, _, body) = call(&down, "POST", "/v2/op/notify", None, Some(&json!({"x": 1}))).await;
+    assert_eq!(status, 400, "{body}");
+}

@@ -48,6 +48,43 @@ impl Action {
     }
 }
 
+/// Orion's "Notify" operation (`POST /v2/op/notify`): a notification
+/// from another broker, `{"subscriptionId", "data": [entities]}`, applied
+/// as an `append` of each entity (created if missing). 200 with no body.
+pub async fn notify(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    sp: ServicePath,
+    params: Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let path = sp.for_write(WriteOp::Update)?;
+    let options = params.options()?;
+    let value = json_body(&headers, &body)?;
+    let Value::Object(obj) = &value else {
+        return Err(NgsiError::parse_error().into());
+    };
+    let entities = match obj.get("data") {
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(NgsiError::parse_error().into()),
+        None => {
+            return Err(Error::bad_request(
+                "Invalid JSON payload, mandatory field /data/ not found",
+            ))
+        }
+    };
+    let mut items = Vec::with_capacity(entities.len());
+    for e in entities {
+        items.push(parse_item(e, Action::Append, options.key_values)?);
+    }
+    let opts = options.update();
+    for item in items {
+        apply(&state, &tenant, &path, Action::Append, item, opts).await?;
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
 /// One entity of the payload, parsed.
 struct Item {
     /// The entity as given (type `Thing` when none was).

@@ -116,6 +116,10 @@ fn routes() -> Router<AppState> {
             verbs("POST", axum::routing::post(batch::query)),
         )
         .route(
+            "/v2/op/notify",
+            verbs("POST", axum::routing::post(batch::notify)),
+        )
+        .route(
             "/v2/subscriptions",
             verbs(
                 "GET, POST",
