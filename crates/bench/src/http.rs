@@ -47,6 +47,9 @@ struct ParsedHead {
     framing: Framing,
     keep_alive: bool,
     retry_after: Option<Duration>,
+    /// The `Location` header (copied only when present: 201s of setup
+    /// requests, never the hot path's 204s and 202s).
+    location: Option<String>,
 }
 
 /// What a round trip returns: the status and what to do next.
@@ -78,6 +81,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
     let mut length = None;
     let mut chunked = false;
     let mut retry_after = None;
+    let mut location = None;
     for h in response.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             let v = std::str::from_utf8(h.value)
@@ -107,6 +111,8 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
+        } else if h.name.eq_ignore_ascii_case("location") {
+            location = Some(String::from_utf8_lossy(h.value).trim().to_string());
         }
     }
     let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
@@ -127,6 +133,7 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<ParsedHead>> {
         framing,
         keep_alive,
         retry_after,
+        location,
     }))
 }
 
@@ -194,6 +201,8 @@ pub struct Conn {
     len: usize,
     /// False once the server asked to close (or the body ran to EOF).
     reusable: bool,
+    /// The last response's `Location` header.
+    location: Option<String>,
 }
 
 impl Conn {
@@ -207,12 +216,19 @@ impl Conn {
             buf: vec![0; READ_BUFFER],
             len: 0,
             reusable: true,
+            location: None,
         })
     }
 
     /// Whether the connection can carry another request.
     pub fn reusable(&self) -> bool {
         self.reusable
+    }
+
+    /// The `Location` header of the last response, if it had one: where a
+    /// `201 Created` says the new resource lives (an NGSI subscription's id).
+    pub fn location(&self) -> Option<&str> {
+        self.location.as_deref()
     }
 
     /// Writes `request` (a complete HTTP/1.1 request) and reads the whole
@@ -222,8 +238,9 @@ impl Conn {
         request: &[u8],
         mut body: Option<&mut Vec<u8>>,
     ) -> io::Result<Head> {
+        self.location = None;
         self.stream.write_all(request).await?;
-        let head = loop {
+        let mut head = loop {
             if self.len > 0 {
                 if let Some(head) = parse_head(&self.buf[..self.len])? {
                     self.consume(head.head_len);
@@ -285,6 +302,7 @@ impl Conn {
         if !head.keep_alive {
             self.reusable = false;
         }
+        self.location = head.location.take();
         Ok(Head {
             status: head.status,
             retry_after: head.retry_after,
@@ -344,6 +362,8 @@ pub struct Response {
     pub status: u16,
     /// The whole body.
     pub body: Vec<u8>,
+    /// The `Location` header, when there was one.
+    pub location: Option<String>,
 }
 
 impl Response {
@@ -377,6 +397,7 @@ pub async fn request(
         Ok::<_, anyhow::Error>(Response {
             status: head.status,
             body,
+            location: conn.location.take(),
         })
     };
     match tokio::time::timeout(timeout, exchange).await {
@@ -415,7 +436,11 @@ mod tests {
         assert_eq!(h.framing, Framing::Length(0));
         assert!(h.keep_alive);
         assert_eq!(h.retry_after, None);
+        assert_eq!(h.location, None);
         assert_eq!(parse_head(&raw[..20]).unwrap(), None);
+        let raw = b"HTTP/1.1 201 Created\r\nLocation: /v2/subscriptions/abc \r\nContent-Length: 0\r\n\r\n";
+        let h = parse_head(raw).unwrap().unwrap();
+        assert_eq!(h.location.as_deref(), Some("/v2/subscriptions/abc"));
     }
 
     #[test]

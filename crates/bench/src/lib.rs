@@ -20,6 +20,9 @@
 //!   availability tests).
 //! - [`ngsi_update`]: the `ngsi-update` scenario (seed 002's NGSIv2 update
 //!   stress tests).
+//! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
+//!   stress tests): `ngsi-update`'s load with subscriptions and a
+//!   notification sink in the bench process.
 //!
 //! Adding a scenario is a new module with an `Args` struct (flattening
 //! [`CommonArgs`]) and a `run` returning a [`summary::Summary`], plus one
@@ -30,6 +33,7 @@
 pub mod common;
 pub mod http;
 pub mod ingest;
+pub mod ngsi_notify;
 pub mod ngsi_update;
 pub mod progress;
 pub mod summary;
@@ -37,6 +41,7 @@ pub mod target;
 
 pub use common::CommonArgs;
 pub use ingest::IngestArgs;
+pub use ngsi_notify::NgsiNotifyArgs;
 pub use ngsi_update::NgsiUpdateArgs;
 
 use std::io::Write;
@@ -54,6 +59,12 @@ pub enum BenchCommand {
     /// back; checks every update got 204 and the final entity state is the
     /// last value written.
     NgsiUpdate(NgsiUpdateArgs),
+    /// Seed 002's NGSIv2 notification stress (scenarios 5, 6): the
+    /// `ngsi-update` load with 1000 subscriptions notifying a sink inside
+    /// the bench; checks every update got 204 and every subscription
+    /// received exactly the notifications owed for its entity's updates,
+    /// and measures their delay.
+    NgsiNotify(NgsiNotifyArgs),
 }
 
 impl BenchCommand {
@@ -62,6 +73,7 @@ impl BenchCommand {
         match self {
             BenchCommand::Ingest(args) => &args.common,
             BenchCommand::NgsiUpdate(args) => &args.common,
+            BenchCommand::NgsiNotify(args) => &args.common,
         }
     }
 }
@@ -78,6 +90,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let outcome = match &cmd {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
         BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
+        BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;

@@ -46,12 +46,14 @@ pub async fn exchange_all(
                         let c = conn.as_mut().expect("connected above");
                         let mut body = Vec::new();
                         let head = c.round_trip(request, Some(&mut body)).await?;
+                        let location = c.location().map(str::to_string);
                         if !c.reusable() {
                             conn = None;
                         }
                         Ok::<_, std::io::Error>(Response {
                             status: head.status,
                             body,
+                            location,
                         })
                     })
                     .await;

@@ -4,6 +4,10 @@
 //! Entity `e` belongs to client `e % C` only, so no two clients ever write
 //! the same entity and the last value each client wrote per (entity,
 //! attribute) is the entity's final state, which the verify phase checks.
+//!
+//! The same load drives `ngsi-notify`: the scenario picks the values
+//! written ([`Plan::values`]) and reads how many updates each entity got
+//! ([`Owned::updated`]) to know the notifications it is owed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +36,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed connect, so a dead server is not hammered.
 const CONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Chooses the value of one attribute in one update, from the time the
+/// update is sent (since the load started) and the client's running count
+/// of attribute writes (1, 2, 3, …). For one client, every value must
+/// differ from those written before it and a later update's values must be
+/// larger, so a stale write cannot pass for the last one (and, for
+/// `ngsi-notify`, every write is an actual change the server notifies).
+pub type ValueFn = fn(sent: Duration, seq: u64) -> u64;
+
+/// `ngsi-update`'s values: the client's write count, unique per client and
+/// increasing, so a stale write cannot pass for the last one.
+pub fn sequence(_sent: Duration, seq: u64) -> u64 {
+    seq
+}
+
 /// Everything the clients share, read-only.
 pub struct Plan {
     /// `host:port` to connect to.
@@ -46,6 +64,8 @@ pub struct Plan {
     pub attrs: AttrRange,
     /// Length of the load phase.
     pub duration: Duration,
+    /// The value written to each attribute.
+    pub values: ValueFn,
 }
 
 /// Live totals for the progress bar.
@@ -66,9 +86,19 @@ pub struct Owned {
     pub entity: usize,
     /// The last value written per attribute (0: the creation value).
     pub last: Vec<u64>,
-    /// An update of this entity got no 204, so whether it was applied is
-    /// unknown: the final state cannot be predicted.
-    pub uncertain: bool,
+    /// Updates of this entity answered 204.
+    pub updated: u64,
+    /// Updates of this entity answered otherwise (or not at all): whether
+    /// they were applied is unknown.
+    pub unsure: u64,
+}
+
+impl Owned {
+    /// Whether an update may or may not have been applied, so the final
+    /// state cannot be predicted.
+    pub fn uncertain(&self) -> bool {
+        self.unsure > 0
+    }
 }
 
 /// What the load phase produced.
@@ -144,7 +174,8 @@ pub async fn run(plan: Arc<Plan>, counters: Arc<Counters>, start: Instant) -> Lo
                 .map(|entity| Owned {
                     entity,
                     last: vec![0; plan.attrs.max],
-                    uncertain: false,
+                    updated: 0,
+                    unsure: 0,
                 })
                 .collect();
             let client = Client {
@@ -188,16 +219,19 @@ impl Client {
         let mut values = Vec::with_capacity(self.plan.attrs.max);
         let mut body = Vec::with_capacity(64 + 40 * self.plan.attrs.max);
         let mut request = Vec::with_capacity(256 + body.capacity());
-        // Values are unique per client and increase, so a stale write
-        // cannot pass for the last one.
-        let mut next_value: u64 = 1;
-        while start.elapsed() < end {
+        // Counts attribute writes; the values derive from it (see ValueFn).
+        let mut seq: u64 = 1;
+        loop {
+            let now = start.elapsed();
+            if now >= end {
+                break;
+            }
             let slot = self.rng.random_range(0..self.owned.len());
             self.plan.attrs.draw(&mut self.rng, &mut picked);
             values.clear();
             for &a in &picked {
-                values.push((a, next_value));
-                next_value += 1;
+                values.push((a, (self.plan.values)(now, seq)));
+                seq += 1;
             }
             render_update_body(&mut body, &values);
             let entity = self.owned[slot].entity;
@@ -209,9 +243,10 @@ impl Client {
                     for &(a, v) in &values {
                         owned.last[a] = v;
                     }
+                    owned.updated += 1;
                     self.report.attrs_updated += values.len() as u64;
                 }
-                _ => owned.uncertain = true,
+                _ => owned.unsure += 1,
             }
             if let Some(Head {
                 status: 429 | 503,

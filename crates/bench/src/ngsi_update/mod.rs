@@ -15,6 +15,9 @@
 //!
 //! The run uses a fresh random tenant (`Fiware-Service`), so the entities
 //! never clash with earlier runs against a long-lived server.
+//!
+//! `ngsi-notify` runs the same create and load phases (`new_tenant`,
+//! `create_entities`, `generate`) with subscriptions on top.
 
 pub mod batch;
 pub mod load;
@@ -40,8 +43,9 @@ use payload::{create_body, entity_id, AttrRange, PatchHead};
 /// random sample of this size.
 const VERIFY_SAMPLE: usize = 2000;
 
-/// Connections used by the create and verify phases.
-const SETUP_PARALLEL: usize = 16;
+/// Connections used by the create and verify phases (and by
+/// `ngsi-notify`'s subscribe and unsubscribe phases).
+pub(crate) const SETUP_PARALLEL: usize = 16;
 
 /// Flags of `weft bench ngsi-update`.
 #[derive(Debug, Clone, clap::Args)]
@@ -60,7 +64,7 @@ pub struct NgsiUpdateArgs {
     pub concurrency: usize,
 
     /// Attributes per update, drawn uniformly from this range (e.g. 1-6,
-    /// 1-20); every entity has attributes a1..a<max>.
+    /// 1-20); every entity has attributes `a1..a<max>`.
     #[arg(long, default_value = "1-6", value_parser = AttrRange::parse)]
     pub attrs: AttrRange,
 }
@@ -85,18 +89,22 @@ impl NgsiUpdateArgs {
 /// Runs the scenario against the session's server.
 pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Summary> {
     args.validate()?;
-    let tenant = format!(
-        "bench{}",
-        Alphanumeric
-            .sample_string(&mut rand::rng(), 8)
-            .to_ascii_lowercase()
-    );
+    let tenant = new_tenant();
 
     let create_started = Instant::now();
-    create_entities(args, session, &tenant).await?;
+    create_entities(session, &tenant, args.entities, args.attrs.max).await?;
     let create_elapsed = create_started.elapsed();
 
-    let load = generate(args, session, &tenant).await;
+    let plan = Plan {
+        connect: session.base.connect.clone(),
+        head: PatchHead::new(&session.base.prefix, &session.base.host, &tenant),
+        entities: args.entities,
+        clients: args.clients(),
+        attrs: args.attrs,
+        duration: args.common.duration,
+        values: load::sequence,
+    };
+    let load = generate(plan, session.show_progress, Instant::now(), String::new).await;
 
     let verify_started = Instant::now();
     let verified = verify(session, &tenant, &load.owned).await;
@@ -175,23 +183,36 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
     Ok(s)
 }
 
-/// Phase 1: create every entity, all attributes at 0.
-async fn create_entities(
-    args: &NgsiUpdateArgs,
+/// A fresh random tenant (`Fiware-Service`) for one run, so its entities
+/// (and subscriptions) never clash with earlier runs on a long-lived server.
+pub(crate) fn new_tenant() -> String {
+    format!(
+        "bench{}",
+        Alphanumeric
+            .sample_string(&mut rand::rng(), 8)
+            .to_ascii_lowercase()
+    )
+}
+
+/// Phase 1: create entities `Room0..Room{entities-1}` in `tenant`, every
+/// attribute `a1..a{attrs}` at 0.
+pub(crate) async fn create_entities(
     session: &Session,
     tenant: &str,
+    entities: usize,
+    attrs: usize,
 ) -> anyhow::Result<()> {
     let base = &session.base;
     let target = base.path("/v2/entities?options=keyValues");
     let headers = [("Fiware-Service", tenant)];
-    let requests: Vec<Vec<u8>> = (0..args.entities)
+    let requests: Vec<Vec<u8>> = (0..entities)
         .map(|i| {
-            let body = create_body(i, args.attrs.max);
+            let body = create_body(i, attrs);
             render_request("POST", &target, &base.host, &headers, Some(&body))
         })
         .collect();
     let bar = progress::spinner(session.show_progress, "create");
-    bar.set_message(format!("{} entities", args.entities));
+    bar.set_message(format!("{entities} entities"));
     let results = batch::exchange_all(&base.connect, requests, SETUP_PARALLEL, &bar).await;
     bar.finish_and_clear();
     for (i, result) in results.iter().enumerate() {
@@ -209,20 +230,19 @@ async fn create_entities(
     Ok(())
 }
 
-/// Phase 2: the load, with a progress bar fed from the clients' counters.
-async fn generate(args: &NgsiUpdateArgs, session: &Session, tenant: &str) -> LoadReport {
-    let plan = Arc::new(Plan {
-        connect: session.base.connect.clone(),
-        head: PatchHead::new(&session.base.prefix, &session.base.host, tenant),
-        entities: args.entities,
-        clients: args.clients(),
-        attrs: args.attrs,
-        duration: args.common.duration,
-    });
+/// Phase 2: the load from `start` (the origin of the times the plan's
+/// values see), with a progress bar fed from the clients' counters and
+/// `extra`, a scenario's own live figures appended to the message.
+pub(crate) async fn generate(
+    plan: Plan,
+    show_progress: bool,
+    start: Instant,
+    extra: impl Fn() -> String,
+) -> LoadReport {
+    let duration = plan.duration;
     let counters = Arc::new(Counters::default());
-    let bar = progress::timed_bar(session.show_progress, "update", args.common.duration);
-    let start = Instant::now();
-    let load = load::run(plan, counters.clone(), start);
+    let bar = progress::timed_bar(show_progress, "update", duration);
+    let load = load::run(Arc::new(plan), counters.clone(), start);
     tokio::pin!(load);
     let mut tick = tokio::time::interval(progress::REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -234,10 +254,11 @@ async fn generate(args: &NgsiUpdateArgs, session: &Session, tenant: &str) -> Loa
                 bar.set_position(elapsed.as_millis() as u64);
                 let sent = counters.sent.load(Ordering::Relaxed);
                 bar.set_message(format!(
-                    "{sent} sent ({:.0}/s), {} updated, {} failed",
+                    "{sent} sent ({:.0}/s), {} updated, {} failed{}",
                     sent as f64 / elapsed.as_secs_f64().max(1e-3),
                     counters.updated.load(Ordering::Relaxed),
                     counters.failed.load(Ordering::Relaxed),
+                    extra(),
                 ));
             }
         }
@@ -270,7 +291,7 @@ const MAX_EXAMPLES: usize = 5;
 /// the last values written.
 async fn verify(session: &Session, tenant: &str, owned: &[Owned]) -> Verified {
     let mut v = Verified::default();
-    let certain: Vec<&Owned> = owned.iter().filter(|o| !o.uncertain).collect();
+    let certain: Vec<&Owned> = owned.iter().filter(|o| !o.uncertain()).collect();
     v.uncertain = (owned.len() - certain.len()) as u64;
     let chosen: Vec<&Owned> = if certain.len() <= VERIFY_SAMPLE {
         certain
@@ -337,7 +358,7 @@ fn compare(body: &[u8], last: &[u64]) -> Result<(), String> {
 }
 
 /// Responses by status, plus the requests that got none.
-fn status_tally(load: &LoadReport) -> Metric {
+pub(crate) fn status_tally(load: &LoadReport) -> Metric {
     let mut values: BTreeMap<String, u64> = load
         .statuses
         .iter()

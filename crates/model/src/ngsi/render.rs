@@ -16,7 +16,7 @@
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 
-use super::{format_datetime, Attribute, Entity, OrderedMap};
+use super::{format_datetime, AttrChange, Attribute, Entity};
 
 /// A representation of entities (`options=` / `attrsFormat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,15 +51,15 @@ impl Format {
     }
 }
 
-/// What notifications add to a rendering: the values before the update
-/// (builtin metadata `previousValue`) and the kind of update (builtin
-/// metadata `actionType`: `update`, `append` or `delete`).
+/// What notifications add to a rendering: the attributes before the
+/// update (builtin metadata `previousValue`) and the kind of update
+/// (builtin metadata `actionType`: `update`, `append` or `delete`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RenderContext<'a> {
-    /// Previous value of each attribute the update touched (`null` for
-    /// attributes it created). Attributes not listed were not touched:
-    /// their `previousValue` is their current value.
-    pub previous: Option<&'a OrderedMap<Value>>,
+    /// The attributes the update touched, with their state before it.
+    /// An attribute it created has no `previousValue`; one it did not touch
+    /// has its current value as `previousValue`. `None`: nothing touched.
+    pub previous: Option<&'a [AttrChange]>,
     /// The `actionType` of the update.
     pub action_type: Option<&'a str>,
 }
@@ -113,15 +113,18 @@ pub fn render_with(
         Format::Normalized | Format::SimplifiedNormalized => {
             let mut obj = entity_head(entity);
             for (name, attr) in selected {
-                let touched = ctx.previous.map(|p| p.contains_key(name)).unwrap_or(true);
-                let previous = ctx
+                let change = ctx
                     .previous
-                    .and_then(|p| p.get(name))
-                    .unwrap_or(&attr.value);
+                    .and_then(|p| p.iter().find(|c| c.name == name));
+                let touched = ctx.previous.is_none() || change.is_some();
+                let previous = match change {
+                    Some(c) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),
+                    None => Some((&attr.attr_type, &attr.value)),
+                };
                 let action = if touched { ctx.action_type } else { None };
                 obj.insert(
                     name.to_string(),
-                    attr_object(&attr, metadata_filter, Some(previous), action),
+                    attr_object(&attr, metadata_filter, previous, action),
                 );
             }
             Value::Object(obj)
@@ -196,7 +199,7 @@ fn select_attrs<'a>(entity: &'a Entity, filter: Option<&'a [String]>) -> Vec<Sel
 fn attr_object(
     attr: &Attribute,
     metadata_filter: Option<&[String]>,
-    previous: Option<&Value>,
+    previous: Option<(&String, &Value)>,
     action_type: Option<&str>,
 ) -> Value {
     let mut md = Map::new();
@@ -227,7 +230,7 @@ fn attr_object(
                         "dateCreated" => datetime(attr.date_created),
                         "dateModified" => datetime(attr.date_modified),
                         "previousValue" => match previous {
-                            Some(p) => md_object(&attr.attr_type, p),
+                            Some((t, v)) => md_object(t, v),
                             None => continue,
                         },
                         "actionType" => match action_type {
@@ -403,8 +406,12 @@ mod tests {
             json!({"m1":{"type":"Number","value":1},"m2":{"type":"Text","value":"x"},
                    "dateModified":{"type":"DateTime","value":"1970-01-01T00:00:00.000Z"}})
         );
-        let mut prev = OrderedMap::new();
-        prev.insert("A", json!(0));
+        let prev = [crate::ngsi::AttrChange {
+            name: "A".into(),
+            kind: crate::ngsi::ChangeKind::Updated,
+            previous: Some(Attribute::new(json!(0), "Number")),
+            modified: true,
+        }];
         let ctx = RenderContext {
             previous: Some(&prev),
             action_type: Some("update"),

@@ -374,7 +374,7 @@ impl Subscription {
             self.status.as_str()
         };
         out.insert("status".into(), status.into());
-        if let Some(t) = self.throttling {
+        if let Some(t) = self.throttling.filter(|t| *t > 0.0) {
             out.insert("throttling".into(), number(t));
         }
         Value::Object(out)

@@ -16,7 +16,7 @@
 use serde_json::Value;
 
 use super::parse::check_value;
-use super::{parse_datetime, AttrMap, Attribute, Entity, MetadataMap, NgsiError, OrderedMap};
+use super::{parse_datetime, AttrMap, Attribute, Entity, MetadataMap, NgsiError};
 
 /// The `options` that change how updates apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,18 +94,6 @@ impl UpdateOutcome {
             .iter()
             .filter(|c| c.modified)
             .map(|c| c.name.as_str())
-            .collect()
-    }
-
-    /// Previous value of every touched attribute (`null` for created
-    /// ones), for [`super::RenderContext::previous`].
-    pub fn previous_values(&self) -> OrderedMap<Value> {
-        self.changes
-            .iter()
-            .map(|c| {
-                let v = c.previous.as_ref().map(|p| p.value.clone());
-                (c.name.clone(), v.unwrap_or(Value::Null))
-            })
             .collect()
     }
 
@@ -504,7 +492,7 @@ mod tests {
             [ChangeKind::Updated, ChangeKind::Created]
         );
         assert_eq!(o.changes[0].previous.as_ref().unwrap().value, json!(1));
-        assert_eq!(o.previous_values().get("B"), Some(&Value::Null));
+        assert!(o.changes[1].previous.is_none());
         assert_eq!(e.attrs.get("B").unwrap().date_created, 2000);
     }
 

@@ -219,14 +219,6 @@ fn uuid_like() -> String {
 /// The notification's body in the subscription's format.
 fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format) -> Bytes {
     let (entity, names) = entity;
-    let previous: OrderedMap<Value> = t
-        .touched
-        .iter()
-        .map(|c| {
-            let v = c.previous.as_ref().map(|p| p.value.clone());
-            (c.name.clone(), v.unwrap_or(Value::Null))
-        })
-        .collect();
     let action = match t.alteration {
         AlterationType::EntityCreate => "append",
         AlterationType::EntityDelete => "delete",
@@ -237,7 +229,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
         },
     };
     let ctx = RenderContext {
-        previous: Some(&previous),
+        previous: Some(t.touched),
         action_type: Some(action),
     };
     let metadata = &t.sub.notification.metadata;
