@@ -77,6 +77,11 @@ pub struct EntityChange<'a> {
     pub origin: Option<Origin>,
 }
 
+/// A wait a [`ChangeListener`] asks of the writer of a change it could
+/// not take in at once (its queues are full), so writers slow down to
+/// what the listener can carry instead of it dropping work.
+pub type Backpressure = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Something that wants to see every entity change (subscriptions).
 /// Called after the change is stored, outside the context's lock; must not
 /// block.
@@ -84,8 +89,8 @@ pub trait ChangeListener: Send + Sync {
     /// Whether `tenant` has anyone listening, so changes nobody watches
     /// cost nothing.
     fn interested(&self, tenant: &str) -> bool;
-    /// Sees one change.
-    fn on_change(&self, change: &EntityChange<'_>);
+    /// Sees one change; may ask the writer to wait before going on.
+    fn on_change(&self, change: &EntityChange<'_>) -> Option<Backpressure>;
 }
 
 /// What an operation passed to [`Context::modify`] reports about the
@@ -309,25 +314,28 @@ impl Context {
         let _ = self.listener.set(listener);
     }
 
-    /// Tells the listener about a change, if it watches the tenant.
-    fn announce(
+    /// Tells the listener about a change, if it watches the tenant, and
+    /// waits as long as it asks.
+    async fn announce(
         &self,
         tenant: &str,
         e: &StoredEntity,
         alteration: Alteration,
         attrs: &[AttrChange],
     ) {
-        if let Some(l) = self.listener.get() {
-            if l.interested(tenant) {
-                l.on_change(&EntityChange {
-                    tenant,
-                    service_path: &e.service_path,
-                    entity: &e.entity,
-                    alteration,
-                    attrs,
-                    origin: current_origin(),
-                });
-            }
+        let Some(l) = self.listener.get().filter(|l| l.interested(tenant)) else {
+            return;
+        };
+        let wait = l.on_change(&EntityChange {
+            tenant,
+            service_path: &e.service_path,
+            entity: &e.entity,
+            alteration,
+            attrs,
+            origin: current_origin(),
+        });
+        if let Some(wait) = wait {
+            wait.await;
         }
     }
 
@@ -424,7 +432,8 @@ impl Context {
         };
         self.persist(tenant, &stored).await?;
         let attrs = created_attrs(&stored.entity);
-        self.announce(tenant, &stored, Alteration::Created, &attrs);
+        self.announce(tenant, &stored, Alteration::Created, &attrs)
+            .await;
         Ok(())
     }
 
@@ -462,7 +471,8 @@ impl Context {
         };
         self.persist(tenant, &stored).await?;
         if !result.touched().is_empty() {
-            self.announce(tenant, &stored, Alteration::Updated, result.touched());
+            self.announce(tenant, &stored, Alteration::Updated, result.touched())
+                .await;
         }
         Ok(result)
     }
@@ -495,7 +505,8 @@ impl Context {
             )
             .await
             .map_err(internal)?;
-        self.announce(tenant, &current, Alteration::Deleted, &[]);
+        self.announce(tenant, &current, Alteration::Deleted, &[])
+            .await;
         Ok(current)
     }
 
@@ -505,12 +516,13 @@ impl Context {
     /// dirty: the pipeline stores them in bulk ([`Context::take_dirty`])
     /// every so often, and after a crash the units stored since the last
     /// bulk write are applied again at start, so device data never costs an
-    /// entity write per unit.
+    /// entity write per unit. Returns the waits the change listener asks
+    /// for, for the caller to await.
     pub fn apply_units<'a>(
         &self,
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
-    ) {
+    ) -> Vec<Backpressure> {
         let listener = self.listener.get().filter(|l| l.interested(DEFAULT_TENANT));
         let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
         let mut tenants = self.tenants.write();
@@ -550,19 +562,21 @@ impl Context {
             t.dirty.insert(key);
         }
         drop(tenants);
+        let mut waits = Vec::new();
         if let Some(l) = listener {
             let origin = current_origin();
             for (e, alteration, attrs) in &changes {
-                l.on_change(&EntityChange {
+                waits.extend(l.on_change(&EntityChange {
                     tenant: DEFAULT_TENANT,
                     service_path: &e.service_path,
                     entity: &e.entity,
                     alteration: *alteration,
                     attrs,
                     origin: origin.clone(),
-                });
+                }));
             }
         }
+        waits
     }
 
     /// The current state of every entity changed by [`Context::apply_units`]

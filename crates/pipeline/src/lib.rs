@@ -72,7 +72,8 @@ async fn replay_units_into_context(
                     .unwrap_or_else(|| u.device.device_type.clone())
             })
             .collect();
-        context.apply_units(
+        // No listener is set yet: replaying notifies nobody.
+        let _ = context.apply_units(
             units.iter().zip(types.iter().map(String::as_str)),
             weft_model::now_ms(),
         );
@@ -403,7 +404,7 @@ impl Pipeline {
             }
         }
         let now = weft_model::now_ms();
-        self.context.apply_units(
+        let waits = self.context.apply_units(
             batch
                 .units
                 .iter()
@@ -411,6 +412,9 @@ impl Pipeline {
                 .zip(entity_types.iter().map(String::as_str)),
             now,
         );
+        for wait in waits {
+            wait.await;
+        }
         let mut last_flush = self.entities_flushed.lock();
         if last_flush.elapsed() >= ENTITY_FLUSH_INTERVAL {
             batch.entities = self.context.take_dirty();

@@ -30,8 +30,10 @@ use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
 use weft_model::ngsi::{new_document_id, NgsiError};
 use weft_store::{DocumentKind, NgsiDocument, Store};
 
-use crate::context::{path_matches, Alteration, ChangeListener, EntityChange, EntityResolver};
-use sender::{Outcome, Sender};
+use crate::context::{
+    path_matches, Alteration, Backpressure, ChangeListener, EntityChange, EntityResolver,
+};
+use sender::{Enqueued, Outcome, Sender};
 
 /// How often changed counters are stored.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -144,7 +146,7 @@ pub struct Subscriptions {
     store: Arc<dyn Store>,
     tenants: RwLock<HashMap<String, TenantSubs>>,
     next_created: AtomicU64,
-    sender: Sender,
+    sender: Arc<Sender>,
     /// Entries whose counters or status changed since the last flush.
     dirty: Arc<Dirty>,
 }
@@ -190,7 +192,7 @@ impl Subscriptions {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
-            sender: Sender::new(config, dirty.clone()),
+            sender: Arc::new(Sender::new(config, dirty.clone())),
             dirty,
         }))
     }
@@ -461,26 +463,38 @@ impl ChangeListener for Subscriptions {
             .is_some_and(|t| !t.by_id.is_empty())
     }
 
-    fn on_change(&self, change: &EntityChange<'_>) {
+    fn on_change(&self, change: &EntityChange<'_>) -> Option<Backpressure> {
         let candidates = match self.tenants.read().get(change.tenant) {
             Some(t) => t.candidates(&change.entity.id),
-            None => return,
+            None => return None,
         };
-        if candidates.is_empty() {
-            return;
-        }
         let now = weft_model::now_ms();
         let mut sequence = 0;
+        let mut full = Vec::new();
         for entry in &candidates {
             let Some(job) = self.fire(entry, change, now, &mut sequence) else {
                 continue;
             };
             let key = (entry.tenant.clone(), job.lane_key.clone());
-            if let Err(reason) = self.sender.enqueue(job) {
-                entry.record(Outcome::Failed(reason));
+            match self.sender.enqueue(job) {
+                Enqueued::Queued => {}
+                Enqueued::Full(job) => full.push(job),
+                Enqueued::Refused(reason) => {
+                    metrics::counter!("weft_notifications_dropped_total").increment(1);
+                    entry.record(Outcome::Failed(reason));
+                }
             }
             self.dirty.lock().insert(key);
         }
+        if full.is_empty() {
+            return None;
+        }
+        let sender = self.sender.clone();
+        Some(Box::pin(async move {
+            for job in full {
+                sender.enqueue_wait(job).await;
+            }
+        }))
     }
 }
 

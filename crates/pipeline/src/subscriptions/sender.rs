@@ -8,12 +8,18 @@
 //! uses the same lane, so its notifications arrive in the order they were
 //! triggered; different subscriptions to one endpoint are spread over the
 //! lanes and sent in parallel. A slow or dead endpoint fills only its own
-//! lanes: when a lane is full the notification fails at once (counted on
-//! the subscription as `lastFailureReason`), so memory stays bounded and
-//! the change that triggered it is never delayed.
+//! lanes. When a lane is full, what happens depends on the endpoint's
+//! health: an endpoint that answers is only slower than the updates, so
+//! the change that triggered the notification waits for room (up to the
+//! notification timeout) and updates slow down to what notifications can
+//! carry, losing nothing; an endpoint whose last request failed gets no
+//! such wait: the notification fails at once (counted on the subscription
+//! as `lastFailureReason`), so a dead endpoint never holds anything up and
+//! memory stays bounded.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +45,7 @@ impl Default for SenderConfig {
         SenderConfig {
             timeout: Duration::from_secs(5),
             lanes: 8,
-            lane_capacity: 10_000,
+            lane_capacity: 512,
         }
     }
 }
@@ -80,11 +86,29 @@ pub enum Outcome {
     Failed(String),
 }
 
+/// One endpoint's lanes and health.
+struct Endpoint {
+    lanes: Vec<mpsc::Sender<Job>>,
+    /// Consecutive failed requests (0: the endpoint answers).
+    failures: AtomicU64,
+}
+
+/// What [`Sender::enqueue`] did with a notification.
+pub enum Enqueued {
+    /// Queued on its lane.
+    Queued,
+    /// The lane of a healthy endpoint is full: the caller should wait for
+    /// room ([`Sender::enqueue_wait`]).
+    Full(Job),
+    /// Not queued, for this reason.
+    Refused(String),
+}
+
 /// The lanes of all endpoints.
 pub struct Sender {
     config: SenderConfig,
     client: reqwest::Client,
-    endpoints: Mutex<HashMap<String, Arc<Vec<mpsc::Sender<Job>>>>>,
+    endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
     dirty: Arc<Dirty>,
     runtime: tokio::runtime::Handle,
 }
@@ -106,49 +130,97 @@ impl Sender {
         }
     }
 
-    /// Queues a notification on its endpoint's lane; never waits. `Err`
-    /// says why it was not queued.
-    pub fn enqueue(&self, job: Job) -> Result<(), String> {
-        let endpoint = endpoint_of(&job.request.url)
+    /// The endpoint and lane of a job.
+    fn lane(&self, job: &Job) -> Result<(Arc<Endpoint>, mpsc::Sender<Job>), String> {
+        let key = endpoint_of(&job.request.url)
             .ok_or_else(|| "Invalid URL parsing notification url".to_string())?;
-        let lanes = {
+        let endpoint = {
             let mut endpoints = self.endpoints.lock();
             endpoints
-                .entry(endpoint)
-                .or_insert_with(|| Arc::new(self.start_lanes()))
+                .entry(key)
+                .or_insert_with(|| self.start_endpoint())
                 .clone()
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
         job.lane_key.hash(&mut h);
-        let lane = &lanes[(h.finish() as usize) % lanes.len()];
-        lane.try_send(job).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => "notification queue full".to_string(),
-            mpsc::error::TrySendError::Closed(_) => "notification sender stopped".to_string(),
-        })
+        let lane = endpoint.lanes[(h.finish() as usize) % endpoint.lanes.len()].clone();
+        Ok((endpoint, lane))
     }
 
-    fn start_lanes(&self) -> Vec<mpsc::Sender<Job>> {
-        (0..self.config.lanes.max(1))
+    /// Queues a notification on its endpoint's lane without waiting.
+    pub fn enqueue(&self, job: Job) -> Enqueued {
+        let (endpoint, lane) = match self.lane(&job) {
+            Ok(l) => l,
+            Err(reason) => return Enqueued::Refused(reason),
+        };
+        match lane.try_send(job) {
+            Ok(()) => Enqueued::Queued,
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                if endpoint.failures.load(Ordering::Relaxed) == 0 {
+                    Enqueued::Full(job)
+                } else {
+                    Enqueued::Refused("notification queue full".into())
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Enqueued::Refused("notification sender stopped".into())
+            }
+        }
+    }
+
+    /// Queues a notification, waiting for room up to the notification
+    /// timeout; records the failure if there is none by then.
+    pub async fn enqueue_wait(&self, job: Job) {
+        let entry = job.entry.clone();
+        let outcome = match self.lane(&job) {
+            Ok((_, lane)) => {
+                match tokio::time::timeout(self.config.timeout, lane.send(job)).await {
+                    Ok(Ok(())) => return,
+                    Ok(Err(_)) => "notification sender stopped",
+                    Err(_) => "notification queue full",
+                }
+            }
+            Err(_) => "Invalid URL parsing notification url",
+        };
+        metrics::counter!("weft_notifications_dropped_total").increment(1);
+        let key = entry.record(Outcome::Failed(outcome.into()));
+        self.dirty.lock().insert(key);
+    }
+
+    fn start_endpoint(&self) -> Arc<Endpoint> {
+        let mut receivers = Vec::new();
+        let lanes = (0..self.config.lanes.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::channel(self.config.lane_capacity.max(1));
-                self.runtime.spawn(lane(
-                    rx,
-                    self.client.clone(),
-                    self.config.timeout,
-                    self.dirty.clone(),
-                ));
+                receivers.push(rx);
                 tx
             })
-            .collect()
+            .collect();
+        let endpoint = Arc::new(Endpoint {
+            lanes,
+            failures: AtomicU64::new(0),
+        });
+        for rx in receivers {
+            self.runtime.spawn(lane(
+                rx,
+                self.client.clone(),
+                self.config.timeout,
+                self.dirty.clone(),
+                Arc::downgrade(&endpoint),
+            ));
+        }
+        endpoint
     }
 }
 
-/// Drains one lane: one request at a time, outcomes recorded.
+/// Drains one lane: one request at a time, outcomes recorded on the
+/// subscription and on the endpoint's health.
 async fn lane(
     mut rx: mpsc::Receiver<Job>,
     client: reqwest::Client,
     default_timeout: Duration,
     dirty: Arc<Dirty>,
+    endpoint: std::sync::Weak<Endpoint>,
 ) {
     while let Some(job) = rx.recv().await {
         let timeout = job
@@ -156,9 +228,18 @@ async fn lane(
             .map(Duration::from_millis)
             .unwrap_or(default_timeout);
         let outcome = send(&client, job.request, timeout).await;
-        match &outcome {
-            Outcome::Answered(_) => metrics::counter!("weft_notifications_sent_total").increment(1),
-            Outcome::Failed(_) => metrics::counter!("weft_notifications_failed_total").increment(1),
+        let failed = matches!(outcome, Outcome::Failed(_));
+        if let Some(endpoint) = endpoint.upgrade() {
+            if failed {
+                endpoint.failures.fetch_add(1, Ordering::Relaxed);
+            } else {
+                endpoint.failures.store(0, Ordering::Relaxed);
+            }
+        }
+        if failed {
+            metrics::counter!("weft_notifications_failed_total").increment(1);
+        } else {
+            metrics::counter!("weft_notifications_sent_total").increment(1);
         }
         let key = job.entry.record(outcome);
         dirty.lock().insert(key);
