@@ -424,6 +424,34 @@ pub fn default_type(value: &Value) -> &'static str {
     }
 }
 
+/// A new 24-hex-digit id for a subscription or registration, shaped like
+/// the Mongo ObjectIds Orion hands out (clients and Orion's tests expect
+/// exactly 24 lowercase hex digits): seconds since the epoch, a per-process
+/// random part and a counter, so ids are unique and roughly time-ordered.
+pub fn new_document_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let process = *PROCESS.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:08x}{:010x}{:06x}",
+        secs as u32,
+        process & 0xff_ffff_ffff,
+        count & 0xff_ffff
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,32 +517,4 @@ mod tests {
         e.attrs.insert("l2", ignored);
         assert!(e.check_locations().is_ok());
     }
-}
-
-/// A new 24-hex-digit id for a subscription or registration, shaped like
-/// the Mongo ObjectIds Orion hands out (clients and Orion's tests expect
-/// exactly 24 lowercase hex digits): seconds since the epoch, a per-process
-/// random part and a counter, so ids are unique and roughly time-ordered.
-pub fn new_document_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-    static PROCESS: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let process = *PROCESS.get_or_init(|| {
-        std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish()
-    });
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:08x}{:010x}{:06x}",
-        secs as u32,
-        process & 0xff_ffff_ffff,
-        count & 0xff_ffff
-    )
 }

@@ -233,13 +233,9 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
         action_type: Some(action),
     };
     let metadata = &t.sub.notification.metadata;
-    let render_format = match format {
-        Format::Values => Format::Values,
-        f => f,
-    };
     let rendered = render_with(
         entity,
-        render_format,
+        format,
         Some(names),
         (!metadata.is_empty()).then_some(metadata.as_slice()),
         &ctx,
