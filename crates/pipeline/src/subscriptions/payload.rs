@@ -126,7 +126,12 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
             headers.push(("Ngsiv2-AttrsFormat".into(), format_header.into()));
             for (name, value) in &c.headers {
                 let name = macros.text(name);
-                if !name.is_empty() {
+                // Loop detection and the receiver's parsing depend on
+                // these two; Orion does not let a subscription change them.
+                let fixed = ["Fiware-Correlator", "Ngsiv2-AttrsFormat"]
+                    .iter()
+                    .any(|h| h.eq_ignore_ascii_case(&name));
+                if !name.is_empty() && !fixed {
                     set_header(&mut headers, &name, &macros.text(value));
                 }
             }
