@@ -886,6 +886,8 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
         if let Some(p) = obj.get("payload") {
             match p {
                 Value::Null => CustomPayload::Text(None),
+                // An empty template means "not set": the standard payload.
+                Value::String(s) if s.is_empty() => CustomPayload::Standard,
                 Value::String(s) => {
                     if s.contains(FORBIDDEN_CHARS) {
                         return Err(bad("payload has forbidden characters"));
