@@ -201,6 +201,118 @@ pub struct NgsiDocument {
     pub json: String,
 }
 
+/// One recorded value of one attribute of one entity at one time index:
+/// a row of the history (QuantumLeap's table, narrowed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    /// Tenant (empty for the default tenant).
+    pub tenant: String,
+    /// Service path of the entity.
+    pub service_path: String,
+    /// Entity id.
+    pub entity_id: String,
+    /// Entity type.
+    pub entity_type: String,
+    /// Attribute name.
+    pub attr: String,
+    /// Attribute type (`Number`, `Text`, …).
+    pub attr_type: String,
+    /// The time index, epoch milliseconds.
+    pub time: i64,
+    /// The value as JSON text.
+    pub value: String,
+    /// The value as a number when it is one (what aggregations use).
+    pub number: Option<f64>,
+}
+
+/// Which history rows a query wants. Rows come back ordered by entity
+/// (id, type), then attribute, then time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryQuery {
+    /// Tenant.
+    pub tenant: String,
+    /// Only entities whose service path starts with this (QuantumLeap's
+    /// prefix match); `None`: every path.
+    pub service_path: Option<String>,
+    /// Only these entity ids (any of); empty: all.
+    pub entity_ids: Vec<String>,
+    /// Only this entity type.
+    pub entity_type: Option<String>,
+    /// Only these attributes (any of); empty: all.
+    pub attrs: Vec<String>,
+    /// Only rows at or after this time (epoch ms).
+    pub from: Option<i64>,
+    /// Only rows at or before this time (epoch ms).
+    pub to: Option<i64>,
+    /// Only the last N rows (by time) of each (entity, attribute) series,
+    /// still returned in ascending time.
+    pub last_n: Option<usize>,
+    /// Rows skipped per (entity, attribute) series, after `last_n`.
+    pub offset: usize,
+    /// Most rows returned per (entity, attribute) series.
+    pub limit: usize,
+}
+
+/// How values are aggregated (`aggrMethod`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggrMethod {
+    /// Number of rows (any value type).
+    Count,
+    /// Sum of numeric values.
+    Sum,
+    /// Mean of numeric values.
+    Avg,
+    /// Smallest numeric value.
+    Min,
+    /// Largest numeric value.
+    Max,
+}
+
+/// The buckets of an aggregation (`aggrPeriod`), in UTC calendar units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggrPeriod {
+    /// Calendar year.
+    Year,
+    /// Calendar month.
+    Month,
+    /// Day.
+    Day,
+    /// Hour.
+    Hour,
+    /// Minute.
+    Minute,
+    /// Second.
+    Second,
+}
+
+/// One aggregated value: a series' rows in one bucket (or the whole
+/// range when no period was asked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryAggregate {
+    /// Entity id.
+    pub entity_id: String,
+    /// Entity type.
+    pub entity_type: String,
+    /// Attribute name.
+    pub attr: String,
+    /// Start of the bucket (epoch ms); with no period, the time of the
+    /// series' first row in range.
+    pub bucket: i64,
+    /// The aggregate (`None` when no row had a numeric value).
+    pub value: Option<f64>,
+}
+
+/// An entity that has history: what `GET /entities` lists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryEntity {
+    /// Entity id.
+    pub entity_id: String,
+    /// Entity type.
+    pub entity_type: String,
+    /// Service path.
+    pub service_path: String,
+}
+
 /// Durable state of weft. Implementations must be safe to share between
 /// tasks and must never block the async runtime (do blocking work on their
 /// own threads).
@@ -286,6 +398,40 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool>;
     /// Every stored document of `kind`, in creation order.
     async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>>;
+
+    // --- history ------------------------------------------------------------
+
+    /// Stores history rows, ignoring rows already stored with the same
+    /// (tenant, entity id, entity type, attribute, time); answered after
+    /// the commit. Returns how many rows were new.
+    async fn append_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
+    /// Rows matching `query`, ordered by entity, attribute, time.
+    async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>>;
+    /// Aggregates of the rows matching `query` (`last_n`, `limit`,
+    /// `offset` ignored) per (entity, attribute) and bucket, ordered by
+    /// entity, attribute, bucket.
+    async fn aggregate_history(
+        &self,
+        query: &HistoryQuery,
+        method: AggrMethod,
+        period: Option<AggrPeriod>,
+    ) -> Result<Vec<HistoryAggregate>>;
+    /// The entities of `tenant` with history (optionally of one type and
+    /// under a service-path prefix), ordered by type then id.
+    async fn history_entities(
+        &self,
+        tenant: &str,
+        entity_type: Option<&str>,
+        service_path: Option<&str>,
+    ) -> Result<Vec<HistoryEntity>>;
+    /// Deletes the history of one entity (or of every entity of a type when
+    /// `entity_id` is `None`) in `tenant`; returns the rows deleted.
+    async fn delete_history(
+        &self,
+        tenant: &str,
+        entity_id: Option<&str>,
+        entity_type: Option<&str>,
+    ) -> Result<u64>;
 
     // --- operations -------------------------------------------------------
 

@@ -470,6 +470,41 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn append_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
+        Ok(rows.len() as u64)
+    }
+
+    async fn query_history(&self, _query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
+        Ok(Vec::new())
+    }
+
+    async fn aggregate_history(
+        &self,
+        _query: &crate::HistoryQuery,
+        _method: crate::AggrMethod,
+        _period: Option<crate::AggrPeriod>,
+    ) -> Result<Vec<crate::HistoryAggregate>> {
+        Ok(Vec::new())
+    }
+
+    async fn history_entities(
+        &self,
+        _tenant: &str,
+        _entity_type: Option<&str>,
+        _service_path: Option<&str>,
+    ) -> Result<Vec<crate::HistoryEntity>> {
+        Ok(Vec::new())
+    }
+
+    async fn delete_history(
+        &self,
+        _tenant: &str,
+        _entity_id: Option<&str>,
+        _entity_type: Option<&str>,
+    ) -> Result<u64> {
+        Ok(0)
+    }
+
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
         self.main.write(Op::Ping).await
