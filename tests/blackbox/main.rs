@@ -6,6 +6,7 @@
 //! - `live`: the websocket and SSE streams and their filters.
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
+//! - `history`: QuantumLeap's notify and queries over recorded history.
 //! - `ops`: health and metrics.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
@@ -15,6 +16,7 @@
 mod catalog;
 mod codecs;
 mod durability;
+mod history;
 mod ingest;
 mod live;
 mod ngsi;

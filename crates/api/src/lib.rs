@@ -8,11 +8,13 @@
 //! - [`live`]: `/api/v1/live` websocket and SSE.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
+//! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
 #![deny(missing_docs)]
 
 pub mod catalog;
 pub mod data;
 pub mod error;
+pub mod history;
 pub mod ingest;
 pub mod live;
 pub mod ngsi;
@@ -61,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())
+        .merge(history::router())
         .merge(ngsi::router())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

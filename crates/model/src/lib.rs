@@ -16,6 +16,7 @@
 
 pub mod device;
 pub mod geo;
+pub mod history;
 pub mod mapping;
 pub mod ngsi;
 pub mod query;

@@ -271,7 +271,7 @@ pub struct Context {
     store: Arc<dyn Store>,
     tenants: RwLock<HashMap<String, Tenant>>,
     next_created: AtomicU64,
-    listener: std::sync::OnceLock<Arc<dyn ChangeListener>>,
+    listeners: RwLock<Vec<Arc<dyn ChangeListener>>>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -305,13 +305,24 @@ impl Context {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
-            listener: std::sync::OnceLock::new(),
+            listeners: RwLock::new(Vec::new()),
         })
     }
 
-    /// Sets who sees every change from now on (once).
-    pub fn set_listener(&self, listener: Arc<dyn ChangeListener>) {
-        let _ = self.listener.set(listener);
+    /// Adds a listener that sees every change from now on (subscriptions,
+    /// history), in the order they were added.
+    pub fn add_listener(&self, listener: Arc<dyn ChangeListener>) {
+        self.listeners.write().push(listener);
+    }
+
+    /// The listeners interested in `tenant`.
+    fn listeners_of(&self, tenant: &str) -> Vec<Arc<dyn ChangeListener>> {
+        self.listeners
+            .read()
+            .iter()
+            .filter(|l| l.interested(tenant))
+            .cloned()
+            .collect()
     }
 
     /// Tells the listener about a change, if it watches the tenant, and
@@ -323,18 +334,23 @@ impl Context {
         alteration: Alteration,
         attrs: &[AttrChange],
     ) {
-        let Some(l) = self.listener.get().filter(|l| l.interested(tenant)) else {
+        let listeners = self.listeners_of(tenant);
+        if listeners.is_empty() {
             return;
-        };
-        let wait = l.on_change(&EntityChange {
+        }
+        let change = EntityChange {
             tenant,
             service_path: &e.service_path,
             entity: &e.entity,
             alteration,
             attrs,
             origin: current_origin(),
-        });
-        if let Some(wait) = wait {
+        };
+        let waits: Vec<Backpressure> = listeners
+            .iter()
+            .filter_map(|l| l.on_change(&change))
+            .collect();
+        for wait in waits {
             wait.await;
         }
     }
@@ -523,7 +539,7 @@ impl Context {
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
     ) -> Vec<Backpressure> {
-        let listener = self.listener.get().filter(|l| l.interested(DEFAULT_TENANT));
+        let listeners = self.listeners_of(DEFAULT_TENANT);
         let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
@@ -551,7 +567,7 @@ impl Context {
             let attrs = crate::entity::unit_attributes(unit);
             let outcome =
                 weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
-            if listener.is_some() {
+            if !listeners.is_empty() {
                 let alteration = if created {
                     Alteration::Created
                 } else {
@@ -563,18 +579,17 @@ impl Context {
         }
         drop(tenants);
         let mut waits = Vec::new();
-        if let Some(l) = listener {
-            let origin = current_origin();
-            for (e, alteration, attrs) in &changes {
-                waits.extend(l.on_change(&EntityChange {
-                    tenant: DEFAULT_TENANT,
-                    service_path: &e.service_path,
-                    entity: &e.entity,
-                    alteration: *alteration,
-                    attrs,
-                    origin: origin.clone(),
-                }));
-            }
+        let origin = current_origin();
+        for (e, alteration, attrs) in &changes {
+            let change = EntityChange {
+                tenant: DEFAULT_TENANT,
+                service_path: &e.service_path,
+                entity: &e.entity,
+                alteration: *alteration,
+                attrs,
+                origin: origin.clone(),
+            };
+            waits.extend(listeners.iter().filter_map(|l| l.on_change(&change)));
         }
         waits
     }

@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod context;
 pub mod decode;
 pub mod entity;
+pub mod history;
 pub mod registrations;
 pub mod subscriptions;
 
@@ -136,6 +137,7 @@ pub struct Pipeline {
     context: Arc<context::Context>,
     registrations: Arc<registrations::Registrations>,
     subscriptions: Arc<subscriptions::Subscriptions>,
+    history: Arc<history::History>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -175,7 +177,9 @@ impl Pipeline {
         let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
         let subscriptions =
             subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
-        context.set_listener(subscriptions.clone());
+        let history = history::History::new(store.clone());
+        context.add_listener(history.clone());
+        context.add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
@@ -186,6 +190,7 @@ impl Pipeline {
             context,
             registrations,
             subscriptions,
+            history,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -293,6 +298,11 @@ impl Pipeline {
     /// The NGSI subscriptions of every tenant.
     pub fn subscriptions(&self) -> &subscriptions::Subscriptions {
         &self.subscriptions
+    }
+
+    /// The history recorder.
+    pub fn history(&self) -> &history::History {
+        &self.history
     }
 
     /// The NGSI registrations of every tenant.

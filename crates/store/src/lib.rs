@@ -231,8 +231,10 @@ pub struct HistoryRow {
 pub struct HistoryQuery {
     /// Tenant.
     pub tenant: String,
-    /// Only entities whose service path starts with this (QuantumLeap's
-    /// prefix match); `None`: every path.
+    /// Only entities under this service path: the path itself or a
+    /// sub-path, segment-wise (`/a` matches `/a` and `/a/b`, not `/ab`; `/`
+    /// matches all), compared exactly. An entity's path is the one its
+    /// first stored row came with. `None`: every path.
     pub service_path: Option<String>,
     /// Only these entity ids (any of); empty: all.
     pub entity_ids: Vec<String>,
@@ -249,7 +251,9 @@ pub struct HistoryQuery {
     pub last_n: Option<usize>,
     /// Rows skipped per (entity, attribute) series, after `last_n`.
     pub offset: usize,
-    /// Most rows returned per (entity, attribute) series.
+    /// Most rows returned per (entity, attribute) series (0: none). The
+    /// backend caps it at 10,000, QuantumLeap's maximum; the API passes its
+    /// `limit` (default 10,000).
     pub limit: usize,
 }
 
@@ -424,8 +428,11 @@ pub trait Store: Send + Sync + 'static {
         entity_type: Option<&str>,
         service_path: Option<&str>,
     ) -> Result<Vec<HistoryEntity>>;
-    /// Deletes the history of one entity (or of every entity of a type when
-    /// `entity_id` is `None`) in `tenant`; returns the rows deleted.
+    /// Deletes the history of one entity (of any type, or of `entity_type`)
+    /// or, when `entity_id` is `None`, of every entity of `entity_type`, in
+    /// `tenant`; with neither, nothing. Returns the rows deleted. A large
+    /// delete may commit in several transactions (appends go on meanwhile);
+    /// a failure midway leaves part of it done, which a retry completes.
     async fn delete_history(
         &self,
         tenant: &str,

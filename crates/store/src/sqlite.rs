@@ -1,11 +1,14 @@
-//! The embedded default backend: one SQLite file in WAL mode, written by a
-//! single writer thread with group commit, read through a pool.
+//! The embedded default backend: SQLite files in WAL mode (the ingest log,
+//! the history, and the rest), each written by a single writer thread with
+//! group commit and read through a pool.
 //!
 //! Data flow: ingest endpoints `append_uplink` (answered after the batch
 //! holding it commits) → the pipeline wakes on `committed_seq`, reads the
 //! log, and `commit_processed`s its units, failures, new devices and
 //! cursor in one go → the API reads data units, failures and
-//! configuration through the read pool.
+//! configuration through the read pool. History (NGSI changes and
+//! `/v2/notify`) goes to its own file through `append_history` and is read
+//! back through that file's pool.
 //!
 //! - [`writer`]: the writer thread and every write's SQL.
 //! - [`reader`]: the read pool and every read's SQL.
@@ -107,16 +110,18 @@ impl Default for SqliteConfig {
 /// handle lets the writers commit what is queued and stop on their own,
 /// and [`Store::close`] does the same but waits for them.
 ///
-/// It keeps two database files, each with its own writer thread: the
-/// ingest log (`<name>-log.db` beside the configured file) and everything
-/// else. A 202 then waits only for a cheap sequential append, never behind
-/// a pipeline batch's index updates, and the two writers use both cores.
-/// Atomicity needs nothing across the files: the pipeline's cursor lives
-/// with the data units it covers, and the log is only ever appended to
-/// and pruned below that cursor.
+/// It keeps three database files, each with its own writer thread: the
+/// ingest log (`<name>-log.db` beside the configured file), the history
+/// (`<name>-history.db`), and everything else. A 202 then waits only for a
+/// cheap sequential append, never behind a pipeline batch's index updates,
+/// and a history notify never behind either. Atomicity needs nothing
+/// across the files: the pipeline's cursor lives with the data units it
+/// covers, the log is only ever appended to and pruned below that cursor,
+/// and history rows are idempotent by key and stand alone.
 pub struct SqliteStore {
     log: Part,
     main: Part,
+    history: Part,
     committed: watch::Receiver<u64>,
 }
 
@@ -138,8 +143,18 @@ impl std::fmt::Debug for SqliteStore {
 
 /// The ingest log's file beside the main one: `weft.db` → `weft-log.db`.
 fn log_path(main: &Path) -> PathBuf {
+    sibling(main, "log")
+}
+
+/// The history's file beside the main one: `weft.db` → `weft-history.db`.
+fn history_path(main: &Path) -> PathBuf {
+    sibling(main, "history")
+}
+
+/// `<stem>-<part>.db` in the main file's directory.
+fn sibling(main: &Path, part: &str) -> PathBuf {
     let stem = main.file_stem().and_then(|s| s.to_str()).unwrap_or("weft");
-    main.with_file_name(format!("{stem}-log.db"))
+    main.with_file_name(format!("{stem}-{part}.db"))
 }
 
 impl SqliteStore {
@@ -157,6 +172,7 @@ impl SqliteStore {
             &log_path(&config.path),
             &config,
             config.synchronous,
+            schema::PAGE_SIZE,
             "log",
             2,
         )?;
@@ -169,12 +185,25 @@ impl SqliteStore {
             &config.path,
             &config,
             Synchronous::Normal,
+            schema::PAGE_SIZE,
             "main",
+            config.read_connections,
+        )?;
+        // History is not rebuilt from anything: a notify answered 200 must
+        // survive a power cut, as QuantumLeap's does, so it syncs like the
+        // log.
+        let (history, _) = Part::open(
+            &history_path(&config.path),
+            &config,
+            Synchronous::Normal,
+            schema::HISTORY_PAGE_SIZE,
+            "history",
             config.read_connections,
         )?;
         Ok(SqliteStore {
             log,
             main,
+            history,
             committed,
         })
     }
@@ -187,11 +216,12 @@ impl Part {
         path: &Path,
         config: &SqliteConfig,
         synchronous: Synchronous,
+        page_size: i64,
         name: &str,
         read_connections: usize,
     ) -> Result<(Part, watch::Receiver<u64>)> {
         let mut conn = Connection::open(path).db()?;
-        schema::configure_writer(&conn, synchronous).db()?;
+        schema::configure_writer(&conn, synchronous, page_size).db()?;
         let version =
             schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
         // The writer runs a fixed, small set of statements; keep them all.
@@ -450,7 +480,9 @@ impl Store for SqliteStore {
     }
 
     async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
-        self.main.write(|reply| Op::PutDocument(document, reply)).await
+        self.main
+            .write(|reply| Op::PutDocument(document, reply))
+            .await
     }
 
     async fn delete_document(
@@ -460,7 +492,9 @@ impl Store for SqliteStore {
         id: &str,
     ) -> Result<bool> {
         let key = [kind.as_str(), tenant, id].map(str::to_string);
-        self.main.write(|reply| Op::DeleteDocument(key, reply)).await
+        self.main
+            .write(|reply| Op::DeleteDocument(key, reply))
+            .await
     }
 
     async fn load_documents(&self, kind: crate::DocumentKind) -> Result<Vec<crate::NgsiDocument>> {
@@ -471,47 +505,99 @@ impl Store for SqliteStore {
     }
 
     async fn append_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
-        Ok(rows.len() as u64)
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        self.history
+            .write(|reply| Op::AppendHistory(rows, reply))
+            .await
     }
 
-    async fn query_history(&self, _query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
-        Ok(Vec::new())
+    async fn query_history(&self, query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
+        let query = query.clone();
+        self.history
+            .reads
+            .run(move |c| reader::query_history(c, &query))
+            .await
     }
 
     async fn aggregate_history(
         &self,
-        _query: &crate::HistoryQuery,
-        _method: crate::AggrMethod,
-        _period: Option<crate::AggrPeriod>,
+        query: &crate::HistoryQuery,
+        method: crate::AggrMethod,
+        period: Option<crate::AggrPeriod>,
     ) -> Result<Vec<crate::HistoryAggregate>> {
-        Ok(Vec::new())
+        let query = query.clone();
+        self.history
+            .reads
+            .run(move |c| reader::aggregate_history(c, &query, method, period))
+            .await
     }
 
     async fn history_entities(
         &self,
-        _tenant: &str,
-        _entity_type: Option<&str>,
-        _service_path: Option<&str>,
+        tenant: &str,
+        entity_type: Option<&str>,
+        service_path: Option<&str>,
     ) -> Result<Vec<crate::HistoryEntity>> {
-        Ok(Vec::new())
+        let tenant = tenant.to_string();
+        let entity_type = entity_type.map(str::to_string);
+        let service_path = service_path.map(str::to_string);
+        self.history
+            .reads
+            .run(move |c| {
+                reader::history_entities(
+                    c,
+                    &tenant,
+                    entity_type.as_deref(),
+                    service_path.as_deref(),
+                )
+            })
+            .await
     }
 
+    // Deletes chunk by chunk (see `Op::DeleteHistory`): each chunk is its
+    // own transaction, so appends keep flowing during a large delete.
+    // Deleting is idempotent, so a failure midway leaves a state a retry
+    // completes.
     async fn delete_history(
         &self,
-        _tenant: &str,
-        _entity_id: Option<&str>,
-        _entity_type: Option<&str>,
+        tenant: &str,
+        entity_id: Option<&str>,
+        entity_type: Option<&str>,
     ) -> Result<u64> {
-        Ok(0)
+        let mut total = 0;
+        loop {
+            let (tenant, entity_id, entity_type) = (
+                tenant.to_string(),
+                entity_id.map(str::to_string),
+                entity_type.map(str::to_string),
+            );
+            let deleted = self
+                .history
+                .write(|reply| Op::DeleteHistory {
+                    tenant,
+                    entity_id,
+                    entity_type,
+                    reply,
+                })
+                .await?;
+            total += deleted;
+            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
-        self.main.write(Op::Ping).await
+        self.main.write(Op::Ping).await?;
+        self.history.write(Op::Ping).await
     }
 
     async fn close(&self) {
         self.log.close().await;
         self.main.close().await;
+        self.history.close().await;
     }
 }

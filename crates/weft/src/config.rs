@@ -33,6 +33,8 @@ pub struct Config {
     pub notifications: NotificationsSection,
     /// The NGSI broker.
     pub ngsi: NgsiSection,
+    /// History and QuantumLeap's API.
+    pub history: HistorySection,
 }
 
 impl Default for Config {
@@ -47,6 +49,7 @@ impl Default for Config {
             pipeline: PipelineSection::default(),
             notifications: NotificationsSection::default(),
             ngsi: NgsiSection::default(),
+            history: HistorySection::default(),
         }
     }
 }
@@ -134,6 +137,16 @@ impl Default for NgsiSection {
     }
 }
 
+/// `[history]`: QuantumLeap's API.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistorySection {
+    /// A second listen address serving QuantumLeap's API at its own paths
+    /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
+    /// the `/ql` prefix (QuantumLeap's port is 8668). None: not served.
+    pub quantumleap_listen: Option<SocketAddr>,
+}
+
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -162,7 +175,8 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 9] = [
+const CONFIG_KEYS: [&str; 10] = [
+    "history",
     "ngsi",
     "listen",
     "data",

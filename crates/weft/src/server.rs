@@ -92,16 +92,35 @@ pub async fn serve(
         .enable_all()
         .build()
         .context("starting the live runtime")?;
-    let app = weft_api::router(AppState {
+    let state = AppState {
         pipeline,
         ingest_key,
         metrics,
         live_runtime: live_runtime.handle().clone(),
         ngsi_multiservice: config.ngsi.multiservice,
-    });
+    };
+    let quantumleap = match config.history.quantumleap_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding QuantumLeap's listener {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "serving QuantumLeap's API");
+            let app = weft_api::history::quantumleap_router(state.clone());
+            Some(tokio::spawn(crate::http::serve(
+                listener,
+                app,
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    let app = weft_api::router(state);
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
     crate::http::serve(listener, app, shutdown).await;
+    if let Some(task) = quantumleap {
+        let _ = task.await;
+    }
 
     tracing::info!("HTTP stopped; draining the pipeline");
     pipeline_stop.cancel();

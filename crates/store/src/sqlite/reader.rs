@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params_from_iter, Connection, OpenFlags, Row};
+use rusqlite::{params_from_iter, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::Semaphore;
 use weft_model::{
     Device, DeviceType, FailedUplink, FailureReason, NewUplink, Uplink, UplinkFormat,
@@ -362,6 +362,319 @@ pub(super) fn load_documents(
             created: position(row, 3)?,
             json: row.get(4).db()?,
         });
+    }
+    Ok(out)
+}
+
+// --- history ------------------------------------------------------------
+//
+// Every series (tenant, entity id, entity type, attribute) is one
+// contiguous range of the `history` primary key, in time order. So a query
+// first decides which series it covers — entities from `history_entities`,
+// attributes from the query or by skipping through the key — and then
+// reads each series with a range scan (a backward one for `last_n`).
+
+/// Whether an entity recorded under `path` is under the service-path
+/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
+/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
+/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
+/// special, as they would in a `LIKE`.
+pub(super) fn path_matches(prefix: &str, path: &str) -> bool {
+    let base = prefix.trim_end_matches('/');
+    path == prefix
+        || path
+            .strip_prefix(base)
+            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
+}
+
+/// The entities of `tenant` with history, optionally of one type and under
+/// a service-path prefix, ordered by type then id (the key's order).
+pub(super) fn history_entities(
+    conn: &Connection,
+    tenant: &str,
+    entity_type: Option<&str>,
+    prefix: Option<&str>,
+) -> Result<Vec<crate::HistoryEntity>> {
+    let mut stmt;
+    let mut rows = match entity_type {
+        Some(ty) => {
+            stmt = conn
+                .prepare_cached(
+                    "SELECT entity_id, entity_type, service_path FROM history_entities \
+                     WHERE tenant = ?1 AND entity_type = ?2 ORDER BY entity_type, entity_id",
+                )
+                .db()?;
+            stmt.query((tenant, ty)).db()?
+        }
+        None => {
+            stmt = conn
+                .prepare_cached(
+                    "SELECT entity_id, entity_type, service_path FROM history_entities \
+                     WHERE tenant = ?1 ORDER BY entity_type, entity_id",
+                )
+                .db()?;
+            stmt.query([tenant]).db()?
+        }
+    };
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        let service_path: String = row.get(2).db()?;
+        if prefix.is_none_or(|p| path_matches(p, &service_path)) {
+            out.push(crate::HistoryEntity {
+                entity_id: row.get(0).db()?,
+                entity_type: row.get(1).db()?,
+                service_path,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The (id, type) of the entities a query covers, ordered by id then
+/// type. With ids, each is looked up (by its key when the type is given,
+/// else through `history_entities_id`); without, the tenant's (or the
+/// type's) entities are listed. The service-path filter applies to the
+/// path an entity was first recorded under.
+fn query_entities(conn: &Connection, q: &crate::HistoryQuery) -> Result<Vec<(String, String)>> {
+    let prefix = q.service_path.as_deref();
+    let mut out: Vec<(String, String)> = Vec::new();
+    if q.entity_ids.is_empty() {
+        for e in history_entities(conn, &q.tenant, q.entity_type.as_deref(), prefix)? {
+            out.push((e.entity_id, e.entity_type));
+        }
+    } else {
+        for id in &q.entity_ids {
+            let mut stmt;
+            let mut rows = match q.entity_type.as_deref() {
+                Some(ty) => {
+                    stmt = conn
+                        .prepare_cached(
+                            "SELECT entity_type, service_path FROM history_entities \
+                             WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
+                        )
+                        .db()?;
+                    stmt.query((&q.tenant, ty, id)).db()?
+                }
+                None => {
+                    stmt = conn
+                        .prepare_cached(
+                            "SELECT entity_type, service_path FROM history_entities \
+                             WHERE tenant = ?1 AND entity_id = ?2",
+                        )
+                        .db()?;
+                    stmt.query((&q.tenant, id)).db()?
+                }
+            };
+            while let Some(row) = rows.next().db()? {
+                let service_path: String = row.get(1).db()?;
+                if prefix.is_none_or(|p| path_matches(p, &service_path)) {
+                    out.push((id.clone(), row.get(0).db()?));
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// The attributes an entity has history for, in order: each found by one
+/// seek past the previous one (a skip scan of the key), so the cost is per
+/// attribute, not per row.
+fn entity_attrs(conn: &Connection, tenant: &str, id: &str, ty: &str) -> Result<Vec<String>> {
+    let mut first = conn
+        .prepare_cached(
+            "SELECT attr FROM history WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
+             ORDER BY attr LIMIT 1",
+        )
+        .db()?;
+    let mut next = conn
+        .prepare_cached(
+            "SELECT attr FROM history WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
+             AND attr > ?4 ORDER BY attr LIMIT 1",
+        )
+        .db()?;
+    let mut out: Vec<String> = Vec::new();
+    let mut current: Option<String> = first
+        .query_row((tenant, id, ty), |r| r.get(0))
+        .optional()
+        .db()?;
+    while let Some(attr) = current {
+        current = next
+            .query_row((tenant, id, ty, &attr), |r| r.get(0))
+            .optional()
+            .db()?;
+        out.push(attr);
+    }
+    Ok(out)
+}
+
+/// Every (entity id, entity type, attribute) series a query covers, in
+/// result order.
+fn query_series(
+    conn: &Connection,
+    q: &crate::HistoryQuery,
+) -> Result<Vec<(String, String, String)>> {
+    let mut wanted = q.attrs.clone();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut out = Vec::new();
+    for (id, ty) in query_entities(conn, q)? {
+        let attrs = if wanted.is_empty() {
+            entity_attrs(conn, &q.tenant, &id, &ty)?
+        } else {
+            wanted.clone()
+        };
+        for attr in attrs {
+            out.push((id.clone(), ty.clone(), attr));
+        }
+    }
+    Ok(out)
+}
+
+/// The query's time range as inclusive bounds.
+fn time_range(q: &crate::HistoryQuery) -> (i64, i64) {
+    (q.from.unwrap_or(i64::MIN), q.to.unwrap_or(i64::MAX))
+}
+
+/// Rows matching `q`: per series, the range scan from `from` to `to`;
+/// with `last_n`, the range first starts at the N-th newest row in range
+/// (found by a backward scan; times are unique within a series, so the
+/// bound is exact); then `offset` and `limit` (at most
+/// [`MAX_QUERY_ROWS`], QuantumLeap's cap) in ascending time.
+pub(super) fn query_history(
+    conn: &Connection,
+    q: &crate::HistoryQuery,
+) -> Result<Vec<crate::HistoryRow>> {
+    let (from, to) = time_range(q);
+    let per_series = limit(q.limit);
+    let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    if per_series == 0 || q.last_n == Some(0) {
+        return Ok(out);
+    }
+    // One snapshot for every series, whatever commits meanwhile (a read
+    // transaction; dropping it at the end only ends the read).
+    let _snapshot = conn.unchecked_transaction().db()?;
+    let mut nth_newest = conn
+        .prepare_cached(
+            "SELECT time FROM history \
+             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
+             AND time >= ?5 AND time <= ?6 ORDER BY time DESC LIMIT 1 OFFSET ?7",
+        )
+        .db()?;
+    let mut scan = conn
+        .prepare_cached(
+            "SELECT time, service_path, attr_type, value, number FROM history \
+             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
+             AND time >= ?5 AND time <= ?6 ORDER BY time LIMIT ?7 OFFSET ?8",
+        )
+        .db()?;
+    for (id, ty, attr) in query_series(conn, q)? {
+        let mut start = from;
+        if let Some(n) = q.last_n {
+            let skip = i64::try_from(n - 1).unwrap_or(i64::MAX);
+            let bound: Option<i64> = nth_newest
+                .query_row((&q.tenant, &id, &ty, &attr, from, to, skip), |r| r.get(0))
+                .optional()
+                .db()?;
+            if let Some(bound) = bound {
+                start = bound;
+            }
+        }
+        let mut rows = scan
+            .query((&q.tenant, &id, &ty, &attr, start, to, per_series, offset))
+            .db()?;
+        while let Some(row) = rows.next().db()? {
+            out.push(crate::HistoryRow {
+                tenant: q.tenant.clone(),
+                service_path: row.get(1).db()?,
+                entity_id: id.clone(),
+                entity_type: ty.clone(),
+                attr: attr.clone(),
+                attr_type: row.get(2).db()?,
+                time: row.get(0).db()?,
+                value: row.get(3).db()?,
+                number: row.get(4).db()?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The SQL of one aggregate over the `number` column (`COUNT(*)` counts
+/// every row, numeric or not; the others skip `NULL`s and give `NULL` when
+/// no row is numeric).
+fn aggregate_sql(method: crate::AggrMethod) -> &'static str {
+    match method {
+        crate::AggrMethod::Count => "COUNT(*)",
+        crate::AggrMethod::Sum => "SUM(number)",
+        crate::AggrMethod::Avg => "AVG(number)",
+        crate::AggrMethod::Min => "MIN(number)",
+        crate::AggrMethod::Max => "MAX(number)",
+    }
+}
+
+/// The SQL of the start (epoch ms, UTC) of the bucket holding `time`.
+/// Fixed-length periods floor `time` to a multiple of their length (also
+/// for times before 1970); months and years use SQLite's calendar.
+fn bucket_sql(period: crate::AggrPeriod) -> String {
+    let fixed = |unit: i64| format!("(time - ((time % {unit}) + {unit}) % {unit})");
+    let calendar = |start: &str| {
+        format!("(CAST(strftime('%s', time / 1000.0, 'unixepoch', '{start}') AS INTEGER) * 1000)")
+    };
+    match period {
+        crate::AggrPeriod::Second => fixed(1_000),
+        crate::AggrPeriod::Minute => fixed(60_000),
+        crate::AggrPeriod::Hour => fixed(3_600_000),
+        crate::AggrPeriod::Day => fixed(86_400_000),
+        crate::AggrPeriod::Month => calendar("start of month"),
+        crate::AggrPeriod::Year => calendar("start of year"),
+    }
+}
+
+/// Aggregates per series and bucket, computed by SQLite over each series'
+/// range scan (`GROUP BY` the bucket expression). Without a period, one
+/// aggregate per series that has rows in range, its bucket the time of
+/// the first of them.
+pub(super) fn aggregate_history(
+    conn: &Connection,
+    q: &crate::HistoryQuery,
+    method: crate::AggrMethod,
+    period: Option<crate::AggrPeriod>,
+) -> Result<Vec<crate::HistoryAggregate>> {
+    const RANGE: &str = "FROM history \
+        WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
+        AND time >= ?5 AND time <= ?6";
+    let aggregate = aggregate_sql(method);
+    let sql = match period {
+        Some(period) => format!(
+            "SELECT {bucket} AS bucket, {aggregate}, COUNT(*) {RANGE} GROUP BY bucket ORDER BY bucket",
+            bucket = bucket_sql(period)
+        ),
+        None => format!("SELECT MIN(time), {aggregate}, COUNT(*) {RANGE}"),
+    };
+    let (from, to) = time_range(q);
+    // One snapshot for every series, as in `query_history`.
+    let _snapshot = conn.unchecked_transaction().db()?;
+    let mut stmt = conn.prepare_cached(&sql).db()?;
+    let mut out = Vec::new();
+    for (id, ty, attr) in query_series(conn, q)? {
+        let mut rows = stmt.query((&q.tenant, &id, &ty, &attr, from, to)).db()?;
+        while let Some(row) = rows.next().db()? {
+            let count: i64 = row.get(2).db()?;
+            if count == 0 {
+                // No period and no row in range: no aggregate at all.
+                continue;
+            }
+            out.push(crate::HistoryAggregate {
+                entity_id: id.clone(),
+                entity_type: ty.clone(),
+                attr: attr.clone(),
+                bucket: row.get(0).db()?,
+                value: row.get(1).db()?,
+            });
+        }
     }
     Ok(out)
 }

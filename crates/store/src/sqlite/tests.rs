@@ -14,9 +14,9 @@ use weft_model::{
 
 use super::{SqliteConfig, SqliteStore, Synchronous};
 use crate::{
-    DocumentKind, NgsiDocument,
-    DataQuery, DeviceFilter, EntityRecord, FailedQuery, ProcessedBatch, Store, StoreError,
-    UnitRecord,
+    AggrMethod, AggrPeriod, DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery,
+    HistoryAggregate, HistoryEntity, HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch, Store,
+    StoreError, UnitRecord,
 };
 
 fn config(dir: &TempDir) -> SqliteConfig {
@@ -1001,4 +1001,943 @@ async fn ngsi_documents_are_keyed_by_kind_and_kept_across_reopen() {
         store.load_documents(Registration).await.unwrap(),
         vec![document(Registration, "", "a", 4, "{\"r\":1}")]
     );
+}
+
+// --- history ------------------------------------------------------------
+
+/// A numeric history row.
+fn hrow(tenant: &str, path: &str, id: &str, ty: &str, attr: &str, time: i64, n: f64) -> HistoryRow {
+    HistoryRow {
+        tenant: tenant.into(),
+        service_path: path.into(),
+        entity_id: id.into(),
+        entity_type: ty.into(),
+        attr: attr.into(),
+        attr_type: "Number".into(),
+        time,
+        value: serde_json::to_string(&n).unwrap(),
+        number: Some(n),
+    }
+}
+
+/// A text history row (no number).
+fn hrow_text(
+    tenant: &str,
+    path: &str,
+    id: &str,
+    ty: &str,
+    attr: &str,
+    time: i64,
+    s: &str,
+) -> HistoryRow {
+    HistoryRow {
+        attr_type: "Text".into(),
+        value: serde_json::to_string(s).unwrap(),
+        number: None,
+        ..hrow(tenant, path, id, ty, attr, time, 0.0)
+    }
+}
+
+/// A query of tenant `t` with the API's default limit.
+fn hquery() -> HistoryQuery {
+    HistoryQuery {
+        tenant: "t".into(),
+        limit: 10_000,
+        ..HistoryQuery::default()
+    }
+}
+
+/// (entity id, entity type, attribute, time) of each row, in order.
+fn keys(rows: &[HistoryRow]) -> Vec<(String, String, String, i64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r.entity_id.clone(),
+                r.entity_type.clone(),
+                r.attr.clone(),
+                r.time,
+            )
+        })
+        .collect()
+}
+
+fn key(id: &str, ty: &str, attr: &str, time: i64) -> (String, String, String, i64) {
+    (id.into(), ty.into(), attr.into(), time)
+}
+
+fn times(rows: &[HistoryRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.time).collect()
+}
+
+/// Appending is idempotent on (tenant, entity, attribute, time): a replay
+/// stores nothing twice and the answer counts only new rows; what was
+/// acknowledged survives a reopen, in its own file.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_append_is_idempotent_and_survives_reopen() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let first: Vec<HistoryRow> = (0..5)
+        .map(|i| {
+            hrow(
+                "t",
+                "/",
+                "Room:1",
+                "Room",
+                "temperature",
+                1_000 * i,
+                i as f64,
+            )
+        })
+        .collect();
+    assert_eq!(store.append_history(first.clone()).await.unwrap(), 5);
+    assert_eq!(store.append_history(first.clone()).await.unwrap(), 0);
+    assert_eq!(store.append_history(Vec::new()).await.unwrap(), 0);
+    // Overlapping replay: two old keys (with other values, which do not
+    // overwrite), one new, and a duplicate within the batch.
+    let mut changed = hrow("t", "/", "Room:1", "Room", "temperature", 0, 99.0);
+    changed.value = "99".into();
+    let overlap = vec![
+        changed,
+        hrow("t", "/", "Room:1", "Room", "temperature", 4_000, 4.0),
+        hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
+        hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
+    ];
+    assert_eq!(store.append_history(overlap).await.unwrap(), 1);
+    // Concurrent replays of one batch store it once.
+    let store = Arc::new(store);
+    let batch: Vec<HistoryRow> = (0..100)
+        .map(|i| hrow("t", "/", "Room:2", "Room", "pressure", i, 1.0))
+        .collect();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, batch) = (Arc::clone(&store), batch.clone());
+            tokio::spawn(async move { store.append_history(batch).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        new += t.await.unwrap();
+    }
+    assert_eq!(new, 100);
+    store.close().await;
+    drop(store);
+    assert!(dir.path().join("data").join("weft-history.db").exists());
+
+    let store = open(&dir);
+    let rows = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["Room:1".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(times(&rows), vec![0, 1_000, 2_000, 3_000, 4_000, 5_000]);
+    assert_eq!(rows[0], first[0], "the first value stays");
+    let rows = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["Room:2".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 100);
+}
+
+/// The rows of the query tests: tenant `t` has Room:1 (as a Room under
+/// `/a`, 10 temperatures and a name; and as an `Other` under `/a`),
+/// Room:2 under `/a/b`, Room:3 under `/ab`, Car:1 under `/`; tenant `u`
+/// has its own Room:1.
+fn query_fixture() -> Vec<HistoryRow> {
+    let mut rows: Vec<HistoryRow> = (1..=10)
+        .map(|i| {
+            hrow(
+                "t",
+                "/a",
+                "Room:1",
+                "Room",
+                "temperature",
+                1_000 * i,
+                i as f64,
+            )
+        })
+        .collect();
+    rows.push(hrow_text("t", "/a", "Room:1", "Room", "name", 1_000, "r1"));
+    rows.push(hrow(
+        "t",
+        "/a",
+        "Room:1",
+        "Other",
+        "temperature",
+        1_000,
+        99.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/a/b",
+        "Room:2",
+        "Room",
+        "temperature",
+        1_000,
+        20.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/a/b",
+        "Room:2",
+        "Room",
+        "temperature",
+        2_000,
+        21.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/ab",
+        "Room:3",
+        "Room",
+        "temperature",
+        1_000,
+        30.0,
+    ));
+    rows.push(hrow("t", "/", "Car:1", "Car", "speed", 5_000, 50.0));
+    rows.push(hrow(
+        "u",
+        "/a",
+        "Room:1",
+        "Room",
+        "temperature",
+        1_000,
+        555.0,
+    ));
+    rows
+}
+
+/// Queries select series by ids, type, attributes and service-path
+/// prefix; rows by inclusive time range, then `last_n`, `offset` and
+/// `limit` per series; results are ordered by entity, attribute, time.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_queries_filter_and_order() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    store.append_history(query_fixture()).await.unwrap();
+    let q = |f: fn(&mut HistoryQuery)| {
+        let mut q = hquery();
+        f(&mut q);
+        q
+    };
+    let run = |q: HistoryQuery| {
+        let store = &store;
+        async move { store.query_history(&q).await.unwrap() }
+    };
+
+    // One entity by id and type: every attribute, ordered by name.
+    let rows = run(q(|q| {
+        q.entity_ids = vec!["Room:1".into()];
+        q.entity_type = Some("Room".into());
+    }))
+    .await;
+    assert_eq!(rows.len(), 11);
+    assert_eq!(
+        rows[0],
+        hrow_text("t", "/a", "Room:1", "Room", "name", 1_000, "r1")
+    );
+    assert_eq!(
+        times(&rows[1..]),
+        (1..=10).map(|i| i * 1_000).collect::<Vec<_>>()
+    );
+
+    // By id alone: both types, ordered by (id, type).
+    let rows = run(q(|q| {
+        q.entity_ids = vec!["Room:1".into(), "Room:2".into()];
+        q.attrs = vec!["temperature".into()];
+        q.last_n = Some(1);
+    }))
+    .await;
+    assert_eq!(
+        keys(&rows),
+        vec![
+            key("Room:1", "Other", "temperature", 1_000),
+            key("Room:1", "Room", "temperature", 10_000),
+            key("Room:2", "Room", "temperature", 2_000),
+        ]
+    );
+
+    // By type, with a service-path prefix: `/a` covers `/a/b`, not `/ab`.
+    let rows = run(q(|q| {
+        q.entity_type = Some("Room".into());
+        q.attrs = vec!["temperature".into()];
+        q.service_path = Some("/a".into());
+        q.limit = 1;
+    }))
+    .await;
+    assert_eq!(
+        keys(&rows),
+        vec![
+            key("Room:1", "Room", "temperature", 1_000),
+            key("Room:2", "Room", "temperature", 1_000),
+        ]
+    );
+    let ids = |rows: &[HistoryRow]| {
+        let mut ids: Vec<String> = rows.iter().map(|r| r.entity_id.clone()).collect();
+        ids.dedup();
+        ids
+    };
+    let under = |path: &str| {
+        let mut q = hquery();
+        q.service_path = Some(path.into());
+        q
+    };
+    assert_eq!(
+        ids(&run(under("/")).await),
+        vec!["Car:1", "Room:1", "Room:2", "Room:3"]
+    );
+    assert_eq!(ids(&run(under("/ab")).await), vec!["Room:3"]);
+    assert_eq!(ids(&run(under("/a/b")).await), vec!["Room:2"]);
+    assert_eq!(ids(&run(under("/a/")).await), vec!["Room:1", "Room:2"]);
+    assert!(
+        run(under("/A")).await.is_empty(),
+        "paths are case-sensitive"
+    );
+    assert!(run(under("/_b")).await.is_empty(), "no LIKE wildcards");
+    // No type, no ids: every entity of the tenant.
+    assert_eq!(
+        ids(&run(hquery()).await),
+        vec!["Car:1", "Room:1", "Room:2", "Room:3"]
+    );
+
+    // Time range, inclusive at both ends.
+    let temps = |f: fn(&mut HistoryQuery)| {
+        let mut q = hquery();
+        q.entity_ids = vec!["Room:1".into()];
+        q.entity_type = Some("Room".into());
+        q.attrs = vec!["temperature".into()];
+        f(&mut q);
+        q
+    };
+    let window = run(temps(|q| {
+        q.from = Some(3_000);
+        q.to = Some(5_000);
+    }))
+    .await;
+    assert_eq!(times(&window), vec![3_000, 4_000, 5_000]);
+    assert_eq!(window[0].number, Some(3.0));
+    // last_n: the newest N, ascending; within the range when one is given.
+    assert_eq!(
+        times(&run(temps(|q| q.last_n = Some(3))).await),
+        vec![8_000, 9_000, 10_000]
+    );
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.last_n = Some(3);
+                q.to = Some(5_000);
+            }))
+            .await
+        ),
+        vec![3_000, 4_000, 5_000]
+    );
+    assert_eq!(times(&run(temps(|q| q.last_n = Some(50))).await).len(), 10);
+    // offset and limit apply after last_n.
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.last_n = Some(3);
+                q.offset = 1;
+                q.limit = 1;
+            }))
+            .await
+        ),
+        vec![9_000]
+    );
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.offset = 2;
+                q.limit = 3;
+            }))
+            .await
+        ),
+        vec![3_000, 4_000, 5_000]
+    );
+    assert!(run(temps(|q| q.limit = 0)).await.is_empty());
+    assert!(run(temps(|q| q.last_n = Some(0))).await.is_empty());
+    assert!(run(temps(|q| q.attrs = vec!["nope".into()]))
+        .await
+        .is_empty());
+    assert!(run(q(|q| q.entity_ids = vec!["nope".into()]))
+        .await
+        .is_empty());
+
+    // Tenants never mix.
+    let rows = run(q(|q| q.tenant = "u".into())).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].number, Some(555.0));
+    assert!(run(q(|q| q.tenant = "v".into())).await.is_empty());
+    assert!(!run(hquery()).await.iter().any(|r| r.number == Some(555.0)));
+}
+
+/// Entities with history are listed by type then id, filtered by type and
+/// service-path prefix, with the path of their first row.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_entities_are_listed_and_filtered() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    store.append_history(query_fixture()).await.unwrap();
+    // A later row under another path does not move the entity.
+    store
+        .append_history(vec![hrow(
+            "t",
+            "/z",
+            "Room:2",
+            "Room",
+            "temperature",
+            9,
+            1.0,
+        )])
+        .await
+        .unwrap();
+    let e = |id: &str, ty: &str, path: &str| HistoryEntity {
+        entity_id: id.into(),
+        entity_type: ty.into(),
+        service_path: path.into(),
+    };
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap(),
+        vec![
+            e("Car:1", "Car", "/"),
+            e("Room:1", "Other", "/a"),
+            e("Room:1", "Room", "/a"),
+            e("Room:2", "Room", "/a/b"),
+            e("Room:3", "Room", "/ab"),
+        ]
+    );
+    assert_eq!(
+        store
+            .history_entities("t", Some("Room"), Some("/a"))
+            .await
+            .unwrap(),
+        vec![e("Room:1", "Room", "/a"), e("Room:2", "Room", "/a/b")]
+    );
+    assert_eq!(
+        store.history_entities("u", None, Some("/")).await.unwrap(),
+        vec![e("Room:1", "Room", "/a")]
+    );
+    assert!(store
+        .history_entities("t", Some("Nope"), None)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// The aggregate of `values` the way SQLite computes it.
+fn expected(method: AggrMethod, values: &[Option<f64>]) -> Option<f64> {
+    let numbers: Vec<f64> = values.iter().flatten().copied().collect();
+    match method {
+        AggrMethod::Count => Some(values.len() as f64),
+        _ if numbers.is_empty() => None,
+        AggrMethod::Sum => Some(numbers.iter().sum()),
+        AggrMethod::Avg => Some(numbers.iter().sum::<f64>() / numbers.len() as f64),
+        AggrMethod::Min => numbers.iter().copied().reduce(f64::min),
+        AggrMethod::Max => numbers.iter().copied().reduce(f64::max),
+    }
+}
+
+/// Every method over every fixed-length period (and none) matches the
+/// aggregates computed here from the same rows, per series and bucket,
+/// within the time range; text rows count but have no number.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_aggregates_per_method_and_period() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let mut rows = Vec::new();
+    for i in 0..150i64 {
+        // Every 50 s for a bit over two hours, with uneven values.
+        let time = T0 + i * 50_000 + 250;
+        let value = ((i * 37) % 101) as f64 - 20.5;
+        rows.push(hrow("t", "/", "Room:1", "Room", "temperature", time, value));
+        rows.push(hrow(
+            "t",
+            "/",
+            "Room:2",
+            "Room",
+            "temperature",
+            time,
+            value * 2.0,
+        ));
+        if i % 3 == 0 {
+            rows.push(hrow_text("t", "/", "Room:1", "Room", "status", time, "ok"));
+        }
+    }
+    // Before 1970: buckets floor, they do not truncate toward zero.
+    rows.push(hrow("t", "/", "Old:1", "Old", "temperature", -1, 1.0));
+    rows.push(hrow(
+        "t",
+        "/",
+        "Old:1",
+        "Old",
+        "temperature",
+        -3_600_001,
+        2.0,
+    ));
+    store.append_history(rows.clone()).await.unwrap();
+
+    let from = T0 + 10 * 60_000;
+    let to = T0 + 100 * 60_000 + 250;
+    let periods = [
+        (None, 0),
+        (Some(AggrPeriod::Second), 1_000),
+        (Some(AggrPeriod::Minute), 60_000),
+        (Some(AggrPeriod::Hour), 3_600_000),
+        (Some(AggrPeriod::Day), 86_400_000),
+    ];
+    let methods = [
+        AggrMethod::Count,
+        AggrMethod::Sum,
+        AggrMethod::Avg,
+        AggrMethod::Min,
+        AggrMethod::Max,
+    ];
+    let query = HistoryQuery {
+        entity_type: Some("Room".into()),
+        from: Some(from),
+        to: Some(to),
+        // Ignored by aggregations.
+        last_n: Some(1),
+        limit: 1,
+        offset: 5,
+        ..hquery()
+    };
+    for (period, unit) in periods {
+        for method in methods {
+            let got = store
+                .aggregate_history(&query, method, period)
+                .await
+                .unwrap();
+            // (id, attr) → bucket → values, in order.
+            let mut want: std::collections::BTreeMap<(String, String, i64), Vec<Option<f64>>> =
+                Default::default();
+            let mut firsts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+            for r in rows
+                .iter()
+                .filter(|r| r.entity_type == "Room" && r.time >= from && r.time <= to)
+            {
+                let series = (r.entity_id.clone(), r.attr.clone());
+                let first = *firsts.entry(series).or_insert(r.time);
+                let bucket = if unit == 0 {
+                    first
+                } else {
+                    r.time.div_euclid(unit) * unit
+                };
+                want.entry((r.entity_id.clone(), r.attr.clone(), bucket))
+                    .or_default()
+                    .push(r.number);
+            }
+            let want: Vec<HistoryAggregate> = want
+                .into_iter()
+                .map(|((id, attr, bucket), values)| HistoryAggregate {
+                    entity_id: id,
+                    entity_type: "Room".into(),
+                    attr,
+                    bucket,
+                    value: expected(method, &values),
+                })
+                .collect();
+            assert_eq!(got.len(), want.len(), "{method:?} per {period:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    (&g.entity_id, &g.attr, g.bucket),
+                    (&w.entity_id, &w.attr, w.bucket),
+                    "{method:?} per {period:?}"
+                );
+                match (g.value, w.value) {
+                    (Some(g), Some(w)) => assert!(
+                        (g - w).abs() < 1e-9,
+                        "{method:?} per {period:?}: {g} != {w}"
+                    ),
+                    (g, w) => assert_eq!(g, w, "{method:?} per {period:?}"),
+                }
+            }
+        }
+    }
+    // Spot checks of the shape: the no-period bucket is the first row in
+    // range, text series have no numeric aggregate.
+    let all = store
+        .aggregate_history(&query, AggrMethod::Max, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|a| (a.entity_id.as_str(), a.attr.as_str(), a.bucket))
+            .collect::<Vec<_>>(),
+        vec![
+            ("Room:1", "status", T0 + 12 * 50_000 + 250),
+            ("Room:1", "temperature", T0 + 12 * 50_000 + 250),
+            ("Room:2", "temperature", T0 + 12 * 50_000 + 250),
+        ]
+    );
+    assert_eq!(all[0].value, None);
+    let hourly = store
+        .aggregate_history(
+            &HistoryQuery {
+                entity_ids: vec!["Old:1".into()],
+                ..hquery()
+            },
+            AggrMethod::Sum,
+            Some(AggrPeriod::Hour),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hourly
+            .iter()
+            .map(|a| (a.bucket, a.value))
+            .collect::<Vec<_>>(),
+        vec![(-7_200_000, Some(2.0)), (-3_600_000, Some(1.0))]
+    );
+    // Nothing in range: no aggregate, with or without a period.
+    let empty = HistoryQuery {
+        from: Some(0),
+        to: Some(1),
+        ..hquery()
+    };
+    assert!(store
+        .aggregate_history(&empty, AggrMethod::Count, None)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .aggregate_history(&empty, AggrMethod::Avg, Some(AggrPeriod::Day))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Months and years are calendar buckets in UTC: the last millisecond of
+/// January and the first of February fall apart, leap February is one
+/// bucket, New Year's Eve belongs to the old year.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_aggregates_by_month_and_year() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    const JAN_2024: i64 = 1_704_067_200_000;
+    const FEB_2024: i64 = 1_706_745_600_000;
+    const DEC_2024: i64 = 1_733_011_200_000;
+    const JAN_2025: i64 = 1_735_689_600_000;
+    let rows = [
+        (FEB_2024 - 1, 1.0),
+        (FEB_2024, 2.0),
+        (1_709_208_000_000, 4.0), // 2024-02-29T12:00Z
+        (JAN_2025 - 1, 8.0),
+        (JAN_2025, 16.0),
+    ]
+    .map(|(time, n)| hrow("t", "/", "Room:1", "Room", "t", time, n));
+    store.append_history(rows.to_vec()).await.unwrap();
+    let q = hquery();
+    let buckets = |aggs: Vec<HistoryAggregate>| {
+        aggs.into_iter()
+            .map(|a| (a.bucket, a.value))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        buckets(
+            store
+                .aggregate_history(&q, AggrMethod::Sum, Some(AggrPeriod::Month))
+                .await
+                .unwrap()
+        ),
+        vec![
+            (JAN_2024, Some(1.0)),
+            (FEB_2024, Some(6.0)),
+            (DEC_2024, Some(8.0)),
+            (JAN_2025, Some(16.0)),
+        ]
+    );
+    assert_eq!(
+        buckets(
+            store
+                .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Year))
+                .await
+                .unwrap()
+        ),
+        vec![(JAN_2024, Some(4.0)), (JAN_2025, Some(1.0))]
+    );
+}
+
+/// Deleting by id (with or without a type) or by type removes the rows
+/// and the entities of that tenant only; a large delete runs in chunks
+/// and still answers the total.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_delete_by_id_and_type() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    store.append_history(query_fixture()).await.unwrap();
+    let listed = |tenant: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .history_entities(tenant, None, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| format!("{}/{}", e.entity_id, e.entity_type))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(store.delete_history("t", None, None).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), Some("Room"))
+            .await
+            .unwrap(),
+        11
+    );
+    assert_eq!(
+        listed("t").await,
+        vec!["Car:1/Car", "Room:1/Other", "Room:2/Room", "Room:3/Room"]
+    );
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), None)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), None)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store.delete_history("t", None, Some("Room")).await.unwrap(),
+        3
+    );
+    assert_eq!(listed("t").await, vec!["Car:1/Car"]);
+    assert_eq!(listed("u").await, vec!["Room:1/Room"]);
+    let left = store.query_history(&hquery()).await.unwrap();
+    assert_eq!(keys(&left), vec![key("Car:1", "Car", "speed", 5_000)]);
+    assert_eq!(
+        store
+            .query_history(&HistoryQuery {
+                tenant: "u".into(),
+                ..hquery()
+            })
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // More rows than one chunk, over two attributes and two entities.
+    let big = super::writer::HISTORY_DELETE_CHUNK as i64 + 1_234;
+    let rows: Vec<HistoryRow> = (0..big)
+        .map(|i| {
+            let attr = if i % 2 == 0 { "a" } else { "b" };
+            let id = if i % 5 == 0 { "Big:2" } else { "Big:1" };
+            hrow("t", "/", id, "Big", attr, i, i as f64)
+        })
+        .collect();
+    for chunk in rows.chunks(10_000) {
+        store.append_history(chunk.to_vec()).await.unwrap();
+    }
+    assert_eq!(
+        store.delete_history("t", None, Some("Big")).await.unwrap(),
+        big as u64
+    );
+    assert_eq!(listed("t").await, vec!["Car:1/Car"]);
+    assert!(store
+        .query_history(&HistoryQuery {
+            entity_type: Some("Big".into()),
+            entity_ids: vec!["Big:1".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Measures history appends (1,000,000 rows in batches of 1,000 from 8
+/// tasks over 8,000 series, then 100,000 notify-shaped appends of 2 rows
+/// from 256 tasks; `synchronous = FULL`), then builds one series of
+/// `HISTORY_BENCH_SERIES` rows (default 10,000,000, one per second) and
+/// times `last_n = 100` and a one-day hourly average over it.
+/// `cargo test -p weft-store --release -- --ignored --nocapture history_throughput`
+#[tokio::test(flavor = "multi_thread")]
+#[ignore]
+async fn history_throughput() {
+    const TASKS: usize = 8;
+    const ROWS: usize = 1_000_000;
+    const BATCH: usize = 1_000;
+    let dir = TempDir::new().unwrap();
+    let store = Arc::new(
+        SqliteStore::open(SqliteConfig {
+            synchronous: Synchronous::Full,
+            ..config(&dir)
+        })
+        .unwrap(),
+    );
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                // Each batch: 500 rooms of this task × 2 attributes at one time.
+                for step in 0..ROWS / TASKS / BATCH {
+                    let time = 1_704_067_200_000 + step as i64 * 1_000;
+                    let mut rows = Vec::with_capacity(BATCH);
+                    for room in 0..BATCH / 2 {
+                        let id = format!("urn:ngsi-ld:Room:{}", task * BATCH / 2 + room);
+                        let t = 20.0 + (room % 10) as f64 / 10.0;
+                        rows.push(hrow("", "/", &id, "Room", "temperature", time, t));
+                        rows.push(hrow("", "/", &id, "Room", "pressure", time, 720.0));
+                    }
+                    assert_eq!(store.append_history(rows).await.unwrap(), BATCH as u64);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "history appends: {ROWS} rows in batches of {BATCH} from {TASKS} tasks in {elapsed:.2?} = {:.0} rows/s (synchronous=FULL)",
+        ROWS as f64 / elapsed.as_secs_f64()
+    );
+
+    // Notify-shaped: one entity with two attributes per append (QuantumLeap's
+    // k6 body), from 256 concurrent callers.
+    const CALLERS: usize = 256;
+    const NOTIFIES: usize = 100_000;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for n in 0..NOTIFIES / CALLERS {
+                    let id = format!("urn:ngsi-ld:Sensor:{}", caller * 16 + n % 16);
+                    let time = 1_704_067_200_000 + n as i64 * 1_000;
+                    let rows = vec![
+                        hrow("", "/", &id, "Room", "temperature", time, 23.3),
+                        hrow("", "/", &id, "Room", "pressure", time, 720.0),
+                    ];
+                    assert_eq!(store.append_history(rows).await.unwrap(), 2);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let done = NOTIFIES / CALLERS * CALLERS;
+    println!(
+        "notify-shaped appends: {done} appends of 2 rows from {CALLERS} tasks in {elapsed:.2?} = {:.0} appends/s, {:.0} rows/s",
+        done as f64 / elapsed.as_secs_f64(),
+        2.0 * done as f64 / elapsed.as_secs_f64()
+    );
+
+    let series: usize = std::env::var("HISTORY_BENCH_SERIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000_000);
+    const T0: i64 = 1_600_000_000_000;
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    for start in (0..series).step_by(10_000) {
+        let rows: Vec<HistoryRow> = (start..(start + 10_000).min(series))
+            .map(|i| {
+                hrow(
+                    "",
+                    "/",
+                    "Big:1",
+                    "Big",
+                    "temperature",
+                    T0 + i as i64 * 1_000,
+                    (i % 1_000) as f64,
+                )
+            })
+            .collect();
+        let store = Arc::clone(&store);
+        pending.push(tokio::spawn(async move {
+            store.append_history(rows).await.unwrap()
+        }));
+        if pending.len() == 8 {
+            for p in pending.drain(..) {
+                p.await.unwrap();
+            }
+        }
+    }
+    for p in pending {
+        p.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "one series of {series} rows appended in {elapsed:.2?} = {:.0} rows/s",
+        series as f64 / elapsed.as_secs_f64()
+    );
+    let last = HistoryQuery {
+        tenant: String::new(),
+        entity_ids: vec!["Big:1".into()],
+        entity_type: Some("Big".into()),
+        attrs: vec!["temperature".into()],
+        last_n: Some(100),
+        limit: 10_000,
+        ..HistoryQuery::default()
+    };
+    let mut timings = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let rows = store.query_history(&last).await.unwrap();
+        timings.push(started.elapsed());
+        assert_eq!(rows.len(), 100);
+    }
+    timings.sort();
+    println!(
+        "last_n=100 on {series} rows: median {:.2?}, max {:.2?}",
+        timings[10], timings[19]
+    );
+    // A day in the middle of the series: 86,400 rows into 24 buckets.
+    let day_start = T0 + (series as i64 / 2) * 1_000;
+    let day = HistoryQuery {
+        from: Some(day_start - day_start.rem_euclid(86_400_000)),
+        to: Some(day_start - day_start.rem_euclid(86_400_000) + 86_400_000 - 1),
+        last_n: None,
+        ..last.clone()
+    };
+    let mut timings = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let aggs = store
+            .aggregate_history(&day, AggrMethod::Avg, Some(AggrPeriod::Hour))
+            .await
+            .unwrap();
+        timings.push(started.elapsed());
+        assert_eq!(
+            aggs.len(),
+            if series >= 2 * 86_400 { 24 } else { aggs.len() }
+        );
+    }
+    timings.sort();
+    println!(
+        "one-day hourly avg on {series} rows: median {:.2?}, max {:.2?}",
+        timings[10], timings[19]
+    );
+    let started = Instant::now();
+    let rows = store
+        .query_history(&HistoryQuery {
+            last_n: None,
+            from: day.from,
+            limit: 10_000,
+            ..last.clone()
+        })
+        .await
+        .unwrap();
+    println!(
+        "10,000 rows from the middle of {series} rows: {:.2?}",
+        started.elapsed()
+    );
+    assert_eq!(rows.len(), 10_000);
+    store.close().await;
 }

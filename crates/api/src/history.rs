@@ -1,0 +1,650 @@
+//! QuantumLeap's API: `POST /v2/notify` (an Orion feeding weft's history)
+//! and the history queries under `/ql/v2` (QuantumLeap's own paths would
+//! clash with NGSIv2's `/v2/entities`).
+//!
+//! Queries read the store's narrow history table (one row per entity,
+//! attribute and time index) and put QuantumLeap's shapes back together:
+//! an entity's attributes share one `index` (the union of their times,
+//! `null` where an attribute has no value at a time); aggregations
+//! (`aggrMethod`, `aggrPeriod`) are computed by the store per bucket.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use weft_model::history::format_index;
+use weft_model::ngsi::{parse_datetime, parse_entity, Entity};
+use weft_store::{AggrMethod, AggrPeriod, HistoryAggregate, HistoryQuery, HistoryRow};
+
+use crate::error::{ApiError, ApiResult};
+use crate::AppState;
+
+/// Default `limit` of QuantumLeap queries.
+pub const DEFAULT_LIMIT: usize = 10_000;
+
+/// `POST /v2/notify` and the `/ql/v2` queries.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v2/notify", post(notify))
+        .nest("/ql/v2", query_routes())
+}
+
+/// QuantumLeap's API at its own paths (`/v2/notify`, `/v2/entities/…`),
+/// for the second listener of `history.quantumleap_listen`.
+pub fn quantumleap_router(state: AppState) -> Router {
+    Router::new()
+        .route("/v2/notify", post(notify))
+        .nest("/v2", query_routes())
+        .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The query routes, relative to the API root (`/ql/v2`, or `/v2` on
+/// QuantumLeap's own port).
+pub fn query_routes() -> Router<AppState> {
+    Router::new()
+        .route("/entities", get(list_entities))
+        .route("/entities/{id}", get(entity).delete(delete_entity))
+        .route("/entities/{id}/value", get(entity_value))
+        .route("/entities/{id}/attrs/{attr}", get(entity_attr))
+        .route("/entities/{id}/attrs/{attr}/value", get(entity_attr_value))
+        .route("/types/{type}", get(type_entities).delete(delete_type))
+        .route("/types/{type}/value", get(type_value))
+        .route("/types/{type}/attrs/{attr}", get(type_attr))
+        .route("/types/{type}/attrs/{attr}/value", get(type_attr_value))
+        .route("/health", get(health))
+        .route("/version", get(version))
+}
+
+/// The tenant and service path of a QuantumLeap request.
+struct Scope {
+    tenant: String,
+    service_path: Option<String>,
+}
+
+fn scope(headers: &HeaderMap) -> ApiResult<Scope> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let tenant = header("fiware-service").unwrap_or_default();
+    if tenant.len() > 50 || !tenant.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(ApiError::bad_request(
+            "bad character in tenant name - only underscore and alphanumeric characters are allowed",
+        ));
+    }
+    Ok(Scope {
+        tenant: tenant.to_ascii_lowercase(),
+        service_path: header("fiware-servicepath").map(str::to_string),
+    })
+}
+
+/// `POST /v2/notify`: stores every valid entity of a notification under
+/// its time index; 200 when all were valid, 400 naming the invalid ones
+/// otherwise (the valid ones are stored all the same).
+async fn notify(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let scope = scope(&headers)?;
+    if body.is_empty() {
+        return Err(ApiError::bad_request("request body is empty"));
+    }
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("request body is not JSON: {e}")))?;
+    let Some(data) = value.get("data").and_then(Value::as_array) else {
+        return Err(ApiError::bad_request("notification has no data array"));
+    };
+    let mut entities: Vec<Entity> = Vec::with_capacity(data.len());
+    let mut invalid: Vec<String> = Vec::new();
+    for (i, item) in data.iter().enumerate() {
+        match notified_entity(item) {
+            Ok(e) => entities.push(e),
+            Err(why) => invalid.push(format!("entity {i}: {why}")),
+        }
+    }
+    let service_path = scope.service_path.as_deref().unwrap_or("/");
+    let time_attr = headers
+        .get("fiware-timeindex-attribute")
+        .and_then(|v| v.to_str().ok());
+    let stored = state
+        .pipeline
+        .history()
+        .record_entities(
+            &scope.tenant,
+            service_path,
+            &entities,
+            time_attr,
+            weft_model::now_ms(),
+        )
+        .await?;
+    metrics::counter!("weft_history_notified_rows_total").increment(stored);
+    if !invalid.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "{} of {} entities not stored: {}",
+            invalid.len(),
+            data.len(),
+            invalid.join("; ")
+        )));
+    }
+    Ok((StatusCode::OK, "Notification successfully processed").into_response())
+}
+
+/// One entity of a notification: normalized NGSI with id and type.
+fn notified_entity(item: &Value) -> Result<Entity, String> {
+    let obj = item.as_object().ok_or("not an object")?;
+    if !obj.get("id").is_some_and(Value::is_string) {
+        return Err("no id".into());
+    }
+    if !obj.get("type").is_some_and(Value::is_string) {
+        return Err("no type".into());
+    }
+    for (name, attr) in obj {
+        if name != "id" && name != "type" && !attr.is_object() {
+            return Err(format!(
+                "attribute {name} is not in normalized form (keyValues is not accepted)"
+            ));
+        }
+    }
+    parse_entity(item, false).map_err(|e| e.description)
+}
+
+/// The query parameters QuantumLeap takes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Params {
+    #[serde(rename = "type")]
+    entity_type: Option<String>,
+    id: Option<String>,
+    attrs: Option<String>,
+    from_date: Option<String>,
+    to_date: Option<String>,
+    last_n: Option<usize>,
+    limit: Option<usize>,
+    offset: Option<usize>,
+    aggr_method: Option<String>,
+    aggr_period: Option<String>,
+    aggr_scope: Option<String>,
+    #[allow(dead_code)]
+    id_pattern: Option<String>,
+}
+
+/// What a parsed request asks for.
+struct Request {
+    query: HistoryQuery,
+    aggregate: Option<(AggrMethod, Option<AggrPeriod>)>,
+}
+
+fn list(s: &Option<String>) -> Vec<String> {
+    s.as_deref()
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn date(name: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
+    match v.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => parse_datetime(s)
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request(format!("{name} is not an ISO-8601 date-time: {s}"))),
+    }
+}
+
+impl Params {
+    fn request(&self, scope: &Scope, attr_in_path: bool) -> ApiResult<Request> {
+        let aggregate = match (&self.aggr_method, &self.aggr_period) {
+            (None, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "aggrPeriod is only valid with aggrMethod",
+                ))
+            }
+            (None, None) => None,
+            (Some(m), p) => {
+                let method = match m.as_str() {
+                    "count" => AggrMethod::Count,
+                    "sum" => AggrMethod::Sum,
+                    "avg" => AggrMethod::Avg,
+                    "min" => AggrMethod::Min,
+                    "max" => AggrMethod::Max,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "invalid aggrMethod: {other} (count, sum, avg, min, max)"
+                        )))
+                    }
+                };
+                let period = match p.as_deref() {
+                    None => None,
+                    Some("year") => Some(AggrPeriod::Year),
+                    Some("month") => Some(AggrPeriod::Month),
+                    Some("day") => Some(AggrPeriod::Day),
+                    Some("hour") => Some(AggrPeriod::Hour),
+                    Some("minute") => Some(AggrPeriod::Minute),
+                    Some("second") => Some(AggrPeriod::Second),
+                    Some(other) => {
+                        return Err(ApiError::bad_request(format!(
+                            "invalid aggrPeriod: {other} (year, month, day, hour, minute, second)"
+                        )))
+                    }
+                };
+                if !attr_in_path && self.attrs.is_none() {
+                    return Err(ApiError::bad_request("aggrMethod needs attrs"));
+                }
+                if self.aggr_scope.as_deref().is_some_and(|s| s != "entity") {
+                    return Err(ApiError::bad_request("aggrScope must be entity"));
+                }
+                Some((method, period))
+            }
+        };
+        Ok(Request {
+            query: HistoryQuery {
+                tenant: scope.tenant.clone(),
+                service_path: scope.service_path.clone(),
+                entity_ids: list(&self.id),
+                entity_type: self.entity_type.clone(),
+                attrs: list(&self.attrs),
+                from: date("fromDate", &self.from_date)?,
+                to: date("toDate", &self.to_date)?,
+                last_n: self.last_n,
+                offset: self.offset.unwrap_or(0),
+                limit: self.limit.unwrap_or(DEFAULT_LIMIT),
+            },
+            aggregate,
+        })
+    }
+}
+
+/// One entity's series: times and values per attribute.
+#[derive(Default)]
+struct EntitySeries {
+    entity_type: String,
+    /// attr → time → value.
+    attrs: BTreeMap<String, BTreeMap<i64, Value>>,
+}
+
+impl EntitySeries {
+    /// The union of the attributes' times.
+    fn index(&self) -> Vec<i64> {
+        let all: BTreeSet<i64> = self.attrs.values().flat_map(|s| s.keys().copied()).collect();
+        all.into_iter().collect()
+    }
+
+    fn index_json(times: &[i64]) -> Value {
+        Value::Array(times.iter().map(|t| Value::String(format_index(*t))).collect())
+    }
+
+    /// `"attributes": [{"attrName","values"}]` aligned on `times`.
+    fn attributes_json(&self, times: &[i64]) -> Value {
+        Value::Array(
+            self.attrs
+                .iter()
+                .map(|(name, series)| {
+                    let values: Vec<Value> = times
+                        .iter()
+                        .map(|t| series.get(t).cloned().unwrap_or(Value::Null))
+                        .collect();
+                    json!({"attrName": name, "values": values})
+                })
+                .collect(),
+        )
+    }
+
+    /// One attribute's `index` and `values`.
+    fn attr_json(&self, attr: &str) -> (Value, Value) {
+        let series = self.attrs.get(attr);
+        let times: Vec<i64> = series.map(|s| s.keys().copied().collect()).unwrap_or_default();
+        let values: Vec<Value> = series.map(|s| s.values().cloned().collect()).unwrap_or_default();
+        (Self::index_json(&times), Value::Array(values))
+    }
+}
+
+/// Runs a request: (entity id → series), in id order.
+async fn run(state: &AppState, req: &Request) -> ApiResult<BTreeMap<String, EntitySeries>> {
+    let store = state.pipeline.store();
+    let mut out: BTreeMap<String, EntitySeries> = BTreeMap::new();
+    match req.aggregate {
+        None => {
+            let rows: Vec<HistoryRow> = store.query_history(&req.query).await?;
+            for r in rows {
+                let value = serde_json::from_str(&r.value).unwrap_or(Value::Null);
+                let e = out.entry(r.entity_id).or_default();
+                e.entity_type = r.entity_type;
+                e.attrs.entry(r.attr).or_default().insert(r.time, value);
+            }
+        }
+        Some((method, period)) => {
+            let aggs: Vec<HistoryAggregate> =
+                store.aggregate_history(&req.query, method, period).await?;
+            if method != AggrMethod::Count
+                && !aggs.is_empty()
+                && aggs.iter().all(|a| a.value.is_none())
+            {
+                return Err(ApiError::not_found("AggrMethod cannot be applied"));
+            }
+            for a in aggs {
+                let e = out.entry(a.entity_id).or_default();
+                e.entity_type = a.entity_type;
+                let value = a.value.map(number).unwrap_or(Value::Null);
+                e.attrs.entry(a.attr).or_default().insert(a.bucket, value);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A float as JSON, integral values without a fraction.
+fn number(n: f64) -> Value {
+    if n.fract() == 0.0 && n.abs() < 9e15 {
+        Value::from(n as i64)
+    } else {
+        Value::from(n)
+    }
+}
+
+/// An empty result: QuantumLeap's clients get `[]` with 200.
+fn empty() -> Response {
+    Json(json!([])).into_response()
+}
+
+async fn single_entity(
+    state: &AppState,
+    headers: &HeaderMap,
+    params: &Params,
+    id: String,
+    attr: Option<String>,
+) -> ApiResult<Option<(String, EntitySeries)>> {
+    let scope = scope(headers)?;
+    let mut req = params.request(&scope, attr.is_some())?;
+    req.query.entity_ids = vec![id.clone()];
+    if let Some(a) = attr {
+        req.query.attrs = vec![a];
+    }
+    let mut found = run(state, &req).await?;
+    Ok(found.remove(&id).map(|s| (id, s)))
+}
+
+/// `GET /entities/{id}`.
+async fn entity(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let Some((id, s)) = single_entity(&state, &headers, &params, id, None).await? else {
+        return Ok(empty());
+    };
+    let times = s.index();
+    Ok(Json(json!({
+        "id": id,
+        "type": s.entity_type,
+        "index": EntitySeries::index_json(&times),
+        "attributes": s.attributes_json(&times),
+    }))
+    .into_response())
+}
+
+/// `GET /entities/{id}/value`.
+async fn entity_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let Some((_, s)) = single_entity(&state, &headers, &params, id, None).await? else {
+        return Ok(empty());
+    };
+    let times = s.index();
+    Ok(Json(json!({
+        "index": EntitySeries::index_json(&times),
+        "attributes": s.attributes_json(&times),
+    }))
+    .into_response())
+}
+
+/// `GET /entities/{id}/attrs/{attr}`.
+async fn entity_attr(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, attr)): Path<(String, String)>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let Some((id, s)) = single_entity(&state, &headers, &params, id, Some(attr.clone())).await?
+    else {
+        return Ok(empty());
+    };
+    let (index, values) = s.attr_json(&attr);
+    Ok(Json(json!({
+        "id": id, "type": s.entity_type, "attrName": attr, "index": index, "values": values,
+    }))
+    .into_response())
+}
+
+/// `GET /entities/{id}/attrs/{attr}/value`.
+async fn entity_attr_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, attr)): Path<(String, String)>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let Some((_, s)) = single_entity(&state, &headers, &params, id, Some(attr.clone())).await?
+    else {
+        return Ok(empty());
+    };
+    let (index, values) = s.attr_json(&attr);
+    Ok(Json(json!({"index": index, "values": values})).into_response())
+}
+
+async fn of_type(
+    state: &AppState,
+    headers: &HeaderMap,
+    params: &Params,
+    entity_type: String,
+    attr: Option<String>,
+) -> ApiResult<BTreeMap<String, EntitySeries>> {
+    let scope = scope(headers)?;
+    let mut req = params.request(&scope, attr.is_some())?;
+    req.query.entity_type = Some(entity_type);
+    if let Some(a) = attr {
+        req.query.attrs = vec![a];
+    }
+    run(state, &req).await
+}
+
+fn entities_json(all: &BTreeMap<String, EntitySeries>) -> Value {
+    Value::Array(
+        all.iter()
+            .map(|(id, s)| {
+                let times = s.index();
+                json!({"id": id, "index": EntitySeries::index_json(&times),
+                       "attributes": s.attributes_json(&times)})
+            })
+            .collect(),
+    )
+}
+
+fn entities_attr_json(all: &BTreeMap<String, EntitySeries>, attr: &str) -> Value {
+    Value::Array(
+        all.iter()
+            .map(|(id, s)| {
+                let (index, values) = s.attr_json(attr);
+                json!({"id": id, "index": index, "values": values})
+            })
+            .collect(),
+    )
+}
+
+/// `GET /types/{type}`.
+async fn type_entities(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(entity_type): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, entity_type.clone(), None).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"type": entity_type, "entities": entities_json(&all)})).into_response())
+}
+
+/// `GET /types/{type}/value`.
+async fn type_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(entity_type): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, entity_type, None).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"entities": entities_json(&all)})).into_response())
+}
+
+/// `GET /types/{type}/attrs/{attr}`.
+async fn type_attr(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((entity_type, attr)): Path<(String, String)>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, entity_type.clone(), Some(attr.clone())).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({
+        "type": entity_type, "attrName": attr, "entities": entities_attr_json(&all, &attr),
+    }))
+    .into_response())
+}
+
+/// `GET /types/{type}/attrs/{attr}/value`.
+async fn type_attr_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((entity_type, attr)): Path<(String, String)>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, entity_type, Some(attr.clone())).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"entities": entities_attr_json(&all, &attr)})).into_response())
+}
+
+/// `GET /entities`: the entities with history, each with the time of its
+/// latest row.
+async fn list_entities(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let scope = scope(&headers)?;
+    let store = state.pipeline.store();
+    let ids = list(&params.id);
+    let entities = store
+        .history_entities(
+            &scope.tenant,
+            params.entity_type.as_deref(),
+            scope.service_path.as_deref(),
+        )
+        .await?;
+    let mut out = Vec::new();
+    let (offset, limit) = (params.offset.unwrap_or(0), params.limit.unwrap_or(DEFAULT_LIMIT));
+    for e in entities
+        .into_iter()
+        .filter(|e| ids.is_empty() || ids.contains(&e.entity_id))
+        .skip(offset)
+        .take(limit)
+    {
+        let last = store
+            .query_history(&HistoryQuery {
+                tenant: scope.tenant.clone(),
+                entity_ids: vec![e.entity_id.clone()],
+                entity_type: Some(e.entity_type.clone()),
+                last_n: Some(1),
+                limit: 1,
+                ..HistoryQuery::default()
+            })
+            .await?;
+        let index: Vec<Value> = last
+            .iter()
+            .map(|r| Value::String(format_index(r.time)))
+            .collect();
+        let mut m = Map::new();
+        m.insert("id".into(), e.entity_id.into());
+        m.insert("index".into(), Value::Array(index));
+        m.insert("type".into(), e.entity_type.into());
+        out.push(Value::Object(m));
+    }
+    if out.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(Value::Array(out)).into_response())
+}
+
+/// `DELETE /entities/{id}`: the entity's history (204; 404 when it had
+/// none).
+async fn delete_entity(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let scope = scope(&headers)?;
+    let n = state
+        .pipeline
+        .store()
+        .delete_history(&scope.tenant, Some(&id), params.entity_type.as_deref())
+        .await?;
+    if n == 0 {
+        return Err(ApiError::not_found("No records were found for such query."));
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /types/{type}`: every entity of the type (204; 404 when none).
+async fn delete_type(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(entity_type): Path<String>,
+) -> ApiResult<Response> {
+    let scope = scope(&headers)?;
+    let n = state
+        .pipeline
+        .store()
+        .delete_history(&scope.tenant, None, Some(&entity_type))
+        .await?;
+    if n == 0 {
+        return Err(ApiError::not_found("No records were found for such query."));
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /health`: QuantumLeap's health shape, from the store's health.
+async fn health(State(state): State<AppState>) -> Response {
+    match state.pipeline.store().ping().await {
+        Ok(()) => Json(json!({"status": "pass"})).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "fail"})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /version`: the QuantumLeap release whose API this mirrors.
+async fn version() -> Response {
+    Json(json!({"version": "0.8.3"})).into_response()
+}

@@ -1,0 +1,158 @@
+//! Reading QuantumLeap's answers: an attribute's series
+//! (`{"index":[…],"values":[…]}`, with `id`, `type`, `attrName` around it
+//! on some endpoints), an entity's per-attribute counts, and the empty
+//! answer `[]`, which QuantumLeap gives with 200 when nothing matched.
+//!
+//! Answers are decoded into typed structs that skip what the bench does
+//! not read, so the query phase's clients (on the same 2 cores as the
+//! server) spend as little as they can on a 3600-value body.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::payload::parse_iso;
+
+/// Whether a body is QuantumLeap's empty answer, `[]`.
+fn is_empty_answer(body: &[u8]) -> Result<bool, String> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => {
+            let v: Vec<serde::de::IgnoredAny> =
+                serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+            if v.is_empty() {
+                Ok(true)
+            } else {
+                Err(format!("expected an object or [], got a list of {}", v.len()))
+            }
+        }
+        Some(b'{') => Ok(false),
+        _ => Err(format!(
+            "expected JSON, got {:?}",
+            String::from_utf8_lossy(&body[..body.len().min(80)])
+        )),
+    }
+}
+
+/// An attribute's values only (the query phase checks these).
+#[derive(Deserialize)]
+struct ValuesOnly {
+    values: Vec<Option<f64>>,
+}
+
+/// The values of a series answer, `null` as `None`; none for `[]`.
+pub fn values(body: &[u8]) -> Result<Vec<Option<f64>>, String> {
+    if is_empty_answer(body)? {
+        return Ok(Vec::new());
+    }
+    let v: ValuesOnly =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+    Ok(v.values)
+}
+
+/// An attribute's times and values (the verify phase checks both).
+#[derive(Deserialize)]
+struct IndexedValues {
+    index: Vec<String>,
+    values: Vec<Option<f64>>,
+}
+
+/// The `(time, value)` pairs of a series answer, in answer order; none for
+/// `[]`. Fails on a time that is not ISO-8601, a `null` or non-numeric
+/// value, or an index and values of different lengths.
+pub fn pairs(body: &[u8]) -> Result<Vec<(i64, f64)>, String> {
+    if is_empty_answer(body)? {
+        return Ok(Vec::new());
+    }
+    let v: IndexedValues =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+    if v.index.len() != v.values.len() {
+        return Err(format!(
+            "{} index entries for {} values",
+            v.index.len(),
+            v.values.len()
+        ));
+    }
+    v.index
+        .iter()
+        .zip(&v.values)
+        .map(|(t, value)| {
+            let time = parse_iso(t).ok_or_else(|| format!("index entry {t:?} is not a time"))?;
+            let value = value.ok_or_else(|| format!("null value at {t}"))?;
+            Ok((time, value))
+        })
+        .collect()
+}
+
+/// One attribute of an entity answer.
+#[derive(Deserialize)]
+struct AttrValues {
+    #[serde(rename = "attrName")]
+    name: String,
+    values: Vec<Option<f64>>,
+}
+
+/// An entity answer (`GET /entities/{id}`).
+#[derive(Deserialize)]
+struct EntityAnswer {
+    attributes: Vec<AttrValues>,
+}
+
+/// Rows per attribute from an `aggrMethod=count` entity answer: the sum of
+/// each attribute's (non-null) counts, whatever buckets they fall in; no
+/// attribute for `[]`.
+pub fn counts(body: &[u8]) -> Result<BTreeMap<String, u64>, String> {
+    if is_empty_answer(body)? {
+        return Ok(BTreeMap::new());
+    }
+    let v: EntityAnswer =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+    Ok(v.attributes
+        .into_iter()
+        .map(|a| {
+            let n = a.values.iter().flatten().map(|c| *c as u64).sum();
+            (a.name, n)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_series_answers() {
+        let body = br#"{"id":"Room:1","type":"Room","attrName":"temperature",
+            "index":["2025-01-01T00:01:00.000+00:00","2025-01-01T00:02:00.000+00:00"],
+            "values":[1,2.5]}"#;
+        assert_eq!(values(body), Ok(vec![Some(1.0), Some(2.5)]));
+        assert_eq!(
+            pairs(body),
+            Ok(vec![(1_735_689_660_000, 1.0), (1_735_689_720_000, 2.5)])
+        );
+        assert_eq!(values(b" []"), Ok(vec![]));
+        assert_eq!(pairs(b"[]\n"), Ok(vec![]));
+        assert_eq!(
+            values(br#"{"index":["x"],"values":[null]}"#),
+            Ok(vec![None])
+        );
+        assert!(pairs(br#"{"index":["x"],"values":[1]}"#)
+            .unwrap_err()
+            .contains("not a time"));
+        assert!(pairs(br#"{"index":[],"values":[1]}"#).is_err());
+        assert!(values(b"[1]").is_err());
+        assert!(values(b"oops").is_err());
+        assert!(values(br#"{"values":["text"]}"#).is_err());
+    }
+
+    #[test]
+    fn reads_counts_per_attribute() {
+        let body = br#"{"id":"Room:1","type":"Room","index":["2025-01-01T00:01:00.000+00:00"],
+            "attributes":[{"attrName":"TimeInstant","values":[40]},
+                          {"attrName":"pressure","values":[40]},
+                          {"attrName":"temperature","values":[39,null,1]}]}"#;
+        let c = counts(body).unwrap();
+        assert_eq!(c.len(), 3);
+        assert_eq!((c["TimeInstant"], c["pressure"], c["temperature"]), (40, 40, 40));
+        assert!(counts(b"[]").unwrap().is_empty());
+    }
+}

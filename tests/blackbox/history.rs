@@ -1,0 +1,227 @@
+//! History seen through QuantumLeap's API: values recorded from `/v2`
+//! updates, device uplinks and `POST /v2/notify` come back from the query
+//! endpoints with their time index; aggregates match values computed
+//! here; replays are stored once; tenants isolate; kill -9 loses nothing
+//! acknowledged.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::ngsi::call;
+use crate::util::*;
+
+/// A QuantumLeap notification of one Room at `time` (ISO-8601).
+fn room(id: &str, time: &str, temperature: f64, pressure: i64) -> Value {
+    json!({"id": id, "type": "Room",
+           "TimeInstant": {"type": "DateTime", "value": time},
+           "temperature": {"type": "Number", "value": temperature},
+           "pressure": {"type": "Integer", "value": pressure}})
+}
+
+async fn notify(c: &Client, tenant: Option<&str>, entities: Vec<Value>) -> (u16, Value) {
+    let mut req = c
+        .http
+        .post(format!("{}/v2/notify", c.url))
+        .json(&json!({"subscriptionId": "5947d174793fe6f7eb5e3961", "data": entities}));
+    if let Some(t) = tenant {
+        req = req.header("Fiware-Service", t);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+async fn get(c: &Client, tenant: Option<&str>, path: &str) -> (u16, Value) {
+    let (status, _, body) = call(c, "GET", path, tenant, None).await;
+    (status, body)
+}
+
+fn at(minute: u32, second: u32) -> String {
+    format!("2026-03-01T10:{minute:02}:{second:02}.000Z")
+}
+
+/// Notified values come back from every entity endpoint, with `lastN`,
+/// ranges, paging and aggregates computed per period; a replay is stored
+/// once.
+#[tokio::test]
+async fn notifications_come_back_from_the_query_api() {
+    let server = Server::start();
+    let c = server.client();
+    let temps = [20.0, 21.5, 19.0, 23.5, 22.0, 18.5];
+    for (i, t) in temps.iter().enumerate() {
+        let minute = if i < 3 { 5 } else { 35 };
+        let (status, body) =
+            notify(&c, None, vec![room("Room:1", &at(minute, i as u32), *t, 700 + i as i64)]).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // The same notification again: stored once.
+    let (status, _) = notify(&c, None, vec![room("Room:1", &at(5, 0), 20.0, 700)]).await;
+    assert_eq!(status, 200);
+
+    let (status, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["id"], "Room:1");
+    assert_eq!(body["type"], "Room");
+    assert_eq!(body["attrName"], "temperature");
+    assert_eq!(body["values"], json!(temps));
+    assert_eq!(body["index"][0], "2026-03-01T10:05:00.000+00:00");
+    assert_eq!(body["index"].as_array().unwrap().len(), 6);
+
+    let (_, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature/value?lastN=2").await;
+    assert_eq!(body["values"], json!([22.0, 18.5]));
+    let range = format!(
+        "/ql/v2/entities/Room:1/attrs/pressure/value?fromDate={}&toDate={}",
+        at(5, 1),
+        at(35, 3)
+    );
+    let (_, body) = get(&c, None, &range).await;
+    assert_eq!(body["values"], json!([701, 702, 703]));
+    let (_, body) = get(&c, None, "/ql/v2/entities/Room:1/value?limit=2&offset=1").await;
+    let attrs = body["attributes"].as_array().unwrap();
+    let names: Vec<&str> = attrs.iter().map(|a| a["attrName"].as_str().unwrap()).collect();
+    assert_eq!(names, ["TimeInstant", "pressure", "temperature"]);
+    assert_eq!(body["index"].as_array().unwrap().len(), 2);
+    assert_eq!(attrs[1]["values"], json!([701, 702]));
+
+    // Hourly, per-minute averages computed here.
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?aggrMethod=avg&aggrPeriod=hour",
+    )
+    .await;
+    let mean = temps.iter().sum::<f64>() / temps.len() as f64;
+    assert_eq!(body["values"], json!([mean]));
+    assert_eq!(body["index"], json!(["2026-03-01T10:00:00.000+00:00"]));
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?aggrMethod=max&aggrPeriod=minute",
+    )
+    .await;
+    assert_eq!(body["values"], json!([21.5, 23.5]));
+    let (_, body) = get(&c, None, "/ql/v2/types/Room/attrs/pressure?aggrMethod=count").await;
+    assert_eq!(body["entities"][0]["values"], json!([6]));
+
+    // Errors and empty results.
+    let (status, _) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature?aggrPeriod=hour").await;
+    assert_eq!(status, 400);
+    let (status, body) = get(&c, None, "/ql/v2/entities/nobody/attrs/temperature").await;
+    assert_eq!((status, body), (200, json!([])));
+}
+
+/// Changes made through `/v2` and by device uplinks are recorded without
+/// any subscription, and each tenant sees only its own history.
+#[tokio::test]
+async fn context_changes_are_recorded_per_tenant() {
+    let server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "R2", "type": "Room", "temperature": {"value": 20, "type": "Number"}});
+    call(&c, "POST", "/v2/entities", Some("acme"), Some(&e)).await;
+    for t in [21, 22] {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let v = json!({"temperature": {"value": t, "type": "Number"}});
+        let (status, _, _) = call(&c, "PATCH", "/v2/entities/R2/attrs", Some("acme"), Some(&v)).await;
+        assert_eq!(status, 204);
+    }
+    let (_, body) = get(&c, Some("acme"), "/ql/v2/entities/R2/attrs/temperature/value").await;
+    assert_eq!(body["values"], json!([20, 21, 22]));
+    let (_, body) = get(&c, Some("other"), "/ql/v2/entities/R2/attrs/temperature/value").await;
+    assert_eq!(body, json!([]));
+    let (_, body) = get(&c, None, "/ql/v2/entities/R2/attrs/temperature/value").await;
+    assert_eq!(body, json!([]));
+
+    c.create_em300th().await;
+    c.uplink("farm", "decoded", "em300th", &decoded_body("h-1", "dev-h", 37, 61, 1_700_000_000_000))
+        .await;
+    c.uplink("farm", "decoded", "em300th", &decoded_body("h-2", "dev-h", 45, 60, 1_700_000_060_000))
+        .await;
+    let body = eventually(Duration::from_secs(5), || async {
+        let (_, body) = get(&c, None, "/ql/v2/entities/dev-h/attrs/temperature").await;
+        (body["values"].as_array().map(Vec::len) == Some(2)).then_some(body)
+    })
+    .await;
+    assert_eq!(body["values"], json!([37, 45]));
+    assert_eq!(
+        body["index"],
+        json!(["2023-11-14T22:13:20.000+00:00", "2023-11-14T22:14:20.000+00:00"]),
+        "device data is filed under when it was observed"
+    );
+}
+
+/// One invalid entity does not lose the valid ones of its notification.
+#[tokio::test]
+async fn invalid_entities_do_not_lose_valid_ones() {
+    let server = Server::start();
+    let c = server.client();
+    let (status, body) = notify(
+        &c,
+        None,
+        vec![room("Room:7", &at(1, 0), 20.0, 1), json!({"type": "Room"}),
+             json!({"id": "X", "type": "Room", "temperature": 3})],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (_, body) = get(&c, None, "/ql/v2/entities/Room:7/attrs/temperature/value").await;
+    assert_eq!(body["values"], json!([20.0]));
+    let (status, _) = notify(&c, None, vec![]).await;
+    assert_eq!(status, 200);
+    let resp = c.http.post(format!("{}/v2/notify", c.url)).json(&json!({"x": 1})).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+}
+
+/// kill -9 in the middle of a burst of notifications: every one answered
+/// 200 is there after the restart.
+#[tokio::test]
+async fn kill_9_during_a_notify_burst_loses_no_acknowledged_row() {
+    let mut server = Server::start();
+    let c = server.client();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let c = c.clone();
+        let acked = acked.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..10_000u32 {
+                let time = format!("2026-03-02T00:00:00.000Z");
+                let t = parse_time(&time) + (w * 100_000 + i) as i64;
+                let mut e = room(&format!("Room:{w}"), &iso(t), i as f64, 0);
+                e["pressure"]["value"] = json!(i);
+                match tokio::time::timeout(Duration::from_secs(2), notify(&c, None, vec![e])).await {
+                    Ok((200, _)) => acked.lock().unwrap().push((w, t)),
+                    _ => break,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.kill9();
+    for t in tasks {
+        let _ = t.await;
+    }
+    server.restart();
+    let c = server.client();
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 100, "the burst got going ({} acked)", acked.len());
+    for w in 0..8u32 {
+        let (_, body) = get(&c, None, &format!("/ql/v2/entities/Room:{w}/attrs/temperature")).await;
+        let stored: std::collections::HashSet<String> = body["index"]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        for (_, t) in acked.iter().filter(|(x, _)| *x == w) {
+            let want = iso(*t).replace('Z', "+00:00");
+            assert!(stored.contains(&want), "acknowledged row {want} of Room:{w} lost");
+        }
+    }
+}
+
+fn parse_time(s: &str) -> i64 {
+    weft_model::ngsi::parse_datetime(s).unwrap()
+}
+
+fn iso(ms: i64) -> String {
+    weft_model::ngsi::format_datetime(ms)
+}
