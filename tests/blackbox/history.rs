@@ -126,8 +126,12 @@ async fn context_changes_are_recorded_per_tenant() {
         let (status, _, _) = call(&c, "PATCH", "/v2/entities/R2/attrs", Some("acme"), Some(&v)).await;
         assert_eq!(status, 204);
     }
-    let (_, body) = get(&c, Some("acme"), "/ql/v2/entities/R2/attrs/temperature/value").await;
-    assert_eq!(body["values"], json!([20, 21, 22]));
+    // Recorded from the durable feed, a few milliseconds behind the 204.
+    eventually(Duration::from_secs(5), || async {
+        let (_, body) = get(&c, Some("acme"), "/ql/v2/entities/R2/attrs/temperature/value").await;
+        (body["values"] == json!([20, 21, 22])).then_some(())
+    })
+    .await;
     let (_, body) = get(&c, Some("other"), "/ql/v2/entities/R2/attrs/temperature/value").await;
     assert_eq!(body, json!([]));
     let (_, body) = get(&c, None, "/ql/v2/entities/R2/attrs/temperature/value").await;
@@ -185,8 +189,7 @@ async fn kill_9_during_a_notify_burst_loses_no_acknowledged_row() {
         let acked = acked.clone();
         tasks.push(tokio::spawn(async move {
             for i in 0..10_000u32 {
-                let time = format!("2026-03-02T00:00:00.000Z");
-                let t = parse_time(&time) + (w * 100_000 + i) as i64;
+                let t = parse_time("2026-03-02T00:00:00.000Z") + (w * 100_000 + i) as i64;
                 let mut e = room(&format!("Room:{w}"), &iso(t), i as f64, 0);
                 e["pressure"]["value"] = json!(i);
                 match tokio::time::timeout(Duration::from_secs(2), notify(&c, None, vec![e])).await {
@@ -224,4 +227,61 @@ fn parse_time(s: &str) -> i64 {
 
 fn iso(ms: i64) -> String {
     weft_model::ngsi::format_datetime(ms)
+}
+
+/// kill -9 right after a burst of `/v2` updates: the history of every
+/// acknowledged update is there after the restart (queued durably with the
+/// change, moved into the history after the restart if it had not been).
+#[tokio::test]
+async fn kill_9_after_updates_loses_no_acknowledged_change_from_history() {
+    let mut server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "R9", "type": "Room", "n": {"value": 0, "type": "Number"},
+                   "TimeInstant": {"value": iso(1_000), "type": "DateTime"}});
+    call(&c, "POST", "/v2/entities", None, Some(&e)).await;
+    for i in 1..=300i64 {
+        let v = json!({"n": {"value": i, "type": "Number"},
+                       "TimeInstant": {"value": iso(1_000 + i), "type": "DateTime"}});
+        let (status, _, _) = call(&c, "PATCH", "/v2/entities/R9/attrs", None, Some(&v)).await;
+        assert_eq!(status, 204);
+    }
+    server.kill9();
+    server.restart();
+    let c = server.client();
+    let want: Vec<i64> = (0..=300).collect();
+    eventually(Duration::from_secs(10), || async {
+        let (_, body) = get(&c, None, "/ql/v2/entities/R9/attrs/n/value").await;
+        (body["values"] == json!(want)).then_some(())
+    })
+    .await;
+}
+
+/// With `history.quantumleap_listen`, QuantumLeap's unmodified paths work
+/// on a second port: `/v2/notify` and `/v2/entities/...`.
+#[tokio::test]
+async fn quantumleap_paths_on_a_second_listener() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let server = Server::start_with_env(&[("WEFT_HISTORY__QUANTUMLEAP_LISTEN", &addr)]);
+    let main = server.client();
+    let ql = Client {
+        url: format!("http://{addr}"),
+        ..main.clone()
+    };
+    // The second listener opens right after the first.
+    eventually(Duration::from_secs(5), || async {
+        tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+    })
+    .await;
+    let (status, _) = notify(&ql, None, vec![room("Room:q", &at(0, 0), 19.5, 1)]).await;
+    assert_eq!(status, 200);
+    let (status, body) = get(&ql, None, "/v2/entities/Room:q/attrs/temperature").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["values"], json!([19.5]));
+    // The main port keeps NGSIv2 at /v2: this is Orion's entity listing.
+    let (status, body) = get(&main, None, "/v2/entities").await;
+    assert_eq!((status, body), (200, json!([])));
 }

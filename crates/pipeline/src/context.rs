@@ -21,7 +21,7 @@ use weft_model::ngsi::{AttrChange, ChangeKind, Entity, NgsiError, UpdateOutcome}
 
 use serde_json::Value;
 use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
-use weft_store::{EntityRecord, Store};
+use weft_store::{EntityRecord, HistoryRow, Store};
 
 tokio::task_local! {
     /// Where the request being served came from, so the changes it makes
@@ -271,6 +271,8 @@ pub struct Context {
     store: Arc<dyn Store>,
     tenants: RwLock<HashMap<String, Tenant>>,
     next_created: AtomicU64,
+    /// Whether changes queue history rows (`history.record_changes`).
+    record_history: std::sync::atomic::AtomicBool,
     listeners: RwLock<Vec<Arc<dyn ChangeListener>>>,
 }
 
@@ -305,8 +307,29 @@ impl Context {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
+            record_history: std::sync::atomic::AtomicBool::new(true),
             listeners: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Turns the recording of history for changes on or off (on by
+    /// default).
+    pub fn set_record_history(&self, on: bool) {
+        self.record_history.store(on, Ordering::Relaxed);
+    }
+
+    /// The history rows of a change, if history is recorded.
+    fn history_rows<'a>(
+        &self,
+        tenant: &str,
+        e: &StoredEntity,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<HistoryRow> {
+        if !self.record_history.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let time = weft_model::history::time_index(&e.entity, None, weft_model::now_ms());
+        crate::history::rows_of(tenant, &e.service_path, &e.entity, names, time)
     }
 
     /// Adds a listener that sees every change from now on (subscriptions,
@@ -446,7 +469,8 @@ impl Context {
             t.insert(key, stored.clone());
             stored
         };
-        self.persist(tenant, &stored).await?;
+        let history = self.history_rows(tenant, &stored, stored.entity.attrs.keys());
+        self.persist(tenant, &stored, history).await?;
         let attrs = created_attrs(&stored.entity);
         self.announce(tenant, &stored, Alteration::Created, &attrs)
             .await;
@@ -485,7 +509,12 @@ impl Context {
             slot.entity = next;
             (result, slot.clone())
         };
-        self.persist(tenant, &stored).await?;
+        let history = self.history_rows(
+            tenant,
+            &stored,
+            result.touched().iter().map(|c| c.name.as_str()),
+        );
+        self.persist(tenant, &stored, history).await?;
         if !result.touched().is_empty() {
             self.announce(tenant, &stored, Alteration::Updated, result.touched())
                 .await;
@@ -532,15 +561,17 @@ impl Context {
     /// dirty: the pipeline stores them in bulk ([`Context::take_dirty`])
     /// every so often, and after a crash the units stored since the last
     /// bulk write are applied again at start, so device data never costs an
-    /// entity write per unit. Returns the waits the change listener asks
-    /// for, for the caller to await.
+    /// entity write per unit. Returns the history rows of the changes (for
+    /// the caller to store with the units) and the waits the change
+    /// listeners ask for (for the caller to await).
     pub fn apply_units<'a>(
         &self,
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
-    ) -> Vec<Backpressure> {
+    ) -> Applied {
         let listeners = self.listeners_of(DEFAULT_TENANT);
         let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
+        let mut history = Vec::new();
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
         for (unit, entity_type) in units {
@@ -567,6 +598,11 @@ impl Context {
             let attrs = crate::entity::unit_attributes(unit);
             let outcome =
                 weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
+            history.extend(self.history_rows(
+                DEFAULT_TENANT,
+                slot,
+                outcome.changes.iter().map(|c| c.name.as_str()),
+            ));
             if !listeners.is_empty() {
                 let alteration = if created {
                     Alteration::Created
@@ -591,7 +627,7 @@ impl Context {
             };
             waits.extend(listeners.iter().filter_map(|l| l.on_change(&change)));
         }
-        waits
+        Applied { waits, history }
     }
 
     /// The current state of every entity changed by [`Context::apply_units`]
@@ -609,12 +645,25 @@ impl Context {
             .collect()
     }
 
-    async fn persist(&self, tenant: &str, e: &StoredEntity) -> Result<(), NgsiError> {
+    async fn persist(
+        &self,
+        tenant: &str,
+        e: &StoredEntity,
+        history: Vec<HistoryRow>,
+    ) -> Result<(), NgsiError> {
         self.store
-            .put_entity(record(tenant, e))
+            .put_entity(record(tenant, e), history)
             .await
             .map_err(internal)
     }
+}
+
+/// What [`Context::apply_units`] leaves the caller to do.
+pub struct Applied {
+    /// Waits the change listeners ask for.
+    pub waits: Vec<Backpressure>,
+    /// History rows of the changes, to store with the units.
+    pub history: Vec<HistoryRow>,
 }
 
 /// Every attribute of a new entity, as created.

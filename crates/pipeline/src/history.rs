@@ -1,14 +1,18 @@
 //! History: every entity change recorded as time-series rows, and
 //! QuantumLeap's notifications stored the same way.
 //!
-//! [`History`] listens to the context: a created entity records all its
-//! attributes, an update the attributes it touched, each under the
-//! entity's time index ([`weft_model::history::time_index`]). The change's
-//! writer waits for the rows to commit (group commit in the store's own
-//! history file) before it answers, so an acknowledged change is never
-//! missing from history, even across kill -9. Rows are keyed by (tenant,
-//! entity, attribute, time index): recording the same state twice stores
-//! it once.
+//! Entity changes queue their rows in the store's history feed in the same
+//! transaction as the change itself (a created entity all its attributes,
+//! an update the attributes it touched, under the entity's time index,
+//! [`weft_model::history::time_index`]): the update never waits for
+//! history inserts, and nothing acknowledged can be missing from history.
+//! [`History::feed_loop`] moves the feed into the history (its own SQLite
+//! file) in large batches, recording how far it got with the rows, and
+//! picks up from there after a restart. Rows are keyed by (tenant, entity,
+//! attribute, time index), so a replay stores nothing twice.
+//!
+//! QuantumLeap's notifications ([`History::record_entities`]) are written
+//! straight into the history: their 200 means stored.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +21,19 @@ use weft_model::history::{numeric, time_index};
 use weft_model::ngsi::Entity;
 use weft_store::{HistoryRow, Store, StoreError};
 
-use crate::context::{Alteration, Backpressure, ChangeListener, EntityChange};
+use tokio_util::sync::CancellationToken;
 
 /// How often a write the store refused as overloaded is tried again.
 const OVERLOADED_RETRIES: u32 = 50;
+
+/// Most rows moved from the feed per history commit.
+const FEED_BATCH_ROWS: usize = 20_000;
+
+/// How long the feed loop sleeps when the feed is empty.
+const FEED_IDLE: Duration = Duration::from_millis(20);
+
+/// Consumed feed entries are pruned once this many have piled up.
+const FEED_PRUNE_EVERY: u64 = 1_000;
 
 /// The history recorder.
 pub struct History {
@@ -31,6 +44,66 @@ impl History {
     /// A recorder writing through `store`.
     pub fn new(store: Arc<dyn Store>) -> Arc<History> {
         Arc::new(History { store })
+    }
+
+    /// Moves the history feed into the history until `shutdown`: reads a
+    /// batch after the stored cursor, stores its rows with the new cursor
+    /// in one commit, prunes consumed entries now and then.
+    pub async fn feed_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut cursor = loop {
+            match self.store.history_feed_cursor().await {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the history feed cursor failed; retrying");
+                    if sleep_or_stop(&shutdown, Duration::from_secs(1)).await {
+                        return;
+                    }
+                }
+            }
+        };
+        let mut pruned = cursor;
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let feed = match self.store.read_history_feed(cursor, FEED_BATCH_ROWS).await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the history feed failed; retrying");
+                    if sleep_or_stop(&shutdown, Duration::from_secs(1)).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(&(through, _)) = feed.last() else {
+                if sleep_or_stop(&shutdown, FEED_IDLE).await {
+                    return;
+                }
+                continue;
+            };
+            let rows: Vec<HistoryRow> = feed.into_iter().flat_map(|(_, r)| r).collect();
+            let count = rows.len() as u64;
+            match self.store.append_history_from_feed(rows, through).await {
+                Ok(_) => {
+                    cursor = through;
+                    metrics::counter!("weft_history_rows_recorded_total").increment(count);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "storing history from the feed failed; retrying");
+                    if sleep_or_stop(&shutdown, Duration::from_millis(50)).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            if cursor - pruned >= FEED_PRUNE_EVERY {
+                match self.store.prune_history_feed(cursor).await {
+                    Ok(_) => pruned = cursor,
+                    Err(e) => tracing::warn!(error = %e, "pruning the history feed failed"),
+                }
+            }
+        }
     }
 
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),
@@ -79,6 +152,14 @@ pub fn rows_of<'a>(
         .collect()
 }
 
+/// Sleeps `d`; `true` if `shutdown` came first.
+async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown.cancelled() => true,
+    }
+}
+
 /// Appends rows, retrying while the store is overloaded (the history
 /// writer catches up within milliseconds; the caller waits, it is never
 /// told "done" for rows that are not stored).
@@ -95,37 +176,5 @@ async fn append(store: &dyn Store, rows: Vec<HistoryRow>) -> Result<u64, StoreEr
             }
             other => return other,
         }
-    }
-}
-
-impl ChangeListener for History {
-    fn interested(&self, _tenant: &str) -> bool {
-        true
-    }
-
-    fn on_change(&self, change: &EntityChange<'_>) -> Option<Backpressure> {
-        let e = change.entity;
-        let time = time_index(e, None, weft_model::now_ms());
-        let rows = match change.alteration {
-            Alteration::Deleted => return None,
-            Alteration::Created => rows_of(change.tenant, change.service_path, e, e.attrs.keys(), time),
-            Alteration::Updated => rows_of(
-                change.tenant,
-                change.service_path,
-                e,
-                change.attrs.iter().map(|c| c.name.as_str()),
-                time,
-            ),
-        };
-        if rows.is_empty() {
-            return None;
-        }
-        let store = self.store.clone();
-        Some(Box::pin(async move {
-            if let Err(e) = append(&*store, rows).await {
-                metrics::counter!("weft_history_rows_failed_total").increment(1);
-                tracing::error!(error = %e, "recording history failed");
-            }
-        }))
     }
 }

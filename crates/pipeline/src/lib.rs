@@ -104,6 +104,8 @@ pub struct PipelineConfig {
     pub log_retention: Duration,
     /// How NGSI notifications are sent.
     pub notifications: subscriptions::sender::SenderConfig,
+    /// Whether entity changes are recorded as history.
+    pub record_history: bool,
 }
 
 impl Default for PipelineConfig {
@@ -113,6 +115,7 @@ impl Default for PipelineConfig {
             max_backlog: 500_000,
             log_retention: Duration::from_secs(3600),
             notifications: Default::default(),
+            record_history: true,
         }
     }
 }
@@ -177,8 +180,9 @@ impl Pipeline {
         let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
         let subscriptions =
             subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
+        context.set_record_history(config.record_history);
         let history = history::History::new(store.clone());
-        context.add_listener(history.clone());
+        tracker.spawn(history.clone().feed_loop(shutdown.clone()));
         context.add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let cursor = store.cursor(CONSUMER).await?;
@@ -414,7 +418,7 @@ impl Pipeline {
             }
         }
         let now = weft_model::now_ms();
-        let waits = self.context.apply_units(
+        let applied = self.context.apply_units(
             batch
                 .units
                 .iter()
@@ -422,7 +426,8 @@ impl Pipeline {
                 .zip(entity_types.iter().map(String::as_str)),
             now,
         );
-        for wait in waits {
+        batch.history = applied.history;
+        for wait in applied.waits {
             wait.await;
         }
         let mut last_flush = self.entities_flushed.lock();

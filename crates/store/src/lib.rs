@@ -26,6 +26,10 @@ pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 /// point. Units after it are applied to the entities again at start.
 pub const ENTITIES_CURSOR: &str = "entities";
 
+/// Name of the cursor (in the history's file) recording how far the
+/// history feed has been moved into the history.
+pub const HISTORY_FEED_CURSOR: &str = "history_feed";
+
 /// Errors a store reports. Callers map `Overloaded` to 503 + Retry-After
 /// and everything else to 500.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +94,9 @@ pub struct ProcessedBatch {
     /// the [`ENTITIES_CURSOR`] moves to just past the highest stored data
     /// unit, in the same transaction.
     pub entities: Vec<EntityRecord>,
+    /// History rows of the entity changes this batch made, queued in the
+    /// history feed in the same transaction (see [`Store::read_history_feed`]).
+    pub history: Vec<HistoryRow>,
 }
 
 /// What [`Store::commit_processed`] did.
@@ -203,7 +210,7 @@ pub struct NgsiDocument {
 
 /// One recorded value of one attribute of one entity at one time index:
 /// a row of the history (QuantumLeap's table, narrowed).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HistoryRow {
     /// Tenant (empty for the default tenant).
     pub tenant: String,
@@ -380,8 +387,10 @@ pub trait Store: Send + Sync + 'static {
 
     // --- NGSI entities -----------------------------------------------------
 
-    /// Creates or replaces an entity (keyed by tenant, service path, id, type).
-    async fn put_entity(&self, record: EntityRecord) -> Result<()>;
+    /// Creates or replaces an entity (keyed by tenant, service path, id,
+    /// type) and queues the history rows of the change in the history feed,
+    /// in one transaction: a change is never stored without its history.
+    async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()>;
     /// Deletes an entity; `true` if it existed.
     async fn delete_entity(
         &self,
@@ -404,6 +413,22 @@ pub trait Store: Send + Sync + 'static {
     async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>>;
 
     // --- history ------------------------------------------------------------
+
+    /// The history feed after `after` (exclusive), oldest first, at most
+    /// about `max_rows` rows: (feed position, rows) per queued change set.
+    /// Entity changes queue their rows here durably with the change
+    /// ([`Store::put_entity`], [`ProcessedBatch::history`]); the history
+    /// writer moves them into the history in big batches, so an update
+    /// never waits for history inserts and nothing queued is lost.
+    async fn read_history_feed(&self, after: u64, max_rows: usize) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
+    /// Stores history rows taken from the feed and records that the feed
+    /// is consumed through `through` (in the history's own file, with the
+    /// rows). Returns how many rows were new.
+    async fn append_history_from_feed(&self, rows: Vec<HistoryRow>, through: u64) -> Result<u64>;
+    /// How far the feed has been consumed (0: nothing yet).
+    async fn history_feed_cursor(&self) -> Result<u64>;
+    /// Drops feed entries through `through` (already consumed).
+    async fn prune_history_feed(&self, through: u64) -> Result<u64>;
 
     /// Stores history rows, ignoring rows already stored with the same
     /// (tenant, entity id, entity type, attribute, time); answered after

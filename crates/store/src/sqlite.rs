@@ -460,8 +460,52 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn put_entity(&self, record: crate::EntityRecord) -> Result<()> {
-        self.main.write(|reply| Op::PutEntity(record, reply)).await
+    async fn put_entity(
+        &self,
+        record: crate::EntityRecord,
+        history: Vec<crate::HistoryRow>,
+    ) -> Result<()> {
+        self.main
+            .write(|reply| Op::PutEntity(record, history, reply))
+            .await
+    }
+
+    async fn read_history_feed(
+        &self,
+        after: u64,
+        max_rows: usize,
+    ) -> Result<Vec<(u64, Vec<crate::HistoryRow>)>> {
+        self.main
+            .reads
+            .run(move |c| reader::read_history_feed(c, after, max_rows))
+            .await
+    }
+
+    async fn append_history_from_feed(
+        &self,
+        rows: Vec<crate::HistoryRow>,
+        through: u64,
+    ) -> Result<u64> {
+        self.history
+            .write(|reply| Op::AppendHistoryFromFeed(rows, through, reply))
+            .await
+    }
+
+    async fn history_feed_cursor(&self) -> Result<u64> {
+        // Stored as the next position to read, like the pipeline's (1 when
+        // nothing was consumed yet).
+        let next = self
+            .history
+            .reads
+            .run(|c| reader::cursor(c, crate::HISTORY_FEED_CURSOR))
+            .await?;
+        Ok(next.saturating_sub(1))
+    }
+
+    async fn prune_history_feed(&self, through: u64) -> Result<u64> {
+        self.main
+            .write(|reply| Op::PruneHistoryFeed(through, reply))
+            .await
     }
 
     async fn delete_entity(

@@ -137,14 +137,27 @@ impl Default for NgsiSection {
     }
 }
 
-/// `[history]`: QuantumLeap's API.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// `[history]`: recording and QuantumLeap's API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
+    /// Record every entity change (from `/v2` and device data) as history.
+    /// Costs CPU per attribute written; off, only `POST /v2/notify`
+    /// feeds the history.
+    pub record_changes: bool,
     /// A second listen address serving QuantumLeap's API at its own paths
     /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
     /// the `/ql` prefix (QuantumLeap's port is 8668). None: not served.
     pub quantumleap_listen: Option<SocketAddr>,
+}
+
+impl Default for HistorySection {
+    fn default() -> Self {
+        HistorySection {
+            record_changes: true,
+            quantumleap_listen: None,
+        }
+    }
 }
 
 /// `[notifications]`: how NGSI subscription notifications are sent.

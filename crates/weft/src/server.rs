@@ -73,6 +73,7 @@ pub async fn serve(
                 lanes: config.notifications.connections_per_endpoint.max(1),
                 lane_capacity: config.notifications.queue_per_connection.max(1),
             },
+            record_history: config.history.record_changes,
         },
         pipeline_stop.clone(),
         &tracker,

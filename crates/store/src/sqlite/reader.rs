@@ -678,3 +678,28 @@ pub(super) fn aggregate_history(
     }
     Ok(out)
 }
+
+pub(super) fn read_history_feed(
+    conn: &Connection,
+    after: u64,
+    max_rows: usize,
+) -> Result<Vec<(u64, Vec<crate::HistoryRow>)>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT seq, rows FROM history_feed WHERE seq > ?1 ORDER BY seq")
+        .db()?;
+    let mut rows = stmt.query([after as i64]).db()?;
+    let mut out = Vec::new();
+    let mut total = 0;
+    while let Some(row) = rows.next().db()? {
+        let seq = position(row, 0)?;
+        let text: String = row.get(1).db()?;
+        let batch: Vec<crate::HistoryRow> = serde_json::from_str(&text)
+            .map_err(|e| crate::StoreError::Database(format!("history feed entry {seq}: {e}")))?;
+        total += batch.len();
+        out.push((seq, batch));
+        if total >= max_rows {
+            break;
+        }
+    }
+    Ok(out)
+}

@@ -57,6 +57,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Every file of the store applies every step (the tables a file does not
 /// use stay empty), so one list serves all of them.
+/// - `history_feed` (step 5, main file): history rows of entity changes
+///   waiting for the history writer, one JSON array per change set,
+///   written in the same transaction as the change.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -145,6 +148,12 @@ CREATE TABLE history_entities (
     PRIMARY KEY (tenant, entity_type, entity_id)
 ) WITHOUT ROWID;
 CREATE INDEX history_entities_id ON history_entities (tenant, entity_id, service_path);
+"#,
+    r#"
+CREATE TABLE history_feed (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    rows TEXT    NOT NULL
+);
 "#,
 ];
 

@@ -255,6 +255,7 @@ async fn commit_processed_is_idempotent_and_moves_the_cursor() {
         failures: vec![failure(2, Some("c"), None, json!({"x": 1}))],
         new_devices: vec![device("d1", "t", "c", json!({}))],
         entities: vec![entity("", "/", "d1", "T", 1, "{\"v\":1}")],
+        history: Vec::new(),
     };
     let out = store
         .commit_processed(Arc::new(first.clone()))
@@ -916,19 +917,19 @@ async fn entities_are_keyed_replaced_deleted_and_kept_across_reopen() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     store
-        .put_entity(entity("t1", "/", "E", "T", 2, "{}"))
+        .put_entity(entity("t1", "/", "E", "T", 2, "{}"), Vec::new())
         .await
         .unwrap();
     store
-        .put_entity(entity("t1", "/a", "E", "T", 3, "{}"))
+        .put_entity(entity("t1", "/a", "E", "T", 3, "{}"), Vec::new())
         .await
         .unwrap();
     store
-        .put_entity(entity("t2", "/", "E", "T", 1, "{}"))
+        .put_entity(entity("t2", "/", "E", "T", 1, "{}"), Vec::new())
         .await
         .unwrap();
     store
-        .put_entity(entity("t1", "/", "E", "T", 2, "{\"new\":true}"))
+        .put_entity(entity("t1", "/", "E", "T", 2, "{\"new\":true}"), Vec::new())
         .await
         .unwrap();
     store
@@ -1940,4 +1941,57 @@ async fn history_throughput() {
     );
     assert_eq!(rows.len(), 10_000);
     store.close().await;
+}
+
+fn feed_row(entity: &str, time: i64) -> crate::HistoryRow {
+    crate::HistoryRow {
+        tenant: String::new(),
+        service_path: "/".into(),
+        entity_id: entity.into(),
+        entity_type: "T".into(),
+        attr: "a".into(),
+        attr_type: "Number".into(),
+        time,
+        value: time.to_string(),
+        number: Some(time as f64),
+    }
+}
+
+/// Entity changes queue their history rows durably with the change; the
+/// feed is read in order, moved into the history with its cursor, pruned,
+/// and the cursor survives a reopen.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_feed_is_queued_with_the_change_and_consumed_once() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    assert_eq!(store.history_feed_cursor().await.unwrap(), 0);
+    store
+        .put_entity(entity("", "/", "E", "T", 1, "{}"), vec![feed_row("E", 1), feed_row("E", 2)])
+        .await
+        .unwrap();
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumer: "pipeline".into(),
+            next_seq: 2,
+            history: vec![feed_row("D", 3)],
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    store.put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new()).await.unwrap();
+    let feed = store.read_history_feed(0, 100).await.unwrap();
+    assert_eq!(feed.len(), 2, "a change without rows queues nothing");
+    assert_eq!(feed[0].1, vec![feed_row("E", 1), feed_row("E", 2)]);
+    assert_eq!(feed[1].1, vec![feed_row("D", 3)]);
+    let through = feed[1].0;
+    let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(store.append_history_from_feed(rows.clone(), through).await.unwrap(), 3);
+    assert_eq!(store.append_history_from_feed(rows, through).await.unwrap(), 0, "idempotent");
+    assert_eq!(store.history_feed_cursor().await.unwrap(), through);
+    assert_eq!(store.prune_history_feed(through).await.unwrap(), 2);
+    assert!(store.read_history_feed(0, 100).await.unwrap().is_empty());
+    store.close().await;
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(store.history_feed_cursor().await.unwrap(), through);
 }

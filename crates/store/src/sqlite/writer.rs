@@ -78,8 +78,12 @@ pub(super) enum Op {
     },
     /// Delete a device; answers "existed".
     DeleteDevice(String, Reply<bool>),
-    /// Create or replace an NGSI entity.
-    PutEntity(crate::EntityRecord, Reply<()>),
+    /// Create or replace an NGSI entity and queue its history rows.
+    PutEntity(crate::EntityRecord, Vec<crate::HistoryRow>, Reply<()>),
+    /// Store history rows from the feed and move the feed cursor.
+    AppendHistoryFromFeed(Vec<crate::HistoryRow>, u64, Reply<u64>),
+    /// Drop consumed feed entries.
+    PruneHistoryFeed(u64, Reply<u64>),
     /// Delete an NGSI entity (tenant, service path, id, type); answers "existed".
     DeleteEntity([String; 4], Reply<bool>),
     /// Create or replace an NGSI subscription or registration.
@@ -405,7 +409,32 @@ impl Writer {
                 reply,
                 delete(conn, "DELETE FROM devices WHERE id = ?1", &id).db(),
             ),
-            Op::PutEntity(record, reply) => Done::Unit(reply, put_entity(conn, &record).db()),
+            Op::PutEntity(record, history, reply) => Done::Unit(
+                reply,
+                put_entity(conn, &record)
+                    .and_then(|()| queue_history(conn, &history))
+                    .db(),
+            ),
+            Op::AppendHistoryFromFeed(rows, through, reply) => Done::U64(
+                reply,
+                append_history(conn, &rows)
+                    .and_then(|n| {
+                        conn.prepare_cached(
+                            "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
+                             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+                        )?
+                        .execute((crate::HISTORY_FEED_CURSOR, to_i64(through + 1)))?;
+                        Ok(n)
+                    })
+                    .db(),
+            ),
+            Op::PruneHistoryFeed(through, reply) => Done::U64(
+                reply,
+                conn.prepare_cached("DELETE FROM history_feed WHERE seq <= ?1")
+                    .and_then(|mut st| st.execute([to_i64(through)]))
+                    .map(|n| n as u64)
+                    .db(),
+            ),
             Op::DeleteEntity([tenant, path, id, entity_type], reply) => Done::Bool(
                 reply,
                 conn.prepare_cached(
@@ -477,6 +506,8 @@ fn not_run(op: Op) -> Done {
         Op::Append(_, reply)
         | Op::Prune { reply, .. }
         | Op::AppendHistory(_, reply)
+        | Op::AppendHistoryFromFeed(_, _, reply)
+        | Op::PruneHistoryFeed(_, reply)
         | Op::DeleteHistory { reply, .. } => Done::U64(reply, Ok(0)),
         Op::Processed(_, reply) => Done::Outcome(reply, Ok(CommitOutcome::default())),
         Op::PutDeviceType { reply, .. }
@@ -487,7 +518,7 @@ fn not_run(op: Op) -> Done {
         | Op::DeleteDocument(_, reply) => Done::Bool(reply, Ok(false)),
         Op::Ping(reply)
         | Op::Close(reply)
-        | Op::PutEntity(_, reply)
+        | Op::PutEntity(_, _, reply)
         | Op::PutDocument(_, reply) => Done::Unit(reply, Ok(())),
     }
 }
@@ -587,6 +618,7 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
          ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
     )?
     .execute((&batch.consumer, to_i64(batch.next_seq)))?;
+    queue_history(conn, &batch.history)?;
     if !batch.entities.is_empty() {
         for record in &batch.entities {
             put_entity(conn, record)?;
@@ -611,6 +643,18 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
 /// fails on a caller's bug, reported as an SQL error rather than a panic).
 fn json_text(json: &[u8]) -> rusqlite::Result<&str> {
     std::str::from_utf8(json).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+/// Queues history rows in the feed (nothing for none).
+fn queue_history(conn: &Connection, rows: &[crate::HistoryRow]) -> rusqlite::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let json = serde_json::to_string(rows)
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    conn.prepare_cached("INSERT INTO history_feed (rows) VALUES (?1)")?
+        .execute([json])?;
+    Ok(())
 }
 
 fn put_entity(conn: &Connection, r: &crate::EntityRecord) -> rusqlite::Result<()> {
