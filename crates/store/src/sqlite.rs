@@ -173,6 +173,7 @@ impl SqliteStore {
             &config,
             config.synchronous,
             schema::PAGE_SIZE,
+            false,
             "log",
             2,
         )?;
@@ -186,17 +187,19 @@ impl SqliteStore {
             &config,
             Synchronous::Normal,
             schema::PAGE_SIZE,
+            false,
             "main",
             config.read_connections,
         )?;
-        // History is not rebuilt from anything: a notify answered 200 must
-        // survive a power cut, as QuantumLeap's does, so it syncs like the
-        // log.
+        // History: a notify's 200 and the feed's cursor need to survive a
+        // crash of weft, which NORMAL gives (like the main file); its writer
+        // runs at a lower priority, see `lower_thread_priority`.
         let (history, _) = Part::open(
             &history_path(&config.path),
             &config,
             Synchronous::Normal,
             schema::HISTORY_PAGE_SIZE,
+            true,
             "history",
             config.read_connections,
         )?;
@@ -209,6 +212,16 @@ impl SqliteStore {
     }
 }
 
+/// Lowers the calling thread's scheduling priority (nice +5): the history
+/// writer's big batches then give way to latency-sensitive threads (HTTP,
+/// the pipeline, the other writers) when the cores are busy, and catch up
+/// when they are not. On Linux `nice` applies to the calling thread only.
+fn lower_thread_priority() {
+    // SAFETY: `nice` only changes the calling thread's priority; its
+    // failure (e.g. not permitted) leaves the priority as it was.
+    let _ = unsafe { libc::nice(5) };
+}
+
 impl Part {
     /// Opens and migrates one file and starts its writer and checkpointer.
     /// Returns the part and the watch of its highest committed log `seq`.
@@ -217,6 +230,7 @@ impl Part {
         config: &SqliteConfig,
         synchronous: Synchronous,
         page_size: i64,
+        background: bool,
         name: &str,
         read_connections: usize,
     ) -> Result<(Part, watch::Receiver<u64>)> {
@@ -246,7 +260,12 @@ impl Part {
             .map_err(|e| StoreError::Database(format!("cannot start the checkpointer: {e}")))?;
         let handle = std::thread::Builder::new()
             .name(format!("weft-store-{name}"))
-            .spawn(move || writer.run())
+            .spawn(move || {
+                if background {
+                    lower_thread_priority();
+                }
+                writer.run()
+            })
             .map_err(|e| StoreError::Database(format!("cannot start the writer thread: {e}")))?;
         tracing::info!(
             path = %path.display(),
