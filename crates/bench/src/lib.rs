@@ -23,6 +23,9 @@
 //! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
 //!   stress tests): `ngsi-update`'s load with subscriptions and a
 //!   notification sink in the bench process.
+//! - [`history`]: the `history` scenario (seed 003's QuantumLeap load
+//!   test): notifications to `/v2/notify`, every row read back, then
+//!   `lastN`, range and aggregation queries.
 //!
 //! Adding a scenario is a new module with an `Args` struct (flattening
 //! [`CommonArgs`]) and a `run` returning a [`summary::Summary`], plus one
@@ -31,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod common;
+pub mod history;
 pub mod http;
 pub mod ingest;
 pub mod ngsi_notify;
@@ -40,6 +44,7 @@ pub mod summary;
 pub mod target;
 
 pub use common::CommonArgs;
+pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
 pub use ngsi_notify::NgsiNotifyArgs;
 pub use ngsi_update::NgsiUpdateArgs;
@@ -65,6 +70,12 @@ pub enum BenchCommand {
     /// received exactly the notifications owed for its entity's updates,
     /// and measures their delay.
     NgsiNotify(NgsiNotifyArgs),
+    /// Seed 003's QuantumLeap load test: C clients POST notifications of
+    /// `Room` entities to `/v2/notify`; checks every acknowledged
+    /// notification is stored (3 rows, values as sent), then measures and
+    /// checks `lastN`, range and hourly-average queries (optionally over a
+    /// preloaded `Room:big` of millions of rows).
+    History(HistoryArgs),
 }
 
 impl BenchCommand {
@@ -74,6 +85,7 @@ impl BenchCommand {
             BenchCommand::Ingest(args) => &args.common,
             BenchCommand::NgsiUpdate(args) => &args.common,
             BenchCommand::NgsiNotify(args) => &args.common,
+            BenchCommand::History(args) => &args.common,
         }
     }
 }
@@ -91,6 +103,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
         BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
         BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,
+        BenchCommand::History(args) => history::run(args, &session).await,
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;

@@ -22,7 +22,10 @@ fn is_empty_answer(body: &[u8]) -> Result<bool, String> {
             if v.is_empty() {
                 Ok(true)
             } else {
-                Err(format!("expected an object or [], got a list of {}", v.len()))
+                Err(format!(
+                    "expected an object or [], got a list of {}",
+                    v.len()
+                ))
             }
         }
         Some(b'{') => Ok(false),
@@ -152,7 +155,10 @@ mod tests {
                           {"attrName":"temperature","values":[39,null,1]}]}"#;
         let c = counts(body).unwrap();
         assert_eq!(c.len(), 3);
-        assert_eq!((c["TimeInstant"], c["pressure"], c["temperature"]), (40, 40, 40));
+        assert_eq!(
+            (c["TimeInstant"], c["pressure"], c["temperature"]),
+            (40, 40, 40)
+        );
         assert!(counts(b"[]").unwrap().is_empty());
     }
 }

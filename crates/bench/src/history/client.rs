@@ -167,18 +167,25 @@ mod tests {
 
     #[test]
     fn tallies_merge_and_render() {
-        let mut a = Tally::default();
-        a.sent = 3;
+        let mut a = Tally {
+            sent: 3,
+            timeouts: 1,
+            ..Tally::default()
+        };
         a.statuses.insert(200, 2);
         a.latency.record(1000).unwrap();
-        a.timeouts = 1;
-        let mut b = Tally::default();
-        b.sent = 2;
+        let mut b = Tally {
+            sent: 2,
+            ..Tally::default()
+        };
         b.statuses.insert(200, 1);
         b.statuses.insert(503, 1);
         b.latency.record(3000).unwrap();
         a.merge(&b);
-        assert_eq!((a.sent, a.status(200), a.status(503), a.status(400)), (5, 3, 1, 0));
+        assert_eq!(
+            (a.sent, a.status(200), a.status(503), a.status(400)),
+            (5, 3, 1, 0)
+        );
         assert_eq!(a.latency.len(), 2);
         match a.status_metric() {
             Metric::Tally { values } => {

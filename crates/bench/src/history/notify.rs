@@ -145,9 +145,10 @@ async fn closed_loop(
     let mut request = Vec::with_capacity(512);
     let mut slot = 0;
     while !owned.is_empty() && start.elapsed() < plan.duration {
-        let (_, id, series) = &mut owned[slot];
+        let here = slot;
         slot = (slot + 1) % owned.len();
-        let seq = series.next();
+        let (_, id, series) = &mut owned[here];
+        let seq = series.next_seq();
         render_notification(&mut body, id, [(series.time(seq), seq)]);
         plan.head.render(&mut request, &body);
         counters.sent.fetch_add(1, Ordering::Relaxed);

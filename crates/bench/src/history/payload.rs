@@ -95,15 +95,27 @@ pub fn parse_iso(s: &str) -> Option<i64> {
         if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
             return None;
         }
-        Some(part.iter().fold(0i64, |acc, c| acc * 10 + i64::from(c - b'0')))
+        Some(
+            part.iter()
+                .fold(0i64, |acc, c| acc * 10 + i64::from(c - b'0')),
+        )
     };
-    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':'
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
     {
         return None;
     }
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
     {
         return None;
     }
@@ -279,7 +291,11 @@ mod tests {
     #[test]
     fn renders_many_points_of_one_entity() {
         let mut out = Vec::new();
-        render_notification(&mut out, BIG_ENTITY, (1..=100).map(|j| (j * 1000, j as u64)));
+        render_notification(
+            &mut out,
+            BIG_ENTITY,
+            (1..=100).map(|j| (j * 1000, j as u64)),
+        );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         let data = v["data"].as_array().unwrap();
         assert_eq!(data.len(), 100);

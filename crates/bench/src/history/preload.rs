@@ -54,6 +54,10 @@ pub struct PreloadReport {
     pub tally: Tally,
     /// Rows the server acknowledged (200s × batch size × 3).
     pub rows_ok: u64,
+    /// Batches answered 200 (after any resends).
+    pub batches_ok: u64,
+    /// Batches never answered 200.
+    pub batches_failed: u64,
     /// From the first batch to the last response.
     pub elapsed: Duration,
 }
@@ -94,8 +98,7 @@ pub async fn preload(session: &Session, tenant: &str, rows: u64, origin: i64) ->
                 let mut tally = Tally::default();
                 let mut failed = Vec::new();
                 let (mut body, mut request) = (Vec::new(), Vec::new());
-                while let Some((lo, hi)) =
-                    batch_range(next.fetch_add(1, Ordering::Relaxed), states)
+                while let Some((lo, hi)) = batch_range(next.fetch_add(1, Ordering::Relaxed), states)
                 {
                     let points = (lo..=hi).map(|seq| (template.time(seq), seq));
                     render_notification(&mut body, BIG_ENTITY, points);
@@ -130,6 +133,7 @@ pub async fn preload(session: &Session, tenant: &str, rows: u64, origin: i64) ->
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     let mut tally = Tally::default();
+    let mut batches_failed = 0;
     for result in results {
         let (t, failed) = match result {
             Ok(r) => r,
@@ -138,9 +142,12 @@ pub async fn preload(session: &Session, tenant: &str, rows: u64, origin: i64) ->
         tally.merge(&t);
         for (lo, hi) in failed {
             series.mark_unsure(lo, hi);
+            batches_failed += 1;
         }
     }
     PreloadReport {
+        batches_ok: states.div_ceil(BATCH) - batches_failed,
+        batches_failed,
         rows_ok: series.certain() * ATTRS_PER_ENTITY,
         series,
         tally,

@@ -55,7 +55,15 @@ impl Kind {
     /// Every kind, in the order they are asked and reported.
     pub const ALL: [Kind; 3] = [Kind::LastN, Kind::Range, Kind::AvgHour];
 
-    /// The kind's name in metric names.
+    /// Parses a kind by its [`name`](Kind::name), for `--queries`.
+    pub fn parse(s: &str) -> Result<Kind, String> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == s.trim())
+            .ok_or_else(|| format!("{s:?}: expected one of lastn, range, avg_hour"))
+    }
+
+    /// The kind's name in metric names and `--queries`.
     pub fn name(self) -> &'static str {
         match self {
             Kind::LastN => "lastn",
@@ -82,7 +90,7 @@ impl Kind {
         match self {
             Kind::LastN => (format!("lastN={LAST_N}"), series.expect_last_n(LAST_N)),
             Kind::Range => {
-                let per_window = (RANGE_MS / (series.time(1) - series.time(0))).max(1) as u64;
+                let per_window = (RANGE_MS / series.step()).max(1) as u64;
                 let starts = series.sent().saturating_sub(per_window - 1).max(1);
                 let from = series.time(1 + pick % starts);
                 let to = from + RANGE_MS - 1;
@@ -140,13 +148,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The pairs to ask: every kind of the load entities when there are
-    /// any, and of `Room:big` when it was preloaded.
-    pub fn mix(load: bool, big: bool) -> Vec<(Kind, Class)> {
+    /// The pairs to ask: each of `kinds` (once, in the order of
+    /// [`Kind::ALL`]) of the load entities when there are any, and of
+    /// `Room:big` when it was preloaded.
+    pub fn mix(kinds: &[Kind], load: bool, big: bool) -> Vec<(Kind, Class)> {
         let mut mix = Vec::new();
         for (class, wanted) in [(Class::Load, load), (Class::Big, big)] {
             if wanted {
-                mix.extend(Kind::ALL.iter().map(|&k| (k, class)));
+                let asked = Kind::ALL.into_iter().filter(|k| kinds.contains(k));
+                mix.extend(asked.map(|k| (k, class)));
             }
         }
         mix
@@ -280,7 +290,9 @@ async fn closed_loop(
         let request = render_request("GET", &target, &plan.host, &headers, None);
         body.clear();
         let report = &mut reports[pair];
-        let head = caller.call(&request, Some(&mut body), &mut report.tally).await;
+        let head = caller
+            .call(&request, Some(&mut body), &mut report.tally)
+            .await;
         answered.fetch_add(1, Ordering::Relaxed);
         let outcome = match head {
             Some(h) if h.status == 200 => answer::values(&body).and_then(|v| expect.check(&v)),
@@ -375,11 +387,26 @@ mod tests {
 
     #[test]
     fn the_mix_asks_every_kind_of_every_class() {
-        assert_eq!(Plan::mix(true, false).len(), 3);
-        let both = Plan::mix(true, true);
+        let all = Kind::ALL;
+        assert_eq!(Plan::mix(&all, true, false).len(), 3);
+        let both = Plan::mix(&all, true, true);
         assert_eq!(both.len(), 6);
         assert_eq!(both[3], (Kind::LastN, Class::Big));
-        assert_eq!(Plan::mix(false, true)[0].1, Class::Big);
-        assert!(Plan::mix(false, false).is_empty());
+        assert_eq!(Plan::mix(&all, false, true)[0].1, Class::Big);
+        assert!(Plan::mix(&all, false, false).is_empty());
+        // A subset, given in any order or twice, is asked once each in order.
+        let some = [Kind::AvgHour, Kind::LastN, Kind::AvgHour];
+        assert_eq!(
+            Plan::mix(&some, false, true),
+            [(Kind::LastN, Class::Big), (Kind::AvgHour, Class::Big)]
+        );
+    }
+
+    #[test]
+    fn kinds_parse_by_name() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.name()), Ok(k));
+        }
+        assert!(Kind::parse("avg").is_err());
     }
 }

@@ -77,7 +77,7 @@ impl Series {
     }
 
     /// Numbers the next notification (1, 2, …).
-    pub fn next(&mut self) -> u64 {
+    pub fn next_seq(&mut self) -> u64 {
         self.sent += 1;
         self.sent
     }
@@ -113,6 +113,11 @@ impl Series {
         } else {
             self.certain_in(1, self.sent)
         }
+    }
+
+    /// Time between consecutive notifications, ms.
+    pub fn step(&self) -> i64 {
+        self.step
     }
 
     /// The time index of notification `seq`.
@@ -303,7 +308,7 @@ mod tests {
     #[test]
     fn numbers_notifications_on_a_time_grid() {
         let mut s = Series::new(1_000, 10);
-        assert_eq!((s.next(), s.next(), s.next()), (1, 2, 3));
+        assert_eq!((s.next_seq(), s.next_seq(), s.next_seq()), (1, 2, 3));
         assert_eq!(s.sent(), 3);
         assert_eq!(s.time(1), 1_010);
         assert_eq!(s.seq_of(1_030, 3.0), Some(3));
@@ -416,7 +421,10 @@ mod tests {
         };
         assert_eq!(e.check(&[Some(1.0), Some(2.5)]), Ok(()));
         assert!(e.check(&[Some(1.0)]).unwrap_err().contains("expected 2"));
-        assert!(e.check(&[Some(1.0), Some(3.0)]).unwrap_err().contains("value 1"));
+        assert!(e
+            .check(&[Some(1.0), Some(3.0)])
+            .unwrap_err()
+            .contains("value 1"));
         assert!(e.check(&[Some(1.0), None]).unwrap_err().contains("null"));
         let loose = Expect {
             min: 1,
@@ -432,9 +440,7 @@ mod tests {
         let mut s = series(5);
         s.mark_unsure(4, 4);
         let read = |seqs: &[u64]| -> Vec<(i64, f64)> {
-            seqs.iter()
-                .map(|&q| (q as i64 * MIN, q as f64))
-                .collect()
+            seqs.iter().map(|&q| (q as i64 * MIN, q as f64)).collect()
         };
         assert_eq!(s.check_stored(&read(&[1, 2, 3, 5])), Ok(4));
         assert_eq!(s.check_stored(&read(&[1, 2, 3, 4, 5])), Ok(5));

@@ -283,12 +283,18 @@ mod tests {
         assert!(check_counts(&all(39), 40, 40)
             .unwrap_err()
             .contains("39 TimeInstant rows, expected 40"));
-        assert!(check_counts(&all(43), 40, 42).unwrap_err().contains("40..=42"));
+        assert!(check_counts(&all(43), 40, 42)
+            .unwrap_err()
+            .contains("40..=42"));
         let uneven = counts(&[("TimeInstant", 40), ("temperature", 40), ("pressure", 39)]);
-        assert!(check_counts(&uneven, 39, 40).unwrap_err().contains("one of each"));
+        assert!(check_counts(&uneven, 39, 40)
+            .unwrap_err()
+            .contains("one of each"));
         let mut extra = all(40);
         extra.insert("humidity".into(), 40);
-        assert!(check_counts(&extra, 40, 40).unwrap_err().contains("humidity"));
+        assert!(check_counts(&extra, 40, 40)
+            .unwrap_err()
+            .contains("humidity"));
         // An entity never notified answers [].
         assert_eq!(check_counts(&BTreeMap::new(), 0, 0), Ok(0));
         assert!(check_counts(&BTreeMap::new(), 1, 1).is_err());
