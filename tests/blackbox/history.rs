@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use crate::ngsi::call;
 use crate::util::*;
 
+/// Turns on the recording of entity changes (off by default).
+const RECORD_CHANGES: &[(&str, &str)] = &[("WEFT_HISTORY__RECORD_CHANGES", "true")];
+
 /// A QuantumLeap notification of one Room at `time` (ISO-8601).
 fn room(id: &str, time: &str, temperature: f64, pressure: i64) -> Value {
     json!({"id": id, "type": "Room",
@@ -116,7 +119,7 @@ async fn notifications_come_back_from_the_query_api() {
 /// any subscription, and each tenant sees only its own history.
 #[tokio::test]
 async fn context_changes_are_recorded_per_tenant() {
-    let server = Server::start();
+    let server = Server::start_with_env(RECORD_CHANGES);
     let c = server.client();
     let e = json!({"id": "R2", "type": "Room", "temperature": {"value": 20, "type": "Number"}});
     call(&c, "POST", "/v2/entities", Some("acme"), Some(&e)).await;
@@ -234,7 +237,7 @@ fn iso(ms: i64) -> String {
 /// change, moved into the history after the restart if it had not been).
 #[tokio::test]
 async fn kill_9_after_updates_loses_no_acknowledged_change_from_history() {
-    let mut server = Server::start();
+    let mut server = Server::start_with_env(RECORD_CHANGES);
     let c = server.client();
     let e = json!({"id": "R9", "type": "Room", "n": {"value": 0, "type": "Number"},
                    "TimeInstant": {"value": iso(1_000), "type": "DateTime"}});
@@ -284,4 +287,18 @@ async fn quantumleap_paths_on_a_second_listener() {
     // The main port keeps NGSIv2 at /v2: this is Orion's entity listing.
     let (status, body) = get(&main, None, "/v2/entities").await;
     assert_eq!((status, body), (200, json!([])));
+}
+
+/// Off by default: without `history.record_changes` an entity change adds
+/// nothing to history (only notifications do).
+#[tokio::test]
+async fn changes_are_not_recorded_unless_asked() {
+    let server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "R3", "type": "Room", "temperature": {"value": 20, "type": "Number"}});
+    let (status, _, _) = call(&c, "POST", "/v2/entities", None, Some(&e)).await;
+    assert_eq!(status, 201);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (_, body) = get(&c, None, "/ql/v2/entities/R3/attrs/temperature/value").await;
+    assert_eq!(body, json!([]));
 }

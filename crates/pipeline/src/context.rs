@@ -307,13 +307,13 @@ impl Context {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
-            record_history: std::sync::atomic::AtomicBool::new(true),
+            record_history: std::sync::atomic::AtomicBool::new(false),
             listeners: RwLock::new(Vec::new()),
         })
     }
 
-    /// Turns the recording of history for changes on or off (on by
-    /// default).
+    /// Turns the recording of history for changes on or off (off by
+    /// default, see `history.record_changes`).
     pub fn set_record_history(&self, on: bool) {
         self.record_history.store(on, Ordering::Relaxed);
     }

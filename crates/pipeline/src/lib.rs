@@ -115,7 +115,7 @@ impl Default for PipelineConfig {
             max_backlog: 500_000,
             log_retention: Duration::from_secs(3600),
             notifications: Default::default(),
-            record_history: true,
+            record_history: false,
         }
     }
 }

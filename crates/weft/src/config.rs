@@ -142,8 +142,9 @@ impl Default for NgsiSection {
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
     /// Record every entity change (from `/v2` and device data) as history.
-    /// Costs CPU per attribute written; off, only `POST /v2/notify`
-    /// feeds the history.
+    /// Off by default: on 2 cores it costs about half the NGSI update
+    /// throughput (docs/benchmarks.md); off, only `POST /v2/notify` feeds
+    /// the history.
     pub record_changes: bool,
     /// A second listen address serving QuantumLeap's API at its own paths
     /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
@@ -154,7 +155,7 @@ pub struct HistorySection {
 impl Default for HistorySection {
     fn default() -> Self {
         HistorySection {
-            record_changes: true,
+            record_changes: false,
             quantumleap_listen: None,
         }
     }
