@@ -33,7 +33,10 @@ async fn notify(c: &Client, tenant: Option<&str>, entities: Vec<Value>) -> (u16,
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 async fn get(c: &Client, tenant: Option<&str>, path: &str) -> (u16, Value) {
@@ -55,8 +58,12 @@ async fn notifications_come_back_from_the_query_api() {
     let temps = [20.0, 21.5, 19.0, 23.5, 22.0, 18.5];
     for (i, t) in temps.iter().enumerate() {
         let minute = if i < 3 { 5 } else { 35 };
-        let (status, body) =
-            notify(&c, None, vec![room("Room:1", &at(minute, i as u32), *t, 700 + i as i64)]).await;
+        let (status, body) = notify(
+            &c,
+            None,
+            vec![room("Room:1", &at(minute, i as u32), *t, 700 + i as i64)],
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
     }
     // The same notification again: stored once.
@@ -72,7 +79,12 @@ async fn notifications_come_back_from_the_query_api() {
     assert_eq!(body["index"][0], "2026-03-01T10:05:00.000+00:00");
     assert_eq!(body["index"].as_array().unwrap().len(), 6);
 
-    let (_, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature/value?lastN=2").await;
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature/value?lastN=2",
+    )
+    .await;
     assert_eq!(body["values"], json!([22.0, 18.5]));
     let range = format!(
         "/ql/v2/entities/Room:1/attrs/pressure/value?fromDate={}&toDate={}",
@@ -83,7 +95,10 @@ async fn notifications_come_back_from_the_query_api() {
     assert_eq!(body["values"], json!([701, 702, 703]));
     let (_, body) = get(&c, None, "/ql/v2/entities/Room:1/value?limit=2&offset=1").await;
     let attrs = body["attributes"].as_array().unwrap();
-    let names: Vec<&str> = attrs.iter().map(|a| a["attrName"].as_str().unwrap()).collect();
+    let names: Vec<&str> = attrs
+        .iter()
+        .map(|a| a["attrName"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["TimeInstant", "pressure", "temperature"]);
     assert_eq!(body["index"].as_array().unwrap().len(), 2);
     assert_eq!(attrs[1]["values"], json!([701, 702]));
@@ -105,11 +120,41 @@ async fn notifications_come_back_from_the_query_api() {
     )
     .await;
     assert_eq!(body["values"], json!([21.5, 23.5]));
-    let (_, body) = get(&c, None, "/ql/v2/types/Room/attrs/pressure?aggrMethod=count").await;
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/types/Room/attrs/pressure?aggrMethod=count",
+    )
+    .await;
     assert_eq!(body["entities"][0]["values"], json!([6]));
 
+    // idPattern over the entities of a type, and in the entity listing.
+    notify(&c, None, vec![room("Hall:1", &at(5, 0), 30.0, 1)]).await;
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/types/Room/attrs/temperature?idPattern=%5EHall",
+    )
+    .await;
+    let ids: Vec<&str> = body["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["Hall:1"]);
+    let (_, body) = get(&c, None, "/ql/v2/entities?idPattern=Room").await;
+    assert_eq!(body.as_array().unwrap().len(), 1);
+    let (status, _) = get(&c, None, "/ql/v2/entities?idPattern=(").await;
+    assert_eq!(status, 400);
+
     // Errors and empty results.
-    let (status, _) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature?aggrPeriod=hour").await;
+    let (status, _) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?aggrPeriod=hour",
+    )
+    .await;
     assert_eq!(status, 400);
     let (status, body) = get(&c, None, "/ql/v2/entities/nobody/attrs/temperature").await;
     assert_eq!((status, body), (200, json!([])));
@@ -126,25 +171,46 @@ async fn context_changes_are_recorded_per_tenant() {
     for t in [21, 22] {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let v = json!({"temperature": {"value": t, "type": "Number"}});
-        let (status, _, _) = call(&c, "PATCH", "/v2/entities/R2/attrs", Some("acme"), Some(&v)).await;
+        let (status, _, _) =
+            call(&c, "PATCH", "/v2/entities/R2/attrs", Some("acme"), Some(&v)).await;
         assert_eq!(status, 204);
     }
     // Recorded from the durable feed, a few milliseconds behind the 204.
     eventually(Duration::from_secs(5), || async {
-        let (_, body) = get(&c, Some("acme"), "/ql/v2/entities/R2/attrs/temperature/value").await;
+        let (_, body) = get(
+            &c,
+            Some("acme"),
+            "/ql/v2/entities/R2/attrs/temperature/value",
+        )
+        .await;
         (body["values"] == json!([20, 21, 22])).then_some(())
     })
     .await;
-    let (_, body) = get(&c, Some("other"), "/ql/v2/entities/R2/attrs/temperature/value").await;
+    let (_, body) = get(
+        &c,
+        Some("other"),
+        "/ql/v2/entities/R2/attrs/temperature/value",
+    )
+    .await;
     assert_eq!(body, json!([]));
     let (_, body) = get(&c, None, "/ql/v2/entities/R2/attrs/temperature/value").await;
     assert_eq!(body, json!([]));
 
     c.create_em300th().await;
-    c.uplink("farm", "decoded", "em300th", &decoded_body("h-1", "dev-h", 37, 61, 1_700_000_000_000))
-        .await;
-    c.uplink("farm", "decoded", "em300th", &decoded_body("h-2", "dev-h", 45, 60, 1_700_000_060_000))
-        .await;
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("h-1", "dev-h", 37, 61, 1_700_000_000_000),
+    )
+    .await;
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("h-2", "dev-h", 45, 60, 1_700_000_060_000),
+    )
+    .await;
     let body = eventually(Duration::from_secs(5), || async {
         let (_, body) = get(&c, None, "/ql/v2/entities/dev-h/attrs/temperature").await;
         (body["values"].as_array().map(Vec::len) == Some(2)).then_some(body)
@@ -153,7 +219,10 @@ async fn context_changes_are_recorded_per_tenant() {
     assert_eq!(body["values"], json!([37, 45]));
     assert_eq!(
         body["index"],
-        json!(["2023-11-14T22:13:20.000+00:00", "2023-11-14T22:14:20.000+00:00"]),
+        json!([
+            "2023-11-14T22:13:20.000+00:00",
+            "2023-11-14T22:14:20.000+00:00"
+        ]),
         "device data is filed under when it was observed"
     );
 }
@@ -166,8 +235,11 @@ async fn invalid_entities_do_not_lose_valid_ones() {
     let (status, body) = notify(
         &c,
         None,
-        vec![room("Room:7", &at(1, 0), 20.0, 1), json!({"type": "Room"}),
-             json!({"id": "X", "type": "Room", "temperature": 3})],
+        vec![
+            room("Room:7", &at(1, 0), 20.0, 1),
+            json!({"type": "Room"}),
+            json!({"id": "X", "type": "Room", "temperature": 3}),
+        ],
     )
     .await;
     assert_eq!(status, 400, "{body}");
@@ -175,7 +247,13 @@ async fn invalid_entities_do_not_lose_valid_ones() {
     assert_eq!(body["values"], json!([20.0]));
     let (status, _) = notify(&c, None, vec![]).await;
     assert_eq!(status, 200);
-    let resp = c.http.post(format!("{}/v2/notify", c.url)).json(&json!({"x": 1})).send().await.unwrap();
+    let resp = c
+        .http
+        .post(format!("{}/v2/notify", c.url))
+        .json(&json!({"x": 1}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
 }
 
@@ -195,7 +273,8 @@ async fn kill_9_during_a_notify_burst_loses_no_acknowledged_row() {
                 let t = parse_time("2026-03-02T00:00:00.000Z") + (w * 100_000 + i) as i64;
                 let mut e = room(&format!("Room:{w}"), &iso(t), i as f64, 0);
                 e["pressure"]["value"] = json!(i);
-                match tokio::time::timeout(Duration::from_secs(2), notify(&c, None, vec![e])).await {
+                match tokio::time::timeout(Duration::from_secs(2), notify(&c, None, vec![e])).await
+                {
                     Ok((200, _)) => acked.lock().unwrap().push((w, t)),
                     _ => break,
                 }
@@ -210,16 +289,28 @@ async fn kill_9_during_a_notify_burst_loses_no_acknowledged_row() {
     server.restart();
     let c = server.client();
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 100, "the burst got going ({} acked)", acked.len());
+    assert!(
+        acked.len() > 100,
+        "the burst got going ({} acked)",
+        acked.len()
+    );
     for w in 0..8u32 {
-        let (_, body) = get(&c, None, &format!("/ql/v2/entities/Room:{w}/attrs/temperature")).await;
+        let (_, body) = get(
+            &c,
+            None,
+            &format!("/ql/v2/entities/Room:{w}/attrs/temperature"),
+        )
+        .await;
         let stored: std::collections::HashSet<String> = body["index"]
             .as_array()
             .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
             .unwrap_or_default();
         for (_, t) in acked.iter().filter(|(x, _)| *x == w) {
             let want = iso(*t).replace('Z', "+00:00");
-            assert!(stored.contains(&want), "acknowledged row {want} of Room:{w} lost");
+            assert!(
+                stored.contains(&want),
+                "acknowledged row {want} of Room:{w} lost"
+            );
         }
     }
 }

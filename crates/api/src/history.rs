@@ -77,7 +77,11 @@ fn scope(headers: &HeaderMap) -> ApiResult<Scope> {
             .filter(|v| !v.is_empty())
     };
     let tenant = header("fiware-service").unwrap_or_default();
-    if tenant.len() > 50 || !tenant.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+    if tenant.len() > 50
+        || !tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
         return Err(ApiError::bad_request(
             "bad character in tenant name - only underscore and alphanumeric characters are allowed",
         ));
@@ -91,7 +95,11 @@ fn scope(headers: &HeaderMap) -> ApiResult<Scope> {
 /// `POST /v2/notify`: stores every valid entity of a notification under
 /// its time index; 200 when all were valid, 400 naming the invalid ones
 /// otherwise (the valid ones are stored all the same).
-async fn notify(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn notify(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let scope = scope(&headers)?;
     if body.is_empty() {
         return Err(ApiError::bad_request("request body is empty"));
@@ -171,7 +179,6 @@ struct Params {
     aggr_method: Option<String>,
     aggr_period: Option<String>,
     aggr_scope: Option<String>,
-    #[allow(dead_code)]
     id_pattern: Option<String>,
 }
 
@@ -196,9 +203,9 @@ fn list(s: &Option<String>) -> Vec<String> {
 fn date(name: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
     match v.as_deref() {
         None | Some("") => Ok(None),
-        Some(s) => parse_datetime(s)
-            .map(Some)
-            .ok_or_else(|| ApiError::bad_request(format!("{name} is not an ISO-8601 date-time: {s}"))),
+        Some(s) => parse_datetime(s).map(Some).ok_or_else(|| {
+            ApiError::bad_request(format!("{name} is not an ISO-8601 date-time: {s}"))
+        }),
     }
 }
 
@@ -276,12 +283,21 @@ struct EntitySeries {
 impl EntitySeries {
     /// The union of the attributes' times.
     fn index(&self) -> Vec<i64> {
-        let all: BTreeSet<i64> = self.attrs.values().flat_map(|s| s.keys().copied()).collect();
+        let all: BTreeSet<i64> = self
+            .attrs
+            .values()
+            .flat_map(|s| s.keys().copied())
+            .collect();
         all.into_iter().collect()
     }
 
     fn index_json(times: &[i64]) -> Value {
-        Value::Array(times.iter().map(|t| Value::String(format_index(*t))).collect())
+        Value::Array(
+            times
+                .iter()
+                .map(|t| Value::String(format_index(*t)))
+                .collect(),
+        )
     }
 
     /// `"attributes": [{"attrName","values"}]` aligned on `times`.
@@ -303,8 +319,12 @@ impl EntitySeries {
     /// One attribute's `index` and `values`.
     fn attr_json(&self, attr: &str) -> (Value, Value) {
         let series = self.attrs.get(attr);
-        let times: Vec<i64> = series.map(|s| s.keys().copied().collect()).unwrap_or_default();
-        let values: Vec<Value> = series.map(|s| s.values().cloned().collect()).unwrap_or_default();
+        let times: Vec<i64> = series
+            .map(|s| s.keys().copied().collect())
+            .unwrap_or_default();
+        let values: Vec<Value> = series
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
         (Self::index_json(&times), Value::Array(values))
     }
 }
@@ -458,6 +478,12 @@ async fn of_type(
     if let Some(a) = attr {
         req.query.attrs = vec![a];
     }
+    if let Some(pattern) = &params.id_pattern {
+        req.query.entity_ids = matching_ids(state, &req.query, pattern).await?;
+        if req.query.entity_ids.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+    }
     run(state, &req).await
 }
 
@@ -482,6 +508,27 @@ fn entities_attr_json(all: &BTreeMap<String, EntitySeries>, attr: &str) -> Value
             })
             .collect(),
     )
+}
+
+/// The ids of the entities with history (of the query's type, service
+/// path and `id` list, if any) whose id matches `pattern` (`idPattern`).
+async fn matching_ids(state: &AppState, q: &HistoryQuery, pattern: &str) -> ApiResult<Vec<String>> {
+    let re = regex::Regex::new(pattern)
+        .map_err(|e| ApiError::bad_request(format!("invalid idPattern: {e}")))?;
+    let entities = state
+        .pipeline
+        .store()
+        .history_entities(
+            &q.tenant,
+            q.entity_type.as_deref(),
+            q.service_path.as_deref(),
+        )
+        .await?;
+    Ok(entities
+        .into_iter()
+        .map(|e| e.entity_id)
+        .filter(|id| re.is_match(id) && (q.entity_ids.is_empty() || q.entity_ids.contains(id)))
+        .collect())
 }
 
 /// `GET /types/{type}`.
@@ -519,7 +566,14 @@ async fn type_attr(
     Path((entity_type, attr)): Path<(String, String)>,
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let all = of_type(&state, &headers, &params, entity_type.clone(), Some(attr.clone())).await?;
+    let all = of_type(
+        &state,
+        &headers,
+        &params,
+        entity_type.clone(),
+        Some(attr.clone()),
+    )
+    .await?;
     if all.is_empty() {
         return Ok(empty());
     }
@@ -553,6 +607,13 @@ async fn list_entities(
     let scope = scope(&headers)?;
     let store = state.pipeline.store();
     let ids = list(&params.id);
+    let pattern = match &params.id_pattern {
+        Some(p) => Some(
+            regex::Regex::new(p)
+                .map_err(|e| ApiError::bad_request(format!("invalid idPattern: {e}")))?,
+        ),
+        None => None,
+    };
     let entities = store
         .history_entities(
             &scope.tenant,
@@ -561,10 +622,14 @@ async fn list_entities(
         )
         .await?;
     let mut out = Vec::new();
-    let (offset, limit) = (params.offset.unwrap_or(0), params.limit.unwrap_or(DEFAULT_LIMIT));
+    let (offset, limit) = (
+        params.offset.unwrap_or(0),
+        params.limit.unwrap_or(DEFAULT_LIMIT),
+    );
     for e in entities
         .into_iter()
         .filter(|e| ids.is_empty() || ids.contains(&e.entity_id))
+        .filter(|e| pattern.as_ref().is_none_or(|r| r.is_match(&e.entity_id)))
         .skip(offset)
         .take(limit)
     {

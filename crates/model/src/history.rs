@@ -115,6 +115,9 @@ mod tests {
     #[test]
     fn index_format_is_quantumleaps() {
         assert_eq!(format_index(0), "1970-01-01T00:00:00.000+00:00");
-        assert_eq!(format_index(1_700_000_000_123), "2023-11-14T22:13:20.123+00:00");
+        assert_eq!(
+            format_index(1_700_000_000_123),
+            "2023-11-14T22:13:20.123+00:00"
+        );
     }
 }
