@@ -373,12 +373,20 @@ async fn op_notify_applies_notifications_from_another_broker() {
     let v = json!({"t": {"value": 22, "type": "Number"}});
     call(&up, "PATCH", "/v2/entities/R1/attrs", None, Some(&v)).await;
     let entity = eventually(Duration::from_secs(5), || async {
-        let (status, _, e) = call(&down, "GET", "/v2/entities/R1?options=keyValues", None, None).await;
+        let (status, _, e) = call(
+            &down,
+            "GET",
+            "/v2/entities/R1?options=keyValues",
+            None,
+            None,
+        )
+        .await;
         (status == 200 && e["t"] == 22).then_some(e)
     })
     .await;
     assert_eq!(entity, json!({"id": "R1", "type": "Room", "t": 22}));
 
-    let (status, _, body) = call(&down, "POST", "/v2/op/notify", None, Some(&json!({"x": 1}))).await;
+    let (status, _, body) =
+        call(&down, "POST", "/v2/op/notify", None, Some(&json!({"x": 1}))).await;
     assert_eq!(status, 400, "{body}");
 }

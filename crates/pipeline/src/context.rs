@@ -600,17 +600,20 @@ impl Context {
                 weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
             // The measures make the time series; `dateObserved` is the time
             // index itself and the static location matters only when it moves.
-            history.extend(self.history_rows(
-                DEFAULT_TENANT,
-                slot,
-                outcome
-                    .changes
-                    .iter()
-                    .filter(|c| {
-                        unit.measures.contains_key(&c.name) || (c.modified && c.name == "location")
-                    })
-                    .map(|c| c.name.as_str()),
-            ));
+            history.extend(
+                self.history_rows(
+                    DEFAULT_TENANT,
+                    slot,
+                    outcome
+                        .changes
+                        .iter()
+                        .filter(|c| {
+                            unit.measures.contains_key(&c.name)
+                                || (c.modified && c.name == "location")
+                        })
+                        .map(|c| c.name.as_str()),
+                ),
+            );
             if !listeners.is_empty() {
                 let alteration = if created {
                     Alteration::Created

@@ -420,7 +420,11 @@ pub trait Store: Send + Sync + 'static {
     /// ([`Store::put_entity`], [`ProcessedBatch::history`]); the history
     /// writer moves them into the history in big batches, so an update
     /// never waits for history inserts and nothing queued is lost.
-    async fn read_history_feed(&self, after: u64, max_rows: usize) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
+    async fn read_history_feed(
+        &self,
+        after: u64,
+        max_rows: usize,
+    ) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
     /// Stores history rows taken from the feed and records that the feed
     /// is consumed through `through` (in the history's own file, with the
     /// rows). Returns how many rows were new.

@@ -113,9 +113,7 @@ pub fn render_with(
         Format::Normalized | Format::SimplifiedNormalized => {
             let mut obj = entity_head(entity);
             for (name, attr) in selected {
-                let change = ctx
-                    .previous
-                    .and_then(|p| p.iter().find(|c| c.name == name));
+                let change = ctx.previous.and_then(|p| p.iter().find(|c| c.name == name));
                 let touched = ctx.previous.is_none() || change.is_some();
                 let previous = match change {
                     Some(c) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),

@@ -1966,7 +1966,10 @@ async fn history_feed_is_queued_with_the_change_and_consumed_once() {
     let store = open(&dir);
     assert_eq!(store.history_feed_cursor().await.unwrap(), 0);
     store
-        .put_entity(entity("", "/", "E", "T", 1, "{}"), vec![feed_row("E", 1), feed_row("E", 2)])
+        .put_entity(
+            entity("", "/", "E", "T", 1, "{}"),
+            vec![feed_row("E", 1), feed_row("E", 2)],
+        )
         .await
         .unwrap();
     store
@@ -1978,15 +1981,28 @@ async fn history_feed_is_queued_with_the_change_and_consumed_once() {
         }))
         .await
         .unwrap();
-    store.put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new()).await.unwrap();
+    store
+        .put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new())
+        .await
+        .unwrap();
     let feed = store.read_history_feed(0, 100).await.unwrap();
     assert_eq!(feed.len(), 2, "a change without rows queues nothing");
     assert_eq!(feed[0].1, vec![feed_row("E", 1), feed_row("E", 2)]);
     assert_eq!(feed[1].1, vec![feed_row("D", 3)]);
     let through = feed[1].0;
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
-    assert_eq!(store.append_history_from_feed(rows.clone(), through).await.unwrap(), 3);
-    assert_eq!(store.append_history_from_feed(rows, through).await.unwrap(), 0, "idempotent");
+    assert_eq!(
+        store
+            .append_history_from_feed(rows.clone(), through)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        store.append_history_from_feed(rows, through).await.unwrap(),
+        0,
+        "idempotent"
+    );
     assert_eq!(store.history_feed_cursor().await.unwrap(), through);
     assert_eq!(store.prune_history_feed(through).await.unwrap(), 2);
     assert!(store.read_history_feed(0, 100).await.unwrap().is_empty());
