@@ -86,6 +86,20 @@ pub fn check_name(kind: NameKind, s: &str) -> Result<(), NgsiError> {
     Ok(())
 }
 
+/// Orion's check on the URLs it calls (notification endpoints, context
+/// providers): absolute, with a host, no whitespace, a numeric port if
+/// any; with `http_only`, the `http` or `https` scheme.
+pub fn is_valid_url(text: &str, http_only: bool) -> bool {
+    if text.contains(char::is_whitespace) {
+        return false;
+    }
+    let Ok(url) = url::Url::parse(text) else {
+        return false;
+    };
+    let scheme_ok = !http_only || matches!(url.scheme(), "http" | "https");
+    scheme_ok && url.host_str().is_some_and(|h| !h.is_empty())
+}
+
 /// Parses a JSON request body. Syntax errors (including non-string keys)
 /// are Orion's ParseError; a key repeated at the top level is
 /// "duplicated attribute /<name>/" (`1444_err_msg_duplicate_attr`), which

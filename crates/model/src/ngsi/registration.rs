@@ -22,7 +22,7 @@
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use super::parse::FORBIDDEN_CHARS;
+use super::parse::{is_valid_url, FORBIDDEN_CHARS};
 use super::{format_datetime, parse_datetime, NgsiError, MAX_NAME_LEN};
 
 /// Longest `description` Orion accepts.
@@ -462,41 +462,10 @@ fn parse_http(v: &Value) -> Result<String, NgsiError> {
     if url.is_empty() {
         return Err(bad("/url/ field of /http/ cannot be the empty string"));
     }
-    if !valid_url(url) {
+    if !is_valid_url(url, false) {
         return Err(bad("/url/ field of /http/ is invalid"));
     }
     Ok(url.clone())
-}
-
-/// Orion's URL check for providers: `scheme://host[:port][/path]` with a
-/// host and, when given, a numeric port (`www:/abc` is refused).
-fn valid_url(url: &str) -> bool {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return false;
-    };
-    if scheme.is_empty()
-        || !scheme
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
-        || url.contains(char::is_whitespace)
-    {
-        return false;
-    }
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        match v6.split_once(']') {
-            Some((h, tail)) => (h, tail.strip_prefix(':')),
-            None => return false,
-        }
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    !host.is_empty()
-        && port
-            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn parse_expires(v: Option<&Value>) -> Result<Option<i64>, NgsiError> {
@@ -835,7 +804,7 @@ mod tests {
             "http://127.0.0.1:9801",
             "http://[::1]:1026/x",
         ] {
-            assert!(valid_url(ok), "{ok}");
+            assert!(is_valid_url(ok, false), "{ok}");
         }
         for no in [
             "www:/abc",
@@ -844,7 +813,7 @@ mod tests {
             "localhost:1026",
             "http://a b",
         ] {
-            assert!(!valid_url(no), "{no}");
+            assert!(!is_valid_url(no, false), "{no}");
         }
     }
 

@@ -15,7 +15,7 @@
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use super::parse::FORBIDDEN_CHARS;
+use super::parse::{is_valid_url, FORBIDDEN_CHARS};
 use super::{format_datetime, parse_datetime, Format, NgsiError};
 use crate::geo::GeoQuery;
 use crate::query::Query;
@@ -780,27 +780,6 @@ fn parse_timeout(obj: &Map<String, Value>) -> Result<Option<u64>, NgsiError> {
     }
 }
 
-/// Orion's URL check: `http://` or `https://`, a host, an optional
-/// numeric port, no spaces.
-fn valid_url(url: &str) -> bool {
-    let rest = match url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-    {
-        Some(r) => r,
-        None => return false,
-    };
-    if url.contains(char::is_whitespace) {
-        return false;
-    }
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (h, Some(p)),
-        _ => (authority, None),
-    };
-    !host.is_empty() && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-}
-
 fn parse_http(v: &Value) -> Result<Endpoint, NgsiError> {
     let obj = v
         .as_object()
@@ -810,7 +789,7 @@ fn parse_http(v: &Value) -> Result<Endpoint, NgsiError> {
         Some(_) => return Err(bad("url http notification is not a string")),
         None => return Err(bad("url http notification is missing")),
     };
-    if url.is_empty() || !valid_url(&url) {
+    if url.is_empty() || !is_valid_url(&url, true) {
         return Err(bad("Invalid URL parsing notification url"));
     }
     Ok(Endpoint::Http {
@@ -846,7 +825,7 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
         return Err(bad("invalid custom /url/"));
     }
     // A URL with macros is checked when they are replaced.
-    if !url.contains("${") && !valid_url(&url) {
+    if !url.contains("${") && !is_valid_url(&url, true) {
         return Err(bad("Invalid URL parsing notification url"));
     }
     let method = match obj.get("method") {
