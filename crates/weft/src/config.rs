@@ -138,7 +138,7 @@ impl Default for NgsiSection {
 }
 
 /// `[history]`: recording and QuantumLeap's API.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
     /// Record every entity change (from `/v2` and device data) as history.
@@ -152,14 +152,6 @@ pub struct HistorySection {
     pub quantumleap_listen: Option<SocketAddr>,
 }
 
-impl Default for HistorySection {
-    fn default() -> Self {
-        HistorySection {
-            record_changes: false,
-            quantumleap_listen: None,
-        }
-    }
-}
 
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
