@@ -152,7 +152,6 @@ pub struct HistorySection {
     pub quantumleap_listen: Option<SocketAddr>,
 }
 
-
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
