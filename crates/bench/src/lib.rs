@@ -118,3 +118,24 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     out.flush()?;
     Ok(summary.passed())
 }
+
+/// Parses `weft bench <args…>` as the command line would, for the
+/// scenarios' tests of their flags.
+#[cfg(test)]
+pub(crate) fn try_parse_command(args: &[&str]) -> Result<BenchCommand, clap::Error> {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: BenchCommand,
+    }
+
+    Cli::try_parse_from([&["bench"], args].concat()).map(|cli| cli.cmd)
+}
+
+/// [`try_parse_command`] for flags that must parse.
+#[cfg(test)]
+pub(crate) fn parse_command(args: &[&str]) -> BenchCommand {
+    try_parse_command(args).expect("flags parse")
+}

@@ -416,17 +416,10 @@ fn describe(args: &HistoryArgs, tenant: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: crate::BenchCommand,
-    }
 
     fn parse(args: &[&str]) -> HistoryArgs {
-        let cli = Cli::try_parse_from([&["bench", "history"], args].concat()).unwrap();
-        match cli.cmd {
+        let cmd = crate::parse_command(&[&["history"], args].concat());
+        match cmd {
             crate::BenchCommand::History(args) => args,
             other => panic!("parsed as {other:?}"),
         }
@@ -475,7 +468,7 @@ mod tests {
         let a = parse(&["--queries", "avg_hour,lastn"]);
         assert_eq!(a.queries, [Kind::AvgHour, Kind::LastN]);
         assert!(describe(&a, "t")[2].contains("lastN=100, avg per hour"));
-        assert!(Cli::try_parse_from(["bench", "history", "--queries", "lastn,nope"]).is_err());
+        assert!(crate::try_parse_command(&["history", "--queries", "lastn,nope"]).is_err());
         assert!(parse(&["--entities", "0"]).validate().is_err());
         assert!(parse(&["--query-concurrency", "0"]).validate().is_err());
     }

@@ -471,17 +471,10 @@ fn describe(args: &IngestArgs, channel: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: crate::BenchCommand,
-    }
 
     fn parse(args: &[&str]) -> IngestArgs {
-        let cli = Cli::try_parse_from([&["bench", "ingest"], args].concat()).unwrap();
-        let crate::BenchCommand::Ingest(args) = cli.cmd else {
+        let cmd = crate::parse_command(&[&["ingest"], args].concat());
+        let crate::BenchCommand::Ingest(args) = cmd else {
             panic!("not parsed as ingest");
         };
         args
@@ -539,7 +532,7 @@ mod tests {
 
     #[test]
     fn help_lists_every_flag() {
-        let err = Cli::try_parse_from(["bench", "ingest", "--help"])
+        let err = crate::try_parse_command(&["ingest", "--help"])
             .err()
             .unwrap();
         let help = err.to_string();

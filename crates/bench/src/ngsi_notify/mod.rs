@@ -483,18 +483,11 @@ fn describe(args: &NgsiNotifyArgs, tenant: &str, sink_url: &str) -> Vec<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use sink::SubscriptionTally;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: crate::BenchCommand,
-    }
-
     fn parse(args: &[&str]) -> NgsiNotifyArgs {
-        let cli = Cli::try_parse_from([&["bench", "ngsi-notify"], args].concat()).unwrap();
-        match cli.cmd {
+        let cmd = crate::parse_command(&[&["ngsi-notify"], args].concat());
+        match cmd {
             crate::BenchCommand::NgsiNotify(args) => args,
             other => panic!("parsed as {other:?}"),
         }

@@ -413,18 +413,11 @@ fn describe(args: &NgsiUpdateArgs, tenant: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use std::time::Duration;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: crate::BenchCommand,
-    }
-
     fn parse(args: &[&str]) -> NgsiUpdateArgs {
-        let cli = Cli::try_parse_from([&["bench", "ngsi-update"], args].concat()).unwrap();
-        match cli.cmd {
+        let cmd = crate::parse_command(&[&["ngsi-update"], args].concat());
+        match cmd {
             crate::BenchCommand::NgsiUpdate(args) => args,
             other => panic!("parsed as {other:?}"),
         }
@@ -459,7 +452,7 @@ mod tests {
         assert_eq!(a.attrs, AttrRange { min: 1, max: 20 });
         assert_eq!(a.clients(), 10);
         assert!(describe(&a, "t")[1].contains("1-20 attributes"));
-        assert!(Cli::try_parse_from(["bench", "ngsi-update", "--attrs", "0-3"]).is_err());
+        assert!(crate::try_parse_command(&["ngsi-update", "--attrs", "0-3"]).is_err());
         assert!(parse(&["--entities", "0"]).validate().is_err());
     }
 
