@@ -9,6 +9,7 @@
 //! (`aggrMethod`, `aggrPeriod`) are computed by the store per bucket.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -20,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use weft_model::history::format_index;
 use weft_model::ngsi::{parse_datetime, parse_entity, Entity};
-use weft_store::{AggrMethod, AggrPeriod, HistoryAggregate, HistoryQuery, HistoryRow};
+use weft_store::{AggrMethod, AggrPeriod, HistoryAggregate, HistoryQuery, HistoryRow, Store};
 
 use crate::error::{ApiError, ApiResult};
 use crate::AppState;
@@ -331,7 +332,7 @@ impl EntitySeries {
 
 /// Runs a request: (entity id → series), in id order.
 async fn run(state: &AppState, req: &Request) -> ApiResult<BTreeMap<String, EntitySeries>> {
-    let store = state.pipeline.store();
+    let store = settled_store(state).await;
     let mut out: BTreeMap<String, EntitySeries> = BTreeMap::new();
     match req.aggregate {
         None => {
@@ -361,6 +362,13 @@ async fn run(state: &AppState, req: &Request) -> ApiResult<BTreeMap<String, Enti
         }
     }
     Ok(out)
+}
+
+/// The store, once every notification acknowledged so far has been moved
+/// into the history (a client reads back what it was told is stored).
+async fn settled_store(state: &AppState) -> &Arc<dyn Store> {
+    state.pipeline.history().settle().await;
+    state.pipeline.store()
 }
 
 /// A float as JSON, integral values without a fraction.
@@ -515,9 +523,8 @@ fn entities_attr_json(all: &BTreeMap<String, EntitySeries>, attr: &str) -> Value
 async fn matching_ids(state: &AppState, q: &HistoryQuery, pattern: &str) -> ApiResult<Vec<String>> {
     let re = regex::Regex::new(pattern)
         .map_err(|e| ApiError::bad_request(format!("invalid idPattern: {e}")))?;
-    let entities = state
-        .pipeline
-        .store()
+    let entities = settled_store(state)
+        .await
         .history_entities(
             &q.tenant,
             q.entity_type.as_deref(),
@@ -605,7 +612,7 @@ async fn list_entities(
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
     let scope = scope(&headers)?;
-    let store = state.pipeline.store();
+    let store = settled_store(&state).await;
     let ids = list(&params.id);
     let pattern = match &params.id_pattern {
         Some(p) => Some(
@@ -668,9 +675,8 @@ async fn delete_entity(
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
     let scope = scope(&headers)?;
-    let n = state
-        .pipeline
-        .store()
+    let n = settled_store(&state)
+        .await
         .delete_history(&scope.tenant, Some(&id), params.entity_type.as_deref())
         .await?;
     if n == 0 {
@@ -686,9 +692,8 @@ async fn delete_type(
     Path(entity_type): Path<String>,
 ) -> ApiResult<Response> {
     let scope = scope(&headers)?;
-    let n = state
-        .pipeline
-        .store()
+    let n = settled_store(&state)
+        .await
         .delete_history(&scope.tenant, None, Some(&entity_type))
         .await?;
     if n == 0 {

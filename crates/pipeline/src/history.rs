@@ -1,68 +1,93 @@
 //! History: every entity change recorded as time-series rows, and
 //! QuantumLeap's notifications stored the same way.
 //!
-//! Entity changes queue their rows in the store's history feed in the same
-//! transaction as the change itself (a created entity all its attributes,
-//! an update the attributes it touched, under the entity's time index,
-//! [`weft_model::history::time_index`]): the update never waits for
-//! history inserts, and nothing acknowledged can be missing from history.
-//! [`History::feed_loop`] moves the feed into the history (its own SQLite
-//! file) in large batches, recording how far it got with the rows, and
-//! picks up from there after a restart. Rows are keyed by (tenant, entity,
+//! Rows never go straight into the history. Entity changes queue theirs in
+//! the changes feed in the same transaction as the change itself (a
+//! created entity all its attributes, an update the attributes it touched,
+//! under the entity's time index, [`weft_model::history::time_index`]);
+//! notifications queue theirs in the notifications feed of the history's
+//! own file, and their 200 waits only for that sequential append. One
+//! [`History::feed_loop`] per feed moves the rows into the history (and
+//! its minute/hour rollups) in large key-ordered batches: a batch dirties
+//! each series' last page once however many rows it adds, which is what
+//! makes tens of thousands of rows per second cheap. A restart resumes
+//! from what is left in the feeds; rows are keyed by (tenant, entity,
 //! attribute, time index), so a replay stores nothing twice.
 //!
-//! QuantumLeap's notifications ([`History::record_entities`]) are written
-//! straight into the history: their 200 means stored.
+//! Queries call [`History::settle`] first: it moves what was notified
+//! before them, so a client that got its 200 reads its rows back.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{watch, Notify};
 use weft_model::history::{numeric, time_index};
 use weft_model::ngsi::Entity;
-use weft_store::{HistoryRow, Store, StoreError};
+use weft_store::{HistoryFeed, HistoryRow, Store, StoreError};
 
 use tokio_util::sync::CancellationToken;
 
 /// How often a write the store refused as overloaded is tried again.
 const OVERLOADED_RETRIES: u32 = 50;
 
-/// Most rows moved from the feed per history commit.
+/// Most rows moved from a feed per history commit.
 const FEED_BATCH_ROWS: usize = 200_000;
 
-/// How long the feed loop sleeps when the feed is empty.
+/// How long a feed loop sleeps when its feed is empty.
 const FEED_IDLE: Duration = Duration::from_millis(20);
 
-/// Shortest time between two history commits from the feed. A commit
-/// writes every page it dirtied once, and rows of many series dirty a page
-/// each; waiting lets more rows share those pages (measured: the WAL
-/// writes of frequent small commits took most of the history writer's
-/// time). History then lags changes by up to this much.
+/// Shortest time between two history commits from a feed. A commit writes
+/// every page it dirtied once, and rows of many series dirty a page each;
+/// waiting lets more rows share those pages (measured: the WAL writes of
+/// frequent small commits took most of the history writer's time).
+/// History then lags by up to this much, except for queries, which settle
+/// the notifications feed first.
 const FEED_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Consumed feed entries are pruned once this many have piled up.
+/// Consumed changes-feed entries are pruned once this many have piled up.
 const FEED_PRUNE_EVERY: u64 = 1_000;
+
+/// How long [`History::settle`] waits for the feed loop before reading
+/// anyway (only reached when the history writer is failing).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The history recorder.
 pub struct History {
     store: Arc<dyn Store>,
+    /// Position of the last notification entry acknowledged as queued.
+    notified: AtomicU64,
+    /// Position through which the notifications feed has been moved.
+    moved: watch::Sender<u64>,
+    /// Wakes the notifications feed loop before its interval is over.
+    wake: Notify,
+    /// Whether the notifications left in the feed by the previous run
+    /// (queued, acknowledged, not yet moved when it stopped) are moved.
+    recovered: watch::Sender<bool>,
 }
 
 impl History {
     /// A recorder writing through `store`.
     pub fn new(store: Arc<dyn Store>) -> Arc<History> {
-        Arc::new(History { store })
+        Arc::new(History {
+            store,
+            notified: AtomicU64::new(0),
+            moved: watch::Sender::new(0),
+            wake: Notify::new(),
+            recovered: watch::Sender::new(false),
+        })
     }
 
-    /// Moves the history feed into the history until `shutdown`: reads a
-    /// batch after the stored cursor, stores its rows with the new cursor
-    /// in one commit, prunes consumed entries now and then.
-    pub async fn feed_loop(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Moves `feed` into the history until `shutdown`: reads a batch, stores
+    /// its rows and marks the batch consumed in one commit, prunes consumed
+    /// changes-feed entries now and then.
+    pub async fn feed_loop(self: Arc<Self>, feed: HistoryFeed, shutdown: CancellationToken) {
         let mut cursor = loop {
-            match self.store.history_feed_cursor().await {
+            match self.store.history_feed_cursor(feed).await {
                 Ok(c) => break c,
                 Err(e) => {
                     tracing::error!(error = %e, "reading the history feed cursor failed; retrying");
-                    if sleep_or_stop(&shutdown, Duration::from_secs(1)).await {
+                    if self.pause(feed, &shutdown, Duration::from_secs(1)).await {
                         return;
                     }
                 }
@@ -73,24 +98,31 @@ impl History {
             if shutdown.is_cancelled() {
                 return;
             }
-            let feed = match self.store.read_history_feed(cursor, FEED_BATCH_ROWS).await {
+            let entries = match self
+                .store
+                .read_history_feed(feed, cursor, FEED_BATCH_ROWS)
+                .await
+            {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::error!(error = %e, "reading the history feed failed; retrying");
-                    if sleep_or_stop(&shutdown, Duration::from_secs(1)).await {
+                    if self.pause(feed, &shutdown, Duration::from_secs(1)).await {
                         return;
                     }
                     continue;
                 }
             };
             let started = tokio::time::Instant::now();
-            let Some(&(through, _)) = feed.last() else {
-                if sleep_or_stop(&shutdown, FEED_IDLE).await {
+            let Some(&(through, _)) = entries.last() else {
+                if feed == HistoryFeed::Notifications {
+                    self.recovered.send_replace(true);
+                }
+                if self.pause(feed, &shutdown, FEED_IDLE).await {
                     return;
                 }
                 continue;
             };
-            let mut rows: Vec<HistoryRow> = feed.into_iter().flat_map(|(_, r)| r).collect();
+            let mut rows: Vec<HistoryRow> = entries.into_iter().flat_map(|(_, r)| r).collect();
             // In key order, consecutive inserts land on the same b-tree
             // pages: far fewer page visits per batch than arrival order.
             rows.sort_unstable_by(|a, b| {
@@ -103,34 +135,81 @@ impl History {
                 ))
             });
             let count = rows.len() as u64;
-            match self.store.append_history_from_feed(rows, through).await {
+            match self
+                .store
+                .append_history_from_feed(feed, rows, through)
+                .await
+            {
                 Ok(_) => {
                     cursor = through;
                     metrics::counter!("weft_history_rows_recorded_total").increment(count);
+                    if feed == HistoryFeed::Notifications {
+                        self.moved.send_replace(through);
+                        if count < FEED_BATCH_ROWS as u64 {
+                            self.recovered.send_replace(true);
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "storing history from the feed failed; retrying");
-                    if sleep_or_stop(&shutdown, Duration::from_millis(50)).await {
+                    if self.pause(feed, &shutdown, Duration::from_millis(50)).await {
                         return;
                     }
                     continue;
                 }
             }
-            let rest = FEED_INTERVAL.saturating_sub(started.elapsed());
-            if !rest.is_zero() && sleep_or_stop(&shutdown, rest).await {
-                return;
-            }
-            if cursor - pruned >= FEED_PRUNE_EVERY {
+            if feed == HistoryFeed::Changes && cursor - pruned >= FEED_PRUNE_EVERY {
                 match self.store.prune_history_feed(cursor).await {
                     Ok(_) => pruned = cursor,
                     Err(e) => tracing::warn!(error = %e, "pruning the history feed failed"),
                 }
             }
+            let rest = FEED_INTERVAL.saturating_sub(started.elapsed());
+            if !rest.is_zero() && self.pause(feed, &shutdown, rest).await {
+                return;
+            }
+        }
+    }
+
+    /// Sleeps `d` (the notifications feed's loop wakes early when a query
+    /// settles); `true` if `shutdown` came first.
+    async fn pause(&self, feed: HistoryFeed, shutdown: &CancellationToken, d: Duration) -> bool {
+        let woken = async {
+            match feed {
+                HistoryFeed::Notifications => self.wake.notified().await,
+                HistoryFeed::Changes => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(d) => false,
+            _ = woken => false,
+            _ = shutdown.cancelled() => true,
+        }
+    }
+
+    /// Waits until every notification acknowledged so far is in the
+    /// history, so a query sees what its client was told is stored.
+    pub async fn settle(&self) {
+        let target = self.notified.load(Ordering::Acquire);
+        if *self.moved.borrow() >= target && *self.recovered.borrow() {
+            return;
+        }
+        let mut moved = self.moved.subscribe();
+        let mut recovered = self.recovered.subscribe();
+        self.wake.notify_one();
+        let settled = async {
+            let _ = recovered.wait_for(|r| *r).await;
+            let _ = moved.wait_for(|m| *m >= target).await;
+        };
+        if tokio::time::timeout(SETTLE_TIMEOUT, settled).await.is_err() {
+            tracing::warn!("history notifications not moved in time; answering without them");
         }
     }
 
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),
-    /// each under its own time index. Returns the rows that were new.
+    /// each under its own time index: durable in the notifications feed on
+    /// return, in the history within [`FEED_INTERVAL`] (or at the next
+    /// query). Returns how many rows were queued.
     pub async fn record_entities(
         &self,
         tenant: &str,
@@ -144,7 +223,13 @@ impl History {
             let time = time_index(e, time_index_attr, arrival);
             rows.extend(rows_of(tenant, service_path, e, e.attrs.keys(), time));
         }
-        append(&*self.store, rows).await
+        let count = rows.len() as u64;
+        if count == 0 {
+            return Ok(0);
+        }
+        let seq = retry_overloaded(|| self.store.queue_history(rows.clone())).await?;
+        self.notified.fetch_max(seq, Ordering::AcqRel);
+        Ok(count)
     }
 }
 
@@ -175,24 +260,17 @@ pub fn rows_of<'a>(
         .collect()
 }
 
-/// Sleeps `d`; `true` if `shutdown` came first.
-async fn sleep_or_stop(shutdown: &CancellationToken, d: Duration) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => false,
-        _ = shutdown.cancelled() => true,
-    }
-}
-
-/// Appends rows, retrying while the store is overloaded (the history
-/// writer catches up within milliseconds; the caller waits, it is never
-/// told "done" for rows that are not stored).
-async fn append(store: &dyn Store, rows: Vec<HistoryRow>) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
+/// Runs a store write, retrying while the store is overloaded (the
+/// history writer catches up within milliseconds; the caller waits, it is
+/// never told "done" for rows that are not stored).
+async fn retry_overloaded<F, Fut>(mut write: F) -> Result<u64, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
     let mut tries = 0;
     loop {
-        match store.append_history(rows.clone()).await {
+        match write().await {
             Err(StoreError::Overloaded) if tries < OVERLOADED_RETRIES => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;

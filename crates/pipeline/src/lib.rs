@@ -182,7 +182,12 @@ impl Pipeline {
             subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
         context.set_record_history(config.record_history);
         let history = history::History::new(store.clone());
-        tracker.spawn(history.clone().feed_loop(shutdown.clone()));
+        for feed in [
+            weft_store::HistoryFeed::Changes,
+            weft_store::HistoryFeed::Notifications,
+        ] {
+            tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
+        }
         context.add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let cursor = store.cursor(CONSUMER).await?;

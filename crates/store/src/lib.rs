@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use weft_model::{DataUnit, Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
+mod rollup;
 pub mod sqlite;
 
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
@@ -232,6 +233,20 @@ pub struct HistoryRow {
     pub number: Option<f64>,
 }
 
+/// The two queues history rows wait in before the history writer moves
+/// them into the history in large, key-ordered batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryFeed {
+    /// Entity changes (`history.record_changes`): queued in the main
+    /// file with the change itself; consumption is a cursor in the
+    /// history's file, and consumed entries are pruned later.
+    Changes,
+    /// QuantumLeap notifications (`POST /v2/notify`): queued in the
+    /// history's own file ([`Store::queue_history`]), whose entries are
+    /// deleted in the same commit that stores their rows.
+    Notifications,
+}
+
 /// Which history rows a query wants. Rows come back ordered by entity
 /// (id, type), then attribute, then time.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -414,26 +429,37 @@ pub trait Store: Send + Sync + 'static {
 
     // --- history ------------------------------------------------------------
 
-    /// The history feed after `after` (exclusive), oldest first, at most
-    /// about `max_rows` rows: (feed position, rows) per queued change set.
-    /// Entity changes queue their rows here durably with the change
-    /// ([`Store::put_entity`], [`ProcessedBatch::history`]); the history
-    /// writer moves them into the history in big batches, so an update
-    /// never waits for history inserts and nothing queued is lost.
+    /// The entries of `feed` after `after` (exclusive), oldest first, at
+    /// most about `max_rows` rows (whole entries). Entity changes queue
+    /// their rows in the changes feed with the change itself
+    /// ([`Store::put_entity`], [`ProcessedBatch::history`]) and
+    /// notifications theirs in the notifications feed
+    /// ([`Store::queue_history`]); the history writer moves them into the
+    /// history in big batches, so neither waits for history inserts and
+    /// nothing queued is lost.
     async fn read_history_feed(
         &self,
+        feed: HistoryFeed,
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
-    /// Stores history rows taken from the feed and records that the feed
-    /// is consumed through `through` (in the history's own file, with the
-    /// rows). Returns how many rows were new.
-    async fn append_history_from_feed(&self, rows: Vec<HistoryRow>, through: u64) -> Result<u64>;
-    /// How far the feed has been consumed (0: nothing yet).
-    async fn history_feed_cursor(&self) -> Result<u64>;
-    /// Drops feed entries through `through` (already consumed).
+    /// Stores history rows taken from `feed` and marks the feed consumed
+    /// through `through`, in one commit of the history's file. Answers how
+    /// many rows were new.
+    async fn append_history_from_feed(
+        &self,
+        feed: HistoryFeed,
+        rows: Vec<HistoryRow>,
+        through: u64,
+    ) -> Result<u64>;
+    /// How far `feed` has been moved into the history (0: nothing yet, or,
+    /// for the notifications feed, whose moved entries are deleted, always).
+    async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64>;
+    /// Drops changes-feed entries up to `through` (already moved).
     async fn prune_history_feed(&self, through: u64) -> Result<u64>;
-
+    /// Queues notified history rows in the notifications feed; answers the
+    /// entry's position once it is durable.
+    async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
     /// Stores history rows, ignoring rows already stored with the same
     /// (tenant, entity id, entity type, attribute, time); answered after
     /// the commit. Returns how many rows were new.

@@ -491,26 +491,34 @@ impl Store for SqliteStore {
 
     async fn read_history_feed(
         &self,
+        feed: crate::HistoryFeed,
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<crate::HistoryRow>)>> {
-        self.main
-            .reads
+        let part = match feed {
+            crate::HistoryFeed::Changes => &self.main,
+            crate::HistoryFeed::Notifications => &self.history,
+        };
+        part.reads
             .run(move |c| reader::read_history_feed(c, after, max_rows))
             .await
     }
 
     async fn append_history_from_feed(
         &self,
+        feed: crate::HistoryFeed,
         rows: Vec<crate::HistoryRow>,
         through: u64,
     ) -> Result<u64> {
         self.history
-            .write(|reply| Op::AppendHistoryFromFeed(rows, through, reply))
+            .write(|reply| Op::AppendHistoryFromFeed(rows, through, feed, reply))
             .await
     }
 
-    async fn history_feed_cursor(&self) -> Result<u64> {
+    async fn history_feed_cursor(&self, feed: crate::HistoryFeed) -> Result<u64> {
+        if feed == crate::HistoryFeed::Notifications {
+            return Ok(0);
+        }
         // Stored as the next position to read, like the pipeline's (1 when
         // nothing was consumed yet).
         let next = self
@@ -524,6 +532,14 @@ impl Store for SqliteStore {
     async fn prune_history_feed(&self, through: u64) -> Result<u64> {
         self.main
             .write(|reply| Op::PruneHistoryFeed(through, reply))
+            .await
+    }
+
+    async fn queue_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
+        let json = serde_json::to_string(&rows)
+            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
+        self.history
+            .write(|reply| Op::QueueHistory(json, reply))
             .await
     }
 

@@ -602,81 +602,156 @@ pub(super) fn query_history(
     Ok(out)
 }
 
-/// The SQL of one aggregate over the `number` column (`COUNT(*)` counts
-/// every row, numeric or not; the others skip `NULL`s and give `NULL` when
-/// no row is numeric).
-fn aggregate_sql(method: crate::AggrMethod) -> &'static str {
-    match method {
-        crate::AggrMethod::Count => "COUNT(*)",
-        crate::AggrMethod::Sum => "SUM(number)",
-        crate::AggrMethod::Avg => "AVG(number)",
-        crate::AggrMethod::Min => "MIN(number)",
-        crate::AggrMethod::Max => "MAX(number)",
-    }
-}
-
-/// The SQL of the start (epoch ms, UTC) of the bucket holding `time`.
-/// Fixed-length periods floor `time` to a multiple of their length (also
-/// for times before 1970); months and years use SQLite's calendar.
-fn bucket_sql(period: crate::AggrPeriod) -> String {
-    let fixed = |unit: i64| format!("(time - ((time % {unit}) + {unit}) % {unit})");
+/// The SQL of the start (epoch ms, UTC) of the bucket holding the time in
+/// `column`. Fixed-length periods floor it to a multiple of their length
+/// (also for times before 1970); months and years use SQLite's calendar.
+/// No period: one bucket (0) for everything.
+fn bucket_sql(period: Option<crate::AggrPeriod>, column: &str) -> String {
+    let fixed = |unit: i64| format!("({column} - (({column} % {unit}) + {unit}) % {unit})");
     let calendar = |start: &str| {
-        format!("(CAST(strftime('%s', time / 1000.0, 'unixepoch', '{start}') AS INTEGER) * 1000)")
+        format!(
+            "(CAST(strftime('%s', {column} / 1000.0, 'unixepoch', '{start}') AS INTEGER) * 1000)"
+        )
     };
     match period {
-        crate::AggrPeriod::Second => fixed(1_000),
-        crate::AggrPeriod::Minute => fixed(60_000),
-        crate::AggrPeriod::Hour => fixed(3_600_000),
-        crate::AggrPeriod::Day => fixed(86_400_000),
-        crate::AggrPeriod::Month => calendar("start of month"),
-        crate::AggrPeriod::Year => calendar("start of year"),
+        None => "0".to_string(),
+        Some(crate::AggrPeriod::Second) => fixed(1_000),
+        Some(crate::AggrPeriod::Minute) => fixed(60_000),
+        Some(crate::AggrPeriod::Hour) => fixed(3_600_000),
+        Some(crate::AggrPeriod::Day) => fixed(86_400_000),
+        Some(crate::AggrPeriod::Month) => calendar("start of month"),
+        Some(crate::AggrPeriod::Year) => calendar("start of year"),
     }
 }
 
-/// Aggregates per series and bucket, computed by SQLite over each series'
-/// range scan (`GROUP BY` the bucket expression). Without a period, one
-/// aggregate per series that has rows in range, its bucket the time of
-/// the first of them.
+/// Earliest and latest times an aggregation considers: far beyond any
+/// real time index, and far enough from `i64`'s ends that bucket
+/// arithmetic never overflows.
+const AGGREGATE_BOUND: i64 = 1 << 52;
+
+/// Aggregates per series and bucket. Each series' range is split
+/// ([`crate::rollup::plan`]) into whole hours, answered from the hour
+/// rollups, whole minutes at the edges, from the minute rollups, and the
+/// ragged ends, from the rows — so a day of hourly averages reads 24
+/// stored buckets instead of every row, and aggregates still answer for
+/// ranges whose rows a tenant's retention has downsampled away. Seconds
+/// are computed from the rows. Without a period, one aggregate per series
+/// that has rows in range, its bucket the time of the first of them.
 pub(super) fn aggregate_history(
     conn: &Connection,
     q: &crate::HistoryQuery,
     method: crate::AggrMethod,
     period: Option<crate::AggrPeriod>,
 ) -> Result<Vec<crate::HistoryAggregate>> {
-    const RANGE: &str = "FROM history \
-        WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-        AND time >= ?5 AND time <= ?6";
-    let aggregate = aggregate_sql(method);
-    let sql = match period {
-        Some(period) => format!(
-            "SELECT {bucket} AS bucket, {aggregate}, COUNT(*) {RANGE} GROUP BY bucket ORDER BY bucket",
-            bucket = bucket_sql(period)
-        ),
-        None => format!("SELECT MIN(time), {aggregate}, COUNT(*) {RANGE}"),
+    use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS};
+    const SERIES: &str = "tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4";
+    let rows_sql = format!(
+        "SELECT {bucket}, COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
+         FROM history WHERE {SERIES} AND time >= ?5 AND time < ?6 GROUP BY 1",
+        bucket = bucket_sql(period, "time")
+    );
+    let rollups_sql = format!(
+        "SELECT {bucket}, SUM(rows), SUM(numbers), SUM(sum_value), MIN(min_value), MAX(max_value) \
+         FROM history_rollups WHERE {SERIES} AND period = ?7 AND bucket >= ?5 AND bucket < ?6 \
+         GROUP BY 1",
+        bucket = bucket_sql(period, "bucket")
+    );
+    let coarsest = match period {
+        Some(crate::AggrPeriod::Second) => None,
+        Some(crate::AggrPeriod::Minute) => Some(MINUTE_MS),
+        _ => Some(HOUR_MS),
     };
     let (from, to) = time_range(q);
+    let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
+    let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
+    let pieces = plan(from, to, coarsest);
     // One snapshot for every series, as in `query_history`.
     let _snapshot = conn.unchecked_transaction().db()?;
-    let mut stmt = conn.prepare_cached(&sql).db()?;
+    let mut from_rows = conn.prepare_cached(&rows_sql).db()?;
+    let mut from_rollups = conn.prepare_cached(&rollups_sql).db()?;
     let mut out = Vec::new();
     for (id, ty, attr) in query_series(conn, q)? {
-        let mut rows = stmt.query((&q.tenant, &id, &ty, &attr, from, to)).db()?;
-        while let Some(row) = rows.next().db()? {
-            let count: i64 = row.get(2).db()?;
-            if count == 0 {
-                // No period and no row in range: no aggregate at all.
-                continue;
+        let mut buckets: std::collections::BTreeMap<i64, RollupPartial> = Default::default();
+        for &(level, a, b) in &pieces {
+            let mut rows = match level {
+                Level::Rows => from_rows.query((&q.tenant, &id, &ty, &attr, a, b)),
+                Level::Rollup(unit) => from_rollups.query((&q.tenant, &id, &ty, &attr, a, b, unit)),
             }
+            .db()?;
+            while let Some(row) = rows.next().db()? {
+                let count: i64 = row.get(1).db()?;
+                if count == 0 {
+                    continue;
+                }
+                let numbers: i64 = row.get(2).db()?;
+                let sum: Option<f64> = row.get(3).db()?;
+                let partial = RollupPartial {
+                    rows: count as u64,
+                    numbers: numbers as u64,
+                    sum: sum.unwrap_or(0.0),
+                    min: row.get(4).db()?,
+                    max: row.get(5).db()?,
+                };
+                buckets.entry(row.get(0).db()?).or_default().merge(&partial);
+            }
+        }
+        for (bucket, partial) in buckets {
+            let bucket = match period {
+                Some(_) => bucket,
+                None => first_time(conn, q, (&id, &ty, &attr), from, to)?,
+            };
             out.push(crate::HistoryAggregate {
                 entity_id: id.clone(),
                 entity_type: ty.clone(),
                 attr: attr.clone(),
-                bucket: row.get(0).db()?,
-                value: row.get(1).db()?,
+                bucket,
+                value: partial.value(method),
             });
         }
     }
     Ok(out)
+}
+
+/// The time of a series' first row in `[from, to)`; when the rows are gone
+/// (downsampled), the start of its first minute rollup there.
+fn first_time(
+    conn: &Connection,
+    q: &crate::HistoryQuery,
+    (id, ty, attr): (&str, &str, &str),
+    from: i64,
+    to: i64,
+) -> Result<i64> {
+    let row: Option<i64> = conn
+        .prepare_cached(
+            "SELECT MIN(time) FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+             AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time < ?6",
+        )
+        .db()?
+        .query_row((&q.tenant, id, ty, attr, from, to), |r| r.get(0))
+        .db()?;
+    if let Some(t) = row {
+        return Ok(t);
+    }
+    let bucket: Option<i64> = conn
+        .prepare_cached(
+            "SELECT MIN(bucket) FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
+             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket >= ?6 AND bucket < ?7",
+        )
+        .db()?
+        .query_row(
+            (
+                &q.tenant,
+                id,
+                ty,
+                attr,
+                crate::rollup::MINUTE_MS,
+                crate::rollup::floor_to(from, crate::rollup::MINUTE_MS),
+                to,
+            ),
+            |r| r.get(0),
+        )
+        .db()?;
+    Ok(bucket.unwrap_or(from).max(from))
 }
 
 pub(super) fn read_history_feed(

@@ -59,7 +59,15 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// use stay empty), so one list serves all of them.
 /// - `history_feed` (step 5, main file): history rows of entity changes
 ///   waiting for the history writer, one JSON array per change set,
-///   written in the same transaction as the change.
+///   written in the same transaction as the change. In the history's
+///   file the same table queues the rows of QuantumLeap notifications
+///   (their 200 waits only for this append).
+/// - `history_rollups` (step 6, history file): per series, the row count,
+///   numeric count, sum, min and max of every minute (`period` 60000) and
+///   hour (3600000) bucket that has rows, kept with every insert. Hourly,
+///   daily, monthly and yearly aggregates read these instead of the rows,
+///   and they outlive the rows when a tenant's retention downsamples old
+///   data. The step builds them for the rows already stored.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -154,6 +162,30 @@ CREATE TABLE history_feed (
     seq  INTEGER PRIMARY KEY AUTOINCREMENT,
     rows TEXT    NOT NULL
 );
+"#,
+    r#"
+CREATE TABLE history_rollups (
+    tenant      TEXT    NOT NULL,
+    entity_id   TEXT    NOT NULL,
+    entity_type TEXT    NOT NULL,
+    attr        TEXT    NOT NULL,
+    period      INTEGER NOT NULL,
+    bucket      INTEGER NOT NULL,
+    rows        INTEGER NOT NULL,
+    numbers     INTEGER NOT NULL,
+    sum_value   REAL,
+    min_value   REAL,
+    max_value   REAL,
+    PRIMARY KEY (tenant, entity_id, entity_type, attr, period, bucket)
+) WITHOUT ROWID;
+INSERT INTO history_rollups
+SELECT tenant, entity_id, entity_type, attr, 60000, time - ((time % 60000) + 60000) % 60000,
+       COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number)
+FROM history GROUP BY 1, 2, 3, 4, 6;
+INSERT INTO history_rollups
+SELECT tenant, entity_id, entity_type, attr, 3600000, time - ((time % 3600000) + 3600000) % 3600000,
+       COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number)
+FROM history GROUP BY 1, 2, 3, 4, 6;
 "#,
 ];
 

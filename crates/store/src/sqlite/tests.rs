@@ -15,8 +15,8 @@ use weft_model::{
 use super::{SqliteConfig, SqliteStore, Synchronous};
 use crate::{
     AggrMethod, AggrPeriod, DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery,
-    HistoryAggregate, HistoryEntity, HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch, Store,
-    StoreError, UnitRecord,
+    HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
+    ProcessedBatch, Store, StoreError, UnitRecord,
 };
 
 fn config(dir: &TempDir) -> SqliteConfig {
@@ -1964,7 +1964,13 @@ fn feed_row(entity: &str, time: i64) -> crate::HistoryRow {
 async fn history_feed_is_queued_with_the_change_and_consumed_once() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    assert_eq!(store.history_feed_cursor().await.unwrap(), 0);
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        0
+    );
     store
         .put_entity(
             entity("", "/", "E", "T", 1, "{}"),
@@ -1985,7 +1991,10 @@ async fn history_feed_is_queued_with_the_change_and_consumed_once() {
         .put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new())
         .await
         .unwrap();
-    let feed = store.read_history_feed(0, 100).await.unwrap();
+    let feed = store
+        .read_history_feed(HistoryFeed::Changes, 0, 100)
+        .await
+        .unwrap();
     assert_eq!(feed.len(), 2, "a change without rows queues nothing");
     assert_eq!(feed[0].1, vec![feed_row("E", 1), feed_row("E", 2)]);
     assert_eq!(feed[1].1, vec![feed_row("D", 3)]);
@@ -1993,21 +2002,146 @@ async fn history_feed_is_queued_with_the_change_and_consumed_once() {
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
     assert_eq!(
         store
-            .append_history_from_feed(rows.clone(), through)
+            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), through)
             .await
             .unwrap(),
         3
     );
     assert_eq!(
-        store.append_history_from_feed(rows, through).await.unwrap(),
+        store
+            .append_history_from_feed(HistoryFeed::Changes, rows, through)
+            .await
+            .unwrap(),
         0,
         "idempotent"
     );
-    assert_eq!(store.history_feed_cursor().await.unwrap(), through);
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        through
+    );
     assert_eq!(store.prune_history_feed(through).await.unwrap(), 2);
-    assert!(store.read_history_feed(0, 100).await.unwrap().is_empty());
+    assert!(store
+        .read_history_feed(HistoryFeed::Changes, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
     store.close().await;
     drop(store);
     let store = open(&dir);
-    assert_eq!(store.history_feed_cursor().await.unwrap(), through);
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        through
+    );
+}
+
+/// Notified rows wait in the history file's own feed: durable once queued
+/// (also across a reopen), moved with their entries deleted in one commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn notified_rows_are_queued_then_moved_once() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let first = store.queue_history(vec![feed_row("N", 1)]).await.unwrap();
+    let second = store
+        .queue_history(vec![feed_row("N", 2), feed_row("N", 3)])
+        .await
+        .unwrap();
+    assert!(second > first);
+    store.close().await;
+    drop(store);
+    let store = open(&dir);
+    let feed = store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(feed.len(), 2);
+    let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(
+        store
+            .append_history_from_feed(HistoryFeed::Notifications, rows, second)
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Notifications)
+            .await
+            .unwrap(),
+        0
+    );
+    let stored = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["N".into()],
+            limit: 100,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 3);
+}
+
+/// Rollups count each stored row once: overlapping (replayed) appends add
+/// nothing to them, hourly and per-minute aggregates equal those of the
+/// rows, and deleting the entity takes its rollups with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn rollups_count_each_row_once() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let rows: Vec<HistoryRow> = (0..1300i64)
+        .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 7_000, (i % 13) as f64))
+        .collect();
+    store.append_history(rows[..700].to_vec()).await.unwrap();
+    store.append_history(rows[500..].to_vec()).await.unwrap();
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    for (period, unit) in [(AggrPeriod::Hour, 3_600_000), (AggrPeriod::Minute, 60_000)] {
+        for method in [AggrMethod::Count, AggrMethod::Sum] {
+            let got = store
+                .aggregate_history(&q, method, Some(period))
+                .await
+                .unwrap();
+            let mut want: std::collections::BTreeMap<i64, Vec<Option<f64>>> = Default::default();
+            for r in &rows {
+                want.entry(r.time.div_euclid(unit) * unit)
+                    .or_default()
+                    .push(r.number);
+            }
+            let want: Vec<(i64, Option<f64>)> = want
+                .into_iter()
+                .map(|(b, v)| (b, expected(method, &v)))
+                .collect();
+            let got: Vec<(i64, Option<f64>)> = got.iter().map(|a| (a.bucket, a.value)).collect();
+            assert_eq!(got, want, "{method:?} per {period:?}");
+        }
+    }
+    store.delete_history("t", Some("R"), None).await.unwrap();
+    store
+        .append_history(vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
+        .await
+        .unwrap();
+    let got = store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].value,
+        Some(1.0),
+        "the deleted rows' rollups are gone"
+    );
 }

@@ -80,8 +80,13 @@ pub(super) enum Op {
     DeleteDevice(String, Reply<bool>),
     /// Create or replace an NGSI entity and queue its history rows.
     PutEntity(crate::EntityRecord, Vec<crate::HistoryRow>, Reply<()>),
-    /// Store history rows from the feed and move the feed cursor.
-    AppendHistoryFromFeed(Vec<crate::HistoryRow>, u64, Reply<u64>),
+    /// Store history rows taken from a feed through `seq` and mark the
+    /// feed consumed that far (the changes feed's cursor; the notifications
+    /// feed's entries are deleted, in this same file).
+    AppendHistoryFromFeed(Vec<crate::HistoryRow>, u64, crate::HistoryFeed, Reply<u64>),
+    /// Queue notified history rows (JSON) in this file's feed; answers the
+    /// entry's `seq`.
+    QueueHistory(String, Reply<u64>),
     /// Drop consumed feed entries.
     PruneHistoryFeed(u64, Reply<u64>),
     /// Delete an NGSI entity (tenant, service path, id, type); answers "existed".
@@ -415,17 +420,30 @@ impl Writer {
                     .and_then(|()| queue_history(conn, &history))
                     .db(),
             ),
-            Op::AppendHistoryFromFeed(rows, through, reply) => Done::U64(
+            Op::AppendHistoryFromFeed(rows, through, feed, reply) => Done::U64(
                 reply,
-                append_history(conn, &rows)
-                    .and_then(|n| {
-                        conn.prepare_cached(
-                            "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
-                             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-                        )?
-                        .execute((crate::HISTORY_FEED_CURSOR, to_i64(through + 1)))?;
-                        Ok(n)
-                    })
+                in_savepoint(conn, |c| {
+                    let n = append_history(c, &rows)?;
+                    match feed {
+                        crate::HistoryFeed::Changes => c
+                            .prepare_cached(
+                                "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
+                                 ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+                            )?
+                            .execute((crate::HISTORY_FEED_CURSOR, to_i64(through + 1)))?,
+                        crate::HistoryFeed::Notifications => c
+                            .prepare_cached("DELETE FROM history_feed WHERE seq <= ?1")?
+                            .execute([to_i64(through)])?,
+                    };
+                    Ok(n)
+                })
+                .db(),
+            ),
+            Op::QueueHistory(json, reply) => Done::U64(
+                reply,
+                conn.prepare_cached("INSERT INTO history_feed (rows) VALUES (?1)")
+                    .and_then(|mut st| st.insert([&json]))
+                    .map(|seq| seq as u64)
                     .db(),
             ),
             Op::PruneHistoryFeed(through, reply) => Done::U64(
@@ -506,7 +524,8 @@ fn not_run(op: Op) -> Done {
         Op::Append(_, reply)
         | Op::Prune { reply, .. }
         | Op::AppendHistory(_, reply)
-        | Op::AppendHistoryFromFeed(_, _, reply)
+        | Op::AppendHistoryFromFeed(_, _, _, reply)
+        | Op::QueueHistory(_, reply)
         | Op::PruneHistoryFeed(_, reply)
         | Op::DeleteHistory { reply, .. } => Done::U64(reply, Ok(0)),
         Op::Processed(_, reply) => Done::Outcome(reply, Ok(CommitOutcome::default())),
@@ -730,19 +749,18 @@ fn delete(conn: &Connection, sql: &str, key: &str) -> rusqlite::Result<bool> {
 
 /// Inserts the rows that are new (the primary key makes a replayed row a
 /// no-op) and the entities seen for the first time (keeping the service
-/// path they first came with). Rows usually come grouped by entity, so
-/// the entity insert runs once per run of rows of the same entity, before
-/// them.
+/// path they first came with), then adds the new rows to their series'
+/// minute and hour rollups (one upsert per bucket, not per row). Rows
+/// usually come grouped by entity, so the entity insert runs once per run
+/// of rows of the same entity, before them.
 ///
-/// Unlike the other multi-statement operations this one runs without a
-/// savepoint: inside one, SQLite copies every page the operation touches
-/// to a sub-journal first, and an append touches one page per series (its
-/// last leaf), which cost a fifth of the writer's time. Nothing is lost by
-/// it: the statements cannot fail on their values (strings, integers,
-/// optional floats into columns without checks), so only an I/O error can
-/// stop an append midway, after which the caller gets the error and its
-/// retry stores the rest — rows are idempotent — and an entity is never
-/// without its `history_entities` row, which comes first.
+/// It runs without a savepoint of its own: inside one, SQLite copies every
+/// page the operation touches to a sub-journal first, and an append
+/// touches one page per series (its last leaf). The feed's moves, which
+/// are large and rare, wrap it in one ([`Op::AppendHistoryFromFeed`]);
+/// the statements cannot fail on their values (strings, integers, optional
+/// floats into columns without checks), so only an I/O error can stop an
+/// append midway.
 fn append_history(conn: &Connection, rows: &[crate::HistoryRow]) -> rusqlite::Result<u64> {
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO history \
@@ -753,6 +771,7 @@ fn append_history(conn: &Connection, rows: &[crate::HistoryRow]) -> rusqlite::Re
         "INSERT OR IGNORE INTO history_entities (tenant, entity_type, entity_id, service_path) \
          VALUES (?1, ?2, ?3, ?4)",
     )?;
+    let mut rollups = Rollups::default();
     let mut new = 0u64;
     let mut previous: Option<&crate::HistoryRow> = None;
     for row in rows {
@@ -770,7 +789,7 @@ fn append_history(conn: &Connection, rows: &[crate::HistoryRow]) -> rusqlite::Re
             ))?;
         }
         previous = Some(row);
-        new += insert.execute((
+        let inserted = insert.execute((
             &row.tenant,
             &row.entity_id,
             &row.entity_type,
@@ -780,9 +799,76 @@ fn append_history(conn: &Connection, rows: &[crate::HistoryRow]) -> rusqlite::Re
             &row.attr_type,
             &row.value,
             row.number,
-        ))? as u64;
+        ))?;
+        if inserted > 0 {
+            new += 1;
+            rollups.add(row);
+        }
     }
+    rollups.store(conn)?;
     Ok(new)
+}
+
+/// The rollup buckets an append adds to, keyed like `history_rollups`.
+#[derive(Default)]
+struct Rollups<'a> {
+    buckets: std::collections::BTreeMap<RollupKey<'a>, crate::rollup::RollupPartial>,
+}
+
+/// (tenant, entity id, entity type, attribute, period, bucket start).
+type RollupKey<'a> = (&'a str, &'a str, &'a str, &'a str, i64, i64);
+
+impl<'a> Rollups<'a> {
+    fn add(&mut self, row: &'a crate::HistoryRow) {
+        for period in crate::rollup::ROLLUP_PERIODS {
+            let key = (
+                row.tenant.as_str(),
+                row.entity_id.as_str(),
+                row.entity_type.as_str(),
+                row.attr.as_str(),
+                period,
+                crate::rollup::floor_to(row.time, period),
+            );
+            self.buckets.entry(key).or_default().add(row.number);
+        }
+    }
+
+    fn store(self, conn: &Connection) -> rusqlite::Result<()> {
+        if self.buckets.is_empty() {
+            return Ok(());
+        }
+        let mut upsert = conn.prepare_cached(
+            "INSERT INTO history_rollups (tenant, entity_id, entity_type, attr, period, bucket, \
+                 rows, numbers, sum_value, min_value, max_value) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT DO UPDATE SET \
+                 rows = rows + excluded.rows, \
+                 numbers = numbers + excluded.numbers, \
+                 sum_value = CASE WHEN sum_value IS NULL THEN excluded.sum_value \
+                     WHEN excluded.sum_value IS NULL THEN sum_value \
+                     ELSE sum_value + excluded.sum_value END, \
+                 min_value = min(coalesce(min_value, excluded.min_value), \
+                                 coalesce(excluded.min_value, min_value)), \
+                 max_value = max(coalesce(max_value, excluded.max_value), \
+                                 coalesce(excluded.max_value, max_value))",
+        )?;
+        for ((tenant, id, ty, attr, period, bucket), p) in self.buckets {
+            upsert.execute((
+                tenant,
+                id,
+                ty,
+                attr,
+                period,
+                bucket,
+                p.rows as i64,
+                p.numbers as i64,
+                p.sum(),
+                p.min,
+                p.max,
+            ))?;
+        }
+        Ok(())
+    }
 }
 
 /// Most history rows one [`Op::DeleteHistory`] deletes: a few tens of
@@ -847,6 +933,11 @@ fn delete_history(
                      WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
                 )?
                 .execute((tenant, ty, id))?;
+                conn.prepare_cached(
+                    "DELETE FROM history_rollups \
+                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3",
+                )?
+                .execute((tenant, id, ty))?;
                 n
             }
             Some((attr, time)) => conn
