@@ -393,3 +393,140 @@ async fn changes_are_not_recorded_unless_asked() {
     let (_, body) = get(&c, None, "/ql/v2/entities/R3/attrs/temperature/value").await;
     assert_eq!(body, json!([]));
 }
+
+/// The `/attrs` endpoints group an attribute's series by entity type across
+/// types; `POST /op/query` answers each entity's latest values with
+/// QuantumLeap's error texts for what it does not support.
+#[tokio::test]
+async fn attrs_endpoints_and_op_query() {
+    let server = Server::start();
+    let c = server.client();
+    let car = |id: &str, time: &str, speed: f64| {
+        json!({"id": id, "type": "Car",
+               "TimeInstant": {"type": "DateTime", "value": time},
+               "speed": {"type": "Number", "value": speed},
+               "temperature": {"type": "Number", "value": speed / 10.0}})
+    };
+    let (status, _) = notify(
+        &c,
+        None,
+        vec![
+            room("Room:1", &at(1, 0), 20.0, 700),
+            room("Room:2", &at(1, 0), 21.0, 710),
+            car("Car:1", &at(1, 0), 50.0),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = notify(
+        &c,
+        None,
+        vec![
+            room("Room:1", &at(2, 0), 22.0, 720),
+            car("Car:1", &at(2, 0), 60.0),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let (status, body) = get(&c, None, "/ql/v2/attrs/temperature").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["attrName"], "temperature");
+    let i1 = "2026-03-01T10:01:00.000+00:00";
+    let i2 = "2026-03-01T10:02:00.000+00:00";
+    assert_eq!(
+        body["types"],
+        json!([
+            {"entityType": "Car", "entities": [
+                {"entityId": "Car:1", "index": [i1, i2], "values": [5.0, 6.0]}]},
+            {"entityType": "Room", "entities": [
+                {"entityId": "Room:1", "index": [i1, i2], "values": [20.0, 22.0]},
+                {"entityId": "Room:2", "index": [i1], "values": [21.0]}]}
+        ])
+    );
+    let (_, value) = get(&c, None, "/ql/v2/attrs/temperature/value").await;
+    assert_eq!(value["values"], body["types"]);
+    // `type` narrows, `lastN` applies per series.
+    let (_, body) = get(&c, None, "/ql/v2/attrs/temperature?type=Room&lastN=1").await;
+    assert_eq!(
+        body["types"],
+        json!([{"entityType": "Room", "entities": [
+            {"entityId": "Room:1", "index": [i2], "values": [22.0]},
+            {"entityId": "Room:2", "index": [i1], "values": [21.0]}]}])
+    );
+    let (status, body) = get(&c, None, "/ql/v2/attrs?attrs=speed,pressure").await;
+    assert_eq!(status, 200, "{body}");
+    let names: Vec<&str> = body["attrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["attrName"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pressure", "speed"]);
+    assert_eq!(
+        body["attrs"][1]["types"],
+        json!([{"entityType": "Car", "entities": [
+            {"entityId": "Car:1", "index": [i1, i2], "values": [50.0, 60.0]}]}])
+    );
+    let (_, value) = get(&c, None, "/ql/v2/attrs/value?attrs=speed,pressure").await;
+    assert_eq!(value["values"], body["attrs"]);
+    let (status, body) = get(&c, Some("other"), "/ql/v2/attrs/temperature").await;
+    assert_eq!((status, body), (200, json!([])), "tenants isolate");
+
+    let query = |body: Value| {
+        let c = c.clone();
+        async move {
+            let (status, _, body) = call(&c, "POST", "/ql/v2/op/query", None, Some(&body)).await;
+            (status, body)
+        }
+    };
+    let (status, body) = query(json!({
+        "entities": [{"id": "Room:1", "type": "Room"}, {"id": "Car:1", "type": "Car"}],
+        "attrs": ["temperature", "pressure"]
+    }))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!([
+            {"id": "Room:1", "type": "Room",
+             "pressure": {"type": "Integer", "value": 720},
+             "temperature": {"type": "Number", "value": 22.0},
+             "dateModified": {"type": "DateTime", "value": i2}},
+            {"id": "Car:1", "type": "Car",
+             "temperature": {"type": "Number", "value": 6.0},
+             "dateModified": {"type": "DateTime", "value": i2}}
+        ])
+    );
+    let (status, body) = query(json!({"entities": [{"id": "Room:9", "type": "Room"}]})).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        body,
+        json!({"error": "Not Found", "description": "No records were found for such query."})
+    );
+    for (request, message) in [
+        (
+            json!({"attrs": ["x"]}),
+            "Discarding query due to lack of request body content.",
+        ),
+        (
+            json!({"entities": [{"id": "Room:1"}]}),
+            "Entity type is required",
+        ),
+        (
+            json!({"entities": [{"type": "Room"}]}),
+            "Entity id is required",
+        ),
+        (
+            json!({"entities": [{"id": ".*", "type": "Room", "idPattern": "True"}]}),
+            "idPattern is Not Supported",
+        ),
+        (
+            json!({"entities": [{"id": "Room:1", "type": "Room"}], "expression": {"q": "a>1"}}),
+            "expression is Not Supported",
+        ),
+    ] {
+        let (status, body) = query(request).await;
+        assert_eq!((status, body), (400, json!(message)));
+    }
+}

@@ -59,6 +59,11 @@ pub fn query_routes() -> Router<AppState> {
         .route("/types/{type}/value", get(type_value))
         .route("/types/{type}/attrs/{attr}", get(type_attr))
         .route("/types/{type}/attrs/{attr}/value", get(type_attr_value))
+        .route("/attrs", get(attrs))
+        .route("/attrs/value", get(attrs_value))
+        .route("/attrs/{attr}", get(attr))
+        .route("/attrs/{attr}/value", get(attr_value))
+        .route("/op/query", post(op_query))
         .route("/health", get(health))
         .route("/version", get(version))
 }
@@ -330,16 +335,19 @@ impl EntitySeries {
     }
 }
 
-/// Runs a request: (entity id → series), in id order.
-async fn run(state: &AppState, req: &Request) -> ApiResult<BTreeMap<String, EntitySeries>> {
+/// Series per entity, keyed and ordered by (type, id).
+type Found = BTreeMap<(String, String), EntitySeries>;
+
+/// Runs a request: ((entity type, id) → series).
+async fn run(state: &AppState, req: &Request) -> ApiResult<Found> {
     let store = settled_store(state).await;
-    let mut out: BTreeMap<String, EntitySeries> = BTreeMap::new();
+    let mut out = Found::new();
     match req.aggregate {
         None => {
             let rows: Vec<HistoryRow> = store.query_history(&req.query).await?;
             for r in rows {
                 let value = serde_json::from_str(&r.value).unwrap_or(Value::Null);
-                let e = out.entry(r.entity_id).or_default();
+                let e = out.entry((r.entity_type.clone(), r.entity_id)).or_default();
                 e.entity_type = r.entity_type;
                 e.attrs.entry(r.attr).or_default().insert(r.time, value);
             }
@@ -351,10 +359,14 @@ async fn run(state: &AppState, req: &Request) -> ApiResult<BTreeMap<String, Enti
                 && !aggs.is_empty()
                 && aggs.iter().all(|a| a.value.is_none())
             {
-                return Err(ApiError::not_found("AggrMethod cannot be applied"));
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "AggrMethod cannot be applied",
+                    "AggrMethod cannot be applied on type TEXT and BOOLEAN.",
+                ));
             }
             for a in aggs {
-                let e = out.entry(a.entity_id).or_default();
+                let e = out.entry((a.entity_type.clone(), a.entity_id)).or_default();
                 e.entity_type = a.entity_type;
                 let value = a.value.map(number).unwrap_or(Value::Null);
                 e.attrs.entry(a.attr).or_default().insert(a.bucket, value);
@@ -398,8 +410,11 @@ async fn single_entity(
     if let Some(a) = attr {
         req.query.attrs = vec![a];
     }
-    let mut found = run(state, &req).await?;
-    Ok(found.remove(&id).map(|s| (id, s)))
+    let found = run(state, &req).await?;
+    Ok(found
+        .into_iter()
+        .find(|((_, found_id), _)| *found_id == id)
+        .map(|(_, s)| (id, s)))
 }
 
 /// `GET /entities/{id}`.
@@ -473,32 +488,36 @@ async fn entity_attr_value(
     Ok(Json(json!({"index": index, "values": values})).into_response())
 }
 
+/// Series of the entities of `entity_type` (`None`: of the `type`
+/// parameter, or of every type), of one attribute or of the `attrs` asked.
 async fn of_type(
     state: &AppState,
     headers: &HeaderMap,
     params: &Params,
-    entity_type: String,
+    entity_type: Option<String>,
     attr: Option<String>,
-) -> ApiResult<BTreeMap<String, EntitySeries>> {
+) -> ApiResult<Found> {
     let scope = scope(headers)?;
     let mut req = params.request(&scope, attr.is_some())?;
-    req.query.entity_type = Some(entity_type);
+    if entity_type.is_some() {
+        req.query.entity_type = entity_type;
+    }
     if let Some(a) = attr {
         req.query.attrs = vec![a];
     }
     if let Some(pattern) = &params.id_pattern {
         req.query.entity_ids = matching_ids(state, &req.query, pattern).await?;
         if req.query.entity_ids.is_empty() {
-            return Ok(BTreeMap::new());
+            return Ok(Found::new());
         }
     }
     run(state, &req).await
 }
 
-fn entities_json(all: &BTreeMap<String, EntitySeries>) -> Value {
+fn entities_json(all: &Found) -> Value {
     Value::Array(
         all.iter()
-            .map(|(id, s)| {
+            .map(|((_, id), s)| {
                 let times = s.index();
                 json!({"id": id, "index": EntitySeries::index_json(&times),
                        "attributes": s.attributes_json(&times)})
@@ -507,10 +526,10 @@ fn entities_json(all: &BTreeMap<String, EntitySeries>) -> Value {
     )
 }
 
-fn entities_attr_json(all: &BTreeMap<String, EntitySeries>, attr: &str) -> Value {
+fn entities_attr_json(all: &Found, attr: &str) -> Value {
     Value::Array(
         all.iter()
-            .map(|(id, s)| {
+            .map(|((_, id), s)| {
                 let (index, values) = s.attr_json(attr);
                 json!({"id": id, "index": index, "values": values})
             })
@@ -545,7 +564,7 @@ async fn type_entities(
     Path(entity_type): Path<String>,
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let all = of_type(&state, &headers, &params, entity_type.clone(), None).await?;
+    let all = of_type(&state, &headers, &params, Some(entity_type.clone()), None).await?;
     if all.is_empty() {
         return Ok(empty());
     }
@@ -559,7 +578,7 @@ async fn type_value(
     Path(entity_type): Path<String>,
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let all = of_type(&state, &headers, &params, entity_type, None).await?;
+    let all = of_type(&state, &headers, &params, Some(entity_type), None).await?;
     if all.is_empty() {
         return Ok(empty());
     }
@@ -577,7 +596,7 @@ async fn type_attr(
         &state,
         &headers,
         &params,
-        entity_type.clone(),
+        Some(entity_type.clone()),
         Some(attr.clone()),
     )
     .await?;
@@ -597,11 +616,204 @@ async fn type_attr_value(
     Path((entity_type, attr)): Path<(String, String)>,
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let all = of_type(&state, &headers, &params, entity_type, Some(attr.clone())).await?;
+    let all = of_type(
+        &state,
+        &headers,
+        &params,
+        Some(entity_type),
+        Some(attr.clone()),
+    )
+    .await?;
     if all.is_empty() {
         return Ok(empty());
     }
     Ok(Json(json!({"entities": entities_attr_json(&all, &attr)})).into_response())
+}
+
+/// One attribute across types (the `/attrs` endpoints' shape):
+/// `[{"entityType","entities":[{"entityId","index","values"}]}]`, types
+/// and ids in order, only entities that have the attribute.
+fn attr_types_json(all: &Found, attr: &str) -> Value {
+    let mut types: Vec<(String, Vec<Value>)> = Vec::new();
+    for ((ty, id), s) in all.iter().filter(|(_, s)| s.attrs.contains_key(attr)) {
+        let (index, values) = s.attr_json(attr);
+        let entity = json!({"entityId": id, "index": index, "values": values});
+        match types.last_mut() {
+            Some((last, entities)) if last == ty => entities.push(entity),
+            _ => types.push((ty.clone(), vec![entity])),
+        }
+    }
+    Value::Array(
+        types
+            .into_iter()
+            .map(|(ty, entities)| json!({"entityType": ty, "entities": entities}))
+            .collect(),
+    )
+}
+
+/// Every attribute found, each with [`attr_types_json`].
+fn attrs_json(all: &Found) -> Value {
+    let names: BTreeSet<&String> = all.values().flat_map(|s| s.attrs.keys()).collect();
+    Value::Array(
+        names
+            .into_iter()
+            .map(|name| json!({"attrName": name, "types": attr_types_json(all, name)}))
+            .collect(),
+    )
+}
+
+/// `GET /attrs`: the asked attributes (all by default) of every entity.
+async fn attrs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, None, None).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"attrs": attrs_json(&all)})).into_response())
+}
+
+/// `GET /attrs/value`.
+async fn attrs_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, None, None).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"values": attrs_json(&all)})).into_response())
+}
+
+/// `GET /attrs/{attr}`: one attribute of every entity that has it.
+async fn attr(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(attr): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, None, Some(attr.clone())).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"attrName": attr, "types": attr_types_json(&all, &attr)})).into_response())
+}
+
+/// `GET /attrs/{attr}/value`.
+async fn attr_value(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(attr): Path<String>,
+    Query(params): Query<Params>,
+) -> ApiResult<Response> {
+    let all = of_type(&state, &headers, &params, None, Some(attr.clone())).await?;
+    if all.is_empty() {
+        return Ok(empty());
+    }
+    Ok(Json(json!({"values": attr_types_json(&all, &attr)})).into_response())
+}
+
+/// QuantumLeap's 404 for a query or delete that matched nothing.
+fn no_records() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "Not Found",
+        "No records were found for such query.",
+    )
+}
+
+/// A 400 whose body is a bare JSON string, as QuantumLeap's `/op/query`
+/// answers bad bodies.
+fn bad_query(message: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Json(Value::String(message.into()))).into_response()
+}
+
+/// `POST /op/query`: the latest value of the asked attributes (all by
+/// default) of each listed entity, as NGSI entities with the time of that
+/// value as `dateModified`; 404 when an entity has none.
+async fn op_query(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let scope = scope(&headers)?;
+    let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(&body) else {
+        return Ok(bad_query(
+            "Discarding query due to lack of request body. Lost in a redirect maybe?",
+        ));
+    };
+    let Some(entities) = body.get("entities") else {
+        return Ok(bad_query(
+            "Discarding query due to lack of request body content.",
+        ));
+    };
+    if body.contains_key("expression") {
+        return Ok(bad_query("expression is Not Supported"));
+    }
+    if body.contains_key("metadata") {
+        return Ok(bad_query("metadata is Not Supported"));
+    }
+    let Some(entities) = entities.as_array() else {
+        return Ok(bad_query("entities must be an array"));
+    };
+    let mut wanted = Vec::with_capacity(entities.len());
+    for e in entities {
+        let text = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
+        let Some(entity_type) = text("type") else {
+            return Ok(bad_query("Entity type is required"));
+        };
+        let Some(id) = text("id") else {
+            return Ok(bad_query("Entity id is required"));
+        };
+        if e.get("idPattern").is_some() {
+            return Ok(bad_query("idPattern is Not Supported"));
+        }
+        wanted.push((id, entity_type));
+    }
+    let attrs: Vec<String> = match body.get("attrs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+        Some(_) => return Ok(bad_query("attrs must be an array of attribute names")),
+    };
+    let store = settled_store(&state).await;
+    let mut out = Vec::with_capacity(wanted.len());
+    for (id, entity_type) in wanted {
+        let rows = store
+            .query_history(&HistoryQuery {
+                tenant: scope.tenant.clone(),
+                service_path: scope.service_path.clone(),
+                entity_ids: vec![id.clone()],
+                entity_type: Some(entity_type.clone()),
+                attrs: attrs.clone(),
+                last_n: Some(1),
+                limit: 1,
+                ..HistoryQuery::default()
+            })
+            .await?;
+        let Some(latest) = rows.iter().map(|r| r.time).max() else {
+            return Err(no_records());
+        };
+        let mut m = Map::new();
+        m.insert("id".into(), id.into());
+        m.insert("type".into(), entity_type.into());
+        for r in rows {
+            let value = serde_json::from_str(&r.value).unwrap_or(Value::Null);
+            m.insert(r.attr, json!({"type": r.attr_type, "value": value}));
+        }
+        m.insert(
+            "dateModified".into(),
+            json!({"type": "DateTime", "value": format_index(latest)}),
+        );
+        out.push(Value::Object(m));
+    }
+    Ok(Json(Value::Array(out)).into_response())
 }
 
 /// `GET /entities`: the entities with history, each with the time of its
@@ -680,7 +892,7 @@ async fn delete_entity(
         .delete_history(&scope.tenant, Some(&id), params.entity_type.as_deref())
         .await?;
     if n == 0 {
-        return Err(ApiError::not_found("No records were found for such query."));
+        return Err(no_records());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -697,7 +909,7 @@ async fn delete_type(
         .delete_history(&scope.tenant, None, Some(&entity_type))
         .await?;
     if n == 0 {
-        return Err(ApiError::not_found("No records were found for such query."));
+        return Err(no_records());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
