@@ -530,3 +530,70 @@ async fn attrs_endpoints_and_op_query() {
         assert_eq!((status, body), (400, json!(message)));
     }
 }
+
+/// Retention per tenant: with `downsample_after`, rows leave but the
+/// per-minute/hour aggregates stay and still answer; with `retention` the
+/// rows leave too (the aggregates once their whole hour is past it, see
+/// the store's tests); rows already past the horizon when they arrive are
+/// not stored.
+#[tokio::test]
+async fn retention_downsamples_and_expires_per_tenant() {
+    let server = Server::start_with_env(&[
+        ("WEFT_HISTORY__DOWNSAMPLE_AFTER", "3s"),
+        ("WEFT_HISTORY__RETENTION_INTERVAL", "100ms"),
+        ("WEFT_HISTORY__TENANTS__GONE__RETENTION", "3s"),
+    ]);
+    let c = server.client();
+    let now = weft_model::now_ms();
+    let values = [10.0, 13.0, 20.0];
+    for tenant in [None, Some("gone")] {
+        for (i, v) in values.iter().enumerate() {
+            let time = iso(now - 1_000 - i as i64);
+            let (status, _) = notify(&c, tenant, vec![room("Room:1", &time, *v, 1)]).await;
+            assert_eq!(status, 200);
+        }
+        // An hour old on arrival: past both horizons, never stored.
+        let (status, _) = notify(
+            &c,
+            tenant,
+            vec![room("Room:1", &iso(now - 3_600_000), 99.0, 1)],
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let raw = "/ql/v2/entities/Room:1/attrs/temperature";
+    let avg = "/ql/v2/entities/Room:1/attrs/temperature?aggrMethod=avg";
+    let count = "/ql/v2/entities/Room:1/attrs/temperature?aggrMethod=count&aggrPeriod=minute";
+    for tenant in [None, Some("gone")] {
+        let (_, body) = get(&c, tenant, raw).await;
+        assert_eq!(body["values"], json!([20.0, 13.0, 10.0]), "{tenant:?}");
+        let (_, body) = get(&c, tenant, avg).await;
+        assert_eq!(body["values"], json!([43.0 / 3.0]), "{tenant:?}");
+    }
+    // Wait for the rows to pass their horizon and be expired.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, kept) = get(&c, None, raw).await;
+        let (_, gone) = get(&c, Some("gone"), raw).await;
+        if kept == json!([]) && gone == json!([]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not expired: {kept} {gone}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Downsampled: the aggregates still answer, from the rollups.
+    let (status, body) = get(&c, None, avg).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["values"], json!([43.0 / 3.0]));
+    let (_, body) = get(&c, None, count).await;
+    let total: f64 = body["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(total, 3.0);
+}

@@ -52,9 +52,62 @@ const FEED_PRUNE_EVERY: u64 = 1_000;
 /// anyway (only reached when the history writer is failing).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long one tenant's history is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Rows and rollups older than this are deleted. `None`: kept.
+    pub keep: Option<Duration>,
+    /// Rows older than this are deleted while their minute and hour
+    /// rollups stay (until `keep`): aggregates still answer for old
+    /// ranges, raw values do not. `None`: rows are kept as long as
+    /// rollups.
+    pub downsample_after: Option<Duration>,
+}
+
+impl Retention {
+    /// The cutoffs at `now` (epoch ms): rows before the first, rollup
+    /// buckets ending by the second, are expired.
+    pub fn cutoffs(&self, now: i64) -> (Option<i64>, Option<i64>) {
+        let before =
+            |d: Duration| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let rollups = self.keep.map(before);
+        let rows = match (self.downsample_after.map(before), rollups) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        (rows, rollups)
+    }
+}
+
+/// Retention of every tenant: its own, or the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// For tenants without their own (the default tenant included).
+    pub default: Retention,
+    /// Per tenant (lower-case name, as `Fiware-Service` selects it).
+    pub tenants: std::collections::HashMap<String, Retention>,
+    /// How often expired history is deleted.
+    pub interval: Duration,
+}
+
+impl RetentionPolicy {
+    /// The retention of `tenant`.
+    pub fn of(&self, tenant: &str) -> Retention {
+        self.tenants.get(tenant).copied().unwrap_or(self.default)
+    }
+
+    /// Whether any tenant's history ever expires.
+    fn expires(&self) -> bool {
+        self.default != Retention::default()
+            || self.tenants.values().any(|r| *r != Retention::default())
+    }
+}
+
 /// The history recorder.
 pub struct History {
     store: Arc<dyn Store>,
+    /// What expires when.
+    retention: RetentionPolicy,
     /// Position of the last notification entry acknowledged as queued.
     notified: AtomicU64,
     /// Position through which the notifications feed has been moved.
@@ -67,10 +120,11 @@ pub struct History {
 }
 
 impl History {
-    /// A recorder writing through `store`.
-    pub fn new(store: Arc<dyn Store>) -> Arc<History> {
+    /// A recorder writing through `store`, expiring per `retention`.
+    pub fn new(store: Arc<dyn Store>, retention: RetentionPolicy) -> Arc<History> {
         Arc::new(History {
             store,
+            retention,
             notified: AtomicU64::new(0),
             moved: watch::Sender::new(0),
             wake: Notify::new(),
@@ -134,6 +188,16 @@ impl History {
                     b.time,
                 ))
             });
+            // Rows already past their tenant's raw retention would be
+            // deleted at once, and a replay of them would count twice in
+            // the rollups: they are not stored.
+            if self.retention.expires() {
+                let now = weft_model::now_ms();
+                rows.retain(|r| {
+                    let (rows_before, _) = self.retention.of(&r.tenant).cutoffs(now);
+                    rows_before.is_none_or(|cutoff| r.time >= cutoff)
+                });
+            }
             let count = rows.len() as u64;
             match self
                 .store
@@ -169,6 +233,40 @@ impl History {
                 return;
             }
         }
+    }
+
+    /// Deletes expired history every [`RetentionPolicy::interval`] until
+    /// `shutdown` (nothing to do, and no loop, when nothing expires).
+    pub async fn retention_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        if !self.retention.expires() {
+            return;
+        }
+        loop {
+            if let Err(e) = self.expire_once().await {
+                tracing::warn!(error = %e, "expiring history failed; retrying later");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.retention.interval) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// One pass of [`History::retention_loop`] over every tenant.
+    async fn expire_once(&self) -> Result<(), StoreError> {
+        let now = weft_model::now_ms();
+        for tenant in self.store.history_tenants().await? {
+            let (rows, rollups) = self.retention.of(&tenant).cutoffs(now);
+            if rows.is_none() && rollups.is_none() {
+                continue;
+            }
+            let n = self.store.expire_history(&tenant, rows, rollups).await?;
+            if n > 0 {
+                metrics::counter!("weft_history_expired_total").increment(n);
+                tracing::debug!(tenant, deleted = n, "expired history");
+            }
+        }
+        Ok(())
     }
 
     /// Sleeps `d` (the notifications feed's loop wakes early when a query

@@ -106,6 +106,8 @@ pub struct PipelineConfig {
     pub notifications: subscriptions::sender::SenderConfig,
     /// Whether entity changes are recorded as history.
     pub record_history: bool,
+    /// How long each tenant's history is kept.
+    pub history_retention: history::RetentionPolicy,
 }
 
 impl Default for PipelineConfig {
@@ -116,6 +118,10 @@ impl Default for PipelineConfig {
             log_retention: Duration::from_secs(3600),
             notifications: Default::default(),
             record_history: false,
+            history_retention: history::RetentionPolicy {
+                interval: Duration::from_secs(60),
+                ..history::RetentionPolicy::default()
+            },
         }
     }
 }
@@ -181,7 +187,8 @@ impl Pipeline {
         let subscriptions =
             subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
         context.set_record_history(config.record_history);
-        let history = history::History::new(store.clone());
+        let history = history::History::new(store.clone(), config.history_retention.clone());
+        tracker.spawn(history.clone().retention_loop(shutdown.clone()));
         for feed in [
             weft_store::HistoryFeed::Changes,
             weft_store::HistoryFeed::Notifications,

@@ -494,6 +494,19 @@ pub trait Store: Send + Sync + 'static {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64>;
+    /// Deletes `tenant`'s history older than the cutoffs (epoch ms): rows
+    /// with a time index before `rows_before`, and minute/hour rollup
+    /// buckets that end by `rollups_before` (a tenant's retention; rows
+    /// going before their rollups is downsampling). Commits in chunks so
+    /// appends go on meanwhile; returns what was deleted.
+    async fn expire_history(
+        &self,
+        tenant: &str,
+        rows_before: Option<i64>,
+        rollups_before: Option<i64>,
+    ) -> Result<u64>;
+    /// The tenants that have history.
+    async fn history_tenants(&self) -> Result<Vec<String>>;
 
     // --- operations -------------------------------------------------------
 

@@ -639,6 +639,45 @@ impl Store for SqliteStore {
     // own transaction, so appends keep flowing during a large delete.
     // Deleting is idempotent, so a failure midway leaves a state a retry
     // completes.
+    async fn expire_history(
+        &self,
+        tenant: &str,
+        rows_before: Option<i64>,
+        rollups_before: Option<i64>,
+    ) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let tenant = tenant.to_string();
+            let deleted = self
+                .history
+                .write(|reply| Op::ExpireHistory {
+                    tenant,
+                    rows_before,
+                    rollups_before,
+                    reply,
+                })
+                .await?;
+            total += deleted;
+            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn history_tenants(&self) -> Result<Vec<String>> {
+        self.history
+            .reads
+            .run(|c| {
+                c.prepare_cached("SELECT DISTINCT tenant FROM history_entities ORDER BY tenant")
+                    .and_then(|mut st| {
+                        st.query_map([], |r| r.get(0))?
+                            .collect::<rusqlite::Result<Vec<String>>>()
+                    })
+                    .db()
+            })
+            .await
+    }
+
     async fn delete_history(
         &self,
         tenant: &str,

@@ -3,6 +3,7 @@
 //! variables (`__` separates sections: `WEFT_ENGINE__TIME_LIMIT=50ms`), and
 //! command-line flags. docs/configuration.md lists every key.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -137,8 +138,8 @@ impl Default for NgsiSection {
     }
 }
 
-/// `[history]`: recording and QuantumLeap's API.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// `[history]`: recording, retention and QuantumLeap's API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
     /// Record every entity change (from `/v2` and device data) as history.
@@ -150,6 +151,75 @@ pub struct HistorySection {
     /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
     /// the `/ql` prefix (QuantumLeap's port is 8668). None: not served.
     pub quantumleap_listen: Option<SocketAddr>,
+    /// Rows and rollups older than this are deleted, for every tenant
+    /// without its own setting (e.g. "400d"). None: kept forever.
+    #[serde(with = "humantime_serde")]
+    pub retention: Option<Duration>,
+    /// Rows older than this are deleted but their per-minute and per-hour
+    /// aggregates kept (until `retention`): downsampling. None: rows are
+    /// kept as long as `retention` says.
+    #[serde(with = "humantime_serde")]
+    pub downsample_after: Option<Duration>,
+    /// How often expired history is deleted.
+    #[serde(with = "humantime_serde")]
+    pub retention_interval: Duration,
+    /// Per tenant (`[history.tenants.<name>]`, the lower-case
+    /// `Fiware-Service`): `retention` and `downsample_after` of that
+    /// tenant; a key left out takes the value above.
+    pub tenants: BTreeMap<String, TenantHistorySection>,
+}
+
+impl Default for HistorySection {
+    fn default() -> Self {
+        HistorySection {
+            record_changes: false,
+            quantumleap_listen: None,
+            retention: None,
+            downsample_after: None,
+            retention_interval: weft_pipeline::PipelineConfig::default()
+                .history_retention
+                .interval,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl HistorySection {
+    /// The pipeline's retention policy.
+    pub fn retention_policy(&self) -> weft_pipeline::history::RetentionPolicy {
+        use weft_pipeline::history::{Retention, RetentionPolicy};
+        let default = Retention {
+            keep: self.retention,
+            downsample_after: self.downsample_after,
+        };
+        RetentionPolicy {
+            default,
+            tenants: self
+                .tenants
+                .iter()
+                .map(|(name, t)| {
+                    let r = Retention {
+                        keep: t.retention.or(default.keep),
+                        downsample_after: t.downsample_after.or(default.downsample_after),
+                    };
+                    (name.to_ascii_lowercase(), r)
+                })
+                .collect(),
+            interval: self.retention_interval.max(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// `[history.tenants.<name>]`: one tenant's history retention.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantHistorySection {
+    /// As `history.retention`, for this tenant.
+    #[serde(with = "humantime_serde")]
+    pub retention: Option<Duration>,
+    /// As `history.downsample_after`, for this tenant.
+    #[serde(with = "humantime_serde")]
+    pub downsample_after: Option<Duration>,
 }
 
 /// `[notifications]`: how NGSI subscription notifications are sent.

@@ -74,6 +74,7 @@ pub async fn serve(
                 lane_capacity: config.notifications.queue_per_connection.max(1),
             },
             record_history: config.history.record_changes,
+            history_retention: config.history.retention_policy(),
         },
         pipeline_stop.clone(),
         &tracker,

@@ -478,35 +478,34 @@ fn query_entities(conn: &Connection, q: &crate::HistoryQuery) -> Result<Vec<(Str
     Ok(out)
 }
 
-/// The attributes an entity has history for, in order: each found by one
-/// seek past the previous one (a skip scan of the key), so the cost is per
-/// attribute, not per row.
-fn entity_attrs(conn: &Connection, tenant: &str, id: &str, ty: &str) -> Result<Vec<String>> {
-    let mut first = conn
-        .prepare_cached(
-            "SELECT attr FROM history WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-             ORDER BY attr LIMIT 1",
-        )
-        .db()?;
-    let mut next = conn
-        .prepare_cached(
-            "SELECT attr FROM history WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-             AND attr > ?4 ORDER BY attr LIMIT 1",
-        )
-        .db()?;
-    let mut out: Vec<String> = Vec::new();
-    let mut current: Option<String> = first
-        .query_row((tenant, id, ty), |r| r.get(0))
-        .optional()
-        .db()?;
-    while let Some(attr) = current {
-        current = next
-            .query_row((tenant, id, ty, &attr), |r| r.get(0))
-            .optional()
-            .db()?;
-        out.push(attr);
+/// The attributes of an entity that has rows or rollups, in order. Each is
+/// found by a seek past the previous one (a skip-scan of the primary key),
+/// so an entity with millions of rows costs a few lookups per attribute;
+/// rollups count too, since a tenant's retention may have downsampled the
+/// rows away.
+pub(super) fn entity_attrs(
+    conn: &Connection,
+    tenant: &str,
+    id: &str,
+    ty: &str,
+) -> rusqlite::Result<Vec<String>> {
+    let mut out = std::collections::BTreeSet::new();
+    for table in ["history", "history_rollups"] {
+        let mut next = conn.prepare_cached(&format!(
+            "SELECT attr FROM {table} WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
+             AND attr > ?4 ORDER BY attr LIMIT 1"
+        ))?;
+        let mut current: Option<String> = next
+            .query_row((tenant, id, ty, ""), |r| r.get(0))
+            .optional()?;
+        while let Some(attr) = current {
+            current = next
+                .query_row((tenant, id, ty, &attr), |r| r.get(0))
+                .optional()?;
+            out.insert(attr);
+        }
     }
-    Ok(out)
+    Ok(out.into_iter().collect())
 }
 
 /// Every (entity id, entity type, attribute) series a query covers, in
@@ -521,7 +520,7 @@ fn query_series(
     let mut out = Vec::new();
     for (id, ty) in query_entities(conn, q)? {
         let attrs = if wanted.is_empty() {
-            entity_attrs(conn, &q.tenant, &id, &ty)?
+            entity_attrs(conn, &q.tenant, &id, &ty).db()?
         } else {
             wanted.clone()
         };

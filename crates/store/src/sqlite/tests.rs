@@ -2145,3 +2145,70 @@ async fn rollups_count_each_row_once() {
         "the deleted rows' rollups are gone"
     );
 }
+
+/// Expiry deletes rows before their cutoff and only rollup buckets that
+/// end by theirs (a bucket with newer rows stays whole), in chunks; an
+/// entity left with nothing leaves the listing, one with rollups stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn expiry_deletes_rows_then_whole_buckets() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let hour = 3_600_000;
+    let rows: Vec<HistoryRow> = (0..120_000i64)
+        .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 90, 1.0))
+        .collect(); // three hours
+    for chunk in rows.chunks(20_000) {
+        store.append_history(chunk.to_vec()).await.unwrap();
+    }
+    store
+        .append_history(vec![hrow("u", "/", "R", "T", "x", T0, 1.0)])
+        .await
+        .unwrap();
+    assert_eq!(store.history_tenants().await.unwrap(), ["t", "u"]);
+    // Rows before 01:30 go (more than one chunk); rollups ending by 01:30
+    // go: hour 00 and the minutes before 01:30, not hour 01.
+    let deleted = store
+        .expire_history("t", Some(T0 + hour + hour / 2), Some(T0 + hour + hour / 2))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 60_000 + 1 + 90);
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    let per_hour = store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap();
+    let per_hour: Vec<(i64, Option<f64>)> = per_hour.iter().map(|a| (a.bucket, a.value)).collect();
+    assert_eq!(
+        per_hour,
+        [(T0 + hour, Some(40_000.0)), (T0 + 2 * hour, Some(40_000.0))]
+    );
+    // Only rollups left (downsampled): still listed, still aggregated.
+    store
+        .expire_history("t", Some(T0 + 10 * hour), None)
+        .await
+        .unwrap();
+    assert!(store.query_history(&q).await.unwrap().is_empty());
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap().len(),
+        1
+    );
+    // Everything past: the entity goes.
+    store
+        .expire_history("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))
+        .await
+        .unwrap();
+    assert!(store
+        .history_entities("t", None, None)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.history_entities("u", None, None).await.unwrap().len(),
+        1
+    );
+}

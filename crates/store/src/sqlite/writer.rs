@@ -114,6 +114,19 @@ pub(super) enum Op {
         /// The answer.
         reply: Reply<u64>,
     },
+    /// Delete up to [`HISTORY_DELETE_CHUNK`] of a tenant's rows older than
+    /// `rows_before` and rollup buckets ending by `rollups_before`; answers
+    /// how many went (the caller repeats while that is a full chunk).
+    ExpireHistory {
+        /// Tenant.
+        tenant: String,
+        /// Rows with a time index before this go.
+        rows_before: Option<i64>,
+        /// Rollup buckets ending at or before this go.
+        rollups_before: Option<i64>,
+        /// The answer.
+        reply: Reply<u64>,
+    },
     /// Round-trip through a (possibly empty) commit.
     Ping(Reply<()>),
     /// Stop accepting, commit what is queued, stop; answered last.
@@ -511,6 +524,16 @@ impl Writer {
                 })
                 .db(),
             ),
+            Op::ExpireHistory {
+                tenant,
+                rows_before,
+                rollups_before,
+                reply,
+            } => Done::U64(
+                reply,
+                in_savepoint(conn, |c| expire_history(c, &tenant, rows_before, rollups_before))
+                    .db(),
+            ),
             Op::Ping(reply) => Done::Unit(reply, Ok(())),
             // `take` keeps `Close` out of batches; answer it anyway.
             Op::Close(reply) => Done::Unit(reply, Ok(())),
@@ -527,7 +550,8 @@ fn not_run(op: Op) -> Done {
         | Op::AppendHistoryFromFeed(_, _, _, reply)
         | Op::QueueHistory(_, reply)
         | Op::PruneHistoryFeed(_, reply)
-        | Op::DeleteHistory { reply, .. } => Done::U64(reply, Ok(0)),
+        | Op::DeleteHistory { reply, .. }
+        | Op::ExpireHistory { reply, .. } => Done::U64(reply, Ok(0)),
         Op::Processed(_, reply) => Done::Outcome(reply, Ok(CommitOutcome::default())),
         Op::PutDeviceType { reply, .. }
         | Op::DeleteDeviceType(_, reply)
@@ -952,6 +976,80 @@ fn delete_history(
         budget = budget.saturating_sub(n);
         if boundary.is_some() {
             break;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes a tenant's expired history, series by series, up to
+/// [`HISTORY_DELETE_CHUNK`] rows and buckets: rows before `rows_before`,
+/// minute and hour buckets that end by `rollups_before`; an entity left
+/// with neither rows nor rollups leaves `history_entities`. Every delete
+/// is a primary-key range (series, then time), so expiring old data costs
+/// what it deletes plus a few seeks per series.
+fn expire_history(
+    conn: &Connection,
+    tenant: &str,
+    rows_before: Option<i64>,
+    rollups_before: Option<i64>,
+) -> rusqlite::Result<u64> {
+    let entities: Vec<(String, String)> = conn
+        .prepare_cached("SELECT entity_id, entity_type FROM history_entities WHERE tenant = ?1")?
+        .query_map([tenant], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut budget = HISTORY_DELETE_CHUNK;
+    let mut deleted = 0u64;
+    for (id, ty) in &entities {
+        for attr in super::reader::entity_attrs(conn, tenant, id, ty)? {
+            if budget == 0 {
+                return Ok(deleted);
+            }
+            if let Some(before) = rows_before {
+                // Never more than the budget: stop at the budget-th row.
+                let boundary: Option<i64> = conn
+                    .prepare_cached(
+                        "SELECT time FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+                         AND entity_type = ?3 AND attr = ?4 AND time < ?5 \
+                         ORDER BY time LIMIT 1 OFFSET ?6",
+                    )?
+                    .query_row((tenant, id, ty, &attr, before, budget as i64), |r| r.get(0))
+                    .optional()?;
+                let n = conn
+                    .prepare_cached(
+                        "DELETE FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+                         AND entity_type = ?3 AND attr = ?4 AND time < ?5",
+                    )?
+                    .execute((tenant, id, ty, &attr, boundary.unwrap_or(before)))?;
+                deleted += n as u64;
+                budget = budget.saturating_sub(n);
+            }
+            if let Some(before) = rollups_before {
+                for period in crate::rollup::ROLLUP_PERIODS {
+                    let n = conn
+                        .prepare_cached(
+                            "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
+                             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket <= ?6",
+                        )?
+                        .execute((tenant, id, ty, &attr, period, before - period))?;
+                    deleted += n as u64;
+                    budget = budget.saturating_sub(n);
+                }
+            }
+        }
+        let left: bool = conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM history \
+                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3) \
+                 OR EXISTS (SELECT 1 FROM history_rollups \
+                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3)",
+            )?
+            .query_row((tenant, id, ty), |r| r.get(0))?;
+        if !left {
+            conn.prepare_cached(
+                "DELETE FROM history_entities \
+                 WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
+            )?
+            .execute((tenant, ty, id))?;
         }
     }
     Ok(deleted)
