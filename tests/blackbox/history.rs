@@ -597,3 +597,60 @@ async fn retention_downsamples_and_expires_per_tenant() {
         .sum();
     assert_eq!(total, 3.0);
 }
+
+/// Geo parameters keep the values recorded while the entity's `location`
+/// matched (QuantumLeap filters each stored state by its location); `lastN`
+/// applies to what matched; a half-given geo query is 400.
+#[tokio::test]
+async fn geo_parameters_filter_by_the_location_at_each_time() {
+    let server = Server::start();
+    let c = server.client();
+    // Madrid, Madrid, Barcelona, Madrid.
+    let places = [
+        (-3.70, 40.42),
+        (-3.71, 40.41),
+        (2.17, 41.39),
+        (-3.69, 40.43),
+    ];
+    for (i, (lon, lat)) in places.iter().enumerate() {
+        let mut e = room("Bus:1", &at(3, i as u32), 10.0 + i as f64, 1);
+        e["type"] = json!("Bus");
+        e["location"] = json!({"type": "geo:json",
+                               "value": {"type": "Point", "coordinates": [lon, lat]}});
+        let (status, _) = notify(&c, None, vec![e]).await;
+        assert_eq!(status, 200);
+    }
+    let near_madrid = "georel=near;maxDistance:20000&geometry=point&coords=40.4168,-3.7038";
+    let (status, body) = get(
+        &c,
+        None,
+        &format!("/ql/v2/entities/Bus:1/attrs/temperature?{near_madrid}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["values"], json!([10.0, 11.0, 13.0]));
+    let (_, body) = get(
+        &c,
+        None,
+        &format!("/ql/v2/entities/Bus:1/attrs/temperature?lastN=2&{near_madrid}"),
+    )
+    .await;
+    assert_eq!(body["values"], json!([11.0, 13.0]));
+    let in_catalonia = "georel=coveredBy&geometry=box&coords=40.5,0.1;42.9,3.4";
+    let (_, body) = get(&c, None, &format!("/ql/v2/types/Bus?{in_catalonia}")).await;
+    let attrs = &body["entities"][0]["attributes"];
+    let temperature = attrs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["attrName"] == "temperature")
+        .unwrap();
+    assert_eq!(temperature["values"], json!([12.0]));
+    let (status, _) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Bus:1/attrs/temperature?geometry=point&coords=40.4,-3.7",
+    )
+    .await;
+    assert_eq!(status, 400, "georel missing");
+}

@@ -19,6 +19,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use weft_model::geo::{GeoQuery, Shape};
 use weft_model::history::format_index;
 use weft_model::ngsi::{parse_datetime, parse_entity, Entity};
 use weft_store::{AggrMethod, AggrPeriod, HistoryAggregate, HistoryQuery, HistoryRow, Store};
@@ -186,12 +187,17 @@ struct Params {
     aggr_period: Option<String>,
     aggr_scope: Option<String>,
     id_pattern: Option<String>,
+    georel: Option<String>,
+    geometry: Option<String>,
+    coords: Option<String>,
 }
 
 /// What a parsed request asks for.
 struct Request {
     query: HistoryQuery,
     aggregate: Option<(AggrMethod, Option<AggrPeriod>)>,
+    /// Only values at times the entity's `location` matched this.
+    geo: Option<GeoQuery>,
 }
 
 fn list(s: &Option<String>) -> Vec<String> {
@@ -260,7 +266,19 @@ impl Params {
                 Some((method, period))
             }
         };
+        let geo = GeoQuery::from_params(
+            self.georel.as_deref(),
+            self.geometry.as_deref(),
+            self.coords.as_deref(),
+        )
+        .map_err(|e| ApiError::bad_request(e.description()))?;
+        if geo.is_some() && aggregate.is_some() {
+            return Err(ApiError::bad_request(
+                "geo parameters cannot be combined with aggrMethod",
+            ));
+        }
         Ok(Request {
+            geo,
             query: HistoryQuery {
                 tenant: scope.tenant.clone(),
                 service_path: scope.service_path.clone(),
@@ -344,7 +362,10 @@ async fn run(state: &AppState, req: &Request) -> ApiResult<Found> {
     let mut out = Found::new();
     match req.aggregate {
         None => {
-            let rows: Vec<HistoryRow> = store.query_history(&req.query).await?;
+            let rows: Vec<HistoryRow> = match &req.geo {
+                None => store.query_history(&req.query).await?,
+                Some(geo) => geo_rows(store, &req.query, geo).await?,
+            };
             for r in rows {
                 let value = serde_json::from_str(&r.value).unwrap_or(Value::Null);
                 let e = out.entry((r.entity_type.clone(), r.entity_id)).or_default();
@@ -372,6 +393,59 @@ async fn run(state: &AppState, req: &Request) -> ApiResult<Found> {
                 e.attrs.entry(a.attr).or_default().insert(a.bucket, value);
             }
         }
+    }
+    Ok(out)
+}
+
+/// Rows of `q` at the times their entity's `location` matched `geo`
+/// (QuantumLeap filters each stored state by its location). The filter
+/// looks at the first 10,000 values of each series in range; `lastN`,
+/// `offset` and `limit` then apply per series to what matched.
+async fn geo_rows(
+    store: &Arc<dyn Store>,
+    q: &HistoryQuery,
+    geo: &GeoQuery,
+) -> ApiResult<Vec<HistoryRow>> {
+    let wide = HistoryQuery {
+        last_n: None,
+        offset: 0,
+        limit: DEFAULT_LIMIT,
+        ..q.clone()
+    };
+    let locations = store
+        .query_history(&HistoryQuery {
+            attrs: vec!["location".to_string()],
+            ..wide.clone()
+        })
+        .await?;
+    let inside: std::collections::HashSet<(String, String, i64)> = locations
+        .into_iter()
+        .filter(|r| {
+            serde_json::from_str::<Value>(&r.value)
+                .ok()
+                .and_then(|v| Shape::from_attribute(&r.attr_type, &v).ok().flatten())
+                .is_some_and(|shape| geo.matches(&shape))
+        })
+        .map(|r| (r.entity_type, r.entity_id, r.time))
+        .collect();
+    let rows: Vec<HistoryRow> = store
+        .query_history(&wide)
+        .await?
+        .into_iter()
+        .filter(|r| inside.contains(&(r.entity_type.clone(), r.entity_id.clone(), r.time)))
+        .collect();
+    let mut out = Vec::with_capacity(rows.len());
+    for series in rows.chunk_by(|a, b| {
+        (&a.entity_type, &a.entity_id, &a.attr) == (&b.entity_type, &b.entity_id, &b.attr)
+    }) {
+        let start = q.last_n.map_or(0, |n| series.len().saturating_sub(n));
+        out.extend(
+            series[start..]
+                .iter()
+                .skip(q.offset)
+                .take(q.limit.min(DEFAULT_LIMIT))
+                .cloned(),
+        );
     }
     Ok(out)
 }
