@@ -34,6 +34,10 @@ const OVERLOADED_RETRIES: u32 = 50;
 /// Most rows moved from a feed per history commit.
 const FEED_BATCH_ROWS: usize = 200_000;
 
+/// Most rows per history commit of a move: a few milliseconds of the
+/// history writer, so notifications queued behind a move wait little.
+const MOVE_CHUNK_ROWS: usize = 4_096;
+
 /// How long a feed loop sleeps when its feed is empty.
 const FEED_IDLE: Duration = Duration::from_millis(20);
 
@@ -199,12 +203,8 @@ impl History {
                 });
             }
             let count = rows.len() as u64;
-            match self
-                .store
-                .append_history_from_feed(feed, rows, through)
-                .await
-            {
-                Ok(_) => {
+            match self.move_rows(feed, rows, through).await {
+                Ok(()) => {
                     cursor = through;
                     metrics::counter!("weft_history_rows_recorded_total").increment(count);
                     if feed == HistoryFeed::Notifications {
@@ -266,6 +266,28 @@ impl History {
                 tracing::debug!(tenant, deleted = n, "expired history");
             }
         }
+        Ok(())
+    }
+
+    /// Stores key-ordered `rows` of `feed` in chunks of [`MOVE_CHUNK_ROWS`]
+    /// (each a contiguous key range, so chunking adds almost no page
+    /// writes), the last marking the feed consumed through `through`.
+    async fn move_rows(
+        &self,
+        feed: HistoryFeed,
+        mut rows: Vec<HistoryRow>,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        while rows.len() > MOVE_CHUNK_ROWS {
+            let rest = rows.split_off(MOVE_CHUNK_ROWS);
+            self.store
+                .append_history_from_feed(feed, rows, None)
+                .await?;
+            rows = rest;
+        }
+        self.store
+            .append_history_from_feed(feed, rows, Some(through))
+            .await?;
         Ok(())
     }
 

@@ -443,14 +443,17 @@ pub trait Store: Send + Sync + 'static {
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
-    /// Stores history rows taken from `feed` and marks the feed consumed
-    /// through `through`, in one commit of the history's file. Answers how
+    /// Stores history rows taken from `feed` and, with `through`, marks the
+    /// feed consumed that far, in one commit of the history's file. A large
+    /// move goes in several calls (only the last with `through`), so
+    /// notifications waiting for the same writer are not held up behind it;
+    /// a crash between them only repeats idempotent inserts. Answers how
     /// many rows were new.
     async fn append_history_from_feed(
         &self,
         feed: HistoryFeed,
         rows: Vec<HistoryRow>,
-        through: u64,
+        through: Option<u64>,
     ) -> Result<u64>;
     /// How far `feed` has been moved into the history (0: nothing yet, or,
     /// for the notifications feed, whose moved entries are deleted, always).

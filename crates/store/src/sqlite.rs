@@ -508,7 +508,7 @@ impl Store for SqliteStore {
         &self,
         feed: crate::HistoryFeed,
         rows: Vec<crate::HistoryRow>,
-        through: u64,
+        through: Option<u64>,
     ) -> Result<u64> {
         self.history
             .write(|reply| Op::AppendHistoryFromFeed(rows, through, feed, reply))

@@ -2002,14 +2002,14 @@ async fn history_feed_is_queued_with_the_change_and_consumed_once() {
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), through)
+            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), Some(through))
             .await
             .unwrap(),
         3
     );
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Changes, rows, through)
+            .append_history_from_feed(HistoryFeed::Changes, rows, Some(through))
             .await
             .unwrap(),
         0,
@@ -2063,7 +2063,7 @@ async fn notified_rows_are_queued_then_moved_once() {
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Notifications, rows, second)
+            .append_history_from_feed(HistoryFeed::Notifications, rows, Some(second))
             .await
             .unwrap(),
         3

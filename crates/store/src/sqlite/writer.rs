@@ -83,7 +83,12 @@ pub(super) enum Op {
     /// Store history rows taken from a feed through `seq` and mark the
     /// feed consumed that far (the changes feed's cursor; the notifications
     /// feed's entries are deleted, in this same file).
-    AppendHistoryFromFeed(Vec<crate::HistoryRow>, u64, crate::HistoryFeed, Reply<u64>),
+    AppendHistoryFromFeed(
+        Vec<crate::HistoryRow>,
+        Option<u64>,
+        crate::HistoryFeed,
+        Reply<u64>,
+    ),
     /// Queue notified history rows (JSON) in this file's feed; answers the
     /// entry's `seq`.
     QueueHistory(String, Reply<u64>),
@@ -437,6 +442,9 @@ impl Writer {
                 reply,
                 in_savepoint(conn, |c| {
                     let n = append_history(c, &rows)?;
+                    let Some(through) = through else {
+                        return Ok(n);
+                    };
                     match feed {
                         crate::HistoryFeed::Changes => c
                             .prepare_cached(
