@@ -180,9 +180,18 @@ impl History {
                 }
                 continue;
             };
+            let mut rows: Vec<HistoryRow> = entries.into_iter().flat_map(|(_, r)| r).collect();
             // In key order, consecutive inserts land on the same b-tree
             // pages: far fewer page visits per batch than arrival order.
-            let mut rows = in_key_order(entries.into_iter().flat_map(|(_, r)| r).collect());
+            rows.sort_unstable_by(|a, b| {
+                (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time).cmp(&(
+                    &b.tenant,
+                    &b.entity_id,
+                    &b.entity_type,
+                    &b.attr,
+                    b.time,
+                ))
+            });
             // Rows already past their tenant's raw retention would be
             // deleted at once, and a replay of them would count twice in
             // the rollups: they are not stored.
@@ -371,36 +380,6 @@ pub fn rows_of<'a>(
         .collect()
 }
 
-/// `rows` sorted by (tenant, entity id, entity type, attribute, time).
-/// Rows are grouped by series first (one hash each) and only the series
-/// keys are compared with each other: a batch holds tens of thousands of
-/// rows but only hundreds of series, and comparing the rows' four strings
-/// in a plain sort took a twentieth of weft's CPU under notify load.
-fn in_key_order(rows: Vec<HistoryRow>) -> Vec<HistoryRow> {
-    let order: Vec<usize> = {
-        let mut series: std::collections::HashMap<(&str, &str, &str, &str), Vec<usize>> =
-            std::collections::HashMap::new();
-        for (i, r) in rows.iter().enumerate() {
-            series
-                .entry((&r.tenant, &r.entity_id, &r.entity_type, &r.attr))
-                .or_default()
-                .push(i);
-        }
-        let mut series: Vec<_> = series.into_iter().collect();
-        series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        series
-            .into_iter()
-            .flat_map(|(_, mut members)| {
-                // Usually in time order already (arrival order).
-                members.sort_by_key(|&i| rows[i].time);
-                members
-            })
-            .collect()
-    };
-    let mut slots: Vec<Option<HistoryRow>> = rows.into_iter().map(Some).collect();
-    order.into_iter().filter_map(|i| slots[i].take()).collect()
-}
-
 /// Runs a store write, retrying while the store is overloaded (the
 /// history writer catches up within milliseconds; the caller waits, it is
 /// never told "done" for rows that are not stored).
@@ -418,47 +397,5 @@ where
             }
             other => return other,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(tenant: &str, id: &str, attr: &str, time: i64) -> HistoryRow {
-        HistoryRow {
-            tenant: tenant.into(),
-            service_path: "/".into(),
-            entity_id: id.into(),
-            entity_type: "T".into(),
-            attr: attr.into(),
-            attr_type: "Number".into(),
-            time,
-            value: "1".into(),
-            number: Some(1.0),
-        }
-    }
-
-    #[test]
-    fn rows_come_out_in_key_order() {
-        let rows = vec![
-            row("b", "E1", "x", 5),
-            row("a", "E2", "y", 3),
-            row("a", "E2", "x", 9),
-            row("a", "E1", "x", 7),
-            row("a", "E2", "x", 1),
-            row("b", "E1", "x", 2),
-        ];
-        let mut expected = rows.clone();
-        expected.sort_by(|a, b| {
-            (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time).cmp(&(
-                &b.tenant,
-                &b.entity_id,
-                &b.entity_type,
-                &b.attr,
-                b.time,
-            ))
-        });
-        assert_eq!(in_key_order(rows), expected);
     }
 }
