@@ -1,6 +1,8 @@
 //! Black-box tests: each starts the real `weft` binary on an ephemeral port
 //! with its own data directory and talks to it over HTTP and websockets.
 //!
+//! - `alarms`: rules raise, update and clear alarms; ack/clear; for,
+//!   repeat, inactivity, scripts; rule state across kill -9.
 //! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
 //! - `codecs`: decoders, the dry run, time limits.
 //! - `live`: the websocket and SSE streams and their filters.
@@ -13,6 +15,7 @@
 //!   a dead endpoint beside a live one, kill -9.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 
+mod alarms;
 mod catalog;
 mod codecs;
 mod durability;

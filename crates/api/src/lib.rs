@@ -3,6 +3,7 @@
 //! Handlers call the pipeline or the Store trait, never SQL.
 //!
 //! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
+//! - [`alarms`]: `/api/v1/rules` and `/api/v1/alarms`.
 //! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
@@ -11,6 +12,7 @@
 //! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
 #![deny(missing_docs)]
 
+pub mod alarms;
 pub mod catalog;
 pub mod data;
 pub mod error;
@@ -60,6 +62,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(ingest::router())
         .merge(catalog::router())
+        .merge(alarms::router())
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())

@@ -50,9 +50,10 @@ pub struct FilterSpec {
     pub channels: Vec<String>,
     /// Only these device ids.
     pub devices: Vec<String>,
-    /// Only these device types.
+    /// Only these device types (data) or alarm types (alarms).
     pub types: Vec<String>,
-    /// Simple Query Language over the unit's measures.
+    /// Simple Query Language over the unit's measures (data) or the
+    /// event's fields (alarms).
     pub q: Option<String>,
 }
 
@@ -85,6 +86,17 @@ impl Filter {
                         .q
                         .as_ref()
                         .is_none_or(|q| q.matches(|p| unit.attribute(p)))
+            }
+            // Alarms: `devices` by the alarm's device, `types` by alarm
+            // type, `q` over the event's fields (`severity==critical`).
+            Payload::Alarm(alarm) => {
+                let s = &self.spec;
+                (s.devices.is_empty() || s.devices.contains(&alarm.alarm.device.id))
+                    && (s.types.is_empty() || s.types.contains(&alarm.alarm.alarm_type))
+                    && self.q.as_ref().is_none_or(|q| {
+                        let json = serde_json::to_value(&**alarm).unwrap_or_default();
+                        q.matches(|p| weft_model::mapping::get_path(&json, p))
+                    })
             }
         }
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
-use weft_model::DataUnit;
+use weft_model::{AlarmEvent, DataUnit};
 
 /// How many events each stream buffers for its slowest subscriber before
 /// that subscriber lags. 16k events of ~300 bytes bound a stream at ~5 MB
@@ -60,6 +60,8 @@ impl Stream {
 pub enum Payload {
     /// A stored data unit.
     Data(Arc<DataUnit>),
+    /// A stored alarm change.
+    Alarm(Arc<AlarmEvent>),
 }
 
 /// One event: its typed payload and its JSON, serialised once by the

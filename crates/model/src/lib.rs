@@ -12,19 +12,25 @@
 //!   representations and Orion's validation rules.
 //! - [`geo`]: geometry for `geo:json` attributes and geo-queries.
 //! - [`validate`]: the name rules of the compatible surfaces.
+//! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
+//! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
 #![deny(missing_docs)]
 
+pub mod alarm;
 pub mod device;
 pub mod geo;
 pub mod history;
 pub mod mapping;
 pub mod ngsi;
 pub mod query;
+pub mod rule;
 pub mod unit;
 pub mod uplink;
 pub mod validate;
 
+pub use alarm::{Alarm, AlarmChange, AlarmEvent, AlarmState, Severity};
 pub use device::{Decoder, Device, DeviceType, Mapping, Processor, SubDevice};
+pub use rule::{Rule, RuleSpec};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
 pub use uplink::{NewUplink, Uplink, UplinkFormat};
 

@@ -9,6 +9,8 @@
 //!   that were new on the bus. A crash between the two replays the batch;
 //!   `dataId` uniqueness makes the replay store nothing twice.
 //! - [`catalog`] caches device types and devices for the hot path.
+//! - [`rules`] evaluates alarm rules on the stored units (handed over by
+//!   the committer) and keeps the alarms.
 #![deny(missing_docs)]
 
 pub mod catalog;
@@ -17,6 +19,7 @@ pub mod decode;
 pub mod entity;
 pub mod history;
 pub mod registrations;
+pub mod rules;
 pub mod subscriptions;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,6 +111,8 @@ pub struct PipelineConfig {
     pub record_history: bool,
     /// How long each tenant's history is kept.
     pub history_retention: history::RetentionPolicy,
+    /// The rule engine's tuning.
+    pub rules: rules::RulesConfig,
 }
 
 impl Default for PipelineConfig {
@@ -122,6 +127,7 @@ impl Default for PipelineConfig {
                 interval: Duration::from_secs(60),
                 ..history::RetentionPolicy::default()
             },
+            rules: rules::RulesConfig::default(),
         }
     }
 }
@@ -147,6 +153,7 @@ pub struct Pipeline {
     registrations: Arc<registrations::Registrations>,
     subscriptions: Arc<subscriptions::Subscriptions>,
     history: Arc<history::History>,
+    rules: Arc<rules::RuleEngine>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -197,6 +204,14 @@ impl Pipeline {
         }
         context.add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
+        let rules = rules::RuleEngine::start(
+            store.clone(),
+            bus.clone(),
+            context.clone(),
+            config.rules.clone(),
+            shutdown.clone(),
+        )
+        .await?;
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -207,6 +222,7 @@ impl Pipeline {
             registrations,
             subscriptions,
             history,
+            rules,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -324,6 +340,11 @@ impl Pipeline {
     /// The NGSI registrations of every tenant.
     pub fn registrations(&self) -> &registrations::Registrations {
         &self.registrations
+    }
+
+    /// The rule engine: rules and alarms.
+    pub fn rules(&self) -> &rules::RuleEngine {
+        &self.rules
     }
 
     /// The store, for read-only API queries.
@@ -479,7 +500,16 @@ impl Pipeline {
             }
             let mut stored = 0u64;
             let now = weft_model::now_ms();
-            for (record, inserted) in batch.units.iter().zip(outcome.inserted) {
+            let mut fresh = Vec::with_capacity(batch.units.len());
+            for ((record, inserted), seq) in batch
+                .units
+                .iter()
+                .zip(outcome.inserted)
+                .zip(outcome.seqs.iter().copied().chain(std::iter::repeat(0)))
+            {
+                if inserted && seq > 0 {
+                    fresh.push((seq, Arc::clone(&record.unit)));
+                }
                 if !inserted {
                     metrics::counter!("weft_units_duplicate_total").increment(1);
                     continue;
@@ -493,6 +523,7 @@ impl Pipeline {
                     json: record.json.clone(),
                 });
             }
+            self.rules.feed(Arc::new(fresh));
             metrics::counter!("weft_units_stored_total").increment(stored);
             self.processed.store(next_seq, Ordering::Relaxed);
             metrics::gauge!("weft_pipeline_backlog").set(self.backlog() as f64);

@@ -17,8 +17,11 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use weft_model::{DataUnit, Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
+mod alarms;
 mod rollup;
 pub mod sqlite;
+
+pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord};
 
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 
@@ -106,6 +109,10 @@ pub struct CommitOutcome {
     /// One flag per `units` entry: `true` if inserted, `false` if its
     /// `dataId` was already stored (a duplicate, not to be published again).
     pub inserted: Vec<bool>,
+    /// One per `units` entry: the storage position (`seq`) of an inserted
+    /// unit, 0 for a duplicate. Consumers that tail stored units (the rule
+    /// engine) keep their cursor in these.
+    pub seqs: Vec<u64>,
 }
 
 /// Filters of `GET /api/v1/data`. Results are in storage order (oldest
@@ -510,6 +517,30 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64>;
     /// The tenants that have history.
     async fn history_tenants(&self) -> Result<Vec<String>>;
+
+    // --- rules and alarms ---------------------------------------------------
+
+    /// Creates or replaces a rule (its JSON); `true` if it was created.
+    async fn put_rule(&self, id: &str, json: String) -> Result<bool>;
+    /// Deletes a rule and its per-device state; `true` if it existed.
+    async fn delete_rule(&self, id: &str) -> Result<bool>;
+    /// Every rule as `(id, json)`, by id.
+    async fn load_rules(&self) -> Result<Vec<(String, String)>>;
+    /// Every stored per-device rule state.
+    async fn load_rule_states(&self) -> Result<Vec<RuleStateRecord>>;
+    /// Commits alarms, their events, rule state and the rule engine's
+    /// cursor atomically; answers the `seq` of the batch's last event.
+    async fn commit_alarms(&self, batch: AlarmBatch) -> Result<u64>;
+    /// One alarm's JSON.
+    async fn get_alarm(&self, id: &str) -> Result<Option<String>>;
+    /// Alarms matching `query`, newest first (JSON).
+    async fn query_alarms(&self, query: &AlarmQuery) -> Result<Vec<String>>;
+    /// Every active alarm (JSON): loaded once at start by the rule engine.
+    async fn active_alarms(&self) -> Result<Vec<String>>;
+    /// The alarm events stored after `after` (their `seq`, exclusive),
+    /// oldest first: a durable feed for consumers that must see every
+    /// alarm change (channel bridges).
+    async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
 
     // --- operations -------------------------------------------------------
 

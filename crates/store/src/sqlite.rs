@@ -35,6 +35,7 @@ use crate::{
     StoredUnit,
 };
 
+mod alarms;
 mod checkpointer;
 mod reader;
 mod schema;
@@ -556,6 +557,57 @@ impl Store for SqliteStore {
 
     async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
         self.main.reads.run(reader::load_entities).await
+    }
+
+    async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
+        let id = id.to_string();
+        self.main.write(|reply| Op::PutRule(id, json, reply)).await
+    }
+
+    async fn delete_rule(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.main.write(|reply| Op::DeleteRule(id, reply)).await
+    }
+
+    async fn load_rules(&self) -> Result<Vec<(String, String)>> {
+        self.main.reads.run(alarms::load_rules).await
+    }
+
+    async fn load_rule_states(&self) -> Result<Vec<crate::RuleStateRecord>> {
+        self.main.reads.run(alarms::load_rule_states).await
+    }
+
+    async fn commit_alarms(&self, batch: crate::AlarmBatch) -> Result<u64> {
+        self.main
+            .write(|reply| Op::CommitAlarms(batch, reply))
+            .await
+    }
+
+    async fn get_alarm(&self, id: &str) -> Result<Option<String>> {
+        let id = id.to_string();
+        self.main
+            .reads
+            .run(move |c| alarms::get_alarm(c, &id))
+            .await
+    }
+
+    async fn query_alarms(&self, query: &crate::AlarmQuery) -> Result<Vec<String>> {
+        let query = query.clone();
+        self.main
+            .reads
+            .run(move |c| alarms::query_alarms(c, &query))
+            .await
+    }
+
+    async fn active_alarms(&self) -> Result<Vec<String>> {
+        self.main.reads.run(alarms::active_alarms).await
+    }
+
+    async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        self.main
+            .reads
+            .run(move |c| alarms::alarm_events(c, after, limit))
+            .await
     }
 
     async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {

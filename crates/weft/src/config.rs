@@ -36,6 +36,8 @@ pub struct Config {
     pub ngsi: NgsiSection,
     /// History and QuantumLeap's API.
     pub history: HistorySection,
+    /// The rule engine.
+    pub rules: RulesSection,
 }
 
 impl Default for Config {
@@ -51,6 +53,7 @@ impl Default for Config {
             notifications: NotificationsSection::default(),
             ngsi: NgsiSection::default(),
             history: HistorySection::default(),
+            rules: RulesSection::default(),
         }
     }
 }
@@ -222,6 +225,30 @@ pub struct TenantHistorySection {
     pub downsample_after: Option<Duration>,
 }
 
+/// `[rules]`: the rule engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RulesSection {
+    /// Longest one `evaluate(unit, state)` call of a script rule may run;
+    /// past it the call is interrupted and the unit counts as not matching.
+    #[serde(with = "humantime_serde")]
+    pub script_time_limit: Duration,
+    /// How often inactivity rules look for silent devices (the precision
+    /// of their `inactivity` durations).
+    #[serde(with = "humantime_serde")]
+    pub inactivity_check: Duration,
+}
+
+impl Default for RulesSection {
+    fn default() -> Self {
+        let d = weft_pipeline::rules::RulesConfig::default();
+        RulesSection {
+            script_time_limit: d.script_time_limit,
+            inactivity_check: d.inactivity_check,
+        }
+    }
+}
+
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -250,8 +277,9 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 10] = [
+const CONFIG_KEYS: [&str; 11] = [
     "history",
+    "rules",
     "ngsi",
     "listen",
     "data",

@@ -68,6 +68,10 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   daily, monthly and yearly aggregates read these instead of the rows,
 ///   and they outlive the rows when a tenant's retention downsamples old
 ///   data. The step builds them for the rows already stored.
+/// - `rules`, `rule_states`, `alarms`, `alarm_events` (step 7, main file):
+///   alarm rules, each rule's per-device state, alarms (one row each, the
+///   columns the API filters on beside the JSON) and the log of alarm
+///   changes that durable consumers tail by `seq`.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -186,6 +190,36 @@ INSERT INTO history_rollups
 SELECT tenant, entity_id, entity_type, attr, 3600000, time - ((time % 3600000) + 3600000) % 3600000,
        COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number)
 FROM history GROUP BY 1, 2, 3, 4, 6;
+"#,
+    // rules and alarms
+    r#"
+CREATE TABLE rules (
+    id   TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE rule_states (
+    rule   TEXT NOT NULL,
+    device TEXT NOT NULL,
+    json   TEXT NOT NULL,
+    PRIMARY KEY (rule, device)
+) WITHOUT ROWID;
+CREATE TABLE alarms (
+    id        TEXT    PRIMARY KEY,
+    device    TEXT    NOT NULL,
+    type      TEXT    NOT NULL,
+    state     TEXT    NOT NULL,
+    acked     INTEGER NOT NULL,
+    severity  TEXT    NOT NULL,
+    raised_at INTEGER NOT NULL,
+    version   INTEGER NOT NULL,
+    json      TEXT    NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX alarms_raised ON alarms (raised_at);
+CREATE INDEX alarms_state_device ON alarms (state, device);
+CREATE TABLE alarm_events (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    json TEXT    NOT NULL
+);
 "#,
 ];
 

@@ -132,6 +132,13 @@ pub(super) enum Op {
         /// The answer.
         reply: Reply<u64>,
     },
+    /// Create or replace a rule (id, JSON); answers "created".
+    PutRule(String, String, Reply<bool>),
+    /// Delete a rule and its state; answers "existed".
+    DeleteRule(String, Reply<bool>),
+    /// The rule engine's alarms, events, state and cursor, atomically;
+    /// answers the last event's `seq`.
+    CommitAlarms(crate::AlarmBatch, Reply<u64>),
     /// Round-trip through a (possibly empty) commit.
     Ping(Reply<()>),
     /// Stop accepting, commit what is queued, stop; answered last.
@@ -542,6 +549,14 @@ impl Writer {
                 in_savepoint(conn, |c| expire_history(c, &tenant, rows_before, rollups_before))
                     .db(),
             ),
+            Op::PutRule(id, json, reply) => {
+                Done::Bool(reply, super::alarms::put_rule(conn, &id, &json).db())
+            }
+            Op::DeleteRule(id, reply) => Done::Bool(reply, super::alarms::delete_rule(conn, &id).db()),
+            Op::CommitAlarms(batch, reply) => Done::U64(
+                reply,
+                in_savepoint(conn, |c| super::alarms::commit_alarms(c, &batch)).db(),
+            ),
             Op::Ping(reply) => Done::Unit(reply, Ok(())),
             // `take` keeps `Close` out of batches; answer it anyway.
             Op::Close(reply) => Done::Unit(reply, Ok(())),
@@ -559,14 +574,17 @@ fn not_run(op: Op) -> Done {
         | Op::QueueHistory(_, reply)
         | Op::PruneHistoryFeed(_, reply)
         | Op::DeleteHistory { reply, .. }
-        | Op::ExpireHistory { reply, .. } => Done::U64(reply, Ok(0)),
+        | Op::ExpireHistory { reply, .. }
+        | Op::CommitAlarms(_, reply) => Done::U64(reply, Ok(0)),
         Op::Processed(_, reply) => Done::Outcome(reply, Ok(CommitOutcome::default())),
         Op::PutDeviceType { reply, .. }
         | Op::DeleteDeviceType(_, reply)
         | Op::PutDevice { reply, .. }
         | Op::DeleteDevice(_, reply)
         | Op::DeleteEntity(_, reply)
-        | Op::DeleteDocument(_, reply) => Done::Bool(reply, Ok(false)),
+        | Op::DeleteDocument(_, reply)
+        | Op::PutRule(_, _, reply)
+        | Op::DeleteRule(_, reply) => Done::Bool(reply, Ok(false)),
         Op::Ping(reply)
         | Op::Close(reply)
         | Op::PutEntity(_, _, reply)
@@ -615,6 +633,7 @@ fn append(conn: &Connection, uplink: &NewUplink) -> rusqlite::Result<u64> {
 
 fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<CommitOutcome> {
     let mut inserted = Vec::with_capacity(batch.units.len());
+    let mut seqs = Vec::with_capacity(batch.units.len());
     if !batch.units.is_empty() {
         let mut stmt = conn.prepare_cached(
             "INSERT OR IGNORE INTO data_units \
@@ -632,6 +651,11 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
                 json_text(&record.json)?,
             ))?;
             inserted.push(changed == 1);
+            seqs.push(if changed == 1 {
+                conn.last_insert_rowid() as u64
+            } else {
+                0
+            });
         }
     }
     if !batch.failures.is_empty() {
@@ -681,7 +705,7 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
         )?
         .execute([crate::ENTITIES_CURSOR])?;
     }
-    Ok(CommitOutcome { inserted })
+    Ok(CommitOutcome { inserted, seqs })
 }
 
 /// Deletes the oldest processed log entries received before the cutoff.

@@ -1,0 +1,76 @@
+//! What the store keeps for the rule engine: rules, alarms, the events
+//! announcing alarm changes, and each rule's per-device state. The rule
+//! engine commits one [`AlarmBatch`] per run of data units it evaluated,
+//! together with its cursor, so an alarm is never lost between the rule
+//! firing and its storage, and rule state survives a restart.
+
+/// An alarm as stored: its JSON (the model's form, opaque here) and the
+/// columns the API filters on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlarmRecord {
+    /// Alarm id.
+    pub id: String,
+    /// Device id.
+    pub device: String,
+    /// Alarm type.
+    pub alarm_type: String,
+    /// `active` or `cleared`.
+    pub state: String,
+    /// Acknowledged.
+    pub acked: bool,
+    /// Severity name.
+    pub severity: String,
+    /// When raised, epoch ms (listings are newest first by this).
+    pub raised_at: i64,
+    /// The alarm's version: a stored alarm is only ever replaced by a
+    /// higher version, so concurrent writers (the rule engine, an ack)
+    /// cannot put an older state back.
+    pub version: u64,
+    /// The alarm.
+    pub json: String,
+}
+
+/// The state a rule keeps for one device (consecutive matches, since
+/// when the condition holds, when the device was last seen…), opaque here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleStateRecord {
+    /// Rule id.
+    pub rule: String,
+    /// Device id.
+    pub device: String,
+    /// The state; `None` deletes it.
+    pub json: Option<String>,
+}
+
+/// Everything one evaluation step changed, committed atomically.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlarmBatch {
+    /// Alarms to create or replace (each only if its version is newer).
+    pub alarms: Vec<AlarmRecord>,
+    /// Events announcing the changes (JSON), appended to the alarm event log.
+    pub events: Vec<String>,
+    /// Rule states to store or delete.
+    pub states: Vec<RuleStateRecord>,
+    /// A rule-engine consumer's new cursor: its name and the next
+    /// data-unit `seq` it evaluates (read back with [`Store::cursor`](crate::Store::cursor)).
+    pub cursor: Option<(String, u64)>,
+}
+
+/// Filters of `GET /api/v1/alarms`; results are newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlarmQuery {
+    /// `active` or `cleared`.
+    pub state: Option<String>,
+    /// Acknowledged or not.
+    pub acked: Option<bool>,
+    /// Severity name.
+    pub severity: Option<String>,
+    /// Device id.
+    pub device: Option<String>,
+    /// Alarm type.
+    pub alarm_type: Option<String>,
+    /// At most this many (capped at 10,000 by the backend).
+    pub limit: usize,
+    /// Skipped first.
+    pub offset: usize,
+}
