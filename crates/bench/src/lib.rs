@@ -18,6 +18,8 @@
 //! - [`progress`]: the progress bar shown on a terminal during long runs.
 //! - [`ingest`]: the `ingest` scenario (seed 000's throughput and
 //!   availability tests).
+//! - [`alarms`]: the `alarms` scenario (seed 000's test suite 2): the
+//!   ingest load with one alarm rule, the socket watching its alarms.
 //! - [`ngsi_update`]: the `ngsi-update` scenario (seed 002's NGSIv2 update
 //!   stress tests).
 //! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
@@ -33,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alarms;
 pub mod common;
 pub mod history;
 pub mod http;
@@ -43,6 +46,7 @@ pub mod progress;
 pub mod summary;
 pub mod target;
 
+pub use alarms::AlarmsArgs;
 pub use common::CommonArgs;
 pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
@@ -59,6 +63,10 @@ pub enum BenchCommand {
     /// watches the live stream; checks every accepted uplink is delivered
     /// on the socket and stored exactly once.
     Ingest(IngestArgs),
+    /// Seed 000's alarm test (suite 2): the ingest load (100 devices × 1/s
+    /// by default) with one rule `temperature>45.1`; checks every matching
+    /// uplink's alarm arrives on the websocket and measures how fast.
+    Alarms(AlarmsArgs),
     /// Seed 002's NGSIv2 update stress (scenarios 1, 2, 4): C clients PATCH
     /// a random number of attributes of random `Room` entities back to
     /// back; checks every update got 204 and the final entity state is the
@@ -83,6 +91,7 @@ impl BenchCommand {
     fn common(&self) -> &CommonArgs {
         match self {
             BenchCommand::Ingest(args) => &args.common,
+            BenchCommand::Alarms(args) => &args.load.common,
             BenchCommand::NgsiUpdate(args) => &args.common,
             BenchCommand::NgsiNotify(args) => &args.common,
             BenchCommand::History(args) => &args.common,
@@ -101,6 +110,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let session = common::Session::start(&common).await?;
     let outcome = match &cmd {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
+        BenchCommand::Alarms(args) => alarms::run(args, &session).await,
         BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
         BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,
         BenchCommand::History(args) => history::run(args, &session).await,

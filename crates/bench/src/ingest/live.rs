@@ -48,17 +48,54 @@ struct Frame<'a> {
     description: Option<Cow<'a, str>>,
 }
 
-/// The two fields of a data unit the checks need; the rest is skipped.
+/// The fields of an event the checks need; the rest is skipped. A data
+/// unit has `dataId`, `reportedAt` and `receivedAt`; an alarm event has
+/// `dataIds` (the triggering unit last), `updatedAt` (when the alarm was
+/// raised or updated) and the bench rule's description
+/// `<dataId>;<reportedAt>;<device>`.
 #[derive(Deserialize)]
 struct EventHead<'a> {
-    #[serde(rename = "dataId", borrow)]
+    #[serde(rename = "dataId", borrow, default)]
     data_id: Cow<'a, str>,
-    #[serde(rename = "reportedAt")]
+    #[serde(rename = "reportedAt", default)]
     reported_at: i64,
     /// When the server accepted the uplink; splits `time_lapse` into the
     /// request's share and the pipeline-to-socket share.
     #[serde(rename = "receivedAt", default)]
     received_at: i64,
+    #[serde(rename = "dataIds", borrow, default)]
+    data_ids: Vec<Cow<'a, str>>,
+    #[serde(rename = "updatedAt", default)]
+    updated_at: i64,
+    #[serde(borrow, default)]
+    description: Cow<'a, str>,
+}
+
+impl EventHead<'_> {
+    /// Reads an alarm event as the unit that triggered it: its dataId,
+    /// its `reportedAt` (from the description) and, in place of
+    /// `receivedAt`, when the alarm changed.
+    fn as_alarm(&mut self) {
+        if let Some(last) = self.data_ids.pop() {
+            self.data_id = last;
+        }
+        self.reported_at = self
+            .description
+            .split(';')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(self.updated_at);
+        self.received_at = self.updated_at;
+    }
+}
+
+/// What a subscriber watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watched {
+    /// Data units of one channel.
+    Data,
+    /// Alarm events of one alarm type.
+    Alarms,
 }
 
 /// What the subscriber saw, read by the scenario while draining and at the end.
@@ -111,16 +148,37 @@ impl Live {
     /// the load generator's busy runtime gets round to it: otherwise the
     /// generator's own scheduling delay would be counted as `time_lapse`.
     pub async fn subscribe(base: &BaseUrl, channel: &str) -> anyhow::Result<Live> {
+        let filter = serde_json::json!({"channels": [channel]});
+        Live::subscribe_to(base, Watched::Data, filter).await
+    }
+
+    /// Like [`Live::subscribe`], for the alarm events of `alarm_type`:
+    /// each is recorded under the dataId of the unit that triggered it,
+    /// with `time_lapse` measured from that unit's `reportedAt` (the seed's
+    /// `time_lapse_full`) and `delivery_lapse` from the alarm's change (the
+    /// seed's alarm `time_lapse`).
+    pub async fn subscribe_alarms(base: &BaseUrl, alarm_type: &str) -> anyhow::Result<Live> {
+        let filter = serde_json::json!({"types": [alarm_type]});
+        Live::subscribe_to(base, Watched::Alarms, filter).await
+    }
+
+    async fn subscribe_to(
+        base: &BaseUrl,
+        watched: Watched,
+        filter: serde_json::Value,
+    ) -> anyhow::Result<Live> {
         let url = base.ws_url("/api/v1/live");
-        let channel = channel.to_string();
         live_runtime()
-            .spawn(async move { Live::connect(url, channel).await })
+            .spawn(async move { Live::connect(url, watched, filter).await })
             .await
             .map_err(|e| anyhow!("the live subscriber task failed: {e}"))?
     }
 
-    async fn connect(url: String, channel: String) -> anyhow::Result<Live> {
-        let channel = channel.as_str();
+    async fn connect(
+        url: String,
+        watched: Watched,
+        filter: serde_json::Value,
+    ) -> anyhow::Result<Live> {
         let (mut ws, _) = tokio::time::timeout(
             SUBSCRIBE_TIMEOUT,
             tokio_tungstenite::connect_async_with_config(url.as_str(), None, true),
@@ -136,8 +194,11 @@ impl Live {
         let request = serde_json::json!({
             "type": "subscribe",
             "id": SUBSCRIPTION,
-            "stream": "data",
-            "filter": {"channels": [channel]},
+            "stream": match watched {
+                Watched::Data => "data",
+                Watched::Alarms => "alarms",
+            },
+            "filter": filter,
         });
         ws.send(Message::text(request.to_string()))
             .await
@@ -181,7 +242,13 @@ impl Live {
         }));
         let events = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(read_events(ws, state.clone(), events.clone(), stopped));
+        let task = tokio::spawn(read_events(
+            ws,
+            watched,
+            state.clone(),
+            events.clone(),
+            stopped,
+        ));
         Ok(Live {
             state,
             events,
@@ -225,6 +292,7 @@ impl Live {
 /// The reader task: records every event until told to stop or the socket ends.
 async fn read_events<S>(
     mut ws: tokio_tungstenite::WebSocketStream<S>,
+    watched: Watched,
     state: Arc<Mutex<LiveState>>,
     events: Arc<AtomicU64>,
     mut stopped: oneshot::Receiver<()>,
@@ -269,7 +337,12 @@ async fn read_events<S>(
         st.messages += 1;
         match frame.kind.as_ref() {
             "event" => {
-                let Some(event) = frame.event else { continue };
+                let Some(mut event) = frame.event else {
+                    continue;
+                };
+                if watched == Watched::Alarms {
+                    event.as_alarm();
+                }
                 events.fetch_add(1, Ordering::Relaxed);
                 match Uuid::try_parse(&event.data_id) {
                     Ok(id) => *st.seen.entry(id.as_u128()).or_insert(0) += 1,

@@ -68,6 +68,9 @@ pub struct Plan {
     pub connections: usize,
     /// Length of the load phase.
     pub duration: Duration,
+    /// Accepted uplinks hotter than this (°C) are also listed in
+    /// [`LoadReport::marked`]: the ones an alarm rule must fire on.
+    pub mark_above: Option<f64>,
 }
 
 /// Live totals for the progress bar (relaxed atomics: exact at the end,
@@ -91,6 +94,8 @@ pub struct LoadReport {
     pub latency: Histogram<u64>,
     /// dataIds of the uplinks answered 202.
     pub accepted: Vec<u128>,
+    /// dataIds of the accepted uplinks above [`Plan::mark_above`].
+    pub marked: Vec<u128>,
     /// Responses by status code.
     pub statuses: HashMap<u16, u64>,
     /// Requests that failed to connect.
@@ -114,6 +119,7 @@ impl LoadReport {
         LoadReport {
             latency: micros_histogram(LATENCY_RANGE),
             accepted: Vec::new(),
+            marked: Vec::new(),
             statuses: HashMap::new(),
             connect_errors: 0,
             io_errors: 0,
@@ -128,6 +134,7 @@ impl LoadReport {
     fn merge(&mut self, other: LoadReport) {
         let _ = self.latency.add(&other.latency);
         self.accepted.extend(other.accepted);
+        self.marked.extend(other.marked);
         for (status, n) in other.statuses {
             *self.statuses.entry(status).or_insert(0) += n;
         }
@@ -300,6 +307,13 @@ impl Worker {
                 *self.report.statuses.entry(head.status).or_insert(0) += 1;
                 if head.status == 202 {
                     self.report.accepted.push(id.as_u128());
+                    if self
+                        .plan
+                        .mark_above
+                        .is_some_and(|t| reading.temperature > t)
+                    {
+                        self.report.marked.push(id.as_u128());
+                    }
                     self.counters.accepted.fetch_add(1, Ordering::Relaxed);
                 } else {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -118,18 +118,54 @@ impl IngestArgs {
     }
 }
 
+/// What the run's websocket subscriber watches, and so what it must see.
+#[derive(Debug, Clone, Copy)]
+pub enum Watch {
+    /// Every accepted uplink's data unit (the `ingest` scenario).
+    Data,
+    /// The alarm of every accepted uplink hotter than `threshold` °C,
+    /// raised by a rule the run creates (the `alarms` scenario).
+    Alarms {
+        /// The rule's condition is `temperature>threshold`.
+        threshold: f64,
+    },
+}
+
 /// Runs the scenario against the session's server.
 pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary> {
+    run_watching(args, session, Watch::Data).await
+}
+
+/// Runs the ingest load with the subscriber watching `watch`; the
+/// `alarms` scenario is this with [`Watch::Alarms`].
+pub async fn run_watching(
+    args: &IngestArgs,
+    session: &Session,
+    watch: Watch,
+) -> anyhow::Result<Summary> {
     args.validate()?;
     let channel = format!("bench{}", Alphanumeric.sample_string(&mut rand::rng(), 6));
     register_device_type(session).await?;
-    let live = Live::subscribe(&session.base, &channel).await?;
+    let (live, mark_above) = match watch {
+        Watch::Data => (Live::subscribe(&session.base, &channel).await?, None),
+        Watch::Alarms { threshold } => {
+            create_rule(session, &channel, threshold).await?;
+            let live = Live::subscribe_alarms(&session.base, &channel).await?;
+            (live, Some(threshold))
+        }
+    };
 
-    let load = generate(args, session, &channel, &live).await;
+    let load = generate(args, session, &channel, &live, mark_above).await;
     let accepted: HashSet<u128> = load.accepted.iter().copied().collect();
+    // What the socket must deliver: every accepted unit, or every alarm.
+    let owed_list = match watch {
+        Watch::Data => &load.accepted,
+        Watch::Alarms { .. } => &load.marked,
+    };
+    let owed: HashSet<u128> = owed_list.iter().copied().collect();
 
     let drain_started = Instant::now();
-    drain(args, session, &live, &load.accepted).await;
+    drain(args, session, &live, owed_list).await;
     let live_state = live.finish().await;
     let drain_elapsed = drain_started.elapsed();
 
@@ -137,9 +173,13 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
     let stored = verify_store(args, session, &channel, &accepted).await;
     let verify_elapsed = verify_started.elapsed();
 
-    let ws = tally(&accepted, &live_state.seen);
+    let ws = tally(&owed, &live_state.seen);
     let mut s = Summary {
-        scenario: "ingest".to_string(),
+        scenario: match watch {
+            Watch::Data => "ingest",
+            Watch::Alarms { .. } => "alarms",
+        }
+        .to_string(),
         ok: false,
         target: session.base.to_string(),
         spawned: session.spawned(),
@@ -149,7 +189,7 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
             ("drain".to_string(), drain_elapsed.as_secs_f64()),
             ("verify".to_string(), verify_elapsed.as_secs_f64()),
         ],
-        description: describe(args, &channel),
+        description: describe(args, &channel, watch),
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes: Vec::new(),
@@ -160,11 +200,25 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
     let overloaded = load.status(503) + load.status(429);
     s.checks
         .push(Check::new("status was 202", ok_202, load.sent - ok_202));
-    s.checks.push(Check::new(
-        "every accepted uplink delivered on the socket",
-        ws.once + ws.repeated,
-        ws.missing,
-    ));
+    match watch {
+        Watch::Data => s.checks.push(Check::new(
+            "every accepted uplink delivered on the socket",
+            ws.once + ws.repeated,
+            ws.missing,
+        )),
+        Watch::Alarms { .. } => {
+            s.checks.push(Check::new(
+                "every matching uplink raised or updated its alarm on the socket",
+                ws.once + ws.repeated,
+                ws.missing,
+            ));
+            s.checks.push(Check::new(
+                "no alarm event for a non-matching uplink, none twice",
+                ws.once,
+                ws.repeated + ws.unexpected,
+            ));
+        }
+    }
     match &stored {
         Ok((_, t)) => s.checks.push(Check::new(
             "every accepted uplink stored exactly once",
@@ -213,14 +267,26 @@ pub async fn run(args: &IngestArgs, session: &Session) -> anyhow::Result<Summary
             (load.elapsed + drain_elapsed).as_secs_f64(),
         ),
     );
+    // For alarms, the seed's names: `time_lapse` from the alarm's change
+    // to the socket, `time_lapse_full` from the uplink's `reportedAt`.
+    let (full, partial) = match watch {
+        Watch::Data => ("time_lapse", "delivery_lapse"),
+        Watch::Alarms { .. } => ("time_lapse_full", "time_lapse"),
+    };
     m.insert(
-        "time_lapse".into(),
+        full.into(),
         Metric::Trend(Trend::from_micros(&live_state.time_lapse)),
     );
     m.insert(
-        "delivery_lapse".into(),
+        partial.into(),
         Metric::Trend(Trend::from_micros(&live_state.delivery_lapse)),
     );
+    if matches!(watch, Watch::Alarms { .. }) {
+        m.insert(
+            "uplinks_matching".into(),
+            Metric::count(load.marked.len() as u64),
+        );
+    }
     m.insert("ws_duplicates".into(), Metric::count(ws.repeated));
     m.insert("ws_missing".into(), Metric::count(ws.missing));
     m.insert(
@@ -293,8 +359,46 @@ async fn register_device_type(session: &Session) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// For the `alarms` scenario: a rule on this run's channel raising an
+/// alarm of type `<channel>` on every uplink hotter than `threshold`, with
+/// the seed's description `{{dataId}};{{reportedAt}};{{device.id}}`.
+async fn create_rule(session: &Session, channel: &str, threshold: f64) -> anyhow::Result<()> {
+    let rule = json!({
+        "name": "bench hot soil",
+        "scope": {"types": [payload::DEVICE_TYPE], "channels": [channel]},
+        "condition": format!("temperature>{threshold}"),
+        "alarm": {"type": channel, "category": "perfTest", "subCategory": "alarmPerformance",
+                  "severity": "critical", "description": "{{dataId}};{{reportedAt}};{{device.id}}"}
+    });
+    let path = format!("/api/v1/rules/{channel}");
+    let body = rule.to_string().into_bytes();
+    let response = http::request(
+        &session.base,
+        "PUT",
+        &path,
+        &[],
+        Some(&body),
+        Duration::from_secs(30),
+    )
+    .await?;
+    if !matches!(response.status, 200 | 201) {
+        bail!(
+            "creating the alarm rule: PUT {path} answered {}: {}",
+            response.status,
+            response.text().trim()
+        );
+    }
+    Ok(())
+}
+
 /// Phase 3: the load, with a progress bar fed from the workers' counters.
-async fn generate(args: &IngestArgs, session: &Session, channel: &str, live: &Live) -> LoadReport {
+async fn generate(
+    args: &IngestArgs,
+    session: &Session,
+    channel: &str,
+    live: &Live,
+    mark_above: Option<f64>,
+) -> LoadReport {
     let mut rng = rand::rng();
     let devices: Vec<Device> = (0..args.devices)
         .map(|i| Device::new(i, device_form(i, args.encoded_ratio), &mut rng))
@@ -319,6 +423,7 @@ async fn generate(args: &IngestArgs, session: &Session, channel: &str, live: &Li
         model,
         connections: args.connections,
         duration: args.common.duration,
+        mark_above,
     });
     let counters = Arc::new(Counters::default());
     let bar = progress::timed_bar(session.show_progress, "ingest", args.common.duration);
@@ -443,7 +548,7 @@ fn params(args: &IngestArgs, channel: &str) -> serde_json::Map<String, serde_jso
 }
 
 /// The lines under `scenario:` describing the load.
-fn describe(args: &IngestArgs, channel: &str) -> Vec<String> {
+fn describe(args: &IngestArgs, channel: &str, watch: Watch) -> Vec<String> {
     let duration = humantime::format_duration(args.common.duration);
     let load = match args.rate {
         Some(rate) => format!(
@@ -458,14 +563,20 @@ fn describe(args: &IngestArgs, channel: &str) -> Vec<String> {
             args.connections.min(args.devices)
         ),
     };
-    vec![
+    let mut lines = vec![
         load,
         format!(
             "{:.0}% encoded, {:.0}% decoded em300th uplinks on channel {channel}",
             args.encoded_ratio * 100.0,
             (1.0 - args.encoded_ratio) * 100.0
         ),
-    ]
+    ];
+    if let Watch::Alarms { threshold } = watch {
+        lines.push(format!(
+            "one rule temperature>{threshold} (temperature uniform 1..50); the socket watches its alarms"
+        ));
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -520,7 +631,7 @@ mod tests {
         assert_eq!(a.rate, Some(20000.0));
         assert_eq!(a.nominal_rate(), 20000.0);
         assert_eq!(a.common.ingest_key.as_deref(), Some("k"));
-        let d = describe(&a, "benchX");
+        let d = describe(&a, "benchX", Watch::Data);
         assert!(
             d[0].starts_with("open loop: 20000 uplinks/s for 5s"),
             "{d:?}"
