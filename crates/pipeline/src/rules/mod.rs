@@ -72,6 +72,13 @@ pub type UnitBatch = Arc<Vec<(u64, Arc<DataUnit>)>>;
 /// reads what it missed from the store).
 const LANE_QUEUE: usize = 256;
 
+/// Alarm changes waiting for their NGSI entity write before the lanes wait.
+const ENTITY_QUEUE: usize = 4096;
+
+/// Most units a lane evaluates in one step (one commit) when hand-offs
+/// have queued up.
+const MAX_STEP_UNITS: usize = 4096;
+
 /// How many units a lane reads from the store at a time when catching up.
 const CATCH_UP_BATCH: usize = 1000;
 
@@ -173,6 +180,8 @@ pub struct RuleEngine {
     /// Held from an alarm change until it is committed and published.
     order: tokio::sync::Mutex<()>,
     lanes: [LaneFeed; 2],
+    /// Alarms whose NGSI entity is to be written (see `entity_loop`).
+    entity_updates: mpsc::Sender<Alarm>,
 }
 
 impl RuleEngine {
@@ -225,6 +234,7 @@ impl RuleEngine {
                 behind: AtomicBool::new(false),
             }
         });
+        let (entity_updates, entity_rx) = mpsc::channel(ENTITY_QUEUE);
         let engine = Arc::new(RuleEngine {
             store,
             bus,
@@ -234,6 +244,7 @@ impl RuleEngine {
             inner: parking_lot::Mutex::new(inner),
             order: tokio::sync::Mutex::new(()),
             lanes,
+            entity_updates,
         });
         let mut cursors = Vec::new();
         for lane in Lane::ALL {
@@ -257,7 +268,9 @@ impl RuleEngine {
                             shutdown.clone(),
                         )));
                     }
-                    tasks.push(tokio::spawn(runner.inactivity_loop(shutdown)));
+                    tasks.push(tokio::spawn(runner.clone().inactivity_loop(shutdown)));
+                    // Ends when the engine (its sender) is dropped.
+                    tokio::spawn(runner.entity_loop(entity_rx));
                     for t in tasks {
                         let _ = t.await;
                     }
@@ -433,11 +446,27 @@ impl RuleEngine {
             if first > cursor && self.has_rules(lane) {
                 cursor = self.catch_up(lane, cursor, Some(first)).await;
             }
-            let fresh: Vec<(u64, Arc<DataUnit>)> = batch
+            // Whatever queued up meanwhile is evaluated and committed with
+            // this batch: under load the lane's steps grow instead of its
+            // queue (one commit per step, not per hand-off).
+            let mut fresh: Vec<(u64, Arc<DataUnit>)> = batch
                 .iter()
                 .filter(|(s, _)| *s >= cursor)
                 .cloned()
                 .collect();
+            while fresh.len() < MAX_STEP_UNITS {
+                let Ok(more) = rx.try_recv() else { break };
+                let next = fresh.last().map_or(cursor, |(s, _)| s + 1);
+                if more[0].0 > next {
+                    // A hand-off was dropped in between: evaluate up to the
+                    // gap now; the catch-up after this step reads the rest.
+                    self.lanes[lane.index()]
+                        .behind
+                        .store(true, Ordering::Release);
+                    break;
+                }
+                fresh.extend(more.iter().filter(|(s, _)| *s >= next).cloned());
+            }
             if let Some(next) = self.evaluate(lane, &fresh).await {
                 cursor = next;
             }
@@ -704,15 +733,38 @@ impl RuleEngine {
                 json: json.into(),
             });
         }
-        let updates = entities
-            .iter()
-            .map(|a| alarm_entity::upsert(&self.context, a));
-        for result in futures::future::join_all(updates).await {
-            if let Err(e) = result {
-                tracing::warn!(error = ?e, "updating an alarm's NGSI entity failed");
-            }
+        for alarm in entities {
+            // Waits only when the entity writer is far behind.
+            let _ = self.entity_updates.send(alarm).await;
         }
         Ok(())
+    }
+
+    /// Keeps the alarms' NGSI entities up to date, off the lanes' path:
+    /// takes what is queued, keeps each alarm's latest version, and writes
+    /// those together (their store writes share commits).
+    async fn entity_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Alarm>) {
+        while let Some(first) = rx.recv().await {
+            let mut latest: HashMap<String, Alarm> = HashMap::new();
+            let mut keep = |a: Alarm| match latest.get(&a.id) {
+                Some(old) if old.version >= a.version => {}
+                _ => {
+                    latest.insert(a.id.clone(), a);
+                }
+            };
+            keep(first);
+            while let Ok(more) = rx.try_recv() {
+                keep(more);
+            }
+            let updates = latest
+                .values()
+                .map(|a| alarm_entity::upsert(&self.context, a));
+            for result in futures::future::join_all(updates).await {
+                if let Err(e) = result {
+                    tracing::warn!(error = ?e, "updating an alarm's NGSI entity failed");
+                }
+            }
+        }
     }
 }
 
