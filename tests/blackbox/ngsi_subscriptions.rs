@@ -390,3 +390,49 @@ async fn op_notify_applies_notifications_from_another_broker() {
         call(&down, "POST", "/v2/op/notify", None, Some(&json!({"x": 1}))).await;
     assert_eq!(status, 400, "{body}");
 }
+
+/// Alarms are context too: a subscription on entities of type `Alarm`
+/// notifies when a rule raises one, when it repeats and when it is acked
+/// over the API.
+#[tokio::test]
+async fn alarms_notify_subscriptions_on_the_alarm_type() {
+    let server = Server::start();
+    let c = server.client();
+    let mut sink = Sink::start().await;
+    c.create_em300th().await;
+    let sub = subscribe(
+        &c,
+        None,
+        json!({"subject": {"entities": [{"idPattern": ".*", "type": "Alarm"}],
+                           "condition": {"attrs": ["count", "acked"],
+                                         "expression": {"q": "severity==critical"}}},
+               "notification": {"http": {"url": sink.url},
+                                "attrs": ["refDevice", "state", "acked", "count"],
+                                "attrsFormat": "keyValues"}}),
+    )
+    .await;
+    let rule = json!({"condition": "temperature>45.1",
+                      "alarm": {"type": "hot", "severity": "critical"}});
+    c.expect(201, "PUT", "/api/v1/rules/hot", Some(&rule)).await;
+    for (uuid, temperature) in [("a-1", 46), ("a-2", 47)] {
+        c.uplink(
+            "farm",
+            "decoded",
+            "em300th",
+            &decoded_body(uuid, "dev-a", temperature, 60, now_ms()),
+        )
+        .await;
+    }
+    let raised = sink.next().await;
+    let alarm_id = raised.body["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(raised.body["subscriptionId"], sub.as_str());
+    assert_eq!(
+        raised.body["data"][0],
+        json!({"id": alarm_id, "type": "Alarm", "refDevice": "dev-a",
+               "state": "active", "acked": false, "count": 1})
+    );
+    assert_eq!(sink.next().await.body["data"][0]["count"], 2);
+    c.expect(200, "POST", &format!("/api/v1/alarms/{alarm_id}/ack"), None)
+        .await;
+    assert_eq!(sink.next().await.body["data"][0]["acked"], true);
+}

@@ -724,9 +724,7 @@ impl RuleEngine {
         let mut entities = Vec::new();
         for event in changes.events {
             let json = serde_json::to_vec(&event).expect("alarm events serialise");
-            if latest_version(&batch.alarms, &event.alarm) {
-                entities.push(event.alarm.clone());
-            }
+            entities.push(event.alarm.clone());
             self.bus.publish(Event {
                 stream: Stream::Alarms,
                 payload: Payload::Alarm(Arc::new(event)),
@@ -740,38 +738,37 @@ impl RuleEngine {
         Ok(())
     }
 
-    /// Keeps the alarms' NGSI entities up to date, off the lanes' path:
-    /// takes what is queued, keeps each alarm's latest version, and writes
-    /// those together (their store writes share commits).
+    /// Keeps the alarms' NGSI entities up to date, off the lanes' path.
+    /// Every change is written (subscriptions see each one), in order per
+    /// alarm; the changes of different alarms queued together are written
+    /// concurrently, so their store writes share commits.
     async fn entity_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Alarm>) {
         while let Some(first) = rx.recv().await {
-            let mut latest: HashMap<String, Alarm> = HashMap::new();
-            let mut keep = |a: Alarm| match latest.get(&a.id) {
-                Some(old) if old.version >= a.version => {}
-                _ => {
-                    latest.insert(a.id.clone(), a);
-                }
-            };
-            keep(first);
+            let mut queued = vec![first];
             while let Ok(more) = rx.try_recv() {
-                keep(more);
+                queued.push(more);
             }
-            let updates = latest
-                .values()
-                .map(|a| alarm_entity::upsert(&self.context, a));
-            for result in futures::future::join_all(updates).await {
-                if let Err(e) = result {
-                    tracing::warn!(error = ?e, "updating an alarm's NGSI entity failed");
+            // Round r writes the r-th queued change of every alarm.
+            let mut rounds: Vec<Vec<Alarm>> = Vec::new();
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            for alarm in queued {
+                let round = seen.entry(alarm.id.clone()).or_insert(0);
+                if rounds.len() <= *round {
+                    rounds.push(Vec::new());
+                }
+                rounds[*round].push(alarm);
+                *round += 1;
+            }
+            for round in rounds {
+                let updates = round.iter().map(|a| alarm_entity::upsert(&self.context, a));
+                for result in futures::future::join_all(updates).await {
+                    if let Err(e) = result {
+                        tracing::warn!(error = ?e, "updating an alarm's NGSI entity failed");
+                    }
                 }
             }
         }
     }
-}
-
-fn latest_version(records: &[AlarmRecord], alarm: &Alarm) -> bool {
-    records
-        .iter()
-        .any(|r| r.id == alarm.id && r.version == alarm.version)
 }
 
 fn record(a: &Alarm) -> AlarmRecord {
