@@ -171,6 +171,9 @@ async fn check_entity(
     check_counts(&counts, values, values).map_err(Problem::Mismatch)
 }
 
+/// How long `Room:big` may take to be fully stored after its preload.
+const BIG_SETTLE_DEADLINE: Duration = Duration::from_secs(600);
+
 /// Checks `Room:big`'s rows by counting them: every attribute of every
 /// notification answered 200 is stored, and nothing more than was sent.
 /// Returns the rows found.
@@ -182,11 +185,20 @@ pub async fn check_big(
 ) -> (Tally, Result<u64, String>) {
     let mut caller = Caller::new(&session.base.connect, TIMEOUT);
     let mut tally = Tally::default();
-    let outcome = match count_rows(&mut caller, &mut tally, &session.base, tenant, id).await {
-        Ok(counts) => check_counts(&counts, series.certain(), series.sent()),
-        Err(Problem::Error(why) | Problem::Mismatch(why)) => Err(why),
-    };
-    (tally, outcome)
+    // The preload is acknowledged once queued in the history's feed, and
+    // millions of rows take a while to be moved into the history (a query
+    // waits for that at most 10 s, then reads what is there): count again
+    // until everything is there or the deadline passes.
+    let deadline = std::time::Instant::now() + BIG_SETTLE_DEADLINE;
+    loop {
+        let outcome = match count_rows(&mut caller, &mut tally, &session.base, tenant, id).await {
+            Ok(counts) => check_counts(&counts, series.certain(), series.sent()),
+            Err(Problem::Error(why) | Problem::Mismatch(why)) => Err(why),
+        };
+        if outcome.is_ok() || std::time::Instant::now() >= deadline {
+            return (tally, outcome);
+        }
+    }
 }
 
 /// Rows per attribute of entity `id`, by `aggrMethod=count`.
