@@ -3,6 +3,8 @@
 //!
 //! - `alarms`: rules raise, update and clear alarms; ack/clear; for,
 //!   repeat, inactivity, scripts; rule state across kill -9.
+//! - `channels`: DSPS's durable pull channels: redelivery, ack cursor,
+//!   dedup, long poll, expiry, errors, kill -9.
 //! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
 //! - `codecs`: decoders, the dry run, time limits.
 //! - `live`: the websocket and SSE streams and their filters.
@@ -17,6 +19,7 @@
 
 mod alarms;
 mod catalog;
+mod channels;
 mod codecs;
 mod durability;
 mod history;

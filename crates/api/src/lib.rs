@@ -4,6 +4,7 @@
 //!
 //! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
 //! - [`alarms`]: `/api/v1/rules` and `/api/v1/alarms`.
+//! - [`channels`]: DSPS's durable pull channels at `/channel/…` and `/probe/…`.
 //! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
@@ -14,6 +15,7 @@
 
 pub mod alarms;
 pub mod catalog;
+pub mod channels;
 pub mod data;
 pub mod error;
 pub mod history;
@@ -63,6 +65,7 @@ pub fn router(state: AppState) -> Router {
         .merge(ingest::router())
         .merge(catalog::router())
         .merge(alarms::router())
+        .merge(channels::router())
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())

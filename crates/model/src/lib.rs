@@ -14,9 +14,11 @@
 //! - [`validate`]: the name rules of the compatible surfaces.
 //! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
+//! - [`channel`]: ids and durations of the durable channels' API (DSPS).
 #![deny(missing_docs)]
 
 pub mod alarm;
+pub mod channel;
 pub mod device;
 pub mod geo;
 pub mod history;

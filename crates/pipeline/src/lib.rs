@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod catalog;
+pub mod channels;
 pub mod context;
 pub mod decode;
 pub mod entity;
@@ -113,6 +114,8 @@ pub struct PipelineConfig {
     pub history_retention: history::RetentionPolicy,
     /// The rule engine's tuning.
     pub rules: rules::RulesConfig,
+    /// Durable channels' tuning.
+    pub channels: channels::ChannelsConfig,
 }
 
 impl Default for PipelineConfig {
@@ -128,6 +131,7 @@ impl Default for PipelineConfig {
                 ..history::RetentionPolicy::default()
             },
             rules: rules::RulesConfig::default(),
+            channels: channels::ChannelsConfig::default(),
         }
     }
 }
@@ -154,6 +158,7 @@ pub struct Pipeline {
     subscriptions: Arc<subscriptions::Subscriptions>,
     history: Arc<history::History>,
     rules: Arc<rules::RuleEngine>,
+    channels: Arc<channels::Channels>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -212,6 +217,9 @@ impl Pipeline {
             shutdown.clone(),
         )
         .await?;
+        let channels =
+            channels::Channels::start(store.clone(), config.channels.clone(), shutdown.clone())
+                .await?;
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -223,6 +231,7 @@ impl Pipeline {
             subscriptions,
             history,
             rules,
+            channels,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -340,6 +349,11 @@ impl Pipeline {
     /// The NGSI registrations of every tenant.
     pub fn registrations(&self) -> &registrations::Registrations {
         &self.registrations
+    }
+
+    /// Durable pull channels (the DSPS API).
+    pub fn channels(&self) -> &channels::Channels {
+        &self.channels
     }
 
     /// The rule engine: rules and alarms.

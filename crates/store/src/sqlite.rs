@@ -36,6 +36,7 @@ use crate::{
 };
 
 mod alarms;
+mod channels;
 mod checkpointer;
 mod reader;
 mod schema;
@@ -123,6 +124,7 @@ pub struct SqliteStore {
     log: Part,
     main: Part,
     history: Part,
+    channels: Part,
     committed: watch::Receiver<u64>,
 }
 
@@ -150,6 +152,11 @@ fn log_path(main: &Path) -> PathBuf {
 /// The history's file beside the main one: `weft.db` → `weft-history.db`.
 fn history_path(main: &Path) -> PathBuf {
     sibling(main, "history")
+}
+
+/// The channels' file beside the main one: `weft.db` → `weft-channels.db`.
+fn channels_path(main: &Path) -> PathBuf {
+    sibling(main, "channels")
 }
 
 /// `<stem>-<part>.db` in the main file's directory.
@@ -204,10 +211,22 @@ impl SqliteStore {
             "history",
             config.read_connections,
         )?;
+        // Channels: a publish's 200 promises the message survives, like an
+        // uplink's 202, so this file syncs as the ingest log does.
+        let (channels, _) = Part::open(
+            &channels_path(&config.path),
+            &config,
+            config.synchronous,
+            schema::PAGE_SIZE,
+            false,
+            "channels",
+            config.read_connections,
+        )?;
         Ok(SqliteStore {
             log,
             main,
             history,
+            channels,
             committed,
         })
     }
@@ -610,6 +629,76 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn publish_message(
+        &self,
+        channel: &str,
+        message_id: &str,
+        content: String,
+    ) -> Result<Option<u64>> {
+        let key = [channel.to_string(), message_id.to_string(), content];
+        let seq = self.channels.write(|reply| Op::Publish(key, reply)).await?;
+        Ok((seq > 0).then_some(seq))
+    }
+
+    async fn put_channel_subscriber(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        cursor: u64,
+    ) -> Result<u64> {
+        let key = [channel.to_string(), subscriber.to_string()];
+        self.channels
+            .write(|reply| Op::Subscribe(key, cursor, reply))
+            .await
+    }
+
+    async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
+        let key = [channel.to_string(), subscriber.to_string()];
+        self.channels
+            .write(|reply| Op::Unsubscribe(key, reply))
+            .await
+    }
+
+    async fn ack_channel_messages(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        through: u64,
+    ) -> Result<()> {
+        let key = [channel.to_string(), subscriber.to_string()];
+        self.channels
+            .write(|reply| Op::AckChannel(key, through, reply))
+            .await
+    }
+
+    async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
+        let channel = channel.to_string();
+        self.channels
+            .write(|reply| Op::PruneChannel(channel, through, reply))
+            .await
+    }
+
+    async fn channel_messages(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::ChannelMessage>> {
+        let channel = channel.to_string();
+        self.channels
+            .reads
+            .run(move |c| channels::messages(c, &channel, after, limit))
+            .await
+    }
+
+    async fn channel_subscribers(&self) -> Result<Vec<crate::ChannelSubscriber>> {
+        self.channels.reads.run(channels::subscribers).await
+    }
+
+    async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
+        self.channels.reads.run(channels::heads).await
+    }
+
     async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
         self.main
             .write(|reply| Op::PutDocument(document, reply))
@@ -762,12 +851,14 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
         self.main.write(Op::Ping).await?;
-        self.history.write(Op::Ping).await
+        self.history.write(Op::Ping).await?;
+        self.channels.write(Op::Ping).await
     }
 
     async fn close(&self) {
         self.log.close().await;
         self.main.close().await;
         self.history.close().await;
+        self.channels.close().await;
     }
 }

@@ -38,6 +38,8 @@ pub struct Config {
     pub history: HistorySection,
     /// The rule engine.
     pub rules: RulesSection,
+    /// Durable pull channels (the DSPS API).
+    pub channels: ChannelsSection,
 }
 
 impl Default for Config {
@@ -54,6 +56,7 @@ impl Default for Config {
             ngsi: NgsiSection::default(),
             history: HistorySection::default(),
             rules: RulesSection::default(),
+            channels: ChannelsSection::default(),
         }
     }
 }
@@ -249,6 +252,24 @@ impl Default for RulesSection {
     }
 }
 
+/// `[channels]`: durable pull channels (the DSPS API).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelsSection {
+    /// Subscribers idle longer than this are removed (a fetch then answers
+    /// 404), and channels without subscribers forgotten (DSPS: 30 minutes).
+    #[serde(with = "humantime_serde")]
+    pub expire_after: Duration,
+}
+
+impl Default for ChannelsSection {
+    fn default() -> Self {
+        ChannelsSection {
+            expire_after: weft_pipeline::channels::ChannelsConfig::default().expire_after,
+        }
+    }
+}
+
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -277,7 +298,8 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 11] = [
+const CONFIG_KEYS: [&str; 12] = [
+    "channels",
     "history",
     "rules",
     "ngsi",

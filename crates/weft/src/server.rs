@@ -75,6 +75,10 @@ pub async fn serve(
             },
             record_history: config.history.record_changes,
             history_retention: config.history.retention_policy(),
+            channels: weft_pipeline::channels::ChannelsConfig {
+                expire_after: config.channels.expire_after,
+                ..Default::default()
+            },
             rules: weft_pipeline::rules::RulesConfig {
                 script_time_limit: config.rules.script_time_limit,
                 inactivity_check: config.rules.inactivity_check,

@@ -72,6 +72,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   alarm rules, each rule's per-device state, alarms (one row each, the
 ///   columns the API filters on beside the JSON) and the log of alarm
 ///   changes that durable consumers tail by `seq`.
+/// - `channel_messages`, `channel_subscribers` (step 8, channels file):
+///   durable pull channels' messages (unique per channel and message id)
+///   and polling subscribers with their acknowledgement cursors.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -220,6 +223,24 @@ CREATE TABLE alarm_events (
     seq  INTEGER PRIMARY KEY AUTOINCREMENT,
     json TEXT    NOT NULL
 );
+"#,
+    // durable channels
+    r#"
+CREATE TABLE channel_messages (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel      TEXT    NOT NULL,
+    message_id   TEXT    NOT NULL,
+    content      TEXT    NOT NULL,
+    published_at INTEGER NOT NULL,
+    UNIQUE (channel, message_id)
+);
+CREATE INDEX channel_messages_channel_seq ON channel_messages (channel, seq);
+CREATE TABLE channel_subscribers (
+    channel    TEXT    NOT NULL,
+    subscriber TEXT    NOT NULL,
+    cursor     INTEGER NOT NULL,
+    PRIMARY KEY (channel, subscriber)
+) WITHOUT ROWID;
 "#,
 ];
 

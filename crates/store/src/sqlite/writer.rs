@@ -139,6 +139,18 @@ pub(super) enum Op {
     /// The rule engine's alarms, events, state and cursor, atomically;
     /// answers the last event's `seq`.
     CommitAlarms(crate::AlarmBatch, Reply<u64>),
+    /// Store a channel message (channel, message id, content) unless a
+    /// duplicate; answers its `seq` (0 for a duplicate).
+    Publish([String; 3], Reply<u64>),
+    /// Create a channel subscriber (channel, subscriber) at a cursor unless
+    /// it exists; answers its cursor.
+    Subscribe([String; 2], u64, Reply<u64>),
+    /// Delete a channel subscriber; answers "existed".
+    Unsubscribe([String; 2], Reply<bool>),
+    /// Move a subscriber's cursor forward.
+    AckChannel([String; 2], u64, Reply<()>),
+    /// Delete a channel's messages up to a `seq`; answers how many.
+    PruneChannel(String, u64, Reply<u64>),
     /// Round-trip through a (possibly empty) commit.
     Ping(Reply<()>),
     /// Stop accepting, commit what is queued, stop; answered last.
@@ -557,6 +569,28 @@ impl Writer {
                 reply,
                 in_savepoint(conn, |c| super::alarms::commit_alarms(c, &batch)).db(),
             ),
+            Op::Publish([channel, id, content], reply) => Done::U64(
+                reply,
+                super::channels::publish(conn, &channel, &id, &content, weft_model::now_ms())
+                    .map(|seq| seq.unwrap_or(0))
+                    .db(),
+            ),
+            Op::Subscribe([channel, sub], cursor, reply) => Done::U64(
+                reply,
+                super::channels::subscribe(conn, &channel, &sub, cursor).db(),
+            ),
+            Op::Unsubscribe([channel, sub], reply) => Done::Bool(
+                reply,
+                super::channels::unsubscribe(conn, &channel, &sub).db(),
+            ),
+            Op::AckChannel([channel, sub], through, reply) => Done::Unit(
+                reply,
+                super::channels::ack(conn, &channel, &sub, through).db(),
+            ),
+            Op::PruneChannel(channel, through, reply) => Done::U64(
+                reply,
+                super::channels::prune(conn, &channel, through).db(),
+            ),
             Op::Ping(reply) => Done::Unit(reply, Ok(())),
             // `take` keeps `Close` out of batches; answer it anyway.
             Op::Close(reply) => Done::Unit(reply, Ok(())),
@@ -575,7 +609,10 @@ fn not_run(op: Op) -> Done {
         | Op::PruneHistoryFeed(_, reply)
         | Op::DeleteHistory { reply, .. }
         | Op::ExpireHistory { reply, .. }
-        | Op::CommitAlarms(_, reply) => Done::U64(reply, Ok(0)),
+        | Op::CommitAlarms(_, reply)
+        | Op::Publish(_, reply)
+        | Op::Subscribe(_, _, reply)
+        | Op::PruneChannel(_, _, reply) => Done::U64(reply, Ok(0)),
         Op::Processed(_, reply) => Done::Outcome(reply, Ok(CommitOutcome::default())),
         Op::PutDeviceType { reply, .. }
         | Op::DeleteDeviceType(_, reply)
@@ -584,11 +621,13 @@ fn not_run(op: Op) -> Done {
         | Op::DeleteEntity(_, reply)
         | Op::DeleteDocument(_, reply)
         | Op::PutRule(_, _, reply)
-        | Op::DeleteRule(_, reply) => Done::Bool(reply, Ok(false)),
+        | Op::DeleteRule(_, reply)
+        | Op::Unsubscribe(_, reply) => Done::Bool(reply, Ok(false)),
         Op::Ping(reply)
         | Op::Close(reply)
         | Op::PutEntity(_, _, reply)
-        | Op::PutDocument(_, reply) => Done::Unit(reply, Ok(())),
+        | Op::PutDocument(_, reply)
+        | Op::AckChannel(_, _, reply) => Done::Unit(reply, Ok(())),
     }
 }
 

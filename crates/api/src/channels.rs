@@ -1,0 +1,258 @@
+//! DSPS's HTTP API at the root, so DSPS clients and its load test run
+//! unchanged: `/channel/{channelID}/message/{messageID}` (publish),
+//! `/channel/{channelID}/subscription/polling/{subscriberID}` (create,
+//! delete, long-poll fetch), `…/message?ackHandle=` (acknowledge), and the
+//! probes. Errors use DSPS's shape, `{"error": "<text>"}` (with a `code`
+//! where DSPS gives one), not weft's own.
+//!
+//! An `ackHandle` is the position of the last message a fetch returned:
+//! acknowledging it acknowledges everything up to there.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, put};
+use axum::Router;
+use bytes::Bytes;
+use serde_json::json;
+use weft_model::channel::{is_channel_id, parse_go_duration};
+use weft_pipeline::channels::{ChannelError, DEFAULT_FETCH_MAX};
+use weft_store::StoreError;
+
+use crate::AppState;
+
+/// The DSPS routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/channel/{channel}/message/{message}", put(publish))
+        .route(
+            "/channel/{channel}/subscription/polling/{subscriber}",
+            put(subscribe).delete(unsubscribe).get(fetch),
+        )
+        .route(
+            "/channel/{channel}/subscription/polling/{subscriber}/message",
+            delete(ack),
+        )
+        .route("/probe/liveness", get(probe))
+        .route("/probe/readiness", get(probe))
+}
+
+/// An error in DSPS's shape.
+struct DspsError {
+    status: StatusCode,
+    body: serde_json::Value,
+}
+
+impl DspsError {
+    fn bad(text: impl Into<String>) -> DspsError {
+        DspsError {
+            status: StatusCode::BAD_REQUEST,
+            body: json!({"error": text.into()}),
+        }
+    }
+
+    fn invalid(param: &str) -> DspsError {
+        DspsError::bad(format!("Invalid \"{param}\" parameter"))
+    }
+}
+
+impl IntoResponse for DspsError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        resp
+    }
+}
+
+impl From<StoreError> for DspsError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Overloaded => DspsError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                body: json!({"error": "Server is overloaded, retry later"}),
+            },
+            other => {
+                tracing::error!(error = %other, "channel storage failed");
+                DspsError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    body: json!({"error": "Internal Server Error"}),
+                }
+            }
+        }
+    }
+}
+
+impl From<ChannelError> for DspsError {
+    fn from(e: ChannelError) -> Self {
+        match e {
+            ChannelError::SubscriberNotFound => DspsError {
+                status: StatusCode::NOT_FOUND,
+                body: json!({"error": "Subscription not found",
+                             "code": "dsps.storage.subscription-not-found"}),
+            },
+            ChannelError::Store(s) => s.into(),
+        }
+    }
+}
+
+type DspsResult<T> = Result<T, DspsError>;
+
+/// Checks the path ids in DSPS's order.
+fn check_ids(ids: &[(&str, &str)]) -> DspsResult<()> {
+    for (param, value) in ids {
+        if !is_channel_id(value) {
+            return Err(DspsError::invalid(param));
+        }
+    }
+    Ok(())
+}
+
+/// `PUT /channel/{channelID}/message/{messageID}`: 200 once committed;
+/// the same id again stores nothing and answers the same.
+async fn publish(
+    State(state): State<AppState>,
+    Path((channel, message)): Path<(String, String)>,
+    body: Bytes,
+) -> DspsResult<impl IntoResponse> {
+    check_ids(&[("channelID", &channel), ("messageID", &message)])?;
+    let content = match serde_json::from_slice::<&serde_json::value::RawValue>(&body) {
+        Ok(raw) => raw.get().to_string(),
+        Err(_) => return Err(DspsError::bad("Request body is not JSON")),
+    };
+    state
+        .pipeline
+        .channels()
+        .publish(&channel, &message, content)
+        .await?;
+    Ok(axum::Json(
+        json!({"channelID": channel, "messageID": message}),
+    ))
+}
+
+/// `PUT …/subscription/polling/{subscriberID}`: creates it (idempotent).
+async fn subscribe(
+    State(state): State<AppState>,
+    Path((channel, subscriber)): Path<(String, String)>,
+) -> DspsResult<impl IntoResponse> {
+    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    state
+        .pipeline
+        .channels()
+        .subscribe(&channel, &subscriber)
+        .await?;
+    Ok(axum::Json(
+        json!({"channelID": channel, "subscriberID": subscriber}),
+    ))
+}
+
+/// `DELETE …/subscription/polling/{subscriberID}`: 200 whether or not it existed.
+async fn unsubscribe(
+    State(state): State<AppState>,
+    Path((channel, subscriber)): Path<(String, String)>,
+) -> DspsResult<impl IntoResponse> {
+    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    state
+        .pipeline
+        .channels()
+        .unsubscribe(&channel, &subscriber)
+        .await?;
+    Ok(axum::Json(
+        json!({"channelID": channel, "subscriberID": subscriber}),
+    ))
+}
+
+/// `GET …/subscription/polling/{subscriberID}?timeout=3s&max=64`: the
+/// unacknowledged messages, waiting up to `timeout` (Go duration, default
+/// 0, at most 30 s) for one.
+async fn fetch(
+    State(state): State<AppState>,
+    Path((channel, subscriber)): Path<(String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+) -> DspsResult<Response> {
+    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    let wait = match params.get("timeout").map(String::as_str) {
+        None | Some("") => Duration::ZERO,
+        Some(t) => parse_go_duration(t).ok_or_else(|| DspsError::invalid("timeout"))?,
+    };
+    let max = match params.get("max").map(String::as_str) {
+        None | Some("") => DEFAULT_FETCH_MAX,
+        Some(m) => m
+            .parse::<usize>()
+            .ok()
+            .filter(|m| *m >= 1)
+            .ok_or_else(|| DspsError::invalid("max"))?,
+    };
+    let fetched = state
+        .pipeline
+        .channels()
+        .fetch(&channel, &subscriber, wait, max)
+        .await?;
+    // Contents are stored as validated JSON text: spliced in, not re-parsed.
+    let mut body = String::with_capacity(
+        64 + fetched
+            .messages
+            .iter()
+            .map(|m| m.content.len() + m.message_id.len() + 32)
+            .sum::<usize>(),
+    );
+    body.push_str("{\"channelID\":");
+    body.push_str(&json!(channel).to_string());
+    body.push_str(",\"messages\":[");
+    for (i, m) in fetched.messages.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str("{\"messageID\":");
+        body.push_str(&json!(m.message_id).to_string());
+        body.push_str(",\"content\":");
+        body.push_str(&m.content);
+        body.push('}');
+    }
+    body.push_str("],\"moreMessages\":");
+    body.push_str(if fetched.more { "true" } else { "false" });
+    if let Some(last) = fetched.messages.last() {
+        body.push_str(",\"ackHandle\":\"");
+        body.push_str(&last.seq.to_string());
+        body.push('"');
+    }
+    body.push('}');
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+/// `DELETE …/subscription/polling/{subscriberID}/message?ackHandle=…`:
+/// 204; acknowledges everything up to the handle (a stale one changes
+/// nothing).
+async fn ack(
+    State(state): State<AppState>,
+    Path((channel, subscriber)): Path<(String, String)>,
+    Query(params): Query<HashMap<String, String>>,
+) -> DspsResult<StatusCode> {
+    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    let through = params
+        .get("ackHandle")
+        .and_then(|h| h.parse::<u64>().ok())
+        .ok_or_else(|| DspsError::invalid("ackHandle"))?;
+    state
+        .pipeline
+        .channels()
+        .ack(&channel, &subscriber, through)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /probe/liveness`, `GET /probe/readiness`.
+async fn probe() -> impl IntoResponse {
+    axum::Json(json!({}))
+}

@@ -1,0 +1,89 @@
+//! Durable pull channels (the DSPS API): the rules for the ids in its
+//! paths and the Go-style durations of its `timeout` parameter.
+
+use std::time::Duration;
+
+/// Whether `id` is a valid channel, subscriber or message id:
+/// `^[0-9a-z][0-9a-z_-]{0,62}$`, as DSPS checks them.
+pub fn is_channel_id(id: &str) -> bool {
+    let bytes = id.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_digit() || bytes[0].is_ascii_lowercase())
+        && bytes[1..]
+            .iter()
+            .all(|&b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'_' || b == b'-')
+}
+
+/// Parses a Go `time.ParseDuration` string (`"3s"`, `"1h30m"`, `"1.5s"`,
+/// `"300ms"`, `"0"`), the syntax DSPS clients send. Negative durations
+/// are refused.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let s = text.strip_prefix('+').unwrap_or(text);
+    if s == "0" {
+        return Some(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(number_len);
+        if number.is_empty() || number == "." {
+            return None;
+        }
+        let value: f64 = number.parse().ok()?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let nanos = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        total += value * nanos;
+        rest = tail;
+    }
+    (total.is_finite() && total < 1e19).then(|| Duration::from_nanos(total as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DSPS's id rule: lower-case alphanumerics, `_` and `-`, not leading,
+    /// at most 63 characters.
+    #[test]
+    fn ids() {
+        for ok in ["a", "0", "abc-12_x", "sbsc-5", &"a".repeat(63)] {
+            assert!(is_channel_id(ok), "{ok}");
+        }
+        for bad in ["", "-a", "_a", "A", "a b", "a.b", "ä", &"a".repeat(64)] {
+            assert!(!is_channel_id(bad), "{bad}");
+        }
+    }
+
+    /// Go's duration syntax, including fractions and compound units.
+    #[test]
+    fn go_durations() {
+        let ms = |n| Some(Duration::from_millis(n));
+        assert_eq!(parse_go_duration("3s"), ms(3000));
+        assert_eq!(parse_go_duration("0"), ms(0));
+        assert_eq!(parse_go_duration("1.5s"), ms(1500));
+        assert_eq!(parse_go_duration("1h30m"), ms(5_400_000));
+        assert_eq!(parse_go_duration("300ms"), ms(300));
+        assert_eq!(parse_go_duration("2m3s"), ms(123_000));
+        for bad in ["", "3", "s", "-1s", "3x", "1..2s", "abc"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Bridges: publish platform events into channels (work in progress).

@@ -1,0 +1,370 @@
+//! Durable pull channels (the DSPS model): a publish stores a message
+//! (deduplicated by its id) and is answered once committed; each polling
+//! subscriber receives every message published after it was created, again
+//! and again, until it acknowledges them with the `ackHandle` of a fetch,
+//! which works as a cursor ("everything up to here").
+//!
+//! The store holds the messages and the subscribers' cursors; memory holds
+//! only, per channel, the highest committed message position (a watch that
+//! wakes long polls the moment a publish commits) and the subscribers with
+//! their cursors and last activity. So memory grows with channels and
+//! subscribers, never with messages, however slow the subscribers are.
+//!
+//! A sweeper forgets subscribers idle longer than `expire_after` (a fetch
+//! for them then answers 404, as DSPS does) and channels without
+//! subscribers, and deletes messages every subscriber has acknowledged.
+
+pub mod bridge;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use weft_store::{ChannelMessage, Store, StoreError};
+
+/// Tuning of the channels.
+#[derive(Debug, Clone)]
+pub struct ChannelsConfig {
+    /// Subscribers (and channels) idle longer than this are removed.
+    /// DSPS's default is 30 minutes.
+    pub expire_after: Duration,
+    /// Longest a fetch may wait for a message (`timeout` is capped to it).
+    pub max_wait: Duration,
+}
+
+impl Default for ChannelsConfig {
+    fn default() -> Self {
+        ChannelsConfig {
+            expire_after: Duration::from_secs(30 * 60),
+            max_wait: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Messages a fetch returns when the client names no `max` (DSPS's default).
+pub const DEFAULT_FETCH_MAX: usize = 64;
+
+/// Why a channel operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The subscriber does not exist (never created, deleted or expired).
+    #[error("subscriber not found")]
+    SubscriberNotFound,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a fetch returns.
+#[derive(Debug, Clone, Default)]
+pub struct Fetched {
+    /// Unacknowledged messages, oldest first.
+    pub messages: Vec<ChannelMessage>,
+    /// Whether more are waiting beyond these.
+    pub more: bool,
+}
+
+/// One subscriber in memory.
+#[derive(Debug)]
+struct Subscriber {
+    cursor: u64,
+    last_seen: Instant,
+}
+
+/// One channel in memory.
+struct Channel {
+    /// The highest committed message position; long polls wait on it.
+    head: watch::Sender<u64>,
+    subscribers: parking_lot::Mutex<ChannelState>,
+}
+
+struct ChannelState {
+    subscribers: HashMap<String, Subscriber>,
+    last_active: Instant,
+    /// Messages up to here are already deleted.
+    pruned: u64,
+}
+
+impl Channel {
+    fn new(head: u64) -> Channel {
+        Channel {
+            head: watch::Sender::new(head),
+            subscribers: parking_lot::Mutex::new(ChannelState {
+                subscribers: HashMap::new(),
+                last_active: Instant::now(),
+                pruned: 0,
+            }),
+        }
+    }
+
+    fn advance(&self, seq: u64) {
+        self.head.send_if_modified(|h| {
+            let newer = seq > *h;
+            if newer {
+                *h = seq;
+            }
+            newer
+        });
+    }
+}
+
+/// The channels; see the module doc.
+pub struct Channels {
+    store: Arc<dyn Store>,
+    config: ChannelsConfig,
+    channels: parking_lot::Mutex<HashMap<String, Arc<Channel>>>,
+}
+
+impl Channels {
+    /// Loads the subscribers and channel positions and starts the sweeper
+    /// (stopped by `shutdown`).
+    pub async fn start(
+        store: Arc<dyn Store>,
+        config: ChannelsConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Channels>, StoreError> {
+        let (heads, _) = store.channel_heads().await?;
+        let mut map: HashMap<String, Arc<Channel>> = heads
+            .into_iter()
+            .map(|(name, head)| (name, Arc::new(Channel::new(head))))
+            .collect();
+        for s in store.channel_subscribers().await? {
+            let channel = map
+                .entry(s.channel.clone())
+                .or_insert_with(|| Arc::new(Channel::new(s.cursor)));
+            channel.advance(s.cursor);
+            channel.subscribers.lock().subscribers.insert(
+                s.subscriber,
+                Subscriber {
+                    cursor: s.cursor,
+                    last_seen: Instant::now(),
+                },
+            );
+        }
+        let channels = Arc::new(Channels {
+            store,
+            config,
+            channels: parking_lot::Mutex::new(map),
+        });
+        tokio::spawn(channels.clone().sweep_loop(shutdown));
+        Ok(channels)
+    }
+
+    fn channel(&self, name: &str) -> Arc<Channel> {
+        let mut map = self.channels.lock();
+        if let Some(c) = map.get(name) {
+            return c.clone();
+        }
+        let c = Arc::new(Channel::new(0));
+        map.insert(name.to_string(), c.clone());
+        c
+    }
+
+    fn existing(&self, name: &str) -> Option<Arc<Channel>> {
+        self.channels.lock().get(name).cloned()
+    }
+
+    /// Publishes `content` (JSON text) as `message_id`; returns once it is
+    /// committed. A message id already in the channel changes nothing (the
+    /// first content stays) and answers the same. Answers whether the
+    /// message was new.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        message_id: &str,
+        content: String,
+    ) -> Result<bool, StoreError> {
+        let stored = self
+            .store
+            .publish_message(channel, message_id, content)
+            .await?;
+        let c = self.channel(channel);
+        c.subscribers.lock().last_active = Instant::now();
+        if let Some(seq) = stored {
+            c.advance(seq);
+            metrics::counter!("weft_channel_messages_published_total").increment(1);
+        }
+        Ok(stored.is_some())
+    }
+
+    /// Creates a polling subscriber (or finds it); it receives the messages
+    /// published after it was first created.
+    pub async fn subscribe(&self, channel: &str, subscriber: &str) -> Result<(), StoreError> {
+        let c = self.channel(channel);
+        if let Some(s) = c.subscribers.lock().subscribers.get_mut(subscriber) {
+            s.last_seen = Instant::now();
+            return Ok(());
+        }
+        let start = *c.head.borrow();
+        let cursor = self
+            .store
+            .put_channel_subscriber(channel, subscriber, start)
+            .await?;
+        let mut state = c.subscribers.lock();
+        state.last_active = Instant::now();
+        state
+            .subscribers
+            .entry(subscriber.to_string())
+            .or_insert(Subscriber {
+                cursor,
+                last_seen: Instant::now(),
+            });
+        Ok(())
+    }
+
+    /// Deletes a subscriber (nothing if it does not exist).
+    pub async fn unsubscribe(&self, channel: &str, subscriber: &str) -> Result<(), StoreError> {
+        self.store
+            .delete_channel_subscriber(channel, subscriber)
+            .await?;
+        if let Some(c) = self.existing(channel) {
+            c.subscribers.lock().subscribers.remove(subscriber);
+        }
+        Ok(())
+    }
+
+    /// The subscriber's unacknowledged messages (at most `max`), waiting up
+    /// to `wait` (capped at `max_wait`) for one if there are none.
+    pub async fn fetch(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Fetched, ChannelError> {
+        let c = self
+            .existing(channel)
+            .ok_or(ChannelError::SubscriberNotFound)?;
+        let deadline = tokio::time::Instant::now() + wait.min(self.config.max_wait);
+        let mut head = c.head.subscribe();
+        loop {
+            let cursor = {
+                let mut state = c.subscribers.lock();
+                state.last_active = Instant::now();
+                let s = state
+                    .subscribers
+                    .get_mut(subscriber)
+                    .ok_or(ChannelError::SubscriberNotFound)?;
+                s.last_seen = Instant::now();
+                s.cursor
+            };
+            if *head.borrow_and_update() > cursor {
+                let mut messages = self
+                    .store
+                    .channel_messages(channel, cursor, max.max(1) + 1)
+                    .await?;
+                if !messages.is_empty() {
+                    let more = messages.len() > max.max(1);
+                    messages.truncate(max.max(1));
+                    return Ok(Fetched { messages, more });
+                }
+            }
+            match tokio::time::timeout_at(deadline, head.changed()).await {
+                Ok(Ok(())) => continue,
+                // Timed out, or the channel was dropped: nothing came.
+                _ => return Ok(Fetched::default()),
+            }
+        }
+    }
+
+    /// Acknowledges the subscriber's messages up to `through` (a stale
+    /// handle, behind the cursor, changes nothing).
+    pub async fn ack(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        through: u64,
+    ) -> Result<(), ChannelError> {
+        let c = self
+            .existing(channel)
+            .ok_or(ChannelError::SubscriberNotFound)?;
+        let through = through.min(*c.head.borrow());
+        {
+            let state = c.subscribers.lock();
+            let s = state
+                .subscribers
+                .get(subscriber)
+                .ok_or(ChannelError::SubscriberNotFound)?;
+            if through <= s.cursor {
+                return Ok(());
+            }
+        }
+        self.store
+            .ack_channel_messages(channel, subscriber, through)
+            .await?;
+        let mut state = c.subscribers.lock();
+        if let Some(s) = state.subscribers.get_mut(subscriber) {
+            s.cursor = s.cursor.max(through);
+            s.last_seen = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Every so often: expire idle subscribers and channels, delete what
+    /// every subscriber has acknowledged.
+    async fn sweep_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = (self.config.expire_after / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if let Err(e) = self.sweep().await {
+                tracing::warn!(error = %e, "sweeping channels failed");
+            }
+        }
+    }
+
+    async fn sweep(&self) -> Result<(), StoreError> {
+        let expire = self.config.expire_after;
+        let all: Vec<(String, Arc<Channel>)> = self
+            .channels
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (name, c) in all {
+            let (expired, prune_to, idle) = {
+                let mut state = c.subscribers.lock();
+                let expired: Vec<String> = state
+                    .subscribers
+                    .iter()
+                    .filter(|(_, s)| s.last_seen.elapsed() >= expire)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for e in &expired {
+                    state.subscribers.remove(e);
+                }
+                let head = *c.head.borrow();
+                let floor = state
+                    .subscribers
+                    .values()
+                    .map(|s| s.cursor)
+                    .min()
+                    .unwrap_or(head);
+                let prune_to = (floor > state.pruned).then_some(floor);
+                let idle = state.subscribers.is_empty() && state.last_active.elapsed() >= expire;
+                (expired, prune_to, idle)
+            };
+            for sub in &expired {
+                self.store.delete_channel_subscriber(&name, sub).await?;
+                metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
+            }
+            if let Some(to) = prune_to {
+                self.store.prune_channel(&name, to).await?;
+                c.subscribers.lock().pruned = to;
+            }
+            if idle {
+                let mut map = self.channels.lock();
+                let still_idle = c.subscribers.lock().subscribers.is_empty();
+                if still_idle {
+                    map.remove(&name);
+                }
+            }
+        }
+        Ok(())
+    }
+}

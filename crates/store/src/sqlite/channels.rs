@@ -1,0 +1,141 @@
+//! The SQL of durable channels (schema step 8, used in the channels file):
+//! messages by (channel, seq) with a unique (channel, message id) for
+//! deduplication, and subscribers with their cursors.
+
+use rusqlite::Connection;
+
+use super::{to_i64, Db};
+use crate::{ChannelMessage, ChannelSubscriber, Result};
+
+/// Stores a message unless its id is already stored in the channel;
+/// answers its new `seq`, or `None` for a duplicate.
+pub(super) fn publish(
+    conn: &Connection,
+    channel: &str,
+    message_id: &str,
+    content: &str,
+    now: i64,
+) -> rusqlite::Result<Option<u64>> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO channel_messages (channel, message_id, content, published_at) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute((channel, message_id, content, now))?;
+    Ok((inserted == 1).then(|| conn.last_insert_rowid() as u64))
+}
+
+/// Creates a subscriber at `cursor` unless it exists; answers its cursor
+/// (the stored one if it existed).
+pub(super) fn subscribe(
+    conn: &Connection,
+    channel: &str,
+    subscriber: &str,
+    cursor: u64,
+) -> rusqlite::Result<u64> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO channel_subscribers (channel, subscriber, cursor) VALUES (?1, ?2, ?3)",
+    )?
+    .execute((channel, subscriber, to_i64(cursor)))?;
+    conn.prepare_cached(
+        "SELECT cursor FROM channel_subscribers WHERE channel = ?1 AND subscriber = ?2",
+    )?
+    .query_row((channel, subscriber), |r| r.get::<_, i64>(0))
+    .map(|c| c as u64)
+}
+
+/// Deletes a subscriber; answers whether it existed.
+pub(super) fn unsubscribe(
+    conn: &Connection,
+    channel: &str,
+    subscriber: &str,
+) -> rusqlite::Result<bool> {
+    Ok(conn
+        .prepare_cached("DELETE FROM channel_subscribers WHERE channel = ?1 AND subscriber = ?2")?
+        .execute((channel, subscriber))?
+        > 0)
+}
+
+/// Moves a subscriber's cursor forward to `through` (never back).
+pub(super) fn ack(
+    conn: &Connection,
+    channel: &str,
+    subscriber: &str,
+    through: u64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE channel_subscribers SET cursor = max(cursor, ?3) \
+         WHERE channel = ?1 AND subscriber = ?2",
+    )?
+    .execute((channel, subscriber, to_i64(through)))?;
+    Ok(())
+}
+
+/// Deletes the channel's messages up to `through`.
+pub(super) fn prune(conn: &Connection, channel: &str, through: u64) -> rusqlite::Result<u64> {
+    Ok(conn
+        .prepare_cached("DELETE FROM channel_messages WHERE channel = ?1 AND seq <= ?2")?
+        .execute((channel, to_i64(through)))? as u64)
+}
+
+/// The channel's messages after `after`, oldest first, at most `limit`.
+pub(super) fn messages(
+    conn: &Connection,
+    channel: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<ChannelMessage>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, message_id, content FROM channel_messages \
+             WHERE channel = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .db()?;
+    let rows = stmt
+        .query_map((channel, to_i64(after), limit as i64), |r| {
+            Ok(ChannelMessage {
+                seq: r.get::<_, i64>(0)? as u64,
+                message_id: r.get(1)?,
+                content: r.get(2)?,
+            })
+        })
+        .db()?;
+    rows.collect::<rusqlite::Result<_>>().db()
+}
+
+/// Every subscriber.
+pub(super) fn subscribers(conn: &Connection) -> Result<Vec<ChannelSubscriber>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT channel, subscriber, cursor FROM channel_subscribers")
+        .db()?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(ChannelSubscriber {
+                channel: r.get(0)?,
+                subscriber: r.get(1)?,
+                cursor: r.get::<_, i64>(2)? as u64,
+            })
+        })
+        .db()?;
+    rows.collect::<rusqlite::Result<_>>().db()
+}
+
+/// Each channel's highest stored `seq`, and the highest `seq` ever handed
+/// out (AUTOINCREMENT's counter survives deletes).
+pub(super) fn heads(conn: &Connection) -> Result<(Vec<(String, u64)>, u64)> {
+    let mut stmt = conn
+        .prepare_cached("SELECT channel, MAX(seq) FROM channel_messages GROUP BY channel")
+        .db()?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))
+        .db()?;
+    let heads = rows.collect::<rusqlite::Result<Vec<_>>>().db()?;
+    let top: i64 = conn
+        .query_row(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'channel_messages'), 0)",
+            [],
+            |r| r.get(0),
+        )
+        .db()?;
+    Ok((heads, top as u64))
+}

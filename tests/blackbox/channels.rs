@@ -1,0 +1,337 @@
+//! Durable pull channels through DSPS's API: redelivery until ack, ack as
+//! a cursor, dedup by message id, long polls woken by a publish, expiry,
+//! DSPS's error shapes, and nothing lost across kill -9.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+/// `PUT` with an optional raw body; status and JSON body.
+async fn put(c: &Client, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut req = c.http.put(format!("{}{path}", c.url));
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// `GET` or `DELETE`; status and JSON body.
+async fn call(c: &Client, method: &str, path: &str) -> (u16, Value) {
+    c.send(method, path, None, None).await
+}
+
+/// The message ids and contents of a fetch, and its ackHandle.
+fn ids(fetched: &Value) -> Vec<String> {
+    fetched["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A subscriber gets what was published after it existed, again on every
+/// fetch until it acknowledges; an ack handle acknowledges everything up
+/// to it (a cursor); a re-published id is stored once with its first
+/// content; `max` pages with `moreMessages`.
+#[tokio::test]
+async fn redelivery_ack_cursor_and_dedup() {
+    let server = Server::start();
+    let c = server.client();
+    assert_eq!(
+        put(&c, "/channel/ch-1/message/early", Some(r#"{"n":0}"#))
+            .await
+            .0,
+        200
+    );
+    let (s, body) = put(&c, "/channel/ch-1/subscription/polling/sub-1", None).await;
+    assert_eq!(
+        (s, body),
+        (200, json!({"channelID":"ch-1","subscriberID":"sub-1"}))
+    );
+    assert_eq!(
+        put(&c, "/channel/ch-1/subscription/polling/sub-1", None)
+            .await
+            .0,
+        200
+    );
+    for (id, n) in [("m1", 1), ("m2", 2), ("m3", 3)] {
+        let (s, body) = put(
+            &c,
+            &format!("/channel/ch-1/message/{id}"),
+            Some(&json!({"n": n}).to_string()),
+        )
+        .await;
+        assert_eq!((s, body), (200, json!({"channelID":"ch-1","messageID":id})));
+    }
+    // The same id again: 200, stored once, first content kept.
+    assert_eq!(
+        put(&c, "/channel/ch-1/message/m2", Some(r#"{"n":99}"#))
+            .await
+            .0,
+        200
+    );
+
+    let path = "/channel/ch-1/subscription/polling/sub-1";
+    let (s, first) = call(&c, "GET", path).await;
+    assert_eq!(s, 200);
+    assert_eq!(ids(&first), ["m1", "m2", "m3"]);
+    assert_eq!(first["messages"][1]["content"], json!({"n": 2}));
+    assert_eq!(first["moreMessages"], false);
+    assert_eq!(first["channelID"], "ch-1");
+    let (_, again) = call(&c, "GET", path).await;
+    assert_eq!(
+        ids(&again),
+        ["m1", "m2", "m3"],
+        "unacknowledged: redelivered"
+    );
+
+    // Page of 2, ack it: the third remains.
+    let (_, page) = call(&c, "GET", &format!("{path}?max=2")).await;
+    assert_eq!(ids(&page), ["m1", "m2"]);
+    assert_eq!(page["moreMessages"], true);
+    let handle = page["ackHandle"].as_str().unwrap();
+    let (s, _) = call(&c, "DELETE", &format!("{path}/message?ackHandle={handle}")).await;
+    assert_eq!(s, 204);
+    let (_, rest) = call(&c, "GET", path).await;
+    assert_eq!(ids(&rest), ["m3"]);
+    // The stale handle again changes nothing.
+    let (s, _) = call(&c, "DELETE", &format!("{path}/message?ackHandle={handle}")).await;
+    assert_eq!(s, 204);
+    let last = rest["ackHandle"].as_str().unwrap();
+    call(&c, "DELETE", &format!("{path}/message?ackHandle={last}")).await;
+    let (_, empty) = call(&c, "GET", path).await;
+    assert_eq!(
+        empty,
+        json!({"channelID":"ch-1","messages":[],"moreMessages":false})
+    );
+}
+
+/// A long poll waiting on an empty subscriber is answered as soon as a
+/// message is published (well before its timeout), and with nothing when
+/// the timeout passes.
+#[tokio::test]
+async fn long_poll_wakes_on_publish() {
+    let server = Server::start();
+    let c = server.client();
+    put(&c, "/channel/lp/subscription/polling/s", None).await;
+    let started = Instant::now();
+    let (_, empty) = call(
+        &c,
+        "GET",
+        "/channel/lp/subscription/polling/s?timeout=300ms",
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert_eq!(empty["messages"], json!([]));
+
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let reply = call(&c, "GET", "/channel/lp/subscription/polling/s?timeout=10s").await;
+            (reply, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put(&c, "/channel/lp/message/wake", Some("\"hello\"")).await;
+    let ((status, body), waited) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(ids(&body), ["wake"]);
+    assert_eq!(body["messages"][0]["content"], "hello");
+    assert!(
+        waited < Duration::from_secs(5),
+        "answered at the publish, not the timeout"
+    );
+}
+
+/// Bad ids, bodies and parameters get DSPS's 400s and change nothing;
+/// unknown subscribers get its 404; deleting is idempotent; probes answer.
+#[tokio::test]
+async fn dsps_errors() {
+    let server = Server::start();
+    let c = server.client();
+    let (s, body) = put(&c, "/channel/Bad/message/m", Some("{}")).await;
+    assert_eq!(
+        (s, body),
+        (400, json!({"error": "Invalid \"channelID\" parameter"}))
+    );
+    let (s, body) = put(&c, "/channel/ok/message/-m", Some("{}")).await;
+    assert_eq!(
+        (s, body),
+        (400, json!({"error": "Invalid \"messageID\" parameter"}))
+    );
+    let (s, body) = put(&c, "/channel/ok/subscription/polling/UP", None).await;
+    assert_eq!(
+        (s, body),
+        (400, json!({"error": "Invalid \"subscriberID\" parameter"}))
+    );
+    let (s, body) = put(&c, "/channel/ok/message/m", Some("not json")).await;
+    assert_eq!(
+        (s, body),
+        (400, json!({"error": "Request body is not JSON"}))
+    );
+
+    let (s, body) = call(&c, "GET", "/channel/ok/subscription/polling/nobody").await;
+    assert_eq!(s, 404);
+    assert_eq!(body["code"], "dsps.storage.subscription-not-found");
+    let (s, _) = call(
+        &c,
+        "DELETE",
+        "/channel/ok/subscription/polling/nobody/message?ackHandle=1",
+    )
+    .await;
+    assert_eq!(s, 404);
+
+    put(&c, "/channel/ok/subscription/polling/s", None).await;
+    for q in ["timeout=soon", "timeout=-1s", "max=0", "max=x"] {
+        let (s, _) = call(
+            &c,
+            "GET",
+            &format!("/channel/ok/subscription/polling/s?{q}"),
+        )
+        .await;
+        assert_eq!(s, 400, "{q}");
+    }
+    for h in ["", "abc"] {
+        let (s, _) = call(
+            &c,
+            "DELETE",
+            &format!("/channel/ok/subscription/polling/s/message?ackHandle={h}"),
+        )
+        .await;
+        assert_eq!(s, 400, "handle {h:?}");
+    }
+    // The refused publish stored nothing.
+    put(&c, "/channel/ok/message/m2", Some("1")).await;
+    let (_, got) = call(&c, "GET", "/channel/ok/subscription/polling/s").await;
+    assert_eq!(ids(&got), ["m2"]);
+
+    for _ in 0..2 {
+        let (s, body) = call(&c, "DELETE", "/channel/ok/subscription/polling/s").await;
+        assert_eq!(
+            (s, body),
+            (200, json!({"channelID":"ok","subscriberID":"s"}))
+        );
+    }
+    let (s, _) = call(&c, "GET", "/channel/ok/subscription/polling/s").await;
+    assert_eq!(s, 404);
+    assert_eq!(call(&c, "GET", "/probe/liveness").await.0, 200);
+    assert_eq!(call(&c, "GET", "/probe/readiness").await.0, 200);
+}
+
+/// A subscriber idle past `channels.expire_after` is removed: its fetch
+/// answers 404; an active one is kept.
+#[tokio::test]
+async fn idle_subscribers_expire() {
+    let server = Server::start_with_env(&[("WEFT_CHANNELS__EXPIRE_AFTER", "1s")]);
+    let c = server.client();
+    put(&c, "/channel/ex/subscription/polling/idle", None).await;
+    put(&c, "/channel/ex/subscription/polling/busy", None).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        assert_eq!(
+            call(&c, "GET", "/channel/ex/subscription/polling/busy")
+                .await
+                .0,
+            200
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, body) = call(&c, "GET", "/channel/ex/subscription/polling/idle").await;
+    assert_eq!(s, 404, "{body}");
+    assert_eq!(
+        call(&c, "GET", "/channel/ex/subscription/polling/busy")
+            .await
+            .0,
+        200
+    );
+}
+
+/// Every published (200) message survives kill -9: the unacknowledged
+/// ones are delivered after the restart, the acknowledged ones are not,
+/// and a re-publish after the restart is still recognised as a duplicate.
+#[tokio::test]
+async fn nothing_lost_across_kill_9() {
+    let mut server = Server::start();
+    let c = server.client();
+    put(&c, "/channel/dur/subscription/polling/a", None).await;
+    put(&c, "/channel/dur/subscription/polling/b", None).await;
+    let mut sent = Vec::new();
+    let publishers: Vec<_> = (0..4)
+        .map(|p| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut ok = Vec::new();
+                for i in 0..100 {
+                    let id = format!("p{p}-{i}");
+                    let (s, _) = put(
+                        &c,
+                        &format!("/channel/dur/message/{id}"),
+                        Some(&i.to_string()),
+                    )
+                    .await;
+                    if s == 200 {
+                        ok.push(id);
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    for p in publishers {
+        sent.extend(p.await.unwrap());
+    }
+    assert_eq!(sent.len(), 400);
+    // b acknowledges the first 150.
+    let (_, page) = call(&c, "GET", "/channel/dur/subscription/polling/b?max=150").await;
+    let handle = page["ackHandle"].as_str().unwrap().to_string();
+    let acked: Vec<String> = ids(&page);
+    assert_eq!(
+        call(
+            &c,
+            "DELETE",
+            &format!("/channel/dur/subscription/polling/b/message?ackHandle={handle}")
+        )
+        .await
+        .0,
+        204
+    );
+    server.kill9();
+    server.restart();
+    let c = server.client();
+    let all = |sub: &'static str| {
+        let c = c.clone();
+        async move {
+            let (s, got) = call(
+                &c,
+                "GET",
+                &format!("/channel/dur/subscription/polling/{sub}?max=1000"),
+            )
+            .await;
+            assert_eq!(s, 200);
+            ids(&got)
+        }
+    };
+    let mut a = all("a").await;
+    let mut expected = sent.clone();
+    a.sort();
+    expected.sort();
+    assert_eq!(a, expected, "every published message still owed to a");
+    let b = all("b").await;
+    assert_eq!(b.len(), 250);
+    assert!(
+        b.iter().all(|id| !acked.contains(id)),
+        "acknowledged ones stay acknowledged"
+    );
+    put(&c, "/channel/dur/message/p0-0", Some("\"again\"")).await;
+    assert_eq!(
+        all("b").await.len(),
+        250,
+        "a duplicate after restart is dropped"
+    );
+}
