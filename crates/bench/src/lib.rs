@@ -20,6 +20,8 @@
 //!   availability tests).
 //! - [`alarms`]: the `alarms` scenario (seed 000's test suite 2): the
 //!   ingest load with one alarm rule, the socket watching its alarms.
+//! - [`channels`]: the `channels` scenario (seed 001, DSPS's k6 test):
+//!   publishers and polling subscribers on many channels.
 //! - [`ngsi_update`]: the `ngsi-update` scenario (seed 002's NGSIv2 update
 //!   stress tests).
 //! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
@@ -36,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod alarms;
+pub mod channels;
 pub mod common;
 pub mod history;
 pub mod http;
@@ -47,6 +50,7 @@ pub mod summary;
 pub mod target;
 
 pub use alarms::AlarmsArgs;
+pub use channels::ChannelsArgs;
 pub use common::CommonArgs;
 pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
@@ -84,6 +88,11 @@ pub enum BenchCommand {
     /// checks `lastN`, range and hourly-average queries (optionally over a
     /// preloaded `Room:big` of millions of rows).
     History(HistoryArgs),
+    /// Seed 001's DSPS load test: per channel one publisher (3 messages a
+    /// second) and 3 polling subscribers (fetch, sleep, ack, sleep);
+    /// checks every message reaches every subscriber and none comes back
+    /// after its ack.
+    Channels(ChannelsArgs),
 }
 
 impl BenchCommand {
@@ -95,6 +104,7 @@ impl BenchCommand {
             BenchCommand::NgsiUpdate(args) => &args.common,
             BenchCommand::NgsiNotify(args) => &args.common,
             BenchCommand::History(args) => &args.common,
+            BenchCommand::Channels(args) => &args.common,
         }
     }
 }
@@ -114,6 +124,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
         BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
         BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,
         BenchCommand::History(args) => history::run(args, &session).await,
+        BenchCommand::Channels(args) => channels::run(args, &session).await,
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;

@@ -1,0 +1,438 @@
+//! The `channels` scenario: DSPS's own k6 load test (seed 001). Per
+//! channel, one publisher PUTs 3 messages `{"at": <ms>}` and sleeps 1 s,
+//! in a loop; 3 polling subscribers loop fetch (`timeout=3s`) → sleep
+//! 10 ms → ack → sleep 10 ms. Every subscriber is created before the load,
+//! so it is owed every message published to its channel.
+//!
+//! After the load the subscribers keep fetching until they have everything
+//! (or `--drain-timeout`). Checks: every published message received by
+//! every subscriber of its channel, and none received again after it was
+//! acknowledged. Metrics as DSPS reported them: messages received per
+//! second, HTTP requests per second, message delay (receive − `at`,
+//! including the 20 ms of client sleeps), publish and ack latency.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use rand::distr::{Alphabetic, SampleString};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::common::{CommonArgs, Session};
+use crate::http::{render_request, Conn};
+use crate::ingest::live::now_ms;
+use crate::summary::{micros_histogram, Check, Metric, Summary, Trend};
+use crate::target::BaseUrl;
+
+/// Longest any one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Range of the latency histograms.
+const LATENCY_RANGE: Duration = Duration::from_secs(120);
+
+/// Flags of `weft bench channels`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChannelsArgs {
+    /// The flags every scenario takes.
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Channels, each with one publisher.
+    #[arg(long, default_value_t = 400)]
+    pub channels: usize,
+
+    /// Polling subscribers per channel.
+    #[arg(long, default_value_t = 3)]
+    pub subscribers: usize,
+
+    /// Messages each publisher sends per second (back to back, then a
+    /// 1 s sleep, as DSPS's script does).
+    #[arg(long, default_value_t = 3)]
+    pub messages: usize,
+
+    /// The subscribers' long-poll `timeout`.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub fetch_timeout: Duration,
+
+    /// Each subscriber sleeps this long before an ack and again after it.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub sleep: Duration,
+
+    /// After the load, how long subscribers may take to receive the rest.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// A fetch's answer, reduced to what the checks read.
+#[derive(Deserialize)]
+struct FetchBody {
+    #[serde(default)]
+    messages: Vec<FetchedMessage>,
+    #[serde(rename = "ackHandle", default)]
+    ack_handle: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct FetchedMessage {
+    #[serde(rename = "messageID")]
+    message_id: String,
+    content: serde_json::Value,
+}
+
+/// What the clients measured, merged at the end.
+struct Tally {
+    publish: Histogram<u64>,
+    ack: Histogram<u64>,
+    fetch: Histogram<u64>,
+    delay: Histogram<u64>,
+    requests: u64,
+    failed: u64,
+    received: u64,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            publish: micros_histogram(LATENCY_RANGE),
+            ack: micros_histogram(LATENCY_RANGE),
+            fetch: micros_histogram(LATENCY_RANGE),
+            delay: micros_histogram(LATENCY_RANGE),
+            requests: 0,
+            failed: 0,
+            received: 0,
+        }
+    }
+
+    fn merge(&mut self, o: &Tally) {
+        let _ = self.publish.add(&o.publish);
+        let _ = self.ack.add(&o.ack);
+        let _ = self.fetch.add(&o.fetch);
+        let _ = self.delay.add(&o.delay);
+        self.requests += o.requests;
+        self.failed += o.failed;
+        self.received += o.received;
+    }
+}
+
+/// One client's connection: reconnects when the server closed it.
+struct Client {
+    base: BaseUrl,
+    conn: Option<Conn>,
+}
+
+impl Client {
+    fn new(base: &BaseUrl) -> Client {
+        Client {
+            base: base.clone(),
+            conn: None,
+        }
+    }
+
+    /// Sends a request; status and body, or `None` on a transport error.
+    async fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        out: Option<&mut Vec<u8>>,
+    ) -> Option<u16> {
+        if self.conn.is_none() {
+            self.conn = Conn::connect(&self.base.connect).await.ok();
+        }
+        let conn = self.conn.as_mut()?;
+        let request = render_request(method, &self.base.path(path), &self.base.host, &[], body);
+        match tokio::time::timeout(REQUEST_TIMEOUT, conn.round_trip(&request, out)).await {
+            Ok(Ok(head)) => {
+                if !conn.reusable() {
+                    self.conn = None;
+                }
+                Some(head.status)
+            }
+            _ => {
+                self.conn = None;
+                None
+            }
+        }
+    }
+}
+
+/// Runs the scenario against the session's server.
+pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summary> {
+    anyhow::ensure!(args.channels >= 1, "--channels must be at least 1");
+    anyhow::ensure!(args.subscribers >= 1, "--subscribers must be at least 1");
+    let prefix = Alphabetic
+        .sample_string(&mut rand::rng(), 12)
+        .to_lowercase();
+    let base = &session.base;
+
+    // Subscribers first, so each is owed every message of its channel.
+    let mut setup = Vec::new();
+    for ch in 0..args.channels {
+        for sub in 0..args.subscribers {
+            let base = base.clone();
+            let path = format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}");
+            setup.push(tokio::spawn(async move {
+                let mut c = Client::new(&base);
+                c.call("PUT", &path, None, None).await
+            }));
+        }
+    }
+    for s in setup {
+        if s.await? != Some(200) {
+            bail!("creating a subscriber did not answer 200");
+        }
+    }
+
+    let published: Arc<Mutex<HashMap<usize, Vec<String>>>> = Arc::default();
+    let stop_publishing = Arc::new(AtomicBool::new(false));
+    let stop_fetching = Arc::new(AtomicBool::new(false));
+    let received_count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+
+    let mut publishers = Vec::new();
+    for ch in 0..args.channels {
+        let base = base.clone();
+        let published = published.clone();
+        let stop = stop_publishing.clone();
+        let prefix = prefix.clone();
+        let per_second = args.messages;
+        // Spread the publishers over the first second, as k6's VUs start.
+        let offset = Duration::from_millis((ch as u64 * 1000) / args.channels as u64);
+        publishers.push(tokio::spawn(async move {
+            let mut c = Client::new(&base);
+            let mut tally = Tally::new();
+            let mut ids = Vec::new();
+            tokio::time::sleep(offset).await;
+            let mut iteration = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for i in 0..per_second {
+                    let id = format!("{iteration}-{i}");
+                    let body = json!({"at": now_ms()}).to_string();
+                    let sent = Instant::now();
+                    let status = c
+                        .call(
+                            "PUT",
+                            &format!("/channel/{prefix}-{ch}/message/{id}"),
+                            Some(body.as_bytes()),
+                            None,
+                        )
+                        .await;
+                    tally.requests += 1;
+                    tally
+                        .publish
+                        .saturating_record(sent.elapsed().as_micros() as u64);
+                    if status == Some(200) {
+                        ids.push(id);
+                    } else {
+                        tally.failed += 1;
+                    }
+                }
+                iteration += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            published.lock().insert(ch, ids);
+            tally
+        }));
+    }
+
+    // received[(channel, subscriber)] = message id → times received.
+    type Seen = HashMap<String, u32>;
+    let mut subscribers = Vec::new();
+    for ch in 0..args.channels {
+        for sub in 0..args.subscribers {
+            let base = base.clone();
+            let stop = stop_fetching.clone();
+            let count = received_count.clone();
+            let path = format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}");
+            let fetch_path = format!(
+                "{path}?timeout={}ms",
+                args.fetch_timeout.as_millis()
+            );
+            let pause = args.sleep;
+            subscribers.push(tokio::spawn(async move {
+                let mut c = Client::new(&base);
+                let mut tally = Tally::new();
+                let mut seen: Seen = HashMap::new();
+                let mut body = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    body.clear();
+                    let sent = Instant::now();
+                    let status = c.call("GET", &fetch_path, None, Some(&mut body)).await;
+                    let received_at = now_ms();
+                    tally.requests += 1;
+                    tally
+                        .fetch
+                        .saturating_record(sent.elapsed().as_micros() as u64);
+                    if status != Some(200) {
+                        tally.failed += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    let Ok(fetched) = serde_json::from_slice::<FetchBody>(&body) else {
+                        tally.failed += 1;
+                        continue;
+                    };
+                    for m in &fetched.messages {
+                        *seen.entry(m.message_id.clone()).or_insert(0) += 1;
+                        if let Some(at) = m.content.get("at").and_then(|a| a.as_i64()) {
+                            let ms = (received_at - at).max(0) as u64;
+                            tally.delay.saturating_record(ms * 1000);
+                        }
+                    }
+                    tally.received += fetched.messages.len() as u64;
+                    count.fetch_add(fetched.messages.len() as u64, Ordering::Relaxed);
+                    if let Some(handle) = fetched.ack_handle {
+                        tokio::time::sleep(pause).await;
+                        let sent = Instant::now();
+                        let status = c
+                            .call("DELETE", &format!("{path}/message?ackHandle={handle}"), None, None)
+                            .await;
+                        tally.requests += 1;
+                        tally.ack.saturating_record(sent.elapsed().as_micros() as u64);
+                        if status != Some(204) {
+                            tally.failed += 1;
+                        }
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                (ch, seen, tally)
+            }));
+        }
+    }
+
+    tokio::time::sleep(args.common.duration).await;
+    stop_publishing.store(true, Ordering::Relaxed);
+    let load_elapsed = started.elapsed();
+    let received_during_load = received_count.load(Ordering::Relaxed);
+    let mut tally = Tally::new();
+    for p in publishers {
+        tally.merge(&p.await?);
+    }
+    let published = std::mem::take(&mut *published.lock());
+    let owed: u64 = published.values().map(|v| v.len() as u64).sum::<u64>() * args.subscribers as u64;
+
+    // Drain: until every owed message arrived, or the timeout.
+    let drain_started = Instant::now();
+    while received_count.load(Ordering::Relaxed) < owed && drain_started.elapsed() < args.drain_timeout {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One more cycle, so redeliveries after an ack would show.
+    tokio::time::sleep(args.sleep * 2 + Duration::from_millis(100)).await;
+    stop_fetching.store(true, Ordering::Relaxed);
+    let drain_elapsed = drain_started.elapsed();
+
+    let mut missing = 0u64;
+    let mut delivered = 0u64;
+    let mut repeated = 0u64;
+    let mut unexpected = 0u64;
+    for s in subscribers {
+        let (ch, seen, t) = s.await?;
+        tally.merge(&t);
+        let want: HashSet<&String> = published.get(&ch).map(|v| v.iter().collect()).unwrap_or_default();
+        for id in &want {
+            match seen.get(*id) {
+                Some(n) => {
+                    delivered += 1;
+                    repeated += u64::from(*n - 1);
+                }
+                None => missing += 1,
+            }
+        }
+        unexpected += seen.keys().filter(|k| !want.contains(k)).count() as u64;
+    }
+
+    let load_secs = load_elapsed.as_secs_f64();
+    let mut s = Summary {
+        scenario: "channels".to_string(),
+        ok: false,
+        target: session.base.to_string(),
+        spawned: session.spawned(),
+        params: match json!({
+            "channels": args.channels,
+            "subscribers_per_channel": args.subscribers,
+            "messages_per_second_per_channel": args.messages,
+            "fetch_timeout": humantime::format_duration(args.fetch_timeout).to_string(),
+            "sleep": humantime::format_duration(args.sleep).to_string(),
+            "duration": humantime::format_duration(args.common.duration).to_string(),
+            "offered_messages_per_second": (args.channels * args.messages * args.subscribers),
+        }) {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!("an object literal"),
+        },
+        phases: vec![
+            ("load".to_string(), load_secs),
+            ("drain".to_string(), drain_elapsed.as_secs_f64()),
+        ],
+        description: vec![
+            format!(
+                "{} channels × 1 publisher ({} messages, then 1 s) × {} subscribers (fetch timeout={}, sleep {}, ack, sleep {})",
+                args.channels,
+                args.messages,
+                args.subscribers,
+                humantime::format_duration(args.fetch_timeout),
+                humantime::format_duration(args.sleep),
+                humantime::format_duration(args.sleep),
+            ),
+            format!(
+                "offers at most {} messages/s to subscribers",
+                args.channels * args.messages * args.subscribers
+            ),
+        ],
+        checks: Vec::new(),
+        metrics: BTreeMap::new(),
+        notes: Vec::new(),
+    };
+    s.checks.push(Check::new(
+        "every request answered as expected",
+        tally.requests - tally.failed,
+        tally.failed,
+    ));
+    s.checks.push(Check::new(
+        "every published message received by every subscriber",
+        delivered,
+        missing,
+    ));
+    s.checks.push(Check::new(
+        "no message received again after its ack, none foreign",
+        delivered,
+        repeated + unexpected,
+    ));
+    let m = &mut s.metrics;
+    m.insert(
+        "messages_received".into(),
+        Metric::counter(received_during_load, load_secs),
+    );
+    m.insert("messages_owed".into(), Metric::count(owed));
+    m.insert("messages_missing".into(), Metric::count(missing));
+    m.insert("messages_repeated".into(), Metric::count(repeated));
+    m.insert("http_reqs".into(), Metric::counter(tally.requests, (load_elapsed + drain_elapsed).as_secs_f64()));
+    m.insert("http_req_failed".into(), Metric::rate(tally.failed, tally.requests - tally.failed));
+    m.insert("msg_delay".into(), Metric::Trend(Trend::from_micros(&tally.delay)));
+    m.insert("publish_duration".into(), Metric::Trend(Trend::from_micros(&tally.publish)));
+    m.insert("ack_duration".into(), Metric::Trend(Trend::from_micros(&tally.ack)));
+    m.insert("fetch_duration".into(), Metric::Trend(Trend::from_micros(&tally.fetch)));
+    s.seal();
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{try_parse_command, BenchCommand};
+
+    /// DSPS's k6 shape is the default.
+    #[test]
+    fn defaults_are_the_seed_shape() {
+        let BenchCommand::Channels(a) = try_parse_command(&["channels"]).unwrap() else {
+            panic!("another scenario");
+        };
+        assert_eq!((a.channels, a.subscribers, a.messages), (400, 3, 3));
+        assert_eq!(a.fetch_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(a.sleep, std::time::Duration::from_millis(10));
+    }
+}
