@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
+use futures::StreamExt;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use rand::distr::{Alphabetic, SampleString};
@@ -171,22 +172,43 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         .to_lowercase();
     let base = &session.base;
 
-    // Subscribers first, so each is owed every message of its channel.
-    let mut setup = Vec::new();
-    for ch in 0..args.channels {
-        for sub in 0..args.subscribers {
+    // Subscribers first, so each is owed every message of its channel;
+    // 64 at a time, over a few connections, retried on transport errors.
+    let paths: Vec<String> = (0..args.channels)
+        .flat_map(|ch| {
+            let prefix = prefix.clone();
+            (0..args.subscribers)
+                .map(move |sub| format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}"))
+        })
+        .collect();
+    let created = futures::stream::iter(paths.chunks(paths.len().div_ceil(64).max(1)))
+        .map(|chunk| {
             let base = base.clone();
-            let path = format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}");
-            setup.push(tokio::spawn(async move {
+            let chunk = chunk.to_vec();
+            async move {
                 let mut c = Client::new(&base);
-                c.call("PUT", &path, None, None).await
-            }));
-        }
-    }
-    for s in setup {
-        if s.await? != Some(200) {
-            bail!("creating a subscriber did not answer 200");
-        }
+                for path in chunk {
+                    let mut tries = 0;
+                    loop {
+                        match c.call("PUT", &path, None, None).await {
+                            Some(200) => break,
+                            Some(status) => bail!("PUT {path} answered {status}"),
+                            None if tries < 5 => {
+                                tries += 1;
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            None => bail!("PUT {path}: no response"),
+                        }
+                    }
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<anyhow::Result<()>>>()
+        .await;
+    for result in created {
+        result?;
     }
 
     let published: Arc<Mutex<HashMap<usize, Vec<String>>>> = Arc::default();
@@ -255,7 +277,12 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                 args.fetch_timeout.as_millis()
             );
             let pause = args.sleep;
+            // Connect over the first second rather than all at once.
+            let index = (ch * args.subscribers + sub) as u64;
+            let offset =
+                Duration::from_millis(index * 1000 / (args.channels * args.subscribers) as u64);
             subscribers.push(tokio::spawn(async move {
+                tokio::time::sleep(offset).await;
                 let mut c = Client::new(&base);
                 let mut tally = Tally::new();
                 let mut seen: Seen = HashMap::new();

@@ -75,3 +75,23 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationTok
         tracing::warn!("some connections were still open after the drain timeout");
     }
 }
+
+/// Pending connections the kernel may queue for each listener before
+/// refusing more (capped by `net.core.somaxconn`). tokio's default of 1024
+/// overflows when thousands of clients connect at once (the `channels`
+/// benchmark's 8,000 pollers), and each refused SYN costs its client a 1 s,
+/// then 3 s, retransmission.
+pub const LISTEN_BACKLOG: u32 = 8192;
+
+/// Binds a listener with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, so a
+/// restarted weft can take its port back at once).
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}

@@ -111,8 +111,7 @@ pub async fn serve(
     };
     let quantumleap = match config.history.quantumleap_listen {
         Some(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
+            let listener = crate::http::bind(addr)
                 .with_context(|| format!("binding QuantumLeap's listener {addr}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving QuantumLeap's API");
             let app = weft_api::history::quantumleap_router(state.clone());

@@ -255,7 +255,10 @@ impl Channels {
                     .store
                     .channel_messages(channel, cursor, max.max(1) + 1)
                     .await?;
-                if !messages.is_empty() {
+                if let Some(last) = messages.last() {
+                    // Read back committed before its publisher moved the
+                    // head: move it now, so an ack of it is not clamped.
+                    c.advance(last.seq);
                     let more = messages.len() > max.max(1);
                     messages.truncate(max.max(1));
                     return Ok(Fetched { messages, more });
