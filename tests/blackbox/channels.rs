@@ -335,3 +335,119 @@ async fn nothing_lost_across_kill_9() {
         "a duplicate after restart is dropped"
     );
 }
+
+/// A bridge publishes every alarm change into a channel exactly as it was
+/// raised (the same JSON as on the live socket, in order, once each, with
+/// the event id as message id); a data bridge with a filter publishes only
+/// the units it passes; a bridge survives a restart.
+#[tokio::test]
+async fn bridges_deliver_alarms_and_data_exactly_once() {
+    let mut server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let rule = json!({"condition": "temperature>45.1", "clear": "temperature<40",
+                      "alarm": {"type": "hot", "severity": "major", "description": "{{dataId}}"}});
+    c.expect(201, "PUT", "/api/v1/rules/hot", Some(&rule)).await;
+    let bridge = json!({"stream": "alarms", "channel": "alarm-feed"});
+    let made = c
+        .expect(201, "PUT", "/api/v1/bridges/alarms-out", Some(&bridge))
+        .await;
+    assert_eq!(made["channel"], "alarm-feed");
+    let data_bridge = json!({"stream": "data", "channel": "hot-data",
+                             "filter": {"q": "temperature>45"}});
+    c.expect(201, "PUT", "/api/v1/bridges/data-out", Some(&data_bridge))
+        .await;
+    for bad in [
+        json!({"stream": "nope", "channel": "x"}),
+        json!({"stream": "data", "channel": "Bad"}),
+        json!({"stream": "data", "channel": "x", "filter": {"q": "a>>"}}),
+    ] {
+        c.expect(400, "PUT", "/api/v1/bridges/bad", Some(&bad))
+            .await;
+    }
+    put(&c, "/channel/alarm-feed/subscription/polling/ops", None).await;
+    put(&c, "/channel/hot-data/subscription/polling/ops", None).await;
+    let mut live = Live::connect(&server).await;
+    live.subscribe("a", "alarms", json!({})).await;
+
+    let t0 = now_ms();
+    let readings = [
+        ("u1", "d1", 46),
+        ("u2", "d2", 47),
+        ("u3", "d1", 48),
+        ("u4", "d1", 30),
+        ("u5", "d3", 20),
+    ];
+    for (i, (id, dev, t)) in readings.iter().enumerate() {
+        c.uplink(
+            "farm",
+            "decoded",
+            "em300th",
+            &decoded_body(id, dev, *t, 50, t0 + i as i64),
+        )
+        .await;
+    }
+    let mut on_socket = Vec::new();
+    for _ in 0..4 {
+        on_socket.push(live.next().await["event"].clone());
+    }
+    let acked = c
+        .expect(
+            200,
+            "POST",
+            &format!(
+                "/api/v1/alarms/{}/ack",
+                on_socket[1]["id"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    on_socket.push(live.next().await["event"].clone());
+    assert_eq!(acked["acked"], true);
+
+    let fetched = eventually(Duration::from_secs(10), || async {
+        let (_, got) = call(
+            &c,
+            "GET",
+            "/channel/alarm-feed/subscription/polling/ops?max=100",
+        )
+        .await;
+        (got["messages"].as_array().map_or(0, Vec::len) >= 5).then_some(got)
+    })
+    .await;
+    let messages = fetched["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 5);
+    for (m, e) in messages.iter().zip(&on_socket) {
+        assert_eq!(&m["content"], e, "the event as raised");
+        assert_eq!(m["messageID"], e["eventId"]);
+    }
+    let hot = eventually(Duration::from_secs(10), || async {
+        let (_, got) = call(&c, "GET", "/channel/hot-data/subscription/polling/ops").await;
+        (got["messages"].as_array().map_or(0, Vec::len) >= 3).then_some(got)
+    })
+    .await;
+    assert_eq!(ids(&hot), ["u1", "u2", "u3"]);
+    assert_eq!(hot["messages"][0]["content"]["dataId"], "u1");
+
+    // After a crash the bridges go on from where they were, nothing twice.
+    server.restart();
+    let c = server.client();
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("u6", "d3", 49, 50, t0 + 9),
+    )
+    .await;
+    let after = eventually(Duration::from_secs(10), || async {
+        let (_, got) = call(&c, "GET", "/channel/hot-data/subscription/polling/ops").await;
+        (got["messages"].as_array().map_or(0, Vec::len) >= 4).then_some(got)
+    })
+    .await;
+    assert_eq!(ids(&after), ["u1", "u2", "u3", "u6"]);
+    let listed = c.expect(200, "GET", "/api/v1/bridges", None).await;
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    c.expect(204, "DELETE", "/api/v1/bridges/data-out", None)
+        .await;
+    c.expect(404, "GET", "/api/v1/bridges/data-out", None).await;
+}

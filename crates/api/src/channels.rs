@@ -19,10 +19,11 @@ use axum::Router;
 use bytes::Bytes;
 use serde_json::json;
 use weft_model::channel::{is_channel_id, parse_go_duration};
+use weft_pipeline::channels::bridge::{BridgeError, BridgeSpec};
 use weft_pipeline::channels::{ChannelError, DEFAULT_FETCH_MAX};
 use weft_store::StoreError;
 
-use crate::AppState;
+use crate::{ApiError, ApiResult, AppState};
 
 /// The DSPS routes.
 pub fn router() -> Router<AppState> {
@@ -255,4 +256,89 @@ async fn ack(
 /// `GET /probe/liveness`, `GET /probe/readiness`.
 async fn probe() -> impl IntoResponse {
     axum::Json(json!({}))
+}
+
+/// The `/api/v1/bridges` routes (weft's own API, weft's error shapes):
+/// bridges publishing weft's events into channels.
+pub fn bridges_router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/bridges", get(list_bridges))
+        .route(
+            "/api/v1/bridges/{name}",
+            get(get_bridge).put(put_bridge).delete(delete_bridge),
+        )
+}
+
+fn bridge_json(name: &str, spec: &BridgeSpec, stored: bool) -> serde_json::Value {
+    let mut v = serde_json::to_value(spec).expect("bridges serialise");
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert("name".into(), json!(name));
+        m.insert("configured".into(), json!(!stored));
+    }
+    v
+}
+
+/// `GET /api/v1/bridges`: every bridge, by name (`configured`: from the
+/// configuration file rather than this API).
+async fn list_bridges(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
+    let all = state.pipeline.bridges().list();
+    axum::Json(serde_json::Value::Array(
+        all.iter()
+            .map(|(n, s, stored)| bridge_json(n, s, *stored))
+            .collect(),
+    ))
+}
+
+/// `GET /api/v1/bridges/{name}`.
+async fn get_bridge(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<serde_json::Value>> {
+    state
+        .pipeline
+        .bridges()
+        .list()
+        .into_iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(n, s, stored)| axum::Json(bridge_json(&n, &s, stored)))
+        .ok_or_else(|| ApiError::not_found(format!("bridge '{name}' does not exist")))
+}
+
+/// `PUT /api/v1/bridges/{name}` `{"stream":"alarms","channel":"…","filter":{…}}`:
+/// create (201) or replace (200); publishes the events stored from now on.
+async fn put_bridge(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let spec: BridgeSpec = crate::catalog::parse_body(&body)?;
+    let created = state
+        .pipeline
+        .bridges()
+        .put(&name, spec.clone())
+        .await
+        .map_err(|e| match e {
+            BridgeError::Invalid(text) => ApiError::bad_request(text),
+            BridgeError::Store(s) => s.into(),
+        })?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(bridge_json(&name, &spec, true))))
+}
+
+/// `DELETE /api/v1/bridges/{name}`: stops it (its channel stays).
+async fn delete_bridge(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    if state.pipeline.bridges().delete(&name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!(
+            "bridge '{name}' does not exist"
+        )))
+    }
 }

@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .merge(catalog::router())
         .merge(alarms::router())
         .merge(channels::router())
+        .merge(channels::bridges_router())
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())

@@ -21,8 +21,7 @@ use axum::Router;
 use futures::{SinkExt, Stream as FutStream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
-use weft_bus::{Event, Payload, RecvError, Stream, Subscription};
-use weft_model::query::Query as Q;
+use weft_bus::{Event, RecvError, Stream, Subscription};
 
 use crate::{ApiError, ApiResult, AppState};
 
@@ -42,65 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/live/sse", get(sse))
 }
 
-/// Which events of a stream a subscriber wants. Empty lists match all.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FilterSpec {
-    /// Only these channels.
-    pub channels: Vec<String>,
-    /// Only these device ids.
-    pub devices: Vec<String>,
-    /// Only these device types (data) or alarm types (alarms).
-    pub types: Vec<String>,
-    /// Simple Query Language over the unit's measures (data) or the
-    /// event's fields (alarms).
-    pub q: Option<String>,
-}
-
-/// A validated filter, with its query parsed once.
-#[derive(Debug)]
-pub struct Filter {
-    spec: FilterSpec,
-    q: Option<Q>,
-}
-
-impl Filter {
-    /// Validates `spec`; a bad `q` is a 400-class error for the subscriber.
-    pub fn new(spec: FilterSpec) -> Result<Filter, String> {
-        let q = match spec.q.as_deref().filter(|q| !q.trim().is_empty()) {
-            Some(q) => Some(Q::parse(q).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        Ok(Filter { spec, q })
-    }
-
-    /// Whether `event` passes the filter.
-    pub fn matches(&self, event: &Event) -> bool {
-        match &event.payload {
-            Payload::Data(unit) => {
-                let s = &self.spec;
-                (s.channels.is_empty() || s.channels.contains(&unit.channel))
-                    && (s.devices.is_empty() || s.devices.contains(&unit.device.id))
-                    && (s.types.is_empty() || s.types.contains(&unit.device.device_type))
-                    && self
-                        .q
-                        .as_ref()
-                        .is_none_or(|q| q.matches(|p| unit.attribute(p)))
-            }
-            // Alarms: `devices` by the alarm's device, `types` by alarm
-            // type, `q` over the event's fields (`severity==critical`).
-            Payload::Alarm(alarm) => {
-                let s = &self.spec;
-                (s.devices.is_empty() || s.devices.contains(&alarm.alarm.device.id))
-                    && (s.types.is_empty() || s.types.contains(&alarm.alarm.alarm_type))
-                    && self.q.as_ref().is_none_or(|q| {
-                        let json = serde_json::to_value(&**alarm).unwrap_or_default();
-                        q.matches(|p| weft_model::mapping::get_path(&json, p))
-                    })
-            }
-        }
-    }
-}
+pub use weft_pipeline::filter::{EventFilter as Filter, FilterSpec};
 
 /// A message a websocket client sends.
 #[derive(Debug, Deserialize)]

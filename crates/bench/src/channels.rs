@@ -272,10 +272,7 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
             let stop = stop_fetching.clone();
             let count = received_count.clone();
             let path = format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}");
-            let fetch_path = format!(
-                "{path}?timeout={}ms",
-                args.fetch_timeout.as_millis()
-            );
+            let fetch_path = format!("{path}?timeout={}ms", args.fetch_timeout.as_millis());
             let pause = args.sleep;
             // Connect over the first second rather than all at once.
             let index = (ch * args.subscribers + sub) as u64;
@@ -318,10 +315,17 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         tokio::time::sleep(pause).await;
                         let sent = Instant::now();
                         let status = c
-                            .call("DELETE", &format!("{path}/message?ackHandle={handle}"), None, None)
+                            .call(
+                                "DELETE",
+                                &format!("{path}/message?ackHandle={handle}"),
+                                None,
+                                None,
+                            )
                             .await;
                         tally.requests += 1;
-                        tally.ack.saturating_record(sent.elapsed().as_micros() as u64);
+                        tally
+                            .ack
+                            .saturating_record(sent.elapsed().as_micros() as u64);
                         if status != Some(204) {
                             tally.failed += 1;
                         }
@@ -342,11 +346,14 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         tally.merge(&p.await?);
     }
     let published = std::mem::take(&mut *published.lock());
-    let owed: u64 = published.values().map(|v| v.len() as u64).sum::<u64>() * args.subscribers as u64;
+    let owed: u64 =
+        published.values().map(|v| v.len() as u64).sum::<u64>() * args.subscribers as u64;
 
     // Drain: until every owed message arrived, or the timeout.
     let drain_started = Instant::now();
-    while received_count.load(Ordering::Relaxed) < owed && drain_started.elapsed() < args.drain_timeout {
+    while received_count.load(Ordering::Relaxed) < owed
+        && drain_started.elapsed() < args.drain_timeout
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // One more cycle, so redeliveries after an ack would show.
@@ -361,7 +368,10 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
     for s in subscribers {
         let (ch, seen, t) = s.await?;
         tally.merge(&t);
-        let want: HashSet<&String> = published.get(&ch).map(|v| v.iter().collect()).unwrap_or_default();
+        let want: HashSet<&String> = published
+            .get(&ch)
+            .map(|v| v.iter().collect())
+            .unwrap_or_default();
         for id in &want {
             match seen.get(*id) {
                 Some(n) => {
@@ -438,12 +448,30 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
     m.insert("messages_owed".into(), Metric::count(owed));
     m.insert("messages_missing".into(), Metric::count(missing));
     m.insert("messages_repeated".into(), Metric::count(repeated));
-    m.insert("http_reqs".into(), Metric::counter(tally.requests, (load_elapsed + drain_elapsed).as_secs_f64()));
-    m.insert("http_req_failed".into(), Metric::rate(tally.failed, tally.requests - tally.failed));
-    m.insert("msg_delay".into(), Metric::Trend(Trend::from_micros(&tally.delay)));
-    m.insert("publish_duration".into(), Metric::Trend(Trend::from_micros(&tally.publish)));
-    m.insert("ack_duration".into(), Metric::Trend(Trend::from_micros(&tally.ack)));
-    m.insert("fetch_duration".into(), Metric::Trend(Trend::from_micros(&tally.fetch)));
+    m.insert(
+        "http_reqs".into(),
+        Metric::counter(tally.requests, (load_elapsed + drain_elapsed).as_secs_f64()),
+    );
+    m.insert(
+        "http_req_failed".into(),
+        Metric::rate(tally.failed, tally.requests - tally.failed),
+    );
+    m.insert(
+        "msg_delay".into(),
+        Metric::Trend(Trend::from_micros(&tally.delay)),
+    );
+    m.insert(
+        "publish_duration".into(),
+        Metric::Trend(Trend::from_micros(&tally.publish)),
+    );
+    m.insert(
+        "ack_duration".into(),
+        Metric::Trend(Trend::from_micros(&tally.ack)),
+    );
+    m.insert(
+        "fetch_duration".into(),
+        Metric::Trend(Trend::from_micros(&tally.fetch)),
+    );
     s.seal();
     Ok(s)
 }

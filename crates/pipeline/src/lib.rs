@@ -18,6 +18,7 @@ pub mod channels;
 pub mod context;
 pub mod decode;
 pub mod entity;
+pub mod filter;
 pub mod history;
 pub mod registrations;
 pub mod rules;
@@ -159,6 +160,7 @@ pub struct Pipeline {
     history: Arc<history::History>,
     rules: Arc<rules::RuleEngine>,
     channels: Arc<channels::Channels>,
+    bridges: Arc<channels::bridge::Bridges>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -220,6 +222,15 @@ impl Pipeline {
         let channels =
             channels::Channels::start(store.clone(), config.channels.clone(), shutdown.clone())
                 .await?;
+        let bridges = channels::bridge::Bridges::start(
+            store.clone(),
+            bus.clone(),
+            channels.clone(),
+            config.channels.bridges.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -232,6 +243,7 @@ impl Pipeline {
             history,
             rules,
             channels,
+            bridges,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -354,6 +366,11 @@ impl Pipeline {
     /// Durable pull channels (the DSPS API).
     pub fn channels(&self) -> &channels::Channels {
         &self.channels
+    }
+
+    /// The bridges publishing weft's events into channels.
+    pub fn bridges(&self) -> &channels::bridge::Bridges {
+        &self.bridges
     }
 
     /// The rule engine: rules and alarms.

@@ -51,8 +51,9 @@ pub struct AlarmBatch {
     pub events: Vec<String>,
     /// Rule states to store or delete.
     pub states: Vec<RuleStateRecord>,
-    /// A rule-engine consumer's new cursor: its name and the next
-    /// data-unit `seq` it evaluates (read back with [`Store::cursor`](crate::Store::cursor)).
+    /// A consumer's new cursor (a rule-engine lane's: the next data-unit
+    /// `seq` it evaluates; a channel bridge's: the next event it
+    /// publishes), read back with [`Store::cursor`](crate::Store::cursor).
     pub cursor: Option<(String, u64)>,
 }
 

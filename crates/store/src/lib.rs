@@ -187,6 +187,8 @@ pub enum DocumentKind {
     Subscription,
     /// An NGSI registration (`/v2/registrations`).
     Registration,
+    /// A channel bridge (`/api/v1/bridges`), kept with tenant "".
+    Bridge,
 }
 
 impl DocumentKind {
@@ -195,6 +197,7 @@ impl DocumentKind {
         match self {
             DocumentKind::Subscription => "subscription",
             DocumentKind::Registration => "registration",
+            DocumentKind::Bridge => "bridge",
         }
     }
 }
@@ -539,6 +542,12 @@ pub trait Store: Send + Sync + 'static {
     async fn query_alarms(&self, query: &AlarmQuery) -> Result<Vec<String>>;
     /// Every active alarm (JSON): loaded once at start by the rule engine.
     async fn active_alarms(&self) -> Result<Vec<String>>;
+    /// The `seq` of the newest alarm event (0: none): where a new consumer
+    /// of [`Store::alarm_events`] starts.
+    async fn alarm_events_head(&self) -> Result<u64>;
+    /// The `seq` of the newest stored data unit (0: none): where a new
+    /// consumer of stored units starts.
+    async fn data_head(&self) -> Result<u64>;
     /// The alarm events stored after `after` (their `seq`, exclusive),
     /// oldest first: a durable feed for consumers that must see every
     /// alarm change (channel bridges).

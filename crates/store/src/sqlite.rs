@@ -622,6 +622,20 @@ impl Store for SqliteStore {
         self.main.reads.run(alarms::active_alarms).await
     }
 
+    async fn alarm_events_head(&self) -> Result<u64> {
+        self.main
+            .reads
+            .run(|c| alarms::max_seq(c, "alarm_events"))
+            .await
+    }
+
+    async fn data_head(&self) -> Result<u64> {
+        self.main
+            .reads
+            .run(|c| alarms::max_seq(c, "data_units"))
+            .await
+    }
+
     async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
         self.main
             .reads

@@ -260,12 +260,16 @@ pub struct ChannelsSection {
     /// 404), and channels without subscribers forgotten (DSPS: 30 minutes).
     #[serde(with = "humantime_serde")]
     pub expire_after: Duration,
+    /// Bridges publishing weft's events into channels
+    /// (`[channels.bridges.<name>]` with `stream`, `channel`, `filter`).
+    pub bridges: BTreeMap<String, weft_pipeline::channels::bridge::BridgeSpec>,
 }
 
 impl Default for ChannelsSection {
     fn default() -> Self {
         ChannelsSection {
             expire_after: weft_pipeline::channels::ChannelsConfig::default().expire_after,
+            bridges: BTreeMap::new(),
         }
     }
 }

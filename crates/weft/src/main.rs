@@ -98,8 +98,8 @@ async fn run_server(config: Config) -> anyhow::Result<()> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
-    let listener = crate::http::bind(config.listen)
-        .with_context(|| format!("binding {}", config.listen))?;
+    let listener =
+        crate::http::bind(config.listen).with_context(|| format!("binding {}", config.listen))?;
     // Scripts and tests read this line to learn the address when port 0 was asked for.
     println!("weft listening on http://{}", listener.local_addr()?);
     std::io::stdout().flush()?;

@@ -77,6 +77,7 @@ pub async fn serve(
             history_retention: config.history.retention_policy(),
             channels: weft_pipeline::channels::ChannelsConfig {
                 expire_after: config.channels.expire_after,
+                bridges: config.channels.bridges.clone().into_iter().collect(),
                 ..Default::default()
             },
             rules: weft_pipeline::rules::RulesConfig {

@@ -1,1 +1,355 @@
-//! Bridges: publish platform events into channels (work in progress).
+//! Bridges: weft's own events published into a channel, so a program that
+//! can only poll (behind a firewall, a batch job) consumes them reliably
+//! through DSPS's API.
+//!
+//! A bridge tails a durable, ordered source — the stored data units or the
+//! stored alarm events — from its cursor, applies the live stream's filter,
+//! and publishes each event with the event's id as message id (a data
+//! unit's `dataId`, an alarm event's `eventId`). Publishing is idempotent
+//! by message id, so after a crash the bridge starts again from its stored
+//! cursor and republishes at most what it had not yet recorded, which the
+//! channel drops as duplicates: every event arrives exactly once, in order.
+//! The bus only rings the doorbell (and a timer stands in when it lags).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use weft_bus::{Bus, Stream};
+use weft_model::channel::is_channel_id;
+use weft_model::{AlarmEvent, DataUnit};
+use weft_store::{AlarmBatch, DocumentKind, NgsiDocument, Store, StoreError};
+
+use super::Channels;
+use crate::filter::{EventFilter, FilterSpec};
+
+/// Events a bridge reads from the store at a time.
+const BATCH: usize = 500;
+
+/// How long a bridge sleeps when the bus is quiet (it also wakes on every
+/// event of its stream).
+const IDLE_POLL: Duration = Duration::from_secs(1);
+
+/// A bridge as configured (`[[channels.bridges]]` or `/api/v1/bridges`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeSpec {
+    /// `data` or `alarms`.
+    pub stream: String,
+    /// The channel the events are published into.
+    pub channel: String,
+    /// Which events, as on the live stream.
+    #[serde(default)]
+    pub filter: FilterSpec,
+}
+
+/// Why a bridge was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    /// The definition is invalid (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The durable sources a bridge can tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Data,
+    Alarms,
+}
+
+impl BridgeSpec {
+    fn validate(&self, name: &str) -> Result<(Source, EventFilter), BridgeError> {
+        let bad = |m: String| BridgeError::Invalid(m);
+        if !is_channel_id(name) {
+            return Err(bad(format!(
+                "bridge name '{name}' must match ^[0-9a-z][0-9a-z_-]{{0,62}}$"
+            )));
+        }
+        let source = match self.stream.as_str() {
+            "data" => Source::Data,
+            "alarms" => Source::Alarms,
+            other => {
+                return Err(bad(format!(
+                    "stream must be 'data' or 'alarms', not '{other}' (entity changes are not bridged yet)"
+                )))
+            }
+        };
+        if !is_channel_id(&self.channel) {
+            return Err(bad(format!(
+                "channel '{}' must match ^[0-9a-z][0-9a-z_-]{{0,62}}$",
+                self.channel
+            )));
+        }
+        let filter =
+            EventFilter::new(self.filter.clone()).map_err(|e| bad(format!("filter.q: {e}")))?;
+        Ok((source, filter))
+    }
+}
+
+/// The running bridges.
+pub struct Bridges {
+    store: Arc<dyn Store>,
+    bus: Arc<dyn Bus>,
+    channels: Arc<Channels>,
+    shutdown: CancellationToken,
+    running: parking_lot::Mutex<HashMap<String, (BridgeSpec, bool, CancellationToken)>>,
+}
+
+impl Bridges {
+    /// Starts the configured bridges and those stored through the API.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+        channels: Arc<Channels>,
+        configured: Vec<(String, BridgeSpec)>,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Bridges>, BridgeError> {
+        let bridges = Arc::new(Bridges {
+            store: store.clone(),
+            bus,
+            channels,
+            shutdown,
+            running: parking_lot::Mutex::new(HashMap::new()),
+        });
+        for (name, spec) in configured {
+            bridges.launch(&name, spec, false).await?;
+        }
+        for doc in store.load_documents(DocumentKind::Bridge).await? {
+            match serde_json::from_str::<BridgeSpec>(&doc.json) {
+                Ok(spec) => bridges.launch(&doc.id, spec, true).await?,
+                Err(e) => {
+                    tracing::warn!(bridge = %doc.id, error = %e, "a stored bridge is invalid; skipped")
+                }
+            }
+        }
+        Ok(bridges)
+    }
+
+    /// Creates or replaces a bridge (stored, so it survives restarts); it
+    /// publishes the events stored from now on. Answers whether it was new.
+    pub async fn put(&self, name: &str, spec: BridgeSpec) -> Result<bool, BridgeError> {
+        spec.validate(name)?;
+        let existed = self.running.lock().contains_key(name);
+        self.store
+            .put_document(NgsiDocument {
+                kind: DocumentKind::Bridge,
+                tenant: String::new(),
+                id: name.to_string(),
+                service_path: "/".to_string(),
+                created: weft_model::now_ms() as u64,
+                json: serde_json::to_string(&spec).expect("bridges serialise"),
+            })
+            .await?;
+        self.launch(name, spec, true).await?;
+        Ok(!existed)
+    }
+
+    /// Stops and forgets a bridge made through the API; `false` if there
+    /// is none (configured bridges are changed in the configuration).
+    pub async fn delete(&self, name: &str) -> Result<bool, StoreError> {
+        let existed = self
+            .store
+            .delete_document(DocumentKind::Bridge, "", name)
+            .await?;
+        let mut running = self.running.lock();
+        if matches!(running.get(name), Some((_, true, _))) {
+            if let Some((_, _, stop)) = running.remove(name) {
+                stop.cancel();
+            }
+        }
+        Ok(existed)
+    }
+
+    /// Every bridge, by name, with whether it was made through the API.
+    pub fn list(&self) -> Vec<(String, BridgeSpec, bool)> {
+        let mut all: Vec<_> = self
+            .running
+            .lock()
+            .iter()
+            .map(|(k, (s, stored, _))| (k.clone(), s.clone(), *stored))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// (Re)starts the task of bridge `name`.
+    async fn launch(&self, name: &str, spec: BridgeSpec, stored: bool) -> Result<(), BridgeError> {
+        let (source, filter) = spec.validate(name)?;
+        let stop = self.shutdown.child_token();
+        if let Some((_, _, old)) = self
+            .running
+            .lock()
+            .insert(name.to_string(), (spec.clone(), stored, stop.clone()))
+        {
+            old.cancel();
+        }
+        let task = BridgeTask {
+            cursor_name: format!("bridge:{name}"),
+            source,
+            filter,
+            channel: spec.channel,
+            store: self.store.clone(),
+            bus: self.bus.clone(),
+            channels: self.channels.clone(),
+        };
+        let start = task.start_cursor().await?;
+        tokio::spawn(task.run(start, stop));
+        Ok(())
+    }
+}
+
+/// One bridge's loop.
+struct BridgeTask {
+    cursor_name: String,
+    source: Source,
+    filter: EventFilter,
+    channel: String,
+    store: Arc<dyn Store>,
+    bus: Arc<dyn Bus>,
+    channels: Arc<Channels>,
+}
+
+impl BridgeTask {
+    /// The stored cursor, or (for a new bridge) just past the newest event,
+    /// stored at once so a restart does not go back further.
+    async fn start_cursor(&self) -> Result<u64, StoreError> {
+        let stored = self.store.cursor(&self.cursor_name).await?;
+        if stored > 1 {
+            return Ok(stored);
+        }
+        let head = match self.source {
+            Source::Data => self.store.data_head().await?,
+            Source::Alarms => self.store.alarm_events_head().await?,
+        };
+        self.save(head + 1).await?;
+        Ok(head + 1)
+    }
+
+    async fn save(&self, next: u64) -> Result<(), StoreError> {
+        self.store
+            .commit_alarms(AlarmBatch {
+                cursor: Some((self.cursor_name.clone(), next)),
+                ..AlarmBatch::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads up to [`BATCH`] events from `next`: `(seq, message id, JSON,
+    /// passes the filter)`.
+    async fn read(&self, next: u64) -> Result<Vec<(u64, String, String, bool)>, StoreError> {
+        match self.source {
+            Source::Alarms => {
+                let rows = self
+                    .store
+                    .alarm_events(next.saturating_sub(1), BATCH)
+                    .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(
+                        |(seq, json)| match serde_json::from_str::<AlarmEvent>(&json) {
+                            Ok(e) => {
+                                let pass = self.filter.matches_alarm(&e);
+                                (seq, e.event_id, json, pass)
+                            }
+                            Err(_) => (seq, String::new(), json, false),
+                        },
+                    )
+                    .collect())
+            }
+            Source::Data => {
+                let rows = self
+                    .store
+                    .query_data(&weft_store::DataQuery {
+                        after: Some(next.saturating_sub(1)),
+                        limit: BATCH,
+                        ..Default::default()
+                    })
+                    .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| match serde_json::from_str::<DataUnit>(&r.json) {
+                        Ok(u) => {
+                            let pass = self.filter.matches_unit(&u);
+                            let id = if is_channel_id(&u.data_id) {
+                                u.data_id
+                            } else {
+                                format!("unit-{}", r.seq)
+                            };
+                            (r.seq, id, r.json, pass)
+                        }
+                        Err(_) => (r.seq, String::new(), r.json, false),
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    async fn run(self, mut next: u64, stop: CancellationToken) {
+        let stream = match self.source {
+            Source::Data => Stream::Data,
+            Source::Alarms => Stream::Alarms,
+        };
+        let mut doorbell = self.bus.subscribe(stream);
+        let mut delay = Duration::from_millis(50);
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            let events = match self.read(next).await {
+                Ok(e) => e,
+                Err(StoreError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(bridge = %self.cursor_name, error = %e, "bridge: reading failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let Some(last) = events.last().map(|e| e.0) else {
+                tokio::select! {
+                    _ = doorbell.recv() => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = stop.cancelled() => return,
+                }
+                continue;
+            };
+            for (_, id, json, pass) in events {
+                if !pass {
+                    continue;
+                }
+                // Retried until stored: the cursor must not pass it.
+                loop {
+                    match self
+                        .channels
+                        .publish(&self.channel, &id, json.clone())
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(StoreError::Closed) => return,
+                        Err(e) => {
+                            tracing::warn!(bridge = %self.cursor_name, error = %e, "bridge: publishing failed");
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = stop.cancelled() => return,
+                            }
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+                metrics::counter!("weft_bridge_events_total").increment(1);
+            }
+            delay = Duration::from_millis(50);
+            next = last + 1;
+            if let Err(e) = self.save(next).await {
+                tracing::warn!(bridge = %self.cursor_name, error = %e, "bridge: storing the cursor failed");
+            }
+        }
+    }
+}

@@ -32,6 +32,8 @@ pub struct ChannelsConfig {
     pub expire_after: Duration,
     /// Longest a fetch may wait for a message (`timeout` is capped to it).
     pub max_wait: Duration,
+    /// Bridges from the configuration, by name.
+    pub bridges: Vec<(String, bridge::BridgeSpec)>,
 }
 
 impl Default for ChannelsConfig {
@@ -39,6 +41,7 @@ impl Default for ChannelsConfig {
         ChannelsConfig {
             expire_after: Duration::from_secs(30 * 60),
             max_wait: Duration::from_secs(30),
+            bridges: Vec::new(),
         }
     }
 }

@@ -181,3 +181,16 @@ pub(super) fn alarm_events(
         .db()?;
     rows.collect::<rusqlite::Result<_>>().db()
 }
+
+/// The highest `seq` of `table` (`alarm_events` or `data_units`), 0 if empty.
+pub(super) fn max_seq(conn: &Connection, table: &str) -> Result<u64> {
+    let sql = match table {
+        "alarm_events" => "SELECT COALESCE(MAX(seq), 0) FROM alarm_events",
+        _ => "SELECT COALESCE(MAX(seq), 0) FROM data_units",
+    };
+    conn.prepare_cached(sql)
+        .db()?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .map(|n| n as u64)
+        .db()
+}
