@@ -451,3 +451,180 @@ async fn bridges_deliver_alarms_and_data_exactly_once() {
         .await;
     c.expect(404, "GET", "/api/v1/bridges/data-out", None).await;
 }
+
+/// An HS256 token with these claims.
+fn jwt(claims: Value, secret: &[u8]) -> String {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .unwrap()
+}
+
+/// Writes a config file and starts weft with it.
+fn server_with_config(toml: &str) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weft.toml");
+    std::fs::write(&path, toml).unwrap();
+    let server = Server::start_with_env(&[("WEFT_CONFIG", path.to_str().unwrap())]);
+    (server, dir)
+}
+
+/// A channel whose rule asks for a JWT accepts a valid one bound to the
+/// channel, refuses a missing, wrong or foreign one with 403, and refuses
+/// a revoked one after the admin API revoked its `jti` (also after a
+/// restart); the admin API wants its token.
+#[tokio::test]
+async fn jwt_accept_reject_and_revoke() {
+    let (mut server, _dir) = server_with_config(
+        r#"
+[channels]
+admin_tokens = ["admin-secret"]
+[[channels.rules]]
+regex = 'room-(?P<id>\d+)'
+[channels.rules.jwt]
+iss = ["https://issuer.example"]
+keys = { HS256 = ["c2VjcmV0LWtleS0xMjM0NTY3ODkw"] }
+claims = { room = "{{.channel.id}}" }
+"#,
+    );
+    let c = server.client();
+    let secret = b"secret-key-1234567890";
+    let exp = now_ms() / 1000 + 600;
+    let good = jwt(
+        json!({"iss": "https://issuer.example", "room": "7", "exp": exp, "jti": "tok-1"}),
+        secret,
+    );
+    let other_room = jwt(
+        json!({"iss": "https://issuer.example", "room": "8", "exp": exp}),
+        secret,
+    );
+    let forged = jwt(
+        json!({"iss": "https://issuer.example", "room": "7", "exp": exp}),
+        b"not-the-secret-at-all",
+    );
+    let with = |token: &str| format!("Bearer {token}");
+    let put_auth = |path: &'static str, auth: Option<String>| {
+        let c = c.clone();
+        async move {
+            let mut req = c.http.put(format!("{}{path}", c.url)).body("{}");
+            if let Some(a) = auth {
+                req = req.header("Authorization", a);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(
+        put_auth("/channel/room-7/message/m1", Some(with(&good))).await,
+        200
+    );
+    assert_eq!(put_auth("/channel/room-7/message/m2", None).await, 403);
+    assert_eq!(
+        put_auth("/channel/room-7/message/m3", Some(with(&other_room))).await,
+        403
+    );
+    assert_eq!(
+        put_auth("/channel/room-7/message/m4", Some(with(&forged))).await,
+        403
+    );
+    assert_eq!(
+        put_auth("/channel/lobby/message/m5", None).await,
+        200,
+        "no rule, no check"
+    );
+    let (s, body) = c
+        .send("GET", "/channel/room-7/subscription/polling/s", None, None)
+        .await;
+    assert_eq!((s, body), (403, json!({"error": "Forbidden"})));
+
+    let revoke = format!("/admin/jwt/revoke?jti=tok-1&exp={exp}");
+    let (s, _) = c.send("PUT", &revoke, None, Some("Bearer wrong")).await;
+    assert_eq!(s, 403);
+    let (s, body) = c
+        .send("PUT", &revoke, None, Some("Bearer admin-secret"))
+        .await;
+    assert_eq!((s, body), (200, json!({"jti": "tok-1", "exp": exp})));
+    assert_eq!(
+        put_auth("/channel/room-7/message/m6", Some(with(&good))).await,
+        403
+    );
+    server.restart();
+    let c = server.client();
+    let mut req = c
+        .http
+        .put(format!("{}/channel/room-7/message/m7", c.url))
+        .body("{}");
+    req = req.header("Authorization", with(&good));
+    assert_eq!(
+        req.send().await.unwrap().status().as_u16(),
+        403,
+        "revocation survives a restart"
+    );
+}
+
+/// A webhook whose receiver is down is retried until the receiver comes
+/// back, with DSPS's body; the publish itself answers at once.
+#[tokio::test]
+async fn webhooks_are_retried_until_the_receiver_answers() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (server, _dir) = server_with_config(&format!(
+        r#"
+[[channels.rules]]
+regex = 'hook-(?P<id>.+)'
+[[channels.rules.webhooks]]
+url = "http://127.0.0.1:{port}/hook/{{{{.channel.id}}}}"
+headers = {{ X-Room = "{{{{.channel.id}}}}" }}
+retry = {{ count = 30, interval = "200ms", interval_multiplier = 1.0, interval_jitter = "0s" }}
+"#
+    ));
+    let c = server.client();
+    let started = Instant::now();
+    assert_eq!(
+        put(&c, "/channel/hook-a1/message/m1", Some(r#"{"x":1}"#))
+            .await
+            .0,
+        200
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the publish does not wait for the webhook"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/hook/{room}",
+        axum::routing::put(
+            move |axum::extract::Path(room): axum::extract::Path<String>,
+                  headers: axum::http::HeaderMap,
+                  body: String| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send((room, headers["x-room"].to_str().unwrap().to_string(), body));
+                    ""
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (room, header, body) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the webhook arrives once the receiver is up")
+        .unwrap();
+    assert_eq!((room.as_str(), header.as_str()), ("a1", "a1"));
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body,
+        json!({"type": "dsps.channel.outgoing-webhook", "channelID": "hook-a1",
+               "messageID": "m1", "content": {"x": 1}})
+    );
+}

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, put};
 use axum::Router;
@@ -37,6 +37,7 @@ pub fn router() -> Router<AppState> {
             "/channel/{channel}/subscription/polling/{subscriber}/message",
             delete(ack),
         )
+        .route("/admin/jwt/revoke", put(revoke_jwt))
         .route("/probe/liveness", get(probe))
         .route("/probe/readiness", get(probe))
 }
@@ -99,9 +100,33 @@ impl From<ChannelError> for DspsError {
                 body: json!({"error": "Subscription not found",
                              "code": "dsps.storage.subscription-not-found"}),
             },
+            ChannelError::Forbidden(reason) => {
+                tracing::info!(%reason, "channel call refused");
+                DspsError {
+                    status: StatusCode::FORBIDDEN,
+                    body: json!({"error": "Forbidden"}),
+                }
+            }
             ChannelError::Store(s) => s.into(),
         }
     }
+}
+
+/// The request's `Authorization` header.
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Checks the ids, then the caller against the channel's JWT rule.
+fn admit(state: &AppState, headers: &HeaderMap, ids: &[(&str, &str)]) -> DspsResult<()> {
+    check_ids(ids)?;
+    state
+        .pipeline
+        .channels()
+        .authorize(ids[0].1, authorization(headers))?;
+    Ok(())
 }
 
 type DspsResult<T> = Result<T, DspsError>;
@@ -121,9 +146,14 @@ fn check_ids(ids: &[(&str, &str)]) -> DspsResult<()> {
 async fn publish(
     State(state): State<AppState>,
     Path((channel, message)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> DspsResult<impl IntoResponse> {
-    check_ids(&[("channelID", &channel), ("messageID", &message)])?;
+    admit(
+        &state,
+        &headers,
+        &[("channelID", &channel), ("messageID", &message)],
+    )?;
     let content = match serde_json::from_slice::<&serde_json::value::RawValue>(&body) {
         Ok(raw) => raw.get().to_string(),
         Err(_) => return Err(DspsError::bad("Request body is not JSON")),
@@ -142,8 +172,13 @@ async fn publish(
 async fn subscribe(
     State(state): State<AppState>,
     Path((channel, subscriber)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> DspsResult<impl IntoResponse> {
-    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    admit(
+        &state,
+        &headers,
+        &[("channelID", &channel), ("subscriberID", &subscriber)],
+    )?;
     state
         .pipeline
         .channels()
@@ -158,8 +193,13 @@ async fn subscribe(
 async fn unsubscribe(
     State(state): State<AppState>,
     Path((channel, subscriber)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> DspsResult<impl IntoResponse> {
-    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    admit(
+        &state,
+        &headers,
+        &[("channelID", &channel), ("subscriberID", &subscriber)],
+    )?;
     state
         .pipeline
         .channels()
@@ -176,9 +216,14 @@ async fn unsubscribe(
 async fn fetch(
     State(state): State<AppState>,
     Path((channel, subscriber)): Path<(String, String)>,
+    headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<Response> {
-    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    admit(
+        &state,
+        &headers,
+        &[("channelID", &channel), ("subscriberID", &subscriber)],
+    )?;
     let wait = match params.get("timeout").map(String::as_str) {
         None | Some("") => Duration::ZERO,
         Some(t) => parse_go_duration(t).ok_or_else(|| DspsError::invalid("timeout"))?,
@@ -238,9 +283,14 @@ async fn fetch(
 async fn ack(
     State(state): State<AppState>,
     Path((channel, subscriber)): Path<(String, String)>,
+    headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<StatusCode> {
-    check_ids(&[("channelID", &channel), ("subscriberID", &subscriber)])?;
+    admit(
+        &state,
+        &headers,
+        &[("channelID", &channel), ("subscriberID", &subscriber)],
+    )?;
     let through = params
         .get("ackHandle")
         .and_then(|h| h.parse::<u64>().ok())
@@ -251,6 +301,32 @@ async fn ack(
         .ack(&channel, &subscriber, through)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /admin/jwt/revoke?jti=…&exp=…` (admin token required): tokens
+/// with that `jti` are refused from now on (kept until `exp`, epoch
+/// seconds). 200 `{"jti","exp"}`.
+async fn revoke_jwt(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> DspsResult<impl IntoResponse> {
+    if !state.pipeline.channels().is_admin(authorization(&headers)) {
+        return Err(DspsError {
+            status: StatusCode::FORBIDDEN,
+            body: json!({"error": "Forbidden"}),
+        });
+    }
+    let jti = params
+        .get("jti")
+        .filter(|j| !j.is_empty())
+        .ok_or_else(|| DspsError::invalid("jti"))?;
+    let exp: i64 = params
+        .get("exp")
+        .and_then(|e| e.parse().ok())
+        .ok_or_else(|| DspsError::invalid("exp"))?;
+    state.pipeline.channels().revoke_jwt(jti, exp).await?;
+    Ok(axum::Json(json!({"jti": jti, "exp": exp})))
 }
 
 /// `GET /probe/liveness`, `GET /probe/readiness`.

@@ -189,6 +189,8 @@ pub enum DocumentKind {
     Registration,
     /// A channel bridge (`/api/v1/bridges`), kept with tenant "".
     Bridge,
+    /// A revoked JWT id (`PUT /admin/jwt/revoke`), kept with tenant "".
+    RevokedJwt,
 }
 
 impl DocumentKind {
@@ -198,6 +200,7 @@ impl DocumentKind {
             DocumentKind::Subscription => "subscription",
             DocumentKind::Registration => "registration",
             DocumentKind::Bridge => "bridge",
+            DocumentKind::RevokedJwt => "revoked-jwt",
         }
     }
 }

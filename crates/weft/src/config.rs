@@ -263,6 +263,12 @@ pub struct ChannelsSection {
     /// Bridges publishing weft's events into channels
     /// (`[channels.bridges.<name>]` with `stream`, `channel`, `filter`).
     pub bridges: BTreeMap<String, weft_pipeline::channels::bridge::BridgeSpec>,
+    /// Per channel-name pattern (`[[channels.rules]]`): `regex`, `jwt`,
+    /// `webhooks`, as DSPS configures them (docs/channels.md).
+    pub rules: Vec<weft_pipeline::channels::rules::ChannelRule>,
+    /// Bearer tokens accepted by the admin API (`PUT /admin/jwt/revoke`).
+    /// None: the admin API answers 403.
+    pub admin_tokens: Vec<String>,
 }
 
 impl Default for ChannelsSection {
@@ -270,6 +276,8 @@ impl Default for ChannelsSection {
         ChannelsSection {
             expire_after: weft_pipeline::channels::ChannelsConfig::default().expire_after,
             bridges: BTreeMap::new(),
+            rules: Vec::new(),
+            admin_tokens: Vec::new(),
         }
     }
 }

@@ -37,7 +37,7 @@ enum Command {
     /// Run weft: the HTTP API, the uplink pipeline and the store.
     Serve {
         /// TOML configuration file (every key can also be set as WEFT_<KEY>).
-        #[arg(long)]
+        #[arg(long, env = "WEFT_CONFIG")]
         config: Option<PathBuf>,
         /// Listen address, e.g. 127.0.0.1:8080 (port 0 picks a free port).
         #[arg(long)]

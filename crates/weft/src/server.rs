@@ -78,6 +78,8 @@ pub async fn serve(
             channels: weft_pipeline::channels::ChannelsConfig {
                 expire_after: config.channels.expire_after,
                 bridges: config.channels.bridges.clone().into_iter().collect(),
+                rules: config.channels.rules.clone(),
+                admin_tokens: config.channels.admin_tokens.clone(),
                 ..Default::default()
             },
             rules: weft_pipeline::rules::RulesConfig {

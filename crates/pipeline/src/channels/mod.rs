@@ -15,6 +15,7 @@
 //! subscribers, and deletes messages every subscriber has acknowledged.
 
 pub mod bridge;
+pub mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +35,10 @@ pub struct ChannelsConfig {
     pub max_wait: Duration,
     /// Bridges from the configuration, by name.
     pub bridges: Vec<(String, bridge::BridgeSpec)>,
+    /// Per channel-name pattern: JWT checks and webhooks.
+    pub rules: Vec<rules::ChannelRule>,
+    /// Bearer tokens of the admin API (`/admin/…`); none: it is closed.
+    pub admin_tokens: Vec<String>,
 }
 
 impl Default for ChannelsConfig {
@@ -42,6 +47,8 @@ impl Default for ChannelsConfig {
             expire_after: Duration::from_secs(30 * 60),
             max_wait: Duration::from_secs(30),
             bridges: Vec::new(),
+            rules: Vec::new(),
+            admin_tokens: Vec::new(),
         }
     }
 }
@@ -55,6 +62,9 @@ pub enum ChannelError {
     /// The subscriber does not exist (never created, deleted or expired).
     #[error("subscriber not found")]
     SubscriberNotFound,
+    /// The caller's JWT did not pass the channel's rule (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -117,6 +127,7 @@ impl Channel {
 pub struct Channels {
     store: Arc<dyn Store>,
     config: ChannelsConfig,
+    rules: rules::ChannelRules,
     channels: parking_lot::Mutex<HashMap<String, Arc<Channel>>>,
 }
 
@@ -146,9 +157,21 @@ impl Channels {
                 },
             );
         }
+        let rules = rules::ChannelRules::new(&config.rules).map_err(StoreError::Database)?;
+        for doc in store
+            .load_documents(weft_store::DocumentKind::RevokedJwt)
+            .await?
+        {
+            let exp = serde_json::from_str::<serde_json::Value>(&doc.json)
+                .ok()
+                .and_then(|v| v["exp"].as_i64())
+                .unwrap_or(i64::MAX);
+            rules.revoke(&doc.id, exp);
+        }
         let channels = Arc::new(Channels {
             store,
             config,
+            rules,
             channels: parking_lot::Mutex::new(map),
         });
         tokio::spawn(channels.clone().sweep_loop(shutdown));
@@ -179,6 +202,7 @@ impl Channels {
         message_id: &str,
         content: String,
     ) -> Result<bool, StoreError> {
+        let webhook_content = self.rules.has_webhooks().then(|| content.clone());
         let stored = self
             .store
             .publish_message(channel, message_id, content)
@@ -187,9 +211,46 @@ impl Channels {
         c.subscribers.lock().last_active = Instant::now();
         if let Some(seq) = stored {
             c.advance(seq);
+            if let Some(content) = &webhook_content {
+                self.rules.message_published(channel, message_id, content);
+            }
             metrics::counter!("weft_channel_messages_published_total").increment(1);
         }
         Ok(stored.is_some())
+    }
+
+    /// Checks the caller of an operation on `channel` against the JWT rules
+    /// matching it (`authorization`: the request's header).
+    pub fn authorize(
+        &self,
+        channel: &str,
+        authorization: Option<&str>,
+    ) -> Result<(), ChannelError> {
+        self.rules
+            .authorize(channel, authorization)
+            .map_err(|r| ChannelError::Forbidden(r.0))
+    }
+
+    /// Whether `authorization` carries one of the admin tokens.
+    pub fn is_admin(&self, authorization: Option<&str>) -> bool {
+        let token = authorization.and_then(|h| h.strip_prefix("Bearer "));
+        token.is_some_and(|t| self.config.admin_tokens.iter().any(|a| a == t))
+    }
+
+    /// Revokes JWT id `jti` until `exp` (epoch seconds), durably.
+    pub async fn revoke_jwt(&self, jti: &str, exp: i64) -> Result<(), StoreError> {
+        self.store
+            .put_document(weft_store::NgsiDocument {
+                kind: weft_store::DocumentKind::RevokedJwt,
+                tenant: String::new(),
+                id: jti.to_string(),
+                service_path: "/".to_string(),
+                created: weft_model::now_ms() as u64,
+                json: serde_json::json!({ "exp": exp }).to_string(),
+            })
+            .await?;
+        self.rules.revoke(jti, exp);
+        Ok(())
     }
 
     /// Creates a polling subscriber (or finds it); it receives the messages
