@@ -11,6 +11,8 @@
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
 //! - `history`: QuantumLeap's notify and queries over recorded history.
+//! - `pages`: Knot.x templates rendered from services, fallbacks, one
+//!   call per distinct service call, weft's own data as sources.
 //! - `ops`: health and metrics.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
@@ -29,4 +31,5 @@ mod ngsi;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;
+mod pages;
 mod util;

@@ -8,6 +8,7 @@
 //! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
+//! - [`pages`]: page templates, their services and `/pages/{name}`.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
 //! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
@@ -23,6 +24,7 @@ pub mod ingest;
 pub mod live;
 pub mod ngsi;
 pub mod ops;
+pub mod pages;
 
 use std::sync::Arc;
 
@@ -67,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .merge(alarms::router())
         .merge(channels::router())
         .merge(channels::bridges_router())
+        .merge(pages::router())
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())

@@ -11,6 +11,7 @@
 //! - [`ngsi`]: NGSIv2 context entities: attributes, metadata, their
 //!   representations and Orion's validation rules.
 //! - [`geo`]: geometry for `geo:json` attributes and geo-queries.
+//! - [`page`]: page templates in Knot.x 1.x markup, split into static parts and snippets.
 //! - [`validate`]: the name rules of the compatible surfaces.
 //! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
@@ -24,6 +25,7 @@ pub mod geo;
 pub mod history;
 pub mod mapping;
 pub mod ngsi;
+pub mod page;
 pub mod query;
 pub mod rule;
 pub mod unit;

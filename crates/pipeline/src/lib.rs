@@ -20,6 +20,7 @@ pub mod decode;
 pub mod entity;
 pub mod filter;
 pub mod history;
+pub mod pages;
 pub mod registrations;
 pub mod rules;
 pub mod subscriptions;
@@ -117,6 +118,8 @@ pub struct PipelineConfig {
     pub rules: rules::RulesConfig,
     /// Durable channels' tuning.
     pub channels: channels::ChannelsConfig,
+    /// Pages' tuning.
+    pub pages: pages::PagesConfig,
 }
 
 impl Default for PipelineConfig {
@@ -133,6 +136,7 @@ impl Default for PipelineConfig {
             },
             rules: rules::RulesConfig::default(),
             channels: channels::ChannelsConfig::default(),
+            pages: pages::PagesConfig::default(),
         }
     }
 }
@@ -161,6 +165,7 @@ pub struct Pipeline {
     rules: Arc<rules::RuleEngine>,
     channels: Arc<channels::Channels>,
     bridges: Arc<channels::bridge::Bridges>,
+    pages: Arc<pages::Pages>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     config: PipelineConfig,
@@ -231,6 +236,12 @@ impl Pipeline {
         )
         .await
         .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
+        let pages = pages::Pages::load(
+            store.clone(),
+            pages::service::Sources::new(store.clone(), context.clone(), rules.clone()),
+            config.pages.clone(),
+        )
+        .await?;
         let cursor = store.cursor(CONSUMER).await?;
         let pipeline = Arc::new(Pipeline {
             store,
@@ -244,6 +255,7 @@ impl Pipeline {
             rules,
             channels,
             bridges,
+            pages,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
@@ -366,6 +378,11 @@ impl Pipeline {
     /// Durable pull channels (the DSPS API).
     pub fn channels(&self) -> &channels::Channels {
         &self.channels
+    }
+
+    /// Pages and their services.
+    pub fn pages(&self) -> &pages::Pages {
+        &self.pages
     }
 
     /// The bridges publishing weft's events into channels.

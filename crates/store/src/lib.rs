@@ -191,6 +191,10 @@ pub enum DocumentKind {
     Bridge,
     /// A revoked JWT id (`PUT /admin/jwt/revoke`), kept with tenant "".
     RevokedJwt,
+    /// A page template (`/api/v1/pages`), kept with tenant "".
+    Page,
+    /// A page service (`/api/v1/page-services`), kept with tenant "".
+    PageService,
 }
 
 impl DocumentKind {
@@ -201,6 +205,8 @@ impl DocumentKind {
             DocumentKind::Registration => "registration",
             DocumentKind::Bridge => "bridge",
             DocumentKind::RevokedJwt => "revoked-jwt",
+            DocumentKind::Page => "page",
+            DocumentKind::PageService => "page-service",
         }
     }
 }

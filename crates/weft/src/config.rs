@@ -40,6 +40,8 @@ pub struct Config {
     pub rules: RulesSection,
     /// Durable pull channels (the DSPS API).
     pub channels: ChannelsSection,
+    /// Pages (Knot.x-style templates).
+    pub pages: PagesSection,
 }
 
 impl Default for Config {
@@ -57,6 +59,7 @@ impl Default for Config {
             history: HistorySection::default(),
             rules: RulesSection::default(),
             channels: ChannelsSection::default(),
+            pages: PagesSection::default(),
         }
     }
 }
@@ -282,6 +285,26 @@ impl Default for ChannelsSection {
     }
 }
 
+/// `[pages]`: page rendering.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PagesSection {
+    /// Pages rendered at once; beyond it a request gets 503 + Retry-After.
+    pub max_concurrent_renders: usize,
+    /// What a failed snippet without `data-knotx-fallback` renders as.
+    pub default_fallback: String,
+}
+
+impl Default for PagesSection {
+    fn default() -> Self {
+        let d = weft_pipeline::pages::PagesConfig::default();
+        PagesSection {
+            max_concurrent_renders: d.max_concurrent_renders,
+            default_fallback: d.default_fallback,
+        }
+    }
+}
+
 /// `[notifications]`: how NGSI subscription notifications are sent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -310,7 +333,8 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 12] = [
+const CONFIG_KEYS: [&str; 13] = [
+    "pages",
     "channels",
     "history",
     "rules",

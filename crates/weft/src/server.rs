@@ -82,6 +82,10 @@ pub async fn serve(
                 admin_tokens: config.channels.admin_tokens.clone(),
                 ..Default::default()
             },
+            pages: weft_pipeline::pages::PagesConfig {
+                max_concurrent_renders: config.pages.max_concurrent_renders,
+                default_fallback: config.pages.default_fallback.clone(),
+            },
             rules: weft_pipeline::rules::RulesConfig {
                 script_time_limit: config.rules.script_time_limit,
                 inactivity_check: config.rules.inactivity_check,

@@ -1,0 +1,396 @@
+//! Pages: templates in Knot.x 1.x markup whose snippets are filled from
+//! services and rendered with Handlebars.
+//!
+//! A template is split once when it is saved ([`weft_model::page`]) and
+//! its snippet bodies compiled once into a Handlebars registry of its own;
+//! both are cached. A render makes each distinct service call of the page
+//! once (calls of different snippets run concurrently), binds the results
+//! into each snippet's context, renders it, and assembles the page from
+//! the static parts (byte for byte) and the rendered snippets. A snippet
+//! whose service fails, or that fails to render, is replaced by its
+//! fallback (`BLANK`, a `<knotx:fallback>` id, or the configured default)
+//! and the page still answers 200. Concurrent renders are limited; beyond
+//! the limit a render is refused at once (the API answers 503).
+
+pub mod service;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use handlebars::Handlebars;
+use serde_json::{json, Map, Value};
+use tokio::sync::Semaphore;
+use weft_model::page::{Fragment, Template, TemplateError};
+use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
+
+pub use service::{PageService, RequestInfo};
+
+/// Tuning of pages.
+#[derive(Debug, Clone)]
+pub struct PagesConfig {
+    /// Pages rendered at once; more are refused (503).
+    pub max_concurrent_renders: usize,
+    /// What a failed snippet without `data-knotx-fallback` becomes.
+    pub default_fallback: String,
+}
+
+impl Default for PagesConfig {
+    fn default() -> Self {
+        PagesConfig {
+            max_concurrent_renders: 256,
+            default_fallback: String::new(),
+        }
+    }
+}
+
+/// Why a page could not be rendered or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    /// No such page (404).
+    #[error("page '{0}' does not exist")]
+    NotFound(String),
+    /// The template or service definition is invalid (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many renders at once (503).
+    #[error("too many pages are being rendered; retry later")]
+    Busy,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A Handlebars registry that behaves as Knot.x's handlebars.java does
+/// where the two differ: a block helper that is not registered
+/// (`{{#bold}}…{{/bold}}`) renders nothing instead of failing.
+fn knotx_handlebars() -> Handlebars<'static> {
+    fn nothing(
+        _: &handlebars::Helper<'_>,
+        _: &Handlebars<'_>,
+        _: &handlebars::Context,
+        _: &mut handlebars::RenderContext<'_, '_>,
+        _: &mut dyn handlebars::Output,
+    ) -> handlebars::HelperResult {
+        Ok(())
+    }
+    let mut h = Handlebars::new();
+    h.set_strict_mode(false);
+    h.register_helper("blockHelperMissing", Box::new(nothing));
+    h
+}
+
+/// A saved template, split and compiled.
+struct Compiled {
+    template: Template,
+    handlebars: Handlebars<'static>,
+}
+
+/// The pages and their services.
+pub struct Pages {
+    store: Arc<dyn Store>,
+    sources: service::Sources,
+    config: PagesConfig,
+    pages: parking_lot::RwLock<HashMap<String, Arc<Compiled>>>,
+    services: parking_lot::RwLock<HashMap<String, Arc<PageService>>>,
+    renders: Arc<Semaphore>,
+}
+
+fn compile(source: String) -> Result<Compiled, PageError> {
+    let template = Template::parse(source).map_err(|TemplateError(e)| PageError::Invalid(e))?;
+    let mut handlebars = knotx_handlebars();
+    for (i, s) in template.snippets.iter().enumerate() {
+        if s.knots.iter().any(|k| k == "handlebars") {
+            handlebars
+                .register_template_string(&i.to_string(), &s.body)
+                .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;
+        }
+    }
+    Ok(Compiled {
+        template,
+        handlebars,
+    })
+}
+
+impl Pages {
+    /// Loads the stored pages and services.
+    pub async fn load(
+        store: Arc<dyn Store>,
+        sources: service::Sources,
+        config: PagesConfig,
+    ) -> Result<Arc<Pages>, StoreError> {
+        let mut pages = HashMap::new();
+        for doc in store.load_documents(DocumentKind::Page).await? {
+            let source: String = serde_json::from_str(&doc.json).unwrap_or_default();
+            match compile(source) {
+                Ok(c) => {
+                    pages.insert(doc.id, Arc::new(c));
+                }
+                Err(e) => tracing::warn!(page = %doc.id, error = %e, "a stored page is invalid"),
+            }
+        }
+        let mut services = HashMap::new();
+        for doc in store.load_documents(DocumentKind::PageService).await? {
+            if let Ok(s) = serde_json::from_str::<PageService>(&doc.json) {
+                services.insert(doc.id, Arc::new(s));
+            }
+        }
+        Ok(Arc::new(Pages {
+            store,
+            sources,
+            renders: Arc::new(Semaphore::new(config.max_concurrent_renders.max(1))),
+            config,
+            pages: parking_lot::RwLock::new(pages),
+            services: parking_lot::RwLock::new(services),
+        }))
+    }
+
+    async fn put_doc(
+        &self,
+        kind: DocumentKind,
+        name: &str,
+        json: String,
+    ) -> Result<(), StoreError> {
+        self.store
+            .put_document(NgsiDocument {
+                kind,
+                tenant: String::new(),
+                id: name.to_string(),
+                service_path: "/".to_string(),
+                created: weft_model::now_ms() as u64,
+                json,
+            })
+            .await
+    }
+
+    /// Saves a template (split and compiled first; an invalid one is
+    /// refused and changes nothing). Answers whether it is new.
+    pub async fn put_page(&self, name: &str, source: String) -> Result<bool, PageError> {
+        let compiled = compile(source.clone())?;
+        self.put_doc(DocumentKind::Page, name, Value::String(source).to_string())
+            .await?;
+        Ok(self
+            .pages
+            .write()
+            .insert(name.to_string(), Arc::new(compiled))
+            .is_none())
+    }
+
+    /// A template's source.
+    pub fn page(&self, name: &str) -> Option<String> {
+        self.pages
+            .read()
+            .get(name)
+            .map(|c| c.template.source.clone())
+    }
+
+    /// Every page name.
+    pub fn page_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.pages.read().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Deletes a page; `true` if it existed.
+    pub async fn delete_page(&self, name: &str) -> Result<bool, StoreError> {
+        self.store
+            .delete_document(DocumentKind::Page, "", name)
+            .await?;
+        Ok(self.pages.write().remove(name).is_some())
+    }
+
+    /// Saves a service definition. Answers whether it is new.
+    pub async fn put_service(&self, name: &str, service: PageService) -> Result<bool, PageError> {
+        service.validate().map_err(PageError::Invalid)?;
+        let json = serde_json::to_string(&service).expect("services serialise");
+        self.put_doc(DocumentKind::PageService, name, json).await?;
+        Ok(self
+            .services
+            .write()
+            .insert(name.to_string(), Arc::new(service))
+            .is_none())
+    }
+
+    /// A service definition.
+    pub fn service(&self, name: &str) -> Option<PageService> {
+        self.services.read().get(name).map(|s| (**s).clone())
+    }
+
+    /// Deletes a service; `true` if it existed.
+    pub async fn delete_service(&self, name: &str) -> Result<bool, StoreError> {
+        self.store
+            .delete_document(DocumentKind::PageService, "", name)
+            .await?;
+        Ok(self.services.write().remove(name).is_some())
+    }
+
+    /// Renders page `name` for a request.
+    pub async fn render(&self, name: &str, request: &RequestInfo) -> Result<String, PageError> {
+        let page = self
+            .pages
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PageError::NotFound(name.to_string()))?;
+        let _permit = self
+            .renders
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| PageError::Busy)?;
+        let t = &page.template;
+
+        // Each distinct call once, all concurrently.
+        let mut calls: HashMap<String, (Arc<PageService>, Map<String, Value>)> = HashMap::new();
+        let mut snippet_calls: Vec<Vec<(Option<String>, Option<String>)>> = Vec::new();
+        {
+            let services = self.services.read();
+            for s in &t.snippets {
+                let mut bound = Vec::new();
+                if s.knots.iter().any(|k| k == "services") {
+                    for b in &s.services {
+                        let key = services.get(&b.service).map(|svc| {
+                            let params = svc.params_for(s.params.as_ref(), request);
+                            let key =
+                                format!("{}\u{0}{}", b.service, Value::Object(params.clone()));
+                            calls.entry(key.clone()).or_insert((svc.clone(), params));
+                            key
+                        });
+                        bound.push((b.ns.clone(), key));
+                    }
+                }
+                snippet_calls.push(bound);
+            }
+        }
+        let keys: Vec<String> = calls.keys().cloned().collect();
+        let results = futures::future::join_all(keys.iter().map(|k| {
+            let (svc, params) = &calls[k];
+            self.sources.call(svc, params, request)
+        }))
+        .await;
+        let results: HashMap<&str, Option<Arc<Value>>> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(results.into_iter().map(|r| match r {
+                Ok(v) => Some(Arc::new(v)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "page service failed");
+                    None
+                }
+            }))
+            .collect();
+
+        let mut out = String::with_capacity(t.source.len() * 2);
+        // Snippets binding the same calls share one render context.
+        let mut contexts: HashMap<String, Option<handlebars::Context>> = HashMap::new();
+        for f in &t.fragments {
+            match f {
+                Fragment::Static(r) => out.push_str(&t.source[r.clone()]),
+                Fragment::Snippet(i) => {
+                    let s = &t.snippets[*i];
+                    if !s.knots.iter().any(|k| k == "handlebars") {
+                        out.push_str("<!-- SNIPPET UNWRAPED START -->");
+                        out.push_str(&s.body);
+                        out.push_str("<!-- SNIPPET UNWRAPED STOP -->");
+                        continue;
+                    }
+                    let bound = &snippet_calls[*i];
+                    let ctx_key: String = bound
+                        .iter()
+                        .map(|(ns, k)| format!("{ns:?}={k:?};"))
+                        .collect();
+                    let ctx = contexts
+                        .entry(ctx_key)
+                        .or_insert_with(|| context(bound, &results))
+                        .as_ref();
+                    let rendered = ctx.and_then(|ctx| {
+                        page.handlebars
+                            .render_with_context(&i.to_string(), ctx)
+                            .map_err(|e| tracing::debug!(error = %e, "snippet render failed"))
+                            .ok()
+                    });
+                    match rendered {
+                        Some(html) => out.push_str(&html),
+                        None => out.push_str(match s.fallback.as_deref() {
+                            Some("BLANK") => "",
+                            Some(id) => t
+                                .fallbacks
+                                .get(id)
+                                .map(String::as_str)
+                                .unwrap_or(&self.config.default_fallback),
+                            None => &self.config.default_fallback,
+                        }),
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A snippet's render context, or `None` if one of its services failed
+/// (or is not defined).
+fn context(
+    bound: &[(Option<String>, Option<String>)],
+    results: &HashMap<&str, Option<Arc<Value>>>,
+) -> Option<handlebars::Context> {
+    let mut root = Map::new();
+    for (ns, key) in bound {
+        let result = results.get(key.as_deref()?)?.as_ref()?;
+        let value = json!({"_result": &**result, "_response": {"statusCode": "200"}});
+        match ns {
+            None => {
+                if let Value::Object(m) = value {
+                    root.extend(m);
+                }
+            }
+            Some(ns) => {
+                root.insert(ns.clone(), value);
+            }
+        }
+    }
+    handlebars::Context::wraps(Value::Object(root)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render_one(tpl: &str, data: Value) -> Result<String, String> {
+        let mut h = knotx_handlebars();
+        h.register_template_string("t", tpl)
+            .map_err(|e| e.to_string())?;
+        h.render("t", &data).map_err(|e| e.to_string())
+    }
+
+    /// The handlebars.java paths Knot.x templates use render as they do
+    /// there: dashed names, numeric segments, unknown block helpers.
+    #[test]
+    fn knotx_paths() {
+        let data =
+            json!({"_result": {"messner-mountains": ["a", "b"], "x": {"1": "one"}, "t": "<b>"}});
+        assert_eq!(
+            render_one("{{_result.messner-mountains.1}}", data.clone()).unwrap(),
+            "b"
+        );
+        assert_eq!(render_one("{{_result.x.1}}", data.clone()).unwrap(), "one");
+        assert_eq!(
+            render_one("{{_result.t}}", data.clone()).unwrap(),
+            "&lt;b&gt;"
+        );
+        assert_eq!(
+            render_one("[{{#bold}}x{{/bold}}]", data.clone()).unwrap(),
+            "[]"
+        );
+        assert_eq!(
+            render_one(
+                "{{#each _result.messner-mountains}}{{@index}}={{this}};{{/each}}",
+                data.clone()
+            )
+            .unwrap(),
+            "0=a;1=b;"
+        );
+        assert_eq!(
+            render_one("{{#with _result.x}}{{lookup this \"1\"}}{{/with}}", data).unwrap(),
+            "one"
+        );
+    }
+}

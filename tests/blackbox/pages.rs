@@ -1,0 +1,245 @@
+//! Pages: Knot.x markup rendered from external services and weft's own
+//! data; static markup byte for byte; failing or slow services fall back
+//! while the page answers 200; identical calls are made once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+/// A mock service on an ephemeral port: `/first` and `/people` answer
+/// JSON (counting calls), `/fail` 500, `/slow` after 3 s.
+async fn mock() -> (String, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new()
+        .route(
+            "/first",
+            axum::routing::get(
+                move |q: axum::extract::Query<std::collections::HashMap<String, String>>| {
+                    let counted = counted.clone();
+                    async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        axum::Json(json!({
+                            "message": "Hello <world>",
+                            "limit": q.get("limit").cloned().unwrap_or_default(),
+                            "items": [{"name": "Everest"}, {"name": "K2"}],
+                            "messner-mountains": ["Nanga Parbat", "Manaslu"]
+                        }))
+                    }
+                },
+            ),
+        )
+        .route(
+            "/fail",
+            axum::routing::get(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "no") }),
+        )
+        .route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                axum::Json(json!({"late": true}))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, calls)
+}
+
+async fn put_text(c: &Client, path: &str, body: &str) -> u16 {
+    c.http
+        .put(format!("{}{path}", c.url))
+        .header("Content-Type", "text/html")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn get_page(c: &Client, path: &str) -> (u16, String) {
+    let resp = c.http.get(format!("{}{path}", c.url)).send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// A Knot.x template renders exactly the expected HTML: markup outside
+/// snippets untouched, root and namespaced bindings, params, each/@index,
+/// if, with, lookups, dashed paths, escaping; a failing service uses its
+/// fallback element, a slow one BLANK, one without a fallback the default;
+/// an unprocessed snippet is unwrapped; the page answers 200.
+#[tokio::test]
+async fn a_knotx_template_renders_with_fallbacks() {
+    let server = Server::start();
+    let c = server.client();
+    let (mock_url, calls) = mock().await;
+    for (name, url, timeout) in [
+        (
+            "first",
+            format!("{mock_url}/first?limit={{param.limit}}"),
+            "2s",
+        ),
+        ("broken", format!("{mock_url}/fail"), "2s"),
+        ("slow", format!("{mock_url}/slow"), "200ms"),
+    ] {
+        let svc = json!({"http": {"url": url, "timeout": timeout}});
+        c.expect(
+            201,
+            "PUT",
+            &format!("/api/v1/page-services/{name}"),
+            Some(&svc),
+        )
+        .await;
+    }
+    let template = concat!(
+        "<!DOCTYPE html>\n<html><head><script src=\"app.js\"></script></head><body>\n",
+        "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"first\" ",
+        "data-knotx-service-again=\"first\" data-knotx-params='{\"limit\":\"5\"}' type=\"text/knotx-snippet\">",
+        "<h2>{{_result.message}}</h2><ul>{{#each _result.items}}<li>{{@index}}:{{name}}</li>{{/each}}</ul>",
+        "<p>{{_result.messner-mountains.1}} {{again._result.limit}} {{_response.statusCode}}</p>",
+        "{{#if _result.items}}yes{{/if}}{{#with _result}}[{{limit}}]{{/with}}{{#bold}}no{{/bold}}",
+        "</script>\n",
+        "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"broken\" ",
+        "data-knotx-fallback=\"fb\" type=\"text/knotx-snippet\">{{_result.x}}</script>",
+        "<knotx:fallback data-knotx-fallback-id=\"fb\"><p class=\"err\">unavailable</p></knotx:fallback>\n",
+        "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"slow\" ",
+        "data-knotx-fallback=\"BLANK\" type=\"text/knotx-snippet\">{{_result.late}}</script>|",
+        "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"nope\" ",
+        "type=\"text/knotx-snippet\">{{x}}</script>|",
+        "<script data-knotx-knots=\"other\" type=\"text/knotx-snippet\"><i>raw</i></script>\n",
+        "</body></html>"
+    );
+    assert_eq!(
+        put_text(&c, "/api/v1/pages/site/home.html", template).await,
+        201
+    );
+    assert_eq!(
+        put_text(&c, "/api/v1/pages/site/home.html", template).await,
+        200
+    );
+    let (status, html) = get_page(&c, "/pages/site/home.html").await;
+    assert_eq!(status, 200);
+    let expected = concat!(
+        "<!DOCTYPE html>\n<html><head><script src=\"app.js\"></script></head><body>\n",
+        "<h2>Hello &lt;world&gt;</h2><ul><li>0:Everest</li><li>1:K2</li></ul>",
+        "<p>Manaslu 5 200</p>yes[5]",
+        "\n",
+        "<p class=\"err\">unavailable</p>",
+        "\n",
+        "|",
+        "|",
+        "<!-- SNIPPET UNWRAPED START --><i>raw</i><!-- SNIPPET UNWRAPED STOP -->\n",
+        "</body></html>"
+    );
+    assert_eq!(html, expected);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "two bindings of the same call: one call"
+    );
+    let source = get_page(&c, "/api/v1/pages/site/home.html").await.1;
+    assert_eq!(source, template);
+    let names = c.expect(200, "GET", "/api/v1/pages", None).await;
+    assert_eq!(names, json!(["site/home.html"]));
+}
+
+/// 100 snippets on one service make one call per page request; weft's own
+/// data (alarms, entities, data units) feeds snippets; unknown pages are
+/// 404, bad templates and services 400.
+#[tokio::test]
+async fn one_call_for_many_snippets_and_internal_sources() {
+    let server = Server::start();
+    let c = server.client();
+    let (mock_url, calls) = mock().await;
+    let svc = json!({"http": {"url": format!("{mock_url}/first")}});
+    c.expect(201, "PUT", "/api/v1/page-services/first", Some(&svc))
+        .await;
+    let snippet = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"first\" \
+                   type=\"text/knotx-snippet\">{{#each _result.items}}{{name}}{{/each}}</script>";
+    let template: String = (0..100)
+        .map(|i| format!("<div>{i}</div>{snippet}"))
+        .collect();
+    assert_eq!(put_text(&c, "/api/v1/pages/many", &template).await, 201);
+    let (status, html) = get_page(&c, "/pages/many").await;
+    assert_eq!(status, 200);
+    let expected: String = (0..100)
+        .map(|i| format!("<div>{i}</div>EverestK2"))
+        .collect();
+    assert_eq!(html, expected);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    c.create_em300th().await;
+    let rule =
+        json!({"condition": "temperature>45", "alarm": {"type": "hot", "severity": "major"}});
+    c.expect(201, "PUT", "/api/v1/rules/hot", Some(&rule)).await;
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("p-1", "dev-p", 50, 40, now_ms()),
+    )
+    .await;
+    c.unit_eventually("p-1").await;
+    for (name, def) in [
+        ("alarms", json!({"alarms": {"state": "active"}})),
+        (
+            "sensors",
+            json!({"entities": {"type": "{param.type}", "q": "temperature>40"}}),
+        ),
+        (
+            "recent",
+            json!({"data": {"device": "{param.device}", "limit": 5}}),
+        ),
+    ] {
+        c.expect(
+            201,
+            "PUT",
+            &format!("/api/v1/page-services/{name}"),
+            Some(&def),
+        )
+        .await;
+    }
+    let dashboard = concat!(
+        "<script data-knotx-knots=\"services,handlebars\" data-knotx-service-a=\"alarms\" ",
+        "data-knotx-service-s=\"sensors\" data-knotx-service-d=\"recent\" type=\"text/knotx-snippet\">",
+        "{{#each a._result}}{{device.id}}:{{severity}};{{/each}}",
+        "{{#each s._result}}{{id}}={{temperature}};{{/each}}",
+        "{{#each d._result}}{{dataId}};{{/each}}</script>"
+    );
+    assert_eq!(
+        put_text(&c, "/api/v1/pages/dashboard", dashboard).await,
+        201
+    );
+    let html = eventually(Duration::from_secs(5), || async {
+        let (_, html) = get_page(&c, "/pages/dashboard?type=TemperatureSensor&device=dev-p").await;
+        html.starts_with("dev-p:major;").then_some(html)
+    })
+    .await;
+    assert_eq!(html, "dev-p:major;dev-p=50;p-1;");
+
+    assert_eq!(get_page(&c, "/pages/nope").await.0, 404);
+    assert_eq!(
+        put_text(
+            &c,
+            "/api/v1/pages/bad",
+            "<script data-knotx-knots=\"handlebars\">{{#each}}"
+        )
+        .await,
+        400
+    );
+    let (s, _) = c
+        .send(
+            "PUT",
+            "/api/v1/page-services/bad",
+            Some(&json!({"params": {}})),
+            None,
+        )
+        .await;
+    assert_eq!(s, 400);
+    let _: Value = c.expect(204, "DELETE", "/api/v1/pages/many", None).await;
+    assert_eq!(get_page(&c, "/pages/many").await.0, 404);
+}
