@@ -27,6 +27,7 @@
 //! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
 //!   stress tests): `ngsi-update`'s load with subscriptions and a
 //!   notification sink in the bench process.
+//! - [`pages`]: the `pages` scenario (seed 004, Knot.x's scenarios 1 and 5).
 //! - [`history`]: the `history` scenario (seed 003's QuantumLeap load
 //!   test): notifications to `/v2/notify`, every row read back, then
 //!   `lastN`, range and aggregation queries.
@@ -45,6 +46,7 @@ pub mod http;
 pub mod ingest;
 pub mod ngsi_notify;
 pub mod ngsi_update;
+pub mod pages;
 pub mod progress;
 pub mod summary;
 pub mod target;
@@ -56,6 +58,7 @@ pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
 pub use ngsi_notify::NgsiNotifyArgs;
 pub use ngsi_update::NgsiUpdateArgs;
+pub use pages::PagesArgs;
 
 use std::io::Write;
 
@@ -93,6 +96,10 @@ pub enum BenchCommand {
     /// checks every message reaches every subscriber and none comes back
     /// after its ack.
     Channels(ChannelsArgs),
+    /// Seed 004's Knot.x scenarios: C clients GET a page whose snippets
+    /// are filled from mock services in the bench; checks every body is
+    /// the expected rendering.
+    Pages(PagesArgs),
 }
 
 impl BenchCommand {
@@ -105,6 +112,7 @@ impl BenchCommand {
             BenchCommand::NgsiNotify(args) => &args.common,
             BenchCommand::History(args) => &args.common,
             BenchCommand::Channels(args) => &args.common,
+            BenchCommand::Pages(args) => &args.common,
         }
     }
 }
@@ -125,6 +133,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
         BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,
         BenchCommand::History(args) => history::run(args, &session).await,
         BenchCommand::Channels(args) => channels::run(args, &session).await,
+        BenchCommand::Pages(args) => pages::run(args, &session).await,
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;
