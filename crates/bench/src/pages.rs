@@ -76,15 +76,23 @@ fn small() -> Value {
 fn scenario(n: u8) -> anyhow::Result<(String, Vec<(&'static str, Value)>, String)> {
     match n {
         1 => {
-            let filler = "<p>Static content of the page, passed through byte for byte.</p>\n".repeat(45);
+            let filler =
+                "<p>Static content of the page, passed through byte for byte.</p>\n".repeat(45);
             let snippet = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"small\" \
                            type=\"text/knotx-snippet\"><h2>{{_result.message}}</h2><ul>{{#each _result.items}}\
                            <li>{{name}}: {{value}}</li>{{/each}}</ul></script>";
             let template = format!("<html><body>\n{filler}{snippet}\n</body></html>");
             let body = small();
-            let mut rendered = format!("<h2>{}</h2><ul>", body["message"].as_str().unwrap_or_default());
+            let mut rendered = format!(
+                "<h2>{}</h2><ul>",
+                body["message"].as_str().unwrap_or_default()
+            );
             for item in body["items"].as_array().into_iter().flatten() {
-                rendered.push_str(&format!("<li>{}: {}</li>", item["name"].as_str().unwrap_or_default(), item["value"]));
+                rendered.push_str(&format!(
+                    "<li>{}: {}</li>",
+                    item["name"].as_str().unwrap_or_default(),
+                    item["value"]
+                ));
             }
             rendered.push_str("</ul>");
             let expected = format!("<html><body>\n{filler}{rendered}\n</body></html>");
@@ -94,7 +102,8 @@ fn scenario(n: u8) -> anyhow::Result<(String, Vec<(&'static str, Value)>, String
             let snippet = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"people\" \
                            type=\"text/knotx-snippet\"><ul>{{#each _result}}<li>{{firstName}} {{lastName}} \
                            ({{email}}, {{company}}){{#each friends}} {{name}}{{/each}}<p>{{about}}</p></li>{{/each}}</ul></script>";
-            let filler = "<div class=\"static\">Section of the page between snippets.</div>\n".repeat(2);
+            let filler =
+                "<div class=\"static\">Section of the page between snippets.</div>\n".repeat(2);
             let template: String = (0..100).map(|_| format!("{filler}{snippet}")).collect();
             let body = people();
             let mut rendered = String::from("<ul>");
@@ -109,7 +118,10 @@ fn scenario(n: u8) -> anyhow::Result<(String, Vec<(&'static str, Value)>, String
                 for f in p["friends"].as_array().into_iter().flatten() {
                     rendered.push_str(&format!(" {}", f["name"].as_str().unwrap_or_default()));
                 }
-                rendered.push_str(&format!("<p>{}</p></li>", p["about"].as_str().unwrap_or_default()));
+                rendered.push_str(&format!(
+                    "<p>{}</p></li>",
+                    p["about"].as_str().unwrap_or_default()
+                ));
             }
             rendered.push_str("</ul>");
             let expected: String = (0..100).map(|_| format!("{filler}{rendered}")).collect();
@@ -167,7 +179,15 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
     for (name, _) in &services {
         let def = json!({"http": {"url": format!("http://{mock}/{name}"), "timeout": "5s"}});
         let body = def.to_string().into_bytes();
-        let r = crate::http::request(base, "PUT", &format!("/api/v1/page-services/{name}"), &[], Some(&body), Duration::from_secs(10)).await?;
+        let r = crate::http::request(
+            base,
+            "PUT",
+            &format!("/api/v1/page-services/{name}"),
+            &[],
+            Some(&body),
+            Duration::from_secs(10),
+        )
+        .await?;
         if !matches!(r.status, 200 | 201) {
             bail!("storing page service {name}: {} {}", r.status, r.text());
         }
@@ -195,7 +215,13 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         clients.push(tokio::spawn(async move {
             let mut latency = micros_histogram(Duration::from_secs(60));
             let (mut ok, mut bad, mut mismatched) = (0u64, 0u64, 0u64);
-            let request = render_request("GET", &base.path(&format!("/pages/{page}")), &base.host, &[], None);
+            let request = render_request(
+                "GET",
+                &base.path(&format!("/pages/{page}")),
+                &base.host,
+                &[],
+                None,
+            );
             let mut conn: Option<Conn> = None;
             let mut body = Vec::with_capacity(expected.len() + 1024);
             while !stop.load(Ordering::Relaxed) {
@@ -262,10 +288,18 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         metrics: BTreeMap::new(),
         notes: Vec::new(),
     };
-    s.checks.push(Check::new("status was 200", ok + mismatched, bad));
-    s.checks.push(Check::new("body matches the expected rendering", ok, mismatched));
+    s.checks
+        .push(Check::new("status was 200", ok + mismatched, bad));
+    s.checks.push(Check::new(
+        "body matches the expected rendering",
+        ok,
+        mismatched,
+    ));
     s.metrics.insert("pages".into(), Metric::counter(ok, secs));
-    s.metrics.insert("page_duration".into(), Metric::Trend(Trend::from_micros(&latency)));
+    s.metrics.insert(
+        "page_duration".into(),
+        Metric::Trend(Trend::from_micros(&latency)),
+    );
     s.seal();
     Ok(s)
 }

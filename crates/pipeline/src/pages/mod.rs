@@ -83,6 +83,9 @@ fn knotx_handlebars() -> Handlebars<'static> {
 struct Compiled {
     template: Template,
     handlebars: Handlebars<'static>,
+    /// Per snippet, the name its body is registered under: snippets with
+    /// the same body share one compiled template.
+    names: Vec<String>,
 }
 
 /// The pages and their services.
@@ -98,16 +101,26 @@ pub struct Pages {
 fn compile(source: String) -> Result<Compiled, PageError> {
     let template = Template::parse(source).map_err(|TemplateError(e)| PageError::Invalid(e))?;
     let mut handlebars = knotx_handlebars();
+    let mut by_body: HashMap<&str, String> = HashMap::new();
+    let mut names = Vec::with_capacity(template.snippets.len());
     for (i, s) in template.snippets.iter().enumerate() {
+        if let Some(name) = by_body.get(s.body.as_str()) {
+            names.push(name.clone());
+            continue;
+        }
+        let name = i.to_string();
         if s.knots.iter().any(|k| k == "handlebars") {
             handlebars
-                .register_template_string(&i.to_string(), &s.body)
+                .register_template_string(&name, &s.body)
                 .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;
         }
+        by_body.insert(&s.body, name.clone());
+        names.push(name);
     }
     Ok(Compiled {
         template,
         handlebars,
+        names,
     })
 }
 
@@ -279,8 +292,11 @@ impl Pages {
             .collect();
 
         let mut out = String::with_capacity(t.source.len() * 2);
-        // Snippets binding the same calls share one render context.
+        // Snippets binding the same calls share one render context, and a
+        // snippet with the same body over the same context renders to the
+        // same HTML: rendered once per page request.
         let mut contexts: HashMap<String, Option<handlebars::Context>> = HashMap::new();
+        let mut rendered_once: HashMap<(String, String), Option<Arc<str>>> = HashMap::new();
         for f in &t.fragments {
             match f {
                 Fragment::Static(r) => out.push_str(&t.source[r.clone()]),
@@ -297,16 +313,21 @@ impl Pages {
                         .iter()
                         .map(|(ns, k)| format!("{ns:?}={k:?};"))
                         .collect();
-                    let ctx = contexts
-                        .entry(ctx_key)
-                        .or_insert_with(|| context(bound, &results))
-                        .as_ref();
-                    let rendered = ctx.and_then(|ctx| {
-                        page.handlebars
-                            .render_with_context(&i.to_string(), ctx)
-                            .map_err(|e| tracing::debug!(error = %e, "snippet render failed"))
-                            .ok()
-                    });
+                    let name = &page.names[*i];
+                    let rendered = rendered_once
+                        .entry((name.clone(), ctx_key.clone()))
+                        .or_insert_with(|| {
+                            let ctx = contexts
+                                .entry(ctx_key)
+                                .or_insert_with(|| context(bound, &results))
+                                .as_ref()?;
+                            page.handlebars
+                                .render_with_context(name, ctx)
+                                .map(Arc::from)
+                                .map_err(|e| tracing::debug!(error = %e, "snippet render failed"))
+                                .ok()
+                        })
+                        .clone();
                     match rendered {
                         Some(html) => out.push_str(&html),
                         None => out.push_str(match s.fallback.as_deref() {
