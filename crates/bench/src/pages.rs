@@ -71,9 +71,13 @@ fn small() -> Value {
            "items": (0..12).map(|i| json!({"name": format!("Item number {i}"), "value": i * 7})).collect::<Vec<_>>()})
 }
 
-/// The scenario's template, its services (name → body) and the rendering
-/// the server must answer with, computed here independently.
-fn scenario(n: u8) -> anyhow::Result<(String, Vec<(&'static str, Value)>, String)> {
+/// A scenario: its template, its services (name → body) and the
+/// rendering the server must answer with.
+type Scenario = (String, Vec<(&'static str, Value)>, String);
+
+/// The scenario's template, services and expected rendering, computed
+/// here independently of the server.
+fn scenario(n: u8) -> anyhow::Result<Scenario> {
     match n {
         1 => {
             let filler =
