@@ -174,19 +174,7 @@ async fn subscribe(
     Path((channel, subscriber)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> DspsResult<impl IntoResponse> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
-    state
-        .pipeline
-        .channels()
-        .subscribe(&channel, &subscriber)
-        .await?;
-    Ok(axum::Json(
-        json!({"channelID": channel, "subscriberID": subscriber}),
-    ))
+    subscription(&state, &headers, channel, subscriber, true).await
 }
 
 /// `DELETE …/subscription/polling/{subscriberID}`: 200 whether or not it existed.
@@ -195,16 +183,28 @@ async fn unsubscribe(
     Path((channel, subscriber)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> DspsResult<impl IntoResponse> {
+    subscription(&state, &headers, channel, subscriber, false).await
+}
+
+/// Creates (`create`) or deletes a subscriber; both answer its ids.
+async fn subscription(
+    state: &AppState,
+    headers: &HeaderMap,
+    channel: String,
+    subscriber: String,
+    create: bool,
+) -> DspsResult<axum::Json<serde_json::Value>> {
     admit(
-        &state,
-        &headers,
+        state,
+        headers,
         &[("channelID", &channel), ("subscriberID", &subscriber)],
     )?;
-    state
-        .pipeline
-        .channels()
-        .unsubscribe(&channel, &subscriber)
-        .await?;
+    let channels = state.pipeline.channels();
+    if create {
+        channels.subscribe(&channel, &subscriber).await?;
+    } else {
+        channels.unsubscribe(&channel, &subscriber).await?;
+    }
     Ok(axum::Json(
         json!({"channelID": channel, "subscriberID": subscriber}),
     ))

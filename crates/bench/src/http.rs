@@ -423,6 +423,20 @@ pub fn encode_query_value(value: &str) -> String {
     out
 }
 
+/// `PUT`s a JSON body for setup and fails unless the server answers 200
+/// or 201; `what` names the step in the error.
+pub async fn put_setup(base: &BaseUrl, path: &str, json: &[u8], what: &str) -> anyhow::Result<()> {
+    let response = request(base, "PUT", path, &[], Some(json), Duration::from_secs(30)).await?;
+    if !matches!(response.status, 200 | 201) {
+        bail!(
+            "{what}: PUT {path} answered {}: {}",
+            response.status,
+            response.text().trim()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,19 +182,14 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
     let base = &session.base;
     for (name, _) in &services {
         let def = json!({"http": {"url": format!("http://{mock}/{name}"), "timeout": "5s"}});
-        let body = def.to_string().into_bytes();
-        let r = crate::http::request(
+        let path = format!("/api/v1/page-services/{name}");
+        crate::http::put_setup(
             base,
-            "PUT",
-            &format!("/api/v1/page-services/{name}"),
-            &[],
-            Some(&body),
-            Duration::from_secs(10),
+            &path,
+            def.to_string().as_bytes(),
+            "storing a page service",
         )
         .await?;
-        if !matches!(r.status, 200 | 201) {
-            bail!("storing page service {name}: {} {}", r.status, r.text());
-        }
     }
     let page = format!("bench/scenario-{}.html", args.scenario);
     {

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure};
+use anyhow::ensure;
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::json;
 use tokio::time::Instant;
@@ -338,25 +338,8 @@ pub async fn run_watching(
 /// Phase 1: `PUT /api/v1/device-types/em300th`.
 async fn register_device_type(session: &Session) -> anyhow::Result<()> {
     let path = format!("/api/v1/device-types/{}", payload::DEVICE_TYPE);
-    let body = payload::device_type_body();
-    let response = http::request(
-        &session.base,
-        "PUT",
-        &path,
-        &[],
-        Some(&body),
-        Duration::from_secs(30),
-    )
-    .await?;
-    if !matches!(response.status, 200 | 201) {
-        bail!(
-            "registering the {} device type: PUT {path} answered {}: {}",
-            payload::DEVICE_TYPE,
-            response.status,
-            response.text().trim()
-        );
-    }
-    Ok(())
+    let what = format!("registering the {} device type", payload::DEVICE_TYPE);
+    http::put_setup(&session.base, &path, &payload::device_type_body(), &what).await
 }
 
 /// For the `alarms` scenario: a rule on this run's channel raising an
@@ -371,24 +354,13 @@ async fn create_rule(session: &Session, channel: &str, threshold: f64) -> anyhow
                   "severity": "critical", "description": "{{dataId}};{{reportedAt}};{{device.id}}"}
     });
     let path = format!("/api/v1/rules/{channel}");
-    let body = rule.to_string().into_bytes();
-    let response = http::request(
+    http::put_setup(
         &session.base,
-        "PUT",
         &path,
-        &[],
-        Some(&body),
-        Duration::from_secs(30),
+        rule.to_string().as_bytes(),
+        "creating the alarm rule",
     )
-    .await?;
-    if !matches!(response.status, 200 | 201) {
-        bail!(
-            "creating the alarm rule: PUT {path} answered {}: {}",
-            response.status,
-            response.text().trim()
-        );
-    }
-    Ok(())
+    .await
 }
 
 /// Phase 3: the load, with a progress bar fed from the workers' counters.

@@ -43,8 +43,25 @@ fn attributes(a: &Alarm) -> AttrMap {
 /// Creates or updates the alarm's entity.
 pub(super) async fn upsert(context: &Context, alarm: &Alarm) -> Result<(), NgsiError> {
     let now = weft_model::now_ms();
+    match update(context, alarm, now).await {
+        Err(e) if e.status == 404 => {
+            let mut entity = Entity::new(alarm.id.clone(), ALARM_ENTITY_TYPE);
+            entity.attrs = attributes(alarm);
+            entity.stamp_created(now);
+            match context.create(DEFAULT_TENANT, "/", entity).await {
+                // Created meanwhile by a concurrent change: update it.
+                Err(e) if e.status == 422 => update(context, alarm, now).await,
+                other => other,
+            }
+        }
+        other => other,
+    }
+}
+
+/// Writes the alarm's attributes into its existing entity.
+async fn update(context: &Context, alarm: &Alarm, now: i64) -> Result<(), NgsiError> {
     let paths = ["/".to_string()];
-    let updated = context
+    context
         .modify(
             DEFAULT_TENANT,
             &paths,
@@ -52,28 +69,6 @@ pub(super) async fn upsert(context: &Context, alarm: &Alarm) -> Result<(), NgsiE
             Some(ALARM_ENTITY_TYPE),
             |e| Ok(append(e, attributes(alarm), Default::default(), now)),
         )
-        .await;
-    match updated {
-        Ok(_) => Ok(()),
-        Err(e) if e.status == 404 => {
-            let mut entity = Entity::new(alarm.id.clone(), ALARM_ENTITY_TYPE);
-            entity.attrs = attributes(alarm);
-            entity.stamp_created(now);
-            match context.create(DEFAULT_TENANT, "/", entity).await {
-                // Created meanwhile by a concurrent change: update it.
-                Err(e) if e.status == 422 => context
-                    .modify(
-                        DEFAULT_TENANT,
-                        &paths,
-                        &alarm.id,
-                        Some(ALARM_ENTITY_TYPE),
-                        |e| Ok(append(e, attributes(alarm), Default::default(), now)),
-                    )
-                    .await
-                    .map(|_| ()),
-                other => other,
-            }
-        }
-        Err(e) => Err(e),
-    }
+        .await
+        .map(|_| ())
 }
