@@ -27,7 +27,7 @@
 //! - [`ngsi_notify`]: the `ngsi-notify` scenario (seed 002's notification
 //!   stress tests): `ngsi-update`'s load with subscriptions and a
 //!   notification sink in the bench process.
-//! - [`pages`]: the `pages` scenario (seed 004, Knot.x's scenarios 1 and 5).
+//! - [`pages`]: the `pages` scenario (seed 004, Knot.x scenarios 1-6 and the soak mix).
 //! - [`history`]: the `history` scenario (seed 003's QuantumLeap load
 //!   test): notifications to `/v2/notify`, every row read back, then
 //!   `lastN`, range and aggregation queries.
