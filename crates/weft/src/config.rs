@@ -289,10 +289,13 @@ impl Default for ChannelsSection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PagesSection {
-    /// Pages rendered at once; beyond it a request gets 503 + Retry-After.
+    /// Pages rendered at once; more requests wait (up to
+    /// `max_waiting_renders`).
     pub max_concurrent_renders: usize,
     /// What a failed snippet without `data-knotx-fallback` renders as.
     pub default_fallback: String,
+    /// Requests that may wait for a render slot; beyond, 503 + Retry-After.
+    pub max_waiting_renders: usize,
 }
 
 impl Default for PagesSection {
@@ -301,6 +304,7 @@ impl Default for PagesSection {
         PagesSection {
             max_concurrent_renders: d.max_concurrent_renders,
             default_fallback: d.default_fallback,
+            max_waiting_renders: d.max_waiting_renders,
         }
     }
 }

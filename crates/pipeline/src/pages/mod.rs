@@ -32,13 +32,16 @@ pub struct PagesConfig {
     pub max_concurrent_renders: usize,
     /// What a failed snippet without `data-knotx-fallback` becomes.
     pub default_fallback: String,
+    /// Requests that may wait for a render slot; more are refused (503).
+    pub max_waiting_renders: usize,
 }
 
 impl Default for PagesConfig {
     fn default() -> Self {
         PagesConfig {
-            max_concurrent_renders: 256,
+            max_concurrent_renders: 64,
             default_fallback: String::new(),
+            max_waiting_renders: 4096,
         }
     }
 }
@@ -96,6 +99,27 @@ pub struct Pages {
     pages: parking_lot::RwLock<HashMap<String, Arc<Compiled>>>,
     services: parking_lot::RwLock<HashMap<String, Arc<PageService>>>,
     renders: Arc<Semaphore>,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts one request waiting for a render slot while it lives.
+struct WaitingGuard<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> WaitingGuard<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize, max: usize) -> Option<WaitingGuard<'a>> {
+        use std::sync::atomic::Ordering;
+        if count.fetch_add(1, Ordering::AcqRel) >= max {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(WaitingGuard(count))
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 fn compile(source: String) -> Result<Compiled, PageError> {
@@ -151,6 +175,7 @@ impl Pages {
             store,
             sources,
             renders: Arc::new(Semaphore::new(config.max_concurrent_renders.max(1))),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
             config,
             pages: parking_lot::RwLock::new(pages),
             services: parking_lot::RwLock::new(services),
@@ -244,11 +269,23 @@ impl Pages {
             .get(name)
             .cloned()
             .ok_or_else(|| PageError::NotFound(name.to_string()))?;
-        let _permit = self
-            .renders
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| PageError::Busy)?;
+        // Up to `max_waiting_renders` requests wait for a render slot (they
+        // hold no page memory yet); beyond that the answer is 503 at once.
+        let _permit = match self.renders.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let waiting = WaitingGuard::enter(&self.waiting, self.config.max_waiting_renders)
+                    .ok_or(PageError::Busy)?;
+                let p = self
+                    .renders
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| PageError::Busy)?;
+                drop(waiting);
+                p
+            }
+        };
         let t = &page.template;
 
         // Each distinct call once, all concurrently.
