@@ -243,3 +243,20 @@ async fn one_call_for_many_snippets_and_internal_sources() {
     let _: Value = c.expect(204, "DELETE", "/api/v1/pages/many", None).await;
     assert_eq!(get_page(&c, "/pages/many").await.0, 404);
 }
+
+/// Templates in the configured directory are pages from the start, named
+/// by their path below it.
+#[tokio::test]
+async fn templates_load_from_the_configured_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/about.html"), "<p>about us</p>").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a page").unwrap();
+    let server = Server::start_with_env(&[("WEFT_PAGES__DIRECTORY", dir.path().to_str().unwrap())]);
+    let c = server.client();
+    assert_eq!(
+        get_page(&c, "/pages/site/about.html").await,
+        (200, "<p>about us</p>".to_string())
+    );
+    assert_eq!(get_page(&c, "/pages/notes.txt").await.0, 404);
+}

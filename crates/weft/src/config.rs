@@ -296,6 +296,9 @@ pub struct PagesSection {
     pub default_fallback: String,
     /// Requests that may wait for a render slot; beyond, 503 + Retry-After.
     pub max_waiting_renders: usize,
+    /// A directory of `*.html` templates loaded at start (named by their
+    /// path below it); pages stored through the API take precedence.
+    pub directory: Option<PathBuf>,
 }
 
 impl Default for PagesSection {
@@ -305,6 +308,7 @@ impl Default for PagesSection {
             max_concurrent_renders: d.max_concurrent_renders,
             default_fallback: d.default_fallback,
             max_waiting_renders: d.max_waiting_renders,
+            directory: None,
         }
     }
 }

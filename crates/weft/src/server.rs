@@ -86,6 +86,7 @@ pub async fn serve(
                 max_concurrent_renders: config.pages.max_concurrent_renders,
                 default_fallback: config.pages.default_fallback.clone(),
                 max_waiting_renders: config.pages.max_waiting_renders,
+                directory: config.pages.directory.clone(),
             },
             rules: weft_pipeline::rules::RulesConfig {
                 script_time_limit: config.rules.script_time_limit,

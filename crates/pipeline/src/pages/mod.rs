@@ -34,6 +34,10 @@ pub struct PagesConfig {
     pub default_fallback: String,
     /// Requests that may wait for a render slot; more are refused (503).
     pub max_waiting_renders: usize,
+    /// A directory whose `*.html` files (recursively) are loaded as pages
+    /// at start, named by their path below it (`site/home.html`). Pages
+    /// stored through the API with the same name take precedence.
+    pub directory: Option<std::path::PathBuf>,
 }
 
 impl Default for PagesConfig {
@@ -42,6 +46,7 @@ impl Default for PagesConfig {
             max_concurrent_renders: 64,
             default_fallback: String::new(),
             max_waiting_renders: 4096,
+            directory: None,
         }
     }
 }
@@ -156,6 +161,18 @@ impl Pages {
         config: PagesConfig,
     ) -> Result<Arc<Pages>, StoreError> {
         let mut pages = HashMap::new();
+        if let Some(dir) = &config.directory {
+            for (name, source) in html_files(dir) {
+                match compile(source) {
+                    Ok(c) => {
+                        pages.insert(name, Arc::new(c));
+                    }
+                    Err(e) => {
+                        tracing::warn!(page = %name, error = %e, "a page file is invalid; skipped")
+                    }
+                }
+            }
+        }
         for doc in store.load_documents(DocumentKind::Page).await? {
             let source: String = serde_json::from_str(&doc.json).unwrap_or_default();
             match compile(source) {
@@ -382,6 +399,45 @@ impl Pages {
         }
         Ok(out)
     }
+}
+
+/// Every `*.html` file below `dir` as (path below `dir` with `/`, text);
+/// unreadable files and directories are logged and skipped.
+fn html_files(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot read the pages directory");
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|x| x == "html") {
+                let name = path
+                    .strip_prefix(dir)
+                    .map(|p| {
+                        p.components()
+                            .map(|c| c.as_os_str().to_string_lossy())
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    })
+                    .unwrap_or_default();
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => out.push((name, text)),
+                    Err(e) => {
+                        tracing::warn!(file = %path.display(), error = %e, "cannot read a page file")
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A snippet's render context, or `None` if one of its services failed
