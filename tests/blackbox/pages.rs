@@ -260,3 +260,93 @@ async fn templates_load_from_the_configured_directory() {
     );
     assert_eq!(get_page(&c, "/pages/notes.txt").await.0, 404);
 }
+
+/// A cached result is served without a call until its TTL passes; when
+/// the service fails, the last result is served stale; a service failing
+/// `failures` times in a row is not called while its breaker is open.
+#[tokio::test]
+async fn cache_serve_stale_and_circuit_breaker() {
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (f, n) = (failing.clone(), calls.clone());
+    let app = axum::Router::new().route(
+        "/flaky",
+        axum::routing::get(move || {
+            let (f, n) = (f.clone(), n.clone());
+            async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                if f.load(Ordering::SeqCst) {
+                    Err(axum::http::StatusCode::BAD_GATEWAY)
+                } else {
+                    Ok(axum::Json(json!({"v": "fresh"})))
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/flaky", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let server = Server::start();
+    let c = server.client();
+    for (name, spec) in [
+        (
+            "cached",
+            json!({"http": {"url": url}, "cache": {"ttl": "1h"}}),
+        ),
+        (
+            "stale",
+            json!({"http": {"url": url}, "cache": {"ttl": "0s", "serveStale": true},
+                         "circuitBreaker": {"failures": 100}}),
+        ),
+        (
+            "guarded",
+            json!({"http": {"url": url}, "circuitBreaker": {"failures": 2, "openFor": "1h"}}),
+        ),
+    ] {
+        c.expect(
+            201,
+            "PUT",
+            &format!("/api/v1/page-services/{name}"),
+            Some(&spec),
+        )
+        .await;
+        let template = format!(
+            "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"{name}\" \
+             data-knotx-fallback=\"BLANK\" type=\"text/knotx-snippet\">{{{{_result.v}}}}</script>"
+        );
+        assert_eq!(
+            put_text(&c, &format!("/api/v1/pages/{name}"), &template).await,
+            201
+        );
+    }
+    let page = |name: &'static str| {
+        let c = c.clone();
+        async move { get_page(&c, &format!("/pages/{name}")).await.1 }
+    };
+    assert_eq!(page("cached").await, "fresh");
+    assert_eq!(page("cached").await, "fresh");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the second render came from the cache"
+    );
+
+    assert_eq!(page("stale").await, "fresh");
+    failing.store(true, Ordering::SeqCst);
+    assert_eq!(
+        page("stale").await,
+        "fresh",
+        "served stale while the service fails"
+    );
+
+    let before = calls.load(Ordering::SeqCst);
+    for _ in 0..4 {
+        assert_eq!(page("guarded").await, "", "the fallback");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        2,
+        "open after two failures: not called again"
+    );
+}

@@ -105,7 +105,14 @@ pub struct Pages {
     services: parking_lot::RwLock<HashMap<String, Arc<PageService>>>,
     renders: Arc<Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
+    /// Cached results by call (service, params, forwarded headers).
+    cache: parking_lot::Mutex<HashMap<String, (std::time::Instant, Arc<Value>)>>,
+    /// Circuit breakers by service name: failures in a row, open until.
+    breakers: parking_lot::Mutex<HashMap<String, (u32, Option<std::time::Instant>)>>,
 }
+
+/// Most cached results kept (beyond, an arbitrary one is dropped).
+const MAX_CACHED_RESULTS: usize = 10_000;
 
 /// Counts one request waiting for a render slot while it lives.
 struct WaitingGuard<'a>(&'a std::sync::atomic::AtomicUsize);
@@ -193,6 +200,8 @@ impl Pages {
             sources,
             renders: Arc::new(Semaphore::new(config.max_concurrent_renders.max(1))),
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            cache: parking_lot::Mutex::new(HashMap::new()),
+            breakers: parking_lot::Mutex::new(HashMap::new()),
             config,
             pages: parking_lot::RwLock::new(pages),
             services: parking_lot::RwLock::new(services),
@@ -278,6 +287,81 @@ impl Pages {
         Ok(self.services.write().remove(name).is_some())
     }
 
+    /// One service call through its cache and circuit breaker.
+    async fn guarded_call(
+        &self,
+        key: &str,
+        svc: &PageService,
+        params: &Map<String, Value>,
+        request: &RequestInfo,
+    ) -> Result<Arc<Value>, String> {
+        let service = key.split('\u{0}').next().unwrap_or_default().to_string();
+        let now = std::time::Instant::now();
+        // The forwarded headers are part of what is called.
+        let mut cache_key = key.to_string();
+        if let Some(h) = &svc.http {
+            for name in &h.headers {
+                cache_key.push('\u{0}');
+                cache_key.push_str(
+                    request
+                        .headers
+                        .get(&name.to_ascii_lowercase())
+                        .map_or("", String::as_str),
+                );
+            }
+        }
+        let cached = self.cache.lock().get(&cache_key).cloned();
+        if let (Some(spec), Some((at, value))) = (&svc.cache, &cached) {
+            if now.duration_since(*at) < spec.ttl {
+                return Ok(value.clone());
+            }
+        }
+        let stale = || match (&svc.cache, &cached) {
+            (Some(spec), Some((_, v))) if spec.serve_stale => Some(v.clone()),
+            _ => None,
+        };
+        let breaker = svc.circuit_breaker.clone().unwrap_or_default();
+        let open = self
+            .breakers
+            .lock()
+            .get(&service)
+            .and_then(|(_, until)| *until)
+            .is_some_and(|until| now < until);
+        if open {
+            return stale().ok_or_else(|| format!("service '{service}' is failing (circuit open)"));
+        }
+        match self.sources.call(svc, params, request).await {
+            Ok(v) => {
+                let v = Arc::new(v);
+                self.breakers.lock().remove(&service);
+                if svc
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| !c.ttl.is_zero() || c.serve_stale)
+                {
+                    let mut cache = self.cache.lock();
+                    if cache.len() >= MAX_CACHED_RESULTS {
+                        if let Some(k) = cache.keys().next().cloned() {
+                            cache.remove(&k);
+                        }
+                    }
+                    cache.insert(cache_key, (now, v.clone()));
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                let mut breakers = self.breakers.lock();
+                let entry = breakers.entry(service).or_insert((0, None));
+                entry.0 += 1;
+                if entry.0 >= breaker.failures.max(1) {
+                    entry.1 = Some(std::time::Instant::now() + breaker.open_for);
+                    entry.0 = 0;
+                }
+                stale().ok_or(e)
+            }
+        }
+    }
+
     /// Renders page `name` for a request.
     pub async fn render(&self, name: &str, request: &RequestInfo) -> Result<String, PageError> {
         let page = self
@@ -330,14 +414,14 @@ impl Pages {
         let keys: Vec<String> = calls.keys().cloned().collect();
         let results = futures::future::join_all(keys.iter().map(|k| {
             let (svc, params) = &calls[k];
-            self.sources.call(svc, params, request)
+            self.guarded_call(k, svc, params, request)
         }))
         .await;
         let results: HashMap<&str, Option<Arc<Value>>> = keys
             .iter()
             .map(String::as_str)
             .zip(results.into_iter().map(|r| match r {
-                Ok(v) => Some(Arc::new(v)),
+                Ok(v) => Some(v),
                 Err(e) => {
                     tracing::debug!(error = %e, "page service failed");
                     None

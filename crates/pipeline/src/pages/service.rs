@@ -111,9 +111,64 @@ pub struct PageService {
     /// Default params.
     #[serde(default)]
     pub params: Map<String, Value>,
-    /// Cache policy (accepted; results are not cached yet).
+    /// Cache policy: results kept for `ttl` and, when a later call fails,
+    /// served stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<Value>,
+    pub cache: Option<CacheSpec>,
+    /// When to stop calling a failing service for a while.
+    #[serde(
+        default,
+        rename = "circuitBreaker",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub circuit_breaker: Option<BreakerSpec>,
+}
+
+/// A service's cache policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// How long a result is served without calling again (0s: no cache).
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Serve the last result, however old, when a call fails.
+    #[serde(default = "yes", rename = "serveStale")]
+    pub serve_stale: bool,
+}
+
+/// A service's circuit breaker: after `failures` failed calls in a row the
+/// service is not called for `openFor` (its snippets get the stale result
+/// or their fallback at once); then one call decides whether it closes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSpec {
+    /// Failures in a row that open it.
+    #[serde(default = "five")]
+    pub failures: u32,
+    /// How long it stays open.
+    #[serde(default = "ten_seconds", rename = "openFor", with = "humantime_serde")]
+    pub open_for: Duration,
+}
+
+impl Default for BreakerSpec {
+    fn default() -> Self {
+        BreakerSpec {
+            failures: five(),
+            open_for: ten_seconds(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn five() -> u32 {
+    5
+}
+
+fn ten_seconds() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// What a render knows of its page request.
