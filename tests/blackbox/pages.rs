@@ -350,3 +350,59 @@ async fn cache_serve_stale_and_circuit_breaker() {
         "open after two failures: not called again"
     );
 }
+
+/// Each of Knot.x's six scenario shapes (templates and service payloads of
+/// the published sizes and JSON shapes) renders exactly the page computed
+/// independently by the benchmark's fixtures.
+#[tokio::test]
+async fn each_knotx_scenario_shape_renders_exactly() {
+    use weft_bench::pages::{mock::Mock, payload};
+    let server = Server::start();
+    let c = server.client();
+    let (listener, mock_url) = Mock::bind().await.unwrap();
+    let fixtures = [
+        payload::scenario1(&mock_url),
+        payload::scenario2(&mock_url),
+        payload::scenario3(&mock_url),
+        payload::scenario4(&mock_url),
+        payload::scenario5(&mock_url),
+        payload::scenario6(&mock_url),
+    ];
+    let mut bodies = std::collections::HashMap::new();
+    for f in &fixtures {
+        for (_, url, body) in &f.services {
+            let path = url.strip_prefix(&mock_url).unwrap().to_string();
+            bodies.insert(path, hyper::body::Bytes::from(body.clone()));
+        }
+    }
+    let _mock = Mock::serve(listener, mock_url.clone(), bodies);
+    for (i, f) in fixtures.iter().enumerate() {
+        for (name, url, _) in &f.services {
+            let def = json!({"http": {"url": url, "timeout": "5s"}});
+            let (s, _) = c
+                .send(
+                    "PUT",
+                    &format!("/api/v1/page-services/{name}"),
+                    Some(&def),
+                    None,
+                )
+                .await;
+            assert!(
+                s == 200 || s == 201,
+                "scenario {}: service {name}: {s}",
+                i + 1
+            );
+        }
+        assert_eq!(
+            put_text(&c, &format!("/api/v1/pages/{}", f.page), &f.template).await,
+            201
+        );
+        let (status, html) = get_page(&c, &format!("/pages/{}", f.page)).await;
+        assert_eq!(status, 200, "scenario {}", i + 1);
+        assert!(
+            html.as_bytes() == f.expected.as_slice(),
+            "scenario {} differs",
+            i + 1
+        );
+    }
+}
