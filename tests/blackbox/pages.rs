@@ -245,18 +245,33 @@ async fn one_call_for_many_snippets_and_internal_sources() {
 }
 
 /// Templates in the configured directory are pages from the start, named
-/// by their path below it.
+/// by their path below it, and services can be given in the configuration.
 #[tokio::test]
-async fn templates_load_from_the_configured_directory() {
+async fn templates_and_services_from_the_configuration() {
+    let (mock_url, _) = mock().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("site")).unwrap();
-    std::fs::write(dir.path().join("site/about.html"), "<p>about us</p>").unwrap();
+    std::fs::write(
+        dir.path().join("site/about.html"),
+        "<p>about us</p><script data-knotx-knots=\"services,handlebars\" \
+         data-knotx-service=\"first\" type=\"text/knotx-snippet\">{{_result.message}}</script>",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("notes.txt"), "not a page").unwrap();
-    let server = Server::start_with_env(&[("WEFT_PAGES__DIRECTORY", dir.path().to_str().unwrap())]);
+    let config = dir.path().join("weft.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pages]\ndirectory = {:?}\n[pages.services.first.http]\nurl = \"{mock_url}/first\"\n",
+            dir.path().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let server = Server::start_with_env(&[("WEFT_CONFIG", config.to_str().unwrap())]);
     let c = server.client();
     assert_eq!(
         get_page(&c, "/pages/site/about.html").await,
-        (200, "<p>about us</p>".to_string())
+        (200, "<p>about us</p>Hello &lt;world&gt;".to_string())
     );
     assert_eq!(get_page(&c, "/pages/notes.txt").await.0, 404);
 }

@@ -299,6 +299,8 @@ pub struct PagesSection {
     /// A directory of `*.html` templates loaded at start (named by their
     /// path below it); pages stored through the API take precedence.
     pub directory: Option<PathBuf>,
+    /// Page services (`[pages.services.<name>]`, as the API takes them).
+    pub services: BTreeMap<String, weft_pipeline::pages::PageService>,
 }
 
 impl Default for PagesSection {
@@ -309,6 +311,7 @@ impl Default for PagesSection {
             default_fallback: d.default_fallback,
             max_waiting_renders: d.max_waiting_renders,
             directory: None,
+            services: BTreeMap::new(),
         }
     }
 }

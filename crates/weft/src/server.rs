@@ -87,6 +87,7 @@ pub async fn serve(
                 default_fallback: config.pages.default_fallback.clone(),
                 max_waiting_renders: config.pages.max_waiting_renders,
                 directory: config.pages.directory.clone(),
+                services: config.pages.services.clone().into_iter().collect(),
             },
             rules: weft_pipeline::rules::RulesConfig {
                 script_time_limit: config.rules.script_time_limit,

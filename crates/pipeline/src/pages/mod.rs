@@ -38,6 +38,9 @@ pub struct PagesConfig {
     /// at start, named by their path below it (`site/home.html`). Pages
     /// stored through the API with the same name take precedence.
     pub directory: Option<std::path::PathBuf>,
+    /// Services from the configuration file, by name; services stored
+    /// through the API with the same name take precedence.
+    pub services: Vec<(String, PageService)>,
 }
 
 impl Default for PagesConfig {
@@ -47,6 +50,7 @@ impl Default for PagesConfig {
             default_fallback: String::new(),
             max_waiting_renders: 4096,
             directory: None,
+            services: Vec::new(),
         }
     }
 }
@@ -190,6 +194,16 @@ impl Pages {
             }
         }
         let mut services = HashMap::new();
+        for (name, svc) in &config.services {
+            match svc.validate() {
+                Ok(()) => {
+                    services.insert(name.clone(), Arc::new(svc.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(service = %name, error = %e, "a configured page service is invalid; skipped")
+                }
+            }
+        }
         for doc in store.load_documents(DocumentKind::PageService).await? {
             if let Ok(s) = serde_json::from_str::<PageService>(&doc.json) {
                 services.insert(doc.id, Arc::new(s));
