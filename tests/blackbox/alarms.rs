@@ -26,6 +26,12 @@ fn rule(extra: Value) -> Value {
     r
 }
 
+/// `PUT /api/v1/rules/{id}`, asserting the status; the rule as answered.
+async fn put_rule(c: &Client, id: &str, status: u16, body: &Value) -> Value {
+    c.expect(status, "PUT", &format!("/api/v1/rules/{id}"), Some(body))
+        .await
+}
+
 /// Sends a decoded em300th uplink for `device` at `temperature`.
 async fn send(c: &Client, id: &str, device: &str, temperature: i64, reported_at: i64) {
     c.uplink(
@@ -67,8 +73,7 @@ async fn threshold_rule_raises_updates_and_clears_one_alarm_per_device() {
         .expect(201, "PUT", "/api/v1/rules/hot-soil", Some(&rule(json!({}))))
         .await;
     assert_eq!(created["id"], "hot-soil");
-    c.expect(200, "PUT", "/api/v1/rules/hot-soil", Some(&rule(json!({}))))
-        .await;
+    put_rule(&c, "hot-soil", 200, &rule(json!({}))).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({})).await;
 
@@ -203,13 +208,7 @@ async fn ack_and_clear_over_the_api() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/rules/hot",
-        Some(&rule(json!({"clear": null}))),
-    )
-    .await;
+    put_rule(&c, "hot", 201, &rule(json!({"clear": null}))).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({"devices": ["d1"]}))
         .await;
@@ -260,16 +259,16 @@ async fn for_and_repeat_wait_before_raising() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(
+    put_rule(
+        &c,
+        "held",
         201,
-        "PUT",
-        "/api/v1/rules/held",
-        Some(&rule(json!({"for": "5s", "scope": {"devices": ["held"]}}))),
+        &rule(json!({"for": "5s", "scope": {"devices": ["held"]}})),
     )
     .await;
     let mut r = rule(json!({"repeat": 3, "scope": {"devices": ["rep"]}}));
     r["alarm"]["type"] = json!("repeated");
-    c.expect(201, "PUT", "/api/v1/rules/rep", Some(&r)).await;
+    put_rule(&c, "rep", 201, &r).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({})).await;
 
@@ -304,8 +303,7 @@ async fn inactivity_fires_for_a_silent_device() {
     let r = json!({"scope": {"devices": ["quiet"]}, "inactivity": "1s",
                    "alarm": {"type": "silent", "severity": "major",
                              "description": "{{device.id}} went quiet"}});
-    c.expect(201, "PUT", "/api/v1/rules/silence", Some(&r))
-        .await;
+    put_rule(&c, "silence", 201, &r).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({})).await;
     send(&c, "q1", "quiet", 20, now_ms()).await;
@@ -335,23 +333,15 @@ async fn a_looping_script_rule_does_not_affect_other_rules() {
     let mut looping = rule(json!({"condition": null,
         "script": "function evaluate(unit, state) { while (true) {} }"}));
     looping["alarm"]["type"] = json!("never");
-    c.expect(201, "PUT", "/api/v1/rules/loop", Some(&looping))
-        .await;
+    put_rule(&c, "loop", 201, &looping).await;
     let mut counting = rule(json!({"condition": null, "clear": null,
         "script": "function evaluate(unit, state) { state.n = (state.n || 0) + 1; \
                    if (state.n >= 2) return {raise: true, severity: 'minor', \
                    description: 'seen ' + state.n + ' at ' + unit.measures.temperature.celsius}; \
                    return false; }"}));
     counting["alarm"]["type"] = json!("counted");
-    c.expect(201, "PUT", "/api/v1/rules/count", Some(&counting))
-        .await;
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/rules/hot",
-        Some(&rule(json!({"clear": null}))),
-    )
-    .await;
+    put_rule(&c, "count", 201, &counting).await;
+    put_rule(&c, "hot", 201, &rule(json!({"clear": null}))).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({})).await;
 
@@ -383,20 +373,17 @@ async fn a_rule_edit_applies_to_the_next_uplink() {
     let server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(201, "PUT", "/api/v1/rules/hot", Some(&rule(json!({}))))
-        .await;
+    put_rule(&c, "hot", 201, &rule(json!({}))).await;
     let mut live = Live::connect(&server).await;
     live.subscribe("a", "alarms", json!({})).await;
     send(&c, "u1", "d1", 35, now_ms()).await;
     c.unit_eventually("u1").await;
     assert_eq!(live.next_within(Duration::from_millis(300)).await, None);
-    c.expect(
+    put_rule(
+        &c,
+        "hot",
         200,
-        "PUT",
-        "/api/v1/rules/hot",
-        Some(&rule(
-            json!({"condition": "temperature>30", "clear": "temperature<10"}),
-        )),
+        &rule(json!({"condition": "temperature>30", "clear": "temperature<10"})),
     )
     .await;
     send(&c, "u2", "d1", 35, now_ms()).await;
@@ -405,13 +392,7 @@ async fn a_rule_edit_applies_to_the_next_uplink() {
     let rules = c.expect(200, "GET", "/api/v1/rules", None).await;
     assert_eq!(rules[0]["condition"], "temperature>30");
 
-    c.expect(
-        200,
-        "PUT",
-        "/api/v1/rules/hot",
-        Some(&rule(json!({"enabled": false}))),
-    )
-    .await;
+    put_rule(&c, "hot", 200, &rule(json!({"enabled": false}))).await;
     send(&c, "u3", "d1", 50, now_ms()).await;
     c.unit_eventually("u3").await;
     assert_eq!(live.next_within(Duration::from_millis(300)).await, None);
@@ -427,13 +408,7 @@ async fn rule_state_and_alarms_survive_kill_9() {
     let mut server = Server::start();
     let c = server.client();
     c.create_em300th().await;
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/rules/rep",
-        Some(&rule(json!({"repeat": 3, "clear": null}))),
-    )
-    .await;
+    put_rule(&c, "rep", 201, &rule(json!({"repeat": 3, "clear": null}))).await;
     let t0 = now_ms();
     send(&c, "u1", "d1", 46, t0).await;
     send(&c, "u2", "d1", 46, t0 + 1).await;
