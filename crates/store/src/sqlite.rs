@@ -625,14 +625,14 @@ impl Store for SqliteStore {
     async fn alarm_events_head(&self) -> Result<u64> {
         self.main
             .reads
-            .run(|c| alarms::max_seq(c, "alarm_events"))
+            .run(|c| alarms::max_seq(c, alarms::ALARM_EVENTS_HEAD))
             .await
     }
 
     async fn data_head(&self) -> Result<u64> {
         self.main
             .reads
-            .run(|c| alarms::max_seq(c, "data_units"))
+            .run(|c| alarms::max_seq(c, alarms::DATA_HEAD))
             .await
     }
 

@@ -301,6 +301,7 @@ impl Channels {
         let c = self
             .existing(channel)
             .ok_or(ChannelError::SubscriberNotFound)?;
+        let max = max.max(1);
         let deadline = tokio::time::Instant::now() + wait.min(self.config.max_wait);
         let mut head = c.head.subscribe();
         loop {
@@ -317,14 +318,14 @@ impl Channels {
             if *head.borrow_and_update() > cursor {
                 let mut messages = self
                     .store
-                    .channel_messages(channel, cursor, max.max(1) + 1)
+                    .channel_messages(channel, cursor, max + 1)
                     .await?;
                 if let Some(last) = messages.last() {
                     // Read back committed before its publisher moved the
                     // head: move it now, so an ack of it is not clamped.
                     c.advance(last.seq);
-                    let more = messages.len() > max.max(1);
-                    messages.truncate(max.max(1));
+                    let more = messages.len() > max;
+                    messages.truncate(max);
                     return Ok(Fetched { messages, more });
                 }
             }

@@ -182,12 +182,14 @@ pub(super) fn alarm_events(
     rows.collect::<rusqlite::Result<_>>().db()
 }
 
-/// The highest `seq` of `table` (`alarm_events` or `data_units`), 0 if empty.
-pub(super) fn max_seq(conn: &Connection, table: &str) -> Result<u64> {
-    let sql = match table {
-        "alarm_events" => "SELECT COALESCE(MAX(seq), 0) FROM alarm_events",
-        _ => "SELECT COALESCE(MAX(seq), 0) FROM data_units",
-    };
+/// The newest alarm event's `seq` (0: none).
+pub(super) const ALARM_EVENTS_HEAD: &str = "SELECT COALESCE(MAX(seq), 0) FROM alarm_events";
+
+/// The newest stored data unit's `seq` (0: none).
+pub(super) const DATA_HEAD: &str = "SELECT COALESCE(MAX(seq), 0) FROM data_units";
+
+/// The single number `sql` selects (one of the heads above).
+pub(super) fn max_seq(conn: &Connection, sql: &'static str) -> Result<u64> {
     conn.prepare_cached(sql)
         .db()?
         .query_row([], |r| r.get::<_, i64>(0))
