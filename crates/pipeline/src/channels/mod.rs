@@ -386,51 +386,58 @@ impl Channels {
         }
     }
 
+    /// Sweeps every channel; their store writes run concurrently, so they
+    /// share commits instead of taking one each in turn.
     async fn sweep(&self) -> Result<(), StoreError> {
-        let expire = self.config.expire_after;
         let all: Vec<(String, Arc<Channel>)> = self
             .channels
             .lock()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for (name, c) in all {
-            let (expired, prune_to, idle) = {
-                let mut state = c.subscribers.lock();
-                let expired: Vec<String> = state
-                    .subscribers
-                    .iter()
-                    .filter(|(_, s)| s.last_seen.elapsed() >= expire)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for e in &expired {
-                    state.subscribers.remove(e);
-                }
-                let head = *c.head.borrow();
-                let floor = state
-                    .subscribers
-                    .values()
-                    .map(|s| s.cursor)
-                    .min()
-                    .unwrap_or(head);
-                let prune_to = (floor > state.pruned).then_some(floor);
-                let idle = state.subscribers.is_empty() && state.last_active.elapsed() >= expire;
-                (expired, prune_to, idle)
-            };
-            for sub in &expired {
-                self.store.delete_channel_subscriber(&name, sub).await?;
-                metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
+        let swept = all.iter().map(|(name, c)| self.sweep_channel(name, c));
+        futures::future::join_all(swept).await.into_iter().collect()
+    }
+
+    /// Expires one channel's idle subscribers, deletes what all of them
+    /// acknowledged, and forgets the channel when it is idle and empty.
+    async fn sweep_channel(&self, name: &str, c: &Arc<Channel>) -> Result<(), StoreError> {
+        let expire = self.config.expire_after;
+        let (expired, prune_to, idle) = {
+            let mut state = c.subscribers.lock();
+            let expired: Vec<String> = state
+                .subscribers
+                .iter()
+                .filter(|(_, s)| s.last_seen.elapsed() >= expire)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for e in &expired {
+                state.subscribers.remove(e);
             }
-            if let Some(to) = prune_to {
-                self.store.prune_channel(&name, to).await?;
-                c.subscribers.lock().pruned = to;
-            }
-            if idle {
-                let mut map = self.channels.lock();
-                let still_idle = c.subscribers.lock().subscribers.is_empty();
-                if still_idle {
-                    map.remove(&name);
-                }
+            let head = *c.head.borrow();
+            let floor = state
+                .subscribers
+                .values()
+                .map(|s| s.cursor)
+                .min()
+                .unwrap_or(head);
+            let prune_to = (floor > state.pruned).then_some(floor);
+            let idle = state.subscribers.is_empty() && state.last_active.elapsed() >= expire;
+            (expired, prune_to, idle)
+        };
+        for sub in &expired {
+            self.store.delete_channel_subscriber(name, sub).await?;
+            metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
+        }
+        if let Some(to) = prune_to {
+            self.store.prune_channel(name, to).await?;
+            c.subscribers.lock().pruned = to;
+        }
+        if idle {
+            let mut map = self.channels.lock();
+            let still_idle = c.subscribers.lock().subscribers.is_empty();
+            if still_idle {
+                map.remove(name);
             }
         }
         Ok(())
