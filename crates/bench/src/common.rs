@@ -19,9 +19,24 @@ const EXTERNAL_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Flags shared by every `weft bench` scenario.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {
-    /// Base URL of the weft server to drive (plain HTTP).
+    /// Base URL of the server to drive (plain HTTP): a weft, or a peer
+    /// that speaks the scenario's API (see --peer).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
+
+    /// The server at --url is not weft but a peer speaking the scenario's
+    /// API (DSPS, an NGSIv2 broker, QuantumLeap, a page server): setup and
+    /// checks that need weft's own `/api/v1` are done another way or left
+    /// out, and the summary says which.
+    #[arg(long, conflicts_with = "spawn")]
+    pub peer: bool,
+
+    /// Readiness probe: the path that answers 2xx once the server takes
+    /// requests (`/health` for weft; DSPS `/probe/readiness`, Orion
+    /// `/version`, QuantumLeap `/health`). Also the trivial endpoint the
+    /// calibration drives on a peer.
+    #[arg(long, default_value = "/health")]
+    pub probe: String,
 
     /// Start a `weft serve` on an ephemeral port with a temporary data
     /// directory for this run, and stop it at the end (ignores --url).
@@ -52,6 +67,10 @@ pub struct Session {
     pub base: BaseUrl,
     /// Whether the progress bar is drawn.
     pub show_progress: bool,
+    /// The server is a peer, not weft (`--peer`).
+    pub peer: bool,
+    /// The readiness probe's path.
+    probe: String,
     /// The server the bench started, stopped by [`Session::finish`].
     spawned: Option<SpawnedServer>,
 }
@@ -70,6 +89,8 @@ impl Session {
         let session = Session {
             base,
             show_progress: crate::progress::enabled(args.no_progress),
+            peer: args.peer,
+            probe: args.probe.clone(),
             spawned,
         };
         if let Err(e) = session.wait_ready().await {
@@ -84,6 +105,15 @@ impl Session {
         self.spawned.is_some()
     }
 
+    /// Fails with a clear message when the scenario cannot drive a peer:
+    /// its setup or its checks need weft's own API. `why` says what.
+    pub fn require_weft(&self, scenario: &str, why: &str) -> anyhow::Result<()> {
+        if self.peer {
+            bail!("{scenario} cannot drive a peer: {why}");
+        }
+        Ok(())
+    }
+
     /// Stops a spawned server; nothing for one given with `--url`.
     pub async fn finish(self) {
         if let Some(server) = self.spawned {
@@ -91,7 +121,8 @@ impl Session {
         }
     }
 
-    /// Polls `GET /health` until it answers 200 or the ready timeout passes.
+    /// Polls the readiness probe (`GET /health` by default) until it
+    /// answers 2xx or the ready timeout passes.
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let timeout = if self.spawned() {
             SPAWNED_READY_TIMEOUT
@@ -104,20 +135,27 @@ impl Session {
             match http::request(
                 &self.base,
                 "GET",
-                "/health",
+                &self.probe,
                 &[],
                 None,
                 Duration::from_secs(5),
             )
             .await
             {
-                Ok(r) if r.status == 200 => return Ok(()),
-                Ok(r) => last = format!("GET /health answered {}: {}", r.status, r.text().trim()),
+                Ok(r) if (200..300).contains(&r.status) => return Ok(()),
+                Ok(r) => {
+                    last = format!(
+                        "GET {} answered {}: {}",
+                        self.probe,
+                        r.status,
+                        r.text().trim()
+                    )
+                }
                 Err(e) => last = format!("{e:#}"),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let hint = if self.spawned() {
+        let hint = if self.spawned() || self.peer {
             ""
         } else {
             " (start `weft serve`, or pass --spawn)"
