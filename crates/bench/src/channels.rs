@@ -10,8 +10,16 @@
 //! acknowledged. Metrics as DSPS reported them: messages received per
 //! second, HTTP requests per second, message delay (receive − `at`,
 //! including the 20 ms of client sleeps), publish and ack latency.
+//!
+//! Only DSPS's API is used, so `--peer` drives DSPS itself: the `ackHandle`
+//! is an opaque token (DSPS's is standard base64, weft's a number), sent
+//! back percent-encoded as DSPS's own client does; delivery is at least
+//! once, so a message seen again after an ack that failed is a redelivery
+//! (counted, not a violation), and only one seen again after an ack that
+//! was answered 204 fails the check.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +129,39 @@ impl Tally {
     }
 }
 
+/// What one publisher sent: the ids the server confirmed (200), and those
+/// whose publish failed, which the server may or may not have stored.
+#[derive(Default)]
+struct Sent {
+    confirmed: Vec<String>,
+    unconfirmed: Vec<String>,
+}
+
+/// What one subscriber received.
+#[derive(Default)]
+struct Received {
+    /// Message id → times received.
+    times: HashMap<String, u32>,
+    /// Receipts of a message whose ack had been answered 204.
+    after_ack: u64,
+}
+
+/// The path of an ack: `ackHandle` is opaque, so it is percent-encoded
+/// (everything but RFC 3986's unreserved characters). DSPS's handles are
+/// standard base64 (`+`, `/`, `=`) and DSPS reads its query as a form, where
+/// a raw `+` is a space; DSPS's own client encodes it too.
+fn ack_path(subscription: &str, handle: &str) -> String {
+    let mut path = format!("{subscription}/message?ackHandle=");
+    for b in handle.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            path.push(char::from(b));
+        } else {
+            let _ = write!(path, "%{b:02X}");
+        }
+    }
+    path
+}
+
 /// One client's connection: reconnects when the server closed it.
 struct Client {
     base: BaseUrl,
@@ -211,10 +252,13 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         result?;
     }
 
-    let published: Arc<Mutex<HashMap<usize, Vec<String>>>> = Arc::default();
+    let published: Arc<Mutex<HashMap<usize, Sent>>> = Arc::default();
     let stop_publishing = Arc::new(AtomicBool::new(false));
     let stop_fetching = Arc::new(AtomicBool::new(false));
+    // Every message in every fetch (what DSPS's k6 counts), and the first
+    // receipts only (what ends the drain: redeliveries must not).
     let received_count = Arc::new(AtomicU64::new(0));
+    let distinct_count = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
 
     let mut publishers = Vec::new();
@@ -229,7 +273,7 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         publishers.push(tokio::spawn(async move {
             let mut c = Client::new(&base);
             let mut tally = Tally::new();
-            let mut ids = Vec::new();
+            let mut sent = Sent::default();
             tokio::time::sleep(offset).await;
             let mut iteration = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -250,27 +294,27 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         .publish
                         .saturating_record(sent.elapsed().as_micros() as u64);
                     if status == Some(200) {
-                        ids.push(id);
+                        sent.confirmed.push(id);
                     } else {
                         tally.failed += 1;
+                        sent.unconfirmed.push(id);
                     }
                 }
                 iteration += 1;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            published.lock().insert(ch, ids);
+            published.lock().insert(ch, sent);
             tally
         }));
     }
 
-    // received[(channel, subscriber)] = message id → times received.
-    type Seen = HashMap<String, u32>;
     let mut subscribers = Vec::new();
     for ch in 0..args.channels {
         for sub in 0..args.subscribers {
             let base = base.clone();
             let stop = stop_fetching.clone();
             let count = received_count.clone();
+            let distinct = distinct_count.clone();
             let path = format!("/channel/{prefix}-{ch}/subscription/polling/sbsc-{sub}");
             let fetch_path = format!("{path}?timeout={}ms", args.fetch_timeout.as_millis());
             let pause = args.sleep;
@@ -282,7 +326,9 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                 tokio::time::sleep(offset).await;
                 let mut c = Client::new(&base);
                 let mut tally = Tally::new();
-                let mut seen: Seen = HashMap::new();
+                let mut seen = Received::default();
+                // Messages whose ack was answered 204.
+                let mut acked: HashSet<String> = HashSet::new();
                 let mut body = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     body.clear();
@@ -303,7 +349,14 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         continue;
                     };
                     for m in &fetched.messages {
-                        *seen.entry(m.message_id.clone()).or_insert(0) += 1;
+                        let times = seen.times.entry(m.message_id.clone()).or_insert(0);
+                        *times += 1;
+                        if *times == 1 {
+                            distinct.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if acked.contains(&m.message_id) {
+                            seen.after_ack += 1;
+                        }
                         if let Some(at) = m.content.get("at").and_then(|a| a.as_i64()) {
                             let ms = (received_at - at).max(0) as u64;
                             tally.delay.saturating_record(ms * 1000);
@@ -315,18 +368,17 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         tokio::time::sleep(pause).await;
                         let sent = Instant::now();
                         let status = c
-                            .call(
-                                "DELETE",
-                                &format!("{path}/message?ackHandle={handle}"),
-                                None,
-                                None,
-                            )
+                            .call("DELETE", &ack_path(&path, &handle), None, None)
                             .await;
                         tally.requests += 1;
                         tally
                             .ack
                             .saturating_record(sent.elapsed().as_micros() as u64);
-                        if status != Some(204) {
+                        if status == Some(204) {
+                            // The handle covers this fetch's messages (and
+                            // all before them, acked or in it again).
+                            acked.extend(fetched.messages.into_iter().map(|m| m.message_id));
+                        } else {
                             tally.failed += 1;
                         }
                     }
@@ -346,12 +398,15 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         tally.merge(&p.await?);
     }
     let published = std::mem::take(&mut *published.lock());
-    let owed: u64 =
-        published.values().map(|v| v.len() as u64).sum::<u64>() * args.subscribers as u64;
+    let owed: u64 = published
+        .values()
+        .map(|v| v.confirmed.len() as u64)
+        .sum::<u64>()
+        * args.subscribers as u64;
 
     // Drain: until every owed message arrived, or the timeout.
     let drain_started = Instant::now();
-    while received_count.load(Ordering::Relaxed) < owed
+    while distinct_count.load(Ordering::Relaxed) < owed
         && drain_started.elapsed() < args.drain_timeout
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -363,25 +418,29 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
 
     let mut missing = 0u64;
     let mut delivered = 0u64;
+    let mut redelivered = 0u64;
     let mut repeated = 0u64;
     let mut unexpected = 0u64;
+    let none = Sent::default();
     for s in subscribers {
         let (ch, seen, t) = s.await?;
         tally.merge(&t);
-        let want: HashSet<&String> = published
-            .get(&ch)
-            .map(|v| v.iter().collect())
-            .unwrap_or_default();
+        let sent = published.get(&ch).unwrap_or(&none);
+        let want: HashSet<&String> = sent.confirmed.iter().collect();
+        let maybe: HashSet<&String> = sent.unconfirmed.iter().collect();
         for id in &want {
-            match seen.get(*id) {
-                Some(n) => {
-                    delivered += 1;
-                    repeated += u64::from(*n - 1);
-                }
+            match seen.times.get(*id) {
+                Some(_) => delivered += 1,
                 None => missing += 1,
             }
         }
-        unexpected += seen.keys().filter(|k| !want.contains(k)).count() as u64;
+        redelivered += seen.times.values().map(|n| u64::from(n - 1)).sum::<u64>();
+        repeated += seen.after_ack;
+        unexpected += seen
+            .times
+            .keys()
+            .filter(|k| !want.contains(k) && !maybe.contains(k))
+            .count() as u64;
     }
 
     let load_secs = load_elapsed.as_secs_f64();
@@ -424,6 +483,8 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes: Vec::new(),
+        calibration: None,
+        throughput: None,
     };
     s.checks.push(Check::new(
         "every request answered as expected",
@@ -448,6 +509,7 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
     m.insert("messages_owed".into(), Metric::count(owed));
     m.insert("messages_missing".into(), Metric::count(missing));
     m.insert("messages_repeated".into(), Metric::count(repeated));
+    m.insert("messages_redelivered".into(), Metric::count(redelivered));
     m.insert(
         "http_reqs".into(),
         Metric::counter(tally.requests, (load_elapsed + drain_elapsed).as_secs_f64()),
@@ -478,6 +540,20 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::extract::{Path, Query, State};
+    use axum::http::StatusCode;
+    use axum::routing::{delete, get, put};
+    use axum::{Json, Router};
+    use parking_lot::Mutex;
+    use serde_json::{json, Value};
+
+    use super::ack_path;
+    use crate::common::Session;
+    use crate::summary::{Metric, Summary};
     use crate::{try_parse_command, BenchCommand};
 
     /// DSPS's k6 shape is the default.
@@ -489,5 +565,211 @@ mod tests {
         assert_eq!((a.channels, a.subscribers, a.messages), (400, 3, 3));
         assert_eq!(a.fetch_timeout, std::time::Duration::from_secs(3));
         assert_eq!(a.sleep, std::time::Duration::from_millis(10));
+    }
+
+    /// Handles are opaque: anything but unreserved characters is escaped.
+    #[test]
+    fn ack_handles_are_percent_encoded() {
+        assert_eq!(ack_path("/c/s", "42"), "/c/s/message?ackHandle=42");
+        assert_eq!(
+            ack_path("/c/s", "eyJy+ZW/Rp=="),
+            "/c/s/message?ackHandle=eyJy%2BZW%2FRp%3D%3D"
+        );
+        assert_eq!(
+            ack_path("/c/s", "a,b c~-._"),
+            "/c/s/message?ackHandle=a%2Cb%20c~-._"
+        );
+    }
+
+    /// A stand-in for DSPS: messages in publish order per channel, a
+    /// cursor per subscriber, and DSPS-like handles (standard base64
+    /// characters `+`, `/`, `=`), read from the query as a form is, as DSPS
+    /// reads it: a handle sent raw reaches it with a space and is refused.
+    #[derive(Default)]
+    struct Dsps {
+        messages: HashMap<String, Vec<(String, Value)>>,
+        cursors: HashMap<(String, String), usize>,
+        /// Fault: answer acks 204 but keep the cursor.
+        ignore_acks: bool,
+    }
+    type Shared = Arc<Mutex<Dsps>>;
+
+    fn handle_of(position: usize) -> String {
+        format!("c{position}+x/y=")
+    }
+
+    async fn start_dsps(ignore_acks: bool) -> String {
+        let state: Shared = Arc::new(Mutex::new(Dsps {
+            ignore_acks,
+            ..Dsps::default()
+        }));
+        let app = Router::new()
+            .route("/probe/readiness", get(|| async { Json(json!({})) }))
+            .route("/channel/{ch}/message/{id}", put(publish))
+            .route(
+                "/channel/{ch}/subscription/polling/{sub}",
+                put(subscribe).get(fetch),
+            )
+            .route(
+                "/channel/{ch}/subscription/polling/{sub}/message",
+                delete(ack),
+            )
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+
+    async fn subscribe(
+        State(d): State<Shared>,
+        Path((ch, sub)): Path<(String, String)>,
+    ) -> Json<Value> {
+        let mut d = d.lock();
+        let at = d.messages.get(&ch).map_or(0, Vec::len);
+        d.cursors.entry((ch.clone(), sub.clone())).or_insert(at);
+        Json(json!({"channelID": ch, "subscriberID": sub}))
+    }
+
+    async fn publish(
+        State(d): State<Shared>,
+        Path((ch, id)): Path<(String, String)>,
+        body: String,
+    ) -> Result<Json<Value>, StatusCode> {
+        let content: Value = serde_json::from_str(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+        let mut d = d.lock();
+        let list = d.messages.entry(ch.clone()).or_default();
+        if !list.iter().any(|(i, _)| *i == id) {
+            list.push((id.clone(), content));
+        }
+        Ok(Json(json!({"channelID": ch, "messageID": id})))
+    }
+
+    async fn fetch(
+        State(d): State<Shared>,
+        Path((ch, sub)): Path<(String, String)>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> Result<Json<Value>, StatusCode> {
+        let wait = q
+            .get("timeout")
+            .and_then(|t| t.strip_suffix("ms"))
+            .and_then(|t| t.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            {
+                let d = d.lock();
+                let key = (ch.clone(), sub.clone());
+                let cursor = *d.cursors.get(&key).ok_or(StatusCode::NOT_FOUND)?;
+                let all = d.messages.get(&ch).map_or(&[][..], Vec::as_slice);
+                let new = &all[cursor.min(all.len())..];
+                if !new.is_empty() || tokio::time::Instant::now() >= until {
+                    let mut body = json!({
+                        "channelID": ch,
+                        "messages": new.iter().map(|(id, content)| json!({"messageID": id, "content": content})).collect::<Vec<_>>(),
+                        "moreMessages": false,
+                    });
+                    if !new.is_empty() {
+                        body["ackHandle"] = json!(handle_of(all.len()));
+                    }
+                    return Ok(Json(body));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn ack(
+        State(d): State<Shared>,
+        Path((ch, sub)): Path<(String, String)>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> StatusCode {
+        let Some(position) = q
+            .get("ackHandle")
+            .and_then(|h| h.strip_prefix('c'))
+            .and_then(|h| h.strip_suffix("+x/y="))
+            .and_then(|h| h.parse::<usize>().ok())
+        else {
+            return StatusCode::BAD_REQUEST;
+        };
+        let mut d = d.lock();
+        let ignore = d.ignore_acks;
+        match d.cursors.get_mut(&(ch, sub)) {
+            Some(cursor) => {
+                if !ignore {
+                    *cursor = position;
+                }
+                StatusCode::NO_CONTENT
+            }
+            None => StatusCode::NOT_FOUND,
+        }
+    }
+
+    async fn bench(url: &str) -> Summary {
+        let BenchCommand::Channels(args) = try_parse_command(&[
+            "channels",
+            "--url",
+            url,
+            "--peer",
+            "--probe",
+            "/probe/readiness",
+            "--channels",
+            "4",
+            "--subscribers",
+            "2",
+            "--duration",
+            "2500ms",
+            "--fetch-timeout",
+            "500ms",
+            "--drain-timeout",
+            "5s",
+            "--no-progress",
+        ])
+        .unwrap() else {
+            panic!("another scenario");
+        };
+        let session = Session::start(&args.common).await.unwrap();
+        let summary = super::run(&args, &session).await.unwrap();
+        session.finish().await;
+        summary
+    }
+
+    fn count(s: &Summary, name: &str) -> u64 {
+        match &s.metrics[name] {
+            Metric::Counter { count, .. } => *count,
+            other => panic!("{name} is {other:?}"),
+        }
+    }
+
+    fn check_ok(s: &Summary, prefix: &str) -> bool {
+        s.checks
+            .iter()
+            .find(|c| c.name.starts_with(prefix))
+            .unwrap()
+            .ok
+    }
+
+    /// A DSPS-like peer (base64 handles) passes every check: handles go
+    /// back percent-encoded, every message arrives, none after its ack.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drives_a_dsps_like_peer() {
+        let s = bench(&start_dsps(false).await).await;
+        assert!(s.ok, "{:?}", s.checks);
+        assert!(count(&s, "messages_owed") >= 4 * 2 * 3 * 2);
+        assert_eq!(count(&s, "messages_missing"), 0);
+        assert_eq!(count(&s, "messages_repeated"), 0);
+        assert_eq!(count(&s, "messages_redelivered"), 0);
+    }
+
+    /// A peer that answers acks 204 but delivers the messages again fails
+    /// the "none after its ack" check.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redelivery_after_an_ack_is_caught() {
+        let s = bench(&start_dsps(true).await).await;
+        assert!(!s.ok);
+        assert!(check_ok(&s, "every request answered"));
+        assert!(check_ok(&s, "every published message received"));
+        assert!(!check_ok(&s, "no message received again after its ack"));
+        assert!(count(&s, "messages_repeated") > 0);
     }
 }

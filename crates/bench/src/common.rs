@@ -56,6 +56,13 @@ pub struct CommonArgs {
     #[arg(long, env = "WEFT_INGEST_KEY", hide_env_values = true)]
     pub ingest_key: Option<String>,
 
+    /// How long each of the calibration's three measurements runs before
+    /// the load (a bare HTTP handler's GET and POST, then the target's
+    /// trivial GET, at the scenario's concurrency); 0s skips it, and the
+    /// summary then carries no ratio.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub calibration: Duration,
+
     /// Draw no progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
@@ -103,6 +110,16 @@ impl Session {
     /// Whether the bench started the server itself.
     pub fn spawned(&self) -> bool {
         self.spawned.is_some()
+    }
+
+    /// The target's trivial endpoint, driven by the calibration: weft's
+    /// `GET /version`, or the readiness probe of a peer.
+    pub fn trivial_path(&self) -> &str {
+        if self.peer {
+            &self.probe
+        } else {
+            crate::ceiling::WEFT_TRIVIAL_PATH
+        }
     }
 
     /// Fails with a clear message when the scenario cannot drive a peer:

@@ -13,6 +13,9 @@
 //!   pre-rendered requests, no per-request allocation) — the generator shares
 //!   a 2-core machine with the server, so every cycle it spends is one the
 //!   server does not get.
+//! - [`ceiling`]: the calibration: this machine's HTTP ceiling (a bare
+//!   handler's GET and POST) and the target's trivial GET, measured before
+//!   each scenario's load so its throughput reads as a ratio.
 //! - [`summary`]: the result of a run (checks and metrics) and its k6-style
 //!   text and JSON renderings.
 //! - [`progress`]: the progress bar shown on a terminal during long runs.
@@ -39,6 +42,7 @@
 #![warn(missing_docs)]
 
 pub mod alarms;
+pub mod ceiling;
 pub mod channels;
 pub mod common;
 pub mod history;
@@ -52,6 +56,7 @@ pub mod summary;
 pub mod target;
 
 pub use alarms::AlarmsArgs;
+pub use ceiling::CeilingArgs;
 pub use channels::ChannelsArgs;
 pub use common::CommonArgs;
 pub use history::HistoryArgs;
@@ -61,6 +66,8 @@ pub use ngsi_update::NgsiUpdateArgs;
 pub use pages::PagesArgs;
 
 use std::io::Write;
+
+use ceiling::{Reference, Throughput};
 
 /// The `weft bench <scenario>` subcommands, one per reproduced seed workload.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -100,6 +107,10 @@ pub enum BenchCommand {
     /// are filled from mock services in the bench; checks every body is
     /// the expected rendering.
     Pages(PagesArgs),
+    /// The calibration alone: a bare axum handler's GET and small POST,
+    /// then the target's trivial GET (`/version`, or the `--probe` of a
+    /// peer), each driven by the bench's client for `--calibration`.
+    Ceiling(CeilingArgs),
 }
 
 impl BenchCommand {
@@ -113,6 +124,40 @@ impl BenchCommand {
             BenchCommand::History(args) => &args.common,
             BenchCommand::Channels(args) => &args.common,
             BenchCommand::Pages(args) => &args.common,
+            BenchCommand::Ceiling(args) => &args.common,
+        }
+    }
+
+    /// How many connections the scenario drives at once: the calibration
+    /// drives the ceiling at the same concurrency.
+    fn concurrency(&self) -> usize {
+        match self {
+            BenchCommand::Ingest(args) => args.connections,
+            BenchCommand::Alarms(args) => args.load.connections,
+            BenchCommand::NgsiUpdate(args) => args.clients(),
+            BenchCommand::NgsiNotify(args) => args.clients(),
+            BenchCommand::History(args) => args.concurrency,
+            BenchCommand::Channels(args) => args.channels * (1 + args.subscribers),
+            BenchCommand::Pages(args) => args.concurrency,
+            BenchCommand::Ceiling(args) => args.concurrency,
+        }
+        .max(1)
+    }
+
+    /// The summary metric that is the scenario's throughput, and the
+    /// ceiling it is read against.
+    fn headline(&self) -> (&'static str, Reference) {
+        match self {
+            BenchCommand::Ingest(_) | BenchCommand::Alarms(_) => {
+                ("uplinks_accepted", Reference::Post)
+            }
+            BenchCommand::NgsiUpdate(_) | BenchCommand::NgsiNotify(_) => {
+                ("updates", Reference::Post)
+            }
+            BenchCommand::History(_) => ("notifications_stored", Reference::Post),
+            BenchCommand::Channels(_) => ("messages_received", Reference::Post),
+            BenchCommand::Pages(_) => ("pages", Reference::Get),
+            BenchCommand::Ceiling(_) => ("target_get_reqs", Reference::Get),
         }
     }
 }
@@ -126,6 +171,17 @@ impl BenchCommand {
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let common = cmd.common().clone();
     let session = common::Session::start(&common).await?;
+    let calibration = if common.calibration.is_zero() {
+        None
+    } else {
+        match ceiling::calibrate(&session, cmd.concurrency(), common.calibration).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                session.finish().await;
+                return Err(e.context("calibrating"));
+            }
+        }
+    };
     let outcome = match &cmd {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
         BenchCommand::Alarms(args) => alarms::run(args, &session).await,
@@ -134,10 +190,23 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
         BenchCommand::History(args) => history::run(args, &session).await,
         BenchCommand::Channels(args) => channels::run(args, &session).await,
         BenchCommand::Pages(args) => pages::run(args, &session).await,
+        BenchCommand::Ceiling(args) => match calibration.clone() {
+            Some(c) => Ok(ceiling::summary(args, &session, c)),
+            None => Err(anyhow::anyhow!(
+                "weft bench ceiling needs a positive --calibration"
+            )),
+        },
     };
     // Stop a spawned server whatever happened, then report.
     session.finish().await;
-    let summary = outcome?;
+    let mut summary = outcome?;
+    if let Some(c) = calibration {
+        let (metric, reference) = cmd.headline();
+        if let Some(rate) = summary.rate_of(metric) {
+            summary.throughput = Some(Throughput::new(metric, rate, reference, &c));
+        }
+        summary.calibration = Some(c);
+    }
     let rendered = if common.json {
         summary.to_json_string()
     } else {

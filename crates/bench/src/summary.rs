@@ -14,6 +14,9 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::ceiling::{Calibration, Throughput};
+use crate::common::Session;
+
 /// One scenario run, ready to print.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -39,6 +42,13 @@ pub struct Summary {
     pub metrics: BTreeMap<String, Metric>,
     /// Warnings a reader must see (dropped sends, a closed socket, …).
     pub notes: Vec<String>,
+    /// This machine's HTTP ceiling, measured in the same run before the
+    /// load (absent with `--calibration 0s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+    /// The scenario's headline throughput as a share of that ceiling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<Throughput>,
 }
 
 /// A pass/fail tally, printed `✓ name` or `✗ name` with its ratio.
@@ -277,6 +287,37 @@ fn two_decimals(x: f64) -> String {
 }
 
 impl Summary {
+    /// An empty summary of `scenario` run against `session`'s server;
+    /// the scenario fills in the rest.
+    pub fn new(
+        scenario: impl Into<String>,
+        session: &Session,
+        params: serde_json::Map<String, serde_json::Value>,
+    ) -> Summary {
+        Summary {
+            scenario: scenario.into(),
+            ok: false,
+            target: session.base.to_string(),
+            spawned: session.spawned(),
+            params,
+            phases: Vec::new(),
+            description: Vec::new(),
+            checks: Vec::new(),
+            metrics: BTreeMap::new(),
+            notes: Vec::new(),
+            calibration: None,
+            throughput: None,
+        }
+    }
+
+    /// The per-second rate of the counter `metric`, if the summary has one.
+    pub fn rate_of(&self, metric: &str) -> Option<f64> {
+        match self.metrics.get(metric)? {
+            Metric::Counter { rate, .. } => *rate,
+            _ => None,
+        }
+    }
+
     /// Whether every check passed.
     pub fn passed(&self) -> bool {
         self.ok
@@ -320,6 +361,12 @@ impl Summary {
                 .map(|(name, secs)| format!("{name} {}", format_duration_us(secs * 1e6)))
                 .collect();
             let _ = writeln!(out, "    phases: {}", phases.join(", "));
+        }
+        if let Some(c) = &self.calibration {
+            let _ = writeln!(out, "   ceiling: {}", c.describe());
+        }
+        if let Some(t) = &self.throughput {
+            let _ = writeln!(out, "     ratio: {}", t.describe());
         }
         if !self.notes.is_empty() {
             let _ = writeln!(out);
@@ -484,6 +531,8 @@ mod tests {
             ],
             metrics: BTreeMap::new(),
             notes: vec![],
+            calibration: None,
+            throughput: None,
         };
         s.metrics
             .insert("http_reqs".into(), Metric::counter(30004, 304.3));
@@ -522,6 +571,61 @@ mod tests {
             text.contains("     http_reqs.........: 30004  98.600066/s\n"),
             "{text}"
         );
+    }
+
+    fn calibrated() -> Summary {
+        use crate::ceiling::{Calibration, Rate, Reference, Throughput};
+        let mut s = sample();
+        let c = Calibration {
+            concurrency: 512,
+            bare_get: Rate::new(240_000, 0, 3.0),
+            bare_post: Rate::new(180_000, 0, 3.0),
+            target_path: "/version".into(),
+            target_get: Rate::new(192_000, 0, 3.0),
+        };
+        let rate = s.rate_of("http_reqs").unwrap();
+        s.throughput = Some(Throughput::new("http_reqs", rate, Reference::Post, &c));
+        s.calibration = Some(c);
+        s
+    }
+
+    #[test]
+    fn text_carries_the_ceiling_and_the_ratio() {
+        let text = calibrated().to_text();
+        assert!(
+            text.contains(
+                "   ceiling: 512 connections, 3s each: bare GET 80,000 req/s, \
+                 bare POST 60,000 req/s; target GET /version 64,000 req/s = 80.0% of the bare GET\n"
+            ),
+            "{text}"
+        );
+        // 30004 requests over 304.3 s against a POST ceiling of 60,000/s.
+        assert!(
+            text.contains(
+                "     ratio: http_reqs 99/s = 0.2% of the bare POST ceiling (60,000 req/s)\n"
+            ),
+            "{text}"
+        );
+        // Without a calibration neither line is printed.
+        let plain = sample().to_text();
+        assert!(!plain.contains("ceiling:") && !plain.contains("ratio:"), "{plain}");
+    }
+
+    #[test]
+    fn json_carries_the_ceiling_and_the_ratio() {
+        let v: serde_json::Value =
+            serde_json::from_str(&calibrated().to_json_string()).unwrap();
+        assert_eq!(v["calibration"]["concurrency"], 512);
+        assert_eq!(v["calibration"]["bare_get"]["per_second"], 80_000.0);
+        assert_eq!(v["calibration"]["bare_post"]["ok"], 180_000);
+        assert_eq!(v["calibration"]["target_path"], "/version");
+        assert_eq!(v["throughput"]["metric"], "http_reqs");
+        assert_eq!(v["throughput"]["reference"], "POST");
+        assert_eq!(v["throughput"]["ceiling"], 60_000.0);
+        let ratio = v["throughput"]["ratio"].as_f64().unwrap();
+        assert!((ratio - 30004.0 / 304.3 / 60_000.0).abs() < 1e-12, "{ratio}");
+        let plain: serde_json::Value = serde_json::from_str(&sample().to_json_string()).unwrap();
+        assert!(plain.get("calibration").is_none() && plain.get("throughput").is_none());
     }
 
     #[test]

@@ -203,6 +203,8 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes,
+        calibration: None,
+        throughput: None,
     };
 
     // Notify and verify.

@@ -193,6 +193,8 @@ pub async fn run_watching(
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes: Vec::new(),
+        calibration: None,
+        throughput: None,
     };
 
     let load_secs = load.elapsed.as_secs_f64();

@@ -117,7 +117,7 @@ impl NgsiNotifyArgs {
     }
 
     /// Clients actually run: one per entity at most.
-    fn clients(&self) -> usize {
+    pub(crate) fn clients(&self) -> usize {
         self.concurrency.min(self.entities())
     }
 }
@@ -203,6 +203,8 @@ async fn run_with_sink(
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes: Vec::new(),
+        calibration: None,
+        throughput: None,
     };
     let accounted = account(&tally, &ids, &watched, &owed);
     if !drained {

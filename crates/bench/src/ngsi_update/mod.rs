@@ -81,7 +81,7 @@ impl NgsiUpdateArgs {
     }
 
     /// Clients actually run: one per entity at most.
-    fn clients(&self) -> usize {
+    pub(crate) fn clients(&self) -> usize {
         self.concurrency.min(self.entities)
     }
 }
@@ -125,6 +125,8 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
         checks: Vec::new(),
         metrics: BTreeMap::new(),
         notes: Vec::new(),
+        calibration: None,
+        throughput: None,
     };
 
     let load_secs = load.elapsed.as_secs_f64();

@@ -193,6 +193,8 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         ],
         metrics: BTreeMap::new(),
         notes: Vec::new(),
+        calibration: None,
+        throughput: None,
     };
     let m = &mut s.metrics;
     m.insert("http_reqs".into(), Metric::counter(sent, load_secs));
