@@ -122,15 +122,6 @@ impl Session {
         }
     }
 
-    /// Fails with a clear message when the scenario cannot drive a peer:
-    /// its setup or its checks need weft's own API. `why` says what.
-    pub fn require_weft(&self, scenario: &str, why: &str) -> anyhow::Result<()> {
-        if self.peer {
-            bail!("{scenario} cannot drive a peer: {why}");
-        }
-        Ok(())
-    }
-
     /// Stops a spawned server; nothing for one given with `--url`.
     pub async fn finish(self) {
         if let Some(server) = self.spawned {

@@ -136,7 +136,7 @@ impl BenchCommand {
             BenchCommand::Alarms(args) => args.load.connections,
             BenchCommand::NgsiUpdate(args) => args.clients(),
             BenchCommand::NgsiNotify(args) => args.clients(),
-            BenchCommand::History(args) => args.concurrency,
+            BenchCommand::History(args) => args.clients(),
             BenchCommand::Channels(args) => args.channels * (1 + args.subscribers),
             BenchCommand::Pages(args) => args.concurrency,
             BenchCommand::Ceiling(args) => args.concurrency,
@@ -170,6 +170,14 @@ impl BenchCommand {
 /// be carried out (no server, setup refused, …), not that a check failed.
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let common = cmd.common().clone();
+    if common.peer {
+        if let BenchCommand::Ingest(_) | BenchCommand::Alarms(_) = cmd {
+            anyhow::bail!(
+                "ingest and alarms cannot drive a peer: their setup (device type, rule), \
+                 their live socket and their read-back of stored data units are weft's own /api/v1"
+            );
+        }
+    }
     let session = common::Session::start(&common).await?;
     let calibration = if common.calibration.is_zero() {
         None

@@ -92,6 +92,12 @@ pub struct HistoryArgs {
     )]
     pub queries: Vec<Kind>,
 
+    /// Root of the query API the stored rows are read back through:
+    /// weft's `/ql/v2`, or `/v2` for QuantumLeap itself (and for weft's
+    /// `history.quantumleap_listen` port).
+    #[arg(long, default_value = "/ql/v2")]
+    pub query_root: String,
+
     /// Before the query phase, store this many extra rows (3 per state:
     /// TimeInstant, temperature, pressure) for one entity `Room:big`, one
     /// state a second, and query it too; e.g. 10000000.
@@ -103,6 +109,10 @@ impl HistoryArgs {
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.entities >= 1, "--entities must be at least 1");
         ensure!(self.concurrency >= 1, "--concurrency must be at least 1");
+        ensure!(
+            self.query_root.starts_with('/') && !self.query_root.ends_with('/'),
+            "--query-root must start with '/' and not end with one (e.g. /ql/v2)"
+        );
         ensure!(
             !self.common.duration.is_zero(),
             "--duration must be positive"
@@ -116,7 +126,7 @@ impl HistoryArgs {
     }
 
     /// Notify clients actually run: one per entity at most.
-    fn clients(&self) -> usize {
+    pub(crate) fn clients(&self) -> usize {
         self.concurrency.min(self.entities)
     }
 }
@@ -144,7 +154,7 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
     phases.push(("notify".to_string(), notify.elapsed.as_secs_f64()));
 
     let started = Instant::now();
-    let verified = verify::verify(session, &tenant, &notify.series).await;
+    let verified = verify::verify(session, &tenant, &args.query_root, &notify.series).await;
     phases.push(("verify".to_string(), started.elapsed().as_secs_f64()));
 
     let mut big = None;
@@ -153,7 +163,7 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
         phases.push(("preload".to_string(), report.elapsed.as_secs_f64()));
         let started = Instant::now();
         let (tally, counted) =
-            verify::check_big(session, &tenant, BIG_ENTITY, &report.series).await;
+            verify::check_big(session, &tenant, &args.query_root, BIG_ENTITY, &report.series).await;
         phases.push(("count big".to_string(), started.elapsed().as_secs_f64()));
         big = Some((report, tally, counted));
     }
@@ -178,6 +188,7 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
                 connect: session.base.connect.clone(),
                 host: session.base.host.clone(),
                 prefix: session.base.prefix.clone(),
+                root: args.query_root.clone(),
                 tenant: tenant.clone(),
                 load,
                 big: big_series,

@@ -133,6 +133,8 @@ pub struct Plan {
     pub host: String,
     /// The server's path prefix.
     pub prefix: String,
+    /// The query API's root under it (`/ql/v2`, QuantumLeap's `/v2`).
+    pub root: String,
     /// The run's `Fiware-Service`.
     pub tenant: String,
     /// The notify phase's entities that have a series, `(index, series)`.
@@ -284,8 +286,8 @@ async fn closed_loop(
         };
         let (query, expect) = kind.plan(series, rng.random());
         let target = format!(
-            "{}/ql/v2/entities/{id}/attrs/temperature?{query}",
-            plan.prefix
+            "{}{}/entities/{id}/attrs/temperature?{query}",
+            plan.prefix, plan.root
         );
         let request = render_request("GET", &target, &plan.host, &headers, None);
         body.clear();

@@ -71,7 +71,7 @@ enum Problem {
 }
 
 /// Checks every entity of `series` (indexed by entity), or a sample.
-pub async fn verify(session: &Session, tenant: &str, series: &[Series]) -> Verified {
+pub async fn verify(session: &Session, tenant: &str, root: &str, series: &[Series]) -> Verified {
     let mut chosen: Vec<usize> = (0..series.len()).collect();
     let sampled = chosen.len() > VERIFY_SAMPLE;
     if sampled {
@@ -88,6 +88,7 @@ pub async fn verify(session: &Session, tenant: &str, series: &[Series]) -> Verif
             let (chosen, next, series) = (chosen.clone(), next.clone(), series.clone());
             let base = session.base.clone();
             let tenant = tenant.to_string();
+            let root = root.to_string();
             let bar = bar.clone();
             tokio::spawn(async move {
                 let mut caller = Caller::new(&base.connect, TIMEOUT);
@@ -96,7 +97,7 @@ pub async fn verify(session: &Session, tenant: &str, series: &[Series]) -> Verif
                 while let Some(&e) = chosen.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let id = entity_id(e);
                     let outcome =
-                        check_entity(&mut caller, &mut tally, &base, &tenant, &id, &series[e])
+                        check_entity(&mut caller, &mut tally, &base, &tenant, &root, &id, &series[e])
                             .await;
                     out.push((id, series[e].unsure() > 0, outcome));
                     bar.inc(1);
@@ -149,13 +150,14 @@ async fn check_entity(
     tally: &mut Tally,
     base: &crate::target::BaseUrl,
     tenant: &str,
+    root: &str,
     id: &str,
     series: &Series,
 ) -> Result<u64, Problem> {
     let mut stored = Vec::new();
     for page in 0.. {
         let target = base.path(&format!(
-            "/ql/v2/entities/{id}/attrs/temperature/value?limit={PAGE}&offset={}",
+            "{root}/entities/{id}/attrs/temperature/value?limit={PAGE}&offset={}",
             page * PAGE
         ));
         let body = get(caller, tally, base, tenant, &target).await?;
@@ -167,7 +169,7 @@ async fn check_entity(
         }
     }
     let values = series.check_stored(&stored).map_err(Problem::Mismatch)?;
-    let counts = count_rows(caller, tally, base, tenant, id).await?;
+    let counts = count_rows(caller, tally, base, tenant, root, id).await?;
     check_counts(&counts, values, values).map_err(Problem::Mismatch)
 }
 
@@ -180,6 +182,7 @@ const BIG_SETTLE_DEADLINE: Duration = Duration::from_secs(600);
 pub async fn check_big(
     session: &Session,
     tenant: &str,
+    root: &str,
     id: &str,
     series: &Series,
 ) -> (Tally, Result<u64, String>) {
@@ -191,7 +194,7 @@ pub async fn check_big(
     // until everything is there or the deadline passes.
     let deadline = std::time::Instant::now() + BIG_SETTLE_DEADLINE;
     loop {
-        let outcome = match count_rows(&mut caller, &mut tally, &session.base, tenant, id).await {
+        let outcome = match count_rows(&mut caller, &mut tally, &session.base, tenant, root, id).await {
             Ok(counts) => check_counts(&counts, series.certain(), series.sent()),
             Err(Problem::Error(why) | Problem::Mismatch(why)) => Err(why),
         };
@@ -207,10 +210,11 @@ async fn count_rows(
     tally: &mut Tally,
     base: &crate::target::BaseUrl,
     tenant: &str,
+    root: &str,
     id: &str,
 ) -> Result<BTreeMap<String, u64>, Problem> {
     let target = base.path(&format!(
-        "/ql/v2/entities/{id}?aggrMethod=count&attrs={}",
+        "{root}/entities/{id}?aggrMethod=count&attrs={}",
         ATTR_NAMES.join(",")
     ));
     let body = get(caller, tally, base, tenant, &target).await?;

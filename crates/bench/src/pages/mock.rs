@@ -27,7 +27,15 @@ pub struct Mock {
 impl Mock {
     /// Binds a loopback port; bodies are given later with [`Mock::serve`].
     pub async fn bind() -> anyhow::Result<(TcpListener, String)> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Mock::bind_at("127.0.0.1:0").await
+    }
+
+    /// [`Mock::bind`] at a given address, so a peer configured in advance
+    /// finds the services where its configuration says they are.
+    pub async fn bind_at(addr: &str) -> anyhow::Result<(TcpListener, String)> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding the mock services at {addr}: {e}"))?;
         let url = format!("http://{}", listener.local_addr()?);
         Ok((listener, url))
     }

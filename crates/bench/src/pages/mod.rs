@@ -52,6 +52,23 @@ pub struct PagesArgs {
     /// Concurrent clients (k6 virtual users), each on its own connection.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+
+    /// Where the server renders a page: `{page}` is replaced by the
+    /// fixture's page name (Knot.x serves templates from its repository,
+    /// e.g. `/content/{page}.html`).
+    #[arg(long, default_value = "/pages/{page}")]
+    pub page_path: String,
+
+    /// Address of the mock services (an ephemeral port by default); fix it
+    /// when a peer's configuration names the services' URLs.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub mock_listen: String,
+
+    /// Write each fixture's template (`<page>.html`), expected page
+    /// (`<page>.expected.html`) and services (`services.json`: name → URL)
+    /// into this directory, to configure a peer with.
+    #[arg(long)]
+    pub export_fixtures: Option<std::path::PathBuf>,
 }
 
 /// What the load phase counted.
@@ -68,7 +85,11 @@ struct Tally {
 /// Runs the scenario.
 pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary> {
     ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
-    let (listener, mock_url) = mock::Mock::bind().await?;
+    ensure!(
+        args.page_path.starts_with('/') && args.page_path.contains("{page}"),
+        "--page-path must start with '/' and contain {{page}}"
+    );
+    let (listener, mock_url) = mock::Mock::bind_at(&args.mock_listen).await?;
     let mix: Vec<(u32, payload::Fixture)> = match args.scenario.as_str() {
         "1" => vec![(1, payload::scenario1(&mock_url))],
         "2" => vec![(1, payload::scenario2(&mock_url))],
@@ -95,9 +116,14 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         .collect();
     let mock = mock::Mock::serve(listener, mock_url, bodies);
 
+    if let Some(dir) = &args.export_fixtures {
+        export(dir, &mix)?;
+    }
     let setup_started = Instant::now();
-    for (_, fixture) in &mix {
-        store(session, fixture).await?;
+    if !session.peer {
+        for (_, fixture) in &mix {
+            store(session, fixture).await?;
+        }
     }
     let setup_elapsed = setup_started.elapsed();
 
@@ -107,7 +133,7 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
             weight: *weight,
             request: render_request(
                 "GET",
-                &session.base.path(&format!("/pages/{}", f.page)),
+                &session.base.path(&args.page_path.replace("{page}", &f.page)),
                 &session.base.host,
                 &[],
                 None,
@@ -216,6 +242,12 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         "service_calls".into(),
         Metric::count(mock.calls.load(Ordering::Relaxed)),
     );
+    if session.peer {
+        s.notes.push(format!(
+            "peer: no setup sent; the peer serves {} with the fixtures' templates and services at {}",
+            args.page_path, mock.url
+        ));
+    }
     if unavailable > 0 {
         s.notes.push(format!(
             "{unavailable} requests were answered 503 (render limit); not counted as mismatches"
@@ -225,7 +257,26 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
     Ok(s)
 }
 
-/// Stores a fixture's services and template in weft.
+/// Writes the fixtures where a peer can be configured from them.
+fn export(dir: &std::path::Path, mix: &[(u32, payload::Fixture)]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut services = serde_json::Map::new();
+    for (_, f) in mix {
+        std::fs::write(dir.join(format!("{}.html", f.page)), &f.template)?;
+        std::fs::write(dir.join(format!("{}.expected.html", f.page)), &f.expected)?;
+        for (name, url, _) in &f.services {
+            services.insert(name.clone(), url.clone().into());
+        }
+    }
+    std::fs::write(
+        dir.join("services.json"),
+        serde_json::to_vec_pretty(&services)?,
+    )?;
+    Ok(())
+}
+
+/// Stores a fixture's services and template in weft (a peer is
+/// configured in advance instead: `--peer`, `--export-fixtures`).
 async fn store(session: &Session, fixture: &payload::Fixture) -> anyhow::Result<()> {
     for (name, url, _) in &fixture.services {
         let def = serde_json::to_vec(&json!({"http": {"url": url, "timeout": "5s"}}))?;
