@@ -273,7 +273,7 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         publishers.push(tokio::spawn(async move {
             let mut c = Client::new(&base);
             let mut tally = Tally::new();
-            let mut sent = Sent::default();
+            let mut ids = Sent::default();
             tokio::time::sleep(offset).await;
             let mut iteration = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -294,16 +294,16 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         .publish
                         .saturating_record(sent.elapsed().as_micros() as u64);
                     if status == Some(200) {
-                        sent.confirmed.push(id);
+                        ids.confirmed.push(id);
                     } else {
                         tally.failed += 1;
-                        sent.unconfirmed.push(id);
+                        ids.unconfirmed.push(id);
                     }
                 }
                 iteration += 1;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            published.lock().insert(ch, sent);
+            published.lock().insert(ch, ids);
             tally
         }));
     }
@@ -591,6 +591,9 @@ mod tests {
         cursors: HashMap<(String, String), usize>,
         /// Fault: answer acks 204 but keep the cursor.
         ignore_acks: bool,
+        /// Fault: refuse every n-th ack (503, the cursor kept).
+        refuse_acks_every: usize,
+        acks: usize,
     }
     type Shared = Arc<Mutex<Dsps>>;
 
@@ -598,9 +601,10 @@ mod tests {
         format!("c{position}+x/y=")
     }
 
-    async fn start_dsps(ignore_acks: bool) -> String {
+    async fn start_dsps(ignore_acks: bool, refuse_acks_every: usize) -> String {
         let state: Shared = Arc::new(Mutex::new(Dsps {
             ignore_acks,
+            refuse_acks_every,
             ..Dsps::default()
         }));
         let app = Router::new()
@@ -693,6 +697,10 @@ mod tests {
             return StatusCode::BAD_REQUEST;
         };
         let mut d = d.lock();
+        d.acks += 1;
+        if d.refuse_acks_every > 0 && d.acks % d.refuse_acks_every == 0 {
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
         let ignore = d.ignore_acks;
         match d.cursors.get_mut(&(ch, sub)) {
             Some(cursor) => {
@@ -753,7 +761,7 @@ mod tests {
     /// back percent-encoded, every message arrives, none after its ack.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn drives_a_dsps_like_peer() {
-        let s = bench(&start_dsps(false).await).await;
+        let s = bench(&start_dsps(false, 0).await).await;
         assert!(s.ok, "{:?}", s.checks);
         assert!(count(&s, "messages_owed") >= 4 * 2 * 3 * 2);
         assert_eq!(count(&s, "messages_missing"), 0);
@@ -765,11 +773,24 @@ mod tests {
     /// the "none after its ack" check.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redelivery_after_an_ack_is_caught() {
-        let s = bench(&start_dsps(true).await).await;
+        let s = bench(&start_dsps(true, 0).await).await;
         assert!(!s.ok);
         assert!(check_ok(&s, "every request answered"));
         assert!(check_ok(&s, "every published message received"));
         assert!(!check_ok(&s, "no message received again after its ack"));
         assert!(count(&s, "messages_repeated") > 0);
+    }
+
+    /// Delivery is at least once: messages whose ack failed come again,
+    /// which is counted as a redelivery and a failed request, not as a
+    /// message received after its ack.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redelivery_after_a_failed_ack_is_not_after_its_ack() {
+        let s = bench(&start_dsps(false, 3).await).await;
+        assert!(!check_ok(&s, "every request answered"));
+        assert!(check_ok(&s, "every published message received"));
+        assert!(check_ok(&s, "no message received again after its ack"));
+        assert!(count(&s, "messages_redelivered") > 0);
+        assert_eq!(count(&s, "messages_repeated"), 0);
     }
 }
