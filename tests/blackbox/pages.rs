@@ -67,6 +67,62 @@ async fn get_page(c: &Client, path: &str) -> (u16, String) {
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
+/// Page requests that need the very same service call while it is under
+/// way share it: eight concurrent views of a page whose service answers
+/// after 400 ms make one call; views that differ in a request header
+/// (which a `{header.x}` placeholder could send on) each make their own.
+#[tokio::test]
+async fn concurrent_identical_calls_are_made_once() {
+    let server = Server::start();
+    let c = server.client();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/gate",
+        axum::routing::get(move || {
+            let counted = counted.clone();
+            async move {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                axum::Json(json!({"n": n}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let svc = json!({"http": {"url": format!("{mock_url}/gate")}});
+    c.expect(201, "PUT", "/api/v1/page-services/gate", Some(&svc))
+        .await;
+    let template = "<p><script data-knotx-knots=\"services,handlebars\" \
+                    data-knotx-service=\"gate\" type=\"text/knotx-snippet\">\
+                    call {{_result.n}}</script></p>";
+    assert_eq!(put_text(&c, "/api/v1/pages/gate", template).await, 201);
+
+    let same = futures::future::join_all((0..8).map(|_| get_page(&c, "/pages/gate"))).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{same:?}");
+    for (status, html) in &same {
+        assert_eq!((*status, html.as_str()), (200, "<p>call 0</p>"));
+    }
+
+    let differing = futures::future::join_all((0..4).map(|i| {
+        let c = &c;
+        async move {
+            c.http
+                .get(format!("{}/pages/gate", c.url))
+                .header("X-User", format!("user-{i}"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    assert_eq!(differing, vec![200; 4]);
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
 /// A Knot.x template renders exactly the expected HTML: markup outside
 /// snippets untouched, root and namespaced bindings, params, each/@index,
 /// if, with, lookups, dashed paths, escaping; a failing service uses its

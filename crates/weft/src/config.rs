@@ -301,6 +301,9 @@ pub struct PagesSection {
     pub directory: Option<PathBuf>,
     /// Page services (`[pages.services.<name>]`, as the API takes them).
     pub services: BTreeMap<String, weft_pipeline::pages::PageService>,
+    /// Page requests needing the very same service call while one is
+    /// under way share its outcome instead of calling again.
+    pub coalesce_calls: bool,
 }
 
 impl Default for PagesSection {
@@ -312,6 +315,7 @@ impl Default for PagesSection {
             max_waiting_renders: d.max_waiting_renders,
             directory: None,
             services: BTreeMap::new(),
+            coalesce_calls: d.coalesce_calls,
         }
     }
 }

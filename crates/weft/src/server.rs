@@ -88,6 +88,7 @@ pub async fn serve(
                 max_waiting_renders: config.pages.max_waiting_renders,
                 directory: config.pages.directory.clone(),
                 services: config.pages.services.clone().into_iter().collect(),
+                coalesce_calls: config.pages.coalesce_calls,
             },
             rules: weft_pipeline::rules::RulesConfig {
                 script_time_limit: config.rules.script_time_limit,

@@ -41,6 +41,10 @@ pub struct PagesConfig {
     /// Services from the configuration file, by name; services stored
     /// through the API with the same name take precedence.
     pub services: Vec<(String, PageService)>,
+    /// Whether page requests that need the very same service call while
+    /// one is under way share its outcome (request coalescing, as a
+    /// caching proxy's cache lock does) instead of calling again.
+    pub coalesce_calls: bool,
 }
 
 impl Default for PagesConfig {
@@ -51,6 +55,7 @@ impl Default for PagesConfig {
             max_waiting_renders: 4096,
             directory: None,
             services: Vec::new(),
+            coalesce_calls: true,
         }
     }
 }
@@ -113,6 +118,55 @@ pub struct Pages {
     cache: parking_lot::Mutex<HashMap<String, (std::time::Instant, Arc<Value>)>>,
     /// Circuit breakers by service name: failures in a row, open until.
     breakers: parking_lot::Mutex<HashMap<String, (u32, Option<std::time::Instant>)>>,
+    /// Calls under way, by what they send ([`flight_key`]): a page request
+    /// that needs the same call waits for its outcome instead of calling
+    /// again.
+    in_flight: parking_lot::Mutex<HashMap<String, CallOutcome>>,
+}
+
+/// Where a call under way publishes its outcome (`None` until it ends).
+type CallOutcome = tokio::sync::watch::Sender<Option<Result<Arc<Value>, String>>>;
+
+/// What identifies a call to its service: the call (`key`: service,
+/// parameters, forwarded headers) and every header of the page request,
+/// since `{header.x}` placeholders may put any of them into the URL.
+/// Only calls identical in all of this share one outcome.
+fn flight_key(key: &str, request: &RequestInfo) -> String {
+    let mut headers: Vec<(&String, &String)> = request.headers.iter().collect();
+    headers.sort_unstable();
+    let mut out = String::with_capacity(key.len() + 64);
+    out.push_str(key);
+    for (name, value) in headers {
+        out.push('\u{1}');
+        out.push_str(name);
+        out.push('\u{0}');
+        out.push_str(value);
+    }
+    out
+}
+
+/// Removes a leading call's entry from [`Pages::in_flight`] when it ends,
+/// also when its page request is dropped half way (the calls waiting on
+/// it then make the call themselves).
+struct Flight<'a> {
+    in_flight: &'a parking_lot::Mutex<HashMap<String, CallOutcome>>,
+    key: String,
+}
+
+impl Flight<'_> {
+    /// Takes the entry out and publishes `outcome` to whoever waits on it.
+    fn land(self, outcome: &Result<Arc<Value>, String>) {
+        if let Some(tx) = self.in_flight.lock().remove(&self.key) {
+            let _ = tx.send(Some(outcome.clone()));
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.in_flight.lock().remove(&self.key);
+    }
 }
 
 /// Most cached results kept (beyond, an arbitrary one is dropped).
@@ -216,6 +270,7 @@ impl Pages {
             waiting: std::sync::atomic::AtomicUsize::new(0),
             cache: parking_lot::Mutex::new(HashMap::new()),
             breakers: parking_lot::Mutex::new(HashMap::new()),
+            in_flight: parking_lot::Mutex::new(HashMap::new()),
             config,
             pages: parking_lot::RwLock::new(pages),
             services: parking_lot::RwLock::new(services),
@@ -301,8 +356,49 @@ impl Pages {
         Ok(self.services.write().remove(name).is_some())
     }
 
-    /// One service call through its cache and circuit breaker.
+    /// One service call, shared with the page requests that need the
+    /// same call while it is under way (when `coalesce_calls` is on).
     async fn guarded_call(
+        &self,
+        key: &str,
+        svc: &PageService,
+        params: &Map<String, Value>,
+        request: &RequestInfo,
+    ) -> Result<Arc<Value>, String> {
+        if !self.config.coalesce_calls {
+            return self.call_through_cache(key, svc, params, request).await;
+        }
+        let flight = flight_key(key, request);
+        let waiting = {
+            let mut in_flight = self.in_flight.lock();
+            match in_flight.get(&flight) {
+                Some(tx) => Some(tx.subscribe()),
+                None => {
+                    in_flight.insert(flight.clone(), tokio::sync::watch::channel(None).0);
+                    None
+                }
+            }
+        };
+        if let Some(mut rx) = waiting {
+            if let Ok(outcome) = rx.wait_for(Option::is_some).await {
+                if let Some(outcome) = outcome.as_ref() {
+                    return outcome.clone();
+                }
+            }
+            // The leading call's page request went away before it ended.
+            return self.call_through_cache(key, svc, params, request).await;
+        }
+        let flight = Flight {
+            in_flight: &self.in_flight,
+            key: flight,
+        };
+        let outcome = self.call_through_cache(key, svc, params, request).await;
+        flight.land(&outcome);
+        outcome
+    }
+
+    /// One service call through its cache and circuit breaker.
+    async fn call_through_cache(
         &self,
         key: &str,
         svc: &PageService,
