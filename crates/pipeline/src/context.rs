@@ -254,6 +254,25 @@ impl Tenant {
         }
     }
 
+    /// The key of the one entity with `id` (and `entity_type`, if given)
+    /// in the service paths: 404 if none, 409 if several. Looks only at
+    /// the entities with that id and copies nothing but the key found.
+    fn find(
+        &self,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+    ) -> Result<&Key, NgsiError> {
+        let mut found = self.by_id.get(id).into_iter().flatten().filter(|k| {
+            path_matches(service_paths, &k.0) && entity_type.is_none_or(|t| t == k.2)
+        });
+        let key = found.next().ok_or_else(NgsiError::entity_not_found)?;
+        if found.next().is_some() {
+            return Err(NgsiError::too_many_results());
+        }
+        Ok(key)
+    }
+
     fn remove(&mut self, key: &Key) {
         if self.entities.remove(key).is_some() {
             if let Some(keys) = self.by_id.get_mut(&key.1) {
@@ -416,18 +435,15 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
-        let filter = EntityFilter {
-            service_paths: service_paths.to_vec(),
-            ids: vec![id.to_string()],
-            types: entity_type.map(|t| vec![t.to_string()]).unwrap_or_default(),
-            ..EntityFilter::default()
-        };
-        let mut found = self.query(tenant, &filter);
-        match found.len() {
-            0 => Err(NgsiError::entity_not_found()),
-            1 => Ok(found.pop().expect("one")),
-            _ => Err(NgsiError::too_many_results()),
-        }
+        let tenants = self.tenants.read();
+        let t = tenants
+            .get(tenant)
+            .ok_or_else(NgsiError::entity_not_found)?;
+        let key = t.find(service_paths, id, entity_type)?;
+        t.entities
+            .get(key)
+            .cloned()
+            .ok_or_else(NgsiError::entity_not_found)
     }
 
     /// All entity types of `tenant` in the service paths.
@@ -488,17 +504,12 @@ impl Context {
         entity_type: Option<&str>,
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
-        let current = self.get(tenant, service_paths, id, entity_type)?;
-        let key = (
-            current.service_path.clone(),
-            current.entity.id.clone(),
-            current.entity.entity_type.clone(),
-        );
         let (result, stored) = {
             let mut tenants = self.tenants.write();
             let t = tenants
                 .get_mut(tenant)
                 .ok_or_else(NgsiError::entity_not_found)?;
+            let key = t.find(service_paths, id, entity_type)?.clone();
             let slot = t
                 .entities
                 .get_mut(&key)
