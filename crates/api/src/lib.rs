@@ -61,7 +61,9 @@ pub struct AppState {
 /// limit Orion applies), so one client cannot make it buffer without bound.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-/// All of weft's routes with their shared layers.
+/// All of weft's routes with their shared layers. The NGSI surface is the
+/// fallback: it owns `/v2` and `/version` (bar QuantumLeap's
+/// `/v2/notify`) and answers every path no surface serves, as Orion does.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(ingest::router())
@@ -74,7 +76,8 @@ pub fn router(state: AppState) -> Router {
         .merge(live::router())
         .merge(ops::router())
         .merge(history::router())
-        .merge(ngsi::router())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // After the layer: the surface applies the body limit itself.
+        .fallback_service(ngsi::service(state.clone()))
         .with_state(state)
 }
