@@ -29,10 +29,11 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Router;
+use bytes::Bytes;
 use serde_json::json;
 use tower::{Service, ServiceExt};
 use weft_pipeline::context::{Origin, ORIGIN};
@@ -43,6 +44,16 @@ use error::{method_not_allowed, Error};
 /// The Orion version weft reports at `/version`: the release whose API
 /// it mirrors.
 pub const ORION_VERSION: &str = "3.10.1";
+
+/// Orion's headers, as names parsed once: a lookup by `&str` parses and
+/// checks the name again on every request.
+pub(crate) static FIWARE_CORRELATOR: HeaderName = HeaderName::from_static("fiware-correlator");
+/// The tenant (see [`tenant`]).
+pub(crate) static FIWARE_SERVICE: HeaderName = HeaderName::from_static("fiware-service");
+/// The service paths (see [`tenant`]).
+pub(crate) static FIWARE_SERVICEPATH: HeaderName = HeaderName::from_static("fiware-servicepath");
+/// The caller's token, repeated in the notifications it triggers.
+static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
 
 /// The `/v2` and `/version` routes behind Orion's per-request work, as one
 /// service. [`crate::router`] makes it the fallback of the other surfaces,
@@ -200,18 +211,34 @@ async fn entry_point() -> Response {
 /// build in `git_hash`/`compiled_by`.
 async fn version() -> Response {
     static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    thread_local! {
+        /// The body last rendered on this thread, and the uptime second it
+        /// is for: monitors poll `/version`, and only the uptime changes.
+        static RENDERED: std::cell::RefCell<(u64, Bytes)> =
+            const { std::cell::RefCell::new((u64::MAX, Bytes::new())) };
+    }
     let started = *STARTED.get_or_init(std::time::Instant::now);
+    let secs = started.elapsed().as_secs();
+    let body = RENDERED.with_borrow_mut(|(at, body)| {
+        if *at != secs {
+            *at = secs;
+            *body = Bytes::from(version_body(secs));
+        }
+        body.clone()
+    });
     (
-        [(header::CONTENT_TYPE, "application/json")],
-        version_body(started.elapsed().as_secs()),
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
     )
         .into_response()
 }
 
-/// The JSON of `/version` after `secs` of uptime, written as text: only
-/// the uptime changes, and this is the cheapest answer weft has, the one
-/// that shows what the serving path itself costs (building it as a
-/// `serde_json` map was half of the handler's time).
+/// The JSON of `/version` after `secs` of uptime, written as text
+/// (building it as a `serde_json` map was half of what a `/version`
+/// request cost).
 fn version_body(secs: u64) -> String {
     format!(
         concat!(
@@ -236,7 +263,7 @@ fn version_body(secs: u64) -> String {
 /// (as Orion does). The UUID's bits come from the thread's random
 /// generator, not a `getrandom` system call per request.
 fn correlator(headers: &HeaderMap) -> HeaderValue {
-    if let Some(value) = headers.get("fiware-correlator") {
+    if let Some(value) = headers.get(&FIWARE_CORRELATOR) {
         return value.clone();
     }
     let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
@@ -247,7 +274,7 @@ fn correlator(headers: &HeaderMap) -> HeaderValue {
 
 /// What notifications triggered by this request repeat of it.
 fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
-    let header = |name: &str| -> Option<String> {
+    let header = |name: &HeaderName| -> Option<String> {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -255,15 +282,16 @@ fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
     };
     Origin {
         correlator: correlator.to_str().unwrap_or_default().to_string(),
-        service: header("fiware-service").map(|s| s.to_ascii_lowercase()),
-        auth_token: header("x-auth-token"),
+        service: header(&FIWARE_SERVICE).map(|s| s.to_ascii_lowercase()),
+        auth_token: header(&X_AUTH_TOKEN),
     }
 }
 
 /// Puts the correlator on an answer of the surface and gives 413s and
 /// 422s Orion's reason phrases.
 fn finish(mut resp: Response, correlator: HeaderValue) -> Response {
-    resp.headers_mut().insert("fiware-correlator", correlator);
+    resp.headers_mut()
+        .insert(FIWARE_CORRELATOR.clone(), correlator);
     // Orion's status lines use RFC 9110's reasons ("Unprocessable
     // Content", "Content Too Large"); the http crate's are older.
     let reason: Option<&'static [u8]> = match resp.status().as_u16() {
