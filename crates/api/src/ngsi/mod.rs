@@ -56,11 +56,23 @@ pub(crate) static FIWARE_SERVICEPATH: HeaderName = HeaderName::from_static("fiwa
 static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
 
 /// The `/v2` and `/version` routes behind Orion's per-request work, as one
-/// service. [`crate::router`] makes it the fallback of the other surfaces,
-/// so it also answers unknown paths (Orion's "Service not found").
+/// service. [`crate::app`] sends it NGSI's paths ([`owns`]) and makes it
+/// the fallback of the other surfaces, so it also answers unknown paths
+/// (Orion's "Service not found").
 pub fn service(state: AppState) -> Surface {
     Surface {
         routes: routes().fallback(fallback).with_state(state),
+    }
+}
+
+/// Whether `path` is one of NGSI's own (`/version`, `/v2` and everything
+/// under it but QuantumLeap's `/v2/notify`): [`crate::App`] sends these
+/// straight to the surface. A path of another surface under `/v2` must be
+/// excepted here too.
+pub fn owns(path: &str) -> bool {
+    match path.strip_prefix("/v2") {
+        Some(rest) => rest.is_empty() || (rest.starts_with('/') && rest != "/notify"),
+        None => path == "/version",
     }
 }
 
@@ -422,6 +434,33 @@ mod tests {
             }
         }});
         assert_eq!(version_body(secs), expected.to_string());
+    }
+
+    /// NGSI's own paths, which [`crate::App`] sends straight to the
+    /// surface; everything else (QuantumLeap's `/v2/notify` among it) goes
+    /// through the other surfaces' router first.
+    #[test]
+    fn owned_paths() {
+        for path in [
+            "/version",
+            "/v2",
+            "/v2/",
+            "/v2/entities/R1/attrs",
+            "/v2/op/notify",
+            "/v2/notify/",
+        ] {
+            assert!(owns(path), "{path}");
+        }
+        for path in [
+            "/v2/notify",
+            "/v2x",
+            "/version/",
+            "/ql/v2/entities",
+            "/health",
+            "/",
+        ] {
+            assert!(!owns(path), "{path}");
+        }
     }
 
     /// A request without `Fiware-Correlator` gets a fresh UUID v4; one
