@@ -1,5 +1,5 @@
 //! weft's HTTP surfaces. Each module is one surface with its own
-//! `router()`; [`router`] merges them and applies the shared layers once.
+//! `router()`; [`app`] merges them and applies the shared layers once.
 //! Handlers call the pipeline or the Store trait, never SQL.
 //!
 //! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
@@ -26,9 +26,18 @@ pub mod ngsi;
 pub mod ops;
 pub mod pages;
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use axum::body::{Body, HttpBody};
+use axum::extract::Request;
+use axum::http;
+use axum::response::Response;
+use axum::routing::future::RouteFuture;
 use axum::Router;
+use futures::future::Either;
+use tower::Service;
 use weft_pipeline::Pipeline;
 
 pub use error::{ApiError, ApiResult};
@@ -61,9 +70,13 @@ pub struct AppState {
 /// limit Orion applies), so one client cannot make it buffer without bound.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
-/// All of weft's routes with their shared layers.
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// All of weft's surfaces as one service: NGSI's own paths go straight to
+/// [`ngsi::Surface`], the rest to the router of the other surfaces, whose
+/// fallback is the NGSI surface as well (it answers unknown paths, as
+/// Orion does).
+pub fn app(state: AppState) -> App {
+    let ngsi = ngsi::service(state.clone());
+    let others = Router::new()
         .merge(ingest::router())
         .merge(catalog::router())
         .merge(alarms::router())
@@ -74,7 +87,40 @@ pub fn router(state: AppState) -> Router {
         .merge(live::router())
         .merge(ops::router())
         .merge(history::router())
-        .merge(ngsi::router())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        // After the layer: the surface applies the body limit itself.
+        .fallback_service(ngsi.clone())
+        .with_state(state);
+    App { ngsi, others }
+}
+
+/// weft's HTTP service (see [`app`]). Sending NGSI's paths past the other
+/// surfaces' router saves each NGSI request a failed lookup there and a
+/// hop through its fallback.
+#[derive(Clone)]
+pub struct App {
+    ngsi: ngsi::Surface,
+    others: Router,
+}
+
+impl<B> Service<http::Request<B>> for App
+where
+    B: HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<<ngsi::Surface as Service<Request>>::Future, RouteFuture<Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if ngsi::owns(req.uri().path()) {
+            Either::Left(self.ngsi.call(req.map(Body::new)))
+        } else {
+            Either::Right(self.others.call(req))
+        }
+    }
 }

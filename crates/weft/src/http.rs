@@ -12,9 +12,12 @@
 //! open connections finish their in-flight request (for at most
 //! [`DRAIN_CONNECTIONS`]) and are closed.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
+use axum::extract::Request;
+use axum::response::Response;
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -26,8 +29,16 @@ use crate::uri_escape::UriEscaping;
 /// Longest wait for open connections to finish at shutdown.
 pub const DRAIN_CONNECTIONS: Duration = Duration::from_secs(10);
 
-/// Serves `app` on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) {
+/// Serves `app` (weft's API, or QuantumLeap's on its own port) on
+/// `listener` until `shutdown` is cancelled.
+pub async fn serve<S>(listener: TcpListener, app: S, shutdown: CancellationToken)
+where
+    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let connections = TaskTracker::new();
     loop {
         let stream = tokio::select! {

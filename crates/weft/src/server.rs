@@ -134,7 +134,7 @@ pub async fn serve(
         }
         None => None,
     };
-    let app = weft_api::router(state);
+    let app = weft_api::app(state);
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
     crate::http::serve(listener, app, shutdown).await;

@@ -1,10 +1,10 @@
 //! The NGSIv2 surface (`/v2`, `/version`): FIWARE Orion's API, so that
 //! Orion's clients (IoT agents, QuantumLeap, dashboards) work unchanged.
 //!
-//! Requests flow: [`correlator`] (echo or mint `Fiware-Correlator`) →
-//! [`guard`] (Orion's 411/413 checks on bodies) → routing (405 with
-//! `Allow` for a known path with a wrong verb; [`fallback`] for unknown
-//! paths) → the handler, whose extractors ([`tenant::Tenant`],
+//! Requests flow: [`Surface`] (echo or mint `Fiware-Correlator`, then
+//! Orion's 411/413 checks on bodies) → routing (405 with `Allow` for a
+//! known path with a wrong verb; [`fallback`] for unknown paths) → the
+//! handler, whose extractors ([`tenant::Tenant`],
 //! [`tenant::ServicePath`], [`params::Params`]) validate the scoping and
 //! parameters → the pipeline's context. Entity state lives in the
 //! context; this module only parses, validates and renders.
@@ -22,15 +22,21 @@ pub mod subscriptions;
 pub mod tenant;
 pub mod types;
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, MethodRouter};
+use axum::routing::{get, MethodRouter};
 use axum::Router;
+use bytes::Bytes;
 use serde_json::json;
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
+use weft_pipeline::context::{Origin, ORIGIN};
 
 use crate::{AppState, MAX_BODY_BYTES};
 use error::{method_not_allowed, Error};
@@ -39,32 +45,83 @@ use error::{method_not_allowed, Error};
 /// it mirrors.
 pub const ORION_VERSION: &str = "3.10.1";
 
-/// The `/v2` and `/version` routes with the NGSIv2 layers.
-pub fn router() -> Router<AppState> {
-    routes()
-        .fallback(fallback)
-        .layer(middleware::from_fn(guard))
-        .layer(middleware::from_fn(correlator))
+/// Orion's headers, as names parsed once: a lookup by `&str` parses and
+/// checks the name again on every request.
+pub(crate) static FIWARE_CORRELATOR: HeaderName = HeaderName::from_static("fiware-correlator");
+/// The tenant (see [`tenant`]).
+pub(crate) static FIWARE_SERVICE: HeaderName = HeaderName::from_static("fiware-service");
+/// The service paths (see [`tenant`]).
+pub(crate) static FIWARE_SERVICEPATH: HeaderName = HeaderName::from_static("fiware-servicepath");
+/// The caller's token, repeated in the notifications it triggers.
+static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
+
+/// The `/v2` and `/version` routes behind Orion's per-request work, as one
+/// service. [`crate::app`] sends it NGSI's paths ([`owns`]) and makes it
+/// the fallback of the other surfaces, so it also answers unknown paths
+/// (Orion's "Service not found").
+pub fn service(state: AppState) -> Surface {
+    Surface {
+        routes: routes().fallback(fallback).with_state(state),
+    }
 }
 
-/// A method router answering every other verb with Orion's 405.
-///
-/// The verbs are dispatched inside an `any` route rather than by axum's
-/// own method routing, because axum adds its own `Allow` header (in its
-/// order, with `HEAD`) to every answer of a route whose verb did not
-/// match, including the 411 that [`guard`] gives before the verb is
-/// looked at.
-fn verbs(allow: &'static str, m: MethodRouter<AppState>) -> MethodRouter<AppState> {
-    let m = m.fallback(move || async move { method_not_allowed(allow) });
-    any(move |State(state): State<AppState>, req: Request| {
-        let m = m.clone();
-        async move {
-            match m.with_state(state).oneshot(req).await {
+/// Whether `path` is one of NGSI's own (`/version`, `/v2` and everything
+/// under it but QuantumLeap's `/v2/notify`): [`crate::App`] sends these
+/// straight to the surface. A path of another surface under `/v2` must be
+/// excepted here too.
+pub fn owns(path: &str) -> bool {
+    match path.strip_prefix("/v2") {
+        Some(rest) => rest.is_empty() || (rest.starts_with('/') && rest != "/notify"),
+        None => path == "/version",
+    }
+}
+
+/// The NGSIv2 surface. What Orion does on every request (echo or mint
+/// `Fiware-Correlator`, refuse a body-less write with 411 or an oversized
+/// one with 413, name 413/422 by RFC 9110's reasons) is done here, once,
+/// before routing: as `middleware::from_fn` layers it was cloned, boxed
+/// and polled through on every route of every request, and a check inside
+/// axum's routing has axum's own `Allow` header added to the 411 it gives
+/// for a wrong verb.
+#[derive(Clone)]
+pub struct Surface {
+    /// The NGSI routes with the state given, so nothing is built per
+    /// request.
+    routes: Router,
+}
+
+impl Service<Request> for Surface {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let correlator = correlator(req.headers());
+        if let Some(refused) = guard(&req) {
+            return Box::pin(std::future::ready(Ok(finish(refused, correlator))));
+        }
+        DefaultBodyLimit::max(MAX_BODY_BYTES).apply(&mut req);
+        let origin = origin(req.headers(), &correlator);
+        let routed = ORIGIN.scope(origin, self.routes.call(req));
+        Box::pin(async move {
+            let resp = match routed.await {
                 Ok(resp) => resp,
                 Err(never) => match never {},
-            }
-        }
-    })
+            };
+            Ok(finish(resp, correlator))
+        })
+    }
+}
+
+/// `m`, answering every other verb with Orion's 405: `Allow` lists the
+/// verbs in Orion's order (axum adds its own `Allow` only to answers that
+/// have none).
+fn verbs(allow: &'static str, m: MethodRouter<AppState>) -> MethodRouter<AppState> {
+    m.fallback(move || async move { method_not_allowed(allow) })
 }
 
 fn routes() -> Router<AppState> {
@@ -166,61 +223,87 @@ async fn entry_point() -> Response {
 /// build in `git_hash`/`compiled_by`.
 async fn version() -> Response {
     static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    thread_local! {
+        /// The body last rendered on this thread, and the uptime second it
+        /// is for: monitors poll `/version`, and only the uptime changes.
+        static RENDERED: std::cell::RefCell<(u64, Bytes)> =
+            const { std::cell::RefCell::new((u64::MAX, Bytes::new())) };
+    }
     let started = *STARTED.get_or_init(std::time::Instant::now);
     let secs = started.elapsed().as_secs();
-    let uptime = format!(
-        "{} d, {} h, {} m, {} s",
-        secs / 86_400,
-        secs / 3600 % 24,
-        secs / 60 % 60,
-        secs % 60
-    );
-    axum::Json(json!({"orion": {
-        "version": ORION_VERSION,
-        "uptime": uptime,
-        "git_hash": "nogitversion",
-        "compile_time": "nodate",
-        "compiled_by": concat!("weft ", env!("CARGO_PKG_VERSION")),
-        "compiled_in": "weft",
-        "release_date": "nodate",
-        "machine": std::env::consts::ARCH,
-        "doc": "https://fiware-orion.rtfd.io/en/3.10.1/",
-        "libversions": {
-            "serde_json": "1",
-            "axum": "0.8",
+    let body = RENDERED.with_borrow_mut(|(at, body)| {
+        if *at != secs {
+            *at = secs;
+            *body = Bytes::from(version_body(secs));
         }
-    }}))
-    .into_response()
+        body.clone()
+    });
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
-/// Echoes `Fiware-Correlator`, or mints a UUID v4 when the request had
-/// none, on every answer of the surface; gives 422s Orion's reason phrase.
-async fn correlator(req: Request, next: Next) -> Response {
-    let value = req
-        .headers()
-        .get("fiware-correlator")
-        .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
-                .expect("a UUID is a valid header value")
-        });
-    let header = |headers: &HeaderMap, name: &str| -> Option<String> {
+/// The JSON of `/version` after `secs` of uptime, written as text
+/// (building it as a `serde_json` map was half of what a `/version`
+/// request cost).
+fn version_body(secs: u64) -> String {
+    format!(
+        concat!(
+            r#"{{"orion":{{"version":"{version}","#,
+            r#""uptime":"{d} d, {h} h, {m} m, {s} s","#,
+            r#""git_hash":"nogitversion","compile_time":"nodate","#,
+            r#""compiled_by":"weft {weft}","compiled_in":"weft","release_date":"nodate","#,
+            r#""machine":"{arch}","doc":"https://fiware-orion.rtfd.io/en/{version}/","#,
+            r#""libversions":{{"serde_json":"1","axum":"0.8"}}}}}}"#,
+        ),
+        version = ORION_VERSION,
+        d = secs / 86_400,
+        h = secs / 3600 % 24,
+        m = secs / 60 % 60,
+        s = secs % 60,
+        weft = env!("CARGO_PKG_VERSION"),
+        arch = std::env::consts::ARCH,
+    )
+}
+
+/// The request's `Fiware-Correlator`, or a new UUID v4 when it had none
+/// (as Orion does). The UUID's bits come from the thread's random
+/// generator, not a `getrandom` system call per request.
+fn correlator(headers: &HeaderMap) -> HeaderValue {
+    if let Some(value) = headers.get(&FIWARE_CORRELATOR) {
+        return value.clone();
+    }
+    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
+        .expect("a UUID is a valid header value")
+}
+
+/// What notifications triggered by this request repeat of it.
+fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
+    let header = |name: &HeaderName| -> Option<String> {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let service = header(req.headers(), "fiware-service").map(|s| s.to_ascii_lowercase());
-    let auth_token = header(req.headers(), "x-auth-token");
-    let origin = weft_pipeline::context::Origin {
-        correlator: value.to_str().unwrap_or_default().to_string(),
-        service,
-        auth_token,
-    };
-    let mut resp = weft_pipeline::context::ORIGIN
-        .scope(origin, next.run(req))
-        .await;
-    resp.headers_mut().insert("fiware-correlator", value);
+    Origin {
+        correlator: correlator.to_str().unwrap_or_default().to_string(),
+        service: header(&FIWARE_SERVICE).map(|s| s.to_ascii_lowercase()),
+        auth_token: header(&X_AUTH_TOKEN),
+    }
+}
+
+/// Puts the correlator on an answer of the surface and gives 413s and
+/// 422s Orion's reason phrases.
+fn finish(mut resp: Response, correlator: HeaderValue) -> Response {
+    resp.headers_mut()
+        .insert(FIWARE_CORRELATOR.clone(), correlator);
     // Orion's status lines use RFC 9110's reasons ("Unprocessable
     // Content", "Content Too Large"); the http crate's are older.
     let reason: Option<&'static [u8]> = match resp.status().as_u16() {
@@ -237,7 +320,8 @@ async fn correlator(req: Request, next: Next) -> Response {
 
 /// Orion's checks on bodies before routing: POST/PUT/PATCH need one
 /// (411), and none may exceed 1 MiB (413, told by `Content-Length`).
-async fn guard(req: Request, next: Next) -> Response {
+/// `None` lets the request through.
+fn guard(req: &Request) -> Option<Response> {
     let length = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -246,12 +330,12 @@ async fn guard(req: Request, next: Next) -> Response {
     let chunked = req.headers().contains_key(header::TRANSFER_ENCODING);
     let needs_body = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
     if needs_body && !chunked && length.unwrap_or(0) == 0 {
-        return Error::content_length_required().into_response();
+        return Some(Error::content_length_required().into_response());
     }
     if let Some(n) = length.filter(|n| *n > MAX_BODY_BYTES as u64) {
-        return Error::too_large(n, MAX_BODY_BYTES).into_response();
+        return Some(Error::too_large(n, MAX_BODY_BYTES).into_response());
     }
-    next.run(req).await
+    None
 }
 
 /// Unknown paths. Orion ignores one trailing `/`, so `/v2/entities/` is
@@ -323,4 +407,73 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/version`'s text is what serializing Orion's document gives,
+    /// field for field and in Orion's order.
+    #[test]
+    fn version_body_is_orions_document() {
+        let secs = 2 * 86_400 + 3 * 3600 + 4 * 60 + 5;
+        let expected = json!({"orion": {
+            "version": ORION_VERSION,
+            "uptime": "2 d, 3 h, 4 m, 5 s",
+            "git_hash": "nogitversion",
+            "compile_time": "nodate",
+            "compiled_by": concat!("weft ", env!("CARGO_PKG_VERSION")),
+            "compiled_in": "weft",
+            "release_date": "nodate",
+            "machine": std::env::consts::ARCH,
+            "doc": "https://fiware-orion.rtfd.io/en/3.10.1/",
+            "libversions": {
+                "serde_json": "1",
+                "axum": "0.8",
+            }
+        }});
+        assert_eq!(version_body(secs), expected.to_string());
+    }
+
+    /// NGSI's own paths, which [`crate::App`] sends straight to the
+    /// surface; everything else (QuantumLeap's `/v2/notify` among it) goes
+    /// through the other surfaces' router first.
+    #[test]
+    fn owned_paths() {
+        for path in [
+            "/version",
+            "/v2",
+            "/v2/",
+            "/v2/entities/R1/attrs",
+            "/v2/op/notify",
+            "/v2/notify/",
+        ] {
+            assert!(owns(path), "{path}");
+        }
+        for path in [
+            "/v2/notify",
+            "/v2x",
+            "/version/",
+            "/ql/v2/entities",
+            "/health",
+            "/",
+        ] {
+            assert!(!owns(path), "{path}");
+        }
+    }
+
+    /// A request without `Fiware-Correlator` gets a fresh UUID v4; one
+    /// with it gets it back.
+    #[test]
+    fn correlators_are_echoed_or_minted() {
+        let minted = correlator(&HeaderMap::new());
+        let id = uuid::Uuid::parse_str(minted.to_str().unwrap()).unwrap();
+        assert_eq!(id.get_version_num(), 4);
+        assert_eq!(minted.to_str().unwrap(), id.hyphenated().to_string());
+        assert_ne!(minted, correlator(&HeaderMap::new()));
+        let mut headers = HeaderMap::new();
+        headers.insert("fiware-correlator", HeaderValue::from_static("abc-1"));
+        assert_eq!(correlator(&headers), "abc-1");
+    }
 }

@@ -31,7 +31,7 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        let Some(raw) = parts.headers.get("fiware-service") else {
+        let Some(raw) = parts.headers.get(&super::FIWARE_SERVICE) else {
             return Ok(Tenant(DEFAULT_TENANT.to_string()));
         };
         let name = raw.to_str().map_err(|_| bad_tenant_char())?;
@@ -84,7 +84,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ServicePath {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Error> {
-        let Some(raw) = parts.headers.get("fiware-servicepath") else {
+        let Some(raw) = parts.headers.get(&super::FIWARE_SERVICEPATH) else {
             return Ok(ServicePath(None));
         };
         let raw = raw.to_str().map_err(|_| illegal_char())?;
