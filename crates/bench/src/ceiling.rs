@@ -4,7 +4,7 @@
 //! An absolute throughput says little on its own: the same commit on the
 //! same kind of machine measures a third of itself an hour later. What
 //! holds is a ratio to a reference measured in the same run. Before a
-//! scenario's load, the bench serves a bare axum handler (one trivial GET,
+//! scenario's load, the bench serves a bare hyper handler (one trivial GET,
 //! one small POST) on a runtime of its own, drives it with its own client
 //! at the scenario's concurrency for `--calibration` each, then drives the
 //! target's own trivial endpoint (`GET /version` on weft, the probe on a
@@ -78,6 +78,15 @@ impl Rate {
             per_second: per_second(ok, seconds),
         }
     }
+
+    /// This rate and `other` measured as one.
+    pub fn add(&self, other: &Rate) -> Rate {
+        Rate::new(
+            self.ok + other.ok,
+            self.errors + other.errors,
+            self.seconds + other.seconds,
+        )
+    }
 }
 
 /// `count / seconds`, 0 when no time passed.
@@ -126,7 +135,7 @@ impl Calibration {
             .map(|r| format!(" = {} of the bare GET", percent(r)))
             .unwrap_or_default();
         format!(
-            "{} connections, {} each: bare GET {} req/s, bare POST {} req/s; target GET {} {} req/s{share}",
+            "{} connections, {} each in turns: bare GET {} req/s, bare POST {} req/s; target GET {} {} req/s{share}",
             self.concurrency,
             crate::summary::format_duration_us(self.bare_get.seconds * 1e6),
             thousands(self.bare_get.per_second),
@@ -216,9 +225,13 @@ pub fn thousands(x: f64) -> String {
     out
 }
 
-/// The bare handler: axum with one trivial GET and one small POST, on a
+/// The bare handler: hyper's HTTP/1 server with a handler that answers
+/// `ok` to a GET and reads a POST's body before answering, on a
 /// multi-threaded runtime of its own (the same shape as `weft serve`'s),
-/// so it shares the machine with the bench as the target does.
+/// so it shares the machine with the bench as the target does. Nothing
+/// sits between the connection and the handler: no router, no protocol
+/// detection (axum's `serve` probes every connection for HTTP/2), which
+/// is what makes it the ceiling.
 pub struct BareServer {
     addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
@@ -227,9 +240,6 @@ pub struct BareServer {
 impl BareServer {
     /// Starts the handler on an ephemeral loopback port.
     pub fn start() -> anyhow::Result<BareServer> {
-        use axum::routing::get;
-        use axum::serve::ListenerExt;
-
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("bench-ceiling")
             .enable_all()
@@ -241,24 +251,25 @@ impl BareServer {
             .context("binding the ceiling's listener")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let app = axum::Router::new().route(
-            "/",
-            get(|| async { "ok" }).post(|body: axum::body::Bytes| async move {
-                if body.is_empty() {
-                    "empty"
-                } else {
-                    "ok"
-                }
-            }),
-        );
         runtime.spawn(async move {
             let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                 return;
             };
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let _ = axum::serve(listener, app).await;
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(stream),
+                            hyper::service::service_fn(answer),
+                        )
+                        .await;
+                });
+            }
         });
         Ok(BareServer {
             addr,
@@ -270,6 +281,31 @@ impl BareServer {
     pub fn base(&self) -> BaseUrl {
         BaseUrl::parse(&format!("http://{}", self.addr)).expect("a socket address is a valid URL")
     }
+}
+
+/// The bare handler: `GET /` and `POST /` (body read) answer `ok`,
+/// anything else 404.
+async fn answer(
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
+    use http_body_util::BodyExt;
+
+    let found = req.uri().path() == "/"
+        && match *req.method() {
+            hyper::Method::GET => true,
+            hyper::Method::POST => req.into_body().collect().await.is_ok(),
+            _ => false,
+        };
+    let (status, body) = if found {
+        (hyper::StatusCode::OK, "ok")
+    } else {
+        (hyper::StatusCode::NOT_FOUND, "")
+    };
+    let mut response = hyper::Response::new(http_body_util::Full::new(
+        hyper::body::Bytes::from_static(body.as_bytes()),
+    ));
+    *response.status_mut() = status;
+    Ok(response)
 }
 
 impl Drop for BareServer {
@@ -344,8 +380,13 @@ pub async fn drive(
     ))
 }
 
-/// Measures the bare handler's GET and POST, then the target's trivial
+/// Measures the bare handler's GET and POST and the target's trivial
 /// endpoint, each for `each` at `concurrency`.
+///
+/// The three are measured in turns of about a second (GET, POST, target;
+/// GET, POST, target; …) rather than one after the other, so that a
+/// machine whose load drifts during the calibration (another process
+/// starting, a CPU's frequency changing) weighs on all three alike.
 pub async fn calibrate(
     session: &Session,
     concurrency: usize,
@@ -361,10 +402,6 @@ pub async fn calibrate(
         &[("Content-Type", "application/json")],
         Some(POST_BODY),
     );
-    let bare_get = drive(&base.connect, get, concurrency, each).await?;
-    let bare_post = drive(&base.connect, post, concurrency, each).await?;
-    drop(bare);
-
     let target_path = session.trivial_path().to_string();
     let trivial = render_request(
         "GET",
@@ -373,7 +410,21 @@ pub async fn calibrate(
         &[],
         None,
     );
-    let target_get = drive(&session.base.connect, trivial, concurrency, each).await?;
+    let turns = turns(each);
+    let slice = each / turns;
+    let mut rates = [Rate::new(0, 0, 0.0), Rate::new(0, 0, 0.0), Rate::new(0, 0, 0.0)];
+    for _ in 0..turns {
+        for (rate, (connect, request)) in rates.iter_mut().zip([
+            (&base.connect, &get),
+            (&base.connect, &post),
+            (&session.base.connect, &trivial),
+        ]) {
+            let more = drive(connect, request.clone(), concurrency, slice).await?;
+            *rate = rate.add(&more);
+        }
+    }
+    drop(bare);
+    let [bare_get, bare_post, target_get] = rates;
     Ok(Calibration {
         concurrency,
         bare_get,
@@ -381,6 +432,12 @@ pub async fn calibrate(
         target_path,
         target_get,
     })
+}
+
+/// How many turns a calibration of `each` per endpoint takes: one per
+/// whole second, at least one.
+fn turns(each: Duration) -> u32 {
+    (each.as_secs() as u32).clamp(1, 60)
 }
 
 /// Flags of `weft bench ceiling`.
@@ -410,7 +467,7 @@ pub fn summary(args: &CeilingArgs, session: &Session, calibration: Calibration) 
     let c = &calibration;
     let mut s = Summary::new("ceiling", session, params);
     s.description = vec![format!(
-        "a bare axum handler (GET, small POST), then the target's GET {}, {} connections each",
+        "a bare hyper handler (GET, small POST), then the target's GET {}, {} connections each",
         c.target_path, c.concurrency
     )];
     s.phases = vec![(
@@ -475,6 +532,18 @@ mod tests {
     }
 
     #[test]
+    fn turns_add_up() {
+        let a = Rate::new(30_000, 1, 1.0);
+        let b = Rate::new(50_000, 0, 1.5);
+        let sum = a.add(&b);
+        assert_eq!((sum.ok, sum.errors, sum.seconds), (80_000, 1, 2.5));
+        assert_eq!(sum.per_second, 32_000.0);
+        assert_eq!(turns(Duration::from_millis(300)), 1);
+        assert_eq!(turns(Duration::from_secs(3)), 3);
+        assert_eq!(turns(Duration::from_secs(3600)), 60);
+    }
+
+    #[test]
     fn no_ceiling_no_ratio() {
         assert_eq!(ratio(10.0, 0.0), None);
         assert_eq!(ratio(10.0, f64::NAN), None);
@@ -497,7 +566,7 @@ mod tests {
         let c = calibration();
         assert_eq!(
             c.describe(),
-            "300 connections, 2s each: bare GET 80,000 req/s, bare POST 60,000 req/s; \
+            "300 connections, 2s each in turns: bare GET 80,000 req/s, bare POST 60,000 req/s; \
              target GET /version 68,000 req/s = 85.0% of the bare GET"
         );
         let t = Throughput::new("updates", 24_000.0, Reference::Post, &c);

@@ -107,7 +107,7 @@ pub enum BenchCommand {
     /// are filled from mock services in the bench; checks every body is
     /// the expected rendering.
     Pages(PagesArgs),
-    /// The calibration alone: a bare axum handler's GET and small POST,
+    /// The calibration alone: a bare hyper handler's GET and small POST,
     /// then the target's trivial GET (`/version`, or the `--probe` of a
     /// peer), each driven by the bench's client for `--calibration`.
     Ceiling(CeilingArgs),

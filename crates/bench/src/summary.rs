@@ -594,7 +594,7 @@ mod tests {
         let text = calibrated().to_text();
         assert!(
             text.contains(
-                "   ceiling: 512 connections, 3s each: bare GET 80,000 req/s, \
+                "   ceiling: 512 connections, 3s each in turns: bare GET 80,000 req/s, \
                  bare POST 60,000 req/s; target GET /version 64,000 req/s = 80.0% of the bare GET\n"
             ),
             "{text}"
