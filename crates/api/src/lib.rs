@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, HttpBody};
-use axum::extract::Request;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http;
 use axum::response::Response;
 use axum::routing::future::RouteFuture;
@@ -87,8 +87,6 @@ pub fn app(state: AppState) -> App {
         .merge(live::router())
         .merge(ops::router())
         .merge(history::router())
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        // After the layer: the surface applies the body limit itself.
         .fallback_service(ngsi.clone())
         .with_state(state);
     App { ngsi, others }
@@ -116,11 +114,13 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         if ngsi::owns(req.uri().path()) {
-            Either::Left(self.ngsi.call(req.map(Body::new)))
-        } else {
-            Either::Right(self.others.call(req))
+            return Either::Left(self.ngsi.call(req.map(Body::new)));
         }
+        // Here rather than as a layer of the router, which would wrap
+        // (and clone, and box the future of) every route on every request.
+        DefaultBodyLimit::max(MAX_BODY_BYTES).apply(&mut req);
+        Either::Right(self.others.call(req))
     }
 }
