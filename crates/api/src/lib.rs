@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, HttpBody};
-use axum::extract::Request;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http;
 use axum::response::Response;
 use axum::routing::future::RouteFuture;
@@ -87,8 +87,6 @@ pub fn app(state: AppState) -> App {
         .merge(live::router())
         .merge(ops::router())
         .merge(history::router())
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        // After the layer: the surface applies the body limit itself.
         .fallback_service(ngsi.clone())
         .with_state(state);
     App { ngsi, others }
@@ -116,11 +114,81 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         if ngsi::owns(req.uri().path()) {
-            Either::Left(self.ngsi.call(req.map(Body::new)))
-        } else {
-            Either::Right(self.others.call(req))
+            return Either::Left(self.ngsi.call(req.map(Body::new)));
         }
+        // Here rather than as a layer of the router, which would wrap
+        // (and clone, and box the future of) every route on every request.
+        limit_body(&mut req);
+        Either::Right(self.others.call(req))
+    }
+}
+
+/// Holds the body of `req` to [`MAX_BODY_BYTES`] (413 beyond), where it
+/// could outgrow it: a body whose length is announced within the limit
+/// cannot (hyper reads no more than `Content-Length`), and a request with
+/// neither a length nor a transfer coding has none. Those, nearly all,
+/// are spared the extension axum's limit is (an allocation per request).
+pub(crate) fn limit_body<B>(req: &mut http::Request<B>) {
+    let headers = req.headers();
+    let announced_within = |v: &http::HeaderValue| {
+        v.to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n <= MAX_BODY_BYTES as u64)
+    };
+    let bounded = !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_none_or(announced_within);
+    if !bounded {
+        DefaultBodyLimit::max(MAX_BODY_BYTES).apply(req);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::extract::FromRequest;
+    use axum::response::IntoResponse;
+
+    use super::*;
+
+    /// Reads the body of a request with `headers` and `len` bytes through
+    /// [`limit_body`], as a handler taking `Bytes` would.
+    async fn read(headers: &[(&str, &str)], len: usize) -> Result<usize, http::StatusCode> {
+        let mut req = http::Request::new(Body::from(vec![b'x'; len]));
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        limit_body(&mut req);
+        bytes::Bytes::from_request(req, &())
+            .await
+            .map(|b| b.len())
+            .map_err(|e| e.into_response().status())
+    }
+
+    /// Bodies over the limit get 413 whether their length is announced or
+    /// they come chunked (axum's own default, 2 MiB, would let 1.9 MB
+    /// through); bodies announced within the limit are read whole.
+    #[tokio::test]
+    async fn bodies_are_held_to_the_limit() {
+        let over = 1_900_000;
+        let too_large = Err(http::StatusCode::PAYLOAD_TOO_LARGE);
+        let length = over.to_string();
+        assert_eq!(read(&[("content-length", &length)], over).await, too_large);
+        assert_eq!(
+            read(&[("transfer-encoding", "chunked")], over).await,
+            too_large
+        );
+        let within = MAX_BODY_BYTES.to_string();
+        assert_eq!(
+            read(&[("content-length", &within)], MAX_BODY_BYTES).await,
+            Ok(MAX_BODY_BYTES)
+        );
+        assert_eq!(read(&[], 0).await, Ok(0));
     }
 }

@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
@@ -104,7 +104,7 @@ impl Service<Request> for Surface {
         if let Some(refused) = guard(&req) {
             return Box::pin(std::future::ready(Ok(finish(refused, correlator))));
         }
-        DefaultBodyLimit::max(MAX_BODY_BYTES).apply(&mut req);
+        crate::limit_body(&mut req);
         let origin = origin(req.headers(), &correlator);
         let routed = ORIGIN.scope(origin, self.routes.call(req));
         Box::pin(async move {
