@@ -79,10 +79,10 @@ pub fn owns(path: &str) -> bool {
 /// The NGSIv2 surface. What Orion does on every request (echo or mint
 /// `Fiware-Correlator`, refuse a body-less write with 411 or an oversized
 /// one with 413, name 413/422 by RFC 9110's reasons) is done here, once,
-/// before routing: as `middleware::from_fn` layers it was cloned, boxed
-/// and polled through on every route of every request, and a check inside
-/// axum's routing has axum's own `Allow` header added to the 411 it gives
-/// for a wrong verb.
+/// before routing. As `middleware::from_fn` layers it would be cloned,
+/// boxed and polled through on every route of every request, and a check
+/// inside axum's routing gets axum's own `Allow` header added to the 411
+/// it gives for a wrong verb.
 #[derive(Clone)]
 pub struct Surface {
     /// The NGSI routes with the state given, so nothing is built per
@@ -461,6 +461,38 @@ mod tests {
         ] {
             assert!(!owns(path), "{path}");
         }
+    }
+
+    /// Orion's checks before routing: a write needs a body (411, unless
+    /// chunked), no body may be announced over 1 MiB (413), whatever the
+    /// verb; the rest passes.
+    #[test]
+    fn guard_follows_orion() {
+        let req = |method: &str, headers: &[(&str, &str)]| {
+            let mut req = Request::builder().method(method).uri("/v2/entities");
+            for (name, value) in headers {
+                req = req.header(*name, *value);
+            }
+            req.body(Body::empty()).unwrap()
+        };
+        let status = |req: &Request| guard(req).map(|r| r.status().as_u16());
+        for method in ["POST", "PUT", "PATCH"] {
+            assert_eq!(status(&req(method, &[])), Some(411), "{method}");
+            assert_eq!(status(&req(method, &[("content-length", "0")])), Some(411));
+            assert_eq!(status(&req(method, &[("content-length", "2")])), None);
+            assert_eq!(
+                status(&req(method, &[("transfer-encoding", "chunked")])),
+                None
+            );
+        }
+        let over = (MAX_BODY_BYTES + 1).to_string();
+        assert_eq!(
+            status(&req("POST", &[("content-length", &over)])),
+            Some(413)
+        );
+        assert_eq!(status(&req("GET", &[("content-length", &over)])), Some(413));
+        assert_eq!(status(&req("GET", &[])), None);
+        assert_eq!(status(&req("DELETE", &[])), None);
     }
 
     /// A request without `Fiware-Correlator` gets a fresh UUID v4; one
