@@ -247,8 +247,8 @@ impl BareServer {
             .context("starting the ceiling's runtime")?;
         // Bound here, served on the runtime: `start` may be called from
         // inside another runtime, which cannot block on this one.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")
-            .context("binding the ceiling's listener")?;
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").context("binding the ceiling's listener")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         runtime.spawn(async move {
@@ -327,7 +327,10 @@ pub async fn drive(
     concurrency: usize,
     duration: Duration,
 ) -> anyhow::Result<Rate> {
-    ensure!(concurrency >= 1, "the calibration needs at least one connection");
+    ensure!(
+        concurrency >= 1,
+        "the calibration needs at least one connection"
+    );
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         conns.push(
@@ -344,7 +347,8 @@ pub async fn drive(
     let deadline = started + duration;
     let mut tasks = Vec::with_capacity(concurrency);
     for mut conn in conns {
-        let (request, ok, errors, stop) = (request.clone(), ok.clone(), errors.clone(), stop.clone());
+        let (request, ok, errors, stop) =
+            (request.clone(), ok.clone(), errors.clone(), stop.clone());
         let connect = connect.to_string();
         tasks.push(tokio::spawn(async move {
             let (mut n_ok, mut n_err) = (0u64, 0u64);
@@ -412,7 +416,11 @@ pub async fn calibrate(
     );
     let turns = turns(each);
     let slice = each / turns;
-    let mut rates = [Rate::new(0, 0, 0.0), Rate::new(0, 0, 0.0), Rate::new(0, 0, 0.0)];
+    let mut rates = [
+        Rate::new(0, 0, 0.0),
+        Rate::new(0, 0, 0.0),
+        Rate::new(0, 0, 0.0),
+    ];
     for _ in 0..turns {
         for (rate, (connect, request)) in rates.iter_mut().zip([
             (&base.connect, &get),

@@ -608,13 +608,15 @@ mod tests {
         );
         // Without a calibration neither line is printed.
         let plain = sample().to_text();
-        assert!(!plain.contains("ceiling:") && !plain.contains("ratio:"), "{plain}");
+        assert!(
+            !plain.contains("ceiling:") && !plain.contains("ratio:"),
+            "{plain}"
+        );
     }
 
     #[test]
     fn json_carries_the_ceiling_and_the_ratio() {
-        let v: serde_json::Value =
-            serde_json::from_str(&calibrated().to_json_string()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&calibrated().to_json_string()).unwrap();
         assert_eq!(v["calibration"]["concurrency"], 512);
         assert_eq!(v["calibration"]["bare_get"]["per_second"], 80_000.0);
         assert_eq!(v["calibration"]["bare_post"]["ok"], 180_000);
@@ -623,7 +625,10 @@ mod tests {
         assert_eq!(v["throughput"]["reference"], "POST");
         assert_eq!(v["throughput"]["ceiling"], 60_000.0);
         let ratio = v["throughput"]["ratio"].as_f64().unwrap();
-        assert!((ratio - 30004.0 / 304.3 / 60_000.0).abs() < 1e-12, "{ratio}");
+        assert!(
+            (ratio - 30004.0 / 304.3 / 60_000.0).abs() < 1e-12,
+            "{ratio}"
+        );
         let plain: serde_json::Value = serde_json::from_str(&sample().to_json_string()).unwrap();
         assert!(plain.get("calibration").is_none() && plain.get("throughput").is_none());
     }

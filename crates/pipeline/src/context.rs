@@ -263,9 +263,10 @@ impl Tenant {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<&Key, NgsiError> {
-        let mut found = self.by_id.get(id).into_iter().flatten().filter(|k| {
-            path_matches(service_paths, &k.0) && entity_type.is_none_or(|t| t == k.2)
-        });
+        let mut found =
+            self.by_id.get(id).into_iter().flatten().filter(|k| {
+                path_matches(service_paths, &k.0) && entity_type.is_none_or(|t| t == k.2)
+            });
         let key = found.next().ok_or_else(NgsiError::entity_not_found)?;
         if found.next().is_some() {
             return Err(NgsiError::too_many_results());

@@ -162,8 +162,14 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
         let report = preload::preload(session, &tenant, args.preload_rows, ORIGIN_MS).await;
         phases.push(("preload".to_string(), report.elapsed.as_secs_f64()));
         let started = Instant::now();
-        let (tally, counted) =
-            verify::check_big(session, &tenant, &args.query_root, BIG_ENTITY, &report.series).await;
+        let (tally, counted) = verify::check_big(
+            session,
+            &tenant,
+            &args.query_root,
+            BIG_ENTITY,
+            &report.series,
+        )
+        .await;
         phases.push(("count big".to_string(), started.elapsed().as_secs_f64()));
         big = Some((report, tally, counted));
     }

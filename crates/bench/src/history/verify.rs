@@ -96,9 +96,16 @@ pub async fn verify(session: &Session, tenant: &str, root: &str, series: &[Serie
                 let mut out = Vec::new();
                 while let Some(&e) = chosen.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let id = entity_id(e);
-                    let outcome =
-                        check_entity(&mut caller, &mut tally, &base, &tenant, &root, &id, &series[e])
-                            .await;
+                    let outcome = check_entity(
+                        &mut caller,
+                        &mut tally,
+                        &base,
+                        &tenant,
+                        &root,
+                        &id,
+                        &series[e],
+                    )
+                    .await;
                     out.push((id, series[e].unsure() > 0, outcome));
                     bar.inc(1);
                 }
@@ -194,10 +201,11 @@ pub async fn check_big(
     // until everything is there or the deadline passes.
     let deadline = std::time::Instant::now() + BIG_SETTLE_DEADLINE;
     loop {
-        let outcome = match count_rows(&mut caller, &mut tally, &session.base, tenant, root, id).await {
-            Ok(counts) => check_counts(&counts, series.certain(), series.sent()),
-            Err(Problem::Error(why) | Problem::Mismatch(why)) => Err(why),
-        };
+        let outcome =
+            match count_rows(&mut caller, &mut tally, &session.base, tenant, root, id).await {
+                Ok(counts) => check_counts(&counts, series.certain(), series.sent()),
+                Err(Problem::Error(why) | Problem::Mismatch(why)) => Err(why),
+            };
         if outcome.is_ok() || std::time::Instant::now() >= deadline {
             return (tally, outcome);
         }

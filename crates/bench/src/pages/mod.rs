@@ -133,7 +133,9 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
             weight: *weight,
             request: render_request(
                 "GET",
-                &session.base.path(&args.page_path.replace("{page}", &f.page)),
+                &session
+                    .base
+                    .path(&args.page_path.replace("{page}", &f.page)),
                 &session.base.host,
                 &[],
                 None,
