@@ -293,8 +293,18 @@ pub(super) const PAGE_SIZE: i64 = 1024;
 pub(super) const HISTORY_PAGE_SIZE: i64 = 4096;
 
 /// Page cache of the writer connection, in KiB when negative (SQLite's
-/// convention): 64 MiB.
-const WRITER_CACHE_KIB: i64 = -64 * 1024;
+/// convention): 8 MiB.
+///
+/// Bigger is slower here. When a b-tree balance swaps two pages' numbers
+/// it parks one under the locking page's number (page 1,048,577 at 1 KiB
+/// pages), so the commit that follows finds a cached page far beyond the
+/// file's end and truncates the page cache by scanning all of its hash
+/// table. That scan costs in proportion to the pages cached: with 64 MiB
+/// (65,536 pages) it was a fifth of the server's CPU at 5,000 uplinks/s
+/// and doubled the live lag (docs/benchmarks.md); 8 MiB still holds the
+/// indexes' interior pages of a large file, and a miss is a read from the
+/// OS's cache.
+const WRITER_CACHE_KIB: i64 = -8 * 1024;
 
 /// Page cache of each read connection: 16 MiB.
 const READER_CACHE_KIB: i64 = -16 * 1024;
