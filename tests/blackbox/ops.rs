@@ -30,3 +30,38 @@ async fn health_and_metrics() {
     let api = c.expect(200, "GET", "/api/v1/openapi.json", None).await;
     assert!(api["paths"]["/sensor-data/{channel}/{infoType}/{deviceType}"].is_object());
 }
+
+/// A second weft on a data directory in use stops at start with a message
+/// naming the first, and the first keeps serving.
+#[tokio::test]
+async fn a_second_weft_on_the_same_data_directory_refuses_to_start() {
+    let server = Server::start();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(server.data_dir())
+        .env("WEFT_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("weft starts");
+    // It must exit by itself; if it served instead, the wait would hang,
+    // so wait on a thread with a deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = second.wait_with_output().expect("second weft's output");
+        let _ = tx.send(out);
+    });
+    let out = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the second weft exits instead of serving");
+    waiter.join().unwrap();
+    assert!(!out.status.success(), "the second weft exits with an error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is in use by another weft (pid "),
+        "clear message: {stderr}"
+    );
+    let c = server.client();
+    let h = c.expect(200, "GET", "/health", None).await;
+    assert_eq!(h["status"], "pass");
+}

@@ -90,6 +90,11 @@ impl Server {
         self.url = url;
     }
 
+    /// The data directory this server runs on.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
     /// A client for this server.
     pub fn client(&self) -> Client {
         Client {

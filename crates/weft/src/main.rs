@@ -3,6 +3,7 @@
 //! the library crates; this binary is configuration and wiring.
 
 mod config;
+mod data_lock;
 mod http;
 mod server;
 mod uri_escape;

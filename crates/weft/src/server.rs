@@ -22,6 +22,7 @@ use weft_pipeline::{Pipeline, PipelineConfig};
 use weft_store::{SqliteConfig, SqliteStore, Store, Synchronous};
 
 use crate::config::Config;
+use crate::data_lock::DataLock;
 
 /// Longest the pipeline may spend processing the remaining log at shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,6 +36,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("creating data directory {}", config.data.display()))?;
+    // Held until `serve` returns, after the store has closed.
+    let _lock = DataLock::acquire(&config.data)?;
     let synchronous = match config.store.synchronous.as_str() {
         "full" => Synchronous::Full,
         "normal" => Synchronous::Normal,
