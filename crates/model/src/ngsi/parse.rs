@@ -9,7 +9,6 @@
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
-use std::collections::HashSet;
 use std::fmt;
 
 use super::{
@@ -104,45 +103,74 @@ pub fn is_valid_url(text: &str, http_only: bool) -> bool {
 /// are Orion's ParseError; a key repeated at the top level is
 /// "duplicated attribute /<name>/" (`1444_err_msg_duplicate_attr`), which
 /// a plain `serde_json` parse would silently resolve to the last value.
+/// One pass: the top-level object is built by hand so its keys are checked
+/// as they arrive; everything below it is parsed by `serde_json` as usual.
 pub fn parse_body(text: &str) -> Result<Value, NgsiError> {
-    let value: Value = serde_json::from_str(text).map_err(|_| NgsiError::parse_error())?;
-    if value.is_object() {
-        match serde_json::from_str::<DuplicateCheck>(text) {
-            Ok(DuplicateCheck(None)) => {}
-            Ok(DuplicateCheck(Some(name))) => {
-                return Err(NgsiError::bad_request(format!(
-                    "duplicated attribute /{name}/"
-                )))
-            }
-            Err(_) => return Err(NgsiError::parse_error()),
-        }
+    match serde_json::from_str::<TopLevel>(text) {
+        Ok(TopLevel::Value(value)) => Ok(value),
+        Ok(TopLevel::Duplicate(name)) => Err(NgsiError::bad_request(format!(
+            "duplicated attribute /{name}/"
+        ))),
+        Err(_) => Err(NgsiError::parse_error()),
     }
-    Ok(value)
 }
 
-/// The first key repeated at the top level of an object, if any.
-struct DuplicateCheck(Option<String>);
+/// A body as parsed by [`parse_body`]: its value, or the first key its
+/// top-level object repeats (the rest of the document still parsed, so a
+/// syntax error anywhere wins, as in Orion).
+enum TopLevel {
+    Value(Value),
+    Duplicate(String),
+}
 
-impl<'de> Deserialize<'de> for DuplicateCheck {
+impl<'de> Deserialize<'de> for TopLevel {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = DuplicateCheck;
+            type Value = TopLevel;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
+                f.write_str("a JSON value")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut seen = HashSet::new();
-                let mut dup = None;
-                while let Some((k, _)) = access.next_entry::<String, IgnoredAny>()? {
-                    if dup.is_none() && !seen.insert(k.clone()) {
-                        dup = Some(k);
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<TopLevel, A::Error> {
+                let mut map = Map::new();
+                while let Some(key) = access.next_key::<String>()? {
+                    if map.contains_key(&key) {
+                        access.next_value::<IgnoredAny>()?;
+                        while access.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                        return Ok(TopLevel::Duplicate(key));
                     }
+                    let value = access.next_value::<Value>()?;
+                    map.insert(key, value);
                 }
-                Ok(DuplicateCheck(dup))
+                Ok(TopLevel::Value(Value::Object(map)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<TopLevel, A::Error> {
+                let value = Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(TopLevel::Value(value))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::Bool(v)))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::from(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::from(v)))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::from(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::String(v.to_string())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::String(v)))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<TopLevel, E> {
+                Ok(TopLevel::Value(Value::Null))
             }
         }
-        deserializer.deserialize_map(V)
+        deserializer.deserialize_any(V)
     }
 }
 
@@ -500,6 +528,10 @@ mod tests {
         (400, "BadRequest", text.to_string())
     }
 
+    fn parse_error() -> (u16, &'static str, String) {
+        err(Err::<(), _>(NgsiError::parse_error()))
+    }
+
     // 0970_create_entity/simple_creation.test, 1836_min_length_id_v2: defaults.
     #[test]
     fn normalized_entity_with_default_types() {
@@ -591,6 +623,28 @@ mod tests {
         let r = parse_body(r#"{"id":"E1","type":"T1","attr":"value","attr":1}"#);
         assert_eq!(err(r), bad("duplicated attribute /attr/"));
         assert!(parse_body(r#"{"a":{"x":1},"b":{"x":2}}"#).is_ok());
+        // A syntax error anywhere is a parse error, even after a duplicate.
+        let r = parse_body(r#"{"attr":1,"attr":2,"x":}"#);
+        assert_eq!(err(r), parse_error());
+        assert_eq!(err(parse_body(r#"{"a":1} x"#)), parse_error());
+    }
+
+    #[test]
+    fn bodies_keep_their_values_and_key_order() {
+        let v = parse_body(r#"{"z":1,"a":[true,null,"s",-2,1.5],"m":{"k":{}}}"#).unwrap();
+        assert_eq!(
+            v.to_string(),
+            r#"{"z":1,"a":[true,null,"s",-2,1.5],"m":{"k":{}}}"#
+        );
+        for text in ["[1,{\"a\":1}]", "\"s\"", "12", "-1.5", "true", "null"] {
+            assert_eq!(
+                parse_body(text).unwrap(),
+                serde_json::from_str::<Value>(text).unwrap(),
+                "{text}"
+            );
+        }
+        assert_eq!(err(parse_body("")), parse_error());
+        assert_eq!(err(parse_body("{1:2}")), parse_error());
     }
 
     // 1601_restrict_chars_in_ids/*.test, 1728_bug_forbidden_chars/*.test
