@@ -169,6 +169,101 @@ async fn a_duplicate_data_id_is_stored_and_pushed_once() {
     assert_eq!(ids, ["dup-1", "after"]);
 }
 
+/// An uplink resent with the same `dataId` but other values is a
+/// duplicate: the first one's values stay everywhere — the stored unit,
+/// the device's live entity, its history — and the socket sees it once.
+/// The resend arrives right behind the original, so both may be decoded
+/// in one batch, or the second while the first is still being stored.
+#[tokio::test]
+async fn a_resent_uplink_with_other_values_changes_nothing() {
+    let server = Server::start_with_env(&[("WEFT_HISTORY__RECORD_CHANGES", "true")]);
+    let c = server.client();
+    c.create_em300th().await;
+    let mut live = Live::connect(&server).await;
+    live.subscribe("s", "data", json!({})).await;
+
+    let at = 1_700_000_000_000;
+    for round in 0..3 {
+        let id = format!("resent-{round}");
+        let first = decoded_body(&id, "dev-r", 20 + round, 50, at + round * 60_000);
+        let resent = decoded_body(&id, "dev-r", 90, 10, at + round * 60_000 + 1);
+        let late = decoded_body(&id, "dev-r", 77, 10, at + round * 60_000 + 2);
+        // Sent concurrently, then once more after the first is stored.
+        let (a, b) = tokio::join!(
+            c.send(
+                "POST",
+                "/sensor-data/farm/decoded/em300th",
+                Some(&first),
+                Some(KEY)
+            ),
+            c.send(
+                "POST",
+                "/sensor-data/farm/decoded/em300th",
+                Some(&resent),
+                Some(KEY)
+            ),
+        );
+        assert_eq!((a.0, b.0), (202, 202));
+        let unit = c.unit_eventually(&id).await;
+        c.uplink("farm", "decoded", "em300th", &late).await;
+        // Whichever of the two was stored first is the one that counts.
+        let temperature = unit["measures"]["temperature"]["celsius"].clone();
+        let event = live.next().await;
+        assert_eq!(event["event"]["dataId"], id.as_str());
+        assert_eq!(
+            event["event"]["measures"]["temperature"]["celsius"],
+            temperature
+        );
+    }
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("last", "dev-s", 23, 50, at + 600_000),
+    )
+    .await;
+    // The next event is the last uplink: no resend was pushed. The
+    // pipeline keeps the log's order, so every resend has been processed.
+    assert_eq!(live.next().await["event"]["dataId"], "last");
+
+    let units = c.all_units("device=dev-r").await;
+    let stored: Vec<(String, Value)> = units
+        .iter()
+        .map(|u| {
+            (
+                u["dataId"].as_str().unwrap().to_string(),
+                u["measures"]["temperature"]["celsius"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    let expected_values: Vec<Value> = stored.iter().map(|(_, v)| v.clone()).collect();
+    assert!(
+        expected_values.iter().all(|v| v != &json!(77)),
+        "a late resend's values were stored: {stored:?}"
+    );
+
+    // The live entity holds the last stored unit's values, not a resend's.
+    let (status, _, entity) = crate::ngsi::call(&c, "GET", "/v2/entities/dev-r", None, None).await;
+    assert_eq!(status, 200, "{entity}");
+    assert_eq!(entity["temperature"]["value"], stored[2].1, "{entity}");
+
+    // History: one value per stored unit, and none of a resend.
+    let history = eventually(Duration::from_secs(10), || async {
+        let (status, _, body) = crate::ngsi::call(
+            &c,
+            "GET",
+            "/ql/v2/entities/dev-r/attrs/temperature",
+            None,
+            None,
+        )
+        .await;
+        (status == 200 && body["values"].as_array().map(Vec::len) >= Some(3)).then_some(body)
+    })
+    .await;
+    assert_eq!(history["values"], json!(expected_values), "{history}");
+}
+
 /// An uplink of a type that does not exist is accepted (the log keeps it)
 /// and kept as a failed uplink with its reason, not silently dropped.
 #[tokio::test]

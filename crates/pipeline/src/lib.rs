@@ -25,6 +25,7 @@ pub mod registrations;
 pub mod rules;
 pub mod subscriptions;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,6 +169,10 @@ pub struct Pipeline {
     pages: Arc<pages::Pages>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
+    /// `dataId`s of units decoded but not yet committed. A resend of one of
+    /// them is a duplicate before the store can know it; an id leaves the
+    /// set only once its unit is committed, and so findable in the store.
+    in_flight: parking_lot::Mutex<HashSet<String>>,
     config: PipelineConfig,
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
@@ -257,6 +262,7 @@ impl Pipeline {
             bridges,
             pages,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
+            in_flight: parking_lot::Mutex::new(HashSet::new()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
         });
@@ -498,6 +504,8 @@ impl Pipeline {
                 }
             }
         }
+        self.drop_duplicates(&mut batch.units, &mut entity_types)
+            .await;
         let now = weft_model::now_ms();
         let applied = self.context.apply_units(
             batch
@@ -519,6 +527,61 @@ impl Pipeline {
         Decoded {
             batch: Arc::new(batch),
         }
+    }
+
+    /// Drops the units whose `dataId` is already stored, on its way to the
+    /// store, or earlier in the same batch: a resent uplink must not touch
+    /// the live entity, the history or the socket, so it goes before the
+    /// batch reaches the context, not only at its insert. The units kept
+    /// join the in-flight set until the committer has stored them.
+    async fn drop_duplicates(&self, units: &mut Vec<UnitRecord>, entity_types: &mut Vec<String>) {
+        if units.is_empty() {
+            return;
+        }
+        // The in-flight set first, then the store: an id missing from the
+        // set is either new or already committed, and then the store has it.
+        let mut keep = vec![true; units.len()];
+        let mut unknown = Vec::with_capacity(units.len());
+        {
+            let in_flight = self.in_flight.lock();
+            let mut seen = HashSet::with_capacity(units.len());
+            for (i, record) in units.iter().enumerate() {
+                let id = record.unit.data_id.as_str();
+                if in_flight.contains(id) || !seen.insert(id) {
+                    keep[i] = false;
+                } else {
+                    unknown.push(id.to_string());
+                }
+            }
+        }
+        let mut delay = Duration::from_millis(5);
+        let stored = loop {
+            match self.store.stored_data_ids(unknown.clone()).await {
+                Ok(stored) => break stored,
+                // Shutting down: the batch will not be committed either.
+                Err(StoreError::Closed) => break HashSet::new(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking up stored data ids failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        };
+        for (i, record) in units.iter().enumerate() {
+            if keep[i] && stored.contains(&record.unit.data_id) {
+                keep[i] = false;
+            }
+        }
+        let dropped = keep.iter().filter(|k| !**k).count();
+        if dropped > 0 {
+            metrics::counter!("weft_units_duplicate_total").increment(dropped as u64);
+            let mut kept = keep.iter();
+            units.retain(|_| *kept.next().unwrap_or(&true));
+            let mut kept = keep.iter();
+            entity_types.retain(|_| *kept.next().unwrap_or(&true));
+        }
+        let mut in_flight = self.in_flight.lock();
+        in_flight.extend(units.iter().map(|r| r.unit.data_id.clone()));
     }
 
     /// Committer stage: stores each batch with its cursor, then publishes
@@ -570,6 +633,12 @@ impl Pipeline {
                     payload: Payload::Data(Arc::clone(&record.unit)),
                     json: record.json.clone(),
                 });
+            }
+            {
+                let mut in_flight = self.in_flight.lock();
+                for record in &batch.units {
+                    in_flight.remove(&record.unit.data_id);
+                }
             }
             self.rules.feed(Arc::new(fresh));
             metrics::counter!("weft_units_stored_total").increment(stored);

@@ -11,6 +11,7 @@
 //! cost one commit.
 #![deny(missing_docs)]
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -418,6 +419,9 @@ pub trait Store: Send + Sync + 'static {
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>>;
     /// One stored data unit by `dataId`.
     async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>>;
+    /// Which of `data_ids` are stored as data units: the pipeline drops a
+    /// resent unit before it changes anything, not only at its insert.
+    async fn stored_data_ids(&self, data_ids: Vec<String>) -> Result<HashSet<String>>;
     /// Failed uplinks matching `query`, oldest first.
     async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>>;
 

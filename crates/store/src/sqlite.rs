@@ -491,6 +491,19 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn stored_data_ids(
+        &self,
+        data_ids: Vec<String>,
+    ) -> Result<std::collections::HashSet<String>> {
+        if data_ids.is_empty() {
+            return Ok(Default::default());
+        }
+        self.main
+            .reads
+            .run(move |c| reader::stored_data_ids(c, &data_ids))
+            .await
+    }
+
     async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>> {
         let query = query.clone();
         self.main

@@ -275,6 +275,28 @@ pub(super) fn get_data(conn: &Connection, data_id: &str) -> Result<Option<Stored
     }
 }
 
+/// Which of `data_ids` are in `data_units`: one statement whatever their
+/// number (the ids go in as one JSON array).
+pub(super) fn stored_data_ids(
+    conn: &Connection,
+    data_ids: &[String],
+) -> Result<std::collections::HashSet<String>> {
+    let ids = serde_json::to_string(data_ids)
+        .map_err(|e| StoreError::Database(format!("data ids: {e}")))?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT data_id FROM data_units \
+             WHERE data_id IN (SELECT value FROM json_each(?1))",
+        )
+        .db()?;
+    let mut rows = stmt.query([ids]).db()?;
+    let mut stored = std::collections::HashSet::new();
+    while let Some(row) = rows.next().db()? {
+        stored.insert(row.get(0).db()?);
+    }
+    Ok(stored)
+}
+
 pub(super) fn query_failed(conn: &Connection, query: &FailedQuery) -> Result<Vec<FailedUplink>> {
     let mut stmt = conn
         .prepare_cached(
