@@ -20,12 +20,14 @@ use weft_model::{DataUnit, Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
 mod alarms;
 mod channels;
+pub mod postgres;
 mod rollup;
 pub mod sqlite;
 
 pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord};
 pub use channels::{ChannelMessage, ChannelSubscriber};
 
+pub use postgres::{PostgresConfig, PostgresStore};
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 
 /// The cursor under which a processed batch that stores entities records

@@ -1,0 +1,203 @@
+//! The PostgreSQL backend, for users who outgrow one SQLite file (and,
+//! later, for several weft nodes sharing one database).
+//!
+//! Shape, mirroring the SQLite backend so both keep the same promises:
+//!
+//! - **Writes** go through four writers (`postgres/writer.rs`), one per
+//!   log whose `seq` order consumers rely on — the ingest log, the main
+//!   state (data units, entities, alarms, the changes feed), the history
+//!   (its notifications feed and rows) and the channels — each one task on
+//!   one connection committing what is queued as one transaction, and
+//!   answering after the commit.
+//! - **Reads** go through a connection pool (`deadpool-postgres`) of
+//!   `pool_size` connections.
+//! - **Schema**: versioned migrations applied at open under an advisory
+//!   lock (`postgres/schema.rs`); history partitioned by week.
+//!
+//! The client is `tokio-postgres` (with `deadpool-postgres` for the pool)
+//! rather than sqlx: the store's SQL is fixed and few, a writer needs to
+//! own one connection for its whole life and drive savepoints itself, and
+//! tokio-postgres pipelines statements on one connection; sqlx's
+//! compile-time checked queries would need a database (or checked-in query
+//! metadata) at build time, which `cargo build` on a fresh machine must
+//! not.
+
+mod schema;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio::sync::watch;
+use tokio_postgres::{Client, NoTls};
+
+use crate::{Result, StoreError};
+use schema::db;
+use writer::{Writer, WriterConfig};
+
+/// How to reach the database and how much of it to use.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// A libpq-style URL, e.g. `postgres://weft:secret@db:5432/weft`.
+    pub url: String,
+    /// Connections of the read pool (the four writers have one each).
+    pub pool_size: usize,
+    /// Writes waiting per writer before new ones are refused as overloaded.
+    pub queue_capacity: usize,
+    /// Most writes per transaction.
+    pub max_batch: usize,
+    /// How long opening waits for the database to accept connections
+    /// (a database started together with weft may need a few seconds).
+    pub connect_timeout: Duration,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: String::new(),
+            pool_size: 16,
+            queue_capacity: 65_536,
+            max_batch: 4_096,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Opens connections of one database; shared by the pool and the writers.
+pub(super) struct Connector {
+    config: tokio_postgres::Config,
+}
+
+impl Connector {
+    fn new(url: &str) -> Result<Connector> {
+        let config = url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| StoreError::Database(format!("invalid PostgreSQL URL: {e}")))?;
+        Ok(Connector { config })
+    }
+
+    /// A new connection, its I/O driven by a task of its own.
+    async fn connect(&self) -> Result<Client> {
+        let (client, connection) = self.config.connect(NoTls).await.map_err(db)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "a PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Connects, retrying until `timeout` while the database is not up.
+    async fn connect_patiently(&self, timeout: Duration) -> Result<Client> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.connect().await {
+                Ok(client) => return Ok(client),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::info!(error = %e, "waiting for PostgreSQL");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The PostgreSQL store: the read pool and the four writers.
+pub struct PostgresStore {
+    pool: Pool,
+    log: Writer,
+    main: Writer,
+    history: Writer,
+    channels: Writer,
+    committed: watch::Receiver<u64>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("committed_seq", &*self.committed.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects, migrates the schema, and starts the writers.
+    pub async fn open(config: PostgresConfig) -> Result<PostgresStore> {
+        let connector = Arc::new(Connector::new(&config.url)?);
+        let mut client = connector.connect_patiently(config.connect_timeout).await?;
+        let version = schema::migrate(&mut client).await?;
+        let last_seq: i64 = client
+            .query_one("SELECT COALESCE(MAX(seq), 0) FROM ingest_log", &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        drop(client);
+
+        let manager = Manager::from_config(
+            connector.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size.max(1))
+            .build()
+            .map_err(|e| StoreError::Database(format!("building the connection pool: {e}")))?;
+
+        let (committed_tx, committed) = watch::channel(u64::try_from(last_seq).unwrap_or(0));
+        let writer = |name| WriterConfig {
+            name,
+            queue_capacity: config.queue_capacity,
+            max_batch: config.max_batch,
+        };
+        let log = Writer::start(connector.clone(), writer("log"), Some(committed_tx)).await?;
+        let main = Writer::start(connector.clone(), writer("main"), None).await?;
+        let history = Writer::start(connector.clone(), writer("history"), None).await?;
+        let channels = Writer::start(connector, writer("channels"), None).await?;
+        tracing::info!(
+            schema_version = version,
+            last_seq,
+            "opened the PostgreSQL store"
+        );
+        Ok(PostgresStore {
+            pool,
+            log,
+            main,
+            history,
+            channels,
+            committed,
+        })
+    }
+
+    /// A connection of the read pool.
+    // The domain stores' reads (added domain by domain) go through it.
+    #[allow(dead_code)]
+    async fn reader(&self) -> Result<deadpool_postgres::Object> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Database(format!("no PostgreSQL connection: {e}")))
+    }
+
+    /// Commits an empty write through the main writer: `Ok` means the
+    /// database takes writes right now.
+    pub async fn ping(&self) -> Result<()> {
+        self.main.write(|_| Box::pin(async { Ok(()) })).await
+    }
+
+    /// Stops accepting writes, commits what is queued, and stops the
+    /// writers; the pool closes.
+    pub async fn close(&self) {
+        self.log.close().await;
+        self.main.close().await;
+        self.history.close().await;
+        self.channels.close().await;
+        self.pool.close();
+    }
+}

@@ -1,0 +1,285 @@
+//! The PostgreSQL schema as an append-only list of migration steps.
+//!
+//! `weft_schema` records how many steps a database has applied. Opening
+//! the store applies the missing steps in order, all in one transaction
+//! under an advisory lock, so two weft nodes starting together against the
+//! same database migrate it once, and a crash mid-migration leaves it as
+//! it was. A step, once released, is never edited.
+//!
+//! The tables are the SQLite backend's (`sqlite/schema.rs` explains each),
+//! in PostgreSQL's types: `BIGINT` epoch milliseconds, identity columns
+//! for the sequences consumers page by (never reused, like SQLite's
+//! `AUTOINCREMENT`), `BYTEA` for uplink bodies, `DOUBLE PRECISION` for
+//! numbers. Two differences:
+//!
+//! - `history` is partitioned by its time index, one partition per week
+//!   (created on demand before rows land in it, [`partition_for`]), plus a
+//!   default partition for anything outside the created ones. Retention
+//!   drops a whole partition once every tenant's cutoff is past its end,
+//!   instead of deleting its rows one by one.
+//! - There is one database for everything: the SQLite backend's four
+//!   files (log, main, history, channels) are four writers here, each
+//!   keeping its own commit order (see `postgres/writer.rs`).
+
+use tokio_postgres::Client;
+
+use crate::{Result, StoreError};
+
+/// Key of the advisory lock migrations hold (any constant, unique to weft).
+const MIGRATION_LOCK: i64 = 0x7765_6674_5f6d_6967; // "weft_mig"
+
+/// Width of one history partition: a week of time index, in milliseconds.
+pub(super) const HISTORY_PARTITION_MS: i64 = 7 * 24 * 3_600_000;
+
+/// The migration steps, applied in order.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE ingest_log (
+    seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    received_at BIGINT NOT NULL,
+    format      TEXT   NOT NULL,
+    channel     TEXT,
+    device_type TEXT,
+    body        BYTEA  NOT NULL
+);
+CREATE TABLE data_units (
+    seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    data_id     TEXT   NOT NULL UNIQUE,
+    device_id   TEXT   NOT NULL,
+    channel     TEXT   NOT NULL,
+    device_type TEXT   NOT NULL,
+    reported_at BIGINT NOT NULL,
+    json        TEXT   NOT NULL
+);
+CREATE INDEX data_units_device_seq ON data_units (device_id, seq);
+CREATE TABLE failed_uplinks (
+    seq         BIGINT PRIMARY KEY,
+    received_at BIGINT NOT NULL,
+    format      TEXT   NOT NULL,
+    channel     TEXT,
+    device_type TEXT,
+    reason      TEXT   NOT NULL,
+    description TEXT   NOT NULL,
+    body        TEXT   NOT NULL
+);
+CREATE TABLE devices (
+    id          TEXT PRIMARY KEY,
+    device_type TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    json        TEXT NOT NULL
+);
+CREATE TABLE device_types (
+    name TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+);
+CREATE TABLE cursors (
+    name     TEXT   PRIMARY KEY,
+    next_seq BIGINT NOT NULL
+);
+CREATE TABLE entities (
+    tenant       TEXT   NOT NULL,
+    service_path TEXT   NOT NULL,
+    id           TEXT   NOT NULL,
+    type         TEXT   NOT NULL,
+    created      BIGINT NOT NULL,
+    json         TEXT   NOT NULL,
+    PRIMARY KEY (tenant, service_path, id, type)
+);
+CREATE TABLE ngsi_documents (
+    kind         TEXT   NOT NULL,
+    tenant       TEXT   NOT NULL,
+    id           TEXT   NOT NULL,
+    service_path TEXT   NOT NULL,
+    created      BIGINT NOT NULL,
+    json         TEXT   NOT NULL,
+    PRIMARY KEY (kind, tenant, id)
+);
+CREATE TABLE history (
+    tenant       TEXT   NOT NULL,
+    entity_id    TEXT   NOT NULL,
+    entity_type  TEXT   NOT NULL,
+    attr         TEXT   NOT NULL,
+    time         BIGINT NOT NULL,
+    service_path TEXT   NOT NULL,
+    attr_type    TEXT   NOT NULL,
+    value        TEXT   NOT NULL,
+    number       DOUBLE PRECISION,
+    PRIMARY KEY (tenant, entity_id, entity_type, attr, time)
+) PARTITION BY RANGE (time);
+CREATE TABLE history_default PARTITION OF history DEFAULT;
+CREATE TABLE history_entities (
+    tenant       TEXT NOT NULL,
+    entity_type  TEXT NOT NULL,
+    entity_id    TEXT NOT NULL,
+    service_path TEXT NOT NULL,
+    PRIMARY KEY (tenant, entity_type, entity_id)
+);
+CREATE INDEX history_entities_id ON history_entities (tenant, entity_id, service_path);
+CREATE TABLE history_feed (
+    feed TEXT   NOT NULL,
+    seq  BIGINT GENERATED ALWAYS AS IDENTITY,
+    rows TEXT   NOT NULL,
+    PRIMARY KEY (feed, seq)
+);
+CREATE TABLE history_rollups (
+    tenant      TEXT   NOT NULL,
+    entity_id   TEXT   NOT NULL,
+    entity_type TEXT   NOT NULL,
+    attr        TEXT   NOT NULL,
+    period      BIGINT NOT NULL,
+    bucket      BIGINT NOT NULL,
+    rows        BIGINT NOT NULL,
+    numbers     BIGINT NOT NULL,
+    sum_value   DOUBLE PRECISION,
+    min_value   DOUBLE PRECISION,
+    max_value   DOUBLE PRECISION,
+    PRIMARY KEY (tenant, entity_id, entity_type, attr, period, bucket)
+);
+CREATE TABLE rules (
+    id   TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+);
+CREATE TABLE rule_states (
+    rule   TEXT NOT NULL,
+    device TEXT NOT NULL,
+    json   TEXT NOT NULL,
+    PRIMARY KEY (rule, device)
+);
+CREATE TABLE alarms (
+    id        TEXT    PRIMARY KEY,
+    device    TEXT    NOT NULL,
+    type      TEXT    NOT NULL,
+    state     TEXT    NOT NULL,
+    acked     BOOLEAN NOT NULL,
+    severity  TEXT    NOT NULL,
+    raised_at BIGINT  NOT NULL,
+    version   BIGINT  NOT NULL,
+    json      TEXT    NOT NULL
+);
+CREATE INDEX alarms_raised ON alarms (raised_at);
+CREATE INDEX alarms_state_device ON alarms (state, device);
+CREATE TABLE alarm_events (
+    seq  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    json TEXT   NOT NULL
+);
+CREATE TABLE channel_messages (
+    seq          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel      TEXT   NOT NULL,
+    message_id   TEXT   NOT NULL,
+    content      TEXT   NOT NULL,
+    published_at BIGINT NOT NULL,
+    UNIQUE (channel, message_id)
+);
+CREATE INDEX channel_messages_channel_seq ON channel_messages (channel, seq);
+CREATE TABLE channel_subscribers (
+    channel    TEXT   NOT NULL,
+    subscriber TEXT   NOT NULL,
+    cursor     BIGINT NOT NULL,
+    PRIMARY KEY (channel, subscriber)
+);
+"#];
+
+/// Brings the database up to the latest schema; returns the version it is
+/// at afterwards. A database migrated by a newer weft (more steps than
+/// this build knows) is refused rather than misread.
+pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
+    let tx = client.transaction().await.map_err(db)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(db)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS weft_schema (version INTEGER NOT NULL)")
+        .await
+        .map_err(db)?;
+    let current: Option<i32> = tx
+        .query_opt("SELECT version FROM weft_schema", &[])
+        .await
+        .map_err(db)?
+        .map(|row| row.get(0));
+    let current = usize::try_from(current.unwrap_or(0))
+        .map_err(|_| StoreError::Corrupt("weft_schema holds a negative version".into()))?;
+    if current > MIGRATIONS.len() {
+        return Err(StoreError::Database(format!(
+            "the database's schema is at version {current}, newer than this weft knows ({}); \
+             run a newer weft",
+            MIGRATIONS.len()
+        )));
+    }
+    for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
+        tx.batch_execute(step).await.map_err(db)?;
+        tracing::info!(version = index + 1, "applied PostgreSQL migration");
+    }
+    let version = i32::try_from(MIGRATIONS.len()).expect("a handful of steps");
+    tx.execute("DELETE FROM weft_schema", &[])
+        .await
+        .map_err(db)?;
+    tx.execute("INSERT INTO weft_schema (version) VALUES ($1)", &[&version])
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(MIGRATIONS.len())
+}
+
+/// The name and bounds (`[from, to)`, epoch ms) of the history partition
+/// holding time index `time`.
+pub(super) fn partition_for(time: i64) -> (String, i64, i64) {
+    let from = time.div_euclid(HISTORY_PARTITION_MS) * HISTORY_PARTITION_MS;
+    let name = if from < 0 {
+        format!("history_m{}", -from)
+    } else {
+        format!("history_p{from}")
+    };
+    (name, from, from + HISTORY_PARTITION_MS)
+}
+
+/// Creates the history partition for `time` unless it exists. Rows already
+/// in the default partition for that range are moved into it (PostgreSQL
+/// refuses to attach a range the default partition holds rows of).
+pub(super) async fn ensure_partition(client: &Client, time: i64) -> Result<()> {
+    let (name, from, to) = partition_for(time);
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_class WHERE relname = $1", &[&name])
+        .await
+        .map_err(db)?
+        .is_some();
+    if exists {
+        return Ok(());
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE TEMP TABLE IF NOT EXISTS history_moving (LIKE history) ON COMMIT DROP;
+             WITH moved AS (DELETE FROM history_default WHERE time >= {from} AND time < {to} \
+                            RETURNING *)
+             INSERT INTO history_moving SELECT * FROM moved;
+             CREATE TABLE IF NOT EXISTS {name} PARTITION OF history FOR VALUES FROM ({from}) TO ({to});
+             INSERT INTO history SELECT * FROM history_moving;
+             DELETE FROM history_moving;"
+        ))
+        .await
+        .map_err(db)
+}
+
+/// A PostgreSQL error as the store reports it.
+pub(super) fn db(e: tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(d) => StoreError::Database(format!("{}: {}", d.code().code(), d.message())),
+        None => StoreError::Database(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_whole_weeks_named_by_their_start() {
+        let (name, from, to) = partition_for(1_700_000_000_000);
+        assert_eq!(to - from, HISTORY_PARTITION_MS);
+        assert!(from <= 1_700_000_000_000 && 1_700_000_000_000 < to);
+        assert_eq!(name, format!("history_p{from}"));
+        assert_eq!(partition_for(from).1, from);
+        assert_eq!(partition_for(to - 1).1, from);
+        assert_eq!(partition_for(to).1, to);
+        let (name, from, to) = partition_for(-1);
+        assert_eq!((from, to), (-HISTORY_PARTITION_MS, 0));
+        assert_eq!(name, format!("history_m{HISTORY_PARTITION_MS}"));
+    }
+}

@@ -1,0 +1,371 @@
+//! A PostgreSQL writer: one task that owns one connection and turns
+//! whatever writes are queued into one transaction (group commit), as the
+//! SQLite backend's writer thread does for its file.
+//!
+//! Why writers at all, when PostgreSQL takes concurrent transactions: the
+//! consumers of weft's logs (the pipeline on the ingest log, the history
+//! mover on its feeds, channel subscribers, alarm bridges) read forward
+//! from a `seq`. With concurrent writers, a transaction holding `seq` 9
+//! can commit after the one holding 10, and a reader that already moved
+//! past 10 would never see 9. One writer per log commits its `seq`s in
+//! order. Group commit then makes durable writes cheap: one commit (one
+//! WAL flush) answers every write of the batch, and a write is answered
+//! only after that commit returned.
+//!
+//! Failure isolation: every write runs inside its own `SAVEPOINT`, so a
+//! failing write (a constraint, a bad value) is rolled back alone and the
+//! rest of the batch commits. If the connection breaks, every write of
+//! the batch is answered with the error (nothing of it committed) and the
+//! writer connects again before the next batch.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+
+use super::schema::db;
+use super::Connector;
+use crate::{Result, StoreError};
+
+/// One queued write: its SQL, run on the writer's connection inside the
+/// open transaction, or, when the batch never got that far, answered with
+/// the reason.
+pub(super) type Job = Box<dyn QueuedWrite>;
+
+/// What the writer task does with a queued write; implemented by
+/// [`Queued`] for every write's closure and answer type.
+pub(super) trait QueuedWrite: Send {
+    /// Runs the write; what to answer waits for the transaction.
+    fn run<'c>(self: Box<Self>, client: &'c Client) -> BoxFuture<'c, Pending>;
+    /// Answers with `error` without running.
+    fn fail(self: Box<Self>, error: &str);
+}
+
+/// A write's closure with its reply channel.
+struct Queued<T, F> {
+    write: F,
+    reply: oneshot::Sender<Result<T>>,
+    /// Which answers are ingest-log appends, and their `seq`.
+    appended: fn(&T) -> Option<u64>,
+}
+
+impl<T, F> QueuedWrite for Queued<T, F>
+where
+    T: Send + 'static,
+    F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+{
+    fn run<'c>(self: Box<Self>, client: &'c Client) -> BoxFuture<'c, Pending> {
+        let Queued {
+            write,
+            reply,
+            appended,
+        } = *self;
+        Box::pin(async move {
+            let result = write(client).await;
+            let seq = result.as_ref().ok().and_then(appended);
+            let mut pending = Pending::new(result, reply);
+            pending.appended = seq;
+            pending
+        })
+    }
+
+    fn fail(self: Box<Self>, error: &str) {
+        let _ = self
+            .reply
+            .send(Err(StoreError::Database(error.to_string())));
+    }
+}
+
+/// A write that ran, waiting for its transaction's outcome.
+pub(super) struct Pending {
+    failed: bool,
+    /// The ingest-log `seq` it appended, published as committed before
+    /// any answer of its batch goes out.
+    appended: Option<u64>,
+    /// Sends the write's own result (`None`) or an error that replaced it
+    /// because the transaction did not commit.
+    answer: Box<dyn FnOnce(Option<&str>) + Send>,
+}
+
+impl Pending {
+    fn new<T: Send + 'static>(result: Result<T>, reply: oneshot::Sender<Result<T>>) -> Pending {
+        Pending {
+            failed: result.is_err(),
+            appended: None,
+            answer: Box::new(move |error| {
+                let _ = reply.send(match error {
+                    None => result,
+                    Some(e) => Err(StoreError::Database(e.to_string())),
+                });
+            }),
+        }
+    }
+}
+
+enum Op {
+    Run(Job),
+    Close(oneshot::Sender<()>),
+}
+
+/// The handle of one writer: its queue and its task.
+pub(super) struct Writer {
+    ops: mpsc::Sender<Op>,
+    stopped: watch::Receiver<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What a writer needs to run.
+pub(super) struct WriterConfig {
+    /// Names the writer in logs and metrics (`log`, `main`, …).
+    pub name: &'static str,
+    /// Most writes waiting; a write finding the queue full is refused as
+    /// overloaded.
+    pub queue_capacity: usize,
+    /// Most writes per transaction.
+    pub max_batch: usize,
+}
+
+impl Writer {
+    /// Connects and starts the writer's task. `committed`, for the ingest
+    /// log's writer, is advanced to every appended `seq` once committed.
+    pub(super) async fn start(
+        connector: Arc<Connector>,
+        config: WriterConfig,
+        committed: Option<watch::Sender<u64>>,
+    ) -> Result<Writer> {
+        let client = connector.connect().await?;
+        let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
+        let (stopped_tx, stopped) = watch::channel(false);
+        let task = WriterTask {
+            connector,
+            client: Some(client),
+            ops: ops_rx,
+            name: config.name,
+            max_batch: config.max_batch.max(1),
+            committed,
+        };
+        let handle = tokio::spawn(async move {
+            task.run().await;
+            stopped_tx.send_replace(true);
+        });
+        Ok(Writer {
+            ops: ops_tx,
+            stopped,
+            task: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Queues a write and waits for its answer, which comes after the
+    /// commit of the transaction that ran it.
+    pub(super) async fn write<T, F>(&self, write: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        self.queue(write, |_| None).await
+    }
+
+    /// Like [`Writer::write`] for an append to the ingest log: the `seq` it
+    /// answers is published as committed before the answer goes out.
+    pub(super) async fn append<F>(&self, write: F) -> Result<u64>
+    where
+        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<u64>> + Send + 'static,
+    {
+        self.queue(write, |seq| Some(*seq)).await
+    }
+
+    async fn queue<T, F>(&self, write: F, appended: fn(&T) -> Option<u64>) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(Queued {
+            write,
+            reply,
+            appended,
+        });
+        match self.ops.try_send(Op::Run(job)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(StoreError::Overloaded),
+            Err(TrySendError::Closed(_)) => return Err(StoreError::Closed),
+        }
+        answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Stops accepting writes, lets the writer commit what is queued, and
+    /// waits for its task.
+    pub(super) async fn close(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.ops.send(Op::Close(reply)).await.is_ok() {
+            let _ = answer.await;
+        }
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+        let handle = self.task.lock().take();
+        if let Some(handle) = handle {
+            if handle.await.is_err() {
+                tracing::error!("a PostgreSQL writer task panicked");
+            }
+        }
+    }
+}
+
+struct WriterTask {
+    connector: Arc<Connector>,
+    /// `None` after the connection broke, until the next batch reconnects.
+    client: Option<Client>,
+    ops: mpsc::Receiver<Op>,
+    name: &'static str,
+    max_batch: usize,
+    committed: Option<watch::Sender<u64>>,
+}
+
+impl WriterTask {
+    async fn run(mut self) {
+        let mut closers = Vec::new();
+        let mut batch = Vec::with_capacity(self.max_batch.min(4096));
+        while let Some(first) = self.ops.recv().await {
+            self.take(first, &mut batch, &mut closers);
+            while batch.len() < self.max_batch {
+                match self.ops.try_recv() {
+                    Ok(op) => self.take(op, &mut batch, &mut closers),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.run_batch(&mut batch).await;
+            }
+        }
+        tracing::debug!(writer = self.name, "PostgreSQL writer stopped");
+        for reply in closers {
+            let _ = reply.send(());
+        }
+    }
+
+    fn take(&mut self, op: Op, batch: &mut Vec<Job>, closers: &mut Vec<oneshot::Sender<()>>) {
+        match op {
+            Op::Run(job) => batch.push(job),
+            Op::Close(reply) => {
+                self.ops.close();
+                closers.push(reply);
+            }
+        }
+    }
+
+    /// The connection, connecting again (with a pause) after it broke.
+    async fn client(&mut self) -> Result<&Client> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            match self.connector.connect().await {
+                Ok(client) => self.client = Some(client),
+                Err(e) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.client.as_ref().expect("connected above"))
+    }
+
+    async fn run_batch(&mut self, batch: &mut Vec<Job>) {
+        let started = Instant::now();
+        let size = batch.len();
+        let name = self.name;
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(e) => {
+                let msg = format!("no connection to PostgreSQL: {e}");
+                for job in batch.drain(..) {
+                    fail_unrun(job, &msg);
+                }
+                return;
+            }
+        };
+        if let Err(e) = client.batch_execute("BEGIN").await {
+            let msg = format!("could not start a transaction: {}", db(e));
+            for job in batch.drain(..) {
+                fail_unrun(job, &msg);
+            }
+            return;
+        }
+        let mut done = Vec::with_capacity(size);
+        let mut broken = None;
+        for job in batch.drain(..) {
+            if broken.is_some() {
+                fail_unrun(job, "the transaction was abandoned");
+                continue;
+            }
+            if let Err(e) = client.batch_execute("SAVEPOINT w").await {
+                broken = Some(db(e).to_string());
+                fail_unrun(job, "the transaction was abandoned");
+                continue;
+            }
+            let pending = job.run(client).await;
+            let end = if pending.failed {
+                "ROLLBACK TO SAVEPOINT w"
+            } else {
+                "RELEASE SAVEPOINT w"
+            };
+            if let Err(e) = client.batch_execute(end).await {
+                broken = Some(db(e).to_string());
+            }
+            done.push(pending);
+        }
+        let outcome = match broken {
+            Some(e) => Err(e),
+            None => client
+                .batch_execute("COMMIT")
+                .await
+                .map_err(|e| db(e).to_string()),
+        };
+        match outcome {
+            Ok(()) => {
+                // Publish before answering: whoever holds a `seq` answer
+                // finds `committed_seq()` at least that high.
+                if let (Some(committed), Some(seq)) = (
+                    &self.committed,
+                    done.iter().filter_map(|p| p.appended).max(),
+                ) {
+                    committed.send_if_modified(|current| {
+                        let newer = seq > *current;
+                        if newer {
+                            *current = seq;
+                        }
+                        newer
+                    });
+                }
+                for pending in done {
+                    (pending.answer)(None);
+                }
+                metrics::counter!("weft_store_commits_total", "writer" => name).increment(1);
+                metrics::histogram!("weft_store_batch_size", "writer" => name).record(size as f64);
+                metrics::histogram!("weft_store_commit_seconds", "writer" => name)
+                    .record(started.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                tracing::warn!(writer = name, error = %e, ops = done.len(), "PostgreSQL batch failed");
+                let msg = format!("the transaction did not commit: {e}");
+                if !client.is_closed() {
+                    let _ = client.batch_execute("ROLLBACK").await;
+                }
+                for pending in done {
+                    (pending.answer)(Some(&msg));
+                }
+            }
+        }
+    }
+}
+
+/// Answers a write that never ran (its batch could not start, or was
+/// abandoned before reaching it).
+fn fail_unrun(job: Job, why: &str) {
+    job.fail(why);
+}
