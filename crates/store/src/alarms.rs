@@ -4,6 +4,10 @@
 //! together with its cursor, so an alarm is never lost between the rule
 //! firing and its storage, and rule state survives a restart.
 
+use async_trait::async_trait;
+
+use crate::Result;
+
 /// An alarm as stored: its JSON (the model's form, opaque here) and the
 /// columns the API filters on.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +57,7 @@ pub struct AlarmBatch {
     pub states: Vec<RuleStateRecord>,
     /// A consumer's new cursor (a rule-engine lane's: the next data-unit
     /// `seq` it evaluates; a channel bridge's: the next event it
-    /// publishes), read back with [`Store::cursor`](crate::Store::cursor).
+    /// publishes), read back with [`UnitStore::cursor`](crate::UnitStore::cursor).
     pub cursor: Option<(String, u64)>,
 }
 
@@ -74,4 +78,34 @@ pub struct AlarmQuery {
     pub limit: usize,
     /// Skipped first.
     pub offset: usize,
+}
+
+/// Rules, their per-device state, alarms and alarm events: what the rule
+/// engine needs to survive a restart, and what the alarm API reads.
+#[async_trait]
+pub trait RuleStore: Send + Sync {
+    /// Creates or replaces a rule (its JSON); `true` if it was created.
+    async fn put_rule(&self, id: &str, json: String) -> Result<bool>;
+    /// Deletes a rule and its per-device state; `true` if it existed.
+    async fn delete_rule(&self, id: &str) -> Result<bool>;
+    /// Every rule as `(id, json)`, by id.
+    async fn load_rules(&self) -> Result<Vec<(String, String)>>;
+    /// Every stored per-device rule state.
+    async fn load_rule_states(&self) -> Result<Vec<RuleStateRecord>>;
+    /// Commits alarms, their events, rule state and the rule engine's
+    /// cursor atomically; answers the `seq` of the batch's last event.
+    async fn commit_alarms(&self, batch: AlarmBatch) -> Result<u64>;
+    /// One alarm's JSON.
+    async fn get_alarm(&self, id: &str) -> Result<Option<String>>;
+    /// Alarms matching `query`, newest first (JSON).
+    async fn query_alarms(&self, query: &AlarmQuery) -> Result<Vec<String>>;
+    /// Every active alarm (JSON): loaded once at start by the rule engine.
+    async fn active_alarms(&self) -> Result<Vec<String>>;
+    /// The `seq` of the newest alarm event (0: none): where a new consumer
+    /// of [`RuleStore::alarm_events`] starts.
+    async fn alarm_events_head(&self) -> Result<u64>;
+    /// The alarm events stored after `after` (their `seq`, exclusive),
+    /// oldest first: a durable feed for consumers that must see every
+    /// alarm change (channel bridges).
+    async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>>;
 }

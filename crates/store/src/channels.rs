@@ -4,6 +4,10 @@
 //! their own (`<name>-channels.db`), so a publish's 200 waits only for
 //! that file's commit.
 
+use async_trait::async_trait;
+
+use crate::Result;
+
 /// One stored message of a channel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelMessage {
@@ -27,4 +31,50 @@ pub struct ChannelSubscriber {
     /// Messages up to this `seq` are acknowledged (or were published
     /// before the subscriber existed).
     pub cursor: u64,
+}
+
+/// Durable pull channels: messages kept until every subscriber has
+/// acknowledged them, and the subscribers' cursors.
+#[async_trait]
+pub trait ChannelStore: Send + Sync {
+    /// Stores a message in a channel unless its id is already there;
+    /// answers its `seq` once committed, or `None` for a duplicate (the
+    /// first content is kept).
+    async fn publish_message(
+        &self,
+        channel: &str,
+        message_id: &str,
+        content: String,
+    ) -> Result<Option<u64>>;
+    /// Creates a polling subscriber at `cursor` (it receives messages after
+    /// it) unless it exists; answers its stored cursor.
+    async fn put_channel_subscriber(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        cursor: u64,
+    ) -> Result<u64>;
+    /// Deletes a subscriber; `true` if it existed.
+    async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool>;
+    /// Acknowledges a subscriber's messages up to `through`.
+    async fn ack_channel_messages(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        through: u64,
+    ) -> Result<()>;
+    /// Deletes a channel's messages up to `through` (acknowledged by all).
+    async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64>;
+    /// A channel's messages after `after`, oldest first, at most `limit`.
+    async fn channel_messages(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChannelMessage>>;
+    /// Every stored subscriber (loaded at start).
+    async fn channel_subscribers(&self) -> Result<Vec<ChannelSubscriber>>;
+    /// Each channel's highest stored message `seq`, and the highest `seq`
+    /// ever handed out (loaded at start).
+    async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)>;
 }

@@ -31,8 +31,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use weft_model::{Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
 use crate::{
-    CommitOutcome, DataQuery, DeviceFilter, FailedQuery, ProcessedBatch, Result, Store, StoreError,
-    StoredUnit,
+    CatalogStore, ChannelStore, CommitOutcome, ContextStore, DataQuery, DeviceFilter, FailedQuery,
+    HistoryStore, IngestLogStore, ProcessedBatch, Result, RuleStore, Store, StoreError, StoredUnit,
+    UnitStore,
 };
 
 mod alarms;
@@ -376,7 +377,7 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl IngestLogStore for SqliteStore {
     async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
         self.log.write(|reply| Op::Append(uplink, reply)).await
     }
@@ -392,18 +393,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn cursor(&self, consumer: &str) -> Result<u64> {
-        let consumer = consumer.to_string();
-        self.main
-            .reads
-            .run(move |c| reader::cursor(c, &consumer))
-            .await
-    }
-
-    async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
-        self.main.write(|reply| Op::Processed(batch, reply)).await
-    }
-
     async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
         self.log
             .write(|reply| Op::Prune {
@@ -413,7 +402,10 @@ impl Store for SqliteStore {
             })
             .await
     }
+}
 
+#[async_trait]
+impl CatalogStore for SqliteStore {
     async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
         let json = encode("device type", device_type)?;
         let name = name.to_string();
@@ -474,6 +466,21 @@ impl Store for SqliteStore {
         let id = id.to_string();
         self.main.write(|reply| Op::DeleteDevice(id, reply)).await
     }
+}
+
+#[async_trait]
+impl UnitStore for SqliteStore {
+    async fn cursor(&self, consumer: &str) -> Result<u64> {
+        let consumer = consumer.to_string();
+        self.main
+            .reads
+            .run(move |c| reader::cursor(c, &consumer))
+            .await
+    }
+
+    async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
+        self.main.write(|reply| Op::Processed(batch, reply)).await
+    }
 
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
         let query = query.clone();
@@ -512,6 +519,16 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn data_head(&self) -> Result<u64> {
+        self.main
+            .reads
+            .run(|c| alarms::max_seq(c, alarms::DATA_HEAD))
+            .await
+    }
+}
+
+#[async_trait]
+impl ContextStore for SqliteStore {
     async fn put_entity(
         &self,
         record: crate::EntityRecord,
@@ -522,6 +539,49 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn delete_entity(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        id: &str,
+        entity_type: &str,
+    ) -> Result<bool> {
+        let key = [tenant, service_path, id, entity_type].map(str::to_string);
+        self.main.write(|reply| Op::DeleteEntity(key, reply)).await
+    }
+
+    async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
+        self.main.reads.run(reader::load_entities).await
+    }
+
+    async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
+        self.main
+            .write(|reply| Op::PutDocument(document, reply))
+            .await
+    }
+
+    async fn delete_document(
+        &self,
+        kind: crate::DocumentKind,
+        tenant: &str,
+        id: &str,
+    ) -> Result<bool> {
+        let key = [kind.as_str(), tenant, id].map(str::to_string);
+        self.main
+            .write(|reply| Op::DeleteDocument(key, reply))
+            .await
+    }
+
+    async fn load_documents(&self, kind: crate::DocumentKind) -> Result<Vec<crate::NgsiDocument>> {
+        self.main
+            .reads
+            .run(move |c| reader::load_documents(c, kind))
+            .await
+    }
+}
+
+#[async_trait]
+impl HistoryStore for SqliteStore {
     async fn read_history_feed(
         &self,
         feed: crate::HistoryFeed,
@@ -576,21 +636,133 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn delete_entity(
+    async fn append_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        self.history
+            .write(|reply| Op::AppendHistory(rows, reply))
+            .await
+    }
+
+    async fn query_history(&self, query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
+        let query = query.clone();
+        self.history
+            .reads
+            .run(move |c| reader::query_history(c, &query))
+            .await
+    }
+
+    async fn aggregate_history(
+        &self,
+        query: &crate::HistoryQuery,
+        method: crate::AggrMethod,
+        period: Option<crate::AggrPeriod>,
+    ) -> Result<Vec<crate::HistoryAggregate>> {
+        let query = query.clone();
+        self.history
+            .reads
+            .run(move |c| reader::aggregate_history(c, &query, method, period))
+            .await
+    }
+
+    async fn history_entities(
         &self,
         tenant: &str,
-        service_path: &str,
-        id: &str,
-        entity_type: &str,
-    ) -> Result<bool> {
-        let key = [tenant, service_path, id, entity_type].map(str::to_string);
-        self.main.write(|reply| Op::DeleteEntity(key, reply)).await
+        entity_type: Option<&str>,
+        service_path: Option<&str>,
+    ) -> Result<Vec<crate::HistoryEntity>> {
+        let tenant = tenant.to_string();
+        let entity_type = entity_type.map(str::to_string);
+        let service_path = service_path.map(str::to_string);
+        self.history
+            .reads
+            .run(move |c| {
+                reader::history_entities(
+                    c,
+                    &tenant,
+                    entity_type.as_deref(),
+                    service_path.as_deref(),
+                )
+            })
+            .await
     }
 
-    async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
-        self.main.reads.run(reader::load_entities).await
+    async fn delete_history(
+        &self,
+        tenant: &str,
+        entity_id: Option<&str>,
+        entity_type: Option<&str>,
+    ) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let (tenant, entity_id, entity_type) = (
+                tenant.to_string(),
+                entity_id.map(str::to_string),
+                entity_type.map(str::to_string),
+            );
+            let deleted = self
+                .history
+                .write(|reply| Op::DeleteHistory {
+                    tenant,
+                    entity_id,
+                    entity_type,
+                    reply,
+                })
+                .await?;
+            total += deleted;
+            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
     }
 
+    // Deletes chunk by chunk (see `Op::DeleteHistory`): each chunk is its
+    // own transaction, so appends keep flowing during a large delete.
+    // Deleting is idempotent, so a failure midway leaves a state a retry
+    // completes.
+    async fn expire_history(
+        &self,
+        tenant: &str,
+        rows_before: Option<i64>,
+        rollups_before: Option<i64>,
+    ) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let tenant = tenant.to_string();
+            let deleted = self
+                .history
+                .write(|reply| Op::ExpireHistory {
+                    tenant,
+                    rows_before,
+                    rollups_before,
+                    reply,
+                })
+                .await?;
+            total += deleted;
+            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn history_tenants(&self) -> Result<Vec<String>> {
+        self.history
+            .reads
+            .run(|c| {
+                c.prepare_cached("SELECT DISTINCT tenant FROM history_entities ORDER BY tenant")
+                    .and_then(|mut st| {
+                        st.query_map([], |r| r.get(0))?
+                            .collect::<rusqlite::Result<Vec<String>>>()
+                    })
+                    .db()
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl RuleStore for SqliteStore {
     async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
         let id = id.to_string();
         self.main.write(|reply| Op::PutRule(id, json, reply)).await
@@ -642,20 +814,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn data_head(&self) -> Result<u64> {
-        self.main
-            .reads
-            .run(|c| alarms::max_seq(c, alarms::DATA_HEAD))
-            .await
-    }
-
     async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
         self.main
             .reads
             .run(move |c| alarms::alarm_events(c, after, limit))
             .await
     }
+}
 
+#[async_trait]
+impl ChannelStore for SqliteStore {
     async fn publish_message(
         &self,
         channel: &str,
@@ -725,156 +893,10 @@ impl Store for SqliteStore {
     async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
         self.channels.reads.run(channels::heads).await
     }
+}
 
-    async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
-        self.main
-            .write(|reply| Op::PutDocument(document, reply))
-            .await
-    }
-
-    async fn delete_document(
-        &self,
-        kind: crate::DocumentKind,
-        tenant: &str,
-        id: &str,
-    ) -> Result<bool> {
-        let key = [kind.as_str(), tenant, id].map(str::to_string);
-        self.main
-            .write(|reply| Op::DeleteDocument(key, reply))
-            .await
-    }
-
-    async fn load_documents(&self, kind: crate::DocumentKind) -> Result<Vec<crate::NgsiDocument>> {
-        self.main
-            .reads
-            .run(move |c| reader::load_documents(c, kind))
-            .await
-    }
-
-    async fn append_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        self.history
-            .write(|reply| Op::AppendHistory(rows, reply))
-            .await
-    }
-
-    async fn query_history(&self, query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
-        let query = query.clone();
-        self.history
-            .reads
-            .run(move |c| reader::query_history(c, &query))
-            .await
-    }
-
-    async fn aggregate_history(
-        &self,
-        query: &crate::HistoryQuery,
-        method: crate::AggrMethod,
-        period: Option<crate::AggrPeriod>,
-    ) -> Result<Vec<crate::HistoryAggregate>> {
-        let query = query.clone();
-        self.history
-            .reads
-            .run(move |c| reader::aggregate_history(c, &query, method, period))
-            .await
-    }
-
-    async fn history_entities(
-        &self,
-        tenant: &str,
-        entity_type: Option<&str>,
-        service_path: Option<&str>,
-    ) -> Result<Vec<crate::HistoryEntity>> {
-        let tenant = tenant.to_string();
-        let entity_type = entity_type.map(str::to_string);
-        let service_path = service_path.map(str::to_string);
-        self.history
-            .reads
-            .run(move |c| {
-                reader::history_entities(
-                    c,
-                    &tenant,
-                    entity_type.as_deref(),
-                    service_path.as_deref(),
-                )
-            })
-            .await
-    }
-
-    // Deletes chunk by chunk (see `Op::DeleteHistory`): each chunk is its
-    // own transaction, so appends keep flowing during a large delete.
-    // Deleting is idempotent, so a failure midway leaves a state a retry
-    // completes.
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let tenant = tenant.to_string();
-            let deleted = self
-                .history
-                .write(|reply| Op::ExpireHistory {
-                    tenant,
-                    rows_before,
-                    rollups_before,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
-    async fn history_tenants(&self) -> Result<Vec<String>> {
-        self.history
-            .reads
-            .run(|c| {
-                c.prepare_cached("SELECT DISTINCT tenant FROM history_entities ORDER BY tenant")
-                    .and_then(|mut st| {
-                        st.query_map([], |r| r.get(0))?
-                            .collect::<rusqlite::Result<Vec<String>>>()
-                    })
-                    .db()
-            })
-            .await
-    }
-
-    async fn delete_history(
-        &self,
-        tenant: &str,
-        entity_id: Option<&str>,
-        entity_type: Option<&str>,
-    ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let (tenant, entity_id, entity_type) = (
-                tenant.to_string(),
-                entity_id.map(str::to_string),
-                entity_type.map(str::to_string),
-            );
-            let deleted = self
-                .history
-                .write(|reply| Op::DeleteHistory {
-                    tenant,
-                    entity_id,
-                    entity_type,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
+#[async_trait]
+impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         self.log.write(Op::Ping).await?;
         self.main.write(Op::Ping).await?;

@@ -13,10 +13,11 @@ use weft_model::{
 };
 
 use super::{SqliteConfig, SqliteStore, Synchronous};
+use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery,
     HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
-    ProcessedBatch, Store, StoreError, UnitRecord,
+    ProcessedBatch, StoreError, UnitRecord,
 };
 
 fn config(dir: &TempDir) -> SqliteConfig {

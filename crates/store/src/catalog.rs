@@ -1,0 +1,59 @@
+//! The catalog: device types (how a type's uplinks are decoded and mapped)
+//! and devices (what is known of each device), managed through the API
+//! and read by the pipeline.
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use weft_model::{Device, DeviceType};
+
+use crate::Result;
+
+/// Filters of `GET /api/v1/devices`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceFilter {
+    /// Only devices of this type.
+    pub device_type: Option<String>,
+    /// Only devices on this channel.
+    pub channel: Option<String>,
+    /// Only devices whose records hold all these label values
+    /// (compared as strings; numbers and booleans by their JSON text).
+    pub records: Vec<(String, String)>,
+}
+
+/// Device types and devices: configuration that the API creates, replaces
+/// and deletes, and that the pipeline reads to process uplinks. (The
+/// pipeline also adds devices seen for the first time, with its batches:
+/// [`ProcessedBatch::new_devices`](crate::ProcessedBatch::new_devices).)
+#[async_trait]
+pub trait CatalogStore: Send + Sync {
+    // --- device types -----------------------------------------------------
+
+    /// Creates or replaces a device type; `true` if it was created.
+    async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool>;
+    /// One device type.
+    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>>;
+    /// All device types, by name.
+    async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>>;
+    /// Deletes a device type; `true` if it existed.
+    async fn delete_device_type(&self, name: &str) -> Result<bool>;
+
+    // --- devices ----------------------------------------------------------
+
+    /// Creates or replaces a device (`device.id` is the key); `true` if created.
+    async fn put_device(&self, device: &Device) -> Result<bool>;
+    /// One device.
+    async fn get_device(&self, id: &str) -> Result<Option<Device>>;
+    /// Devices matching `filter`, ordered by id.
+    async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>>;
+    /// Deletes a device; `true` if it existed.
+    async fn delete_device(&self, id: &str) -> Result<bool>;
+}
+
+/// Helper for backends: a device's records as the `(label, text)` pairs a
+/// [`DeviceFilter`] compares against.
+pub fn record_text(records: &Map<String, Value>, label: &str) -> Option<String> {
+    records.get(label).map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
