@@ -47,7 +47,7 @@ mod writer;
 mod tests;
 
 use reader::ReadPool;
-use writer::{Op, Reply, Writer};
+use writer::{in_savepoint, Op, Writer};
 
 /// How SQLite syncs commits to disk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,6 +233,30 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Runs a chunked delete of the history (`writer::delete_history`,
+    /// `writer::expire_history`: at most `HISTORY_DELETE_CHUNK` rows, in a
+    /// savepoint) again and again, each chunk its own transaction, until a
+    /// chunk is not full; answers the total. A large delete then never
+    /// holds the writer (and every notify waiting on it) for long, and
+    /// appends keep flowing meanwhile. Deleting is idempotent, so a failure
+    /// midway leaves a state a retry completes.
+    async fn delete_history_in_chunks<F>(&self, chunk: F) -> Result<u64>
+    where
+        F: Fn(&Connection) -> rusqlite::Result<u64> + Clone + Send + 'static,
+    {
+        let mut total = 0;
+        loop {
+            let chunk = chunk.clone();
+            let deleted = self.history.write(move |c| in_savepoint(c, chunk)).await?;
+            total += deleted;
+            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
 /// Lowers the calling thread's scheduling priority (nice +5): the history
 /// writer's big batches then give way to latency-sensitive threads (HTTP,
 /// the pipeline, the other writers) when the cores are busy, and catch up
@@ -304,17 +328,52 @@ impl Part {
         Ok((part, committed))
     }
 
+    /// Queues a write and waits for its answer, which comes after the
+    /// commit. `sql` runs on the writer thread, inside its transaction.
+    async fn write<T, R>(&self, sql: impl FnOnce(&Connection) -> R + Send + 'static) -> Result<T>
+    where
+        T: Send + 'static,
+        R: Db<T>,
+    {
+        self.queue(move |conn| sql(conn).db(), |_| None).await
+    }
+
+    /// [`Part::write`] for an append to the ingest log: the writer
+    /// publishes the `seq` it answers as `committed_seq` before answering.
+    async fn append(
+        &self,
+        sql: impl FnOnce(&Connection) -> rusqlite::Result<u64> + Send + 'static,
+    ) -> Result<u64> {
+        self.queue(move |conn| sql(conn).db(), |seq| Some(*seq))
+            .await
+    }
+
     /// Queues a write built around its reply channel and waits for the
     /// answer, which comes after the commit.
-    async fn write<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T> {
+    async fn queue<T>(
+        &self,
+        sql: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+        appended: fn(&T) -> Option<u64>,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
-        match self.ops.try_send(op(reply)) {
+        match self
+            .ops
+            .try_send(Op::Run(writer::job(sql, reply, appended)))
+        {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(StoreError::Overloaded),
             Err(TrySendError::Closed(_)) => return Err(StoreError::Closed),
         }
         // The writer drops replies only when it dies.
         answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Round-trips through a (possibly empty) commit.
+    async fn ping(&self) -> Result<()> {
+        self.write(|_| Ok::<_, StoreError>(())).await
     }
 
     /// Stops accepting writes, lets the writer commit what is queued, and
@@ -372,6 +431,14 @@ impl<T> Db<T> for rusqlite::Result<T> {
     }
 }
 
+/// Results already in the store's terms, as they are (so [`Part::write`]
+/// takes either kind).
+impl<T> Db<T> for Result<T> {
+    fn db(self) -> Result<T> {
+        self
+    }
+}
+
 fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
@@ -379,7 +446,7 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
 #[async_trait]
 impl IngestLogStore for SqliteStore {
     async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
-        self.log.write(|reply| Op::Append(uplink, reply)).await
+        self.log.append(move |c| writer::append(c, &uplink)).await
     }
 
     fn committed_seq(&self) -> watch::Receiver<u64> {
@@ -395,11 +462,7 @@ impl IngestLogStore for SqliteStore {
 
     async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
         self.log
-            .write(|reply| Op::Prune {
-                below_seq,
-                received_before,
-                reply,
-            })
+            .write(move |c| writer::prune(c, below_seq, received_before))
             .await
     }
 }
@@ -410,7 +473,7 @@ impl CatalogStore for SqliteStore {
         let json = encode("device type", device_type)?;
         let name = name.to_string();
         self.main
-            .write(|reply| Op::PutDeviceType { name, json, reply })
+            .write(move |c| writer::put_device_type(c, &name, &json))
             .await
     }
 
@@ -429,20 +492,19 @@ impl CatalogStore for SqliteStore {
     async fn delete_device_type(&self, name: &str) -> Result<bool> {
         let name = name.to_string();
         self.main
-            .write(|reply| Op::DeleteDeviceType(name, reply))
+            .write(move |c| writer::delete(c, "DELETE FROM device_types WHERE name = ?1", &name))
             .await
     }
 
     async fn put_device(&self, device: &Device) -> Result<bool> {
         let json = encode("device", device)?;
+        let (id, device_type, channel) = (
+            device.id.clone(),
+            device.device_type.clone(),
+            device.channel.clone(),
+        );
         self.main
-            .write(|reply| Op::PutDevice {
-                id: device.id.clone(),
-                device_type: device.device_type.clone(),
-                channel: device.channel.clone(),
-                json,
-                reply,
-            })
+            .write(move |c| writer::put_device(c, &id, &device_type, &channel, &json))
             .await
     }
 
@@ -464,7 +526,9 @@ impl CatalogStore for SqliteStore {
 
     async fn delete_device(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
-        self.main.write(|reply| Op::DeleteDevice(id, reply)).await
+        self.main
+            .write(move |c| writer::delete(c, "DELETE FROM devices WHERE id = ?1", &id))
+            .await
     }
 }
 
@@ -479,7 +543,9 @@ impl UnitStore for SqliteStore {
     }
 
     async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
-        self.main.write(|reply| Op::Processed(batch, reply)).await
+        self.main
+            .write(move |c| in_savepoint(c, |c| writer::processed(c, &batch)))
+            .await
     }
 
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
@@ -522,7 +588,9 @@ impl ContextStore for SqliteStore {
         history: Vec<crate::HistoryRow>,
     ) -> Result<()> {
         self.main
-            .write(|reply| Op::PutEntity(record, history, reply))
+            .write(move |c| {
+                writer::put_entity(c, &record).and_then(|()| writer::queue_history(c, &history))
+            })
             .await
     }
 
@@ -534,7 +602,9 @@ impl ContextStore for SqliteStore {
         entity_type: &str,
     ) -> Result<bool> {
         let key = [tenant, service_path, id, entity_type].map(str::to_string);
-        self.main.write(|reply| Op::DeleteEntity(key, reply)).await
+        self.main
+            .write(move |c| writer::delete_entity(c, &key))
+            .await
     }
 
     async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
@@ -543,7 +613,7 @@ impl ContextStore for SqliteStore {
 
     async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
         self.main
-            .write(|reply| Op::PutDocument(document, reply))
+            .write(move |c| writer::put_document(c, &document))
             .await
     }
 
@@ -555,7 +625,7 @@ impl ContextStore for SqliteStore {
     ) -> Result<bool> {
         let key = [kind.as_str(), tenant, id].map(str::to_string);
         self.main
-            .write(|reply| Op::DeleteDocument(key, reply))
+            .write(move |c| writer::delete_document(c, &key))
             .await
     }
 
@@ -591,7 +661,7 @@ impl HistoryStore for SqliteStore {
         through: Option<u64>,
     ) -> Result<u64> {
         self.history
-            .write(|reply| Op::AppendHistoryFromFeed(rows, through, feed, reply))
+            .write(move |c| in_savepoint(c, |c| writer::append_from_feed(c, feed, &rows, through)))
             .await
     }
 
@@ -611,7 +681,7 @@ impl HistoryStore for SqliteStore {
 
     async fn prune_history_feed(&self, through: u64) -> Result<u64> {
         self.main
-            .write(|reply| Op::PruneHistoryFeed(through, reply))
+            .write(move |c| writer::prune_feed(c, through))
             .await
     }
 
@@ -619,7 +689,7 @@ impl HistoryStore for SqliteStore {
         let json = serde_json::to_string(&rows)
             .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
         self.history
-            .write(|reply| Op::QueueHistory(json, reply))
+            .write(move |c| writer::queue_notified(c, &json))
             .await
     }
 
@@ -628,7 +698,7 @@ impl HistoryStore for SqliteStore {
             return Ok(0);
         }
         self.history
-            .write(|reply| Op::AppendHistory(rows, reply))
+            .write(move |c| writer::append_history(c, &rows))
             .await
     }
 
@@ -681,56 +751,28 @@ impl HistoryStore for SqliteStore {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let (tenant, entity_id, entity_type) = (
-                tenant.to_string(),
-                entity_id.map(str::to_string),
-                entity_type.map(str::to_string),
-            );
-            let deleted = self
-                .history
-                .write(|reply| Op::DeleteHistory {
-                    tenant,
-                    entity_id,
-                    entity_type,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
+        let (tenant, entity_id, entity_type) = (
+            tenant.to_string(),
+            entity_id.map(str::to_string),
+            entity_type.map(str::to_string),
+        );
+        self.delete_history_in_chunks(move |c| {
+            writer::delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref())
+        })
+        .await
     }
 
-    // Deletes chunk by chunk (see `Op::DeleteHistory`): each chunk is its
-    // own transaction, so appends keep flowing during a large delete.
-    // Deleting is idempotent, so a failure midway leaves a state a retry
-    // completes.
     async fn expire_history(
         &self,
         tenant: &str,
         rows_before: Option<i64>,
         rollups_before: Option<i64>,
     ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let tenant = tenant.to_string();
-            let deleted = self
-                .history
-                .write(|reply| Op::ExpireHistory {
-                    tenant,
-                    rows_before,
-                    rollups_before,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
+        let tenant = tenant.to_string();
+        self.delete_history_in_chunks(move |c| {
+            writer::expire_history(c, &tenant, rows_before, rollups_before)
+        })
+        .await
     }
 
     async fn history_tenants(&self) -> Result<Vec<String>> {
@@ -752,12 +794,14 @@ impl HistoryStore for SqliteStore {
 impl RuleStore for SqliteStore {
     async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
         let id = id.to_string();
-        self.main.write(|reply| Op::PutRule(id, json, reply)).await
+        self.main
+            .write(move |c| alarms::put_rule(c, &id, &json))
+            .await
     }
 
     async fn delete_rule(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
-        self.main.write(|reply| Op::DeleteRule(id, reply)).await
+        self.main.write(move |c| alarms::delete_rule(c, &id)).await
     }
 
     async fn load_rules(&self) -> Result<Vec<(String, String)>> {
@@ -770,7 +814,7 @@ impl RuleStore for SqliteStore {
 
     async fn commit_alarms(&self, batch: crate::AlarmBatch) -> Result<u64> {
         self.main
-            .write(|reply| Op::CommitAlarms(batch, reply))
+            .write(move |c| in_savepoint(c, |c| alarms::commit_alarms(c, &batch)))
             .await
     }
 
@@ -817,9 +861,12 @@ impl ChannelStore for SqliteStore {
         message_id: &str,
         content: String,
     ) -> Result<Option<u64>> {
-        let key = [channel.to_string(), message_id.to_string(), content];
-        let seq = self.channels.write(|reply| Op::Publish(key, reply)).await?;
-        Ok((seq > 0).then_some(seq))
+        let (channel, message_id) = (channel.to_string(), message_id.to_string());
+        self.channels
+            .write(move |c| {
+                channels::publish(c, &channel, &message_id, &content, weft_model::now_ms())
+            })
+            .await
     }
 
     async fn put_channel_subscriber(
@@ -828,16 +875,16 @@ impl ChannelStore for SqliteStore {
         subscriber: &str,
         cursor: u64,
     ) -> Result<u64> {
-        let key = [channel.to_string(), subscriber.to_string()];
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
         self.channels
-            .write(|reply| Op::Subscribe(key, cursor, reply))
+            .write(move |c| channels::subscribe(c, &channel, &subscriber, cursor))
             .await
     }
 
     async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
-        let key = [channel.to_string(), subscriber.to_string()];
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
         self.channels
-            .write(|reply| Op::Unsubscribe(key, reply))
+            .write(move |c| channels::unsubscribe(c, &channel, &subscriber))
             .await
     }
 
@@ -847,16 +894,16 @@ impl ChannelStore for SqliteStore {
         subscriber: &str,
         through: u64,
     ) -> Result<()> {
-        let key = [channel.to_string(), subscriber.to_string()];
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
         self.channels
-            .write(|reply| Op::AckChannel(key, through, reply))
+            .write(move |c| channels::ack(c, &channel, &subscriber, through))
             .await
     }
 
     async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
         let channel = channel.to_string();
         self.channels
-            .write(|reply| Op::PruneChannel(channel, through, reply))
+            .write(move |c| channels::prune(c, &channel, through))
             .await
     }
 
@@ -885,10 +932,10 @@ impl ChannelStore for SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
-        self.log.write(Op::Ping).await?;
-        self.main.write(Op::Ping).await?;
-        self.history.write(Op::Ping).await?;
-        self.channels.write(Op::Ping).await
+        self.log.ping().await?;
+        self.main.ping().await?;
+        self.history.ping().await?;
+        self.channels.ping().await
     }
 
     async fn close(&self) {
