@@ -18,7 +18,8 @@
 //! `dyn Store` write `use weft_store::prelude::*;`.
 //!
 //! - [`sqlite`]: the embedded default (bundled SQLite, WAL, one writer
-//!   thread with group commit, a read pool, migrations).
+//!   thread with group commit, a read pool, migrations), laid out the same
+//!   way: one module per domain holding its trait's impl and its SQL.
 //!
 //! Durability contract: a write method returns only after the transaction
 //! holding it has committed. Concurrent writes are batched into one

@@ -1732,7 +1732,7 @@ async fn history_delete_by_id_and_type() {
     );
 
     // More rows than one chunk, over two attributes and two entities.
-    let big = super::writer::HISTORY_DELETE_CHUNK as i64 + 1_234;
+    let big = super::history::HISTORY_DELETE_CHUNK as i64 + 1_234;
     let rows: Vec<HistoryRow> = (0..big)
         .map(|i| {
             let attr = if i % 2 == 0 { "a" } else { "b" };
