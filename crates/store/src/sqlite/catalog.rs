@@ -20,11 +20,6 @@ impl CatalogStore for SqliteStore {
             .await
     }
 
-    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>> {
-        let name = name.to_string();
-        self.main.read(move |c| get_device_type(c, &name)).await
-    }
-
     async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
         self.main.read(list_device_types).await
     }
@@ -46,11 +41,6 @@ impl CatalogStore for SqliteStore {
         self.main
             .write(move |c| put_device(c, &id, &device_type, &channel, &json))
             .await
-    }
-
-    async fn get_device(&self, id: &str) -> Result<Option<Device>> {
-        let id = id.to_string();
-        self.main.read(move |c| get_device(c, &id)).await
     }
 
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
@@ -110,23 +100,6 @@ fn delete(conn: &Connection, sql: &str, key: &str) -> rusqlite::Result<bool> {
     Ok(conn.prepare_cached(sql)?.execute([key])? > 0)
 }
 
-/// One device type.
-fn get_device_type(conn: &Connection, name: &str) -> Result<Option<DeviceType>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT json FROM device_types WHERE name = ?1")
-        .db()?;
-    let mut rows = stmt.query([name]).db()?;
-    match rows.next().db()? {
-        Some(row) => {
-            let json: String = row.get(0).db()?;
-            serde_json::from_str(&json)
-                .map(Some)
-                .map_err(|e| corrupt(&format!("device type {name:?}"), e))
-        }
-        None => Ok(None),
-    }
-}
-
 /// All device types, by name.
 fn list_device_types(conn: &Connection) -> Result<Vec<(String, DeviceType)>> {
     let mut stmt = conn
@@ -147,18 +120,6 @@ fn list_device_types(conn: &Connection) -> Result<Vec<(String, DeviceType)>> {
 fn device_from_row(row: &Row<'_>) -> Result<Device> {
     let json: String = row.get(0).db()?;
     serde_json::from_str(&json).map_err(|e| corrupt("device", e))
-}
-
-/// One device.
-fn get_device(conn: &Connection, id: &str) -> Result<Option<Device>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT json FROM devices WHERE id = ?1")
-        .db()?;
-    let mut rows = stmt.query([id]).db()?;
-    match rows.next().db()? {
-        Some(row) => device_from_row(row).map(Some),
-        None => Ok(None),
-    }
 }
 
 /// Type and channel are filtered in SQL; records in Rust, on the decoded

@@ -66,13 +66,6 @@ impl HistoryStore for SqliteStore {
         self.history.write(move |c| queue_notified(c, &json)).await
     }
 
-    async fn append_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        self.history.write(move |c| append_history(c, &rows)).await
-    }
-
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
         let query = query.clone();
         self.history.read(move |c| query_history(c, &query)).await
@@ -234,7 +227,7 @@ fn append_from_feed(
 /// the statements cannot fail on their values (strings, integers, optional
 /// floats into columns without checks), so only an I/O error can stop an
 /// append midway.
-fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
+pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO history \
          (tenant, entity_id, entity_type, attr, time, service_path, attr_type, value, number) \
