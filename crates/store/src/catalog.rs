@@ -30,8 +30,6 @@ pub trait CatalogStore: Send + Sync {
 
     /// Creates or replaces a device type; `true` if it was created.
     async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool>;
-    /// One device type.
-    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>>;
     /// All device types, by name.
     async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>>;
     /// Deletes a device type; `true` if it existed.
@@ -41,8 +39,6 @@ pub trait CatalogStore: Send + Sync {
 
     /// Creates or replaces a device (`device.id` is the key); `true` if created.
     async fn put_device(&self, device: &Device) -> Result<bool>;
-    /// One device.
-    async fn get_device(&self, id: &str) -> Result<Option<Device>>;
     /// Devices matching `filter`, ordered by id.
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>>;
     /// Deletes a device; `true` if it existed.

@@ -180,10 +180,6 @@ pub trait HistoryStore: Send + Sync {
     /// Queues notified history rows in the notifications feed; answers the
     /// entry's position once it is durable.
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
-    /// Stores history rows, ignoring rows already stored with the same
-    /// (tenant, entity id, entity type, attribute, time); answered after
-    /// the commit. Returns how many rows were new.
-    async fn append_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
     /// Rows matching `query`, ordered by entity, attribute, time.
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>>;
     /// Aggregates of the rows matching `query` (`last_n`, `limit`,

@@ -18,9 +18,10 @@
 //! `dyn Store` write `use weft_store::prelude::*;`.
 //!
 //! - [`sqlite`]: the embedded default (bundled SQLite, WAL, one writer
-//!   thread with group commit, a read pool, migrations).
-//! - [`postgres`]: PostgreSQL (a pool, group-committing writers, migrations);
-//!   being completed domain by domain.
+//!   thread with group commit, a read pool, migrations), laid out the same
+//!   way: one module per domain holding its trait's impl and its SQL.
+//! - [`postgres`]: PostgreSQL (a pool, group-committing writers, migrations),
+//!   laid out the same way; being completed domain by domain.
 //!
 //! Durability contract: a write method returns only after the transaction
 //! holding it has committed. Concurrent writes are batched into one

@@ -1,22 +1,29 @@
 //! The embedded default backend: SQLite files in WAL mode (the ingest log,
-//! the history, and the rest), each written by a single writer thread with
-//! group commit and read through a pool.
+//! the history, the channels, and the rest), each written by a single
+//! writer thread with group commit and read through a pool.
 //!
 //! Data flow: ingest endpoints `append_uplink` (answered after the batch
 //! holding it commits) → the pipeline wakes on `committed_seq`, reads the
 //! log, and `commit_processed`s its units, failures, new devices and
 //! cursor in one go → the API reads data units, failures and
 //! configuration through the read pool. History (NGSI changes and
-//! `/v2/notify`) goes to its own file through `append_history` and is read
-//! back through that file's pool.
+//! `/v2/notify`) waits in the history feeds, is moved into its own file by
+//! `append_history_from_feed`, and is read back through that file's pool.
 //!
-//! - [`writer`]: the writer thread and every write's SQL.
-//! - [`reader`]: the read pool and every read's SQL.
+//! One module per domain holds the `impl` of that domain's trait and its
+//! SQL, reads and writes together: `ingest`, `catalog`, `units`,
+//! `context`, `history`, `alarms`, `channels`. Beside them:
+//!
+//! - [`writer`]: the writer thread, group-committing whatever writes are
+//!   queued; it knows no domain.
+//! - [`reader`]: the read pool, and the helpers reads share.
 //! - [`schema`]: migrations and connection settings.
+//! - `checkpointer`: the thread that keeps each file's WAL short.
 //!
-//! This file holds the configuration and the handle, which only routes:
-//! writes become queued operations (`try_send`, so a full queue is an
-//! immediate `Overloaded`, never a wait), reads become blocking-pool tasks.
+//! This file holds the configuration, the handle and its files (`Part`: a
+//! writer thread, its queue, a read pool), which only route: writes become
+//! queued jobs (`try_send`, so a full queue is an immediate `Overloaded`,
+//! never a wait), reads become blocking-pool tasks.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,26 +35,26 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
-use weft_model::{Device, DeviceType, FailedUplink, NewUplink, Uplink};
 
-use crate::{
-    CatalogStore, ChannelStore, CommitOutcome, ContextStore, DataQuery, DeviceFilter, FailedQuery,
-    HistoryStore, IngestLogStore, ProcessedBatch, Result, RuleStore, Store, StoreError, StoredUnit,
-    UnitStore,
-};
+use crate::{Result, Store, StoreError};
 
 mod alarms;
+mod catalog;
 mod channels;
 mod checkpointer;
+mod context;
+mod history;
+mod ingest;
 mod reader;
 mod schema;
+mod units;
 mod writer;
 
 #[cfg(test)]
 mod tests;
 
 use reader::ReadPool;
-use writer::{Op, Reply, Writer};
+use writer::{Op, Writer};
 
 /// How SQLite syncs commits to disk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,7 +268,7 @@ impl Part {
             schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
         // The writer runs a fixed, small set of statements; keep them all.
         conn.set_prepared_statement_cache_capacity(64);
-        let last_seq = highest_seq(&conn).db()?;
+        let last_seq = ingest::highest_seq(&conn).db()?;
         let reads = Arc::new(ReadPool::open(path, read_connections)?);
 
         let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
@@ -304,17 +311,60 @@ impl Part {
         Ok((part, committed))
     }
 
+    /// Runs a read on this file's pool.
+    async fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T> + Send + 'static) -> Result<T>
+    where
+        T: Send + 'static,
+    {
+        self.reads.run(f).await
+    }
+
+    /// Queues a write and waits for its answer, which comes after the
+    /// commit. `sql` runs on the writer thread, inside its transaction.
+    async fn write<T, R>(&self, sql: impl FnOnce(&Connection) -> R + Send + 'static) -> Result<T>
+    where
+        T: Send + 'static,
+        R: Db<T>,
+    {
+        self.queue(move |conn| sql(conn).db(), |_| None).await
+    }
+
+    /// [`Part::write`] for an append to the ingest log: the writer
+    /// publishes the `seq` it answers as `committed_seq` before answering.
+    async fn append(
+        &self,
+        sql: impl FnOnce(&Connection) -> rusqlite::Result<u64> + Send + 'static,
+    ) -> Result<u64> {
+        self.queue(move |conn| sql(conn).db(), |seq| Some(*seq))
+            .await
+    }
+
     /// Queues a write built around its reply channel and waits for the
     /// answer, which comes after the commit.
-    async fn write<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T> {
+    async fn queue<T>(
+        &self,
+        sql: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+        appended: fn(&T) -> Option<u64>,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
-        match self.ops.try_send(op(reply)) {
+        match self
+            .ops
+            .try_send(Op::Run(writer::job(sql, reply, appended)))
+        {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(StoreError::Overloaded),
             Err(TrySendError::Closed(_)) => return Err(StoreError::Closed),
         }
         // The writer drops replies only when it dies.
         answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Round-trips through a (possibly empty) commit.
+    async fn ping(&self) -> Result<()> {
+        self.write(|_| Ok::<_, StoreError>(())).await
     }
 
     /// Stops accepting writes, lets the writer commit what is queued, and
@@ -340,19 +390,6 @@ impl Part {
     }
 }
 
-/// The highest `seq` the ingest log ever handed out: SQLite's
-/// `AUTOINCREMENT` counter, which survives pruning (so the value never
-/// goes back after a restart), or the log's maximum.
-fn highest_seq(conn: &Connection) -> rusqlite::Result<u64> {
-    conn.query_row(
-        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'ingest_log'), 0), \
-                    COALESCE((SELECT MAX(seq) FROM ingest_log), 0))",
-        [],
-        |row| row.get::<_, i64>(0),
-    )
-    .map(|n| n.max(0) as u64)
-}
-
 /// `u64` positions as SQLite integers. Positions never come near
 /// `i64::MAX`; a caller passing a larger bound ("everything") gets the
 /// largest integer instead of an error.
@@ -372,536 +409,25 @@ impl<T> Db<T> for rusqlite::Result<T> {
     }
 }
 
+/// Results already in the store's terms, as they are (so [`Part::write`]
+/// takes either kind).
+impl<T> Db<T> for Result<T> {
+    fn db(self) -> Result<T> {
+        self
+    }
+}
+
 fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
 #[async_trait]
-impl IngestLogStore for SqliteStore {
-    async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
-        self.log.write(|reply| Op::Append(uplink, reply)).await
-    }
-
-    fn committed_seq(&self) -> watch::Receiver<u64> {
-        self.committed.clone()
-    }
-
-    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
-        self.log
-            .reads
-            .run(move |c| reader::read_uplinks(c, from_seq, limit))
-            .await
-    }
-
-    async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
-        self.log
-            .write(|reply| Op::Prune {
-                below_seq,
-                received_before,
-                reply,
-            })
-            .await
-    }
-}
-
-#[async_trait]
-impl CatalogStore for SqliteStore {
-    async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
-        let json = encode("device type", device_type)?;
-        let name = name.to_string();
-        self.main
-            .write(|reply| Op::PutDeviceType { name, json, reply })
-            .await
-    }
-
-    async fn get_device_type(&self, name: &str) -> Result<Option<DeviceType>> {
-        let name = name.to_string();
-        self.main
-            .reads
-            .run(move |c| reader::get_device_type(c, &name))
-            .await
-    }
-
-    async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
-        self.main.reads.run(reader::list_device_types).await
-    }
-
-    async fn delete_device_type(&self, name: &str) -> Result<bool> {
-        let name = name.to_string();
-        self.main
-            .write(|reply| Op::DeleteDeviceType(name, reply))
-            .await
-    }
-
-    async fn put_device(&self, device: &Device) -> Result<bool> {
-        let json = encode("device", device)?;
-        self.main
-            .write(|reply| Op::PutDevice {
-                id: device.id.clone(),
-                device_type: device.device_type.clone(),
-                channel: device.channel.clone(),
-                json,
-                reply,
-            })
-            .await
-    }
-
-    async fn get_device(&self, id: &str) -> Result<Option<Device>> {
-        let id = id.to_string();
-        self.main
-            .reads
-            .run(move |c| reader::get_device(c, &id))
-            .await
-    }
-
-    async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
-        let filter = filter.clone();
-        self.main
-            .reads
-            .run(move |c| reader::list_devices(c, &filter))
-            .await
-    }
-
-    async fn delete_device(&self, id: &str) -> Result<bool> {
-        let id = id.to_string();
-        self.main.write(|reply| Op::DeleteDevice(id, reply)).await
-    }
-}
-
-#[async_trait]
-impl UnitStore for SqliteStore {
-    async fn cursor(&self, consumer: &str) -> Result<u64> {
-        let consumer = consumer.to_string();
-        self.main
-            .reads
-            .run(move |c| reader::cursor(c, &consumer))
-            .await
-    }
-
-    async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
-        self.main.write(|reply| Op::Processed(batch, reply)).await
-    }
-
-    async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
-        let query = query.clone();
-        self.main
-            .reads
-            .run(move |c| reader::query_data(c, &query))
-            .await
-    }
-
-    async fn get_data(&self, data_id: &str) -> Result<Option<StoredUnit>> {
-        let data_id = data_id.to_string();
-        self.main
-            .reads
-            .run(move |c| reader::get_data(c, &data_id))
-            .await
-    }
-
-    async fn stored_data_ids(
-        &self,
-        data_ids: Vec<String>,
-    ) -> Result<std::collections::HashSet<String>> {
-        if data_ids.is_empty() {
-            return Ok(Default::default());
-        }
-        self.main
-            .reads
-            .run(move |c| reader::stored_data_ids(c, &data_ids))
-            .await
-    }
-
-    async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>> {
-        let query = query.clone();
-        self.main
-            .reads
-            .run(move |c| reader::query_failed(c, &query))
-            .await
-    }
-
-    async fn data_head(&self) -> Result<u64> {
-        self.main
-            .reads
-            .run(|c| alarms::max_seq(c, alarms::DATA_HEAD))
-            .await
-    }
-}
-
-#[async_trait]
-impl ContextStore for SqliteStore {
-    async fn put_entity(
-        &self,
-        record: crate::EntityRecord,
-        history: Vec<crate::HistoryRow>,
-    ) -> Result<()> {
-        self.main
-            .write(|reply| Op::PutEntity(record, history, reply))
-            .await
-    }
-
-    async fn delete_entity(
-        &self,
-        tenant: &str,
-        service_path: &str,
-        id: &str,
-        entity_type: &str,
-    ) -> Result<bool> {
-        let key = [tenant, service_path, id, entity_type].map(str::to_string);
-        self.main.write(|reply| Op::DeleteEntity(key, reply)).await
-    }
-
-    async fn load_entities(&self) -> Result<Vec<crate::EntityRecord>> {
-        self.main.reads.run(reader::load_entities).await
-    }
-
-    async fn put_document(&self, document: crate::NgsiDocument) -> Result<()> {
-        self.main
-            .write(|reply| Op::PutDocument(document, reply))
-            .await
-    }
-
-    async fn delete_document(
-        &self,
-        kind: crate::DocumentKind,
-        tenant: &str,
-        id: &str,
-    ) -> Result<bool> {
-        let key = [kind.as_str(), tenant, id].map(str::to_string);
-        self.main
-            .write(|reply| Op::DeleteDocument(key, reply))
-            .await
-    }
-
-    async fn load_documents(&self, kind: crate::DocumentKind) -> Result<Vec<crate::NgsiDocument>> {
-        self.main
-            .reads
-            .run(move |c| reader::load_documents(c, kind))
-            .await
-    }
-}
-
-#[async_trait]
-impl HistoryStore for SqliteStore {
-    async fn read_history_feed(
-        &self,
-        feed: crate::HistoryFeed,
-        after: u64,
-        max_rows: usize,
-    ) -> Result<Vec<(u64, Vec<crate::HistoryRow>)>> {
-        let part = match feed {
-            crate::HistoryFeed::Changes => &self.main,
-            crate::HistoryFeed::Notifications => &self.history,
-        };
-        part.reads
-            .run(move |c| reader::read_history_feed(c, after, max_rows))
-            .await
-    }
-
-    async fn append_history_from_feed(
-        &self,
-        feed: crate::HistoryFeed,
-        rows: Vec<crate::HistoryRow>,
-        through: Option<u64>,
-    ) -> Result<u64> {
-        self.history
-            .write(|reply| Op::AppendHistoryFromFeed(rows, through, feed, reply))
-            .await
-    }
-
-    async fn history_feed_cursor(&self, feed: crate::HistoryFeed) -> Result<u64> {
-        if feed == crate::HistoryFeed::Notifications {
-            return Ok(0);
-        }
-        // Stored as the next position to read, like the pipeline's (1 when
-        // nothing was consumed yet).
-        let next = self
-            .history
-            .reads
-            .run(|c| reader::cursor(c, crate::HISTORY_FEED_CURSOR))
-            .await?;
-        Ok(next.saturating_sub(1))
-    }
-
-    async fn prune_history_feed(&self, through: u64) -> Result<u64> {
-        self.main
-            .write(|reply| Op::PruneHistoryFeed(through, reply))
-            .await
-    }
-
-    async fn queue_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
-        let json = serde_json::to_string(&rows)
-            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
-        self.history
-            .write(|reply| Op::QueueHistory(json, reply))
-            .await
-    }
-
-    async fn append_history(&self, rows: Vec<crate::HistoryRow>) -> Result<u64> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        self.history
-            .write(|reply| Op::AppendHistory(rows, reply))
-            .await
-    }
-
-    async fn query_history(&self, query: &crate::HistoryQuery) -> Result<Vec<crate::HistoryRow>> {
-        let query = query.clone();
-        self.history
-            .reads
-            .run(move |c| reader::query_history(c, &query))
-            .await
-    }
-
-    async fn aggregate_history(
-        &self,
-        query: &crate::HistoryQuery,
-        method: crate::AggrMethod,
-        period: Option<crate::AggrPeriod>,
-    ) -> Result<Vec<crate::HistoryAggregate>> {
-        let query = query.clone();
-        self.history
-            .reads
-            .run(move |c| reader::aggregate_history(c, &query, method, period))
-            .await
-    }
-
-    async fn history_entities(
-        &self,
-        tenant: &str,
-        entity_type: Option<&str>,
-        service_path: Option<&str>,
-    ) -> Result<Vec<crate::HistoryEntity>> {
-        let tenant = tenant.to_string();
-        let entity_type = entity_type.map(str::to_string);
-        let service_path = service_path.map(str::to_string);
-        self.history
-            .reads
-            .run(move |c| {
-                reader::history_entities(
-                    c,
-                    &tenant,
-                    entity_type.as_deref(),
-                    service_path.as_deref(),
-                )
-            })
-            .await
-    }
-
-    async fn delete_history(
-        &self,
-        tenant: &str,
-        entity_id: Option<&str>,
-        entity_type: Option<&str>,
-    ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let (tenant, entity_id, entity_type) = (
-                tenant.to_string(),
-                entity_id.map(str::to_string),
-                entity_type.map(str::to_string),
-            );
-            let deleted = self
-                .history
-                .write(|reply| Op::DeleteHistory {
-                    tenant,
-                    entity_id,
-                    entity_type,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
-    // Deletes chunk by chunk (see `Op::DeleteHistory`): each chunk is its
-    // own transaction, so appends keep flowing during a large delete.
-    // Deleting is idempotent, so a failure midway leaves a state a retry
-    // completes.
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let tenant = tenant.to_string();
-            let deleted = self
-                .history
-                .write(|reply| Op::ExpireHistory {
-                    tenant,
-                    rows_before,
-                    rollups_before,
-                    reply,
-                })
-                .await?;
-            total += deleted;
-            if deleted < writer::HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
-    async fn history_tenants(&self) -> Result<Vec<String>> {
-        self.history
-            .reads
-            .run(|c| {
-                c.prepare_cached("SELECT DISTINCT tenant FROM history_entities ORDER BY tenant")
-                    .and_then(|mut st| {
-                        st.query_map([], |r| r.get(0))?
-                            .collect::<rusqlite::Result<Vec<String>>>()
-                    })
-                    .db()
-            })
-            .await
-    }
-}
-
-#[async_trait]
-impl RuleStore for SqliteStore {
-    async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
-        let id = id.to_string();
-        self.main.write(|reply| Op::PutRule(id, json, reply)).await
-    }
-
-    async fn delete_rule(&self, id: &str) -> Result<bool> {
-        let id = id.to_string();
-        self.main.write(|reply| Op::DeleteRule(id, reply)).await
-    }
-
-    async fn load_rules(&self) -> Result<Vec<(String, String)>> {
-        self.main.reads.run(alarms::load_rules).await
-    }
-
-    async fn load_rule_states(&self) -> Result<Vec<crate::RuleStateRecord>> {
-        self.main.reads.run(alarms::load_rule_states).await
-    }
-
-    async fn commit_alarms(&self, batch: crate::AlarmBatch) -> Result<u64> {
-        self.main
-            .write(|reply| Op::CommitAlarms(batch, reply))
-            .await
-    }
-
-    async fn get_alarm(&self, id: &str) -> Result<Option<String>> {
-        let id = id.to_string();
-        self.main
-            .reads
-            .run(move |c| alarms::get_alarm(c, &id))
-            .await
-    }
-
-    async fn query_alarms(&self, query: &crate::AlarmQuery) -> Result<Vec<String>> {
-        let query = query.clone();
-        self.main
-            .reads
-            .run(move |c| alarms::query_alarms(c, &query))
-            .await
-    }
-
-    async fn active_alarms(&self) -> Result<Vec<String>> {
-        self.main.reads.run(alarms::active_alarms).await
-    }
-
-    async fn alarm_events_head(&self) -> Result<u64> {
-        self.main
-            .reads
-            .run(|c| alarms::max_seq(c, alarms::ALARM_EVENTS_HEAD))
-            .await
-    }
-
-    async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
-        self.main
-            .reads
-            .run(move |c| alarms::alarm_events(c, after, limit))
-            .await
-    }
-}
-
-#[async_trait]
-impl ChannelStore for SqliteStore {
-    async fn publish_message(
-        &self,
-        channel: &str,
-        message_id: &str,
-        content: String,
-    ) -> Result<Option<u64>> {
-        let key = [channel.to_string(), message_id.to_string(), content];
-        let seq = self.channels.write(|reply| Op::Publish(key, reply)).await?;
-        Ok((seq > 0).then_some(seq))
-    }
-
-    async fn put_channel_subscriber(
-        &self,
-        channel: &str,
-        subscriber: &str,
-        cursor: u64,
-    ) -> Result<u64> {
-        let key = [channel.to_string(), subscriber.to_string()];
-        self.channels
-            .write(|reply| Op::Subscribe(key, cursor, reply))
-            .await
-    }
-
-    async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
-        let key = [channel.to_string(), subscriber.to_string()];
-        self.channels
-            .write(|reply| Op::Unsubscribe(key, reply))
-            .await
-    }
-
-    async fn ack_channel_messages(
-        &self,
-        channel: &str,
-        subscriber: &str,
-        through: u64,
-    ) -> Result<()> {
-        let key = [channel.to_string(), subscriber.to_string()];
-        self.channels
-            .write(|reply| Op::AckChannel(key, through, reply))
-            .await
-    }
-
-    async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
-        let channel = channel.to_string();
-        self.channels
-            .write(|reply| Op::PruneChannel(channel, through, reply))
-            .await
-    }
-
-    async fn channel_messages(
-        &self,
-        channel: &str,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<crate::ChannelMessage>> {
-        let channel = channel.to_string();
-        self.channels
-            .reads
-            .run(move |c| channels::messages(c, &channel, after, limit))
-            .await
-    }
-
-    async fn channel_subscribers(&self) -> Result<Vec<crate::ChannelSubscriber>> {
-        self.channels.reads.run(channels::subscribers).await
-    }
-
-    async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
-        self.channels.reads.run(channels::heads).await
-    }
-}
-
-#[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
-        self.log.write(Op::Ping).await?;
-        self.main.write(Op::Ping).await?;
-        self.history.write(Op::Ping).await?;
-        self.channels.write(Op::Ping).await
+        self.log.ping().await?;
+        self.main.ping().await?;
+        self.history.ping().await?;
+        self.channels.ping().await
     }
 
     async fn close(&self) {

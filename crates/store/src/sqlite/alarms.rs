@@ -1,15 +1,68 @@
-//! The SQL of rules, alarms, alarm events and rule state (schema step 7,
-//! main file): the writer's statements and the reads, kept together
-//! because they are only ever used by the rule engine and its API.
+//! [`RuleStore`] on the main file (schema step 7): rules, alarms, alarm
+//! events and rule state, the writer's statements and the reads kept
+//! together because they are only ever used by the rule engine and its
+//! API.
 
+use async_trait::async_trait;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection};
 
-use super::{reader::MAX_QUERY_ROWS, to_i64, Db};
-use crate::{AlarmBatch, AlarmQuery, Result, RuleStateRecord};
+use super::reader::{max_seq, MAX_QUERY_ROWS};
+use super::writer::in_savepoint;
+use super::{to_i64, Db, SqliteStore};
+use crate::{AlarmBatch, AlarmQuery, Result, RuleStateRecord, RuleStore};
+
+#[async_trait]
+impl RuleStore for SqliteStore {
+    async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
+        let id = id.to_string();
+        self.main.write(move |c| put_rule(c, &id, &json)).await
+    }
+
+    async fn delete_rule(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.main.write(move |c| delete_rule(c, &id)).await
+    }
+
+    async fn load_rules(&self) -> Result<Vec<(String, String)>> {
+        self.main.read(load_rules).await
+    }
+
+    async fn load_rule_states(&self) -> Result<Vec<RuleStateRecord>> {
+        self.main.read(load_rule_states).await
+    }
+
+    async fn commit_alarms(&self, batch: AlarmBatch) -> Result<u64> {
+        self.main
+            .write(move |c| in_savepoint(c, |c| commit_alarms(c, &batch)))
+            .await
+    }
+
+    async fn get_alarm(&self, id: &str) -> Result<Option<String>> {
+        let id = id.to_string();
+        self.main.read(move |c| get_alarm(c, &id)).await
+    }
+
+    async fn query_alarms(&self, query: &AlarmQuery) -> Result<Vec<String>> {
+        let query = query.clone();
+        self.main.read(move |c| query_alarms(c, &query)).await
+    }
+
+    async fn active_alarms(&self) -> Result<Vec<String>> {
+        self.main.read(active_alarms).await
+    }
+
+    async fn alarm_events_head(&self) -> Result<u64> {
+        self.main.read(|c| max_seq(c, ALARM_EVENTS_HEAD)).await
+    }
+
+    async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        self.main.read(move |c| alarm_events(c, after, limit)).await
+    }
+}
 
 /// Creates or replaces a rule; answers "created".
-pub(super) fn put_rule(conn: &Connection, id: &str, json: &str) -> rusqlite::Result<bool> {
+fn put_rule(conn: &Connection, id: &str, json: &str) -> rusqlite::Result<bool> {
     let existed = conn
         .prepare_cached("SELECT 1 FROM rules WHERE id = ?1")?
         .exists([id])?;
@@ -22,7 +75,7 @@ pub(super) fn put_rule(conn: &Connection, id: &str, json: &str) -> rusqlite::Res
 }
 
 /// Deletes a rule and its per-device state; answers "existed".
-pub(super) fn delete_rule(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
+fn delete_rule(conn: &Connection, id: &str) -> rusqlite::Result<bool> {
     conn.prepare_cached("DELETE FROM rule_states WHERE rule = ?1")?
         .execute([id])?;
     Ok(conn
@@ -33,7 +86,7 @@ pub(super) fn delete_rule(conn: &Connection, id: &str) -> rusqlite::Result<bool>
 
 /// Stores one evaluation step: alarms (only over older versions), events,
 /// rule states and the cursor. Answers the `seq` of the last event.
-pub(super) fn commit_alarms(conn: &Connection, batch: &AlarmBatch) -> rusqlite::Result<u64> {
+fn commit_alarms(conn: &Connection, batch: &AlarmBatch) -> rusqlite::Result<u64> {
     if !batch.alarms.is_empty() {
         let mut stmt = conn.prepare_cached(
             "INSERT INTO alarms (id, device, type, state, acked, severity, raised_at, version, json) \
@@ -88,7 +141,7 @@ pub(super) fn commit_alarms(conn: &Connection, batch: &AlarmBatch) -> rusqlite::
 }
 
 /// Every rule as `(id, json)`, by id.
-pub(super) fn load_rules(conn: &Connection) -> Result<Vec<(String, String)>> {
+fn load_rules(conn: &Connection) -> Result<Vec<(String, String)>> {
     let mut stmt = conn
         .prepare_cached("SELECT id, json FROM rules ORDER BY id")
         .db()?;
@@ -97,7 +150,7 @@ pub(super) fn load_rules(conn: &Connection) -> Result<Vec<(String, String)>> {
 }
 
 /// Every stored rule state.
-pub(super) fn load_rule_states(conn: &Connection) -> Result<Vec<RuleStateRecord>> {
+fn load_rule_states(conn: &Connection) -> Result<Vec<RuleStateRecord>> {
     let mut stmt = conn
         .prepare_cached("SELECT rule, device, json FROM rule_states")
         .db()?;
@@ -114,7 +167,7 @@ pub(super) fn load_rule_states(conn: &Connection) -> Result<Vec<RuleStateRecord>
 }
 
 /// One alarm's JSON.
-pub(super) fn get_alarm(conn: &Connection, id: &str) -> Result<Option<String>> {
+fn get_alarm(conn: &Connection, id: &str) -> Result<Option<String>> {
     use rusqlite::OptionalExtension;
     conn.prepare_cached("SELECT json FROM alarms WHERE id = ?1")
         .db()?
@@ -124,7 +177,7 @@ pub(super) fn get_alarm(conn: &Connection, id: &str) -> Result<Option<String>> {
 }
 
 /// Alarms matching `query`, newest first (JSON).
-pub(super) fn query_alarms(conn: &Connection, query: &AlarmQuery) -> Result<Vec<String>> {
+fn query_alarms(conn: &Connection, query: &AlarmQuery) -> Result<Vec<String>> {
     let mut sql = String::from("SELECT json FROM alarms WHERE 1 = 1");
     let mut args: Vec<SqlValue> = Vec::new();
     let mut filter = |column: &str, value: SqlValue| {
@@ -157,7 +210,7 @@ pub(super) fn query_alarms(conn: &Connection, query: &AlarmQuery) -> Result<Vec<
 }
 
 /// Every active alarm (JSON), however many: the rule engine's index.
-pub(super) fn active_alarms(conn: &Connection) -> Result<Vec<String>> {
+fn active_alarms(conn: &Connection) -> Result<Vec<String>> {
     let mut stmt = conn
         .prepare_cached("SELECT json FROM alarms WHERE state = 'active'")
         .db()?;
@@ -166,11 +219,7 @@ pub(super) fn active_alarms(conn: &Connection) -> Result<Vec<String>> {
 }
 
 /// Alarm events after `after`, oldest first, at most `limit`.
-pub(super) fn alarm_events(
-    conn: &Connection,
-    after: u64,
-    limit: usize,
-) -> Result<Vec<(u64, String)>> {
+fn alarm_events(conn: &Connection, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
     let mut stmt = conn
         .prepare_cached("SELECT seq, json FROM alarm_events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
         .db()?;
@@ -183,16 +232,4 @@ pub(super) fn alarm_events(
 }
 
 /// The newest alarm event's `seq` (0: none).
-pub(super) const ALARM_EVENTS_HEAD: &str = "SELECT COALESCE(MAX(seq), 0) FROM alarm_events";
-
-/// The newest stored data unit's `seq` (0: none).
-pub(super) const DATA_HEAD: &str = "SELECT COALESCE(MAX(seq), 0) FROM data_units";
-
-/// The single number `sql` selects (one of the heads above).
-pub(super) fn max_seq(conn: &Connection, sql: &'static str) -> Result<u64> {
-    conn.prepare_cached(sql)
-        .db()?
-        .query_row([], |r| r.get::<_, i64>(0))
-        .map(|n| n as u64)
-        .db()
-}
+const ALARM_EVENTS_HEAD: &str = "SELECT COALESCE(MAX(seq), 0) FROM alarm_events";

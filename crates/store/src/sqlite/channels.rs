@@ -1,15 +1,89 @@
-//! The SQL of durable channels (schema step 8, used in the channels file):
-//! messages by (channel, seq) with a unique (channel, message id) for
-//! deduplication, and subscribers with their cursors.
+//! [`ChannelStore`] on the channels file (schema step 8): messages by
+//! (channel, seq) with a unique (channel, message id) for deduplication,
+//! and subscribers with their cursors.
 
+use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::{to_i64, Db};
-use crate::{ChannelMessage, ChannelSubscriber, Result};
+use super::{to_i64, Db, SqliteStore};
+use crate::{ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+
+#[async_trait]
+impl ChannelStore for SqliteStore {
+    async fn publish_message(
+        &self,
+        channel: &str,
+        message_id: &str,
+        content: String,
+    ) -> Result<Option<u64>> {
+        let (channel, message_id) = (channel.to_string(), message_id.to_string());
+        self.channels
+            .write(move |c| publish(c, &channel, &message_id, &content, weft_model::now_ms()))
+            .await
+    }
+
+    async fn put_channel_subscriber(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        cursor: u64,
+    ) -> Result<u64> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        self.channels
+            .write(move |c| subscribe(c, &channel, &subscriber, cursor))
+            .await
+    }
+
+    async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        self.channels
+            .write(move |c| unsubscribe(c, &channel, &subscriber))
+            .await
+    }
+
+    async fn ack_channel_messages(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        through: u64,
+    ) -> Result<()> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        self.channels
+            .write(move |c| ack(c, &channel, &subscriber, through))
+            .await
+    }
+
+    async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
+        let channel = channel.to_string();
+        self.channels
+            .write(move |c| prune(c, &channel, through))
+            .await
+    }
+
+    async fn channel_messages(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChannelMessage>> {
+        let channel = channel.to_string();
+        self.channels
+            .read(move |c| messages(c, &channel, after, limit))
+            .await
+    }
+
+    async fn channel_subscribers(&self) -> Result<Vec<ChannelSubscriber>> {
+        self.channels.read(subscribers).await
+    }
+
+    async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
+        self.channels.read(heads).await
+    }
+}
 
 /// Stores a message unless its id is already stored in the channel;
 /// answers its new `seq`, or `None` for a duplicate.
-pub(super) fn publish(
+fn publish(
     conn: &Connection,
     channel: &str,
     message_id: &str,
@@ -27,7 +101,7 @@ pub(super) fn publish(
 
 /// Creates a subscriber at `cursor` unless it exists; answers its cursor
 /// (the stored one if it existed).
-pub(super) fn subscribe(
+fn subscribe(
     conn: &Connection,
     channel: &str,
     subscriber: &str,
@@ -45,11 +119,7 @@ pub(super) fn subscribe(
 }
 
 /// Deletes a subscriber; answers whether it existed.
-pub(super) fn unsubscribe(
-    conn: &Connection,
-    channel: &str,
-    subscriber: &str,
-) -> rusqlite::Result<bool> {
+fn unsubscribe(conn: &Connection, channel: &str, subscriber: &str) -> rusqlite::Result<bool> {
     Ok(conn
         .prepare_cached("DELETE FROM channel_subscribers WHERE channel = ?1 AND subscriber = ?2")?
         .execute((channel, subscriber))?
@@ -57,12 +127,7 @@ pub(super) fn unsubscribe(
 }
 
 /// Moves a subscriber's cursor forward to `through` (never back).
-pub(super) fn ack(
-    conn: &Connection,
-    channel: &str,
-    subscriber: &str,
-    through: u64,
-) -> rusqlite::Result<()> {
+fn ack(conn: &Connection, channel: &str, subscriber: &str, through: u64) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "UPDATE channel_subscribers SET cursor = max(cursor, ?3) \
          WHERE channel = ?1 AND subscriber = ?2",
@@ -72,14 +137,14 @@ pub(super) fn ack(
 }
 
 /// Deletes the channel's messages up to `through`.
-pub(super) fn prune(conn: &Connection, channel: &str, through: u64) -> rusqlite::Result<u64> {
+fn prune(conn: &Connection, channel: &str, through: u64) -> rusqlite::Result<u64> {
     Ok(conn
         .prepare_cached("DELETE FROM channel_messages WHERE channel = ?1 AND seq <= ?2")?
         .execute((channel, to_i64(through)))? as u64)
 }
 
 /// The channel's messages after `after`, oldest first, at most `limit`.
-pub(super) fn messages(
+fn messages(
     conn: &Connection,
     channel: &str,
     after: u64,
@@ -104,7 +169,7 @@ pub(super) fn messages(
 }
 
 /// Every subscriber.
-pub(super) fn subscribers(conn: &Connection) -> Result<Vec<ChannelSubscriber>> {
+fn subscribers(conn: &Connection) -> Result<Vec<ChannelSubscriber>> {
     let mut stmt = conn
         .prepare_cached("SELECT channel, subscriber, cursor FROM channel_subscribers")
         .db()?;
@@ -122,7 +187,7 @@ pub(super) fn subscribers(conn: &Connection) -> Result<Vec<ChannelSubscriber>> {
 
 /// Each channel's highest stored `seq`, and the highest `seq` ever handed
 /// out (AUTOINCREMENT's counter survives deletes).
-pub(super) fn heads(conn: &Connection) -> Result<(Vec<(String, u64)>, u64)> {
+fn heads(conn: &Connection) -> Result<(Vec<(String, u64)>, u64)> {
     let mut stmt = conn
         .prepare_cached("SELECT channel, MAX(seq) FROM channel_messages GROUP BY channel")
         .db()?;

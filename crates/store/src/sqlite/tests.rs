@@ -115,6 +115,31 @@ fn data_ids(units: &[crate::StoredUnit]) -> Vec<String> {
         .collect()
 }
 
+/// A stored device by id, looked up in the full listing.
+async fn device_by_id(store: &SqliteStore, id: &str) -> Option<Device> {
+    let all = store.list_devices(&DeviceFilter::default()).await.unwrap();
+    all.into_iter().find(|d| d.id == id)
+}
+
+/// A stored device type by name, looked up in the full listing.
+async fn device_type_named(store: &SqliteStore, name: &str) -> Option<DeviceType> {
+    let all = store.list_device_types().await.unwrap();
+    all.into_iter().find(|(n, _)| n == name).map(|(_, t)| t)
+}
+
+/// Stores history rows straight into the history (no feed involved), the
+/// way the history writer's moves insert them: the backend's insert, run
+/// as one write of the history's file. Answers how many rows were new.
+async fn append_history(store: &SqliteStore, rows: Vec<HistoryRow>) -> crate::Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    store
+        .history
+        .write(move |c| super::history::append_history(c, &rows))
+        .await
+}
+
 /// Holds SQLite's write lock from a second connection, so the store's
 /// writer blocks in `BEGIN IMMEDIATE` until the guard is released: makes
 /// "the writer is busy" deterministic.
@@ -302,7 +327,7 @@ async fn commit_processed_is_idempotent_and_moves_the_cursor() {
         .unwrap();
     assert_eq!(failed, [failure(2, Some("c"), None, json!({"x": 1}))]);
     // New devices are inserted only if absent: the first version stays.
-    let d1 = store.get_device("d1").await.unwrap().unwrap();
+    let d1 = device_by_id(&store, "d1").await.unwrap();
     assert_eq!(d1.device_type, "t");
 }
 
@@ -575,8 +600,8 @@ async fn devices_crud_and_filters() {
         !store.put_device(&renamed).await.unwrap(),
         "replace, not create"
     );
-    assert_eq!(store.get_device("b").await.unwrap(), Some(renamed));
-    assert_eq!(store.get_device("zzz").await.unwrap(), None);
+    assert_eq!(device_by_id(&store, "b").await, Some(renamed));
+    assert_eq!(device_by_id(&store, "zzz").await, None);
 
     let ids = |filter: DeviceFilter| {
         let store = &store;
@@ -639,10 +664,10 @@ async fn device_types_crud() {
     assert!(store.put_device_type("alpha", &plain).await.unwrap());
     assert!(!store.put_device_type("alpha", &mapped).await.unwrap());
     assert_eq!(
-        store.get_device_type("alpha").await.unwrap(),
+        device_type_named(&store, "alpha").await,
         Some(mapped.clone())
     );
-    assert_eq!(store.get_device_type("nope").await.unwrap(), None);
+    assert_eq!(device_type_named(&store, "nope").await, None);
     assert_eq!(
         store.list_device_types().await.unwrap(),
         [("alpha".to_string(), mapped), ("zeta".to_string(), plain)]
@@ -1091,9 +1116,9 @@ async fn history_append_is_idempotent_and_survives_reopen() {
             )
         })
         .collect();
-    assert_eq!(store.append_history(first.clone()).await.unwrap(), 5);
-    assert_eq!(store.append_history(first.clone()).await.unwrap(), 0);
-    assert_eq!(store.append_history(Vec::new()).await.unwrap(), 0);
+    assert_eq!(append_history(&store, first.clone()).await.unwrap(), 5);
+    assert_eq!(append_history(&store, first.clone()).await.unwrap(), 0);
+    assert_eq!(append_history(&store, Vec::new()).await.unwrap(), 0);
     // Overlapping replay: two old keys (with other values, which do not
     // overwrite), one new, and a duplicate within the batch.
     let mut changed = hrow("t", "/", "Room:1", "Room", "temperature", 0, 99.0);
@@ -1104,7 +1129,7 @@ async fn history_append_is_idempotent_and_survives_reopen() {
         hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
         hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
     ];
-    assert_eq!(store.append_history(overlap).await.unwrap(), 1);
+    assert_eq!(append_history(&store, overlap).await.unwrap(), 1);
     // Concurrent replays of one batch store it once.
     let store = Arc::new(store);
     let batch: Vec<HistoryRow> = (0..100)
@@ -1113,7 +1138,7 @@ async fn history_append_is_idempotent_and_survives_reopen() {
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let (store, batch) = (Arc::clone(&store), batch.clone());
-            tokio::spawn(async move { store.append_history(batch).await.unwrap() })
+            tokio::spawn(async move { append_history(&store, batch).await.unwrap() })
         })
         .collect();
     let mut new = 0;
@@ -1220,7 +1245,7 @@ fn query_fixture() -> Vec<HistoryRow> {
 async fn history_queries_filter_and_order() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    store.append_history(query_fixture()).await.unwrap();
+    append_history(&store, query_fixture()).await.unwrap();
     let q = |f: fn(&mut HistoryQuery)| {
         let mut q = hquery();
         f(&mut q);
@@ -1383,20 +1408,14 @@ async fn history_queries_filter_and_order() {
 async fn history_entities_are_listed_and_filtered() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    store.append_history(query_fixture()).await.unwrap();
+    append_history(&store, query_fixture()).await.unwrap();
     // A later row under another path does not move the entity.
-    store
-        .append_history(vec![hrow(
-            "t",
-            "/z",
-            "Room:2",
-            "Room",
-            "temperature",
-            9,
-            1.0,
-        )])
-        .await
-        .unwrap();
+    append_history(
+        &store,
+        vec![hrow("t", "/z", "Room:2", "Room", "temperature", 9, 1.0)],
+    )
+    .await
+    .unwrap();
     let e = |id: &str, ty: &str, path: &str| HistoryEntity {
         entity_id: id.into(),
         entity_type: ty.into(),
@@ -1481,7 +1500,7 @@ async fn history_aggregates_per_method_and_period() {
         -3_600_001,
         2.0,
     ));
-    store.append_history(rows.clone()).await.unwrap();
+    append_history(&store, rows.clone()).await.unwrap();
 
     let from = T0 + 10 * 60_000;
     let to = T0 + 100 * 60_000 + 250;
@@ -1633,7 +1652,7 @@ async fn history_aggregates_by_month_and_year() {
         (JAN_2025, 16.0),
     ]
     .map(|(time, n)| hrow("t", "/", "Room:1", "Room", "t", time, n));
-    store.append_history(rows.to_vec()).await.unwrap();
+    append_history(&store, rows.to_vec()).await.unwrap();
     let q = hquery();
     let buckets = |aggs: Vec<HistoryAggregate>| {
         aggs.into_iter()
@@ -1672,7 +1691,7 @@ async fn history_aggregates_by_month_and_year() {
 async fn history_delete_by_id_and_type() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    store.append_history(query_fixture()).await.unwrap();
+    append_history(&store, query_fixture()).await.unwrap();
     let listed = |tenant: &'static str| {
         let store = &store;
         async move {
@@ -1732,7 +1751,7 @@ async fn history_delete_by_id_and_type() {
     );
 
     // More rows than one chunk, over two attributes and two entities.
-    let big = super::writer::HISTORY_DELETE_CHUNK as i64 + 1_234;
+    let big = super::history::HISTORY_DELETE_CHUNK as i64 + 1_234;
     let rows: Vec<HistoryRow> = (0..big)
         .map(|i| {
             let attr = if i % 2 == 0 { "a" } else { "b" };
@@ -1741,7 +1760,7 @@ async fn history_delete_by_id_and_type() {
         })
         .collect();
     for chunk in rows.chunks(10_000) {
-        store.append_history(chunk.to_vec()).await.unwrap();
+        append_history(&store, chunk.to_vec()).await.unwrap();
     }
     assert_eq!(
         store.delete_history("t", None, Some("Big")).await.unwrap(),
@@ -1794,7 +1813,7 @@ async fn history_throughput() {
                         rows.push(hrow("", "/", &id, "Room", "temperature", time, t));
                         rows.push(hrow("", "/", &id, "Room", "pressure", time, 720.0));
                     }
-                    assert_eq!(store.append_history(rows).await.unwrap(), BATCH as u64);
+                    assert_eq!(append_history(&store, rows).await.unwrap(), BATCH as u64);
                 }
             })
         })
@@ -1824,7 +1843,7 @@ async fn history_throughput() {
                         hrow("", "/", &id, "Room", "temperature", time, 23.3),
                         hrow("", "/", &id, "Room", "pressure", time, 720.0),
                     ];
-                    assert_eq!(store.append_history(rows).await.unwrap(), 2);
+                    assert_eq!(append_history(&store, rows).await.unwrap(), 2);
                 }
             })
         })
@@ -1863,7 +1882,7 @@ async fn history_throughput() {
             .collect();
         let store = Arc::clone(&store);
         pending.push(tokio::spawn(async move {
-            store.append_history(rows).await.unwrap()
+            append_history(&store, rows).await.unwrap()
         }));
         if pending.len() == 8 {
             for p in pending.drain(..) {
@@ -2103,8 +2122,8 @@ async fn rollups_count_each_row_once() {
     let rows: Vec<HistoryRow> = (0..1300i64)
         .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 7_000, (i % 13) as f64))
         .collect();
-    store.append_history(rows[..700].to_vec()).await.unwrap();
-    store.append_history(rows[500..].to_vec()).await.unwrap();
+    append_history(&store, rows[..700].to_vec()).await.unwrap();
+    append_history(&store, rows[500..].to_vec()).await.unwrap();
     let q = HistoryQuery {
         entity_ids: vec!["R".into()],
         attrs: vec!["x".into()],
@@ -2131,8 +2150,7 @@ async fn rollups_count_each_row_once() {
         }
     }
     store.delete_history("t", Some("R"), None).await.unwrap();
-    store
-        .append_history(vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
+    append_history(&store, vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
         .await
         .unwrap();
     let got = store
@@ -2160,10 +2178,9 @@ async fn expiry_deletes_rows_then_whole_buckets() {
         .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 90, 1.0))
         .collect(); // three hours
     for chunk in rows.chunks(20_000) {
-        store.append_history(chunk.to_vec()).await.unwrap();
+        append_history(&store, chunk.to_vec()).await.unwrap();
     }
-    store
-        .append_history(vec![hrow("u", "/", "R", "T", "x", T0, 1.0)])
+    append_history(&store, vec![hrow("u", "/", "R", "T", "x", T0, 1.0)])
         .await
         .unwrap();
     assert_eq!(store.history_tenants().await.unwrap(), ["t", "u"]);

@@ -1,0 +1,149 @@
+//! [`CatalogStore`] on the main file: device types and devices, each kept
+//! as JSON under its key, with a device's type and channel as columns for
+//! filtering.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, Row};
+use weft_model::{Device, DeviceType};
+
+use super::reader::corrupt;
+use super::{encode, Db, SqliteStore};
+use crate::{record_text, CatalogStore, DeviceFilter, Result};
+
+#[async_trait]
+impl CatalogStore for SqliteStore {
+    async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
+        let json = encode("device type", device_type)?;
+        let name = name.to_string();
+        self.main
+            .write(move |c| put_device_type(c, &name, &json))
+            .await
+    }
+
+    async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
+        self.main.read(list_device_types).await
+    }
+
+    async fn delete_device_type(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.main
+            .write(move |c| delete(c, "DELETE FROM device_types WHERE name = ?1", &name))
+            .await
+    }
+
+    async fn put_device(&self, device: &Device) -> Result<bool> {
+        let json = encode("device", device)?;
+        let (id, device_type, channel) = (
+            device.id.clone(),
+            device.device_type.clone(),
+            device.channel.clone(),
+        );
+        self.main
+            .write(move |c| put_device(c, &id, &device_type, &channel, &json))
+            .await
+    }
+
+    async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
+        let filter = filter.clone();
+        self.main.read(move |c| list_devices(c, &filter)).await
+    }
+
+    async fn delete_device(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.main
+            .write(move |c| delete(c, "DELETE FROM devices WHERE id = ?1", &id))
+            .await
+    }
+}
+
+/// Insert-if-absent, else update: two single statements, so "created" is
+/// known without a read, and the single writer makes the pair atomic.
+fn put_device_type(conn: &Connection, name: &str, json: &str) -> rusqlite::Result<bool> {
+    let created = conn
+        .prepare_cached("INSERT OR IGNORE INTO device_types (name, json) VALUES (?1, ?2)")?
+        .execute((name, json))?
+        == 1;
+    if !created {
+        conn.prepare_cached("UPDATE device_types SET json = ?2 WHERE name = ?1")?
+            .execute((name, json))?;
+    }
+    Ok(created)
+}
+
+/// Creates or replaces a device, like [`put_device_type`]; answers
+/// "created".
+fn put_device(
+    conn: &Connection,
+    id: &str,
+    device_type: &str,
+    channel: &str,
+    json: &str,
+) -> rusqlite::Result<bool> {
+    let created = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO devices (id, device_type, channel, json) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute((id, device_type, channel, json))?
+        == 1;
+    if !created {
+        conn.prepare_cached(
+            "UPDATE devices SET device_type = ?2, channel = ?3, json = ?4 WHERE id = ?1",
+        )?
+        .execute((id, device_type, channel, json))?;
+    }
+    Ok(created)
+}
+
+/// Runs a delete by key (`sql`); answers "existed".
+fn delete(conn: &Connection, sql: &str, key: &str) -> rusqlite::Result<bool> {
+    Ok(conn.prepare_cached(sql)?.execute([key])? > 0)
+}
+
+/// All device types, by name.
+fn list_device_types(conn: &Connection) -> Result<Vec<(String, DeviceType)>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT name, json FROM device_types ORDER BY name")
+        .db()?;
+    let mut rows = stmt.query([]).db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        let name: String = row.get(0).db()?;
+        let json: String = row.get(1).db()?;
+        let device_type = serde_json::from_str(&json)
+            .map_err(|e| corrupt(&format!("device type {name:?}"), e))?;
+        out.push((name, device_type));
+    }
+    Ok(out)
+}
+
+fn device_from_row(row: &Row<'_>) -> Result<Device> {
+    let json: String = row.get(0).db()?;
+    serde_json::from_str(&json).map_err(|e| corrupt("device", e))
+}
+
+/// Type and channel are filtered in SQL; records in Rust, on the decoded
+/// device, with the same text comparison live filters use.
+fn list_devices(conn: &Connection, filter: &DeviceFilter) -> Result<Vec<Device>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT json FROM devices \
+             WHERE (?1 IS NULL OR device_type = ?1) AND (?2 IS NULL OR channel = ?2) \
+             ORDER BY id",
+        )
+        .db()?;
+    let mut rows = stmt
+        .query((filter.device_type.as_deref(), filter.channel.as_deref()))
+        .db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        let device = device_from_row(row)?;
+        let matches = filter.records.iter().all(|(label, value)| {
+            record_text(&device.records, label).as_deref() == Some(value.as_str())
+        });
+        if matches {
+            out.push(device);
+        }
+    }
+    Ok(out)
+}
