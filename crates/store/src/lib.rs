@@ -34,6 +34,8 @@ use async_trait::async_trait;
 mod alarms;
 mod catalog;
 mod channels;
+#[cfg(test)]
+mod conformance;
 mod context;
 mod history;
 mod ingest;
@@ -58,6 +60,17 @@ pub use units::{
 
 pub use postgres::{PostgresConfig, PostgresStore};
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
+
+/// Most rows one query returns, whatever limit it asks for (QuantumLeap's
+/// cap), in every backend.
+pub(crate) const MAX_QUERY_ROWS: usize = 10_000;
+
+/// `u64` positions as database integers. Positions never come near
+/// `i64::MAX`; a caller passing a larger bound ("everything") gets the
+/// largest integer instead of an error.
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 /// Every store trait, for callers holding a `dyn Store`: a domain's
 /// methods can only be called with its trait in scope.

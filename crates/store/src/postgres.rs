@@ -22,7 +22,11 @@
 //! metadata) at build time, which `cargo build` on a fresh machine must
 //! not.
 
+mod catalog;
+mod context;
+mod ingest;
 mod schema;
+mod units;
 mod writer;
 
 #[cfg(test)]
@@ -35,6 +39,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
+pub(crate) use crate::{to_i64, MAX_QUERY_ROWS};
 use crate::{Result, StoreError};
 use schema::db;
 use writer::{Writer, WriterConfig};
@@ -131,8 +136,13 @@ impl PostgresStore {
         let connector = Arc::new(Connector::new(&config.url)?);
         let mut client = connector.connect_patiently(config.connect_timeout).await?;
         let version = schema::migrate(&mut client).await?;
+        // The log's sequence, not its highest row: a pruned log is empty,
+        // and `seq`s are never handed out twice.
         let last_seq: i64 = client
-            .query_one("SELECT COALESCE(MAX(seq), 0) FROM ingest_log", &[])
+            .query_one(
+                "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('ingest_log', 'seq')), 0)",
+                &[],
+            )
             .await
             .map_err(db)?
             .get(0);
@@ -200,4 +210,10 @@ impl PostgresStore {
         self.channels.close().await;
         self.pool.close();
     }
+}
+
+/// A stored position (`seq`, cursor) as `u64`; they are never negative.
+pub(super) fn position(row: &tokio_postgres::Row, index: usize) -> Result<u64> {
+    let n: i64 = row.try_get(index).map_err(db)?;
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative position {n}")))
 }

@@ -390,12 +390,7 @@ impl Part {
     }
 }
 
-/// `u64` positions as SQLite integers. Positions never come near
-/// `i64::MAX`; a caller passing a larger bound ("everything") gets the
-/// largest integer instead of an error.
-fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
+pub(crate) use crate::to_i64;
 
 /// rusqlite errors as [`StoreError`]s, without making rusqlite part of
 /// the crate's public API.

@@ -3,6 +3,44 @@
 //! `WEFT_TEST_POSTGRES_URL`). Each test gets a database of its own.
 
 use super::*;
+use crate::conformance::Backend;
+
+/// PostgreSQL under the conformance suite: a database per test.
+struct Postgres(String);
+
+#[async_trait::async_trait]
+impl Backend for Postgres {
+    type Store = PostgresStore;
+
+    async fn fresh() -> Self {
+        Postgres(test_database().await)
+    }
+
+    async fn open(&self) -> Arc<PostgresStore> {
+        Arc::new(open(&self.0).await)
+    }
+
+    async fn close(store: &PostgresStore) {
+        store.close().await;
+    }
+
+    async fn execute(&self, sql: &str) {
+        raw(&self.0).await.batch_execute(sql).await.unwrap();
+    }
+}
+
+crate::conformance_tests!(Postgres:
+    stored_data_ids_reports_what_is_stored,
+    appends_survive_reopen,
+    commit_processed_is_idempotent_and_moves_the_cursor,
+    query_data_filters_and_get_data,
+    query_failed_filters_and_overwrites,
+    devices_crud_and_filters,
+    device_types_crud,
+    prune_keeps_unprocessed_and_never_reuses_seqs,
+    entities_are_keyed_replaced_deleted_and_kept_across_reopen,
+    ngsi_documents_are_keyed_by_kind_and_kept_across_reopen,
+);
 
 /// A fresh, empty database on the test server; its URL.
 pub(crate) async fn test_database() -> String {

@@ -19,9 +19,7 @@ use tokio::sync::Semaphore;
 use super::{schema, Db};
 use crate::{Result, StoreError};
 
-/// Most rows one query returns, whatever the caller asks for: bounds the
-/// memory and time of one API request.
-pub(super) const MAX_QUERY_ROWS: usize = 10_000;
+pub(super) use crate::MAX_QUERY_ROWS;
 
 /// Prepared statements kept per read connection. `query_data` builds one
 /// statement per combination of filters (64 at most); they are all worth

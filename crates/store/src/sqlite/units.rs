@@ -44,9 +44,7 @@ impl UnitStore for SqliteStore {
         if data_ids.is_empty() {
             return Ok(HashSet::new());
         }
-        self.main
-            .read(move |c| stored_data_ids(c, &data_ids))
-            .await
+        self.main.read(move |c| stored_data_ids(c, &data_ids)).await
     }
 
     async fn query_failed(&self, query: &FailedQuery) -> Result<Vec<FailedUplink>> {

@@ -1,0 +1,194 @@
+//! NGSI entities and the documents kept beside them (subscriptions,
+//! registrations) on PostgreSQL, written through the main writer. An
+//! entity change queues its history rows in the changes feed in the same
+//! transaction, so a change is never stored without its history.
+
+use async_trait::async_trait;
+use tokio_postgres::Client;
+
+use super::schema::db;
+use super::{position, to_i64, PostgresStore};
+use crate::{
+    ContextStore, DocumentKind, EntityRecord, HistoryRow, NgsiDocument, Result, StoreError,
+};
+
+/// The `feed` of `history_feed` rows queued by entity changes (the
+/// history writer's notifications feed is the other one).
+pub(super) const CHANGES_FEED: &str = "changes";
+
+#[async_trait]
+impl ContextStore for PostgresStore {
+    async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()> {
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    put_entities(c, std::slice::from_ref(&record)).await?;
+                    queue_changes(c, &history).await
+                })
+            })
+            .await
+    }
+
+    async fn delete_entity(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        id: &str,
+        entity_type: &str,
+    ) -> Result<bool> {
+        let key = [tenant, service_path, id, entity_type].map(str::to_string);
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    let n = c
+                        .execute(
+                            "DELETE FROM entities \
+                             WHERE tenant = $1 AND service_path = $2 AND id = $3 AND type = $4",
+                            &[&key[0], &key[1], &key[2], &key[3]],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(n > 0)
+                })
+            })
+            .await
+    }
+
+    async fn load_entities(&self) -> Result<Vec<EntityRecord>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, service_path, id, type, created, json FROM entities \
+                 ORDER BY created",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                Ok(EntityRecord {
+                    tenant: row.get(0),
+                    service_path: row.get(1),
+                    id: row.get(2),
+                    entity_type: row.get(3),
+                    created: position(row, 4)?,
+                    json: row.get(5),
+                })
+            })
+            .collect()
+    }
+
+    async fn put_document(&self, document: NgsiDocument) -> Result<()> {
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    let d = &document;
+                    c.execute(
+                        "INSERT INTO ngsi_documents (kind, tenant, id, service_path, created, json) \
+                         VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (kind, tenant, id) DO UPDATE SET \
+                           service_path = excluded.service_path, created = excluded.created, \
+                           json = excluded.json",
+                        &[
+                            &d.kind.as_str(),
+                            &d.tenant,
+                            &d.id,
+                            &d.service_path,
+                            &to_i64(d.created),
+                            &d.json,
+                        ],
+                    )
+                    .await
+                    .map_err(db)?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    let n = c
+                        .execute(
+                            "DELETE FROM ngsi_documents WHERE kind = $1 AND tenant = $2 AND id = $3",
+                            &[&kind.as_str(), &tenant, &id],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(n > 0)
+                })
+            })
+            .await
+    }
+
+    async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, id, service_path, created, json FROM ngsi_documents \
+                 WHERE kind = $1 ORDER BY created",
+                &[&kind.as_str()],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                Ok(NgsiDocument {
+                    kind,
+                    tenant: row.get(0),
+                    id: row.get(1),
+                    service_path: row.get(2),
+                    created: position(row, 3)?,
+                    json: row.get(4),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Creates or replaces entities, in one statement over arrays.
+pub(super) async fn put_entities(c: &Client, records: &[EntityRecord]) -> Result<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let column = |f: fn(&EntityRecord) -> &str| records.iter().map(f).collect::<Vec<&str>>();
+    let created: Vec<i64> = records.iter().map(|r| to_i64(r.created)).collect();
+    c.execute(
+        "INSERT INTO entities (tenant, service_path, id, type, created, json) \
+         SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], \
+                              $6::TEXT[]) \
+         ON CONFLICT (tenant, service_path, id, type) DO UPDATE SET \
+           created = excluded.created, json = excluded.json",
+        &[
+            &column(|r| &r.tenant),
+            &column(|r| &r.service_path),
+            &column(|r| &r.id),
+            &column(|r| &r.entity_type),
+            &created,
+            &column(|r| &r.json),
+        ],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Queues the history rows of entity changes in the changes feed (nothing
+/// for none), as one JSON array per change set.
+pub(super) async fn queue_changes(c: &Client, rows: &[HistoryRow]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let json = serde_json::to_string(rows)
+        .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
+    c.execute(
+        "INSERT INTO history_feed (feed, rows) VALUES ($1, $2)",
+        &[&CHANGES_FEED, &json],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
+}

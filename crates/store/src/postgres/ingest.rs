@@ -1,0 +1,102 @@
+//! The ingest log on PostgreSQL: appends through the log's own writer, so
+//! `seq`s commit in order and the pipeline, reading forward from its
+//! cursor, never passes one that commits later.
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use weft_model::{NewUplink, Uplink, UplinkFormat};
+
+use super::schema::db;
+use super::{position, to_i64, PostgresStore};
+use crate::{IngestLogStore, Result, StoreError};
+
+/// Most log entries one prune deletes, so a prune never holds the log's
+/// writer (and the 202s waiting on it) for long.
+const PRUNE_CHUNK: i64 = 50_000;
+
+#[async_trait]
+impl IngestLogStore for PostgresStore {
+    async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
+        self.log
+            .append(move |c| {
+                Box::pin(async move {
+                    let row = c
+                        .query_one(
+                            "INSERT INTO ingest_log (received_at, format, channel, device_type, body) \
+                             VALUES ($1, $2, $3, $4, $5) RETURNING seq",
+                            &[
+                                &uplink.received_at,
+                                &uplink.format.as_str(),
+                                &uplink.channel,
+                                &uplink.device_type,
+                                &uplink.body,
+                            ],
+                        )
+                        .await
+                        .map_err(db)?;
+                    position(&row, 0)
+                })
+            })
+            .await
+    }
+
+    fn committed_seq(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
+        let client = self.reader().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT seq, received_at, format, channel, device_type, body FROM ingest_log \
+                 WHERE seq >= $1 ORDER BY seq LIMIT $2",
+                &[&to_i64(from_seq), &limit],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                let seq = position(row, 0)?;
+                let format: String = row.get(2);
+                let format = UplinkFormat::parse(&format).ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "ingest log entry {seq}: unknown format {format:?}"
+                    ))
+                })?;
+                Ok(Uplink {
+                    seq,
+                    uplink: NewUplink {
+                        received_at: row.get(1),
+                        format,
+                        channel: row.get(3),
+                        device_type: row.get(4),
+                        body: row.get(5),
+                    },
+                })
+            })
+            .collect()
+    }
+
+    /// As the SQLite backend: the entries below `below_seq` received before
+    /// the cutoff, oldest first, at most [`PRUNE_CHUNK`] per call.
+    async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
+        self.log
+            .write(move |c| {
+                Box::pin(async move {
+                    let deleted = c
+                        .execute(
+                            "DELETE FROM ingest_log WHERE seq < LEAST($1, \
+                               COALESCE((SELECT seq FROM ingest_log WHERE received_at >= $2 \
+                                         ORDER BY seq LIMIT 1), $1), \
+                               COALESCE((SELECT MIN(seq) FROM ingest_log), 0) + $3)",
+                            &[&to_i64(below_seq), &received_before, &PRUNE_CHUNK],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(deleted)
+                })
+            })
+            .await
+    }
+}
