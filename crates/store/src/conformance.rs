@@ -39,10 +39,24 @@ pub(crate) trait Backend: Sized + Send + Sync + 'static {
     async fn execute(&self, sql: &str);
 }
 
-/// Expands to one `#[tokio::test]` per named conformance test, run against
-/// `$backend`.
+/// Expands to one `#[tokio::test]` per conformance test, run against
+/// `$backend`: the list of the suite's tests lives here, once.
 #[macro_export]
 macro_rules! conformance_tests {
+    ($backend:ty) => {
+        $crate::conformance_tests!($backend:
+            stored_data_ids_reports_what_is_stored,
+            appends_survive_reopen,
+            commit_processed_is_idempotent_and_moves_the_cursor,
+            query_data_filters_and_get_data,
+            query_failed_filters_and_overwrites,
+            devices_crud_and_filters,
+            device_types_crud,
+            prune_keeps_unprocessed_and_never_reuses_seqs,
+            entities_are_keyed_replaced_deleted_and_kept_across_reopen,
+            ngsi_documents_are_keyed_by_kind_and_kept_across_reopen,
+        );
+    };
     ($backend:ty: $($test:ident),+ $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread")]

@@ -52,18 +52,7 @@ impl Backend for Sqlite {
     }
 }
 
-crate::conformance_tests!(Sqlite:
-    stored_data_ids_reports_what_is_stored,
-    appends_survive_reopen,
-    commit_processed_is_idempotent_and_moves_the_cursor,
-    query_data_filters_and_get_data,
-    query_failed_filters_and_overwrites,
-    devices_crud_and_filters,
-    device_types_crud,
-    prune_keeps_unprocessed_and_never_reuses_seqs,
-    entities_are_keyed_replaced_deleted_and_kept_across_reopen,
-    ngsi_documents_are_keyed_by_kind_and_kept_across_reopen,
-);
+crate::conformance_tests!(Sqlite);
 
 /// Stores history rows straight into the history (no feed involved), the
 /// way the history writer's moves insert them: the backend's insert, run
