@@ -3,6 +3,7 @@
 //! `WEFT_TEST_POSTGRES_URL`). Each test gets a database of its own.
 
 use super::*;
+use crate::{ChannelMessage, ChannelStore, ChannelSubscriber};
 
 /// A fresh, empty database on the test server; its URL.
 pub(crate) async fn test_database() -> String {
@@ -175,4 +176,155 @@ async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
         .unwrap()
         .get(0);
     assert_eq!((in_partition, in_default), (1, 0));
+}
+
+// --- channels -------------------------------------------------------------
+
+/// A message id is stored once per channel (the first content stays) and
+/// draws no `seq` when it is a duplicate; `seq`s grow across channels in
+/// publish order; messages page by `seq`.
+#[tokio::test]
+async fn channel_publish_dedupes_and_pages() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let s1 = store
+        .publish_message("c", "m1", "1".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .publish_message("c", "m1", "other".into())
+            .await
+            .unwrap(),
+        None
+    );
+    let s2 = store
+        .publish_message("c", "m2", "2".into())
+        .await
+        .unwrap()
+        .unwrap();
+    let s3 = store
+        .publish_message("d", "m1", "3".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s1 < s2 && s2 < s3, "{s1} {s2} {s3}");
+    assert_eq!(s2, s1 + 1, "a duplicate draws no seq");
+    let messages = store.channel_messages("c", 0, 10).await.unwrap();
+    assert_eq!(
+        messages,
+        vec![
+            ChannelMessage {
+                seq: s1,
+                message_id: "m1".into(),
+                content: "1".into()
+            },
+            ChannelMessage {
+                seq: s2,
+                message_id: "m2".into(),
+                content: "2".into()
+            },
+        ]
+    );
+    assert_eq!(store.channel_messages("c", 0, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        store.channel_messages("c", s1, 10).await.unwrap()[0].seq,
+        s2
+    );
+    assert!(store
+        .channel_messages("c", s2, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .channel_messages("c", u64::MAX, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.channel_messages("e", 0, 10).await.unwrap().is_empty());
+    store.close().await;
+}
+
+/// Subscribers are created once (their first cursor stays), acknowledge
+/// forward only, and are deleted; pruning drops a channel's messages up to
+/// a `seq`; heads give each channel's highest `seq` and the highest ever
+/// handed out, also after the messages are pruned and across a reopen.
+#[tokio::test]
+async fn channel_subscribers_ack_prune_and_heads() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    assert_eq!(store.channel_heads().await.unwrap(), (Vec::new(), 0));
+    assert_eq!(store.put_channel_subscriber("c", "s", 5).await.unwrap(), 5);
+    assert_eq!(store.put_channel_subscriber("c", "s", 9).await.unwrap(), 5);
+    assert_eq!(store.put_channel_subscriber("c", "t", 0).await.unwrap(), 0);
+    store.ack_channel_messages("c", "s", 7).await.unwrap();
+    store.ack_channel_messages("c", "s", 3).await.unwrap();
+    store.ack_channel_messages("c", "nobody", 3).await.unwrap();
+    let mut subs = store.channel_subscribers().await.unwrap();
+    subs.sort_by(|a, b| a.subscriber.cmp(&b.subscriber));
+    assert_eq!(
+        subs,
+        vec![
+            ChannelSubscriber {
+                channel: "c".into(),
+                subscriber: "s".into(),
+                cursor: 7
+            },
+            ChannelSubscriber {
+                channel: "c".into(),
+                subscriber: "t".into(),
+                cursor: 0
+            },
+        ]
+    );
+    assert!(store.delete_channel_subscriber("c", "t").await.unwrap());
+    assert!(!store.delete_channel_subscriber("c", "t").await.unwrap());
+    assert_eq!(store.channel_subscribers().await.unwrap().len(), 1);
+
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let seq = store
+            .publish_message("c", &format!("m{i}"), "{}".into())
+            .await
+            .unwrap()
+            .unwrap();
+        seqs.push(seq);
+    }
+    let d = store
+        .publish_message("d", "m", "{}".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.prune_channel("c", seqs[1]).await.unwrap(), 2);
+    assert_eq!(store.prune_channel("c", seqs[1]).await.unwrap(), 0);
+    let left: Vec<u64> = store
+        .channel_messages("c", 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.seq)
+        .collect();
+    assert_eq!(left, vec![seqs[2]]);
+    let (mut heads, top) = store.channel_heads().await.unwrap();
+    heads.sort();
+    assert_eq!(
+        heads,
+        vec![("c".to_string(), seqs[2]), ("d".to_string(), d)]
+    );
+    assert_eq!(top, d);
+    // Everything pruned: no heads, the top stays.
+    store.prune_channel("c", u64::MAX).await.unwrap();
+    store.prune_channel("d", u64::MAX).await.unwrap();
+    store.close().await;
+    let store = open(&url).await;
+    assert_eq!(store.channel_heads().await.unwrap(), (Vec::new(), d));
+    assert_eq!(store.channel_subscribers().await.unwrap().len(), 1);
+    let next = store
+        .publish_message("c", "again", "{}".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next > d, "seqs are never reused");
+    store.close().await;
 }
