@@ -23,6 +23,7 @@
 //! not.
 
 mod channels;
+mod history;
 mod schema;
 mod writer;
 
