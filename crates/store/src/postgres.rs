@@ -22,6 +22,7 @@
 //! metadata) at build time, which `cargo build` on a fresh machine must
 //! not.
 
+mod alarms;
 mod channels;
 mod history;
 mod schema;

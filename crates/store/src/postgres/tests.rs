@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    AggrMethod, AggrPeriod, ChannelMessage, ChannelStore, ChannelSubscriber, HistoryAggregate,
-    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore,
+    AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelStore,
+    ChannelSubscriber, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
+    HistoryStore, RuleStateRecord, RuleStore,
 };
 
 /// A fresh, empty database on the test server; its URL.
@@ -331,6 +332,267 @@ async fn channel_subscribers_ack_prune_and_heads() {
         .unwrap()
         .unwrap();
     assert!(next > d, "seqs are never reused");
+    store.close().await;
+}
+
+// --- rules and alarms -----------------------------------------------------
+
+/// An alarm of type `threshold`, severity `major`, not acknowledged, its
+/// JSON naming its id and version (what the assertions read back).
+fn alarm(id: &str, device: &str, state: &str, raised_at: i64, version: u64) -> AlarmRecord {
+    AlarmRecord {
+        id: id.into(),
+        device: device.into(),
+        alarm_type: "threshold".into(),
+        state: state.into(),
+        acked: false,
+        severity: "major".into(),
+        raised_at,
+        version,
+        json: format!("{{\"id\":\"{id}\",\"v\":{version}}}"),
+    }
+}
+
+/// A rule state to store (`Some`) or delete (`None`).
+fn rule_state(rule: &str, device: &str, json: Option<&str>) -> RuleStateRecord {
+    RuleStateRecord {
+        rule: rule.into(),
+        device: device.into(),
+        json: json.map(str::to_string),
+    }
+}
+
+/// Rules are created, replaced (answering whether they were new), listed
+/// by id, and deleted with their per-device state.
+#[tokio::test]
+async fn rules_are_put_listed_and_deleted_with_their_state() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    assert!(store.put_rule("r2", "{\"a\":1}".into()).await.unwrap());
+    assert!(!store.put_rule("r2", "{\"a\":2}".into()).await.unwrap());
+    assert!(store.put_rule("R1", "{}".into()).await.unwrap());
+    assert!(store.put_rule("r1", "{}".into()).await.unwrap());
+    assert_eq!(
+        store.load_rules().await.unwrap(),
+        vec![
+            ("R1".to_string(), "{}".to_string()),
+            ("r1".to_string(), "{}".to_string()),
+            ("r2".to_string(), "{\"a\":2}".to_string()),
+        ],
+        "byte order, as SQLite's"
+    );
+    store
+        .commit_alarms(AlarmBatch {
+            states: vec![
+                rule_state("r2", "d1", Some("1")),
+                rule_state("r2", "d2", Some("2")),
+                rule_state("r1", "d1", Some("3")),
+            ],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.load_rule_states().await.unwrap().len(), 3);
+    assert!(store.delete_rule("r2").await.unwrap());
+    assert!(!store.delete_rule("r2").await.unwrap());
+    assert_eq!(
+        store.load_rule_states().await.unwrap(),
+        vec![rule_state("r1", "d1", Some("3"))]
+    );
+    store.close().await;
+}
+
+/// A batch commits alarms (each only over a lower version), events (in
+/// order, answering the last `seq`), rule states (stored or deleted, the
+/// last one per key winning) and the cursor, together.
+#[tokio::test]
+async fn alarm_batches_commit_versions_events_states_and_cursor() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    assert_eq!(store.alarm_events_head().await.unwrap(), 0);
+    assert_eq!(
+        store.commit_alarms(AlarmBatch::default()).await.unwrap(),
+        0,
+        "no events: 0"
+    );
+    let last = store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![alarm("a1", "d1", "active", 10, 1)],
+            events: vec!["e1".into(), "e2".into()],
+            states: vec![
+                rule_state("r", "d1", Some("x")),
+                rule_state("r", "d2", Some("y")),
+            ],
+            cursor: Some(("rules".into(), 42)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.alarm_events_head().await.unwrap(), last);
+    let events = store.alarm_events(0, 10).await.unwrap();
+    assert_eq!(
+        events,
+        vec![(last - 1, "e1".to_string()), (last, "e2".to_string())]
+    );
+    assert_eq!(store.alarm_events(last - 1, 10).await.unwrap().len(), 1);
+    assert_eq!(store.alarm_events(0, 1).await.unwrap()[0].1, "e1");
+    assert_eq!(
+        store.get_alarm("a1").await.unwrap().as_deref(),
+        Some("{\"id\":\"a1\",\"v\":1}")
+    );
+    assert_eq!(store.get_alarm("nope").await.unwrap(), None);
+
+    // An older version changes nothing; within a batch the newest wins
+    // (over the columns an update sets: not the raising time), and the last
+    // state per key (here a delete) is what stays.
+    let mut older = alarm("a1", "d1", "cleared", 10, 0);
+    older.acked = true;
+    let next = store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![
+                older,
+                alarm("a2", "d2", "active", 20, 2),
+                alarm("a2", "d2", "cleared", 25, 3),
+                alarm("a2", "d2", "active", 20, 1),
+            ],
+            events: vec!["e3".into()],
+            states: vec![
+                rule_state("r", "d1", Some("x2")),
+                rule_state("r", "d1", None),
+                rule_state("r", "d2", Some("y2")),
+            ],
+            cursor: Some(("rules".into(), 43)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(next, last + 1);
+    assert_eq!(
+        store.get_alarm("a1").await.unwrap().as_deref(),
+        Some("{\"id\":\"a1\",\"v\":1}")
+    );
+    assert_eq!(
+        store.get_alarm("a2").await.unwrap().as_deref(),
+        Some("{\"id\":\"a2\",\"v\":3}")
+    );
+    assert_eq!(
+        store.load_rule_states().await.unwrap(),
+        vec![rule_state("r", "d2", Some("y2"))]
+    );
+    assert_eq!(store.active_alarms().await.unwrap().len(), 1);
+    let client = raw(&url).await;
+    let cursor: i64 = client
+        .query_one("SELECT next_seq FROM cursors WHERE name = 'rules'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cursor, 43);
+    let raised: i64 = client
+        .query_one("SELECT raised_at FROM alarms WHERE id = 'a2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(raised, 20, "the first record's raising time stays");
+    // A newer version replaces what the API filters on too.
+    store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![{
+                let mut a = alarm("a1", "d1", "cleared", 10, 5);
+                a.acked = true;
+                a
+            }],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    assert!(store.active_alarms().await.unwrap().is_empty());
+    assert_eq!(store.alarm_events_head().await.unwrap(), next);
+    store.close().await;
+}
+
+/// The alarm listing filters on every column, newest first (ties by id),
+/// with limit and offset.
+#[tokio::test]
+async fn alarms_are_queried_newest_first_with_filters() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let mut acked = alarm("a3", "d2", "cleared", 30, 1);
+    acked.acked = true;
+    acked.severity = "minor".into();
+    let mut other_type = alarm("a4", "d1", "active", 20, 1);
+    other_type.alarm_type = "offline".into();
+    store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![
+                alarm("a1", "d1", "active", 10, 1),
+                alarm("a2", "d1", "active", 20, 1),
+                acked,
+                other_type,
+            ],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    let ids = |q: AlarmQuery| {
+        let store = &store;
+        async move {
+            store
+                .query_alarms(&q)
+                .await
+                .unwrap()
+                .iter()
+                .map(|j| serde_json::from_str::<serde_json::Value>(j).unwrap()["id"].clone())
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let all = AlarmQuery {
+        limit: 100,
+        ..AlarmQuery::default()
+    };
+    assert_eq!(ids(all.clone()).await, ["a3", "a2", "a4", "a1"]);
+    assert_eq!(
+        ids(AlarmQuery {
+            state: Some("active".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a4", "a1"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            acked: Some(true),
+            ..all.clone()
+        })
+        .await,
+        ["a3"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            acked: Some(false),
+            device: Some("d1".into()),
+            alarm_type: Some("threshold".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a1"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            severity: Some("minor".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a3"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            limit: 2,
+            offset: 1,
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a4"]
+    );
+    assert!(ids(AlarmQuery::default()).await.is_empty(), "limit 0");
     store.close().await;
 }
 
