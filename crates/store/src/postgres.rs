@@ -22,8 +22,11 @@
 //! metadata) at build time, which `cargo build` on a fresh machine must
 //! not.
 
+mod alarms;
 mod catalog;
+mod channels;
 mod context;
+mod history;
 mod ingest;
 mod schema;
 mod units;
@@ -194,26 +197,29 @@ impl PostgresStore {
             .await
             .map_err(|e| StoreError::Database(format!("no PostgreSQL connection: {e}")))
     }
-
-    /// Commits an empty write through the main writer: `Ok` means the
-    /// database takes writes right now.
-    pub async fn ping(&self) -> Result<()> {
-        self.main.write(|_| Box::pin(async { Ok(()) })).await
-    }
-
-    /// Stops accepting writes, commits what is queued, and stops the
-    /// writers; the pool closes.
-    pub async fn close(&self) {
-        self.log.close().await;
-        self.main.close().await;
-        self.history.close().await;
-        self.channels.close().await;
-        self.pool.close();
-    }
 }
 
 /// A stored position (`seq`, cursor) as `u64`; they are never negative.
 pub(super) fn position(row: &tokio_postgres::Row, index: usize) -> Result<u64> {
     let n: i64 = row.try_get(index).map_err(db)?;
     u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative position {n}")))
+}
+
+#[async_trait::async_trait]
+impl crate::Store for PostgresStore {
+    /// Commits an empty write through the main writer: `Ok` means the
+    /// database takes writes right now.
+    async fn ping(&self) -> Result<()> {
+        self.main.write(|_| Box::pin(async { Ok(()) })).await
+    }
+
+    /// Stops accepting writes, commits what is queued, and stops the
+    /// writers; the pool closes.
+    async fn close(&self) {
+        self.log.close().await;
+        self.main.close().await;
+        self.history.close().await;
+        self.channels.close().await;
+        self.pool.close();
+    }
 }

@@ -6,15 +6,13 @@
 use async_trait::async_trait;
 use tokio_postgres::Client;
 
+use super::history::feed_name;
 use super::schema::db;
 use super::{position, to_i64, PostgresStore};
 use crate::{
-    ContextStore, DocumentKind, EntityRecord, HistoryRow, NgsiDocument, Result, StoreError,
+    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, NgsiDocument, Result,
+    StoreError,
 };
-
-/// The `feed` of `history_feed` rows queued by entity changes (the
-/// history writer's notifications feed is the other one).
-pub(super) const CHANGES_FEED: &str = "changes";
 
 #[async_trait]
 impl ContextStore for PostgresStore {
@@ -186,7 +184,7 @@ pub(super) async fn queue_changes(c: &Client, rows: &[HistoryRow]) -> Result<()>
         .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
     c.execute(
         "INSERT INTO history_feed (feed, rows) VALUES ($1, $2)",
-        &[&CHANGES_FEED, &json],
+        &[&feed_name(HistoryFeed::Changes), &json],
     )
     .await
     .map_err(db)?;

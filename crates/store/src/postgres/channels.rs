@@ -1,0 +1,212 @@
+//! Durable pull channels on PostgreSQL: the SQLite backend's
+//! `sqlite/channels.rs` in PostgreSQL's dialect. Writes go through the
+//! channels writer, the one that hands out message `seq`s, so a channel's
+//! messages commit in `seq` order (a subscriber acknowledging up to a
+//! `seq` never skips one committed later).
+
+use async_trait::async_trait;
+
+use super::schema::db;
+use super::{to_i64, PostgresStore};
+use crate::{ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+
+#[async_trait]
+impl ChannelStore for PostgresStore {
+    async fn publish_message(
+        &self,
+        channel: &str,
+        message_id: &str,
+        content: String,
+    ) -> Result<Option<u64>> {
+        let (channel, message_id) = (channel.to_string(), message_id.to_string());
+        let now = weft_model::now_ms();
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    // The `NOT EXISTS` keeps a duplicate from drawing a
+                    // `seq` (`ON CONFLICT` alone would burn one), so `seq`s
+                    // stay dense as SQLite's; the writer is the only one
+                    // inserting, so nothing can slip in between.
+                    let row = c
+                        .query_opt(
+                            "INSERT INTO channel_messages \
+                                 (channel, message_id, content, published_at) \
+                             SELECT $1, $2, $3, $4 WHERE NOT EXISTS (SELECT 1 \
+                                 FROM channel_messages WHERE channel = $1 AND message_id = $2) \
+                             ON CONFLICT (channel, message_id) DO NOTHING RETURNING seq",
+                            &[&channel, &message_id, &content, &now],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+                })
+            })
+            .await
+    }
+
+    async fn put_channel_subscriber(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        cursor: u64,
+    ) -> Result<u64> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        let cursor = to_i64(cursor);
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    c.execute(
+                        "INSERT INTO channel_subscribers (channel, subscriber, cursor) \
+                         VALUES ($1, $2, $3) ON CONFLICT (channel, subscriber) DO NOTHING",
+                        &[&channel, &subscriber, &cursor],
+                    )
+                    .await
+                    .map_err(db)?;
+                    let row = c
+                        .query_one(
+                            "SELECT cursor FROM channel_subscribers \
+                             WHERE channel = $1 AND subscriber = $2",
+                            &[&channel, &subscriber],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(row.get::<_, i64>(0) as u64)
+                })
+            })
+            .await
+    }
+
+    async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    let n = c
+                        .execute(
+                            "DELETE FROM channel_subscribers \
+                             WHERE channel = $1 AND subscriber = $2",
+                            &[&channel, &subscriber],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(n > 0)
+                })
+            })
+            .await
+    }
+
+    async fn ack_channel_messages(
+        &self,
+        channel: &str,
+        subscriber: &str,
+        through: u64,
+    ) -> Result<()> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        let through = to_i64(through);
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    // Forward only: a late, smaller ack never moves it back.
+                    c.execute(
+                        "UPDATE channel_subscribers SET cursor = GREATEST(cursor, $3) \
+                         WHERE channel = $1 AND subscriber = $2",
+                        &[&channel, &subscriber, &through],
+                    )
+                    .await
+                    .map_err(db)?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
+        let channel = channel.to_string();
+        let through = to_i64(through);
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    c.execute(
+                        "DELETE FROM channel_messages WHERE channel = $1 AND seq <= $2",
+                        &[&channel, &through],
+                    )
+                    .await
+                    .map_err(db)
+                })
+            })
+            .await
+    }
+
+    async fn channel_messages(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChannelMessage>> {
+        let client = self.reader().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT seq, message_id, content FROM channel_messages \
+                 WHERE channel = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &[&channel, &to_i64(after), &limit],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| ChannelMessage {
+                seq: r.get::<_, i64>(0) as u64,
+                message_id: r.get(1),
+                content: r.get(2),
+            })
+            .collect())
+    }
+
+    async fn channel_subscribers(&self) -> Result<Vec<ChannelSubscriber>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT channel, subscriber, cursor FROM channel_subscribers",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| ChannelSubscriber {
+                channel: r.get(0),
+                subscriber: r.get(1),
+                cursor: r.get::<_, i64>(2) as u64,
+            })
+            .collect())
+    }
+
+    async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
+        let client = self.reader().await?;
+        let heads = client
+            .query(
+                "SELECT channel, MAX(seq) FROM channel_messages GROUP BY channel",
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
+            .collect();
+        // The identity's sequence survives deletes, like SQLite's
+        // AUTOINCREMENT counter (NULL until it handed out a first value).
+        // It can be ahead of every stored `seq` when a transaction that
+        // drew one rolled back: that `seq` was handed out, to no message.
+        let top: i64 = client
+            .query_one(
+                "SELECT COALESCE(pg_sequence_last_value( \
+                     pg_get_serial_sequence('channel_messages', 'seq')::regclass), 0)",
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        Ok((heads, top as u64))
+    }
+}

@@ -1,0 +1,1046 @@
+//! The history and its feeds on PostgreSQL: the SQLite backend's history
+//! (`sqlite/writer.rs`'s appends, rollups and deletes, `sqlite/reader.rs`'s
+//! queries and aggregates) in PostgreSQL's dialect, with the same answers.
+//!
+//! Writes go through the history writer (rows, rollups, the notifications
+//! feed and the changes feed's cursor), except pruning the changes feed,
+//! which goes through the main writer that queues its entries. Where
+//! SQLite runs one statement per row or per series, this sends arrays:
+//! an append is one statement whatever its number of rows (`UNNEST` of
+//! column arrays, the new rows' rollups folded in by the same statement),
+//! and a query or an aggregate is one statement per stored level, joining
+//! the series it covers (`UNNEST … WITH ORDINALITY`) laterally to their
+//! rows.
+//!
+//! Result orders that callers see (entities, attributes) are decided in
+//! Rust, in byte order like SQLite's `BINARY` collation, whatever the
+//! database's collation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use futures::future::try_join_all;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
+
+use super::schema::{self, db};
+use super::{to_i64, PostgresStore};
+use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
+use crate::{
+    AggrMethod, AggrPeriod, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
+    HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+};
+
+use super::MAX_QUERY_ROWS;
+
+/// Most history rows (and rollup buckets) one delete or expiry
+/// transaction removes, as in the SQLite backend: the caller repeats while
+/// a chunk comes back full, so a large delete never holds the history
+/// writer (and every notify waiting on it) for long.
+pub(super) const HISTORY_DELETE_CHUNK: usize = 50_000;
+
+/// Earliest and latest times an aggregation considers: far beyond any
+/// real time index, and far enough from `i64`'s ends that bucket
+/// arithmetic never overflows.
+const AGGREGATE_BOUND: i64 = 1 << 52;
+
+/// Feed entries read per round trip by [`HistoryStore::read_history_feed`].
+const FEED_PAGE: i64 = 256;
+
+/// The `history_feed.feed` value of each feed (both share the table):
+/// the main writer queues entity changes under it too.
+pub(super) fn feed_name(feed: HistoryFeed) -> &'static str {
+    match feed {
+        HistoryFeed::Changes => "changes",
+        HistoryFeed::Notifications => "notifications",
+    }
+}
+
+/// Stores `rows` (skipping those whose key is stored, or came earlier in
+/// `rows`), records entities seen for the first time with the service
+/// path of their first row, and adds the new rows to their series' minute
+/// and hour rollups — all in one statement, after creating the weekly
+/// partitions the rows fall in. Answers how many rows were new.
+pub(super) async fn append_history(c: &Client, rows: &[HistoryRow]) -> Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let weeks: BTreeSet<i64> = rows
+        .iter()
+        .map(|r| schema::partition_for(r.time).1)
+        .collect();
+    for week in weeks {
+        schema::ensure_partition(c, week).await?;
+    }
+    let tenants: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.entity_id.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|r| r.entity_type.as_str()).collect();
+    let attrs: Vec<&str> = rows.iter().map(|r| r.attr.as_str()).collect();
+    let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
+    let paths: Vec<&str> = rows.iter().map(|r| r.service_path.as_str()).collect();
+    let attr_types: Vec<&str> = rows.iter().map(|r| r.attr_type.as_str()).collect();
+    let values: Vec<&str> = rows.iter().map(|r| r.value.as_str()).collect();
+    let numbers: Vec<Option<f64>> = rows.iter().map(|r| r.number).collect();
+    // Data-modifying CTEs all run, whether or not the final SELECT reads
+    // them; `added` holds only the rows the insert did not skip, so the
+    // rollups count each stored row once, like the SQLite backend's
+    // `Rollups` (a bucket's partial merged into the stored one: counts and
+    // sums add, NULL meaning "no number", LEAST/GREATEST ignoring NULLs).
+    // Rows go in their input order, so of two with one key the first stays.
+    let sql = format!(
+        "WITH batch AS (
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[],
+                                  $6::text[], $7::text[], $8::text[], $9::float8[])
+                 WITH ORDINALITY AS u(tenant, entity_id, entity_type, attr, time,
+                                      service_path, attr_type, value, number, n)
+         ),
+         entities AS (
+             INSERT INTO history_entities (tenant, entity_type, entity_id, service_path)
+             SELECT DISTINCT ON (tenant, entity_type, entity_id)
+                    tenant, entity_type, entity_id, service_path
+             FROM batch ORDER BY tenant, entity_type, entity_id, n
+             ON CONFLICT DO NOTHING
+         ),
+         added AS (
+             INSERT INTO history (tenant, entity_id, entity_type, attr, time, service_path,
+                                  attr_type, value, number)
+             SELECT tenant, entity_id, entity_type, attr, time, service_path,
+                    attr_type, value, number
+             FROM batch ORDER BY n
+             ON CONFLICT DO NOTHING
+             RETURNING tenant, entity_id, entity_type, attr, time, number
+         ),
+         rolled AS (
+             INSERT INTO history_rollups AS r (tenant, entity_id, entity_type, attr, period,
+                 bucket, rows, numbers, sum_value, min_value, max_value)
+             SELECT tenant, entity_id, entity_type, attr, p.period, {bucket},
+                    COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number)
+             FROM added CROSS JOIN (VALUES ({MINUTE_MS}::int8), ({HOUR_MS}::int8)) AS p(period)
+             GROUP BY 1, 2, 3, 4, 5, 6
+             ON CONFLICT (tenant, entity_id, entity_type, attr, period, bucket) DO UPDATE SET
+                 rows = r.rows + excluded.rows,
+                 numbers = r.numbers + excluded.numbers,
+                 sum_value = CASE WHEN r.sum_value IS NULL THEN excluded.sum_value
+                     WHEN excluded.sum_value IS NULL THEN r.sum_value
+                     ELSE r.sum_value + excluded.sum_value END,
+                 min_value = LEAST(r.min_value, excluded.min_value),
+                 max_value = GREATEST(r.max_value, excluded.max_value)
+         )
+         SELECT COUNT(*) FROM added",
+        bucket = floor_sql("time", "p.period"),
+    );
+    debug_assert_eq!(ROLLUP_PERIODS, [MINUTE_MS, HOUR_MS]);
+    let params: [&(dyn ToSql + Sync); 9] = [
+        &tenants,
+        &ids,
+        &types,
+        &attrs,
+        &times,
+        &paths,
+        &attr_types,
+        &values,
+        &numbers,
+    ];
+    let row = c.query_one(&sql, &params).await.map_err(db)?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
+
+/// SQL flooring integer `column` to a multiple of `unit` (also below 0:
+/// `%` truncates toward zero, so the remainder is made non-negative).
+fn floor_sql(column: &str, unit: &str) -> String {
+    format!("({column} - (({column} % {unit}) + {unit}) % {unit})")
+}
+
+/// The SQL of the start (epoch ms, UTC) of the bucket holding the time in
+/// `column`: the SQLite backend's `bucket_sql` in PostgreSQL. Fixed-length
+/// periods floor it to a multiple of their length (also for times before
+/// 1970); months and years use the UTC calendar. No period: one bucket (0)
+/// for everything.
+fn bucket_sql(period: Option<AggrPeriod>, column: &str) -> String {
+    let fixed = |unit: i64| floor_sql(column, &unit.to_string());
+    let calendar = |field: &str| {
+        format!(
+            "(EXTRACT(EPOCH FROM date_trunc('{field}', \
+                 to_timestamp({column} / 1000.0) AT TIME ZONE 'UTC'))::int8 * 1000)"
+        )
+    };
+    match period {
+        None => "0::int8".to_string(),
+        Some(AggrPeriod::Second) => fixed(1_000),
+        Some(AggrPeriod::Minute) => fixed(60_000),
+        Some(AggrPeriod::Hour) => fixed(3_600_000),
+        Some(AggrPeriod::Day) => fixed(86_400_000),
+        Some(AggrPeriod::Month) => calendar("month"),
+        Some(AggrPeriod::Year) => calendar("year"),
+    }
+}
+
+/// Deletes up to [`HISTORY_DELETE_CHUNK`] rows of the matching entities,
+/// entity by entity; an entity whose rows are all gone leaves
+/// `history_entities` and its rollups go too. With neither an id nor a
+/// type nothing matches (deleting a whole tenant is not an operation of
+/// the API). The SQLite backend's `delete_history`.
+async fn delete_history(
+    c: &Client,
+    tenant: &str,
+    entity_id: Option<&str>,
+    entity_type: Option<&str>,
+) -> Result<u64> {
+    let entities: Vec<(String, String)> = match (entity_id, entity_type) {
+        (None, None) => return Ok(0),
+        (Some(id), Some(ty)) => vec![(id.to_string(), ty.to_string())],
+        (Some(id), None) => c
+            .query(
+                "SELECT entity_id, entity_type FROM history_entities \
+                 WHERE tenant = $1 AND entity_id = $2",
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+        (None, Some(ty)) => c
+            .query(
+                "SELECT entity_id, entity_type FROM history_entities \
+                 WHERE tenant = $1 AND entity_type = $2",
+                &[&tenant, &ty],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect(),
+    };
+    let mut budget = HISTORY_DELETE_CHUNK;
+    let mut deleted = 0u64;
+    for (id, ty) in &entities {
+        if budget == 0 {
+            break;
+        }
+        // The first row to keep: the one after the budget, in key order.
+        let boundary: Option<(String, i64)> = c
+            .query_opt(
+                "SELECT attr, time FROM history \
+                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
+                 ORDER BY attr, time LIMIT 1 OFFSET $4",
+                &[&tenant, id, ty, &(budget as i64)],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| (r.get(0), r.get(1)));
+        let n = match &boundary {
+            None => {
+                let n = c
+                    .execute(
+                        "DELETE FROM history \
+                         WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3",
+                        &[&tenant, id, ty],
+                    )
+                    .await
+                    .map_err(db)?;
+                c.execute(
+                    "DELETE FROM history_entities \
+                     WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
+                    &[&tenant, ty, id],
+                )
+                .await
+                .map_err(db)?;
+                c.execute(
+                    "DELETE FROM history_rollups \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3",
+                    &[&tenant, id, ty],
+                )
+                .await
+                .map_err(db)?;
+                n
+            }
+            Some((attr, time)) => c
+                .execute(
+                    "DELETE FROM history \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
+                     AND (attr, time) < ($4, $5)",
+                    &[&tenant, id, ty, attr, time],
+                )
+                .await
+                .map_err(db)?,
+        };
+        deleted += n;
+        budget = budget.saturating_sub(n as usize);
+        if boundary.is_some() {
+            break;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes a tenant's expired history, series by series, up to
+/// [`HISTORY_DELETE_CHUNK`] rows and buckets: rows before `rows_before`,
+/// minute and hour buckets that end by `rollups_before`; an entity left
+/// with neither rows nor rollups leaves `history_entities`. The SQLite
+/// backend's `expire_history`.
+// Deleting rows is the simple way; dropping the weekly partitions that
+// lie wholly before every tenant's cutoff would cost nothing per row and
+// is the optimisation to come.
+async fn expire_history(
+    c: &Client,
+    tenant: &str,
+    rows_before: Option<i64>,
+    rollups_before: Option<i64>,
+) -> Result<u64> {
+    let entities: Vec<(String, String)> = c
+        .query(
+            "SELECT entity_id, entity_type FROM history_entities WHERE tenant = $1",
+            &[&tenant],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut budget = HISTORY_DELETE_CHUNK;
+    let mut deleted = 0u64;
+    for (id, ty) in &entities {
+        for attr in entity_attrs(c, tenant, id, ty).await? {
+            if budget == 0 {
+                return Ok(deleted);
+            }
+            if let Some(before) = rows_before {
+                // Never more than the budget: stop at the budget-th row.
+                let boundary: Option<i64> = c
+                    .query_opt(
+                        "SELECT time FROM history WHERE tenant = $1 AND entity_id = $2 \
+                         AND entity_type = $3 AND attr = $4 AND time < $5 \
+                         ORDER BY time LIMIT 1 OFFSET $6",
+                        &[&tenant, id, ty, &attr, &before, &(budget as i64)],
+                    )
+                    .await
+                    .map_err(db)?
+                    .map(|r| r.get(0));
+                let n = c
+                    .execute(
+                        "DELETE FROM history WHERE tenant = $1 AND entity_id = $2 \
+                         AND entity_type = $3 AND attr = $4 AND time < $5",
+                        &[&tenant, id, ty, &attr, &boundary.unwrap_or(before)],
+                    )
+                    .await
+                    .map_err(db)?;
+                deleted += n;
+                budget = budget.saturating_sub(n as usize);
+            }
+            if let Some(before) = rollups_before {
+                for period in ROLLUP_PERIODS {
+                    let n = c
+                        .execute(
+                            "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
+                             AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket <= $6",
+                            &[&tenant, id, ty, &attr, &period, &(before - period)],
+                        )
+                        .await
+                        .map_err(db)?;
+                    deleted += n;
+                    budget = budget.saturating_sub(n as usize);
+                }
+            }
+        }
+        let left: bool = c
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM history \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3) \
+                 OR EXISTS (SELECT 1 FROM history_rollups \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3)",
+                &[&tenant, id, ty],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        if !left {
+            c.execute(
+                "DELETE FROM history_entities \
+                 WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
+                &[&tenant, ty, id],
+            )
+            .await
+            .map_err(db)?;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Whether an entity recorded under `path` is under the service-path
+/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
+/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
+/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
+/// special, as they would in a `LIKE`. The same rule as the SQLite
+/// backend's (whose copy is private to it).
+fn path_matches(prefix: &str, path: &str) -> bool {
+    let base = prefix.trim_end_matches('/');
+    path == prefix
+        || path
+            .strip_prefix(base)
+            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
+}
+
+/// The entities of `tenant` with history, optionally of one type and under
+/// a service-path prefix, ordered by type then id (in byte order).
+async fn history_entities<C: GenericClient + Sync>(
+    c: &C,
+    tenant: &str,
+    entity_type: Option<&str>,
+    prefix: Option<&str>,
+) -> Result<Vec<HistoryEntity>> {
+    let rows = match entity_type {
+        Some(ty) => {
+            c.query(
+                "SELECT entity_id, entity_type, service_path FROM history_entities \
+                 WHERE tenant = $1 AND entity_type = $2",
+                &[&tenant, &ty],
+            )
+            .await
+        }
+        None => {
+            c.query(
+                "SELECT entity_id, entity_type, service_path FROM history_entities \
+                 WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+        }
+    }
+    .map_err(db)?;
+    let mut out: Vec<HistoryEntity> = rows
+        .iter()
+        .map(|r| HistoryEntity {
+            entity_id: r.get(0),
+            entity_type: r.get(1),
+            service_path: r.get(2),
+        })
+        .filter(|e| prefix.is_none_or(|p| path_matches(p, &e.service_path)))
+        .collect();
+    out.sort_unstable_by(|a, b| {
+        (&a.entity_type, &a.entity_id).cmp(&(&b.entity_type, &b.entity_id))
+    });
+    Ok(out)
+}
+
+/// The (id, type) of the entities a query covers, ordered by id then
+/// type. The service-path filter applies to the path an entity was first
+/// recorded under.
+async fn query_entities<C: GenericClient + Sync>(
+    c: &C,
+    q: &HistoryQuery,
+) -> Result<Vec<(String, String)>> {
+    let prefix = q.service_path.as_deref();
+    let mut out: Vec<(String, String)> = if q.entity_ids.is_empty() {
+        history_entities(c, &q.tenant, q.entity_type.as_deref(), prefix)
+            .await?
+            .into_iter()
+            .map(|e| (e.entity_id, e.entity_type))
+            .collect()
+    } else {
+        let rows = match q.entity_type.as_deref() {
+            Some(ty) => {
+                c.query(
+                    "SELECT entity_id, entity_type, service_path FROM history_entities \
+                     WHERE tenant = $1 AND entity_type = $2 AND entity_id = ANY($3)",
+                    &[&q.tenant, &ty, &q.entity_ids],
+                )
+                .await
+            }
+            None => {
+                c.query(
+                    "SELECT entity_id, entity_type, service_path FROM history_entities \
+                     WHERE tenant = $1 AND entity_id = ANY($2)",
+                    &[&q.tenant, &q.entity_ids],
+                )
+                .await
+            }
+        }
+        .map_err(db)?;
+        rows.iter()
+            .filter(|r| prefix.is_none_or(|p| path_matches(p, r.get(2))))
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// The attributes of an entity that has rows or rollups, in byte order.
+/// Each is found by a seek past the previous one (a recursive skip-scan of
+/// the primary keys), so an entity with millions of rows costs a few index
+/// lookups per attribute; rollups count too, since a tenant's retention
+/// may have downsampled the rows away.
+async fn entity_attrs<C: GenericClient + Sync>(
+    c: &C,
+    tenant: &str,
+    id: &str,
+    ty: &str,
+) -> Result<Vec<String>> {
+    // `cte` is the recursive CTE's name: each step seeks the least
+    // attribute past the one before.
+    let skip_scan = |cte: &str, table: &str| {
+        format!(
+            "{cte}(attr) AS ( \
+                 SELECT MIN(attr) FROM {table} \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
+                 UNION ALL \
+                 SELECT (SELECT MIN(attr) FROM {table} \
+                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
+                     AND attr > {cte}.attr) \
+                 FROM {cte} WHERE {cte}.attr IS NOT NULL)"
+        )
+    };
+    let sql = format!(
+        "WITH RECURSIVE {}, {} \
+         SELECT attr FROM a WHERE attr IS NOT NULL \
+         UNION SELECT attr FROM b WHERE attr IS NOT NULL",
+        skip_scan("a", "history"),
+        skip_scan("b", "history_rollups"),
+    );
+    let rows = c.query(&sql, &[&tenant, &id, &ty]).await.map_err(db)?;
+    let attrs: BTreeSet<String> = rows.iter().map(|r| r.get(0)).collect();
+    Ok(attrs.into_iter().collect())
+}
+
+/// Every (entity id, entity type, attribute) series a query covers, in
+/// result order.
+async fn query_series<C: GenericClient + Sync>(
+    c: &C,
+    q: &HistoryQuery,
+) -> Result<Vec<(String, String, String)>> {
+    let mut wanted = q.attrs.clone();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let entities = query_entities(c, q).await?;
+    // The entities' attributes are looked up together: the statements
+    // are pipelined on the one connection.
+    let attrs: Vec<Vec<String>> = if wanted.is_empty() {
+        try_join_all(
+            entities
+                .iter()
+                .map(|(id, ty)| entity_attrs(c, &q.tenant, id, ty)),
+        )
+        .await?
+    } else {
+        vec![wanted; entities.len()]
+    };
+    let mut out = Vec::new();
+    for ((id, ty), attrs) in entities.into_iter().zip(attrs) {
+        for attr in attrs {
+            out.push((id.clone(), ty.clone(), attr));
+        }
+    }
+    Ok(out)
+}
+
+/// The query's time range as inclusive bounds.
+fn time_range(q: &HistoryQuery) -> (i64, i64) {
+    (q.from.unwrap_or(i64::MIN), q.to.unwrap_or(i64::MAX))
+}
+
+/// The series of a query as three column arrays, for `UNNEST`.
+fn series_arrays(series: &[(String, String, String)]) -> [Vec<&str>; 3] {
+    [
+        series.iter().map(|s| s.0.as_str()).collect(),
+        series.iter().map(|s| s.1.as_str()).collect(),
+        series.iter().map(|s| s.2.as_str()).collect(),
+    ]
+}
+
+/// The series of a query, numbered from 1 in result order (`s.n`), as
+/// `s(s_id, s_ty, s_attr, n)`: parameters `$2`, `$3`, `$4`.
+const SERIES_SQL: &str = "UNNEST($2::text[], $3::text[], $4::text[]) \
+     WITH ORDINALITY AS s(s_id, s_ty, s_attr, n)";
+
+/// The rows of series `s` (see [`SERIES_SQL`]) of tenant `$1`.
+const IN_SERIES: &str =
+    "tenant = $1 AND entity_id = s.s_id AND entity_type = s.s_ty AND attr = s.s_attr";
+
+/// Index into the series of an `s.n` a statement returned.
+fn series_index(row: &Row, column: usize) -> usize {
+    (row.get::<_, i64>(column) - 1) as usize
+}
+
+/// Rows matching `q`: per series, the rows from `from` to `to`; with
+/// `last_n`, the range first starts at the N-th newest row in range (times
+/// are unique within a series, so the bound is exact); then `offset` and
+/// `limit` (at most [`MAX_QUERY_ROWS`]) in ascending time. One statement
+/// for every series, in one snapshot.
+async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
+    let (from, to) = time_range(q);
+    let per_series = q.limit.min(MAX_QUERY_ROWS) as i64;
+    let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
+    if per_series == 0 || q.last_n == Some(0) {
+        return Ok(Vec::new());
+    }
+    let tx = c
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(db)?;
+    let series = query_series(&tx, q).await?;
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let [ids, types, attrs] = series_arrays(&series);
+    let skip = q.last_n.map(|n| i64::try_from(n - 1).unwrap_or(i64::MAX));
+    // The start is computed in a lateral of its own, so the rows' scan
+    // takes it as a parameter: an index range, not a filter.
+    let start = match skip {
+        Some(_) => format!(
+            "COALESCE((SELECT time FROM history WHERE {IN_SERIES} AND time >= $5 AND time <= $6 \
+                       ORDER BY time DESC LIMIT 1 OFFSET $9), $5)"
+        ),
+        None => "$5::int8".to_string(),
+    };
+    let sql = format!(
+        "SELECT s.n, h.time, h.service_path, h.attr_type, h.value, h.number \
+         FROM {SERIES_SQL} \
+         CROSS JOIN LATERAL (SELECT {start} AS start) b \
+         CROSS JOIN LATERAL ( \
+             SELECT time, service_path, attr_type, value, number FROM history \
+             WHERE {IN_SERIES} AND time >= b.start AND time <= $6 \
+             ORDER BY time LIMIT $7 OFFSET $8) h \
+         ORDER BY s.n, h.time"
+    );
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &q.tenant,
+        &ids,
+        &types,
+        &attrs,
+        &from,
+        &to,
+        &per_series,
+        &offset,
+    ];
+    if let Some(skip) = &skip {
+        params.push(skip);
+    }
+    let rows = tx.query(&sql, &params).await.map_err(db)?;
+    let out = rows
+        .iter()
+        .map(|row| {
+            let (id, ty, attr) = &series[series_index(row, 0)];
+            HistoryRow {
+                tenant: q.tenant.clone(),
+                service_path: row.get(2),
+                entity_id: id.clone(),
+                entity_type: ty.clone(),
+                attr: attr.clone(),
+                attr_type: row.get(3),
+                time: row.get(1),
+                value: row.get(4),
+                number: row.get(5),
+            }
+        })
+        .collect();
+    tx.commit().await.map_err(db)?;
+    Ok(out)
+}
+
+/// Aggregates per series and bucket, as the SQLite backend computes them:
+/// each range is split ([`crate::rollup::plan`]) into whole hours, answered
+/// from the hour rollups, whole minutes at the edges, from the minute
+/// rollups, and the ragged ends, from the rows; seconds come from the
+/// rows. One statement per piece covers every series (the pieces'
+/// statements pipelined), all in one snapshot. Without a period, one
+/// aggregate per series that has rows in range, its bucket the time of
+/// the first of them.
+async fn aggregate_history(
+    c: &mut Client,
+    q: &HistoryQuery,
+    method: AggrMethod,
+    period: Option<AggrPeriod>,
+) -> Result<Vec<HistoryAggregate>> {
+    let rows_sql = format!(
+        "SELECT s.n, x.* FROM {SERIES_SQL} CROSS JOIN LATERAL ( \
+             SELECT {bucket}, COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
+             FROM history WHERE {IN_SERIES} AND time >= $5 AND time < $6 GROUP BY 1) x",
+        bucket = bucket_sql(period, "time")
+    );
+    let rollups_sql = format!(
+        "SELECT s.n, x.* FROM {SERIES_SQL} CROSS JOIN LATERAL ( \
+             SELECT {bucket}, SUM(rows)::int8, SUM(numbers)::int8, SUM(sum_value), \
+                    MIN(min_value), MAX(max_value) \
+             FROM history_rollups WHERE {IN_SERIES} AND period = $7 \
+             AND bucket >= $5 AND bucket < $6 GROUP BY 1) x",
+        bucket = bucket_sql(period, "bucket")
+    );
+    let coarsest = match period {
+        Some(AggrPeriod::Second) => None,
+        Some(AggrPeriod::Minute) => Some(MINUTE_MS),
+        _ => Some(HOUR_MS),
+    };
+    let (from, to) = time_range(q);
+    let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
+    let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
+    let pieces = plan(from, to, coarsest);
+    let tx = c
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(db)?;
+    let series = query_series(&tx, q).await?;
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let [ids, types, attrs] = series_arrays(&series);
+    let (ids, types, attrs) = (&ids, &types, &attrs);
+    let tenant = &q.tenant;
+    let results = try_join_all(pieces.iter().map(|(level, a, b)| {
+        let tx = &tx;
+        let (rows_sql, rollups_sql) = (&rows_sql, &rollups_sql);
+        async move {
+            match level {
+                Level::Rows => tx.query(rows_sql, &[tenant, ids, types, attrs, a, b]).await,
+                Level::Rollup(unit) => {
+                    tx.query(rollups_sql, &[tenant, ids, types, attrs, a, b, unit])
+                        .await
+                }
+            }
+        }
+    }))
+    .await
+    .map_err(db)?;
+    // Per series, bucket → partial, merged in the pieces' order.
+    let mut buckets: Vec<BTreeMap<i64, RollupPartial>> = vec![BTreeMap::new(); series.len()];
+    for rows in &results {
+        for row in rows {
+            let count: i64 = row.get(2);
+            if count == 0 {
+                continue;
+            }
+            let numbers: i64 = row.get(3);
+            let sum: Option<f64> = row.get(4);
+            let partial = RollupPartial {
+                rows: count as u64,
+                numbers: numbers as u64,
+                sum: sum.unwrap_or(0.0),
+                min: row.get(5),
+                max: row.get(6),
+            };
+            buckets[series_index(row, 0)]
+                .entry(row.get(1))
+                .or_default()
+                .merge(&partial);
+        }
+    }
+    let firsts = match period {
+        Some(_) => Vec::new(),
+        None => first_times(&tx, q, &series, &buckets, from, to).await?,
+    };
+    tx.commit().await.map_err(db)?;
+    let mut out = Vec::new();
+    for (i, ((id, ty, attr), buckets)) in series.iter().zip(buckets).enumerate() {
+        for (bucket, partial) in buckets {
+            let bucket = match period {
+                Some(_) => bucket,
+                None => firsts[i],
+            };
+            out.push(HistoryAggregate {
+                entity_id: id.clone(),
+                entity_type: ty.clone(),
+                attr: attr.clone(),
+                bucket,
+                value: partial.value(method),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// For each series with an aggregate (the others get `from`, unused): the
+/// time of its first row in `[from, to)`; when the rows are gone
+/// (downsampled), the start of its first minute rollup there, but not
+/// before `from`.
+async fn first_times<C: GenericClient + Sync>(
+    c: &C,
+    q: &HistoryQuery,
+    series: &[(String, String, String)],
+    buckets: &[BTreeMap<i64, RollupPartial>],
+    from: i64,
+    to: i64,
+) -> Result<Vec<i64>> {
+    let mut firsts = vec![from; series.len()];
+    let wanted: Vec<usize> = (0..series.len())
+        .filter(|&i| !buckets[i].is_empty())
+        .collect();
+    if wanted.is_empty() {
+        return Ok(firsts);
+    }
+    let subset: Vec<(String, String, String)> = wanted.iter().map(|&i| series[i].clone()).collect();
+    let [ids, types, attrs] = series_arrays(&subset);
+    let minute_from = crate::rollup::floor_to(from, MINUTE_MS);
+    let rows = c
+        .query(
+            &format!(
+                "SELECT s.n, COALESCE( \
+                     (SELECT MIN(time) FROM history \
+                      WHERE {IN_SERIES} AND time >= $5 AND time < $6), \
+                     GREATEST((SELECT MIN(bucket) FROM history_rollups \
+                               WHERE {IN_SERIES} AND period = $7 \
+                               AND bucket >= $8 AND bucket < $6), $5)) \
+                 FROM {SERIES_SQL}"
+            ),
+            &[
+                &q.tenant,
+                &ids,
+                &types,
+                &attrs,
+                &from,
+                &to,
+                &MINUTE_MS,
+                &minute_from,
+            ],
+        )
+        .await
+        .map_err(db)?;
+    for row in &rows {
+        firsts[wanted[series_index(row, 0)]] = row.get(1);
+    }
+    Ok(firsts)
+}
+
+/// The entries of `feed` after `after`, oldest first, until about
+/// `max_rows` rows (whole entries), read page by page so a long backlog
+/// is not fetched whole.
+async fn read_history_feed(
+    c: &Client,
+    feed: HistoryFeed,
+    after: u64,
+    max_rows: usize,
+) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    let mut after = to_i64(after);
+    loop {
+        let rows = c
+            .query(
+                "SELECT seq, rows FROM history_feed WHERE feed = $1 AND seq > $2 \
+                 ORDER BY seq LIMIT $3",
+                &[&feed_name(feed), &after, &FEED_PAGE],
+            )
+            .await
+            .map_err(db)?;
+        let full = rows.len() as i64 == FEED_PAGE;
+        for row in rows {
+            let seq: i64 = row.get(0);
+            let text: &str = row.get(1);
+            let batch: Vec<HistoryRow> = serde_json::from_str(text)
+                .map_err(|e| StoreError::Database(format!("history feed entry {seq}: {e}")))?;
+            total += batch.len();
+            out.push((seq as u64, batch));
+            after = seq;
+            if total >= max_rows {
+                return Ok(out);
+            }
+        }
+        if !full {
+            return Ok(out);
+        }
+    }
+}
+
+#[async_trait]
+impl HistoryStore for PostgresStore {
+    async fn read_history_feed(
+        &self,
+        feed: HistoryFeed,
+        after: u64,
+        max_rows: usize,
+    ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
+        let client = self.reader().await?;
+        read_history_feed(&client, feed, after, max_rows).await
+    }
+
+    async fn append_history_from_feed(
+        &self,
+        feed: HistoryFeed,
+        rows: Vec<HistoryRow>,
+        through: Option<u64>,
+    ) -> Result<u64> {
+        self.history
+            .write(move |c| {
+                Box::pin(async move {
+                    let n = append_history(c, &rows).await?;
+                    let Some(through) = through else {
+                        return Ok(n);
+                    };
+                    match feed {
+                        // Stored as the next position to read, like the
+                        // pipeline's cursor.
+                        HistoryFeed::Changes => c
+                            .execute(
+                                "INSERT INTO cursors (name, next_seq) VALUES ($1, $2) \
+                                 ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+                                &[&HISTORY_FEED_CURSOR, &to_i64(through.saturating_add(1))],
+                            )
+                            .await
+                            .map_err(db)?,
+                        HistoryFeed::Notifications => c
+                            .execute(
+                                "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
+                                &[&feed_name(feed), &to_i64(through)],
+                            )
+                            .await
+                            .map_err(db)?,
+                    };
+                    Ok(n)
+                })
+            })
+            .await
+    }
+
+    async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64> {
+        if feed == HistoryFeed::Notifications {
+            return Ok(0);
+        }
+        let client = self.reader().await?;
+        let next: Option<i64> = client
+            .query_opt(
+                "SELECT next_seq FROM cursors WHERE name = $1",
+                &[&HISTORY_FEED_CURSOR],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| r.get(0));
+        // 1 (nothing consumed) when absent, like any cursor.
+        Ok((next.unwrap_or(1).max(0) as u64).saturating_sub(1))
+    }
+
+    async fn prune_history_feed(&self, through: u64) -> Result<u64> {
+        // The main writer queues the changes feed; it prunes it too.
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    c.execute(
+                        "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
+                        &[&feed_name(HistoryFeed::Changes), &to_i64(through)],
+                    )
+                    .await
+                    .map_err(db)
+                })
+            })
+            .await
+    }
+
+    async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
+        let json = serde_json::to_string(&rows)
+            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
+        self.history
+            .write(move |c| {
+                Box::pin(async move {
+                    let row = c
+                        .query_one(
+                            "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
+                            &[&feed_name(HistoryFeed::Notifications), &json],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(row.get::<_, i64>(0) as u64)
+                })
+            })
+            .await
+    }
+
+    async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
+        let mut client = self.reader().await?;
+        query_history(&mut client, query).await
+    }
+
+    async fn aggregate_history(
+        &self,
+        query: &HistoryQuery,
+        method: AggrMethod,
+        period: Option<AggrPeriod>,
+    ) -> Result<Vec<HistoryAggregate>> {
+        let mut client = self.reader().await?;
+        aggregate_history(&mut client, query, method, period).await
+    }
+
+    async fn history_entities(
+        &self,
+        tenant: &str,
+        entity_type: Option<&str>,
+        service_path: Option<&str>,
+    ) -> Result<Vec<HistoryEntity>> {
+        let client = self.reader().await?;
+        history_entities(&**client, tenant, entity_type, service_path).await
+    }
+
+    async fn delete_history(
+        &self,
+        tenant: &str,
+        entity_id: Option<&str>,
+        entity_type: Option<&str>,
+    ) -> Result<u64> {
+        // Chunk by chunk, each its own transaction, so appends keep flowing
+        // during a large delete; deleting is idempotent, so a failure
+        // midway leaves a state a retry completes.
+        let mut total = 0;
+        loop {
+            let (tenant, entity_id, entity_type) = (
+                tenant.to_string(),
+                entity_id.map(str::to_string),
+                entity_type.map(str::to_string),
+            );
+            let deleted = self
+                .history
+                .write(move |c| {
+                    Box::pin(async move {
+                        delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref())
+                            .await
+                    })
+                })
+                .await?;
+            total += deleted;
+            if deleted < HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn expire_history(
+        &self,
+        tenant: &str,
+        rows_before: Option<i64>,
+        rollups_before: Option<i64>,
+    ) -> Result<u64> {
+        // In chunks, as `delete_history`.
+        let mut total = 0;
+        loop {
+            let tenant = tenant.to_string();
+            let deleted = self
+                .history
+                .write(move |c| {
+                    Box::pin(async move {
+                        expire_history(c, &tenant, rows_before, rollups_before).await
+                    })
+                })
+                .await?;
+            total += deleted;
+            if deleted < HISTORY_DELETE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn history_tenants(&self) -> Result<Vec<String>> {
+        let client = self.reader().await?;
+        let mut tenants: Vec<String> = client
+            .query("SELECT DISTINCT tenant FROM history_entities", &[])
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        tenants.sort_unstable();
+        Ok(tenants)
+    }
+}
