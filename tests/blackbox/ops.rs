@@ -65,3 +65,21 @@ async fn a_second_weft_on_the_same_data_directory_refuses_to_start() {
     let h = c.expect(200, "GET", "/health", None).await;
     assert_eq!(h["status"], "pass");
 }
+
+/// Asked for PostgreSQL without saying where it is, weft stops at start
+/// with a message naming the setting, instead of falling back to SQLite.
+#[test]
+fn postgres_without_a_url_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .env("WEFT_LOG", "warn")
+        .env("WEFT_STORE__BACKEND", "postgres")
+        .env_remove("WEFT_STORE__URL")
+        .output()
+        .expect("weft runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("WEFT_STORE__URL"), "{stderr}");
+}

@@ -36,14 +36,22 @@ impl Server {
         Self::start_with_env(&[])
     }
 
-    /// Starts weft with extra `WEFT_*` environment variables.
+    /// Starts weft with extra `WEFT_*` environment variables. With
+    /// `WEFT_TEST_BACKEND=postgres` (and the test PostgreSQL's URL in
+    /// `WEFT_TEST_POSTGRES_URL`), every server gets a fresh database there.
     pub fn start_with_env(env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().to_path_buf();
-        let env: Vec<(String, String)> = env
+        let mut env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        if std::env::var("WEFT_TEST_BACKEND").as_deref() == Ok("postgres")
+            && !env.iter().any(|(k, _)| k == "WEFT_STORE__BACKEND")
+        {
+            env.push(("WEFT_STORE__BACKEND".into(), "postgres".into()));
+            env.push(("WEFT_STORE__URL".into(), fresh_postgres_database()));
+        }
         let (child, url) = spawn(&data, &env);
         Server {
             child,
@@ -113,6 +121,37 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A new, empty database on the test PostgreSQL server; its URL.
+fn fresh_postgres_database() -> String {
+    let admin = std::env::var("WEFT_TEST_POSTGRES_URL")
+        .expect("WEFT_TEST_BACKEND=postgres needs WEFT_TEST_POSTGRES_URL (scripts/test sets both)");
+    let name = format!("weft_bb_{}", uuid::Uuid::new_v4().simple());
+    let create = format!("CREATE DATABASE {name}");
+    let url = admin.clone();
+    // On a thread of its own: callers may be inside a tokio runtime.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("the test PostgreSQL answers");
+            tokio::spawn(connection);
+            client
+                .batch_execute(&create)
+                .await
+                .expect("create database");
+        });
+    })
+    .join()
+    .expect("creating the database");
+    let base = admin.split('?').next().unwrap_or(&admin);
+    let (server, _) = base.rsplit_once('/').expect("the URL names a database");
+    format!("{server}/{name}")
 }
 
 fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {

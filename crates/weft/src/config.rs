@@ -87,20 +87,30 @@ impl Default for EngineSection {
     }
 }
 
-/// `[store]`: the SQLite database.
+/// `[store]`: where weft keeps its state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSection {
-    /// `full`: fsync every commit (an acknowledged write survives power
-    /// loss); `normal`: survives a crash of weft, not of the machine.
+    /// `sqlite` (embedded, files in the data directory) or `postgres`.
+    pub backend: String,
+    /// PostgreSQL's URL (`postgres://user:password@host:port/database`);
+    /// only with `backend = "postgres"`.
+    pub url: String,
+    /// PostgreSQL read connections (each writer has one more of its own).
+    pub pool_size: usize,
+    /// SQLite: `full`: fsync every commit (an acknowledged write survives
+    /// power loss); `normal`: survives a crash of weft, not of the machine.
     pub synchronous: String,
-    /// Read-only connections serving queries.
+    /// SQLite: read-only connections serving queries.
     pub read_connections: usize,
 }
 
 impl Default for StoreSection {
     fn default() -> Self {
         StoreSection {
+            backend: "sqlite".into(),
+            url: String::new(),
+            pool_size: 16,
             synchronous: "full".into(),
             read_connections: 4,
         }
@@ -428,6 +438,15 @@ mod tests {
             assert_eq!(c.ingest_key, "env");
             assert_eq!(c.engine.workers, 2);
             assert_eq!(c.engine.time_limit, Duration::from_millis(50));
+            assert_eq!(c.store.backend, "sqlite", "SQLite unless told otherwise");
+
+            jail.set_env("WEFT_STORE__BACKEND", "postgres");
+            jail.set_env("WEFT_STORE__URL", "postgres://weft@db/weft");
+            jail.set_env("WEFT_STORE__POOL_SIZE", "4");
+            let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;
+            assert_eq!(c.store.backend, "postgres");
+            assert_eq!(c.store.url, "postgres://weft@db/weft");
+            assert_eq!(c.store.pool_size, 4);
 
             let flags = Overrides {
                 ingest_key: Some("flag".into()),

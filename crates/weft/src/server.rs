@@ -19,7 +19,7 @@ use weft_bus::InProcessBus;
 use weft_engine::{Engine, EngineConfig};
 use weft_pipeline::subscriptions::sender::SenderConfig;
 use weft_pipeline::{Pipeline, PipelineConfig};
-use weft_store::{SqliteConfig, SqliteStore, Store, Synchronous};
+use weft_store::{PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, Store, Synchronous};
 
 use crate::config::Config;
 use crate::data_lock::DataLock;
@@ -38,22 +38,7 @@ pub async fn serve(
         .with_context(|| format!("creating data directory {}", config.data.display()))?;
     // Held until `serve` returns, after the store has closed.
     let _lock = DataLock::acquire(&config.data)?;
-    let synchronous = match config.store.synchronous.as_str() {
-        "full" => Synchronous::Full,
-        "normal" => Synchronous::Normal,
-        other => anyhow::bail!("store.synchronous must be 'full' or 'normal', not '{other}'"),
-    };
-    let store_config = SqliteConfig {
-        path: config.data.join("weft.db"),
-        read_connections: config.store.read_connections.max(1),
-        synchronous,
-        ..SqliteConfig::default()
-    };
-    let store: Arc<dyn Store> = Arc::new(
-        tokio::task::spawn_blocking(move || SqliteStore::open(store_config))
-            .await?
-            .context("opening the store")?,
-    );
+    let store = open_store(&config).await?;
     let engine = Engine::start(EngineConfig {
         workers: config.engine.workers.max(1),
         time_limit: config.engine.time_limit,
@@ -158,4 +143,47 @@ pub async fn serve(
     live_runtime.shutdown_background();
     tracing::info!("weft stopped");
     Ok(())
+}
+
+/// Opens the backend `[store]` names: SQLite in the data directory, or
+/// PostgreSQL at `[store] url`.
+async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    match config.store.backend.as_str() {
+        "sqlite" => {
+            let synchronous = match config.store.synchronous.as_str() {
+                "full" => Synchronous::Full,
+                "normal" => Synchronous::Normal,
+                other => {
+                    anyhow::bail!("store.synchronous must be 'full' or 'normal', not '{other}'")
+                }
+            };
+            let store_config = SqliteConfig {
+                path: config.data.join("weft.db"),
+                read_connections: config.store.read_connections.max(1),
+                synchronous,
+                ..SqliteConfig::default()
+            };
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(store_config))
+                .await?
+                .context("opening the SQLite store")?;
+            Ok(Arc::new(store))
+        }
+        "postgres" => {
+            if config.store.url.is_empty() {
+                anyhow::bail!(
+                    "store.backend is 'postgres' but store.url is empty: \
+                     set WEFT_STORE__URL=postgres://user:password@host/database"
+                );
+            }
+            let store = PostgresStore::open(PostgresConfig {
+                url: config.store.url.clone(),
+                pool_size: config.store.pool_size.max(1),
+                ..PostgresConfig::default()
+            })
+            .await
+            .context("opening the PostgreSQL store")?;
+            Ok(Arc::new(store))
+        }
+        other => anyhow::bail!("store.backend must be 'sqlite' or 'postgres', not '{other}'"),
+    }
 }
