@@ -14,8 +14,12 @@
 //!
 //! Failure isolation: every write runs inside its own `SAVEPOINT`, so a
 //! failing write (a constraint, a bad value) is rolled back alone and the
-//! rest of the batch commits. If the connection breaks, every write of
-//! the batch is answered with the error (nothing of it committed) and the
+//! rest of the batch commits. The savepoint statements ride along with the
+//! writes' own: `BEGIN; SAVEPOINT` opens the batch, `RELEASE; SAVEPOINT`
+//! goes out pipelined just ahead of the next write's first statement, and
+//! `COMMIT` releases the last, so a write that succeeds waits for no
+//! savepoint round trip of its own. If the connection breaks, every write
+//! of the batch is answered with the error (nothing of it committed) and the
 //! writer connects again before the next batch.
 
 use std::sync::Arc;
@@ -289,7 +293,8 @@ impl WriterTask {
                 return;
             }
         };
-        if let Err(e) = client.batch_execute("BEGIN").await {
+        // The transaction opens with the first write's savepoint.
+        if let Err(e) = client.batch_execute("BEGIN; SAVEPOINT w").await {
             let msg = format!("could not start a transaction: {}", db(e));
             for job in batch.drain(..) {
                 fail_unrun(job, &msg);
@@ -298,24 +303,36 @@ impl WriterTask {
         }
         let mut done = Vec::with_capacity(size);
         let mut broken = None;
+        // Whether the savepoint in place holds a write that succeeded: it is
+        // released, and a fresh one set, before the next write runs. (After
+        // a failed write, `ROLLBACK TO` leaves the savepoint in place, empty.)
+        let mut renew = false;
         for job in batch.drain(..) {
             if broken.is_some() {
                 fail_unrun(job, "the transaction was abandoned");
                 continue;
             }
-            if let Err(e) = client.batch_execute("SAVEPOINT w").await {
-                broken = Some(db(e).to_string());
-                fail_unrun(job, "the transaction was abandoned");
-                continue;
-            }
-            let pending = job.run(client).await;
-            let end = if pending.failed {
-                "ROLLBACK TO SAVEPOINT w"
+            let pending = if renew {
+                // Pipelined: the renewal goes out just ahead of the write's
+                // first statement (`join` polls in order, and a query is
+                // sent at its first poll), saving it a round trip.
+                let (renewed, pending) = futures::future::join(
+                    client.batch_execute("RELEASE SAVEPOINT w; SAVEPOINT w"),
+                    job.run(client),
+                )
+                .await;
+                if let Err(e) = renewed {
+                    broken = Some(db(e).to_string());
+                }
+                pending
             } else {
-                "RELEASE SAVEPOINT w"
+                job.run(client).await
             };
-            if let Err(e) = client.batch_execute(end).await {
-                broken = Some(db(e).to_string());
+            renew = !pending.failed;
+            if pending.failed && broken.is_none() {
+                if let Err(e) = client.batch_execute("ROLLBACK TO SAVEPOINT w").await {
+                    broken = Some(db(e).to_string());
+                }
             }
             done.push(pending);
         }
