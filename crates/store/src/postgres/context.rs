@@ -4,8 +4,8 @@
 //! transaction, so a change is never stored without its history.
 
 use async_trait::async_trait;
-use tokio_postgres::Client;
 
+use super::conn::Conn;
 use super::history::feed_name;
 use super::schema::db;
 use super::{position, to_i64, PostgresStore};
@@ -148,7 +148,7 @@ impl ContextStore for PostgresStore {
 }
 
 /// Creates or replaces entities, in one statement over arrays.
-pub(super) async fn put_entities(c: &Client, records: &[EntityRecord]) -> Result<()> {
+pub(super) async fn put_entities(c: &Conn, records: &[EntityRecord]) -> Result<()> {
     if records.is_empty() {
         return Ok(());
     }
@@ -176,7 +176,7 @@ pub(super) async fn put_entities(c: &Client, records: &[EntityRecord]) -> Result
 
 /// Queues the history rows of entity changes in the changes feed (nothing
 /// for none), as one JSON array per change set.
-pub(super) async fn queue_changes(c: &Client, rows: &[HistoryRow]) -> Result<()> {
+pub(super) async fn queue_changes(c: &Conn, rows: &[HistoryRow]) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }

@@ -23,6 +23,7 @@ use futures::future::try_join_all;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
+use super::conn::Conn;
 use super::schema::{self, db};
 use super::{to_i64, PostgresStore};
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
@@ -61,7 +62,7 @@ pub(super) fn feed_name(feed: HistoryFeed) -> &'static str {
 /// path of their first row, and adds the new rows to their series' minute
 /// and hour rollups — all in one statement, after creating the weekly
 /// partitions the rows fall in. Answers how many rows were new.
-pub(super) async fn append_history(c: &Client, rows: &[HistoryRow]) -> Result<u64> {
+pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -181,7 +182,7 @@ fn bucket_sql(period: Option<AggrPeriod>, column: &str) -> String {
 /// type nothing matches (deleting a whole tenant is not an operation of
 /// the API). The SQLite backend's `delete_history`.
 async fn delete_history(
-    c: &Client,
+    c: &Conn,
     tenant: &str,
     entity_id: Option<&str>,
     entity_type: Option<&str>,
@@ -283,7 +284,7 @@ async fn delete_history(
 // lie wholly before every tenant's cutoff would cost nothing per row and
 // is the optimisation to come.
 async fn expire_history(
-    c: &Client,
+    c: &Conn,
     tenant: &str,
     rows_before: Option<i64>,
     rollups_before: Option<i64>,
@@ -301,7 +302,7 @@ async fn expire_history(
     let mut budget = HISTORY_DELETE_CHUNK;
     let mut deleted = 0u64;
     for (id, ty) in &entities {
-        for attr in entity_attrs(c, tenant, id, ty).await? {
+        for attr in entity_attrs(&**c, tenant, id, ty).await? {
             if budget == 0 {
                 return Ok(deleted);
             }

@@ -23,6 +23,7 @@
 
 use tokio_postgres::Client;
 
+use super::conn::Conn;
 use crate::{Result, StoreError};
 
 /// Key of the advisory lock migrations hold (any constant, unique to weft).
@@ -233,7 +234,7 @@ pub(super) fn partition_for(time: i64) -> (String, i64, i64) {
 /// Creates the history partition for `time` unless it exists. Rows already
 /// in the default partition for that range are moved into it (PostgreSQL
 /// refuses to attach a range the default partition holds rows of).
-pub(super) async fn ensure_partition(client: &Client, time: i64) -> Result<()> {
+pub(super) async fn ensure_partition(client: &Conn, time: i64) -> Result<()> {
     let (name, from, to) = partition_for(time);
     let exists = client
         .query_opt("SELECT 1 FROM pg_class WHERE relname = $1", &[&name])

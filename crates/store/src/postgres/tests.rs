@@ -210,8 +210,10 @@ async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
         )
         .await
         .unwrap();
-    schema::ensure_partition(&client, t).await.unwrap();
-    schema::ensure_partition(&client, t).await.unwrap();
+    let conn = conn::Conn::new(client);
+    schema::ensure_partition(&conn, t).await.unwrap();
+    schema::ensure_partition(&conn, t).await.unwrap();
+    let client = &*conn;
     let (name, _, _) = schema::partition_for(t);
     let in_partition: i64 = client
         .query_one(&format!("SELECT COUNT(*) FROM {name}"), &[])

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio_postgres::Client;
 use weft_model::{FailedUplink, FailureReason};
 
+use super::conn::Conn;
 use super::context::{put_entities, queue_changes};
 use super::schema::db;
 use super::{position, to_i64, PostgresStore, MAX_QUERY_ROWS};
@@ -165,7 +166,7 @@ pub(super) async fn cursor(client: &Client, name: &str) -> Result<u64> {
 }
 
 /// Sets consumer `name`'s cursor.
-pub(super) async fn set_cursor(client: &Client, name: &str, next_seq: u64) -> Result<()> {
+pub(super) async fn set_cursor(client: &Conn, name: &str, next_seq: u64) -> Result<()> {
     client
         .execute(
             "INSERT INTO cursors (name, next_seq) VALUES ($1, $2) \
@@ -180,7 +181,7 @@ pub(super) async fn set_cursor(client: &Client, name: &str, next_seq: u64) -> Re
 /// One processed batch, inside the main writer's transaction. The units go
 /// in as one statement over arrays; a unit whose `dataId` is stored (or
 /// earlier in the batch) is skipped and answered as not inserted.
-async fn processed(c: &Client, batch: &ProcessedBatch) -> Result<CommitOutcome> {
+async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
     let mut inserted = vec![false; batch.units.len()];
     let mut seqs = vec![0; batch.units.len()];
     if !batch.units.is_empty() {

@@ -25,12 +25,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::conn::Conn;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::Client;
 
 use super::schema::db;
 use super::Connector;
@@ -45,7 +45,7 @@ pub(super) type Job = Box<dyn QueuedWrite>;
 /// [`Queued`] for every write's closure and answer type.
 pub(super) trait QueuedWrite: Send {
     /// Runs the write; what to answer waits for the transaction.
-    fn run<'c>(self: Box<Self>, client: &'c Client) -> BoxFuture<'c, Pending>;
+    fn run<'c>(self: Box<Self>, client: &'c Conn) -> BoxFuture<'c, Pending>;
     /// Answers with `error` without running.
     fn fail(self: Box<Self>, error: &str);
 }
@@ -61,9 +61,9 @@ struct Queued<T, F> {
 impl<T, F> QueuedWrite for Queued<T, F>
 where
     T: Send + 'static,
-    F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
 {
-    fn run<'c>(self: Box<Self>, client: &'c Client) -> BoxFuture<'c, Pending> {
+    fn run<'c>(self: Box<Self>, client: &'c Conn) -> BoxFuture<'c, Pending> {
         let Queued {
             write,
             reply,
@@ -147,7 +147,7 @@ impl Writer {
         let (stopped_tx, stopped) = watch::channel(false);
         let task = WriterTask {
             connector,
-            client: Some(client),
+            client: Some(Conn::new(client)),
             ops: ops_rx,
             name: config.name,
             max_batch: config.max_batch.max(1),
@@ -169,7 +169,7 @@ impl Writer {
     pub(super) async fn write<T, F>(&self, write: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+        F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
     {
         self.queue(write, |_| None).await
     }
@@ -178,7 +178,7 @@ impl Writer {
     /// answers is published as committed before the answer goes out.
     pub(super) async fn append<F>(&self, write: F) -> Result<u64>
     where
-        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<u64>> + Send + 'static,
+        F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<u64>> + Send + 'static,
     {
         self.queue(write, |seq| Some(*seq)).await
     }
@@ -186,7 +186,7 @@ impl Writer {
     async fn queue<T, F>(&self, write: F, appended: fn(&T) -> Option<u64>) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c Client) -> BoxFuture<'c, Result<T>> + Send + 'static,
+        F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(Queued {
@@ -223,7 +223,7 @@ impl Writer {
 struct WriterTask {
     connector: Arc<Connector>,
     /// `None` after the connection broke, until the next batch reconnects.
-    client: Option<Client>,
+    client: Option<Conn>,
     ops: mpsc::Receiver<Op>,
     name: &'static str,
     max_batch: usize,
@@ -263,13 +263,13 @@ impl WriterTask {
     }
 
     /// The connection, connecting again (with a pause) after it broke.
-    async fn client(&mut self) -> Result<&Client> {
-        if self.client.as_ref().is_some_and(Client::is_closed) {
+    async fn client(&mut self) -> Result<&Conn> {
+        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
             self.client = None;
         }
         if self.client.is_none() {
             match self.connector.connect().await {
-                Ok(client) => self.client = Some(client),
+                Ok(client) => self.client = Some(Conn::new(client)),
                 Err(e) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     return Err(e);
