@@ -25,6 +25,7 @@
 mod alarms;
 mod catalog;
 mod channels;
+mod conn;
 mod context;
 mod history;
 mod ingest;
