@@ -85,6 +85,9 @@ where
     }
 }
 
+/// Sends a write's result (`None`) or an error that replaced it.
+type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
+
 /// A write that ran, waiting for its transaction's outcome.
 pub(super) struct Pending {
     failed: bool,
@@ -93,7 +96,7 @@ pub(super) struct Pending {
     appended: Option<u64>,
     /// Sends the write's own result (`None`) or an error that replaced it
     /// because the transaction did not commit.
-    answer: Box<dyn FnOnce(Option<&str>) + Send>,
+    answer: Answer,
 }
 
 impl Pending {
