@@ -17,8 +17,9 @@ use weft_model::{
 
 use crate::prelude::*;
 use crate::{
-    DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, NgsiDocument, ProcessedBatch,
-    UnitRecord,
+    AggrMethod, AggrPeriod, DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery,
+    HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
+    ProcessedBatch, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -34,6 +35,10 @@ pub(crate) trait Backend: Sized + Send + Sync + 'static {
     async fn open(&self) -> Arc<Self::Store>;
     /// Closes a store as `Store::close` does (committing what is queued).
     async fn close(store: &Self::Store);
+    /// Stores history rows straight into the history (no feed involved),
+    /// the way the history writer's moves insert them, as one write of the
+    /// history's writer. Answers how many rows were new.
+    async fn append_history(store: &Self::Store, rows: Vec<HistoryRow>) -> crate::Result<u64>;
     /// Runs SQL on the data behind the store's back, for tests that put
     /// something there weft would not.
     async fn execute(&self, sql: &str);
@@ -55,6 +60,16 @@ macro_rules! conformance_tests {
             prune_keeps_unprocessed_and_never_reuses_seqs,
             entities_are_keyed_replaced_deleted_and_kept_across_reopen,
             ngsi_documents_are_keyed_by_kind_and_kept_across_reopen,
+            history_append_is_idempotent_and_survives_reopen,
+            history_queries_filter_and_order,
+            history_entities_are_listed_and_filtered,
+            history_aggregates_per_method_and_period,
+            history_aggregates_by_month_and_year,
+            history_delete_by_id_and_type,
+            history_feed_is_queued_with_the_change_and_consumed_once,
+            notified_rows_are_queued_then_moved_once,
+            rollups_count_each_row_once,
+            expiry_deletes_rows_then_whole_buckets,
         );
     };
     ($backend:ty: $($test:ident),+ $(,)?) => {
@@ -737,5 +752,1052 @@ where
     assert_eq!(
         store.load_documents(Registration).await.unwrap(),
         vec![document(Registration, "", "a", 4, "{\"r\":1}")]
+    );
+}
+
+// --- history ------------------------------------------------------------
+
+/// A numeric history row.
+pub(crate) fn hrow(
+    tenant: &str,
+    path: &str,
+    id: &str,
+    ty: &str,
+    attr: &str,
+    time: i64,
+    n: f64,
+) -> HistoryRow {
+    HistoryRow {
+        tenant: tenant.into(),
+        service_path: path.into(),
+        entity_id: id.into(),
+        entity_type: ty.into(),
+        attr: attr.into(),
+        attr_type: "Number".into(),
+        time,
+        value: serde_json::to_string(&n).unwrap(),
+        number: Some(n),
+    }
+}
+
+/// A text history row (no number).
+pub(crate) fn hrow_text(
+    tenant: &str,
+    path: &str,
+    id: &str,
+    ty: &str,
+    attr: &str,
+    time: i64,
+    s: &str,
+) -> HistoryRow {
+    HistoryRow {
+        attr_type: "Text".into(),
+        value: serde_json::to_string(s).unwrap(),
+        number: None,
+        ..hrow(tenant, path, id, ty, attr, time, 0.0)
+    }
+}
+
+/// A query of tenant `t` with the API's default limit.
+pub(crate) fn hquery() -> HistoryQuery {
+    HistoryQuery {
+        tenant: "t".into(),
+        limit: 10_000,
+        ..HistoryQuery::default()
+    }
+}
+
+/// (entity id, entity type, attribute, time) of each row, in order.
+pub(crate) fn keys(rows: &[HistoryRow]) -> Vec<(String, String, String, i64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r.entity_id.clone(),
+                r.entity_type.clone(),
+                r.attr.clone(),
+                r.time,
+            )
+        })
+        .collect()
+}
+
+pub(crate) fn key(id: &str, ty: &str, attr: &str, time: i64) -> (String, String, String, i64) {
+    (id.into(), ty.into(), attr.into(), time)
+}
+
+pub(crate) fn times(rows: &[HistoryRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.time).collect()
+}
+
+/// The rows of the query tests: tenant `t` has Room:1 (as a Room under
+/// `/a`, 10 temperatures and a name; and as an `Other` under `/a`),
+/// Room:2 under `/a/b`, Room:3 under `/ab`, Car:1 under `/`; tenant `u`
+/// has its own Room:1.
+pub(crate) fn query_fixture() -> Vec<HistoryRow> {
+    let mut rows: Vec<HistoryRow> = (1..=10)
+        .map(|i| {
+            hrow(
+                "t",
+                "/a",
+                "Room:1",
+                "Room",
+                "temperature",
+                1_000 * i,
+                i as f64,
+            )
+        })
+        .collect();
+    rows.push(hrow_text("t", "/a", "Room:1", "Room", "name", 1_000, "r1"));
+    rows.push(hrow(
+        "t",
+        "/a",
+        "Room:1",
+        "Other",
+        "temperature",
+        1_000,
+        99.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/a/b",
+        "Room:2",
+        "Room",
+        "temperature",
+        1_000,
+        20.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/a/b",
+        "Room:2",
+        "Room",
+        "temperature",
+        2_000,
+        21.0,
+    ));
+    rows.push(hrow(
+        "t",
+        "/ab",
+        "Room:3",
+        "Room",
+        "temperature",
+        1_000,
+        30.0,
+    ));
+    rows.push(hrow("t", "/", "Car:1", "Car", "speed", 5_000, 50.0));
+    rows.push(hrow(
+        "u",
+        "/a",
+        "Room:1",
+        "Room",
+        "temperature",
+        1_000,
+        555.0,
+    ));
+    rows
+}
+
+/// The aggregate of `values` the way SQLite computes it.
+pub(crate) fn expected(method: AggrMethod, values: &[Option<f64>]) -> Option<f64> {
+    let numbers: Vec<f64> = values.iter().flatten().copied().collect();
+    match method {
+        AggrMethod::Count => Some(values.len() as f64),
+        _ if numbers.is_empty() => None,
+        AggrMethod::Sum => Some(numbers.iter().sum()),
+        AggrMethod::Avg => Some(numbers.iter().sum::<f64>() / numbers.len() as f64),
+        AggrMethod::Min => numbers.iter().copied().reduce(f64::min),
+        AggrMethod::Max => numbers.iter().copied().reduce(f64::max),
+    }
+}
+
+pub(crate) fn feed_row(entity: &str, time: i64) -> crate::HistoryRow {
+    crate::HistoryRow {
+        tenant: String::new(),
+        service_path: "/".into(),
+        entity_id: entity.into(),
+        entity_type: "T".into(),
+        attr: "a".into(),
+        attr_type: "Number".into(),
+        time,
+        value: time.to_string(),
+        number: Some(time as f64),
+    }
+}
+
+/// Appending is idempotent on (tenant, entity, attribute, time): a replay
+/// stores nothing twice and the answer counts only new rows; what was
+/// acknowledged survives a reopen, in its own file.
+pub(crate) async fn history_append_is_idempotent_and_survives_reopen<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let first: Vec<HistoryRow> = (0..5)
+        .map(|i| {
+            hrow(
+                "t",
+                "/",
+                "Room:1",
+                "Room",
+                "temperature",
+                1_000 * i,
+                i as f64,
+            )
+        })
+        .collect();
+    assert_eq!(B::append_history(&store, first.clone()).await.unwrap(), 5);
+    assert_eq!(B::append_history(&store, first.clone()).await.unwrap(), 0);
+    assert_eq!(B::append_history(&store, Vec::new()).await.unwrap(), 0);
+    // Overlapping replay: two old keys (with other values, which do not
+    // overwrite), one new, and a duplicate within the batch.
+    let mut changed = hrow("t", "/", "Room:1", "Room", "temperature", 0, 99.0);
+    changed.value = "99".into();
+    let overlap = vec![
+        changed,
+        hrow("t", "/", "Room:1", "Room", "temperature", 4_000, 4.0),
+        hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
+        hrow("t", "/", "Room:1", "Room", "temperature", 5_000, 5.0),
+    ];
+    assert_eq!(B::append_history(&store, overlap).await.unwrap(), 1);
+    // Concurrent replays of one batch store it once.
+    let store = Arc::new(store);
+    let batch: Vec<HistoryRow> = (0..100)
+        .map(|i| hrow("t", "/", "Room:2", "Room", "pressure", i, 1.0))
+        .collect();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, batch) = (Arc::clone(&store), batch.clone());
+            tokio::spawn(async move { B::append_history(&store, batch).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        new += t.await.unwrap();
+    }
+    assert_eq!(new, 100);
+    B::close(&store).await;
+    drop(store);
+
+    let store = backend.open().await;
+    let rows = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["Room:1".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(times(&rows), vec![0, 1_000, 2_000, 3_000, 4_000, 5_000]);
+    assert_eq!(rows[0], first[0], "the first value stays");
+    let rows = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["Room:2".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 100);
+}
+
+/// Queries select series by ids, type, attributes and service-path
+/// prefix; rows by inclusive time range, then `last_n`, `offset` and
+/// `limit` per series; results are ordered by entity, attribute, time.
+pub(crate) async fn history_queries_filter_and_order<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    let q = |f: fn(&mut HistoryQuery)| {
+        let mut q = hquery();
+        f(&mut q);
+        q
+    };
+    let run = |q: HistoryQuery| {
+        let store = &store;
+        async move { store.query_history(&q).await.unwrap() }
+    };
+
+    // One entity by id and type: every attribute, ordered by name.
+    let rows = run(q(|q| {
+        q.entity_ids = vec!["Room:1".into()];
+        q.entity_type = Some("Room".into());
+    }))
+    .await;
+    assert_eq!(rows.len(), 11);
+    assert_eq!(
+        rows[0],
+        hrow_text("t", "/a", "Room:1", "Room", "name", 1_000, "r1")
+    );
+    assert_eq!(
+        times(&rows[1..]),
+        (1..=10).map(|i| i * 1_000).collect::<Vec<_>>()
+    );
+
+    // By id alone: both types, ordered by (id, type).
+    let rows = run(q(|q| {
+        q.entity_ids = vec!["Room:1".into(), "Room:2".into()];
+        q.attrs = vec!["temperature".into()];
+        q.last_n = Some(1);
+    }))
+    .await;
+    assert_eq!(
+        keys(&rows),
+        vec![
+            key("Room:1", "Other", "temperature", 1_000),
+            key("Room:1", "Room", "temperature", 10_000),
+            key("Room:2", "Room", "temperature", 2_000),
+        ]
+    );
+
+    // By type, with a service-path prefix: `/a` covers `/a/b`, not `/ab`.
+    let rows = run(q(|q| {
+        q.entity_type = Some("Room".into());
+        q.attrs = vec!["temperature".into()];
+        q.service_path = Some("/a".into());
+        q.limit = 1;
+    }))
+    .await;
+    assert_eq!(
+        keys(&rows),
+        vec![
+            key("Room:1", "Room", "temperature", 1_000),
+            key("Room:2", "Room", "temperature", 1_000),
+        ]
+    );
+    let ids = |rows: &[HistoryRow]| {
+        let mut ids: Vec<String> = rows.iter().map(|r| r.entity_id.clone()).collect();
+        ids.dedup();
+        ids
+    };
+    let under = |path: &str| {
+        let mut q = hquery();
+        q.service_path = Some(path.into());
+        q
+    };
+    assert_eq!(
+        ids(&run(under("/")).await),
+        vec!["Car:1", "Room:1", "Room:2", "Room:3"]
+    );
+    assert_eq!(ids(&run(under("/ab")).await), vec!["Room:3"]);
+    assert_eq!(ids(&run(under("/a/b")).await), vec!["Room:2"]);
+    assert_eq!(ids(&run(under("/a/")).await), vec!["Room:1", "Room:2"]);
+    assert!(
+        run(under("/A")).await.is_empty(),
+        "paths are case-sensitive"
+    );
+    assert!(run(under("/_b")).await.is_empty(), "no LIKE wildcards");
+    // No type, no ids: every entity of the tenant.
+    assert_eq!(
+        ids(&run(hquery()).await),
+        vec!["Car:1", "Room:1", "Room:2", "Room:3"]
+    );
+
+    // Time range, inclusive at both ends.
+    let temps = |f: fn(&mut HistoryQuery)| {
+        let mut q = hquery();
+        q.entity_ids = vec!["Room:1".into()];
+        q.entity_type = Some("Room".into());
+        q.attrs = vec!["temperature".into()];
+        f(&mut q);
+        q
+    };
+    let window = run(temps(|q| {
+        q.from = Some(3_000);
+        q.to = Some(5_000);
+    }))
+    .await;
+    assert_eq!(times(&window), vec![3_000, 4_000, 5_000]);
+    assert_eq!(window[0].number, Some(3.0));
+    // last_n: the newest N, ascending; within the range when one is given.
+    assert_eq!(
+        times(&run(temps(|q| q.last_n = Some(3))).await),
+        vec![8_000, 9_000, 10_000]
+    );
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.last_n = Some(3);
+                q.to = Some(5_000);
+            }))
+            .await
+        ),
+        vec![3_000, 4_000, 5_000]
+    );
+    assert_eq!(times(&run(temps(|q| q.last_n = Some(50))).await).len(), 10);
+    // offset and limit apply after last_n.
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.last_n = Some(3);
+                q.offset = 1;
+                q.limit = 1;
+            }))
+            .await
+        ),
+        vec![9_000]
+    );
+    assert_eq!(
+        times(
+            &run(temps(|q| {
+                q.offset = 2;
+                q.limit = 3;
+            }))
+            .await
+        ),
+        vec![3_000, 4_000, 5_000]
+    );
+    assert!(run(temps(|q| q.limit = 0)).await.is_empty());
+    assert!(run(temps(|q| q.last_n = Some(0))).await.is_empty());
+    assert!(run(temps(|q| q.attrs = vec!["nope".into()]))
+        .await
+        .is_empty());
+    assert!(run(q(|q| q.entity_ids = vec!["nope".into()]))
+        .await
+        .is_empty());
+
+    // Tenants never mix.
+    let rows = run(q(|q| q.tenant = "u".into())).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].number, Some(555.0));
+    assert!(run(q(|q| q.tenant = "v".into())).await.is_empty());
+    assert!(!run(hquery()).await.iter().any(|r| r.number == Some(555.0)));
+}
+
+/// Entities with history are listed by type then id, filtered by type and
+/// service-path prefix, with the path of their first row.
+pub(crate) async fn history_entities_are_listed_and_filtered<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    // A later row under another path does not move the entity.
+    B::append_history(
+        &store,
+        vec![hrow("t", "/z", "Room:2", "Room", "temperature", 9, 1.0)],
+    )
+    .await
+    .unwrap();
+    let e = |id: &str, ty: &str, path: &str| HistoryEntity {
+        entity_id: id.into(),
+        entity_type: ty.into(),
+        service_path: path.into(),
+    };
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap(),
+        vec![
+            e("Car:1", "Car", "/"),
+            e("Room:1", "Other", "/a"),
+            e("Room:1", "Room", "/a"),
+            e("Room:2", "Room", "/a/b"),
+            e("Room:3", "Room", "/ab"),
+        ]
+    );
+    assert_eq!(
+        store
+            .history_entities("t", Some("Room"), Some("/a"))
+            .await
+            .unwrap(),
+        vec![e("Room:1", "Room", "/a"), e("Room:2", "Room", "/a/b")]
+    );
+    assert_eq!(
+        store.history_entities("u", None, Some("/")).await.unwrap(),
+        vec![e("Room:1", "Room", "/a")]
+    );
+    assert!(store
+        .history_entities("t", Some("Nope"), None)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Every method over every fixed-length period (and none) matches the
+/// aggregates computed here from the same rows, per series and bucket,
+/// within the time range; text rows count but have no number.
+pub(crate) async fn history_aggregates_per_method_and_period<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let mut rows = Vec::new();
+    for i in 0..150i64 {
+        // Every 50 s for a bit over two hours, with uneven values.
+        let time = T0 + i * 50_000 + 250;
+        let value = ((i * 37) % 101) as f64 - 20.5;
+        rows.push(hrow("t", "/", "Room:1", "Room", "temperature", time, value));
+        rows.push(hrow(
+            "t",
+            "/",
+            "Room:2",
+            "Room",
+            "temperature",
+            time,
+            value * 2.0,
+        ));
+        if i % 3 == 0 {
+            rows.push(hrow_text("t", "/", "Room:1", "Room", "status", time, "ok"));
+        }
+    }
+    // Before 1970: buckets floor, they do not truncate toward zero.
+    rows.push(hrow("t", "/", "Old:1", "Old", "temperature", -1, 1.0));
+    rows.push(hrow(
+        "t",
+        "/",
+        "Old:1",
+        "Old",
+        "temperature",
+        -3_600_001,
+        2.0,
+    ));
+    B::append_history(&store, rows.clone()).await.unwrap();
+
+    let from = T0 + 10 * 60_000;
+    let to = T0 + 100 * 60_000 + 250;
+    let periods = [
+        (None, 0),
+        (Some(AggrPeriod::Second), 1_000),
+        (Some(AggrPeriod::Minute), 60_000),
+        (Some(AggrPeriod::Hour), 3_600_000),
+        (Some(AggrPeriod::Day), 86_400_000),
+    ];
+    let methods = [
+        AggrMethod::Count,
+        AggrMethod::Sum,
+        AggrMethod::Avg,
+        AggrMethod::Min,
+        AggrMethod::Max,
+    ];
+    let query = HistoryQuery {
+        entity_type: Some("Room".into()),
+        from: Some(from),
+        to: Some(to),
+        // Ignored by aggregations.
+        last_n: Some(1),
+        limit: 1,
+        offset: 5,
+        ..hquery()
+    };
+    for (period, unit) in periods {
+        for method in methods {
+            let got = store
+                .aggregate_history(&query, method, period)
+                .await
+                .unwrap();
+            // (id, attr) → bucket → values, in order.
+            let mut want: std::collections::BTreeMap<(String, String, i64), Vec<Option<f64>>> =
+                Default::default();
+            let mut firsts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+            for r in rows
+                .iter()
+                .filter(|r| r.entity_type == "Room" && r.time >= from && r.time <= to)
+            {
+                let series = (r.entity_id.clone(), r.attr.clone());
+                let first = *firsts.entry(series).or_insert(r.time);
+                let bucket = if unit == 0 {
+                    first
+                } else {
+                    r.time.div_euclid(unit) * unit
+                };
+                want.entry((r.entity_id.clone(), r.attr.clone(), bucket))
+                    .or_default()
+                    .push(r.number);
+            }
+            let want: Vec<HistoryAggregate> = want
+                .into_iter()
+                .map(|((id, attr, bucket), values)| HistoryAggregate {
+                    entity_id: id,
+                    entity_type: "Room".into(),
+                    attr,
+                    bucket,
+                    value: expected(method, &values),
+                })
+                .collect();
+            assert_eq!(got.len(), want.len(), "{method:?} per {period:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    (&g.entity_id, &g.attr, g.bucket),
+                    (&w.entity_id, &w.attr, w.bucket),
+                    "{method:?} per {period:?}"
+                );
+                match (g.value, w.value) {
+                    (Some(g), Some(w)) => assert!(
+                        (g - w).abs() < 1e-9,
+                        "{method:?} per {period:?}: {g} != {w}"
+                    ),
+                    (g, w) => assert_eq!(g, w, "{method:?} per {period:?}"),
+                }
+            }
+        }
+    }
+    // Spot checks of the shape: the no-period bucket is the first row in
+    // range, text series have no numeric aggregate.
+    let all = store
+        .aggregate_history(&query, AggrMethod::Max, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|a| (a.entity_id.as_str(), a.attr.as_str(), a.bucket))
+            .collect::<Vec<_>>(),
+        vec![
+            ("Room:1", "status", T0 + 12 * 50_000 + 250),
+            ("Room:1", "temperature", T0 + 12 * 50_000 + 250),
+            ("Room:2", "temperature", T0 + 12 * 50_000 + 250),
+        ]
+    );
+    assert_eq!(all[0].value, None);
+    let hourly = store
+        .aggregate_history(
+            &HistoryQuery {
+                entity_ids: vec!["Old:1".into()],
+                ..hquery()
+            },
+            AggrMethod::Sum,
+            Some(AggrPeriod::Hour),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hourly
+            .iter()
+            .map(|a| (a.bucket, a.value))
+            .collect::<Vec<_>>(),
+        vec![(-7_200_000, Some(2.0)), (-3_600_000, Some(1.0))]
+    );
+    // Nothing in range: no aggregate, with or without a period.
+    let empty = HistoryQuery {
+        from: Some(0),
+        to: Some(1),
+        ..hquery()
+    };
+    assert!(store
+        .aggregate_history(&empty, AggrMethod::Count, None)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .aggregate_history(&empty, AggrMethod::Avg, Some(AggrPeriod::Day))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Months and years are calendar buckets in UTC: the last millisecond of
+/// January and the first of February fall apart, leap February is one
+/// bucket, New Year's Eve belongs to the old year.
+pub(crate) async fn history_aggregates_by_month_and_year<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const JAN_2024: i64 = 1_704_067_200_000;
+    const FEB_2024: i64 = 1_706_745_600_000;
+    const DEC_2024: i64 = 1_733_011_200_000;
+    const JAN_2025: i64 = 1_735_689_600_000;
+    let rows = [
+        (FEB_2024 - 1, 1.0),
+        (FEB_2024, 2.0),
+        (1_709_208_000_000, 4.0), // 2024-02-29T12:00Z
+        (JAN_2025 - 1, 8.0),
+        (JAN_2025, 16.0),
+    ]
+    .map(|(time, n)| hrow("t", "/", "Room:1", "Room", "t", time, n));
+    B::append_history(&store, rows.to_vec()).await.unwrap();
+    let q = hquery();
+    let buckets = |aggs: Vec<HistoryAggregate>| {
+        aggs.into_iter()
+            .map(|a| (a.bucket, a.value))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        buckets(
+            store
+                .aggregate_history(&q, AggrMethod::Sum, Some(AggrPeriod::Month))
+                .await
+                .unwrap()
+        ),
+        vec![
+            (JAN_2024, Some(1.0)),
+            (FEB_2024, Some(6.0)),
+            (DEC_2024, Some(8.0)),
+            (JAN_2025, Some(16.0)),
+        ]
+    );
+    assert_eq!(
+        buckets(
+            store
+                .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Year))
+                .await
+                .unwrap()
+        ),
+        vec![(JAN_2024, Some(4.0)), (JAN_2025, Some(1.0))]
+    );
+}
+
+/// Deleting by id (with or without a type) or by type removes the rows
+/// and the entities of that tenant only; a large delete runs in chunks
+/// and still answers the total.
+pub(crate) async fn history_delete_by_id_and_type<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    let listed = |tenant: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .history_entities(tenant, None, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| format!("{}/{}", e.entity_id, e.entity_type))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(store.delete_history("t", None, None).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), Some("Room"))
+            .await
+            .unwrap(),
+        11
+    );
+    assert_eq!(
+        listed("t").await,
+        vec!["Car:1/Car", "Room:1/Other", "Room:2/Room", "Room:3/Room"]
+    );
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), None)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .delete_history("t", Some("Room:1"), None)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store.delete_history("t", None, Some("Room")).await.unwrap(),
+        3
+    );
+    assert_eq!(listed("t").await, vec!["Car:1/Car"]);
+    assert_eq!(listed("u").await, vec!["Room:1/Room"]);
+    let left = store.query_history(&hquery()).await.unwrap();
+    assert_eq!(keys(&left), vec![key("Car:1", "Car", "speed", 5_000)]);
+    assert_eq!(
+        store
+            .query_history(&HistoryQuery {
+                tenant: "u".into(),
+                ..hquery()
+            })
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // More rows than one chunk, over two attributes and two entities.
+    let big = crate::HISTORY_DELETE_CHUNK as i64 + 1_234;
+    let rows: Vec<HistoryRow> = (0..big)
+        .map(|i| {
+            let attr = if i % 2 == 0 { "a" } else { "b" };
+            let id = if i % 5 == 0 { "Big:2" } else { "Big:1" };
+            hrow("t", "/", id, "Big", attr, i, i as f64)
+        })
+        .collect();
+    for chunk in rows.chunks(10_000) {
+        B::append_history(&store, chunk.to_vec()).await.unwrap();
+    }
+    assert_eq!(
+        store.delete_history("t", None, Some("Big")).await.unwrap(),
+        big as u64
+    );
+    assert_eq!(listed("t").await, vec!["Car:1/Car"]);
+    assert!(store
+        .query_history(&HistoryQuery {
+            entity_type: Some("Big".into()),
+            entity_ids: vec!["Big:1".into()],
+            ..hquery()
+        })
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Entity changes queue their history rows durably with the change; the
+/// feed is read in order, moved into the history with its cursor, pruned,
+/// and the cursor survives a reopen.
+pub(crate) async fn history_feed_is_queued_with_the_change_and_consumed_once<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        0
+    );
+    store
+        .put_entity(
+            entity("", "/", "E", "T", 1, "{}"),
+            vec![feed_row("E", 1), feed_row("E", 2)],
+        )
+        .await
+        .unwrap();
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumer: "pipeline".into(),
+            next_seq: 2,
+            history: vec![feed_row("D", 3)],
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    store
+        .put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new())
+        .await
+        .unwrap();
+    let feed = store
+        .read_history_feed(HistoryFeed::Changes, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(feed.len(), 2, "a change without rows queues nothing");
+    assert_eq!(feed[0].1, vec![feed_row("E", 1), feed_row("E", 2)]);
+    assert_eq!(feed[1].1, vec![feed_row("D", 3)]);
+    let through = feed[1].0;
+    let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(
+        store
+            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), Some(through))
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        store
+            .append_history_from_feed(HistoryFeed::Changes, rows, Some(through))
+            .await
+            .unwrap(),
+        0,
+        "idempotent"
+    );
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        through
+    );
+    assert_eq!(store.prune_history_feed(through).await.unwrap(), 2);
+    assert!(store
+        .read_history_feed(HistoryFeed::Changes, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    B::close(&store).await;
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        through
+    );
+}
+
+/// Notified rows wait in the history file's own feed: durable once queued
+/// (also across a reopen), moved with their entries deleted in one commit.
+pub(crate) async fn notified_rows_are_queued_then_moved_once<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let first = store.queue_history(vec![feed_row("N", 1)]).await.unwrap();
+    let second = store
+        .queue_history(vec![feed_row("N", 2), feed_row("N", 3)])
+        .await
+        .unwrap();
+    assert!(second > first);
+    B::close(&store).await;
+    drop(store);
+    let store = backend.open().await;
+    let feed = store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(feed.len(), 2);
+    let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(
+        store
+            .append_history_from_feed(HistoryFeed::Notifications, rows, Some(second))
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Notifications)
+            .await
+            .unwrap(),
+        0
+    );
+    let stored = store
+        .query_history(&HistoryQuery {
+            entity_ids: vec!["N".into()],
+            limit: 100,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 3);
+}
+
+/// Rollups count each stored row once: overlapping (replayed) appends add
+/// nothing to them, hourly and per-minute aggregates equal those of the
+/// rows, and deleting the entity takes its rollups with it.
+pub(crate) async fn rollups_count_each_row_once<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let rows: Vec<HistoryRow> = (0..1300i64)
+        .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 7_000, (i % 13) as f64))
+        .collect();
+    B::append_history(&store, rows[..700].to_vec())
+        .await
+        .unwrap();
+    B::append_history(&store, rows[500..].to_vec())
+        .await
+        .unwrap();
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    for (period, unit) in [(AggrPeriod::Hour, 3_600_000), (AggrPeriod::Minute, 60_000)] {
+        for method in [AggrMethod::Count, AggrMethod::Sum] {
+            let got = store
+                .aggregate_history(&q, method, Some(period))
+                .await
+                .unwrap();
+            let mut want: std::collections::BTreeMap<i64, Vec<Option<f64>>> = Default::default();
+            for r in &rows {
+                want.entry(r.time.div_euclid(unit) * unit)
+                    .or_default()
+                    .push(r.number);
+            }
+            let want: Vec<(i64, Option<f64>)> = want
+                .into_iter()
+                .map(|(b, v)| (b, expected(method, &v)))
+                .collect();
+            let got: Vec<(i64, Option<f64>)> = got.iter().map(|a| (a.bucket, a.value)).collect();
+            assert_eq!(got, want, "{method:?} per {period:?}");
+        }
+    }
+    store.delete_history("t", Some("R"), None).await.unwrap();
+    B::append_history(&store, vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
+        .await
+        .unwrap();
+    let got = store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].value,
+        Some(1.0),
+        "the deleted rows' rollups are gone"
+    );
+}
+
+/// Expiry deletes rows before their cutoff and only rollup buckets that
+/// end by theirs (a bucket with newer rows stays whole), in chunks; an
+/// entity left with nothing leaves the listing, one with rollups stays.
+pub(crate) async fn expiry_deletes_rows_then_whole_buckets<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let hour = 3_600_000;
+    let rows: Vec<HistoryRow> = (0..120_000i64)
+        .map(|i| hrow("t", "/", "R", "T", "x", T0 + i * 90, 1.0))
+        .collect(); // three hours
+    for chunk in rows.chunks(20_000) {
+        B::append_history(&store, chunk.to_vec()).await.unwrap();
+    }
+    B::append_history(&store, vec![hrow("u", "/", "R", "T", "x", T0, 1.0)])
+        .await
+        .unwrap();
+    assert_eq!(store.history_tenants().await.unwrap(), ["t", "u"]);
+    // Rows before 01:30 go (more than one chunk); rollups ending by 01:30
+    // go: hour 00 and the minutes before 01:30, not hour 01.
+    let deleted = store
+        .expire_history("t", Some(T0 + hour + hour / 2), Some(T0 + hour + hour / 2))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 60_000 + 1 + 90);
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    let per_hour = store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap();
+    let per_hour: Vec<(i64, Option<f64>)> = per_hour.iter().map(|a| (a.bucket, a.value)).collect();
+    assert_eq!(
+        per_hour,
+        [(T0 + hour, Some(40_000.0)), (T0 + 2 * hour, Some(40_000.0))]
+    );
+    // Only rollups left (downsampled): still listed, still aggregated.
+    store
+        .expire_history("t", Some(T0 + 10 * hour), None)
+        .await
+        .unwrap();
+    assert!(store.query_history(&q).await.unwrap().is_empty());
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap().len(),
+        1
+    );
+    // Everything past: the entity goes.
+    store
+        .expire_history("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))
+        .await
+        .unwrap();
+    assert!(store
+        .history_entities("t", None, None)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.history_entities("u", None, None).await.unwrap().len(),
+        1
     );
 }

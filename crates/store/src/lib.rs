@@ -65,6 +65,12 @@ pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 /// cap), in every backend.
 pub(crate) const MAX_QUERY_ROWS: usize = 10_000;
 
+/// Most history rows one delete or expiry transaction removes, in every
+/// backend: the caller repeats while a chunk comes back full, so a large
+/// delete never holds the history's writer (and every notify waiting on
+/// it) for long.
+pub(crate) const HISTORY_DELETE_CHUNK: usize = 50_000;
+
 /// `u64` positions as database integers. Positions never come near
 /// `i64::MAX`; a caller passing a larger bound ("everything") gets the
 /// largest integer instead of an error.

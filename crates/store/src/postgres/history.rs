@@ -34,11 +34,7 @@ use crate::{
 
 use super::MAX_QUERY_ROWS;
 
-/// Most history rows (and rollup buckets) one delete or expiry
-/// transaction removes, as in the SQLite backend: the caller repeats while
-/// a chunk comes back full, so a large delete never holds the history
-/// writer (and every notify waiting on it) for long.
-pub(super) const HISTORY_DELETE_CHUNK: usize = 50_000;
+pub(super) use crate::HISTORY_DELETE_CHUNK;
 
 /// Earliest and latest times an aggregation considers: far beyond any
 /// real time index, and far enough from `i64`'s ends that bucket

@@ -337,9 +337,7 @@ impl<'a> Rollups<'a> {
     }
 }
 
-/// Most history rows one [`delete_history`] or [`expire_history`]
-/// deletes: a few tens of milliseconds of the writer's time.
-pub(super) const HISTORY_DELETE_CHUNK: usize = 50_000;
+pub(super) use crate::HISTORY_DELETE_CHUNK;
 
 /// Deletes up to [`HISTORY_DELETE_CHUNK`] rows of the matching entities,
 /// entity by entity; an entity whose rows are all gone leaves
