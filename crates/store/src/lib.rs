@@ -71,6 +71,11 @@ pub(crate) const MAX_QUERY_ROWS: usize = 10_000;
 /// it) for long.
 pub(crate) const HISTORY_DELETE_CHUNK: usize = 50_000;
 
+/// A configuration value's JSON, as every backend stores it.
+pub(crate) fn encode<T: serde::Serialize>(what: &str, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
 /// `u64` positions as database integers. Positions never come near
 /// `i64::MAX`; a caller passing a larger bound ("everything") gets the
 /// largest integer instead of an error.

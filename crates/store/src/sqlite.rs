@@ -412,9 +412,7 @@ impl<T> Db<T> for Result<T> {
     }
 }
 
-fn encode<T: Serialize>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
-}
+pub(crate) use crate::encode;
 
 #[async_trait]
 impl Store for SqliteStore {

@@ -6,7 +6,7 @@ use weft_model::{Device, DeviceType};
 
 use super::schema::db;
 use super::PostgresStore;
-use crate::{record_text, CatalogStore, DeviceFilter, Result, StoreError};
+use crate::{encode, record_text, CatalogStore, DeviceFilter, Result, StoreError};
 
 #[async_trait]
 impl CatalogStore for PostgresStore {
@@ -133,9 +133,4 @@ impl CatalogStore for PostgresStore {
             })
             .await
     }
-}
-
-/// A value's JSON for storage.
-fn encode<T: serde::Serialize>(what: &str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| StoreError::Database(format!("{what}: {e}")))
 }
