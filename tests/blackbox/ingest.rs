@@ -181,6 +181,10 @@ async fn a_resent_uplink_with_other_values_changes_nothing() {
     c.create_em300th().await;
     let mut live = Live::connect(&server).await;
     live.subscribe("s", "data", json!({})).await;
+    let mut entities = Live::connect(&server).await;
+    entities
+        .subscribe("e", "entities", json!({"devices":["dev-r"]}))
+        .await;
 
     let at = 1_700_000_000_000;
     for round in 0..3 {
@@ -262,6 +266,13 @@ async fn a_resent_uplink_with_other_values_changes_nothing() {
     })
     .await;
     assert_eq!(history["values"], json!(expected_values), "{history}");
+
+    // The entities stream: one change per stored unit, none of a resend.
+    let mut changed = Vec::new();
+    while let Some(m) = entities.next_within(Duration::from_millis(1500)).await {
+        changed.push(m["event"]["entity"]["temperature"]["value"].clone());
+    }
+    assert_eq!(changed, expected_values, "entity changes");
 }
 
 /// An uplink of a type that does not exist is accepted (the log keeps it)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::util::*;
 
@@ -223,4 +223,176 @@ async fn a_client_that_stops_reading_is_cut_off_and_others_are_unaffected() {
         events < total,
         "the stalled client was cut off ({events} events)"
     );
+}
+
+/// The `entities` stream carries every committed entity change once, in
+/// the order it was made: device data creating and updating a device's
+/// entity, NGSI writes to it, and NGSI writes in another tenant (selected
+/// by `service` and `servicePath`). A resent uplink, which is a duplicate,
+/// changes no entity and so sends nothing.
+#[tokio::test]
+async fn the_entities_stream_delivers_each_change_once_in_order() {
+    let server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let mut live = Live::connect(&server).await;
+    live.subscribe("dev", "entities", json!({"devices":["dev-e"]}))
+        .await;
+    live.subscribe(
+        "acme",
+        "entities",
+        json!({"service":"acme","servicePath":"/a/#","q":"temperature>0"}),
+    )
+    .await;
+
+    let at = now_ms();
+    for i in 0..5 {
+        let body = decoded_body(&format!("e-{i}"), "dev-e", 10 + i, 50, at + i);
+        c.uplink("farm", "decoded", "em300th", &body).await;
+    }
+    let mut changes = Vec::new();
+    for i in 0..5 {
+        let m = live.next().await;
+        assert_eq!(m["type"], "event", "{m}");
+        assert_eq!(m["id"], "dev", "{m}");
+        let event = &m["event"];
+        assert_eq!(event["id"], "dev-e");
+        assert_eq!(event["service"], "");
+        assert_eq!(event["servicePath"], "/");
+        let expected = if i == 0 { "created" } else { "updated" };
+        assert_eq!(event["change"], expected, "{event}");
+        assert!(event["attrs"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("temperature")));
+        changes.push(event["entity"]["temperature"]["value"].as_f64().unwrap());
+    }
+    assert_eq!(changes, [10.0, 11.0, 12.0, 13.0, 14.0]);
+
+    // A resend of e-2 with another value, then a new uplink: only the new
+    // one changes the entity.
+    let resent = decoded_body("e-2", "dev-e", 99, 50, at + 2);
+    c.uplink("farm", "decoded", "em300th", &resent).await;
+    let next = decoded_body("e-5", "dev-e", 15, 50, at + 5);
+    c.uplink("farm", "decoded", "em300th", &next).await;
+    let m = live.next().await;
+    assert_eq!(
+        m["event"]["entity"]["temperature"]["value"].as_f64(),
+        Some(15.0),
+        "{m}"
+    );
+
+    // An NGSI write to the device's entity is a change like any other.
+    let (status, _, body) = crate::ngsi::call(
+        &c,
+        "POST",
+        "/v2/entities/dev-e/attrs",
+        None,
+        Some(&json!({"note":{"value":"checked","type":"Text"}})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let m = live.next().await;
+    assert_eq!(m["id"], "dev");
+    assert_eq!(m["event"]["change"], "updated");
+    assert_eq!(m["event"]["attrs"], json!(["note"]));
+    assert_eq!(m["event"]["entity"]["note"]["value"], "checked");
+    assert_eq!(
+        m["event"]["entity"]["temperature"]["value"].as_f64(),
+        Some(15.0)
+    );
+
+    // Another tenant: a create, updates and a delete under /a/b, in order;
+    // a change elsewhere in the tenant and one failing `q` are not sent.
+    let acme = |method: &'static str, path: &'static str, sp: &'static str, body: Value| {
+        let c = &c;
+        async move {
+            let mut req = c
+                .http
+                .request(method.parse().unwrap(), format!("{}{}", c.url, path))
+                .header("Fiware-Service", "acme")
+                .header("Fiware-ServicePath", sp);
+            if !body.is_null() {
+                req = req.json(&body);
+            }
+            let resp = req.send().await.expect("request sent");
+            resp.status().as_u16()
+        }
+    };
+    let room = json!({"id":"room","type":"Room","temperature":{"value":21,"type":"Number"}});
+    assert_eq!(acme("POST", "/v2/entities", "/a/b", room).await, 201);
+    let other = json!({"id":"hall","type":"Room","temperature":{"value":5,"type":"Number"}});
+    assert_eq!(acme("POST", "/v2/entities", "/b", other).await, 201);
+    for t in [22, -3, 23] {
+        let body = json!({"temperature":{"value":t,"type":"Number"}});
+        assert_eq!(
+            acme("PATCH", "/v2/entities/room/attrs", "/a/b", body).await,
+            204
+        );
+    }
+    assert_eq!(
+        acme("DELETE", "/v2/entities/room", "/a/b", Value::Null).await,
+        204
+    );
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let m = live.next().await;
+        assert_eq!(m["id"], "acme", "{m}");
+        let e = &m["event"];
+        assert_eq!(
+            (&e["service"], &e["servicePath"]),
+            (&json!("acme"), &json!("/a/b"))
+        );
+        seen.push(format!(
+            "{}:{}",
+            e["change"].as_str().unwrap(),
+            e["entity"]["temperature"]["value"]
+        ));
+    }
+    // The update to -3 fails `q` (temperature>0) and is not sent.
+    assert_eq!(
+        seen,
+        ["created:21", "updated:22", "updated:23", "deleted:23"]
+    );
+    assert_eq!(live.next_within(Duration::from_millis(1500)).await, None);
+}
+
+/// SSE carries entity changes too, filtered the same way.
+#[tokio::test]
+async fn sse_carries_entity_changes() {
+    let server = Server::start();
+    let c = server.client();
+    let mut resp = c
+        .http
+        .get(format!(
+            "{}/api/v1/live/sse?stream=entities&types=Lamp",
+            c.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    // The handler subscribes before it answers: changes from now on count.
+    assert_eq!(resp.status(), 200);
+    for (id, kind) in [("pump", "Pump"), ("lamp", "Lamp")] {
+        let e = json!({"id":id,"type":kind,"on":{"value":true,"type":"Boolean"}});
+        let (status, _, _) = crate::ngsi::call(&c, "POST", "/v2/entities", None, Some(&e)).await;
+        assert_eq!(status, 201);
+    }
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .expect("an SSE event within 10 s")
+            .unwrap()
+            .expect("the stream goes on");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.starts_with("event: entities\n"), "{text}");
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("a data line");
+    let event: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(event["id"], "lamp", "{event}");
+    assert_eq!(event["change"], "created");
 }

@@ -240,6 +240,9 @@ struct SseParams {
     devices: Option<String>,
     types: Option<String>,
     q: Option<String>,
+    service: Option<String>,
+    #[serde(rename = "servicePath")]
+    service_path: Option<String>,
 }
 
 fn list(s: Option<String>) -> Vec<String> {
@@ -267,6 +270,8 @@ async fn sse(
         devices: list(p.devices),
         types: list(p.types),
         q: p.q,
+        service: p.service,
+        service_path: p.service_path,
     })
     .map_err(ApiError::bad_request)?;
     let sub = state.pipeline.bus().subscribe(stream);

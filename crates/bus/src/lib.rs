@@ -1,6 +1,8 @@
 //! weft's event bus: the seam between the stages that produce events (the
-//! pipeline's data units; later alarms and entity changes) and the ones
-//! that consume them (live fan-out, history, rules, channel bridges).
+//! pipeline's data units, the rule engine's alarm changes, the context's
+//! entity changes) and the ones that consume them (live fan-out, channel
+//! bridges). Every event is published after the change it carries has
+//! been committed.
 //!
 //! [`Bus`] is the trait; [`InProcessBus`] is the default backend, built on
 //! `tokio::sync::broadcast`. A scale-out backend (NATS JetStream) bridges
@@ -17,6 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
+use weft_model::ngsi::EntityChange;
 use weft_model::{AlarmEvent, DataUnit};
 
 /// How many events each stream buffers for its slowest subscriber before
@@ -62,6 +65,8 @@ pub enum Payload {
     Data(Arc<DataUnit>),
     /// A stored alarm change.
     Alarm(Arc<AlarmEvent>),
+    /// A committed entity change.
+    Entity(Arc<EntityChange>),
 }
 
 /// One event: its typed payload and its JSON, serialised once by the
@@ -114,6 +119,13 @@ pub trait Bus: Send + Sync + 'static {
     fn publish(&self, event: Event);
     /// A new subscription to `stream`, receiving events published after now.
     fn subscribe(&self, stream: Stream) -> Subscription;
+    /// Whether publishing on `stream` can reach anyone, so a producer whose
+    /// events cost work to build (an entity change's JSON) skips them when
+    /// nobody listens. A backend that cannot tell answers `true`.
+    fn has_subscribers(&self, stream: Stream) -> bool {
+        let _ = stream;
+        true
+    }
 }
 
 /// The default backend: one broadcast channel per stream, in this process.
@@ -160,6 +172,10 @@ impl Bus for InProcessBus {
         Subscription {
             rx: self.sender(stream).subscribe(),
         }
+    }
+
+    fn has_subscribers(&self, stream: Stream) -> bool {
+        self.sender(stream).receiver_count() > 0
     }
 }
 

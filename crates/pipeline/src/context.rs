@@ -31,66 +31,12 @@ tokio::task_local! {
     pub static ORIGIN: Origin;
 }
 
-/// The headers of a request that notifications repeat.
-#[derive(Debug, Clone, Default)]
-pub struct Origin {
-    /// `Fiware-Correlator` (echoed or minted).
-    pub correlator: String,
-    /// `Fiware-Service` as sent, also when it does not select a tenant
-    /// (single-tenant mode).
-    pub service: Option<String>,
-    /// `X-Auth-Token`, for `${authToken}` and the notification header.
-    pub auth_token: Option<String>,
-}
+pub use crate::changes::{Backpressure, ChangeListener};
+use crate::changes::{Changes, Ticket};
+pub use weft_model::ngsi::{Alteration, EntityChange, Origin};
 
 fn current_origin() -> Option<Origin> {
     ORIGIN.try_with(|o| o.clone()).ok()
-}
-
-/// What happened to an entity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Alteration {
-    /// Created (every attribute is new).
-    Created,
-    /// Attributes written (changed or not).
-    Updated,
-    /// Deleted (the entity is its last state).
-    Deleted,
-}
-
-/// One change to an entity, as subscriptions see it: the entity after the
-/// change (before it, for a deletion) and the attributes the operation
-/// touched.
-#[derive(Debug)]
-pub struct EntityChange<'a> {
-    /// Tenant.
-    pub tenant: &'a str,
-    /// Service path of the entity.
-    pub service_path: &'a str,
-    /// The entity's state after the change (last state when deleted).
-    pub entity: &'a Entity,
-    /// Kind of change.
-    pub alteration: Alteration,
-    /// Attributes the operation touched, in request order.
-    pub attrs: &'a [AttrChange],
-    /// The request that made the change (none for device data).
-    pub origin: Option<Origin>,
-}
-
-/// A wait a [`ChangeListener`] asks of the writer of a change it could
-/// not take in at once (its queues are full), so writers slow down to
-/// what the listener can carry instead of it dropping work.
-pub type Backpressure = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-
-/// Something that wants to see every entity change (subscriptions).
-/// Called after the change is stored, outside the context's lock; must not
-/// block.
-pub trait ChangeListener: Send + Sync {
-    /// Whether `tenant` has anyone listening, so changes nobody watches
-    /// cost nothing.
-    fn interested(&self, tenant: &str) -> bool;
-    /// Sees one change; may ask the writer to wait before going on.
-    fn on_change(&self, change: &EntityChange<'_>) -> Option<Backpressure>;
 }
 
 /// What an operation passed to [`Context::modify`] reports about the
@@ -293,15 +239,20 @@ pub struct Context {
     next_created: AtomicU64,
     /// Whether changes queue history rows (`history.record_changes`).
     record_history: std::sync::atomic::AtomicBool,
-    listeners: RwLock<Vec<Arc<dyn ChangeListener>>>,
+    /// Where committed changes are announced.
+    changes: Arc<Changes>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
 pub const DEFAULT_TENANT: &str = "";
 
 impl Context {
-    /// Loads every stored entity.
-    pub async fn load(store: Arc<dyn Store>) -> Result<Context, weft_store::StoreError> {
+    /// Loads every stored entity; committed changes will be announced
+    /// through `changes`.
+    pub async fn load(
+        store: Arc<dyn Store>,
+        changes: Arc<Changes>,
+    ) -> Result<Context, weft_store::StoreError> {
         let records = store.load_entities().await?;
         let mut tenants: HashMap<String, Tenant> = HashMap::new();
         let mut max = 0;
@@ -328,7 +279,7 @@ impl Context {
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
             record_history: std::sync::atomic::AtomicBool::new(false),
-            listeners: RwLock::new(Vec::new()),
+            changes,
         })
     }
 
@@ -352,47 +303,35 @@ impl Context {
         crate::history::rows_of(tenant, &e.service_path, &e.entity, names, time)
     }
 
-    /// Adds a listener that sees every change from now on (subscriptions,
-    /// history), in the order they were added.
-    pub fn add_listener(&self, listener: Arc<dyn ChangeListener>) {
-        self.listeners.write().push(listener);
+    /// Where committed changes are announced (to add listeners).
+    pub fn changes(&self) -> &Arc<Changes> {
+        &self.changes
     }
 
-    /// The listeners interested in `tenant`.
-    fn listeners_of(&self, tenant: &str) -> Vec<Arc<dyn ChangeListener>> {
-        self.listeners
-            .read()
-            .iter()
-            .filter(|l| l.interested(tenant))
-            .cloned()
-            .collect()
+    /// A place in the order of changes, if anyone wants changes in
+    /// `tenant`. Take it under the tenants' lock, with the change.
+    fn ticket(&self, tenant: &str) -> Option<Ticket> {
+        self.changes.wanted(tenant).then(|| self.changes.ticket())
     }
 
-    /// Tells the listener about a change, if it watches the tenant, and
-    /// waits as long as it asks.
+    /// Announces a committed change through its ticket and waits as long
+    /// as the listeners ask.
     async fn announce(
-        &self,
+        ticket: Option<Ticket>,
         tenant: &str,
-        e: &StoredEntity,
+        e: StoredEntity,
         alteration: Alteration,
-        attrs: &[AttrChange],
+        attrs: Vec<AttrChange>,
     ) {
-        let listeners = self.listeners_of(tenant);
-        if listeners.is_empty() {
-            return;
-        }
-        let change = EntityChange {
-            tenant,
-            service_path: &e.service_path,
-            entity: &e.entity,
+        let Some(ticket) = ticket else { return };
+        let waits = ticket.announce(EntityChange {
+            tenant: tenant.to_string(),
+            service_path: e.service_path,
+            entity: e.entity,
             alteration,
             attrs,
             origin: current_origin(),
-        };
-        let waits: Vec<Backpressure> = listeners
-            .iter()
-            .filter_map(|l| l.on_change(&change))
-            .collect();
+        });
         for wait in waits {
             wait.await;
         }
@@ -472,7 +411,7 @@ impl Context {
             entity.id.clone(),
             entity.entity_type.clone(),
         );
-        let stored = {
+        let (stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
             if t.entities.contains_key(&key) {
@@ -484,13 +423,12 @@ impl Context {
                 created: self.next_created.fetch_add(1, Ordering::Relaxed),
             };
             t.insert(key, stored.clone());
-            stored
+            (stored, self.ticket(tenant))
         };
         let history = self.history_rows(tenant, &stored, stored.entity.attrs.keys());
         self.persist(tenant, &stored, history).await?;
         let attrs = created_attrs(&stored.entity);
-        self.announce(tenant, &stored, Alteration::Created, &attrs)
-            .await;
+        Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
         Ok(())
     }
 
@@ -505,7 +443,7 @@ impl Context {
         entity_type: Option<&str>,
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
-        let (result, stored) = {
+        let (result, stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants
                 .get_mut(tenant)
@@ -519,7 +457,12 @@ impl Context {
             let result = change(&mut next)?;
             next.check_locations()?;
             slot.entity = next;
-            (result, slot.clone())
+            let ticket = if result.touched().is_empty() {
+                None
+            } else {
+                self.ticket(tenant)
+            };
+            (result, slot.clone(), ticket)
         };
         let history = self.history_rows(
             tenant,
@@ -527,10 +470,8 @@ impl Context {
             result.touched().iter().map(|c| c.name.as_str()),
         );
         self.persist(tenant, &stored, history).await?;
-        if !result.touched().is_empty() {
-            self.announce(tenant, &stored, Alteration::Updated, result.touched())
-                .await;
-        }
+        let touched = result.touched().to_vec();
+        Self::announce(ticket, tenant, stored, Alteration::Updated, touched).await;
         Ok(result)
     }
 
@@ -543,7 +484,7 @@ impl Context {
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
         let current = self.get(tenant, service_paths, id, entity_type)?;
-        {
+        let ticket = {
             let mut tenants = self.tenants.write();
             if let Some(t) = tenants.get_mut(tenant) {
                 t.remove(&(
@@ -552,7 +493,8 @@ impl Context {
                     current.entity.entity_type.clone(),
                 ));
             }
-        }
+            self.ticket(tenant)
+        };
         self.store
             .delete_entity(
                 tenant,
@@ -562,8 +504,14 @@ impl Context {
             )
             .await
             .map_err(internal)?;
-        self.announce(tenant, &current, Alteration::Deleted, &[])
-            .await;
+        Self::announce(
+            ticket,
+            tenant,
+            current.clone(),
+            Alteration::Deleted,
+            Vec::new(),
+        )
+        .await;
         Ok(current)
     }
 
@@ -574,15 +522,15 @@ impl Context {
     /// every so often, and after a crash the units stored since the last
     /// bulk write are applied again at start, so device data never costs an
     /// entity write per unit. Returns the history rows of the changes (for
-    /// the caller to store with the units) and the waits the change
-    /// listeners ask for (for the caller to await).
+    /// the caller to store with the units) and the changes themselves, for
+    /// the caller to announce once the units are committed.
     pub fn apply_units<'a>(
         &self,
         units: impl IntoIterator<Item = (&'a weft_model::DataUnit, &'a str)>,
         now: i64,
     ) -> Applied {
-        let listeners = self.listeners_of(DEFAULT_TENANT);
-        let mut changes: Vec<(StoredEntity, Alteration, Vec<AttrChange>)> = Vec::new();
+        let wanted = self.changes.wanted(DEFAULT_TENANT);
+        let mut changes = Vec::new();
         let mut history = Vec::new();
         let mut tenants = self.tenants.write();
         let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
@@ -626,31 +574,27 @@ impl Context {
                         .map(|c| c.name.as_str()),
                 ),
             );
-            if !listeners.is_empty() {
+            if wanted {
                 let alteration = if created {
                     Alteration::Created
                 } else {
                     Alteration::Updated
                 };
-                changes.push((slot.clone(), alteration, outcome.changes));
+                changes.push(PendingChange {
+                    ticket: self.changes.ticket(),
+                    change: EntityChange {
+                        tenant: DEFAULT_TENANT.to_string(),
+                        service_path: slot.service_path.clone(),
+                        entity: slot.entity.clone(),
+                        alteration,
+                        attrs: outcome.changes,
+                        origin: None,
+                    },
+                });
             }
             t.dirty.insert(key);
         }
-        drop(tenants);
-        let mut waits = Vec::new();
-        let origin = current_origin();
-        for (e, alteration, attrs) in &changes {
-            let change = EntityChange {
-                tenant: DEFAULT_TENANT,
-                service_path: &e.service_path,
-                entity: &e.entity,
-                alteration: *alteration,
-                attrs,
-                origin: origin.clone(),
-            };
-            waits.extend(listeners.iter().filter_map(|l| l.on_change(&change)));
-        }
-        Applied { waits, history }
+        Applied { changes, history }
     }
 
     /// The current state of every entity changed by [`Context::apply_units`]
@@ -683,10 +627,26 @@ impl Context {
 
 /// What [`Context::apply_units`] leaves the caller to do.
 pub struct Applied {
-    /// Waits the change listeners ask for.
-    pub waits: Vec<Backpressure>,
+    /// The entity changes, to announce once the units are committed.
+    pub changes: Vec<PendingChange>,
     /// History rows of the changes, to store with the units.
     pub history: Vec<HistoryRow>,
+}
+
+/// A change made in memory whose commit is still to come: announce it
+/// once committed, or drop it (and it is skipped).
+#[derive(Debug)]
+pub struct PendingChange {
+    ticket: Ticket,
+    change: EntityChange,
+}
+
+impl PendingChange {
+    /// Announces the change, which the store has now committed; returns
+    /// the waits the listeners ask for.
+    pub fn announce(self) -> Vec<Backpressure> {
+        self.ticket.announce(self.change)
+    }
 }
 
 /// Every attribute of a new entity, as created.

@@ -4,8 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 use weft_bus::{Event, Payload};
+use weft_model::ngsi::EntityChange;
 use weft_model::query::Query;
 use weft_model::{AlarmEvent, DataUnit};
+
+use crate::context::{path_matches, EntityResolver};
 
 /// A filter as clients write it. Empty lists match all.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -13,14 +16,23 @@ use weft_model::{AlarmEvent, DataUnit};
 pub struct FilterSpec {
     /// Only these channels (data units).
     pub channels: Vec<String>,
-    /// Only these device ids.
+    /// Only these device ids (data, alarms) or entity ids (entities).
     pub devices: Vec<String>,
-    /// Only these device types (data) or alarm types (alarms).
+    /// Only these device types (data), alarm types (alarms) or entity
+    /// types (entities).
     pub types: Vec<String>,
-    /// Simple Query Language over the unit's measures (data) or the
-    /// event's fields (alarms).
+    /// Simple Query Language over the unit's measures (data), the event's
+    /// fields (alarms) or the entity's attributes (entities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub q: Option<String>,
+    /// The tenant (`Fiware-Service`) whose entity changes to receive
+    /// (entities); none: the default tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Service-path patterns as `Fiware-ServicePath` takes them, comma
+    /// separated (`/a/#,/b`) (entities); none: every path.
+    #[serde(rename = "servicePath", skip_serializing_if = "Option::is_none")]
+    pub service_path: Option<String>,
 }
 
 /// A validated filter, with its query parsed once.
@@ -28,6 +40,8 @@ pub struct FilterSpec {
 pub struct EventFilter {
     spec: FilterSpec,
     q: Option<Query>,
+    /// `servicePath`, split into patterns.
+    service_paths: Vec<String>,
 }
 
 impl EventFilter {
@@ -37,7 +51,24 @@ impl EventFilter {
             Some(q) => Some(Query::parse(q).map_err(|e| e.to_string())?),
             None => None,
         };
-        Ok(EventFilter { spec, q })
+        let service_paths: Vec<String> = spec
+            .service_path
+            .iter()
+            .flat_map(|p| p.split(','))
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = service_paths.iter().find(|p| !p.starts_with('/')) {
+            return Err(format!(
+                "servicePath '{bad}' must start with '/' (e.g. /building/# for a subtree)"
+            ));
+        }
+        Ok(EventFilter {
+            spec,
+            q,
+            service_paths,
+        })
     }
 
     /// The filter as given.
@@ -50,7 +81,28 @@ impl EventFilter {
         match &event.payload {
             Payload::Data(unit) => self.matches_unit(unit),
             Payload::Alarm(alarm) => self.matches_alarm(alarm),
+            Payload::Entity(change) => self.matches_entity(change),
         }
+    }
+
+    /// Whether an entity change passes: `service` names its tenant (none:
+    /// the default one), `servicePath` its paths, `devices` its id, `types`
+    /// its type, `q` the entity after the change; `channels` does not
+    /// apply.
+    pub fn matches_entity(&self, change: &EntityChange) -> bool {
+        let s = &self.spec;
+        let entity = &change.entity;
+        s.service
+            .as_deref()
+            .unwrap_or(crate::context::DEFAULT_TENANT)
+            == change.tenant
+            && path_matches(&self.service_paths, &change.service_path)
+            && (s.devices.is_empty() || s.devices.contains(&entity.id))
+            && (s.types.is_empty() || s.types.contains(&entity.entity_type))
+            && self
+                .q
+                .as_ref()
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
     }
 
     /// Whether a data unit passes.

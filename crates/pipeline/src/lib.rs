@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod catalog;
+pub mod changes;
 pub mod channels;
 pub mod context;
 pub mod decode;
@@ -80,7 +81,8 @@ async fn replay_units_into_context(
                     .unwrap_or_else(|| u.device.device_type.clone())
             })
             .collect();
-        // No listener is set yet: replaying notifies nobody.
+        // Replayed changes were announced before the restart (or never
+        // committed as entities): they are dropped, not announced again.
         let _ = context.apply_units(
             units.iter().zip(types.iter().map(String::as_str)),
             weft_model::now_ms(),
@@ -182,6 +184,8 @@ pub struct Pipeline {
 /// A decoded batch on its way from the reader to the committer.
 struct Decoded {
     batch: Arc<ProcessedBatch>,
+    /// The entity changes its units make, announced once it is committed.
+    changes: Vec<context::PendingChange>,
 }
 
 /// How often entities changed by device data are stored (in bulk, with a
@@ -205,7 +209,8 @@ impl Pipeline {
         tracker: &TaskTracker,
     ) -> Result<Arc<Pipeline>, StoreError> {
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
-        let context = Arc::new(context::Context::load(store.clone()).await?);
+        let changes = changes::Changes::new(bus.clone());
+        let context = Arc::new(context::Context::load(store.clone(), changes).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
         let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
         let subscriptions =
@@ -219,7 +224,7 @@ impl Pipeline {
         ] {
             tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
         }
-        context.add_listener(subscriptions.clone());
+        context.changes().add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let rules = rules::RuleEngine::start(
             store.clone(),
@@ -516,9 +521,6 @@ impl Pipeline {
             now,
         );
         batch.history = applied.history;
-        for wait in applied.waits {
-            wait.await;
-        }
         let mut last_flush = self.entities_flushed.lock();
         if last_flush.elapsed() >= ENTITY_FLUSH_INTERVAL {
             batch.entities = self.context.take_dirty();
@@ -526,6 +528,7 @@ impl Pipeline {
         }
         Decoded {
             batch: Arc::new(batch),
+            changes: applied.changes,
         }
     }
 
@@ -588,7 +591,7 @@ impl Pipeline {
     /// the units that were new. Retries store failures: the batch is not
     /// dropped, because the cursor must not move past unstored units.
     async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>) {
-        while let Some(Decoded { batch }) = rx.recv().await {
+        while let Some(Decoded { batch, changes }) = rx.recv().await {
             let next_seq = batch.next_seq;
             let mut delay = Duration::from_millis(5);
             let started = std::time::Instant::now();
@@ -638,6 +641,13 @@ impl Pipeline {
                 let mut in_flight = self.in_flight.lock();
                 for record in &batch.units {
                     in_flight.remove(&record.unit.data_id);
+                }
+            }
+            // Committed: now the entity changes may be seen. Listeners that
+            // cannot keep up slow the committer, and so the pipeline.
+            for change in changes {
+                for wait in change.announce() {
+                    wait.await;
                 }
             }
             self.rules.feed(Arc::new(fresh));

@@ -14,6 +14,7 @@
 //! - [`render`]: the model into Orion's representations (normalized,
 //!   keyValues, values, unique, simplified*);
 //! - [`subscription`]: subscriptions, parsed and rendered as Orion does;
+//! - [`change`]: a committed change to an entity, as its consumers take it;
 //! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values.
 //!
 //! Errors are [`NgsiError`]s carrying Orion's status, name and text, so the
@@ -26,6 +27,7 @@ use serde_json::{json, Value};
 use std::fmt;
 use std::marker::PhantomData;
 
+pub mod change;
 pub mod datetime;
 pub mod parse;
 pub mod registration;
@@ -33,6 +35,7 @@ pub mod render;
 pub mod subscription;
 pub mod update;
 
+pub use change::{Alteration, EntityChange, Origin};
 pub use datetime::{format_datetime, parse_datetime};
 pub use parse::{
     check_name, parse_attr, parse_attr_value_text, parse_attrs, parse_body, parse_entity, NameKind,

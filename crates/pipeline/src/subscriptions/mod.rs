@@ -1,8 +1,9 @@
 //! NGSI subscriptions at work: the registry behind `/v2/subscriptions`,
 //! the matcher that sees every entity change, and the notifier.
 //!
-//! Flow: the [`Context`](crate::context::Context) announces each stored
-//! change ([`ChangeListener`]) → [`Subscriptions::on_change`] finds the
+//! Flow: the [`Context`](crate::context::Context) announces each committed
+//! change, in order, through [`Changes`](crate::changes::Changes)
+//! ([`ChangeListener`]) → [`Subscriptions::on_change`] finds the
 //! candidate subscriptions of the tenant (indexed by entity id; pattern
 //! subscriptions are checked one by one), checks status, expiry, service
 //! path, selectors, alteration type, condition attributes, expression and
@@ -345,11 +346,11 @@ impl Subscriptions {
     fn fire(
         &self,
         entry: &Arc<Entry>,
-        change: &EntityChange<'_>,
+        change: &EntityChange,
         now: i64,
         sequence: &mut u32,
     ) -> Option<sender::Job> {
-        if !path_matches(&entry.service_paths, change.service_path) {
+        if !path_matches(&entry.service_paths, &change.service_path) {
             return None;
         }
         let mut state = entry.state.lock();
@@ -357,7 +358,7 @@ impl Subscriptions {
         if sub.status == Status::Inactive || sub.expired(now) {
             return None;
         }
-        let entity = change.entity;
+        let entity = &change.entity;
         if !sub
             .subject
             .entities
@@ -422,10 +423,10 @@ impl Subscriptions {
         *sequence += 1;
         let request = payload::build(&payload::Trigger {
             sub,
-            tenant: change.tenant,
-            service_path: change.service_path,
+            tenant: &change.tenant,
+            service_path: &change.service_path,
             entity,
-            touched: change.attrs,
+            touched: &change.attrs,
             alteration: kind,
             origin: change.origin.as_ref(),
             sequence: *sequence,
@@ -463,8 +464,8 @@ impl ChangeListener for Subscriptions {
             .is_some_and(|t| !t.by_id.is_empty())
     }
 
-    fn on_change(&self, change: &EntityChange<'_>) -> Option<Backpressure> {
-        let candidates = match self.tenants.read().get(change.tenant) {
+    fn on_change(&self, change: &EntityChange) -> Option<Backpressure> {
+        let candidates = match self.tenants.read().get(change.tenant.as_str()) {
             Some(t) => t.candidates(&change.entity.id),
             None => return None,
         };

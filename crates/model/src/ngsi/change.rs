@@ -1,0 +1,129 @@
+//! A committed change to an entity, as its consumers take it: NGSI
+//! subscriptions match it, the live `entities` stream forwards it, and a
+//! second node will receive it over the bus.
+//!
+//! The change is owned (not borrowed from the context's map) because it
+//! outlives the write that made it: it is announced only once the store
+//! has committed that write, after the context's lock is released.
+
+use serde_json::{json, Map, Value};
+
+use super::{render, AttrChange, Entity, Format};
+
+/// What happened to an entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alteration {
+    /// Created (every attribute is new).
+    Created,
+    /// Attributes written (changed or not).
+    Updated,
+    /// Deleted (the entity is its last state).
+    Deleted,
+}
+
+impl Alteration {
+    /// The name the live stream uses (`created`, `updated`, `deleted`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Alteration::Created => "created",
+            Alteration::Updated => "updated",
+            Alteration::Deleted => "deleted",
+        }
+    }
+}
+
+/// The headers of the request that made a change, which notifications
+/// repeat (as Orion propagates them).
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// `Fiware-Correlator` (echoed or minted).
+    pub correlator: String,
+    /// `Fiware-Service` as sent, also when it does not select a tenant
+    /// (single-tenant mode).
+    pub service: Option<String>,
+    /// `X-Auth-Token`, for `${authToken}` and the notification header.
+    pub auth_token: Option<String>,
+}
+
+/// One committed change to an entity: the entity after the change (its
+/// last state, for a deletion) and the attributes the operation touched.
+#[derive(Debug, Clone)]
+pub struct EntityChange {
+    /// Tenant (`Fiware-Service`; empty for the default tenant).
+    pub tenant: String,
+    /// Service path of the entity.
+    pub service_path: String,
+    /// The entity's state after the change (last state when deleted).
+    pub entity: Entity,
+    /// Kind of change.
+    pub alteration: Alteration,
+    /// Attributes the operation touched, in request order.
+    pub attrs: Vec<AttrChange>,
+    /// The request that made the change (none for device data).
+    pub origin: Option<Origin>,
+}
+
+impl EntityChange {
+    /// The change as the live `entities` stream sends it:
+    /// `{"change","service","servicePath","id","type","attrs":[names],
+    /// "entity":{normalized}}`. The request's token is never included.
+    pub fn to_json(&self) -> Value {
+        let mut out = Map::with_capacity(7);
+        out.insert("change".into(), json!(self.alteration.as_str()));
+        out.insert("service".into(), json!(self.tenant));
+        out.insert("servicePath".into(), json!(self.service_path));
+        out.insert("id".into(), json!(self.entity.id));
+        out.insert("type".into(), json!(self.entity.entity_type));
+        let attrs: Vec<&str> = match self.alteration {
+            Alteration::Updated => self.attrs.iter().map(|c| c.name.as_str()).collect(),
+            Alteration::Created | Alteration::Deleted => self.entity.attrs.keys().collect(),
+        };
+        out.insert("attrs".into(), json!(attrs));
+        out.insert(
+            "entity".into(),
+            render(&self.entity, Format::Normalized, None, None),
+        );
+        Value::Object(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ngsi::{append, parse_attrs};
+
+    #[test]
+    fn live_json_names_the_change_and_the_touched_attributes() {
+        let mut entity = Entity::new("dev-1", "Sensor");
+        let attrs = parse_attrs(
+            &json!({"t": {"value": 1, "type": "Number"}, "h": {"value": 2}}),
+            false,
+        )
+        .unwrap();
+        append(&mut entity, attrs, Default::default(), 0);
+        let touched = parse_attrs(&json!({"t": 3}), true).unwrap();
+        let outcome = append(&mut entity, touched, Default::default(), 1);
+        let change = EntityChange {
+            tenant: "acme".into(),
+            service_path: "/a".into(),
+            entity,
+            alteration: Alteration::Updated,
+            attrs: outcome.changes,
+            origin: Some(Origin {
+                correlator: "c".into(),
+                service: Some("acme".into()),
+                auth_token: Some("secret".into()),
+            }),
+        };
+        let json = change.to_json();
+        assert_eq!(json["change"], "updated");
+        assert_eq!(json["service"], "acme");
+        assert_eq!(json["servicePath"], "/a");
+        assert_eq!(json["id"], "dev-1");
+        assert_eq!(json["type"], "Sensor");
+        assert_eq!(json["attrs"], json!(["t"]));
+        assert_eq!(json["entity"]["t"]["value"], 3);
+        assert_eq!(json["entity"]["h"]["value"], 2);
+        assert!(!json.to_string().contains("secret"));
+    }
+}
