@@ -38,7 +38,7 @@ use axum::routing::future::RouteFuture;
 use axum::Router;
 use futures::future::Either;
 use tower::Service;
-use weft_pipeline::Pipeline;
+use weft_pipeline::Ingest;
 
 pub use error::{ApiError, ApiResult};
 
@@ -50,7 +50,7 @@ pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 #[derive(Clone)]
 pub struct AppState {
     /// The running pipeline (catalog, store, bus).
-    pub pipeline: Arc<Pipeline>,
+    pub pipeline: Arc<Ingest>,
     /// The key sensae-path and webhook uplinks must carry in
     /// `Authorization`; `None` accepts any.
     pub ingest_key: Option<Arc<str>>,

@@ -18,7 +18,7 @@ use weft_api::{AppState, MetricsRender};
 use weft_bus::InProcessBus;
 use weft_engine::{Engine, EngineConfig};
 use weft_pipeline::subscriptions::sender::SenderConfig;
-use weft_pipeline::{Pipeline, PipelineConfig};
+use weft_pipeline::{Ingest, PipelineConfig};
 use weft_store::{PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, Store, Synchronous};
 
 use crate::config::Config;
@@ -48,7 +48,7 @@ pub async fn serve(
     let bus = Arc::new(InProcessBus::default());
     let tracker = TaskTracker::new();
     let pipeline_stop = CancellationToken::new();
-    let pipeline = Pipeline::start(
+    let pipeline = Ingest::start(
         store.clone(),
         bus,
         engine,

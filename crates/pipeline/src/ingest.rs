@@ -1,0 +1,671 @@
+//! The ingest consumer: ingest log → decode → process → enrich → store →
+//! publish.
+//!
+//! - [`Ingest::accept`] is the only way in: it appends an uplink to the
+//!   durable ingest log and returns once it has committed (the HTTP 202).
+//! - A consumer task tails the log from its stored cursor in two stages:
+//!   the reader decodes a batch ([`decode`]) while the committer stores the
+//!   previous one together with the new cursor, then publishes the units
+//!   that were new on the bus. A crash between the two replays the batch;
+//!   `dataId` uniqueness makes the replay store nothing twice.
+//! - The committer hands the stored units to the [`rules`] engine, which
+//!   evaluates alarm rules on them and keeps the alarms.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weft_bus::{Bus, Event, Payload, Stream};
+use weft_engine::Engine;
+use weft_model::{FailedUplink, NewUplink, Uplink, UplinkFormat};
+use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
+
+use crate::catalog::Catalog;
+use crate::decode::{self, Produced};
+use crate::{channels, context, history, pages, registrations, rules, subscriptions};
+
+/// The consumer name under which the pipeline's log cursor is stored.
+pub const CONSUMER: &str = "pipeline";
+
+/// Applies to the context the units stored after the entities were last
+/// stored (the store records how far they reach), so a crash between two
+/// bulk entity writes loses nothing.
+async fn replay_units_into_context(
+    store: &Arc<dyn Store>,
+    catalog: &Catalog,
+    context: &context::Context,
+) -> Result<(), StoreError> {
+    let mut after = store
+        .cursor(weft_store::ENTITIES_CURSOR)
+        .await?
+        .saturating_sub(1);
+    let mut replayed = 0usize;
+    loop {
+        let query = weft_store::DataQuery {
+            after: Some(after),
+            limit: 10_000,
+            ..Default::default()
+        };
+        let rows = store.query_data(&query).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        let units: Vec<weft_model::DataUnit> = rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.json).ok())
+            .collect();
+        let types: Vec<String> = units
+            .iter()
+            .map(|u| {
+                catalog
+                    .device_type(&u.device.device_type)
+                    .and_then(|t| t.def.entity_type.clone())
+                    .unwrap_or_else(|| u.device.device_type.clone())
+            })
+            .collect();
+        // Replayed changes were announced before the restart (or never
+        // committed as entities): they are dropped, not announced again.
+        let _ = context.apply_units(
+            units.iter().zip(types.iter().map(String::as_str)),
+            weft_model::now_ms(),
+        );
+        replayed += units.len();
+    }
+    if replayed > 0 {
+        tracing::info!(
+            units = replayed,
+            "applied recent data units to their entities"
+        );
+    }
+    Ok(())
+}
+
+/// Tuning of the pipeline; the defaults carry the seed workloads.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Most log entries decoded and committed as one batch. Larger batches
+    /// amortise commits under load; under light load batches are as small
+    /// as what has arrived, so latency does not wait for a full batch.
+    pub batch_size: usize,
+    /// Most accepted-but-unprocessed uplinks before `accept` answers
+    /// `Overloaded` (503): the log is durable, but a backlog this deep
+    /// means the consumer cannot keep up and clients should back off.
+    pub max_backlog: u64,
+    /// Processed log entries older than this are pruned.
+    pub log_retention: Duration,
+    /// How NGSI notifications are sent.
+    pub notifications: subscriptions::sender::SenderConfig,
+    /// Whether entity changes are recorded as history.
+    pub record_history: bool,
+    /// How long each tenant's history is kept.
+    pub history_retention: history::RetentionPolicy,
+    /// The rule engine's tuning.
+    pub rules: rules::RulesConfig,
+    /// Durable channels' tuning.
+    pub channels: channels::ChannelsConfig,
+    /// Pages' tuning.
+    pub pages: pages::PagesConfig,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            batch_size: 1024,
+            max_backlog: 500_000,
+            log_retention: Duration::from_secs(3600),
+            notifications: Default::default(),
+            record_history: false,
+            history_retention: history::RetentionPolicy {
+                interval: Duration::from_secs(60),
+                ..history::RetentionPolicy::default()
+            },
+            rules: rules::RulesConfig::default(),
+            channels: channels::ChannelsConfig::default(),
+            pages: pages::PagesConfig::default(),
+        }
+    }
+}
+
+/// Why an uplink was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// Too much is queued; retry later (503 + Retry-After).
+    #[error("weft is overloaded; retry later")]
+    Overloaded,
+    /// The store failed (500).
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// Handle on the running pipeline, shared by the API.
+pub struct Ingest {
+    store: Arc<dyn Store>,
+    bus: Arc<dyn Bus>,
+    engine: Engine,
+    catalog: Arc<Catalog>,
+    context: Arc<context::Context>,
+    registrations: Arc<registrations::Registrations>,
+    subscriptions: Arc<subscriptions::Subscriptions>,
+    history: Arc<history::History>,
+    rules: Arc<rules::RuleEngine>,
+    channels: Arc<channels::Channels>,
+    bridges: Arc<channels::bridge::Bridges>,
+    pages: Arc<pages::Pages>,
+    /// When the entities changed by device data were last stored.
+    entities_flushed: parking_lot::Mutex<std::time::Instant>,
+    /// `dataId`s of units decoded but not yet committed. A resend of one of
+    /// them is a duplicate before the store can know it; an id leaves the
+    /// set only once its unit is committed, and so findable in the store.
+    in_flight: parking_lot::Mutex<HashSet<String>>,
+    config: PipelineConfig,
+    /// Next log `seq` the committer has not yet stored (everything below
+    /// is processed).
+    processed: Arc<AtomicU64>,
+}
+
+/// A decoded batch on its way from the reader to the committer.
+struct Decoded {
+    batch: Arc<ProcessedBatch>,
+    /// The entity changes its units make, announced once it is committed.
+    changes: Vec<context::PendingChange>,
+}
+
+/// How often entities changed by device data are stored (in bulk, with a
+/// pipeline batch). Between two writes a crash loses nothing: the units
+/// stored since are applied again at start ([`Ingest::start`]).
+pub const ENTITY_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Capacity of the reader → committer queue: two batches, so decoding the
+/// next batch overlaps with committing the current one and no more.
+const STAGE_QUEUE: usize = 2;
+
+impl Ingest {
+    /// Loads the catalog, then starts the consumer on `tracker`; it stops
+    /// when `shutdown` is cancelled, after processing what was committed.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+        engine: Engine,
+        config: PipelineConfig,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<Arc<Ingest>, StoreError> {
+        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
+        let changes = crate::changes::Changes::new(bus.clone());
+        let context = Arc::new(context::Context::load(store.clone(), changes).await?);
+        replay_units_into_context(&store, &catalog, &context).await?;
+        let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
+        let subscriptions =
+            subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
+        context.set_record_history(config.record_history);
+        let history = history::History::new(store.clone(), config.history_retention.clone());
+        tracker.spawn(history.clone().retention_loop(shutdown.clone()));
+        for feed in [
+            weft_store::HistoryFeed::Changes,
+            weft_store::HistoryFeed::Notifications,
+        ] {
+            tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
+        }
+        context.changes().add_listener(subscriptions.clone());
+        tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
+        let rules = rules::RuleEngine::start(
+            store.clone(),
+            bus.clone(),
+            context.clone(),
+            config.rules.clone(),
+            shutdown.clone(),
+        )
+        .await?;
+        let channels =
+            channels::Channels::start(store.clone(), config.channels.clone(), shutdown.clone())
+                .await?;
+        let bridges = channels::bridge::Bridges::start(
+            store.clone(),
+            bus.clone(),
+            channels.clone(),
+            config.channels.bridges.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
+        let pages = pages::Pages::load(
+            store.clone(),
+            pages::service::Sources::new(store.clone(), context.clone(), rules.clone()),
+            config.pages.clone(),
+        )
+        .await?;
+        let cursor = store.cursor(CONSUMER).await?;
+        let pipeline = Arc::new(Ingest {
+            store,
+            bus,
+            engine,
+            catalog,
+            context,
+            registrations,
+            subscriptions,
+            history,
+            rules,
+            channels,
+            bridges,
+            pages,
+            entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
+            in_flight: parking_lot::Mutex::new(HashSet::new()),
+            config,
+            processed: Arc::new(AtomicU64::new(cursor)),
+        });
+        let (tx, rx) = mpsc::channel(STAGE_QUEUE);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let stages = pipeline.clone();
+        // The pipeline runs on a thread and runtime of its own. On the
+        // shared runtime its many short hops (read pool, engine, writer)
+        // would each wait behind every ready HTTP connection task, which
+        // under load adds tens of milliseconds per batch; here the OS
+        // scheduler gives it its turn directly.
+        std::thread::Builder::new()
+            .name("weft-pipeline".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the pipeline's runtime starts");
+                runtime.block_on(async move {
+                    let reader =
+                        tokio::spawn(stages.clone().read_loop(cursor, tx, shutdown.clone()));
+                    let committer = tokio::spawn(stages.clone().commit_loop(rx));
+                    let pruner = tokio::spawn(stages.prune_loop(shutdown));
+                    let _ = tokio::join!(reader, committer, pruner);
+                });
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| StoreError::Database(format!("starting the pipeline thread: {e}")))?;
+        tracker.spawn(async move {
+            let _ = done_rx.await;
+        });
+        Ok(pipeline)
+    }
+
+    /// Durably appends an uplink to the ingest log; `Ok` means it is
+    /// committed and will be processed, even across a crash.
+    pub async fn accept(&self, uplink: NewUplink) -> Result<u64, AcceptError> {
+        let committed = *self.store.committed_seq().borrow();
+        let processed = self.processed.load(Ordering::Relaxed);
+        if committed.saturating_add(1).saturating_sub(processed) > self.config.max_backlog {
+            metrics::counter!("weft_uplinks_rejected_total", "reason" => "backlog").increment(1);
+            return Err(AcceptError::Overloaded);
+        }
+        match self.store.append_uplink(uplink).await {
+            Ok(seq) => {
+                metrics::counter!("weft_uplinks_accepted_total").increment(1);
+                Ok(seq)
+            }
+            Err(StoreError::Overloaded) => {
+                metrics::counter!("weft_uplinks_rejected_total", "reason" => "queue").increment(1);
+                Err(AcceptError::Overloaded)
+            }
+            Err(e) => Err(AcceptError::Store(e)),
+        }
+    }
+
+    /// Runs a sample uplink of type `type_name` through decode and process
+    /// without storing or registering anything (the `decode` dry run). A
+    /// body with `payload` or `bytes` is treated as encoded, otherwise as
+    /// decoded.
+    pub async fn dry_run(
+        &self,
+        type_name: &str,
+        channel: Option<String>,
+        body: &Value,
+    ) -> Result<Produced, FailedUplink> {
+        let encoded = body.get("payload").is_some() || body.get("bytes").is_some();
+        let uplink = Uplink {
+            seq: 0,
+            uplink: NewUplink {
+                received_at: weft_model::now_ms(),
+                format: if encoded {
+                    UplinkFormat::SensaeEncoded
+                } else {
+                    UplinkFormat::SensaeDecoded
+                },
+                channel,
+                device_type: Some(type_name.to_string()),
+                body: serde_json::to_vec(body).unwrap_or_default(),
+            },
+        };
+        let mut ignored = Vec::new();
+        let mut out = decode::process(
+            std::slice::from_ref(&uplink),
+            &self.catalog,
+            &self.engine,
+            &mut ignored,
+            false,
+        )
+        .await;
+        out.pop().expect("one outcome per uplink")
+    }
+
+    /// The device catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The NGSI context (entities of every tenant).
+    pub fn context(&self) -> &context::Context {
+        &self.context
+    }
+
+    /// The NGSI subscriptions of every tenant.
+    pub fn subscriptions(&self) -> &subscriptions::Subscriptions {
+        &self.subscriptions
+    }
+
+    /// The history recorder.
+    pub fn history(&self) -> &history::History {
+        &self.history
+    }
+
+    /// The NGSI registrations of every tenant.
+    pub fn registrations(&self) -> &registrations::Registrations {
+        &self.registrations
+    }
+
+    /// Durable pull channels (the DSPS API).
+    pub fn channels(&self) -> &channels::Channels {
+        &self.channels
+    }
+
+    /// Pages and their services.
+    pub fn pages(&self) -> &pages::Pages {
+        &self.pages
+    }
+
+    /// The bridges publishing weft's events into channels.
+    pub fn bridges(&self) -> &channels::bridge::Bridges {
+        &self.bridges
+    }
+
+    /// The rule engine: rules and alarms.
+    pub fn rules(&self) -> &rules::RuleEngine {
+        &self.rules
+    }
+
+    /// The store, for read-only API queries.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The bus, for live subscribers.
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+
+    /// Accepted uplinks not yet processed.
+    pub fn backlog(&self) -> u64 {
+        let committed = *self.store.committed_seq().borrow();
+        (committed + 1).saturating_sub(self.processed.load(Ordering::Relaxed))
+    }
+
+    /// Reader stage: waits for committed log entries past `next`, decodes
+    /// them in batches and hands them to the committer.
+    async fn read_loop(
+        self: Arc<Self>,
+        mut next: u64,
+        tx: mpsc::Sender<Decoded>,
+        shutdown: CancellationToken,
+    ) {
+        let mut committed = self.store.committed_seq();
+        loop {
+            let head = *committed.borrow_and_update();
+            if head < next {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                tokio::select! {
+                    changed = committed.changed() => if changed.is_err() { break },
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            let uplinks = match self.store.read_uplinks(next, self.config.batch_size).await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::error!(error = %e, next, "reading the ingest log failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let Some(last) = uplinks.last().map(|u| u.seq) else {
+                // Entries below `head` were pruned or never existed: skip ahead.
+                next = head + 1;
+                continue;
+            };
+            metrics::histogram!("weft_pipeline_batch_size").record(uplinks.len() as f64);
+            let started = std::time::Instant::now();
+            let batch = self.decode_batch(&uplinks, last + 1).await;
+            metrics::histogram!("weft_pipeline_decode_seconds")
+                .record(started.elapsed().as_secs_f64());
+            if tx.send(batch).await.is_err() {
+                break;
+            }
+            next = last + 1;
+        }
+    }
+
+    async fn decode_batch(&self, uplinks: &[Uplink], next_seq: u64) -> Decoded {
+        let mut new_devices = Vec::new();
+        let outcomes =
+            decode::process(uplinks, &self.catalog, &self.engine, &mut new_devices, true).await;
+        let mut batch = ProcessedBatch {
+            consumer: CONSUMER.to_string(),
+            next_seq,
+            new_devices,
+            ..ProcessedBatch::default()
+        };
+        let mut entity_types = Vec::new();
+        for outcome in outcomes {
+            match outcome {
+                Ok(produced) => {
+                    for unit in produced.units {
+                        let entity_type = self
+                            .catalog
+                            .device_type(&unit.device.device_type)
+                            .and_then(|t| t.def.entity_type.clone())
+                            .unwrap_or_else(|| unit.device.device_type.clone());
+                        entity_types.push(entity_type);
+                        let json = serde_json::to_string(&unit).expect("data units serialise");
+                        batch.units.push(UnitRecord {
+                            unit: Arc::new(unit),
+                            json: json.into(),
+                        });
+                    }
+                }
+                Err(failure) => {
+                    metrics::counter!("weft_uplinks_failed_total", "reason" => failure.reason.as_str())
+                        .increment(1);
+                    tracing::debug!(
+                        seq = failure.seq,
+                        reason = failure.reason.as_str(),
+                        "{}",
+                        failure.description
+                    );
+                    batch.failures.push(failure);
+                }
+            }
+        }
+        self.drop_duplicates(&mut batch.units, &mut entity_types)
+            .await;
+        let now = weft_model::now_ms();
+        let applied = self.context.apply_units(
+            batch
+                .units
+                .iter()
+                .map(|r| &*r.unit)
+                .zip(entity_types.iter().map(String::as_str)),
+            now,
+        );
+        batch.history = applied.history;
+        let mut last_flush = self.entities_flushed.lock();
+        if last_flush.elapsed() >= ENTITY_FLUSH_INTERVAL {
+            batch.entities = self.context.take_dirty();
+            *last_flush = std::time::Instant::now();
+        }
+        Decoded {
+            batch: Arc::new(batch),
+            changes: applied.changes,
+        }
+    }
+
+    /// Drops the units whose `dataId` is already stored, on its way to the
+    /// store, or earlier in the same batch: a resent uplink must not touch
+    /// the live entity, the history or the socket, so it goes before the
+    /// batch reaches the context, not only at its insert. The units kept
+    /// join the in-flight set until the committer has stored them.
+    async fn drop_duplicates(&self, units: &mut Vec<UnitRecord>, entity_types: &mut Vec<String>) {
+        if units.is_empty() {
+            return;
+        }
+        // The in-flight set first, then the store: an id missing from the
+        // set is either new or already committed, and then the store has it.
+        let mut keep = vec![true; units.len()];
+        let mut unknown = Vec::with_capacity(units.len());
+        {
+            let in_flight = self.in_flight.lock();
+            let mut seen = HashSet::with_capacity(units.len());
+            for (i, record) in units.iter().enumerate() {
+                let id = record.unit.data_id.as_str();
+                if in_flight.contains(id) || !seen.insert(id) {
+                    keep[i] = false;
+                } else {
+                    unknown.push(id.to_string());
+                }
+            }
+        }
+        let mut delay = Duration::from_millis(5);
+        let stored = loop {
+            match self.store.stored_data_ids(unknown.clone()).await {
+                Ok(stored) => break stored,
+                // Shutting down: the batch will not be committed either.
+                Err(StoreError::Closed) => break HashSet::new(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking up stored data ids failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        };
+        for (i, record) in units.iter().enumerate() {
+            if keep[i] && stored.contains(&record.unit.data_id) {
+                keep[i] = false;
+            }
+        }
+        let dropped = keep.iter().filter(|k| !**k).count();
+        if dropped > 0 {
+            metrics::counter!("weft_units_duplicate_total").increment(dropped as u64);
+            let mut kept = keep.iter();
+            units.retain(|_| *kept.next().unwrap_or(&true));
+            let mut kept = keep.iter();
+            entity_types.retain(|_| *kept.next().unwrap_or(&true));
+        }
+        let mut in_flight = self.in_flight.lock();
+        in_flight.extend(units.iter().map(|r| r.unit.data_id.clone()));
+    }
+
+    /// Committer stage: stores each batch with its cursor, then publishes
+    /// the units that were new. Retries store failures: the batch is not
+    /// dropped, because the cursor must not move past unstored units.
+    async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>) {
+        while let Some(Decoded { batch, changes }) = rx.recv().await {
+            let next_seq = batch.next_seq;
+            let mut delay = Duration::from_millis(5);
+            let started = std::time::Instant::now();
+            let outcome = loop {
+                match self.store.commit_processed(Arc::clone(&batch)).await {
+                    Ok(outcome) => break Some(outcome),
+                    Err(StoreError::Closed) => break None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "committing processed uplinks failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                }
+            };
+            let Some(outcome) = outcome else { break };
+            metrics::histogram!("weft_pipeline_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
+            if started.elapsed() > Duration::from_millis(20) {
+                tracing::debug!(took = ?started.elapsed(), "slow pipeline commit");
+            }
+            let mut stored = 0u64;
+            let now = weft_model::now_ms();
+            let mut fresh = Vec::with_capacity(batch.units.len());
+            for ((record, inserted), seq) in batch
+                .units
+                .iter()
+                .zip(outcome.inserted)
+                .zip(outcome.seqs.iter().copied().chain(std::iter::repeat(0)))
+            {
+                if inserted && seq > 0 {
+                    fresh.push((seq, Arc::clone(&record.unit)));
+                }
+                if !inserted {
+                    metrics::counter!("weft_units_duplicate_total").increment(1);
+                    continue;
+                }
+                stored += 1;
+                let lag_ms = (now - record.unit.received_at).max(0) as f64;
+                metrics::histogram!("weft_pipeline_latency_seconds").record(lag_ms / 1000.0);
+                self.bus.publish(Event {
+                    stream: Stream::Data,
+                    payload: Payload::Data(Arc::clone(&record.unit)),
+                    json: record.json.clone(),
+                });
+            }
+            {
+                let mut in_flight = self.in_flight.lock();
+                for record in &batch.units {
+                    in_flight.remove(&record.unit.data_id);
+                }
+            }
+            // Committed: now the entity changes may be seen. Listeners that
+            // cannot keep up slow the committer, and so the pipeline.
+            for change in changes {
+                for wait in change.announce() {
+                    wait.await;
+                }
+            }
+            self.rules.feed(Arc::new(fresh));
+            metrics::counter!("weft_units_stored_total").increment(stored);
+            self.processed.store(next_seq, Ordering::Relaxed);
+            metrics::gauge!("weft_pipeline_backlog").set(self.backlog() as f64);
+        }
+    }
+
+    /// Deletes processed log entries older than the retention: every 10 s,
+    /// or every 100 ms while there is more to delete (the store deletes in
+    /// bounded chunks so the writer is never held for long).
+    async fn prune_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut wait = Duration::from_secs(10);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            let below = self.processed.load(Ordering::Relaxed);
+            let before = weft_model::now_ms() - self.config.log_retention.as_millis() as i64;
+            wait = match self.store.prune_uplinks(below, before).await {
+                Ok(n) if n > 0 => {
+                    tracing::debug!(pruned = n, "pruned the ingest log");
+                    Duration::from_millis(100)
+                }
+                Ok(_) => Duration::from_secs(10),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning the ingest log failed");
+                    Duration::from_secs(10)
+                }
+            };
+        }
+    }
+}
