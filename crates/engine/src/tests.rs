@@ -602,8 +602,9 @@ async fn scripts_are_isolated() {
     );
 }
 
-/// A compiled script is reused: its top level runs once and its globals
-/// persist across calls and batches. A changed source starts afresh.
+/// A compiled script is reused: for named function calls (rules) its top
+/// level runs once and its globals persist across calls and batches. A
+/// changed source starts afresh.
 #[tokio::test]
 async fn compiled_script_is_reused() {
     let engine = engine();
@@ -629,6 +630,69 @@ async fn compiled_script_is_reused() {
         run_one(&engine, function_call(&changed, "count", vec![])).await,
         Ok(json!([1, 1]))
     );
+}
+
+/// Every codec call starts from fresh state, as TTN's and ChirpStack's
+/// runners give it: a byte pointer kept in a top-level `var` starts at 0
+/// for every uplink, counters in top-level `var`s, on `globalThis` or in
+/// undeclared names never carry over, also after a call that threw, and
+/// across device types sharing one source. Top-level constants still
+/// work.
+#[tokio::test]
+async fn every_codec_call_starts_from_fresh_state() {
+    let engine = engine();
+    // The shape of codecs in TTN's device repository that walk the payload
+    // with a global index.
+    let pointer = Script::new(
+        "var i = 0;
+         var TABLE = {1: 'battery', 3: 'temperature'};
+         function decodeUplink(input) {
+           var data = {};
+           while (i < input.bytes.length) { var ch = input.bytes[i++]; data[TABLE[ch]] = input.bytes[i++]; }
+           return {data: data};
+         }",
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            decode(&engine, &pointer, &[1, 92, 3, 21]).await,
+            Ok(json!({"battery": 92, "temperature": 21}))
+        );
+    }
+    let counters = Script::new(
+        "var calls = 0;
+         function decodeUplink(input) {
+           calls += 1;
+           globalThis.viaGlobal = (globalThis.viaGlobal || 0) + 1;
+           if (typeof undeclared === 'undefined') { undeclared = 0; }
+           undeclared += 1;
+           if (input.bytes[0] === 0) { throw new Error('after changing state'); }
+           return {data: {calls: calls, viaGlobal: viaGlobal, undeclared: undeclared}};
+         }",
+    );
+    let once = json!({"calls": 1, "viaGlobal": 1, "undeclared": 1});
+    for bytes in [[1], [0], [1], [0], [1]] {
+        let got = decode(&engine, &counters, &bytes).await;
+        if bytes[0] == 0 {
+            assert!(matches!(got, Err(CodecError::Exception { .. })), "{got:?}");
+        } else {
+            assert_eq!(got, Ok(once.clone()));
+        }
+    }
+    let convert = Script::new(
+        "var seen = [];
+         function convert(o) { seen.push(o.n); return {seen: seen}; }",
+    );
+    for n in 0..2 {
+        let out = run_one(
+            &engine,
+            Call::Convert {
+                script: convert.clone(),
+                input: json!({"n": n}),
+            },
+        )
+        .await;
+        assert_eq!(out, Ok(json!({"seen": [n]})));
+    }
 }
 
 /// Two sources that share an id (as a hash collision would) never run each

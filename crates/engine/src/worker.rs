@@ -5,7 +5,18 @@
 //! gaps): a memory limit, a stack limit, and an interrupt handler that stops
 //! a call once its `Instant` deadline has passed. Each script is compiled
 //! once into a context of its own (so scripts never see each other's
-//! globals) and kept in a bounded cache keyed by the script id. A call that
+//! globals) and kept in a bounded cache keyed by the script id.
+//!
+//! A codec call (`decodeUplink`, `convert`) starts from fresh state, as
+//! TTN's and ChirpStack's runners give it: the script is also compiled as
+//! the body of a function, and every codec call runs that function — the
+//! script's top level afresh, its `var`s and functions new — then the entry
+//! point it defined; globals earlier calls created (sloppy assignments to
+//! undeclared names, `globalThis.x = …`) are deleted first. So a codec
+//! that keeps a byte pointer in a top-level `var` decodes every uplink from
+//! byte 0, and one device's uplink cannot change how another's is decoded.
+//! Only compiling happens once. Other calls (`Call::Function`, JS rules)
+//! run in the script's global scope, whose state persists. A call that
 //! times out or runs out of memory drops its script's context (its globals
 //! may be half updated, or hold the memory), so the next call starts from a
 //! fresh compile and the other scripts on the worker are unaffected. If not
@@ -50,6 +61,30 @@ const PRELUDE: &str = "globalThis.console = (function () {
   function ignore() {}
   return { log: ignore, info: ignore, warn: ignore, error: ignore, debug: ignore, trace: ignore };
 })();";
+
+/// Opens the function a codec's source becomes the body of (see the module
+/// doc). On the source's first line, so error positions keep their lines.
+const FRESH_OPEN: &str = "(function () {";
+
+/// Closes that function: it returns the entry points the top level defined.
+const FRESH_CLOSE: &str =
+    "\n;return [typeof decodeUplink === 'function' ? decodeUplink : undefined,
+  typeof convert === 'function' ? convert : undefined];\n})";
+
+/// Deletes the globals codec calls added: `Object.keys` lists only
+/// enumerable own properties, which the builtins are not, so the check is
+/// a short array and a length comparison in the common case.
+const GLOBALS_RESET: &str = "(function (g) {
+  var kept = Object.keys(g);
+  var known = new Set(kept);
+  return function () {
+    var now = Object.keys(g);
+    if (now.length === kept.length) return;
+    for (var i = 0; i < now.length; i++) {
+      if (!known.has(now[i])) delete g[now[i]];
+    }
+  };
+})";
 
 /// Builds TTN's `{bytes, fPort, recvTime}` in JavaScript: an object literal
 /// of fixed shape is cheaper to make there than property by property from
@@ -168,8 +203,11 @@ struct Compiled {
 
 /// What `load` keeps of a context for its calls.
 struct Handles {
-    decode: Option<Persistent<Function<'static>>>,
-    convert: Option<Persistent<Function<'static>>>,
+    /// Runs the script's top level afresh and returns its
+    /// `[decodeUplink, convert]`; see the module doc.
+    fresh: Option<Persistent<Function<'static>>>,
+    /// Deletes the globals codec calls added.
+    reset: Option<Persistent<Function<'static>>>,
     /// Builds `decodeUplink`'s input from (bytes, fPort, recvTime ms) with
     /// the real `Date`; see [`INPUT_MAKER`].
     make_input: Persistent<Function<'static>>,
@@ -410,20 +448,41 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
         let value: Value = globals.get(name)?;
         Ok(value.into_function())
     };
-    let decode = function("decodeUplink")?;
-    let convert = function("convert")?;
-    let kind = if decode.is_some() {
+    let kind = if function("decodeUplink")?.is_some() {
         ScriptKind::DecodeUplink
-    } else if convert.is_some() {
+    } else if function("convert")?.is_some() {
         ScriptKind::Convert
     } else if function("evaluate")?.is_some() {
         ScriptKind::Evaluate
     } else {
         ScriptKind::Unknown
     };
+    // A codec also becomes the body of a function its calls run afresh.
+    // It compiled as a script, so it compiles as a body (a top-level
+    // `return` would have failed above).
+    let (fresh, reset) = if matches!(kind, ScriptKind::DecodeUplink | ScriptKind::Convert) {
+        let mut wrapped = String::with_capacity(source.len() + 160);
+        wrapped.push_str(FRESH_OPEN);
+        wrapped.push_str(source);
+        wrapped.push_str(FRESH_CLOSE);
+        let mut options = EvalOptions::default();
+        options.strict = false;
+        options.backtrace_barrier = true;
+        options.filename = Some(FILE_NAME.to_string());
+        let fresh: Function = ctx.eval_with_options(wrapped.into_bytes(), options)?;
+        let reset: Function = ctx
+            .eval::<Function, _>(GLOBALS_RESET)?
+            .call((globals.clone(),))?;
+        (
+            Some(Persistent::save(ctx, fresh)),
+            Some(Persistent::save(ctx, reset)),
+        )
+    } else {
+        (None, None)
+    };
     let handles = Handles {
-        decode: decode.map(|f| Persistent::save(ctx, f)),
-        convert: convert.map(|f| Persistent::save(ctx, f)),
+        fresh,
+        reset,
         make_input: Persistent::save(ctx, make_input),
         object_prototype: Persistent::save(ctx, object_prototype),
     };
@@ -439,13 +498,13 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
             recv_time_ms,
             ..
         } => {
-            let decode = entry_point(ctx, &handles.decode, "decodeUplink")?;
+            let decode = fresh_entry_point(ctx, handles, 0, "decodeUplink")?;
             let make_input = handles.make_input.clone().restore(ctx)?;
             let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &make_input)?;
             decode.call((input,))?
         }
         Call::Convert { input, .. } => {
-            let convert = entry_point(ctx, &handles.convert, "convert")?;
+            let convert = fresh_entry_point(ctx, handles, 1, "convert")?;
             convert.call((convert::to_js(ctx, &input)?,))?
         }
         Call::Function { name, args, .. } => {
@@ -469,15 +528,31 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
     })
 }
 
-fn entry_point<'js>(
+/// Deletes the globals earlier codec calls added (before the call, so a
+/// call that threw is cleaned up too), runs the codec's top level afresh
+/// and returns the entry point at `index` of what it defined (`0`:
+/// `decodeUplink`, `1`: `convert`).
+fn fresh_entry_point<'js>(
     ctx: &Ctx<'js>,
-    function: &Option<Persistent<Function<'static>>>,
+    handles: &Handles,
+    index: usize,
     name: &str,
 ) -> Result<Function<'js>, Fault> {
-    match function {
-        Some(function) => Ok(function.clone().restore(ctx)?),
-        None => Err(Fault::Codec(CodecError::MissingFunction(name.to_string()))),
+    let missing = || Fault::Codec(CodecError::MissingFunction(name.to_string()));
+    reset_globals(ctx, handles)?;
+    let fresh = handles.fresh.clone().ok_or_else(missing)?.restore(ctx)?;
+    let defined: rquickjs::Array = fresh.call(())?;
+    let entry: Value = defined.get(index)?;
+    entry.into_function().ok_or_else(missing)
+}
+
+/// Deletes the globals codec calls added since the script was compiled.
+fn reset_globals(ctx: &Ctx<'_>, handles: &Handles) -> Result<(), Fault> {
+    if let Some(reset) = &handles.reset {
+        let reset = reset.clone().restore(ctx)?;
+        reset.call::<_, ()>(())?;
     }
+    Ok(())
 }
 
 /// A failure inside a context, turned into a [`CodecError`] while the
