@@ -227,11 +227,15 @@ fn parse(text: &str) -> Result<Json, Fault> {
 /// Describes a thrown value: an `Error` as `Name: message` plus its stack,
 /// anything else as its text. QuickJS's "out of memory" becomes
 /// [`CodecError::OutOfMemory`] whatever form it arrives in.
-pub(crate) fn describe_thrown<'js>(ctx: &Ctx<'js>, thrown: Value<'js>) -> CodecError {
-    if thrown.is_null() || thrown.type_of() == rquickjs::Type::Uninitialized {
-        // QuickJS throws `null` when it cannot even allocate the error
-        // object for "out of memory". (A script's own `throw null` reads the
-        // same; it carries no message to show anyway.)
+pub(crate) fn describe_thrown<'js>(
+    ctx: &Ctx<'js>,
+    thrown: Value<'js>,
+    exhausted: bool,
+) -> CodecError {
+    // QuickJS throws `null` when it cannot even allocate the error object
+    // for "out of memory", which happens only near the memory limit
+    // (`exhausted`); anywhere else a `null` is the script's own `throw null`.
+    if thrown.type_of() == rquickjs::Type::Uninitialized || (thrown.is_null() && exhausted) {
         return CodecError::OutOfMemory;
     }
     let (message, stack) = match thrown.as_exception() {

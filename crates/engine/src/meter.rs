@@ -13,20 +13,54 @@ use std::rc::Rc;
 
 use rquickjs::allocator::{Allocator, RustAllocator};
 
+/// What one runtime holds: the bytes allocated now, and the most it held
+/// since the worker last asked ([`Meter::reset_peak`]), which tells a real
+/// out-of-memory from a script's own `throw null` (QuickJS throws `null`
+/// when it cannot even allocate the error).
+#[derive(Default)]
+pub(crate) struct Meter {
+    held: Cell<usize>,
+    peak: Cell<usize>,
+}
+
+impl Meter {
+    /// Bytes allocated now.
+    pub(crate) fn held(&self) -> usize {
+        self.held.get()
+    }
+
+    /// The most bytes held since the last [`Meter::reset_peak`].
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.get()
+    }
+
+    /// Starts a new peak from what is held now (before each call).
+    pub(crate) fn reset_peak(&self) {
+        self.peak.set(self.held.get());
+    }
+
+    fn set(&self, held: usize) {
+        self.held.set(held);
+        if held > self.peak.get() {
+            self.peak.set(held);
+        }
+    }
+}
+
 /// Counts the bytes currently allocated by one runtime.
 pub(crate) struct MeteredAllocator {
-    held: Rc<Cell<usize>>,
+    meter: Rc<Meter>,
 }
 
 impl MeteredAllocator {
-    /// An allocator and the counter it keeps up to date.
-    pub(crate) fn new() -> (MeteredAllocator, Rc<Cell<usize>>) {
-        let held = Rc::new(Cell::new(0));
+    /// An allocator and the meter it keeps up to date.
+    pub(crate) fn new() -> (MeteredAllocator, Rc<Meter>) {
+        let meter = Rc::new(Meter::default());
         (
             MeteredAllocator {
-                held: Rc::clone(&held),
+                meter: Rc::clone(&meter),
             },
-            held,
+            meter,
         )
     }
 
@@ -34,7 +68,7 @@ impl MeteredAllocator {
         if !ptr.is_null() {
             // SAFETY: `ptr` was just returned by RustAllocator.
             let size = unsafe { RustAllocator::usable_size(ptr) };
-            self.held.set(self.held.get().saturating_add(size));
+            self.meter.set(self.meter.held().saturating_add(size));
         }
     }
 
@@ -43,7 +77,7 @@ impl MeteredAllocator {
             // SAFETY: callers pass pointers allocated by RustAllocator and
             // not yet freed.
             let size = unsafe { RustAllocator::usable_size(ptr) };
-            self.held.set(self.held.get().saturating_sub(size));
+            self.meter.held.set(self.meter.held().saturating_sub(size));
         }
     }
 }
@@ -79,7 +113,7 @@ unsafe impl Allocator for MeteredAllocator {
         // SAFETY: forwarded contract.
         let new = unsafe { RustAllocator.realloc(ptr, new_size) };
         if !new.is_null() {
-            self.held.set(self.held.get().saturating_sub(old));
+            self.meter.held.set(self.meter.held().saturating_sub(old));
             self.add(new);
         }
         new

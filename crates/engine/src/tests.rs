@@ -217,6 +217,29 @@ async fn thrown_error_text() {
     );
 }
 
+/// A codec that throws `null` or `undefined` is reported as throwing that
+/// value, not as running out of memory (QuickJS's own out-of-memory
+/// `null` comes only near the memory limit).
+#[tokio::test]
+async fn thrown_null_is_reported_as_itself() {
+    let engine = engine();
+    for (value, text) in [("null", "null"), ("undefined", "undefined")] {
+        let script = Script::new(&format!(
+            "function decodeUplink(input) {{ throw {value}; }}"
+        ));
+        let error = run_one(&engine, decode_call(&script, &[1]))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            CodecError::Exception {
+                message: text.into(),
+                stack: None
+            }
+        );
+    }
+}
+
 /// A decodeUplink without `data` is invalid output; TypeErrors of a broken
 /// codec are exceptions; a script without the function says so.
 #[tokio::test]

@@ -37,7 +37,7 @@ use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
 use tokio::sync::oneshot;
 
 use crate::convert;
-use crate::meter::MeteredAllocator;
+use crate::meter::{Meter, MeteredAllocator};
 use crate::{Call, CodecError, Script, ScriptKind};
 
 /// Compiled scripts kept per worker. Far more than the codecs and rules a
@@ -50,6 +50,12 @@ const THREAD_STACK_HEADROOM: usize = 4 * 1024 * 1024;
 
 /// The smallest JavaScript stack a worker accepts.
 const MIN_STACK: usize = 64 * 1024;
+
+/// How close to the memory limit a call must have come for a thrown `null`
+/// to be QuickJS failing to allocate its error, not the script's own
+/// `throw null`: an error object with its message and stack fits well
+/// within it.
+const EXHAUSTED_MARGIN: usize = 64 * 1024;
 
 /// The file name scripts are compiled under; it shows up in stack traces
 /// (`at decodeUplink (script.js:5:11)`).
@@ -237,14 +243,16 @@ struct Sandbox {
     clock: Rc<Clock>,
     runtime: Runtime,
     /// Bytes the runtime holds, kept by its allocator.
-    held: Rc<Cell<usize>>,
+    meter: Rc<Meter>,
+    /// The memory limit last set on the runtime.
+    memory_limit: Cell<usize>,
     /// Monotonic use counter for LRU eviction.
     uses: u64,
 }
 
 impl Sandbox {
     fn new(limits: Limits) -> rquickjs::Result<Sandbox> {
-        let (allocator, held) = MeteredAllocator::new();
+        let (allocator, meter) = MeteredAllocator::new();
         let runtime = Runtime::new_with_alloc(allocator)?;
         let clock = Rc::new(Clock::default());
         let handler_clock = Rc::clone(&clock);
@@ -257,7 +265,8 @@ impl Sandbox {
             cache: HashMap::new(),
             clock,
             runtime,
-            held,
+            meter,
+            memory_limit: Cell::new(0),
             uses: 0,
         };
         sandbox.update_memory_limit();
@@ -283,8 +292,15 @@ impl Sandbox {
     /// what the cached contexts hold (read after each compile and eviction,
     /// not per call) is added on top.
     fn update_memory_limit(&self) {
-        self.runtime
-            .set_memory_limit(self.held.get().saturating_add(self.limits.memory));
+        let limit = self.meter.held().saturating_add(self.limits.memory);
+        self.memory_limit.set(limit);
+        self.runtime.set_memory_limit(limit);
+    }
+
+    /// Whether the call that just failed came close enough to the memory
+    /// limit that QuickJS may have had no room left for an error object.
+    fn exhausted(&self) -> bool {
+        self.meter.peak().saturating_add(EXHAUSTED_MARGIN) >= self.memory_limit.get()
     }
 
     fn handle(&mut self, job: Job) {
@@ -318,10 +334,11 @@ impl Sandbox {
         let compiled = self.ready(id)?;
         let limit = self.limits.time;
         let clock = &self.clock;
+        self.meter.reset_peak();
         clock.arm(limit);
         let result = compiled.context.with(|ctx| {
             invoke(&ctx, &compiled.handles, call)
-                .map_err(|fault| fault.into_error(&ctx, clock, limit))
+                .map_err(|fault| fault.into_error(&ctx, clock, limit, self.exhausted()))
         });
         clock.disarm();
         if let Err(CodecError::OutOfMemory | CodecError::Timeout(_)) = result {
@@ -368,9 +385,11 @@ impl Sandbox {
         };
         let limit = self.limits.time;
         let clock = &self.clock;
+        self.meter.reset_peak();
         clock.arm(limit);
         let result = context.with(|ctx| {
-            load(&ctx, &script.source).map_err(|fault| fault.into_compile_error(&ctx, clock, limit))
+            load(&ctx, &script.source)
+                .map_err(|fault| fault.into_compile_error(&ctx, clock, limit, self.exhausted()))
         });
         clock.disarm();
         match result {
@@ -580,7 +599,15 @@ impl From<CodecError> for Fault {
 }
 
 impl Fault {
-    fn into_error(self, ctx: &Ctx<'_>, clock: &Clock, limit: Duration) -> CodecError {
+    /// `exhausted`: the call came near the memory limit, so a thrown
+    /// `null` means QuickJS ran out of memory (see [`EXHAUSTED_MARGIN`]).
+    fn into_error(
+        self,
+        ctx: &Ctx<'_>,
+        clock: &Clock,
+        limit: Duration,
+        exhausted: bool,
+    ) -> CodecError {
         let (error, output) = match self {
             Fault::Codec(error) => return error,
             Fault::Js(error) => (error, false),
@@ -596,7 +623,7 @@ impl Fault {
             return CodecError::Timeout(limit);
         }
         let described = match (thrown, error) {
-            (Some(thrown), _) => convert::describe_thrown(ctx, thrown),
+            (Some(thrown), _) => convert::describe_thrown(ctx, thrown, exhausted),
             (None, rquickjs::Error::Allocation) => CodecError::OutOfMemory,
             (None, other) => CodecError::Exception {
                 message: other.to_string(),
@@ -614,8 +641,14 @@ impl Fault {
     /// Like `into_error`, but the parser's `SyntaxError` is a compile error
     /// with the line it points at. (A `SyntaxError` the top level throws
     /// while running, say from `JSON.parse`, stays an exception.)
-    fn into_compile_error(self, ctx: &Ctx<'_>, clock: &Clock, limit: Duration) -> CodecError {
-        match self.into_error(ctx, clock, limit) {
+    fn into_compile_error(
+        self,
+        ctx: &Ctx<'_>,
+        clock: &Clock,
+        limit: Duration,
+        exhausted: bool,
+    ) -> CodecError {
+        match self.into_error(ctx, clock, limit, exhausted) {
             CodecError::Exception { message, stack } if message.starts_with("SyntaxError") => {
                 match stack.as_deref().and_then(parser_position) {
                     Some(line) => CodecError::Compile {
