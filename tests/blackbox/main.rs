@@ -11,6 +11,8 @@
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
 //! - `history`: QuantumLeap's notify and queries over recorded history.
+//! - `hostile`: what devices, codecs and clients send cannot spoof or
+//!   break entities, nor carry state from one decode to the next.
 //! - `pages`: Knot.x templates rendered from services, fallbacks, one
 //!   call per distinct service call, weft's own data as sources.
 //! - `ops`: health and metrics.
@@ -25,6 +27,7 @@ mod channels;
 mod codecs;
 mod durability;
 mod history;
+mod hostile;
 mod ingest;
 mod live;
 mod ngsi;

@@ -194,6 +194,7 @@ async fn put_device(
     for sub in &device.sub_devices {
         check_id(&sub.id)?;
     }
+    device.check().map_err(ApiError::bad_request)?;
     let created = state.pipeline.catalog().put_device(device.clone()).await?;
     Ok((created_or_ok(created), Json(device)))
 }

@@ -53,9 +53,10 @@ pub struct Mapping {
 }
 
 /// A registered device: labels and static data that enrich every data unit
-/// it produces, and the ids of its sub-devices.
+/// it produces, and the ids of its sub-devices. Unknown fields are refused
+/// (a misspelt `sub_devices` would otherwise be dropped without a word).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Device {
     /// Device id; filled from the path, not the body.
     #[serde(default)]
@@ -82,10 +83,102 @@ pub struct Device {
 
 /// Maps a measure index of a gateway-like device to another device id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SubDevice {
     /// Index under `measures` (`"1"`, `"2"`, …); 0 is the device itself.
     #[serde(rename = "ref")]
     pub index: u32,
     /// The sub-device's own device id.
     pub id: String,
+}
+
+impl Device {
+    /// Checks what a device definition may not hold, so a bad one is
+    /// refused when it is saved rather than producing broken entities
+    /// later: a device or sub-device id that cannot name an NGSI entity,
+    /// a sub-device at index 0 (the device itself) or an index used twice,
+    /// and a sub-device that is the device itself or appears twice (either
+    /// would give one uplink two units for one entity).
+    pub fn check(&self) -> Result<(), String> {
+        check_device_id(&self.id)?;
+        let mut indexes = std::collections::HashSet::new();
+        let mut ids = std::collections::HashSet::from([self.id.as_str()]);
+        for sub in &self.sub_devices {
+            check_device_id(&sub.id)?;
+            if sub.index == 0 {
+                return Err(format!(
+                    "sub-device '{}' has ref 0, which is the device itself",
+                    sub.id
+                ));
+            }
+            if !indexes.insert(sub.index) {
+                return Err(format!("sub-device ref {} is used twice", sub.index));
+            }
+            if !ids.insert(sub.id.as_str()) {
+                return Err(if sub.id == self.id {
+                    format!("device '{}' cannot be its own sub-device", sub.id)
+                } else {
+                    format!("sub-device '{}' is listed twice", sub.id)
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `id` can name a device's NGSI entity (Orion's entity id
+/// rules: 1–256 printable ASCII characters, none of `&?/#<>"'=;()`).
+pub fn check_device_id(id: &str) -> Result<(), String> {
+    crate::ngsi::check_name(crate::ngsi::NameKind::EntityId, id).map_err(|e| {
+        let shown: String = id.chars().take(64).flat_map(char::escape_default).collect();
+        let more = if id.chars().count() > 64 { "…" } else { "" };
+        format!(
+            "device id '{shown}{more}' cannot name an NGSI entity: {}",
+            e.description
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(id: &str, subs: &[(u32, &str)]) -> Device {
+        Device {
+            id: id.into(),
+            sub_devices: subs
+                .iter()
+                .map(|(index, id)| SubDevice {
+                    index: *index,
+                    id: id.to_string(),
+                })
+                .collect(),
+            ..Device::default()
+        }
+    }
+
+    #[test]
+    fn sub_device_loops_and_duplicates_are_refused() {
+        assert_eq!(device("gw", &[(1, "a"), (2, "b")]).check(), Ok(()));
+        let err = |d: Device| d.check().unwrap_err();
+        assert!(err(device("gw", &[(1, "gw")])).contains("its own sub-device"));
+        assert!(err(device("gw", &[(1, "a"), (2, "a")])).contains("listed twice"));
+        assert!(err(device("gw", &[(1, "a"), (1, "b")])).contains("used twice"));
+        assert!(err(device("gw", &[(0, "a")])).contains("ref 0"));
+    }
+
+    #[test]
+    fn device_ids_must_name_ngsi_entities() {
+        assert!(check_device_id("eui-70b3d57ed0000001").is_ok());
+        for bad in ["", "a b", "a<b", "x;drop", "tab\there", "a/b"] {
+            assert!(check_device_id(bad).is_err(), "{bad:?}");
+        }
+        let long = "x".repeat(100_000);
+        let message = check_device_id(&long).unwrap_err();
+        assert!(
+            message.len() < 300,
+            "the message does not repeat the id whole"
+        );
+        assert!(device("ok", &[(1, "no\u{1}")]).check().is_err());
+    }
 }

@@ -294,6 +294,10 @@ fn finish(
         FailureReason::InvalidUplink,
         "uplink names no device id".to_string(),
     ))?;
+    // The id names the device's NGSI entity: one that NGSI cannot read or
+    // delete (control characters, `<>();`, 100 KB) never gets that far.
+    weft_model::device::check_device_id(&device_id)
+        .map_err(|e| (FailureReason::InvalidUplink, e))?;
     let known = catalog.device(&device_id);
     let name = partial
         .device_name
@@ -443,7 +447,11 @@ fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
 /// (`{"0":{…},"1":{…}}`), index 0 is the device itself and the others map
 /// to sub-device ids through the device record (unmapped indexes become
 /// `<device id>:<index>`). Each gets its own unit and `dataId`
-/// (`<dataId>:<index>` for sub-devices, so replays stay idempotent).
+/// (`<dataId>:<index>` for sub-devices, so replays stay idempotent). An
+/// index that resolves to a device already given a unit (a loop or a
+/// duplicate in a record saved before definitions were checked), or to an
+/// id NGSI cannot name, is dropped: one uplink never makes two units for
+/// one entity.
 fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) -> Vec<DataUnit> {
     let all_indexes = !base.measures.is_empty()
         && base
@@ -460,6 +468,7 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
         .collect();
     indexed.sort_by_key(|(index, _)| *index);
     let mut units = Vec::with_capacity(indexed.len());
+    let mut produced = std::collections::HashSet::new();
     for (index, measures) in indexed {
         let Value::Object(measures) = measures else {
             continue;
@@ -471,6 +480,13 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
                 .and_then(|d| d.sub_devices.iter().find(|s| s.index == index))
                 .map(|s| s.id.clone())
                 .unwrap_or_else(|| format!("{}:{index}", base.device.id));
+            if id == base.device.id
+                || produced.contains(&id)
+                || weft_model::device::check_device_id(&id).is_err()
+            {
+                tracing::debug!(device = %base.device.id, index, sub = %id, "sub-device index dropped");
+                continue;
+            }
             let sub = catalog.device(&id);
             unit.data_id = format!("{}:{index}", base.data_id);
             unit.device = DeviceInfo {
@@ -487,6 +503,7 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
                     .unwrap_or_default(),
             };
         }
+        produced.insert(unit.device.id.clone());
         units.push(unit);
     }
     units

@@ -8,9 +8,17 @@
 //! plain value stays as it is; anything else is a `StructuredValue`. A
 //! static `location` `{lat, lon}` becomes a `geo:json` Point, and
 //! `dateObserved` carries `reportedAt` as a `DateTime`.
+//!
+//! A measure whose name cannot name an NGSI attribute (`id`, `type`, an
+//! empty name, control characters, `<>"'=;()`, over 256 characters) stays
+//! in the data unit but does not become an attribute, so what a device
+//! sends can never change an entity's id or type, nor make an entity that
+//! `/v2` cannot render.
 
 use serde_json::{json, Value};
-use weft_model::ngsi::{default_type, format_datetime, AttrMap, Attribute, Metadata};
+use weft_model::ngsi::{
+    check_name, default_type, format_datetime, AttrMap, Attribute, Metadata, NameKind,
+};
 use weft_model::unit::unit_scalar;
 use weft_model::DataUnit;
 
@@ -18,6 +26,10 @@ use weft_model::DataUnit;
 pub fn unit_attributes(unit: &DataUnit) -> AttrMap {
     let mut attrs = AttrMap::new();
     for (name, measure) in &unit.measures {
+        if !is_attribute_name(name) {
+            metrics::counter!("weft_entity_measures_skipped_total").increment(1);
+            continue;
+        }
         let attr = match (measure, unit_scalar(measure)) {
             (Value::Object(map), Some(value)) => {
                 let mut a = Attribute::new(value.clone(), default_type(value));
@@ -55,6 +67,11 @@ pub fn unit_attributes(unit: &DataUnit) -> AttrMap {
         Attribute::new(json!(format_datetime(unit.reported_at)), "DateTime"),
     );
     attrs
+}
+
+/// Whether a measure name may name an NGSI attribute.
+fn is_attribute_name(name: &str) -> bool {
+    name != "id" && name != "type" && check_name(NameKind::AttrName, name).is_ok()
 }
 
 #[cfg(test)]
@@ -99,5 +116,26 @@ mod tests {
             attrs.get("dateObserved").unwrap().value,
             json!("2023-11-14T22:13:20.123Z")
         );
+    }
+
+    /// A measure can never set the entity's id or type, nor make an
+    /// attribute NGSI cannot name.
+    #[test]
+    fn measures_ngsi_cannot_name_are_not_attributes() {
+        let unit = DataUnit {
+            data_id: "d".into(),
+            reported_at: 0,
+            received_at: 0,
+            channel: "c".into(),
+            device: DeviceInfo::default(),
+            measures: serde_json::from_value(json!({
+                "id": "spoof", "type": "Other", "": 1, "a<b": 2, "bell\u{7}": 3,
+                "x".repeat(300): 4, "ok": 5
+            }))
+            .unwrap(),
+        };
+        let attrs = unit_attributes(&unit);
+        let names: Vec<&str> = attrs.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["ok", "dateObserved"]);
     }
 }
