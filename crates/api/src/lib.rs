@@ -39,7 +39,7 @@ use axum::routing::future::RouteFuture;
 use axum::Router;
 use futures::future::Either;
 use tower::Service;
-use weft_pipeline::pages::Pages;
+use weft_pages::Pages;
 use weft_pipeline::Services;
 
 pub use error::{ApiError, ApiResult};

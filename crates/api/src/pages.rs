@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use weft_pipeline::pages::{PageError, PageService, RequestInfo};
+use weft_pages::{PageError, PageService, RequestInfo};
 
 use crate::catalog::parse_body;
 use crate::{ApiError, ApiResult, AppState};

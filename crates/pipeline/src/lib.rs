@@ -14,8 +14,9 @@
 //! - [`channels`]: durable pull channels and the bridges feeding them.
 //! - [`filter`]: the event filter the live stream and the bridges share.
 //! - [`services`]: the services wired together, the value the API holds.
-//! - [`pages`]: page templates and their services (the binary builds them
-//!   on top of the context and the rules).
+//!
+//! Pages, which only read these services, are a crate of their own
+//! (`weft-pages`).
 #![deny(missing_docs)]
 
 pub mod catalog;
@@ -26,7 +27,6 @@ pub mod entity;
 pub mod filter;
 pub mod history;
 pub mod ingest;
-pub mod pages;
 pub mod registrations;
 pub mod rules;
 pub mod services;

@@ -310,7 +310,7 @@ pub struct PagesSection {
     /// path below it); pages stored through the API take precedence.
     pub directory: Option<PathBuf>,
     /// Page services (`[pages.services.<name>]`, as the API takes them).
-    pub services: BTreeMap<String, weft_pipeline::pages::PageService>,
+    pub services: BTreeMap<String, weft_pages::PageService>,
     /// Page requests needing the very same service call while one is
     /// under way share its outcome instead of calling again.
     pub coalesce_calls: bool,
@@ -318,7 +318,7 @@ pub struct PagesSection {
 
 impl Default for PagesSection {
     fn default() -> Self {
-        let d = weft_pipeline::pages::PagesConfig::default();
+        let d = weft_pages::PagesConfig::default();
         PagesSection {
             max_concurrent_renders: d.max_concurrent_renders,
             default_fallback: d.default_fallback,
