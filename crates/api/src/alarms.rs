@@ -56,7 +56,7 @@ fn rule_json(id: &str, spec: &RuleSpec) -> Value {
 
 /// `GET /api/v1/rules`: every rule, by id.
 async fn list_rules(State(state): State<AppState>) -> Json<Value> {
-    let rules = state.pipeline.rules().rules();
+    let rules = state.services.rules.rules();
     Json(Value::Array(
         rules.iter().map(|(id, spec)| rule_json(id, spec)).collect(),
     ))
@@ -65,8 +65,8 @@ async fn list_rules(State(state): State<AppState>) -> Json<Value> {
 /// `GET /api/v1/rules/{id}`.
 async fn get_rule(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let spec = state
-        .pipeline
-        .rules()
+        .services
+        .rules
         .rule(&id)
         .ok_or_else(|| ApiError::not_found(format!("rule '{id}' does not exist")))?;
     Ok(Json(rule_json(&id, &spec)))
@@ -91,7 +91,7 @@ async fn put_rule(
     }
     let spec: RuleSpec = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid rule: {e}")))?;
-    let created = state.pipeline.rules().put_rule(&id, spec.clone()).await?;
+    let created = state.services.rules.put_rule(&id, spec.clone()).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -105,7 +105,7 @@ async fn delete_rule(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.rules().delete_rule(&id).await? {
+    if state.services.rules.delete_rule(&id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("rule '{id}' does not exist")))
@@ -170,7 +170,7 @@ async fn list_alarms(
 ) -> ApiResult<Json<Vec<Alarm>>> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let query = params.into_query()?;
-    Ok(Json(state.pipeline.rules().alarms(&query).await?))
+    Ok(Json(state.services.rules.alarms(&query).await?))
 }
 
 fn missing(id: &str) -> ApiError {
@@ -182,19 +182,19 @@ async fn get_alarm(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Alarm>> {
-    let alarm = state.pipeline.rules().alarm(&id).await?;
+    let alarm = state.services.rules.alarm(&id).await?;
     alarm.map(Json).ok_or_else(|| missing(&id))
 }
 
 /// `POST /api/v1/alarms/{id}/ack`: acknowledges it; 200 with the alarm
 /// (acking twice changes nothing the second time).
 async fn ack(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Alarm>> {
-    let alarm = state.pipeline.rules().ack(&id).await?;
+    let alarm = state.services.rules.ack(&id).await?;
     alarm.map(Json).ok_or_else(|| missing(&id))
 }
 
 /// `POST /api/v1/alarms/{id}/clear`: clears it; 200 with the alarm.
 async fn clear(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Alarm>> {
-    let alarm = state.pipeline.rules().clear(&id).await?;
+    let alarm = state.services.rules.clear(&id).await?;
     alarm.map(Json).ok_or_else(|| missing(&id))
 }

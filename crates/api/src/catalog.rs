@@ -66,7 +66,7 @@ fn created_or_ok(created: bool) -> StatusCode {
 
 /// `GET /api/v1/device-types`: every type, by name.
 async fn list_types(State(state): State<AppState>) -> Json<Value> {
-    let all = state.pipeline.catalog().device_types();
+    let all = state.services.catalog.device_types();
     Json(Value::Array(all.iter().map(|e| type_json(e)).collect()))
 }
 
@@ -76,8 +76,8 @@ async fn get_type(
     Path(name): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let entry = state
-        .pipeline
-        .catalog()
+        .services
+        .catalog
         .device_type(&name)
         .ok_or_else(|| ApiError::not_found(format!("device type '{name}' does not exist")))?;
     Ok(Json(type_json(&entry)))
@@ -92,10 +92,10 @@ async fn put_type(
 ) -> ApiResult<impl IntoResponse> {
     check_id(&name)?;
     let def: DeviceType = parse_body(&body)?;
-    let created = state.pipeline.catalog().put_device_type(&name, def).await?;
+    let created = state.services.catalog.put_device_type(&name, def).await?;
     let entry = state
-        .pipeline
-        .catalog()
+        .services
+        .catalog
         .device_type(&name)
         .expect("just stored");
     Ok((created_or_ok(created), Json(type_json(&entry))))
@@ -106,7 +106,7 @@ async fn delete_type(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.catalog().delete_device_type(&name).await? {
+    if state.services.catalog.delete_device_type(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!(
@@ -124,7 +124,7 @@ async fn decode(
     Query(params): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    if state.pipeline.catalog().device_type(&name).is_none() {
+    if state.services.catalog.device_type(&name).is_none() {
         return Err(ApiError::not_found(format!(
             "device type '{name}' does not exist"
         )));
@@ -134,7 +134,8 @@ async fn decode(
         return Err(ApiError::bad_request("body must be a JSON object"));
     }
     match state
-        .pipeline
+        .services
+        .ingest
         .dry_run(&name, params.get("channel").cloned(), &sample)
         .await
     {
@@ -166,7 +167,7 @@ async fn list_devices(
             },
         }
     }
-    Ok(Json(state.pipeline.store().list_devices(&filter).await?))
+    Ok(Json(state.services.store.list_devices(&filter).await?))
 }
 
 /// `GET /api/v1/devices/{id}`.
@@ -175,8 +176,8 @@ async fn get_device(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Device>> {
     let device = state
-        .pipeline
-        .catalog()
+        .services
+        .catalog
         .device(&id)
         .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
     Ok(Json((*device).clone()))
@@ -195,7 +196,7 @@ async fn put_device(
         check_id(&sub.id)?;
     }
     device.check().map_err(ApiError::bad_request)?;
-    let created = state.pipeline.catalog().put_device(device.clone()).await?;
+    let created = state.services.catalog.put_device(device.clone()).await?;
     Ok((created_or_ok(created), Json(device)))
 }
 
@@ -204,7 +205,7 @@ async fn delete_device(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.catalog().delete_device(&id).await? {
+    if state.services.catalog.delete_device(&id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("device '{id}' does not exist")))

@@ -123,8 +123,8 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 fn admit(state: &AppState, headers: &HeaderMap, ids: &[(&str, &str)]) -> DspsResult<()> {
     check_ids(ids)?;
     state
-        .pipeline
-        .channels()
+        .services
+        .channels
         .authorize(ids[0].1, authorization(headers))?;
     Ok(())
 }
@@ -159,8 +159,8 @@ async fn publish(
         Err(_) => return Err(DspsError::bad("Request body is not JSON")),
     };
     state
-        .pipeline
-        .channels()
+        .services
+        .channels
         .publish(&channel, &message, content)
         .await?;
     Ok(axum::Json(
@@ -199,7 +199,7 @@ async fn subscription(
         headers,
         &[("channelID", &channel), ("subscriberID", &subscriber)],
     )?;
-    let channels = state.pipeline.channels();
+    let channels = &state.services.channels;
     if create {
         channels.subscribe(&channel, &subscriber).await?;
     } else {
@@ -237,8 +237,8 @@ async fn fetch(
             .ok_or_else(|| DspsError::invalid("max"))?,
     };
     let fetched = state
-        .pipeline
-        .channels()
+        .services
+        .channels
         .fetch(&channel, &subscriber, wait, max)
         .await?;
     // Contents are stored as validated JSON text: spliced in, not re-parsed.
@@ -296,8 +296,8 @@ async fn ack(
         .and_then(|h| h.parse::<u64>().ok())
         .ok_or_else(|| DspsError::invalid("ackHandle"))?;
     state
-        .pipeline
-        .channels()
+        .services
+        .channels
         .ack(&channel, &subscriber, through)
         .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -311,7 +311,7 @@ async fn revoke_jwt(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<impl IntoResponse> {
-    if !state.pipeline.channels().is_admin(authorization(&headers)) {
+    if !state.services.channels.is_admin(authorization(&headers)) {
         return Err(DspsError {
             status: StatusCode::FORBIDDEN,
             body: json!({"error": "Forbidden"}),
@@ -325,7 +325,7 @@ async fn revoke_jwt(
         .get("exp")
         .and_then(|e| e.parse().ok())
         .ok_or_else(|| DspsError::invalid("exp"))?;
-    state.pipeline.channels().revoke_jwt(jti, exp).await?;
+    state.services.channels.revoke_jwt(jti, exp).await?;
     Ok(axum::Json(json!({"jti": jti, "exp": exp})))
 }
 
@@ -357,7 +357,7 @@ fn bridge_json(name: &str, spec: &BridgeSpec, stored: bool) -> serde_json::Value
 /// `GET /api/v1/bridges`: every bridge, by name (`configured`: from the
 /// configuration file rather than this API).
 async fn list_bridges(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
-    let all = state.pipeline.bridges().list();
+    let all = state.services.bridges.list();
     axum::Json(serde_json::Value::Array(
         all.iter()
             .map(|(n, s, stored)| bridge_json(n, s, *stored))
@@ -371,8 +371,8 @@ async fn get_bridge(
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<serde_json::Value>> {
     state
-        .pipeline
-        .bridges()
+        .services
+        .bridges
         .list()
         .into_iter()
         .find(|(n, _, _)| *n == name)
@@ -389,8 +389,8 @@ async fn put_bridge(
 ) -> ApiResult<impl IntoResponse> {
     let spec: BridgeSpec = crate::catalog::parse_body(&body)?;
     let created = state
-        .pipeline
-        .bridges()
+        .services
+        .bridges
         .put(&name, spec.clone())
         .await
         .map_err(|e| match e {
@@ -410,7 +410,7 @@ async fn delete_bridge(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.bridges().delete(&name).await? {
+    if state.services.bridges.delete(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!(

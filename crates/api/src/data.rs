@@ -72,7 +72,7 @@ async fn list_data(
         after: cursor(p.after.as_deref())?,
         limit: limit(p.limit)?,
     };
-    let rows = state.pipeline.store().query_data(&query).await?;
+    let rows = state.services.store.query_data(&query).await?;
     let next = match rows.last() {
         Some(last) if rows.len() == query.limit => format!("\"{}\"", last.seq),
         _ => "null".to_string(),
@@ -97,8 +97,8 @@ async fn get_data(
     Path(data_id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     let row = state
-        .pipeline
-        .store()
+        .services
+        .store
         .get_data(&data_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no data unit '{data_id}'")))?;
@@ -127,7 +127,7 @@ async fn list_failed(
         channel: p.channel,
         limit: limit(p.limit)?,
     };
-    let rows = state.pipeline.store().query_failed(&query).await?;
+    let rows = state.services.store.query_failed(&query).await?;
     let next = match rows.last() {
         Some(last) if rows.len() == query.limit => json!(last.seq.to_string()),
         _ => Value::Null,

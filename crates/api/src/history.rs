@@ -129,8 +129,8 @@ async fn notify(
         .get("fiware-timeindex-attribute")
         .and_then(|v| v.to_str().ok());
     let stored = state
-        .pipeline
-        .history()
+        .services
+        .history
         .record_entities(
             &scope.tenant,
             service_path,
@@ -453,8 +453,8 @@ async fn geo_rows(
 /// The store, once every notification acknowledged so far has been moved
 /// into the history (a client reads back what it was told is stored).
 async fn settled_store(state: &AppState) -> &Arc<dyn Store> {
-    state.pipeline.history().settle().await;
-    state.pipeline.store()
+    state.services.history.settle().await;
+    &state.services.store
 }
 
 /// A float as JSON, integral values without a fraction.
@@ -990,7 +990,7 @@ async fn delete_type(
 
 /// `GET /health`: QuantumLeap's health shape, from the store's health.
 async fn health(State(state): State<AppState>) -> Response {
-    match state.pipeline.store().ping().await {
+    match state.services.store.ping().await {
         Ok(()) => Json(json!({"status": "pass"})).into_response(),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -143,7 +143,7 @@ async fn accept(
         device_type,
         body: body.to_vec(),
     };
-    state.pipeline.accept(uplink).await?;
+    state.services.ingest.accept(uplink).await?;
     Ok(StatusCode::ACCEPTED)
 }
 

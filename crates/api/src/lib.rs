@@ -1,6 +1,7 @@
 //! weft's HTTP surfaces. Each module is one surface with its own
 //! `router()`; [`app`] merges them and applies the shared layers once.
-//! Handlers call the pipeline or the Store trait, never SQL.
+//! Handlers call the services the binary wired ([`AppState`]) or the Store
+//! trait, never SQL.
 //!
 //! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
 //! - [`alarms`]: `/api/v1/rules` and `/api/v1/alarms`.
@@ -38,7 +39,8 @@ use axum::routing::future::RouteFuture;
 use axum::Router;
 use futures::future::Either;
 use tower::Service;
-use weft_pipeline::Ingest;
+use weft_pages::Pages;
+use weft_pipeline::Services;
 
 pub use error::{ApiError, ApiResult};
 
@@ -49,8 +51,13 @@ pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 /// What handlers share: cheap to clone (handles only).
 #[derive(Clone)]
 pub struct AppState {
-    /// The running pipeline (catalog, store, bus).
-    pub pipeline: Arc<Ingest>,
+    /// weft's services (ingest, catalog, context, rules, channels, …, the
+    /// store and the bus), wired once by the binary. One `Arc` for all, so
+    /// cloning the state for a request costs one count.
+    pub services: Arc<Services>,
+    /// Pages and their services, built by the binary on top of the
+    /// context and the rules.
+    pub pages: Arc<Pages>,
     /// The key sensae-path and webhook uplinks must carry in
     /// `Authorization`; `None` accepts any.
     pub ingest_key: Option<Arc<str>>,

@@ -105,7 +105,7 @@ type StreamSubscriptions = (Option<Subscription>, Vec<(String, Filter)>);
 
 async fn serve_socket(state: AppState, socket: WebSocket) {
     let (mut sink, mut source) = socket.split();
-    let bus = state.pipeline.bus().clone();
+    let bus = state.services.bus.clone();
     // Per stream: the bus subscription and the client's filters on it.
     let mut subs: HashMap<Stream, StreamSubscriptions> = Stream::ALL
         .iter()
@@ -274,7 +274,7 @@ async fn sse(
         service_path: p.service_path,
     })
     .map_err(ApiError::bad_request)?;
-    let sub = state.pipeline.bus().subscribe(stream);
+    let sub = state.services.bus.subscribe(stream);
     let events = futures::stream::unfold(Some((sub, filter)), move |state| async move {
         let (mut sub, filter) = state?;
         loop {

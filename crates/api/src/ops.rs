@@ -21,8 +21,8 @@ pub fn router() -> Router<AppState> {
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
 /// the store, 503 `{"status":"fail"}` otherwise.
 async fn health(State(state): State<AppState>) -> impl IntoResponse {
-    let backlog = state.pipeline.backlog();
-    match state.pipeline.store().ping().await {
+    let backlog = state.services.ingest.backlog();
+    match state.services.store.ping().await {
         Ok(()) => (
             StatusCode::OK,
             Json(json!({"status":"pass","version":env!("CARGO_PKG_VERSION"),"backlog":backlog})),

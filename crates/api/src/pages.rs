@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use weft_pipeline::pages::{PageError, PageService, RequestInfo};
+use weft_pages::{PageError, PageService, RequestInfo};
 
 use crate::catalog::parse_body;
 use crate::{ApiError, ApiResult, AppState};
@@ -55,14 +55,13 @@ fn created(new: bool) -> StatusCode {
 
 /// `GET /api/v1/pages`: the names.
 async fn list_pages(State(state): State<AppState>) -> Json<Value> {
-    Json(json!(state.pipeline.pages().page_names()))
+    Json(json!(state.pages.page_names()))
 }
 
 /// `GET /api/v1/pages/{name}`: the template as stored.
 async fn get_page(State(state): State<AppState>, Path(name): Path<String>) -> ApiResult<Response> {
     let source = state
-        .pipeline
-        .pages()
+        .pages
         .page(&name)
         .ok_or_else(|| ApiError::not_found(format!("page '{name}' does not exist")))?;
     Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], source).into_response())
@@ -77,9 +76,7 @@ async fn put_page(
 ) -> ApiResult<StatusCode> {
     let source = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::bad_request("the template must be UTF-8"))?;
-    Ok(created(
-        state.pipeline.pages().put_page(&name, source).await?,
-    ))
+    Ok(created(state.pages.put_page(&name, source).await?))
 }
 
 /// `DELETE /api/v1/pages/{name}`.
@@ -87,7 +84,7 @@ async fn delete_page(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.pages().delete_page(&name).await? {
+    if state.pages.delete_page(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("page '{name}' does not exist")))
@@ -100,8 +97,7 @@ async fn get_service(
     Path(name): Path<String>,
 ) -> ApiResult<Json<PageService>> {
     state
-        .pipeline
-        .pages()
+        .pages
         .service(&name)
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("page service '{name}' does not exist")))
@@ -114,9 +110,7 @@ async fn put_service(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let service: PageService = parse_body(&body)?;
-    Ok(created(
-        state.pipeline.pages().put_service(&name, service).await?,
-    ))
+    Ok(created(state.pages.put_service(&name, service).await?))
 }
 
 /// `DELETE /api/v1/page-services/{name}`.
@@ -124,7 +118,7 @@ async fn delete_service(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if state.pipeline.pages().delete_service(&name).await? {
+    if state.pages.delete_service(&name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!(
@@ -148,6 +142,6 @@ async fn render(
             .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
             .collect(),
     };
-    let html = state.pipeline.pages().render(&name, &request).await?;
+    let html = state.pages.render(&name, &request).await?;
     Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response())
 }

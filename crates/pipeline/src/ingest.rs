@@ -27,66 +27,14 @@ use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
 
 use crate::catalog::Catalog;
 use crate::decode::{self, Produced};
-use crate::{channels, context, history, pages, registrations, rules, subscriptions};
+use crate::{context, rules};
 
 /// The consumer name under which the pipeline's log cursor is stored.
 pub const CONSUMER: &str = "pipeline";
 
-/// Applies to the context the units stored after the entities were last
-/// stored (the store records how far they reach), so a crash between two
-/// bulk entity writes loses nothing.
-async fn replay_units_into_context(
-    store: &Arc<dyn Store>,
-    catalog: &Catalog,
-    context: &context::Context,
-) -> Result<(), StoreError> {
-    let mut after = store
-        .cursor(weft_store::ENTITIES_CURSOR)
-        .await?
-        .saturating_sub(1);
-    let mut replayed = 0usize;
-    loop {
-        let query = weft_store::DataQuery {
-            after: Some(after),
-            limit: 10_000,
-            ..Default::default()
-        };
-        let rows = store.query_data(&query).await?;
-        let Some(last) = rows.last() else { break };
-        after = last.seq;
-        let units: Vec<weft_model::DataUnit> = rows
-            .iter()
-            .filter_map(|r| serde_json::from_str(&r.json).ok())
-            .collect();
-        let types: Vec<String> = units
-            .iter()
-            .map(|u| {
-                catalog
-                    .device_type(&u.device.device_type)
-                    .and_then(|t| t.def.entity_type.clone())
-                    .unwrap_or_else(|| u.device.device_type.clone())
-            })
-            .collect();
-        // Replayed changes were announced before the restart (or never
-        // committed as entities): they are dropped, not announced again.
-        let _ = context.apply_units(
-            units.iter().zip(types.iter().map(String::as_str)),
-            weft_model::now_ms(),
-        );
-        replayed += units.len();
-    }
-    if replayed > 0 {
-        tracing::info!(
-            units = replayed,
-            "applied recent data units to their entities"
-        );
-    }
-    Ok(())
-}
-
-/// Tuning of the pipeline; the defaults carry the seed workloads.
+/// Tuning of the ingest consumer; the defaults carry the seed workloads.
 #[derive(Debug, Clone)]
-pub struct PipelineConfig {
+pub struct IngestConfig {
     /// Most log entries decoded and committed as one batch. Larger batches
     /// amortise commits under load; under light load batches are as small
     /// as what has arrived, so latency does not wait for a full batch.
@@ -97,35 +45,14 @@ pub struct PipelineConfig {
     pub max_backlog: u64,
     /// Processed log entries older than this are pruned.
     pub log_retention: Duration,
-    /// How NGSI notifications are sent.
-    pub notifications: subscriptions::sender::SenderConfig,
-    /// Whether entity changes are recorded as history.
-    pub record_history: bool,
-    /// How long each tenant's history is kept.
-    pub history_retention: history::RetentionPolicy,
-    /// The rule engine's tuning.
-    pub rules: rules::RulesConfig,
-    /// Durable channels' tuning.
-    pub channels: channels::ChannelsConfig,
-    /// Pages' tuning.
-    pub pages: pages::PagesConfig,
 }
 
-impl Default for PipelineConfig {
+impl Default for IngestConfig {
     fn default() -> Self {
-        PipelineConfig {
+        IngestConfig {
             batch_size: 1024,
             max_backlog: 500_000,
             log_retention: Duration::from_secs(3600),
-            notifications: Default::default(),
-            record_history: false,
-            history_retention: history::RetentionPolicy {
-                interval: Duration::from_secs(60),
-                ..history::RetentionPolicy::default()
-            },
-            rules: rules::RulesConfig::default(),
-            channels: channels::ChannelsConfig::default(),
-            pages: pages::PagesConfig::default(),
         }
     }
 }
@@ -141,27 +68,30 @@ pub enum AcceptError {
     Store(StoreError),
 }
 
-/// Handle on the running pipeline, shared by the API.
+/// The ingest consumer: the way uplinks come in ([`Ingest::accept`]) and
+/// the task that turns the ingest log into data units, entities and bus
+/// events. It holds only what that path uses; the API reaches it through
+/// [`crate::Services`].
 pub struct Ingest {
+    /// Where the log, the units and the cursor are kept.
     store: Arc<dyn Store>,
+    /// Where stored units are published for live subscribers.
     bus: Arc<dyn Bus>,
+    /// Runs the device types' codecs.
     engine: Engine,
+    /// Device types and devices, read on every uplink.
     catalog: Arc<Catalog>,
+    /// The entities device data updates.
     context: Arc<context::Context>,
-    registrations: Arc<registrations::Registrations>,
-    subscriptions: Arc<subscriptions::Subscriptions>,
-    history: Arc<history::History>,
+    /// Fed the units each batch stored, to evaluate alarm rules on.
     rules: Arc<rules::RuleEngine>,
-    channels: Arc<channels::Channels>,
-    bridges: Arc<channels::bridge::Bridges>,
-    pages: Arc<pages::Pages>,
     /// When the entities changed by device data were last stored.
     entities_flushed: parking_lot::Mutex<std::time::Instant>,
     /// `dataId`s of units decoded but not yet committed. A resend of one of
     /// them is a duplicate before the store can know it; an id leaves the
     /// set only once its unit is committed, and so findable in the store.
     in_flight: parking_lot::Mutex<HashSet<String>>,
-    config: PipelineConfig,
+    config: IngestConfig,
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
     processed: Arc<AtomicU64>,
@@ -176,7 +106,7 @@ struct Decoded {
 
 /// How often entities changed by device data are stored (in bulk, with a
 /// pipeline batch). Between two writes a crash loses nothing: the units
-/// stored since are applied again at start ([`Ingest::start`]).
+/// stored since are applied again at start ([`crate::Services::start`]).
 pub const ENTITY_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Capacity of the reader → committer queue: two batches, so decoding the
@@ -184,82 +114,46 @@ pub const ENTITY_FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 const STAGE_QUEUE: usize = 2;
 
 impl Ingest {
-    /// Loads the catalog, then starts the consumer on `tracker`; it stops
-    /// when `shutdown` is cancelled, after processing what was committed.
-    pub async fn start(
+    /// Reads where the consumer stopped (its cursor) and builds it on the
+    /// services it feeds; [`Ingest::start`] then runs it. Two steps, so
+    /// the wiring ([`crate::Services::start`]) decides when the consumer
+    /// starts: last, once everything it feeds is running.
+    pub async fn load(
         store: Arc<dyn Store>,
         bus: Arc<dyn Bus>,
         engine: Engine,
-        config: PipelineConfig,
-        shutdown: CancellationToken,
-        tracker: &TaskTracker,
+        catalog: Arc<Catalog>,
+        context: Arc<context::Context>,
+        rules: Arc<rules::RuleEngine>,
+        config: IngestConfig,
     ) -> Result<Arc<Ingest>, StoreError> {
-        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
-        let changes = crate::changes::Changes::new(bus.clone());
-        let context = Arc::new(context::Context::load(store.clone(), changes).await?);
-        replay_units_into_context(&store, &catalog, &context).await?;
-        let registrations = Arc::new(registrations::Registrations::load(store.clone()).await?);
-        let subscriptions =
-            subscriptions::Subscriptions::load(store.clone(), config.notifications.clone()).await?;
-        context.set_record_history(config.record_history);
-        let history = history::History::new(store.clone(), config.history_retention.clone());
-        tracker.spawn(history.clone().retention_loop(shutdown.clone()));
-        for feed in [
-            weft_store::HistoryFeed::Changes,
-            weft_store::HistoryFeed::Notifications,
-        ] {
-            tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
-        }
-        context.changes().add_listener(subscriptions.clone());
-        tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
-        let rules = rules::RuleEngine::start(
-            store.clone(),
-            bus.clone(),
-            context.clone(),
-            config.rules.clone(),
-            shutdown.clone(),
-        )
-        .await?;
-        let channels =
-            channels::Channels::start(store.clone(), config.channels.clone(), shutdown.clone())
-                .await?;
-        let bridges = channels::bridge::Bridges::start(
-            store.clone(),
-            bus.clone(),
-            channels.clone(),
-            config.channels.bridges.clone(),
-            shutdown.clone(),
-        )
-        .await
-        .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
-        let pages = pages::Pages::load(
-            store.clone(),
-            pages::service::Sources::new(store.clone(), context.clone(), rules.clone()),
-            config.pages.clone(),
-        )
-        .await?;
         let cursor = store.cursor(CONSUMER).await?;
-        let pipeline = Arc::new(Ingest {
+        Ok(Arc::new(Ingest {
             store,
             bus,
             engine,
             catalog,
             context,
-            registrations,
-            subscriptions,
-            history,
             rules,
-            channels,
-            bridges,
-            pages,
             entities_flushed: parking_lot::Mutex::new(std::time::Instant::now()),
             in_flight: parking_lot::Mutex::new(HashSet::new()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
-        });
+        }))
+    }
+
+    /// Starts the consumer from its cursor (once), tracked by `tracker`; it
+    /// stops when `shutdown` is cancelled, after processing what was
+    /// committed.
+    pub fn start(
+        self: &Arc<Self>,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<(), StoreError> {
+        let cursor = self.processed.load(Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STAGE_QUEUE);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-        let stages = pipeline.clone();
+        let stages = self.clone();
         // The pipeline runs on a thread and runtime of its own. On the
         // shared runtime its many short hops (read pool, engine, writer)
         // would each wait behind every ready HTTP connection task, which
@@ -285,7 +179,7 @@ impl Ingest {
         tracker.spawn(async move {
             let _ = done_rx.await;
         });
-        Ok(pipeline)
+        Ok(())
     }
 
     /// Durably appends an uplink to the ingest log; `Ok` means it is
@@ -345,61 +239,6 @@ impl Ingest {
         )
         .await;
         out.pop().expect("one outcome per uplink")
-    }
-
-    /// The device catalog.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
-    }
-
-    /// The NGSI context (entities of every tenant).
-    pub fn context(&self) -> &context::Context {
-        &self.context
-    }
-
-    /// The NGSI subscriptions of every tenant.
-    pub fn subscriptions(&self) -> &subscriptions::Subscriptions {
-        &self.subscriptions
-    }
-
-    /// The history recorder.
-    pub fn history(&self) -> &history::History {
-        &self.history
-    }
-
-    /// The NGSI registrations of every tenant.
-    pub fn registrations(&self) -> &registrations::Registrations {
-        &self.registrations
-    }
-
-    /// Durable pull channels (the DSPS API).
-    pub fn channels(&self) -> &channels::Channels {
-        &self.channels
-    }
-
-    /// Pages and their services.
-    pub fn pages(&self) -> &pages::Pages {
-        &self.pages
-    }
-
-    /// The bridges publishing weft's events into channels.
-    pub fn bridges(&self) -> &channels::bridge::Bridges {
-        &self.bridges
-    }
-
-    /// The rule engine: rules and alarms.
-    pub fn rules(&self) -> &rules::RuleEngine {
-        &self.rules
-    }
-
-    /// The store, for read-only API queries.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
-    /// The bus, for live subscribers.
-    pub fn bus(&self) -> &Arc<dyn Bus> {
-        &self.bus
     }
 
     /// Accepted uplinks not yet processed.

@@ -1,10 +1,22 @@
-//! weft's services: everything that changes state.
+//! weft's services: everything that changes state, each service owning
+//! its own, wired together once by [`Services::start`].
 //!
-//! - [`ingest`]: the uplink pipeline, ingest log → decode → process →
-//!   enrich → store → publish, behind [`Ingest`].
-//! - [`catalog`] caches device types and devices for the hot path.
-//! - [`rules`] evaluates alarm rules on the stored units (handed over by
-//!   the committer) and keeps the alarms.
+//! - [`ingest`]: the way uplinks come in and the consumer that turns the
+//!   ingest log into data units (log → [`decode`] → commit → publish),
+//!   behind [`Ingest`].
+//! - [`catalog`]: device types and devices, cached for the hot path.
+//! - [`context`]: every tenant's NGSI entities; [`entity`] says how device
+//!   data becomes an entity.
+//! - [`subscriptions`] and [`registrations`]: NGSI subscriptions (and the
+//!   notifications they send) and registrations.
+//! - [`history`]: entity changes and notifications recorded as time series.
+//! - [`rules`]: alarm rules evaluated on stored units, and their alarms.
+//! - [`channels`]: durable pull channels and the bridges feeding them.
+//! - [`filter`]: the event filter the live stream and the bridges share.
+//! - [`services`]: the services wired together, the value the API holds.
+//!
+//! Pages, which only read these services, are a crate of their own
+//! (`weft-pages`).
 #![deny(missing_docs)]
 
 pub mod catalog;
@@ -16,11 +28,12 @@ pub mod entity;
 pub mod filter;
 pub mod history;
 pub mod ingest;
-pub mod pages;
 pub mod registrations;
 pub mod rules;
+pub mod services;
 pub mod subscriptions;
 
 pub use catalog::{Catalog, CatalogError, TypeEntry};
 pub use decode::Produced;
-pub use ingest::{AcceptError, Ingest, PipelineConfig, CONSUMER, ENTITY_FLUSH_INTERVAL};
+pub use ingest::{AcceptError, Ingest, IngestConfig, CONSUMER, ENTITY_FLUSH_INTERVAL};
+pub use services::{Services, ServicesConfig};

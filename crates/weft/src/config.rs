@@ -132,7 +132,7 @@ pub struct PipelineSection {
 
 impl Default for PipelineSection {
     fn default() -> Self {
-        let d = weft_pipeline::PipelineConfig::default();
+        let d = weft_pipeline::IngestConfig::default();
         PipelineSection {
             batch_size: d.batch_size,
             max_backlog: d.max_backlog,
@@ -195,7 +195,7 @@ impl Default for HistorySection {
             quantumleap_listen: None,
             retention: None,
             downsample_after: None,
-            retention_interval: weft_pipeline::PipelineConfig::default()
+            retention_interval: weft_pipeline::ServicesConfig::default()
                 .history_retention
                 .interval,
             tenants: BTreeMap::new(),
@@ -204,7 +204,7 @@ impl Default for HistorySection {
 }
 
 impl HistorySection {
-    /// The pipeline's retention policy.
+    /// The history recorder's retention policy.
     pub fn retention_policy(&self) -> weft_pipeline::history::RetentionPolicy {
         use weft_pipeline::history::{Retention, RetentionPolicy};
         let default = Retention {
@@ -310,7 +310,7 @@ pub struct PagesSection {
     /// path below it); pages stored through the API take precedence.
     pub directory: Option<PathBuf>,
     /// Page services (`[pages.services.<name>]`, as the API takes them).
-    pub services: BTreeMap<String, weft_pipeline::pages::PageService>,
+    pub services: BTreeMap<String, weft_pages::PageService>,
     /// Page requests needing the very same service call while one is
     /// under way share its outcome instead of calling again.
     pub coalesce_calls: bool,
@@ -318,7 +318,7 @@ pub struct PagesSection {
 
 impl Default for PagesSection {
     fn default() -> Self {
-        let d = weft_pipeline::pages::PagesConfig::default();
+        let d = weft_pages::PagesConfig::default();
         PagesSection {
             max_concurrent_renders: d.max_concurrent_renders,
             default_fallback: d.default_fallback,

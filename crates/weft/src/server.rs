@@ -1,11 +1,13 @@
-//! `weft serve`: builds the store, bus, engine and pipeline from the
-//! configuration, serves the API, and shuts down in order.
+//! `weft serve`: builds the store, bus and engine from the configuration,
+//! starts the services on them ([`Services::start`]) and pages on top of
+//! those, serves the API, and shuts down in order.
 //!
 //! Shutdown order, once `shutdown` is cancelled: stop accepting HTTP
-//! requests and let in-flight ones finish; let the pipeline process what
-//! the ingest log already holds (bounded by [`DRAIN_TIMEOUT`]; anything
-//! left is processed at the next start); then close the store, which
-//! commits the writer's last batch.
+//! requests and let in-flight ones finish; let the ingest consumer process
+//! what the ingest log already holds (bounded by [`DRAIN_TIMEOUT`];
+//! anything left is processed at the next start) while the other services'
+//! tasks finish; then close the store, which commits the writer's last
+//! batch.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +19,19 @@ use tokio_util::task::TaskTracker;
 use weft_api::{AppState, MetricsRender};
 use weft_bus::InProcessBus;
 use weft_engine::{Engine, EngineConfig};
+use weft_pages::service::Sources;
+use weft_pages::{Pages, PagesConfig};
+use weft_pipeline::channels::ChannelsConfig;
+use weft_pipeline::rules::RulesConfig;
 use weft_pipeline::subscriptions::sender::SenderConfig;
-use weft_pipeline::{Ingest, PipelineConfig};
+use weft_pipeline::{IngestConfig, Services, ServicesConfig};
 use weft_store::{PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, Store, Synchronous};
 
 use crate::config::Config;
 use crate::data_lock::DataLock;
 
-/// Longest the pipeline may spend processing the remaining log at shutdown.
+/// Longest the ingest consumer may spend processing the remaining log at
+/// shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs weft on `listener` until `shutdown` is cancelled.
@@ -47,47 +54,35 @@ pub async fn serve(
     });
     let bus = Arc::new(InProcessBus::default());
     let tracker = TaskTracker::new();
-    let pipeline_stop = CancellationToken::new();
-    let pipeline = Ingest::start(
+    let services_stop = CancellationToken::new();
+    let services = Services::start(
         store.clone(),
         bus,
         engine,
-        PipelineConfig {
-            batch_size: config.pipeline.batch_size.max(1),
-            max_backlog: config.pipeline.max_backlog,
-            log_retention: config.pipeline.log_retention,
-            notifications: SenderConfig {
-                timeout: config.notifications.timeout,
-                lanes: config.notifications.connections_per_endpoint.max(1),
-                lane_capacity: config.notifications.queue_per_connection.max(1),
-            },
-            record_history: config.history.record_changes,
-            history_retention: config.history.retention_policy(),
-            channels: weft_pipeline::channels::ChannelsConfig {
-                expire_after: config.channels.expire_after,
-                bridges: config.channels.bridges.clone().into_iter().collect(),
-                rules: config.channels.rules.clone(),
-                admin_tokens: config.channels.admin_tokens.clone(),
-                ..Default::default()
-            },
-            pages: weft_pipeline::pages::PagesConfig {
-                max_concurrent_renders: config.pages.max_concurrent_renders,
-                default_fallback: config.pages.default_fallback.clone(),
-                max_waiting_renders: config.pages.max_waiting_renders,
-                directory: config.pages.directory.clone(),
-                services: config.pages.services.clone().into_iter().collect(),
-                coalesce_calls: config.pages.coalesce_calls,
-            },
-            rules: weft_pipeline::rules::RulesConfig {
-                script_time_limit: config.rules.script_time_limit,
-                inactivity_check: config.rules.inactivity_check,
-            },
-        },
-        pipeline_stop.clone(),
+        services_config(&config),
+        services_stop.clone(),
         &tracker,
     )
     .await
-    .context("starting the pipeline")?;
+    .context("starting the services")?;
+    let services = Arc::new(services);
+    let pages = match Pages::load(
+        store.clone(),
+        Sources::new(
+            store.clone(),
+            services.context.clone(),
+            services.rules.clone(),
+        ),
+        pages_config(&config),
+    )
+    .await
+    {
+        Ok(pages) => pages,
+        Err(e) => {
+            stop_services(services_stop, tracker, &store).await;
+            return Err(anyhow::Error::new(e).context("loading the pages"));
+        }
+    };
 
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
     if ingest_key.is_none() {
@@ -102,7 +97,8 @@ pub async fn serve(
         .build()
         .context("starting the live runtime")?;
     let state = AppState {
-        pipeline,
+        services,
+        pages,
         ingest_key,
         metrics,
         live_runtime: live_runtime.handle().clone(),
@@ -130,19 +126,69 @@ pub async fn serve(
         let _ = task.await;
     }
 
-    tracing::info!("HTTP stopped; draining the pipeline");
-    pipeline_stop.cancel();
+    tracing::info!("HTTP stopped; draining the ingest log");
+    stop_services(services_stop, tracker, &store).await;
+    live_runtime.shutdown_background();
+    tracing::info!("weft stopped");
+    Ok(())
+}
+
+/// Stops the services: lets the ingest consumer process what the log
+/// already holds (bounded by [`DRAIN_TIMEOUT`]) and the other tasks
+/// finish, then closes the store, which commits the writer's last batch.
+async fn stop_services(stop: CancellationToken, tracker: TaskTracker, store: &Arc<dyn Store>) {
+    stop.cancel();
     tracker.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
         .await
         .is_err()
     {
-        tracing::warn!("pipeline did not drain in time; the rest is processed at the next start");
+        tracing::warn!(
+            "the ingest log did not drain in time; the rest is processed at the next start"
+        );
     }
     store.close().await;
-    live_runtime.shutdown_background();
-    tracing::info!("weft stopped");
-    Ok(())
+}
+
+/// The services' tuning, from the configuration.
+fn services_config(config: &Config) -> ServicesConfig {
+    ServicesConfig {
+        ingest: IngestConfig {
+            batch_size: config.pipeline.batch_size.max(1),
+            max_backlog: config.pipeline.max_backlog,
+            log_retention: config.pipeline.log_retention,
+        },
+        notifications: SenderConfig {
+            timeout: config.notifications.timeout,
+            lanes: config.notifications.connections_per_endpoint.max(1),
+            lane_capacity: config.notifications.queue_per_connection.max(1),
+        },
+        record_history: config.history.record_changes,
+        history_retention: config.history.retention_policy(),
+        channels: ChannelsConfig {
+            expire_after: config.channels.expire_after,
+            bridges: config.channels.bridges.clone().into_iter().collect(),
+            rules: config.channels.rules.clone(),
+            admin_tokens: config.channels.admin_tokens.clone(),
+            ..Default::default()
+        },
+        rules: RulesConfig {
+            script_time_limit: config.rules.script_time_limit,
+            inactivity_check: config.rules.inactivity_check,
+        },
+    }
+}
+
+/// Pages' tuning, from the configuration.
+fn pages_config(config: &Config) -> PagesConfig {
+    PagesConfig {
+        max_concurrent_renders: config.pages.max_concurrent_renders,
+        default_fallback: config.pages.default_fallback.clone(),
+        max_waiting_renders: config.pages.max_waiting_renders,
+        directory: config.pages.directory.clone(),
+        services: config.pages.services.clone().into_iter().collect(),
+        coalesce_calls: config.pages.coalesce_calls,
+    }
 }
 
 /// Opens the backend `[store]` names: SQLite in the data directory, or

@@ -33,8 +33,8 @@ pub async fn get_attrs(
     check_segment(&id)?;
     let options = params.options()?;
     let found = state
-        .pipeline
-        .context()
+        .services
+        .context
         .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
@@ -84,8 +84,8 @@ async fn write_attrs(
     let now = now_ms();
     let etype = params.get("type");
     let outcome = state
-        .pipeline
-        .context()
+        .services
+        .context
         .modify(&tenant, &[path], &id, etype, move |e| {
             Ok(write(e, attrs, opts, now))
         })
@@ -186,8 +186,8 @@ pub async fn get_attr(
     check_segment(&id)?;
     check_segment(&name)?;
     let found = state
-        .pipeline
-        .context()
+        .services
+        .context
         .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
     let attr = found
         .entity
@@ -217,8 +217,8 @@ pub async fn put_attr(
     let opts = options.update();
     let now = now_ms();
     state
-        .pipeline
-        .context()
+        .services
+        .context
         .modify(&tenant, &[path], &id, params.get("type"), move |e| {
             ngsi::update_attr(e, &name, attr, opts, now)
         })
@@ -240,8 +240,8 @@ pub async fn delete_attr(
     let path = sp.for_write(WriteOp::Delete)?;
     let now = now_ms();
     state
-        .pipeline
-        .context()
+        .services
+        .context
         .modify(&tenant, &[path], &id, params.get("type"), move |e| {
             ngsi::delete_attr(e, &name, now)
         })
@@ -268,11 +268,10 @@ pub async fn get_value(
     let lookup = || -> Result<ngsi::Attribute> {
         check_segment(&id)?;
         check_segment(&name)?;
-        let found =
-            state
-                .pipeline
-                .context()
-                .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
+        let found = state
+            .services
+            .context
+            .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
         let attr = found.entity.attrs.get(&name).cloned();
         Ok(attr.ok_or_else(NgsiError::attribute_not_found)?)
     };
@@ -370,8 +369,8 @@ pub async fn put_value(
     let opts = options.update();
     let now = now_ms();
     state
-        .pipeline
-        .context()
+        .services
+        .context
         .modify(&tenant, &[path], &id, params.get("type"), move |e| {
             ngsi::set_attr_value(e, &name, value, opts, now)
         })

@@ -251,7 +251,7 @@ async fn apply(
     item: Item,
     opts: UpdateOptions,
 ) -> Result<Option<Failure>> {
-    let context = state.pipeline.context();
+    let context = &state.services.context;
     let paths = vec![path.to_string()];
     let id = item.entity.id.clone();
     let etype = item.typed.then(|| item.entity.entity_type.clone());

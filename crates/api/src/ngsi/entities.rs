@@ -106,7 +106,7 @@ impl Listing {
 
     /// Runs the listing: the page rendered, and the total count.
     pub fn run(&self, state: &AppState, tenant: &str) -> (Value, usize) {
-        let context = state.pipeline.context();
+        let context = &state.services.context;
         let mut found = match self.filters.as_slice() {
             [one] => context.query(tenant, one),
             many => {
@@ -287,7 +287,7 @@ pub async fn create(
     let now = now_ms();
     entity.stamp_created(now);
     let location = format!("/v2/entities/{}?type={}", entity.id, entity.entity_type);
-    let context = state.pipeline.context();
+    let context = &state.services.context;
     if options.upsert {
         let paths = vec![path.clone()];
         let id = entity.id.clone();
@@ -329,8 +329,8 @@ pub async fn retrieve(
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
     let found = state
-        .pipeline
-        .context()
+        .services
+        .context
         .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
     let body = render_entity(
         &found.entity,
@@ -352,8 +352,8 @@ pub async fn remove(
     check_segment(&id)?;
     let path = sp.for_write(WriteOp::Delete)?;
     state
-        .pipeline
-        .context()
+        .services
+        .context
         .delete(&tenant, &[path], &id, params.get("type"))
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -32,7 +32,7 @@ pub async fn list(
     let options = params.options()?;
     // Orion filters registrations by the first service path only.
     let paths: Vec<String> = sp.for_read().into_iter().take(1).collect();
-    let found = state.pipeline.registrations().list(&tenant, &paths);
+    let found = state.services.registrations.list(&tenant, &paths);
     let page: Vec<Value> = found
         .iter()
         .skip(offset)
@@ -63,8 +63,8 @@ pub async fn create(
     let registration = Registration::parse_text(&body, new_id())?;
     let location = format!("/v2/registrations/{}", registration.id);
     state
-        .pipeline
-        .registrations()
+        .services
+        .registrations
         .create(&tenant, &path, registration)
         .await?;
     Ok((StatusCode::CREATED, [("location", location)]).into_response())
@@ -78,10 +78,7 @@ pub async fn retrieve(
     _params: Params,
     Path(id): Path<String>,
 ) -> Result<Response> {
-    let found = state
-        .pipeline
-        .registrations()
-        .get(&tenant, &normalize(id))?;
+    let found = state.services.registrations.get(&tenant, &normalize(id))?;
     Ok(axum::Json(found.registration.render()).into_response())
 }
 
@@ -93,8 +90,8 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response> {
     state
-        .pipeline
-        .registrations()
+        .services
+        .registrations
         .delete(&tenant, &normalize(id))
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -40,8 +40,8 @@ pub async fn create(
         p => p,
     };
     let id = state
-        .pipeline
-        .subscriptions()
+        .services
+        .subscriptions
         .create(&tenant, paths, &value)
         .await?;
     Ok((
@@ -60,7 +60,7 @@ pub async fn list(
 ) -> Result<Response> {
     let options = params.options()?;
     let (limit, offset) = params.paging()?;
-    let all = state.pipeline.subscriptions().list(&tenant);
+    let all = state.services.subscriptions.list(&tenant);
     let total = all.len();
     let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
     Ok(listing_response(
@@ -76,7 +76,7 @@ pub async fn retrieve(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
-    let json = state.pipeline.subscriptions().get(&tenant, &id)?;
+    let json = state.services.subscriptions.get(&tenant, &id)?;
     Ok(axum::Json(json).into_response())
 }
 
@@ -91,8 +91,8 @@ pub async fn update(
     check_id(&id)?;
     let value = json_body(&headers, &body)?;
     state
-        .pipeline
-        .subscriptions()
+        .services
+        .subscriptions
         .patch(&tenant, &id, &value)
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -105,6 +105,6 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
-    state.pipeline.subscriptions().delete(&tenant, &id).await?;
+    state.services.subscriptions.delete(&tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

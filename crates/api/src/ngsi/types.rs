@@ -27,7 +27,7 @@ struct TypeInfo {
 
 fn gather(state: &AppState, tenant: &str, sp: &ServicePath) -> BTreeMap<String, TypeInfo> {
     let mut types: BTreeMap<String, TypeInfo> = BTreeMap::new();
-    for e in state.pipeline.context().types(tenant, &sp.for_read()) {
+    for e in state.services.context.types(tenant, &sp.for_read()) {
         let info = types.entry(e.entity.entity_type.clone()).or_default();
         info.count += 1;
         for (name, attr) in e.entity.attrs.iter() {

@@ -11,6 +11,12 @@
 //! fallback (`BLANK`, a `<knotx:fallback>` id, or the configured default)
 //! and the page still answers 200. Concurrent renders are limited; beyond
 //! the limit a render is refused at once (the API answers 503).
+//!
+//! Pages sit on top of weft's services: they read the context, the alarms
+//! and the store through [`service::Sources`] and change nothing but their
+//! own templates and services, so nothing below depends on them and the
+//! binary builds them last.
+#![deny(missing_docs)]
 
 pub mod service;
 

@@ -16,8 +16,8 @@ use weft_model::ngsi::{format_datetime, render, Format};
 use weft_model::query::Query;
 use weft_store::{AlarmQuery, DataQuery, HistoryQuery, Store};
 
-use crate::context::{Context, EntityFilter, DEFAULT_TENANT};
-use crate::rules::RuleEngine;
+use weft_pipeline::context::{Context, EntityFilter, DEFAULT_TENANT};
+use weft_pipeline::rules::RuleEngine;
 
 /// An external HTTP source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

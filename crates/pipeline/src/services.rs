@@ -1,0 +1,221 @@
+//! weft's services wired together, once: the value the binary builds at
+//! start and the API holds.
+//!
+//! Each service owns its state and its tasks; [`Services::start`] loads
+//! them in the order they depend on each other and starts the ingest
+//! consumer last, once everything it feeds is running. Pages are not
+//! here: they live in a crate of their own on top of this one, and the
+//! binary builds them from the context and the rules it finds here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weft_bus::Bus;
+use weft_engine::Engine;
+use weft_store::{Store, StoreError};
+
+use crate::catalog::Catalog;
+use crate::channels::bridge::Bridges;
+use crate::channels::{Channels, ChannelsConfig};
+use crate::context::{self, Context};
+use crate::history::{History, RetentionPolicy};
+use crate::ingest::{Ingest, IngestConfig};
+use crate::registrations::Registrations;
+use crate::rules::{RuleEngine, RulesConfig};
+use crate::subscriptions::sender::SenderConfig;
+use crate::subscriptions::Subscriptions;
+
+/// Tuning of every service; the defaults carry the seed workloads.
+#[derive(Debug, Clone)]
+pub struct ServicesConfig {
+    /// The ingest consumer's tuning.
+    pub ingest: IngestConfig,
+    /// How NGSI notifications are sent.
+    pub notifications: SenderConfig,
+    /// Whether entity changes are recorded as history.
+    pub record_history: bool,
+    /// How long each tenant's history is kept.
+    pub history_retention: RetentionPolicy,
+    /// The rule engine's tuning.
+    pub rules: RulesConfig,
+    /// Durable channels' tuning.
+    pub channels: ChannelsConfig,
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        ServicesConfig {
+            ingest: IngestConfig::default(),
+            notifications: Default::default(),
+            record_history: false,
+            history_retention: RetentionPolicy {
+                interval: Duration::from_secs(60),
+                ..RetentionPolicy::default()
+            },
+            rules: RulesConfig::default(),
+            channels: ChannelsConfig::default(),
+        }
+    }
+}
+
+/// The running services, each behind an `Arc` so a surface takes the one
+/// it needs. Built once by [`Services::start`]; the fields are the
+/// services themselves, not views of one another.
+pub struct Services {
+    /// The ingest consumer: accepts uplinks into the log and turns the log
+    /// into data units, entities and events.
+    pub ingest: Arc<Ingest>,
+    /// Device types and devices.
+    pub catalog: Arc<Catalog>,
+    /// The NGSI context: the entities of every tenant.
+    pub context: Arc<Context>,
+    /// The NGSI registrations of every tenant.
+    pub registrations: Arc<Registrations>,
+    /// The NGSI subscriptions of every tenant, and their notifications.
+    pub subscriptions: Arc<Subscriptions>,
+    /// The history recorder and its retention.
+    pub history: Arc<History>,
+    /// The rule engine: rules and alarms.
+    pub rules: Arc<RuleEngine>,
+    /// Durable pull channels (the DSPS API).
+    pub channels: Arc<Channels>,
+    /// The bridges publishing weft's events into channels.
+    pub bridges: Arc<Bridges>,
+    /// The store, for the API's read-only queries.
+    pub store: Arc<dyn Store>,
+    /// The bus, for live subscribers.
+    pub bus: Arc<dyn Bus>,
+}
+
+impl Services {
+    /// Loads and starts every service, in order: the catalog; the context,
+    /// brought up to date with the units stored after its entities; the
+    /// registrations and subscriptions; history; the subscriptions
+    /// listening to the context; the rules; the channels and their
+    /// bridges; and last the ingest consumer. Tasks run on `tracker` and
+    /// stop when `shutdown` is cancelled.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+        engine: Engine,
+        config: ServicesConfig,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<Services, StoreError> {
+        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
+        let changes = crate::changes::Changes::new(bus.clone());
+        let context = Arc::new(context::Context::load(store.clone(), changes).await?);
+        replay_units_into_context(&store, &catalog, &context).await?;
+        let registrations = Arc::new(Registrations::load(store.clone()).await?);
+        let subscriptions =
+            Subscriptions::load(store.clone(), config.notifications.clone()).await?;
+        context.set_record_history(config.record_history);
+        let history = History::new(store.clone(), config.history_retention.clone());
+        tracker.spawn(history.clone().retention_loop(shutdown.clone()));
+        for feed in [
+            weft_store::HistoryFeed::Changes,
+            weft_store::HistoryFeed::Notifications,
+        ] {
+            tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
+        }
+        context.changes().add_listener(subscriptions.clone());
+        tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
+        let rules = RuleEngine::start(
+            store.clone(),
+            bus.clone(),
+            context.clone(),
+            config.rules.clone(),
+            shutdown.clone(),
+        )
+        .await?;
+        let channels =
+            Channels::start(store.clone(), config.channels.clone(), shutdown.clone()).await?;
+        let bridges = Bridges::start(
+            store.clone(),
+            bus.clone(),
+            channels.clone(),
+            config.channels.bridges.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
+        let ingest = Ingest::load(
+            store.clone(),
+            bus.clone(),
+            engine,
+            catalog.clone(),
+            context.clone(),
+            rules.clone(),
+            config.ingest,
+        )
+        .await?;
+        ingest.start(shutdown, tracker)?;
+        Ok(Services {
+            ingest,
+            catalog,
+            context,
+            registrations,
+            subscriptions,
+            history,
+            rules,
+            channels,
+            bridges,
+            store,
+            bus,
+        })
+    }
+}
+
+/// Applies to the context the units stored after the entities were last
+/// stored (the store records how far they reach), so a crash between two
+/// bulk entity writes loses nothing.
+async fn replay_units_into_context(
+    store: &Arc<dyn Store>,
+    catalog: &Catalog,
+    context: &context::Context,
+) -> Result<(), StoreError> {
+    let mut after = store
+        .cursor(weft_store::ENTITIES_CURSOR)
+        .await?
+        .saturating_sub(1);
+    let mut replayed = 0usize;
+    loop {
+        let query = weft_store::DataQuery {
+            after: Some(after),
+            limit: 10_000,
+            ..Default::default()
+        };
+        let rows = store.query_data(&query).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.seq;
+        let units: Vec<weft_model::DataUnit> = rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.json).ok())
+            .collect();
+        let types: Vec<String> = units
+            .iter()
+            .map(|u| {
+                catalog
+                    .device_type(&u.device.device_type)
+                    .and_then(|t| t.def.entity_type.clone())
+                    .unwrap_or_else(|| u.device.device_type.clone())
+            })
+            .collect();
+        // Replayed changes were announced before the restart (or never
+        // committed as entities): they are dropped, not announced again.
+        let _ = context.apply_units(
+            units.iter().zip(types.iter().map(String::as_str)),
+            weft_model::now_ms(),
+        );
+        replayed += units.len();
+    }
+    if replayed > 0 {
+        tracing::info!(
+            units = replayed,
+            "applied recent data units to their entities"
+        );
+    }
+    Ok(())
+}
