@@ -168,3 +168,54 @@ async fn a_codec_keeping_state_in_globals_decodes_each_uplink_afresh() {
     }
     healthy(&c).await;
 }
+
+/// A channel message nested 10,000 levels deep or holding a number no
+/// double can carry is refused with a 400 and never reaches a subscriber,
+/// which keeps getting what it can parse.
+#[tokio::test]
+async fn channel_messages_ordinary_clients_cannot_parse_are_refused() {
+    let server = Server::start();
+    let c = server.client();
+    let put = |path: String, body: String| {
+        let c = &c;
+        async move {
+            let resp = c
+                .http
+                .put(format!("{}{}", c.url, path))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let sub = "/channel/h/subscription/polling/s".to_string();
+    assert_eq!(put(sub.clone(), String::new()).await.0, 200);
+    let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+    for (id, body, says) in [
+        ("deep", deep, "nested deeper"),
+        ("huge", r#"{"v":1e400}"#.to_string(), "out of range"),
+    ] {
+        let (status, reply) = put(format!("/channel/h/message/{id}"), body).await;
+        assert_eq!(status, 400, "{id}: {reply}");
+        assert!(reply["error"].as_str().unwrap().contains(says), "{reply}");
+    }
+    assert_eq!(
+        put("/channel/h/message/fine".into(), r#"{"v":[1,2]}"#.into())
+            .await
+            .0,
+        200
+    );
+    let (status, fetched) = c.send("GET", &sub, None, None).await;
+    assert_eq!(status, 200);
+    let got: Vec<&str> = fetched["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageID"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, ["fine"], "{fetched}");
+    assert!(fetched["ackHandle"].is_string());
+    healthy(&c).await;
+}

@@ -154,9 +154,17 @@ async fn publish(
         &headers,
         &[("channelID", &channel), ("messageID", &message)],
     )?;
-    let content = match serde_json::from_slice::<&serde_json::value::RawValue>(&body) {
-        Ok(raw) => raw.get().to_string(),
-        Err(_) => return Err(DspsError::bad("Request body is not JSON")),
+    // Kept as sent, so it must be JSON every subscriber's parser can read
+    // back: no deeper than the limit, no number a double cannot hold.
+    let content = match weft_model::json::parse_within_limits(&body) {
+        Ok(_) => match serde_json::from_slice::<&serde_json::value::RawValue>(&body) {
+            Ok(raw) => raw.get().to_string(),
+            Err(_) => return Err(DspsError::bad("Request body is not JSON")),
+        },
+        Err(weft_model::json::JsonLimitError::Syntax(_)) => {
+            return Err(DspsError::bad("Request body is not JSON"))
+        }
+        Err(limit) => return Err(DspsError::bad(limit.to_string())),
     };
     state
         .services

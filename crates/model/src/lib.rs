@@ -16,6 +16,7 @@
 //! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
 //! - [`channel`]: ids and durations of the durable channels' API (DSPS).
+//! - [`json`]: depth and number limits on JSON kept as clients sent it.
 #![deny(missing_docs)]
 
 pub mod alarm;
@@ -23,6 +24,7 @@ pub mod channel;
 pub mod device;
 pub mod geo;
 pub mod history;
+pub mod json;
 pub mod mapping;
 pub mod ngsi;
 pub mod page;
