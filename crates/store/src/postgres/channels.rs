@@ -24,8 +24,8 @@ impl ChannelStore for PostgresStore {
             .write(move |c| {
                 Box::pin(async move {
                     // The `NOT EXISTS` keeps a duplicate from drawing a
-                    // `seq` (`ON CONFLICT` alone would burn one), so `seq`s
-                    // stay dense as SQLite's; the writer is the only one
+                    // `seq` (`ON CONFLICT` alone would burn one), as
+                    // SQLite's insert does; the writer is the only one
                     // inserting, so nothing can slip in between.
                     let row = c
                         .query_opt(
