@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use weft_model::history::{numeric, time_index};
 use weft_model::ngsi::Entity;
-use weft_store::{HistoryFeed, HistoryRow, Store, StoreError};
+use weft_store::{HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
 
 use tokio_util::sync::CancellationToken;
 
@@ -252,19 +252,31 @@ impl History {
         }
     }
 
-    /// One pass of [`History::retention_loop`] over every tenant.
+    /// One pass of [`History::retention_loop`]: every tenant's cutoffs in
+    /// one call, so the store can drop time ranges no tenant keeps whole.
     async fn expire_once(&self) -> Result<(), StoreError> {
         let now = weft_model::now_ms();
-        for tenant in self.store.history_tenants().await? {
-            let (rows, rollups) = self.retention.of(&tenant).cutoffs(now);
-            if rows.is_none() && rollups.is_none() {
-                continue;
-            }
-            let n = self.store.expire_history(&tenant, rows, rollups).await?;
-            if n > 0 {
-                metrics::counter!("weft_history_expired_total").increment(n);
-                tracing::debug!(tenant, deleted = n, "expired history");
-            }
+        let cutoffs: Vec<HistoryCutoffs> = self
+            .store
+            .history_tenants()
+            .await?
+            .into_iter()
+            .filter_map(|tenant| {
+                let (rows_before, rollups_before) = self.retention.of(&tenant).cutoffs(now);
+                (rows_before.is_some() || rollups_before.is_some()).then_some(HistoryCutoffs {
+                    tenant,
+                    rows_before,
+                    rollups_before,
+                })
+            })
+            .collect();
+        if cutoffs.is_empty() {
+            return Ok(());
+        }
+        let n = self.store.expire_history(&cutoffs).await?;
+        if n > 0 {
+            metrics::counter!("weft_history_expired_total").increment(n);
+            tracing::debug!(tenants = cutoffs.len(), deleted = n, "expired history");
         }
         Ok(())
     }

@@ -19,8 +19,8 @@ use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
     DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, HistoryAggregate,
-    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch,
-    RuleStateRecord, UnitRecord,
+    HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
+    ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -1744,6 +1744,15 @@ where
     );
 }
 
+/// One tenant's expiry cutoffs.
+pub(crate) fn cutoffs(tenant: &str, rows: Option<i64>, rollups: Option<i64>) -> HistoryCutoffs {
+    HistoryCutoffs {
+        tenant: tenant.into(),
+        rows_before: rows,
+        rollups_before: rollups,
+    }
+}
+
 /// Expiry deletes rows before their cutoff and only rollup buckets that
 /// end by theirs (a bucket with newer rows stays whole), in chunks; an
 /// entity left with nothing leaves the listing, one with rollups stays.
@@ -1768,7 +1777,11 @@ where
     // Rows before 01:30 go (more than one chunk); rollups ending by 01:30
     // go: hour 00 and the minutes before 01:30, not hour 01.
     let deleted = store
-        .expire_history("t", Some(T0 + hour + hour / 2), Some(T0 + hour + hour / 2))
+        .expire_history(&[cutoffs(
+            "t",
+            Some(T0 + hour + hour / 2),
+            Some(T0 + hour + hour / 2),
+        )])
         .await
         .unwrap();
     assert_eq!(deleted, 60_000 + 1 + 90);
@@ -1788,7 +1801,7 @@ where
     );
     // Only rollups left (downsampled): still listed, still aggregated.
     store
-        .expire_history("t", Some(T0 + 10 * hour), None)
+        .expire_history(&[cutoffs("t", Some(T0 + 10 * hour), None)])
         .await
         .unwrap();
     assert!(store.query_history(&q).await.unwrap().is_empty());
@@ -1798,7 +1811,7 @@ where
     );
     // Everything past: the entity goes.
     store
-        .expire_history("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))
+        .expire_history(&[cutoffs("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))])
         .await
         .unwrap();
     assert!(store

@@ -129,6 +129,21 @@ pub struct HistoryAggregate {
     pub value: Option<f64>,
 }
 
+/// What one tenant's retention expires at one moment, for
+/// [`HistoryStore::expire_history`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryCutoffs {
+    /// Tenant.
+    pub tenant: String,
+    /// Rows with a time index before this (epoch ms) are deleted; `None`:
+    /// rows are kept.
+    pub rows_before: Option<i64>,
+    /// Minute and hour rollup buckets that end by this (epoch ms) are
+    /// deleted; `None`: rollups are kept. Rows going before their rollups
+    /// is downsampling.
+    pub rollups_before: Option<i64>,
+}
+
 /// An entity that has history: what `GET /entities` lists.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistoryEntity {
@@ -210,17 +225,14 @@ pub trait HistoryStore: Send + Sync {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64>;
-    /// Deletes `tenant`'s history older than the cutoffs (epoch ms): rows
-    /// with a time index before `rows_before`, and minute/hour rollup
-    /// buckets that end by `rollups_before` (a tenant's retention; rows
-    /// going before their rollups is downsampling). Commits in chunks so
-    /// appends go on meanwhile; returns what was deleted.
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64>;
+    /// Deletes each listed tenant's history older than its cutoffs
+    /// ([`HistoryCutoffs`]); tenants not listed keep everything. All
+    /// tenants come in one call so that a backend storing time ranges of
+    /// every tenant together (PostgreSQL's weekly partitions) can drop a
+    /// range whole when no tenant with rows in it keeps them, and delete
+    /// row by row only what is left. Commits in chunks so appends go on
+    /// meanwhile; returns how many rows and rollup buckets were deleted.
+    async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64>;
     /// The tenants that have history.
     async fn history_tenants(&self) -> Result<Vec<String>>;
 }

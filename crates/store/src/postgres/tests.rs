@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::conformance::{hquery, hrow, times, Backend};
+use crate::conformance::{cutoffs, hquery, hrow, times, Backend};
 use crate::Store;
 
 /// PostgreSQL under the conformance suite: a database per test.
@@ -41,7 +41,7 @@ impl Backend for Postgres {
 }
 
 crate::conformance_tests!(Postgres);
-use crate::{HistoryRow, HistoryStore};
+use crate::{HistoryQuery, HistoryRow, HistoryStore};
 
 impl PostgresStore {
     /// Stores history rows straight into the history (no feed involved),
@@ -51,6 +51,7 @@ impl PostgresStore {
         if rows.is_empty() {
             return Ok(0);
         }
+        self.ensure_partitions(&rows).await?;
         self.history
             .write(move |c| Box::pin(async move { history::append_history(c, &rows).await }))
             .await
@@ -275,6 +276,183 @@ async fn history_rows_land_in_their_weekly_partitions() {
     assert_eq!(
         times(&store.query_history(&hquery()).await.unwrap()),
         at.to_vec()
+    );
+    store.close().await;
+}
+
+/// The weekly history partitions that exist (their starts, oldest first).
+async fn partition_weeks(url: &str) -> Vec<i64> {
+    let client = raw(url).await;
+    schema::history_partitions(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, from)| from)
+        .collect()
+}
+
+/// Rows in the default partition.
+async fn in_default(url: &str) -> i64 {
+    raw(url)
+        .await
+        .query_one("SELECT COUNT(*) FROM history_default", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The time indexes of `tenant`'s rows, in order.
+async fn tenant_times(store: &PostgresStore, tenant: &str) -> Vec<i64> {
+    let q = HistoryQuery {
+        tenant: tenant.into(),
+        ..hquery()
+    };
+    times(&store.query_history(&q).await.unwrap())
+}
+
+/// Expiry drops a weekly partition when every tenant with rows in it is
+/// past it (unlisted tenants and longer retentions keep theirs), deletes
+/// rows one by one only where a partition must stay (the week straddling
+/// a cutoff, weeks another tenant keeps), and counts what it dropped. A
+/// later append into a dropped week gets its partition back.
+#[tokio::test]
+async fn expiry_drops_whole_weeks_and_deletes_rows_only_where_it_must() {
+    const WEEK: i64 = schema::HISTORY_PARTITION_MS;
+    const HOUR: i64 = 3_600_000;
+    let url = test_database().await;
+    let store = open(&url).await;
+    let w0 = schema::partition_for(1_700_000_000_000).1;
+    let week = |tenant: &str, n: i64| -> Vec<HistoryRow> {
+        (0..10)
+            .map(|i| {
+                hrow(
+                    tenant,
+                    "/",
+                    "R",
+                    "T",
+                    "x",
+                    w0 + n * WEEK + i * 12 * HOUR,
+                    1.0,
+                )
+            })
+            .collect()
+    };
+    // t: weeks 0-4; u (longer retention): weeks 0, 1, 3, 4; v (no
+    // retention): weeks 2 and 4.
+    for (tenant, weeks) in [
+        ("t", &[0, 1, 2, 3, 4][..]),
+        ("u", &[0, 1, 3, 4]),
+        ("v", &[2, 4]),
+    ] {
+        for &n in weeks {
+            assert_eq!(store.append_history(week(tenant, n)).await.unwrap(), 10);
+        }
+    }
+    let all: Vec<i64> = (0..5).map(|n| w0 + n * WEEK).collect();
+    assert_eq!(partition_weeks(&url).await, all);
+
+    let cut_t = w0 + 3 * WEEK + 48 * HOUR;
+    let cut_u = w0 + WEEK + 24 * HOUR;
+    let deleted = store
+        .expire_history(&[
+            cutoffs("t", Some(cut_t), None),
+            cutoffs("u", Some(cut_u), None),
+        ])
+        .await
+        .unwrap();
+    // Week 0 is dropped (t's and u's 20 rows); week 1 stays for u (t's 10
+    // and u's 2 before its cutoff deleted), week 2 for v (t's 10 deleted);
+    // week 3 straddles t's cutoff (4 rows before it deleted).
+    assert_eq!(partition_weeks(&url).await, all[1..]);
+    assert_eq!(deleted, 20 + 10 + 2 + 10 + 4);
+    let t_kept: Vec<i64> = (0..10)
+        .map(|i| w0 + 3 * WEEK + i * 12 * HOUR)
+        .filter(|&t| t >= cut_t)
+        .chain(week("t", 4).iter().map(|r| r.time))
+        .collect();
+    assert_eq!(tenant_times(&store, "t").await, t_kept);
+    let u_kept: Vec<i64> = [1, 3, 4]
+        .iter()
+        .flat_map(|&n| week("u", n))
+        .map(|r| r.time)
+        .filter(|&t| t >= cut_u)
+        .collect();
+    assert_eq!(tenant_times(&store, "u").await, u_kept);
+    let v_kept: Vec<i64> = [2, 4]
+        .iter()
+        .flat_map(|&n| week("v", n))
+        .map(|r| r.time)
+        .collect();
+    assert_eq!(tenant_times(&store, "v").await, v_kept);
+
+    // Once u and v let go of weeks 1 and 2, both go whole (u's 8 rows left
+    // in week 1, v's 10 in week 2); week 3 still straddles t's cutoff.
+    let deleted = store
+        .expire_history(&[
+            cutoffs("t", Some(cut_t), None),
+            cutoffs("u", Some(w0 + 3 * WEEK), None),
+            cutoffs("v", Some(w0 + 3 * WEEK), None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 8 + 10);
+    assert_eq!(partition_weeks(&url).await, all[3..]);
+    assert_eq!(tenant_times(&store, "t").await, t_kept);
+
+    // An old row arriving for a dropped week gets that week's partition
+    // again, not the default one.
+    assert_eq!(
+        store
+            .append_history(vec![hrow("v", "/", "R", "T", "x", w0 + 1, 1.0)])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(partition_weeks(&url).await[0], w0);
+    assert_eq!(in_default(&url).await, 0);
+    store.close().await;
+}
+
+/// A week's partition is looked up (and created) once, not at every
+/// append: a partition dropped behind the store's back is not noticed, and
+/// that week's rows then land in the default partition, still stored and
+/// read back.
+#[tokio::test]
+async fn a_known_partition_is_not_looked_up_again() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let t = 1_700_000_000_000i64;
+    store
+        .append_history(vec![hrow("t", "/", "R", "T", "x", t, 1.0)])
+        .await
+        .unwrap();
+    let (name, _, _) = schema::partition_for(t);
+    raw(&url)
+        .await
+        .batch_execute(&format!("DROP TABLE {name}"))
+        .await
+        .unwrap();
+    store
+        .append_history(vec![hrow("t", "/", "R", "T", "x", t + 1, 1.0)])
+        .await
+        .unwrap();
+    assert_eq!(in_default(&url).await, 1);
+    assert_eq!(
+        times(&store.query_history(&hquery()).await.unwrap()),
+        [t + 1]
+    );
+    store.close().await;
+    // A new store knows nothing yet: the week's partition comes back and
+    // takes its row over from the default one.
+    let store = open(&url).await;
+    store
+        .append_history(vec![hrow("t", "/", "R", "T", "x", t + 2, 1.0)])
+        .await
+        .unwrap();
+    assert_eq!(in_default(&url).await, 0);
+    assert_eq!(
+        times(&store.query_history(&hquery()).await.unwrap()),
+        [t + 1, t + 2]
     );
     store.close().await;
 }

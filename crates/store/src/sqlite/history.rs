@@ -12,8 +12,8 @@ use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
 use crate::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed,
+    HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
 };
 
 #[async_trait]
@@ -116,15 +116,19 @@ impl HistoryStore for SqliteStore {
         .await
     }
 
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64> {
-        let tenant = tenant.to_string();
-        self.delete_in_chunks(move |c| expire_history(c, &tenant, rows_before, rollups_before))
-            .await
+    async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64> {
+        let mut total = 0;
+        for HistoryCutoffs {
+            tenant,
+            rows_before,
+            rollups_before,
+        } in cutoffs.iter().cloned()
+        {
+            total += self
+                .delete_in_chunks(move |c| expire_history(c, &tenant, rows_before, rollups_before))
+                .await?;
+        }
+        Ok(total)
     }
 
     async fn history_tenants(&self) -> Result<Vec<String>> {
