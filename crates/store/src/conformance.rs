@@ -18,9 +18,9 @@ use weft_model::{
 use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
-    DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, HistoryAggregate,
-    HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
-    ProcessedBatch, RuleStateRecord, UnitRecord,
+    DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
+    HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
+    NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -73,6 +73,7 @@ macro_rules! conformance_tests {
             history_delete_by_id_and_type,
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
+            feed_moves_store_what_is_kept_and_consume_the_rest,
             rollups_count_each_row_once,
             expiry_deletes_rows_then_whole_buckets,
             channel_publish_dedupes_and_pages,
@@ -1682,6 +1683,142 @@ where
         .await
         .unwrap();
     assert_eq!(stored.len(), 3);
+}
+
+/// The time indexes of the default tenant's rows of entity `id`.
+async fn entity_times(store: &impl HistoryStore, id: &str) -> Vec<i64> {
+    let q = HistoryQuery {
+        entity_ids: vec![id.to_string()],
+        limit: 10_000,
+        ..HistoryQuery::default()
+    };
+    times(&store.query_history(&q).await.unwrap())
+}
+
+/// A feed move stores the rows its filter keeps (more than one commit's
+/// worth, and a replay of stored rows, included), consumes what it read
+/// (filtered rows too) and answers how far it got; a move limited by its
+/// row count says more is waiting, and the next goes on from there. On
+/// the changes feed the cursor moves, and survives a reopen; moved
+/// notifications leave their feed.
+pub(crate) async fn feed_moves_store_what_is_kept_and_consume_the_rest<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let keep_all: &FeedFilter<'_> = &|_| true;
+    assert_eq!(
+        store
+            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .await
+            .unwrap(),
+        FeedMove::default(),
+        "nothing waiting"
+    );
+    // Three changes: 6,000 rows of E (more than a commit of a move takes),
+    // 3 of F, 2 of G.
+    let big: Vec<HistoryRow> = (0..6_000).map(|t| feed_row("E", t)).collect();
+    store
+        .put_entity(entity("", "/", "E", "T", 1, "{}"), big)
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("", "/", "F", "T", 2, "{}"),
+            (0..3).map(|t| feed_row("F", t)).collect(),
+        )
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("", "/", "G", "T", 3, "{}"),
+            (0..2).map(|t| feed_row("G", t)).collect(),
+        )
+        .await
+        .unwrap();
+    let entries = store
+        .read_history_feed(HistoryFeed::Changes, 0, 100_000)
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = entries.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs.len(), 3);
+    // Limited to 6,001 rows: the first two entries (whole), F's rows with
+    // time 1 refused by the filter.
+    let not_f1: &FeedFilter<'_> = &|r| !(r.entity_id == "F" && r.time == 1);
+    let first = store
+        .move_history_feed(HistoryFeed::Changes, 6_001, not_f1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.through, first.rows, first.more),
+        (Some(seqs[1]), 6_002, true)
+    );
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        seqs[1]
+    );
+    let second = store
+        .move_history_feed(HistoryFeed::Changes, 6_001, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.through, second.rows, second.more),
+        (Some(seqs[2]), 2, false)
+    );
+    assert_eq!(
+        entity_times(&*store, "E").await,
+        (0..6_000).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        entity_times(&*store, "F").await,
+        [0, 2],
+        "the refused row is consumed, not stored"
+    );
+    assert_eq!(entity_times(&*store, "G").await, [0, 1]);
+    B::close(&store).await;
+    drop(store);
+
+    let store = backend.open().await;
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        seqs[2]
+    );
+    assert_eq!(
+        store
+            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .await
+            .unwrap()
+            .through,
+        None,
+        "consumed once"
+    );
+    // Notifications: a replay of stored rows is stored once and counted,
+    // and the moved entries leave the feed.
+    let queued = store
+        .queue_history(vec![feed_row("G", 1), feed_row("G", 2)])
+        .await
+        .unwrap();
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 100, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(
+        (moved.through, moved.rows, moved.more),
+        (Some(queued), 2, false)
+    );
+    assert!(store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(entity_times(&*store, "G").await, [0, 1, 2]);
 }
 
 /// Rollups count each stored row once: overlapping (replayed) appends add

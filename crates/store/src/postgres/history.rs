@@ -17,6 +17,7 @@
 //! database's collation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::try_join_all;
@@ -27,10 +28,11 @@ use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 use super::conn::Conn;
 use super::schema::{self, db};
 use super::{to_i64, PostgresStore};
+use crate::history::{move_feed, MoveTuning};
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed,
-    HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
+    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
 };
 
 use super::MAX_QUERY_ROWS;
@@ -989,8 +991,27 @@ async fn read_history_feed(
     }
 }
 
+/// How the history feed's moves are batched and paced on PostgreSQL: the
+/// SQLite backend's values (not measured apart here). A chunk is one
+/// `UNNEST` insert and one commit of the history writer, which the
+/// notifications' appends wait behind; fewer, larger commits share their
+/// WAL flushes and index pages the same way.
+const MOVE_TUNING: MoveTuning = MoveTuning {
+    chunk_rows: 4_096,
+    interval: Duration::from_millis(500),
+};
+
 #[async_trait]
 impl HistoryStore for PostgresStore {
+    async fn move_history_feed(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove> {
+        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+    }
+
     async fn read_history_feed(
         &self,
         feed: HistoryFeed,

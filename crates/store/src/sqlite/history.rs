@@ -5,19 +5,44 @@
 //! cursor. Its writes are appends of feed moves and chunked deletes; its
 //! reads are range scans of the series a query covers.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
+use crate::history::{move_feed, MoveTuning};
 use crate::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed,
-    HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
+    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+};
+
+/// How the history feed's moves are batched and paced on SQLite.
+const MOVE_TUNING: MoveTuning = MoveTuning {
+    // A few milliseconds of the history writer, so notifications queued
+    // behind a move wait little.
+    chunk_rows: 4_096,
+    // A commit writes every page it dirtied once, and rows of many series
+    // dirty a page each; waiting lets more rows share those pages
+    // (measured: the WAL writes of frequent small commits took most of
+    // the history writer's time). History then lags by up to this much,
+    // except for queries, which settle the notifications feed first.
+    interval: Duration::from_millis(500),
 };
 
 #[async_trait]
 impl HistoryStore for SqliteStore {
+    async fn move_history_feed(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove> {
+        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+    }
+
     async fn read_history_feed(
         &self,
         feed: HistoryFeed,
