@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::Result;
+use crate::{Result, StoreError, HISTORY_DELETE_CHUNK};
 
 /// Name of the cursor (in the history's file) recording how far the
 /// history feed has been moved into the history.
@@ -170,6 +170,54 @@ pub struct HistoryQuery {
     /// backend caps it at 10,000, QuantumLeap's maximum; the API passes its
     /// `limit` (default 10,000).
     pub limit: usize,
+}
+
+impl HistoryQuery {
+    /// The query's time range as inclusive bounds (unbounded ends as the
+    /// extreme times).
+    pub(crate) fn time_range(&self) -> (i64, i64) {
+        (self.from.unwrap_or(i64::MIN), self.to.unwrap_or(i64::MAX))
+    }
+}
+
+/// Whether an entity recorded under `path` is under the service-path
+/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
+/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
+/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
+/// special, as they would in a `LIKE`: the one rule of every backend.
+pub(crate) fn path_matches(prefix: &str, path: &str) -> bool {
+    let base = prefix.trim_end_matches('/');
+    path == prefix
+        || path
+            .strip_prefix(base)
+            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
+}
+
+/// The rows of one history feed entry, from the JSON it is stored as.
+pub(crate) fn decode_feed_entry(seq: u64, json: &str) -> Result<Vec<HistoryRow>> {
+    serde_json::from_str(json)
+        .map_err(|e| StoreError::Corrupt(format!("history feed entry {seq}: {e}")))
+}
+
+/// Runs a chunked history delete (each `chunk` one transaction removing at
+/// most [`HISTORY_DELETE_CHUNK`] rows and buckets) again until a chunk
+/// comes back short; answers the total. A large delete then never holds
+/// the history's writer (and every notification waiting on it) for long,
+/// and appends keep flowing meanwhile. Deleting is idempotent, so a
+/// failure midway leaves a state a retry completes.
+pub(crate) async fn delete_in_chunks<F, Fut>(mut chunk: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = chunk().await?;
+        total += deleted;
+        if deleted < HISTORY_DELETE_CHUNK as u64 {
+            return Ok(total);
+        }
+    }
 }
 
 /// How values are aggregated (`aggrMethod`).
@@ -340,4 +388,33 @@ pub trait HistoryStore: Send + Sync {
     async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64>;
     /// The tenants that have history.
     async fn history_tenants(&self) -> Result<Vec<String>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_matches;
+
+    #[test]
+    fn a_service_path_prefix_matches_itself_and_its_sub_paths_segment_wise() {
+        for (prefix, path) in [
+            ("/", "/"),
+            ("/", "/a/b"),
+            ("/a", "/a"),
+            ("/a", "/a/b"),
+            ("/a/", "/a"),
+            ("/a/", "/a/b"),
+            ("/a%", "/a%"),
+        ] {
+            assert!(path_matches(prefix, path), "{prefix} {path}");
+        }
+        for (prefix, path) in [
+            ("/a", "/ab"),
+            ("/a", "/"),
+            ("/a/b", "/a"),
+            ("/a%", "/ab"),
+            ("/A", "/a"),
+        ] {
+            assert!(!path_matches(prefix, path), "{prefix} {path}");
+        }
+    }
 }

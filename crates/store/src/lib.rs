@@ -72,7 +72,7 @@ pub(crate) const MAX_QUERY_ROWS: usize = 10_000;
 pub(crate) const HISTORY_DELETE_CHUNK: usize = 50_000;
 
 /// A configuration value's JSON, as every backend stores it.
-pub(crate) fn encode<T: serde::Serialize>(what: &str, value: &T) -> Result<String> {
+pub(crate) fn encode<T: serde::Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 

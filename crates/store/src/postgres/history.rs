@@ -27,8 +27,9 @@ use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
 use super::conn::Conn;
 use super::schema::{self, db};
-use super::{to_i64, PostgresStore};
-use crate::history::{move_feed, MoveTuning};
+use super::writer::param;
+use super::{position, to_i64, PostgresStore};
+use crate::history::{decode_feed_entry, delete_in_chunks, move_feed, path_matches, MoveTuning};
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
@@ -511,20 +512,6 @@ async fn drop_expired_partitions(c: &Conn, cutoffs: &[HistoryCutoffs]) -> Result
     Ok((dropped, rows))
 }
 
-/// Whether an entity recorded under `path` is under the service-path
-/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
-/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
-/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
-/// special, as they would in a `LIKE`. The same rule as the SQLite
-/// backend's (whose copy is private to it).
-fn path_matches(prefix: &str, path: &str) -> bool {
-    let base = prefix.trim_end_matches('/');
-    path == prefix
-        || path
-            .strip_prefix(base)
-            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
-}
-
 /// The entities of `tenant` with history, optionally of one type and under
 /// a service-path prefix, ordered by type then id (in byte order).
 async fn history_entities<C: GenericClient + Sync>(
@@ -679,11 +666,6 @@ async fn query_series<C: GenericClient + Sync>(
     Ok(out)
 }
 
-/// The query's time range as inclusive bounds.
-fn time_range(q: &HistoryQuery) -> (i64, i64) {
-    (q.from.unwrap_or(i64::MIN), q.to.unwrap_or(i64::MAX))
-}
-
 /// The series of a query as three column arrays, for `UNNEST`.
 fn series_arrays(series: &[(String, String, String)]) -> [Vec<&str>; 3] {
     [
@@ -713,7 +695,7 @@ fn series_index(row: &Row, column: usize) -> usize {
 /// `limit` (at most [`MAX_QUERY_ROWS`]) in ascending time. One statement
 /// for every series, in one snapshot.
 async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let per_series = q.limit.min(MAX_QUERY_ROWS) as i64;
     let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
     if per_series == 0 || q.last_n == Some(0) {
@@ -819,7 +801,7 @@ async fn aggregate_history(
         Some(AggrPeriod::Minute) => Some(MINUTE_MS),
         _ => Some(HOUR_MS),
     };
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
     let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
     let pieces = plan(from, to, coarsest);
@@ -976,8 +958,7 @@ async fn read_history_feed(
         for row in rows {
             let seq: i64 = row.get(0);
             let text: &str = row.get(1);
-            let batch: Vec<HistoryRow> = serde_json::from_str(text)
-                .map_err(|e| StoreError::Database(format!("history feed entry {seq}: {e}")))?;
+            let batch = decode_feed_entry(seq as u64, text)?;
             total += batch.len();
             out.push((seq as u64, batch));
             after = seq;
@@ -1081,36 +1062,26 @@ impl HistoryStore for PostgresStore {
     async fn prune_history_feed(&self, through: u64) -> Result<u64> {
         // The main writer queues the changes feed; it prunes it too.
         self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    c.execute(
-                        "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
-                        &[&feed_name(HistoryFeed::Changes), &to_i64(through)],
-                    )
-                    .await
-                    .map_err(db)
-                })
-            })
+            .execute(
+                "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
+                vec![
+                    param(feed_name(HistoryFeed::Changes)),
+                    param(to_i64(through)),
+                ],
+            )
             .await
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let json = serde_json::to_string(&rows)
-            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
-        self.history
-            .write(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_one(
-                            "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
-                            &[&feed_name(HistoryFeed::Notifications), &json],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get::<_, i64>(0) as u64)
-                })
-            })
-            .await
+        let json = crate::encode("history rows", &rows)?;
+        let row = self
+            .history
+            .query_one(
+                "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
+                vec![param(feed_name(HistoryFeed::Notifications)), param(json)],
+            )
+            .await?;
+        position(&row, 0)
     }
 
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
@@ -1144,30 +1115,20 @@ impl HistoryStore for PostgresStore {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64> {
-        // Chunk by chunk, each its own transaction, so appends keep flowing
-        // during a large delete; deleting is idempotent, so a failure
-        // midway leaves a state a retry completes.
-        let mut total = 0;
-        loop {
+        // Chunk by chunk, each its own transaction.
+        delete_in_chunks(|| {
             let (tenant, entity_id, entity_type) = (
                 tenant.to_string(),
                 entity_id.map(str::to_string),
                 entity_type.map(str::to_string),
             );
-            let deleted = self
-                .history
-                .write(move |c| {
-                    Box::pin(async move {
-                        delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref())
-                            .await
-                    })
+            self.history.write(move |c| {
+                Box::pin(async move {
+                    delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref()).await
                 })
-                .await?;
-            total += deleted;
-            if deleted < HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
+            })
+        })
+        .await
     }
 
     async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64> {
@@ -1197,25 +1158,19 @@ impl HistoryStore for PostgresStore {
         }
         // Then what is left, tenant by tenant, in chunks as `delete_history`.
         for t in cutoffs {
-            loop {
+            total += delete_in_chunks(|| {
                 let HistoryCutoffs {
                     tenant,
                     rows_before,
                     rollups_before,
                 } = t.clone();
-                let deleted = self
-                    .history
-                    .write(move |c| {
-                        Box::pin(async move {
-                            expire_history(c, &tenant, rows_before, rollups_before).await
-                        })
+                self.history.write(move |c| {
+                    Box::pin(async move {
+                        expire_history(c, &tenant, rows_before, rollups_before).await
                     })
-                    .await?;
-                total += deleted;
-                if deleted < HISTORY_DELETE_CHUNK as u64 {
-                    break;
-                }
-            }
+                })
+            })
+            .await?;
         }
         Ok(total)
     }
