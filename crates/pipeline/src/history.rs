@@ -24,30 +24,19 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use weft_model::history::{numeric, time_index};
 use weft_model::ngsi::Entity;
-use weft_store::{HistoryFeed, HistoryRow, Store, StoreError};
+use weft_store::{HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
 
 use tokio_util::sync::CancellationToken;
 
 /// How often a write the store refused as overloaded is tried again.
 const OVERLOADED_RETRIES: u32 = 50;
 
-/// Most rows moved from a feed per history commit.
+/// Most rows one move takes from a feed (what the mover holds in memory
+/// at once); the store decides how they are committed.
 const FEED_BATCH_ROWS: usize = 200_000;
-
-/// Most rows per history commit of a move: a few milliseconds of the
-/// history writer, so notifications queued behind a move wait little.
-const MOVE_CHUNK_ROWS: usize = 4_096;
 
 /// How long a feed loop sleeps when its feed is empty.
 const FEED_IDLE: Duration = Duration::from_millis(20);
-
-/// Shortest time between two history commits from a feed. A commit writes
-/// every page it dirtied once, and rows of many series dirty a page each;
-/// waiting lets more rows share those pages (measured: the WAL writes of
-/// frequent small commits took most of the history writer's time).
-/// History then lags by up to this much, except for queries, which settle
-/// the notifications feed first.
-const FEED_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Consumed changes-feed entries are pruned once this many have piled up.
 const FEED_PRUNE_EVERY: u64 = 1_000;
@@ -136,42 +125,46 @@ impl History {
         })
     }
 
-    /// Moves `feed` into the history until `shutdown`: reads a batch, stores
-    /// its rows and marks the batch consumed in one commit, prunes consumed
-    /// changes-feed entries now and then.
+    /// Moves `feed` into the history until `shutdown`: one store move after
+    /// another ([`HistoryStore::move_history_feed`], which decides how a
+    /// move is committed and how long to wait before the next), pruning
+    /// consumed changes-feed entries now and then.
     pub async fn feed_loop(self: Arc<Self>, feed: HistoryFeed, shutdown: CancellationToken) {
-        let mut cursor = loop {
-            match self.store.history_feed_cursor(feed).await {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the history feed cursor failed; retrying");
-                    if self.pause(feed, &shutdown, Duration::from_secs(1)).await {
-                        return;
-                    }
-                }
-            }
-        };
-        let mut pruned = cursor;
+        let mut pruned = 0;
+        let expires = self.retention.expires();
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
-            let entries = match self
+            // Rows already past their tenant's raw retention would be
+            // deleted at once, and a replay of them would count twice in
+            // the rollups: they are consumed, not stored.
+            let now = weft_model::now_ms();
+            let keep = |r: &HistoryRow| {
+                !expires || {
+                    let (rows_before, _) = self.retention.of(&r.tenant).cutoffs(now);
+                    rows_before.is_none_or(|cutoff| r.time >= cutoff)
+                }
+            };
+            let moved = match self
                 .store
-                .read_history_feed(feed, cursor, FEED_BATCH_ROWS)
+                .move_history_feed(feed, FEED_BATCH_ROWS, &keep)
                 .await
             {
-                Ok(f) => f,
+                Ok(moved) => moved,
                 Err(e) => {
-                    tracing::error!(error = %e, "reading the history feed failed; retrying");
-                    if self.pause(feed, &shutdown, Duration::from_secs(1)).await {
+                    tracing::warn!(error = %e, "moving the history feed failed; retrying");
+                    let wait = match e {
+                        StoreError::Overloaded => Duration::from_millis(50),
+                        _ => Duration::from_secs(1),
+                    };
+                    if self.pause(feed, &shutdown, wait).await {
                         return;
                     }
                     continue;
                 }
             };
-            let started = tokio::time::Instant::now();
-            let Some(&(through, _)) = entries.last() else {
+            let Some(through) = moved.through else {
                 if feed == HistoryFeed::Notifications {
                     self.recovered.send_replace(true);
                 }
@@ -180,56 +173,20 @@ impl History {
                 }
                 continue;
             };
-            let mut rows: Vec<HistoryRow> = entries.into_iter().flat_map(|(_, r)| r).collect();
-            // In key order, consecutive inserts land on the same b-tree
-            // pages: far fewer page visits per batch than arrival order.
-            rows.sort_unstable_by(|a, b| {
-                (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time).cmp(&(
-                    &b.tenant,
-                    &b.entity_id,
-                    &b.entity_type,
-                    &b.attr,
-                    b.time,
-                ))
-            });
-            // Rows already past their tenant's raw retention would be
-            // deleted at once, and a replay of them would count twice in
-            // the rollups: they are not stored.
-            if self.retention.expires() {
-                let now = weft_model::now_ms();
-                rows.retain(|r| {
-                    let (rows_before, _) = self.retention.of(&r.tenant).cutoffs(now);
-                    rows_before.is_none_or(|cutoff| r.time >= cutoff)
-                });
-            }
-            let count = rows.len() as u64;
-            match self.move_rows(feed, rows, through).await {
-                Ok(()) => {
-                    cursor = through;
-                    metrics::counter!("weft_history_rows_recorded_total").increment(count);
-                    if feed == HistoryFeed::Notifications {
-                        self.moved.send_replace(through);
-                        if count < FEED_BATCH_ROWS as u64 {
-                            self.recovered.send_replace(true);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "storing history from the feed failed; retrying");
-                    if self.pause(feed, &shutdown, Duration::from_millis(50)).await {
-                        return;
-                    }
-                    continue;
+            metrics::counter!("weft_history_rows_recorded_total").increment(moved.rows);
+            if feed == HistoryFeed::Notifications {
+                self.moved.send_replace(through);
+                if !moved.more {
+                    self.recovered.send_replace(true);
                 }
             }
-            if feed == HistoryFeed::Changes && cursor - pruned >= FEED_PRUNE_EVERY {
-                match self.store.prune_history_feed(cursor).await {
-                    Ok(_) => pruned = cursor,
+            if feed == HistoryFeed::Changes && through.saturating_sub(pruned) >= FEED_PRUNE_EVERY {
+                match self.store.prune_history_feed(through).await {
+                    Ok(_) => pruned = through,
                     Err(e) => tracing::warn!(error = %e, "pruning the history feed failed"),
                 }
             }
-            let rest = FEED_INTERVAL.saturating_sub(started.elapsed());
-            if !rest.is_zero() && self.pause(feed, &shutdown, rest).await {
+            if !moved.pause.is_zero() && self.pause(feed, &shutdown, moved.pause).await {
                 return;
             }
         }
@@ -252,42 +209,32 @@ impl History {
         }
     }
 
-    /// One pass of [`History::retention_loop`] over every tenant.
+    /// One pass of [`History::retention_loop`]: every tenant's cutoffs in
+    /// one call, so the store can drop time ranges no tenant keeps whole.
     async fn expire_once(&self) -> Result<(), StoreError> {
         let now = weft_model::now_ms();
-        for tenant in self.store.history_tenants().await? {
-            let (rows, rollups) = self.retention.of(&tenant).cutoffs(now);
-            if rows.is_none() && rollups.is_none() {
-                continue;
-            }
-            let n = self.store.expire_history(&tenant, rows, rollups).await?;
-            if n > 0 {
-                metrics::counter!("weft_history_expired_total").increment(n);
-                tracing::debug!(tenant, deleted = n, "expired history");
-            }
+        let cutoffs: Vec<HistoryCutoffs> = self
+            .store
+            .history_tenants()
+            .await?
+            .into_iter()
+            .filter_map(|tenant| {
+                let (rows_before, rollups_before) = self.retention.of(&tenant).cutoffs(now);
+                (rows_before.is_some() || rollups_before.is_some()).then_some(HistoryCutoffs {
+                    tenant,
+                    rows_before,
+                    rollups_before,
+                })
+            })
+            .collect();
+        if cutoffs.is_empty() {
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// Stores key-ordered `rows` of `feed` in chunks of [`MOVE_CHUNK_ROWS`]
-    /// (each a contiguous key range, so chunking adds almost no page
-    /// writes), the last marking the feed consumed through `through`.
-    async fn move_rows(
-        &self,
-        feed: HistoryFeed,
-        mut rows: Vec<HistoryRow>,
-        through: u64,
-    ) -> Result<(), StoreError> {
-        while rows.len() > MOVE_CHUNK_ROWS {
-            let rest = rows.split_off(MOVE_CHUNK_ROWS);
-            self.store
-                .append_history_from_feed(feed, rows, None)
-                .await?;
-            rows = rest;
+        let n = self.store.expire_history(&cutoffs).await?;
+        if n > 0 {
+            metrics::counter!("weft_history_expired_total").increment(n);
+            tracing::debug!(tenants = cutoffs.len(), deleted = n, "expired history");
         }
-        self.store
-            .append_history_from_feed(feed, rows, Some(through))
-            .await?;
         Ok(())
     }
 
@@ -328,7 +275,8 @@ impl History {
 
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),
     /// each under its own time index: durable in the notifications feed on
-    /// return, in the history within [`FEED_INTERVAL`] (or at the next
+    /// return, in the history at the feed loop's next move (within the
+    /// store's pacing, [`weft_store::FeedMove::pause`], or at the next
     /// query). Returns how many rows were queued.
     pub async fn record_entities(
         &self,

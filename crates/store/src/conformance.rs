@@ -17,9 +17,10 @@ use weft_model::{
 
 use crate::prelude::*;
 use crate::{
-    AggrMethod, AggrPeriod, DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery,
-    HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument,
-    ProcessedBatch, UnitRecord,
+    AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
+    DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
+    HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
+    NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -42,6 +43,10 @@ pub(crate) trait Backend: Sized + Send + Sync + 'static {
     /// Runs SQL on the data behind the store's back, for tests that put
     /// something there weft would not.
     async fn execute(&self, sql: &str);
+    /// The one integer a query on the store's main data answers, read
+    /// behind the store's back, for tests checking what no read method
+    /// returns.
+    async fn query_i64(&self, sql: &str) -> i64;
 }
 
 /// Expands to one `#[tokio::test]` per conformance test, run against
@@ -68,8 +73,14 @@ macro_rules! conformance_tests {
             history_delete_by_id_and_type,
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
+            feed_moves_store_what_is_kept_and_consume_the_rest,
             rollups_count_each_row_once,
             expiry_deletes_rows_then_whole_buckets,
+            channel_publish_dedupes_and_pages,
+            channel_subscribers_ack_prune_and_heads,
+            rules_are_put_listed_and_deleted_with_their_state,
+            alarm_batches_commit_versions_events_states_and_cursor,
+            alarms_are_queried_newest_first_with_filters,
         );
     };
     ($backend:ty: $($test:ident),+ $(,)?) => {
@@ -1674,6 +1685,142 @@ where
     assert_eq!(stored.len(), 3);
 }
 
+/// The time indexes of the default tenant's rows of entity `id`.
+async fn entity_times(store: &impl HistoryStore, id: &str) -> Vec<i64> {
+    let q = HistoryQuery {
+        entity_ids: vec![id.to_string()],
+        limit: 10_000,
+        ..HistoryQuery::default()
+    };
+    times(&store.query_history(&q).await.unwrap())
+}
+
+/// A feed move stores the rows its filter keeps (more than one commit's
+/// worth, and a replay of stored rows, included), consumes what it read
+/// (filtered rows too) and answers how far it got; a move limited by its
+/// row count says more is waiting, and the next goes on from there. On
+/// the changes feed the cursor moves, and survives a reopen; moved
+/// notifications leave their feed.
+pub(crate) async fn feed_moves_store_what_is_kept_and_consume_the_rest<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let keep_all: &FeedFilter<'_> = &|_| true;
+    assert_eq!(
+        store
+            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .await
+            .unwrap(),
+        FeedMove::default(),
+        "nothing waiting"
+    );
+    // Three changes: 6,000 rows of E (more than a commit of a move takes),
+    // 3 of F, 2 of G.
+    let big: Vec<HistoryRow> = (0..6_000).map(|t| feed_row("E", t)).collect();
+    store
+        .put_entity(entity("", "/", "E", "T", 1, "{}"), big)
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("", "/", "F", "T", 2, "{}"),
+            (0..3).map(|t| feed_row("F", t)).collect(),
+        )
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("", "/", "G", "T", 3, "{}"),
+            (0..2).map(|t| feed_row("G", t)).collect(),
+        )
+        .await
+        .unwrap();
+    let entries = store
+        .read_history_feed(HistoryFeed::Changes, 0, 100_000)
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = entries.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs.len(), 3);
+    // Limited to 6,001 rows: the first two entries (whole), F's rows with
+    // time 1 refused by the filter.
+    let not_f1: &FeedFilter<'_> = &|r| !(r.entity_id == "F" && r.time == 1);
+    let first = store
+        .move_history_feed(HistoryFeed::Changes, 6_001, not_f1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.through, first.rows, first.more),
+        (Some(seqs[1]), 6_002, true)
+    );
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        seqs[1]
+    );
+    let second = store
+        .move_history_feed(HistoryFeed::Changes, 6_001, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.through, second.rows, second.more),
+        (Some(seqs[2]), 2, false)
+    );
+    assert_eq!(
+        entity_times(&*store, "E").await,
+        (0..6_000).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        entity_times(&*store, "F").await,
+        [0, 2],
+        "the refused row is consumed, not stored"
+    );
+    assert_eq!(entity_times(&*store, "G").await, [0, 1]);
+    B::close(&store).await;
+    drop(store);
+
+    let store = backend.open().await;
+    assert_eq!(
+        store
+            .history_feed_cursor(HistoryFeed::Changes)
+            .await
+            .unwrap(),
+        seqs[2]
+    );
+    assert_eq!(
+        store
+            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .await
+            .unwrap()
+            .through,
+        None,
+        "consumed once"
+    );
+    // Notifications: a replay of stored rows is stored once and counted,
+    // and the moved entries leave the feed.
+    let queued = store
+        .queue_history(vec![feed_row("G", 1), feed_row("G", 2)])
+        .await
+        .unwrap();
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 100, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(
+        (moved.through, moved.rows, moved.more),
+        (Some(queued), 2, false)
+    );
+    assert!(store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(entity_times(&*store, "G").await, [0, 1, 2]);
+}
+
 /// Rollups count each stored row once: overlapping (replayed) appends add
 /// nothing to them, hourly and per-minute aggregates equal those of the
 /// rows, and deleting the entity takes its rollups with it.
@@ -1734,6 +1881,15 @@ where
     );
 }
 
+/// One tenant's expiry cutoffs.
+pub(crate) fn cutoffs(tenant: &str, rows: Option<i64>, rollups: Option<i64>) -> HistoryCutoffs {
+    HistoryCutoffs {
+        tenant: tenant.into(),
+        rows_before: rows,
+        rollups_before: rollups,
+    }
+}
+
 /// Expiry deletes rows before their cutoff and only rollup buckets that
 /// end by theirs (a bucket with newer rows stays whole), in chunks; an
 /// entity left with nothing leaves the listing, one with rollups stays.
@@ -1758,7 +1914,11 @@ where
     // Rows before 01:30 go (more than one chunk); rollups ending by 01:30
     // go: hour 00 and the minutes before 01:30, not hour 01.
     let deleted = store
-        .expire_history("t", Some(T0 + hour + hour / 2), Some(T0 + hour + hour / 2))
+        .expire_history(&[cutoffs(
+            "t",
+            Some(T0 + hour + hour / 2),
+            Some(T0 + hour + hour / 2),
+        )])
         .await
         .unwrap();
     assert_eq!(deleted, 60_000 + 1 + 90);
@@ -1778,7 +1938,7 @@ where
     );
     // Only rollups left (downsampled): still listed, still aggregated.
     store
-        .expire_history("t", Some(T0 + 10 * hour), None)
+        .expire_history(&[cutoffs("t", Some(T0 + 10 * hour), None)])
         .await
         .unwrap();
     assert!(store.query_history(&q).await.unwrap().is_empty());
@@ -1788,7 +1948,7 @@ where
     );
     // Everything past: the entity goes.
     store
-        .expire_history("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))
+        .expire_history(&[cutoffs("t", Some(T0 + 10 * hour), Some(T0 + 10 * hour))])
         .await
         .unwrap();
     assert!(store
@@ -1800,4 +1960,419 @@ where
         store.history_entities("u", None, None).await.unwrap().len(),
         1
     );
+}
+
+// --- channels ------------------------------------------------------------
+
+/// A message id is stored once per channel (the first content stays) and
+/// draws no `seq` when it is a duplicate; `seq`s grow across channels in
+/// publish order; messages page by `seq`.
+pub(crate) async fn channel_publish_dedupes_and_pages<B: Backend>()
+where
+    B::Store: ChannelStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let s1 = store
+        .publish_message("c", "m1", "1".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .publish_message("c", "m1", "other".into())
+            .await
+            .unwrap(),
+        None
+    );
+    let s2 = store
+        .publish_message("c", "m2", "2".into())
+        .await
+        .unwrap()
+        .unwrap();
+    let s3 = store
+        .publish_message("d", "m1", "3".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s1 < s2 && s2 < s3, "{s1} {s2} {s3}");
+    assert_eq!(s2, s1 + 1, "a duplicate draws no seq");
+    let messages = store.channel_messages("c", 0, 10).await.unwrap();
+    assert_eq!(
+        messages,
+        vec![
+            ChannelMessage {
+                seq: s1,
+                message_id: "m1".into(),
+                content: "1".into()
+            },
+            ChannelMessage {
+                seq: s2,
+                message_id: "m2".into(),
+                content: "2".into()
+            },
+        ]
+    );
+    assert_eq!(store.channel_messages("c", 0, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        store.channel_messages("c", s1, 10).await.unwrap()[0].seq,
+        s2
+    );
+    assert!(store
+        .channel_messages("c", s2, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .channel_messages("c", u64::MAX, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.channel_messages("e", 0, 10).await.unwrap().is_empty());
+    B::close(&store).await;
+}
+
+/// Subscribers are created once (their first cursor stays), acknowledge
+/// forward only, and are deleted; pruning drops a channel's messages up to
+/// a `seq`; heads give each channel's highest `seq` and the highest ever
+/// handed out, also after the messages are pruned and across a reopen.
+pub(crate) async fn channel_subscribers_ack_prune_and_heads<B: Backend>()
+where
+    B::Store: ChannelStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(store.channel_heads().await.unwrap(), (Vec::new(), 0));
+    assert_eq!(store.put_channel_subscriber("c", "s", 5).await.unwrap(), 5);
+    assert_eq!(store.put_channel_subscriber("c", "s", 9).await.unwrap(), 5);
+    assert_eq!(store.put_channel_subscriber("c", "t", 0).await.unwrap(), 0);
+    store.ack_channel_messages("c", "s", 7).await.unwrap();
+    store.ack_channel_messages("c", "s", 3).await.unwrap();
+    store.ack_channel_messages("c", "nobody", 3).await.unwrap();
+    let mut subs = store.channel_subscribers().await.unwrap();
+    subs.sort_by(|a, b| a.subscriber.cmp(&b.subscriber));
+    assert_eq!(
+        subs,
+        vec![
+            ChannelSubscriber {
+                channel: "c".into(),
+                subscriber: "s".into(),
+                cursor: 7
+            },
+            ChannelSubscriber {
+                channel: "c".into(),
+                subscriber: "t".into(),
+                cursor: 0
+            },
+        ]
+    );
+    assert!(store.delete_channel_subscriber("c", "t").await.unwrap());
+    assert!(!store.delete_channel_subscriber("c", "t").await.unwrap());
+    assert_eq!(store.channel_subscribers().await.unwrap().len(), 1);
+
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let seq = store
+            .publish_message("c", &format!("m{i}"), "{}".into())
+            .await
+            .unwrap()
+            .unwrap();
+        seqs.push(seq);
+    }
+    let d = store
+        .publish_message("d", "m", "{}".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.prune_channel("c", seqs[1]).await.unwrap(), 2);
+    assert_eq!(store.prune_channel("c", seqs[1]).await.unwrap(), 0);
+    let left: Vec<u64> = store
+        .channel_messages("c", 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.seq)
+        .collect();
+    assert_eq!(left, vec![seqs[2]]);
+    let (mut heads, top) = store.channel_heads().await.unwrap();
+    heads.sort();
+    assert_eq!(
+        heads,
+        vec![("c".to_string(), seqs[2]), ("d".to_string(), d)]
+    );
+    assert_eq!(top, d);
+    // Everything pruned: no heads, the top stays.
+    store.prune_channel("c", u64::MAX).await.unwrap();
+    store.prune_channel("d", u64::MAX).await.unwrap();
+    B::close(&store).await;
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(store.channel_heads().await.unwrap(), (Vec::new(), d));
+    assert_eq!(store.channel_subscribers().await.unwrap().len(), 1);
+    let next = store
+        .publish_message("c", "again", "{}".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next > d, "seqs are never reused");
+    B::close(&store).await;
+}
+
+// --- rules and alarms -----------------------------------------------------
+
+/// An alarm of type `threshold`, severity `major`, not acknowledged, its
+/// JSON naming its id and version (what the assertions read back).
+fn alarm(id: &str, device: &str, state: &str, raised_at: i64, version: u64) -> AlarmRecord {
+    AlarmRecord {
+        id: id.into(),
+        device: device.into(),
+        alarm_type: "threshold".into(),
+        state: state.into(),
+        acked: false,
+        severity: "major".into(),
+        raised_at,
+        version,
+        json: format!("{{\"id\":\"{id}\",\"v\":{version}}}"),
+    }
+}
+
+/// A rule state to store (`Some`) or delete (`None`).
+fn rule_state(rule: &str, device: &str, json: Option<&str>) -> RuleStateRecord {
+    RuleStateRecord {
+        rule: rule.into(),
+        device: device.into(),
+        json: json.map(str::to_string),
+    }
+}
+
+/// Rules are created, replaced (answering whether they were new), listed
+/// by id, and deleted with their per-device state.
+pub(crate) async fn rules_are_put_listed_and_deleted_with_their_state<B: Backend>()
+where
+    B::Store: RuleStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert!(store.put_rule("r2", "{\"a\":1}".into()).await.unwrap());
+    assert!(!store.put_rule("r2", "{\"a\":2}".into()).await.unwrap());
+    assert!(store.put_rule("R1", "{}".into()).await.unwrap());
+    assert!(store.put_rule("r1", "{}".into()).await.unwrap());
+    assert_eq!(
+        store.load_rules().await.unwrap(),
+        vec![
+            ("R1".to_string(), "{}".to_string()),
+            ("r1".to_string(), "{}".to_string()),
+            ("r2".to_string(), "{\"a\":2}".to_string()),
+        ],
+        "byte order, as SQLite's"
+    );
+    store
+        .commit_alarms(AlarmBatch {
+            states: vec![
+                rule_state("r2", "d1", Some("1")),
+                rule_state("r2", "d2", Some("2")),
+                rule_state("r1", "d1", Some("3")),
+            ],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.load_rule_states().await.unwrap().len(), 3);
+    assert!(store.delete_rule("r2").await.unwrap());
+    assert!(!store.delete_rule("r2").await.unwrap());
+    assert_eq!(
+        store.load_rule_states().await.unwrap(),
+        vec![rule_state("r1", "d1", Some("3"))]
+    );
+    B::close(&store).await;
+}
+
+/// A batch commits alarms (each only over a lower version), events (in
+/// order, answering the last `seq`), rule states (stored or deleted, the
+/// last one per key winning) and the cursor, together.
+pub(crate) async fn alarm_batches_commit_versions_events_states_and_cursor<B: Backend>()
+where
+    B::Store: RuleStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(store.alarm_events_head().await.unwrap(), 0);
+    assert_eq!(
+        store.commit_alarms(AlarmBatch::default()).await.unwrap(),
+        0,
+        "no events: 0"
+    );
+    let last = store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![alarm("a1", "d1", "active", 10, 1)],
+            events: vec!["e1".into(), "e2".into()],
+            states: vec![
+                rule_state("r", "d1", Some("x")),
+                rule_state("r", "d2", Some("y")),
+            ],
+            cursor: Some(("rules".into(), 42)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.alarm_events_head().await.unwrap(), last);
+    let events = store.alarm_events(0, 10).await.unwrap();
+    assert_eq!(
+        events,
+        vec![(last - 1, "e1".to_string()), (last, "e2".to_string())]
+    );
+    assert_eq!(store.alarm_events(last - 1, 10).await.unwrap().len(), 1);
+    assert_eq!(store.alarm_events(0, 1).await.unwrap()[0].1, "e1");
+    assert_eq!(
+        store.get_alarm("a1").await.unwrap().as_deref(),
+        Some("{\"id\":\"a1\",\"v\":1}")
+    );
+    assert_eq!(store.get_alarm("nope").await.unwrap(), None);
+
+    // An older version changes nothing; within a batch the newest wins
+    // (over the columns an update sets: not the raising time), and the last
+    // state per key (here a delete) is what stays.
+    let mut older = alarm("a1", "d1", "cleared", 10, 0);
+    older.acked = true;
+    let next = store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![
+                older,
+                alarm("a2", "d2", "active", 20, 2),
+                alarm("a2", "d2", "cleared", 25, 3),
+                alarm("a2", "d2", "active", 20, 1),
+            ],
+            events: vec!["e3".into()],
+            states: vec![
+                rule_state("r", "d1", Some("x2")),
+                rule_state("r", "d1", None),
+                rule_state("r", "d2", Some("y2")),
+            ],
+            cursor: Some(("rules".into(), 43)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(next, last + 1);
+    assert_eq!(
+        store.get_alarm("a1").await.unwrap().as_deref(),
+        Some("{\"id\":\"a1\",\"v\":1}")
+    );
+    assert_eq!(
+        store.get_alarm("a2").await.unwrap().as_deref(),
+        Some("{\"id\":\"a2\",\"v\":3}")
+    );
+    assert_eq!(
+        store.load_rule_states().await.unwrap(),
+        vec![rule_state("r", "d2", Some("y2"))]
+    );
+    assert_eq!(store.active_alarms().await.unwrap().len(), 1);
+    assert_eq!(store.cursor("rules").await.unwrap(), 43);
+    let raised = backend
+        .query_i64("SELECT raised_at FROM alarms WHERE id = 'a2'")
+        .await;
+    assert_eq!(raised, 20, "the first record's raising time stays");
+    // A newer version replaces what the API filters on too.
+    store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![{
+                let mut a = alarm("a1", "d1", "cleared", 10, 5);
+                a.acked = true;
+                a
+            }],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    assert!(store.active_alarms().await.unwrap().is_empty());
+    assert_eq!(store.alarm_events_head().await.unwrap(), next);
+    B::close(&store).await;
+}
+
+/// The alarm listing filters on every column, newest first (ties by id),
+/// with limit and offset.
+pub(crate) async fn alarms_are_queried_newest_first_with_filters<B: Backend>()
+where
+    B::Store: RuleStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let mut acked = alarm("a3", "d2", "cleared", 30, 1);
+    acked.acked = true;
+    acked.severity = "minor".into();
+    let mut other_type = alarm("a4", "d1", "active", 20, 1);
+    other_type.alarm_type = "offline".into();
+    store
+        .commit_alarms(AlarmBatch {
+            alarms: vec![
+                alarm("a1", "d1", "active", 10, 1),
+                alarm("a2", "d1", "active", 20, 1),
+                acked,
+                other_type,
+            ],
+            ..AlarmBatch::default()
+        })
+        .await
+        .unwrap();
+    let ids = |q: AlarmQuery| {
+        let store = &store;
+        async move {
+            store
+                .query_alarms(&q)
+                .await
+                .unwrap()
+                .iter()
+                .map(|j| serde_json::from_str::<serde_json::Value>(j).unwrap()["id"].clone())
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let all = AlarmQuery {
+        limit: 100,
+        ..AlarmQuery::default()
+    };
+    assert_eq!(ids(all.clone()).await, ["a3", "a2", "a4", "a1"]);
+    assert_eq!(
+        ids(AlarmQuery {
+            state: Some("active".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a4", "a1"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            acked: Some(true),
+            ..all.clone()
+        })
+        .await,
+        ["a3"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            acked: Some(false),
+            device: Some("d1".into()),
+            alarm_type: Some("threshold".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a1"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            severity: Some("minor".into()),
+            ..all.clone()
+        })
+        .await,
+        ["a3"]
+    );
+    assert_eq!(
+        ids(AlarmQuery {
+            limit: 2,
+            offset: 1,
+            ..all.clone()
+        })
+        .await,
+        ["a2", "a4"]
+    );
+    assert!(ids(AlarmQuery::default()).await.is_empty(), "limit 0");
+    B::close(&store).await;
 }

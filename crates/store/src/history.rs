@@ -2,9 +2,11 @@
 //! (what QuantumLeap's API serves), and the two feeds that rows wait in
 //! before the history writer moves them in, in large batches.
 
+use std::time::{Duration, Instant};
+
 use async_trait::async_trait;
 
-use crate::Result;
+use crate::{Result, StoreError, HISTORY_DELETE_CHUNK};
 
 /// Name of the cursor (in the history's file) recording how far the
 /// history feed has been moved into the history.
@@ -48,6 +50,96 @@ pub enum HistoryFeed {
     Notifications,
 }
 
+/// What one [`HistoryStore::move_history_feed`] did, and when the mover
+/// should come back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FeedMove {
+    /// The position of the last feed entry moved (the feed is consumed
+    /// through it); `None` when nothing was waiting.
+    pub through: Option<u64>,
+    /// Rows taken from the feed and stored (replays of stored rows
+    /// included, rows the filter refused not).
+    pub rows: u64,
+    /// Whether the move stopped at its row limit, so more entries may be
+    /// waiting.
+    pub more: bool,
+    /// How long the mover should let the feed fill before moving again:
+    /// the backend's pacing of history commits (zero: whenever rows wait).
+    pub pause: Duration,
+}
+
+/// Rows a feed move keeps: those it answers `false` for are consumed
+/// without being stored (rows already past their tenant's retention).
+pub type FeedFilter<'a> = dyn Fn(&HistoryRow) -> bool + Send + Sync + 'a;
+
+/// How a backend batches and paces its feed moves ([`move_feed`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MoveTuning {
+    /// Most rows per history commit of a move: a move's rows go in
+    /// chunks of this many, each a commit of its own (the last one also
+    /// marking the feed consumed), so notifications queued behind a move
+    /// wait for one chunk, not the whole move.
+    pub chunk_rows: usize,
+    /// Shortest time from one move's start to the next: the
+    /// [`FeedMove::pause`] a move answers is what is left of it.
+    pub interval: Duration,
+}
+
+/// [`HistoryStore::move_history_feed`] from a backend's feed primitives
+/// and its tuning, the same logic for every backend: the entries after the
+/// feed's cursor (about `max_rows` rows), their rows that `keep` accepts
+/// in key order (consecutive inserts then land on the same index pages:
+/// far fewer page visits than arrival order), stored in chunks of
+/// `tuning.chunk_rows` (each a contiguous key range, so chunking adds
+/// almost no page writes), the last chunk marking the feed consumed. A
+/// failure midway leaves the feed unconsumed; the retry's inserts of the
+/// rows already stored are no-ops.
+pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
+    store: &S,
+    feed: HistoryFeed,
+    max_rows: usize,
+    keep: &FeedFilter<'_>,
+    tuning: MoveTuning,
+) -> Result<FeedMove> {
+    let after = store.history_feed_cursor(feed).await?;
+    let entries = store.read_history_feed(feed, after, max_rows).await?;
+    let started = Instant::now();
+    let Some(&(through, _)) = entries.last() else {
+        return Ok(FeedMove::default());
+    };
+    let read: usize = entries.iter().map(|(_, rows)| rows.len()).sum();
+    let mut rows: Vec<HistoryRow> = entries
+        .into_iter()
+        .flat_map(|(_, rows)| rows)
+        .filter(|r| keep(r))
+        .collect();
+    rows.sort_unstable_by(|a, b| {
+        (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time).cmp(&(
+            &b.tenant,
+            &b.entity_id,
+            &b.entity_type,
+            &b.attr,
+            b.time,
+        ))
+    });
+    let count = rows.len() as u64;
+    let chunk = tuning.chunk_rows.max(1);
+    while rows.len() > chunk {
+        let rest = rows.split_off(chunk);
+        store.append_history_from_feed(feed, rows, None).await?;
+        rows = rest;
+    }
+    store
+        .append_history_from_feed(feed, rows, Some(through))
+        .await?;
+    Ok(FeedMove {
+        through: Some(through),
+        rows: count,
+        more: read >= max_rows,
+        pause: tuning.interval.saturating_sub(started.elapsed()),
+    })
+}
+
 /// Which history rows a query wants. Rows come back ordered by entity
 /// (id, type), then attribute, then time.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -78,6 +170,54 @@ pub struct HistoryQuery {
     /// backend caps it at 10,000, QuantumLeap's maximum; the API passes its
     /// `limit` (default 10,000).
     pub limit: usize,
+}
+
+impl HistoryQuery {
+    /// The query's time range as inclusive bounds (unbounded ends as the
+    /// extreme times).
+    pub(crate) fn time_range(&self) -> (i64, i64) {
+        (self.from.unwrap_or(i64::MIN), self.to.unwrap_or(i64::MAX))
+    }
+}
+
+/// Whether an entity recorded under `path` is under the service-path
+/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
+/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
+/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
+/// special, as they would in a `LIKE`: the one rule of every backend.
+pub(crate) fn path_matches(prefix: &str, path: &str) -> bool {
+    let base = prefix.trim_end_matches('/');
+    path == prefix
+        || path
+            .strip_prefix(base)
+            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
+}
+
+/// The rows of one history feed entry, from the JSON it is stored as.
+pub(crate) fn decode_feed_entry(seq: u64, json: &str) -> Result<Vec<HistoryRow>> {
+    serde_json::from_str(json)
+        .map_err(|e| StoreError::Corrupt(format!("history feed entry {seq}: {e}")))
+}
+
+/// Runs a chunked history delete (each `chunk` one transaction removing at
+/// most [`HISTORY_DELETE_CHUNK`] rows and buckets) again until a chunk
+/// comes back short; answers the total. A large delete then never holds
+/// the history's writer (and every notification waiting on it) for long,
+/// and appends keep flowing meanwhile. Deleting is idempotent, so a
+/// failure midway leaves a state a retry completes.
+pub(crate) async fn delete_in_chunks<F, Fut>(mut chunk: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = chunk().await?;
+        total += deleted;
+        if deleted < HISTORY_DELETE_CHUNK as u64 {
+            return Ok(total);
+        }
+    }
 }
 
 /// How values are aggregated (`aggrMethod`).
@@ -129,6 +269,21 @@ pub struct HistoryAggregate {
     pub value: Option<f64>,
 }
 
+/// What one tenant's retention expires at one moment, for
+/// [`HistoryStore::expire_history`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryCutoffs {
+    /// Tenant.
+    pub tenant: String,
+    /// Rows with a time index before this (epoch ms) are deleted; `None`:
+    /// rows are kept.
+    pub rows_before: Option<i64>,
+    /// Minute and hour rollup buckets that end by this (epoch ms) are
+    /// deleted; `None`: rollups are kept. Rows going before their rollups
+    /// is downsampling.
+    pub rollups_before: Option<i64>,
+}
+
 /// An entity that has history: what `GET /entities` lists.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistoryEntity {
@@ -145,15 +300,28 @@ pub struct HistoryEntity {
 /// QuantumLeap's API queries, aggregates and deletes it.
 #[async_trait]
 pub trait HistoryStore: Send + Sync {
-    /// The entries of `feed` after `after` (exclusive), oldest first, at
-    /// most about `max_rows` rows (whole entries). Entity changes queue
-    /// their rows in the changes feed with the change itself
+    /// Moves the entries of `feed` after its cursor, at most about
+    /// `max_rows` rows (whole entries), into the history (the rows `keep`
+    /// accepts) and marks them consumed: what the history writer calls
+    /// over and over. Entity changes queue their rows in the changes feed
+    /// with the change itself
     /// ([`ContextStore::put_entity`](crate::ContextStore::put_entity),
     /// [`ProcessedBatch::history`](crate::ProcessedBatch::history)) and
     /// notifications theirs in the notifications feed
-    /// ([`HistoryStore::queue_history`]); the history writer moves them into
-    /// the history in big batches, so neither waits for history inserts and
-    /// nothing queued is lost.
+    /// ([`HistoryStore::queue_history`]), so neither waits for history
+    /// inserts and nothing queued is lost. The backend decides how a move
+    /// is batched into commits, and answers how long to wait before the
+    /// next ([`FeedMove::pause`]); a move that fails midway is repeated
+    /// whole, storing nothing twice.
+    async fn move_history_feed(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove>;
+    /// The entries of `feed` after `after` (exclusive), oldest first, at
+    /// most about `max_rows` rows (whole entries): what a move reads, for
+    /// looking into a feed without moving it.
     async fn read_history_feed(
         &self,
         feed: HistoryFeed,
@@ -161,11 +329,11 @@ pub trait HistoryStore: Send + Sync {
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
     /// Stores history rows taken from `feed` and, with `through`, marks the
-    /// feed consumed that far, in one commit of the history's file. A large
-    /// move goes in several calls (only the last with `through`), so
-    /// notifications waiting for the same writer are not held up behind it;
-    /// a crash between them only repeats idempotent inserts. Answers how
-    /// many rows were new.
+    /// feed consumed that far, in one commit of the history's file: one
+    /// commit of a move. A large move goes in several calls (only the last
+    /// with `through`), so notifications waiting for the same writer are
+    /// not held up behind it; a crash between them only repeats idempotent
+    /// inserts. Answers how many rows were new.
     async fn append_history_from_feed(
         &self,
         feed: HistoryFeed,
@@ -210,17 +378,43 @@ pub trait HistoryStore: Send + Sync {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64>;
-    /// Deletes `tenant`'s history older than the cutoffs (epoch ms): rows
-    /// with a time index before `rows_before`, and minute/hour rollup
-    /// buckets that end by `rollups_before` (a tenant's retention; rows
-    /// going before their rollups is downsampling). Commits in chunks so
-    /// appends go on meanwhile; returns what was deleted.
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64>;
+    /// Deletes each listed tenant's history older than its cutoffs
+    /// ([`HistoryCutoffs`]); tenants not listed keep everything. All
+    /// tenants come in one call so that a backend storing time ranges of
+    /// every tenant together (PostgreSQL's weekly partitions) can drop a
+    /// range whole when no tenant with rows in it keeps them, and delete
+    /// row by row only what is left. Commits in chunks so appends go on
+    /// meanwhile; returns how many rows and rollup buckets were deleted.
+    async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64>;
     /// The tenants that have history.
     async fn history_tenants(&self) -> Result<Vec<String>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_matches;
+
+    #[test]
+    fn a_service_path_prefix_matches_itself_and_its_sub_paths_segment_wise() {
+        for (prefix, path) in [
+            ("/", "/"),
+            ("/", "/a/b"),
+            ("/a", "/a"),
+            ("/a", "/a/b"),
+            ("/a/", "/a"),
+            ("/a/", "/a/b"),
+            ("/a%", "/a%"),
+        ] {
+            assert!(path_matches(prefix, path), "{prefix} {path}");
+        }
+        for (prefix, path) in [
+            ("/a", "/ab"),
+            ("/a", "/"),
+            ("/a/b", "/a"),
+            ("/a%", "/ab"),
+            ("/A", "/a"),
+        ] {
+            assert!(!path_matches(prefix, path), "{prefix} {path}");
+        }
+    }
 }

@@ -49,8 +49,8 @@ pub use catalog::{record_text, CatalogStore, DeviceFilter};
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    HistoryStore, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
+    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
 pub use units::{
@@ -72,7 +72,7 @@ pub(crate) const MAX_QUERY_ROWS: usize = 10_000;
 pub(crate) const HISTORY_DELETE_CHUNK: usize = 50_000;
 
 /// A configuration value's JSON, as every backend stores it.
-pub(crate) fn encode<T: serde::Serialize>(what: &str, value: &T) -> Result<String> {
+pub(crate) fn encode<T: serde::Serialize + ?Sized>(what: &str, value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 

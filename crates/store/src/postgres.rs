@@ -124,6 +124,8 @@ pub struct PostgresStore {
     history: Writer,
     channels: Writer,
     committed: watch::Receiver<u64>,
+    /// The weekly history partitions known to exist.
+    partitions: history::Partitions,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -186,6 +188,7 @@ impl PostgresStore {
             history,
             channels,
             committed,
+            partitions: history::Partitions::default(),
         })
     }
 

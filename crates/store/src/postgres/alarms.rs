@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 
 use super::schema::db;
+use super::writer::param;
 use super::MAX_QUERY_ROWS;
 use super::{to_i64, PostgresStore};
 use crate::{AlarmBatch, AlarmQuery, AlarmRecord, Result, RuleStateRecord, RuleStore};
@@ -156,25 +157,18 @@ async fn commit_alarms(c: &tokio_postgres::Client, batch: &AlarmBatch) -> Result
 #[async_trait]
 impl RuleStore for PostgresStore {
     async fn put_rule(&self, id: &str, json: String) -> Result<bool> {
-        let id = id.to_string();
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    // The CTE reads the table as it was before the upsert.
-                    let row = c
-                        .query_one(
-                            "WITH old AS (SELECT 1 FROM rules WHERE id = $1), \
-                             put AS (INSERT INTO rules (id, json) VALUES ($1, $2) \
-                                 ON CONFLICT (id) DO UPDATE SET json = excluded.json) \
-                             SELECT NOT EXISTS (SELECT 1 FROM old)",
-                            &[&id, &json],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get(0))
-                })
-            })
-            .await
+        // The CTE reads the table as it was before the upsert.
+        let row = self
+            .main
+            .query_one(
+                "WITH old AS (SELECT 1 FROM rules WHERE id = $1), \
+                 put AS (INSERT INTO rules (id, json) VALUES ($1, $2) \
+                     ON CONFLICT (id) DO UPDATE SET json = excluded.json) \
+                 SELECT NOT EXISTS (SELECT 1 FROM old)",
+                vec![param(id.to_string()), param(json)],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     async fn delete_rule(&self, id: &str) -> Result<bool> {

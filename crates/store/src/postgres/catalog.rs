@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use weft_model::{Device, DeviceType};
 
 use super::schema::db;
+use super::writer::param;
 use super::PostgresStore;
 use crate::{encode, record_text, CatalogStore, DeviceFilter, Result, StoreError};
 
@@ -12,24 +13,17 @@ use crate::{encode, record_text, CatalogStore, DeviceFilter, Result, StoreError}
 impl CatalogStore for PostgresStore {
     async fn put_device_type(&self, name: &str, device_type: &DeviceType) -> Result<bool> {
         let json = encode("device type", device_type)?;
-        let name = name.to_string();
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    // `xmax = 0` only on a row this statement inserted.
-                    let row = c
-                        .query_one(
-                            "INSERT INTO device_types (name, json) VALUES ($1, $2) \
-                             ON CONFLICT (name) DO UPDATE SET json = excluded.json \
-                             RETURNING xmax = 0",
-                            &[&name, &json],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get(0))
-                })
-            })
-            .await
+        // `xmax = 0` only on a row this statement inserted.
+        let row = self
+            .main
+            .query_one(
+                "INSERT INTO device_types (name, json) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE SET json = excluded.json \
+                 RETURNING xmax = 0",
+                vec![param(name.to_string()), param(json)],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     async fn list_device_types(&self) -> Result<Vec<(String, DeviceType)>> {
@@ -50,45 +44,35 @@ impl CatalogStore for PostgresStore {
     }
 
     async fn delete_device_type(&self, name: &str) -> Result<bool> {
-        let name = name.to_string();
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let n = c
-                        .execute("DELETE FROM device_types WHERE name = $1", &[&name])
-                        .await
-                        .map_err(db)?;
-                    Ok(n > 0)
-                })
-            })
-            .await
+        let n = self
+            .main
+            .execute(
+                "DELETE FROM device_types WHERE name = $1",
+                vec![param(name.to_string())],
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     async fn put_device(&self, device: &Device) -> Result<bool> {
         let json = encode("device", device)?;
-        let (id, device_type, channel) = (
-            device.id.clone(),
-            device.device_type.clone(),
-            device.channel.clone(),
-        );
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_one(
-                            "INSERT INTO devices (id, device_type, channel, json) \
-                             VALUES ($1, $2, $3, $4) \
-                             ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, \
-                               channel = excluded.channel, json = excluded.json \
-                             RETURNING xmax = 0",
-                            &[&id, &device_type, &channel, &json],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get(0))
-                })
-            })
-            .await
+        let row = self
+            .main
+            .query_one(
+                "INSERT INTO devices (id, device_type, channel, json) \
+                 VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, \
+                   channel = excluded.channel, json = excluded.json \
+                 RETURNING xmax = 0",
+                vec![
+                    param(device.id.clone()),
+                    param(device.device_type.clone()),
+                    param(device.channel.clone()),
+                    param(json),
+                ],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Type and channel are filtered in SQL; records in Rust, on the
@@ -120,17 +104,13 @@ impl CatalogStore for PostgresStore {
     }
 
     async fn delete_device(&self, id: &str) -> Result<bool> {
-        let id = id.to_string();
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let n = c
-                        .execute("DELETE FROM devices WHERE id = $1", &[&id])
-                        .await
-                        .map_err(db)?;
-                    Ok(n > 0)
-                })
-            })
-            .await
+        let n = self
+            .main
+            .execute(
+                "DELETE FROM devices WHERE id = $1",
+                vec![param(id.to_string())],
+            )
+            .await?;
+        Ok(n > 0)
     }
 }

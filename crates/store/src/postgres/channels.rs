@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 
 use super::schema::db;
+use super::writer::param;
 use super::{to_i64, PostgresStore};
 use crate::{ChannelMessage, ChannelStore, ChannelSubscriber, Result};
 
@@ -24,8 +25,8 @@ impl ChannelStore for PostgresStore {
             .write(move |c| {
                 Box::pin(async move {
                     // The `NOT EXISTS` keeps a duplicate from drawing a
-                    // `seq` (`ON CONFLICT` alone would burn one), so `seq`s
-                    // stay dense as SQLite's; the writer is the only one
+                    // `seq` (`ON CONFLICT` alone would burn one), as
+                    // SQLite's insert does; the writer is the only one
                     // inserting, so nothing can slip in between.
                     let row = c
                         .query_opt(
@@ -77,22 +78,14 @@ impl ChannelStore for PostgresStore {
     }
 
     async fn delete_channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<bool> {
-        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
-        self.channels
-            .write(move |c| {
-                Box::pin(async move {
-                    let n = c
-                        .execute(
-                            "DELETE FROM channel_subscribers \
-                             WHERE channel = $1 AND subscriber = $2",
-                            &[&channel, &subscriber],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(n > 0)
-                })
-            })
-            .await
+        let n = self
+            .channels
+            .execute(
+                "DELETE FROM channel_subscribers WHERE channel = $1 AND subscriber = $2",
+                vec![param(channel.to_string()), param(subscriber.to_string())],
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     async fn ack_channel_messages(
@@ -101,39 +94,27 @@ impl ChannelStore for PostgresStore {
         subscriber: &str,
         through: u64,
     ) -> Result<()> {
-        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
-        let through = to_i64(through);
+        // Forward only: a late, smaller ack never moves it back.
         self.channels
-            .write(move |c| {
-                Box::pin(async move {
-                    // Forward only: a late, smaller ack never moves it back.
-                    c.execute(
-                        "UPDATE channel_subscribers SET cursor = GREATEST(cursor, $3) \
-                         WHERE channel = $1 AND subscriber = $2",
-                        &[&channel, &subscriber, &through],
-                    )
-                    .await
-                    .map_err(db)?;
-                    Ok(())
-                })
-            })
-            .await
+            .execute(
+                "UPDATE channel_subscribers SET cursor = GREATEST(cursor, $3) \
+                 WHERE channel = $1 AND subscriber = $2",
+                vec![
+                    param(channel.to_string()),
+                    param(subscriber.to_string()),
+                    param(to_i64(through)),
+                ],
+            )
+            .await?;
+        Ok(())
     }
 
     async fn prune_channel(&self, channel: &str, through: u64) -> Result<u64> {
-        let channel = channel.to_string();
-        let through = to_i64(through);
         self.channels
-            .write(move |c| {
-                Box::pin(async move {
-                    c.execute(
-                        "DELETE FROM channel_messages WHERE channel = $1 AND seq <= $2",
-                        &[&channel, &through],
-                    )
-                    .await
-                    .map_err(db)
-                })
-            })
+            .execute(
+                "DELETE FROM channel_messages WHERE channel = $1 AND seq <= $2",
+                vec![param(channel.to_string()), param(to_i64(through))],
+            )
             .await
     }
 

@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use super::conn::Conn;
 use super::history::feed_name;
 use super::schema::db;
+use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{
     ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, NgsiDocument, Result,
-    StoreError,
 };
 
 #[async_trait]
@@ -34,22 +34,16 @@ impl ContextStore for PostgresStore {
         id: &str,
         entity_type: &str,
     ) -> Result<bool> {
-        let key = [tenant, service_path, id, entity_type].map(str::to_string);
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let n = c
-                        .execute(
-                            "DELETE FROM entities \
-                             WHERE tenant = $1 AND service_path = $2 AND id = $3 AND type = $4",
-                            &[&key[0], &key[1], &key[2], &key[3]],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(n > 0)
-                })
-            })
-            .await
+        let key = [tenant, service_path, id, entity_type].map(|k| param(k.to_string()));
+        let n = self
+            .main
+            .execute(
+                "DELETE FROM entities \
+                 WHERE tenant = $1 AND service_path = $2 AND id = $3 AND type = $4",
+                key.into(),
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     async fn load_entities(&self) -> Result<Vec<EntityRecord>> {
@@ -77,49 +71,40 @@ impl ContextStore for PostgresStore {
     }
 
     async fn put_document(&self, document: NgsiDocument) -> Result<()> {
+        let d = document;
         self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let d = &document;
-                    c.execute(
-                        "INSERT INTO ngsi_documents (kind, tenant, id, service_path, created, json) \
-                         VALUES ($1, $2, $3, $4, $5, $6) \
-                         ON CONFLICT (kind, tenant, id) DO UPDATE SET \
-                           service_path = excluded.service_path, created = excluded.created, \
-                           json = excluded.json",
-                        &[
-                            &d.kind.as_str(),
-                            &d.tenant,
-                            &d.id,
-                            &d.service_path,
-                            &to_i64(d.created),
-                            &d.json,
-                        ],
-                    )
-                    .await
-                    .map_err(db)?;
-                    Ok(())
-                })
-            })
-            .await
+            .execute(
+                "INSERT INTO ngsi_documents (kind, tenant, id, service_path, created, json) \
+                 VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (kind, tenant, id) DO UPDATE SET \
+                   service_path = excluded.service_path, created = excluded.created, \
+                   json = excluded.json",
+                vec![
+                    param(d.kind.as_str()),
+                    param(d.tenant),
+                    param(d.id),
+                    param(d.service_path),
+                    param(to_i64(d.created)),
+                    param(d.json),
+                ],
+            )
+            .await?;
+        Ok(())
     }
 
     async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool> {
-        let (tenant, id) = (tenant.to_string(), id.to_string());
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    let n = c
-                        .execute(
-                            "DELETE FROM ngsi_documents WHERE kind = $1 AND tenant = $2 AND id = $3",
-                            &[&kind.as_str(), &tenant, &id],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(n > 0)
-                })
-            })
-            .await
+        let n = self
+            .main
+            .execute(
+                "DELETE FROM ngsi_documents WHERE kind = $1 AND tenant = $2 AND id = $3",
+                vec![
+                    param(kind.as_str()),
+                    param(tenant.to_string()),
+                    param(id.to_string()),
+                ],
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>> {
@@ -180,8 +165,7 @@ pub(super) async fn queue_changes(c: &Conn, rows: &[HistoryRow]) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let json = serde_json::to_string(rows)
-        .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
+    let json = crate::encode("history rows", rows)?;
     c.execute(
         "INSERT INTO history_feed (feed, rows) VALUES ($1, $2)",
         &[&feed_name(HistoryFeed::Changes), &json],

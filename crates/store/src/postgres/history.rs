@@ -16,20 +16,24 @@
 //! Rust, in byte order like SQLite's `BINARY` collation, whatever the
 //! database's collation.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::try_join_all;
+use parking_lot::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
 use super::conn::Conn;
 use super::schema::{self, db};
-use super::{to_i64, PostgresStore};
+use super::writer::param;
+use super::{position, to_i64, PostgresStore};
+use crate::history::{decode_feed_entry, delete_in_chunks, move_feed, path_matches, MoveTuning};
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
+    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
 };
 
 use super::MAX_QUERY_ROWS;
@@ -53,21 +57,81 @@ pub(super) fn feed_name(feed: HistoryFeed) -> &'static str {
     }
 }
 
+/// The weekly history partitions this store knows exist (their starts),
+/// so that an append checks the catalog, and creates a partition, only
+/// for a week it has not seen yet instead of once per append.
+///
+/// A week is added only after the write creating (or finding) its
+/// partition committed, and forgotten before retention may drop it, so
+/// the set never names a partition this store removed. A partition
+/// dropped behind its back (by hand, or by another node's retention) is
+/// not noticed: rows of that week then land in the default partition,
+/// kept and queried like any other, until a restart forgets the week.
+#[derive(Debug, Default)]
+pub(super) struct Partitions {
+    known: Mutex<HashSet<i64>>,
+}
+
+impl Partitions {
+    /// The starts of the weeks `rows` fall in that are not known to exist.
+    fn missing(&self, rows: &[HistoryRow]) -> Vec<i64> {
+        let known = self.known.lock();
+        let weeks: BTreeSet<i64> = rows
+            .iter()
+            .map(|r| schema::partition_for(r.time).1)
+            .filter(|week| !known.contains(week))
+            .collect();
+        weeks.into_iter().collect()
+    }
+
+    /// Records weeks whose partitions exist (committed).
+    fn add(&self, weeks: &[i64]) {
+        self.known.lock().extend(weeks);
+    }
+
+    /// Forgets the weeks that end by `before`: retention may drop them.
+    fn forget_before(&self, before: i64) {
+        self.known
+            .lock()
+            .retain(|&from| from.saturating_add(schema::HISTORY_PARTITION_MS) > before);
+    }
+}
+
+impl PostgresStore {
+    /// Makes sure the weekly partitions `rows` fall in exist before they
+    /// are appended: one write of the history writer creating those not
+    /// known yet (usually none, and then no write at all).
+    pub(super) async fn ensure_partitions(&self, rows: &[HistoryRow]) -> Result<()> {
+        let missing = self.partitions.missing(rows);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let weeks = missing.clone();
+        self.history
+            .write(move |c| {
+                Box::pin(async move {
+                    for week in weeks {
+                        schema::ensure_partition(c, week).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .await?;
+        self.partitions.add(&missing);
+        Ok(())
+    }
+}
+
 /// Stores `rows` (skipping those whose key is stored, or came earlier in
 /// `rows`), records entities seen for the first time with the service
 /// path of their first row, and adds the new rows to their series' minute
-/// and hour rollups — all in one statement, after creating the weekly
-/// partitions the rows fall in. Answers how many rows were new.
+/// and hour rollups — all in one statement. The weekly partitions the
+/// rows fall in are created beforehand ([`PostgresStore::ensure_partitions`]);
+/// a row whose partition is missing lands in the default one. Answers how
+/// many rows were new.
 pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64> {
     if rows.is_empty() {
         return Ok(0);
-    }
-    let weeks: BTreeSet<i64> = rows
-        .iter()
-        .map(|r| schema::partition_for(r.time).1)
-        .collect();
-    for week in weeks {
-        schema::ensure_partition(c, week).await?;
     }
     let tenants: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
     let ids: Vec<&str> = rows.iter().map(|r| r.entity_id.as_str()).collect();
@@ -275,10 +339,10 @@ async fn delete_history(
 /// [`HISTORY_DELETE_CHUNK`] rows and buckets: rows before `rows_before`,
 /// minute and hour buckets that end by `rollups_before`; an entity left
 /// with neither rows nor rollups leaves `history_entities`. The SQLite
-/// backend's `expire_history`.
-// Deleting rows is the simple way; dropping the weekly partitions that
-// lie wholly before every tenant's cutoff would cost nothing per row and
-// is the optimisation to come.
+/// backend's `expire_history`; what runs after
+/// [`drop_expired_partitions`], so its row deletes touch only the weeks
+/// no partition drop could take (the one straddling the cutoff, those a
+/// longer retention keeps, the default partition).
 async fn expire_history(
     c: &Conn,
     tenant: &str,
@@ -364,18 +428,88 @@ async fn expire_history(
     Ok(deleted)
 }
 
-/// Whether an entity recorded under `path` is under the service-path
-/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
-/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
-/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
-/// special, as they would in a `LIKE`. The same rule as the SQLite
-/// backend's (whose copy is private to it).
-fn path_matches(prefix: &str, path: &str) -> bool {
-    let base = prefix.trim_end_matches('/');
-    path == prefix
-        || path
-            .strip_prefix(base)
-            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
+/// Longest a partition drop waits for the queries reading the history
+/// (dropping takes an exclusive lock on it); past it the drop gives up
+/// for this pass and the rows are deleted one by one instead.
+const DROP_LOCK_TIMEOUT: &str = "2s";
+
+/// Drops the weekly partitions whose rows every cutoff lets go: those
+/// ending by the latest listed `rows_before` in which no tenant keeping
+/// rows of that week (unlisted, without a row cutoff, or with an earlier
+/// one) has any. Tenants share partitions, so one whose retention is
+/// longer keeps a week's partition for everyone, and the others' rows in
+/// it are deleted row by row. Answers the dropped weeks' starts and how
+/// many rows they held.
+async fn drop_expired_partitions(c: &Conn, cutoffs: &[HistoryCutoffs]) -> Result<(Vec<i64>, u64)> {
+    let Some(horizon) = cutoffs.iter().filter_map(|t| t.rows_before).max() else {
+        return Ok((Vec::new(), 0));
+    };
+    // A tenant listed twice keeps what its earlier cutoff keeps.
+    let mut cutoff: HashMap<&str, Option<i64>> = HashMap::new();
+    for t in cutoffs {
+        cutoff
+            .entry(t.tenant.as_str())
+            .and_modify(|c| *c = c.zip(t.rows_before).map(|(a, b)| a.min(b)))
+            .or_insert(t.rows_before);
+    }
+    // Every tenant with rows has an entry here, written with them.
+    let tenants: Vec<String> = c
+        .query("SELECT DISTINCT tenant FROM history_entities", &[])
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    // Partition names are built per week: run on the plain client, not
+    // kept among the writer's prepared statements.
+    let client: &Client = c;
+    let mut dropped = Vec::new();
+    let mut rows = 0u64;
+    for (name, from) in schema::history_partitions(client).await? {
+        let end = from.saturating_add(schema::HISTORY_PARTITION_MS);
+        if end > horizon {
+            break;
+        }
+        let mut kept = false;
+        for tenant in &tenants {
+            let expires = cutoff
+                .get(tenant.as_str())
+                .copied()
+                .flatten()
+                .is_some_and(|before| before >= end);
+            if !expires
+                && client
+                    .query_opt(
+                        &format!("SELECT 1 FROM {name} WHERE tenant = $1 LIMIT 1"),
+                        &[tenant],
+                    )
+                    .await
+                    .map_err(db)?
+                    .is_some()
+            {
+                kept = true;
+                break;
+            }
+        }
+        if kept {
+            continue;
+        }
+        let n: i64 = client
+            .query_one(&format!("SELECT COUNT(*) FROM {name}"), &[])
+            .await
+            .map_err(db)?
+            .get(0);
+        client
+            .batch_execute(&format!(
+                "SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'; DROP TABLE {name}; \
+                 SET LOCAL lock_timeout TO DEFAULT"
+            ))
+            .await
+            .map_err(db)?;
+        dropped.push(from);
+        rows += n as u64;
+    }
+    Ok((dropped, rows))
 }
 
 /// The entities of `tenant` with history, optionally of one type and under
@@ -532,11 +666,6 @@ async fn query_series<C: GenericClient + Sync>(
     Ok(out)
 }
 
-/// The query's time range as inclusive bounds.
-fn time_range(q: &HistoryQuery) -> (i64, i64) {
-    (q.from.unwrap_or(i64::MIN), q.to.unwrap_or(i64::MAX))
-}
-
 /// The series of a query as three column arrays, for `UNNEST`.
 fn series_arrays(series: &[(String, String, String)]) -> [Vec<&str>; 3] {
     [
@@ -566,7 +695,7 @@ fn series_index(row: &Row, column: usize) -> usize {
 /// `limit` (at most [`MAX_QUERY_ROWS`]) in ascending time. One statement
 /// for every series, in one snapshot.
 async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let per_series = q.limit.min(MAX_QUERY_ROWS) as i64;
     let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
     if per_series == 0 || q.last_n == Some(0) {
@@ -672,7 +801,7 @@ async fn aggregate_history(
         Some(AggrPeriod::Minute) => Some(MINUTE_MS),
         _ => Some(HOUR_MS),
     };
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
     let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
     let pieces = plan(from, to, coarsest);
@@ -829,8 +958,7 @@ async fn read_history_feed(
         for row in rows {
             let seq: i64 = row.get(0);
             let text: &str = row.get(1);
-            let batch: Vec<HistoryRow> = serde_json::from_str(text)
-                .map_err(|e| StoreError::Database(format!("history feed entry {seq}: {e}")))?;
+            let batch = decode_feed_entry(seq as u64, text)?;
             total += batch.len();
             out.push((seq as u64, batch));
             after = seq;
@@ -844,8 +972,27 @@ async fn read_history_feed(
     }
 }
 
+/// How the history feed's moves are batched and paced on PostgreSQL: the
+/// SQLite backend's values (not measured apart here). A chunk is one
+/// `UNNEST` insert and one commit of the history writer, which the
+/// notifications' appends wait behind; fewer, larger commits share their
+/// WAL flushes and index pages the same way.
+const MOVE_TUNING: MoveTuning = MoveTuning {
+    chunk_rows: 4_096,
+    interval: Duration::from_millis(500),
+};
+
 #[async_trait]
 impl HistoryStore for PostgresStore {
+    async fn move_history_feed(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove> {
+        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+    }
+
     async fn read_history_feed(
         &self,
         feed: HistoryFeed,
@@ -862,6 +1009,7 @@ impl HistoryStore for PostgresStore {
         rows: Vec<HistoryRow>,
         through: Option<u64>,
     ) -> Result<u64> {
+        self.ensure_partitions(&rows).await?;
         self.history
             .write(move |c| {
                 Box::pin(async move {
@@ -914,36 +1062,26 @@ impl HistoryStore for PostgresStore {
     async fn prune_history_feed(&self, through: u64) -> Result<u64> {
         // The main writer queues the changes feed; it prunes it too.
         self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    c.execute(
-                        "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
-                        &[&feed_name(HistoryFeed::Changes), &to_i64(through)],
-                    )
-                    .await
-                    .map_err(db)
-                })
-            })
+            .execute(
+                "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
+                vec![
+                    param(feed_name(HistoryFeed::Changes)),
+                    param(to_i64(through)),
+                ],
+            )
             .await
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let json = serde_json::to_string(&rows)
-            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
-        self.history
-            .write(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_one(
-                            "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
-                            &[&feed_name(HistoryFeed::Notifications), &json],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get::<_, i64>(0) as u64)
-                })
-            })
-            .await
+        let json = crate::encode("history rows", &rows)?;
+        let row = self
+            .history
+            .query_one(
+                "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
+                vec![param(feed_name(HistoryFeed::Notifications)), param(json)],
+            )
+            .await?;
+        position(&row, 0)
     }
 
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
@@ -977,55 +1115,64 @@ impl HistoryStore for PostgresStore {
         entity_id: Option<&str>,
         entity_type: Option<&str>,
     ) -> Result<u64> {
-        // Chunk by chunk, each its own transaction, so appends keep flowing
-        // during a large delete; deleting is idempotent, so a failure
-        // midway leaves a state a retry completes.
-        let mut total = 0;
-        loop {
+        // Chunk by chunk, each its own transaction.
+        delete_in_chunks(|| {
             let (tenant, entity_id, entity_type) = (
                 tenant.to_string(),
                 entity_id.map(str::to_string),
                 entity_type.map(str::to_string),
             );
-            let deleted = self
-                .history
-                .write(move |c| {
-                    Box::pin(async move {
-                        delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref())
-                            .await
-                    })
+            self.history.write(move |c| {
+                Box::pin(async move {
+                    delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref()).await
                 })
-                .await?;
-            total += deleted;
-            if deleted < HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
+            })
+        })
+        .await
     }
 
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64> {
-        // In chunks, as `delete_history`.
+    async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64> {
         let mut total = 0;
-        loop {
-            let tenant = tenant.to_string();
-            let deleted = self
+        // Whole weeks first, in one write: whatever they held costs no
+        // row deletes below.
+        if let Some(horizon) = cutoffs.iter().filter_map(|t| t.rows_before).max() {
+            self.partitions.forget_before(horizon);
+            let listed = cutoffs.to_vec();
+            let dropped = self
                 .history
-                .write(move |c| {
+                .write(move |c| Box::pin(async move { drop_expired_partitions(c, &listed).await }))
+                .await;
+            match dropped {
+                Ok((weeks, rows)) => {
+                    if !weeks.is_empty() {
+                        tracing::debug!(?weeks, rows, "dropped expired history partitions");
+                    }
+                    total += rows;
+                }
+                Err(e @ (StoreError::Closed | StoreError::Overloaded)) => return Err(e),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "dropping expired history partitions failed; deleting their rows instead"
+                ),
+            }
+        }
+        // Then what is left, tenant by tenant, in chunks as `delete_history`.
+        for t in cutoffs {
+            total += delete_in_chunks(|| {
+                let HistoryCutoffs {
+                    tenant,
+                    rows_before,
+                    rollups_before,
+                } = t.clone();
+                self.history.write(move |c| {
                     Box::pin(async move {
                         expire_history(c, &tenant, rows_before, rollups_before).await
                     })
                 })
-                .await?;
-            total += deleted;
-            if deleted < HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
+            })
+            .await?;
         }
+        Ok(total)
     }
 
     async fn history_tenants(&self) -> Result<Vec<String>> {

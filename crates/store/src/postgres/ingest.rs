@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use weft_model::{NewUplink, Uplink, UplinkFormat};
 
 use super::schema::db;
+use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{IngestLogStore, Result, StoreError};
 
@@ -82,21 +83,17 @@ impl IngestLogStore for PostgresStore {
     /// the cutoff, oldest first, at most [`PRUNE_CHUNK`] per call.
     async fn prune_uplinks(&self, below_seq: u64, received_before: i64) -> Result<u64> {
         self.log
-            .write(move |c| {
-                Box::pin(async move {
-                    let deleted = c
-                        .execute(
-                            "DELETE FROM ingest_log WHERE seq < LEAST($1, \
-                               COALESCE((SELECT seq FROM ingest_log WHERE received_at >= $2 \
-                                         ORDER BY seq LIMIT 1), $1), \
-                               COALESCE((SELECT MIN(seq) FROM ingest_log), 0) + $3)",
-                            &[&to_i64(below_seq), &received_before, &PRUNE_CHUNK],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(deleted)
-                })
-            })
+            .execute(
+                "DELETE FROM ingest_log WHERE seq < LEAST($1, \
+                   COALESCE((SELECT seq FROM ingest_log WHERE received_at >= $2 \
+                             ORDER BY seq LIMIT 1), $1), \
+                   COALESCE((SELECT MIN(seq) FROM ingest_log), 0) + $3)",
+                vec![
+                    param(to_i64(below_seq)),
+                    param(received_before),
+                    param(PRUNE_CHUNK),
+                ],
+            )
             .await
     }
 }

@@ -15,8 +15,9 @@
 //! - `history` is partitioned by its time index, one partition per week
 //!   (created on demand before rows land in it, [`partition_for`]), plus a
 //!   default partition for anything outside the created ones. Retention
-//!   drops a whole partition once every tenant's cutoff is past its end,
-//!   instead of deleting its rows one by one.
+//!   drops a whole partition once every tenant with rows in it is past
+//!   its end, instead of deleting its rows one by one
+//!   (`postgres/history.rs`).
 //! - There is one database for everything: the SQLite backend's four
 //!   files (log, main, history, channels) are four writers here, each
 //!   keeping its own commit order (see `postgres/writer.rs`).
@@ -231,6 +232,43 @@ pub(super) fn partition_for(time: i64) -> (String, i64, i64) {
     (name, from, from + HISTORY_PARTITION_MS)
 }
 
+/// The start (epoch ms) of the history partition named `name`, when it is
+/// one [`partition_for`] names; `None` for any other table (the default
+/// partition among them).
+pub(super) fn partition_start(name: &str) -> Option<i64> {
+    let from = match (
+        name.strip_prefix("history_p"),
+        name.strip_prefix("history_m"),
+    ) {
+        (Some(digits), _) => digits.parse::<i64>().ok()?,
+        (_, Some(digits)) => digits.parse::<i64>().ok()?.checked_neg()?,
+        _ => return None,
+    };
+    (partition_for(from).0 == name).then_some(from)
+}
+
+/// The weekly history partitions that exist, as (name, start), oldest
+/// first; the default partition is not among them.
+pub(super) async fn history_partitions(client: &Client) -> Result<Vec<(String, i64)>> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = 'history'::regclass",
+            &[],
+        )
+        .await
+        .map_err(db)?;
+    let mut out: Vec<(String, i64)> = rows
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.get(0);
+            partition_start(&name).map(|from| (name, from))
+        })
+        .collect();
+    out.sort_unstable_by_key(|(_, from)| *from);
+    Ok(out)
+}
+
 /// Creates the history partition for `time` unless it exists. Rows already
 /// in the default partition for that range are moved into it (PostgreSQL
 /// refuses to attach a range the default partition holds rows of).
@@ -282,5 +320,25 @@ mod tests {
         let (name, from, to) = partition_for(-1);
         assert_eq!((from, to), (-HISTORY_PARTITION_MS, 0));
         assert_eq!(name, format!("history_m{HISTORY_PARTITION_MS}"));
+    }
+
+    #[test]
+    fn a_partition_name_gives_back_its_start_and_nothing_else_does() {
+        for t in [-1, 0, 5, 1_700_000_000_000, -3 * HISTORY_PARTITION_MS - 7] {
+            let (name, from, _) = partition_for(t);
+            assert_eq!(partition_start(&name), Some(from), "{name}");
+        }
+        for other in [
+            "history_default",
+            "history_p",
+            "history_px",
+            "history_p5",
+            "history_m0",
+            "history_p-604800000",
+            "history_m-604800000",
+            "history_entities",
+        ] {
+            assert_eq!(partition_start(other), None, "{other}");
+        }
     }
 }

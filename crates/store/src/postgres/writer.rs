@@ -31,10 +31,26 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 use super::schema::db;
 use super::Connector;
 use crate::{Result, StoreError};
+
+/// A statement's parameters, owned, so that a queued write can carry
+/// them to the writer's task ([`Writer::execute`]).
+pub(super) type Params = Vec<Box<dyn ToSql + Send + Sync>>;
+
+/// One owned statement parameter, for [`Params`].
+pub(super) fn param<T: ToSql + Send + Sync + 'static>(value: T) -> Box<dyn ToSql + Send + Sync> {
+    Box::new(value)
+}
+
+/// Owned parameters as the client takes them.
+fn borrowed(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
+    params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect()
+}
 
 /// One queued write: its SQL, run on the writer's connection inside the
 /// open transaction, or, when the batch never got that far, answered with
@@ -175,6 +191,24 @@ impl Writer {
         F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
     {
         self.queue(write, |_| None).await
+    }
+
+    /// One statement as a write of its own (most writes are one): the
+    /// rows it changed, answered after the commit.
+    pub(super) async fn execute(&self, sql: &'static str, params: Params) -> Result<u64> {
+        self.write(move |c| {
+            Box::pin(async move { c.execute(sql, &borrowed(&params)).await.map_err(db) })
+        })
+        .await
+    }
+
+    /// One statement answering one row (`RETURNING`), as a write of its
+    /// own; the row is answered after the commit.
+    pub(super) async fn query_one(&self, sql: &'static str, params: Params) -> Result<Row> {
+        self.write(move |c| {
+            Box::pin(async move { c.query_one(sql, &borrowed(&params)).await.map_err(db) })
+        })
+        .await
     }
 
     /// Like [`Writer::write`] for an append to the ingest log: the `seq` it

@@ -82,7 +82,9 @@ impl ChannelStore for SqliteStore {
 }
 
 /// Stores a message unless its id is already stored in the channel;
-/// answers its new `seq`, or `None` for a duplicate.
+/// answers its new `seq`, or `None` for a duplicate. The `NOT EXISTS`
+/// keeps a duplicate from drawing a `seq`: `INSERT OR IGNORE` alone would
+/// advance the `AUTOINCREMENT` counter for the row it then drops.
 fn publish(
     conn: &Connection,
     channel: &str,
@@ -92,8 +94,9 @@ fn publish(
 ) -> rusqlite::Result<Option<u64>> {
     let inserted = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO channel_messages (channel, message_id, content, published_at) \
-             VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO channel_messages (channel, message_id, content, published_at) \
+             SELECT ?1, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM channel_messages \
+                 WHERE channel = ?1 AND message_id = ?2)",
         )?
         .execute((channel, message_id, content, now))?;
     Ok((inserted == 1).then(|| conn.last_insert_rowid() as u64))

@@ -5,19 +5,44 @@
 //! cursor. Its writes are appends of feed moves and chunked deletes; its
 //! reads are range scans of the series a query covers.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
+use crate::history::{decode_feed_entry, delete_in_chunks, move_feed, path_matches, MoveTuning};
 use crate::{
-    AggrMethod, AggrPeriod, HistoryAggregate, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
+    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, HISTORY_FEED_CURSOR,
+};
+
+/// How the history feed's moves are batched and paced on SQLite.
+const MOVE_TUNING: MoveTuning = MoveTuning {
+    // A few milliseconds of the history writer, so notifications queued
+    // behind a move wait little.
+    chunk_rows: 4_096,
+    // A commit writes every page it dirtied once, and rows of many series
+    // dirty a page each; waiting lets more rows share those pages
+    // (measured: the WAL writes of frequent small commits took most of
+    // the history writer's time). History then lags by up to this much,
+    // except for queries, which settle the notifications feed first.
+    interval: Duration::from_millis(500),
 };
 
 #[async_trait]
 impl HistoryStore for SqliteStore {
+    async fn move_history_feed(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove> {
+        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+    }
+
     async fn read_history_feed(
         &self,
         feed: HistoryFeed,
@@ -61,8 +86,7 @@ impl HistoryStore for SqliteStore {
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let json = serde_json::to_string(&rows)
-            .map_err(|e| StoreError::Database(format!("history rows: {e}")))?;
+        let json = crate::encode("history rows", &rows)?;
         self.history.write(move |c| queue_notified(c, &json)).await
     }
 
@@ -116,15 +140,19 @@ impl HistoryStore for SqliteStore {
         .await
     }
 
-    async fn expire_history(
-        &self,
-        tenant: &str,
-        rows_before: Option<i64>,
-        rollups_before: Option<i64>,
-    ) -> Result<u64> {
-        let tenant = tenant.to_string();
-        self.delete_in_chunks(move |c| expire_history(c, &tenant, rows_before, rollups_before))
-            .await
+    async fn expire_history(&self, cutoffs: &[HistoryCutoffs]) -> Result<u64> {
+        let mut total = 0;
+        for HistoryCutoffs {
+            tenant,
+            rows_before,
+            rollups_before,
+        } in cutoffs.iter().cloned()
+        {
+            total += self
+                .delete_in_chunks(move |c| expire_history(c, &tenant, rows_before, rollups_before))
+                .await?;
+        }
+        Ok(total)
     }
 
     async fn history_tenants(&self) -> Result<Vec<String>> {
@@ -135,24 +163,17 @@ impl HistoryStore for SqliteStore {
 impl SqliteStore {
     /// Runs a chunked delete of the history ([`delete_history`],
     /// [`expire_history`]: at most [`HISTORY_DELETE_CHUNK`] rows, in a
-    /// savepoint) again and again, each chunk its own transaction, until a
-    /// chunk is not full; answers the total. A large delete then never
-    /// holds the writer (and every notify waiting on it) for long, and
-    /// appends keep flowing meanwhile. Deleting is idempotent, so a failure
-    /// midway leaves a state a retry completes.
+    /// savepoint), each chunk a write of its own, until one is not full
+    /// ([`crate::history::delete_in_chunks`]).
     async fn delete_in_chunks<F>(&self, chunk: F) -> Result<u64>
     where
         F: Fn(&Connection) -> rusqlite::Result<u64> + Clone + Send + 'static,
     {
-        let mut total = 0;
-        loop {
+        delete_in_chunks(|| {
             let chunk = chunk.clone();
-            let deleted = self.history.write(move |c| in_savepoint(c, chunk)).await?;
-            total += deleted;
-            if deleted < HISTORY_DELETE_CHUNK as u64 {
-                return Ok(total);
-            }
-        }
+            self.history.write(move |c| in_savepoint(c, chunk))
+        })
+        .await
     }
 }
 
@@ -503,19 +524,6 @@ fn expire_history(
 // attributes from the query or by skipping through the key — and then
 // reads each series with a range scan (a backward one for `last_n`).
 
-/// Whether an entity recorded under `path` is under the service-path
-/// prefix `prefix`: the path itself or one of its sub-paths, segment-wise
-/// (`/a` and `/a/` match `/a` and `/a/b`, not `/ab`; `/` matches every
-/// path). Compared exactly in Rust, so `%`, `_` and case mean nothing
-/// special, as they would in a `LIKE`.
-fn path_matches(prefix: &str, path: &str) -> bool {
-    let base = prefix.trim_end_matches('/');
-    path == prefix
-        || path
-            .strip_prefix(base)
-            .is_some_and(|rest| (rest.is_empty() && !base.is_empty()) || rest.starts_with('/'))
-}
-
 /// The entities of `tenant` with history, optionally of one type and under
 /// a service-path prefix, ordered by type then id (the key's order).
 fn history_entities(
@@ -657,11 +665,6 @@ fn query_series(conn: &Connection, q: &HistoryQuery) -> Result<Vec<(String, Stri
     Ok(out)
 }
 
-/// The query's time range as inclusive bounds.
-fn time_range(q: &HistoryQuery) -> (i64, i64) {
-    (q.from.unwrap_or(i64::MIN), q.to.unwrap_or(i64::MAX))
-}
-
 /// Rows matching `q`: per series, the range scan from `from` to `to`;
 /// with `last_n`, the range first starts at the N-th newest row in range
 /// (found by a backward scan; times are unique within a series, so the
@@ -669,7 +672,7 @@ fn time_range(q: &HistoryQuery) -> (i64, i64) {
 /// [`MAX_QUERY_ROWS`](super::reader::MAX_QUERY_ROWS), QuantumLeap's cap) in
 /// ascending time.
 fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let per_series = limit(q.limit);
     let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
     let mut out = Vec::new();
@@ -784,7 +787,7 @@ fn aggregate_history(
         Some(AggrPeriod::Minute) => Some(MINUTE_MS),
         _ => Some(HOUR_MS),
     };
-    let (from, to) = time_range(q);
+    let (from, to) = q.time_range();
     let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
     let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
     let pieces = plan(from, to, coarsest);
@@ -893,8 +896,7 @@ fn read_history_feed(
     while let Some(row) = rows.next().db()? {
         let seq = position(row, 0)?;
         let text: String = row.get(1).db()?;
-        let batch: Vec<HistoryRow> = serde_json::from_str(&text)
-            .map_err(|e| StoreError::Database(format!("history feed entry {seq}: {e}")))?;
+        let batch = decode_feed_entry(seq, &text)?;
         total += batch.len();
         out.push((seq, batch));
         if total >= max_rows {

@@ -53,6 +53,11 @@ impl Backend for Sqlite {
         let raw = rusqlite::Connection::open(config(&self.0).path).unwrap();
         raw.execute_batch(sql).unwrap();
     }
+
+    async fn query_i64(&self, sql: &str) -> i64 {
+        let raw = rusqlite::Connection::open(config(&self.0).path).unwrap();
+        raw.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
 }
 
 crate::conformance_tests!(Sqlite);
