@@ -219,3 +219,35 @@ async fn channel_messages_ordinary_clients_cannot_parse_are_refused() {
     assert!(fetched["ackHandle"].is_string());
     healthy(&c).await;
 }
+
+/// A device type with a misspelt field gets a 400 naming it; one whose
+/// entity type NGSI forbids is refused; what `GET` answers can be sent
+/// back as it is. Nothing refused is stored.
+#[tokio::test]
+async fn device_type_definitions_are_checked_when_saved() {
+    let server = Server::start();
+    let c = server.client();
+    let path = "/api/v1/device-types/probe";
+    for (body, says) in [
+        (json!({"decodr": {"script": "x"}}), "decodr"),
+        (
+            json!({"processor": {"mappings": [{"from": "a", "too": "b"}]}}),
+            "too",
+        ),
+        (json!({"entityType": "a<b>"}), "entityType"),
+        (json!({"name": "other"}), "differs"),
+    ] {
+        let reply = c.expect(400, "PUT", path, Some(&body)).await;
+        assert!(reply.to_string().contains(says), "{body}: {reply}");
+    }
+    c.expect(404, "GET", path, None).await;
+    c.expect(400, "PUT", "/api/v1/device-types/a(b)", Some(&json!({})))
+        .await;
+    c.create_em300th().await;
+    let got = c
+        .expect(200, "GET", "/api/v1/device-types/em300th", None)
+        .await;
+    c.expect(200, "PUT", "/api/v1/device-types/em300th", Some(&got))
+        .await;
+    healthy(&c).await;
+}

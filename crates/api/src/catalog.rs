@@ -91,7 +91,19 @@ async fn put_type(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     check_id(&name)?;
-    let def: DeviceType = parse_body(&body)?;
+    // What `GET` answers carries the type's `name`; sending it back is fine
+    // as long as it is this type's.
+    let mut body: Value = parse_body(&body)?;
+    if let Some(given) = body.as_object_mut().and_then(|o| o.remove("name")) {
+        if given != json!(name) {
+            return Err(ApiError::bad_request(format!(
+                "the body's name {given} differs from the path's '{name}'"
+            )));
+        }
+    }
+    let def: DeviceType = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid device type: {e}")))?;
+    def.check(&name).map_err(ApiError::bad_request)?;
     let created = state.services.catalog.put_device_type(&name, def).await?;
     let entry = state
         .services

@@ -4,9 +4,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// How uplinks of one kind of device are decoded and mapped.
+/// How uplinks of one kind of device are decoded and mapped. Unknown
+/// fields are refused, here and in its parts, so a misspelt key is named
+/// in a 400 instead of silently doing nothing.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeviceType {
     /// NGSI entity type of this type's devices; defaults to the type name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -22,6 +24,7 @@ pub struct DeviceType {
 /// A codec script. Only `javascript` exists today; the field is there so
 /// stored types stay readable when another language is added.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Decoder {
     /// Script language, `javascript`.
     #[serde(default = "default_language")]
@@ -34,8 +37,30 @@ fn default_language() -> String {
     "javascript".to_string()
 }
 
+impl DeviceType {
+    /// Checks that the NGSI entity type this type's devices get (its
+    /// `entityType`, or `name`, the type's own name) is one NGSI accepts,
+    /// so devices of the type never make entities `/v2` cannot serve.
+    pub fn check(&self, name: &str) -> Result<(), String> {
+        let entity_type = self.entity_type.as_deref().unwrap_or(name);
+        crate::ngsi::check_name(crate::ngsi::NameKind::EntityType, entity_type).map_err(|e| {
+            let field = if self.entity_type.is_some() {
+                "entityType"
+            } else {
+                "the type's name (no entityType given)"
+            };
+            format!(
+                "{field} '{}' cannot be an NGSI entity type: {}",
+                entity_type.escape_default(),
+                e.description
+            )
+        })
+    }
+}
+
 /// Ordered field mappings from an uplink body to a data unit.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Processor {
     /// Applied in order; a later mapping to the same target wins.
     #[serde(default)]
@@ -45,6 +70,7 @@ pub struct Processor {
 /// Copy the value at dotted path `from` in the body to dotted path `to` in
 /// the data unit. See [`crate::mapping`] for how targets are resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mapping {
     /// Dotted path in the uplink body (or decoder output).
     pub from: String,
