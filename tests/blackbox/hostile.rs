@@ -251,3 +251,34 @@ async fn device_type_definitions_are_checked_when_saved() {
         .await;
     healthy(&c).await;
 }
+
+/// One live connection holds at most 100 subscriptions (resubscribing an
+/// id replaces it), and a client message over 64 KiB ends the connection
+/// instead of being buffered; other clients are unaffected.
+#[tokio::test]
+async fn a_live_client_cannot_grow_without_bound() {
+    let server = Server::start();
+    let c = server.client();
+    let mut live = Live::connect(&server).await;
+    for i in 0..100 {
+        live.subscribe(&format!("s{i}"), "data", json!({})).await;
+    }
+    live.send(json!({"type":"subscribe","id":"one-more","stream":"data"}))
+        .await;
+    let reply = live.next().await;
+    assert_eq!(reply["error"], "TooManySubscriptions", "{reply}");
+    live.subscribe("s7", "alarms", json!({})).await;
+
+    let mut other = Live::connect(&server).await;
+    other.subscribe("fine", "data", json!({})).await;
+    let huge = "x".repeat(100 * 1024);
+    live.send(json!({"type":"subscribe","id":huge,"stream":"data"}))
+        .await;
+    assert_eq!(
+        live.next_within(Duration::from_secs(5)).await,
+        None,
+        "the connection is closed, not answered"
+    );
+    other.subscribe("still", "alarms", json!({})).await;
+    healthy(&c).await;
+}

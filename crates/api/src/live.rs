@@ -29,6 +29,14 @@ use crate::{ApiError, ApiResult, AppState};
 /// read before the client is cut off.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest message a client may send (a subscribe with its filter);
+/// a larger one ends the connection instead of being buffered.
+pub const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
+
+/// Most subscriptions one connection may hold at once, so one client
+/// cannot make every event cost unbounded filter work.
+pub const MAX_SUBSCRIPTIONS: usize = 100;
+
 /// Most events written to a websocket before it is flushed, so a steady
 /// stream is sent in bursts of at most this many frames rather than
 /// waiting for the write buffer to fill.
@@ -61,6 +69,10 @@ enum ClientMessage {
 /// `GET /api/v1/live`: upgrades to the subscription protocol.
 async fn websocket(State(state): State<AppState>, ws: WebSocketUpgrade) -> impl IntoResponse {
     let runtime = state.live_runtime.clone();
+    // A client only ever sends small control messages.
+    let ws = ws
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE);
     ws.on_upgrade(move |socket| async move {
         runtime.spawn(serve_socket(state, socket));
     })
@@ -191,6 +203,21 @@ async fn serve_socket(state: AppState, socket: WebSocket) {
                                 &format!("unknown stream '{stream}'"),
                             ),
                             (_, Err(e)) => error_message(Some(&id), "BadRequest", &e),
+                            (Some(_), Ok(_))
+                                if subs.values().map(|(_, f)| f.len()).sum::<usize>()
+                                    >= MAX_SUBSCRIPTIONS
+                                    && !subs
+                                        .values()
+                                        .any(|(_, f)| f.iter().any(|(i, _)| i == &id)) =>
+                            {
+                                error_message(
+                                    Some(&id),
+                                    "TooManySubscriptions",
+                                    &format!(
+                                        "a connection holds at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe one first"
+                                    ),
+                                )
+                            }
                             (Some(stream), Ok(filter)) => {
                                 for (_, filters) in subs.values_mut() {
                                     filters.retain(|(i, _)| i != &id);
