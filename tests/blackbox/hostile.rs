@@ -282,3 +282,36 @@ async fn a_live_client_cannot_grow_without_bound() {
     other.subscribe("still", "alarms", json!({})).await;
     healthy(&c).await;
 }
+
+/// An uplink body nested 10,000 levels deep or holding `1e400` is refused
+/// with a 400 before it reaches the ingest log: nothing is stored, not
+/// even as a failed uplink that clients would then fail to read.
+#[tokio::test]
+async fn uplink_bodies_clients_cannot_read_back_are_refused() {
+    let server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let deep = format!(
+        "{{\"id\":\"d\",\"x\":{}{}}}",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    for body in [
+        deep.as_str(),
+        r#"{"id":"d","uuid":"u","temperature":1e400}"#,
+    ] {
+        let resp = c
+            .http
+            .post(format!("{}/sensor-data/farm/decoded/em300th", c.url))
+            .header("Authorization", KEY)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400);
+    }
+    let failed = c.expect(200, "GET", "/api/v1/uplinks/failed", None).await;
+    assert_eq!(failed["failures"], json!([]), "{failed}");
+    assert_eq!(c.all_units("device=d").await, Vec::<Value>::new());
+    healthy(&c).await;
+}

@@ -133,9 +133,7 @@ async fn accept(
     device_type: Option<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    if !is_json_object(&body) {
-        return Err(ApiError::bad_request("body must be a JSON object"));
-    }
+    check_body(&body).map_err(ApiError::bad_request)?;
     let uplink = NewUplink {
         received_at: now_ms(),
         format,
@@ -147,22 +145,35 @@ async fn accept(
     Ok(StatusCode::ACCEPTED)
 }
 
-/// Whether `body` is one well-formed JSON object, checked without building it.
-fn is_json_object(body: &[u8]) -> bool {
-    let starts_with_brace = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    starts_with_brace && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+/// Checks `body` is one JSON object within the JSON limits: it is kept
+/// as sent and shown again with failed uplinks, so it must be JSON any
+/// client can read back (no 10,000-deep nesting, no `1e400`).
+fn check_body(body: &[u8]) -> Result<(), String> {
+    use weft_model::json::{parse_within_limits, JsonLimitError};
+    match parse_within_limits(body) {
+        Ok(value) if value.is_object() => Ok(()),
+        Ok(_) | Err(JsonLimitError::Syntax(_)) => Err("body must be a JSON object".into()),
+        Err(limit) => Err(limit.to_string()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_json_object;
+    use super::check_body;
 
     #[test]
-    fn only_well_formed_objects_pass() {
-        assert!(is_json_object(br#" {"a":1}"#));
-        assert!(!is_json_object(br#"[1]"#));
-        assert!(!is_json_object(br#"{"a":1"#));
-        assert!(!is_json_object(br#"{"a":1} x"#));
-        assert!(!is_json_object(b""));
+    fn only_well_formed_objects_within_limits_pass() {
+        assert!(check_body(br#" {"a":1}"#).is_ok());
+        for bad in [&br#"[1]"#[..], br#"{"a":1"#, br#"{"a":1} x"#, b""] {
+            assert_eq!(
+                check_body(bad),
+                Err("body must be a JSON object".to_string())
+            );
+        }
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(5_000), "]".repeat(5_000));
+        assert!(check_body(deep.as_bytes()).unwrap_err().contains("deeper"));
+        assert!(check_body(br#"{"a":1e400}"#)
+            .unwrap_err()
+            .contains("out of range"));
     }
 }
