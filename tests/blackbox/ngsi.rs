@@ -322,3 +322,68 @@ async fn device_entities_survive_kill_9() {
     ];
     assert_eq!(got, want);
 }
+
+/// Orion's update operators: each computes the new value from the current
+/// one (or from the reference value on creation), in every write that
+/// takes attributes; one that cannot apply is a 500 and changes nothing.
+#[tokio::test]
+async fn update_operators_compute_from_the_current_value() {
+    let server = Server::start();
+    let c = server.client();
+    let create = json!({"id":"E","type":"T",
+        "n":{"value":5,"type":"Number"},
+        "A":{"value":[1],"type":"StructuredValue"},
+        "o":{"value":{"a":1,"b":2},"type":"StructuredValue"},
+        "s":{"value":"text","type":"Text"},
+        "c":{"value":{"$inc":4}}});
+    let (status, _, body) = call(&c, "POST", "/v2/entities", None, Some(&create)).await;
+    assert_eq!(status, 201, "{body}");
+    let get = |attr: &'static str| {
+        let c = &c;
+        async move {
+            let (_, _, e) = call(c, "GET", "/v2/entities/E", None, None).await;
+            e[attr].clone()
+        }
+    };
+    assert_eq!(
+        get("c").await,
+        json!({"type":"Number","value":4,"metadata":{}})
+    );
+
+    let patch = |body: Value| {
+        let c = &c;
+        async move {
+            let (status, _, reply) =
+                call(c, "PATCH", "/v2/entities/E/attrs", None, Some(&body)).await;
+            (status, reply)
+        }
+    };
+    assert_eq!(patch(json!({"n":{"value":{"$inc":2}}})).await.0, 204);
+    assert_eq!(get("n").await["value"], 7);
+    assert_eq!(get("n").await["type"], "Number");
+    patch(json!({"A":{"value":{"$push":{"$each":[2,3]}},"type":"StructuredValue"}})).await;
+    patch(json!({"A":{"value":{"$addToSet":3},"type":"StructuredValue"}})).await;
+    assert_eq!(get("A").await["value"], json!([1, 2, 3]));
+    patch(json!({"A":{"value":{"$pull":1},"type":"StructuredValue"}})).await;
+    assert_eq!(get("A").await["value"], json!([2, 3]));
+    patch(json!({"o":{"value":{"$set":{"c":3},"$unset":{"a":1}}}})).await;
+    assert_eq!(get("o").await["value"], json!({"b":2,"c":3}));
+    patch(json!({"n":{"value":{"$max":3}}})).await;
+    assert_eq!(get("n").await["value"], 7);
+
+    let (status, reply) = patch(json!({"s":{"value":{"$inc":1}}})).await;
+    assert_eq!(status, 500, "{reply}");
+    assert_eq!(reply["error"], "InternalServerError");
+    assert_eq!(get("s").await["value"], "text");
+
+    let (status, _, _) = call(
+        &c,
+        "PUT",
+        "/v2/entities/E/attrs/n/value",
+        None,
+        Some(&json!({"$mul": 3})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(get("n").await["value"], 21);
+}

@@ -55,6 +55,15 @@ pub async fn get_attrs(
 type AttrsWrite =
     fn(&mut ngsi::Entity, ngsi::AttrMap, ngsi::UpdateOptions, i64) -> ngsi::UpdateOutcome;
 
+/// What update operators (`{"$inc": 1}`) in a write are resolved against:
+/// the attributes' current values (append, update), or the reference
+/// values of a creation (replace: the entity's attributes start afresh).
+#[derive(Clone, Copy, PartialEq)]
+enum Operands {
+    Current,
+    Reference,
+}
+
 /// What makes an attribute-set write fail as a whole (attributes that
 /// already exist for a strict append, missing ones for an update).
 type AttrsCheck = fn(&ngsi::UpdateOutcome, &str, Option<&str>) -> Option<NgsiError>;
@@ -73,13 +82,14 @@ async fn write_attrs(
     body: Bytes,
     op: WriteOp,
     write: AttrsWrite,
+    operands: Operands,
     check: Option<AttrsCheck>,
 ) -> Result<Response> {
     check_segment(&id)?;
     let path = sp.for_write(op)?;
     let options = params.options()?;
     let value = json_attrs_body(&headers, &body)?;
-    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
+    let mut attrs = ngsi::parse_attrs(&value, options.key_values)?;
     let opts = options.update();
     let now = now_ms();
     let etype = params.get("type");
@@ -87,6 +97,8 @@ async fn write_attrs(
         .services
         .context
         .modify(&tenant, &[path], &id, etype, move |e| {
+            let current = (operands == Operands::Current).then_some(&*e);
+            ngsi::operators::resolve_operators(current, &mut attrs)?;
             Ok(write(e, attrs, opts, now))
         })
         .await?;
@@ -118,6 +130,7 @@ pub async fn append_attrs(
         body,
         WriteOp::Update,
         ngsi::append,
+        Operands::Current,
         Some(check),
     )
     .await
@@ -145,6 +158,7 @@ pub async fn update_attrs(
         body,
         WriteOp::Patch,
         ngsi::update,
+        Operands::Current,
         Some(check),
     )
     .await
@@ -170,6 +184,7 @@ pub async fn replace_attrs(
         body,
         WriteOp::Update,
         ngsi::replace,
+        Operands::Reference,
         None,
     )
     .await
@@ -213,13 +228,16 @@ pub async fn put_attr(
     let path = sp.for_write(WriteOp::Update)?;
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
-    let attr = ngsi::parse_attr(&name, &value)?;
+    let mut attr = ngsi::parse_attr(&name, &value)?;
     let opts = options.update();
     let now = now_ms();
     state
         .services
         .context
         .modify(&tenant, &[path], &id, params.get("type"), move |e| {
+            if !ngsi::operators::resolve_attr(e.attrs.get(&name), &mut attr)? {
+                return Err(NgsiError::attribute_not_found());
+            }
             ngsi::update_attr(e, &name, attr, opts, now)
         })
         .await?;
@@ -372,6 +390,15 @@ pub async fn put_value(
         .services
         .context
         .modify(&tenant, &[path], &id, params.get("type"), move |e| {
+            let value = if ngsi::operators::is_operator(&value) {
+                let current = e.attrs.get(&name).map(|a| &a.value);
+                match ngsi::operators::apply(current, &value)? {
+                    ngsi::operators::Resolved::Value(v) => v,
+                    ngsi::operators::Resolved::Skip => return Err(NgsiError::attribute_not_found()),
+                }
+            } else {
+                value
+            };
             ngsi::set_attr_value(e, &name, value, opts, now)
         })
         .await?;

@@ -265,6 +265,7 @@ async fn apply(
         return match action {
             Action::Append | Action::AppendStrict => {
                 let mut entity = item.entity;
+                ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
                 entity.stamp_created(now);
                 context.create(tenant, path, entity).await?;
                 Ok(None)
@@ -272,7 +273,7 @@ async fn apply(
             _ => Ok(Some(Failure::Entity)),
         };
     }
-    let attrs = item.entity.attrs;
+    let mut attrs = item.entity.attrs;
     let requested = if action == Action::Delete {
         item.names.len()
     } else {
@@ -287,6 +288,7 @@ async fn apply(
             };
             let outcome = context
                 .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
                     let out = ngsi::append(e, attrs, opts, now);
                     if expires.is_some() {
                         e.date_expires = expires;
@@ -299,6 +301,7 @@ async fn apply(
         Action::Update => {
             let outcome = context
                 .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
                     Ok(ngsi::update(e, attrs, opts, now))
                 })
                 .await?;
@@ -307,6 +310,7 @@ async fn apply(
         Action::Replace => {
             context
                 .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
+                    ngsi::operators::resolve_operators(None, &mut attrs)?;
                     let out = ngsi::replace(e, attrs, opts, now);
                     e.date_expires = expires;
                     Ok(out)

@@ -294,11 +294,12 @@ pub async fn create(
         let etype = entity.entity_type.clone();
         match context.get(&tenant, &paths, &id, Some(&etype)) {
             Ok(_) => {
-                let attrs = entity.attrs.clone();
+                let mut attrs = entity.attrs.clone();
                 let expires = entity.date_expires;
                 let opts = options.update();
                 context
                     .modify(&tenant, &paths, &id, Some(&etype), move |e| {
+                        ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
                         let outcome = ngsi::append(e, attrs, opts, now);
                         if expires.is_some() {
                             e.date_expires = expires;
@@ -307,11 +308,15 @@ pub async fn create(
                     })
                     .await?;
             }
-            Err(e) if e.status == 404 => context.create(&tenant, &path, entity).await?,
+            Err(e) if e.status == 404 => {
+                ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
+                context.create(&tenant, &path, entity).await?
+            }
             Err(e) => return Err(e.into()),
         }
         return Ok((StatusCode::NO_CONTENT, [("location", location)]).into_response());
     }
+    ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
     context.create(&tenant, &path, entity).await?;
     Ok((StatusCode::CREATED, [("location", location)]).into_response())
 }

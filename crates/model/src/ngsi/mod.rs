@@ -15,6 +15,8 @@
 //!   keyValues, values, unique, simplified*);
 //! - [`subscription`]: subscriptions, parsed and rendered as Orion does;
 //! - [`change`]: a committed change to an entity, as its consumers take it;
+//! - [`operators`]: update operators (`$inc`, `$push`, `$set`, …) resolved
+//!   against the current value;
 //! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values.
 //!
 //! Errors are [`NgsiError`]s carrying Orion's status, name and text, so the
@@ -29,6 +31,7 @@ use std::marker::PhantomData;
 
 pub mod change;
 pub mod datetime;
+pub mod operators;
 pub mod parse;
 pub mod registration;
 pub mod render;
@@ -219,6 +222,11 @@ impl<V> OrderedMap<V> {
     /// Entries in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
         self.entries.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Entries in order, values mutable (keys stay as they are).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        self.entries.iter_mut().map(|(k, v)| (k.as_str(), v))
     }
 
     /// Keys in order.
