@@ -477,3 +477,125 @@ async fn each_knotx_scenario_shape_renders_exactly() {
         );
     }
 }
+
+/// A snippet of markup processed by Handlebars only (no services).
+fn hbs_snippet(body: &str) -> String {
+    format!("<script data-knotx-knots=\"handlebars\" type=\"text/knotx-snippet\">{body}</script>")
+}
+
+/// Status and JSON body of a template `PUT`.
+async fn put_template(c: &Client, name: &str, body: &str) -> (u16, Value) {
+    let resp = c
+        .http
+        .put(format!("{}/api/v1/pages/{name}", c.url))
+        .header("Content-Type", "text/html")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Templates that would recurse without end or nest thousands deep when
+/// rendered — a partial including itself, two snippets including each
+/// other, an inline partial calling itself, 2,000 nested blocks, a
+/// partial named by an expression — are refused when stored, with a 400
+/// naming the problem; the page stored before stays as it was and still
+/// renders, and weft keeps answering.
+#[tokio::test]
+async fn templates_that_recurse_or_nest_too_deep_are_refused() {
+    let server = Server::start();
+    let c = server.client();
+    let good = format!("<p>{}</p>", hbs_snippet("fine"));
+    let deep = "{{#unless x}}".repeat(2_000) + "deep" + &"{{/unless}}".repeat(2_000);
+    let chain: String = (0..300)
+        .map(|i| hbs_snippet(&format!("{i}{{{{> {}}}}}", i + 1)))
+        .collect();
+    let cases = [
+        ("self", hbs_snippet("a{{> 0}}"), "partial cycle"),
+        (
+            "pair",
+            hbs_snippet("a{{> 1}}") + &hbs_snippet("b{{> 0}}"),
+            "partial cycle",
+        ),
+        (
+            "inline",
+            hbs_snippet("{{#*inline \"me\"}}x{{> me}}{{/inline}}{{> me}}"),
+            "partial cycle",
+        ),
+        ("deep", hbs_snippet(&deep), "nested deeper than"),
+        ("chain", chain, "nested deeper than"),
+        (
+            "dynamic",
+            hbs_snippet("{{> (lookup this \"p\")}}"),
+            "named by an expression",
+        ),
+    ];
+    for (name, template, says) in cases {
+        assert_eq!(
+            put_text(&c, &format!("/api/v1/pages/{name}"), &good).await,
+            201
+        );
+        let (status, reply) = put_template(&c, name, &template).await;
+        assert_eq!(status, 400, "{name}: {reply}");
+        assert!(
+            reply["description"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{name}: {reply}"
+        );
+        assert_eq!(
+            get_page(&c, &format!("/api/v1/pages/{name}")).await,
+            (200, good.clone()),
+            "{name}: the stored template is unchanged"
+        );
+        assert_eq!(
+            get_page(&c, &format!("/pages/{name}")).await,
+            (200, "<p>fine</p>".to_string()),
+            "{name}"
+        );
+        c.expect(200, "GET", "/health", None).await;
+    }
+}
+
+/// Template files that would recurse or nest too deep are not pages that
+/// crash weft: viewing one is a 500 naming the problem, the other pages
+/// of the directory render, and weft keeps answering.
+#[tokio::test]
+async fn template_files_that_recurse_fail_only_their_own_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = "{{#unless x}}".repeat(5_000) + "deep" + &"{{/unless}}".repeat(5_000);
+    for (file, body) in [
+        (
+            "loop.html",
+            hbs_snippet("a{{> 1}}") + &hbs_snippet("b{{> 0}}"),
+        ),
+        ("deep.html", hbs_snippet(&deep)),
+        ("fine.html", format!("<p>{}</p>", hbs_snippet("fine"))),
+    ] {
+        std::fs::write(dir.path().join(file), body).unwrap();
+    }
+    let config = dir.path().join("weft.toml");
+    std::fs::write(
+        &config,
+        format!("[pages]\ndirectory = {:?}\n", dir.path().to_str().unwrap()),
+    )
+    .unwrap();
+    let server = Server::start_with_env(&[("WEFT_CONFIG", config.to_str().unwrap())]);
+    let c = server.client();
+    for (page, says) in [
+        ("loop.html", "partial cycle"),
+        ("deep.html", "nested deeper than"),
+    ] {
+        let (status, body) = get_page(&c, &format!("/pages/{page}")).await;
+        assert_eq!(status, 500, "{page}: {body}");
+        assert!(body.contains(says), "{page}: {body}");
+        c.expect(200, "GET", "/health", None).await;
+    }
+    assert_eq!(
+        get_page(&c, "/pages/fine.html").await,
+        (200, "<p>fine</p>".to_string())
+    );
+}
