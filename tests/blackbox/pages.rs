@@ -599,3 +599,95 @@ async fn template_files_that_recurse_fail_only_their_own_view() {
         (200, "<p>fine</p>".to_string())
     );
 }
+
+/// A mock service recording the path and raw query of every request it
+/// gets; answers `{"path": …}`.
+async fn recording_mock() -> (String, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let record = record.clone();
+        async move {
+            let path = uri.path().to_string();
+            record
+                .lock()
+                .unwrap()
+                .push((path.clone(), uri.query().unwrap_or_default().to_string()));
+            axum::Json(json!({"path": path}))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// Values a page viewer sends reach a service's URL percent-encoded, as
+/// data: they never add path segments, climb out of the path, add query
+/// parameters or end the query; a value that would still change the path
+/// (a whole segment `..`) fails that call (its snippet falls back) and
+/// weft makes no request for it.
+#[tokio::test]
+async fn viewer_values_cannot_change_a_service_url() {
+    let server = Server::start();
+    let c = server.client();
+    let (mock_url, seen) = recording_mock().await;
+    let svc = json!({"http": {"url": format!("{mock_url}/items/{{param.id}}.json?lang={{param.lang}}&fixed=1")}});
+    c.expect(201, "PUT", "/api/v1/page-services/items", Some(&svc))
+        .await;
+    let template = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"items\" \
+                    data-knotx-fallback=\"BLANK\" type=\"text/knotx-snippet\">{{_result.path}}</script>";
+    assert_eq!(put_text(&c, "/api/v1/pages/items", template).await, 201);
+
+    let cases = [
+        // (id, lang) as the viewer sends them (already URL-encoded), and
+        // the path and query the service must see.
+        ("7", "en", "/items/7.json", "lang=en&fixed=1"),
+        (
+            "..%2F..%2Fadmin%3Fall%3D1%23",
+            "en%26admin%3Dtrue",
+            "/items/..%2F..%2Fadmin%3Fall%3D1%23.json",
+            "lang=en%26admin%3Dtrue&fixed=1",
+        ),
+        (
+            "a%20b%2Bc%25d",
+            "x%23y%3Bz",
+            "/items/a%20b%2Bc%25d.json",
+            "lang=x%23y%3Bz&fixed=1",
+        ),
+        (
+            "%C5%BC%C3%B3%C5%82w",
+            "pl",
+            "/items/%C5%BC%C3%B3%C5%82w.json",
+            "lang=pl&fixed=1",
+        ),
+    ];
+    for (id, lang, path, query) in cases {
+        seen.lock().unwrap().clear();
+        let (status, html) = get_page(&c, &format!("/pages/items?id={id}&lang={lang}")).await;
+        assert_eq!((status, html.as_str()), (200, path), "id={id} lang={lang}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(path.to_string(), query.to_string())],
+            "id={id} lang={lang}"
+        );
+    }
+
+    // A whole segment `..` would be resolved by any URL parser: refused.
+    let svc = json!({"http": {"url": format!("{mock_url}/items/{{param.id}}/detail")}});
+    c.expect(200, "PUT", "/api/v1/page-services/items", Some(&svc))
+        .await;
+    for id in ["..", ".", "%2E%2E"] {
+        seen.lock().unwrap().clear();
+        let (status, html) = get_page(&c, &format!("/pages/items?id={id}")).await;
+        assert_eq!((status, html.as_str()), (200, ""), "id={id}: the fallback");
+        let got = seen.lock().unwrap().clone();
+        assert!(got.is_empty(), "id={id}: {got:?}");
+    }
+    seen.lock().unwrap().clear();
+    assert_eq!(
+        get_page(&c, "/pages/items?id=...").await,
+        (200, "/items/.../detail".to_string())
+    );
+    c.expect(200, "GET", "/health", None).await;
+}
