@@ -500,7 +500,9 @@ async fn put_template(c: &Client, name: &str, body: &str) -> (u16, Value) {
 /// Templates that would recurse without end or nest thousands deep when
 /// rendered — a partial including itself, two snippets including each
 /// other, an inline partial calling itself, 2,000 nested blocks, a
-/// partial named by an expression — are refused when stored, with a 400
+/// partial named by an expression — or whose compiling would nest as
+/// deep (2,000 nested subexpressions, 20,000 `{{else if}}`) are refused
+/// when stored, with a 400
 /// naming the problem; the page stored before stays as it was and still
 /// renders, and weft keeps answering.
 #[tokio::test]
@@ -509,6 +511,15 @@ async fn templates_that_recurse_or_nest_too_deep_are_refused() {
     let c = server.client();
     let good = format!("<p>{}</p>", hbs_snippet("fine"));
     let deep = "{{#unless x}}".repeat(2_000) + "deep" + &"{{/unless}}".repeat(2_000);
+    let parens = format!(
+        "{{{{len {}a{}}}}}",
+        "(len ".repeat(2_000),
+        ")".repeat(2_000)
+    );
+    let else_ifs = format!(
+        "{{{{#if a}}}}{}x{{{{/if}}}}",
+        "{{else if b}}".repeat(20_000)
+    );
     let chain: String = (0..300)
         .map(|i| hbs_snippet(&format!("{i}{{{{> {}}}}}", i + 1)))
         .collect();
@@ -524,13 +535,21 @@ async fn templates_that_recurse_or_nest_too_deep_are_refused() {
             hbs_snippet("{{#*inline \"me\"}}x{{> me}}{{/inline}}{{> me}}"),
             "partial cycle",
         ),
-        ("deep", hbs_snippet(&deep), "nested deeper than"),
-        ("chain", chain, "nested deeper than"),
+        ("deep", hbs_snippet(&deep), "deeper than 64 levels"),
+        (
+            "deep100",
+            hbs_snippet(&("{{#each a}}".repeat(100) + &"{{/each}}".repeat(100))),
+            "snippet 1 is nested deeper than 64 levels",
+        ),
+        ("chain", chain, "deeper than 64 levels"),
         (
             "dynamic",
             hbs_snippet("{{> (lookup this \"p\")}}"),
             "named by an expression",
         ),
+        // Nested while compiling, before any render.
+        ("parens", hbs_snippet(&parens), "at most 256"),
+        ("elseif", hbs_snippet(&else_ifs), "block tags"),
     ];
     for (name, template, says) in cases {
         assert_eq!(
@@ -587,7 +606,7 @@ async fn template_files_that_recurse_fail_only_their_own_view() {
     let c = server.client();
     for (page, says) in [
         ("loop.html", "partial cycle"),
-        ("deep.html", "nested deeper than"),
+        ("deep.html", "deeper than 64 levels"),
     ] {
         let (status, body) = get_page(&c, &format!("/pages/{page}")).await;
         assert_eq!(status, 500, "{page}: {body}");

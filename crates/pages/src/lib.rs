@@ -259,6 +259,8 @@ fn compile(source: String) -> Result<Compiled, PageError> {
         }
         let name = i.to_string();
         if s.knots.iter().any(|k| k == "handlebars") {
+            limits::prescan(&s.body)
+                .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;
             handlebars
                 .register_template_string(&name, &s.body)
                 .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;

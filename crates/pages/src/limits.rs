@@ -16,6 +16,13 @@
 //! snippets of a page are the only templates its registry holds, so what
 //! a render can reach is exactly what was checked. Everything here walks
 //! the compiled templates with explicit stacks: no input nests this code.
+//!
+//! Compiling is recursive too: Handlebars builds nested subexpressions
+//! recursively, and drops `{{else if}}` chains and nested blocks
+//! recursively. So before a snippet body is compiled, [`prescan`] counts
+//! what could nest in it — every `(`, every block or inverse tag — which
+//! bounds the nesting whatever the body says (a count cannot be fooled by
+//! quotes or escapes the way matching openers with closers could).
 
 use std::collections::HashMap;
 
@@ -27,6 +34,59 @@ use handlebars::{Handlebars, JsonRender, Path, Template};
 /// 64 leaves room for generous ones while a render stays far from the
 /// end of a thread's stack (a few thousand levels overflow 2 MiB).
 pub const MAX_TEMPLATE_DEPTH: usize = 64;
+
+/// Most `(` a snippet body may hold: Handlebars compiles nested
+/// subexpressions recursively, and a few hundred nested levels are still
+/// far from the end of a thread's stack (about a thousand overflow it).
+pub const MAX_PARENS: usize = 256;
+
+/// Most block and inverse tags (`{{#…}}`, `{{^…}}`, `{{else…}}`) a
+/// snippet body may hold: each can add a level to the compiled template
+/// (an `{{else if}}` chain nests), which Handlebars drops recursively.
+pub const MAX_BLOCK_TAGS: usize = 1_000;
+
+/// Checks that a snippet body cannot nest deep enough to overflow the
+/// stack while it is compiled: at most [`MAX_PARENS`] `(` and
+/// [`MAX_BLOCK_TAGS`] block tags. Counting bounds nesting whatever is in
+/// the body. The error names the problem.
+pub(crate) fn prescan(body: &str) -> Result<(), String> {
+    let parens = body.bytes().filter(|b| *b == b'(').count();
+    if parens > MAX_PARENS {
+        return Err(format!(
+            "holds {parens} '(' — subexpressions could nest deeper than \
+             {MAX_TEMPLATE_DEPTH} levels; at most {MAX_PARENS} are allowed"
+        ));
+    }
+    let bytes = body.as_bytes();
+    let mut blocks = 0;
+    // Every `{{`, overlapping ones too (`{{{{`).
+    for i in (1..bytes.len()).filter(|&i| bytes[i - 1] == b'{' && bytes[i] == b'{') {
+        let i = i - 1;
+        // `{{`, whitespace, an optional `~`, whitespace, then the tag's
+        // kind, as the Handlebars grammar reads a block or inverse tag.
+        let mut j = i + 2;
+        let skip = |j: &mut usize| {
+            while bytes.get(*j).is_some_and(u8::is_ascii_whitespace) {
+                *j += 1;
+            }
+        };
+        skip(&mut j);
+        if bytes.get(j) == Some(&b'~') {
+            j += 1;
+            skip(&mut j);
+        }
+        if matches!(bytes.get(j), Some(b'#' | b'^')) || bytes[j..].starts_with(b"else") {
+            blocks += 1;
+        }
+    }
+    if blocks > MAX_BLOCK_TAGS {
+        return Err(format!(
+            "holds {blocks} block tags — they could nest deeper than \
+             {MAX_TEMPLATE_DEPTH} levels; at most {MAX_BLOCK_TAGS} are allowed"
+        ));
+    }
+    Ok(())
+}
 
 /// A template the render could reach by name: one of the page's snippets
 /// (registered under its name) or an inline partial
@@ -369,5 +429,35 @@ mod tests {
             let e = check_bodies(&[body]).unwrap_err();
             assert!(e.contains("named by an expression"), "{body}: {e}");
         }
+    }
+
+    /// What could nest while compiling is counted before: `(` and block
+    /// tags, however they are spelt, in strings or not.
+    #[test]
+    fn prescan_counts_what_could_nest() {
+        let parens = |n: usize| format!("{{{{len {}a{}}}}}", "(len ".repeat(n), ")".repeat(n));
+        assert_eq!(prescan(&parens(MAX_PARENS)), Ok(()));
+        assert!(prescan(&parens(MAX_PARENS + 1))
+            .unwrap_err()
+            .contains("at most 256"));
+        // Closers in strings do not hide openers.
+        let hidden = "{{f ".to_string()
+            + &"(f \")\" ".repeat(MAX_PARENS + 1)
+            + &")".repeat(MAX_PARENS + 1)
+            + "}}";
+        assert!(prescan(&hidden).is_err());
+        for tag in [
+            "{{#if a}}",
+            "{{ ~ #if a}}",
+            "{{~^}}",
+            "{{else if b}}",
+            "{{  else}}",
+            "{{{{#raw}}",
+        ] {
+            let body = tag.repeat(MAX_BLOCK_TAGS + 1);
+            assert!(prescan(&body).unwrap_err().contains("block tags"), "{tag}");
+            assert_eq!(prescan(&tag.repeat(MAX_BLOCK_TAGS)), Ok(()), "{tag}");
+        }
+        assert_eq!(prescan(&"{{a}}{{/if}}{{> p}}".repeat(5_000)), Ok(()));
     }
 }
