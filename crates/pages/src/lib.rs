@@ -19,6 +19,8 @@
 #![deny(missing_docs)]
 
 mod limits;
+#[cfg(test)]
+mod proptests;
 pub mod service;
 
 use std::collections::HashMap;
