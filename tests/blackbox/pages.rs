@@ -710,3 +710,82 @@ async fn viewer_values_cannot_change_a_service_url() {
     );
     c.expect(200, "GET", "/health", None).await;
 }
+
+/// Hostile page inputs — a template that is not UTF-8, tags left open,
+/// `data-knotx-params` nested 10,000 deep or not an object, a snippet
+/// that does not compile, a service with two sources, an unknown field or
+/// a query that does not parse — each get a 400, change nothing (the
+/// page and service stored before are still served as they were), and
+/// weft keeps answering.
+#[tokio::test]
+async fn hostile_page_inputs_are_refused_and_change_nothing() {
+    let server = Server::start();
+    let c = server.client();
+    let good = format!("<p>{}</p>", hbs_snippet("fine"));
+    assert_eq!(put_text(&c, "/api/v1/pages/p", &good).await, 201);
+    let svc = json!({"alarms": {"state": "active"}});
+    c.expect(201, "PUT", "/api/v1/page-services/s", Some(&svc))
+        .await;
+    let stored = c.expect(200, "GET", "/api/v1/page-services/s", None).await;
+
+    let deep_params = "[".repeat(10_000) + &"]".repeat(10_000);
+    let templates: Vec<Vec<u8>> = vec![
+        b"<p>\xff\xfe</p>".to_vec(),
+        b"<script data-knotx-knots=\"handlebars\">{{x}}".to_vec(),
+        b"<script data-knotx-knots=\"handlebars\" data-knotx-params='1".to_vec(),
+        b"<knotx:fallback data-knotx-fallback-id=\"f\">never closed".to_vec(),
+        format!(
+            "<script data-knotx-knots=\"handlebars\" data-knotx-params='{deep_params}'>x</script>"
+        )
+        .into_bytes(),
+        b"<script data-knotx-knots=\"handlebars\" data-knotx-params='[1]'>x</script>".to_vec(),
+        hbs_snippet("{{#each a}}never closed").into_bytes(),
+        hbs_snippet("{{#if a}}x{{/each}}").into_bytes(),
+    ];
+    for body in templates {
+        let resp = c
+            .http
+            .put(format!("{}/api/v1/pages/p", c.url))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let reply: Value = resp.json().await.unwrap_or(Value::Null);
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        assert_eq!(status, 400, "{shown}: {reply}");
+        assert_eq!(reply["error"], "BadRequest", "{shown}: {reply}");
+        assert_eq!(
+            get_page(&c, "/api/v1/pages/p").await,
+            (200, good.clone()),
+            "{shown}"
+        );
+        assert_eq!(
+            get_page(&c, "/pages/p").await,
+            (200, "<p>fine</p>".to_string())
+        );
+    }
+
+    for bad in [
+        json!({"alarms": {}, "data": {}}),
+        json!({"alarms": {"state": "active", "nope": 1}}),
+        json!({"entities": {"q": "a==(("}}),
+        json!({"http": {"url": "http://127.0.0.1:9/x", "timeout": "forever"}}),
+        json!([1, 2]),
+    ] {
+        let (status, reply) = c
+            .send("PUT", "/api/v1/page-services/s", Some(&bad), Some(KEY))
+            .await;
+        assert_eq!(status, 400, "{bad}: {reply}");
+        assert_eq!(
+            c.expect(200, "GET", "/api/v1/page-services/s", None).await,
+            stored,
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        c.expect(200, "GET", "/api/v1/pages", None).await,
+        json!(["p"])
+    );
+    c.expect(200, "GET", "/health", None).await;
+}
