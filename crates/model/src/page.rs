@@ -369,8 +369,18 @@ mod proptests {
         Ok(())
     }
 
+    /// `cases` cases per property, unless `PROPTEST_CASES` asks for another
+    /// number (a longer run: `PROPTEST_CASES=100000`).
+    fn config(cases: u32) -> ProptestConfig {
+        let mut config = ProptestConfig::default();
+        if std::env::var_os("PROPTEST_CASES").is_none() {
+            config.cases = cases;
+        }
+        config
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #![proptest_config(config(1024))]
 
         /// Any text splits or fails cleanly.
         #[test]

@@ -123,8 +123,18 @@ fn compile_and_render(source: String, data: &Value) -> Result<(), TestCaseError>
     Ok(())
 }
 
+/// `cases` cases per property, unless `PROPTEST_CASES` asks for another
+/// number (a longer run: `PROPTEST_CASES=100000`).
+fn config(cases: u32) -> ProptestConfig {
+    let mut config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = cases;
+    }
+    config
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(config(512))]
 
     /// Handlebars-shaped pages compile or fail cleanly and render within
     /// the stack.

@@ -65,8 +65,18 @@ fn json() -> impl Strategy<Value = Value> {
     })
 }
 
+/// `cases` cases per property, unless `PROPTEST_CASES` asks for another
+/// number (a longer run: `PROPTEST_CASES=100000`).
+fn config(cases: u32) -> ProptestConfig {
+    let mut config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = cases;
+    }
+    config
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #![proptest_config(config(1024))]
 
     /// Any string parses to a query or an error, as `q` and as `mq`; a
     /// parsed query evaluates against any value without panicking.
