@@ -131,7 +131,7 @@ struct Compiled {
 /// and fails to compile or to pass the checks — its source and what is
 /// wrong, so that viewing it fails that request alone.
 enum Page {
-    Ready(Compiled),
+    Ready(Box<Compiled>),
     Broken { source: String, problem: String },
 }
 
@@ -140,7 +140,7 @@ impl Page {
     /// for the log).
     fn load(name: &str, source: String, what: &str) -> Page {
         match compile(source.clone()) {
-            Ok(c) => Page::Ready(c),
+            Ok(c) => Page::Ready(Box::new(c)),
             Err(e) => {
                 tracing::warn!(page = %name, error = %e, "{what} cannot be rendered; viewing it fails");
                 Page::Broken {
@@ -355,7 +355,7 @@ impl Pages {
         Ok(self
             .pages
             .write()
-            .insert(name.to_string(), Arc::new(Page::Ready(compiled)))
+            .insert(name.to_string(), Arc::new(Page::Ready(Box::new(compiled))))
             .is_none())
     }
 

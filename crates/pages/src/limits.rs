@@ -271,6 +271,11 @@ fn name_of(p: &Parameter) -> Option<String> {
     }
 }
 
+/// A node on the path a depth-first search explores: the node, its calls
+/// (the nesting at the call, the node called) and how many of them have
+/// been looked at.
+type Step = (Node, Vec<(usize, Node)>, usize);
+
 /// Every node's depth with its partials expanded, or the first partial
 /// cycle found. A depth-first search with an explicit stack.
 fn expanded_depths(shapes: &HashMap<Node, Shape>) -> Result<HashMap<Node, usize>, String> {
@@ -294,7 +299,7 @@ fn expanded_depths(shapes: &HashMap<Node, Shape>) -> Result<HashMap<Node, usize>
         }
         // The path being explored: a node and how many of its calls'
         // targets have been looked at.
-        let mut path: Vec<(Node, Vec<(usize, Node)>, usize)> = Vec::new();
+        let mut path: Vec<Step> = Vec::new();
         let edges = |n: &Node| -> Vec<(usize, Node)> {
             shapes[n]
                 .calls
