@@ -14,7 +14,8 @@
 //! - `hostile`: what devices, codecs and clients send cannot spoof or
 //!   break entities, nor carry state from one decode to the next.
 //! - `pages`: Knot.x templates rendered from services, fallbacks, one
-//!   call per distinct service call, weft's own data as sources.
+//!   call per distinct service call, weft's own data as sources; hostile
+//!   templates (recursion, deep nesting) and viewer values refused.
 //! - `ops`: health and metrics.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,

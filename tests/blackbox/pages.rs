@@ -477,3 +477,315 @@ async fn each_knotx_scenario_shape_renders_exactly() {
         );
     }
 }
+
+/// A snippet of markup processed by Handlebars only (no services).
+fn hbs_snippet(body: &str) -> String {
+    format!("<script data-knotx-knots=\"handlebars\" type=\"text/knotx-snippet\">{body}</script>")
+}
+
+/// Status and JSON body of a template `PUT`.
+async fn put_template(c: &Client, name: &str, body: &str) -> (u16, Value) {
+    let resp = c
+        .http
+        .put(format!("{}/api/v1/pages/{name}", c.url))
+        .header("Content-Type", "text/html")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Templates that would recurse without end or nest thousands deep when
+/// rendered — a partial including itself, two snippets including each
+/// other, an inline partial calling itself, 2,000 nested blocks, a
+/// partial named by an expression — or whose compiling would nest as
+/// deep (2,000 nested subexpressions, 20,000 `{{else if}}`) are refused
+/// when stored, with a 400
+/// naming the problem; the page stored before stays as it was and still
+/// renders, and weft keeps answering.
+#[tokio::test]
+async fn templates_that_recurse_or_nest_too_deep_are_refused() {
+    let server = Server::start();
+    let c = server.client();
+    let good = format!("<p>{}</p>", hbs_snippet("fine"));
+    let deep = "{{#unless x}}".repeat(2_000) + "deep" + &"{{/unless}}".repeat(2_000);
+    let parens = format!(
+        "{{{{len {}a{}}}}}",
+        "(len ".repeat(2_000),
+        ")".repeat(2_000)
+    );
+    let else_ifs = format!(
+        "{{{{#if a}}}}{}x{{{{/if}}}}",
+        "{{else if b}}".repeat(20_000)
+    );
+    let chain: String = (0..300)
+        .map(|i| hbs_snippet(&format!("{i}{{{{> {}}}}}", i + 1)))
+        .collect();
+    let cases = [
+        ("self", hbs_snippet("a{{> 0}}"), "partial cycle"),
+        (
+            "pair",
+            hbs_snippet("a{{> 1}}") + &hbs_snippet("b{{> 0}}"),
+            "partial cycle",
+        ),
+        (
+            "inline",
+            hbs_snippet("{{#*inline \"me\"}}x{{> me}}{{/inline}}{{> me}}"),
+            "partial cycle",
+        ),
+        ("deep", hbs_snippet(&deep), "deeper than 64 levels"),
+        (
+            "deep100",
+            hbs_snippet(&("{{#each a}}".repeat(100) + &"{{/each}}".repeat(100))),
+            "snippet 1 is nested deeper than 64 levels",
+        ),
+        ("chain", chain, "deeper than 64 levels"),
+        (
+            "dynamic",
+            hbs_snippet("{{> (lookup this \"p\")}}"),
+            "named by an expression",
+        ),
+        // Nested while compiling, before any render.
+        ("parens", hbs_snippet(&parens), "at most 256"),
+        ("elseif", hbs_snippet(&else_ifs), "block tags"),
+    ];
+    for (name, template, says) in cases {
+        assert_eq!(
+            put_text(&c, &format!("/api/v1/pages/{name}"), &good).await,
+            201
+        );
+        let (status, reply) = put_template(&c, name, &template).await;
+        assert_eq!(status, 400, "{name}: {reply}");
+        assert!(
+            reply["description"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{name}: {reply}"
+        );
+        assert_eq!(
+            get_page(&c, &format!("/api/v1/pages/{name}")).await,
+            (200, good.clone()),
+            "{name}: the stored template is unchanged"
+        );
+        assert_eq!(
+            get_page(&c, &format!("/pages/{name}")).await,
+            (200, "<p>fine</p>".to_string()),
+            "{name}"
+        );
+        c.expect(200, "GET", "/health", None).await;
+    }
+}
+
+/// Template files that would recurse or nest too deep are not pages that
+/// crash weft: viewing one is a 500 naming the problem, the other pages
+/// of the directory render, and weft keeps answering.
+#[tokio::test]
+async fn template_files_that_recurse_fail_only_their_own_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = "{{#unless x}}".repeat(5_000) + "deep" + &"{{/unless}}".repeat(5_000);
+    for (file, body) in [
+        (
+            "loop.html",
+            hbs_snippet("a{{> 1}}") + &hbs_snippet("b{{> 0}}"),
+        ),
+        ("deep.html", hbs_snippet(&deep)),
+        ("fine.html", format!("<p>{}</p>", hbs_snippet("fine"))),
+    ] {
+        std::fs::write(dir.path().join(file), body).unwrap();
+    }
+    let config = dir.path().join("weft.toml");
+    std::fs::write(
+        &config,
+        format!("[pages]\ndirectory = {:?}\n", dir.path().to_str().unwrap()),
+    )
+    .unwrap();
+    let server = Server::start_with_env(&[("WEFT_CONFIG", config.to_str().unwrap())]);
+    let c = server.client();
+    for (page, says) in [
+        ("loop.html", "partial cycle"),
+        ("deep.html", "deeper than 64 levels"),
+    ] {
+        let (status, body) = get_page(&c, &format!("/pages/{page}")).await;
+        assert_eq!(status, 500, "{page}: {body}");
+        assert!(body.contains(says), "{page}: {body}");
+        c.expect(200, "GET", "/health", None).await;
+    }
+    assert_eq!(
+        get_page(&c, "/pages/fine.html").await,
+        (200, "<p>fine</p>".to_string())
+    );
+}
+
+/// A mock service recording the path and raw query of every request it
+/// gets; answers `{"path": …}`.
+async fn recording_mock() -> (String, Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let record = record.clone();
+        async move {
+            let path = uri.path().to_string();
+            record
+                .lock()
+                .unwrap()
+                .push((path.clone(), uri.query().unwrap_or_default().to_string()));
+            axum::Json(json!({"path": path}))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// Values a page viewer sends reach a service's URL percent-encoded, as
+/// data: they never add path segments, climb out of the path, add query
+/// parameters or end the query; a value that would still change the path
+/// (a whole segment `..`) fails that call (its snippet falls back) and
+/// weft makes no request for it.
+#[tokio::test]
+async fn viewer_values_cannot_change_a_service_url() {
+    let server = Server::start();
+    let c = server.client();
+    let (mock_url, seen) = recording_mock().await;
+    let svc = json!({"http": {"url": format!("{mock_url}/items/{{param.id}}.json?lang={{param.lang}}&fixed=1")}});
+    c.expect(201, "PUT", "/api/v1/page-services/items", Some(&svc))
+        .await;
+    let template = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"items\" \
+                    data-knotx-fallback=\"BLANK\" type=\"text/knotx-snippet\">{{_result.path}}</script>";
+    assert_eq!(put_text(&c, "/api/v1/pages/items", template).await, 201);
+
+    let cases = [
+        // (id, lang) as the viewer sends them (already URL-encoded), and
+        // the path and query the service must see.
+        ("7", "en", "/items/7.json", "lang=en&fixed=1"),
+        (
+            "..%2F..%2Fadmin%3Fall%3D1%23",
+            "en%26admin%3Dtrue",
+            "/items/..%2F..%2Fadmin%3Fall%3D1%23.json",
+            "lang=en%26admin%3Dtrue&fixed=1",
+        ),
+        (
+            "a%20b%2Bc%25d",
+            "x%23y%3Bz",
+            "/items/a%20b%2Bc%25d.json",
+            "lang=x%23y%3Bz&fixed=1",
+        ),
+        (
+            "%C5%BC%C3%B3%C5%82w",
+            "pl",
+            "/items/%C5%BC%C3%B3%C5%82w.json",
+            "lang=pl&fixed=1",
+        ),
+    ];
+    for (id, lang, path, query) in cases {
+        seen.lock().unwrap().clear();
+        let (status, html) = get_page(&c, &format!("/pages/items?id={id}&lang={lang}")).await;
+        assert_eq!((status, html.as_str()), (200, path), "id={id} lang={lang}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(path.to_string(), query.to_string())],
+            "id={id} lang={lang}"
+        );
+    }
+
+    // A whole segment `..` would be resolved by any URL parser: refused.
+    let svc = json!({"http": {"url": format!("{mock_url}/items/{{param.id}}/detail")}});
+    c.expect(200, "PUT", "/api/v1/page-services/items", Some(&svc))
+        .await;
+    for id in ["..", ".", "%2E%2E"] {
+        seen.lock().unwrap().clear();
+        let (status, html) = get_page(&c, &format!("/pages/items?id={id}")).await;
+        assert_eq!((status, html.as_str()), (200, ""), "id={id}: the fallback");
+        let got = seen.lock().unwrap().clone();
+        assert!(got.is_empty(), "id={id}: {got:?}");
+    }
+    seen.lock().unwrap().clear();
+    assert_eq!(
+        get_page(&c, "/pages/items?id=...").await,
+        (200, "/items/.../detail".to_string())
+    );
+    c.expect(200, "GET", "/health", None).await;
+}
+
+/// Hostile page inputs — a template that is not UTF-8, tags left open,
+/// `data-knotx-params` nested 10,000 deep or not an object, a snippet
+/// that does not compile, a service with two sources, an unknown field or
+/// a query that does not parse — each get a 400, change nothing (the
+/// page and service stored before are still served as they were), and
+/// weft keeps answering.
+#[tokio::test]
+async fn hostile_page_inputs_are_refused_and_change_nothing() {
+    let server = Server::start();
+    let c = server.client();
+    let good = format!("<p>{}</p>", hbs_snippet("fine"));
+    assert_eq!(put_text(&c, "/api/v1/pages/p", &good).await, 201);
+    let svc = json!({"alarms": {"state": "active"}});
+    c.expect(201, "PUT", "/api/v1/page-services/s", Some(&svc))
+        .await;
+    let stored = c.expect(200, "GET", "/api/v1/page-services/s", None).await;
+
+    let deep_params = "[".repeat(10_000) + &"]".repeat(10_000);
+    let templates: Vec<Vec<u8>> = vec![
+        b"<p>\xff\xfe</p>".to_vec(),
+        b"<script data-knotx-knots=\"handlebars\">{{x}}".to_vec(),
+        b"<script data-knotx-knots=\"handlebars\" data-knotx-params='1".to_vec(),
+        b"<knotx:fallback data-knotx-fallback-id=\"f\">never closed".to_vec(),
+        format!(
+            "<script data-knotx-knots=\"handlebars\" data-knotx-params='{deep_params}'>x</script>"
+        )
+        .into_bytes(),
+        b"<script data-knotx-knots=\"handlebars\" data-knotx-params='[1]'>x</script>".to_vec(),
+        hbs_snippet("{{#each a}}never closed").into_bytes(),
+        hbs_snippet("{{#if a}}x{{/each}}").into_bytes(),
+    ];
+    for body in templates {
+        let resp = c
+            .http
+            .put(format!("{}/api/v1/pages/p", c.url))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let reply: Value = resp.json().await.unwrap_or(Value::Null);
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        assert_eq!(status, 400, "{shown}: {reply}");
+        assert_eq!(reply["error"], "BadRequest", "{shown}: {reply}");
+        assert_eq!(
+            get_page(&c, "/api/v1/pages/p").await,
+            (200, good.clone()),
+            "{shown}"
+        );
+        assert_eq!(
+            get_page(&c, "/pages/p").await,
+            (200, "<p>fine</p>".to_string())
+        );
+    }
+
+    for bad in [
+        json!({"alarms": {}, "data": {}}),
+        json!({"alarms": {"state": "active", "nope": 1}}),
+        json!({"entities": {"q": "a==(("}}),
+        json!({"http": {"url": "http://127.0.0.1:9/x", "timeout": "forever"}}),
+        json!([1, 2]),
+    ] {
+        let (status, reply) = c
+            .send("PUT", "/api/v1/page-services/s", Some(&bad), Some(KEY))
+            .await;
+        assert_eq!(status, 400, "{bad}: {reply}");
+        assert_eq!(
+            c.expect(200, "GET", "/api/v1/page-services/s", None).await,
+            stored,
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        c.expect(200, "GET", "/api/v1/pages", None).await,
+        json!(["p"])
+    );
+    c.expect(200, "GET", "/health", None).await;
+}

@@ -40,6 +40,11 @@ impl From<PageError> for ApiError {
             PageError::Busy => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "Busy", e.to_string())
             }
+            PageError::Broken { .. } => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "BrokenPage",
+                e.to_string(),
+            ),
             PageError::Store(s) => s.into(),
         }
     }

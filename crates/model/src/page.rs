@@ -305,3 +305,93 @@ mod tests {
         assert!(Template::parse("<script data-knotx-knots=\"a\">".into()).is_err());
     }
 }
+
+/// Property tests of the splitter: whatever a client stores as a
+/// template, splitting answers a template or an error and never panics;
+/// what it answers covers the source in order with ranges on character
+/// boundaries. `PROPTEST_CASES=100000 cargo test -p weft-model proptest`
+/// runs longer.
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Pieces of Knot.x markup, broken and whole, so generated templates
+    /// reach every branch of the splitter.
+    fn markup() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("<script".to_string()),
+            Just("<SCRIPT".to_string()),
+            Just(" data-knotx-knots=\"services,handlebars\"".to_string()),
+            Just(" data-knotx-knots='handlebars'".to_string()),
+            Just(" data-knotx-service=\"s\"".to_string()),
+            Just(" data-knotx-service-ns=s".to_string()),
+            Just(" data-knotx-params='{\"a\":\"1\"}'".to_string()),
+            Just(" data-knotx-params='[1]'".to_string()),
+            Just(" data-knotx-fallback=\"fb\"".to_string()),
+            Just(" type=\"text/knotx-snippet\"".to_string()),
+            Just(">".to_string()),
+            Just("</script>".to_string()),
+            Just("<knotx:fallback".to_string()),
+            Just(" data-knotx-fallback-id=\"fb\"".to_string()),
+            Just("</knotx:fallback>".to_string()),
+            Just("\"".to_string()),
+            Just("'".to_string()),
+            Just("=".to_string()),
+            Just("{{a}}".to_string()),
+            Just("<p>".to_string()),
+            "\\PC{0,6}",
+        ];
+        prop::collection::vec(piece, 0..32).prop_map(|p| p.concat())
+    }
+
+    /// Splitting `source` never panics; a split covers the source.
+    fn check(source: String) -> Result<(), TestCaseError> {
+        let Ok(t) = Template::parse(source.clone()) else {
+            return Ok(());
+        };
+        prop_assert_eq!(&t.source, &source);
+        let mut at = 0;
+        for f in &t.fragments {
+            let range = match f {
+                Fragment::Static(r) => r.clone(),
+                Fragment::Snippet(i) => t.snippets[*i].raw.clone(),
+            };
+            prop_assert!(range.start >= at && range.end <= source.len());
+            prop_assert!(source.is_char_boundary(range.start));
+            prop_assert!(source.is_char_boundary(range.end));
+            at = range.end;
+        }
+        for s in &t.snippets {
+            prop_assert!(source[s.raw.clone()].contains(&s.body));
+        }
+        Ok(())
+    }
+
+    /// `cases` cases per property, unless `PROPTEST_CASES` asks for another
+    /// number (a longer run: `PROPTEST_CASES=100000`).
+    fn config(cases: u32) -> ProptestConfig {
+        let mut config = ProptestConfig::default();
+        if std::env::var_os("PROPTEST_CASES").is_none() {
+            config.cases = cases;
+        }
+        config
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        /// Any text splits or fails cleanly.
+        #[test]
+        fn arbitrary_text_never_panics(source in "\\PC{0,256}") {
+            check(source)?;
+        }
+
+        /// Markup-shaped text splits or fails cleanly.
+        #[test]
+        fn markup_never_panics(source in markup()) {
+            check(source)?;
+        }
+    }
+}

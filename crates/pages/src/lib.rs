@@ -18,6 +18,9 @@
 //! binary builds them last.
 #![deny(missing_docs)]
 
+mod limits;
+#[cfg(test)]
+mod proptests;
 pub mod service;
 
 use std::collections::HashMap;
@@ -29,6 +32,7 @@ use tokio::sync::Semaphore;
 use weft_model::page::{Fragment, Template, TemplateError};
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
+pub use limits::MAX_TEMPLATE_DEPTH;
 pub use service::{PageService, RequestInfo};
 
 /// Tuning of pages.
@@ -78,6 +82,18 @@ pub enum PageError {
     /// Too many renders at once (503).
     #[error("too many pages are being rendered; retry later")]
     Busy,
+    /// A page loaded at start (from the store or the pages directory)
+    /// that cannot be rendered safely — it does not split, a snippet does
+    /// not compile, its partials form a cycle, it nests too deep — is
+    /// kept so its source can be read and replaced, and every view of it
+    /// fails with this (500) instead of rendering.
+    #[error("page '{name}' cannot be rendered: {problem}")]
+    Broken {
+        /// The page.
+        name: String,
+        /// What is wrong with its template.
+        problem: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -111,12 +127,44 @@ struct Compiled {
     names: Vec<String>,
 }
 
+/// A page as kept: compiled and checked, or — when it was loaded at start
+/// and fails to compile or to pass the checks — its source and what is
+/// wrong, so that viewing it fails that request alone.
+enum Page {
+    Ready(Box<Compiled>),
+    Broken { source: String, problem: String },
+}
+
+impl Page {
+    /// The page from a template loaded at start (`what` says from where,
+    /// for the log).
+    fn load(name: &str, source: String, what: &str) -> Page {
+        match compile(source.clone()) {
+            Ok(c) => Page::Ready(Box::new(c)),
+            Err(e) => {
+                tracing::warn!(page = %name, error = %e, "{what} cannot be rendered; viewing it fails");
+                Page::Broken {
+                    source,
+                    problem: e.to_string(),
+                }
+            }
+        }
+    }
+
+    fn source(&self) -> &str {
+        match self {
+            Page::Ready(c) => &c.template.source,
+            Page::Broken { source, .. } => source,
+        }
+    }
+}
+
 /// The pages and their services.
 pub struct Pages {
     store: Arc<dyn Store>,
     sources: service::Sources,
     config: PagesConfig,
-    pages: parking_lot::RwLock<HashMap<String, Arc<Compiled>>>,
+    pages: parking_lot::RwLock<HashMap<String, Arc<Page>>>,
     services: parking_lot::RwLock<HashMap<String, Arc<PageService>>>,
     renders: Arc<Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
@@ -198,6 +246,9 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
+/// Splits a template, compiles its snippets into a registry of its own and
+/// checks how deep they can make a render go ([`limits`]); what is wrong
+/// is a [`PageError::Invalid`] naming it.
 fn compile(source: String) -> Result<Compiled, PageError> {
     let template = Template::parse(source).map_err(|TemplateError(e)| PageError::Invalid(e))?;
     let mut handlebars = knotx_handlebars();
@@ -210,6 +261,8 @@ fn compile(source: String) -> Result<Compiled, PageError> {
         }
         let name = i.to_string();
         if s.knots.iter().any(|k| k == "handlebars") {
+            limits::prescan(&s.body)
+                .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;
             handlebars
                 .register_template_string(&name, &s.body)
                 .map_err(|e| PageError::Invalid(format!("snippet {}: {e}", i + 1)))?;
@@ -217,6 +270,8 @@ fn compile(source: String) -> Result<Compiled, PageError> {
         by_body.insert(&s.body, name.clone());
         names.push(name);
     }
+    let registered: Vec<&str> = by_body.values().map(String::as_str).collect();
+    limits::check(&handlebars, &registered).map_err(PageError::Invalid)?;
     Ok(Compiled {
         template,
         handlebars,
@@ -234,24 +289,14 @@ impl Pages {
         let mut pages = HashMap::new();
         if let Some(dir) = &config.directory {
             for (name, source) in html_files(dir) {
-                match compile(source) {
-                    Ok(c) => {
-                        pages.insert(name, Arc::new(c));
-                    }
-                    Err(e) => {
-                        tracing::warn!(page = %name, error = %e, "a page file is invalid; skipped")
-                    }
-                }
+                let page = Page::load(&name, source, "a page file");
+                pages.insert(name, Arc::new(page));
             }
         }
         for doc in store.load_documents(DocumentKind::Page).await? {
             let source: String = serde_json::from_str(&doc.json).unwrap_or_default();
-            match compile(source) {
-                Ok(c) => {
-                    pages.insert(doc.id, Arc::new(c));
-                }
-                Err(e) => tracing::warn!(page = %doc.id, error = %e, "a stored page is invalid"),
-            }
+            let page = Page::load(&doc.id, source, "a stored page");
+            pages.insert(doc.id, Arc::new(page));
         }
         let mut services = HashMap::new();
         for (name, svc) in &config.services {
@@ -310,16 +355,13 @@ impl Pages {
         Ok(self
             .pages
             .write()
-            .insert(name.to_string(), Arc::new(compiled))
+            .insert(name.to_string(), Arc::new(Page::Ready(Box::new(compiled))))
             .is_none())
     }
 
     /// A template's source.
     pub fn page(&self, name: &str) -> Option<String> {
-        self.pages
-            .read()
-            .get(name)
-            .map(|c| c.template.source.clone())
+        self.pages.read().get(name).map(|p| p.source().to_string())
     }
 
     /// Every page name.
@@ -486,6 +528,15 @@ impl Pages {
             .get(name)
             .cloned()
             .ok_or_else(|| PageError::NotFound(name.to_string()))?;
+        let page = match &*page {
+            Page::Ready(c) => c,
+            Page::Broken { problem, .. } => {
+                return Err(PageError::Broken {
+                    name: name.to_string(),
+                    problem: problem.clone(),
+                })
+            }
+        };
         // Up to `max_waiting_renders` requests wait for a render slot (they
         // hold no page memory yet); beyond that the answer is 503 at once.
         let _permit = match self.renders.clone().try_acquire_owned() {

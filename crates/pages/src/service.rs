@@ -10,8 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use url::{Position, Url};
 use weft_model::ngsi::{format_datetime, render, Format};
 use weft_model::query::Query;
 use weft_store::{AlarmQuery, DataQuery, HistoryQuery, Store};
@@ -224,8 +226,36 @@ impl PageService {
     }
 }
 
-/// Replaces `{param.x}` and `{header.x}` placeholders (missing: empty).
+/// Replaces `{param.x}` and `{header.x}` placeholders (missing: empty)
+/// in the fields of weft's own sources, which are values, not URLs.
 fn fill(template: &str, params: &Map<String, Value>, request: &RequestInfo) -> String {
+    substitute(template, |name| lookup(name, params, request))
+}
+
+/// The value of placeholder `name` (`param.x`, `header.x`; empty when
+/// missing), or `None` when `name` is not a placeholder (it stays as
+/// written, braces included).
+fn lookup(name: &str, params: &Map<String, Value>, request: &RequestInfo) -> Option<String> {
+    if let Some(p) = name.strip_prefix("param.") {
+        Some(match params.get(p) {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        })
+    } else {
+        name.strip_prefix("header.").map(|h| {
+            request
+                .headers
+                .get(&h.to_ascii_lowercase())
+                .cloned()
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// Replaces each `{name}` in `template` by what `value` gives for it,
+/// leaving those it gives nothing for as they are.
+fn substitute(template: &str, mut value: impl FnMut(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find('{') {
@@ -236,25 +266,109 @@ fn fill(template: &str, params: &Map<String, Value>, request: &RequestInfo) -> S
             return out;
         };
         let name = &after[..end];
-        if let Some(p) = name.strip_prefix("param.") {
-            match params.get(p) {
-                Some(Value::String(s)) => out.push_str(s),
-                Some(v) => out.push_str(&v.to_string()),
-                None => {}
+        match value(name) {
+            Some(v) => out.push_str(&v),
+            None => {
+                out.push('{');
+                out.push_str(name);
+                out.push('}');
             }
-        } else if let Some(h) = name.strip_prefix("header.") {
-            if let Some(v) = request.headers.get(&h.to_ascii_lowercase()) {
-                out.push_str(v);
-            }
-        } else {
-            out.push('{');
-            out.push_str(name);
-            out.push('}');
         }
         rest = &after[end + 1..];
     }
     out.push_str(rest);
     out
+}
+
+/// What a value put into a service URL is encoded with, in whichever part
+/// of the URL it lands (host, path, query, fragment): everything but RFC
+/// 3986's unreserved characters (letters, digits, `-._~`). A value is
+/// then data in its part and never a delimiter of it: no `/` to add path
+/// segments, no `?`, `&`, `=` or `#` to add query parameters or end the
+/// query, no `%` to smuggle in an encoded one, no `@` or `:` to change
+/// the host. Servers decode it back to the value.
+const URL_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A placeholder's stand-in while a URL template is parsed: lower-case
+/// letters and digits, which the URL parser keeps as they are wherever
+/// they stand (hosts are lower-cased).
+fn stand_in(i: usize) -> String {
+    format!("weftvalue{i}x")
+}
+
+/// A service's URL for one call: its `{param.x}` / `{header.x}`
+/// placeholders replaced by the call's values, each percent-encoded
+/// ([`URL_VALUE`]), so a page viewer chooses values, never the URL's
+/// shape. The template is parsed as a URL with a stand-in for each
+/// placeholder, so the `url` crate decides which part each lands in; a
+/// value that would still change the path (a whole segment `.` or `..`,
+/// which every URL parser resolves), or a URL that does not parse, fails
+/// the call instead.
+fn fill_url(
+    template: &str,
+    params: &Map<String, Value>,
+    request: &RequestInfo,
+) -> Result<String, String> {
+    let mut values = Vec::new();
+    let marked = substitute(template, |name| {
+        let value = lookup(name, params, request)?;
+        values.push(value);
+        Some(stand_in(values.len() - 1))
+    });
+    let parsed =
+        Url::parse(&marked).map_err(|e| format!("the service URL {template} is not a URL: {e}"))?;
+    let shape = parsed.as_str();
+    let path_starts = parsed[..Position::BeforePath].len();
+    // Where each stand-in ended up, in order.
+    let mut places = Vec::with_capacity(values.len());
+    for i in 0..values.len() {
+        let mark = stand_in(i);
+        let mut found = shape.match_indices(&mark);
+        match (found.next(), found.next()) {
+            (Some((at, _)), None) => places.push((at, i)),
+            _ => {
+                return Err(format!(
+                    "the service URL {template} cannot take its parameters"
+                ))
+            }
+        }
+    }
+    places.sort_unstable();
+    let mut out = String::with_capacity(shape.len() + 32);
+    let mut out_path_starts = None;
+    let mut from = 0;
+    for (at, i) in places {
+        if at >= path_starts && out_path_starts.is_none() {
+            out.push_str(&shape[from..path_starts]);
+            out_path_starts = Some(out.len());
+            from = path_starts;
+        }
+        out.push_str(&shape[from..at]);
+        out.extend(utf8_percent_encode(&values[i], URL_VALUE));
+        from = at + stand_in(i).len();
+    }
+    let out_path_starts = match out_path_starts {
+        Some(at) => at,
+        None => {
+            out.push_str(&shape[from..path_starts]);
+            from = path_starts;
+            out.len()
+        }
+    };
+    out.push_str(&shape[from..]);
+    // What will be sent must be what was built: a parser resolving a `.`
+    // or `..` segment made of values would change it.
+    let sent = Url::parse(&out).map_err(|e| format!("{out} is not a URL: {e}"))?;
+    if sent[Position::BeforePath..] != out[out_path_starts..] {
+        return Err(format!(
+            "a parameter would change the path of the service URL {template}"
+        ));
+    }
+    Ok(out)
 }
 
 /// What services call.
@@ -284,7 +398,7 @@ impl Sources {
         request: &RequestInfo,
     ) -> Result<Value, String> {
         if let Some(h) = &svc.http {
-            let url = fill(&h.url, params, request);
+            let url = fill_url(&h.url, params, request)?;
             let mut req = self.client.get(&url).timeout(h.timeout);
             for name in &h.headers {
                 if let Some(v) = request.headers.get(&name.to_ascii_lowercase()) {
@@ -420,5 +534,47 @@ mod tests {
             ),
             "/x/7?n=3&l=pl&m={other}"
         );
+    }
+
+    /// Values land in a service URL percent-encoded for the part they are
+    /// in: they cannot add segments, leave the path, add parameters or
+    /// end the query; a whole `.`/`..` segment made of values fails.
+    #[test]
+    fn url_values_are_encoded() {
+        let mut params = Map::new();
+        for (k, v) in [
+            ("id", "../admin?x=1#f"),
+            ("lang", "en&admin=true"),
+            ("sp", "a b+c%2F"),
+            ("dots", ".."),
+            ("dot", "."),
+            ("host", "other"),
+        ] {
+            params.insert(k.into(), json!(v));
+        }
+        params.insert("n".into(), json!(3));
+        let req = RequestInfo::default();
+        let url = |t: &str| fill_url(t, &params, &req);
+        assert_eq!(
+            url("http://h:8/x/{param.id}.json?l={param.lang}&n={param.n}&m={param.none}").unwrap(),
+            "http://h:8/x/..%2Fadmin%3Fx%3D1%23f.json?l=en%26admin%3Dtrue&n=3&m="
+        );
+        assert_eq!(
+            url("http://h/{param.sp}?q={param.sp}#{param.sp}").unwrap(),
+            "http://h/a%20b%2Bc%252F?q=a%20b%2Bc%252F#a%20b%2Bc%252F"
+        );
+        assert_eq!(
+            url("http://{param.host}.example/{param.dots}x/{other}").unwrap(),
+            "http://other.example/..x/%7Bother%7D"
+        );
+        assert_eq!(
+            url("http://h/a/{param.dots}?x=1").unwrap_err(),
+            "a parameter would change the path of the service URL http://h/a/{param.dots}?x=1"
+        );
+        assert!(url("http://h/a/{param.dot}/b").is_err());
+        assert!(url("http://h/a/{param.dot}{param.dot}/b").is_err());
+        assert_eq!(url("http://h/a?{param.dots}").unwrap(), "http://h/a?..");
+        assert!(url("{param.host}/x").is_err(), "not a URL");
+        assert!(url("http://{param.id}/x").is_err(), "not a host");
     }
 }

@@ -680,3 +680,134 @@ mod tests {
         assert_eq!(sensae_payload(&json!({"temperature":1})), None);
     }
 }
+
+/// Property tests of reading uplinks: whatever JSON a device or network
+/// server posts, in any of the formats, reading its envelope and payload
+/// answers (with a payload error where it is one) and never panics.
+/// `PROPTEST_CASES=100000 cargo test -p weft-pipeline proptest` runs
+/// longer.
+#[cfg(test)]
+mod proptests {
+    use base64::Engine;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// The field names the formats read, so generated bodies reach them.
+    fn key() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "uuid",
+            "dataId",
+            "id",
+            "device",
+            "name",
+            "dev_eui",
+            "reported_at",
+            "reportedAt",
+            "payload",
+            "bytes",
+            "port",
+            "fPort",
+            "f_port",
+            "uplink_message",
+            "correlation_ids",
+            "received_at",
+            "end_device_ids",
+            "device_id",
+            "application_ids",
+            "application_id",
+            "f_cnt",
+            "frm_payload",
+            "f_port",
+            "decoded_payload",
+            "version_ids",
+            "model_id",
+            "deduplicationId",
+            "deviceInfo",
+            "devEui",
+            "deviceName",
+            "deviceProfileName",
+            "applicationName",
+            "time",
+            "data",
+            "object",
+            "x",
+        ])
+        .prop_map(str::to_string)
+    }
+
+    /// JSON values, with the formats' names as keys and payload-like
+    /// strings, nested deeply too.
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "[0-9a-fA-F ]{0,12}".prop_map(Value::String),
+            "[A-Za-z0-9+/=]{0,12}".prop_map(Value::String),
+            "as:up:\\PC{0,4}".prop_map(Value::String),
+            Just(json!("2026-01-02T03:04:05.123456789Z")),
+            "\\PC{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(24, 256, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((key(), inner), 0..8)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    const FORMATS: [UplinkFormat; 4] = [
+        UplinkFormat::SensaeEncoded,
+        UplinkFormat::SensaeDecoded,
+        UplinkFormat::Ttn,
+        UplinkFormat::ChirpStack,
+    ];
+
+    /// `cases` cases per property, unless `PROPTEST_CASES` asks for another
+    /// number (a longer run: `PROPTEST_CASES=100000`).
+    fn config(cases: u32) -> ProptestConfig {
+        let mut config = ProptestConfig::default();
+        if std::env::var_os("PROPTEST_CASES").is_none() {
+            config.cases = cases;
+        }
+        config
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        /// Any body, in every format, gives an envelope.
+        #[test]
+        fn arbitrary_bodies_never_panic(body in json()) {
+            for format in FORMATS {
+                let _ = read_envelope(format, &body);
+            }
+        }
+
+        /// Any string as a payload decodes or fails cleanly.
+        #[test]
+        fn arbitrary_payload_strings_never_panic(raw in "\\PC{0,64}") {
+            let _ = base64_bytes(&raw);
+            let _ = hex_or_base64(&raw);
+            let _ = rfc3339_millis(&raw);
+        }
+
+        /// Bytes written as base64 (padded or not) or hex read back as
+        /// the same bytes.
+        #[test]
+        fn payload_encodings_round_trip(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let padded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            prop_assert_eq!(base64_bytes(&padded).unwrap(), bytes.clone());
+            prop_assert_eq!(base64_bytes(padded.trim_end_matches('=')).unwrap(), bytes.clone());
+            prop_assert_eq!(hex_or_base64(&hex::encode(&bytes)).unwrap(), bytes.clone());
+            let body = json!({"payload": padded, "port": 7});
+            let read = read_envelope(UplinkFormat::SensaeEncoded, &body);
+            prop_assert_eq!(read.payload.unwrap().unwrap(), (bytes, 7));
+        }
+    }
+}

@@ -29,6 +29,8 @@
 mod date;
 mod parse;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 use std::borrow::Cow;
