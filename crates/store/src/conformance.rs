@@ -19,8 +19,8 @@ use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
     DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
-    HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
+    HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery,
+    HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -71,6 +71,8 @@ macro_rules! conformance_tests {
             history_aggregates_per_method_and_period,
             history_aggregates_by_month_and_year,
             history_delete_by_id_and_type,
+            history_delete_of_a_range_keeps_the_rest_and_its_rollups_right,
+            history_delete_stays_in_its_service_path,
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
             feed_moves_store_what_is_kept_and_consume_the_rest,
@@ -818,6 +820,16 @@ pub(crate) fn hquery() -> HistoryQuery {
     }
 }
 
+/// A delete in tenant `t` of one entity and/or type, over all time.
+pub(crate) fn hdelete(id: Option<&str>, ty: Option<&str>) -> HistoryDelete {
+    HistoryDelete {
+        tenant: "t".into(),
+        entity_id: id.map(str::to_string),
+        entity_type: ty.map(str::to_string),
+        ..HistoryDelete::default()
+    }
+}
+
 /// (entity id, entity type, attribute, time) of each row, in order.
 pub(crate) fn keys(rows: &[HistoryRow]) -> Vec<(String, String, String, i64)> {
     rows.iter()
@@ -1473,10 +1485,10 @@ where
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(store.delete_history("t", None, None).await.unwrap(), 0);
+    assert_eq!(store.delete_history(&hdelete(None, None)).await.unwrap(), 0);
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), Some("Room"))
+            .delete_history(&hdelete(Some("Room:1"), Some("Room")))
             .await
             .unwrap(),
         11
@@ -1487,20 +1499,23 @@ where
     );
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), None)
+            .delete_history(&hdelete(Some("Room:1"), None))
             .await
             .unwrap(),
         1
     );
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), None)
+            .delete_history(&hdelete(Some("Room:1"), None))
             .await
             .unwrap(),
         0
     );
     assert_eq!(
-        store.delete_history("t", None, Some("Room")).await.unwrap(),
+        store
+            .delete_history(&hdelete(None, Some("Room")))
+            .await
+            .unwrap(),
         3
     );
     assert_eq!(listed("t").await, vec!["Car:1/Car"]);
@@ -1532,7 +1547,10 @@ where
         B::append_history(&store, chunk.to_vec()).await.unwrap();
     }
     assert_eq!(
-        store.delete_history("t", None, Some("Big")).await.unwrap(),
+        store
+            .delete_history(&hdelete(None, Some("Big")))
+            .await
+            .unwrap(),
         big as u64
     );
     assert_eq!(listed("t").await, vec!["Car:1/Car"]);
@@ -1545,6 +1563,213 @@ where
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A delete with a range removes the rows at its bounds and between
+/// (inclusive, as QuantumLeap's `fromDate`/`toDate`) and no other, in
+/// chunks; the rollups it covers whole go and those it cuts through count
+/// only what is left, so aggregates agree with the rows afterwards; an
+/// entity keeps its listing while it has history left.
+pub(crate) async fn history_delete_of_a_range_keeps_the_rest_and_its_rollups_right<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let hour = 3_600_000;
+    // Three hours of one row every 90 ms (more rows than one chunk) of
+    // `x` (value: its index mod 7) and one row a minute of `y`, for R;
+    // the same `x` for S, which the delete does not name.
+    let x = |id: &str, i: i64| hrow("t", "/", id, "T", "x", T0 + i * 90, (i % 7) as f64);
+    let mut rows: Vec<HistoryRow> = (0..120_000i64).map(|i| x("R", i)).collect();
+    rows.extend((0..180i64).map(|i| hrow("t", "/", "R", "T", "y", T0 + i * 60_000, 2.0)));
+    rows.extend((0..1_000i64).map(|i| x("S", i)));
+    for chunk in rows.chunks(20_000) {
+        B::append_history(&store, chunk.to_vec()).await.unwrap();
+    }
+    // From 00:30:00.030 (a row's time) to 02:10:00.000 (a row's time),
+    // both inclusive: cuts minute 00:30, hour 00, minute 02:10, hour 02.
+    let (from, to) = (T0 + hour / 2 + 30, T0 + 2 * hour + 10 * 60_000);
+    let in_range = |t: i64| t >= from && t <= to;
+    let gone_x = rows
+        .iter()
+        .filter(|r| r.entity_id == "R" && r.attr == "x" && in_range(r.time))
+        .count();
+    let gone_y = rows
+        .iter()
+        .filter(|r| r.entity_id == "R" && r.attr == "y" && in_range(r.time))
+        .count();
+    assert!(gone_x > crate::HISTORY_DELETE_CHUNK);
+    let deleted = store
+        .delete_history(&HistoryDelete {
+            from: Some(from),
+            to: Some(to),
+            ..hdelete(Some("R"), None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(deleted, (gone_x + gone_y) as u64);
+
+    let kept: Vec<&HistoryRow> = rows
+        .iter()
+        .filter(|r| r.entity_id != "R" || !in_range(r.time))
+        .collect();
+    for (id, attr) in [("R", "x"), ("R", "y"), ("S", "x")] {
+        let q = HistoryQuery {
+            entity_ids: vec![id.into()],
+            attrs: vec![attr.into()],
+            ..hquery()
+        };
+        let want: Vec<&HistoryRow> = kept
+            .iter()
+            .copied()
+            .filter(|r| r.entity_id == id && r.attr == attr)
+            .collect();
+        // The rows: those outside the range, at the edges too.
+        let mut got = Vec::new();
+        for part in want.chunks(10_000) {
+            let (a, b) = (part[0].time, part[part.len() - 1].time);
+            got.extend(
+                store
+                    .query_history(&HistoryQuery {
+                        from: Some(a),
+                        to: Some(b),
+                        ..q.clone()
+                    })
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            times(&got),
+            want.iter().map(|r| r.time).collect::<Vec<_>>(),
+            "{id} {attr}"
+        );
+        // The aggregates, read from the rollups, agree with the rows.
+        for (period, unit) in [(AggrPeriod::Hour, hour), (AggrPeriod::Minute, 60_000)] {
+            for method in [
+                AggrMethod::Count,
+                AggrMethod::Sum,
+                AggrMethod::Min,
+                AggrMethod::Max,
+            ] {
+                let got = store
+                    .aggregate_history(&q, method, Some(period))
+                    .await
+                    .unwrap();
+                let mut buckets: std::collections::BTreeMap<i64, Vec<Option<f64>>> =
+                    Default::default();
+                for r in &want {
+                    buckets
+                        .entry(r.time.div_euclid(unit) * unit)
+                        .or_default()
+                        .push(r.number);
+                }
+                let want: Vec<(i64, Option<f64>)> = buckets
+                    .into_iter()
+                    .map(|(b, v)| (b, expected(method, &v)))
+                    .collect();
+                let got: Vec<(i64, Option<f64>)> =
+                    got.iter().map(|a| (a.bucket, a.value)).collect();
+                assert_eq!(got, want, "{id} {attr} {method:?} per {period:?}");
+            }
+        }
+    }
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap().len(),
+        2
+    );
+
+    // Nothing in range: nothing deleted. A range covering the rest: the
+    // entity goes (rollups too).
+    let none = store
+        .delete_history(&HistoryDelete {
+            from: Some(from),
+            to: Some(to),
+            ..hdelete(Some("R"), None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(none, 0);
+    store
+        .delete_history(&HistoryDelete {
+            from: Some(T0 - hour),
+            to: Some(T0 + 10 * hour),
+            ..hdelete(None, Some("T"))
+        })
+        .await
+        .unwrap();
+    assert!(store
+        .history_entities("t", None, None)
+        .await
+        .unwrap()
+        .is_empty());
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    assert!(store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A delete reaches only the entities under its service path (as a query
+/// does) and its own tenant; an open-ended range deletes from one side.
+pub(crate) async fn history_delete_stays_in_its_service_path<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    let scoped = |path: &str| HistoryDelete {
+        service_path: Some(path.into()),
+        ..hdelete(None, Some("Room"))
+    };
+    // Room:1 (Room) is under /a, Room:2 under /a/b, Room:3 under /ab.
+    assert_eq!(store.delete_history(&scoped("/a/b")).await.unwrap(), 2);
+    assert_eq!(store.delete_history(&scoped("/x")).await.unwrap(), 0);
+    let left = store
+        .history_entities("t", Some("Room"), None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.entity_id)
+        .collect::<Vec<_>>();
+    assert_eq!(left, ["Room:1", "Room:3"]);
+    // Room:1's temperatures are at 1000..=10000 and its name at 1000;
+    // `toDate` only: the rows up to 3000.
+    let n = store
+        .delete_history(&HistoryDelete {
+            to: Some(3_000),
+            ..scoped("/a")
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+    let q = HistoryQuery {
+        entity_ids: vec!["Room:1".into()],
+        entity_type: Some("Room".into()),
+        ..hquery()
+    };
+    let left = store.query_history(&q).await.unwrap();
+    assert_eq!(
+        times(&left),
+        (4..=10).map(|i| i * 1_000).collect::<Vec<_>>()
+    );
+    // Tenant u's Room:1 is untouched.
+    let u = store
+        .query_history(&HistoryQuery {
+            tenant: "u".into(),
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(u.len(), 1);
 }
 
 /// Entity changes queue their history rows durably with the change; the
@@ -1865,7 +2090,10 @@ where
             assert_eq!(got, want, "{method:?} per {period:?}");
         }
     }
-    store.delete_history("t", Some("R"), None).await.unwrap();
+    store
+        .delete_history(&hdelete(Some("R"), None))
+        .await
+        .unwrap();
     B::append_history(&store, vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
         .await
         .unwrap();

@@ -49,8 +49,8 @@ pub use catalog::{record_text, CatalogStore, DeviceFilter};
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
-    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
 pub use units::{
