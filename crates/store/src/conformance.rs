@@ -11,8 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use weft_model::{
-    DataUnit, Device, DeviceInfo, DeviceType, FailedUplink, FailureReason, NewUplink, Processor,
-    UplinkFormat,
+    DataUnit, Device, DeviceEvent, DeviceInfo, DeviceType, FailedUplink, FailureReason, NewUplink,
+    Processor, UplinkFormat,
 };
 
 use crate::prelude::*;
@@ -61,6 +61,7 @@ macro_rules! conformance_tests {
             query_data_filters_and_get_data,
             query_failed_filters_and_overwrites,
             devices_crud_and_filters,
+            device_events_are_kept_once_with_the_latest_state_per_kind,
             device_types_crud,
             prune_keeps_unprocessed_and_never_reuses_seqs,
             entities_are_keyed_replaced_deleted_and_kept_across_reopen,
@@ -153,6 +154,7 @@ pub(crate) fn uplink(i: usize) -> NewUplink {
             _ => Some("thermo".to_string()),
         },
         body: format!(r#"{{"n":{i},"uuid":"u-{i}"}}"#).into_bytes(),
+        event: (i % 4 == 3).then(|| format!("event{i}")),
     }
 }
 
@@ -318,6 +320,7 @@ where
         new_devices: vec![device("d1", "t", "c", json!({}))],
         entities: vec![entity("", "/", "d1", "T", 1, "{\"v\":1}")],
         history: Vec::new(),
+        events: Vec::new(),
     };
     let out = store
         .commit_processed(Arc::new(first.clone()))
@@ -609,6 +612,121 @@ where
     assert!(store.delete_device("a").await.unwrap());
     assert!(!store.delete_device("a").await.unwrap());
     assert_eq!(ids(DeviceFilter::default()).await, ["b", "c"]);
+}
+
+/// A ChirpStack-style device event at log position `seq`.
+pub(crate) fn device_event(seq: u64, device: &str, event: &str, body: Value) -> DeviceEvent {
+    let mut body = body;
+    body["deviceInfo"] = json!({"devEui": device});
+    DeviceEvent::read(
+        UplinkFormat::ChirpStack,
+        event,
+        body,
+        seq,
+        1_000 + seq as i64,
+    )
+    .unwrap()
+}
+
+/// Device events commit with the pipeline's batch: a replay (same log
+/// position) is stored once, each device's state holds the latest event
+/// of each kind (an older one replayed later does not win), only the
+/// last [`crate::DEVICE_EVENTS_KEPT`] events of a device are kept, and
+/// deleting the device deletes its events and state.
+pub(crate) async fn device_events_are_kept_once_with_the_latest_state_per_kind<B: Backend>()
+where
+    B::Store: UnitStore + CatalogStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let batch = |next_seq: u64, events: Vec<DeviceEvent>| {
+        Arc::new(ProcessedBatch {
+            consumer: "pipeline".into(),
+            next_seq,
+            events,
+            ..ProcessedBatch::default()
+        })
+    };
+    let join = device_event(2, "d1", "join", json!({"devAddr": "01020304"}));
+    let status = device_event(
+        3,
+        "d1",
+        "status",
+        json!({"batteryLevel": 80.0, "margin": 5}),
+    );
+    let other = device_event(
+        4,
+        "d2",
+        "log",
+        json!({"level": "ERROR", "code": "UPLINK_CODEC"}),
+    );
+    store
+        .commit_processed(batch(5, vec![join.clone(), status.clone(), other.clone()]))
+        .await
+        .unwrap();
+    // Replayed: stored once.
+    store
+        .commit_processed(batch(5, vec![join.clone(), status.clone()]))
+        .await
+        .unwrap();
+    let events = store.device_events("d1", None, 10).await.unwrap();
+    assert_eq!(events, vec![status.clone(), join.clone()]);
+    assert_eq!(
+        store.device_events("d1", Some("join"), 10).await.unwrap(),
+        vec![join.clone()]
+    );
+    let state = store.device_state("d1").await.unwrap();
+    assert_eq!(state.keys().collect::<Vec<_>>(), ["join", "status"]);
+    assert_eq!(state["join"]["devAddr"], "01020304");
+    assert_eq!(state["status"]["batteryLevel"], 80.0);
+    assert_eq!(state["status"]["receivedAt"], 1_003);
+
+    // A newer status replaces the state; an older one arriving after it
+    // (a replay of an earlier log entry) does not.
+    let newer = device_event(10, "d1", "status", json!({"batteryLevel": 60.0}));
+    let older = device_event(7, "d1", "status", json!({"batteryLevel": 99.0}));
+    store
+        .commit_processed(batch(11, vec![newer]))
+        .await
+        .unwrap();
+    store
+        .commit_processed(batch(11, vec![older]))
+        .await
+        .unwrap();
+    let state = store.device_state("d1").await.unwrap();
+    assert_eq!(state["status"]["batteryLevel"], 60.0);
+    assert_eq!(state["join"]["devAddr"], "01020304");
+
+    // Only the last events of a device are kept; the state stays.
+    let kept = crate::DEVICE_EVENTS_KEPT as u64;
+    let many: Vec<DeviceEvent> = (0..kept + 5)
+        .map(|i| device_event(100 + i, "d1", "txack", json!({"fCntDown": i})))
+        .collect();
+    store.commit_processed(batch(500, many)).await.unwrap();
+    let events = store.device_events("d1", None, 10_000).await.unwrap();
+    assert_eq!(events.len() as u64, kept);
+    assert_eq!(events[0].seq, 100 + kept + 4);
+    assert_eq!(
+        store.device_state("d1").await.unwrap()["join"]["devAddr"],
+        "01020304"
+    );
+
+    // Deleting the device takes its events and state, not another's.
+    store
+        .put_device(&device("d1", "t", "c", json!({})))
+        .await
+        .unwrap();
+    assert!(store.delete_device("d1").await.unwrap());
+    assert!(store
+        .device_events("d1", None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.device_state("d1").await.unwrap().is_empty());
+    assert_eq!(
+        store.device_events("d2", None, 10).await.unwrap(),
+        vec![other]
+    );
 }
 
 /// Device types: create vs replace, get, list by name, delete.
