@@ -48,8 +48,8 @@ pub trait CatalogStore: Send + Sync {
 
     /// The device's state left by network-server events: per kind of
     /// event (`join`, `status`, `location`, `ack`, `txack`, …), the
-    /// summary of the latest ([`DeviceEvent::summary`]). Empty when none
-    /// arrived.
+    /// summary of the latest ([`DeviceEvent::summary`]), for at most
+    /// [`DEVICE_STATE_KINDS`] kinds. Empty when none arrived.
     async fn device_state(&self, device_id: &str) -> Result<Map<String, Value>>;
     /// The device's latest events, newest first, at most `limit`
     /// (optionally only those named `event`). The last
@@ -67,6 +67,12 @@ pub trait CatalogStore: Send + Sync {
 /// chatty device cannot grow the table without bound. The state keeps the
 /// latest of each kind however old.
 pub const DEVICE_EVENTS_KEPT: usize = 200;
+
+/// Most kinds of event a device's state holds: the kinds network servers
+/// send are a dozen; past this many, events of a new kind are still kept
+/// as events but add no state, so a sender inventing names cannot grow a
+/// device's record without bound.
+pub const DEVICE_STATE_KINDS: usize = 32;
 
 /// Helper for backends: a device's records as the `(label, text)` pairs a
 /// [`DeviceFilter`] compares against.

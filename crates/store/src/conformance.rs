@@ -711,6 +711,28 @@ where
         "01020304"
     );
 
+    // Invented kinds past the cap are kept as events, not as state.
+    let invented: Vec<DeviceEvent> = (0..crate::DEVICE_STATE_KINDS as u64 + 8)
+        .map(|i| device_event(1_000 + i, "d3", &format!("kind{i}"), json!({})))
+        .collect();
+    store
+        .commit_processed(batch(2_000, invented))
+        .await
+        .unwrap();
+    let state = store.device_state("d3").await.unwrap();
+    assert_eq!(state.len(), crate::DEVICE_STATE_KINDS);
+    assert!(state.contains_key("kind0") && !state.contains_key("kind39"));
+    // A kind it has is still updated.
+    let again = device_event(3_000, "d3", "kind0", json!({"n": 2}));
+    store
+        .commit_processed(batch(3_001, vec![again]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.device_state("d3").await.unwrap()["kind0"]["receivedAt"],
+        4_000
+    );
+
     // Deleting the device takes its events and state, not another's.
     store
         .put_device(&device("d1", "t", "c", json!({})))

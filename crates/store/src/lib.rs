@@ -45,7 +45,9 @@ pub mod sqlite;
 mod units;
 
 pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, RuleStore};
-pub use catalog::{record_text, CatalogStore, DeviceFilter, DEVICE_EVENTS_KEPT};
+pub use catalog::{
+    record_text, CatalogStore, DeviceFilter, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+};
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{

@@ -11,6 +11,7 @@ use super::writer::param;
 use super::{to_i64, PostgresStore};
 use crate::{
     encode, record_text, CatalogStore, DeviceFilter, Result, StoreError, DEVICE_EVENTS_KEPT,
+    DEVICE_STATE_KINDS,
 };
 
 #[async_trait]
@@ -195,10 +196,18 @@ pub(super) async fn store_events(c: &Conn, events: &[DeviceEvent]) -> Result<()>
         .await
         .map_err(db)?;
         c.execute(
-            "INSERT INTO device_state AS s (device_id, kind, seq, json) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO device_state AS s (device_id, kind, seq, json) SELECT $1, $2, $3, $4 \
+             WHERE (SELECT COUNT(*) FROM device_state WHERE device_id = $1) < $5 \
+                OR EXISTS (SELECT 1 FROM device_state WHERE device_id = $1 AND kind = $2) \
              ON CONFLICT (device_id, kind) DO UPDATE SET seq = excluded.seq, json = excluded.json \
              WHERE excluded.seq >= s.seq",
-            &[&e.device_id, &e.kind(), &seq, &summary],
+            &[
+                &e.device_id,
+                &e.kind(),
+                &seq,
+                &summary,
+                &(DEVICE_STATE_KINDS as i64),
+            ],
         )
         .await
         .map_err(db)?;

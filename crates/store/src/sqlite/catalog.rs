@@ -9,7 +9,9 @@ use weft_model::{Device, DeviceEvent, DeviceType};
 
 use super::reader::corrupt;
 use super::{encode, to_i64, Db, SqliteStore};
-use crate::{record_text, CatalogStore, DeviceFilter, Result, DEVICE_EVENTS_KEPT};
+use crate::{
+    record_text, CatalogStore, DeviceFilter, Result, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+};
 
 #[async_trait]
 impl CatalogStore for SqliteStore {
@@ -79,7 +81,8 @@ impl CatalogStore for SqliteStore {
 }
 
 /// Stores device events (a replayed one, same `seq`, once), makes each
-/// its device's state of its kind unless a later one is there, and keeps
+/// its device's state of its kind unless a later one is there (a new kind
+/// only while the device has fewer than [`DEVICE_STATE_KINDS`]), and keeps
 /// only each device's last [`DEVICE_EVENTS_KEPT`] events. Part of a
 /// processed batch's savepoint.
 pub(super) fn store_events(conn: &Connection, events: &[DeviceEvent]) -> rusqlite::Result<()> {
@@ -91,7 +94,9 @@ pub(super) fn store_events(conn: &Connection, events: &[DeviceEvent]) -> rusqlit
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     let mut state = conn.prepare_cached(
-        "INSERT INTO device_state (device_id, kind, seq, json) VALUES (?1, ?2, ?3, ?4) \
+        "INSERT INTO device_state (device_id, kind, seq, json) SELECT ?1, ?2, ?3, ?4 \
+         WHERE (SELECT COUNT(*) FROM device_state WHERE device_id = ?1) < ?5 \
+            OR EXISTS (SELECT 1 FROM device_state WHERE device_id = ?1 AND kind = ?2) \
          ON CONFLICT (device_id, kind) DO UPDATE SET seq = excluded.seq, json = excluded.json \
          WHERE excluded.seq >= device_state.seq",
     )?;
@@ -103,7 +108,13 @@ pub(super) fn store_events(conn: &Connection, events: &[DeviceEvent]) -> rusqlit
     for e in events {
         let seq = to_i64(e.seq);
         insert.execute((seq, &e.device_id, &e.event, e.received_at, json(e)?))?;
-        state.execute((&e.device_id, e.kind(), seq, json(&e.summary())?))?;
+        state.execute((
+            &e.device_id,
+            e.kind(),
+            seq,
+            json(&e.summary())?,
+            DEVICE_STATE_KINDS as i64,
+        ))?;
         devices.insert(e.device_id.as_str());
     }
     for id in devices {
