@@ -654,3 +654,148 @@ async fn geo_parameters_filter_by_the_location_at_each_time() {
     .await;
     assert_eq!(status, 400, "georel missing");
 }
+
+/// A QuantumLeap delete request, with the tenant's service path.
+async fn delete(c: &Client, path: &str, service_path: Option<&str>) -> (u16, Value) {
+    let mut req = c.http.delete(format!("{}{}", c.url, path));
+    if let Some(p) = service_path {
+        req = req.header("Fiware-ServicePath", p);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// The temperatures of `id` that the history still holds.
+async fn temperatures(c: &Client, id: &str) -> Vec<f64> {
+    let (status, body) = get(
+        c,
+        None,
+        &format!("/ql/v2/entities/{id}/attrs/temperature/value"),
+    )
+    .await;
+    if status == 404 || body == json!([]) {
+        return Vec::new();
+    }
+    assert_eq!(status, 200, "{body}");
+    body["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect()
+}
+
+/// `fromDate` and `toDate` bound a delete as they bound a query, both
+/// inclusive (QuantumLeap's `time_index >= fromDate AND time_index <=
+/// toDate`): the rows outside the range, and other entities, survive; a
+/// delete under another service path, or of a range holding nothing, is a
+/// 404; a malformed date is a 400 naming the parameter and deletes
+/// nothing.
+#[tokio::test]
+async fn a_delete_with_a_range_removes_only_that_range() {
+    let server = Server::start();
+    let c = server.client();
+    for second in 0..6 {
+        let (status, body) = notify(
+            &c,
+            None,
+            vec![
+                room("Room:1", &at(5, second), second as f64, 700),
+                room("Room:2", &at(5, second), 100.0 + second as f64, 700),
+            ],
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let all = vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+    assert_eq!(temperatures(&c, "Room:1").await, all);
+
+    // Malformed dates: 400 naming the parameter, nothing deleted.
+    for (path, param) in [
+        ("/ql/v2/entities/Room:1?fromDate=yesterday", "fromDate"),
+        (
+            &format!(
+                "/ql/v2/entities/Room:1?fromDate={}&toDate=2026-13-45",
+                at(5, 1)
+            ) as &str,
+            "toDate",
+        ),
+        ("/ql/v2/types/Room?toDate=not-a-date", "toDate"),
+    ] {
+        let (status, body) = delete(&c, path, None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let text = body.to_string();
+        assert!(text.contains(param), "{path}: {body}");
+    }
+    assert_eq!(temperatures(&c, "Room:1").await, all);
+    assert_eq!(
+        temperatures(&c, "Room:2").await,
+        vec![100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
+    );
+
+    // Seconds 1 to 3, both bounds included.
+    let (status, body) = delete(
+        &c,
+        &format!(
+            "/ql/v2/entities/Room:1?type=Room&fromDate={}&toDate={}",
+            at(5, 1),
+            at(5, 3)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(temperatures(&c, "Room:1").await, vec![0.0, 4.0, 5.0]);
+    assert_eq!(
+        temperatures(&c, "Room:2").await,
+        vec![100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
+    );
+    // The same range again holds nothing: 404.
+    let (status, _) = delete(
+        &c,
+        &format!(
+            "/ql/v2/entities/Room:1?fromDate={}&toDate={}",
+            at(5, 1),
+            at(5, 3)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    // Another service path holds none of these rooms: 404, nothing gone.
+    let (status, _) = delete(
+        &c,
+        &format!("/ql/v2/types/Room?toDate={}", at(5, 4)),
+        Some("/elsewhere"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(temperatures(&c, "Room:1").await, vec![0.0, 4.0, 5.0]);
+
+    // The type, up to second 4 (inclusive): both rooms lose those rows.
+    let (status, body) = delete(
+        &c,
+        &format!("/ql/v2/types/Room?toDate={}", at(5, 4)),
+        Some("/"),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(temperatures(&c, "Room:1").await, vec![5.0]);
+    assert_eq!(temperatures(&c, "Room:2").await, vec![105.0]);
+    // The aggregate agrees with what is left.
+    let (status, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:2/attrs/temperature/value?aggrMethod=count&aggrPeriod=hour",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["values"], json!([1]));
+
+    // No range: the whole history of the type.
+    let (status, _) = delete(&c, "/ql/v2/types/Room", None).await;
+    assert_eq!(status, 204);
+    assert!(temperatures(&c, "Room:1").await.is_empty());
+}

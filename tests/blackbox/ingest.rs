@@ -406,3 +406,286 @@ async fn indexed_measures_split_into_sub_device_units() {
     assert_eq!(units[1]["device"]["id"], "valve-7");
     assert_eq!(units[1]["measures"], json!({"valve":{"open":true}}));
 }
+
+/// ChirpStack v4's `deviceInfo` of the test device.
+fn chirpstack_device() -> Value {
+    json!({"tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242", "tenantName": "ChirpStack",
+           "applicationId": "17c82e96-be03-4f38-aef3-f83d48582d97", "applicationName": "orchard",
+           "deviceProfileId": "14855bf7-d10d-4aee-b618-ebfcb64dc7ad", "deviceProfileName": "em300th",
+           "deviceName": "north", "devEui": "0102030405060708", "tags": {}})
+}
+
+/// The events ChirpStack v4's HTTP integration posts besides `up`, as its
+/// documentation shows them (`?event=<name>`, the event's JSON body).
+fn chirpstack_events() -> Vec<(&'static str, Value)> {
+    let d = chirpstack_device();
+    vec![
+        (
+            "join",
+            json!({"deduplicationId": "c9dbe358-2578-4fb7-b295-66b44edc45a6",
+            "time": "2026-01-02T03:00:00Z", "deviceInfo": d, "devAddr": "00189440"}),
+        ),
+        (
+            "status",
+            json!({"deduplicationId": "b0d3ba1c-8a2b-4a5c-9b2d-1f0e1d2c3b4a",
+            "time": "2026-01-02T03:01:00Z", "deviceInfo": d, "margin": 6,
+            "externalPowerSource": false, "batteryLevelUnavailable": false, "batteryLevel": 75.5}),
+        ),
+        (
+            "ack",
+            json!({"deduplicationId": "e2b7a8d4-3c1f-4b5e-a6d7-8f9e0a1b2c3d",
+            "time": "2026-01-02T03:02:00Z", "deviceInfo": d,
+            "queueItemId": "5a2b9d3c-1e4f-4a6b-8c7d-9e0f1a2b3c4d", "acknowledged": true, "fCntDown": 4}),
+        ),
+        (
+            "txack",
+            json!({"downlinkId": 3143208394u32, "time": "2026-01-02T03:02:30Z", "deviceInfo": d,
+            "queueItemId": "5a2b9d3c-1e4f-4a6b-8c7d-9e0f1a2b3c4d", "fCntDown": 4,
+            "gatewayId": "0016c001f153a14c",
+            "txInfo": {"frequency": 868100000, "power": 14,
+                       "modulation": {"lora": {"bandwidth": 125000, "spreadingFactor": 7,
+                                               "codeRate": "CR_4_5"}},
+                       "timing": {"delay": {"delay": "1s"}}, "context": "EFwMtA=="}}),
+        ),
+        (
+            "log",
+            json!({"time": "2026-01-02T03:03:00Z", "deviceInfo": d, "level": "ERROR",
+            "code": "UPLINK_CODEC", "description": "Error: no decodeUplink",
+            "context": {"deduplication_id": "c9dbe358-2578-4fb7-b295-66b44edc45a6"}}),
+        ),
+        (
+            "location",
+            json!({"deduplicationId": "0f1e2d3c-4b5a-4968-8776-655443322110",
+            "time": "2026-01-02T03:04:00Z", "deviceInfo": d,
+            "location": {"latitude": 41.1496, "longitude": -8.611, "altitude": 95.0,
+                         "source": "GEO_RESOLVER_TDOA", "accuracy": 20.0}}),
+        ),
+        (
+            "integration",
+            json!({"deduplicationId": "1a2b3c4d-5e6f-4a8b-9c0d-1e2f3a4b5c6d",
+            "time": "2026-01-02T03:05:00Z", "deviceInfo": d, "integrationName": "loracloud",
+            "eventType": "modem_UplinkResponse", "object": {"dnlink": null}}),
+        ),
+        // A name weft does not know: kept under that name.
+        (
+            "frobnicate",
+            json!({"time": "2026-01-02T03:06:00Z", "deviceInfo": d, "anything": 1}),
+        ),
+    ]
+}
+
+/// Every ChirpStack event besides `up` is accepted (202, logged like an
+/// uplink) and kept as the device's event, never as a failed uplink: the
+/// device's record shows its last join, status, location, ack and txack
+/// (and any other kind), its events are listed newest first, and a client
+/// that GETs the device and PUTs it back unchanged succeeds.
+#[tokio::test]
+async fn chirpstack_events_are_kept_as_device_events() {
+    let server = Server::start();
+    let c = server.client();
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/em300th",
+        Some(&json!({"decoder":{"script": EM300TH_JS}})),
+    )
+    .await;
+    let up = json!({"deduplicationId": "up-1", "time": "2026-01-02T02:59:00Z",
+                    "deviceInfo": chirpstack_device(), "fPort": 85, "data": "AXVcA2c0AQRoZQ=="});
+    assert_eq!(
+        c.send(
+            "POST",
+            "/api/v1/uplinks/chirpstack?event=up",
+            Some(&up),
+            Some(KEY)
+        )
+        .await
+        .0,
+        202
+    );
+    c.unit_eventually("up-1").await;
+    let events = chirpstack_events();
+    for (name, body) in &events {
+        let path = format!("/api/v1/uplinks/chirpstack?event={name}");
+        let (status, reply) = c.send("POST", &path, Some(body), Some(KEY)).await;
+        assert_eq!(status, 202, "{name}: {reply}");
+    }
+    // Bad event names and an event on TTN's path are refused; nothing kept.
+    for path in [
+        "/api/v1/uplinks/chirpstack?event=%3Cscript%3E",
+        "/api/v1/uplinks/ttn?event=join",
+    ] {
+        let (status, reply) = c.send("POST", path, Some(&events[0].1), Some(KEY)).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+    }
+
+    let id = "0102030405060708";
+    let device = eventually(Duration::from_secs(10), || async {
+        let d = c
+            .expect(200, "GET", &format!("/api/v1/devices/{id}"), None)
+            .await;
+        (d["state"].as_object().map_or(0, |s| s.len()) == events.len()).then_some(d)
+    })
+    .await;
+    let state = &device["state"];
+    assert_eq!(state["join"]["devAddr"], "00189440");
+    assert_eq!(state["join"]["time"], 1767322800000i64);
+    assert!(state["join"]["receivedAt"].as_i64().unwrap() > 0);
+    assert_eq!(state["status"]["batteryLevel"], 75.5);
+    assert_eq!(state["status"]["margin"], 6);
+    assert_eq!(state["status"]["externalPowerSource"], false);
+    assert_eq!(state["location"]["latitude"], 41.1496);
+    assert_eq!(state["location"]["longitude"], -8.611);
+    assert_eq!(state["ack"]["acknowledged"], true);
+    assert_eq!(state["ack"]["fCntDown"], 4);
+    assert_eq!(state["txack"]["gatewayId"], "0016c001f153a14c");
+    assert_eq!(state["log"]["code"], "UPLINK_CODEC");
+    assert_eq!(state["frobnicate"]["event"], "frobnicate");
+
+    // None of them is a failed uplink or a data unit.
+    let failed = c.expect(200, "GET", "/api/v1/uplinks/failed", None).await;
+    assert_eq!(failed["failures"], json!([]), "{failed}");
+    let units = c.all_units(&format!("device={id}")).await;
+    assert_eq!(units.len(), 1);
+
+    // The events, newest first, with their bodies as received.
+    let listed = c
+        .expect(200, "GET", &format!("/api/v1/devices/{id}/events"), None)
+        .await;
+    let names: Vec<&str> = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let mut sent: Vec<&str> = events.iter().map(|(n, _)| *n).collect();
+    sent.reverse();
+    assert_eq!(names, sent);
+    let joins = c
+        .expect(
+            200,
+            "GET",
+            &format!("/api/v1/devices/{id}/events?event=join"),
+            None,
+        )
+        .await;
+    assert_eq!(joins["events"][0]["body"], events[0].1);
+    assert_eq!(joins["events"][0]["source"], "chirpstack");
+    c.expect(404, "GET", "/api/v1/devices/nobody/events", None)
+        .await;
+
+    // GET then PUT back unchanged: accepted, the state is read-only.
+    c.expect(200, "PUT", &format!("/api/v1/devices/{id}"), Some(&device))
+        .await;
+    let again = c
+        .expect(200, "GET", &format!("/api/v1/devices/{id}"), None)
+        .await;
+    assert_eq!(again, device);
+}
+
+/// The Things Stack v3 posts each message type (to one URL when the
+/// webhook is set up so): the body's message field says which. Every
+/// type but `uplink_message` is kept as the device's event, whatever its
+/// name, never as a failed uplink.
+#[tokio::test]
+async fn ttn_messages_other_than_uplinks_are_kept_as_device_events() {
+    let server = Server::start();
+    let c = server.client();
+    let id = "eui-a84041000181d2a5";
+    c.expect(
+        201,
+        "PUT",
+        &format!("/api/v1/devices/{id}"),
+        Some(&json!({"name": "north", "type": "em300th", "channel": "farm"})),
+    )
+    .await;
+    let ids = json!({"device_id": id, "application_ids": {"application_id": "farm"},
+                     "dev_eui": "A84041000181D2A5", "join_eui": "0000000000000000",
+                     "dev_addr": "260B1234"});
+    let msg = |field: &str, time: &str, inner: Value| {
+        let mut m = json!({"end_device_ids": ids, "correlation_ids": ["as:up:01H0", "rpc:/ttn.lorawan.v3.AppAs/Up:0"],
+                           "received_at": time});
+        m[field] = inner;
+        m
+    };
+    let messages = [
+        msg(
+            "join_accept",
+            "2026-01-02T03:00:00.000Z",
+            json!({"session_key_id": "AYa8ILmaQ0E4bDz8VEOwKA==", "received_at": "2026-01-02T03:00:00.000Z"}),
+        ),
+        msg(
+            "downlink_queued",
+            "2026-01-02T03:01:00.000Z",
+            json!({"f_port": 1, "frm_payload": "AQ==", "confirmed": true, "priority": "NORMAL",
+                   "correlation_ids": ["as:downlink:01H1"]}),
+        ),
+        msg(
+            "downlink_sent",
+            "2026-01-02T03:01:01.000Z",
+            json!({"session_key_id": "AYa8ILmaQ0E4bDz8VEOwKA==", "f_port": 1, "f_cnt": 3,
+                   "frm_payload": "AQ==", "confirmed": true, "priority": "NORMAL"}),
+        ),
+        msg(
+            "downlink_ack",
+            "2026-01-02T03:01:05.000Z",
+            json!({"session_key_id": "AYa8ILmaQ0E4bDz8VEOwKA==", "f_port": 1, "f_cnt": 3,
+                   "frm_payload": "AQ==", "confirmed": true, "priority": "NORMAL"}),
+        ),
+        msg(
+            "downlink_failed",
+            "2026-01-02T03:02:00.000Z",
+            json!({"downlink": {"f_port": 1, "frm_payload": "Ag==", "priority": "NORMAL"},
+                   "error": {"namespace": "pkg/networkserver", "name": "application_downlink_too_long",
+                             "message_format": "application downlink payload too long", "code": 3}}),
+        ),
+        msg(
+            "location_solved",
+            "2026-01-02T03:03:00.000Z",
+            json!({"service": "lora-cloud-geolocation-v3",
+                   "location": {"latitude": 41.15, "longitude": -8.61, "altitude": 90,
+                                "accuracy": 15, "source": "SOURCE_GPS"}}),
+        ),
+        msg(
+            "service_data",
+            "2026-01-02T03:04:00.000Z",
+            json!({"service": "lora-cloud-device-management-v1-uplink", "data": {"result": {}}}),
+        ),
+    ];
+    for m in &messages {
+        let (status, reply) = c
+            .send(
+                "POST",
+                "/api/v1/uplinks/ttn",
+                Some(m),
+                Some(&format!("Bearer {KEY}")),
+            )
+            .await;
+        assert_eq!(status, 202, "{reply}");
+    }
+    let device = eventually(Duration::from_secs(10), || async {
+        let d = c
+            .expect(200, "GET", &format!("/api/v1/devices/{id}"), None)
+            .await;
+        (d["state"].as_object().map_or(0, |s| s.len()) == 7).then_some(d)
+    })
+    .await;
+    let state = &device["state"];
+    assert_eq!(state["join"]["event"], "join_accept");
+    assert_eq!(state["join"]["devAddr"], "260B1234");
+    assert_eq!(state["join"]["time"], 1767322800000i64);
+    assert_eq!(state["ack"]["acknowledged"], true);
+    assert_eq!(state["ack"]["fCntDown"], 3);
+    assert_eq!(state["txack"]["fCntDown"], 3);
+    assert_eq!(state["location"]["latitude"], 41.15);
+    assert_eq!(state["downlink_failed"]["event"], "downlink_failed");
+    assert_eq!(state["downlink_queued"]["event"], "downlink_queued");
+    assert_eq!(state["service_data"]["event"], "service_data");
+    let listed = c
+        .expect(200, "GET", &format!("/api/v1/devices/{id}/events"), None)
+        .await;
+    assert_eq!(listed["events"].as_array().unwrap().len(), messages.len());
+    assert_eq!(listed["events"][0]["source"], "ttn");
+    let failed = c.expect(200, "GET", "/api/v1/uplinks/failed", None).await;
+    assert_eq!(failed["failures"], json!([]), "{failed}");
+}

@@ -32,6 +32,7 @@ pub fn router() -> Router<AppState> {
             "/api/v1/devices/{id}",
             get(get_device).put(put_device).delete(delete_device),
         )
+        .route("/api/v1/devices/{id}/events", get(device_events))
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's message.
@@ -182,18 +183,30 @@ async fn list_devices(
     Ok(Json(state.services.store.list_devices(&filter).await?))
 }
 
-/// `GET /api/v1/devices/{id}`.
+/// `GET /api/v1/devices/{id}`: the device, and under `state` what its
+/// network server last reported of each kind of event (`join`, `status`,
+/// `location`, `ack`, `txack`, …; `{}` when nothing yet), read-only.
 async fn get_device(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> ApiResult<Json<Device>> {
+) -> ApiResult<Json<Value>> {
     let device = state
         .services
         .catalog
         .device(&id)
         .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
-    Ok(Json((*device).clone()))
+    let events = state.services.store.device_state(&id).await?;
+    let mut out = serde_json::to_value(&*device).expect("devices serialise");
+    if let Value::Object(map) = &mut out {
+        map.insert("state".into(), Value::Object(events));
+    }
+    Ok(Json(out))
 }
+
+/// Fields `GET /api/v1/devices/{id}` shows that a `PUT` does not set: a
+/// client that reads a device and writes it back sends them, and they are
+/// ignored rather than refused.
+const READ_ONLY_DEVICE_FIELDS: &[&str] = &["state"];
 
 /// `PUT /api/v1/devices/{id}`: create or replace; the id comes from the path.
 async fn put_device(
@@ -202,7 +215,14 @@ async fn put_device(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     check_id(&id)?;
-    let mut device: Device = parse_body(&body)?;
+    let mut value: Value = parse_body(&body)?;
+    if let Value::Object(map) = &mut value {
+        for field in READ_ONLY_DEVICE_FIELDS {
+            map.remove(*field);
+        }
+    }
+    let mut device: Device = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
     device.id = id;
     for sub in &device.sub_devices {
         check_id(&sub.id)?;
@@ -210,6 +230,39 @@ async fn put_device(
     device.check().map_err(ApiError::bad_request)?;
     let created = state.services.catalog.put_device(device.clone()).await?;
     Ok((created_or_ok(created), Json(device)))
+}
+
+/// Parameters of `GET /api/v1/devices/{id}/events`.
+#[derive(Debug, serde::Deserialize)]
+struct EventParams {
+    /// Only events of this name (`join`, `status`, `join_accept`, …).
+    event: Option<String>,
+    /// Most events returned: default 100, at most what is kept.
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/devices/{id}/events?event=&limit=`: the device's latest
+/// network-server events (`{"events":[…]}`, newest first), each with its
+/// name, source, times and body as received; 404 when the device is
+/// neither registered nor has events.
+async fn device_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(params): Query<EventParams>,
+) -> ApiResult<Json<Value>> {
+    let limit = params
+        .limit
+        .unwrap_or(100)
+        .min(weft_store::DEVICE_EVENTS_KEPT);
+    let events = state
+        .services
+        .store
+        .device_events(&id, params.event.as_deref(), limit)
+        .await?;
+    if events.is_empty() && state.services.catalog.device(&id).is_none() {
+        return Err(ApiError::not_found(format!("device '{id}' does not exist")));
+    }
+    Ok(Json(json!({ "events": events })))
 }
 
 /// `DELETE /api/v1/devices/{id}`.

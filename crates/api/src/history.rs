@@ -22,7 +22,9 @@ use serde_json::{json, Map, Value};
 use weft_model::geo::{GeoQuery, Shape};
 use weft_model::history::format_index;
 use weft_model::ngsi::{parse_datetime, parse_entity, Entity};
-use weft_store::{AggrMethod, AggrPeriod, HistoryAggregate, HistoryQuery, HistoryRow, Store};
+use weft_store::{
+    AggrMethod, AggrPeriod, HistoryAggregate, HistoryDelete, HistoryQuery, HistoryRow, Store,
+};
 
 use crate::error::{ApiError, ApiResult};
 use crate::AppState;
@@ -952,36 +954,61 @@ async fn list_entities(
     Ok(Json(Value::Array(out)).into_response())
 }
 
-/// `DELETE /entities/{id}`: the entity's history (204; 404 when it had
-/// none).
+/// What a QuantumLeap delete removes: the request's tenant and service
+/// path, and the rows from `fromDate` to `toDate` (both inclusive, as
+/// QuantumLeap's `time_index >= fromDate AND time_index <= toDate`; all
+/// time without them). A malformed date is a 400 naming the parameter,
+/// before anything is deleted.
+fn delete_target(
+    scope: Scope,
+    params: &Params,
+    entity_id: Option<String>,
+    entity_type: Option<String>,
+) -> ApiResult<HistoryDelete> {
+    Ok(HistoryDelete {
+        tenant: scope.tenant,
+        service_path: scope.service_path,
+        entity_id,
+        entity_type,
+        from: date("fromDate", &params.from_date)?,
+        to: date("toDate", &params.to_date)?,
+    })
+}
+
+/// `DELETE /entities/{id}` (QuantumLeap's `delete_entity`): the entity's
+/// history (of any type, or of `type`) under the request's service path,
+/// between `fromDate` and `toDate` when given; 204, 404 when nothing
+/// matched.
 async fn delete_entity(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let scope = scope(&headers)?;
-    let n = settled_store(&state)
-        .await
-        .delete_history(&scope.tenant, Some(&id), params.entity_type.as_deref())
-        .await?;
+    let target = delete_target(
+        scope(&headers)?,
+        &params,
+        Some(id),
+        params.entity_type.clone(),
+    )?;
+    let n = settled_store(&state).await.delete_history(&target).await?;
     if n == 0 {
         return Err(no_records());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `DELETE /types/{type}`: every entity of the type (204; 404 when none).
+/// `DELETE /types/{type}` (QuantumLeap's `delete_entities`): the history
+/// of every entity of the type under the request's service path, between
+/// `fromDate` and `toDate` when given; 204, 404 when nothing matched.
 async fn delete_type(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(entity_type): Path<String>,
+    Query(params): Query<Params>,
 ) -> ApiResult<Response> {
-    let scope = scope(&headers)?;
-    let n = settled_store(&state)
-        .await
-        .delete_history(&scope.tenant, None, Some(&entity_type))
-        .await?;
+    let target = delete_target(scope(&headers)?, &params, None, Some(entity_type))?;
+    let n = settled_store(&state).await.delete_history(&target).await?;
     if n == 0 {
         return Err(no_records());
     }

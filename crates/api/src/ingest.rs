@@ -12,6 +12,7 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use serde::Deserialize;
+use weft_model::device_event::is_event_name;
 use weft_model::validate::is_sensae_name;
 use weft_model::{now_ms, NewUplink, UplinkFormat};
 
@@ -67,9 +68,15 @@ struct WebhookParams {
     channel: Option<String>,
     #[serde(rename = "type")]
     device_type: Option<String>,
+    /// ChirpStack's event name (`up`, `join`, `status`, …): every event is
+    /// posted to the one URL, named here.
+    event: Option<String>,
 }
 
-/// The Things Stack (v3) webhook "uplink message".
+/// The Things Stack (v3) webhook: an uplink message, or any other message
+/// type (`join_accept`, `downlink_ack`, `location_solved`, …), told apart
+/// by the pipeline from the body's message field and kept as the device's
+/// event.
 async fn ttn_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
@@ -79,7 +86,10 @@ async fn ttn_uplink(
     webhook(state, UplinkFormat::Ttn, params, headers, body).await
 }
 
-/// ChirpStack v4 HTTP integration, `up` event.
+/// ChirpStack v4 HTTP integration: `?event=up` (or no `event`) is an
+/// uplink; any other event (`join`, `status`, `ack`, `txack`, `log`,
+/// `location`, `integration`, or one weft does not know) is logged the
+/// same way and kept as the device's event (docs/data-units.md).
 async fn chirpstack_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
@@ -102,7 +112,29 @@ async fn webhook(
             return Err(ApiError::bad_request(format!("invalid name '{name}'")));
         }
     }
-    accept(&state, format, params.channel, params.device_type, body).await
+    let event = match params.event {
+        Some(e) if format != UplinkFormat::ChirpStack => {
+            return Err(ApiError::bad_request(format!(
+                "unknown parameter 'event' ({e}): only ChirpStack names its events in the URL"
+            )))
+        }
+        Some(e) if !is_event_name(&e) => {
+            return Err(ApiError::bad_request(
+                "event must be 1-64 characters of [A-Za-z0-9_.-]",
+            ))
+        }
+        Some(e) if e == "up" => None,
+        other => other,
+    };
+    let uplink = NewUplink {
+        received_at: now_ms(),
+        format,
+        channel: params.channel,
+        device_type: params.device_type,
+        event,
+        body: body.to_vec(),
+    };
+    accept_uplink(&state, uplink).await
 }
 
 /// Checks the ingest key. Webhooks may also send it as `Bearer <key>`, the
@@ -133,14 +165,22 @@ async fn accept(
     device_type: Option<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    check_body(&body).map_err(ApiError::bad_request)?;
     let uplink = NewUplink {
         received_at: now_ms(),
         format,
         channel,
         device_type,
+        event: None,
         body: body.to_vec(),
     };
+    accept_uplink(state, uplink).await
+}
+
+/// Checks that the body is a JSON object within the JSON limits, appends
+/// the message to the ingest log and answers 202 once that append has
+/// committed.
+async fn accept_uplink(state: &AppState, uplink: NewUplink) -> ApiResult<StatusCode> {
+    check_body(&uplink.body).map_err(ApiError::bad_request)?;
     state.services.ingest.accept(uplink).await?;
     Ok(StatusCode::ACCEPTED)
 }

@@ -5,6 +5,8 @@
 //! - [`uplink`]: what a device or network server sent, as kept in the ingest log.
 //! - [`unit`]: the data unit, the canonical record the pipeline produces.
 //! - [`device`]: device types (decoder + processor) and devices (records, static data).
+//! - [`device_event`]: network servers' events about devices that are not
+//!   uplinks (joins, status, acks, …) and the state they leave.
 //! - [`mapping`]: the processor's field mappings from an uplink body to a data unit.
 //! - [`query`]: the NGSI Simple Query Language (`q`, `mq`), shared by live
 //!   filters, NGSI queries, subscriptions and rules.
@@ -22,6 +24,7 @@
 pub mod alarm;
 pub mod channel;
 pub mod device;
+pub mod device_event;
 pub mod geo;
 pub mod history;
 pub mod json;
@@ -36,6 +39,7 @@ pub mod validate;
 
 pub use alarm::{Alarm, AlarmChange, AlarmEvent, AlarmState, Severity};
 pub use device::{Decoder, Device, DeviceType, Mapping, Processor, SubDevice};
+pub use device_event::DeviceEvent;
 pub use rule::{Rule, RuleSpec};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
 pub use uplink::{NewUplink, Uplink, UplinkFormat};

@@ -58,6 +58,11 @@ pub struct NewUplink {
     pub channel: Option<String>,
     /// Device type named by the request (sensae path or `?type=`), if any.
     pub device_type: Option<String>,
+    /// The event the network server named in the request when the message
+    /// is not an uplink (ChirpStack's `?event=join`, …); `None` for
+    /// uplinks and for formats whose body says what it is (TTN). See
+    /// [`crate::device_event`].
+    pub event: Option<String>,
     /// The request body, byte for byte.
     pub body: Vec<u8>,
 }

@@ -12,8 +12,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde_json::{Map, Value};
 use weft_engine::{interpret_decode_uplink, Call, CodecError, Engine, ScriptKind};
+use weft_model::device_event;
 use weft_model::mapping::{self, get_path, value_as_id, value_as_millis, PartialUnit};
-use weft_model::{DataUnit, Device, DeviceInfo, FailedUplink, FailureReason, Uplink, UplinkFormat};
+use weft_model::{
+    DataUnit, Device, DeviceEvent, DeviceInfo, FailedUplink, FailureReason, Uplink, UplinkFormat,
+};
 
 use crate::catalog::{Catalog, TypeEntry};
 
@@ -42,13 +45,18 @@ pub const DEFAULT_CHANNEL: &str = "default";
 /// why it produced none.
 pub type Outcome = Result<Produced, FailedUplink>;
 
-/// The data units of one uplink.
+/// The data units of one uplink, or the device event a network server's
+/// message that is not an uplink is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Produced {
     /// One unit per (sub-)device.
     pub units: Vec<DataUnit>,
     /// Warnings the codec returned; shown by the dry-run endpoint.
     pub warnings: Vec<String>,
+    /// The event, when the message was one (ChirpStack's `?event=join`,
+    /// TTN's `join_accept`, …): kept as the device's event, never decoded
+    /// nor failed as an uplink.
+    pub event: Option<DeviceEvent>,
 }
 
 /// Identity and payload read from an uplink body according to its format.
@@ -77,6 +85,13 @@ struct Prepared {
 /// A reason plus a description; becomes a [`FailedUplink`].
 type Failure = (FailureReason, String);
 
+/// What a log entry is once read: an uplink waiting for its codec, or a
+/// device event, which needs nothing more.
+enum Step {
+    Uplink(Prepared),
+    Event(DeviceEvent),
+}
+
 /// Decodes and processes `uplinks`, in order, one outcome per uplink.
 /// Devices seen for the first time are appended to `new_devices`.
 // A failed uplink carries its whole body; outcomes are moved once, not copied.
@@ -88,12 +103,15 @@ pub async fn process(
     new_devices: &mut Vec<Device>,
     register: bool,
 ) -> Vec<Outcome> {
-    let prepared: Vec<Result<Prepared, Failure>> =
+    let prepared: Vec<Result<Step, Failure>> =
         uplinks.iter().map(|u| prepare(u, catalog)).collect();
 
     let calls: Vec<Call> = prepared
         .iter()
-        .filter_map(|p| p.as_ref().ok().and_then(|p| p.call.clone()))
+        .filter_map(|p| match p {
+            Ok(Step::Uplink(p)) => p.call.clone(),
+            _ => None,
+        })
         .collect();
     let mut results = run_calls(engine, calls).await.into_iter();
 
@@ -101,12 +119,19 @@ pub async fn process(
         .iter()
         .zip(prepared)
         .map(|(uplink, p)| {
-            let produced = p.and_then(|p| {
-                let result = p
-                    .call
-                    .as_ref()
-                    .map(|_| results.next().expect("one result per call"));
-                finish(uplink, p, result, catalog, new_devices, register)
+            let produced = p.and_then(|step| match step {
+                Step::Event(event) => Ok(Produced {
+                    units: Vec::new(),
+                    warnings: Vec::new(),
+                    event: Some(event),
+                }),
+                Step::Uplink(p) => {
+                    let result = p
+                        .call
+                        .as_ref()
+                        .map(|_| results.next().expect("one result per call"));
+                    finish(uplink, p, result, catalog, new_devices, register)
+                }
             });
             produced.map_err(|(reason, description)| failed(uplink, reason, description))
         })
@@ -148,7 +173,10 @@ fn failed(uplink: &Uplink, reason: FailureReason, description: String) -> Failed
     }
 }
 
-fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
+/// Reads a log entry: a device event when the network server named one
+/// (kept whatever its name; only one naming no device fails, as
+/// `InvalidUplink`), else an uplink matched to its device type.
+fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Step, Failure> {
     let u = &uplink.uplink;
     let body: Value = serde_json::from_slice(&u.body).map_err(|e| {
         (
@@ -161,6 +189,11 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
             FailureReason::InvalidUplink,
             "body is not a JSON object".into(),
         ));
+    }
+    if let Some(event) = device_event::event_name(u.format, u.event.as_deref(), &body) {
+        return DeviceEvent::read(u.format, &event, body, uplink.seq, u.received_at)
+            .map(Step::Event)
+            .map_err(|e| (FailureReason::InvalidUplink, e));
     }
     let envelope = read_envelope(u.format, &body);
 
@@ -189,12 +222,12 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Prepared, Failure> {
     })?;
 
     let call = codec_call(u.format, &body, &envelope, &device_type, u.received_at)?;
-    Ok(Prepared {
+    Ok(Step::Uplink(Prepared {
         body,
         envelope,
         device_type,
         call,
-    })
+    }))
 }
 
 /// The engine call an uplink needs, if any.
@@ -360,6 +393,7 @@ fn finish(
     Ok(Produced {
         units: split_sub_devices(base, known.as_deref(), catalog),
         warnings,
+        event: None,
     })
 }
 

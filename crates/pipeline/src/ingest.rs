@@ -227,6 +227,7 @@ impl Ingest {
                 channel,
                 device_type: Some(type_name.to_string()),
                 body: serde_json::to_vec(body).unwrap_or_default(),
+                event: None,
             },
         };
         let mut ignored = Vec::new();
@@ -307,6 +308,17 @@ impl Ingest {
         for outcome in outcomes {
             match outcome {
                 Ok(produced) => {
+                    if let Some(event) = produced.event {
+                        // Known kinds only as labels: a sender inventing names must not
+                        // grow the metrics without bound.
+                        let kind = match event.kind() {
+                            k @ ("join" | "status" | "ack" | "txack" | "log" | "location"
+                            | "integration") => k.to_string(),
+                            _ => "other".to_string(),
+                        };
+                        metrics::counter!("weft_device_events_total", "kind" => kind).increment(1);
+                        batch.events.push(event);
+                    }
                     for unit in produced.units {
                         let entity_type = self
                             .catalog

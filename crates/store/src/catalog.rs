@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
-use weft_model::{Device, DeviceType};
+use weft_model::{Device, DeviceEvent, DeviceType};
 
 use crate::Result;
 
@@ -41,9 +41,38 @@ pub trait CatalogStore: Send + Sync {
     async fn put_device(&self, device: &Device) -> Result<bool>;
     /// Devices matching `filter`, ordered by id.
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>>;
-    /// Deletes a device; `true` if it existed.
+    /// Deletes a device, with its events and state; `true` if it existed.
     async fn delete_device(&self, id: &str) -> Result<bool>;
+
+    // --- device events (stored with the pipeline's batches) ----------------
+
+    /// The device's state left by network-server events: per kind of
+    /// event (`join`, `status`, `location`, `ack`, `txack`, …), the
+    /// summary of the latest ([`DeviceEvent::summary`]), for at most
+    /// [`DEVICE_STATE_KINDS`] kinds. Empty when none arrived.
+    async fn device_state(&self, device_id: &str) -> Result<Map<String, Value>>;
+    /// The device's latest events, newest first, at most `limit`
+    /// (optionally only those named `event`). The last
+    /// [`DEVICE_EVENTS_KEPT`] of each device are kept.
+    async fn device_events(
+        &self,
+        device_id: &str,
+        event: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeviceEvent>>;
 }
+
+/// How many events of each device are kept: enough to see what a device
+/// went through lately (a day of status reports, its last joins), while a
+/// chatty device cannot grow the table without bound. The state keeps the
+/// latest of each kind however old.
+pub const DEVICE_EVENTS_KEPT: usize = 200;
+
+/// Most kinds of event a device's state holds: the kinds network servers
+/// send are a dozen; past this many, events of a new kind are still kept
+/// as events but add no state, so a sender inventing names cannot grow a
+/// device's record without bound.
+pub const DEVICE_STATE_KINDS: usize = 32;
 
 /// Helper for backends: a device's records as the `(label, text)` pairs a
 /// [`DeviceFilter`] compares against.

@@ -11,16 +11,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use weft_model::{
-    DataUnit, Device, DeviceInfo, DeviceType, FailedUplink, FailureReason, NewUplink, Processor,
-    UplinkFormat,
+    DataUnit, Device, DeviceEvent, DeviceInfo, DeviceType, FailedUplink, FailureReason, NewUplink,
+    Processor, UplinkFormat,
 };
 
 use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
     DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
-    HistoryAggregate, HistoryCutoffs, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow,
-    NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
+    HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery,
+    HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -61,6 +61,7 @@ macro_rules! conformance_tests {
             query_data_filters_and_get_data,
             query_failed_filters_and_overwrites,
             devices_crud_and_filters,
+            device_events_are_kept_once_with_the_latest_state_per_kind,
             device_types_crud,
             prune_keeps_unprocessed_and_never_reuses_seqs,
             entities_are_keyed_replaced_deleted_and_kept_across_reopen,
@@ -71,6 +72,8 @@ macro_rules! conformance_tests {
             history_aggregates_per_method_and_period,
             history_aggregates_by_month_and_year,
             history_delete_by_id_and_type,
+            history_delete_of_a_range_keeps_the_rest_and_its_rollups_right,
+            history_delete_stays_in_its_service_path,
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
             feed_moves_store_what_is_kept_and_consume_the_rest,
@@ -151,6 +154,7 @@ pub(crate) fn uplink(i: usize) -> NewUplink {
             _ => Some("thermo".to_string()),
         },
         body: format!(r#"{{"n":{i},"uuid":"u-{i}"}}"#).into_bytes(),
+        event: (i % 4 == 3).then(|| format!("event{i}")),
     }
 }
 
@@ -316,6 +320,7 @@ where
         new_devices: vec![device("d1", "t", "c", json!({}))],
         entities: vec![entity("", "/", "d1", "T", 1, "{\"v\":1}")],
         history: Vec::new(),
+        events: Vec::new(),
     };
     let out = store
         .commit_processed(Arc::new(first.clone()))
@@ -609,6 +614,143 @@ where
     assert_eq!(ids(DeviceFilter::default()).await, ["b", "c"]);
 }
 
+/// A ChirpStack-style device event at log position `seq`.
+pub(crate) fn device_event(seq: u64, device: &str, event: &str, body: Value) -> DeviceEvent {
+    let mut body = body;
+    body["deviceInfo"] = json!({"devEui": device});
+    DeviceEvent::read(
+        UplinkFormat::ChirpStack,
+        event,
+        body,
+        seq,
+        1_000 + seq as i64,
+    )
+    .unwrap()
+}
+
+/// Device events commit with the pipeline's batch: a replay (same log
+/// position) is stored once, each device's state holds the latest event
+/// of each kind (an older one replayed later does not win), only the
+/// last [`crate::DEVICE_EVENTS_KEPT`] events of a device are kept, and
+/// deleting the device deletes its events and state.
+pub(crate) async fn device_events_are_kept_once_with_the_latest_state_per_kind<B: Backend>()
+where
+    B::Store: UnitStore + CatalogStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let batch = |next_seq: u64, events: Vec<DeviceEvent>| {
+        Arc::new(ProcessedBatch {
+            consumer: "pipeline".into(),
+            next_seq,
+            events,
+            ..ProcessedBatch::default()
+        })
+    };
+    let join = device_event(2, "d1", "join", json!({"devAddr": "01020304"}));
+    let status = device_event(
+        3,
+        "d1",
+        "status",
+        json!({"batteryLevel": 80.0, "margin": 5}),
+    );
+    let other = device_event(
+        4,
+        "d2",
+        "log",
+        json!({"level": "ERROR", "code": "UPLINK_CODEC"}),
+    );
+    store
+        .commit_processed(batch(5, vec![join.clone(), status.clone(), other.clone()]))
+        .await
+        .unwrap();
+    // Replayed: stored once.
+    store
+        .commit_processed(batch(5, vec![join.clone(), status.clone()]))
+        .await
+        .unwrap();
+    let events = store.device_events("d1", None, 10).await.unwrap();
+    assert_eq!(events, vec![status.clone(), join.clone()]);
+    assert_eq!(
+        store.device_events("d1", Some("join"), 10).await.unwrap(),
+        vec![join.clone()]
+    );
+    let state = store.device_state("d1").await.unwrap();
+    assert_eq!(state.keys().collect::<Vec<_>>(), ["join", "status"]);
+    assert_eq!(state["join"]["devAddr"], "01020304");
+    assert_eq!(state["status"]["batteryLevel"], 80.0);
+    assert_eq!(state["status"]["receivedAt"], 1_003);
+
+    // A newer status replaces the state; an older one arriving after it
+    // (a replay of an earlier log entry) does not.
+    let newer = device_event(10, "d1", "status", json!({"batteryLevel": 60.0}));
+    let older = device_event(7, "d1", "status", json!({"batteryLevel": 99.0}));
+    store
+        .commit_processed(batch(11, vec![newer]))
+        .await
+        .unwrap();
+    store
+        .commit_processed(batch(11, vec![older]))
+        .await
+        .unwrap();
+    let state = store.device_state("d1").await.unwrap();
+    assert_eq!(state["status"]["batteryLevel"], 60.0);
+    assert_eq!(state["join"]["devAddr"], "01020304");
+
+    // Only the last events of a device are kept; the state stays.
+    let kept = crate::DEVICE_EVENTS_KEPT as u64;
+    let many: Vec<DeviceEvent> = (0..kept + 5)
+        .map(|i| device_event(100 + i, "d1", "txack", json!({"fCntDown": i})))
+        .collect();
+    store.commit_processed(batch(500, many)).await.unwrap();
+    let events = store.device_events("d1", None, 10_000).await.unwrap();
+    assert_eq!(events.len() as u64, kept);
+    assert_eq!(events[0].seq, 100 + kept + 4);
+    assert_eq!(
+        store.device_state("d1").await.unwrap()["join"]["devAddr"],
+        "01020304"
+    );
+
+    // Invented kinds past the cap are kept as events, not as state.
+    let invented: Vec<DeviceEvent> = (0..crate::DEVICE_STATE_KINDS as u64 + 8)
+        .map(|i| device_event(1_000 + i, "d3", &format!("kind{i}"), json!({})))
+        .collect();
+    store
+        .commit_processed(batch(2_000, invented))
+        .await
+        .unwrap();
+    let state = store.device_state("d3").await.unwrap();
+    assert_eq!(state.len(), crate::DEVICE_STATE_KINDS);
+    assert!(state.contains_key("kind0") && !state.contains_key("kind39"));
+    // A kind it has is still updated.
+    let again = device_event(3_000, "d3", "kind0", json!({"n": 2}));
+    store
+        .commit_processed(batch(3_001, vec![again]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.device_state("d3").await.unwrap()["kind0"]["receivedAt"],
+        4_000
+    );
+
+    // Deleting the device takes its events and state, not another's.
+    store
+        .put_device(&device("d1", "t", "c", json!({})))
+        .await
+        .unwrap();
+    assert!(store.delete_device("d1").await.unwrap());
+    assert!(store
+        .device_events("d1", None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.device_state("d1").await.unwrap().is_empty());
+    assert_eq!(
+        store.device_events("d2", None, 10).await.unwrap(),
+        vec![other]
+    );
+}
+
 /// Device types: create vs replace, get, list by name, delete.
 pub(crate) async fn device_types_crud<B: Backend>()
 where
@@ -815,6 +957,16 @@ pub(crate) fn hquery() -> HistoryQuery {
         tenant: "t".into(),
         limit: 10_000,
         ..HistoryQuery::default()
+    }
+}
+
+/// A delete in tenant `t` of one entity and/or type, over all time.
+pub(crate) fn hdelete(id: Option<&str>, ty: Option<&str>) -> HistoryDelete {
+    HistoryDelete {
+        tenant: "t".into(),
+        entity_id: id.map(str::to_string),
+        entity_type: ty.map(str::to_string),
+        ..HistoryDelete::default()
     }
 }
 
@@ -1473,10 +1625,10 @@ where
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(store.delete_history("t", None, None).await.unwrap(), 0);
+    assert_eq!(store.delete_history(&hdelete(None, None)).await.unwrap(), 0);
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), Some("Room"))
+            .delete_history(&hdelete(Some("Room:1"), Some("Room")))
             .await
             .unwrap(),
         11
@@ -1487,20 +1639,23 @@ where
     );
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), None)
+            .delete_history(&hdelete(Some("Room:1"), None))
             .await
             .unwrap(),
         1
     );
     assert_eq!(
         store
-            .delete_history("t", Some("Room:1"), None)
+            .delete_history(&hdelete(Some("Room:1"), None))
             .await
             .unwrap(),
         0
     );
     assert_eq!(
-        store.delete_history("t", None, Some("Room")).await.unwrap(),
+        store
+            .delete_history(&hdelete(None, Some("Room")))
+            .await
+            .unwrap(),
         3
     );
     assert_eq!(listed("t").await, vec!["Car:1/Car"]);
@@ -1532,7 +1687,10 @@ where
         B::append_history(&store, chunk.to_vec()).await.unwrap();
     }
     assert_eq!(
-        store.delete_history("t", None, Some("Big")).await.unwrap(),
+        store
+            .delete_history(&hdelete(None, Some("Big")))
+            .await
+            .unwrap(),
         big as u64
     );
     assert_eq!(listed("t").await, vec!["Car:1/Car"]);
@@ -1545,6 +1703,213 @@ where
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A delete with a range removes the rows at its bounds and between
+/// (inclusive, as QuantumLeap's `fromDate`/`toDate`) and no other, in
+/// chunks; the rollups it covers whole go and those it cuts through count
+/// only what is left, so aggregates agree with the rows afterwards; an
+/// entity keeps its listing while it has history left.
+pub(crate) async fn history_delete_of_a_range_keeps_the_rest_and_its_rollups_right<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+    let hour = 3_600_000;
+    // Three hours of one row every 90 ms (more rows than one chunk) of
+    // `x` (value: its index mod 7) and one row a minute of `y`, for R;
+    // the same `x` for S, which the delete does not name.
+    let x = |id: &str, i: i64| hrow("t", "/", id, "T", "x", T0 + i * 90, (i % 7) as f64);
+    let mut rows: Vec<HistoryRow> = (0..120_000i64).map(|i| x("R", i)).collect();
+    rows.extend((0..180i64).map(|i| hrow("t", "/", "R", "T", "y", T0 + i * 60_000, 2.0)));
+    rows.extend((0..1_000i64).map(|i| x("S", i)));
+    for chunk in rows.chunks(20_000) {
+        B::append_history(&store, chunk.to_vec()).await.unwrap();
+    }
+    // From 00:30:00.030 (a row's time) to 02:10:00.000 (a row's time),
+    // both inclusive: cuts minute 00:30, hour 00, minute 02:10, hour 02.
+    let (from, to) = (T0 + hour / 2 + 30, T0 + 2 * hour + 10 * 60_000);
+    let in_range = |t: i64| t >= from && t <= to;
+    let gone_x = rows
+        .iter()
+        .filter(|r| r.entity_id == "R" && r.attr == "x" && in_range(r.time))
+        .count();
+    let gone_y = rows
+        .iter()
+        .filter(|r| r.entity_id == "R" && r.attr == "y" && in_range(r.time))
+        .count();
+    assert!(gone_x > crate::HISTORY_DELETE_CHUNK);
+    let deleted = store
+        .delete_history(&HistoryDelete {
+            from: Some(from),
+            to: Some(to),
+            ..hdelete(Some("R"), None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(deleted, (gone_x + gone_y) as u64);
+
+    let kept: Vec<&HistoryRow> = rows
+        .iter()
+        .filter(|r| r.entity_id != "R" || !in_range(r.time))
+        .collect();
+    for (id, attr) in [("R", "x"), ("R", "y"), ("S", "x")] {
+        let q = HistoryQuery {
+            entity_ids: vec![id.into()],
+            attrs: vec![attr.into()],
+            ..hquery()
+        };
+        let want: Vec<&HistoryRow> = kept
+            .iter()
+            .copied()
+            .filter(|r| r.entity_id == id && r.attr == attr)
+            .collect();
+        // The rows: those outside the range, at the edges too.
+        let mut got = Vec::new();
+        for part in want.chunks(10_000) {
+            let (a, b) = (part[0].time, part[part.len() - 1].time);
+            got.extend(
+                store
+                    .query_history(&HistoryQuery {
+                        from: Some(a),
+                        to: Some(b),
+                        ..q.clone()
+                    })
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            times(&got),
+            want.iter().map(|r| r.time).collect::<Vec<_>>(),
+            "{id} {attr}"
+        );
+        // The aggregates, read from the rollups, agree with the rows.
+        for (period, unit) in [(AggrPeriod::Hour, hour), (AggrPeriod::Minute, 60_000)] {
+            for method in [
+                AggrMethod::Count,
+                AggrMethod::Sum,
+                AggrMethod::Min,
+                AggrMethod::Max,
+            ] {
+                let got = store
+                    .aggregate_history(&q, method, Some(period))
+                    .await
+                    .unwrap();
+                let mut buckets: std::collections::BTreeMap<i64, Vec<Option<f64>>> =
+                    Default::default();
+                for r in &want {
+                    buckets
+                        .entry(r.time.div_euclid(unit) * unit)
+                        .or_default()
+                        .push(r.number);
+                }
+                let want: Vec<(i64, Option<f64>)> = buckets
+                    .into_iter()
+                    .map(|(b, v)| (b, expected(method, &v)))
+                    .collect();
+                let got: Vec<(i64, Option<f64>)> =
+                    got.iter().map(|a| (a.bucket, a.value)).collect();
+                assert_eq!(got, want, "{id} {attr} {method:?} per {period:?}");
+            }
+        }
+    }
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap().len(),
+        2
+    );
+
+    // Nothing in range: nothing deleted. A range covering the rest: the
+    // entity goes (rollups too).
+    let none = store
+        .delete_history(&HistoryDelete {
+            from: Some(from),
+            to: Some(to),
+            ..hdelete(Some("R"), None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(none, 0);
+    store
+        .delete_history(&HistoryDelete {
+            from: Some(T0 - hour),
+            to: Some(T0 + 10 * hour),
+            ..hdelete(None, Some("T"))
+        })
+        .await
+        .unwrap();
+    assert!(store
+        .history_entities("t", None, None)
+        .await
+        .unwrap()
+        .is_empty());
+    let q = HistoryQuery {
+        entity_ids: vec!["R".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    assert!(store
+        .aggregate_history(&q, AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A delete reaches only the entities under its service path (as a query
+/// does) and its own tenant; an open-ended range deletes from one side.
+pub(crate) async fn history_delete_stays_in_its_service_path<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    let scoped = |path: &str| HistoryDelete {
+        service_path: Some(path.into()),
+        ..hdelete(None, Some("Room"))
+    };
+    // Room:1 (Room) is under /a, Room:2 under /a/b, Room:3 under /ab.
+    assert_eq!(store.delete_history(&scoped("/a/b")).await.unwrap(), 2);
+    assert_eq!(store.delete_history(&scoped("/x")).await.unwrap(), 0);
+    let left = store
+        .history_entities("t", Some("Room"), None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.entity_id)
+        .collect::<Vec<_>>();
+    assert_eq!(left, ["Room:1", "Room:3"]);
+    // Room:1's temperatures are at 1000..=10000 and its name at 1000;
+    // `toDate` only: the rows up to 3000.
+    let n = store
+        .delete_history(&HistoryDelete {
+            to: Some(3_000),
+            ..scoped("/a")
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+    let q = HistoryQuery {
+        entity_ids: vec!["Room:1".into()],
+        entity_type: Some("Room".into()),
+        ..hquery()
+    };
+    let left = store.query_history(&q).await.unwrap();
+    assert_eq!(
+        times(&left),
+        (4..=10).map(|i| i * 1_000).collect::<Vec<_>>()
+    );
+    // Tenant u's Room:1 is untouched.
+    let u = store
+        .query_history(&HistoryQuery {
+            tenant: "u".into(),
+            ..hquery()
+        })
+        .await
+        .unwrap();
+    assert_eq!(u.len(), 1);
 }
 
 /// Entity changes queue their history rows durably with the change; the
@@ -1865,7 +2230,10 @@ where
             assert_eq!(got, want, "{method:?} per {period:?}");
         }
     }
-    store.delete_history("t", Some("R"), None).await.unwrap();
+    store
+        .delete_history(&hdelete(Some("R"), None))
+        .await
+        .unwrap();
     B::append_history(&store, vec![hrow("t", "/", "R", "T", "x", T0, 5.0)])
         .await
         .unwrap();

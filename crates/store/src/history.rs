@@ -220,6 +220,74 @@ where
     }
 }
 
+/// What one transaction of a history delete did: the rows it removed and
+/// whether the delete is complete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DeleteStep {
+    /// Rows removed by this step.
+    pub rows: u64,
+    /// Whether nothing matching is left to delete.
+    pub done: bool,
+}
+
+/// Runs the steps of a history delete ([`HistoryStore::delete_history`]),
+/// each one transaction of at most [`HISTORY_DELETE_CHUNK`] rows, until
+/// one says it is done; answers the rows removed. As
+/// [`delete_in_chunks`], a large delete never holds the history's writer
+/// for long, and a failure midway leaves a state a retry completes.
+pub(crate) async fn delete_in_steps<F, Fut>(mut step: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<DeleteStep>>,
+{
+    let mut total = 0;
+    loop {
+        let DeleteStep { rows, done } = step().await?;
+        total += rows;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+/// Which history [`HistoryStore::delete_history`] removes: QuantumLeap's
+/// `DELETE /entities/{id}` and `DELETE /types/{type}`, each optionally
+/// limited to a time range.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryDelete {
+    /// Tenant; no delete crosses tenants.
+    pub tenant: String,
+    /// Only entities under this service-path prefix (as
+    /// [`HistoryQuery::service_path`]); `None`: every path.
+    pub service_path: Option<String>,
+    /// Only this entity (of any type, unless `entity_type` is given).
+    pub entity_id: Option<String>,
+    /// Only entities of this type. With neither an id nor a type nothing
+    /// is deleted: wiping a whole tenant is not an operation of the API.
+    pub entity_type: Option<String>,
+    /// Only rows at or after this time (epoch ms, inclusive, as
+    /// QuantumLeap's `fromDate`).
+    pub from: Option<i64>,
+    /// Only rows at or before this time (epoch ms, inclusive, as
+    /// QuantumLeap's `toDate`).
+    pub to: Option<i64>,
+}
+
+impl HistoryDelete {
+    /// Whether an entity recorded under `path` is in the delete's scope.
+    pub(crate) fn covers_path(&self, path: &str) -> bool {
+        self.service_path
+            .as_deref()
+            .is_none_or(|p| path_matches(p, path))
+    }
+
+    /// The delete's range as inclusive bounds (open ends as the extreme
+    /// times).
+    pub(crate) fn time_range(&self) -> (i64, i64) {
+        (self.from.unwrap_or(i64::MIN), self.to.unwrap_or(i64::MAX))
+    }
+}
+
 /// How values are aggregated (`aggrMethod`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AggrMethod {
@@ -367,17 +435,16 @@ pub trait HistoryStore: Send + Sync {
         entity_type: Option<&str>,
         service_path: Option<&str>,
     ) -> Result<Vec<HistoryEntity>>;
-    /// Deletes the history of one entity (of any type, or of `entity_type`)
-    /// or, when `entity_id` is `None`, of every entity of `entity_type`, in
-    /// `tenant`; with neither, nothing. Returns the rows deleted. A large
-    /// delete may commit in several transactions (appends go on meanwhile);
-    /// a failure midway leaves part of it done, which a retry completes.
-    async fn delete_history(
-        &self,
-        tenant: &str,
-        entity_id: Option<&str>,
-        entity_type: Option<&str>,
-    ) -> Result<u64>;
+    /// Deletes the history `target` names: the rows of the matching
+    /// entities in its time range (all of them without one), and their
+    /// rollups — buckets the range covers whole go, buckets it cuts
+    /// through are corrected to count only the rows left, so aggregates
+    /// agree with the rows afterwards. An entity left with neither rows
+    /// nor rollups leaves the listing. Returns the rows deleted. A large
+    /// delete may commit in several transactions (appends go on
+    /// meanwhile); a failure midway leaves part of it done, which a retry
+    /// completes.
+    async fn delete_history(&self, target: &HistoryDelete) -> Result<u64>;
     /// Deletes each listed tenant's history older than its cutoffs
     /// ([`HistoryCutoffs`]); tenants not listed keep everything. All
     /// tenants come in one call so that a backend storing time ranges of

@@ -45,12 +45,14 @@ pub mod sqlite;
 mod units;
 
 pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, RuleStore};
-pub use catalog::{record_text, CatalogStore, DeviceFilter};
+pub use catalog::{
+    record_text, CatalogStore, DeviceFilter, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+};
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
-    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
 pub use units::{

@@ -85,6 +85,98 @@ impl RollupPartial {
     }
 }
 
+/// What a stored bucket holds once some of its rows are deleted: `None`
+/// when none are left (the bucket goes). `stored` is the bucket,
+/// `deleted` the rows removed from it, `remaining` the rows of the bucket
+/// still stored. Counts and the sum are the stored ones minus the
+/// deleted ones; when the remaining rows account for every row the bucket
+/// still counts (nothing of it was downsampled away), the bucket is
+/// exactly their partial. Otherwise a minimum or maximum the deleted rows
+/// held is taken from the remaining rows — the best that can be known,
+/// since the downsampled rows' values are gone.
+pub(crate) fn after_delete(
+    stored: &RollupPartial,
+    deleted: &RollupPartial,
+    remaining: &RollupPartial,
+) -> Option<RollupPartial> {
+    let rows = stored.rows.saturating_sub(deleted.rows);
+    if rows == 0 {
+        return None;
+    }
+    if remaining.rows >= rows {
+        return Some(*remaining);
+    }
+    let numbers = stored.numbers.saturating_sub(deleted.numbers);
+    let extreme = |kept: Option<f64>,
+                   gone: Option<f64>,
+                   rest: Option<f64>,
+                   held: fn(f64, f64) -> bool| {
+        match (kept, gone) {
+            (Some(k), Some(g)) if held(g, k) => rest,
+            _ => kept,
+        }
+    };
+    Some(RollupPartial {
+        rows,
+        numbers,
+        sum: if numbers == 0 {
+            0.0
+        } else {
+            stored.sum - deleted.sum
+        },
+        min: if numbers == 0 {
+            None
+        } else {
+            extreme(stored.min, deleted.min, remaining.min, |g, k| g <= k)
+        },
+        max: if numbers == 0 {
+            None
+        } else {
+            extreme(stored.max, deleted.max, remaining.max, |g, k| g >= k)
+        },
+    })
+}
+
+/// The rollup buckets a delete of the inclusive range `[from, to]` cuts
+/// through (`None`: unbounded on that side): for each stored period, the
+/// buckets holding `from` and `to` unless the range covers them whole.
+/// Buckets the range covers whole are deleted outright
+/// ([`covered_buckets`]); these are the ones whose rollups must be
+/// corrected ([`after_delete`]). Times are clamped to ±2⁵², far beyond
+/// any real time index, so bucket arithmetic never overflows.
+pub(crate) fn cut_buckets(from: Option<i64>, to: Option<i64>) -> Vec<(i64, i64)> {
+    let (lo, hi) = covered_range(from, to);
+    let mut out = Vec::new();
+    for period in ROLLUP_PERIODS {
+        for bound in [from, to].into_iter().flatten() {
+            let bucket = floor_to(bound.clamp(-TIME_BOUND, TIME_BOUND), period);
+            let whole = bucket >= lo && bucket + period - 1 <= hi;
+            if !whole && !out.contains(&(period, bucket)) {
+                out.push((period, bucket));
+            }
+        }
+    }
+    out
+}
+
+/// For `period`, the range of bucket starts `[first, last]` a delete of
+/// `[from, to]` covers whole; empty (`first > last`) when it covers none.
+pub(crate) fn covered_buckets(from: Option<i64>, to: Option<i64>, period: i64) -> (i64, i64) {
+    let (lo, hi) = covered_range(from, to);
+    (ceil_to(lo, period), floor_to(hi + 1, period) - period)
+}
+
+/// Earliest and latest times the rollup arithmetic of a delete considers.
+const TIME_BOUND: i64 = 1 << 52;
+
+/// A delete's range with its open ends at ±[`TIME_BOUND`].
+fn covered_range(from: Option<i64>, to: Option<i64>) -> (i64, i64) {
+    (
+        from.unwrap_or(-TIME_BOUND).clamp(-TIME_BOUND, TIME_BOUND),
+        to.unwrap_or(TIME_BOUND).clamp(-TIME_BOUND, TIME_BOUND),
+    )
+}
+
 fn pick(a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64) -> Option<f64> {
     match (a, b) {
         (Some(x), Some(y)) => Some(f(x, y)),
@@ -164,6 +256,62 @@ mod tests {
         text.add(None);
         assert_eq!(text.value(AggrMethod::Avg), None);
         assert_eq!(text.value(AggrMethod::Count), Some(1.0));
+    }
+
+    #[test]
+    fn a_bucket_after_a_delete_is_its_remaining_rows_or_the_difference() {
+        let partial = |values: &[Option<f64>]| {
+            let mut p = RollupPartial::default();
+            for v in values {
+                p.add(*v);
+            }
+            p
+        };
+        let stored = partial(&[Some(1.0), Some(5.0), Some(9.0), None]);
+        // Rows intact: exactly what remains.
+        let got = after_delete(
+            &stored,
+            &partial(&[Some(9.0)]),
+            &partial(&[Some(1.0), Some(5.0), None]),
+        );
+        assert_eq!(got, Some(partial(&[Some(1.0), Some(5.0), None])));
+        // Everything deleted: the bucket goes.
+        assert_eq!(
+            after_delete(&stored, &stored, &RollupPartial::default()),
+            None
+        );
+        // Some rows downsampled away (only 5 and 9 left as rows), 9
+        // deleted: counts and sum by difference, the max from what is left,
+        // the min (1, downsampled, not deleted) kept.
+        let got = after_delete(&stored, &partial(&[Some(9.0)]), &partial(&[Some(5.0)])).unwrap();
+        assert_eq!((got.rows, got.numbers, got.sum), (3, 2, 6.0));
+        assert_eq!((got.min, got.max), (Some(1.0), Some(5.0)));
+    }
+
+    #[test]
+    fn a_delete_cuts_the_buckets_holding_its_bounds_unless_it_covers_them() {
+        let (m, h) = (MINUTE_MS, HOUR_MS);
+        // 00:00:30 ..= 02:00:59.999: cuts minute 0 and hour 0, covers the
+        // rest (the minute 02:00 and hours 01 whole, hour 02 not).
+        assert_eq!(
+            cut_buckets(Some(30_000), Some(2 * h + m - 1)),
+            vec![(m, 0), (h, 0), (h, 2 * h)]
+        );
+        assert_eq!(
+            covered_buckets(Some(30_000), Some(2 * h + m - 1), m),
+            (m, 2 * h)
+        );
+        assert_eq!(
+            covered_buckets(Some(30_000), Some(2 * h + m - 1), h),
+            (h, h)
+        );
+        // Aligned bounds cut nothing; open ends cut nothing.
+        assert!(cut_buckets(Some(0), Some(h - 1)).is_empty());
+        assert!(cut_buckets(None, None).is_empty());
+        assert_eq!(cut_buckets(None, Some(10)), vec![(m, 0), (h, 0)]);
+        // Inside one minute: covers nothing.
+        let (first, last) = covered_buckets(Some(1_000), Some(2_000), m);
+        assert!(first > last);
     }
 
     #[test]

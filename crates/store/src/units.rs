@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use weft_model::{DataUnit, Device, FailedUplink};
+use weft_model::{DataUnit, Device, DeviceEvent, FailedUplink};
 
 use crate::{EntityRecord, HistoryRow, Result};
 
@@ -54,6 +54,11 @@ pub struct ProcessedBatch {
     pub failures: Vec<FailedUplink>,
     /// Devices seen for the first time; inserted only if absent.
     pub new_devices: Vec<Device>,
+    /// Events network servers reported about devices (joins, status, …),
+    /// keyed by their log `seq` (replays store them once); each also
+    /// becomes its device's latest state of its kind unless a later one
+    /// is stored. See [`CatalogStore::device_state`](crate::CatalogStore::device_state).
+    pub events: Vec<DeviceEvent>,
     /// New states of NGSI entities changed by device data. When not empty,
     /// the [`ENTITIES_CURSOR`] moves to just past the highest stored data
     /// unit, in the same transaction.

@@ -2,12 +2,17 @@
 //! through the main writer, read from the pool.
 
 use async_trait::async_trait;
-use weft_model::{Device, DeviceType};
+use serde_json::{Map, Value};
+use weft_model::{Device, DeviceEvent, DeviceType};
 
+use super::conn::Conn;
 use super::schema::db;
 use super::writer::param;
-use super::PostgresStore;
-use crate::{encode, record_text, CatalogStore, DeviceFilter, Result, StoreError};
+use super::{to_i64, PostgresStore};
+use crate::{
+    encode, record_text, CatalogStore, DeviceFilter, Result, StoreError, DEVICE_EVENTS_KEPT,
+    DEVICE_STATE_KINDS,
+};
 
 #[async_trait]
 impl CatalogStore for PostgresStore {
@@ -104,13 +109,119 @@ impl CatalogStore for PostgresStore {
     }
 
     async fn delete_device(&self, id: &str) -> Result<bool> {
-        let n = self
-            .main
-            .execute(
-                "DELETE FROM devices WHERE id = $1",
-                vec![param(id.to_string())],
-            )
-            .await?;
-        Ok(n > 0)
+        let id = id.to_string();
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    for sql in [
+                        "DELETE FROM device_events WHERE device_id = $1",
+                        "DELETE FROM device_state WHERE device_id = $1",
+                    ] {
+                        c.execute(sql, &[&id]).await.map_err(db)?;
+                    }
+                    let n = c
+                        .execute("DELETE FROM devices WHERE id = $1", &[&id])
+                        .await
+                        .map_err(db)?;
+                    Ok(n > 0)
+                })
+            })
+            .await
     }
+
+    async fn device_state(&self, device_id: &str) -> Result<Map<String, Value>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT kind, json FROM device_state WHERE device_id = $1",
+                &[&device_id],
+            )
+            .await
+            .map_err(db)?;
+        let mut out = Map::new();
+        for row in rows {
+            let kind: String = row.get(0);
+            let text: String = row.get(1);
+            let value = serde_json::from_str(&text).map_err(|e| {
+                StoreError::Corrupt(format!("state '{kind}' of device '{device_id}': {e}"))
+            })?;
+            out.insert(kind, value);
+        }
+        out.sort_keys();
+        Ok(out)
+    }
+
+    async fn device_events(
+        &self,
+        device_id: &str,
+        event: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeviceEvent>> {
+        let client = self.reader().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT seq, json FROM device_events WHERE device_id = $1 \
+                 AND ($2::text IS NULL OR event = $2) ORDER BY seq DESC LIMIT $3",
+                &[&device_id, &event, &limit],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.get(0);
+                let text: String = row.get(1);
+                serde_json::from_str(&text)
+                    .map_err(|e| StoreError::Corrupt(format!("device event {seq}: {e}")))
+            })
+            .collect()
+    }
+}
+
+/// Stores device events: the SQLite backend's `store_events` (a replayed
+/// event once, the latest of each kind as the device's state, each
+/// device's last [`DEVICE_EVENTS_KEPT`] events kept). Part of a processed
+/// batch's transaction.
+pub(super) async fn store_events(c: &Conn, events: &[DeviceEvent]) -> Result<()> {
+    let mut devices = std::collections::BTreeSet::new();
+    for e in events {
+        let seq = to_i64(e.seq);
+        let event_json = encode("device event", e)?;
+        let summary = encode("device state", &e.summary())?;
+        c.execute(
+            "INSERT INTO device_events (seq, device_id, event, received_at, json) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (seq) DO NOTHING",
+            &[&seq, &e.device_id, &e.event, &e.received_at, &event_json],
+        )
+        .await
+        .map_err(db)?;
+        c.execute(
+            "INSERT INTO device_state AS s (device_id, kind, seq, json) SELECT $1, $2, $3, $4 \
+             WHERE (SELECT COUNT(*) FROM device_state WHERE device_id = $1) < $5 \
+                OR EXISTS (SELECT 1 FROM device_state WHERE device_id = $1 AND kind = $2) \
+             ON CONFLICT (device_id, kind) DO UPDATE SET seq = excluded.seq, json = excluded.json \
+             WHERE excluded.seq >= s.seq",
+            &[
+                &e.device_id,
+                &e.kind(),
+                &seq,
+                &summary,
+                &(DEVICE_STATE_KINDS as i64),
+            ],
+        )
+        .await
+        .map_err(db)?;
+        devices.insert(e.device_id.as_str());
+    }
+    for id in devices {
+        c.execute(
+            "DELETE FROM device_events WHERE device_id = $1 AND seq <= \
+             (SELECT seq FROM device_events WHERE device_id = $1 \
+              ORDER BY seq DESC LIMIT 1 OFFSET $2)",
+            &[&id, &(DEVICE_EVENTS_KEPT as i64)],
+        )
+        .await
+        .map_err(db)?;
+    }
+    Ok(())
 }

@@ -29,11 +29,15 @@ use super::conn::Conn;
 use super::schema::{self, db};
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
-use crate::history::{decode_feed_entry, delete_in_chunks, move_feed, path_matches, MoveTuning};
+use crate::history::{
+    decode_feed_entry, delete_in_chunks, delete_in_steps, move_feed, path_matches, DeleteStep,
+    MoveTuning,
+};
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
-    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError,
+    HISTORY_FEED_CURSOR,
 };
 
 use super::MAX_QUERY_ROWS;
@@ -236,103 +240,193 @@ fn bucket_sql(period: Option<AggrPeriod>, column: &str) -> String {
     }
 }
 
-/// Deletes up to [`HISTORY_DELETE_CHUNK`] rows of the matching entities,
-/// entity by entity; an entity whose rows are all gone leaves
-/// `history_entities` and its rollups go too. With neither an id nor a
-/// type nothing matches (deleting a whole tenant is not an operation of
-/// the API). The SQLite backend's `delete_history`.
-async fn delete_history(
-    c: &Conn,
-    tenant: &str,
-    entity_id: Option<&str>,
-    entity_type: Option<&str>,
-) -> Result<u64> {
-    let entities: Vec<(String, String)> = match (entity_id, entity_type) {
-        (None, None) => return Ok(0),
-        (Some(id), Some(ty)) => vec![(id.to_string(), ty.to_string())],
-        (Some(id), None) => c
-            .query(
-                "SELECT entity_id, entity_type FROM history_entities \
-                 WHERE tenant = $1 AND entity_id = $2",
-                &[&tenant, &id],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-        (None, Some(ty)) => c
-            .query(
-                "SELECT entity_id, entity_type FROM history_entities \
-                 WHERE tenant = $1 AND entity_type = $2",
-                &[&tenant, &ty],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect(),
-    };
+/// One step of a history delete: the SQLite backend's `delete_history`
+/// (up to [`HISTORY_DELETE_CHUNK`] rows in range, series by series, whole
+/// rollup buckets in range deleted, the buckets the range cuts through
+/// corrected, [`crate::rollup::after_delete`]). The row delete names its
+/// time range, so PostgreSQL reads only the weekly partitions it spans.
+async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
+    use crate::rollup::{after_delete, covered_buckets, cut_buckets, floor_to};
+    let entities = delete_targets(c, d).await?;
+    let (from, to) = d.time_range();
+    let cut = cut_buckets(d.from, d.to);
+    let tenant = d.tenant.as_str();
     let mut budget = HISTORY_DELETE_CHUNK;
-    let mut deleted = 0u64;
+    let mut step = DeleteStep::default();
     for (id, ty) in &entities {
-        if budget == 0 {
-            break;
-        }
-        // The first row to keep: the one after the budget, in key order.
-        let boundary: Option<(String, i64)> = c
-            .query_opt(
-                "SELECT attr, time FROM history \
-                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
-                 ORDER BY attr, time LIMIT 1 OFFSET $4",
-                &[&tenant, id, ty, &(budget as i64)],
+        for attr in entity_attrs(&**c, tenant, id, ty).await? {
+            if budget == 0 {
+                return Ok(step);
+            }
+            for period in ROLLUP_PERIODS {
+                let (first, last) = covered_buckets(d.from, d.to, period);
+                c.execute(
+                    "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
+                     AND entity_type = $3 AND attr = $4 AND period = $5 \
+                     AND bucket >= $6 AND bucket <= $7",
+                    &[&tenant, id, ty, &attr, &period, &first, &last],
+                )
+                .await
+                .map_err(db)?;
+            }
+            let doomed: Vec<(i64, Option<f64>)> = c
+                .query(
+                    "SELECT time, number FROM history WHERE tenant = $1 AND entity_id = $2 \
+                     AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6 \
+                     ORDER BY time LIMIT $7",
+                    &[&tenant, id, ty, &attr, &from, &to, &(budget as i64)],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let Some(&(last, _)) = doomed.last() else {
+                continue;
+            };
+            c.execute(
+                "DELETE FROM history WHERE tenant = $1 AND entity_id = $2 \
+                 AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6",
+                &[&tenant, id, ty, &attr, &from, &last],
             )
             .await
-            .map_err(db)?
-            .map(|r| (r.get(0), r.get(1)));
-        let n = match &boundary {
-            None => {
-                let n = c
-                    .execute(
-                        "DELETE FROM history \
-                         WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3",
-                        &[&tenant, id, ty],
+            .map_err(db)?;
+            for &(period, bucket) in &cut {
+                let mut deleted = RollupPartial::default();
+                for &(time, number) in &doomed {
+                    if floor_to(time, period) == bucket {
+                        deleted.add(number);
+                    }
+                }
+                if deleted.rows == 0 {
+                    continue;
+                }
+                let stored = c
+                    .query_opt(
+                        "SELECT rows, numbers, sum_value, min_value, max_value \
+                         FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
+                         AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket = $6",
+                        &[&tenant, id, ty, &attr, &period, &bucket],
                     )
                     .await
-                    .map_err(db)?;
-                c.execute(
-                    "DELETE FROM history_entities \
-                     WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
-                    &[&tenant, ty, id],
-                )
-                .await
-                .map_err(db)?;
-                c.execute(
-                    "DELETE FROM history_rollups \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3",
-                    &[&tenant, id, ty],
-                )
-                .await
-                .map_err(db)?;
-                n
+                    .map_err(db)?
+                    .map(|r| partial_of(&r));
+                let Some(stored) = stored else { continue };
+                let remaining = partial_of(
+                    &c.query_one(
+                        "SELECT COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
+                         FROM history WHERE tenant = $1 AND entity_id = $2 \
+                         AND entity_type = $3 AND attr = $4 AND time >= $5 AND time < $6",
+                        &[&tenant, id, ty, &attr, &bucket, &(bucket + period)],
+                    )
+                    .await
+                    .map_err(db)?,
+                );
+                match after_delete(&stored, &deleted, &remaining) {
+                    None => c
+                        .execute(
+                            "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
+                             AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket = $6",
+                            &[&tenant, id, ty, &attr, &period, &bucket],
+                        )
+                        .await
+                        .map_err(db)?,
+                    Some(p) => c
+                        .execute(
+                            "UPDATE history_rollups SET rows = $7, numbers = $8, \
+                                 sum_value = $9, min_value = $10, max_value = $11 \
+                             WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
+                             AND attr = $4 AND period = $5 AND bucket = $6",
+                            &[
+                                &tenant,
+                                id,
+                                ty,
+                                &attr,
+                                &period,
+                                &bucket,
+                                &(p.rows as i64),
+                                &(p.numbers as i64),
+                                &p.sum(),
+                                &p.min,
+                                &p.max,
+                            ],
+                        )
+                        .await
+                        .map_err(db)?,
+                };
             }
-            Some((attr, time)) => c
-                .execute(
-                    "DELETE FROM history \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
-                     AND (attr, time) < ($4, $5)",
-                    &[&tenant, id, ty, attr, time],
-                )
-                .await
-                .map_err(db)?,
-        };
-        deleted += n;
-        budget = budget.saturating_sub(n as usize);
-        if boundary.is_some() {
-            break;
+            step.rows += doomed.len() as u64;
+            budget -= doomed.len();
         }
+        if budget == 0 {
+            return Ok(step);
+        }
+        forget_if_empty(c, tenant, id, ty).await?;
     }
-    Ok(deleted)
+    step.done = true;
+    Ok(step)
+}
+
+/// The rollup partial of a `rows, numbers, sum, min, max` result row.
+fn partial_of(r: &Row) -> RollupPartial {
+    let sum: Option<f64> = r.get(2);
+    RollupPartial {
+        rows: r.get::<_, i64>(0) as u64,
+        numbers: r.get::<_, i64>(1) as u64,
+        sum: sum.unwrap_or(0.0),
+        min: r.get(3),
+        max: r.get(4),
+    }
+}
+
+/// The (id, type) of the entities a delete covers, in key order (byte
+/// order, as SQLite's): its tenant's entities with its id and/or type,
+/// under its service path. With neither an id nor a type, none.
+async fn delete_targets(c: &Conn, d: &HistoryDelete) -> Result<Vec<(String, String)>> {
+    if d.entity_id.is_none() && d.entity_type.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<(String, String)> = c
+        .query(
+            "SELECT entity_id, entity_type, service_path FROM history_entities \
+             WHERE tenant = $1 AND ($2::text IS NULL OR entity_id = $2) \
+             AND ($3::text IS NULL OR entity_type = $3)",
+            &[&d.tenant, &d.entity_id, &d.entity_type],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .filter(|r| d.covers_path(r.get(2)))
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    out.sort_unstable_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
+    Ok(out)
+}
+
+/// Removes an entity from `history_entities` once it has neither rows nor
+/// rollups.
+async fn forget_if_empty(c: &Conn, tenant: &str, id: &str, ty: &str) -> Result<()> {
+    let left: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM history \
+                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3) \
+             OR EXISTS (SELECT 1 FROM history_rollups \
+                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3)",
+            &[&tenant, &id, &ty],
+        )
+        .await
+        .map_err(db)?
+        .get(0);
+    if !left {
+        c.execute(
+            "DELETE FROM history_entities \
+             WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
+            &[&tenant, &ty, &id],
+        )
+        .await
+        .map_err(db)?;
+    }
+    Ok(())
 }
 
 /// Deletes a tenant's expired history, series by series, up to
@@ -404,26 +498,7 @@ async fn expire_history(
                 }
             }
         }
-        let left: bool = c
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM history \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3) \
-                 OR EXISTS (SELECT 1 FROM history_rollups \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3)",
-                &[&tenant, id, ty],
-            )
-            .await
-            .map_err(db)?
-            .get(0);
-        if !left {
-            c.execute(
-                "DELETE FROM history_entities \
-                 WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
-                &[&tenant, ty, id],
-            )
-            .await
-            .map_err(db)?;
-        }
+        forget_if_empty(c, tenant, id, ty).await?;
     }
     Ok(deleted)
 }
@@ -1109,24 +1184,12 @@ impl HistoryStore for PostgresStore {
         history_entities(&**client, tenant, entity_type, service_path).await
     }
 
-    async fn delete_history(
-        &self,
-        tenant: &str,
-        entity_id: Option<&str>,
-        entity_type: Option<&str>,
-    ) -> Result<u64> {
-        // Chunk by chunk, each its own transaction.
-        delete_in_chunks(|| {
-            let (tenant, entity_id, entity_type) = (
-                tenant.to_string(),
-                entity_id.map(str::to_string),
-                entity_type.map(str::to_string),
-            );
-            self.history.write(move |c| {
-                Box::pin(async move {
-                    delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref()).await
-                })
-            })
+    async fn delete_history(&self, target: &HistoryDelete) -> Result<u64> {
+        // Step by step, each its own transaction.
+        delete_in_steps(|| {
+            let target = target.clone();
+            self.history
+                .write(move |c| Box::pin(async move { delete_history(c, &target).await }))
         })
         .await
     }

@@ -23,14 +23,16 @@ impl IngestLogStore for PostgresStore {
                 Box::pin(async move {
                     let row = c
                         .query_one(
-                            "INSERT INTO ingest_log (received_at, format, channel, device_type, body) \
-                             VALUES ($1, $2, $3, $4, $5) RETURNING seq",
+                            "INSERT INTO ingest_log \
+                                 (received_at, format, channel, device_type, body, event) \
+                             VALUES ($1, $2, $3, $4, $5, $6) RETURNING seq",
                             &[
                                 &uplink.received_at,
                                 &uplink.format.as_str(),
                                 &uplink.channel,
                                 &uplink.device_type,
                                 &uplink.body,
+                                &uplink.event,
                             ],
                         )
                         .await
@@ -50,7 +52,7 @@ impl IngestLogStore for PostgresStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
             .query(
-                "SELECT seq, received_at, format, channel, device_type, body FROM ingest_log \
+                "SELECT seq, received_at, format, channel, device_type, body, event FROM ingest_log \
                  WHERE seq >= $1 ORDER BY seq LIMIT $2",
                 &[&to_i64(from_seq), &limit],
             )
@@ -73,6 +75,7 @@ impl IngestLogStore for PostgresStore {
                         channel: row.get(3),
                         device_type: row.get(4),
                         body: row.get(5),
+                        event: row.get(6),
                     },
                 })
             })

@@ -34,7 +34,8 @@ const MIGRATION_LOCK: i64 = 0x7765_6674_5f6d_6967; // "weft_mig"
 pub(super) const HISTORY_PARTITION_MS: i64 = 7 * 24 * 3_600_000;
 
 /// The migration steps, applied in order.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE ingest_log (
     seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     received_at BIGINT NOT NULL,
@@ -178,7 +179,26 @@ CREATE TABLE channel_subscribers (
     cursor     BIGINT NOT NULL,
     PRIMARY KEY (channel, subscriber)
 );
-"#];
+"#,
+    r#"
+ALTER TABLE ingest_log ADD COLUMN event TEXT;
+CREATE TABLE device_events (
+    seq         BIGINT PRIMARY KEY,
+    device_id   TEXT   NOT NULL,
+    event       TEXT   NOT NULL,
+    received_at BIGINT NOT NULL,
+    json        TEXT   NOT NULL
+);
+CREATE INDEX device_events_device_seq ON device_events (device_id, seq);
+CREATE TABLE device_state (
+    device_id TEXT   NOT NULL,
+    kind      TEXT   NOT NULL,
+    seq       BIGINT NOT NULL,
+    json      TEXT   NOT NULL,
+    PRIMARY KEY (device_id, kind)
+);
+"#,
+];
 
 /// Brings the database up to the latest schema; returns the version it is
 /// at afterwards. A database migrated by a newer weft (more steps than

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio_postgres::Client;
 use weft_model::{FailedUplink, FailureReason};
 
+use super::catalog::store_events;
 use super::conn::Conn;
 use super::context::{put_entities, queue_changes};
 use super::schema::db;
@@ -262,6 +263,7 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         .await
         .map_err(db)?;
     }
+    store_events(c, &batch.events).await?;
     set_cursor(c, &batch.consumer, batch.next_seq).await?;
     queue_changes(c, &batch.history).await?;
     if !batch.entities.is_empty() {

@@ -4,11 +4,14 @@
 
 use async_trait::async_trait;
 use rusqlite::{Connection, Row};
-use weft_model::{Device, DeviceType};
+use serde_json::{Map, Value};
+use weft_model::{Device, DeviceEvent, DeviceType};
 
 use super::reader::corrupt;
-use super::{encode, Db, SqliteStore};
-use crate::{record_text, CatalogStore, DeviceFilter, Result};
+use super::{encode, to_i64, Db, SqliteStore};
+use crate::{
+    record_text, CatalogStore, DeviceFilter, Result, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+};
 
 #[async_trait]
 impl CatalogStore for SqliteStore {
@@ -51,9 +54,123 @@ impl CatalogStore for SqliteStore {
     async fn delete_device(&self, id: &str) -> Result<bool> {
         let id = id.to_string();
         self.main
-            .write(move |c| delete(c, "DELETE FROM devices WHERE id = ?1", &id))
+            .write(move |c| {
+                delete(c, "DELETE FROM device_events WHERE device_id = ?1", &id)?;
+                delete(c, "DELETE FROM device_state WHERE device_id = ?1", &id)?;
+                delete(c, "DELETE FROM devices WHERE id = ?1", &id)
+            })
             .await
     }
+
+    async fn device_state(&self, device_id: &str) -> Result<Map<String, Value>> {
+        let id = device_id.to_string();
+        self.main.read(move |c| device_state(c, &id)).await
+    }
+
+    async fn device_events(
+        &self,
+        device_id: &str,
+        event: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeviceEvent>> {
+        let (id, event) = (device_id.to_string(), event.map(str::to_string));
+        self.main
+            .read(move |c| device_events(c, &id, event.as_deref(), limit))
+            .await
+    }
+}
+
+/// Stores device events (a replayed one, same `seq`, once), makes each
+/// its device's state of its kind unless a later one is there (a new kind
+/// only while the device has fewer than [`DEVICE_STATE_KINDS`]), and keeps
+/// only each device's last [`DEVICE_EVENTS_KEPT`] events. Part of a
+/// processed batch's savepoint.
+pub(super) fn store_events(conn: &Connection, events: &[DeviceEvent]) -> rusqlite::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut insert = conn.prepare_cached(
+        "INSERT OR IGNORE INTO device_events (seq, device_id, event, received_at, json) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    let mut state = conn.prepare_cached(
+        "INSERT INTO device_state (device_id, kind, seq, json) SELECT ?1, ?2, ?3, ?4 \
+         WHERE (SELECT COUNT(*) FROM device_state WHERE device_id = ?1) < ?5 \
+            OR EXISTS (SELECT 1 FROM device_state WHERE device_id = ?1 AND kind = ?2) \
+         ON CONFLICT (device_id, kind) DO UPDATE SET seq = excluded.seq, json = excluded.json \
+         WHERE excluded.seq >= device_state.seq",
+    )?;
+    let mut trim = conn.prepare_cached(
+        "DELETE FROM device_events WHERE device_id = ?1 AND seq <= \
+         (SELECT seq FROM device_events WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+    )?;
+    let mut devices = std::collections::BTreeSet::new();
+    for e in events {
+        let seq = to_i64(e.seq);
+        insert.execute((seq, &e.device_id, &e.event, e.received_at, json(e)?))?;
+        state.execute((
+            &e.device_id,
+            e.kind(),
+            seq,
+            json(&e.summary())?,
+            DEVICE_STATE_KINDS as i64,
+        ))?;
+        devices.insert(e.device_id.as_str());
+    }
+    for id in devices {
+        trim.execute((id, DEVICE_EVENTS_KEPT as i64))?;
+    }
+    Ok(())
+}
+
+/// JSON text of what a batch stores (serialising these types cannot
+/// fail; a failure would be reported as an SQL error, not a panic).
+fn json<T: serde::Serialize>(value: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+/// A device's state: kind → summary of its latest event of that kind.
+fn device_state(conn: &Connection, id: &str) -> Result<Map<String, Value>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT kind, json FROM device_state WHERE device_id = ?1 ORDER BY kind")
+        .db()?;
+    let mut rows = stmt.query([id]).db()?;
+    let mut out = Map::new();
+    while let Some(row) = rows.next().db()? {
+        let kind: String = row.get(0).db()?;
+        let text: String = row.get(1).db()?;
+        let value = serde_json::from_str(&text)
+            .map_err(|e| corrupt(&format!("state '{kind}' of device '{id}'"), e))?;
+        out.insert(kind, value);
+    }
+    Ok(out)
+}
+
+/// A device's latest events, newest first.
+fn device_events(
+    conn: &Connection,
+    id: &str,
+    event: Option<&str>,
+    limit: usize,
+) -> Result<Vec<DeviceEvent>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, json FROM device_events WHERE device_id = ?1 \
+             AND (?2 IS NULL OR event = ?2) ORDER BY seq DESC LIMIT ?3",
+        )
+        .db()?;
+    let mut rows = stmt
+        .query((id, event, i64::try_from(limit).unwrap_or(i64::MAX)))
+        .db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        let seq: i64 = row.get(0).db()?;
+        let text: String = row.get(1).db()?;
+        out.push(
+            serde_json::from_str(&text).map_err(|e| corrupt(&format!("device event {seq}"), e))?,
+        );
+    }
+    Ok(out)
 }
 
 /// Insert-if-absent, else update: two single statements, so "created" is

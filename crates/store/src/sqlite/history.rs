@@ -13,10 +13,15 @@ use rusqlite::{Connection, OptionalExtension};
 use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
-use crate::history::{decode_feed_entry, delete_in_chunks, move_feed, path_matches, MoveTuning};
+use crate::history::{
+    decode_feed_entry, delete_in_chunks, delete_in_steps, move_feed, path_matches, DeleteStep,
+    MoveTuning,
+};
+use crate::rollup::RollupPartial;
 use crate::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryEntity,
-    HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result,
+    HISTORY_FEED_CURSOR,
 };
 
 /// How the history feed's moves are batched and paced on SQLite.
@@ -123,19 +128,12 @@ impl HistoryStore for SqliteStore {
             .await
     }
 
-    async fn delete_history(
-        &self,
-        tenant: &str,
-        entity_id: Option<&str>,
-        entity_type: Option<&str>,
-    ) -> Result<u64> {
-        let (tenant, entity_id, entity_type) = (
-            tenant.to_string(),
-            entity_id.map(str::to_string),
-            entity_type.map(str::to_string),
-        );
-        self.delete_in_chunks(move |c| {
-            delete_history(c, &tenant, entity_id.as_deref(), entity_type.as_deref())
+    async fn delete_history(&self, target: &HistoryDelete) -> Result<u64> {
+        let target = target.clone();
+        delete_in_steps(|| {
+            let target = target.clone();
+            self.history
+                .write(move |c| in_savepoint(c, |c| delete_history(c, &target)))
         })
         .await
     }
@@ -360,86 +358,204 @@ impl<'a> Rollups<'a> {
 
 pub(super) use crate::HISTORY_DELETE_CHUNK;
 
-/// Deletes up to [`HISTORY_DELETE_CHUNK`] rows of the matching entities,
-/// entity by entity; an entity whose rows are all gone leaves
-/// `history_entities` too. With neither an id nor a type nothing matches
-/// (deleting a whole tenant is not an operation of the API).
-fn delete_history(
-    conn: &Connection,
-    tenant: &str,
-    entity_id: Option<&str>,
-    entity_type: Option<&str>,
-) -> rusqlite::Result<u64> {
-    let entities: Vec<(String, String)> = match (entity_id, entity_type) {
-        (None, None) => return Ok(0),
-        (Some(id), Some(ty)) => vec![(id.to_string(), ty.to_string())],
-        (Some(id), None) => conn
-            .prepare_cached(
-                "SELECT entity_id, entity_type FROM history_entities \
-                 WHERE tenant = ?1 AND entity_id = ?2",
-            )?
-            .query_map((tenant, id), |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?,
-        (None, Some(ty)) => conn
-            .prepare_cached(
-                "SELECT entity_id, entity_type FROM history_entities \
-                 WHERE tenant = ?1 AND entity_type = ?2",
-            )?
-            .query_map((tenant, ty), |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?,
-    };
+/// One step of a history delete: up to [`HISTORY_DELETE_CHUNK`] rows of
+/// the matching entities in range, series by series, with their rollups
+/// (whole buckets in range deleted, the buckets the range cuts through
+/// corrected from the rows deleted and the rows left,
+/// [`crate::rollup::after_delete`]); an entity left with neither rows nor
+/// rollups leaves `history_entities`. Every statement is a primary-key
+/// range of one series. Steps are idempotent: a bucket is corrected only
+/// for rows this step removes, in the same transaction.
+fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<DeleteStep> {
+    use crate::rollup::{after_delete, covered_buckets, cut_buckets, floor_to, ROLLUP_PERIODS};
+    let entities = delete_targets(conn, d)?;
+    let (from, to) = d.time_range();
+    let cut = cut_buckets(d.from, d.to);
     let mut budget = HISTORY_DELETE_CHUNK;
-    let mut deleted = 0u64;
+    let mut step = DeleteStep::default();
     for (id, ty) in &entities {
-        if budget == 0 {
-            break;
-        }
-        // The first row to keep: the one after the budget, in key order.
-        let boundary: Option<(String, i64)> = conn
-            .prepare_cached(
-                "SELECT attr, time FROM history \
-                 WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-                 ORDER BY attr, time LIMIT 1 OFFSET ?4",
-            )?
-            .query_row((tenant, id, ty, budget as i64), |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        let n = match &boundary {
-            None => {
-                let n = conn
-                    .prepare_cached(
-                        "DELETE FROM history \
-                         WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3",
-                    )?
-                    .execute((tenant, id, ty))?;
-                conn.prepare_cached(
-                    "DELETE FROM history_entities \
-                     WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
-                )?
-                .execute((tenant, ty, id))?;
-                conn.prepare_cached(
-                    "DELETE FROM history_rollups \
-                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3",
-                )?
-                .execute((tenant, id, ty))?;
-                n
+        for attr in entity_attrs(conn, &d.tenant, id, ty)? {
+            if budget == 0 {
+                return Ok(step);
             }
-            Some((attr, time)) => conn
-                .prepare_cached(
-                    "DELETE FROM history \
-                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-                     AND (attr, time) < (?4, ?5)",
+            let series = (&d.tenant, id, ty, &attr);
+            for period in ROLLUP_PERIODS {
+                let (first, last) = covered_buckets(d.from, d.to, period);
+                conn.prepare_cached(
+                    "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
+                     AND entity_type = ?3 AND attr = ?4 AND period = ?5 \
+                     AND bucket >= ?6 AND bucket <= ?7",
                 )?
-                .execute((tenant, id, ty, attr, time))?,
-        };
-        deleted += n as u64;
-        budget = budget.saturating_sub(n);
-        if boundary.is_some() {
-            break;
+                .execute((series.0, series.1, series.2, series.3, period, first, last))?;
+            }
+            let doomed: Vec<(i64, Option<f64>)> = conn
+                .prepare_cached(
+                    "SELECT time, number FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+                     AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6 \
+                     ORDER BY time LIMIT ?7",
+                )?
+                .query_map(
+                    (
+                        series.0,
+                        series.1,
+                        series.2,
+                        series.3,
+                        from,
+                        to,
+                        budget as i64,
+                    ),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+            let Some(&(last, _)) = doomed.last() else {
+                continue;
+            };
+            conn.prepare_cached(
+                "DELETE FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+                 AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6",
+            )?
+            .execute((series.0, series.1, series.2, series.3, from, last))?;
+            for &(period, bucket) in &cut {
+                let mut deleted = RollupPartial::default();
+                for &(time, number) in &doomed {
+                    if floor_to(time, period) == bucket {
+                        deleted.add(number);
+                    }
+                }
+                if deleted.rows == 0 {
+                    continue;
+                }
+                let key = (series.0, series.1, series.2, series.3, period, bucket);
+                let stored = conn
+                    .prepare_cached(
+                        "SELECT rows, numbers, sum_value, min_value, max_value \
+                         FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
+                         AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket = ?6",
+                    )?
+                    .query_row(key, partial_of)
+                    .optional()?;
+                let Some(stored) = stored else { continue };
+                let remaining = conn
+                    .prepare_cached(
+                        "SELECT COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
+                         FROM history WHERE tenant = ?1 AND entity_id = ?2 \
+                         AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time < ?6",
+                    )?
+                    .query_row(
+                        (
+                            series.0,
+                            series.1,
+                            series.2,
+                            series.3,
+                            bucket,
+                            bucket + period,
+                        ),
+                        partial_of,
+                    )?;
+                match after_delete(&stored, &deleted, &remaining) {
+                    None => conn
+                        .prepare_cached(
+                            "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
+                             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket = ?6",
+                        )?
+                        .execute(key)?,
+                    Some(p) => conn
+                        .prepare_cached(
+                            "UPDATE history_rollups SET rows = ?7, numbers = ?8, \
+                                 sum_value = ?9, min_value = ?10, max_value = ?11 \
+                             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
+                             AND attr = ?4 AND period = ?5 AND bucket = ?6",
+                        )?
+                        .execute((
+                            key.0,
+                            key.1,
+                            key.2,
+                            key.3,
+                            key.4,
+                            key.5,
+                            p.rows as i64,
+                            p.numbers as i64,
+                            p.sum(),
+                            p.min,
+                            p.max,
+                        ))?,
+                };
+            }
+            step.rows += doomed.len() as u64;
+            budget -= doomed.len();
+        }
+        if budget == 0 {
+            return Ok(step);
+        }
+        forget_if_empty(conn, &d.tenant, id, ty)?;
+    }
+    step.done = true;
+    Ok(step)
+}
+
+/// The rollup partial of a `rows, numbers, sum, min, max` result row.
+fn partial_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<RollupPartial> {
+    let sum: Option<f64> = r.get(2)?;
+    Ok(RollupPartial {
+        rows: r.get::<_, i64>(0)? as u64,
+        numbers: r.get::<_, i64>(1)? as u64,
+        sum: sum.unwrap_or(0.0),
+        min: r.get(3)?,
+        max: r.get(4)?,
+    })
+}
+
+/// The (id, type) of the entities a delete covers, in key order: its
+/// tenant's entities with its id and/or type, under its service path.
+/// With neither an id nor a type, none.
+fn delete_targets(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Vec<(String, String)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT entity_id, entity_type, service_path FROM history_entities \
+         WHERE tenant = ?1 AND (?2 IS NULL OR entity_id = ?2) \
+         AND (?3 IS NULL OR entity_type = ?3) ORDER BY entity_type, entity_id",
+    )?;
+    if d.entity_id.is_none() && d.entity_type.is_none() {
+        return Ok(Vec::new());
+    }
+    let rows = stmt.query_map(
+        (&d.tenant, d.entity_id.as_deref(), d.entity_type.as_deref()),
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        },
+    )?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, ty, path) = row?;
+        if d.covers_path(&path) {
+            out.push((id, ty));
         }
     }
-    Ok(deleted)
+    Ok(out)
+}
+
+/// Removes an entity from `history_entities` once it has neither rows nor
+/// rollups.
+fn forget_if_empty(conn: &Connection, tenant: &str, id: &str, ty: &str) -> rusqlite::Result<()> {
+    let left: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM history \
+                 WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3) \
+             OR EXISTS (SELECT 1 FROM history_rollups \
+                 WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3)",
+        )?
+        .query_row((tenant, id, ty), |r| r.get(0))?;
+    if !left {
+        conn.prepare_cached(
+            "DELETE FROM history_entities \
+             WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
+        )?
+        .execute((tenant, ty, id))?;
+    }
+    Ok(())
 }
 
 /// Deletes a tenant's expired history, series by series, up to
@@ -497,21 +613,7 @@ fn expire_history(
                 }
             }
         }
-        let left: bool = conn
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM history \
-                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3) \
-                 OR EXISTS (SELECT 1 FROM history_rollups \
-                     WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3)",
-            )?
-            .query_row((tenant, id, ty), |r| r.get(0))?;
-        if !left {
-            conn.prepare_cached(
-                "DELETE FROM history_entities \
-                 WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
-            )?
-            .execute((tenant, ty, id))?;
-        }
+        forget_if_empty(conn, tenant, id, ty)?;
     }
     Ok(deleted)
 }

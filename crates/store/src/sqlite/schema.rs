@@ -75,6 +75,12 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `channel_messages`, `channel_subscribers` (step 8, channels file):
 ///   durable pull channels' messages (unique per channel and message id)
 ///   and polling subscribers with their acknowledgement cursors.
+/// - `ingest_log.event` (step 9, log file), `device_events`,
+///   `device_state` (step 9, main file): the event a network server named for a message that is not an
+///   uplink (ChirpStack's `?event=`); the latest events of each device,
+///   keyed by their log `seq` so a replay stores them once; and per
+///   device and kind of event (`join`, `status`, …) the summary of the
+///   latest, which the device's record shows.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -240,6 +246,25 @@ CREATE TABLE channel_subscribers (
     subscriber TEXT    NOT NULL,
     cursor     INTEGER NOT NULL,
     PRIMARY KEY (channel, subscriber)
+) WITHOUT ROWID;
+"#,
+    // device events
+    r#"
+ALTER TABLE ingest_log ADD COLUMN event TEXT;
+CREATE TABLE device_events (
+    seq         INTEGER PRIMARY KEY,
+    device_id   TEXT    NOT NULL,
+    event       TEXT    NOT NULL,
+    received_at INTEGER NOT NULL,
+    json        TEXT    NOT NULL
+);
+CREATE INDEX device_events_device_seq ON device_events (device_id, seq);
+CREATE TABLE device_state (
+    device_id TEXT    NOT NULL,
+    kind      TEXT    NOT NULL,
+    seq       INTEGER NOT NULL,
+    json      TEXT    NOT NULL,
+    PRIMARY KEY (device_id, kind)
 ) WITHOUT ROWID;
 "#,
 ];

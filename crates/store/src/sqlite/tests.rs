@@ -407,6 +407,7 @@ async fn throughput() {
                             channel: Some("north".to_string()),
                             device_type: Some("thermo".to_string()),
                             body: body.to_vec(),
+                            event: None,
                         })
                         .await
                         .unwrap();

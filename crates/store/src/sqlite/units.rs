@@ -10,6 +10,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection};
 use weft_model::{FailedUplink, FailureReason};
 
+use super::catalog::store_events;
 use super::context::put_entity;
 use super::history::queue_history;
 use super::reader::{corrupt, cursor, limit, max_seq, position};
@@ -116,6 +117,7 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
             stmt.execute((&device.id, &device.device_type, &device.channel, json))?;
         }
     }
+    store_events(conn, &batch.events)?;
     conn.prepare_cached(
         "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
          ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",

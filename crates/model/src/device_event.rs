@@ -1,0 +1,301 @@
+//! Device events: what a network server reports about a device besides
+//! its uplinks — joins, battery status, acknowledgements, transmissions,
+//! logs, locations — and the state they leave on the device's record.
+//!
+//! ChirpStack v4 posts every event to one URL and names it in `?event=`
+//! (`up`, `join`, `status`, `ack`, `txack`, `log`, `location`,
+//! `integration`); The Things Stack v3 names it by the message field its
+//! body carries (`uplink_message`, `join_accept`, `downlink_ack`,
+//! `location_solved`, …). Both arrive on the uplink webhook paths, go
+//! through the ingest log like uplinks, and are read here into a
+//! [`DeviceEvent`] instead of being decoded. An event of a name weft does
+//! not know is kept all the same, under that name.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::mapping::{get_path, value_as_id};
+use crate::UplinkFormat;
+
+/// The fields of a TTN v3 message that say which device and when, not
+/// what happened: the message's kind is the other top-level object field.
+const TTN_ENVELOPE_FIELDS: &[&str] = &[
+    "end_device_ids",
+    "correlation_ids",
+    "received_at",
+    "unique_id",
+    "identifiers",
+    "context",
+    "data",
+    "visibility",
+    "origin",
+];
+
+/// TTN v3 message fields that carry an uplink weft decodes.
+const TTN_UPLINK_FIELDS: &[&str] = &["uplink_message"];
+
+/// One event a network server reported about a device, as kept: its kind,
+/// when it happened and arrived, and the body exactly as received.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceEvent {
+    /// Position of the message in the ingest log: its identity, so a
+    /// replayed log entry stores the event once.
+    pub seq: u64,
+    /// The device the event is about (ChirpStack `deviceInfo.devEui`, TTN
+    /// `end_device_ids.device_id`: the ids its uplinks are stored under).
+    pub device_id: String,
+    /// The event's name as the network server gave it (`join`, `status`,
+    /// `join_accept`, `downlink_ack`, …).
+    pub event: String,
+    /// Which network server sent it (`chirpstack`, `ttn`).
+    pub source: String,
+    /// When weft accepted it, epoch ms.
+    pub received_at: i64,
+    /// When it happened by the network server's clock (ChirpStack `time`,
+    /// TTN `received_at`), epoch ms; absent when the body has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<i64>,
+    /// The body as received.
+    pub body: Value,
+}
+
+/// The event an uplink-path message is, if it is one: ChirpStack's
+/// `?event=` (`up` or none: an uplink), or the message field of a TTN body
+/// (`uplink_message`: an uplink; a body with no message field at all is
+/// left to the uplink path, which reports what is missing).
+pub fn event_name(
+    format: UplinkFormat,
+    chirpstack_event: Option<&str>,
+    body: &Value,
+) -> Option<String> {
+    match format {
+        UplinkFormat::ChirpStack => chirpstack_event.filter(|e| *e != "up").map(str::to_string),
+        UplinkFormat::Ttn => {
+            let obj = body.as_object()?;
+            if TTN_UPLINK_FIELDS.iter().any(|f| obj.contains_key(*f)) {
+                return None;
+            }
+            obj.iter()
+                .find(|(k, v)| v.is_object() && !TTN_ENVELOPE_FIELDS.contains(&k.as_str()))
+                .map(|(k, _)| k.clone())
+        }
+        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => None,
+    }
+}
+
+impl DeviceEvent {
+    /// Reads an event message (`event` named by [`event_name`]); `Err`
+    /// when the body names no device to keep it under.
+    pub fn read(
+        format: UplinkFormat,
+        event: &str,
+        body: Value,
+        seq: u64,
+        received_at: i64,
+    ) -> Result<DeviceEvent, String> {
+        let s = |path: &str| get_path(&body, path).and_then(value_as_id);
+        let (device_id, time) = match format {
+            UplinkFormat::Ttn => (s("end_device_ids.device_id"), s("received_at")),
+            _ => (s("deviceInfo.devEui"), s("time")),
+        };
+        let device_id = device_id
+            .ok_or_else(|| format!("{} event '{event}' names no device", format.as_str()))?;
+        crate::device::check_device_id(&device_id)?;
+        Ok(DeviceEvent {
+            seq,
+            device_id,
+            event: event.to_string(),
+            source: format.as_str().to_string(),
+            received_at,
+            time: time.and_then(|t| crate::ngsi::parse_datetime(&t)),
+            body,
+        })
+    }
+
+    /// What the device's state keeps of its latest event of this kind:
+    /// ChirpStack's and TTN's names for the same thing share one kind
+    /// (`join` and `join_accept` are `join`, `ack`/`downlink_ack`/
+    /// `downlink_nack` are `ack`, `txack`/`downlink_sent` are `txack`,
+    /// `location`/`location_solved` are `location`); any other event is
+    /// its own kind.
+    pub fn kind(&self) -> &str {
+        match self.event.as_str() {
+            "join" | "join_accept" => "join",
+            "ack" | "downlink_ack" | "downlink_nack" => "ack",
+            "txack" | "downlink_sent" => "txack",
+            "location" | "location_solved" => "location",
+            other => other,
+        }
+    }
+
+    /// The device-state entry of this event: its name and times, and the
+    /// fields a user looks for in that kind (a join's `devAddr`; a
+    /// status's `batteryLevel`, `batteryLevelUnavailable`, `margin`,
+    /// `externalPowerSource`; a location's `latitude`, `longitude`,
+    /// `altitude`, `accuracy`, `source`; an ack's `acknowledged` and
+    /// `fCntDown`; a txack's `fCntDown` and `gatewayId`; a log's `level`,
+    /// `code`, `description`), in ChirpStack's names whichever server sent
+    /// it. Fields the body lacks are left out.
+    pub fn summary(&self) -> Value {
+        let mut out = Map::new();
+        out.insert("event".into(), self.event.clone().into());
+        if let Some(t) = self.time {
+            out.insert("time".into(), t.into());
+        }
+        out.insert("receivedAt".into(), self.received_at.into());
+        let ttn = self.source == UplinkFormat::Ttn.as_str();
+        let b = &self.body;
+        let copy = |out: &mut Map<String, Value>, name: &str, path: &str| {
+            if let Some(v) = get_path(b, path).filter(|v| !v.is_null()) {
+                out.insert(name.to_string(), v.clone());
+            }
+        };
+        match (self.kind(), ttn) {
+            ("join", false) => copy(&mut out, "devAddr", "devAddr"),
+            ("join", true) => copy(&mut out, "devAddr", "end_device_ids.dev_addr"),
+            ("status", _) => {
+                for f in [
+                    "batteryLevel",
+                    "batteryLevelUnavailable",
+                    "margin",
+                    "externalPowerSource",
+                ] {
+                    copy(&mut out, f, f);
+                }
+            }
+            ("location", _) => {
+                let base = if ttn {
+                    "location_solved.location"
+                } else {
+                    "location"
+                };
+                for f in ["latitude", "longitude", "altitude", "accuracy", "source"] {
+                    copy(&mut out, f, &format!("{base}.{f}"));
+                }
+            }
+            ("ack", false) => {
+                copy(&mut out, "acknowledged", "acknowledged");
+                copy(&mut out, "fCntDown", "fCntDown");
+                copy(&mut out, "queueItemId", "queueItemId");
+            }
+            ("ack", true) => {
+                let (field, acked) = if self.event == "downlink_nack" {
+                    ("downlink_nack", false)
+                } else {
+                    ("downlink_ack", true)
+                };
+                out.insert("acknowledged".into(), acked.into());
+                copy(&mut out, "fCntDown", &format!("{field}.f_cnt"));
+            }
+            ("txack", false) => {
+                copy(&mut out, "fCntDown", "fCntDown");
+                copy(&mut out, "gatewayId", "gatewayId");
+                copy(&mut out, "queueItemId", "queueItemId");
+            }
+            ("txack", true) => copy(&mut out, "fCntDown", "downlink_sent.f_cnt"),
+            ("log", _) => {
+                for f in ["level", "code", "description"] {
+                    copy(&mut out, f, f);
+                }
+            }
+            _ => {}
+        }
+        Value::Object(out)
+    }
+}
+
+/// Whether `name` can be an event name from a request (`?event=`): 1–64
+/// of `[A-Za-z0-9_.-]`, so what a sender puts there stays a plain label.
+pub fn is_event_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chirpstack_events_are_named_by_the_query_and_ttn_by_the_body() {
+        let cs = UplinkFormat::ChirpStack;
+        assert_eq!(event_name(cs, None, &json!({})), None);
+        assert_eq!(event_name(cs, Some("up"), &json!({})), None);
+        assert_eq!(
+            event_name(cs, Some("join"), &json!({})).as_deref(),
+            Some("join")
+        );
+        let ttn = UplinkFormat::Ttn;
+        let ids = json!({"device_id": "d"});
+        assert_eq!(
+            event_name(
+                ttn,
+                None,
+                &json!({"end_device_ids": ids, "uplink_message": {}})
+            ),
+            None
+        );
+        assert_eq!(
+            event_name(
+                ttn,
+                None,
+                &json!({"end_device_ids": ids, "correlation_ids": [], "join_accept": {}})
+            )
+            .as_deref(),
+            Some("join_accept")
+        );
+        assert_eq!(
+            event_name(
+                ttn,
+                None,
+                &json!({"end_device_ids": ids, "something_new": {}})
+            )
+            .as_deref(),
+            Some("something_new")
+        );
+        assert_eq!(event_name(ttn, None, &json!({"end_device_ids": ids})), None);
+    }
+
+    #[test]
+    fn summaries_use_chirpstacks_names_for_both_servers() {
+        let cs = DeviceEvent::read(
+            UplinkFormat::ChirpStack,
+            "status",
+            json!({"time": "2026-03-01T10:00:00Z", "deviceInfo": {"devEui": "0101"},
+                   "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false}),
+            3,
+            5,
+        )
+        .unwrap();
+        assert_eq!(cs.kind(), "status");
+        assert_eq!(
+            cs.summary(),
+            json!({"event": "status", "time": 1_772_359_200_000i64, "receivedAt": 5,
+                   "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false})
+        );
+        let ttn = DeviceEvent::read(
+            UplinkFormat::Ttn,
+            "join_accept",
+            json!({"end_device_ids": {"device_id": "eui-1", "dev_addr": "260B1234"},
+                   "join_accept": {"session_key_id": "AX"}}),
+            4,
+            6,
+        )
+        .unwrap();
+        assert_eq!(ttn.kind(), "join");
+        assert_eq!(ttn.summary()["devAddr"], "260B1234");
+        assert!(DeviceEvent::read(UplinkFormat::Ttn, "join_accept", json!({}), 1, 1).is_err());
+    }
+
+    #[test]
+    fn event_names_from_requests_are_plain_labels() {
+        assert!(is_event_name("txack"));
+        assert!(is_event_name("downlink_queue_invalidated"));
+        for bad in ["", "a b", "<x>", "é", &"x".repeat(65)] {
+            assert!(!is_event_name(bad), "{bad:?}");
+        }
+    }
+}
