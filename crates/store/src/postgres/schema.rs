@@ -34,7 +34,8 @@ const MIGRATION_LOCK: i64 = 0x7765_6674_5f6d_6967; // "weft_mig"
 pub(super) const HISTORY_PARTITION_MS: i64 = 7 * 24 * 3_600_000;
 
 /// The migration steps, applied in order.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE ingest_log (
     seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     received_at BIGINT NOT NULL,
@@ -178,7 +179,16 @@ CREATE TABLE channel_subscribers (
     cursor     BIGINT NOT NULL,
     PRIMARY KEY (channel, subscriber)
 );
-"#];
+"#,
+    // Step 2: API keys (see the SQLite schema's `api_keys`).
+    r#"
+CREATE TABLE api_keys (
+    id   TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    json TEXT NOT NULL
+);
+"#,
+];
 
 /// Brings the database up to the latest schema; returns the version it is
 /// at afterwards. A database migrated by a newer weft (more steps than

@@ -75,6 +75,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `channel_messages`, `channel_subscribers` (step 8, channels file):
 ///   durable pull channels' messages (unique per channel and message id)
 ///   and polling subscribers with their acknowledgement cursors.
+/// - `api_keys` (step 9, main file): API keys, one row per key id with the
+///   SHA-256 of its secret (unique) and its record as JSON; never deleted,
+///   only marked revoked.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -241,6 +244,13 @@ CREATE TABLE channel_subscribers (
     cursor     INTEGER NOT NULL,
     PRIMARY KEY (channel, subscriber)
 ) WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE api_keys (
+    id   TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    json TEXT NOT NULL
+);
 "#,
 ];
 
