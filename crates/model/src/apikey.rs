@@ -198,7 +198,9 @@ pub fn normalize_service_path(path: &str) -> Result<String, String> {
         return Ok("/".into());
     }
     for c in rest.split('/') {
-        if c.is_empty() || c.len() > 50 || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        if c.is_empty()
+            || c.len() > 50
+            || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         {
             return Err(format!(
                 "servicePath '{path}': each level must be 1-50 of [A-Za-z0-9_]"
