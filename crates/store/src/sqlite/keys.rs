@@ -24,17 +24,19 @@ impl KeyStore for SqliteStore {
     }
 }
 
-/// Insert-if-absent, else update, as the catalog's puts do.
+/// Creates or replaces by id; a second id with the same hash fails
+/// (`INSERT OR IGNORE` would swallow that conflict too). The single writer
+/// makes the look-up and the upsert atomic.
 fn put_key(conn: &Connection, id: &str, hash: &str, json: &str) -> rusqlite::Result<bool> {
-    let created = conn
-        .prepare_cached("INSERT OR IGNORE INTO api_keys (id, hash, json) VALUES (?1, ?2, ?3)")?
-        .execute((id, hash, json))?
-        == 1;
-    if !created {
-        conn.prepare_cached("UPDATE api_keys SET hash = ?2, json = ?3 WHERE id = ?1")?
-            .execute((id, hash, json))?;
-    }
-    Ok(created)
+    let existed = conn
+        .prepare_cached("SELECT 1 FROM api_keys WHERE id = ?1")?
+        .exists([id])?;
+    conn.prepare_cached(
+        "INSERT INTO api_keys (id, hash, json) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (id) DO UPDATE SET hash = excluded.hash, json = excluded.json",
+    )?
+    .execute((id, hash, json))?;
+    Ok(!existed)
 }
 
 fn list_keys(conn: &Connection) -> Result<Vec<ApiKey>> {
