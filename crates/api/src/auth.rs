@@ -395,8 +395,9 @@ impl IngestPins {
 
 /// Checks an ingest request's credential: the global ingest key exactly
 /// as before (raw in `Authorization`, or `Bearer` on the webhooks), or an
-/// API key with the `ingest` role (or a default-tenant admin key) in
-/// `X-Auth-Token`, `Authorization: Bearer` or raw `Authorization`. While
+/// API key with the `ingest` role (or a global admin key) in
+/// `Authorization`, as `Bearer <key>` or raw (sensae's devices send the
+/// raw value). While
 /// neither a global key is configured nor any ingest key exists, ingest
 /// stays open, as it always was (weft warns at start).
 pub fn admit_ingest(
@@ -419,16 +420,16 @@ pub fn admit_ingest(
     }
     let keys_apply = state.auth != AuthMode::Off;
     if keys_apply {
-        let token = headers
-            .get(&X_AUTH_TOKEN)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .or_else(|| given.and_then(bearer))
+        // `Authorization` only, the header ingest has always read: a
+        // client's X-Auth-Token (for the other surfaces) is no ingest
+        // credential.
+        let token = given
+            .and_then(bearer)
             .or_else(|| given.filter(|g| g.starts_with(SECRET_PREFIX)));
         if let Some(token) = token {
             if let Ok(entry) = state.keys.authenticate(token) {
                 let key = &entry.key;
-                let ingest = key.role == Role::Ingest || (key.is_global());
+                let ingest = key.role == Role::Ingest || key.is_global();
                 if !ingest {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
