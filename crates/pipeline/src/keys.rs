@@ -448,6 +448,88 @@ mod tests {
         assert!(b.take(later).is_err());
     }
 
+    fn open(dir: &std::path::Path) -> Arc<dyn Store> {
+        Arc::new(
+            weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
+                path: dir.join("weft.db"),
+                ..Default::default()
+            })
+            .unwrap(),
+        )
+    }
+
+    const UNLIMITED: RateLimit = RateLimit {
+        rate: 0.0,
+        burst: 1,
+    };
+
+    /// The first start makes one admin key, a restart none; a revoked key
+    /// is refused at once and stays revoked through a reload; keys are
+    /// found by their secret only.
+    #[tokio::test]
+    async fn bootstrap_once_revocation_at_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let keys = Keys::load(store.clone(), UNLIMITED).await.unwrap();
+        let first = keys
+            .bootstrap(None)
+            .await
+            .unwrap()
+            .expect("a new admin key");
+        assert!(keys.bootstrap(None).await.unwrap().is_none(), "only once");
+        let admin = keys.authenticate(&first).unwrap();
+        assert!(admin.key.is_global());
+        assert_eq!(
+            keys.authenticate("weft_other").unwrap_err(),
+            Rejected::Unknown
+        );
+
+        let (made, secret) = keys
+            .create(NewKey {
+                name: "dash".into(),
+                role: Some(Role::Read),
+                tenant: "City".into(),
+                service_path: Some("/parks/".into()),
+                ..NewKey::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(made.tenant, "city");
+        assert_eq!(made.service_path.as_deref(), Some("/parks"));
+        assert_ne!(made.hash, secret, "only the hash is kept");
+        let stale = keys.get(&made.id).unwrap();
+        keys.revoke(&made.id).await.unwrap().unwrap();
+        assert_eq!(keys.authenticate(&secret).unwrap_err(), Rejected::Revoked);
+        // Another node's stale view of the key cannot bring it back.
+        store.put_api_key(&stale).await.unwrap();
+        keys.refresh().await.unwrap();
+        assert_eq!(keys.authenticate(&secret).unwrap_err(), Rejected::Revoked);
+        store.close().await;
+
+        let store = open(dir.path());
+        let keys = Keys::load(store.clone(), UNLIMITED).await.unwrap();
+        assert!(keys.bootstrap(None).await.unwrap().is_none(), "not again");
+        assert!(keys.authenticate(&first).is_ok());
+        let given = "weft_configured_admin_key_0123456789";
+        assert!(keys.bootstrap(Some(given)).await.unwrap().is_none());
+        assert!(keys.authenticate(given).unwrap().key.is_global());
+        assert!(matches!(
+            keys.bootstrap(Some("short")).await,
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(!keys.has_ingest_keys());
+        keys.create(NewKey {
+            name: "ttn".into(),
+            role: Some(Role::Ingest),
+            channel: Some("farm".into()),
+            ..NewKey::default()
+        })
+        .await
+        .unwrap();
+        assert!(keys.has_ingest_keys());
+        store.close().await;
+    }
+
     #[test]
     fn a_zero_rate_never_limits() {
         let t0 = Instant::now();
