@@ -168,23 +168,34 @@ fn needed_role(method: &Method, path: &str, surface: Surface) -> Role {
     }
 }
 
-/// The API key a request carries, and whether it came in `X-Auth-Token`.
-fn find_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<(&'a str, bool)> {
+/// Where a request's API key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    /// `X-Auth-Token`.
+    XAuthToken,
+    /// `Authorization: Bearer`.
+    Authorization,
+    /// `?access_token=` (live stream only).
+    Query,
+}
+
+/// The API key a request carries, and where.
+fn find_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<(&'a str, Carrier)> {
     if let Some(v) = headers.get(&X_AUTH_TOKEN) {
-        return v.to_str().ok().map(|t| (t.trim(), true));
+        return v.to_str().ok().map(|t| (t.trim(), Carrier::XAuthToken));
     }
     if let Some(t) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
     {
-        return Some((t, false));
+        return Some((t, Carrier::Authorization));
     }
     let query = query?;
     query
         .split('&')
         .find_map(|kv| kv.strip_prefix("access_token="))
-        .map(|t| (t, false))
+        .map(|t| (t, Carrier::Query))
 }
 
 /// The token of an `Authorization: Bearer <token>` value.
@@ -196,6 +207,15 @@ fn bearer(value: &str) -> Option<&str> {
 /// An error answer in the `{"error","description"}` shape NGSI (Orion),
 /// QuantumLeap and weft's own API share.
 fn refuse(status: StatusCode, name: &str, description: &str) -> Response {
+    // Counted by status only: a label per reason or key would let
+    // strangers grow the metrics without bound.
+    let label = match status.as_u16() {
+        401 => "401",
+        403 => "403",
+        429 => "429",
+        _ => "other",
+    };
+    metrics::counter!("weft_auth_refused_total", "status" => label).increment(1);
     let mut resp = (
         status,
         axum::Json(json!({"error": name, "description": description})),
@@ -248,7 +268,7 @@ pub fn admit<B>(
     let query = (surface == Surface::Live)
         .then(|| req.uri().query())
         .flatten();
-    let Some((token, in_x_auth)) = find_token(req.headers(), query) else {
+    let Some((token, carrier)) = find_token(req.headers(), query) else {
         return Err(unauthorized(
             "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-Auth-Token: <key>'",
         ));
@@ -275,10 +295,13 @@ pub fn admit<B>(
         Surface::Ngsi | Surface::QuantumLeap => scope_fiware(key, req, surface)?,
         _ => {}
     }
-    if in_x_auth {
-        // Orion forwards X-Auth-Token with notifications; weft's keys
-        // must not leave weft.
-        req.headers_mut().remove(&X_AUTH_TOKEN);
+    // Orion forwards X-Auth-Token with notifications, and pages may pass
+    // request headers on to their services: weft's keys must not leave
+    // weft, so the header that carried one goes once it is checked.
+    match carrier {
+        Carrier::XAuthToken => drop(req.headers_mut().remove(&X_AUTH_TOKEN)),
+        Carrier::Authorization => drop(req.headers_mut().remove(header::AUTHORIZATION)),
+        Carrier::Query => {}
     }
     if matches!(surface, Surface::Live | Surface::Keys) {
         req.extensions_mut().insert(Principal(entry));
@@ -513,7 +536,10 @@ mod tests {
     #[test]
     fn tokens_come_from_x_auth_token_then_bearer_then_the_query() {
         let mut h = HeaderMap::new();
-        assert_eq!(find_token(&h, Some("access_token=q")), Some(("q", false)));
+        assert_eq!(
+            find_token(&h, Some("a=1&access_token=q")),
+            Some(("q", Carrier::Query))
+        );
         assert_eq!(find_token(&h, None), None);
         h.insert(
             header::AUTHORIZATION,
@@ -528,9 +554,12 @@ mod tests {
             header::AUTHORIZATION,
             HeaderValue::from_static("bearer  b "),
         );
-        assert_eq!(find_token(&h, Some("access_token=q")), Some(("b", false)));
+        assert_eq!(
+            find_token(&h, Some("access_token=q")),
+            Some(("b", Carrier::Authorization))
+        );
         h.insert(&X_AUTH_TOKEN, HeaderValue::from_static("x"));
-        assert_eq!(find_token(&h, None), Some(("x", true)));
+        assert_eq!(find_token(&h, None), Some(("x", Carrier::XAuthToken)));
     }
 
     #[test]
