@@ -1,6 +1,8 @@
 //! Black-box tests: each starts the real `weft` binary on an ephemeral port
 //! with its own data directory and talks to it over HTTP and websockets.
 //!
+//! - `auth`: API keys on every surface: 401/403/429, tenants and service
+//!   paths, ingest keys, the first start's admin key, `auth=off`, CORS.
 //! - `alarms`: rules raise, update and clear alarms; ack/clear; for,
 //!   repeat, inactivity, scripts; rule state across kill -9.
 //! - `channels`: DSPS's durable pull channels: redelivery, ack cursor,
@@ -23,6 +25,7 @@
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 
 mod alarms;
+mod auth;
 mod catalog;
 mod channels;
 mod codecs;

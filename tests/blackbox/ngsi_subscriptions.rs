@@ -365,7 +365,9 @@ async fn op_notify_applies_notifications_from_another_broker() {
         &up,
         None,
         json!({"subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
-               "notification": {"http": {"url": format!("{}/v2/op/notify", downstream.url)}}}),
+               // The downstream weft wants a key, sent as a custom header.
+               "notification": {"httpCustom": {"url": format!("{}/v2/op/notify", downstream.url),
+                                               "headers": {"X-Auth-Token": ADMIN_KEY}}}}),
     )
     .await;
     let room = json!({"id": "R1", "type": "Room", "t": {"value": 21, "type": "Number"}});

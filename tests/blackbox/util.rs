@@ -17,6 +17,10 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 /// The ingest key every test server is started with.
 pub const KEY: &str = "test-ingest-key";
 
+/// The admin API key every test server is started with (`WEFT_ADMIN_KEY`);
+/// [`Server::client`] sends it in `X-Auth-Token` on every request.
+pub const ADMIN_KEY: &str = "weft_blackbox-admin-key-0123456789abcdef";
+
 /// The em300th decoder shipped in examples/.
 pub const EM300TH_JS: &str = include_str!("../../examples/codecs/em300th.js");
 
@@ -103,17 +107,33 @@ impl Server {
         &self.data
     }
 
-    /// A client for this server.
+    /// A client for this server, sending the admin key.
     pub fn client(&self) -> Client {
+        self.client_with(Some(ADMIN_KEY))
+    }
+
+    /// A client sending `key` in `X-Auth-Token` on every request (none:
+    /// no key at all).
+    pub fn client_with(&self, key: Option<&str>) -> Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = key {
+            headers.insert("X-Auth-Token", key.parse().expect("a header value"));
+        }
         Client {
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .expect("a client"),
             url: self.url.clone(),
         }
     }
 
-    /// `ws://…/api/v1/live`.
+    /// `ws://…/api/v1/live?access_token=<admin key>`.
     pub fn live_url(&self) -> String {
-        format!("{}/api/v1/live", self.url.replacen("http", "ws", 1))
+        format!(
+            "{}/api/v1/live?access_token={ADMIN_KEY}",
+            self.url.replacen("http", "ws", 1)
+        )
     }
 }
 
@@ -166,6 +186,7 @@ fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {
     ])
     .arg(data)
     .env("WEFT_LOG", "warn")
+    .env("WEFT_ADMIN_KEY", ADMIN_KEY)
     .stdout(Stdio::piped())
     .stderr(Stdio::inherit());
     for (k, v) in env {

@@ -16,6 +16,8 @@ pub struct ApiError {
     name: &'static str,
     description: String,
     extra: Option<serde_json::Value>,
+    /// `Retry-After` in seconds, for answers that ask the client to wait.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -54,12 +56,20 @@ impl ApiError {
             name,
             description: description.into(),
             extra: None,
+            retry_after: None,
         }
     }
 
     /// Adds fields to the JSON body (e.g. the codec's `errors`).
     pub fn with_extra(mut self, extra: serde_json::Value) -> Self {
         self.extra = Some(extra);
+        self
+    }
+
+    /// Sets `Retry-After` to `wait`, rounded up to whole seconds (at least 1).
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> Self {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        self.retry_after = Some(secs.max(1));
         self
     }
 
@@ -82,7 +92,10 @@ impl IntoResponse for ApiError {
             obj.extend(extra);
         }
         let mut resp = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        } else if self.status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

@@ -38,7 +38,7 @@ async fn sensae_uplink(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &headers, false)?;
+    let pins = crate::auth::admit_ingest(&state, &headers, false)?;
     let format = match info_type.as_str() {
         "encoded" => UplinkFormat::SensaeEncoded,
         "decoded" => UplinkFormat::SensaeDecoded,
@@ -58,7 +58,9 @@ async fn sensae_uplink(
             "device type must match [a-zA-Z0-9]{2,15}",
         ));
     }
-    accept(&state, format, Some(channel), Some(device_type), body).await
+    let (mut channel, mut device_type) = (Some(channel), Some(device_type));
+    pins.apply(&mut channel, &mut device_type)?;
+    accept(&state, format, channel, device_type, body).await
 }
 
 /// Optional routing hints on the webhook paths, for network servers whose
@@ -106,7 +108,7 @@ async fn webhook(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &headers, true)?;
+    let pins = crate::auth::admit_ingest(&state, &headers, true)?;
     for name in [&params.channel, &params.device_type].into_iter().flatten() {
         if !weft_model::validate::is_object_id(name) {
             return Err(ApiError::bad_request(format!("invalid name '{name}'")));
@@ -126,36 +128,17 @@ async fn webhook(
         Some(e) if e == "up" => None,
         other => other,
     };
+    let (mut channel, mut device_type) = (params.channel, params.device_type);
+    pins.apply(&mut channel, &mut device_type)?;
     let uplink = NewUplink {
         received_at: now_ms(),
         format,
-        channel: params.channel,
-        device_type: params.device_type,
+        channel,
+        device_type,
         event,
         body: body.to_vec(),
     };
     accept_uplink(&state, uplink).await
-}
-
-/// Checks the ingest key. Webhooks may also send it as `Bearer <key>`, the
-/// form network servers' header settings usually produce.
-fn authorize(state: &AppState, headers: &HeaderMap, allow_bearer: bool) -> ApiResult<()> {
-    let Some(key) = state.ingest_key.as_deref() else {
-        return Ok(());
-    };
-    let given = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let ok = match given {
-        Some(g) if g == key => true,
-        Some(g) if allow_bearer => g.strip_prefix("Bearer ").is_some_and(|t| t == key),
-        _ => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
 }
 
 async fn accept(

@@ -13,15 +13,19 @@
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
 //! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
+//! - [`auth`]: API keys checked before routing, for every surface alike;
+//!   [`keys`]: `/api/v1/keys`, where they are made and revoked.
 #![deny(missing_docs)]
 
 pub mod alarms;
+pub mod auth;
 pub mod catalog;
 pub mod channels;
 pub mod data;
 pub mod error;
 pub mod history;
 pub mod ingest;
+pub mod keys;
 pub mod live;
 pub mod ngsi;
 pub mod ops;
@@ -40,6 +44,7 @@ use axum::Router;
 use futures::future::Either;
 use tower::Service;
 use weft_pages::Pages;
+use weft_pipeline::keys::Keys;
 use weft_pipeline::Services;
 
 pub use error::{ApiError, ApiResult};
@@ -71,6 +76,10 @@ pub struct AppState {
     /// behaves like Orion started without `-multiservice`: one tenant for
     /// all, the header only passed on to notifications.
     pub ngsi_multiservice: bool,
+    /// How requests are authenticated ([`auth`]).
+    pub auth: auth::AuthMode,
+    /// The API keys, held in memory.
+    pub keys: Arc<Keys>,
 }
 
 /// Largest request body weft accepts on its own surfaces (1 MiB, the same
@@ -83,6 +92,7 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Orion does).
 pub fn app(state: AppState) -> App {
     let ngsi = ngsi::service(state.clone());
+    let (auth, keys) = (state.auth, state.keys.clone());
     let others = Router::new()
         .merge(ingest::router())
         .merge(catalog::router())
@@ -94,9 +104,15 @@ pub fn app(state: AppState) -> App {
         .merge(live::router())
         .merge(ops::router())
         .merge(history::router())
+        .merge(keys::router())
         .fallback_service(ngsi.clone())
         .with_state(state);
-    App { ngsi, others }
+    App {
+        ngsi,
+        others,
+        auth,
+        keys,
+    }
 }
 
 /// weft's HTTP service (see [`app`]). Sending NGSI's paths past the other
@@ -106,6 +122,9 @@ pub fn app(state: AppState) -> App {
 pub struct App {
     ngsi: ngsi::Surface,
     others: Router,
+    /// Checked on every request before it is routed ([`auth::admit`]).
+    auth: auth::AuthMode,
+    keys: Arc<Keys>,
 }
 
 impl<B> Service<http::Request<B>> for App
@@ -115,20 +134,28 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = Either<<ngsi::Surface as Service<Request>>::Future, RouteFuture<Infallible>>;
+    type Future = Either<
+        std::future::Ready<Result<Response, Infallible>>,
+        Either<<ngsi::Surface as Service<Request>>::Future, RouteFuture<Infallible>>,
+    >;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // Before routing, for every surface alike; here rather than as a
+        // layer for the same reason as the body limit below.
+        if let Err(refused) = auth::admit(self.auth, &self.keys, &mut req, auth::Listener::Main) {
+            return Either::Left(std::future::ready(Ok(refused)));
+        }
         if ngsi::owns(req.uri().path()) {
-            return Either::Left(self.ngsi.call(req.map(Body::new)));
+            return Either::Right(Either::Left(self.ngsi.call(req.map(Body::new))));
         }
         // Here rather than as a layer of the router, which would wrap
         // (and clone, and box the future of) every route on every request.
         limit_body(&mut req);
-        Either::Right(self.others.call(req))
+        Either::Right(Either::Right(self.others.call(req)))
     }
 }
 

@@ -56,6 +56,12 @@ pub struct CommonArgs {
     #[arg(long, env = "WEFT_INGEST_KEY", hide_env_values = true)]
     pub ingest_key: Option<String>,
 
+    /// An API key sent as `X-Auth-Token` with every request (and as
+    /// `access_token` to the live websocket); with --spawn the bench makes
+    /// the server's admin key itself.
+    #[arg(long, env = "WEFT_BENCH_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
     /// How long each of the calibration's three measurements runs before
     /// the load (a bare HTTP handler's GET and POST, then the target's
     /// trivial GET, at the scenario's concurrency); 0s skips it, and the
@@ -87,6 +93,9 @@ impl Session {
     /// `GET /health` to answer 200, so no scenario measures a server that
     /// is still starting.
     pub async fn start(args: &CommonArgs) -> anyhow::Result<Session> {
+        if let (Some(key), false) = (&args.api_key, args.spawn) {
+            crate::http::use_api_key(key.clone());
+        }
         let (base, spawned) = if args.spawn {
             let (server, base) = SpawnedServer::start(args.ingest_key.as_deref()).await?;
             (base, Some(server))

@@ -326,7 +326,24 @@ impl Conn {
     }
 }
 
-/// Renders a complete request with an optional JSON body.
+/// The API key every request carries (`X-Auth-Token`), set once per run
+/// before any request is rendered ([`use_api_key`]). A process-wide value
+/// because a bench run drives one server, and every scenario renders its
+/// requests through [`render_request`].
+static API_KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the API key all requests of this run carry; the first call wins.
+pub fn use_api_key(key: String) {
+    let _ = API_KEY.set(key);
+}
+
+/// The run's API key, if there is one.
+pub fn api_key() -> Option<&'static str> {
+    API_KEY.get().map(String::as_str)
+}
+
+/// Renders a complete request with an optional JSON body (and the run's
+/// API key, [`use_api_key`]).
 pub fn render_request(
     method: &str,
     target: &str,
@@ -338,6 +355,9 @@ pub fn render_request(
     out.extend_from_slice(format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\n").as_bytes());
     for (name, value) in headers {
         out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
+    if let Some(key) = api_key() {
+        out.extend_from_slice(format!("X-Auth-Token: {key}\r\n").as_bytes());
     }
     match json {
         Some(body) => {

@@ -73,9 +73,16 @@ impl BaseUrl {
         format!("{}{}", self.prefix, path)
     }
 
-    /// The `ws://` URL of an API path, for the live websocket.
+    /// The `ws://` URL of an API path, for the live websocket (with the
+    /// run's API key as `access_token`).
     pub fn ws_url(&self, path: &str) -> String {
-        format!("ws://{}{}{}", self.host, self.prefix, path)
+        match crate::http::api_key() {
+            Some(key) => format!(
+                "ws://{}{}{}?access_token={key}",
+                self.host, self.prefix, path
+            ),
+            None => format!("ws://{}{}{}", self.host, self.prefix, path),
+        }
     }
 }
 
@@ -118,6 +125,22 @@ impl SpawnedServer {
         if let Some(key) = ingest_key {
             cmd.arg("--ingest-key").arg(key);
         }
+        // An admin key for the run (unless one is given), and a rate
+        // limit no load reaches: the bench measures weft's work per
+        // request, key check and bucket included, not the limit itself.
+        // With WEFT_AUTH=off in the environment the server ignores them.
+        let admin_key = std::env::var("WEFT_ADMIN_KEY")
+            .unwrap_or_else(|_| format!("weft_bench_{}", uuid::Uuid::new_v4().simple()));
+        cmd.env("WEFT_ADMIN_KEY", &admin_key);
+        for (var, value) in [
+            ("WEFT_HTTP__RATE_LIMIT", "1000000000"),
+            ("WEFT_HTTP__RATE_BURST", "1000000000"),
+        ] {
+            if std::env::var_os(var).is_none() {
+                cmd.env(var, value);
+            }
+        }
+        crate::http::use_api_key(admin_key);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

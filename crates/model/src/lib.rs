@@ -19,9 +19,11 @@
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
 //! - [`channel`]: ids and durations of the durable channels' API (DSPS).
 //! - [`json`]: depth and number limits on JSON kept as clients sent it.
+//! - [`apikey`]: API keys: roles, scopes, secrets and their hashes.
 #![deny(missing_docs)]
 
 pub mod alarm;
+pub mod apikey;
 pub mod channel;
 pub mod device;
 pub mod device_event;

@@ -13,6 +13,8 @@
 //! - [`rules`]: alarm rules evaluated on stored units, and their alarms.
 //! - [`channels`]: durable pull channels and the bridges feeding them.
 //! - [`filter`]: the event filter the live stream and the bridges share.
+//! - [`keys`]: API keys held in memory by hash, their rate limits, and
+//!   their creation, revocation and bootstrap.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -28,6 +30,7 @@ pub mod entity;
 pub mod filter;
 pub mod history;
 pub mod ingest;
+pub mod keys;
 pub mod registrations;
 pub mod rules;
 pub mod services;

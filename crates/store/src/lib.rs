@@ -13,6 +13,7 @@
 //! - [`HistoryStore`]: the history feeds and the history.
 //! - [`RuleStore`]: rules, rule state, alarms and alarm events.
 //! - [`ChannelStore`]: durable pull channels.
+//! - [`KeyStore`]: API keys (their hashes, never their secrets).
 //!
 //! A domain's methods need its trait in scope: callers holding a
 //! `dyn Store` write `use weft_store::prelude::*;`.
@@ -39,6 +40,7 @@ mod conformance;
 mod context;
 mod history;
 mod ingest;
+mod keys;
 pub mod postgres;
 mod rollup;
 pub mod sqlite;
@@ -55,6 +57,7 @@ pub use history::{
     HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
+pub use keys::KeyStore;
 pub use units::{
     CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, StoredUnit, UnitRecord, UnitStore,
     ENTITIES_CURSOR,
@@ -89,8 +92,8 @@ pub(crate) fn to_i64(n: u64) -> i64 {
 /// methods can only be called with its trait in scope.
 pub mod prelude {
     pub use crate::{
-        CatalogStore, ChannelStore, ContextStore, HistoryStore, IngestLogStore, RuleStore, Store,
-        UnitStore,
+        CatalogStore, ChannelStore, ContextStore, HistoryStore, IngestLogStore, KeyStore,
+        RuleStore, Store, UnitStore,
     };
 }
 
@@ -127,6 +130,7 @@ pub trait Store:
     + HistoryStore
     + RuleStore
     + ChannelStore
+    + KeyStore
     + 'static
 {
     /// Commits an empty write through the writer: `Ok` means the store is

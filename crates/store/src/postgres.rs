@@ -29,6 +29,7 @@ mod conn;
 mod context;
 mod history;
 mod ingest;
+mod keys;
 mod schema;
 mod units;
 mod writer;

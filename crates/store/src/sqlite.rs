@@ -45,6 +45,7 @@ mod checkpointer;
 mod context;
 mod history;
 mod ingest;
+mod keys;
 mod reader;
 mod schema;
 mod units;

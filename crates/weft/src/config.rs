@@ -22,6 +22,13 @@ pub struct Config {
     pub data: PathBuf,
     /// Key ingest requests must carry in `Authorization`; empty = none.
     pub ingest_key: String,
+    /// How requests are authenticated: `on` (API keys, the default),
+    /// `off` (development only) or `trust-proxy` (an upstream PEP proxy
+    /// did it). docs/security.md explains each.
+    pub auth: String,
+    /// A secret to store (hashed) as an admin key at start, instead of
+    /// having weft make one and print it on a fresh data directory.
+    pub admin_key: String,
     /// Log filter (`tracing` env-filter syntax), e.g. `info,weft_pipeline=debug`.
     pub log: String,
     /// The script sandbox.
@@ -42,6 +49,8 @@ pub struct Config {
     pub channels: ChannelsSection,
     /// Pages (Knot.x-style templates).
     pub pages: PagesSection,
+    /// The HTTP listener: rate limits, CORS.
+    pub http: HttpSection,
 }
 
 impl Default for Config {
@@ -50,6 +59,8 @@ impl Default for Config {
             listen: "127.0.0.1:8080".parse().expect("valid address"),
             data: PathBuf::from("./weft-data"),
             ingest_key: String::new(),
+            auth: "on".into(),
+            admin_key: String::new(),
             log: "info".into(),
             engine: EngineSection::default(),
             store: StoreSection::default(),
@@ -60,6 +71,31 @@ impl Default for Config {
             rules: RulesSection::default(),
             channels: ChannelsSection::default(),
             pages: PagesSection::default(),
+            http: HttpSection::default(),
+        }
+    }
+}
+
+/// `[http]`: what every request meets before its surface.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// Requests per second one API key may sustain (keys may set their
+    /// own); 0: unlimited.
+    pub rate_limit: f64,
+    /// Requests one API key may send at once after a quiet spell.
+    pub rate_burst: u32,
+    /// Origins browsers may call weft from (CORS), e.g.
+    /// `["https://console.example"]`, or `["*"]`; empty: CORS is off.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection {
+            rate_limit: 1000.0,
+            rate_burst: 2000,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -358,7 +394,10 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 13] = [
+const CONFIG_KEYS: [&str; 16] = [
+    "auth",
+    "admin_key",
+    "http",
     "pages",
     "channels",
     "history",
@@ -392,6 +431,9 @@ pub struct Overrides {
     /// `--ingest-key`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ingest_key: Option<String>,
+    /// `--admin-key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_key: Option<String>,
 }
 
 impl Config {
@@ -466,6 +508,28 @@ mod tests {
             jail.set_env("WEFT_DATA", "/tmp/x");
             let c = Config::load(None, Overrides::default())?;
             assert_eq!(c.data, PathBuf::from("/tmp/x"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn auth_settings_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None, Overrides::default())?;
+            assert_eq!(c.auth, "on", "keys are required unless told otherwise");
+            assert!(c.http.cors_origins.is_empty(), "CORS is off by default");
+            jail.set_env("WEFT_AUTH", "off");
+            jail.set_env("WEFT_ADMIN_KEY", "weft_given_admin_key_0123456789");
+            jail.set_env("WEFT_HTTP__RATE_LIMIT", "5");
+            jail.create_file(
+                "weft.toml",
+                "[http]\ncors_origins = [\"https://a.example\"]\n",
+            )?;
+            let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;
+            assert_eq!(c.auth, "off");
+            assert_eq!(c.admin_key, "weft_given_admin_key_0123456789");
+            assert_eq!(c.http.rate_limit, 5.0);
+            assert_eq!(c.http.cors_origins, ["https://a.example"]);
             Ok(())
         });
     }

@@ -49,6 +49,10 @@ enum Command {
         /// Key ingest requests must send in Authorization.
         #[arg(long)]
         ingest_key: Option<String>,
+        /// Secret stored (hashed) as an admin API key at start, instead of
+        /// a generated one printed on a fresh data directory.
+        #[arg(long)]
+        admin_key: Option<String>,
     },
     /// Reproduce a seed workload against a running weft (or --spawn one).
     #[command(subcommand)]
@@ -66,6 +70,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             data,
             ingest_key,
+            admin_key,
         } => {
             let config = Config::load(
                 config.as_deref(),
@@ -73,6 +78,7 @@ fn main() -> anyhow::Result<()> {
                     listen,
                     data,
                     ingest_key,
+                    admin_key,
                 },
             )
             .context("reading the configuration")?;

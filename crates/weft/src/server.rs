@@ -16,12 +16,15 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use weft_api::auth::AuthMode;
 use weft_api::{AppState, MetricsRender};
 use weft_bus::InProcessBus;
 use weft_engine::{Engine, EngineConfig};
+use weft_model::apikey::RateLimit;
 use weft_pages::service::Sources;
 use weft_pages::{Pages, PagesConfig};
 use weft_pipeline::channels::ChannelsConfig;
+use weft_pipeline::keys::Keys;
 use weft_pipeline::rules::RulesConfig;
 use weft_pipeline::subscriptions::sender::SenderConfig;
 use weft_pipeline::{IngestConfig, Services, ServicesConfig};
@@ -84,6 +87,14 @@ pub async fn serve(
         }
     };
 
+    let (auth, keys) = match start_auth(&config, &store).await {
+        Ok(started) => started,
+        Err(e) => {
+            stop_services(services_stop, tracker, &store).await;
+            return Err(e);
+        }
+    };
+    keys.spawn_refresh(services_stop.clone(), &tracker);
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
     if ingest_key.is_none() {
         tracing::warn!(
@@ -103,13 +114,20 @@ pub async fn serve(
         metrics,
         live_runtime: live_runtime.handle().clone(),
         ngsi_multiservice: config.ngsi.multiservice,
+        auth,
+        keys,
     };
     let quantumleap = match config.history.quantumleap_listen {
         Some(addr) => {
             let listener = crate::http::bind(addr)
                 .with_context(|| format!("binding QuantumLeap's listener {addr}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving QuantumLeap's API");
-            let app = weft_api::history::quantumleap_router(state.clone());
+            let app = weft_api::history::quantumleap_router(state.clone()).layer(
+                axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    weft_api::auth::quantumleap_guard,
+                ),
+            );
             Some(tokio::spawn(crate::http::serve(
                 listener,
                 app,
@@ -121,7 +139,10 @@ pub async fn serve(
     let app = weft_api::app(state);
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
-    crate::http::serve(listener, app, shutdown).await;
+    match cors_layer(&config.http.cors_origins)? {
+        Some(cors) => crate::http::serve(listener, tower::Layer::layer(&cors, app), shutdown).await,
+        None => crate::http::serve(listener, app, shutdown).await,
+    }
     if let Some(task) = quantumleap {
         let _ = task.await;
     }
@@ -131,6 +152,86 @@ pub async fn serve(
     live_runtime.shutdown_background();
     tracing::info!("weft stopped");
     Ok(())
+}
+
+/// The authentication mode and the keys: loads them and, with auth on,
+/// makes sure an admin key exists — the configured `admin_key`, or on a
+/// fresh data directory a new one, printed once on stderr.
+async fn start_auth(
+    config: &Config,
+    store: &Arc<dyn Store>,
+) -> anyhow::Result<(AuthMode, Arc<Keys>)> {
+    let mode = match config.auth.as_str() {
+        "on" => AuthMode::On,
+        "off" => AuthMode::Off,
+        "trust-proxy" => AuthMode::TrustProxy,
+        other => anyhow::bail!("auth must be 'on', 'off' or 'trust-proxy', not '{other}'"),
+    };
+    let rate = RateLimit {
+        rate: config.http.rate_limit.max(0.0),
+        burst: config.http.rate_burst.max(1),
+    };
+    let keys = Keys::load(store.clone(), rate)
+        .await
+        .context("loading the API keys")?;
+    match mode {
+        AuthMode::On => {
+            let given = (!config.admin_key.is_empty()).then_some(config.admin_key.as_str());
+            if let Some(secret) = keys.bootstrap(given).await.context("the admin key")? {
+                // stderr, not the log: the secret is shown once, to whoever
+                // started weft, and never lands in shipped logs.
+                eprintln!(
+                    "\nweft: created the first admin API key. It is shown only this once; keep it:\n\n    {secret}\n\n\
+                     Send it as 'Authorization: Bearer <key>' and make narrower keys with POST /api/v1/keys.\n"
+                );
+                tracing::warn!(
+                    prefix = %&secret[..weft_model::apikey::SHOWN_PREFIX_LEN],
+                    "created the first admin API key (printed above, once)"
+                );
+            }
+        }
+        AuthMode::Off => tracing::warn!(
+            "auth = \"off\": every surface answers without an API key; for development only"
+        ),
+        AuthMode::TrustProxy => tracing::warn!(
+            "auth = \"trust-proxy\": requests are trusted as authenticated by an upstream PEP proxy; \
+             weft must be reachable only through it"
+        ),
+    }
+    Ok((mode, Arc::new(keys)))
+}
+
+/// The CORS layer `[http] cors_origins` asks for; `None` when empty.
+fn cors_layer(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    use axum::http::{header, HeaderName, HeaderValue};
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let list = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o)
+                    .with_context(|| format!("http.cors_origins: '{o}' is not an origin"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AllowOrigin::list(list)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any)
+            .expose_headers([
+                header::LOCATION,
+                header::RETRY_AFTER,
+                HeaderName::from_static("fiware-correlator"),
+                HeaderName::from_static("fiware-total-count"),
+            ]),
+    ))
 }
 
 /// Stops the services: lets the ingest consumer process what the log

@@ -198,6 +198,14 @@ CREATE TABLE device_state (
     PRIMARY KEY (device_id, kind)
 );
 "#,
+    // Step 3: API keys (see the SQLite schema's `api_keys`).
+    r#"
+CREATE TABLE api_keys (
+    id   TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    json TEXT NOT NULL
+);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -81,6 +81,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   keyed by their log `seq` so a replay stores them once; and per
 ///   device and kind of event (`join`, `status`, …) the summary of the
 ///   latest, which the device's record shows.
+/// - `api_keys` (step 10, main file): API keys, one row per key id with the
+///   SHA-256 of its secret (unique) and its record as JSON; never deleted,
+///   only marked revoked.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -266,6 +269,13 @@ CREATE TABLE device_state (
     json      TEXT    NOT NULL,
     PRIMARY KEY (device_id, kind)
 ) WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE api_keys (
+    id   TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    json TEXT NOT NULL
+);
 "#,
 ];
 
