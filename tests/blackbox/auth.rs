@@ -740,3 +740,58 @@ async fn cors_answers_listed_origins() {
         "https://console.example"
     );
 }
+
+/// Notifications received by a local endpoint: the headers of each.
+async fn header_sink() -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<axum::http::HeaderMap>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/notify",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(headers);
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/notify", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, rx)
+}
+
+/// The key an update came with never reaches the notifications it
+/// triggers (with auth off, Orion's forwarding of `X-Auth-Token` stays).
+#[tokio::test]
+async fn keys_are_not_forwarded_to_notifications() {
+    for (auth, forwarded) in [("on", false), ("off", true)] {
+        let server = Server::start_with_env(&[("WEFT_AUTH", auth)]);
+        let admin = server.client();
+        let (url, mut received) = header_sink().await;
+        let sub = json!({"subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
+                         "notification": {"http": {"url": url}}});
+        admin
+            .expect(201, "POST", "/v2/subscriptions", Some(&sub))
+            .await;
+        let room = json!({"id": "R1", "type": "Room", "t": {"value": 1, "type": "Number"}});
+        admin.expect(201, "POST", "/v2/entities", Some(&room)).await;
+        let headers = tokio::time::timeout(Duration::from_secs(10), received.recv())
+            .await
+            .expect("a notification")
+            .expect("the sink runs");
+        let token = headers
+            .get("x-auth-token")
+            .map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(token.is_some(), forwarded, "auth {auth}: {headers:?}");
+        if forwarded {
+            assert_eq!(token.as_deref(), Some(ADMIN_KEY));
+        }
+        let leaked = headers
+            .values()
+            .any(|v| v.to_str().is_ok_and(|v| v.contains(ADMIN_KEY)));
+        assert_eq!(leaked, forwarded, "auth {auth}: {headers:?}");
+    }
+}

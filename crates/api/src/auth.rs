@@ -252,6 +252,8 @@ fn too_many(wait: Duration) -> Response {
 /// Authenticates and authorises `req` (see the module's doc), adapting
 /// its FIWARE headers to the key's scope; `Err` is the answer to send
 /// instead. Cheap on the hot path: a SHA-256, a map lookup, the bucket.
+// The error is the answer itself, built only for a refused request.
+#[allow(clippy::result_large_err)]
 pub fn admit<B>(
     mode: AuthMode,
     keys: &Keys,
@@ -311,6 +313,7 @@ pub fn admit<B>(
 
 /// Holds a request of a multi-tenant surface to the key's tenant and
 /// service path, filling in the headers the request left out.
+#[allow(clippy::result_large_err)]
 fn scope_fiware<B>(
     key: &ApiKey,
     req: &mut http::Request<B>,

@@ -342,6 +342,12 @@ pub fn api_key() -> Option<&'static str> {
     API_KEY.get().map(String::as_str)
 }
 
+/// The run's API key as a header line (`X-Auth-Token: …\r\n`), for the
+/// scenarios that pre-render their request heads by hand; empty without one.
+pub fn api_key_line() -> String {
+    api_key().map_or_else(String::new, |key| format!("X-Auth-Token: {key}\r\n"))
+}
+
 /// Renders a complete request with an optional JSON body (and the run's
 /// API key, [`use_api_key`]).
 pub fn render_request(

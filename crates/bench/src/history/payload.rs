@@ -203,8 +203,9 @@ impl NotifyHead {
     pub fn new(prefix: &str, host: &str, tenant: &str) -> NotifyHead {
         NotifyHead {
             start: format!(
-                "POST {prefix}/v2/notify HTTP/1.1\r\nHost: {host}\r\nFiware-Service: {tenant}\r\n\
-                 Content-Type: application/json\r\nContent-Length: "
+                "POST {prefix}/v2/notify HTTP/1.1\r\nHost: {host}\r\nFiware-Service: {tenant}\r\n{key}\
+                 Content-Type: application/json\r\nContent-Length: ",
+                key = crate::http::api_key_line(),
             )
             .into_bytes(),
         }

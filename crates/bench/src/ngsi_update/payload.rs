@@ -116,8 +116,9 @@ impl PatchHead {
         PatchHead {
             start: format!("PATCH {prefix}/v2/entities/").into_bytes(),
             middle: format!(
-                "/attrs HTTP/1.1\r\nHost: {host}\r\nFiware-Service: {tenant}\r\n\
-                 Content-Type: application/json\r\nContent-Length: "
+                "/attrs HTTP/1.1\r\nHost: {host}\r\nFiware-Service: {tenant}\r\n{key}\
+                 Content-Type: application/json\r\nContent-Length: ",
+                key = crate::http::api_key_line(),
             )
             .into_bytes(),
         }

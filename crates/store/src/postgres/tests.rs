@@ -109,7 +109,11 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [3]);
+    assert_eq!(
+        versions,
+        [3],
+        "three steps: the first schema, device events, the API keys"
+    );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
         .await
