@@ -23,6 +23,7 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
+//! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;
 mod auth;
@@ -39,4 +40,5 @@ mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;
 mod pages;
+mod tls;
 mod util;

@@ -88,6 +88,11 @@ pub struct HttpSection {
     /// Origins browsers may call weft from (CORS), e.g.
     /// `["https://console.example"]`, or `["*"]`; empty: CORS is off.
     pub cors_origins: Vec<String>,
+    /// PEM certificate chain (leaf first): with `tls_key`, every listener
+    /// (the API's and QuantumLeap's) serves HTTPS instead of HTTP.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for HttpSection {
@@ -96,6 +101,8 @@ impl Default for HttpSection {
             rate_limit: 1000.0,
             rate_burst: 2000,
             cors_origins: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }

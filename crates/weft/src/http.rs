@@ -8,6 +8,10 @@
 //! clients send raw (`q=temperature>40`) are repaired first
 //! ([`crate::uri_escape`]).
 //!
+//! With a [`TlsAcceptor`] every connection is a TLS one: its handshake
+//! runs in the connection's own task (bounded by [`TLS_HANDSHAKE`]), so a
+//! slow or broken client never holds up the accept loop.
+//!
 //! Shutdown: once `shutdown` is cancelled no new connection is accepted;
 //! open connections finish their in-flight request (for at most
 //! [`DRAIN_CONNECTIONS`]) and are closed.
@@ -20,7 +24,9 @@ use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -29,10 +35,17 @@ use crate::uri_escape::UriEscaping;
 /// Longest wait for open connections to finish at shutdown.
 pub const DRAIN_CONNECTIONS: Duration = Duration::from_secs(10);
 
+/// Longest a client may take to complete its TLS handshake.
+pub const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
+
 /// Serves `app` (weft's API, or QuantumLeap's on its own port) on
-/// `listener` until `shutdown` is cancelled.
-pub async fn serve<S>(listener: TcpListener, app: S, shutdown: CancellationToken)
-where
+/// `listener` until `shutdown` is cancelled; over TLS when `tls` is given.
+pub async fn serve<S>(
+    listener: TcpListener,
+    app: S,
+    tls: Option<TlsAcceptor>,
+    shutdown: CancellationToken,
+) where
     S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
         + Clone
         + Send
@@ -56,26 +69,18 @@ where
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
-        let service = TowerToHyperService::new(app.clone());
-        let connection = hyper::server::conn::http1::Builder::new()
-            .title_case_headers(true)
-            .serve_connection(TokioIo::new(UriEscaping::new(stream)), service)
-            .with_upgrades();
+        let app = app.clone();
         let shutdown = shutdown.clone();
-        connections.spawn(async move {
-            let mut connection = std::pin::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                _ = shutdown.cancelled() => {
-                    // Finish the request in flight, then close.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+        match tls.clone() {
+            None => connections.spawn(serve_connection(stream, app, shutdown)),
+            Some(tls) => connections.spawn(async move {
+                match tokio::time::timeout(TLS_HANDSHAKE, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => serve_connection(stream, app, shutdown).await,
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
-            };
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+            }),
+        };
     }
     drop(listener);
     connections.close();
@@ -84,6 +89,36 @@ where
         .is_err()
     {
         tracing::warn!("some connections were still open after the drain timeout");
+    }
+}
+
+/// Serves HTTP/1.1 on one accepted connection (plain or TLS) until the
+/// client closes it or `shutdown` is cancelled.
+async fn serve_connection<I, S>(io: I, app: S, shutdown: CancellationToken)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let service = TowerToHyperService::new(app);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(UriEscaping::new(io)), service)
+        .with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        _ = shutdown.cancelled() => {
+            // Finish the request in flight, then close.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

@@ -6,6 +6,7 @@ mod config;
 mod data_lock;
 mod http;
 mod server;
+mod tls;
 mod uri_escape;
 
 use std::io::Write;
@@ -105,10 +106,16 @@ async fn run_server(config: Config) -> anyhow::Result<()> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
+    let tls = match (&config.http.tls_cert, &config.http.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        (None, None) => None,
+        _ => anyhow::bail!("[http] tls_cert and tls_key go together: set both or neither"),
+    };
     let listener =
         crate::http::bind(config.listen).with_context(|| format!("binding {}", config.listen))?;
     // Scripts and tests read this line to learn the address when port 0 was asked for.
-    println!("weft listening on http://{}", listener.local_addr()?);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("weft listening on {scheme}://{}", listener.local_addr()?);
     std::io::stdout().flush()?;
 
     let shutdown = CancellationToken::new();
@@ -121,6 +128,7 @@ async fn run_server(config: Config) -> anyhow::Result<()> {
     server::serve(
         config,
         listener,
+        tls,
         Arc::new(move || handle.render()),
         shutdown,
     )

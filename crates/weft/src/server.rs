@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weft_api::auth::AuthMode;
@@ -37,10 +38,12 @@ use crate::data_lock::DataLock;
 /// shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs weft on `listener` until `shutdown` is cancelled.
+/// Runs weft on `listener` (over TLS with `tls`, and so QuantumLeap's
+/// listener too) until `shutdown` is cancelled.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     metrics: MetricsRender,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -131,6 +134,7 @@ pub async fn serve(
             Some(tokio::spawn(crate::http::serve(
                 listener,
                 app,
+                tls.clone(),
                 shutdown.clone(),
             )))
         }
@@ -140,8 +144,10 @@ pub async fn serve(
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
     match cors_layer(&config.http.cors_origins)? {
-        Some(cors) => crate::http::serve(listener, tower::Layer::layer(&cors, app), shutdown).await,
-        None => crate::http::serve(listener, app, shutdown).await,
+        Some(cors) => {
+            crate::http::serve(listener, tower::Layer::layer(&cors, app), tls, shutdown).await
+        }
+        None => crate::http::serve(listener, app, tls, shutdown).await,
     }
     if let Some(task) = quantumleap {
         let _ = task.await;
