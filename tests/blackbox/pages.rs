@@ -789,3 +789,58 @@ async fn hostile_page_inputs_are_refused_and_change_nothing() {
     );
     c.expect(200, "GET", "/health", None).await;
 }
+
+/// A template whose output multiplies (an `{{#each}}` over 1,000 entities
+/// inside another) fails its view with a 500 naming the limit it reached,
+/// instead of taking gigabytes or the thread; other pages and weft keep
+/// answering, and a viewer's value in an entities source's `q` stays one
+/// literal (`a,b` does not list two ids).
+#[tokio::test]
+async fn a_page_that_renders_too_much_fails_only_its_view() {
+    let server = Server::start();
+    let c = server.client();
+    let entities: Vec<Value> = (0..1000)
+        .map(|i| json!({"id": format!("room-{i:04}-with-a-longer-name"), "type": "Room",
+                         "temperature": {"value": i, "type": "Number"}}))
+        .collect();
+    c.expect(
+        204,
+        "POST",
+        "/v2/op/update",
+        Some(&json!({"actionType": "append", "entities": entities})),
+    )
+    .await;
+    let all = json!({"entities": {"type": "Room", "limit": 1000}});
+    c.expect(201, "PUT", "/api/v1/page-services/rooms", Some(&all))
+        .await;
+    let one = json!({"entities": {"q": "temperature=={param.t}"}});
+    c.expect(201, "PUT", "/api/v1/page-services/room", Some(&one))
+        .await;
+    let squared = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"rooms\" \
+                   type=\"text/knotx-snippet\">{{#each _result}}{{#each ../_result}}{{id}}\
+                   {{/each}}{{/each}}</script>";
+    assert_eq!(put_text(&c, "/api/v1/pages/squared", squared).await, 201);
+    let lookup = "<script data-knotx-knots=\"services,handlebars\" data-knotx-service=\"room\" \
+                  type=\"text/knotx-snippet\">{{#each _result}}{{id}};{{/each}}</script>";
+    assert_eq!(put_text(&c, "/api/v1/pages/lookup", lookup).await, 201);
+
+    let resp = c
+        .http
+        .get(format!("{}/pages/squared", c.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 500);
+    let reply: Value = resp.json().await.unwrap();
+    assert_eq!(reply["error"], "PageOverBudget", "{reply}");
+
+    assert_eq!(
+        get_page(&c, "/pages/lookup?t=7").await,
+        (200, "room-0007-with-a-longer-name;".to_string())
+    );
+    assert_eq!(
+        get_page(&c, "/pages/lookup?t=7,8").await,
+        (200, String::new())
+    );
+    c.expect(200, "GET", "/health", None).await;
+}

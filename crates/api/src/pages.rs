@@ -45,6 +45,11 @@ impl From<PageError> for ApiError {
                 "BrokenPage",
                 e.to_string(),
             ),
+            PageError::OverBudget { .. } => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "PageOverBudget",
+                e.to_string(),
+            ),
             PageError::Store(s) => s.into(),
         }
     }

@@ -94,6 +94,17 @@ pub enum PageError {
         /// What is wrong with its template.
         problem: String,
     },
+    /// One view of the page went past [`limits::MAX_PAGE_BYTES`] of output
+    /// or [`limits::MAX_RENDER_TIME`] (500): its template over the data it
+    /// got renders too much; the view fails rather than take the memory
+    /// or the thread.
+    #[error("page '{name}' could not be rendered: {problem}")]
+    OverBudget {
+        /// The page.
+        name: String,
+        /// Which limit it reached.
+        problem: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -602,9 +613,19 @@ impl Pages {
         // same HTML: rendered once per page request.
         let mut contexts: HashMap<String, Option<handlebars::Context>> = HashMap::new();
         let mut rendered_once: HashMap<(String, String), Option<Arc<str>>> = HashMap::new();
+        let mut budget = limits::RenderBudget::new();
         for f in &t.fragments {
             match f {
-                Fragment::Static(r) => out.push_str(&t.source[r.clone()]),
+                Fragment::Static(r) => {
+                    let text = &t.source[r.clone()];
+                    budget
+                        .take(text.len())
+                        .map_err(|problem| PageError::OverBudget {
+                            name: name.to_string(),
+                            problem,
+                        })?;
+                    out.push_str(text);
+                }
                 Fragment::Snippet(i) => {
                     let s = &t.snippets[*i];
                     if !s.knots.iter().any(|k| k == "handlebars") {
@@ -618,23 +639,39 @@ impl Pages {
                         .iter()
                         .map(|(ns, k)| format!("{ns:?}={k:?};"))
                         .collect();
-                    let name = &page.names[*i];
+                    let snippet = &page.names[*i];
                     let rendered = rendered_once
-                        .entry((name.clone(), ctx_key.clone()))
+                        .entry((snippet.clone(), ctx_key.clone()))
                         .or_insert_with(|| {
                             let ctx = contexts
                                 .entry(ctx_key)
                                 .or_insert_with(|| context(bound, &results))
                                 .as_ref()?;
+                            let mut output = limits::BudgetedOutput::new(&mut budget);
                             page.handlebars
-                                .render_with_context(name, ctx)
-                                .map(Arc::from)
+                                .render_with_context_to_write(snippet, ctx, &mut output)
                                 .map_err(|e| tracing::debug!(error = %e, "snippet render failed"))
-                                .ok()
+                                .ok()?;
+                            // Handlebars writes only UTF-8 `str`s.
+                            String::from_utf8(output.buffer).ok().map(Arc::from)
                         })
                         .clone();
+                    if let Some(problem) = budget.exhausted.take() {
+                        return Err(PageError::OverBudget {
+                            name: name.to_string(),
+                            problem,
+                        });
+                    }
                     match rendered {
-                        Some(html) => out.push_str(&html),
+                        Some(html) => {
+                            budget
+                                .take(html.len())
+                                .map_err(|problem| PageError::OverBudget {
+                                    name: name.to_string(),
+                                    problem,
+                                })?;
+                            out.push_str(&html)
+                        }
                         None => out.push_str(match s.fallback.as_deref() {
                             Some("BLANK") => "",
                             Some(id) => t

@@ -25,6 +25,7 @@
 //! quotes or escapes the way matching openers with closers could).
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use handlebars::template::{Parameter, TemplateElement};
 use handlebars::{Handlebars, JsonRender, Path, Template};
@@ -44,6 +45,96 @@ pub const MAX_PARENS: usize = 256;
 /// snippet body may hold: each can add a level to the compiled template
 /// (an `{{else if}}` chain nests), which Handlebars drops recursively.
 pub const MAX_BLOCK_TAGS: usize = 1_000;
+
+/// Most bytes one page view may render. A few `{{#each}}` over large
+/// sources nested in one another multiply: without a bound, one view could
+/// take all the memory there is.
+pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Longest the snippets of one page view may take to render (the service
+/// calls before it have their own timeouts). Rendering runs on the
+/// runtime's thread; past this the view fails instead of holding it.
+pub const MAX_RENDER_TIME: Duration = Duration::from_secs(2);
+
+/// What is left of one page view's output and time, shared by all its
+/// snippets: every write a render makes takes from it, and the write that
+/// would go past either limit fails the render.
+pub(crate) struct RenderBudget {
+    bytes_left: usize,
+    deadline: Instant,
+    /// What ran out, once something did.
+    pub(crate) exhausted: Option<String>,
+}
+
+impl RenderBudget {
+    /// A fresh budget of [`MAX_PAGE_BYTES`] and [`MAX_RENDER_TIME`].
+    pub(crate) fn new() -> RenderBudget {
+        RenderBudget::with(MAX_PAGE_BYTES, MAX_RENDER_TIME)
+    }
+
+    fn with(bytes: usize, time: Duration) -> RenderBudget {
+        RenderBudget {
+            bytes_left: bytes,
+            deadline: Instant::now() + time,
+            exhausted: None,
+        }
+    }
+
+    /// Takes `n` bytes of the page's output; the reason it cannot, once
+    /// it cannot.
+    pub(crate) fn take(&mut self, n: usize) -> Result<(), String> {
+        self.check(n)?;
+        self.bytes_left -= n;
+        Ok(())
+    }
+
+    /// Whether `n` more bytes would still fit, and time is left.
+    fn check(&mut self, n: usize) -> Result<(), String> {
+        if let Some(reason) = &self.exhausted {
+            return Err(reason.clone());
+        }
+        let reason = if n > self.bytes_left {
+            format!("its output passed {MAX_PAGE_BYTES} bytes")
+        } else if Instant::now() > self.deadline {
+            format!("rendering took longer than {MAX_RENDER_TIME:?}")
+        } else {
+            return Ok(());
+        };
+        self.exhausted = Some(reason.clone());
+        Err(reason)
+    }
+}
+
+/// Where one snippet renders to: a buffer whose every write must still
+/// fit the page view's [`RenderBudget`] (what is rendered is taken from it
+/// when it goes into the page, as often as it does).
+pub(crate) struct BudgetedOutput<'a> {
+    pub(crate) buffer: Vec<u8>,
+    budget: &'a mut RenderBudget,
+}
+
+impl<'a> BudgetedOutput<'a> {
+    pub(crate) fn new(budget: &'a mut RenderBudget) -> Self {
+        BudgetedOutput {
+            buffer: Vec::new(),
+            budget,
+        }
+    }
+}
+
+impl std::io::Write for BudgetedOutput<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.budget
+            .check(self.buffer.len() + bytes.len())
+            .map_err(std::io::Error::other)?;
+        self.buffer.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Checks that a snippet body cannot nest deep enough to overflow the
 /// stack while it is compiled: at most [`MAX_PARENS`] `(` and
@@ -341,6 +432,22 @@ fn expanded_depths(shapes: &HashMap<Node, Shape>) -> Result<HashMap<Node, usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_render_budget_refuses_the_write_past_its_bytes_and_then_everything() {
+        let mut budget = RenderBudget::with(10, Duration::from_secs(60));
+        assert!(budget.take(6).is_ok());
+        assert!(budget.take(4).is_ok());
+        assert!(budget.take(1).unwrap_err().contains("bytes"));
+        assert!(budget.take(0).is_err(), "stays exhausted");
+    }
+
+    #[test]
+    fn a_render_budget_refuses_writes_past_its_deadline() {
+        let mut budget = RenderBudget::with(10, Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(budget.take(1).unwrap_err().contains("longer than"));
+    }
 
     /// Registers `bodies` as snippets `0`, `1`, … and checks them.
     fn check_bodies(bodies: &[&str]) -> Result<(), String> {

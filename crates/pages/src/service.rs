@@ -232,6 +232,63 @@ fn fill(template: &str, params: &Map<String, Value>, request: &RequestInfo) -> S
     substitute(template, |name| lookup(name, params, request))
 }
 
+/// Fills the placeholders of an entities source's `q`, each value as one
+/// literal of the query: a number or a plain word as it is, anything else
+/// quoted (`'a,b'` is the string `a,b`, not a list), so a viewer's value
+/// can never add a condition (`;`), a list item (`,`), a range (`..`) or
+/// an operator. The query language has no escape for `'`: a value holding
+/// one is refused.
+fn fill_query(
+    template: &str,
+    params: &Map<String, Value>,
+    request: &RequestInfo,
+) -> Result<String, String> {
+    let mut refused = None;
+    let filled = substitute(template, |name| {
+        let value = lookup(name, params, request)?;
+        Some(match query_literal(&value) {
+            Some(literal) => literal,
+            None => {
+                refused.get_or_insert_with(|| {
+                    format!("the value of {{{name}}} holds a ' that the query cannot take")
+                });
+                String::new()
+            }
+        })
+    });
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(filled),
+    }
+}
+
+/// `value` as one literal of the Simple Query Language (see [`fill_query`]);
+/// `None` if it holds a `'`.
+fn query_literal(value: &str) -> Option<String> {
+    let number = {
+        let digits = value.strip_prefix('-').unwrap_or(value);
+        let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+        !int.is_empty()
+            && !frac.is_empty()
+            && int.bytes().all(|b| b.is_ascii_digit())
+            && frac.bytes().all(|b| b.is_ascii_digit())
+    };
+    let word = value
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if number || word {
+        Some(value.to_string())
+    } else if value.contains('\'') {
+        None
+    } else {
+        Some(format!("'{value}'"))
+    }
+}
+
 /// The value of placeholder `name` (`param.x`, `header.x`; empty when
 /// missing), or `None` when `name` is not a placeholder (it stays as
 /// written, braces included).
@@ -414,9 +471,9 @@ impl Sources {
         }
         if let Some(e) = &svc.entities {
             let q = match e.q.as_deref() {
-                Some(q) => {
-                    Some(Query::parse(&fill(q, params, request)).map_err(|e| e.description())?)
-                }
+                Some(q) => Some(
+                    Query::parse(&fill_query(q, params, request)?).map_err(|e| e.description())?,
+                ),
                 None => None,
             };
             let filter = EntityFilter {
@@ -534,6 +591,29 @@ mod tests {
             ),
             "/x/7?n=3&l=pl&m={other}"
         );
+    }
+
+    /// A viewer's value is one literal of an entities source's `q`: it
+    /// cannot add conditions, list items, ranges or operators.
+    #[test]
+    fn query_values_stay_literals() {
+        let req = RequestInfo::default();
+        let q = |v: &str| {
+            let mut params = Map::new();
+            params.insert("v".into(), json!(v));
+            fill_query("name=={param.v};temperature>0", &params, &req)
+        };
+        assert_eq!(q("kitchen").unwrap(), "name==kitchen;temperature>0");
+        assert_eq!(q("-12.5").unwrap(), "name==-12.5;temperature>0");
+        assert_eq!(q("a,b").unwrap(), "name=='a,b';temperature>0");
+        assert_eq!(q("x;y>0").unwrap(), "name=='x;y>0';temperature>0");
+        assert_eq!(q("1..9").unwrap(), "name=='1..9';temperature>0");
+        assert_eq!(q("").unwrap(), "name=='';temperature>0");
+        assert!(q("x';a==b").is_err());
+        for v in ["a,b", "x;y>0", "1..9", "!x", "a==b"] {
+            let parsed = Query::parse(&q(v).unwrap()).expect("still one query");
+            assert_eq!(parsed.paths().count(), 2, "{v}");
+        }
     }
 
     /// Values land in a service URL percent-encoded for the part they are
