@@ -18,6 +18,7 @@
 //! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
 //! - [`channel`]: ids and durations of the durable channels' API (DSPS).
+//! - [`jexl`]: JEXL expressions and `${…}` templates of custom notifications.
 //! - [`json`]: depth and number limits on JSON kept as clients sent it.
 //! - [`apikey`]: API keys: roles, scopes, secrets and their hashes.
 #![deny(missing_docs)]
@@ -29,6 +30,7 @@ pub mod device;
 pub mod device_event;
 pub mod geo;
 pub mod history;
+pub mod jexl;
 pub mod json;
 pub mod mapping;
 pub mod ngsi;
