@@ -145,6 +145,9 @@ pub struct Condition {
     pub attrs: Vec<String>,
     /// Filter on the entity after the change.
     pub expression: Option<Expression>,
+    /// `jexlExpression`: a JEXL expression on the entity after the change
+    /// that must evaluate to `true` (ANDed with `expression`).
+    pub jexl_expression: Option<String>,
     /// Kinds of change (empty: create and change, Orion's default).
     pub alteration_types: Vec<AlterationType>,
     /// Whether a metadata-only change counts as a change.
@@ -227,6 +230,14 @@ impl Endpoint {
         match self {
             Endpoint::Http { url, .. } => url,
             Endpoint::HttpCustom(c) => &c.url,
+        }
+    }
+
+    /// The `httpCustom` settings, if it is one.
+    pub fn custom(&self) -> Option<&CustomHttp> {
+        match self {
+            Endpoint::Http { .. } => None,
+            Endpoint::HttpCustom(c) => Some(c),
         }
     }
 
@@ -493,6 +504,7 @@ fn parse_subject(v: &Value) -> Result<Subject, NgsiError> {
             Condition {
                 attrs: Vec::new(),
                 expression: None,
+                jexl_expression: None,
                 alteration_types: Vec::new(),
                 notify_on_metadata_change: true,
             },
@@ -617,6 +629,11 @@ fn parse_condition(v: &Value) -> Result<Condition, NgsiError> {
         Some(e) => Some(parse_expression(e)?),
         None => None,
     };
+    let jexl_expression = match obj.get("jexlExpression") {
+        None => None,
+        Some(Value::String(e)) => Some(e.clone()),
+        Some(_) => return Err(bad("jexlExpression is not a string")),
+    };
     let mut alteration_types = Vec::new();
     if let Some(a) = obj.get("alterationTypes") {
         for name in string_list(a, "alterationTypes")? {
@@ -635,6 +652,7 @@ fn parse_condition(v: &Value) -> Result<Condition, NgsiError> {
     Ok(Condition {
         attrs,
         expression,
+        jexl_expression,
         alteration_types,
         notify_on_metadata_change,
     })
@@ -884,7 +902,10 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
             }
         } else if let Some(n) = obj.get("ngsi") {
             match n {
-                Value::Object(m) => CustomPayload::Ngsi(m.clone()),
+                Value::Object(m) => {
+                    check_ngsi_patch(m)?;
+                    CustomPayload::Ngsi(m.clone())
+                }
                 _ => return Err(bad("ngsi field must be an object")),
             }
         } else {
@@ -898,6 +919,88 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
         payload,
         timeout: parse_timeout(obj)?,
     })
+}
+
+/// Lowest `evalPriority` of an `ngsi` attribute: evaluated first.
+pub const MIN_EVAL_PRIORITY: f64 = 1.0;
+
+/// Highest `evalPriority`, also the default: evaluated last among the
+/// attributes (`id` and `type` come after every attribute).
+pub const MAX_EVAL_PRIORITY: f64 = 100_000.0;
+
+/// Validates the `ngsi` patch of a custom notification as Orion does: an
+/// entity fragment whose `id` and `type` are optional strings and whose
+/// attributes are `{value, type, metadata}` objects; attribute values are
+/// templates (checked when rendered), and the only metadata allowed is
+/// `evalPriority`, a number from 1 to 100000.
+fn check_ngsi_patch(patch: &Map<String, Value>) -> Result<(), NgsiError> {
+    for (name, v) in patch {
+        if name == "id" || name == "type" {
+            if !v.is_string() {
+                return Err(bad(format!("ngsi field /{name}/ must be a JSON string")));
+            }
+            continue;
+        }
+        if name.is_empty() {
+            return Err(bad("attribute name length: 0, min length supported: 1"));
+        }
+        if name.contains(FORBIDDEN_CHARS) {
+            return Err(bad("Invalid characters in attribute name"));
+        }
+        let Value::Object(attr) = v else {
+            return Err(bad(
+                "attribute must be a JSON object, unless keyValues option is used",
+            ));
+        };
+        if attr
+            .keys()
+            .any(|k| !matches!(k.as_str(), "value" | "type" | "metadata"))
+        {
+            return Err(bad("unrecognized property for context attribute"));
+        }
+        if attr.get("type").is_some_and(|t| !t.is_string()) {
+            return Err(bad("invalid JSON type for attribute type"));
+        }
+        match attr.get("metadata") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(md)) => {
+                for (md_name, md) in md {
+                    if md_name != "evalPriority" {
+                        return Err(bad(
+                            "only evalPriority metadata is allowed in ngsi field in custom notifications",
+                        ));
+                    }
+                    eval_priority_of(md)?;
+                }
+            }
+            Some(_) => return Err(bad("metadata must be a JSON object")),
+        }
+    }
+    Ok(())
+}
+
+/// The priority an `evalPriority` metadata (`{"value": n, …}`) gives.
+fn eval_priority_of(md: &Value) -> Result<f64, NgsiError> {
+    let n = md
+        .get("value")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| bad("evalPriority metadata must be a number"))?;
+    if n < MIN_EVAL_PRIORITY {
+        return Err(bad("evalPriority metadata minimum priority is 1"));
+    }
+    if n > MAX_EVAL_PRIORITY {
+        return Err(bad("evalPriority metadata maximum priority is 100000"));
+    }
+    Ok(n)
+}
+
+/// The evaluation priority of one attribute of an `ngsi` patch (already
+/// validated): its `evalPriority`, or the default (last).
+pub fn eval_priority(attr: &Value) -> f64 {
+    attr.get("metadata")
+        .and_then(|m| m.get("evalPriority"))
+        .and_then(|md| eval_priority_of(md).ok())
+        .unwrap_or(MAX_EVAL_PRIORITY)
 }
 
 fn parse_stats(v: &Value) -> NotificationStats {
@@ -945,6 +1048,9 @@ fn render_subject(s: &Subject) -> Value {
     let c = &s.condition;
     let mut cond = Map::new();
     cond.insert("attrs".into(), strings(&c.attrs));
+    if let Some(e) = &c.jexl_expression {
+        cond.insert("jexlExpression".into(), e.clone().into());
+    }
     if let Some(e) = &c.expression {
         let mut m = Map::new();
         if let Some(q) = &e.q_text {
@@ -1185,6 +1291,55 @@ mod tests {
         for (body, text) in cases {
             assert_eq!(sub(body).unwrap_err().description, text);
         }
+    }
+
+    fn ngsi_sub(attr: Value) -> Result<Subscription, NgsiError> {
+        sub(json!({"subject": {"entities": [{"id": "E"}]},
+                   "notification": {"httpCustom": {"url": "http://a:1", "ngsi": {"S": attr}}}}))
+    }
+
+    #[test]
+    fn ngsi_patch_accepts_only_eval_priority_metadata_in_range() {
+        let md = |v: Value| json!({"value": "${A}", "metadata": {"evalPriority": {"value": v}}});
+        let err = |r: Result<Subscription, NgsiError>| r.unwrap_err().description;
+        assert_eq!(err(ngsi_sub(md(json!("foo")))), "evalPriority metadata must be a number");
+        assert_eq!(err(ngsi_sub(md(json!(0)))), "evalPriority metadata minimum priority is 1");
+        assert_eq!(
+            err(ngsi_sub(md(json!(100001)))),
+            "evalPriority metadata maximum priority is 100000"
+        );
+        assert_eq!(
+            err(ngsi_sub(json!({"value": 1, "metadata": {"MD": {"value": 1}}}))),
+            "only evalPriority metadata is allowed in ngsi field in custom notifications"
+        );
+        let s = ngsi_sub(md(json!(7))).unwrap();
+        let CustomPayload::Ngsi(patch) = &s.notification.endpoint.custom().unwrap().payload else {
+            panic!("not an ngsi payload");
+        };
+        assert_eq!(eval_priority(&patch["S"]), 7.0);
+        assert_eq!(eval_priority(&json!({"value": 1})), MAX_EVAL_PRIORITY);
+        // Rendered back as sent.
+        assert_eq!(
+            s.render(0)["notification"]["httpCustom"]["ngsi"]["S"],
+            md(json!(7))
+        );
+    }
+
+    #[test]
+    fn jexl_expression_is_kept_and_rendered_after_attrs() {
+        let s = sub(json!({"subject": {"entities": [{"id": "E"}],
+                                       "condition": {"jexlExpression": "A>1"}},
+                           "notification": {"http": {"url": "http://a:1"}}}))
+        .unwrap();
+        assert_eq!(s.subject.condition.jexl_expression.as_deref(), Some("A>1"));
+        let cond = s.render(0)["subject"]["condition"].clone();
+        let keys: Vec<&String> = cond.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["attrs", "jexlExpression", "notifyOnMetadataChange"]);
+        let err = sub(json!({"subject": {"entities": [{"id": "E"}],
+                                         "condition": {"jexlExpression": 1}},
+                             "notification": {"http": {"url": "http://a:1"}}}))
+        .unwrap_err();
+        assert_eq!(err.description, "jexlExpression is not a string");
     }
 
     #[test]
