@@ -76,7 +76,10 @@ mod tests {
         assert_eq!(lift("A|replaceStr('a','b')"), None);
         let (expr, values) = lift(r"c|replaceRegex('\d+','X')").unwrap();
         assert_eq!(expr, "c|replaceRegex(__weft_literal_0,'X')");
-        assert_eq!(values, vec![("__weft_literal_0".to_string(), json!(r"\d+"))]);
+        assert_eq!(
+            values,
+            vec![("__weft_literal_0".to_string(), json!(r"\d+"))]
+        );
         let (expr, values) = lift(r#"a + "x\"y\w" + 'it\'s'"#).unwrap();
         assert_eq!(expr, "a + __weft_literal_0 + __weft_literal_1");
         assert_eq!(values[0].1, json!(r#"x"y\w"#));

@@ -138,7 +138,10 @@ mod tests {
         assert_eq!(eval("null", json!({})), json!(null));
         assert_eq!(eval("A", json!({"A": {"x": 1}})), json!({"x": 1}));
         assert_eq!(eval("[1, 'b']", json!({})), json!([1, "b"]));
-        assert_eq!(eval("{a: 1, 'b': A}", json!({"A": 2})), json!({"a": 1, "b": 2}));
+        assert_eq!(
+            eval("{a: 1, 'b': A}", json!({"A": 2})),
+            json!({"a": 1, "b": 2})
+        );
     }
 
     #[test]

@@ -104,7 +104,9 @@ pub fn render_text(template: &str, context: &Map<String, Value>) -> String {
 pub fn render_json(template: &Value, context: &Map<String, Value>) -> Value {
     match template {
         Value::String(s) => render_string_value(s, context),
-        Value::Array(items) => Value::Array(items.iter().map(|i| render_json(i, context)).collect()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|i| render_json(i, context)).collect())
+        }
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| (k.clone(), render_json(v, context)))
@@ -141,7 +143,10 @@ mod tests {
             vec![Piece::Text("a"), Piece::Macro("x"), Piece::Text("b")]
         );
         assert_eq!(pieces("${{a: 1}}"), vec![Piece::Macro("{a: 1}")]);
-        assert_eq!(pieces("${A||'}'}!"), vec![Piece::Macro("A||'}'"), Piece::Text("!")]);
+        assert_eq!(
+            pieces("${A||'}'}!"),
+            vec![Piece::Macro("A||'}'"), Piece::Text("!")]
+        );
         assert_eq!(pieces("${A||\"{\"}"), vec![Piece::Macro("A||\"{\"")]);
         assert_eq!(pieces("${open"), vec![Piece::Text("${open")]);
         assert_eq!(whole_macro("${A}"), Some("A"));

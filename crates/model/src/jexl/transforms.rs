@@ -111,7 +111,9 @@ fn number(name: &'static str, v: &Value) -> Result<f64, TransformError> {
 }
 
 fn float(f: f64) -> Value {
-    Number::from_f64(f).map(Value::Number).unwrap_or(Value::Null)
+    Number::from_f64(f)
+        .map(Value::Number)
+        .unwrap_or(Value::Null)
 }
 
 fn uppercase(args: &[Value]) -> Outcome {
@@ -328,9 +330,11 @@ fn match_regex(args: &[Value]) -> Outcome {
 /// `mapper(values, choices)`: the choice at the position of the subject
 /// among the values (equal lengths, string subject).
 fn mapper(args: &[Value]) -> Outcome {
-    let (Value::String(_), Some(values), Some(choices)) =
-        (subject(args), arg(args, 1).as_array(), arg(args, 2).as_array())
-    else {
+    let (Value::String(_), Some(values), Some(choices)) = (
+        subject(args),
+        arg(args, 1).as_array(),
+        arg(args, 2).as_array(),
+    ) else {
         return Ok(Value::Null);
     };
     if values.len() != choices.len() {
@@ -510,7 +514,11 @@ mod tests {
         let cases: &[(&str, Value, Value)] = &[
             ("c|uppercase", json!({"c": "fooBAR"}), json!("FOOBAR")),
             ("c|lowercase", json!({"c": "fooBAR"}), json!("foobar")),
-            ("c|split(',')", json!({"c": "foo,bar,zzz"}), json!(["foo", "bar", "zzz"])),
+            (
+                "c|split(',')",
+                json!({"c": "foo,bar,zzz"}),
+                json!(["foo", "bar", "zzz"]),
+            ),
             ("c|indexOf('xy')", json!({"c": "fooxybar"}), json!(3)),
             ("c|len", json!({"c": "foobar"}), json!(6)),
             ("c|trim", json!({"c": "  foo  bar  "}), json!("foo  bar")),
@@ -530,7 +538,11 @@ mod tests {
             ("c|log10", json!({"c": 3.14}), json!(0.496929648)),
             ("c|log2", json!({"c": 3.14}), json!(1.650764559)),
             ("c|sqrt", json!({"c": 3.14}), json!(1.772004515)),
-            ("c|replaceStr('o','u')", json!({"c": "foobar"}), json!("fuubar")),
+            (
+                "c|replaceStr('o','u')",
+                json!({"c": "foobar"}),
+                json!("fuubar"),
+            ),
             (
                 "c|replaceRegex('\\d+','X')",
                 json!({"c": "aba1234aba786aba"}),
@@ -551,12 +563,28 @@ mod tests {
                 json!({"c": 0.5, "values": [-1, 1], "choices": ["low", "medium", "high"]}),
                 json!("medium"),
             ),
-            ("c|values", json!({"c": {"x": 1, "y": "foo"}}), json!([1, "foo"])),
-            ("c|keys", json!({"c": {"x": 1, "y": "foo"}}), json!(["x", "y"])),
+            (
+                "c|values",
+                json!({"c": {"x": 1, "y": "foo"}}),
+                json!([1, "foo"]),
+            ),
+            (
+                "c|keys",
+                json!({"c": {"x": 1, "y": "foo"}}),
+                json!(["x", "y"]),
+            ),
             ("c|arrSum", json!({"c": [1, 5]}), json!(6)),
             ("c|arrAvg", json!({"c": [1, 5]}), json!(3)),
-            ("c|toIsoString", json!({"c": 1720606949}), json!("2024-07-10T10:22:29+00:00")),
-            ("c|getTime", json!({"c": "2024-07-10T10:22:29+00:00"}), json!(1720606949)),
+            (
+                "c|toIsoString",
+                json!({"c": 1720606949}),
+                json!("2024-07-10T10:22:29+00:00"),
+            ),
+            (
+                "c|getTime",
+                json!({"c": "2024-07-10T10:22:29+00:00"}),
+                json!(1720606949),
+            ),
         ];
         for (expr, ctx, want) in cases {
             assert_eq!(&eval(expr, ctx.clone()), want, "{expr}");
@@ -571,10 +599,19 @@ mod tests {
         assert_eq!(eval("c|toJson", json!({"c": "[1,"})), json!(null));
         assert_eq!(eval("c|matchRegex('[')", json!({"c": "a"})), json!(null));
         assert_eq!(eval("c|matchRegex('z')", json!({"c": "a"})), json!([]));
-        assert_eq!(eval("c|mapper(['a'],['x','y'])", json!({"c": "a"})), json!(null));
-        assert_eq!(eval("c|mapper(['a'],['x'])", json!({"c": "b"})), json!(null));
+        assert_eq!(
+            eval("c|mapper(['a'],['x','y'])", json!({"c": "a"})),
+            json!(null)
+        );
+        assert_eq!(
+            eval("c|mapper(['a'],['x'])", json!({"c": "b"})),
+            json!(null)
+        );
         assert_eq!(eval("c|thMapper([1],['x'])", json!({"c": 2})), json!(null));
-        assert_eq!(eval("c|thMapper(['a'],['x','y'])", json!({"c": 2})), json!(null));
+        assert_eq!(
+            eval("c|thMapper(['a'],['x','y'])", json!({"c": 2})),
+            json!(null)
+        );
         assert_eq!(eval("c|keys", json!({"c": 1})), json!(null));
         assert_eq!(eval("c|values", json!({"c": "x"})), json!(null));
         assert_eq!(eval("c|arrSum", json!({"c": [1, "a"]})), json!(null));
@@ -588,14 +625,23 @@ mod tests {
         assert_eq!(eval("c|floor", json!({"c": "x"})), json!(null));
         // `||` takes a failed left side as false.
         // `||` takes a failed left side as false.
-        assert_eq!(eval("(c|uppercase)||'fallback'", json!({"c": 1})), json!("fallback"));
+        assert_eq!(
+            eval("(c|uppercase)||'fallback'", json!({"c": 1})),
+            json!("fallback")
+        );
     }
 
     #[test]
     fn more_transformations() {
         // No unary minus in literals: `0-1`.
-        assert_eq!(eval("c|thMapper([0-1,1],['l','m','h'])", json!({"c": -5})), json!("l"));
-        assert_eq!(eval("c|thMapper([0-1,1],['l','m','h'])", json!({"c": 1})), json!("h"));
+        assert_eq!(
+            eval("c|thMapper([0-1,1],['l','m','h'])", json!({"c": -5})),
+            json!("l")
+        );
+        assert_eq!(
+            eval("c|thMapper([0-1,1],['l','m','h'])", json!({"c": 1})),
+            json!("h")
+        );
         assert_eq!(eval("c|nMapper(['a','b'])", json!({"c": 1})), json!("b"));
         assert_eq!(eval("c|nMapper(['a','b'])", json!({"c": 2})), json!(null));
         assert_eq!(eval("c|arrMax", json!({"c": [3, 9, 1]})), json!(9));
@@ -603,9 +649,15 @@ mod tests {
         assert_eq!(eval("c|arrMed", json!({"c": [3, 9, 1]})), json!(3));
         assert_eq!(eval("c|arrMed", json!({"c": [3, 9, 1, 5]})), json!(4));
         assert_eq!(eval("c|arrSort", json!({"c": [3, 9, 1]})), json!([1, 3, 9]));
-        assert_eq!(eval("c|arrSort", json!({"c": ["b", "a"]})), json!(["a", "b"]));
+        assert_eq!(
+            eval("c|arrSort", json!({"c": ["b", "a"]})),
+            json!(["a", "b"])
+        );
         assert_eq!(eval("c|arrSort", json!({"c": ["b", 1]})), json!(null));
-        assert_eq!(eval("c|arrReverse", json!({"c": [1, "a"]})), json!(["a", 1]));
+        assert_eq!(
+            eval("c|arrReverse", json!({"c": [1, "a"]})),
+            json!(["a", 1])
+        );
         assert_eq!(eval("c|parseInt", json!({"c": "10 m/s"})), json!(10));
         assert_eq!(eval("c|parseFloat", json!({"c": "-2.5e2x"})), json!(-250));
         assert_eq!(eval("c|parseInt", json!({"c": "abc"})), json!(null));
@@ -615,10 +667,19 @@ mod tests {
         assert_eq!(eval("c|typeOf", json!({"c": [1]})), json!("Array"));
         assert_eq!(eval("c|typeOf", json!({"c": {}})), json!("Object"));
         assert_eq!(eval("c|typeOf", json!({"c": true})), json!("Boolean"));
-        assert_eq!(eval("c|toString", json!({"c": {"a": 1}})), json!("{\"a\":1}"));
+        assert_eq!(
+            eval("c|toString", json!({"c": {"a": 1}})),
+            json!("{\"a\":1}")
+        );
         assert_eq!(eval("(1+1)|toString", json!({})), json!("2"));
-        assert_eq!(eval("c|replaceRegex('o','$1')", json!({"c": "foo"})), json!("f$1$1"));
-        assert_eq!(eval("c|toIsoString", json!({"c": 0.5})), json!("1970-01-01T00:00:00.500+00:00"));
+        assert_eq!(
+            eval("c|replaceRegex('o','$1')", json!({"c": "foo"})),
+            json!("f$1$1")
+        );
+        assert_eq!(
+            eval("c|toIsoString", json!({"c": 0.5})),
+            json!("1970-01-01T00:00:00.500+00:00")
+        );
         assert_eq!(eval("c|getTime", json!({"c": "not a date"})), json!(null));
     }
 

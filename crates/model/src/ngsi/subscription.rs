@@ -1302,14 +1302,22 @@ mod tests {
     fn ngsi_patch_accepts_only_eval_priority_metadata_in_range() {
         let md = |v: Value| json!({"value": "${A}", "metadata": {"evalPriority": {"value": v}}});
         let err = |r: Result<Subscription, NgsiError>| r.unwrap_err().description;
-        assert_eq!(err(ngsi_sub(md(json!("foo")))), "evalPriority metadata must be a number");
-        assert_eq!(err(ngsi_sub(md(json!(0)))), "evalPriority metadata minimum priority is 1");
+        assert_eq!(
+            err(ngsi_sub(md(json!("foo")))),
+            "evalPriority metadata must be a number"
+        );
+        assert_eq!(
+            err(ngsi_sub(md(json!(0)))),
+            "evalPriority metadata minimum priority is 1"
+        );
         assert_eq!(
             err(ngsi_sub(md(json!(100001)))),
             "evalPriority metadata maximum priority is 100000"
         );
         assert_eq!(
-            err(ngsi_sub(json!({"value": 1, "metadata": {"MD": {"value": 1}}}))),
+            err(ngsi_sub(
+                json!({"value": 1, "metadata": {"MD": {"value": 1}}})
+            )),
             "only evalPriority metadata is allowed in ngsi field in custom notifications"
         );
         let s = ngsi_sub(md(json!(7))).unwrap();

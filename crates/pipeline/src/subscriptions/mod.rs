@@ -16,6 +16,7 @@
 //! Subscriptions live in memory per tenant and in the store
 //! (`ngsi_documents`), loaded at start.
 
+pub mod expressions;
 pub mod payload;
 pub mod sender;
 
@@ -368,9 +369,21 @@ impl Subscriptions {
             return None;
         }
         let condition = &sub.subject.condition;
-        let (kind, names): (AlterationType, Vec<&str>) = match change.alteration {
-            Alteration::Created => (AlterationType::EntityCreate, entity.attrs.keys().collect()),
-            Alteration::Deleted => (AlterationType::EntityDelete, entity.attrs.keys().collect()),
+        // `condition.attrs` (empty: any) must name one of `names`.
+        let attrs_match = |names: &[&str]| {
+            condition.attrs.is_empty()
+                || names.iter().any(|n| condition.attrs.iter().any(|a| a == n))
+        };
+        let kind = match change.alteration {
+            Alteration::Created => {
+                let names: Vec<&str> = entity.attrs.keys().collect();
+                (condition.wants(AlterationType::EntityCreate) && attrs_match(&names))
+                    .then_some(AlterationType::EntityCreate)
+            }
+            // `condition.attrs` does not apply to deletions.
+            Alteration::Deleted => condition
+                .wants(AlterationType::EntityDelete)
+                .then_some(AlterationType::EntityDelete),
             Alteration::Updated => {
                 let changed: Vec<&str> = change
                     .attrs
@@ -382,28 +395,23 @@ impl Subscriptions {
                     })
                     .map(|c| c.name.as_str())
                     .collect();
-                if changed.is_empty() {
-                    (
-                        AlterationType::EntityUpdate,
-                        change.attrs.iter().map(|c| c.name.as_str()).collect(),
-                    )
+                let all: Vec<&str> = change.attrs.iter().map(|c| c.name.as_str()).collect();
+                // What happened: a change if anything changed.
+                let happened = if changed.is_empty() {
+                    AlterationType::EntityUpdate
                 } else {
-                    (AlterationType::EntityChange, changed)
-                }
+                    AlterationType::EntityChange
+                };
+                // `entityChange` looks at the changed attributes;
+                // `entityUpdate` at every attribute of the update.
+                let as_change = happened == AlterationType::EntityChange
+                    && condition.wants(AlterationType::EntityChange)
+                    && attrs_match(&changed);
+                let as_update = condition.wants(AlterationType::EntityUpdate) && attrs_match(&all);
+                (as_change || as_update).then_some(happened)
             }
         };
-        let wanted = condition.wants(kind)
-            || (kind == AlterationType::EntityChange
-                && condition.wants(AlterationType::EntityUpdate));
-        if !wanted {
-            return None;
-        }
-        if kind != AlterationType::EntityDelete
-            && !condition.attrs.is_empty()
-            && !names.iter().any(|n| condition.attrs.iter().any(|a| a == n))
-        {
-            return None;
-        }
+        let kind = kind?;
         if let Some(e) = &condition.expression {
             let resolver = EntityResolver(entity);
             if e.q.as_ref().is_some_and(|q| !q.matches_with(&resolver))
@@ -415,13 +423,7 @@ impl Subscriptions {
                 return None;
             }
         }
-        if let (Some(t), Some(last)) = (sub.throttling, state.last_fired) {
-            if t > 0.0 && last.elapsed() < Duration::from_secs_f64(t) {
-                return None;
-            }
-        }
-        *sequence += 1;
-        let request = payload::build(&payload::Trigger {
+        let trigger = payload::Trigger {
             sub,
             tenant: &change.tenant,
             service_path: &change.service_path,
@@ -429,8 +431,20 @@ impl Subscriptions {
             touched: &change.attrs,
             alteration: kind,
             origin: change.origin.as_ref(),
-            sequence: *sequence,
-        });
+            sequence: *sequence + 1,
+        };
+        if let Some(e) = &condition.jexl_expression {
+            if !weft_model::jexl::holds(e, &trigger.source().context()) {
+                return None;
+            }
+        }
+        if let (Some(t), Some(last)) = (sub.throttling, state.last_fired) {
+            if t > 0.0 && last.elapsed() < Duration::from_secs_f64(t) {
+                return None;
+            }
+        }
+        *sequence += 1;
+        let request = payload::build(&trigger);
         state.last_fired = Some(Instant::now());
         let sub = &mut state.sub;
         sub.notification.stats.times_sent += 1;

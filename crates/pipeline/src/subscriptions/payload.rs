@@ -8,26 +8,29 @@
 //!   `Ngsiv2-AttrsFormat`.
 //! - `httpCustom`: the same defaults, then the subscription's method,
 //!   headers (a header whose value ends up empty is removed), query
-//!   string and payload, with `${…}` macros replaced: `${id}`, `${type}`,
-//!   `${service}`, `${servicePath}`, `${authToken}` and attribute values.
-//!   In a `json` payload a string that is exactly one macro becomes the
-//!   attribute's JSON value; elsewhere values are spliced in as text
-//!   (strings bare, everything else as JSON), missing ones as nothing.
+//!   string and payload, with `${…}` macros replaced by the JEXL
+//!   expressions' results ([`weft_model::jexl::template`]) in the context
+//!   of [`super::expressions`]. An `ngsi` payload is patched onto the
+//!   entity attribute by attribute, in `evalPriority` order, each result
+//!   joining the context of the next; `id` and `type` come last.
 //!
-//! The entity is projected first: `attrs` (or `exceptAttrs`), then
-//! `onlyChangedAttrs`, then `covered` (missing attributes as `null`); the
-//! pseudo-attribute `alterationType` appears when named in `attrs`.
+//! The entity (patched, for `ngsi`) is then projected: `attrs` (or
+//! `exceptAttrs`), then `onlyChangedAttrs`, then `covered` (missing
+//! attributes as `null`); the pseudo-attribute `alterationType` appears
+//! when named in `attrs`.
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use weft_model::jexl::{as_text, template};
 use weft_model::ngsi::subscription::{
-    attrs_format_name, AlterationType, CustomPayload, Endpoint, Subscription,
+    attrs_format_name, eval_priority, AlterationType, CustomPayload, Endpoint, Subscription,
 };
 use weft_model::ngsi::{
-    parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format, OrderedMap,
-    RenderContext,
+    default_type, format_datetime, parse_datetime, render_with, AttrChange, Attribute, ChangeKind,
+    Entity, Format, Metadata, OrderedMap, RenderContext,
 };
 
+use super::expressions::Source;
 use super::sender::Request;
 use crate::context::Origin;
 
@@ -56,6 +59,20 @@ pub struct Trigger<'a> {
     pub sequence: u32,
 }
 
+impl Trigger<'_> {
+    /// What the JEXL context of this notification is built from.
+    pub fn source(&self) -> Source<'_> {
+        Source {
+            entity: self.entity,
+            tenant: self.tenant,
+            service_path: self.service_path,
+            touched: self.touched,
+            alteration: self.alteration,
+            origin: self.origin,
+        }
+    }
+}
+
 /// Builds the request; `Err` is the failure reason to record.
 pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
     let n = &t.sub.notification;
@@ -81,9 +98,9 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
     if let Some(token) = auth_token {
         push("X-Auth-Token", token);
     }
-    let entity = project(t);
     match &n.endpoint {
         Endpoint::Http { url, .. } => {
+            let entity = project(t, t.entity);
             headers.push((
                 "Ngsiv2-AttrsFormat".into(),
                 attrs_format_name(n.attrs_format).into(),
@@ -97,52 +114,60 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
             })
         }
         Endpoint::HttpCustom(c) => {
-            let macros = Macros { t };
+            let mut context = t.source().context();
             let (format_header, body) = match &c.payload {
                 CustomPayload::Standard => (
                     attrs_format_name(n.attrs_format),
-                    Some(standard_body(t, &entity, n.attrs_format)),
+                    Some(standard_body(t, &project(t, t.entity), n.attrs_format)),
                 ),
                 CustomPayload::Text(None) => ("custom", Some(Bytes::new())),
                 CustomPayload::Text(Some(text)) => {
                     set_header(&mut headers, "Content-Type", "text/plain; charset=utf-8");
                     // Forbidden characters reach a payload percent-encoded
                     // (`%22` for `"`); they are sent decoded.
-                    let text = percent_decode(&macros.text(text));
+                    let text = percent_decode(&template::render_text(text, &context));
                     ("custom", Some(Bytes::from(text)))
                 }
                 CustomPayload::Json(template) => {
-                    let v = macros.json(template);
+                    let v = template::render_json(template, &context);
                     ("custom", Some(Bytes::from(v.to_string())))
                 }
                 CustomPayload::Ngsi(patch) => {
-                    let patched = apply_ngsi_patch(&entity, patch, &macros)?;
+                    let patched = apply_ngsi_patch(t.entity, patch, &mut context);
                     (
                         attrs_format_name(n.attrs_format),
-                        Some(standard_body(t, &patched, n.attrs_format)),
+                        Some(standard_body(t, &project(t, &patched), n.attrs_format)),
                     )
                 }
             };
             headers.push(("Ngsiv2-AttrsFormat".into(), format_header.into()));
-            for (name, value) in &c.headers {
-                let name = macros.text(name);
+            // Orion keeps custom headers in a map ordered by name and
+            // sends them in that order.
+            let mut custom: Vec<&(String, String)> = c.headers.iter().collect();
+            custom.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, value) in custom {
+                let name = template::render_text(name, &context);
                 // Loop detection and the receiver's parsing depend on
                 // these two; Orion does not let a subscription change them.
                 let fixed = ["Fiware-Correlator", "Ngsiv2-AttrsFormat"]
                     .iter()
                     .any(|h| h.eq_ignore_ascii_case(&name));
                 if !name.is_empty() && !fixed {
-                    set_header(&mut headers, &name, &macros.text(value));
+                    // Header values reach a subscription percent-encoded
+                    // where they hold forbidden characters; sent decoded.
+                    let value = percent_decode(&template::render_text(value, &context));
+                    set_header(&mut headers, &name, &value);
                 }
             }
             headers.retain(|(_, v)| !v.is_empty());
-            let mut url = macros.text(&c.url);
+            let mut url = template::render_text(&c.url, &context);
             if !c.qs.is_empty() {
                 let mut pairs: Vec<String> = Vec::new();
                 for (k, v) in &c.qs {
-                    let v = macros.text(v);
+                    let k = template::render_text(k, &context);
+                    let v = template::render_text(v, &context);
                     if !v.is_empty() {
-                        pairs.push(format!("{}={}", encode(k), encode(&v)));
+                        pairs.push(format!("{}={}", encode(&k), encode(&v)));
                     }
                 }
                 if !pairs.is_empty() {
@@ -259,9 +284,8 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
 
 /// The entity as notified (only the selected attributes, plus
 /// `alterationType` and covered ones) and the names to render, in order.
-fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
+fn project(t: &Trigger<'_>, e: &Entity) -> (Entity, Vec<String>) {
     let n = &t.sub.notification;
-    let e = t.entity;
     let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
     let mut names: Vec<String> = Vec::new();
     let push = |name: &str, names: &mut Vec<String>| {
@@ -336,113 +360,67 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
     (out, kept)
 }
 
-/// Replaces `${…}` macros for one trigger.
-struct Macros<'a, 'b> {
-    t: &'a Trigger<'b>,
-}
-
-impl Macros<'_, '_> {
-    /// The value a macro name stands for: an attribute of that name, else
-    /// one of the builtins.
-    fn lookup(&self, name: &str) -> Option<Value> {
-        let t = self.t;
-        if let Some(a) = t.entity.attrs.get(name) {
-            return Some(a.value.clone());
-        }
-        let text = |s: &str| Some(Value::String(s.to_string()));
-        match name {
-            "id" => text(&t.entity.id),
-            "type" => text(&t.entity.entity_type),
-            "service" => match t.tenant {
-                "" => text(t.origin.and_then(|o| o.service.as_deref()).unwrap_or("")),
-                tenant => text(tenant),
-            },
-            "servicePath" => text(t.service_path),
-            "authToken" => text(t.origin.and_then(|o| o.auth_token.as_deref()).unwrap_or("")),
-            _ => None,
-        }
-    }
-
-    /// Replaces every macro in `text` with its value as text.
-    fn text(&self, text: &str) -> String {
-        let mut out = String::with_capacity(text.len());
-        let mut rest = text;
-        while let Some(start) = rest.find("${") {
-            let Some(len) = rest[start + 2..].find('}') else {
-                break;
-            };
-            out.push_str(&rest[..start]);
-            let name = &rest[start + 2..start + 2 + len];
-            if let Some(v) = self.lookup(name) {
-                out.push_str(&as_text(&v));
-            }
-            rest = &rest[start + 3 + len..];
-        }
-        out.push_str(rest);
-        out
-    }
-
-    /// Replaces macros inside a JSON template.
-    fn json(&self, template: &Value) -> Value {
-        match template {
-            Value::String(s) => match whole_macro(s) {
-                Some(name) => self.lookup(name).unwrap_or(Value::Null),
-                None => Value::String(self.text(s)),
-            },
-            Value::Array(items) => Value::Array(items.iter().map(|i| self.json(i)).collect()),
-            Value::Object(m) => {
-                Value::Object(m.iter().map(|(k, v)| (k.clone(), self.json(v))).collect())
-            }
-            other => other.clone(),
-        }
-    }
-}
-
-/// `Some(name)` when `s` is exactly `${name}`.
-fn whole_macro(s: &str) -> Option<&str> {
-    let inner = s.strip_prefix("${")?.strip_suffix('}')?;
-    (!inner.contains('}') && !inner.contains("${")).then_some(inner)
-}
-
-/// A value spliced into text: strings bare, the rest as JSON.
-fn as_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Applies an `ngsi` patch (id, type and attributes, with macros) to the
-/// projected entity.
+/// Patches an `ngsi` template onto the entity (update or append):
+/// attributes in `evalPriority` order (ties in template order), each
+/// result added to `context` so that later expressions can use it; then
+/// `id` and `type`, always as text. Attribute types default from the
+/// value as in entity updates; `evalPriority` is kept as metadata.
 fn apply_ngsi_patch(
-    projected: &(Entity, Vec<String>),
+    entity: &Entity,
     patch: &Map<String, Value>,
-    macros: &Macros<'_, '_>,
-) -> Result<(Entity, Vec<String>), String> {
-    let (entity, names) = projected;
+    context: &mut Map<String, Value>,
+) -> Entity {
     let mut entity = entity.clone();
-    let mut names: Vec<String> = names.iter().filter(|n| !n.is_empty()).cloned().collect();
-    let mut attrs = Map::new();
-    for (k, v) in patch {
-        match k.as_str() {
-            "id" => entity.id = as_text(&macros.json(v)),
-            "type" => entity.entity_type = as_text(&macros.json(v)),
-            _ => {
-                attrs.insert(k.clone(), macros.json(v));
-            }
+    let mut attrs: Vec<(&String, &Value)> = patch
+        .iter()
+        .filter(|(k, _)| *k != "id" && *k != "type")
+        .collect();
+    // A stable sort keeps template order among equal priorities.
+    attrs.sort_by(|a, b| eval_priority(a.1).total_cmp(&eval_priority(b.1)));
+    for (name, template) in attrs {
+        let value = template
+            .get("value")
+            .map(|v| template::render_json(v, context))
+            .unwrap_or(Value::Null);
+        let attr_type = match template.get("type").and_then(Value::as_str) {
+            Some(t) => t.to_string(),
+            None => default_type(&value).to_string(),
+        };
+        let value = match (&value, attr_type.as_str()) {
+            (Value::String(s), "DateTime") => parse_datetime(s)
+                .map(|ms| Value::String(format_datetime(ms)))
+                .unwrap_or(value),
+            _ => value,
+        };
+        context.insert(name.clone(), value.clone());
+        let mut attr = Attribute::new(value, attr_type);
+        if let Some(md) = template.get("metadata").and_then(|m| m.get("evalPriority")) {
+            attr.metadata.insert(
+                "evalPriority".to_string(),
+                Metadata {
+                    value: md.get("value").cloned().unwrap_or(Value::Null),
+                    md_type: md
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Number")
+                        .to_string(),
+                },
+            );
         }
-    }
-    let parsed = parse_attrs(&Value::Object(attrs), false).map_err(|e| e.description)?;
-    for (name, attr) in parsed.iter() {
-        entity.attrs.insert(name.to_string(), attr.clone());
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_string());
+        if let Some(existing) = entity.attrs.get(name) {
+            attr.date_created = existing.date_created;
         }
+        entity.attrs.insert(name.clone(), attr);
     }
-    if names.is_empty() {
-        names.push(String::new());
+    // `id` and `type` come after every attribute, as if their priority
+    // were one above the highest an attribute can have.
+    if let Some(v) = patch.get("id").and_then(Value::as_str) {
+        entity.id = as_text(&template::render_string_value(v, context));
     }
-    Ok((entity, names))
+    if let Some(v) = patch.get("type").and_then(Value::as_str) {
+        entity.entity_type = as_text(&template::render_string_value(v, context));
+    }
+    entity
 }
 
 #[cfg(test)]
@@ -523,7 +501,8 @@ mod tests {
             "json": {"a": "${A}", "b": "${B}", "t": "id=${id} a=${A}", "m": "${missing}"}
         }}));
         let r = request(&s, &entity());
-        assert_eq!(r.url, "http://h:1/E1?a=foo");
+        // A macro without a value is `null` (Orion 4), not left out.
+        assert_eq!(r.url, "http://h:1/E1?a=foo&none=null");
         assert_eq!(header(&r, "X-A"), Some("10"));
         assert_eq!(header(&r, "Fiware-Service"), None, "emptied header removed");
         assert_eq!(header(&r, "Ngsiv2-AttrsFormat"), Some("custom"));
