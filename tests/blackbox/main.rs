@@ -21,7 +21,8 @@
 //! - `ops`: health and metrics.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
-//!   a dead endpoint beside a live one, kill -9.
+//!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
+//!   custom notifications and conditions, `ngsi` patches, timeouts.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 //! - `tls`: the API over HTTPS with the configured certificate.
 

@@ -438,3 +438,351 @@ async fn alarms_notify_subscriptions_on_the_alarm_type() {
         .await;
     assert_eq!(sink.next().await.body["data"][0]["acked"], true);
 }
+
+/// Custom notifications computed by JEXL: macros in the URL, query
+/// string, headers and payloads, the `ngsi` patch with `evalPriority`,
+/// `condition.jexlExpression`, and the per-subscription `timeout`.
+mod expressions {
+    use std::time::Duration;
+
+    use axum::extract::Request;
+    use axum::http::HeaderMap;
+    use serde_json::{json, Value};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    use super::{black_hole, subscribe};
+    use crate::ngsi::call;
+    use crate::util::*;
+
+    /// A request as the receiver saw it.
+    struct Seen {
+        method: String,
+        /// Path and query string, as sent.
+        target: String,
+        headers: HeaderMap,
+        body: String,
+    }
+
+    impl Seen {
+        fn json(&self) -> Value {
+            serde_json::from_str(&self.body).expect("a JSON body")
+        }
+
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers.get(name).map(|v| v.to_str().unwrap())
+        }
+    }
+
+    /// Records every request, whatever its method and path.
+    struct Receiver {
+        base: String,
+        rx: mpsc::UnboundedReceiver<Seen>,
+    }
+
+    impl Receiver {
+        async fn start() -> Receiver {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let app = axum::Router::new().fallback(move |req: Request| {
+                let tx = tx.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                    let _ = tx.send(Seen {
+                        method: parts.method.to_string(),
+                        target: parts.uri.to_string(),
+                        headers: parts.headers,
+                        body: String::from_utf8_lossy(&body).into_owned(),
+                    });
+                    ""
+                }
+            });
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}", listener.local_addr().unwrap());
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            Receiver { base, rx }
+        }
+
+        async fn next_within(&mut self, timeout: Duration) -> Option<Seen> {
+            tokio::time::timeout(timeout, self.rx.recv())
+                .await
+                .ok()
+                .flatten()
+        }
+
+        async fn next(&mut self) -> Seen {
+            self.next_within(Duration::from_secs(10))
+                .await
+                .expect("a notification within 10 s")
+        }
+
+        /// Fails if anything else arrives soon.
+        async fn nothing_more(&mut self) {
+            if let Some(s) = self.next_within(Duration::from_millis(400)).await {
+                panic!("unexpected notification: {} {}", s.method, s.body);
+            }
+        }
+    }
+
+    async fn upsert(c: &Client, entity: Value) {
+        let (status, _, reply) = call(
+            c,
+            "POST",
+            "/v2/entities?options=upsert",
+            None,
+            Some(&entity),
+        )
+        .await;
+        assert_eq!(status, 204, "{reply}");
+    }
+
+    /// Every template of `httpCustom` is evaluated: a whole-string macro in
+    /// `json` keeps its JSON type (numbers, objects), an embedded one is
+    /// spliced as text, a missing attribute is `null`, and the URL, query
+    /// string, method and headers (with quotes in their literals) follow
+    /// the entity.
+    #[tokio::test]
+    async fn custom_templates_evaluate_jexl() {
+        let server = Server::start();
+        let c = server.client();
+        let mut rx = Receiver::start().await;
+        subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
+                   "notification": {"httpCustom": {
+                       "url": format!("{}/rooms/${{id|lowercase}}", rx.base),
+                       "method": "PUT",
+                       "qs": {"double": "${temperature*2}", "${type}": "t"},
+                       "headers": {"X-Level": "${(temperature>30)?'hot':'ok'}",
+                                   "X-Fallback": "${missing||\"none\"}"},
+                       "json": {"t": "${temperature}",
+                                "ratio": "${count.sum/count.count}",
+                                "obj": "${{n: count.count+1}}",
+                                "text": "T=${temperature} in ${servicePath}",
+                                "code": "${code||'invalid'}",
+                                "missing": "${missing}",
+                                "bad": "${temperature|noSuchTransform}",
+                                "fixed": [1, "two"]}}}}),
+        )
+        .await;
+        upsert(
+            &c,
+            json!({"id": "R1", "type": "Room",
+                   "temperature": {"value": 31.5, "type": "Number"},
+                   "count": {"value": {"count": 5, "sum": 100}},
+                   "code": {"value": null}}),
+        )
+        .await;
+        let n = rx.next().await;
+        assert_eq!(n.method, "PUT");
+        assert_eq!(n.target, "/rooms/r1?double=63&Room=t");
+        assert_eq!(n.header("x-level"), Some("hot"));
+        assert_eq!(n.header("x-fallback"), Some("none"));
+        assert_eq!(n.header("ngsiv2-attrsformat"), Some("custom"));
+        assert_eq!(
+            n.json(),
+            json!({"t": 31.5, "ratio": 20, "obj": {"n": 6}, "text": "T=31.5 in /",
+                   "code": "invalid", "missing": null, "bad": null, "fixed": [1, "two"]})
+        );
+    }
+
+    /// Orion's transformations work in macros, text payloads splice their
+    /// results, and forbidden characters sent percent-encoded arrive
+    /// decoded.
+    #[tokio::test]
+    async fn transformations_and_text_payloads() {
+        let server = Server::start();
+        let c = server.client();
+        let mut rx = Receiver::start().await;
+        subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "S1", "type": "Sensor"}]},
+                   "notification": {"httpCustom": {
+                       "url": format!("{}/json", rx.base),
+                       "json": {"upper": "${name|uppercase}",
+                                "parts": "${name|split(' ')}",
+                                "level": "${level|thMapper(limits,labels)}",
+                                "avg": "${readings|arrAvg}",
+                                "fixed": "${ratio|toFixed(2)}",
+                                "iso": "${stamp|toIsoString}",
+                                "digits": "${serial|replaceRegex('\\d+','#')}",
+                                "type": "${level|typeOf}"}}}}),
+        )
+        .await;
+        subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "S1", "type": "Sensor"}]},
+                   "notification": {"httpCustom": {
+                       "url": format!("{}/text", rx.base),
+                       "payload": "%22${name|lowercase}%22 level ${level}"}}}),
+        )
+        .await;
+        upsert(
+            &c,
+            json!({"id": "S1", "type": "Sensor",
+                   "name": {"value": "Boiler Room"}, "level": {"value": 15},
+                   "limits": {"value": [10, 20]},
+                   "labels": {"value": ["low", "mid", "high"]},
+                   "readings": {"value": [1, 2, 6]}, "ratio": {"value": 0.1234},
+                   "stamp": {"value": 1720606949}, "serial": {"value": "ab12cd345"}}),
+        )
+        .await;
+        let mut seen = vec![rx.next().await, rx.next().await];
+        seen.sort_by(|a, b| a.target.cmp(&b.target));
+        assert_eq!(
+            seen[0].json(),
+            json!({"upper": "BOILER ROOM", "parts": ["Boiler", "Room"], "level": "mid",
+                   "avg": 3, "fixed": 0.12, "iso": "2024-07-10T10:22:29+00:00",
+                   "digits": "ab#cd#", "type": "Number"})
+        );
+        assert_eq!(seen[1].body, "\"boiler room\" level 15");
+        assert_eq!(
+            seen[1].header("content-type"),
+            Some("text/plain; charset=utf-8")
+        );
+    }
+
+    /// An `ngsi` patch is evaluated in `evalPriority` order, each result
+    /// usable by the next, `id` and `type` last; `notification.attrs`
+    /// filters after the patch and `attrsFormat` applies to the result.
+    #[tokio::test]
+    async fn ngsi_patch_follows_eval_priority_and_format() {
+        let server = Server::start();
+        let c = server.client();
+        let mut rx = Receiver::start().await;
+        let prio = |n: u32| json!({"evalPriority": {"value": n, "type": "Number"}});
+        let sub = subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "E1", "type": "T"}]},
+                   "notification": {
+                       "attrs": ["Y2", "Z1", "S"],
+                       "attrsFormat": "keyValues",
+                       "httpCustom": {
+                           "url": format!("{}/ngsi", rx.base),
+                           "ngsi": {
+                               "id": "${type}:${Y2}",
+                               "Y2": {"value": "${Z1+1}", "type": "Calculated",
+                                      "metadata": prio(2)},
+                               "Z1": {"value": "${A+1}", "type": "Calculated",
+                                      "metadata": prio(1)},
+                               "S": {"value": "${Y2*10}"}}}}}),
+        )
+        .await;
+        upsert(&c, json!({"id": "E1", "type": "T", "A": {"value": 1}})).await;
+        let n = rx.next().await;
+        assert_eq!(n.header("ngsiv2-attrsformat"), Some("keyValues"));
+        assert_eq!(
+            n.json(),
+            json!({"subscriptionId": sub,
+                   "data": [{"id": "T:3", "type": "T", "Y2": 3, "Z1": 2, "S": 30}]})
+        );
+    }
+
+    /// `evalPriority` must be a number from 1 to 100000 and the only
+    /// metadata of an `ngsi` attribute: anything else is Orion's 400, on
+    /// creation and on update, and an update refused changes nothing.
+    #[tokio::test]
+    async fn bad_eval_priority_is_refused() {
+        let server = Server::start();
+        let c = server.client();
+        let body = |md: Value| {
+            json!({"subject": {"entities": [{"id": "E1", "type": "T"}]},
+                   "notification": {"httpCustom": {"url": "http://127.0.0.1:9/x",
+                       "ngsi": {"S": {"value": "${A}", "metadata": md}}}}})
+        };
+        let cases = [
+            (json!({"evalPriority": {"value": "1"}}), "evalPriority metadata must be a number"),
+            (json!({"evalPriority": {"value": 0}}), "evalPriority metadata minimum priority is 1"),
+            (
+                json!({"evalPriority": {"value": 100001}}),
+                "evalPriority metadata maximum priority is 100000",
+            ),
+            (
+                json!({"other": {"value": 1}}),
+                "only evalPriority metadata is allowed in ngsi field in custom notifications",
+            ),
+        ];
+        for (md, text) in &cases {
+            let (status, _, reply) =
+                call(&c, "POST", "/v2/subscriptions", None, Some(&body(md.clone()))).await;
+            assert_eq!(status, 400);
+            assert_eq!(reply, json!({"error": "BadRequest", "description": text}));
+        }
+        let id = subscribe(&c, None, body(json!({"evalPriority": {"value": 5}}))).await;
+        let path = format!("/v2/subscriptions/{id}");
+        let patch = json!({"notification": body(cases[1].0.clone())["notification"]});
+        let (status, _, reply) = call(&c, "PATCH", &path, None, Some(&patch)).await;
+        assert_eq!((status, reply["description"].as_str()), (400, Some(cases[1].1)));
+        let (_, _, sub) = call(&c, "GET", &path, None, None).await;
+        assert_eq!(
+            sub["notification"]["httpCustom"]["ngsi"]["S"]["metadata"]["evalPriority"]["value"],
+            5
+        );
+    }
+
+    /// `condition.jexlExpression` lets through only the changes for which
+    /// it is `true`, with the builtin metadata (`previousValue`) in its
+    /// context; an expression that fails (no previous value on creation)
+    /// is not `true`. The subscription shows it back.
+    #[tokio::test]
+    async fn jexl_condition_filters_notifications() {
+        let server = Server::start();
+        let c = server.client();
+        let mut rx = Receiver::start().await;
+        let id = subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "E1", "type": "T"}],
+                               "condition": {"jexlExpression":
+                                   "A-metadata.A.previousValue>=3 && type=='T'"}},
+                   "notification": {"http": {"url": format!("{}/cond", rx.base)},
+                                    "attrsFormat": "keyValues"}}),
+        )
+        .await;
+        for a in [1, 4, 5, 9] {
+            upsert(&c, json!({"id": "E1", "type": "T", "A": {"value": a}})).await;
+        }
+        assert_eq!(rx.next().await.json()["data"][0]["A"], 4);
+        assert_eq!(rx.next().await.json()["data"][0]["A"], 9);
+        rx.nothing_more().await;
+        let (_, _, sub) = call(&c, "GET", &format!("/v2/subscriptions/{id}"), None, None).await;
+        assert_eq!(
+            sub["subject"]["condition"]["jexlExpression"],
+            "A-metadata.A.previousValue>=3 && type=='T'"
+        );
+    }
+
+    /// A notification not answered within the subscription's `timeout`
+    /// (ms) counts as a failure, reported as curl words it, well before
+    /// the server-wide default of 5 s.
+    #[tokio::test]
+    async fn notification_timeout_counts_as_failure() {
+        let server = Server::start();
+        let c = server.client();
+        let dead = black_hole().await;
+        let id = subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "E1", "type": "T"}]},
+                   "notification": {"httpCustom": {"url": dead, "timeout": 300}}}),
+        )
+        .await;
+        let (_, _, sub) = call(&c, "GET", &format!("/v2/subscriptions/{id}"), None, None).await;
+        assert_eq!(sub["notification"]["httpCustom"]["timeout"], 300);
+        upsert(&c, json!({"id": "E1", "type": "T", "A": {"value": 1}})).await;
+        let sub = eventually(Duration::from_secs(3), || async {
+            let (_, _, sub) =
+                call(&c, "GET", &format!("/v2/subscriptions/{id}"), None, None).await;
+            (sub["notification"]["failsCounter"] == 1).then_some(sub)
+        })
+        .await;
+        assert_eq!(
+            sub["notification"]["lastFailureReason"],
+            "Timeout was reached"
+        );
+    }
+}

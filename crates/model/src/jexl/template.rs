@@ -5,8 +5,11 @@
 //! - a macro that is the whole of a JSON string keeps the JSON type of its
 //!   result (`"${temperature}"` becomes `23.4`, `"${count}"` an object);
 //! - a macro inside a longer string is spliced in as text: strings bare,
-//!   numbers as Orion writes them, everything else as JSON text (`null`
-//!   for an expression that failed or an attribute the entity lacks);
+//!   numbers as Orion writes them, everything else as JSON text;
+//! - a `null` result (an expression that failed, an attribute the entity
+//!   lacks) is `null` inside a JSON string but nothing in a text template
+//!   (`url`, `headers`, `qs`, `payload`), where an emptied header or query
+//!   parameter is then left out;
 //! - object keys are never templates.
 //!
 //! A macro ends at the `}` that closes it, so expressions may hold object
@@ -86,13 +89,22 @@ pub fn has_macros(s: &str) -> bool {
     pieces(s).iter().any(|p| matches!(p, Piece::Macro(_)))
 }
 
-/// Replaces every macro in `template` by its result as text.
+/// Replaces every macro in a text template (`url`, `headers`, `qs`,
+/// `payload`) by its result as text; `null` is left out.
 pub fn render_text(template: &str, context: &Map<String, Value>) -> String {
+    splice(template, context, "")
+}
+
+/// Replaces every macro by its result as text, `null` as `null_text`.
+fn splice(template: &str, context: &Map<String, Value>, null_text: &str) -> String {
     let mut out = String::with_capacity(template.len());
     for piece in pieces(template) {
         match piece {
             Piece::Text(t) => out.push_str(t),
-            Piece::Macro(expr) => out.push_str(&as_text(&evaluate(expr, context))),
+            Piece::Macro(expr) => match evaluate(expr, context) {
+                Value::Null => out.push_str(null_text),
+                v => out.push_str(&as_text(&v)),
+            },
         }
     }
     out
@@ -120,7 +132,7 @@ pub fn render_json(template: &Value, context: &Map<String, Value>) -> Value {
 pub fn render_string_value(s: &str, context: &Map<String, Value>) -> Value {
     match whole_macro(s) {
         Some(expr) => evaluate(expr, context),
-        None => Value::String(render_text(s, context)),
+        None => Value::String(splice(s, context, "null")),
     }
 }
 
@@ -161,7 +173,8 @@ mod tests {
         let c = ctx();
         assert_eq!(render_text("id=${id} a=${A*2}", &c), "id=E1 a=20");
         assert_eq!(render_text("${O}", &c), "{\"x\":[1]}");
-        assert_eq!(render_text("${missing}|${N}", &c), "null|null");
+        assert_eq!(render_text("${missing}|${N}|", &c), "||");
+        assert_eq!(render_json(&json!("${missing}|${N}"), &c), json!("null|null"));
         assert_eq!(render_text("${S|uppercase}!", &c), "FOO!");
         assert_eq!(render_text("no macros", &c), "no macros");
     }
