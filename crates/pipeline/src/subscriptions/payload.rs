@@ -100,7 +100,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
     }
     match &n.endpoint {
         Endpoint::Http { url, .. } => {
-            let entity = project(t, t.entity);
+            let entity = project(t, t.entity, &[]);
             headers.push((
                 "Ngsiv2-AttrsFormat".into(),
                 attrs_format_name(n.attrs_format).into(),
@@ -118,7 +118,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
             let (format_header, body) = match &c.payload {
                 CustomPayload::Standard => (
                     attrs_format_name(n.attrs_format),
-                    Some(standard_body(t, &project(t, t.entity), n.attrs_format)),
+                    Some(standard_body(t, &project(t, t.entity, &[]), n.attrs_format)),
                 ),
                 CustomPayload::Text(None) => ("custom", Some(Bytes::new())),
                 CustomPayload::Text(Some(text)) => {
@@ -134,9 +134,15 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                 }
                 CustomPayload::Ngsi(patch) => {
                     let patched = apply_ngsi_patch(t.entity, patch, &mut context);
+                    let computed: Vec<&str> = patch
+                        .keys()
+                        .map(String::as_str)
+                        .filter(|k| *k != "id" && *k != "type")
+                        .collect();
+                    let projected = project(t, &patched, &computed);
                     (
                         attrs_format_name(n.attrs_format),
-                        Some(standard_body(t, &project(t, &patched), n.attrs_format)),
+                        Some(standard_body(t, &projected, n.attrs_format)),
                     )
                 }
             };
@@ -284,7 +290,9 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
 
 /// The entity as notified (only the selected attributes, plus
 /// `alterationType` and covered ones) and the names to render, in order.
-fn project(t: &Trigger<'_>, e: &Entity) -> (Entity, Vec<String>) {
+/// `computed` names the attributes an `ngsi` patch computed for this
+/// notification: `onlyChangedAttrs` keeps them.
+fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<String>) {
     let n = &t.sub.notification;
     let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
     let mut names: Vec<String> = Vec::new();
@@ -324,7 +332,9 @@ fn project(t: &Trigger<'_>, e: &Entity) -> (Entity, Vec<String>) {
             AlterationType::EntityCreate => e.attrs.keys().collect(),
             _ => t.touched.iter().map(|c| c.name.as_str()).collect(),
         };
-        names.retain(|n| touched.contains(&n.as_str()) || n == "alterationType");
+        names.retain(|n| {
+            touched.contains(&n.as_str()) || computed.contains(&n.as_str()) || n == "alterationType"
+        });
     }
     let mut out = Entity {
         attrs: OrderedMap::new(),
@@ -510,6 +520,29 @@ mod tests {
         assert_eq!(
             body,
             json!({"a": 10, "b": {"x": [1]}, "t": "id=E1 a=10", "m": null})
+        );
+    }
+
+    #[test]
+    fn ngsi_patch_evaluates_by_priority_and_survives_only_changed_attrs() {
+        let s = sub(json!({
+            "onlyChangedAttrs": true,
+            "attrsFormat": "keyValues",
+            "httpCustom": {"url": "http://h:1", "ngsi": {
+                "type": "${S|uppercase}",
+                "Late": {"value": "${Early*2}"},
+                "Early": {"value": "${A+1}", "metadata": {"evalPriority": {"value": 1}}},
+                "When": {"value": "2024-07-10T10:22:29Z", "type": "DateTime"}
+            }}
+        }));
+        let r = request(&s, &entity());
+        assert_eq!(header(&r, "Ngsiv2-AttrsFormat"), Some("keyValues"));
+        let body: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+        // Nothing was touched: only the computed attributes remain.
+        assert_eq!(
+            body["data"][0],
+            json!({"id": "E1", "type": "FOO", "Late": 22, "Early": 11,
+                   "When": "2024-07-10T10:22:29.000Z"})
         );
     }
 
