@@ -695,8 +695,14 @@ mod expressions {
                        "ngsi": {"S": {"value": "${A}", "metadata": md}}}}})
         };
         let cases = [
-            (json!({"evalPriority": {"value": "1"}}), "evalPriority metadata must be a number"),
-            (json!({"evalPriority": {"value": 0}}), "evalPriority metadata minimum priority is 1"),
+            (
+                json!({"evalPriority": {"value": "1"}}),
+                "evalPriority metadata must be a number",
+            ),
+            (
+                json!({"evalPriority": {"value": 0}}),
+                "evalPriority metadata minimum priority is 1",
+            ),
             (
                 json!({"evalPriority": {"value": 100001}}),
                 "evalPriority metadata maximum priority is 100000",
@@ -707,8 +713,14 @@ mod expressions {
             ),
         ];
         for (md, text) in &cases {
-            let (status, _, reply) =
-                call(&c, "POST", "/v2/subscriptions", None, Some(&body(md.clone()))).await;
+            let (status, _, reply) = call(
+                &c,
+                "POST",
+                "/v2/subscriptions",
+                None,
+                Some(&body(md.clone())),
+            )
+            .await;
             assert_eq!(status, 400);
             assert_eq!(reply, json!({"error": "BadRequest", "description": text}));
         }
@@ -716,7 +728,10 @@ mod expressions {
         let path = format!("/v2/subscriptions/{id}");
         let patch = json!({"notification": body(cases[1].0.clone())["notification"]});
         let (status, _, reply) = call(&c, "PATCH", &path, None, Some(&patch)).await;
-        assert_eq!((status, reply["description"].as_str()), (400, Some(cases[1].1)));
+        assert_eq!(
+            (status, reply["description"].as_str()),
+            (400, Some(cases[1].1))
+        );
         let (_, _, sub) = call(&c, "GET", &path, None, None).await;
         assert_eq!(
             sub["notification"]["httpCustom"]["ngsi"]["S"]["metadata"]["evalPriority"]["value"],
@@ -775,8 +790,7 @@ mod expressions {
         assert_eq!(sub["notification"]["httpCustom"]["timeout"], 300);
         upsert(&c, json!({"id": "E1", "type": "T", "A": {"value": 1}})).await;
         let sub = eventually(Duration::from_secs(3), || async {
-            let (_, _, sub) =
-                call(&c, "GET", &format!("/v2/subscriptions/{id}"), None, None).await;
+            let (_, _, sub) = call(&c, "GET", &format!("/v2/subscriptions/{id}"), None, None).await;
             (sub["notification"]["failsCounter"] == 1).then_some(sub)
         })
         .await;

@@ -174,7 +174,10 @@ mod tests {
         assert_eq!(render_text("id=${id} a=${A*2}", &c), "id=E1 a=20");
         assert_eq!(render_text("${O}", &c), "{\"x\":[1]}");
         assert_eq!(render_text("${missing}|${N}|", &c), "||");
-        assert_eq!(render_json(&json!("${missing}|${N}"), &c), json!("null|null"));
+        assert_eq!(
+            render_json(&json!("${missing}|${N}"), &c),
+            json!("null|null")
+        );
         assert_eq!(render_text("${S|uppercase}!", &c), "FOO!");
         assert_eq!(render_text("no macros", &c), "no macros");
     }

@@ -443,8 +443,12 @@ impl Subscriptions {
                 return None;
             }
         }
+        let request = match payload::build(&trigger) {
+            Err(payload::NotSent::Skipped) => return None,
+            Err(payload::NotSent::Failed(reason)) => Err(reason),
+            Ok(request) => Ok(request),
+        };
         *sequence += 1;
-        let request = payload::build(&trigger);
         state.last_fired = Some(Instant::now());
         let sub = &mut state.sub;
         sub.notification.stats.times_sent += 1;

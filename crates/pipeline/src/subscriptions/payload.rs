@@ -22,6 +22,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 use weft_model::jexl::{as_text, template};
+use weft_model::ngsi::parse::is_valid_url;
 use weft_model::ngsi::subscription::{
     attrs_format_name, eval_priority, AlterationType, CustomPayload, Endpoint, Subscription,
 };
@@ -73,8 +74,19 @@ impl Trigger<'_> {
     }
 }
 
-/// Builds the request; `Err` is the failure reason to record.
-pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
+/// Why a notification is not sent.
+#[derive(Debug, PartialEq)]
+pub enum NotSent {
+    /// Skipped without a trace on the subscription, as Orion skips a
+    /// custom notification whose URL is malformed once its macros are
+    /// replaced.
+    Skipped,
+    /// A failure, recorded as `lastFailureReason`.
+    Failed(String),
+}
+
+/// Builds the request.
+pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
     let n = &t.sub.notification;
     let correlator = match t.origin {
         Some(o) => format!("{}; cbnotif={}", o.correlator, t.sequence),
@@ -181,9 +193,12 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                     url.push_str(&pairs.join("&"));
                 }
             }
+            if !is_valid_url(&url, true) {
+                return Err(NotSent::Skipped);
+            }
             let method = match &c.method {
                 Some(m) => reqwest::Method::from_bytes(m.as_bytes())
-                    .map_err(|_| "invalid HTTP method".to_string())?,
+                    .map_err(|_| NotSent::Failed("invalid HTTP method".into()))?,
                 None => reqwest::Method::POST,
             };
             if body.as_ref().is_some_and(|b| b.is_empty()) {
@@ -544,6 +559,22 @@ mod tests {
             json!({"id": "E1", "type": "FOO", "Late": 22, "Early": 11,
                    "When": "2024-07-10T10:22:29.000Z"})
         );
+    }
+
+    #[test]
+    fn a_url_malformed_by_its_macros_is_skipped() {
+        let s = sub(json!({"httpCustom": {"url": "${S}://h:1/x"}}));
+        let t = Trigger {
+            sub: &s,
+            tenant: "",
+            service_path: "/",
+            entity: &entity(),
+            touched: &[],
+            alteration: AlterationType::EntityChange,
+            origin: None,
+            sequence: 1,
+        };
+        assert_eq!(build(&t).unwrap_err(), NotSent::Skipped);
     }
 
     #[test]
