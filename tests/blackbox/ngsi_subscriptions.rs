@@ -630,7 +630,7 @@ mod expressions {
                    "stamp": {"value": 1720606949}, "serial": {"value": "ab12cd345"}}),
         )
         .await;
-        let mut seen = vec![rx.next().await, rx.next().await];
+        let mut seen = [rx.next().await, rx.next().await];
         seen.sort_by(|a, b| a.target.cmp(&b.target));
         assert_eq!(
             seen[0].json(),
