@@ -540,7 +540,8 @@ mod expressions {
     /// `json` keeps its JSON type (numbers, objects), an embedded one is
     /// spliced as text, a missing attribute is `null`, and the URL, query
     /// string, method and headers (with quotes in their literals) follow
-    /// the entity.
+    /// the entity; a header left empty (by the subscription or by a macro
+    /// without a value) is not sent.
     #[tokio::test]
     async fn custom_templates_evaluate_jexl() {
         let server = Server::start();
@@ -555,7 +556,9 @@ mod expressions {
                        "method": "PUT",
                        "qs": {"double": "${temperature*2}", "${type}": "t"},
                        "headers": {"X-Level": "${(temperature>30)?'hot':'ok'}",
-                                   "X-Fallback": "${missing||\"none\"}"},
+                                   "X-Fallback": "${missing||\"none\"}",
+                                   "X-Missing": "${missing}",
+                                   "Accept": ""},
                        "json": {"t": "${temperature}",
                                 "ratio": "${count.sum/count.count}",
                                 "obj": "${{n: count.count+1}}",
@@ -579,6 +582,9 @@ mod expressions {
         assert_eq!(n.target, "/rooms/r1?double=63&Room=t");
         assert_eq!(n.header("x-level"), Some("hot"));
         assert_eq!(n.header("x-fallback"), Some("none"));
+        // Emptied headers are not sent, not even the client's default.
+        assert_eq!(n.header("x-missing"), None);
+        assert_eq!(n.header("accept"), None);
         assert_eq!(n.header("ngsiv2-attrsformat"), Some("custom"));
         assert_eq!(
             n.json(),

@@ -119,7 +119,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
             ));
             let body = standard_body(t, &entity, n.attrs_format);
             Ok(Request {
-                method: reqwest::Method::POST,
+                method: hyper::Method::POST,
                 url: url.clone(),
                 headers,
                 body: Some(body),
@@ -197,9 +197,9 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
                 return Err(NotSent::Skipped);
             }
             let method = match &c.method {
-                Some(m) => reqwest::Method::from_bytes(m.as_bytes())
+                Some(m) => hyper::Method::from_bytes(m.as_bytes())
                     .map_err(|_| NotSent::Failed("invalid HTTP method".into()))?,
-                None => reqwest::Method::POST,
+                None => hyper::Method::POST,
             };
             if body.as_ref().is_some_and(|b| b.is_empty()) {
                 headers.retain(|(k, _)| !k.eq_ignore_ascii_case("Content-Type"));
@@ -583,7 +583,7 @@ mod tests {
             json!({"httpCustom": {"url": "http://h:1", "payload": "A is ${A}", "method": "PUT"}}),
         );
         let r = request(&s, &entity());
-        assert_eq!(r.method, reqwest::Method::PUT);
+        assert_eq!(r.method, hyper::Method::PUT);
         assert_eq!(
             header(&r, "Content-Type"),
             Some("text/plain; charset=utf-8")

@@ -24,8 +24,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use tokio_rustls::rustls::{crypto::ring, ClientConfig, RootCertStore};
 
 use super::{Dirty, Entry};
 
@@ -54,7 +60,7 @@ impl Default for SenderConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// HTTP method.
-    pub method: reqwest::Method,
+    pub method: hyper::Method,
     /// Full URL, query string included.
     pub url: String,
     /// Headers, in order.
@@ -104,10 +110,43 @@ pub enum Enqueued {
     Refused(String),
 }
 
+/// The HTTP client of notifications: hyper's pooled HTTP/1.1 client, plain
+/// or over TLS (the web's and the system's root certificates). Not
+/// reqwest: a notification carries exactly the headers Orion's would,
+/// and a subscription can remove one (`Accept`) that reqwest always adds.
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Builds the notification client, keeping up to `idle_per_host`
+/// keep-alive connections per endpoint (one per lane).
+fn http_client(idle_per_host: usize) -> HttpClient {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot read is one root less.
+        let _ = roots.add(cert);
+    }
+    let tls = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(idle_per_host)
+        .build(https)
+}
+
 /// The lanes of all endpoints.
 pub struct Sender {
     config: SenderConfig,
-    client: reqwest::Client,
+    client: HttpClient,
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
     dirty: Arc<Dirty>,
     runtime: tokio::runtime::Handle,
@@ -116,11 +155,7 @@ pub struct Sender {
 impl Sender {
     /// A sender whose lane tasks run on the current runtime.
     pub(crate) fn new(config: SenderConfig, dirty: Arc<Dirty>) -> Sender {
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(config.lanes.max(1))
-            .tcp_nodelay(true)
-            .build()
-            .expect("the HTTP client builds");
+        let client = http_client(config.lanes.max(1));
         Sender {
             config,
             client,
@@ -217,7 +252,7 @@ impl Sender {
 /// subscription and on the endpoint's health.
 async fn lane(
     mut rx: mpsc::Receiver<Job>,
-    client: reqwest::Client,
+    client: HttpClient,
     default_timeout: Duration,
     dirty: Arc<Dirty>,
     endpoint: std::sync::Weak<Endpoint>,
@@ -246,28 +281,38 @@ async fn lane(
     }
 }
 
-/// Sends one request.
-async fn send(client: &reqwest::Client, request: Request, timeout: Duration) -> Outcome {
-    let mut builder = client
-        .request(request.method, &request.url)
-        .timeout(timeout);
+/// Sends one request; any answer is [`Outcome::Answered`], no answer
+/// within `timeout` (connecting, sending and reading included) a failure
+/// in curl's words, as Orion reports it.
+async fn send(client: &HttpClient, request: Request, timeout: Duration) -> Outcome {
+    let invalid_url = || Outcome::Failed("Invalid URL parsing notification url".into());
+    // `url` escapes what a URI may not hold (spaces, non-ASCII ids spliced
+    // in by macros) before hyper reads it.
+    let Some(uri) = url::Url::parse(&request.url)
+        .ok()
+        .and_then(|u| u.as_str().parse::<hyper::Uri>().ok())
+    else {
+        return invalid_url();
+    };
+    let mut builder = hyper::Request::builder().method(request.method).uri(uri);
     for (name, value) in &request.headers {
         builder = builder.header(name.as_str(), value.as_str());
     }
-    if let Some(body) = request.body {
-        builder = builder.body(body);
-    }
-    match builder.send().await {
-        Ok(resp) => {
-            let code = resp.status().as_u16();
-            // Read the body so the connection can be reused.
-            let _ = resp.bytes().await;
-            Outcome::Answered(code)
-        }
-        Err(e) if e.is_timeout() => Outcome::Failed("Timeout was reached".into()),
-        Err(e) if e.is_connect() => Outcome::Failed("Couldn't connect to server".into()),
-        Err(e) if e.is_builder() => Outcome::Failed("Invalid URL parsing notification url".into()),
-        Err(e) => Outcome::Failed(e.to_string()),
+    let Ok(req) = builder.body(Full::new(request.body.unwrap_or_default())) else {
+        return Outcome::Failed("invalid header in notification".into());
+    };
+    let exchange = async {
+        let resp = client.request(req).await?;
+        let code = resp.status().as_u16();
+        // Read the body so the connection can be reused.
+        let _ = resp.into_body().collect().await;
+        Ok::<u16, hyper_util::client::legacy::Error>(code)
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Outcome::Failed("Timeout was reached".into()),
+        Ok(Ok(code)) => Outcome::Answered(code),
+        Ok(Err(e)) if e.is_connect() => Outcome::Failed("Couldn't connect to server".into()),
+        Ok(Err(e)) => Outcome::Failed(e.to_string()),
     }
 }
 
