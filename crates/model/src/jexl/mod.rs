@@ -1,12 +1,15 @@
 //! JEXL expressions as Orion evaluates them: the `${…}` macros of custom
 //! notifications and `subject.condition.jexlExpression`.
 //!
-//! Orion's JEXL build delegates to a Rust JEXL engine; weft uses the same
-//! engine (the `jexl-eval` crate, Mozilla's), so the grammar, its
-//! precedences and its gaps are Orion's: no unary minus (`A||-1` fails,
-//! `A||0-1` works), no `!`, attribute names with `-` or `:` read as
-//! operators, and the ternary `?:` binds tighter than comparisons
-//! (`(a>b)?x:y` needs its parentheses). What this module adds:
+//! The engine is Mozilla's Rust JEXL (`jexl-eval`), whose grammar has
+//! exactly the gaps Orion's manual lists for its JEXL build: no unary
+//! minus (`A||-1` fails, `A||0-1` works), no `!`, attribute names with `-`
+//! or `:` read as operators. Its ternary `?:` binds tighter than
+//! comparisons and arithmetic (`(a>b)?x:y` needs its parentheses, as in
+//! the manual's examples). What this module adds:
+//!
+//! - [`literals`]: string literals with backslashes (regular
+//!   expressions), which the engine's lexer would refuse;
 //!
 //! - [`transforms`]: Orion's transformations (`uppercase`, `split`,
 //!   `thMapper`, `toIsoString`, …), registered once on a shared evaluator;
