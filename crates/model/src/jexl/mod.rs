@@ -8,7 +8,7 @@
 //! comparisons and arithmetic (`(a>b)?x:y` needs its parentheses, as in
 //! the manual's examples). What this module adds:
 //!
-//! - [`literals`]: string literals with backslashes (regular
+//! - `literals`: string literals with backslashes (regular
 //!   expressions), which the engine's lexer would refuse;
 //!
 //! - [`transforms`]: Orion's transformations (`uppercase`, `split`,
