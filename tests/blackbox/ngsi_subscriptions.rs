@@ -354,6 +354,50 @@ async fn failures_oneshot_and_restart() {
     assert_eq!(status, 404);
 }
 
+/// A subscription to `entityUpdate` with `condition.attrs` fires when the
+/// update carries one of those attributes, even unchanged, while the
+/// change is elsewhere; one to `entityChange` needs the named attribute
+/// itself to change.
+#[tokio::test]
+async fn entity_update_conditions_look_at_every_attribute_of_the_update() {
+    let server = Server::start();
+    let c = server.client();
+    let mut update_sink = Sink::start().await;
+    let mut change_sink = Sink::start().await;
+    for (sink, kind) in [
+        (&update_sink, "entityUpdate"),
+        (&change_sink, "entityChange"),
+    ] {
+        subscribe(
+            &c,
+            None,
+            json!({"subject": {"entities": [{"id": "M1", "type": "Meter"}],
+                               "condition": {"attrs": ["stamp"], "alterationTypes": [kind]}},
+                   "notification": {"http": {"url": sink.url}, "attrsFormat": "keyValues"}}),
+        )
+        .await;
+    }
+    let meter = json!({"id": "M1", "type": "Meter", "stamp": {"value": "s1"},
+                       "volume": {"value": 20}});
+    call(&c, "POST", "/v2/entities", None, Some(&meter)).await;
+    let same_stamp = json!({"stamp": {"value": "s1"}, "volume": {"value": 23}});
+    let (status, _, _) = call(
+        &c,
+        "PATCH",
+        "/v2/entities/M1/attrs",
+        None,
+        Some(&same_stamp),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let n = update_sink.next().await;
+    assert_eq!(n.body["data"][0]["volume"], 23);
+    assert!(change_sink
+        .next_within(Duration::from_millis(400))
+        .await
+        .is_none());
+}
+
 /// Two brokers federated as Orion users do it: a subscription on one
 /// notifies the other's `/v2/op/notify`, which applies the entities.
 #[tokio::test]
