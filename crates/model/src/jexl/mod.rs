@@ -4,12 +4,12 @@
 //! The engine is Mozilla's Rust JEXL (`jexl-eval`), whose grammar has
 //! exactly the gaps Orion's manual lists for its JEXL build: no unary
 //! minus (`A||-1` fails, `A||0-1` works), no `!`, attribute names with `-`
-//! or `:` read as operators. Its ternary `?:` binds tighter than
-//! comparisons and arithmetic (`(a>b)?x:y` needs its parentheses, as in
-//! the manual's examples). What this module adds:
+//! or `:` read as operators. What this module adds:
 //!
 //! - `literals`: string literals with backslashes (regular
 //!   expressions), which the engine's lexer would refuse;
+//! - `ternary`: `?:` with the lowest precedence, as in the manual's
+//!   examples (the engine's grammar binds it tighter than comparisons);
 //!
 //! - [`transforms`]: Orion's transformations (`uppercase`, `split`,
 //!   `thMapper`, `toIsoString`, …), registered once on a shared evaluator;
@@ -31,7 +31,10 @@
 
 mod literals;
 pub mod template;
+mod ternary;
 pub mod transforms;
+
+use std::borrow::Cow;
 
 use serde_json::{Map, Number, Value};
 
@@ -44,19 +47,23 @@ pub fn evaluate(expression: &str, context: &Map<String, Value>) -> Value {
 /// Evaluates `expression`, keeping the reason of a failure (for tests and
 /// for diagnostics; notifications use [`evaluate`]).
 pub fn try_evaluate(expression: &str, context: &Map<String, Value>) -> Result<Value, String> {
-    let evaluator = transforms::evaluator();
-    let value = match literals::lift(expression) {
-        None => evaluator
-            .eval_in_context(expression, context)
-            .map_err(|e| e.to_string())?,
-        Some((rewritten, lifted)) => {
-            let mut context = context.clone();
-            context.extend(lifted);
-            evaluator
-                .eval_in_context(&rewritten, &context)
-                .map_err(|e| e.to_string())?
-        }
+    let (text, lifted) = match literals::lift(expression) {
+        None => (Cow::Borrowed(expression), Vec::new()),
+        Some((rewritten, lifted)) => (Cow::Owned(rewritten), lifted),
     };
+    let text = match ternary::parenthesize(&text) {
+        Some(rewritten) => Cow::Owned(rewritten),
+        None => text,
+    };
+    let evaluator = transforms::evaluator();
+    let value = if lifted.is_empty() {
+        evaluator.eval_in_context(&text, context)
+    } else {
+        let mut context = context.clone();
+        context.extend(lifted);
+        evaluator.eval_in_context(&text, &context)
+    }
+    .map_err(|e| e.to_string())?;
     Ok(normalize(value))
 }
 
@@ -195,6 +202,15 @@ mod tests {
     fn ternary_and_filters() {
         let c = json!({"v": 14, "max": 50, "l": [{"a": 1, "n": "x"}, {"a": 5, "n": "y"}]});
         assert_eq!(eval("(v>max)?'nok':'ok'", c.clone()), json!("ok"));
+        // `?:` has the lowest precedence, as in Orion's manual.
+        assert_eq!(eval("v>max?'nok':'ok'", c.clone()), json!("ok"));
+        assert_eq!(eval("v<max ? 1 : 2 + 3", c.clone()), json!(1));
+        assert_eq!(eval("v>max ? 1 : 2 + 3", c.clone()), json!(5));
+        assert_eq!(eval("v>max ? 1 : v>10 ? 2 : 3", c.clone()), json!(2));
+        assert_eq!(
+            eval("{a: v>10 ? 'big' : 'small'}", c.clone()),
+            json!({"a": "big"})
+        );
         assert_eq!(eval("l[.a > 2]", c.clone()), json!([{"a": 5, "n": "y"}]));
         assert_eq!(eval("l[.a > 2][0].n", c.clone()), json!("y"));
         assert_eq!(eval("l[.n == 'x'][0].a", c), json!(1));
@@ -221,8 +237,11 @@ mod tests {
         // Undefined identifier in an operation.
         assert_eq!(eval("(A==null)?0:A", json!({})), json!(null));
         assert_eq!(eval("A+1", json!({})), json!(null));
-        // `||` is not an operation on its left side.
+        // `||` is not an operation on its left side, and a condition that
+        // fails is false (the manual's `!=` example).
         assert_eq!(eval("A||0", json!({})), json!(0));
+        assert_eq!(eval("A != null ? 1 : 0", json!({})), json!(0));
+        assert_eq!(eval("A != null ? 1 : 0", json!({"A": 5})), json!(1));
         // Unknown transformation, syntax errors, Orion's known gaps.
         assert_eq!(eval("A|undefinedTransform", json!({"A": 1})), json!(null));
         assert_eq!(eval("A[0|uppercase", json!({"A": ["a"]})), json!(null));
