@@ -47,6 +47,7 @@ pub fn evaluate(expression: &str, context: &Map<String, Value>) -> Value {
 /// Evaluates `expression`, keeping the reason of a failure (for tests and
 /// for diagnostics; notifications use [`evaluate`]).
 pub fn try_evaluate(expression: &str, context: &Map<String, Value>) -> Result<Value, String> {
+    check_size(expression)?;
     let (text, lifted) = match literals::lift(expression) {
         None => (Cow::Borrowed(expression), Vec::new()),
         Some((rewritten, lifted)) => (Cow::Owned(rewritten), lifted),
@@ -65,6 +66,51 @@ pub fn try_evaluate(expression: &str, context: &Map<String, Value>) -> Result<Va
     }
     .map_err(|e| e.to_string())?;
     Ok(normalize(value))
+}
+
+/// Longest expression evaluated, in characters. The engine parses and
+/// evaluates recursively, one stack frame per operator and bracket, so a
+/// hostile subscription could otherwise exhaust the notifier's stack; real
+/// expressions are a few dozen characters.
+pub const MAX_EXPRESSION_CHARS: usize = 1024;
+
+/// Deepest nesting of brackets evaluated, for the same reason.
+pub const MAX_NESTING: usize = 32;
+
+/// Refuses expressions past [`MAX_EXPRESSION_CHARS`] or [`MAX_NESTING`].
+fn check_size(expression: &str) -> Result<(), String> {
+    if expression.chars().count() > MAX_EXPRESSION_CHARS {
+        return Err(format!(
+            "expression longer than {MAX_EXPRESSION_CHARS} characters"
+        ));
+    }
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for c in expression.chars() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(format!("expression nested deeper than {MAX_NESTING}"));
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Whether a condition expression holds: only a result of exactly `true`
@@ -249,6 +295,25 @@ mod tests {
         assert_eq!(eval("A||0-1", json!({})), json!(-1));
         assert_eq!(eval("!A", json!({"A": true})), json!(null));
         assert!(try_evaluate("A+", &Map::new()).is_err());
+    }
+
+    #[test]
+    fn oversized_expressions_are_null_not_a_crash() {
+        let long = vec!["A"; MAX_EXPRESSION_CHARS].join("+");
+        assert!(try_evaluate(&long, &ctx(json!({"A": 1}))).is_err());
+        let deep = format!(
+            "{}1{}",
+            "(".repeat(MAX_NESTING + 1),
+            ")".repeat(MAX_NESTING + 1)
+        );
+        assert!(try_evaluate(&deep, &Map::new()).is_err());
+        let fine = format!("{}1{}", "(".repeat(MAX_NESTING), ")".repeat(MAX_NESTING));
+        assert_eq!(eval(&fine, json!({})), json!(1));
+        // Brackets inside strings do not count.
+        assert_eq!(
+            eval(&format!("'{}'|len", "(".repeat(100)), json!({})),
+            json!(100)
+        );
     }
 
     #[test]

@@ -155,7 +155,7 @@ fn substring(args: &[Value]) -> Outcome {
         return Ok(Value::Null);
     };
     let chars: Vec<char> = s.chars().collect();
-    if from < 0.0 || to < from || to > chars.len() as f64 {
+    if !(from.is_finite() && to.is_finite()) || from < 0.0 || to < from || to > chars.len() as f64 {
         return Ok(Value::Null);
     }
     Ok(chars[from as usize..to as usize]
