@@ -92,11 +92,9 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
         Some(o) => format!("{}; cbnotif={}", o.correlator, t.sequence),
         None => format!("{}; cbnotif={}", uuid_like(), t.sequence),
     };
-    let service = match t.tenant {
-        "" => t.origin.and_then(|o| o.service.as_deref()).unwrap_or(""),
-        tenant => tenant,
-    };
-    let auth_token = t.origin.and_then(|o| o.auth_token.as_deref());
+    let source = t.source();
+    let service = source.service();
+    let auth_token = source.auth_token();
     let mut headers: Vec<(String, String)> = Vec::with_capacity(8);
     let mut push = |k: &str, v: &str| headers.push((k.to_string(), v.to_string()));
     push("Content-Type", "application/json; charset=utf-8");
@@ -126,7 +124,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
             })
         }
         Endpoint::HttpCustom(c) => {
-            let mut context = t.source().context();
+            let mut context = source.context();
             let (format_header, body) = match &c.payload {
                 CustomPayload::Standard => (
                     attrs_format_name(n.attrs_format),
