@@ -21,7 +21,7 @@ use weft_pipeline::context::{location, EntityFilter, StoredEntity};
 use super::error::{Error, Result};
 use super::params::{json_body, order_by, Options, OrderKey, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
-use super::{check_segment, now_ms};
+use super::{check_segment, json_response, now_ms};
 use crate::AppState;
 
 /// What a listing selects and how it shows it; built from URI parameters
@@ -237,7 +237,7 @@ fn cmp_values(a: &Value, b: &Value) -> Ordering {
 
 /// A JSON answer with an optional `Fiware-Total-Count`.
 pub fn listing_response(body: Value, total: Option<usize>) -> Response {
-    let mut resp = axum::Json(body).into_response();
+    let mut resp = json_response(&body);
     if let Some(total) = total {
         resp.headers_mut()
             .insert("fiware-total-count", HeaderValue::from(total));
@@ -343,7 +343,7 @@ pub async fn retrieve(
         attrs.as_deref(),
         metadata.as_deref(),
     );
-    Ok(axum::Json(body).into_response())
+    Ok(json_response(&body))
 }
 
 /// Orion's "Remove Entity" (`DELETE /v2/entities/{id}`).

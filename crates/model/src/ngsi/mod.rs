@@ -17,7 +17,8 @@
 //! - [`change`]: a committed change to an entity, as its consumers take it;
 //! - [`operators`]: update operators (`$inc`, `$push`, `$set`, …) resolved
 //!   against the current value;
-//! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values.
+//! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values;
+//! - [`number`]: numbers written as Orion writes them, in every JSON body.
 //!
 //! Errors are [`NgsiError`]s carrying Orion's status, name and text, so the
 //! HTTP layer only serialises them.
@@ -31,6 +32,7 @@ use std::marker::PhantomData;
 
 pub mod change;
 pub mod datetime;
+pub mod number;
 pub mod operators;
 pub mod parse;
 pub mod registration;

@@ -24,8 +24,8 @@ use weft_model::ngsi::subscription::{
     attrs_format_name, AlterationType, CustomPayload, Endpoint, Subscription,
 };
 use weft_model::ngsi::{
-    parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format, OrderedMap,
-    RenderContext,
+    number, parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format,
+    OrderedMap, RenderContext,
 };
 
 use super::sender::Request;
@@ -113,7 +113,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                 }
                 CustomPayload::Json(template) => {
                     let v = macros.json(template);
-                    ("custom", Some(Bytes::from(v.to_string())))
+                    ("custom", Some(Bytes::from(number::to_vec(&v))))
                 }
                 CustomPayload::Ngsi(patch) => {
                     let patched = apply_ngsi_patch(&entity, patch, &macros)?;
@@ -254,7 +254,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
             Value::Object(obj)
         }
     };
-    Bytes::from(body.to_string())
+    Bytes::from(number::to_vec(&body))
 }
 
 /// The entity as notified (only the selected attributes, plus
@@ -408,7 +408,7 @@ fn whole_macro(s: &str) -> Option<&str> {
 fn as_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        other => other.to_string(),
+        other => number::to_string(other),
     }
 }
 
