@@ -110,11 +110,11 @@ impl EntityFilter {
             && self
                 .q
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity, &e.service_path)))
             && self
                 .mq
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity, &e.service_path)))
             && self
                 .geo
                 .as_ref()
@@ -141,24 +141,50 @@ pub fn path_matches(patterns: &[String], path: &str) -> bool {
         })
 }
 
-/// Resolves `q`/`mq` paths against an entity: attribute values (typed by
-/// their NGSI type: `DateTime` compares as a date), metadata values, and
-/// the builtins `dateCreated`/`dateModified`.
-pub struct EntityResolver<'a>(pub &'a Entity);
+/// Resolves `q`/`mq` paths against an entity in its service path:
+/// attribute values (typed by their NGSI type: `DateTime` compares as a
+/// date), metadata values, and the builtins.
+///
+/// The builtin attributes `dateCreated`, `dateModified`, `dateExpires`
+/// and `servicePath`, and the builtin metadata `dateCreated` and
+/// `dateModified`, always mean the builtin, even when the entity has a
+/// user attribute (or metadata) of that name: rendering shows the user's
+/// item, filtering reads the builtin, as in Orion
+/// (`0876_entity_dates/entity_dates_overridden_by_user.test`).
+pub struct EntityResolver<'a>(pub &'a Entity, pub &'a str);
 
 impl Resolver for EntityResolver<'_> {
     fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
-        let e = self.0;
-        match (e.attrs.get(attr), attr, path.is_empty()) {
-            (Some(a), _, _) => typed(&a.value, &a.attr_type, path),
-            (None, "dateCreated", true) => Some(Operand::DateTime(e.date_created)),
-            (None, "dateModified", true) => Some(Operand::DateTime(e.date_modified)),
-            _ => None,
+        let EntityResolver(e, service_path) = *self;
+        if path.is_empty() {
+            match attr {
+                "dateCreated" => return Some(Operand::DateTime(e.date_created)),
+                "dateModified" => return Some(Operand::DateTime(e.date_modified)),
+                "dateExpires" if e.date_expires.is_some() => {
+                    return e.date_expires.map(Operand::DateTime)
+                }
+                "servicePath" => {
+                    return Some(Operand::Json(Cow::Owned(Value::String(
+                        service_path.to_string(),
+                    ))))
+                }
+                _ => {}
+            }
         }
+        let a = e.attrs.get(attr)?;
+        typed(&a.value, &a.attr_type, path)
     }
 
     fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
-        let m = self.0.attrs.get(attr)?.metadata.get(md)?;
+        let a = self.0.attrs.get(attr)?;
+        if path.is_empty() {
+            match md {
+                "dateCreated" => return Some(Operand::DateTime(a.date_created)),
+                "dateModified" => return Some(Operand::DateTime(a.date_modified)),
+                _ => {}
+            }
+        }
+        let m = a.metadata.get(md)?;
         typed(&m.value, &m.md_type, path)
     }
 }
