@@ -9,6 +9,10 @@
 //! types, service paths) happens here; representation, ordering and paging
 //! belong to the HTTP layer.
 
+mod expiry;
+
+pub use expiry::SWEEP_INTERVAL;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,6 +72,15 @@ pub struct StoredEntity {
     pub entity: Entity,
     /// Creation order within the tenant.
     pub created: u64,
+}
+
+impl StoredEntity {
+    /// Whether the entity is still there at `now`: a transient entity
+    /// whose `dateExpires` has passed is gone for every reader and writer
+    /// at once, whatever the sweep has done yet.
+    pub fn is_live(&self, now: i64) -> bool {
+        !self.entity.is_expired(now)
+    }
 }
 
 /// Which entities a query or a lookup covers. Empty lists match all.
@@ -226,19 +239,22 @@ impl Tenant {
         }
     }
 
-    /// The key of the one entity with `id` (and `entity_type`, if given)
-    /// in the service paths: 404 if none, 409 if several. Looks only at
+    /// The key of the one live entity with `id` (and `entity_type`, if
+    /// given) in the service paths: 404 if none, 409 if several. Expired
+    /// entities are not there any more, even before the sweep removes them. Looks only at
     /// the entities with that id and copies nothing but the key found.
     fn find(
         &self,
         service_paths: &[String],
         id: &str,
         entity_type: Option<&str>,
+        now: i64,
     ) -> Result<&Key, NgsiError> {
-        let mut found =
-            self.by_id.get(id).into_iter().flatten().filter(|k| {
-                path_matches(service_paths, &k.0) && entity_type.is_none_or(|t| t == k.2)
-            });
+        let mut found = self.by_id.get(id).into_iter().flatten().filter(|k| {
+            path_matches(service_paths, &k.0)
+                && entity_type.is_none_or(|t| t == k.2)
+                && self.entities.get(*k).is_some_and(|e| e.is_live(now))
+        });
         let key = found.next().ok_or_else(NgsiError::entity_not_found)?;
         if found.next().is_some() {
             return Err(NgsiError::too_many_results());
@@ -267,6 +283,10 @@ pub struct Context {
     record_history: std::sync::atomic::AtomicBool,
     /// Where committed changes are announced.
     changes: Arc<Changes>,
+    /// Held by the expiry sweep while it deletes expired entities, and by
+    /// [`Context::create`], which may put a new entity where an expired
+    /// one still lies: the two never interleave their store writes.
+    sweeping: tokio::sync::Mutex<()>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -306,6 +326,7 @@ impl Context {
             next_created: AtomicU64::new(max + 1),
             record_history: std::sync::atomic::AtomicBool::new(false),
             changes,
+            sweeping: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -365,6 +386,7 @@ impl Context {
 
     /// Entities of `tenant` passing `filter`, in creation order.
     pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
+        let now = weft_model::now_ms();
         let tenants = self.tenants.read();
         let Some(t) = tenants.get(tenant) else {
             return Vec::new();
@@ -372,7 +394,7 @@ impl Context {
         let mut out: Vec<StoredEntity> = if filter.ids.is_empty() {
             t.entities
                 .values()
-                .filter(|e| filter.matches(e))
+                .filter(|e| e.is_live(now) && filter.matches(e))
                 .cloned()
                 .collect()
         } else {
@@ -382,7 +404,7 @@ impl Context {
                 .filter_map(|id| t.by_id.get(id))
                 .flatten()
                 .filter_map(|key| t.entities.get(key))
-                .filter(|e| filter.matches(e))
+                .filter(|e| e.is_live(now) && filter.matches(e))
                 .cloned()
                 .collect()
         };
@@ -405,7 +427,7 @@ impl Context {
         let t = tenants
             .get(tenant)
             .ok_or_else(NgsiError::entity_not_found)?;
-        let key = t.find(service_paths, id, entity_type)?;
+        let key = t.find(service_paths, id, entity_type, weft_model::now_ms())?;
         t.entities
             .get(key)
             .cloned()
@@ -424,23 +446,31 @@ impl Context {
     }
 
     /// Creates an entity; 422 `Already Exists` if one with the same id,
-    /// type and service path exists.
+    /// type and service path exists (an expired one does not: the new
+    /// entity takes its place).
     pub async fn create(
         &self,
         tenant: &str,
         service_path: &str,
-        entity: Entity,
+        mut entity: Entity,
     ) -> Result<(), NgsiError> {
         entity.check_locations()?;
+        entity.refresh_expiration();
         let key = (
             service_path.to_string(),
             entity.id.clone(),
             entity.entity_type.clone(),
         );
+        // Not while the sweep deletes expired entities: it could delete
+        // this one's row after it is stored (see `expiry`).
+        let _sweep = self.sweeping.lock().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
-            if t.entities.contains_key(&key) {
+            if t.entities
+                .get(&key)
+                .is_some_and(|e| e.is_live(weft_model::now_ms()))
+            {
                 return Err(NgsiError::already_exists());
             }
             let stored = StoredEntity {
@@ -474,7 +504,9 @@ impl Context {
             let t = tenants
                 .get_mut(tenant)
                 .ok_or_else(NgsiError::entity_not_found)?;
-            let key = t.find(service_paths, id, entity_type)?.clone();
+            let key = t
+                .find(service_paths, id, entity_type, weft_model::now_ms())?
+                .clone();
             let slot = t
                 .entities
                 .get_mut(&key)
@@ -566,7 +598,7 @@ impl Context {
                 unit.device.id.clone(),
                 entity_type.to_string(),
             );
-            let created = !t.entities.contains_key(&key);
+            let created = t.entities.get(&key).is_none_or(|e| !e.is_live(now));
             if created {
                 let mut entity = Entity::new(unit.device.id.clone(), entity_type);
                 entity.stamp_created(now);

@@ -39,9 +39,9 @@ pub async fn get_attrs(
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
     let mut body = render_entity(
-        &found.entity,
+        &found,
         options.format(),
-        attrs.as_deref(),
+        options.attrs_with_dates(attrs).as_deref(),
         metadata.as_deref(),
     );
     if let Value::Object(obj) = &mut body {

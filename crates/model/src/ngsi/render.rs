@@ -8,15 +8,15 @@
 //! `preserve_order` feature); `values`/`unique` arrays are ordered anyway.
 //!
 //! Builtins (`0876_entity_dates`): the attributes `dateCreated`,
-//! `dateModified`, `dateExpires` appear only when named in `attrs`, and a
-//! user attribute of the same name wins over the builtin; the metadata
+//! `dateModified`, `dateExpires` and `servicePath` appear only when named
+//! in `attrs`, and a user attribute of the same name wins over the builtin; the metadata
 //! `dateCreated`, `dateModified`, `previousValue`, `actionType` appear only
 //! when named in `metadata`. `*` in either list means all user items.
 
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 
-use super::{format_datetime, AttrChange, Attribute, Entity};
+use super::{format_datetime, AttrChange, Attribute, Entity, EXPIRATION_ATTR};
 
 /// A representation of entities (`options=` / `attrsFormat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,9 @@ pub struct RenderContext<'a> {
     pub previous: Option<&'a [AttrChange]>,
     /// The `actionType` of the update.
     pub action_type: Option<&'a str>,
+    /// The entity's service path, for the builtin attribute
+    /// `servicePath`; `None` leaves it out.
+    pub service_path: Option<&'a str>,
 }
 
 /// Renders an entity; see [`render_with`].
@@ -90,7 +93,7 @@ pub fn render_with(
     metadata_filter: Option<&[String]>,
     ctx: &RenderContext,
 ) -> Value {
-    let selected = select_attrs(entity, attrs_filter);
+    let selected = select_attrs(entity, attrs_filter, ctx.service_path);
     match format {
         Format::Values | Format::Unique => {
             let mut out: Vec<Value> = Vec::with_capacity(selected.len());
@@ -147,11 +150,16 @@ fn entity_head(entity: &Entity) -> Map<String, Value> {
 /// occasion.
 type Selected<'a> = (&'a str, std::borrow::Cow<'a, Attribute>);
 
-fn builtin_attr(entity: &Entity, name: &str) -> Option<Attribute> {
+/// The builtin attribute `name` of `entity` (`dateCreated`,
+/// `dateModified`, `dateExpires` when set, `servicePath` when known).
+fn builtin_attr(entity: &Entity, name: &str, service_path: Option<&str>) -> Option<Attribute> {
     let ms = match name {
         "dateCreated" => entity.date_created,
         "dateModified" => entity.date_modified,
         "dateExpires" => entity.date_expires?,
+        "servicePath" => {
+            return service_path.map(|p| Attribute::new(Value::String(p.to_string()), "Text"))
+        }
         _ => return None,
     };
     Some(Attribute::new(
@@ -160,32 +168,41 @@ fn builtin_attr(entity: &Entity, name: &str) -> Option<Attribute> {
     ))
 }
 
-fn select_attrs<'a>(entity: &'a Entity, filter: Option<&'a [String]>) -> Vec<Selected<'a>> {
+/// The attributes to render, in order: every user attribute when there is
+/// no filter; otherwise the named ones (user attributes first, builtins
+/// when no user attribute has the name) with `*` standing for every user
+/// attribute. `dateExpires` is a builtin even though it is kept as an
+/// attribute: only its name brings it, never the default or `*`.
+fn select_attrs<'a>(
+    entity: &'a Entity,
+    filter: Option<&'a [String]>,
+    service_path: Option<&str>,
+) -> Vec<Selected<'a>> {
     use std::borrow::Cow;
-    let all = || {
+    let shown = || {
         entity
             .attrs
             .iter()
+            .filter(|(n, _)| *n != EXPIRATION_ATTR)
             .map(|(n, a)| (n, Cow::Borrowed(a)))
-            .collect()
     };
     let Some(list) = filter.filter(|l| !l.is_empty()) else {
-        return all();
+        return shown().collect();
     };
     let mut seen: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
     for name in list {
         if name == "*" {
-            for (n, a) in entity.attrs.iter() {
+            for (n, a) in shown() {
                 if seen.insert(n) {
-                    out.push((n, Cow::Borrowed(a)));
+                    out.push((n, a));
                 }
             }
         } else if let Some(a) = entity.attrs.get(name) {
             if seen.insert(name) {
                 out.push((name.as_str(), Cow::Borrowed(a)));
             }
-        } else if let Some(b) = builtin_attr(entity, name) {
+        } else if let Some(b) = builtin_attr(entity, name, service_path) {
             if seen.insert(name) {
                 out.push((name.as_str(), Cow::Owned(b)));
             }
@@ -413,6 +430,7 @@ mod tests {
         let ctx = RenderContext {
             previous: Some(&prev),
             action_type: Some("update"),
+            service_path: None,
         };
         let r = render_with(
             &e,

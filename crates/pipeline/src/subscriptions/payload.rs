@@ -25,7 +25,7 @@ use weft_model::ngsi::subscription::{
 };
 use weft_model::ngsi::{
     number, parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format,
-    OrderedMap, RenderContext,
+    OrderedMap, RenderContext, EXPIRATION_ATTR,
 };
 
 use super::sender::Request;
@@ -236,6 +236,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
     let ctx = RenderContext {
         previous: Some(t.touched),
         action_type: Some(action),
+        service_path: Some(t.service_path),
     };
     let metadata = &t.sub.notification.metadata;
     let rendered = render_with(
@@ -263,6 +264,9 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
     let n = &t.sub.notification;
     let e = t.entity;
     let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
+    // Every attribute but the builtin `dateExpires`, which only its name
+    // brings (as in responses).
+    let user_attrs = || e.attrs.keys().filter(|n| *n != EXPIRATION_ATTR);
     let mut names: Vec<String> = Vec::new();
     let push = |name: &str, names: &mut Vec<String>| {
         if !names.iter().any(|x| x == name) {
@@ -270,7 +274,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
         }
     };
     if let Some(except) = &n.except_attrs {
-        for name in e.attrs.keys() {
+        for name in user_attrs() {
             if !except.iter().any(|x| x == name) {
                 push(name, &mut names);
             }
@@ -278,7 +282,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
     } else if all {
         for a in &n.attrs {
             if a == "*" {
-                for name in e.attrs.keys() {
+                for name in user_attrs() {
                     push(name, &mut names);
                 }
             } else {
@@ -286,7 +290,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             }
         }
         if n.attrs.is_empty() {
-            for name in e.attrs.keys() {
+            for name in user_attrs() {
                 push(name, &mut names);
             }
         }
@@ -318,7 +322,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             );
         } else if matches!(
             name.as_str(),
-            "dateCreated" | "dateModified" | "dateExpires"
+            "dateCreated" | "dateModified" | "dateExpires" | "servicePath"
         ) {
             // Rendered as builtins.
         } else if n.covered {
