@@ -14,6 +14,7 @@
 //! when named in `metadata`. `*` in either list means all user items.
 
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::{format_datetime, AttrChange, Attribute, Entity, EXPIRATION_ATTR};
@@ -123,9 +124,15 @@ pub fn render_with(
                     None => Some((&attr.attr_type, &attr.value)),
                 };
                 let action = if touched { ctx.action_type } else { None };
+                // A builtin attribute has no metadata, builtin ones
+                // included: no filter shows its (empty) user metadata.
+                let md_filter = match attr {
+                    Cow::Owned(_) => None,
+                    Cow::Borrowed(_) => metadata_filter,
+                };
                 obj.insert(
                     name.to_string(),
-                    attr_object(&attr, metadata_filter, previous, action),
+                    attr_object(&attr, md_filter, previous, action),
                 );
             }
             Value::Object(obj)
@@ -178,7 +185,6 @@ fn select_attrs<'a>(
     filter: Option<&'a [String]>,
     service_path: Option<&str>,
 ) -> Vec<Selected<'a>> {
-    use std::borrow::Cow;
     let shown = || {
         entity
             .attrs

@@ -304,7 +304,15 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             AlterationType::EntityCreate => e.attrs.keys().collect(),
             _ => t.touched.iter().map(|c| c.name.as_str()).collect(),
         };
-        names.retain(|n| touched.contains(&n.as_str()) || n == "alterationType");
+        // The builtins asked for stay (Orion 3.11: `alterationType`,
+        // `dateCreated` and `dateModified` are kept with onlyChangedAttrs).
+        names.retain(|n| {
+            touched.contains(&n.as_str())
+                || matches!(
+                    n.as_str(),
+                    "alterationType" | "dateCreated" | "dateModified"
+                )
+        });
     }
     let mut out = Entity {
         attrs: OrderedMap::new(),
