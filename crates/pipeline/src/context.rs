@@ -749,6 +749,46 @@ fn internal(e: weft_store::StoreError) -> NgsiError {
 mod tests {
     use super::*;
 
+    /// `q` and `mq` read the builtins even when a user attribute or
+    /// metadata has their name (`0876_entity_dates`); `servicePath` is the
+    /// entity's path.
+    #[test]
+    fn builtins_win_in_filters() {
+        let mut e = weft_model::ngsi::parse_entity(
+            &serde_json::json!({"id":"E","type":"T",
+                "dateCreated":{"value":"2050-01-01","type":"DateTime"},
+                "A":{"value":1,"metadata":{"dateModified":{"value":"2050-01-01","type":"DateTime"}}},
+                "dateExpires":{"value":"2040-01-01","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(1_000);
+        let r = EntityResolver(&e, "/a/b");
+        let q = |text: &str| Query::parse(text).unwrap().matches_with(&r);
+        let mq = |text: &str| Query::parse_mq(text).unwrap().matches_with(&r);
+        assert!(q("dateCreated<2049-01-01"));
+        assert!(!q("dateCreated>2049-01-01"));
+        assert!(q("dateExpires==2040-01-01"));
+        assert!(q("servicePath==/a/b"));
+        assert!(!q("servicePath==/a"));
+        assert!(mq("A.dateModified<2049-01-01"));
+        assert!(mq("A.dateCreated==1970-01-01T00:00:01Z"));
+    }
+
+    /// A transient entity is live until its `dateExpires`, not from then on.
+    #[test]
+    fn expired_entities_are_not_live() {
+        let mut entity = Entity::new("E", "T");
+        entity.date_expires = Some(5_000);
+        let stored = StoredEntity {
+            service_path: "/".into(),
+            entity,
+            created: 1,
+        };
+        assert!(stored.is_live(4_999));
+        assert!(!stored.is_live(5_000));
+    }
+
     #[test]
     fn service_path_patterns() {
         let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -166,8 +166,8 @@ mod tests {
             "-1.7976931348623157e+308"
         );
         assert_eq!(format_number(1e20), "1e+20");
-        assert_eq!(format_number(4.940_656_458_412_465_4e-324), "0");
-        assert_eq!(format_number(-4.940_656_458_412_465_4e-324), "0");
+        assert_eq!(format_number(f64::from_bits(1)), "0");
+        assert_eq!(format_number(-f64::from_bits(1)), "0");
         assert_eq!(format_number(9.3e18), "9.3e+18");
         assert_eq!(format_number(9.2e18), "9200000000000000000");
     }

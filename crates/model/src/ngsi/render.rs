@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::HashSet;
 
+use super::update::json_eq;
 use super::{format_datetime, AttrChange, Attribute, Entity, EXPIRATION_ATTR};
 
 /// A representation of entities (`options=` / `attrsFormat`).
@@ -100,7 +101,8 @@ pub fn render_with(
             let mut out: Vec<Value> = Vec::with_capacity(selected.len());
             for (_, attr) in &selected {
                 let v = attr.value.clone();
-                if format == Format::Unique && out.contains(&v) {
+                // Orion keeps numbers as doubles: `3` and `3.0` are one value.
+                if format == Format::Unique && out.iter().any(|o| json_eq(o, &v)) {
                     continue;
                 }
                 out.push(v);
@@ -342,7 +344,46 @@ mod tests {
     fn unique_drops_repeated_values() {
         let mut e = abcd();
         e.attrs.get_mut("C").unwrap().value = json!(1);
-        assert_eq!(render(&e, Format::Unique, None, None), json!([1, 2, 4]));
+        e.attrs.get_mut("D").unwrap().value = json!(2.0);
+        assert_eq!(render(&e, Format::Unique, None, None), json!([1, 2]));
+    }
+
+    // Transient entities: `dateExpires` is a builtin though kept as an
+    // attribute; `servicePath` is rendered when named and known.
+    #[test]
+    fn date_expires_and_service_path_only_when_named() {
+        let mut e = parse_entity(
+            &json!({"id":"E","type":"T","A":{"value":1},
+                    "dateExpires":{"value":"2040-01-01","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(0);
+        assert_eq!(
+            render(&e, Format::KeyValues, None, None),
+            json!({"id":"E","type":"T","A":1})
+        );
+        assert_eq!(
+            render(&e, Format::KeyValues, Some(&s(&["*"])), None),
+            json!({"id":"E","type":"T","A":1})
+        );
+        let ctx = RenderContext {
+            service_path: Some("/a"),
+            ..RenderContext::default()
+        };
+        assert_eq!(
+            render_with(
+                &e,
+                Format::Normalized,
+                Some(&s(&["dateExpires", "servicePath"])),
+                Some(&s(&["dateCreated"])),
+                &ctx
+            ),
+            json!({"id":"E","type":"T",
+                "dateExpires":{"type":"DateTime","value":"2040-01-01T00:00:00.000Z",
+                    "metadata":{"dateCreated":{"type":"DateTime","value":"1970-01-01T00:00:00.000Z"}}},
+                "servicePath":{"type":"Text","value":"/a","metadata":{}}})
+        );
     }
 
     // 0876_entity_dates/get_entity_dates.test steps 02a-02c, get_entity_dates_with_attr.test
