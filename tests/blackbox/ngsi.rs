@@ -698,6 +698,105 @@ async fn numbers_are_written_as_orion_writes_them() {
     assert_eq!(text, "8");
 }
 
+/// The next notification body of `rx` as JSON (10 s at most).
+async fn next_notification(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Value {
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a notification within 10 s")
+        .unwrap();
+    serde_json::from_str(&body).expect("a JSON notification")
+}
+
+/// Notifications render the builtins named in `notification.attrs`
+/// (`servicePath`, the dates, `alterationType`); with `onlyChangedAttrs`
+/// the dates and `alterationType` stay while untouched attributes go.
+/// An `entityUpdate` subscription fires when a watched attribute is
+/// written unchanged even if another one changed (Orion 4647).
+#[tokio::test]
+async fn notifications_carry_the_builtins_asked_for() {
+    let server = Server::start();
+    let c = server.client();
+    let (url, mut rx) = raw_receiver().await;
+    let sub = json!({"subject": {"entities": [{"id": "E", "type": "T"}],
+                                 "condition": {"attrs": ["A"], "alterationTypes": ["entityUpdate"]}},
+                     "notification": {"http": {"url": url}, "onlyChangedAttrs": true,
+                                      "attrs": ["A", "B", "dateModified", "servicePath", "alterationType"]}});
+    assert_eq!(
+        call(&c, "POST", "/v2/subscriptions", None, Some(&sub))
+            .await
+            .0,
+        201
+    );
+    let (status, _) = call_raw(
+        &c,
+        "POST",
+        "/v2/entities",
+        Some("/x"),
+        Some(&json!({"id": "E", "type": "T", "A": {"value": 1}, "B": {"value": 1}}).to_string()),
+    )
+    .await;
+    assert_eq!(status, 201);
+    // A written unchanged, B changed: fires for entityUpdate on A.
+    let patch = json!({"A": {"value": 1, "type": "Number"}, "B": {"value": 2, "type": "Number"}});
+    let (status, _) = call_raw(
+        &c,
+        "PATCH",
+        "/v2/entities/E/attrs",
+        Some("/x"),
+        Some(&patch.to_string()),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let n = next_notification(&mut rx).await;
+    let e = &n["data"][0];
+    assert_eq!(e["A"]["value"], 1, "{n}");
+    assert_eq!(e["B"]["value"], 2, "{n}");
+    assert_eq!(e["alterationType"]["value"], "entityChange", "{n}");
+    assert_eq!(e["dateModified"]["type"], "DateTime", "{n}");
+    // servicePath is not among the three kept with onlyChangedAttrs.
+    assert!(e.get("servicePath").is_none(), "{n}");
+    // Only B written: A is not in the update, so nothing fires.
+    let only_b = json!({"B": {"value": 3, "type": "Number"}});
+    call_raw(
+        &c,
+        "PATCH",
+        "/v2/entities/E/attrs",
+        Some("/x"),
+        Some(&only_b.to_string()),
+    )
+    .await;
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(500), rx.recv()).await;
+    assert!(quiet.is_err(), "{quiet:?}");
+
+    let sub2 = json!({"subject": {"entities": [{"id": "E", "type": "T"}]},
+                      "notification": {"http": {"url": url},
+                                       "attrs": ["servicePath", "dateCreated"]}});
+    assert_eq!(
+        call(&c, "POST", "/v2/subscriptions", None, Some(&sub2))
+            .await
+            .0,
+        201
+    );
+    let b4 = json!({"B": {"value": 4, "type": "Number"}});
+    call_raw(
+        &c,
+        "PATCH",
+        "/v2/entities/E/attrs",
+        Some("/x"),
+        Some(&b4.to_string()),
+    )
+    .await;
+    let n = next_notification(&mut rx).await;
+    let e = &n["data"][0];
+    assert_eq!(
+        e["servicePath"],
+        json!({"type": "Text", "value": "/x", "metadata": {}}),
+        "{n}"
+    );
+    assert_eq!(e["dateCreated"]["type"], "DateTime", "{n}");
+    assert!(e.get("B").is_none(), "{n}");
+}
+
 // ---------------------------------------------------------------------
 // Transient entities: a `dateExpires` attribute of type DateTime.
 // ---------------------------------------------------------------------
@@ -844,6 +943,8 @@ async fn transient_entities_change_persist_and_refuse_bad_dates() {
         .0,
         204
     );
+    let dates = "/v2/entities/T2?attrs=dateCreated,dateModified&metadata=dateModified";
+    let (_, _, before) = call(&c, "GET", dates, None, None).await;
     server.restart();
     let c = server.client();
     let (_, _, got) = call(
@@ -855,6 +956,10 @@ async fn transient_entities_change_persist_and_refuse_bad_dates() {
     )
     .await;
     assert_eq!(got["dateExpires"], "2091-06-01T00:00:00.000Z");
+    // The builtin dates are stored with the entity.
+    let (_, _, after) = call(&c, "GET", dates, None, None).await;
+    assert_eq!(after, before);
+    assert!(after["dateCreated"]["value"].is_string(), "{after}");
     let (_, _, in_q) = call(
         &c,
         "GET",
