@@ -511,6 +511,25 @@ async fn builtin_dates_render_only_when_asked() {
     assert_eq!(md["dateCreated"]["value"], asked["dateCreated"]["value"]);
     assert_eq!(md["dateModified"]["value"], after["dateModified"]["value"]);
     assert_eq!(md["dateModified"]["type"], "DateTime");
+    // The notification-only builtin metadata never appear in responses.
+    let (_, _, none) = call(
+        &c,
+        "GET",
+        "/v2/entities/E1/attrs/A?metadata=previousValue,actionType",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(none["metadata"], json!({}), "{none}");
+    let (_, _, none) = call(
+        &c,
+        "GET",
+        "/v2/entities/E1?metadata=previousValue,actionType",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(none["A"]["metadata"], json!({}), "{none}");
 
     // orderBy on the builtins: E2 is created later, E1 modified later.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -121,9 +121,12 @@ pub fn render_with(
             for (name, attr) in selected {
                 let change = ctx.previous.and_then(|p| p.iter().find(|c| c.name == name));
                 let touched = ctx.previous.is_none() || change.is_some();
-                let previous = match change {
-                    Some(c) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),
-                    None => Some((&attr.attr_type, &attr.value)),
+                // `previousValue` exists only in notifications (`previous`
+                // given): GET never renders it.
+                let previous = match (ctx.previous, change) {
+                    (None, _) => None,
+                    (Some(_), Some(c)) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),
+                    (Some(_), None) => Some((&attr.attr_type, &attr.value)),
                 };
                 let action = if touched { ctx.action_type } else { None };
                 // A builtin attribute has no metadata, builtin ones
@@ -494,6 +497,14 @@ mod tests {
             render_attr(e.attrs.get("A").unwrap(), Some(&s(&["nope"]))),
             json!({"type":"Number","value":1,"metadata":{}})
         );
+        // Outside notifications there is no previousValue nor actionType.
+        let r = render(
+            &e,
+            Format::Normalized,
+            None,
+            Some(&s(&["previousValue", "actionType"])),
+        );
+        assert_eq!(r["A"]["metadata"], json!({}));
     }
 
     #[test]
