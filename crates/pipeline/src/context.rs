@@ -283,10 +283,12 @@ pub struct Context {
     record_history: std::sync::atomic::AtomicBool,
     /// Where committed changes are announced.
     changes: Arc<Changes>,
-    /// Held by the expiry sweep while it deletes expired entities, and by
-    /// [`Context::create`], which may put a new entity where an expired
-    /// one still lies: the two never interleave their store writes.
-    sweeping: tokio::sync::Mutex<()>,
+    /// Taken exclusively by the expiry sweep while it deletes expired
+    /// entities, and shared by [`Context::create`] until its entity is
+    /// stored: a create may put a new entity where an expired one still
+    /// lies, and its row must not be deleted by a sweep under way. Creates
+    /// share it, so they never wait for each other.
+    sweeping: tokio::sync::RwLock<()>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -326,7 +328,7 @@ impl Context {
             next_created: AtomicU64::new(max + 1),
             record_history: std::sync::atomic::AtomicBool::new(false),
             changes,
-            sweeping: tokio::sync::Mutex::new(()),
+            sweeping: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -463,7 +465,7 @@ impl Context {
         );
         // Not while the sweep deletes expired entities: it could delete
         // this one's row after it is stored (see `expiry`).
-        let _sweep = self.sweeping.lock().await;
+        let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
@@ -483,6 +485,7 @@ impl Context {
         };
         let history = self.history_rows(tenant, &stored, stored.entity.attrs.keys());
         self.persist(tenant, &stored, history).await?;
+        drop(sweep);
         let attrs = created_attrs(&stored.entity);
         Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
         Ok(())

@@ -53,7 +53,7 @@ impl Context {
         if self.find_expired(now).is_empty() {
             return Ok(0);
         }
-        let _sweep = self.sweeping.lock().await;
+        let _sweep = self.sweeping.write().await;
         let removed: Vec<(String, StoredEntity)> = {
             let mut tenants = self.tenants.write();
             let mut removed = Vec::new();
@@ -76,6 +76,29 @@ impl Context {
             self.store
                 .delete_entity(tenant, &e.service_path, &e.entity.id, &e.entity.entity_type)
                 .await?;
+        }
+        // Device data may have created a new entity at a swept key while
+        // its row was being deleted (it does not wait for this lock): store
+        // it again, after the delete, so the row matches memory.
+        let recreated: Vec<weft_store::EntityRecord> = {
+            let tenants = self.tenants.read();
+            removed
+                .iter()
+                .filter_map(|(tenant, e)| {
+                    let key = (
+                        e.service_path.clone(),
+                        e.entity.id.clone(),
+                        e.entity.entity_type.clone(),
+                    );
+                    tenants
+                        .get(tenant)
+                        .and_then(|t| t.entities.get(&key))
+                        .map(|now| super::record(tenant, now))
+                })
+                .collect()
+        };
+        for r in recreated {
+            self.store.put_entity(r, Vec::new()).await?;
         }
         if !removed.is_empty() {
             metrics::counter!("weft_ngsi_entities_expired_total").increment(removed.len() as u64);
