@@ -164,7 +164,12 @@ pub fn path_matches(patterns: &[String], path: &str) -> bool {
 /// user attribute (or metadata) of that name: rendering shows the user's
 /// item, filtering reads the builtin, as in Orion
 /// (`0876_entity_dates/entity_dates_overridden_by_user.test`).
-pub struct EntityResolver<'a>(pub &'a Entity, pub &'a str);
+pub struct EntityResolver<'a>(
+    /// The entity filtered.
+    pub &'a Entity,
+    /// Its service path (builtin `servicePath`).
+    pub &'a str,
+);
 
 impl Resolver for EntityResolver<'_> {
     fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
@@ -173,8 +178,10 @@ impl Resolver for EntityResolver<'_> {
             match attr {
                 "dateCreated" => return Some(Operand::DateTime(e.date_created)),
                 "dateModified" => return Some(Operand::DateTime(e.date_modified)),
-                "dateExpires" if e.date_expires.is_some() => {
-                    return e.date_expires.map(Operand::DateTime)
+                "dateExpires" => {
+                    if let Some(at) = e.date_expires {
+                        return Some(Operand::DateTime(at));
+                    }
                 }
                 "servicePath" => {
                     return Some(Operand::Json(Cow::Owned(Value::String(
@@ -241,8 +248,9 @@ impl Tenant {
 
     /// The key of the one live entity with `id` (and `entity_type`, if
     /// given) in the service paths: 404 if none, 409 if several. Expired
-    /// entities are not there any more, even before the sweep removes them. Looks only at
-    /// the entities with that id and copies nothing but the key found.
+    /// entities are not there any more, even before the sweep removes
+    /// them. Looks only at the entities with that id and copies nothing
+    /// but the key found.
     fn find(
         &self,
         service_paths: &[String],
