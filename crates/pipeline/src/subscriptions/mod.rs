@@ -382,11 +382,14 @@ impl Subscriptions {
                     })
                     .map(|c| c.name.as_str())
                     .collect();
+                let touched = || change.attrs.iter().map(|c| c.name.as_str()).collect();
                 if changed.is_empty() {
-                    (
-                        AlterationType::EntityUpdate,
-                        change.attrs.iter().map(|c| c.name.as_str()).collect(),
-                    )
+                    (AlterationType::EntityUpdate, touched())
+                } else if condition.wants(AlterationType::EntityUpdate) {
+                    // An `entityUpdate` subscription watches every
+                    // attribute the update wrote, changed or not
+                    // (4647 fail-triggering-…-alttype-entityupdate.test).
+                    (AlterationType::EntityChange, touched())
                 } else {
                     (AlterationType::EntityChange, changed)
                 }
@@ -405,7 +408,7 @@ impl Subscriptions {
             return None;
         }
         if let Some(e) = &condition.expression {
-            let resolver = EntityResolver(entity);
+            let resolver = EntityResolver(entity, &change.service_path);
             if e.q.as_ref().is_some_and(|q| !q.matches_with(&resolver))
                 || e.mq.as_ref().is_some_and(|q| !q.matches_with(&resolver))
                 || e.geo.as_ref().is_some_and(|g| {

@@ -24,8 +24,8 @@ use weft_model::ngsi::subscription::{
     attrs_format_name, AlterationType, CustomPayload, Endpoint, Subscription,
 };
 use weft_model::ngsi::{
-    parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format, OrderedMap,
-    RenderContext,
+    number, parse_attrs, render_with, AttrChange, Attribute, ChangeKind, Entity, Format,
+    OrderedMap, RenderContext, EXPIRATION_ATTR,
 };
 
 use super::sender::Request;
@@ -113,7 +113,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, String> {
                 }
                 CustomPayload::Json(template) => {
                     let v = macros.json(template);
-                    ("custom", Some(Bytes::from(v.to_string())))
+                    ("custom", Some(Bytes::from(number::to_vec(&v))))
                 }
                 CustomPayload::Ngsi(patch) => {
                     let patched = apply_ngsi_patch(&entity, patch, &macros)?;
@@ -236,6 +236,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
     let ctx = RenderContext {
         previous: Some(t.touched),
         action_type: Some(action),
+        service_path: Some(t.service_path),
     };
     let metadata = &t.sub.notification.metadata;
     let rendered = render_with(
@@ -254,7 +255,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
             Value::Object(obj)
         }
     };
-    Bytes::from(body.to_string())
+    Bytes::from(number::to_vec(&body))
 }
 
 /// The entity as notified (only the selected attributes, plus
@@ -263,6 +264,9 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
     let n = &t.sub.notification;
     let e = t.entity;
     let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
+    // Every attribute but the builtin `dateExpires`, which only its name
+    // brings (as in responses).
+    let user_attrs = || e.attrs.keys().filter(|n| *n != EXPIRATION_ATTR);
     let mut names: Vec<String> = Vec::new();
     let push = |name: &str, names: &mut Vec<String>| {
         if !names.iter().any(|x| x == name) {
@@ -270,7 +274,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
         }
     };
     if let Some(except) = &n.except_attrs {
-        for name in e.attrs.keys() {
+        for name in user_attrs() {
             if !except.iter().any(|x| x == name) {
                 push(name, &mut names);
             }
@@ -278,7 +282,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
     } else if all {
         for a in &n.attrs {
             if a == "*" {
-                for name in e.attrs.keys() {
+                for name in user_attrs() {
                     push(name, &mut names);
                 }
             } else {
@@ -286,7 +290,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             }
         }
         if n.attrs.is_empty() {
-            for name in e.attrs.keys() {
+            for name in user_attrs() {
                 push(name, &mut names);
             }
         }
@@ -300,7 +304,15 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             AlterationType::EntityCreate => e.attrs.keys().collect(),
             _ => t.touched.iter().map(|c| c.name.as_str()).collect(),
         };
-        names.retain(|n| touched.contains(&n.as_str()) || n == "alterationType");
+        // The builtins asked for stay (Orion 3.11: `alterationType`,
+        // `dateCreated` and `dateModified` are kept with onlyChangedAttrs).
+        names.retain(|n| {
+            touched.contains(&n.as_str())
+                || matches!(
+                    n.as_str(),
+                    "alterationType" | "dateCreated" | "dateModified"
+                )
+        });
     }
     let mut out = Entity {
         attrs: OrderedMap::new(),
@@ -318,7 +330,7 @@ fn project(t: &Trigger<'_>) -> (Entity, Vec<String>) {
             );
         } else if matches!(
             name.as_str(),
-            "dateCreated" | "dateModified" | "dateExpires"
+            "dateCreated" | "dateModified" | "dateExpires" | "servicePath"
         ) {
             // Rendered as builtins.
         } else if n.covered {
@@ -408,7 +420,7 @@ fn whole_macro(s: &str) -> Option<&str> {
 fn as_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        other => other.to_string(),
+        other => number::to_string(other),
     }
 }
 
