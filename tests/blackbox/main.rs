@@ -19,7 +19,9 @@
 //!   call per distinct service call, weft's own data as sources; hostile
 //!   templates (recursion, deep nesting) and viewer values refused.
 //! - `ops`: health and metrics.
-//! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s.
+//! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s; the
+//!   builtin attributes and metadata, Orion's number spelling, transient
+//!   entities (`dateExpires`).
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.

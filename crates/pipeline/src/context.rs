@@ -9,6 +9,10 @@
 //! types, service paths) happens here; representation, ordering and paging
 //! belong to the HTTP layer.
 
+mod expiry;
+
+pub use expiry::SWEEP_INTERVAL;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,6 +74,15 @@ pub struct StoredEntity {
     pub created: u64,
 }
 
+impl StoredEntity {
+    /// Whether the entity is still there at `now`: a transient entity
+    /// whose `dateExpires` has passed is gone for every reader and writer
+    /// at once, whatever the sweep has done yet.
+    pub fn is_live(&self, now: i64) -> bool {
+        !self.entity.is_expired(now)
+    }
+}
+
 /// Which entities a query or a lookup covers. Empty lists match all.
 #[derive(Debug, Default)]
 pub struct EntityFilter {
@@ -110,11 +123,11 @@ impl EntityFilter {
             && self
                 .q
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity, &e.service_path)))
             && self
                 .mq
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity, &e.service_path)))
             && self
                 .geo
                 .as_ref()
@@ -141,24 +154,57 @@ pub fn path_matches(patterns: &[String], path: &str) -> bool {
         })
 }
 
-/// Resolves `q`/`mq` paths against an entity: attribute values (typed by
-/// their NGSI type: `DateTime` compares as a date), metadata values, and
-/// the builtins `dateCreated`/`dateModified`.
-pub struct EntityResolver<'a>(pub &'a Entity);
+/// Resolves `q`/`mq` paths against an entity in its service path:
+/// attribute values (typed by their NGSI type: `DateTime` compares as a
+/// date), metadata values, and the builtins.
+///
+/// The builtin attributes `dateCreated`, `dateModified`, `dateExpires`
+/// and `servicePath`, and the builtin metadata `dateCreated` and
+/// `dateModified`, always mean the builtin, even when the entity has a
+/// user attribute (or metadata) of that name: rendering shows the user's
+/// item, filtering reads the builtin, as in Orion
+/// (`0876_entity_dates/entity_dates_overridden_by_user.test`).
+pub struct EntityResolver<'a>(
+    /// The entity filtered.
+    pub &'a Entity,
+    /// Its service path (builtin `servicePath`).
+    pub &'a str,
+);
 
 impl Resolver for EntityResolver<'_> {
     fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
-        let e = self.0;
-        match (e.attrs.get(attr), attr, path.is_empty()) {
-            (Some(a), _, _) => typed(&a.value, &a.attr_type, path),
-            (None, "dateCreated", true) => Some(Operand::DateTime(e.date_created)),
-            (None, "dateModified", true) => Some(Operand::DateTime(e.date_modified)),
-            _ => None,
+        let EntityResolver(e, service_path) = *self;
+        if path.is_empty() {
+            match attr {
+                "dateCreated" => return Some(Operand::DateTime(e.date_created)),
+                "dateModified" => return Some(Operand::DateTime(e.date_modified)),
+                "dateExpires" => {
+                    if let Some(at) = e.date_expires {
+                        return Some(Operand::DateTime(at));
+                    }
+                }
+                "servicePath" => {
+                    return Some(Operand::Json(Cow::Owned(Value::String(
+                        service_path.to_string(),
+                    ))))
+                }
+                _ => {}
+            }
         }
+        let a = e.attrs.get(attr)?;
+        typed(&a.value, &a.attr_type, path)
     }
 
     fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
-        let m = self.0.attrs.get(attr)?.metadata.get(md)?;
+        let a = self.0.attrs.get(attr)?;
+        if path.is_empty() {
+            match md {
+                "dateCreated" => return Some(Operand::DateTime(a.date_created)),
+                "dateModified" => return Some(Operand::DateTime(a.date_modified)),
+                _ => {}
+            }
+        }
+        let m = a.metadata.get(md)?;
         typed(&m.value, &m.md_type, path)
     }
 }
@@ -200,19 +246,23 @@ impl Tenant {
         }
     }
 
-    /// The key of the one entity with `id` (and `entity_type`, if given)
-    /// in the service paths: 404 if none, 409 if several. Looks only at
-    /// the entities with that id and copies nothing but the key found.
+    /// The key of the one live entity with `id` (and `entity_type`, if
+    /// given) in the service paths: 404 if none, 409 if several. Expired
+    /// entities are not there any more, even before the sweep removes
+    /// them. Looks only at the entities with that id and copies nothing
+    /// but the key found.
     fn find(
         &self,
         service_paths: &[String],
         id: &str,
         entity_type: Option<&str>,
+        now: i64,
     ) -> Result<&Key, NgsiError> {
-        let mut found =
-            self.by_id.get(id).into_iter().flatten().filter(|k| {
-                path_matches(service_paths, &k.0) && entity_type.is_none_or(|t| t == k.2)
-            });
+        let mut found = self.by_id.get(id).into_iter().flatten().filter(|k| {
+            path_matches(service_paths, &k.0)
+                && entity_type.is_none_or(|t| t == k.2)
+                && self.entities.get(*k).is_some_and(|e| e.is_live(now))
+        });
         let key = found.next().ok_or_else(NgsiError::entity_not_found)?;
         if found.next().is_some() {
             return Err(NgsiError::too_many_results());
@@ -241,6 +291,12 @@ pub struct Context {
     record_history: std::sync::atomic::AtomicBool,
     /// Where committed changes are announced.
     changes: Arc<Changes>,
+    /// Taken exclusively by the expiry sweep while it deletes expired
+    /// entities, and shared by [`Context::create`] until its entity is
+    /// stored: a create may put a new entity where an expired one still
+    /// lies, and its row must not be deleted by a sweep under way. Creates
+    /// share it, so they never wait for each other.
+    sweeping: tokio::sync::RwLock<()>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -280,6 +336,7 @@ impl Context {
             next_created: AtomicU64::new(max + 1),
             record_history: std::sync::atomic::AtomicBool::new(false),
             changes,
+            sweeping: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -339,6 +396,7 @@ impl Context {
 
     /// Entities of `tenant` passing `filter`, in creation order.
     pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
+        let now = weft_model::now_ms();
         let tenants = self.tenants.read();
         let Some(t) = tenants.get(tenant) else {
             return Vec::new();
@@ -346,7 +404,7 @@ impl Context {
         let mut out: Vec<StoredEntity> = if filter.ids.is_empty() {
             t.entities
                 .values()
-                .filter(|e| filter.matches(e))
+                .filter(|e| e.is_live(now) && filter.matches(e))
                 .cloned()
                 .collect()
         } else {
@@ -356,7 +414,7 @@ impl Context {
                 .filter_map(|id| t.by_id.get(id))
                 .flatten()
                 .filter_map(|key| t.entities.get(key))
-                .filter(|e| filter.matches(e))
+                .filter(|e| e.is_live(now) && filter.matches(e))
                 .cloned()
                 .collect()
         };
@@ -379,7 +437,7 @@ impl Context {
         let t = tenants
             .get(tenant)
             .ok_or_else(NgsiError::entity_not_found)?;
-        let key = t.find(service_paths, id, entity_type)?;
+        let key = t.find(service_paths, id, entity_type, weft_model::now_ms())?;
         t.entities
             .get(key)
             .cloned()
@@ -398,23 +456,31 @@ impl Context {
     }
 
     /// Creates an entity; 422 `Already Exists` if one with the same id,
-    /// type and service path exists.
+    /// type and service path exists (an expired one does not: the new
+    /// entity takes its place).
     pub async fn create(
         &self,
         tenant: &str,
         service_path: &str,
-        entity: Entity,
+        mut entity: Entity,
     ) -> Result<(), NgsiError> {
         entity.check_locations()?;
+        entity.refresh_expiration();
         let key = (
             service_path.to_string(),
             entity.id.clone(),
             entity.entity_type.clone(),
         );
+        // Not while the sweep deletes expired entities: it could delete
+        // this one's row after it is stored (see `expiry`).
+        let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
-            if t.entities.contains_key(&key) {
+            if t.entities
+                .get(&key)
+                .is_some_and(|e| e.is_live(weft_model::now_ms()))
+            {
                 return Err(NgsiError::already_exists());
             }
             let stored = StoredEntity {
@@ -427,6 +493,7 @@ impl Context {
         };
         let history = self.history_rows(tenant, &stored, stored.entity.attrs.keys());
         self.persist(tenant, &stored, history).await?;
+        drop(sweep);
         let attrs = created_attrs(&stored.entity);
         Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
         Ok(())
@@ -448,7 +515,9 @@ impl Context {
             let t = tenants
                 .get_mut(tenant)
                 .ok_or_else(NgsiError::entity_not_found)?;
-            let key = t.find(service_paths, id, entity_type)?.clone();
+            let key = t
+                .find(service_paths, id, entity_type, weft_model::now_ms())?
+                .clone();
             let slot = t
                 .entities
                 .get_mut(&key)
@@ -540,7 +609,7 @@ impl Context {
                 unit.device.id.clone(),
                 entity_type.to_string(),
             );
-            let created = !t.entities.contains_key(&key);
+            let created = t.entities.get(&key).is_none_or(|e| !e.is_live(now));
             if created {
                 let mut entity = Entity::new(unit.device.id.clone(), entity_type);
                 entity.stamp_created(now);
@@ -690,6 +759,46 @@ fn internal(e: weft_store::StoreError) -> NgsiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `q` and `mq` read the builtins even when a user attribute or
+    /// metadata has their name (`0876_entity_dates`); `servicePath` is the
+    /// entity's path.
+    #[test]
+    fn builtins_win_in_filters() {
+        let mut e = weft_model::ngsi::parse_entity(
+            &serde_json::json!({"id":"E","type":"T",
+                "dateCreated":{"value":"2050-01-01","type":"DateTime"},
+                "A":{"value":1,"metadata":{"dateModified":{"value":"2050-01-01","type":"DateTime"}}},
+                "dateExpires":{"value":"2040-01-01","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(1_000);
+        let r = EntityResolver(&e, "/a/b");
+        let q = |text: &str| Query::parse(text).unwrap().matches_with(&r);
+        let mq = |text: &str| Query::parse_mq(text).unwrap().matches_with(&r);
+        assert!(q("dateCreated<2049-01-01"));
+        assert!(!q("dateCreated>2049-01-01"));
+        assert!(q("dateExpires==2040-01-01"));
+        assert!(q("servicePath==/a/b"));
+        assert!(!q("servicePath==/a"));
+        assert!(mq("A.dateModified<2049-01-01"));
+        assert!(mq("A.dateCreated==1970-01-01T00:00:01Z"));
+    }
+
+    /// A transient entity is live until its `dateExpires`, not from then on.
+    #[test]
+    fn expired_entities_are_not_live() {
+        let mut entity = Entity::new("E", "T");
+        entity.date_expires = Some(5_000);
+        let stored = StoredEntity {
+            service_path: "/".into(),
+            entity,
+            created: 1,
+        };
+        assert!(stored.is_live(4_999));
+        assert!(!stored.is_live(5_000));
+    }
 
     #[test]
     fn service_path_patterns() {

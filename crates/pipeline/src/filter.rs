@@ -102,7 +102,7 @@ impl EventFilter {
             && self
                 .q
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&EntityResolver(entity, &change.service_path)))
     }
 
     /// Whether a data unit passes.

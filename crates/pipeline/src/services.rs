@@ -108,6 +108,7 @@ impl Services {
         let changes = crate::changes::Changes::new(bus.clone());
         let context = Arc::new(context::Context::load(store.clone(), changes).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
+        tracker.spawn(context.clone().expiry_loop(shutdown.clone()));
         let registrations = Arc::new(Registrations::load(store.clone()).await?);
         let subscriptions =
             Subscriptions::load(store.clone(), config.notifications.clone()).await?;

@@ -18,7 +18,7 @@ use super::entities::render_entity;
 use super::error::{Error, Result};
 use super::params::{content_type, json_attrs_body, json_body, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
-use super::{check_segment, now_ms};
+use super::{check_segment, json_response, now_ms};
 use crate::AppState;
 
 /// Orion's "Retrieve Entity Attributes" (`GET /v2/entities/{id}/attrs`):
@@ -39,16 +39,16 @@ pub async fn get_attrs(
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
     let mut body = render_entity(
-        &found.entity,
+        &found,
         options.format(),
-        attrs.as_deref(),
+        options.attrs_with_dates(attrs).as_deref(),
         metadata.as_deref(),
     );
     if let Value::Object(obj) = &mut body {
         obj.shift_remove("id");
         obj.shift_remove("type");
     }
-    Ok(axum::Json(body).into_response())
+    Ok(json_response(&body))
 }
 
 /// One of the three whole-attribute-set writes.
@@ -210,7 +210,7 @@ pub async fn get_attr(
         .get(&name)
         .ok_or_else(NgsiError::attribute_not_found)?;
     let metadata = params.list("metadata");
-    Ok(axum::Json(render_attr(attr, metadata.as_deref())).into_response())
+    Ok(json_response(&render_attr(attr, metadata.as_deref())))
 }
 
 /// Orion's "Update Attribute Data" (`PUT /v2/entities/{id}/attrs/{attr}`).
@@ -312,7 +312,7 @@ pub async fn get_value(
         // Dates go out bare in text (`2035-06-15T07:21:24.238Z`), as
         // Orion keeps them as numbers and formats them on the way out.
         (Value::String(s), true) if attr.attr_type == "DateTime" => s.clone(),
-        (v, _) => v.to_string(),
+        (v, _) => weft_model::ngsi::number::to_string(v),
     };
     match preferred(accept, structured) {
         Some(Media::Json) => {

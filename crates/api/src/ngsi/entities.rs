@@ -14,14 +14,14 @@ use bytes::Bytes;
 use regex::Regex;
 use serde_json::Value;
 use weft_model::geo::{GeoQuery, GeoRel};
-use weft_model::ngsi::{self, render, Format, NgsiError};
+use weft_model::ngsi::{self, render_with, Format, NgsiError, RenderContext};
 use weft_model::query::Query;
 use weft_pipeline::context::{location, EntityFilter, StoredEntity};
 
 use super::error::{Error, Result};
 use super::params::{json_body, order_by, Options, OrderKey, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
-use super::{check_segment, now_ms};
+use super::{check_segment, json_response, now_ms};
 use crate::AppState;
 
 /// What a listing selects and how it shows it; built from URI parameters
@@ -126,18 +126,12 @@ impl Listing {
         let total = found.len();
         let (limit, offset) = self.page;
         let format = self.options.format();
+        let attrs = self.options.attrs_with_dates(self.attrs.clone());
         let page: Vec<Value> = found
             .iter()
             .skip(offset)
             .take(limit)
-            .map(|e| {
-                render_entity(
-                    &e.entity,
-                    format,
-                    self.attrs.as_deref(),
-                    self.metadata.as_deref(),
-                )
-            })
+            .map(|e| render_entity(e, format, attrs.as_deref(), self.metadata.as_deref()))
             .collect();
         (Value::Array(page), total)
     }
@@ -170,20 +164,31 @@ impl Listing {
     }
 }
 
-/// Renders an entity; `values` and `unique` without an `attrs` list give
-/// the values in attribute-name order, as Orion does.
+/// Renders an entity in its service path (for the builtin `servicePath`);
+/// `values` and `unique` without an `attrs` list give the values in
+/// attribute-name order, as Orion does, without the builtin `dateExpires`.
 pub fn render_entity(
-    entity: &ngsi::Entity,
+    stored: &StoredEntity,
     format: Format,
     attrs: Option<&[String]>,
     metadata: Option<&[String]>,
 ) -> Value {
+    let entity = &stored.entity;
+    let ctx = RenderContext {
+        service_path: Some(&stored.service_path),
+        ..RenderContext::default()
+    };
     if matches!(format, Format::Values | Format::Unique) && attrs.is_none_or(|a| a.is_empty()) {
-        let mut names: Vec<String> = entity.attrs.keys().map(str::to_string).collect();
+        let mut names: Vec<String> = entity
+            .attrs
+            .keys()
+            .filter(|n| *n != ngsi::EXPIRATION_ATTR)
+            .map(str::to_string)
+            .collect();
         names.sort();
-        return render(entity, format, Some(&names), metadata);
+        return render_with(entity, format, Some(&names), metadata, &ctx);
     }
-    render(entity, format, attrs, metadata)
+    render_with(entity, format, attrs, metadata, &ctx)
 }
 
 fn distance(g: &GeoQuery, e: &StoredEntity) -> f64 {
@@ -196,7 +201,9 @@ fn cmp_f64(a: f64, b: f64) -> Ordering {
     a.partial_cmp(&b).unwrap_or(Ordering::Equal)
 }
 
-/// The value an entity sorts by for `name` (null when missing).
+/// The value an entity sorts by for `name` (null when missing). The
+/// builtins sort by their own value even when a user attribute has their
+/// name, as `q` filters by it.
 fn sort_value(e: &StoredEntity, name: &str) -> Value {
     let entity = &e.entity;
     match name {
@@ -204,6 +211,8 @@ fn sort_value(e: &StoredEntity, name: &str) -> Value {
         "type" => Value::String(entity.entity_type.clone()),
         "dateCreated" => Value::from(entity.date_created),
         "dateModified" => Value::from(entity.date_modified),
+        "dateExpires" if entity.date_expires.is_some() => Value::from(entity.date_expires),
+        "servicePath" => Value::String(e.service_path.clone()),
         _ => entity
             .attrs
             .get(name)
@@ -237,7 +246,7 @@ fn cmp_values(a: &Value, b: &Value) -> Ordering {
 
 /// A JSON answer with an optional `Fiware-Total-Count`.
 pub fn listing_response(body: Value, total: Option<usize>) -> Response {
-    let mut resp = axum::Json(body).into_response();
+    let mut resp = json_response(&body);
     if let Some(total) = total {
         resp.headers_mut()
             .insert("fiware-total-count", HeaderValue::from(total));
@@ -295,16 +304,11 @@ pub async fn create(
         match context.get(&tenant, &paths, &id, Some(&etype)) {
             Ok(_) => {
                 let mut attrs = entity.attrs.clone();
-                let expires = entity.date_expires;
                 let opts = options.update();
                 context
                     .modify(&tenant, &paths, &id, Some(&etype), move |e| {
                         ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
-                        let outcome = ngsi::append(e, attrs, opts, now);
-                        if expires.is_some() {
-                            e.date_expires = expires;
-                        }
-                        Ok(outcome)
+                        Ok(ngsi::append(e, attrs, opts, now))
                     })
                     .await?;
             }
@@ -338,12 +342,12 @@ pub async fn retrieve(
         .context
         .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
     let body = render_entity(
-        &found.entity,
+        &found,
         options.format(),
-        attrs.as_deref(),
+        options.attrs_with_dates(attrs).as_deref(),
         metadata.as_deref(),
     );
-    Ok(axum::Json(body).into_response())
+    Ok(json_response(&body))
 }
 
 /// Orion's "Remove Entity" (`DELETE /v2/entities/{id}`).

@@ -208,6 +208,18 @@ fn routes() -> Router<AppState> {
         )
 }
 
+/// A 200 JSON answer whose numbers are written as Orion writes them
+/// (`weft_model::ngsi::number`): every rendered entity, attribute or
+/// listing goes out through here, so `3.0` reads `3` and `1e20` reads
+/// `1e+20` as with Orion.
+pub fn json_response(body: &serde_json::Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        weft_model::ngsi::number::to_vec(body),
+    )
+        .into_response()
+}
+
 /// Orion's "Retrieve API Resources" (`GET /v2`).
 async fn entry_point() -> Response {
     axum::Json(json!({

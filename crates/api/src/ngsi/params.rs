@@ -99,7 +99,13 @@ impl Params {
                 "overrideMetadata" => o.override_metadata = true,
                 "forcedUpdate" => o.forced_update = true,
                 "noAttrDetail" => o.no_attr_detail = true,
-                "skipForwarding" | "normalized" | "flowControl" => {}
+                "dateCreated" => o.date_created = true,
+                "dateModified" => o.date_modified = true,
+                "skipForwarding"
+                | "normalized"
+                | "flowControl"
+                | "skipInitialNotification"
+                | "fullCounters" => {}
                 _ => return Err(Error::bad_request("Invalid value for URI param /options/")),
             }
         }
@@ -157,6 +163,11 @@ pub struct Options {
     pub forced_update: bool,
     /// `noAttrDetail` (types).
     pub no_attr_detail: bool,
+    /// `dateCreated`: Orion's deprecated way to ask for the builtin
+    /// attribute, as `attrs=dateCreated,*` does.
+    pub date_created: bool,
+    /// `dateModified`: likewise for the builtin `dateModified`.
+    pub date_modified: bool,
 }
 
 impl Options {
@@ -175,6 +186,28 @@ impl Options {
         }
     }
 
+    /// The `attrs` list to render once the deprecated `options=dateCreated`
+    /// and `options=dateModified` are read as `attrs` entries: the builtins
+    /// are added to the list, which means every user attribute (`*`) when
+    /// there was none (Orion's "Filtering out attributes and metadata").
+    pub fn attrs_with_dates(&self, attrs: Option<Vec<String>>) -> Option<Vec<String>> {
+        if !self.date_created && !self.date_modified {
+            return attrs;
+        }
+        let mut list = attrs
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| vec!["*".to_string()]);
+        for (asked, name) in [
+            (self.date_created, "dateCreated"),
+            (self.date_modified, "dateModified"),
+        ] {
+            if asked && !list.iter().any(|a| a == name) {
+                list.push(name.to_string());
+            }
+        }
+        Some(list)
+    }
+
     /// The update options these carry.
     pub fn update(&self) -> weft_model::ngsi::UpdateOptions {
         weft_model::ngsi::UpdateOptions {
@@ -185,8 +218,9 @@ impl Options {
     }
 }
 
-/// One `orderBy` key: an attribute (or `id`, `type`, `dateCreated`,
-/// `dateModified`, `geo:distance`), descending with a leading `!`.
+/// One `orderBy` key: an attribute (or `id`, `type`, one of the builtins
+/// `dateCreated`, `dateModified`, `dateExpires`, `servicePath`, or
+/// `geo:distance`), descending with a leading `!`.
 #[derive(Debug, Clone)]
 pub struct OrderKey {
     /// What to sort by.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
-use weft_model::ngsi::NgsiError;
+use weft_model::ngsi::{NgsiError, EXPIRATION_ATTR};
 
 use super::check_segment;
 use super::entities::listing_response;
@@ -30,7 +30,8 @@ fn gather(state: &AppState, tenant: &str, sp: &ServicePath) -> BTreeMap<String, 
     for e in state.services.context.types(tenant, &sp.for_read()) {
         let info = types.entry(e.entity.entity_type.clone()).or_default();
         info.count += 1;
-        for (name, attr) in e.entity.attrs.iter() {
+        // `dateExpires` is a builtin, not part of the type's shape.
+        for (name, attr) in e.entity.attrs.iter().filter(|(n, _)| *n != EXPIRATION_ATTR) {
             info.attrs
                 .entry(name.to_string())
                 .or_default()

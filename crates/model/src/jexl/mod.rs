@@ -155,20 +155,10 @@ fn normalize_number(n: Number) -> Number {
     Number::from_f64(rounded).unwrap_or(n)
 }
 
-/// A JSON number as text the way a macro splices it into a string:
-/// integral values without a fraction.
-pub fn number_text(n: &Number) -> String {
-    normalize_number(n.clone()).to_string()
-}
-
 /// A value spliced into text: strings bare, numbers as Orion writes them,
 /// everything else (`null`, booleans, arrays, objects) as JSON.
 pub fn as_text(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => number_text(n),
-        other => other.to_string(),
-    }
+    crate::ngsi::number::value_as_text(value)
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@
 //! - [`change`]: a committed change to an entity, as its consumers take it;
 //! - [`operators`]: update operators (`$inc`, `$push`, `$set`, …) resolved
 //!   against the current value;
-//! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values.
+//! - [`datetime`]: the ISO 8601 forms Orion accepts for `DateTime` values;
+//! - [`number`]: numbers written as Orion writes them, in every JSON body.
 //!
 //! Errors are [`NgsiError`]s carrying Orion's status, name and text, so the
 //! HTTP layer only serialises them.
@@ -31,6 +32,7 @@ use std::marker::PhantomData;
 
 pub mod change;
 pub mod datetime;
+pub mod number;
 pub mod operators;
 pub mod parse;
 pub mod registration;
@@ -51,6 +53,15 @@ pub use update::{
 
 /// Entity type used when a request does not give one.
 pub const DEFAULT_ENTITY_TYPE: &str = "Thing";
+
+/// The attribute that makes an entity transient (Orion's "Transient
+/// entities"): a `DateTime` value is the instant the entity expires.
+pub const EXPIRATION_ATTR: &str = "dateExpires";
+
+/// Whether `t` is a date type (`DateTime` or its alias `ISO8601`).
+pub fn is_date_type(t: &str) -> bool {
+    t == "DateTime" || t == "ISO8601"
+}
 
 /// Maximum length of identifiers (ids, types, names).
 pub const MAX_NAME_LEN: usize = 256;
@@ -364,8 +375,11 @@ pub struct Entity {
     /// Last modification time, epoch milliseconds (builtin `dateModified`).
     #[serde(rename = "u", default)]
     pub date_modified: i64,
-    /// Expiration time, epoch milliseconds, from a `dateExpires` attribute
-    /// of type `DateTime` (builtin attribute `dateExpires`).
+    /// Expiration time, epoch milliseconds: the value of the `dateExpires`
+    /// attribute when it is a `DateTime` (a transient entity), kept in step
+    /// by [`Entity::refresh_expiration`] so that queries and the expiry
+    /// sweep need not parse dates. The attribute itself stays in `attrs`,
+    /// with its metadata, hidden unless asked for by name.
     #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
     pub date_expires: Option<i64>,
 }
@@ -394,6 +408,23 @@ impl Entity {
         }
     }
 
+    /// Recomputes [`Entity::date_expires`] from the `dateExpires`
+    /// attribute; every operation that writes attributes ends with it.
+    pub fn refresh_expiration(&mut self) {
+        self.date_expires = self
+            .attrs
+            .get(EXPIRATION_ATTR)
+            .filter(|a| is_date_type(&a.attr_type))
+            .and_then(|a| a.value.as_str())
+            .and_then(parse_datetime);
+    }
+
+    /// Whether the entity is transient and its time has come: from then on
+    /// it is gone for every reader, and the expiry sweep deletes it.
+    pub fn is_expired(&self, now: i64) -> bool {
+        self.date_expires.is_some_and(|at| at <= now)
+    }
+
     /// Orion allows one location attribute per entity; this is the check,
     /// to run on the entity that an operation would store (413 otherwise).
     pub fn check_locations(&self) -> Result<(), NgsiError> {
@@ -408,9 +439,21 @@ impl Entity {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Reads an entity written by [`Entity::to_storage`].
+    /// Reads an entity written by [`Entity::to_storage`]. Entities stored
+    /// before the `dateExpires` attribute was kept in `attrs` get it back
+    /// from the expiration date.
     pub fn from_storage(s: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(s)
+        let mut entity: Entity = serde_json::from_str(s)?;
+        if let (Some(at), false) = (
+            entity.date_expires,
+            entity.attrs.contains_key(EXPIRATION_ATTR),
+        ) {
+            let mut attr = Attribute::new(Value::String(format_datetime(at)), "DateTime");
+            attr.date_created = entity.date_modified;
+            attr.date_modified = entity.date_modified;
+            entity.attrs.insert(EXPIRATION_ATTR, attr);
+        }
+        Ok(entity)
     }
 }
 
@@ -492,12 +535,32 @@ mod tests {
         );
         e.attrs.insert("Z", a);
         e.attrs.insert("A", Attribute::new(json!("x"), "Text"));
+        e.attrs.insert(
+            EXPIRATION_ATTR,
+            Attribute::new(json!("2040-01-01T00:00:00.000Z"), "DateTime"),
+        );
         e.stamp_created(1234);
-        e.date_expires = Some(99);
+        e.refresh_expiration();
+        assert!(e.date_expires.is_some());
         let s = e.to_storage();
         let back = Entity::from_storage(&s).unwrap();
         assert_eq!(back, e);
-        assert_eq!(back.attrs.keys().collect::<Vec<_>>(), ["Z", "A"]);
+        assert_eq!(
+            back.attrs.keys().collect::<Vec<_>>(),
+            ["Z", "A", EXPIRATION_ATTR]
+        );
+    }
+
+    /// Entities stored when the expiration lived outside `attrs` get their
+    /// `dateExpires` attribute back.
+    #[test]
+    fn stored_expiration_without_attribute_is_restored() {
+        let back =
+            Entity::from_storage(r#"{"id":"E","type":"T","attrs":{},"c":5,"u":6,"x":99}"#).unwrap();
+        let attr = back.attrs.get(EXPIRATION_ATTR).unwrap();
+        assert_eq!(attr.value, json!("1970-01-01T00:00:00.099Z"));
+        assert_eq!(attr.attr_type, "DateTime");
+        assert!(back.is_expired(99) && !back.is_expired(98));
     }
 
     #[test]

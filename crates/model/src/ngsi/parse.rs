@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 
 use super::{
-    default_type, parse_datetime, AttrMap, Attribute, Entity, Metadata, MetadataMap, NgsiError,
-    DEFAULT_ENTITY_TYPE, MAX_NAME_LEN,
+    default_type, is_date_type, parse_datetime, AttrMap, Attribute, Entity, Metadata, MetadataMap,
+    NgsiError, DEFAULT_ENTITY_TYPE, EXPIRATION_ATTR, MAX_NAME_LEN,
 };
 use crate::ngsi::datetime::format_datetime;
 
@@ -195,8 +195,8 @@ pub fn parse_entity(body: &Value, key_values: bool) -> Result<Entity, NgsiError>
     };
     check_name(NameKind::EntityType, &entity_type)?;
     let mut entity = Entity::new(id, entity_type);
-    let attrs = parse_attr_entries(obj, key_values, true)?;
-    take_builtins(&mut entity, attrs);
+    entity.attrs = parse_attr_entries(obj, key_values, true)?;
+    entity.refresh_expiration();
     entity.check_locations()?;
     Ok(entity)
 }
@@ -222,7 +222,9 @@ pub fn parse_attrs(body: &Value, key_values: bool) -> Result<AttrMap, NgsiError>
 /// in normalized form (`{"value","type","metadata"}`).
 pub fn parse_attr(name: &str, body: &Value) -> Result<Attribute, NgsiError> {
     check_attr_name(name)?;
-    parse_normalized_attr(body)
+    let attr = parse_normalized_attr(body)?;
+    check_expiration(name, &attr)?;
+    Ok(attr)
 }
 
 /// Parses a `text/plain` body of `PUT /v2/entities/{id}/attrs/{name}/value`:
@@ -287,23 +289,21 @@ fn parse_attr_entries(
         } else {
             parse_normalized_attr(v)?
         };
+        check_expiration(name, &attr)?;
         attrs.insert(name.clone(), attr);
     }
     Ok(attrs)
 }
 
-/// Moves a `dateExpires` attribute of type `DateTime` into the entity's
-/// builtin expiration date; everything else becomes a user attribute.
-fn take_builtins(entity: &mut Entity, attrs: AttrMap) {
-    for (name, attr) in attrs {
-        if name == "dateExpires" && attr.attr_type == "DateTime" {
-            if let Some(ms) = attr.value.as_str().and_then(parse_datetime) {
-                entity.date_expires = Some(ms);
-                continue;
-            }
-        }
-        entity.attrs.insert(name, attr);
+/// A `dateExpires` attribute written by a request must be a date (Orion's
+/// 400 otherwise): it sets when the entity expires.
+fn check_expiration(name: &str, attr: &Attribute) -> Result<(), NgsiError> {
+    if name == EXPIRATION_ATTR && !is_date_type(&attr.attr_type) {
+        return Err(NgsiError::bad_request(
+            "error processing date expiration attribute, see log traces",
+        ));
     }
+    Ok(())
 }
 
 fn parse_normalized_attr(v: &Value) -> Result<Attribute, NgsiError> {
@@ -377,10 +377,6 @@ fn parse_metadata(m: &Map<String, Value>) -> Result<MetadataMap, NgsiError> {
         out.insert(name.clone(), Metadata { value, md_type });
     }
     Ok(out)
-}
-
-fn is_date_type(t: &str) -> bool {
-    t == "DateTime" || t == "ISO8601"
 }
 
 fn normalise_date(value: Value, error: &str) -> Result<Value, NgsiError> {
@@ -967,21 +963,53 @@ mod tests {
         );
     }
 
-    // 0876_entity_dates: dateExpires of type DateTime is the builtin, others are user attrs.
+    // Transient entities: a DateTime `dateExpires` sets the expiration and
+    // stays an attribute; any other type is Orion's 400.
     #[test]
-    fn date_expires_is_taken_out() {
+    fn date_expires_sets_the_expiration() {
         let e = parse_entity(
             &json!({"id":"E",
-            "dateExpires":{"type":"DateTime","value":"2040-01-01T00:00:00Z"},
+            "dateExpires":{"type":"DateTime","value":"2040-01-01T00:00:00Z","metadata":{"m":{"value":1}}},
             "dateCreated":{"type":"DateTime","value":"2050-01-01T00:00:00.666"}}),
             false,
         )
         .unwrap();
-        assert!(e.date_expires.is_some());
-        assert!(!e.attrs.contains_key("dateExpires"));
+        assert_eq!(e.date_expires, parse_datetime("2040-01-01T00:00:00Z"));
+        assert!(e
+            .attrs
+            .get("dateExpires")
+            .unwrap()
+            .metadata
+            .contains_key("m"));
         assert_eq!(
             e.attrs.get("dateCreated").unwrap().value,
             json!("2050-01-01T00:00:00.666Z")
+        );
+        let refused = bad("error processing date expiration attribute, see log traces");
+        assert_eq!(
+            err(parse_entity(
+                &json!({"id":"E","dateExpires":{"value":"2040-01-01"}}),
+                false
+            )),
+            refused
+        );
+        assert_eq!(
+            err(parse_attrs(&json!({"dateExpires":"2040-01-01"}), true)),
+            refused
+        );
+        assert_eq!(
+            err(parse_attr(
+                "dateExpires",
+                &json!({"value":1,"type":"Number"})
+            )),
+            refused
+        );
+        assert_eq!(
+            err(parse_attrs(
+                &json!({"dateExpires":{"value":"soon","type":"DateTime"}}),
+                false
+            )),
+            bad("date has invalid format in attribute value")
         );
     }
 }

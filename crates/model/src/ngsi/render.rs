@@ -8,15 +8,17 @@
 //! `preserve_order` feature); `values`/`unique` arrays are ordered anyway.
 //!
 //! Builtins (`0876_entity_dates`): the attributes `dateCreated`,
-//! `dateModified`, `dateExpires` appear only when named in `attrs`, and a
-//! user attribute of the same name wins over the builtin; the metadata
+//! `dateModified`, `dateExpires` and `servicePath` appear only when named
+//! in `attrs`, and a user attribute of the same name wins over the builtin; the metadata
 //! `dateCreated`, `dateModified`, `previousValue`, `actionType` appear only
 //! when named in `metadata`. `*` in either list means all user items.
 
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::HashSet;
 
-use super::{format_datetime, AttrChange, Attribute, Entity};
+use super::update::json_eq;
+use super::{format_datetime, AttrChange, Attribute, Entity, EXPIRATION_ATTR};
 
 /// A representation of entities (`options=` / `attrsFormat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +64,9 @@ pub struct RenderContext<'a> {
     pub previous: Option<&'a [AttrChange]>,
     /// The `actionType` of the update.
     pub action_type: Option<&'a str>,
+    /// The entity's service path, for the builtin attribute
+    /// `servicePath`; `None` leaves it out.
+    pub service_path: Option<&'a str>,
 }
 
 /// Renders an entity; see [`render_with`].
@@ -90,13 +95,14 @@ pub fn render_with(
     metadata_filter: Option<&[String]>,
     ctx: &RenderContext,
 ) -> Value {
-    let selected = select_attrs(entity, attrs_filter);
+    let selected = select_attrs(entity, attrs_filter, ctx.service_path);
     match format {
         Format::Values | Format::Unique => {
             let mut out: Vec<Value> = Vec::with_capacity(selected.len());
             for (_, attr) in &selected {
                 let v = attr.value.clone();
-                if format == Format::Unique && out.contains(&v) {
+                // Orion keeps numbers as doubles: `3` and `3.0` are one value.
+                if format == Format::Unique && out.iter().any(|o| json_eq(o, &v)) {
                     continue;
                 }
                 out.push(v);
@@ -115,14 +121,23 @@ pub fn render_with(
             for (name, attr) in selected {
                 let change = ctx.previous.and_then(|p| p.iter().find(|c| c.name == name));
                 let touched = ctx.previous.is_none() || change.is_some();
-                let previous = match change {
-                    Some(c) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),
-                    None => Some((&attr.attr_type, &attr.value)),
+                // `previousValue` exists only in notifications (`previous`
+                // given): GET never renders it.
+                let previous = match (ctx.previous, change) {
+                    (None, _) => None,
+                    (Some(_), Some(c)) => c.previous.as_ref().map(|p| (&p.attr_type, &p.value)),
+                    (Some(_), None) => Some((&attr.attr_type, &attr.value)),
                 };
                 let action = if touched { ctx.action_type } else { None };
+                // A builtin attribute has no metadata, builtin ones
+                // included: no filter shows its (empty) user metadata.
+                let md_filter = match attr {
+                    Cow::Owned(_) => None,
+                    Cow::Borrowed(_) => metadata_filter,
+                };
                 obj.insert(
                     name.to_string(),
-                    attr_object(&attr, metadata_filter, previous, action),
+                    attr_object(&attr, md_filter, previous, action),
                 );
             }
             Value::Object(obj)
@@ -147,11 +162,16 @@ fn entity_head(entity: &Entity) -> Map<String, Value> {
 /// occasion.
 type Selected<'a> = (&'a str, std::borrow::Cow<'a, Attribute>);
 
-fn builtin_attr(entity: &Entity, name: &str) -> Option<Attribute> {
+/// The builtin attribute `name` of `entity` (`dateCreated`,
+/// `dateModified`, `dateExpires` when set, `servicePath` when known).
+fn builtin_attr(entity: &Entity, name: &str, service_path: Option<&str>) -> Option<Attribute> {
     let ms = match name {
         "dateCreated" => entity.date_created,
         "dateModified" => entity.date_modified,
         "dateExpires" => entity.date_expires?,
+        "servicePath" => {
+            return service_path.map(|p| Attribute::new(Value::String(p.to_string()), "Text"))
+        }
         _ => return None,
     };
     Some(Attribute::new(
@@ -160,32 +180,40 @@ fn builtin_attr(entity: &Entity, name: &str) -> Option<Attribute> {
     ))
 }
 
-fn select_attrs<'a>(entity: &'a Entity, filter: Option<&'a [String]>) -> Vec<Selected<'a>> {
-    use std::borrow::Cow;
-    let all = || {
+/// The attributes to render, in order: every user attribute when there is
+/// no filter; otherwise the named ones (user attributes first, builtins
+/// when no user attribute has the name) with `*` standing for every user
+/// attribute. `dateExpires` is a builtin even though it is kept as an
+/// attribute: only its name brings it, never the default or `*`.
+fn select_attrs<'a>(
+    entity: &'a Entity,
+    filter: Option<&'a [String]>,
+    service_path: Option<&str>,
+) -> Vec<Selected<'a>> {
+    let shown = || {
         entity
             .attrs
             .iter()
+            .filter(|(n, _)| *n != EXPIRATION_ATTR)
             .map(|(n, a)| (n, Cow::Borrowed(a)))
-            .collect()
     };
     let Some(list) = filter.filter(|l| !l.is_empty()) else {
-        return all();
+        return shown().collect();
     };
     let mut seen: HashSet<&str> = HashSet::new();
     let mut out = Vec::new();
     for name in list {
         if name == "*" {
-            for (n, a) in entity.attrs.iter() {
+            for (n, a) in shown() {
                 if seen.insert(n) {
-                    out.push((n, Cow::Borrowed(a)));
+                    out.push((n, a));
                 }
             }
         } else if let Some(a) = entity.attrs.get(name) {
             if seen.insert(name) {
                 out.push((name.as_str(), Cow::Borrowed(a)));
             }
-        } else if let Some(b) = builtin_attr(entity, name) {
+        } else if let Some(b) = builtin_attr(entity, name, service_path) {
             if seen.insert(name) {
                 out.push((name.as_str(), Cow::Owned(b)));
             }
@@ -319,7 +347,46 @@ mod tests {
     fn unique_drops_repeated_values() {
         let mut e = abcd();
         e.attrs.get_mut("C").unwrap().value = json!(1);
-        assert_eq!(render(&e, Format::Unique, None, None), json!([1, 2, 4]));
+        e.attrs.get_mut("D").unwrap().value = json!(2.0);
+        assert_eq!(render(&e, Format::Unique, None, None), json!([1, 2]));
+    }
+
+    // Transient entities: `dateExpires` is a builtin though kept as an
+    // attribute; `servicePath` is rendered when named and known.
+    #[test]
+    fn date_expires_and_service_path_only_when_named() {
+        let mut e = parse_entity(
+            &json!({"id":"E","type":"T","A":{"value":1},
+                    "dateExpires":{"value":"2040-01-01","type":"DateTime"}}),
+            false,
+        )
+        .unwrap();
+        e.stamp_created(0);
+        assert_eq!(
+            render(&e, Format::KeyValues, None, None),
+            json!({"id":"E","type":"T","A":1})
+        );
+        assert_eq!(
+            render(&e, Format::KeyValues, Some(&s(&["*"])), None),
+            json!({"id":"E","type":"T","A":1})
+        );
+        let ctx = RenderContext {
+            service_path: Some("/a"),
+            ..RenderContext::default()
+        };
+        assert_eq!(
+            render_with(
+                &e,
+                Format::Normalized,
+                Some(&s(&["dateExpires", "servicePath"])),
+                Some(&s(&["dateCreated"])),
+                &ctx
+            ),
+            json!({"id":"E","type":"T",
+                "dateExpires":{"type":"DateTime","value":"2040-01-01T00:00:00.000Z",
+                    "metadata":{"dateCreated":{"type":"DateTime","value":"1970-01-01T00:00:00.000Z"}}},
+                "servicePath":{"type":"Text","value":"/a","metadata":{}}})
+        );
     }
 
     // 0876_entity_dates/get_entity_dates.test steps 02a-02c, get_entity_dates_with_attr.test
@@ -413,6 +480,7 @@ mod tests {
         let ctx = RenderContext {
             previous: Some(&prev),
             action_type: Some("update"),
+            service_path: None,
         };
         let r = render_with(
             &e,
@@ -429,6 +497,14 @@ mod tests {
             render_attr(e.attrs.get("A").unwrap(), Some(&s(&["nope"]))),
             json!({"type":"Number","value":1,"metadata":{}})
         );
+        // Outside notifications there is no previousValue nor actionType.
+        let r = render(
+            &e,
+            Format::Normalized,
+            None,
+            Some(&s(&["previousValue", "actionType"])),
+        );
+        assert_eq!(r["A"]["metadata"], json!({}));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use serde_json::Value;
 
 use super::parse::check_value;
-use super::{parse_datetime, AttrMap, Attribute, Entity, MetadataMap, NgsiError};
+use super::{AttrMap, Attribute, Entity, MetadataMap, NgsiError};
 
 /// The `options` that change how updates apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -211,23 +211,14 @@ pub fn update_attr(
 
 /// DELETE `/v2/entities/{id}/attrs/{name}`
 /// (`0993_DELETE_v2_entity_attr/delete_not_exist_attr.test`: 404 when
-/// missing). Deleting `dateExpires` clears the builtin expiration.
+/// missing). Deleting `dateExpires` makes a transient entity permanent.
 pub fn delete_attr(entity: &mut Entity, name: &str, now: i64) -> Result<AttrChange, NgsiError> {
-    let previous = match entity.attrs.remove(name) {
-        Some(p) => p,
-        None if name == "dateExpires" && entity.date_expires.is_some() => {
-            entity.date_expires = None;
-            entity.date_modified = now;
-            return Ok(AttrChange {
-                name: name.to_string(),
-                kind: ChangeKind::Deleted,
-                previous: None,
-                modified: true,
-            });
-        }
-        None => return Err(NgsiError::attribute_not_found()),
-    };
+    let previous = entity
+        .attrs
+        .remove(name)
+        .ok_or_else(NgsiError::attribute_not_found)?;
     entity.date_modified = now;
+    entity.refresh_expiration();
     Ok(AttrChange {
         name: name.to_string(),
         kind: ChangeKind::Deleted,
@@ -259,6 +250,7 @@ pub fn set_attr_value(
         attr.date_modified = now;
         entity.date_modified = now;
     }
+    entity.refresh_expiration();
     Ok(AttrChange {
         name: name.to_string(),
         kind: ChangeKind::Updated,
@@ -285,20 +277,6 @@ fn apply(
         ..Default::default()
     };
     for (name, new) in attrs {
-        if name == "dateExpires" && new.attr_type == "DateTime" && !entity.attrs.contains_key(&name)
-        {
-            if let Some(ms) = new.value.as_str().and_then(parse_datetime) {
-                let modified = opts.forced || entity.date_expires != Some(ms);
-                entity.date_expires = Some(ms);
-                outcome.changes.push(AttrChange {
-                    name,
-                    kind: ChangeKind::Updated,
-                    previous: None,
-                    modified,
-                });
-                continue;
-            }
-        }
         match entity.attrs.get_mut(&name) {
             Some(_) if opts.append_strict && mode == Mode::Append => outcome.failed.push(name),
             Some(existing) => {
@@ -343,6 +321,7 @@ fn apply(
     if outcome.entity_modified() {
         entity.date_modified = now;
     }
+    entity.refresh_expiration();
     outcome
 }
 

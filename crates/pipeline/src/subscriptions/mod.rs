@@ -413,7 +413,7 @@ impl Subscriptions {
         };
         let kind = kind?;
         if let Some(e) = &condition.expression {
-            let resolver = EntityResolver(entity);
+            let resolver = EntityResolver(entity, &change.service_path);
             if e.q.as_ref().is_some_and(|q| !q.matches_with(&resolver))
                 || e.mq.as_ref().is_some_and(|q| !q.matches_with(&resolver))
                 || e.geo.as_ref().is_some_and(|g| {

@@ -27,8 +27,8 @@ use weft_model::ngsi::subscription::{
     attrs_format_name, eval_priority, AlterationType, CustomPayload, Endpoint, Subscription,
 };
 use weft_model::ngsi::{
-    default_type, format_datetime, parse_datetime, render_with, AttrChange, Attribute, ChangeKind,
-    Entity, Format, Metadata, OrderedMap, RenderContext,
+    default_type, format_datetime, number, parse_datetime, render_with, AttrChange, Attribute,
+    ChangeKind, Entity, Format, Metadata, OrderedMap, RenderContext, EXPIRATION_ATTR,
 };
 
 use super::expressions::Source;
@@ -140,7 +140,7 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
                 }
                 CustomPayload::Json(template) => {
                     let v = template::render_json(template, &context);
-                    ("custom", Some(Bytes::from(v.to_string())))
+                    ("custom", Some(Bytes::from(number::to_vec(&v))))
                 }
                 CustomPayload::Ngsi(patch) => {
                     let patched = apply_ngsi_patch(t.entity, patch, &mut context);
@@ -280,6 +280,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
     let ctx = RenderContext {
         previous: Some(t.touched),
         action_type: Some(action),
+        service_path: Some(t.service_path),
     };
     let metadata = &t.sub.notification.metadata;
     let rendered = render_with(
@@ -298,7 +299,7 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
             Value::Object(obj)
         }
     };
-    Bytes::from(body.to_string())
+    Bytes::from(number::to_vec(&body))
 }
 
 /// The entity as notified (only the selected attributes, plus
@@ -308,6 +309,9 @@ fn standard_body(t: &Trigger<'_>, entity: &(Entity, Vec<String>), format: Format
 fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<String>) {
     let n = &t.sub.notification;
     let all = n.attrs.is_empty() || n.attrs.iter().any(|a| a == "*");
+    // Every attribute but the builtin `dateExpires`, which only its name
+    // brings (as in responses).
+    let user_attrs = || e.attrs.keys().filter(|n| *n != EXPIRATION_ATTR);
     let mut names: Vec<String> = Vec::new();
     let push = |name: &str, names: &mut Vec<String>| {
         if !names.iter().any(|x| x == name) {
@@ -315,7 +319,7 @@ fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<Strin
         }
     };
     if let Some(except) = &n.except_attrs {
-        for name in e.attrs.keys() {
+        for name in user_attrs() {
             if !except.iter().any(|x| x == name) {
                 push(name, &mut names);
             }
@@ -323,7 +327,7 @@ fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<Strin
     } else if all {
         for a in &n.attrs {
             if a == "*" {
-                for name in e.attrs.keys() {
+                for name in user_attrs() {
                     push(name, &mut names);
                 }
             } else {
@@ -331,7 +335,7 @@ fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<Strin
             }
         }
         if n.attrs.is_empty() {
-            for name in e.attrs.keys() {
+            for name in user_attrs() {
                 push(name, &mut names);
             }
         }
@@ -345,8 +349,16 @@ fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<Strin
             AlterationType::EntityCreate => e.attrs.keys().collect(),
             _ => t.touched.iter().map(|c| c.name.as_str()).collect(),
         };
+        // The builtins asked for stay (Orion 3.11: `alterationType`,
+        // `dateCreated` and `dateModified` are kept with onlyChangedAttrs),
+        // and so do the attributes an `ngsi` patch computed.
         names.retain(|n| {
-            touched.contains(&n.as_str()) || computed.contains(&n.as_str()) || n == "alterationType"
+            touched.contains(&n.as_str())
+                || computed.contains(&n.as_str())
+                || matches!(
+                    n.as_str(),
+                    "alterationType" | "dateCreated" | "dateModified"
+                )
         });
     }
     let mut out = Entity {
@@ -365,7 +377,7 @@ fn project(t: &Trigger<'_>, e: &Entity, computed: &[&str]) -> (Entity, Vec<Strin
             );
         } else if matches!(
             name.as_str(),
-            "dateCreated" | "dateModified" | "dateExpires"
+            "dateCreated" | "dateModified" | "dateExpires" | "servicePath"
         ) {
             // Rendered as builtins.
         } else if n.covered {
