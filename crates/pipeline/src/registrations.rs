@@ -1,18 +1,20 @@
 //! NGSI registrations (`/v2/registrations`): context providers announced
 //! to the broker, kept per tenant and persisted through the store.
 //!
-//! weft stores and lists registrations as Orion does but forwards nothing
-//! to the providers, so nothing on the hot path reads them: they live in
-//! memory per tenant, in creation order (Orion lists them by id, which
-//! grows with time), and every create or delete is committed to the store
-//! before it is acknowledged.
+//! They live in memory per tenant, in creation order (Orion lists them by
+//! id, which grows with time), and every create or delete is committed to
+//! the store before it is acknowledged. Queries and updates look up the
+//! registrations covering an entity ([`Registrations::providers`]) to
+//! forward to them (see [`crate::forwarding`]); what each forward did is
+//! counted here ([`Registrations::record_forward`]), in memory only: the
+//! counters start again at zero after a restart.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use weft_model::ngsi::registration::{not_found, Registration};
+use weft_model::ngsi::registration::{not_found, ForwardingInfo, Registration};
 use weft_model::ngsi::NgsiError;
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
@@ -35,6 +37,19 @@ pub struct Registrations {
     /// Tenant → its registrations, sorted by `created`.
     tenants: RwLock<HashMap<String, Vec<StoredRegistration>>>,
     next_created: AtomicU64,
+    /// (tenant, registration id) → what forwarding to it did. Kept apart
+    /// from the registrations so a forward never takes their write lock.
+    forwarding: parking_lot::Mutex<HashMap<(String, String), ForwardingInfo>>,
+}
+
+/// Which kind of request is being forwarded: a registration may accept
+/// one and not the other (`supportedForwardingMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// A query (`POST <provider>/op/query`).
+    Query,
+    /// An update (`POST <provider>/op/update`).
+    Update,
 }
 
 impl Registrations {
@@ -69,6 +84,7 @@ impl Registrations {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
+            forwarding: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -131,6 +147,54 @@ impl Registrations {
             .ok_or_else(not_found)
     }
 
+    /// The registrations of `tenant` reached by a request under
+    /// `service_paths` (as [`Registrations::list`] reads them) about the
+    /// entity `id` (of `entity_type`, when known) that accept `kind`, in
+    /// creation order. Expired registrations are left out; inactive ones
+    /// are not, as in Orion.
+    pub fn providers(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+        kind: ForwardKind,
+        now: i64,
+    ) -> Vec<Registration> {
+        let tenants = self.tenants.read();
+        let Some(list) = tenants.get(tenant) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter(|r| path_matches(service_paths, &r.service_path))
+            .map(|r| &r.registration)
+            .filter(|r| r.expires.is_none_or(|e| e > now))
+            .filter(|r| match kind {
+                ForwardKind::Query => r.forwards_queries(),
+                ForwardKind::Update => r.forwards_updates(),
+            })
+            .filter(|r| r.covers(id, entity_type))
+            .cloned()
+            .collect()
+    }
+
+    /// Counts one request forwarded to the provider of registration `id`.
+    pub fn record_forward(&self, tenant: &str, id: &str, ok: bool, now: i64) {
+        self.forwarding
+            .lock()
+            .entry((tenant.to_string(), id.to_string()))
+            .or_default()
+            .record(ok, now);
+    }
+
+    /// What forwarding to registration `id` of `tenant` did so far.
+    pub fn forwarding_info(&self, tenant: &str, id: &str) -> Option<ForwardingInfo> {
+        self.forwarding
+            .lock()
+            .get(&(tenant.to_string(), id.to_string()))
+            .cloned()
+    }
+
     /// Deletes the registration of `tenant` with `id`, whatever its
     /// service path; 404 if none. Answered once the store has committed.
     pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), NgsiError> {
@@ -148,6 +212,9 @@ impl Registrations {
                 list.len() < before
             })
         };
+        self.forwarding
+            .lock()
+            .remove(&(tenant.to_string(), id.to_string()));
         if existed || removed {
             Ok(())
         } else {

@@ -12,10 +12,12 @@
 //! One file per route group: [`entities`], [`attrs`], [`types`],
 //! [`batch`], [`subscriptions`], [`registrations`].
 
+pub mod admin;
 pub mod attrs;
 pub mod batch;
 pub mod entities;
 pub mod error;
+pub mod forward;
 pub mod params;
 pub mod registrations;
 pub mod subscriptions;
@@ -60,6 +62,7 @@ static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
 /// the fallback of the other surfaces, so it also answers unknown paths
 /// (Orion's "Service not found").
 pub fn service(state: AppState) -> Surface {
+    admin::started();
     Surface {
         routes: routes().fallback(fallback).with_state(state),
     }
@@ -128,6 +131,39 @@ fn routes() -> Router<AppState> {
     Router::new()
         .route("/version", verbs("GET", get(version)))
         .route("/v2", verbs("GET", get(entry_point)))
+        .route(
+            "/statistics",
+            verbs(
+                "GET, DELETE",
+                get(admin::statistics).delete(admin::reset_statistics),
+            ),
+        )
+        .route(
+            "/cache/statistics",
+            verbs(
+                "GET, DELETE",
+                get(admin::cache_statistics).delete(admin::reset_cache_statistics),
+            ),
+        )
+        .route(
+            "/admin/log",
+            verbs("GET, PUT", get(admin::get_log).put(admin::put_log)),
+        )
+        .route("/admin/sem", verbs("GET", get(admin::semaphores)))
+        .route(
+            "/log/trace",
+            verbs(
+                "GET, DELETE",
+                get(admin::get_trace).delete(admin::delete_trace),
+            ),
+        )
+        .route(
+            "/log/trace/{levels}",
+            verbs(
+                "PUT, DELETE",
+                axum::routing::put(admin::put_trace).delete(admin::delete_trace),
+            ),
+        )
         .route(
             "/v2/entities",
             verbs("GET, POST", get(entities::list).post(entities::create)),
@@ -222,15 +258,13 @@ async fn entry_point() -> Response {
 /// Orion's `GET /version`: the Orion release mirrored, plus weft's own
 /// build in `git_hash`/`compiled_by`.
 async fn version() -> Response {
-    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     thread_local! {
         /// The body last rendered on this thread, and the uptime second it
         /// is for: monitors poll `/version`, and only the uptime changes.
         static RENDERED: std::cell::RefCell<(u64, Bytes)> =
             const { std::cell::RefCell::new((u64::MAX, Bytes::new())) };
     }
-    let started = *STARTED.get_or_init(std::time::Instant::now);
-    let secs = started.elapsed().as_secs();
+    let secs = admin::started().elapsed().as_secs();
     let body = RENDERED.with_borrow_mut(|(at, body)| {
         if *at != secs {
             *at = secs;

@@ -99,7 +99,8 @@ impl Params {
                 "overrideMetadata" => o.override_metadata = true,
                 "forcedUpdate" => o.forced_update = true,
                 "noAttrDetail" => o.no_attr_detail = true,
-                "skipForwarding" | "normalized" | "flowControl" => {}
+                "skipForwarding" => o.skip_forwarding = true,
+                "normalized" | "flowControl" => {}
                 _ => return Err(Error::bad_request("Invalid value for URI param /options/")),
             }
         }
@@ -157,6 +158,8 @@ pub struct Options {
     pub forced_update: bool,
     /// `noAttrDetail` (types).
     pub no_attr_detail: bool,
+    /// `skipForwarding`: a query answers from local entities only.
+    pub skip_forwarding: bool,
 }
 
 impl Options {
