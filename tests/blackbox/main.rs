@@ -23,6 +23,9 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
+//! - `ngsi_forwarding`: queries and updates forwarded to a second weft
+//!   registered as context provider; dead and silent providers; Orion's
+//!   operational endpoints.
 //! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;
@@ -36,6 +39,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod ngsi;
+mod ngsi_forwarding;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;

@@ -68,7 +68,7 @@ impl std::error::Error for ForwardError {}
 /// How a provider answered a forwarded update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateAnswer {
-    /// 204 (or any 2xx): applied.
+    /// 204, NGSIv2's answer to an applied update.
     Applied,
     /// 404 or 422: the provider does not have (all of) it; Orion reports
     /// these attributes as not updated.
@@ -116,7 +116,8 @@ impl Forwarder {
     }
 
     /// `POST <url>/op/update` with `body` (an `actionType: update`
-    /// batch); how the provider took it.
+    /// batch); how the provider took it. As in Orion, only 204 means
+    /// applied; any other status is an error.
     pub async fn update(
         &self,
         url: &str,
@@ -126,7 +127,7 @@ impl Forwarder {
     ) -> Result<UpdateAnswer, ForwardError> {
         let (status, _) = self.post(url, "/op/update", context, seq, body).await?;
         match status {
-            200..=299 => Ok(UpdateAnswer::Applied),
+            204 => Ok(UpdateAnswer::Applied),
             404 | 422 => Ok(UpdateAnswer::NotFound),
             other => Err(ForwardError::Status(other)),
         }
