@@ -512,7 +512,8 @@ async fn forwarded_requests_carry_orions_headers() {
     assert_eq!(h["fiware-service"], "tenant1");
     assert_eq!(h["fiware-servicepath"], "/a");
     assert_eq!(h["fiware-correlator"], "corr-123; cbfwd=1");
-    assert_eq!(h["content-type"], "application/json");
+    assert_eq!(h["content-type"], "application/json; charset=utf-8");
+    assert!(h["user-agent"].to_str().unwrap().starts_with("orion/"));
     assert!(h.get("x-auth-token").is_none() && h.get("authorization").is_none());
     assert_eq!(
         body,

@@ -34,7 +34,8 @@ pub const MAX_ANSWER_BYTES: usize = 8 << 20;
 pub struct ForwardContext {
     /// `Fiware-Service`, when the request had one.
     pub service: Option<String>,
-    /// `Fiware-ServicePath` as received, when the request had one.
+    /// `Fiware-ServicePath` as received, when the request had one (`/`
+    /// is sent otherwise).
     pub service_path: Option<String>,
     /// `X-Auth-Token`, when the request had one.
     pub auth_token: Option<String>,
@@ -147,7 +148,7 @@ impl Forwarder {
             .client
             .post(&target)
             .timeout(self.timeout)
-            .header("Content-Type", "application/json")
+            .header("Content-Type", "application/json; charset=utf-8")
             .header("Accept", "application/json")
             .header("User-Agent", USER_AGENT)
             .header(
@@ -157,9 +158,9 @@ impl Forwarder {
         if let Some(service) = context.service.as_deref().filter(|s| !s.is_empty()) {
             request = request.header("Fiware-Service", service);
         }
-        if let Some(path) = &context.service_path {
-            request = request.header("Fiware-ServicePath", path);
-        }
+        // Orion always sends a service path: the one received, else `/`.
+        let path = context.service_path.as_deref().unwrap_or("/");
+        request = request.header("Fiware-ServicePath", path);
         if let Some(token) = &context.auth_token {
             request = request.header("X-Auth-Token", token);
         }

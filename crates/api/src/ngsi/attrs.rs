@@ -154,19 +154,32 @@ fn local_entity(
     }
 }
 
+/// The entity a single-attribute write addresses, and where.
+struct Addressed<'a> {
+    tenant: &'a str,
+    sp: &'a ServicePath,
+    /// The service path written to.
+    path: &'a str,
+    id: &'a str,
+    etype: Option<&'a str>,
+}
+
 /// Forwards a single-attribute write (`PUT …/attrs/{a}`, `…/value`) when
 /// the attribute is not local and a registration provides it: `Some` with
 /// the answer to give, `None` to apply it locally.
 async fn forward_single(
     state: &AppState,
-    tenant: &str,
-    sp: &ServicePath,
-    path: &str,
-    id: &str,
-    etype: Option<&str>,
+    at: &Addressed<'_>,
     name: &str,
     attr: ngsi::Attribute,
 ) -> Result<Option<Response>> {
+    let Addressed {
+        tenant,
+        sp,
+        path,
+        id,
+        etype,
+    } = *at;
     let local = local_entity(state, tenant, path, id, etype)?;
     if local.as_ref().is_some_and(|e| e.attrs.contains_key(name)) {
         return Ok(None);
@@ -312,8 +325,19 @@ pub async fn put_attr(
     let value = json_body(&headers, &body)?;
     let mut attr = ngsi::parse_attr(&name, &value)?;
     let etype = params.get("type");
-    if let Some(answer) =
-        forward_single(&state, &tenant, &sp, &path, &id, etype, &name, attr.clone()).await?
+    if let Some(answer) = forward_single(
+        &state,
+        &Addressed {
+            tenant: &tenant,
+            sp: &sp,
+            path: &path,
+            id: &id,
+            etype,
+        },
+        &name,
+        attr.clone(),
+    )
+    .await?
     {
         return Ok(answer);
     }
@@ -483,8 +507,19 @@ pub async fn put_value(
     // The provider gets the value with the type a new attribute of it
     // would have.
     let as_attr = ngsi::parse_attr(&name, &serde_json::json!({ "value": value.clone() }))?;
-    if let Some(answer) =
-        forward_single(&state, &tenant, &sp, &path, &id, etype, &name, as_attr).await?
+    if let Some(answer) = forward_single(
+        &state,
+        &Addressed {
+            tenant: &tenant,
+            sp: &sp,
+            path: &path,
+            id: &id,
+            etype,
+        },
+        &name,
+        as_attr,
+    )
+    .await?
     {
         return Ok(answer);
     }

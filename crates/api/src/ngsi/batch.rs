@@ -282,7 +282,7 @@ async fn apply(
     if forwarded.any() && item.entity.attrs.is_empty() {
         let applied = forwarded.failed.len() < forwarded.sent.len();
         return Ok(
-            (!forwarded.failed.is_empty()).then(|| Failure::Attrs(forwarded.failed, applied))
+            (!forwarded.failed.is_empty()).then_some(Failure::Attrs(forwarded.failed, applied))
         );
     }
     if !exists {

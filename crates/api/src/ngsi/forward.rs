@@ -276,7 +276,8 @@ fn listing_selectors(reg: &Registration, filter: &EntityFilter) -> Vec<Value> {
 /// The entities the providers give for a listing (`GET /v2/entities`,
 /// `POST /v2/op/query`): each registration accepting queries under the
 /// request's service paths is asked once, for the entities of `filters`
-/// it covers and the attributes of `wanted` it provides. `q`, `mq` and geo
+/// it covers and the attributes of `wanted` it provides (or, when it
+/// provides none of them, `wanted` itself). `q`, `mq` and geo
 /// filters are neither forwarded nor applied to what comes back, as in
 /// Orion.
 pub async fn listing_entities(
@@ -316,10 +317,13 @@ pub async fn listing_entities(
         if selectors.is_empty() {
             continue;
         }
-        let attrs = reg.provided(wanted);
-        if attrs.as_ref().is_some_and(|a| a.is_empty()) {
-            continue;
-        }
+        // A provider registered for other attributes than those asked
+        // for is still asked (with the request's list): its entities are
+        // listed, without attributes, as Orion lists them.
+        let attrs = match reg.provided(wanted) {
+            Some(list) if list.is_empty() => wanted.map(<[String]>::to_vec),
+            other => other,
+        };
         seq += 1;
         let body = query_body(selectors, attrs.clone());
         for remote in query_provider(state, tenant, reg, &ctx, seq, &body).await {
