@@ -688,3 +688,103 @@ async fn operational_endpoints() {
     let (status, h, _) = call(&c, "POST", "/statistics", &[], Some(&json!({}))).await;
     assert_eq!((status, h["allow"].to_str().unwrap()), (405, "GET, DELETE"));
 }
+
+/// A registration is reached from its own service path (or a query
+/// covering it), not from another one; an update without service path
+/// reaches only the registrations made at `/`.
+#[tokio::test]
+async fn registrations_are_scoped_by_service_path() {
+    let broker = Server::start();
+    let b = broker.client();
+    let mut cp = Receiver::start(404, "").await;
+    let at_a = [("Fiware-ServicePath", "/a")];
+    register(
+        &b,
+        &at_a,
+        json!([{"id": "E", "type": "T"}]),
+        json!([]),
+        &cp.url,
+        "all",
+    )
+    .await;
+
+    let (status, _, _) = call(&b, "GET", "/v2/entities/E?type=T", &[], None).await;
+    assert_eq!(status, 404);
+    assert_eq!(cp.try_next().expect("/# reaches /a").0, "/cp/op/query");
+    let (status, _, _) = call(
+        &b,
+        "GET",
+        "/v2/entities/E?type=T",
+        &[("Fiware-ServicePath", "/b")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(cp.try_next().is_none(), "/b reached a registration of /a");
+
+    let patch = json!({"A": {"value": 1}});
+    let (status, _, _) = call(
+        &b,
+        "PATCH",
+        "/v2/entities/E/attrs?type=T",
+        &[],
+        Some(&patch),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(cp.try_next().is_none(), "an update at / reached /a");
+    let (status, _, _) = call(
+        &b,
+        "PATCH",
+        "/v2/entities/E/attrs?type=T",
+        &at_a,
+        Some(&patch),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (path, h, _) = cp.try_next().expect("an update at /a reaches /a");
+    assert_eq!(
+        (path.as_str(), h["fiware-servicepath"].to_str().unwrap()),
+        ("/cp/op/update", "/a")
+    );
+}
+
+/// `/admin/metrics` counts requests per service and subservice, with
+/// Orion's keys, and resets.
+#[tokio::test]
+async fn admin_metrics_count_per_service() {
+    let server = Server::start();
+    let c = server.client();
+    let scope = [
+        ("Fiware-Service", "metrics1"),
+        ("Fiware-ServicePath", "/gardens/north"),
+    ];
+    create(&c, &scope, json!({"id": "E1", "type": "T"})).await;
+    let (status, _, _) = call(&c, "GET", "/v2/entities/nope", &scope, None).await;
+    assert_eq!(status, 404);
+    let (status, _, m) = call(&c, "GET", "/admin/metrics", &[], None).await;
+    assert_eq!(status, 200, "{m}");
+    let north = &m["services"]["metrics1"]["subservs"]["gardens/north"];
+    assert_eq!(north["incomingTransactions"], 2, "{m}");
+    assert_eq!(north["incomingTransactionErrors"], 1, "{m}");
+    assert!(
+        north["incomingTransactionRequestSize"].as_u64().unwrap() > 0,
+        "{m}"
+    );
+    assert!(north["serviceTime"].is_f64(), "{m}");
+    assert_eq!(m["services"]["metrics1"]["sum"]["incomingTransactions"], 2);
+    // The request that read them counts too, without tenant nor path.
+    let (_, _, m) = call(&c, "GET", "/admin/metrics", &[], None).await;
+    let root = &m["services"]["default-service"]["subservs"]["root-subserv"];
+    assert_eq!(root["incomingTransactions"], 1, "{m}");
+
+    let (_, _, before) = call(&c, "GET", "/admin/metrics?reset=true", &[], None).await;
+    assert_eq!(
+        before["services"]["metrics1"]["sum"]["incomingTransactions"],
+        2
+    );
+    let (_, _, after) = call(&c, "GET", "/admin/metrics", &[], None).await;
+    assert!(after["services"].get("metrics1").is_none(), "{after}");
+    let (status, _, _) = call(&c, "DELETE", "/admin/metrics", &[], None).await;
+    assert_eq!(status, 204);
+}

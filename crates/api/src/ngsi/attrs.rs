@@ -14,6 +14,7 @@ use serde_json::Value;
 use weft_model::ngsi::{self, render_attr, NgsiError};
 
 use super::entities::render_entity;
+use super::forward::Target;
 
 use super::error::{Error, Result};
 use super::params::{content_type, json_attrs_body, json_body, Params};
@@ -103,9 +104,14 @@ async fn write_attrs(
     // lacks goes to the providers registered for them.
     let forwarded = if op == WriteOp::Patch {
         let local = local_entity(&state, &tenant, &path, &id, etype)?;
-        let fwd =
-            super::forward::update(&state, &tenant, &sp, &id, etype, &mut attrs, local.as_ref())
-                .await;
+        let target = Target {
+            tenant: &tenant,
+            sp: &sp,
+            path: &path,
+            id: &id,
+            entity_type: etype,
+        };
+        let fwd = super::forward::update(&state, &target, &mut attrs, local.as_ref()).await;
         if fwd.any() && attrs.is_empty() {
             return match fwd.error(&id, etype, false) {
                 Some(e) => Err(e.into()),
@@ -154,40 +160,23 @@ fn local_entity(
     }
 }
 
-/// The entity a single-attribute write addresses, and where.
-struct Addressed<'a> {
-    tenant: &'a str,
-    sp: &'a ServicePath,
-    /// The service path written to.
-    path: &'a str,
-    id: &'a str,
-    etype: Option<&'a str>,
-}
-
 /// Forwards a single-attribute write (`PUT …/attrs/{a}`, `…/value`) when
 /// the attribute is not local and a registration provides it: `Some` with
 /// the answer to give, `None` to apply it locally.
 async fn forward_single(
     state: &AppState,
-    at: &Addressed<'_>,
+    at: &Target<'_>,
     name: &str,
     attr: ngsi::Attribute,
 ) -> Result<Option<Response>> {
-    let Addressed {
-        tenant,
-        sp,
-        path,
-        id,
-        etype,
-    } = *at;
+    let (tenant, path, id, etype) = (at.tenant, at.path, at.id, at.entity_type);
     let local = local_entity(state, tenant, path, id, etype)?;
     if local.as_ref().is_some_and(|e| e.attrs.contains_key(name)) {
         return Ok(None);
     }
     let mut attrs = ngsi::AttrMap::new();
     attrs.insert(name, attr);
-    let fwd =
-        super::forward::update(state, tenant, sp, id, etype, &mut attrs, local.as_ref()).await;
+    let fwd = super::forward::update(state, at, &mut attrs, local.as_ref()).await;
     if !fwd.any() {
         return Ok(None);
     }
@@ -327,12 +316,12 @@ pub async fn put_attr(
     let etype = params.get("type");
     if let Some(answer) = forward_single(
         &state,
-        &Addressed {
+        &Target {
             tenant: &tenant,
             sp: &sp,
             path: &path,
             id: &id,
-            etype,
+            entity_type: etype,
         },
         &name,
         attr.clone(),
@@ -509,12 +498,12 @@ pub async fn put_value(
     let as_attr = ngsi::parse_attr(&name, &serde_json::json!({ "value": value.clone() }))?;
     if let Some(answer) = forward_single(
         &state,
-        &Addressed {
+        &Target {
             tenant: &tenant,
             sp: &sp,
             path: &path,
             id: &id,
-            etype,
+            entity_type: etype,
         },
         &name,
         as_attr,

@@ -266,16 +266,14 @@ async fn apply(
     };
     let exists = local.is_some();
     let forwarded = if action == Action::Update {
-        super::forward::update(
-            state,
+        let target = super::forward::Target {
             tenant,
             sp,
-            &id,
-            etype.as_deref(),
-            &mut item.entity.attrs,
-            local.as_ref(),
-        )
-        .await
+            path,
+            id: &id,
+            entity_type: etype.as_deref(),
+        };
+        super::forward::update(state, &target, &mut item.entity.attrs, local.as_ref()).await
     } else {
         super::forward::ForwardedUpdate::default()
     };

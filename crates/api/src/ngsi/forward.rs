@@ -49,6 +49,15 @@ fn context(sp: &ServicePath) -> ForwardContext {
     }
 }
 
+/// Counts a forward in `/admin/metrics`, under the request's service and
+/// service path.
+fn count_outgoing(ctx: &ForwardContext, body: &Value, error: bool) {
+    let keys = super::metrics::keys(ctx.service.as_deref(), ctx.service_path.as_deref());
+    if let Some(keys) = keys {
+        super::metrics::record_outgoing(keys, body.to_string().len() as u64, 0, error);
+    }
+}
+
 /// The entity selector sent to a provider: `{"id", "type"?}`.
 fn selector(id: &str, entity_type: Option<&str>) -> Value {
     let mut out = Map::new();
@@ -108,6 +117,7 @@ async fn query_provider(
         .forwarder
         .query(&reg.provider.url, ctx, seq, body)
         .await;
+    count_outgoing(ctx, body, answer.is_err());
     services
         .registrations
         .record_forward(tenant, &reg.id, answer.is_ok(), now_ms());
@@ -390,26 +400,48 @@ impl ForwardedUpdate {
     }
 }
 
-/// Forwards the attributes of an update of entity `id` that `local` (the
+/// The entity an update addresses, and where: what forwarding an update
+/// needs to know of the request.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The service paths as received (repeated to the provider).
+    pub sp: &'a ServicePath,
+    /// The one service path written to (`/` when the request named none):
+    /// only registrations made there are reached, as only entities there
+    /// are updated.
+    pub path: &'a str,
+    /// The entity id.
+    pub id: &'a str,
+    /// The entity type, when the request gave it.
+    pub entity_type: Option<&'a str>,
+}
+
+/// Forwards the attributes of an update of `target` that `local` (the
 /// local entity, if any) lacks and a registration accepting updates
 /// provides; they are taken out of `attrs`, which keeps what is applied
 /// locally. One `op/update` per provider.
 pub async fn update(
     state: &AppState,
-    tenant: &str,
-    sp: &ServicePath,
-    id: &str,
-    entity_type: Option<&str>,
+    target: &Target<'_>,
     attrs: &mut AttrMap,
     local: Option<&Entity>,
 ) -> ForwardedUpdate {
+    let Target {
+        tenant,
+        sp,
+        path,
+        id,
+        entity_type,
+    } = *target;
     let mut outcome = ForwardedUpdate::default();
     let match_type = entity_type
         .map(str::to_string)
         .or_else(|| local.map(|e| e.entity_type.clone()));
     let regs = state.services.registrations.providers(
         tenant,
-        &sp.for_read(),
+        &[path.to_string()],
         id,
         match_type.as_deref(),
         ForwardKind::Update,
@@ -466,6 +498,7 @@ pub async fn update(
             .update(&reg.provider.url, &ctx, seq + 1, &body)
             .await;
         let ok = matches!(answer, Ok(UpdateAnswer::Applied));
+        count_outgoing(&ctx, &body, answer.is_err());
         state
             .services
             .registrations

@@ -18,6 +18,7 @@ pub mod batch;
 pub mod entities;
 pub mod error;
 pub mod forward;
+pub mod metrics;
 pub mod params;
 pub mod registrations;
 pub mod subscriptions;
@@ -109,12 +110,26 @@ impl Service<Request> for Surface {
         }
         crate::limit_body(&mut req);
         let origin = origin(req.headers(), &correlator);
+        let counted = counted_as(req.headers());
+        let started = std::time::Instant::now();
         let routed = ORIGIN.scope(origin, self.routes.call(req));
         Box::pin(async move {
             let resp = match routed.await {
                 Ok(resp) => resp,
                 Err(never) => match never {},
             };
+            if let Some((keys, request_bytes)) = counted {
+                use axum::body::HttpBody;
+                let response_bytes = resp.body().size_hint().exact().unwrap_or(0);
+                let error = resp.status().as_u16() >= 400;
+                metrics::record_incoming(
+                    keys,
+                    request_bytes,
+                    response_bytes,
+                    error,
+                    started.elapsed(),
+                );
+            }
             Ok(finish(resp, correlator))
         })
     }
@@ -150,6 +165,13 @@ fn routes() -> Router<AppState> {
             verbs("GET, PUT", get(admin::get_log).put(admin::put_log)),
         )
         .route("/admin/sem", verbs("GET", get(admin::semaphores)))
+        .route(
+            "/admin/metrics",
+            verbs(
+                "GET, DELETE",
+                get(admin::get_metrics).delete(admin::reset_metrics),
+            ),
+        )
         .route(
             "/log/trace",
             verbs(
@@ -316,6 +338,19 @@ fn correlator(headers: &HeaderMap) -> HeaderValue {
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
         .expect("a UUID is a valid header value")
+}
+
+/// Where `/admin/metrics` counts a request (service, subservice) and its
+/// body size; `None` when its tenant or service path is invalid.
+fn counted_as(headers: &HeaderMap) -> Option<((String, String), u64)> {
+    let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let keys = metrics::keys(text(&FIWARE_SERVICE), text(&FIWARE_SERVICEPATH))?;
+    let size = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some((keys, size))
 }
 
 /// What notifications triggered by this request repeat of it.
