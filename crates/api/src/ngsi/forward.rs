@@ -54,7 +54,7 @@ fn context(sp: &ServicePath) -> ForwardContext {
 fn count_outgoing(ctx: &ForwardContext, body: &Value, error: bool) {
     let keys = super::metrics::keys(ctx.service.as_deref(), ctx.service_path.as_deref());
     if let Some(keys) = keys {
-        super::metrics::record_outgoing(keys, body.to_string().len() as u64, 0, error);
+        super::metrics::record_outgoing(&keys, body.to_string().len() as u64, 0, error);
     }
 }
 

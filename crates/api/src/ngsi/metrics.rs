@@ -14,6 +14,7 @@
 //! notifications are counted in `/metrics`
 //! (`weft_notifications_sent_total`) instead.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -92,8 +93,25 @@ impl Counters {
     }
 }
 
-/// (service, subservice) → counters.
-type Table = BTreeMap<(String, String), Counters>;
+/// service → subservice → counters. Nested so that a request is counted
+/// with two lookups by `&str`, allocating only for a new key.
+type Table = BTreeMap<String, BTreeMap<String, Counters>>;
+
+/// Where a request is counted: (service, subservice), borrowed when the
+/// request named neither.
+pub type Keys = (Cow<'static, str>, Cow<'static, str>);
+
+/// The counters of `keys`, created at zero the first time.
+fn counters<'t>(t: &'t mut Table, keys: &Keys) -> &'t mut Counters {
+    if !t.contains_key(keys.0.as_ref()) {
+        t.insert(keys.0.to_string(), BTreeMap::new());
+    }
+    let subservs = t.get_mut(keys.0.as_ref()).expect("inserted above");
+    if !subservs.contains_key(keys.1.as_ref()) {
+        subservs.insert(keys.1.to_string(), Counters::default());
+    }
+    subservs.get_mut(keys.1.as_ref()).expect("inserted above")
+}
 
 static TABLE: Mutex<Table> = Mutex::new(BTreeMap::new());
 
@@ -106,13 +124,13 @@ fn table() -> MutexGuard<'static, Table> {
 /// `Fiware-ServicePath`: `None` when either is invalid (Orion leaves such
 /// requests out). A list of paths counts under the first; `/a/#` under
 /// `a`.
-pub fn keys(service: Option<&str>, service_path: Option<&str>) -> Option<(String, String)> {
+pub fn keys(service: Option<&str>, service_path: Option<&str>) -> Option<Keys> {
     let service = match service {
-        None | Some("") => DEFAULT_SERVICE.to_string(),
-        Some(s) => super::tenant::check_tenant(s).ok()?,
+        None | Some("") => Cow::Borrowed(DEFAULT_SERVICE),
+        Some(s) => Cow::Owned(super::tenant::check_tenant(s).ok()?),
     };
     let subservice = match service_path {
-        None => ROOT_SUBSERVICE.to_string(),
+        None => Cow::Borrowed(ROOT_SUBSERVICE),
         Some(raw) => {
             let first = super::tenant::parse_service_paths(raw)
                 .ok()?
@@ -120,8 +138,8 @@ pub fn keys(service: Option<&str>, service_path: Option<&str>) -> Option<(String
                 .next()?;
             let path = first.strip_suffix("/#").unwrap_or(&first);
             match path.trim_start_matches('/') {
-                "" => ROOT_SUBSERVICE.to_string(),
-                p => p.to_string(),
+                "" => Cow::Borrowed(ROOT_SUBSERVICE),
+                p => Cow::Owned(p.to_string()),
             }
         }
     };
@@ -130,14 +148,14 @@ pub fn keys(service: Option<&str>, service_path: Option<&str>) -> Option<(String
 
 /// Counts one request the surface answered.
 pub fn record_incoming(
-    keys: (String, String),
+    keys: &Keys,
     request_bytes: u64,
     response_bytes: u64,
     error: bool,
     elapsed: Duration,
 ) {
     let mut t = table();
-    let c = t.entry(keys).or_default();
+    let c = counters(&mut t, keys);
     c.incoming += 1;
     c.incoming_request_bytes += request_bytes;
     c.incoming_response_bytes += response_bytes;
@@ -146,14 +164,9 @@ pub fn record_incoming(
 }
 
 /// Counts one request sent to a context provider.
-pub fn record_outgoing(
-    keys: (String, String),
-    request_bytes: u64,
-    response_bytes: u64,
-    error: bool,
-) {
+pub fn record_outgoing(keys: &Keys, request_bytes: u64, response_bytes: u64, error: bool) {
     let mut t = table();
-    let c = t.entry(keys).or_default();
+    let c = counters(&mut t, keys);
     c.outgoing += 1;
     c.outgoing_request_bytes += request_bytes;
     c.outgoing_response_bytes += response_bytes;
@@ -180,23 +193,23 @@ pub fn reset() {
 }
 
 fn render_table(t: &Table) -> Value {
-    let mut services: BTreeMap<&str, (Map<String, Value>, Counters)> = BTreeMap::new();
+    let mut services = Map::new();
     let mut total = Counters::default();
-    for ((service, subservice), c) in t {
-        let (subservs, sum) = services.entry(service).or_default();
-        subservs.insert(subservice.clone(), c.render());
-        sum.add(c);
-        total.add(c);
-    }
-    let mut out_services = Map::new();
-    for (service, (subservs, sum)) in services {
+    for (service, subservs) in t {
+        let mut rendered = Map::new();
+        let mut sum = Counters::default();
+        for (subservice, c) in subservs {
+            rendered.insert(subservice.clone(), c.render());
+            sum.add(c);
+        }
+        total.add(&sum);
         let mut s = Map::new();
-        s.insert("subservs".into(), Value::Object(subservs));
+        s.insert("subservs".into(), Value::Object(rendered));
         s.insert("sum".into(), sum.render());
-        out_services.insert(service.to_string(), Value::Object(s));
+        services.insert(service.clone(), Value::Object(s));
     }
     let mut out = Map::new();
-    out.insert("services".into(), Value::Object(out_services));
+    out.insert("services".into(), Value::Object(services));
     out.insert("sum".into(), total.render());
     Value::Object(out)
 }
@@ -233,8 +246,9 @@ mod tests {
             service_time_secs: 1.0,
             ..Counters::default()
         };
-        t.insert(("s".into(), "a".into()), c.clone());
-        t.insert(("s".into(), "root-subserv".into()), c);
+        let s = t.entry("s".into()).or_default();
+        s.insert("a".into(), c.clone());
+        s.insert("root-subserv".into(), c);
         let v = render_table(&t);
         assert_eq!(
             v["services"]["s"]["subservs"]["a"],

@@ -123,7 +123,7 @@ impl Service<Request> for Surface {
                 let response_bytes = resp.body().size_hint().exact().unwrap_or(0);
                 let error = resp.status().as_u16() >= 400;
                 metrics::record_incoming(
-                    keys,
+                    &keys,
                     request_bytes,
                     response_bytes,
                     error,
@@ -342,7 +342,7 @@ fn correlator(headers: &HeaderMap) -> HeaderValue {
 
 /// Where `/admin/metrics` counts a request (service, subservice) and its
 /// body size; `None` when its tenant or service path is invalid.
-fn counted_as(headers: &HeaderMap) -> Option<((String, String), u64)> {
+fn counted_as(headers: &HeaderMap) -> Option<(metrics::Keys, u64)> {
     let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     let keys = metrics::keys(text(&FIWARE_SERVICE), text(&FIWARE_SERVICEPATH))?;
     let size = headers
