@@ -250,6 +250,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn providers_are_found_by_entity_path_mode_and_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
+                path: dir.path().join("weft.db"),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let regs = Registrations::load(store).await.unwrap();
+        let with = |mode: &str, expires: Option<&str>| {
+            let mut body = json!({
+                "dataProvided": {"entities": [{"id": "E1", "type": "T1"}]},
+                "provider": {"http": {"url": "http://cp"}, "supportedForwardingMode": mode}
+            });
+            if let Some(e) = expires {
+                body["expires"] = json!(e);
+            }
+            Registration::parse(&body, new_id()).unwrap()
+        };
+        let query = with("query", None);
+        let update = with("update", None);
+        let expired = with("all", Some("2001-01-01T00:00:00Z"));
+        regs.create("", "/a", query.clone()).await.unwrap();
+        regs.create("", "/", update.clone()).await.unwrap();
+        regs.create("", "/", expired).await.unwrap();
+        let now = 1_700_000_000_000;
+        let ids = |kind, paths: &[&str], t: Option<&str>| -> Vec<String> {
+            let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+            regs.providers("", &paths, "E1", t, kind, now)
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(ids(ForwardKind::Query, &[], None), [query.id.clone()]);
+        assert_eq!(ids(ForwardKind::Query, &["/b"], None), Vec::<String>::new());
+        assert_eq!(
+            ids(ForwardKind::Query, &["/a"], Some("T2")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            ids(ForwardKind::Update, &["/"], Some("T1")),
+            [update.id.clone()]
+        );
+        assert!(regs
+            .providers("other", &[], "E1", None, ForwardKind::Query, now)
+            .is_empty());
+
+        assert_eq!(regs.forwarding_info("", &query.id), None);
+        regs.record_forward("", &query.id, true, 5);
+        regs.record_forward("", &query.id, false, 6);
+        let info = regs.forwarding_info("", &query.id).unwrap();
+        assert_eq!((info.times_sent, info.times_failed), (2, 1));
+        assert_eq!((info.last_success, info.last_failure), (Some(5), Some(6)));
+        regs.delete("", &query.id).await.unwrap();
+        assert_eq!(regs.forwarding_info("", &query.id), None);
+    }
+
+    #[tokio::test]
     async fn created_listed_deleted_and_reloaded() {
         let dir = tempfile::tempdir().unwrap();
         let open = || -> Arc<dyn Store> {
