@@ -788,3 +788,65 @@ async fn admin_metrics_count_per_service() {
     let (status, _, _) = call(&c, "DELETE", "/admin/metrics", &[], None).await;
     assert_eq!(status, 204);
 }
+
+/// Paging spans local and provided entities: local ones first, then the
+/// provider's, which is asked for as many as the page needs even past its
+/// own default page of 20.
+#[tokio::test]
+async fn listings_page_across_local_and_provided_entities() {
+    let cp = provider();
+    let broker = Server::start();
+    let (b, p) = (broker.client(), cp.client_with(None));
+    let entities: Vec<Value> = (1..=25)
+        .map(|i| json!({"id": format!("P{i:02}"), "type": "T", "A": {"value": i}}))
+        .collect();
+    let batch = json!({"actionType": "append", "entities": entities});
+    let (status, _, reply) = call(&p, "POST", "/v2/op/update", &[], Some(&batch)).await;
+    assert_eq!(status, 204, "{reply}");
+    create(&b, &[], json!({"id": "L1", "type": "T"})).await;
+    let url = format!("{}/v2", cp.url);
+    register(
+        &b,
+        &[],
+        json!([{"idPattern": ".*", "type": "T"}]),
+        json!([]),
+        &url,
+        "all",
+    )
+    .await;
+
+    let (status, h, list) = call(
+        &b,
+        "GET",
+        "/v2/entities?type=T&limit=30&options=count,keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(h["fiware-total-count"], "26");
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 26, "{ids:?}");
+    assert_eq!((ids[0], ids[1], ids[25]), ("L1", "P01", "P25"));
+
+    let (_, _, page) = call(
+        &b,
+        "GET",
+        "/v2/entities?type=T&offset=24&limit=5",
+        &[],
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = page
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["P24", "P25"]);
+}

@@ -23,6 +23,13 @@ use crate::subscriptions::payload::USER_AGENT;
 /// not longer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The page size NGSIv2 servers use when no `limit` is given: a listing
+/// needing more entities than this asks the provider for them.
+pub const DEFAULT_PAGE: usize = 20;
+
+/// The largest page NGSIv2 servers give (Orion's maximum `limit`).
+pub const MAX_PAGE: usize = 1000;
+
 /// The largest answer read from a provider; a bigger one is refused (8 MiB
 /// is far beyond what one forwarded query returns, and bounds memory).
 pub const MAX_ANSWER_BYTES: usize = 8 << 20;
@@ -101,15 +108,21 @@ impl Forwarder {
 
     /// `POST <url>/op/query` with `body`; the entities the provider
     /// returns (normalized NGSIv2). `seq` numbers the forwards of one
-    /// request (`cbfwd=<seq>`).
+    /// request (`cbfwd=<seq>`). `limit`, when given, asks for more than
+    /// the provider's default page (`?limit=<n>`).
     pub async fn query(
         &self,
         url: &str,
         context: &ForwardContext,
         seq: usize,
         body: &Value,
+        limit: Option<usize>,
     ) -> Result<Vec<Entity>, ForwardError> {
-        let (status, answer) = self.post(url, "/op/query", context, seq, body).await?;
+        let operation = match limit {
+            Some(n) => format!("/op/query?limit={n}"),
+            None => "/op/query".to_string(),
+        };
+        let (status, answer) = self.post(url, &operation, context, seq, body).await?;
         if !(200..300).contains(&status) {
             return Err(ForwardError::Status(status));
         }
@@ -250,6 +263,7 @@ mod tests {
                 &ForwardContext::default(),
                 1,
                 &serde_json::json!({}),
+                None,
             )
             .await
             .unwrap_err();

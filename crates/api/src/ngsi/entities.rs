@@ -116,8 +116,16 @@ impl Listing {
         if self.options.skip_forwarding {
             return Vec::new();
         }
-        super::forward::listing_entities(state, tenant, sp, &self.filters, self.attrs.as_deref())
-            .await
+        let (limit, offset) = self.page;
+        super::forward::listing_entities(
+            state,
+            tenant,
+            sp,
+            &self.filters,
+            self.attrs.as_deref(),
+            limit.saturating_add(offset),
+        )
+        .await
     }
 
     /// Runs the listing: the page rendered, and the total count.

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use weft_model::ngsi::registration::Registration;
 use weft_model::ngsi::{render_attr, AttrMap, Entity, NgsiError};
 use weft_pipeline::context::{EntityFilter, ORIGIN};
-use weft_pipeline::forwarding::{ForwardContext, UpdateAnswer};
+use weft_pipeline::forwarding::{ForwardContext, UpdateAnswer, DEFAULT_PAGE, MAX_PAGE};
 use weft_pipeline::registrations::ForwardKind;
 
 use super::now_ms;
@@ -111,11 +111,12 @@ async fn query_provider(
     ctx: &ForwardContext,
     seq: usize,
     body: &Value,
+    limit: Option<usize>,
 ) -> Vec<Entity> {
     let services = &state.services;
     let answer = services
         .forwarder
-        .query(&reg.provider.url, ctx, seq, body)
+        .query(&reg.provider.url, ctx, seq, body, limit)
         .await;
     count_outgoing(ctx, body, answer.is_err());
     services
@@ -174,7 +175,7 @@ pub async fn complete_entity(
         };
         let etype = match_type.clone().or_else(|| registered_type(reg, id));
         let body = query_body(vec![selector(id, etype.as_deref())], attrs.clone());
-        for remote in query_provider(state, tenant, reg, &ctx, seq + 1, &body).await {
+        for remote in query_provider(state, tenant, reg, &ctx, seq + 1, &body, None).await {
             if remote.id != id || etype.as_deref().is_some_and(|t| t != remote.entity_type) {
                 continue;
             }
@@ -287,7 +288,9 @@ fn listing_selectors(reg: &Registration, filter: &EntityFilter) -> Vec<Value> {
 /// `POST /v2/op/query`): each registration accepting queries under the
 /// request's service paths is asked once, for the entities of `filters`
 /// it covers and the attributes of `wanted` it provides (or, when it
-/// provides none of them, `wanted` itself). `q`, `mq` and geo
+/// provides none of them, `wanted` itself), and for `needed` entities
+/// (offset plus limit of the page) when that is more than a provider's
+/// default page. `q`, `mq` and geo
 /// filters are neither forwarded nor applied to what comes back, as in
 /// Orion.
 pub async fn listing_entities(
@@ -296,7 +299,11 @@ pub async fn listing_entities(
     sp: &ServicePath,
     filters: &[EntityFilter],
     wanted: Option<&[String]>,
+    needed: usize,
 ) -> Vec<Entity> {
+    // A page that reaches past the provider's default page asks for
+    // what it needs (a provider's entities come after the local ones).
+    let limit = (needed > DEFAULT_PAGE).then(|| needed.min(MAX_PAGE));
     let now = now_ms();
     let regs: Vec<Registration> = state
         .services
@@ -336,7 +343,7 @@ pub async fn listing_entities(
         };
         seq += 1;
         let body = query_body(selectors, attrs.clone());
-        for remote in query_provider(state, tenant, reg, &ctx, seq, &body).await {
+        for remote in query_provider(state, tenant, reg, &ctx, seq, &body, limit).await {
             let only = attrs.as_deref();
             match found
                 .iter_mut()
