@@ -284,7 +284,7 @@ mod tests {
                 .map(|r| r.id)
                 .collect()
         };
-        assert_eq!(ids(ForwardKind::Query, &[], None), [query.id.clone()]);
+        assert_eq!(ids(ForwardKind::Query, &[], None), vec![query.id.clone()]);
         assert_eq!(ids(ForwardKind::Query, &["/b"], None), Vec::<String>::new());
         assert_eq!(
             ids(ForwardKind::Query, &["/a"], Some("T2")),
@@ -292,7 +292,7 @@ mod tests {
         );
         assert_eq!(
             ids(ForwardKind::Update, &["/"], Some("T1")),
-            [update.id.clone()]
+            vec![update.id.clone()]
         );
         assert!(regs
             .providers("other", &[], "E1", None, ForwardKind::Query, now)

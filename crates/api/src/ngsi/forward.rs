@@ -94,11 +94,11 @@ fn registered_type(reg: &Registration, id: &str) -> Option<String> {
 /// Adds `from`'s attributes that `into` lacks (restricted to `wanted`
 /// when given): the provider's part of an entity.
 fn merge_attrs(into: &mut Entity, from: Entity, wanted: Option<&[String]>) {
-    for (name, attr) in from.attrs.iter() {
-        if into.attrs.contains_key(name) || wanted.is_some_and(|w| !w.iter().any(|a| a == name)) {
+    for (name, attr) in from.attrs {
+        if into.attrs.contains_key(&name) || wanted.is_some_and(|w| !w.contains(&name)) {
             continue;
         }
-        into.attrs.insert(name, attr.clone());
+        into.attrs.insert(name, attr);
     }
 }
 
