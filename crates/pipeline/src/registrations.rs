@@ -178,6 +178,27 @@ impl Registrations {
             .collect()
     }
 
+    /// The registrations of `tenant` under `service_paths` that accept
+    /// queries and have not expired, whatever entities they cover: what a
+    /// listing may forward to. Only those are cloned.
+    pub fn query_providers(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        now: i64,
+    ) -> Vec<Registration> {
+        let tenants = self.tenants.read();
+        let Some(list) = tenants.get(tenant) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter(|r| path_matches(service_paths, &r.service_path))
+            .map(|r| &r.registration)
+            .filter(|r| r.forwards_queries() && r.expires.is_none_or(|e| e > now))
+            .cloned()
+            .collect()
+    }
+
     /// Counts one request forwarded to the provider of registration `id`.
     pub fn record_forward(&self, tenant: &str, id: &str, ok: bool, now: i64) {
         self.forwarding

@@ -102,15 +102,15 @@ async fn write_attrs(
     let etype = params.get("type");
     // An update (not an append or a replace) of attributes the entity
     // lacks goes to the providers registered for them.
-    let forwarded = if op == WriteOp::Patch {
+    let target = Target {
+        tenant: &tenant,
+        sp: &sp,
+        path: &path,
+        id: &id,
+        entity_type: etype,
+    };
+    let forwarded = if op == WriteOp::Patch && super::forward::may_forward_update(&state, &target) {
         let local = local_entity(&state, &tenant, &path, &id, etype)?;
-        let target = Target {
-            tenant: &tenant,
-            sp: &sp,
-            path: &path,
-            id: &id,
-            entity_type: etype,
-        };
         let fwd = super::forward::update(&state, &target, &mut attrs, local.as_ref()).await;
         if fwd.any() && attrs.is_empty() {
             return match fwd.error(&id, etype, false) {
@@ -169,6 +169,9 @@ async fn forward_single(
     name: &str,
     attr: ngsi::Attribute,
 ) -> Result<Option<Response>> {
+    if !super::forward::may_forward_update(state, at) {
+        return Ok(None);
+    }
     let (tenant, path, id, etype) = (at.tenant, at.path, at.id, at.entity_type);
     let local = local_entity(state, tenant, path, id, etype)?;
     if local.as_ref().is_some_and(|e| e.attrs.contains_key(name)) {

@@ -305,14 +305,10 @@ pub async fn listing_entities(
     // what it needs (a provider's entities come after the local ones).
     let limit = (needed > DEFAULT_PAGE).then(|| needed.min(MAX_PAGE));
     let now = now_ms();
-    let regs: Vec<Registration> = state
+    let regs = state
         .services
         .registrations
-        .list(tenant, &sp.for_read())
-        .into_iter()
-        .map(|r| r.registration)
-        .filter(|r| r.forwards_queries() && r.expires.is_none_or(|e| e > now))
-        .collect();
+        .query_providers(tenant, &sp.for_read(), now);
     if regs.is_empty() {
         return Vec::new();
     }
@@ -423,6 +419,24 @@ pub struct Target<'a> {
     pub id: &'a str,
     /// The entity type, when the request gave it.
     pub entity_type: Option<&'a str>,
+}
+
+/// Whether an update of `target` may reach a provider at all: a cheap
+/// look at the registrations, so that updates nobody registered for (the
+/// usual case) cost no extra lookup of the local entity.
+pub fn may_forward_update(state: &AppState, target: &Target<'_>) -> bool {
+    !state
+        .services
+        .registrations
+        .providers(
+            target.tenant,
+            &[target.path.to_string()],
+            target.id,
+            target.entity_type,
+            ForwardKind::Update,
+            now_ms(),
+        )
+        .is_empty()
 }
 
 /// Forwards the attributes of an update of `target` that `local` (the
