@@ -17,7 +17,9 @@
 //!   does not apply it makes the request fail with Orion's texts.
 //!
 //! Providers are contacted one after the other, at most [`MAX_FORWARDS`]
-//! per request, each within the forwarder's timeout; every forward is
+//! per request, all of them within one forwarding timeout (the deadline
+//! of the request's forwarding session), so a request covered by many slow providers
+//! still answers in bounded time; every forward is
 //! counted on its registration (`forwardingInformation`). The HTTP side is
 //! [`weft_pipeline::forwarding`]; this module decides what to send and
 //! merges what comes back.
@@ -26,7 +28,9 @@ use serde_json::{Map, Value};
 use weft_model::ngsi::registration::Registration;
 use weft_model::ngsi::{render_attr, AttrMap, Entity, NgsiError};
 use weft_pipeline::context::{EntityFilter, ORIGIN};
-use weft_pipeline::forwarding::{ForwardContext, UpdateAnswer, DEFAULT_PAGE, MAX_PAGE};
+use weft_pipeline::forwarding::{
+    ForwardContext, ForwardError, UpdateAnswer, DEFAULT_PAGE, MAX_PAGE,
+};
 use weft_pipeline::registrations::ForwardKind;
 
 use super::now_ms;
@@ -38,14 +42,39 @@ use crate::AppState;
 /// turn into an unbounded fan-out.
 pub const MAX_FORWARDS: usize = 100;
 
-/// What forwarded requests repeat of the client's request.
-fn context(sp: &ServicePath) -> ForwardContext {
-    let origin = ORIGIN.try_with(|o| o.clone()).ok();
-    ForwardContext {
-        service: origin.as_ref().and_then(|o| o.service.clone()),
-        service_path: sp.received(),
-        auth_token: origin.as_ref().and_then(|o| o.auth_token.clone()),
-        correlator: origin.map(|o| o.correlator).unwrap_or_default(),
+/// The forwards of one client request: what they repeat of it, and the
+/// deadline they share. A request reaching several slow providers waits
+/// for them one forwarding timeout in all, not one per provider.
+struct Session {
+    /// What forwarded requests repeat of the client's request.
+    ctx: ForwardContext,
+    /// When the last forward of this request must have been answered.
+    deadline: tokio::time::Instant,
+}
+
+impl Session {
+    /// A session for the request being served, starting now.
+    fn start(state: &AppState, sp: &ServicePath) -> Session {
+        let origin = ORIGIN.try_with(|o| o.clone()).ok();
+        Session {
+            ctx: ForwardContext {
+                service: origin.as_ref().and_then(|o| o.service.clone()),
+                service_path: sp.received(),
+                auth_token: origin.as_ref().and_then(|o| o.auth_token.clone()),
+                correlator: origin.map(|o| o.correlator).unwrap_or_default(),
+            },
+            deadline: tokio::time::Instant::now() + state.services.forwarder.timeout(),
+        }
+    }
+
+    /// Runs one forward within what is left of the session's time.
+    async fn within<T>(
+        &self,
+        forward: impl std::future::Future<Output = Result<T, ForwardError>>,
+    ) -> Result<T, ForwardError> {
+        tokio::time::timeout_at(self.deadline, forward)
+            .await
+            .unwrap_or_else(|_| Err(ForwardError::Unreachable("Timeout was reached".into())))
     }
 }
 
@@ -108,17 +137,17 @@ async fn query_provider(
     state: &AppState,
     tenant: &str,
     reg: &Registration,
-    ctx: &ForwardContext,
+    session: &Session,
     seq: usize,
     body: &Value,
     limit: Option<usize>,
 ) -> Vec<Entity> {
     let services = &state.services;
-    let answer = services
+    let forward = services
         .forwarder
-        .query(&reg.provider.url, ctx, seq, body, limit)
-        .await;
-    count_outgoing(ctx, body, answer.is_err());
+        .query(&reg.provider.url, &session.ctx, seq, body, limit);
+    let answer = session.within(forward).await;
+    count_outgoing(&session.ctx, body, answer.is_err());
     services
         .registrations
         .record_forward(tenant, &reg.id, answer.is_ok(), now_ms());
@@ -156,7 +185,7 @@ pub async fn complete_entity(
     if regs.is_empty() {
         return local;
     }
-    let ctx = context(sp);
+    let session = Session::start(state, sp);
     let mut merged = local;
     for (seq, reg) in regs.iter().take(MAX_FORWARDS).enumerate() {
         let attrs = match reg.provided(wanted) {
@@ -175,7 +204,7 @@ pub async fn complete_entity(
         };
         let etype = match_type.clone().or_else(|| registered_type(reg, id));
         let body = query_body(vec![selector(id, etype.as_deref())], attrs.clone());
-        for remote in query_provider(state, tenant, reg, &ctx, seq + 1, &body, None).await {
+        for remote in query_provider(state, tenant, reg, &session, seq + 1, &body, None).await {
             if remote.id != id || etype.as_deref().is_some_and(|t| t != remote.entity_type) {
                 continue;
             }
@@ -312,7 +341,7 @@ pub async fn listing_entities(
     if regs.is_empty() {
         return Vec::new();
     }
-    let ctx = context(sp);
+    let session = Session::start(state, sp);
     let mut found: Vec<Entity> = Vec::new();
     let mut seq = 0;
     for reg in &regs {
@@ -339,7 +368,7 @@ pub async fn listing_entities(
         };
         seq += 1;
         let body = query_body(selectors, attrs.clone());
-        for remote in query_provider(state, tenant, reg, &ctx, seq, &body, limit).await {
+        for remote in query_provider(state, tenant, reg, &session, seq, &body, limit).await {
             let only = attrs.as_deref();
             match found
                 .iter_mut()
@@ -502,7 +531,7 @@ pub async fn update(
         }
         outcome.sent.push(name);
     }
-    let ctx = context(sp);
+    let session = Session::start(state, sp);
     for (seq, (at, batch)) in batches.into_iter().take(MAX_FORWARDS).enumerate() {
         let reg = &regs[at];
         let etype = match_type.clone().or_else(|| registered_type(reg, id));
@@ -513,13 +542,14 @@ pub async fn update(
         let names: Vec<String> = batch.keys().cloned().collect();
         entity.extend(batch);
         let body = serde_json::json!({"actionType": "update", "entities": [Value::Object(entity)]});
-        let answer = state
-            .services
-            .forwarder
-            .update(&reg.provider.url, &ctx, seq + 1, &body)
-            .await;
+        let forward =
+            state
+                .services
+                .forwarder
+                .update(&reg.provider.url, &session.ctx, seq + 1, &body);
+        let answer = session.within(forward).await;
         let ok = matches!(answer, Ok(UpdateAnswer::Applied));
-        count_outgoing(&ctx, &body, answer.is_err());
+        count_outgoing(&session.ctx, &body, answer.is_err());
         state
             .services
             .registrations
