@@ -26,6 +26,9 @@
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
+//! - `ngsi_forwarding`: queries and updates forwarded to a second weft
+//!   registered as context provider; dead and silent providers; Orion's
+//!   operational endpoints.
 //! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;
@@ -39,6 +42,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod ngsi;
+mod ngsi_forwarding;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;

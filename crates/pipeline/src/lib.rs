@@ -28,6 +28,7 @@ pub mod context;
 pub mod decode;
 pub mod entity;
 pub mod filter;
+pub mod forwarding;
 pub mod history;
 pub mod ingest;
 pub mod keys;

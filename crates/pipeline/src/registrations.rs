@@ -1,18 +1,20 @@
 //! NGSI registrations (`/v2/registrations`): context providers announced
 //! to the broker, kept per tenant and persisted through the store.
 //!
-//! weft stores and lists registrations as Orion does but forwards nothing
-//! to the providers, so nothing on the hot path reads them: they live in
-//! memory per tenant, in creation order (Orion lists them by id, which
-//! grows with time), and every create or delete is committed to the store
-//! before it is acknowledged.
+//! They live in memory per tenant, in creation order (Orion lists them by
+//! id, which grows with time), and every create or delete is committed to
+//! the store before it is acknowledged. Queries and updates look up the
+//! registrations covering an entity ([`Registrations::providers`]) to
+//! forward to them (see [`crate::forwarding`]); what each forward did is
+//! counted here ([`Registrations::record_forward`]), in memory only: the
+//! counters start again at zero after a restart.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use weft_model::ngsi::registration::{not_found, Registration};
+use weft_model::ngsi::registration::{not_found, ForwardingInfo, Registration};
 use weft_model::ngsi::NgsiError;
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
@@ -35,6 +37,19 @@ pub struct Registrations {
     /// Tenant → its registrations, sorted by `created`.
     tenants: RwLock<HashMap<String, Vec<StoredRegistration>>>,
     next_created: AtomicU64,
+    /// (tenant, registration id) → what forwarding to it did. Kept apart
+    /// from the registrations so a forward never takes their write lock.
+    forwarding: parking_lot::Mutex<HashMap<(String, String), ForwardingInfo>>,
+}
+
+/// Which kind of request is being forwarded: a registration may accept
+/// one and not the other (`supportedForwardingMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// A query (`POST <provider>/op/query`).
+    Query,
+    /// An update (`POST <provider>/op/update`).
+    Update,
 }
 
 impl Registrations {
@@ -69,6 +84,7 @@ impl Registrations {
             store,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
+            forwarding: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -131,6 +147,75 @@ impl Registrations {
             .ok_or_else(not_found)
     }
 
+    /// The registrations of `tenant` reached by a request under
+    /// `service_paths` (as [`Registrations::list`] reads them) about the
+    /// entity `id` (of `entity_type`, when known) that accept `kind`, in
+    /// creation order. Expired registrations are left out; inactive ones
+    /// are not, as in Orion.
+    pub fn providers(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+        kind: ForwardKind,
+        now: i64,
+    ) -> Vec<Registration> {
+        let tenants = self.tenants.read();
+        let Some(list) = tenants.get(tenant) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter(|r| path_matches(service_paths, &r.service_path))
+            .map(|r| &r.registration)
+            .filter(|r| r.expires.is_none_or(|e| e > now))
+            .filter(|r| match kind {
+                ForwardKind::Query => r.forwards_queries(),
+                ForwardKind::Update => r.forwards_updates(),
+            })
+            .filter(|r| r.covers(id, entity_type))
+            .cloned()
+            .collect()
+    }
+
+    /// The registrations of `tenant` under `service_paths` that accept
+    /// queries and have not expired, whatever entities they cover: what a
+    /// listing may forward to. Only those are cloned.
+    pub fn query_providers(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        now: i64,
+    ) -> Vec<Registration> {
+        let tenants = self.tenants.read();
+        let Some(list) = tenants.get(tenant) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter(|r| path_matches(service_paths, &r.service_path))
+            .map(|r| &r.registration)
+            .filter(|r| r.forwards_queries() && r.expires.is_none_or(|e| e > now))
+            .cloned()
+            .collect()
+    }
+
+    /// Counts one request forwarded to the provider of registration `id`.
+    pub fn record_forward(&self, tenant: &str, id: &str, ok: bool, now: i64) {
+        self.forwarding
+            .lock()
+            .entry((tenant.to_string(), id.to_string()))
+            .or_default()
+            .record(ok, now);
+    }
+
+    /// What forwarding to registration `id` of `tenant` did so far.
+    pub fn forwarding_info(&self, tenant: &str, id: &str) -> Option<ForwardingInfo> {
+        self.forwarding
+            .lock()
+            .get(&(tenant.to_string(), id.to_string()))
+            .cloned()
+    }
+
     /// Deletes the registration of `tenant` with `id`, whatever its
     /// service path; 404 if none. Answered once the store has committed.
     pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), NgsiError> {
@@ -148,6 +233,9 @@ impl Registrations {
                 list.len() < before
             })
         };
+        self.forwarding
+            .lock()
+            .remove(&(tenant.to_string(), id.to_string()));
         if existed || removed {
             Ok(())
         } else {
@@ -180,6 +268,65 @@ mod tests {
             "provider": {"http": {"url": "http://localhost:1028/v2"}}
         });
         Registration::parse(&body, new_id()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn providers_are_found_by_entity_path_mode_and_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
+                path: dir.path().join("weft.db"),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let regs = Registrations::load(store).await.unwrap();
+        let with = |mode: &str, expires: Option<&str>| {
+            let mut body = json!({
+                "dataProvided": {"entities": [{"id": "E1", "type": "T1"}]},
+                "provider": {"http": {"url": "http://cp"}, "supportedForwardingMode": mode}
+            });
+            if let Some(e) = expires {
+                body["expires"] = json!(e);
+            }
+            Registration::parse(&body, new_id()).unwrap()
+        };
+        let query = with("query", None);
+        let update = with("update", None);
+        let expired = with("all", Some("2001-01-01T00:00:00Z"));
+        regs.create("", "/a", query.clone()).await.unwrap();
+        regs.create("", "/", update.clone()).await.unwrap();
+        regs.create("", "/", expired).await.unwrap();
+        let now = 1_700_000_000_000;
+        let ids = |kind, paths: &[&str], t: Option<&str>| -> Vec<String> {
+            let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+            regs.providers("", &paths, "E1", t, kind, now)
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(ids(ForwardKind::Query, &[], None), vec![query.id.clone()]);
+        assert_eq!(ids(ForwardKind::Query, &["/b"], None), Vec::<String>::new());
+        assert_eq!(
+            ids(ForwardKind::Query, &["/a"], Some("T2")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            ids(ForwardKind::Update, &["/"], Some("T1")),
+            vec![update.id.clone()]
+        );
+        assert!(regs
+            .providers("other", &[], "E1", None, ForwardKind::Query, now)
+            .is_empty());
+
+        assert_eq!(regs.forwarding_info("", &query.id), None);
+        regs.record_forward("", &query.id, true, 5);
+        regs.record_forward("", &query.id, false, 6);
+        let info = regs.forwarding_info("", &query.id).unwrap();
+        assert_eq!((info.times_sent, info.times_failed), (2, 1));
+        assert_eq!((info.last_success, info.last_failure), (Some(5), Some(6)));
+        regs.delete("", &query.id).await.unwrap();
+        assert_eq!(regs.forwarding_info("", &query.id), None);
     }
 
     #[tokio::test]

@@ -42,6 +42,8 @@ pub struct ServicesConfig {
     pub rules: RulesConfig,
     /// Durable channels' tuning.
     pub channels: ChannelsConfig,
+    /// How long a context provider has to answer a forwarded request.
+    pub forward_timeout: Duration,
 }
 
 impl Default for ServicesConfig {
@@ -56,6 +58,7 @@ impl Default for ServicesConfig {
             },
             rules: RulesConfig::default(),
             channels: ChannelsConfig::default(),
+            forward_timeout: crate::forwarding::DEFAULT_TIMEOUT,
         }
     }
 }
@@ -73,6 +76,8 @@ pub struct Services {
     pub context: Arc<Context>,
     /// The NGSI registrations of every tenant.
     pub registrations: Arc<Registrations>,
+    /// Sends queries and updates to registered context providers.
+    pub forwarder: Arc<crate::forwarding::Forwarder>,
     /// The NGSI subscriptions of every tenant, and their notifications.
     pub subscriptions: Arc<Subscriptions>,
     /// The history recorder and its retention.
@@ -158,6 +163,7 @@ impl Services {
             catalog,
             context,
             registrations,
+            forwarder: Arc::new(crate::forwarding::Forwarder::new(config.forward_timeout)),
             subscriptions,
             history,
             rules,

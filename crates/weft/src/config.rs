@@ -192,11 +192,18 @@ pub struct NgsiSection {
     /// one tenant for every request, as an Orion started without that
     /// flag, and the header is only passed on to notifications.
     pub multiservice: bool,
+    /// How long a registered context provider has to answer a forwarded
+    /// query or update (Orion's `-httpTimeout`, 5 s by default).
+    #[serde(with = "humantime_serde")]
+    pub forward_timeout: Duration,
 }
 
 impl Default for NgsiSection {
     fn default() -> Self {
-        NgsiSection { multiservice: true }
+        NgsiSection {
+            multiservice: true,
+            forward_timeout: weft_pipeline::forwarding::DEFAULT_TIMEOUT,
+        }
     }
 }
 

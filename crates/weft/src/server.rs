@@ -283,6 +283,7 @@ fn services_config(config: &Config) -> ServicesConfig {
             script_time_limit: config.rules.script_time_limit,
             inactivity_check: config.rules.inactivity_check,
         },
+        forward_timeout: config.ngsi.forward_timeout,
     }
 }
 

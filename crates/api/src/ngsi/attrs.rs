@@ -14,6 +14,7 @@ use serde_json::Value;
 use weft_model::ngsi::{self, render_attr, NgsiError};
 
 use super::entities::render_entity;
+use super::forward::Target;
 
 use super::error::{Error, Result};
 use super::params::{content_type, json_attrs_body, json_body, Params};
@@ -32,14 +33,20 @@ pub async fn get_attrs(
 ) -> Result<Response> {
     check_segment(&id)?;
     let options = params.options()?;
-    let found = state
-        .services
-        .context
-        .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
+    let entity = super::forward::retrieve(
+        &state,
+        &tenant,
+        &sp,
+        &id,
+        params.get("type"),
+        attrs.as_deref(),
+        options.skip_forwarding,
+    )
+    .await?;
     let mut body = render_entity(
-        &found,
+        &entity,
         options.format(),
         options.attrs_with_dates(attrs).as_deref(),
         metadata.as_deref(),
@@ -93,6 +100,28 @@ async fn write_attrs(
     let opts = options.update();
     let now = now_ms();
     let etype = params.get("type");
+    // An update (not an append or a replace) of attributes the entity
+    // lacks goes to the providers registered for them.
+    let target = Target {
+        tenant: &tenant,
+        sp: &sp,
+        path: &path,
+        id: &id,
+        entity_type: etype,
+    };
+    let forwarded = if op == WriteOp::Patch && super::forward::may_forward_update(&state, &target) {
+        let local = local_entity(&state, &tenant, &path, &id, etype)?;
+        let fwd = super::forward::update(&state, &target, &mut attrs, local.as_ref()).await;
+        if fwd.any() && attrs.is_empty() {
+            return match fwd.error(&id, etype, false) {
+                Some(e) => Err(e.into()),
+                None => Ok(StatusCode::NO_CONTENT.into_response()),
+            };
+        }
+        fwd
+    } else {
+        super::forward::ForwardedUpdate::default()
+    };
     let outcome = state
         .services
         .context
@@ -105,7 +134,59 @@ async fn write_attrs(
     if let Some(err) = check.and_then(|check| check(&outcome, &id, etype)) {
         return Err(err.into());
     }
+    if let Some(err) = forwarded.error(&id, etype, true) {
+        return Err(err.into());
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The entity an update addresses, if it exists locally (409 and other
+/// errors than 404 are returned as they are).
+fn local_entity(
+    state: &AppState,
+    tenant: &str,
+    path: &str,
+    id: &str,
+    etype: Option<&str>,
+) -> Result<Option<ngsi::Entity>> {
+    match state
+        .services
+        .context
+        .get(tenant, &[path.to_string()], id, etype)
+    {
+        Ok(found) => Ok(Some(found.entity)),
+        Err(e) if e.status == 404 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Forwards a single-attribute write (`PUT …/attrs/{a}`, `…/value`) when
+/// the attribute is not local and a registration provides it: `Some` with
+/// the answer to give, `None` to apply it locally.
+async fn forward_single(
+    state: &AppState,
+    at: &Target<'_>,
+    name: &str,
+    attr: ngsi::Attribute,
+) -> Result<Option<Response>> {
+    if !super::forward::may_forward_update(state, at) {
+        return Ok(None);
+    }
+    let (tenant, path, id, etype) = (at.tenant, at.path, at.id, at.entity_type);
+    let local = local_entity(state, tenant, path, id, etype)?;
+    if local.as_ref().is_some_and(|e| e.attrs.contains_key(name)) {
+        return Ok(None);
+    }
+    let mut attrs = ngsi::AttrMap::new();
+    attrs.insert(name, attr);
+    let fwd = super::forward::update(state, at, &mut attrs, local.as_ref()).await;
+    if !fwd.any() {
+        return Ok(None);
+    }
+    match fwd.error(id, etype, false) {
+        Some(e) => Err(e.into()),
+        None => Ok(Some(StatusCode::NO_CONTENT.into_response())),
+    }
 }
 
 /// Orion's "Update or Append Entity Attributes" (`POST
@@ -200,11 +281,18 @@ pub async fn get_attr(
 ) -> Result<Response> {
     check_segment(&id)?;
     check_segment(&name)?;
-    let found = state
-        .services
-        .context
-        .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
-    let attr = found
+    let options = params.options()?;
+    let entity = super::forward::retrieve(
+        &state,
+        &tenant,
+        &sp,
+        &id,
+        params.get("type"),
+        Some(std::slice::from_ref(&name)),
+        options.skip_forwarding,
+    )
+    .await?;
+    let attr = entity
         .entity
         .attrs
         .get(&name)
@@ -229,6 +317,23 @@ pub async fn put_attr(
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
     let mut attr = ngsi::parse_attr(&name, &value)?;
+    let etype = params.get("type");
+    if let Some(answer) = forward_single(
+        &state,
+        &Target {
+            tenant: &tenant,
+            sp: &sp,
+            path: &path,
+            id: &id,
+            entity_type: etype,
+        },
+        &name,
+        attr.clone(),
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     let opts = options.update();
     let now = now_ms();
     state
@@ -283,17 +388,24 @@ pub async fn get_value(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("*/*");
     let text_only = preferred(accept, true) == Some(Media::Text);
-    let lookup = || -> Result<ngsi::Attribute> {
+    let lookup = async {
         check_segment(&id)?;
         check_segment(&name)?;
-        let found = state
-            .services
-            .context
-            .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
-        let attr = found.entity.attrs.get(&name).cloned();
-        Ok(attr.ok_or_else(NgsiError::attribute_not_found)?)
+        let options = params.options()?;
+        let entity = super::forward::retrieve(
+            &state,
+            &tenant,
+            &sp,
+            &id,
+            params.get("type"),
+            Some(std::slice::from_ref(&name)),
+            options.skip_forwarding,
+        )
+        .await?;
+        let attr = entity.entity.attrs.get(&name).cloned();
+        Ok::<_, Error>(attr.ok_or_else(NgsiError::attribute_not_found)?)
     };
-    let attr = match lookup() {
+    let attr = match lookup.await {
         Ok(a) => a,
         // Orion labels its (JSON) error text/plain when the client only
         // takes text.
@@ -384,6 +496,26 @@ pub async fn put_value(
         }
         _ => json_body(&headers, &body)?,
     };
+    let etype = params.get("type");
+    // The provider gets the value with the type a new attribute of it
+    // would have.
+    let as_attr = ngsi::parse_attr(&name, &serde_json::json!({ "value": value.clone() }))?;
+    if let Some(answer) = forward_single(
+        &state,
+        &Target {
+            tenant: &tenant,
+            sp: &sp,
+            path: &path,
+            id: &id,
+            entity_type: etype,
+        },
+        &name,
+        as_attr,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     let opts = options.update();
     let now = now_ms();
     state

@@ -80,7 +80,7 @@ pub async fn notify(
     }
     let opts = options.update();
     for item in items {
-        apply(&state, &tenant, &path, Action::Append, item, opts).await?;
+        apply(&state, &tenant, &sp, &path, Action::Append, item, opts).await?;
     }
     Ok(StatusCode::OK.into_response())
 }
@@ -161,7 +161,7 @@ pub async fn update(
     for item in items {
         let label_type = item.typed.then(|| item.entity.entity_type.clone());
         let id = item.entity.id.clone();
-        match apply(&state, &tenant, &path, action, item, opts).await? {
+        match apply(&state, &tenant, &sp, &path, action, item, opts).await? {
             None => {
                 applied = true;
                 all_missing = false;
@@ -242,13 +242,16 @@ fn parse_item(e: &Value, action: Action, key_values: bool) -> Result<Item> {
     })
 }
 
-/// Applies the action to one entity: `None` when it fully succeeded.
+/// Applies the action to one entity: `None` when it fully succeeded. An
+/// `update` of attributes the entity lacks locally goes to the context
+/// providers registered for them (see [`super::forward::update`]).
 async fn apply(
     state: &AppState,
     tenant: &str,
+    sp: &ServicePath,
     path: &str,
     action: Action,
-    item: Item,
+    mut item: Item,
     opts: UpdateOptions,
 ) -> Result<Option<Failure>> {
     let context = &state.services.context;
@@ -256,11 +259,30 @@ async fn apply(
     let id = item.entity.id.clone();
     let etype = item.typed.then(|| item.entity.entity_type.clone());
     let now = now_ms();
-    let exists = match context.get(tenant, &paths, &id, etype.as_deref()) {
-        Ok(_) => true,
-        Err(e) if e.status == 404 => false,
+    let local = match context.get(tenant, &paths, &id, etype.as_deref()) {
+        Ok(found) => Some(found.entity),
+        Err(e) if e.status == 404 => None,
         Err(e) => return Err(e.into()),
     };
+    let exists = local.is_some();
+    let forwarded = if action == Action::Update {
+        let target = super::forward::Target {
+            tenant,
+            sp,
+            path,
+            id: &id,
+            entity_type: etype.as_deref(),
+        };
+        super::forward::update(state, &target, &mut item.entity.attrs, local.as_ref()).await
+    } else {
+        super::forward::ForwardedUpdate::default()
+    };
+    if forwarded.any() && item.entity.attrs.is_empty() {
+        let applied = forwarded.failed.len() < forwarded.sent.len();
+        return Ok(
+            (!forwarded.failed.is_empty()).then_some(Failure::Attrs(forwarded.failed, applied))
+        );
+    }
     if !exists {
         return match action {
             Action::Append | Action::AppendStrict => {
@@ -341,7 +363,9 @@ async fn apply(
                 .failed
         }
     };
-    let some_applied = failed.len() < requested;
+    let some_applied = failed.len() < requested || forwarded.failed.len() < forwarded.sent.len();
+    let mut failed = failed;
+    failed.extend(forwarded.failed);
     Ok((!failed.is_empty()).then_some(Failure::Attrs(failed, some_applied)))
 }
 
@@ -433,7 +457,8 @@ pub async fn query(
         page: params.paging()?,
         options: params.options()?,
     };
-    let (body, total) = listing.run(&state, &tenant);
+    let remote = listing.forwarded(&state, &tenant, &sp).await;
+    let (body, total) = listing.run_with(&state, &tenant, remote);
     Ok(listing_response(
         body,
         listing.options.count.then_some(total),

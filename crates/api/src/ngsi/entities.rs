@@ -104,8 +104,45 @@ impl Listing {
         })
     }
 
+    /// What the registered context providers give for this listing
+    /// (nothing with `options=skipForwarding`); see
+    /// [`super::forward::listing_entities`].
+    pub async fn forwarded(
+        &self,
+        state: &AppState,
+        tenant: &str,
+        sp: &ServicePath,
+    ) -> Vec<ngsi::Entity> {
+        if self.options.skip_forwarding {
+            return Vec::new();
+        }
+        let (limit, offset) = self.page;
+        super::forward::listing_entities(
+            state,
+            tenant,
+            sp,
+            &self.filters,
+            self.attrs.as_deref(),
+            limit.saturating_add(offset),
+        )
+        .await
+    }
+
     /// Runs the listing: the page rendered, and the total count.
     pub fn run(&self, state: &AppState, tenant: &str) -> (Value, usize) {
+        self.run_with(state, tenant, Vec::new())
+    }
+
+    /// Runs the listing over the local entities and `remote` (from
+    /// context providers): a remote entity adds the attributes a local
+    /// one of the same id and type lacks, or is listed after the local
+    /// ones. Ordering and paging span both.
+    pub fn run_with(
+        &self,
+        state: &AppState,
+        tenant: &str,
+        remote: Vec<ngsi::Entity>,
+    ) -> (Value, usize) {
         let context = &state.services.context;
         let mut found = match self.filters.as_slice() {
             [one] => context.query(tenant, one),
@@ -122,6 +159,25 @@ impl Listing {
                 all
             }
         };
+        for entity in remote {
+            match found
+                .iter_mut()
+                .find(|e| e.entity.id == entity.id && e.entity.entity_type == entity.entity_type)
+            {
+                Some(local) => {
+                    for (name, attr) in entity.attrs.iter() {
+                        if !local.entity.attrs.contains_key(name) {
+                            local.entity.attrs.insert(name, attr.clone());
+                        }
+                    }
+                }
+                None => found.push(StoredEntity {
+                    service_path: "/".to_string(),
+                    entity,
+                    created: u64::MAX,
+                }),
+            }
+        }
         self.sort(&mut found);
         let total = found.len();
         let (limit, offset) = self.page;
@@ -262,7 +318,8 @@ pub async fn list(
     params: Params,
 ) -> Result<Response> {
     let listing = Listing::from_params(&params, sp.for_read())?;
-    let (body, total) = listing.run(&state, &tenant);
+    let remote = listing.forwarded(&state, &tenant, &sp).await;
+    let (body, total) = listing.run_with(&state, &tenant, remote);
     Ok(listing_response(
         body,
         listing.options.count.then_some(total),
@@ -337,12 +394,18 @@ pub async fn retrieve(
     let options = params.options()?;
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
-    let found = state
-        .services
-        .context
-        .get(&tenant, &sp.for_read(), &id, params.get("type"))?;
+    let entity = super::forward::retrieve(
+        &state,
+        &tenant,
+        &sp,
+        &id,
+        params.get("type"),
+        attrs.as_deref(),
+        options.skip_forwarding,
+    )
+    .await?;
     let body = render_entity(
-        &found,
+        &entity,
         options.format(),
         options.attrs_with_dates(attrs).as_deref(),
         metadata.as_deref(),

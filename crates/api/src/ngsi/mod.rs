@@ -12,10 +12,13 @@
 //! One file per route group: [`entities`], [`attrs`], [`types`],
 //! [`batch`], [`subscriptions`], [`registrations`].
 
+pub mod admin;
 pub mod attrs;
 pub mod batch;
 pub mod entities;
 pub mod error;
+pub mod forward;
+pub mod metrics;
 pub mod params;
 pub mod registrations;
 pub mod subscriptions;
@@ -60,6 +63,7 @@ static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
 /// the fallback of the other surfaces, so it also answers unknown paths
 /// (Orion's "Service not found").
 pub fn service(state: AppState) -> Surface {
+    admin::started();
     Surface {
         routes: routes().fallback(fallback).with_state(state),
     }
@@ -106,12 +110,26 @@ impl Service<Request> for Surface {
         }
         crate::limit_body(&mut req);
         let origin = origin(req.headers(), &correlator);
+        let counted = counted_as(req.headers());
+        let started = std::time::Instant::now();
         let routed = ORIGIN.scope(origin, self.routes.call(req));
         Box::pin(async move {
             let resp = match routed.await {
                 Ok(resp) => resp,
                 Err(never) => match never {},
             };
+            if let Some((keys, request_bytes)) = counted {
+                use axum::body::HttpBody;
+                let response_bytes = resp.body().size_hint().exact().unwrap_or(0);
+                let error = resp.status().as_u16() >= 400;
+                metrics::record_incoming(
+                    &keys,
+                    request_bytes,
+                    response_bytes,
+                    error,
+                    started.elapsed(),
+                );
+            }
             Ok(finish(resp, correlator))
         })
     }
@@ -128,6 +146,46 @@ fn routes() -> Router<AppState> {
     Router::new()
         .route("/version", verbs("GET", get(version)))
         .route("/v2", verbs("GET", get(entry_point)))
+        .route(
+            "/statistics",
+            verbs(
+                "GET, DELETE",
+                get(admin::statistics).delete(admin::reset_statistics),
+            ),
+        )
+        .route(
+            "/cache/statistics",
+            verbs(
+                "GET, DELETE",
+                get(admin::cache_statistics).delete(admin::reset_cache_statistics),
+            ),
+        )
+        .route(
+            "/admin/log",
+            verbs("GET, PUT", get(admin::get_log).put(admin::put_log)),
+        )
+        .route("/admin/sem", verbs("GET", get(admin::semaphores)))
+        .route(
+            "/admin/metrics",
+            verbs(
+                "GET, DELETE",
+                get(admin::get_metrics).delete(admin::reset_metrics),
+            ),
+        )
+        .route(
+            "/log/trace",
+            verbs(
+                "GET, DELETE",
+                get(admin::get_trace).delete(admin::delete_trace),
+            ),
+        )
+        .route(
+            "/log/trace/{levels}",
+            verbs(
+                "PUT, DELETE",
+                axum::routing::put(admin::put_trace).delete(admin::delete_trace),
+            ),
+        )
         .route(
             "/v2/entities",
             verbs("GET, POST", get(entities::list).post(entities::create)),
@@ -234,15 +292,13 @@ async fn entry_point() -> Response {
 /// Orion's `GET /version`: the Orion release mirrored, plus weft's own
 /// build in `git_hash`/`compiled_by`.
 async fn version() -> Response {
-    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     thread_local! {
         /// The body last rendered on this thread, and the uptime second it
         /// is for: monitors poll `/version`, and only the uptime changes.
         static RENDERED: std::cell::RefCell<(u64, Bytes)> =
             const { std::cell::RefCell::new((u64::MAX, Bytes::new())) };
     }
-    let started = *STARTED.get_or_init(std::time::Instant::now);
-    let secs = started.elapsed().as_secs();
+    let secs = admin::started().elapsed().as_secs();
     let body = RENDERED.with_borrow_mut(|(at, body)| {
         if *at != secs {
             *at = secs;
@@ -294,6 +350,19 @@ fn correlator(headers: &HeaderMap) -> HeaderValue {
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
         .expect("a UUID is a valid header value")
+}
+
+/// Where `/admin/metrics` counts a request (service, subservice) and its
+/// body size; `None` when its tenant or service path is invalid.
+fn counted_as(headers: &HeaderMap) -> Option<(metrics::Keys, u64)> {
+    let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let keys = metrics::keys(text(&FIWARE_SERVICE), text(&FIWARE_SERVICEPATH))?;
+    let size = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some((keys, size))
 }
 
 /// What notifications triggered by this request repeat of it.

@@ -101,11 +101,8 @@ impl Params {
                 "noAttrDetail" => o.no_attr_detail = true,
                 "dateCreated" => o.date_created = true,
                 "dateModified" => o.date_modified = true,
-                "skipForwarding"
-                | "normalized"
-                | "flowControl"
-                | "skipInitialNotification"
-                | "fullCounters" => {}
+                "skipForwarding" => o.skip_forwarding = true,
+                "normalized" | "flowControl" | "skipInitialNotification" | "fullCounters" => {}
                 _ => return Err(Error::bad_request("Invalid value for URI param /options/")),
             }
         }
@@ -168,6 +165,8 @@ pub struct Options {
     pub date_created: bool,
     /// `dateModified`: likewise for the builtin `dateModified`.
     pub date_modified: bool,
+    /// `skipForwarding`: a query answers from local entities only.
+    pub skip_forwarding: bool,
 }
 
 impl Options {

@@ -1,6 +1,7 @@
 //! Orion's registrations (`/v2/registrations`, `/v2/registrations/{id}`):
-//! stored and listed as Orion 3.10 does, without forwarding requests to
-//! the registered providers.
+//! stored and listed as Orion 3.10 does, with the counters of what was
+//! forwarded to their providers (`forwardingInformation`; forwarding
+//! itself is [`super::forward`]).
 //!
 //! Like Orion 3.10, the item route serves GET and DELETE only (Orion never
 //! implemented `PATCH /v2/registrations/{id}`; it answers 405), and an id
@@ -32,12 +33,16 @@ pub async fn list(
     let options = params.options()?;
     // Orion filters registrations by the first service path only.
     let paths: Vec<String> = sp.for_read().into_iter().take(1).collect();
-    let found = state.services.registrations.list(&tenant, &paths);
+    let registrations = &state.services.registrations;
+    let found = registrations.list(&tenant, &paths);
     let page: Vec<Value> = found
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|r| r.registration.render())
+        .map(|r| {
+            let info = registrations.forwarding_info(&tenant, &r.registration.id);
+            r.registration.render_with(info.as_ref())
+        })
         .collect();
     Ok(listing_response(
         Value::Array(page),
@@ -78,8 +83,10 @@ pub async fn retrieve(
     _params: Params,
     Path(id): Path<String>,
 ) -> Result<Response> {
-    let found = state.services.registrations.get(&tenant, &normalize(id))?;
-    Ok(axum::Json(found.registration.render()).into_response())
+    let registrations = &state.services.registrations;
+    let found = registrations.get(&tenant, &normalize(id))?;
+    let info = registrations.forwarding_info(&tenant, &found.registration.id);
+    Ok(axum::Json(found.registration.render_with(info.as_ref())).into_response())
 }
 
 /// Orion's "Delete Registration" (`DELETE /v2/registrations/{id}`): 204.

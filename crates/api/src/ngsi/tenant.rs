@@ -142,6 +142,12 @@ fn parse_one(path: &str) -> Result<String, Error> {
 }
 
 impl ServicePath {
+    /// The header as received (its paths joined by `,`), which forwarded
+    /// requests repeat; `None` when the request had none.
+    pub fn received(&self) -> Option<String> {
+        self.0.as_ref().map(|paths| paths.join(","))
+    }
+
     /// The paths a read covers, as the context's filter wants them (`/#`
     /// and `/x/#` are subtrees; empty means everything).
     pub fn for_read(&self) -> Vec<String> {

@@ -2,10 +2,13 @@
 //! client announces for some entities and attributes, parsed with Orion's
 //! validation and error texts and rendered back as Orion renders them.
 //!
-//! weft stores and lists registrations; it does not forward queries or
-//! updates to the providers. A [`Registration`] is therefore pure data:
-//! what is provided ([`RegisteredEntity`]s and attribute names), by whom
-//! ([`Provider`]) and its life cycle (`expires`, [`Status`]).
+//! A [`Registration`] is pure data: what is provided
+//! ([`RegisteredEntity`]s and attribute names), by whom ([`Provider`]) and
+//! its life cycle (`expires`, [`Status`]). Which registrations a request
+//! reaches ([`Registration::covers`], [`Registration::provided`]) is
+//! decided here too; sending the request is the pipeline's forwarding.
+//! What forwarding did is counted in a [`ForwardingInfo`], rendered as
+//! `forwardingInformation`.
 //!
 //! What Orion 3.10 accepts, and so what this parser accepts:
 //! - entities by `id` or `idPattern`, with an optional `type`; an
@@ -109,7 +112,7 @@ impl ForwardingMode {
 }
 
 /// A registration's `status`. Orion stores it but forwards to inactive
-/// registrations too; weft forwards to none, so it is informative here.
+/// registrations too, and so does weft: it is informative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     /// The default.
@@ -125,6 +128,54 @@ impl Status {
             Status::Active => "active",
             Status::Inactive => "inactive",
         }
+    }
+}
+
+/// What forwarding to a registration's provider did, shown as
+/// `forwardingInformation`: clients read it to tell a provider that
+/// answers from one that fails.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardingInfo {
+    /// Requests forwarded (`timesSent`).
+    pub times_sent: u64,
+    /// Requests the provider did not answer usefully (weft's count of
+    /// failures; not rendered, Orion has no such field).
+    pub times_failed: u64,
+    /// When the last request was forwarded (epoch ms).
+    pub last_forwarding: Option<i64>,
+    /// When the provider last answered usefully (epoch ms).
+    pub last_success: Option<i64>,
+    /// When the provider last failed (epoch ms).
+    pub last_failure: Option<i64>,
+}
+
+impl ForwardingInfo {
+    /// Counts one forwarded request at `now`, successful or not.
+    pub fn record(&mut self, ok: bool, now: i64) {
+        self.times_sent += 1;
+        self.last_forwarding = Some(now);
+        if ok {
+            self.last_success = Some(now);
+        } else {
+            self.times_failed += 1;
+            self.last_failure = Some(now);
+        }
+    }
+
+    /// `{"timesSent", "lastForwarding", "lastSuccess"?, "lastFailure"?}`.
+    pub fn render(&self) -> Value {
+        let mut out = Map::new();
+        out.insert("timesSent".into(), self.times_sent.into());
+        if let Some(t) = self.last_forwarding {
+            out.insert("lastForwarding".into(), format_datetime(t).into());
+        }
+        if let Some(t) = self.last_success {
+            out.insert("lastSuccess".into(), format_datetime(t).into());
+        }
+        if let Some(t) = self.last_failure {
+            out.insert("lastFailure".into(), format_datetime(t).into());
+        }
+        Value::Object(out)
     }
 }
 
@@ -209,9 +260,15 @@ impl Registration {
 
     /// Orion's rendering (`GET /v2/registrations[/{id}]`): `id`,
     /// `description` (when given), `expires` (when not permanent),
-    /// `dataProvided`, `provider` and `status`. Orion 3.10 shows no
-    /// `forwardingInformation` (it only exists with forwarding).
+    /// `dataProvided`, `provider` and `status`, without
+    /// `forwardingInformation` (see [`Registration::render_with`]).
     pub fn render(&self) -> Value {
+        self.render_with(None)
+    }
+
+    /// The rendering with `forwardingInformation` when something was
+    /// forwarded (`timesSent` > 0), as Orion shows it.
+    pub fn render_with(&self, info: Option<&ForwardingInfo>) -> Value {
         let mut out = Map::new();
         out.insert("id".into(), self.id.clone().into());
         if let Some(d) = &self.description {
@@ -242,7 +299,65 @@ impl Registration {
         );
         out.insert("provider".into(), Value::Object(provider));
         out.insert("status".into(), self.status.as_str().into());
+        if let Some(info) = info.filter(|i| i.times_sent > 0) {
+            out.insert("forwardingInformation".into(), info.render());
+        }
         Value::Object(out)
+    }
+
+    /// Whether an entity (`id`, and the type when the request or the
+    /// local entity tells it) is among `dataProvided.entities`. A selector
+    /// without type matches every type, and a request without type
+    /// matches every selector of its id; `idPattern` is always `.*`.
+    pub fn covers(&self, id: &str, entity_type: Option<&str>) -> bool {
+        self.entities.iter().any(|e| {
+            let id_ok = match &e.id {
+                Some(rid) => rid == id,
+                None => e.id_pattern.is_some(),
+            };
+            let type_ok = match (&e.entity_type, entity_type) {
+                (Some(rt), Some(t)) => rt == t,
+                _ => true,
+            };
+            id_ok && type_ok
+        })
+    }
+
+    /// The attributes of `wanted` this registration provides: all of them
+    /// when it registers no attribute list; `None` for "every attribute"
+    /// (neither side names any).
+    pub fn provided(&self, wanted: Option<&[String]>) -> Option<Vec<String>> {
+        match (self.attrs.is_empty(), wanted) {
+            (true, None) => None,
+            (true, Some(w)) => Some(w.to_vec()),
+            (false, None) => Some(self.attrs.clone()),
+            (false, Some(w)) => Some(
+                w.iter()
+                    .filter(|a| self.attrs.contains(a))
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Whether queries are forwarded to the provider: its
+    /// `supportedForwardingMode` is `all` or `query`, and it speaks
+    /// NGSIv2 (weft does not forward in the legacy NGSIv1 format).
+    pub fn forwards_queries(&self) -> bool {
+        !self.provider.legacy_forwarding
+            && matches!(
+                self.provider.forwarding_mode,
+                ForwardingMode::All | ForwardingMode::Query
+            )
+    }
+
+    /// Whether updates are forwarded: `all` or `update`, NGSIv2 only.
+    pub fn forwards_updates(&self) -> bool {
+        !self.provider.legacy_forwarding
+            && matches!(
+                self.provider.forwarding_mode,
+                ForwardingMode::All | ForwardingMode::Update
+            )
     }
 
     /// The form kept in the store: the rendering.
@@ -815,6 +930,64 @@ mod tests {
         ] {
             assert!(!is_valid_url(no, false), "{no}");
         }
+    }
+
+    #[test]
+    fn coverage_and_provided_attributes() {
+        let r = Registration::parse(&body(), "x".into()).unwrap();
+        assert!(r.covers("E1", Some("T1")));
+        assert!(r.covers("E1", None));
+        assert!(!r.covers("E1", Some("T2")));
+        assert!(!r.covers("E3", None));
+        let any = Registration::parse(
+            &json!({"dataProvided": {"entities": [{"idPattern": ".*"}]},
+                    "provider": {"http": {"url": "http://cp.example.org"}}}),
+            "x".into(),
+        )
+        .unwrap();
+        assert!(any.covers("whatever", Some("T9")));
+        assert_eq!(any.provided(None), None);
+        let wanted = ["A".to_string()];
+        assert_eq!(any.provided(Some(&wanted)), Some(vec!["A".to_string()]));
+        assert_eq!(r.provided(None), Some(vec!["A1".into(), "A2".into()]));
+        let wanted = ["A2".to_string(), "B".to_string()];
+        assert_eq!(r.provided(Some(&wanted)), Some(vec!["A2".to_string()]));
+        // legacyForwarding: true in body(): never forwarded.
+        assert!(!r.forwards_queries() && !r.forwards_updates());
+        let modes = |mode: &str| {
+            let b = with(|b| {
+                b["provider"]["legacyForwarding"] = json!(false);
+                b["provider"]["supportedForwardingMode"] = json!(mode);
+            });
+            let r = Registration::parse(&b, "x".into()).unwrap();
+            (r.forwards_queries(), r.forwards_updates())
+        };
+        assert_eq!(modes("all"), (true, true));
+        assert_eq!(modes("query"), (true, false));
+        assert_eq!(modes("update"), (false, true));
+        assert_eq!(modes("none"), (false, false));
+    }
+
+    #[test]
+    fn forwarding_information_is_shown_once_something_was_sent() {
+        let r = Registration::parse(&body(), "x".into()).unwrap();
+        let mut info = ForwardingInfo::default();
+        assert!(r
+            .render_with(Some(&info))
+            .get("forwardingInformation")
+            .is_none());
+        info.record(true, 1_000);
+        info.record(false, 2_000);
+        assert_eq!(
+            r.render_with(Some(&info))["forwardingInformation"],
+            json!({
+                "timesSent": 2,
+                "lastForwarding": "1970-01-01T00:00:02.000Z",
+                "lastSuccess": "1970-01-01T00:00:01.000Z",
+                "lastFailure": "1970-01-01T00:00:02.000Z"
+            })
+        );
+        assert_eq!(info.times_failed, 1);
     }
 
     #[test]
