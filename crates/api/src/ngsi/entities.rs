@@ -142,24 +142,27 @@ impl Listing {
         (Value::Array(page), total)
     }
 
+    /// Orders the matches. Orion keeps creation order unless `orderBy`
+    /// says otherwise, also for `near` queries; `orderBy=geo:distance`
+    /// alone sorts a `near` query's matches nearest first, and anywhere
+    /// else (descending, among other keys, without `near`) names an
+    /// attribute no entity has.
     fn sort(&self, found: &mut [StoredEntity]) {
-        let geo = self.filters.first().and_then(|f| f.geo.as_ref());
-        let near = geo.filter(|g| matches!(g.rel, GeoRel::Near { .. }));
-        if self.order.is_empty() {
-            if let Some(g) = near {
-                found.sort_by(|a, b| cmp_f64(distance(g, a), distance(g, b)));
+        if let [key] = self.order.as_slice() {
+            if key.name == "geo:distance" && !key.descending {
+                let geo = self.filters.first().and_then(|f| f.geo.as_ref());
+                if let Some(g) = geo.filter(|g| matches!(g.rel, GeoRel::Near { .. })) {
+                    found.sort_by(|a, b| cmp_f64(distance(g, a), distance(g, b)));
+                }
+                return;
             }
+        }
+        if self.order.is_empty() {
             return;
         }
         found.sort_by(|a, b| {
             for key in &self.order {
-                let ord = match key.name.as_str() {
-                    "geo:distance" => match geo {
-                        Some(g) => cmp_f64(distance(g, a), distance(g, b)),
-                        None => Ordering::Equal,
-                    },
-                    name => cmp_values(&sort_value(a, name), &sort_value(b, name)),
-                };
+                let ord = cmp_values(&sort_value(a, &key.name), &sort_value(b, &key.name));
                 let ord = if key.descending { ord.reverse() } else { ord };
                 if ord != Ordering::Equal {
                     return ord;
