@@ -110,11 +110,11 @@ impl EntityFilter {
             && self
                 .q
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&StoredEntityResolver(e)))
             && self
                 .mq
                 .as_ref()
-                .is_none_or(|q| q.matches_with(&EntityResolver(entity)))
+                .is_none_or(|q| q.matches_with(&StoredEntityResolver(e)))
             && self
                 .geo
                 .as_ref()
@@ -143,23 +143,62 @@ pub fn path_matches(patterns: &[String], path: &str) -> bool {
 
 /// Resolves `q`/`mq` paths against an entity: attribute values (typed by
 /// their NGSI type: `DateTime` compares as a date), metadata values, and
-/// the builtins `dateCreated`/`dateModified`.
+/// the builtins: `dateCreated`, `dateModified`, `dateExpires` of the
+/// entity in `q`, `dateCreated`, `dateModified` of an attribute in `mq`
+/// (a user attribute or metadata of the same name wins).
 pub struct EntityResolver<'a>(pub &'a Entity);
 
 impl Resolver for EntityResolver<'_> {
     fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
-        let e = self.0;
-        match (e.attrs.get(attr), attr, path.is_empty()) {
-            (Some(a), _, _) => typed(&a.value, &a.attr_type, path),
-            (None, "dateCreated", true) => Some(Operand::DateTime(e.date_created)),
-            (None, "dateModified", true) => Some(Operand::DateTime(e.date_modified)),
-            _ => None,
-        }
+        entity_attribute(self.0, attr, path)
     }
 
     fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
-        let m = self.0.attrs.get(attr)?.metadata.get(md)?;
-        typed(&m.value, &m.md_type, path)
+        entity_metadata(self.0, attr, md, path)
+    }
+}
+
+fn entity_attribute<'e>(e: &'e Entity, attr: &str, path: &[String]) -> Option<Operand<'e>> {
+    match (e.attrs.get(attr), attr, path.is_empty()) {
+        (Some(a), _, _) => typed(&a.value, &a.attr_type, path),
+        (None, "dateCreated", true) => Some(Operand::DateTime(e.date_created)),
+        (None, "dateModified", true) => Some(Operand::DateTime(e.date_modified)),
+        (None, "dateExpires", true) => e.date_expires.map(Operand::DateTime),
+        _ => None,
+    }
+}
+
+fn entity_metadata<'e>(
+    e: &'e Entity,
+    attr: &str,
+    md: &str,
+    path: &[String],
+) -> Option<Operand<'e>> {
+    let a = e.attrs.get(attr)?;
+    match (a.metadata.get(md), md, path.is_empty()) {
+        (Some(m), _, _) => typed(&m.value, &m.md_type, path),
+        (None, "dateCreated", true) => Some(Operand::DateTime(a.date_created)),
+        (None, "dateModified", true) => Some(Operand::DateTime(a.date_modified)),
+        _ => None,
+    }
+}
+
+/// An [`EntityResolver`] that also knows where the entity lives: `q` can
+/// test the `servicePath` builtin (Orion 3.11.0) like a text attribute.
+pub struct StoredEntityResolver<'a>(pub &'a StoredEntity);
+
+impl Resolver for StoredEntityResolver<'_> {
+    fn attribute(&self, attr: &str, path: &[String]) -> Option<Operand<'_>> {
+        let e = &self.0.entity;
+        if attr == "servicePath" && path.is_empty() && !e.attrs.contains_key(attr) {
+            let sp = Value::String(self.0.service_path.clone());
+            return Some(Operand::Json(Cow::Owned(sp)));
+        }
+        entity_attribute(e, attr, path)
+    }
+
+    fn metadata(&self, attr: &str, md: &str, path: &[String]) -> Option<Operand<'_>> {
+        entity_metadata(&self.0.entity, attr, md, path)
     }
 }
 

@@ -33,6 +33,9 @@ pub struct Listing {
     pub attrs: Option<Vec<String>>,
     /// `metadata` to render (None: all).
     pub metadata: Option<Vec<String>>,
+    /// Attributes of which an entity must have at least one (op/query's
+    /// deprecated `attributes`); empty: no such condition.
+    pub required_attrs: Vec<String>,
     /// `orderBy`.
     pub order: Vec<OrderKey>,
     /// `limit`, `offset`.
@@ -98,6 +101,7 @@ impl Listing {
             filters: vec![filter],
             attrs: p.list("attrs"),
             metadata: p.list("metadata"),
+            required_attrs: Vec::new(),
             order: order_by(p)?,
             page: p.paging()?,
             options: p.options()?,
@@ -122,6 +126,13 @@ impl Listing {
                 all
             }
         };
+        if !self.required_attrs.is_empty() {
+            found.retain(|e| {
+                self.required_attrs
+                    .iter()
+                    .any(|a| e.entity.attrs.contains_key(a))
+            });
+        }
         self.sort(&mut found);
         let total = found.len();
         let (limit, offset) = self.page;

@@ -17,6 +17,7 @@ pub mod batch;
 pub mod entities;
 pub mod error;
 pub mod params;
+pub mod query_body;
 pub mod registrations;
 pub mod subscriptions;
 pub mod tenant;
