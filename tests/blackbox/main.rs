@@ -23,6 +23,8 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
+//! - `ngsi_geo`: locations (GeoJSON features, the simple-location types,
+//!   `ignoreType`), geo-queries and `POST /v2/op/query`.
 //! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;
@@ -36,6 +38,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod ngsi;
+mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;
