@@ -274,7 +274,8 @@ mod geojson {
     }
 
     /// `ignoreType` makes a geo attribute plain data: not validated, not
-    /// counted against the one-location rule, not queried.
+    /// counted against the one-location rule, not queried; so does a null
+    /// value.
     #[tokio::test]
     async fn ignore_type_makes_a_location_plain_data() {
         let server = Server::start();
@@ -295,6 +296,14 @@ mod geojson {
         let (status, _, body) = call(&c, "POST", "/v2/entities", &[], Some(&second)).await;
         assert_eq!(status, 413);
         assert_eq!(body["error"], "NoResourcesAvailable");
+        // A null location is no location: it neither counts nor matches.
+        create(
+            &c,
+            json!({"id": "G", "type": "T",
+            "a": {"type": "geo:point", "value": "3, 3"}, "b": {"type": "geo:json", "value": null}}),
+        )
+        .await;
+        assert_eq!(list_ids(&c, &at("3,3")).await, ["G"]);
     }
 
     /// Geo-query parameters get Orion's texts, checked in Orion's order;
