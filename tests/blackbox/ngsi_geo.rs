@@ -357,6 +357,45 @@ mod geojson {
     }
 }
 
+mod subscription_geo {
+    use super::*;
+
+    /// A subscription's geo `expression` follows the same rules as
+    /// op/query's: all three fields or none, Orion's `expression` texts.
+    #[tokio::test]
+    async fn geo_expression_texts() {
+        let server = Server::start();
+        let c = server.client();
+        let sub = |expression: Value| {
+            json!({"subject": {"entities": [{"idPattern": ".*"}], "condition": {"attrs": [], "expression": expression}},
+                   "notification": {"http": {"url": "http://127.0.0.1:9/notify"}}})
+        };
+        let cases = [
+            (
+                json!({"georel": "near;maxDistance:5", "geometry": "point"}),
+                "partial geo expression: geometry, georel and coords have to be provided together",
+            ),
+            (
+                json!({"georel": "coveredBy", "geometry": "polygon", "coords": "0,0;0,1;1,1;1,0"}),
+                "error parsing geo-query fields: First and last point in polygon not the same",
+            ),
+        ];
+        for (expression, text) in cases {
+            let body = sub(expression);
+            let (status, _, got) = call(&c, "POST", "/v2/subscriptions", &[], Some(&body)).await;
+            assert_eq!(status, 400, "{body}");
+            assert_eq!(
+                got,
+                json!({"error": "BadRequest", "description": text}),
+                "{body}"
+            );
+        }
+        let ok = sub(json!({"georel": "coveredBy", "geometry": "box", "coords": "0,0;1,1"}));
+        let (status, _, got) = call(&c, "POST", "/v2/subscriptions", &[], Some(&ok)).await;
+        assert_eq!(status, 201, "{got}");
+    }
+}
+
 mod op_query {
     use super::*;
 
@@ -521,6 +560,30 @@ mod op_query {
                 json!({"error": "BadRequest", "description": text}),
                 "{body}"
             );
+        }
+    }
+
+    /// A `DateTime` attribute with a null value exists, equals `null` and
+    /// compares with no date.
+    #[tokio::test]
+    async fn null_datetime_exists_and_equals_null() {
+        let server = Server::start();
+        let c = server.client();
+        create(
+            &c,
+            json!({"id": "N", "type": "T", "birth": {"type": "DateTime", "value": null}}),
+        )
+        .await;
+        create(&c, json!({"id": "D", "type": "T", "birth": {"type": "DateTime", "value": "2000-01-02T00:00:00Z"}})).await;
+        for (q, expected) in [
+            ("birth", vec!["N", "D"]),
+            ("!birth", vec![]),
+            ("birth==null", vec!["N"]),
+            ("birth>1999-01-01", vec!["D"]),
+            ("birth!=2000-01-02T00:00:00Z", vec!["N"]),
+        ] {
+            let (_, _, got) = op_query(&c, "", &json!({"expression": {"q": q}})).await;
+            assert_eq!(ids(&got), expected, "{q}");
         }
     }
 
