@@ -339,6 +339,11 @@ mod geojson {
                 "geometry=point",
                 "Invalid query: URI param /geometry/ used without /coords/",
             ),
+            (
+                "georel=&geometry=point&coords=1,2",
+                "Empty right-hand-side for URI param /georel/",
+            ),
+            ("q=", "Empty right-hand-side for URI param /q/"),
         ];
         for (params, text) in cases {
             let (status, _, body) =
