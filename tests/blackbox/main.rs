@@ -24,7 +24,8 @@
 //!   a dead endpoint beside a live one, kill -9.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 //! - `ngsi_geo`: locations (GeoJSON features, the simple-location types,
-//!   `ignoreType`), geo-queries and `POST /v2/op/query`.
+//!   `ignoreType`), geo-queries, `POST /v2/op/query` and the other batch
+//!   operations' checks.
 //! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;

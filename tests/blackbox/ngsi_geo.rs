@@ -627,3 +627,80 @@ mod op_query {
         assert_eq!(got, json!([]));
     }
 }
+
+mod op_batch {
+    use super::*;
+
+    /// `POST /v2/op/notify` checks an Orion notification with Orion's
+    /// texts and applies its entities as an `append`.
+    #[tokio::test]
+    async fn notify_texts_and_append() {
+        let server = Server::start();
+        let c = server.client();
+        let cases = [
+            (json!({}), "empty payload"),
+            (
+                json!({"data": []}),
+                "Invalid JSON payload, mandatory field /subscriptionId/ not found",
+            ),
+            (
+                json!({"subscriptionId": "s"}),
+                "Invalid JSON payload, mandatory field /data/ not found",
+            ),
+            (
+                json!({"subscriptionId": 1, "data": []}),
+                "/subscriptionId/ must be a JSON String",
+            ),
+            (
+                json!({"subscriptionId": "s", "data": {}}),
+                "/data/ must be a JSON Array",
+            ),
+            (
+                json!({"subscriptionId": "s", "data": [1]}),
+                "notification data vector item must be a JSON Object",
+            ),
+            (
+                json!({"subscriptionId": "s", "data": [], "x": 1}),
+                "Unrecognized field in JSON payload: /x/",
+            ),
+        ];
+        for (body, text) in cases {
+            let (status, _, got) = call(&c, "POST", "/v2/op/notify", &[], Some(&body)).await;
+            assert_eq!(status, 400, "{body}");
+            assert_eq!(
+                got,
+                json!({"error": "BadRequest", "description": text}),
+                "{body}"
+            );
+        }
+        assert_eq!(list_ids(&c, "/v2/entities").await, Vec::<String>::new());
+        let body = json!({"subscriptionId": "s", "data": [{"id": "E", "type": "T", "A": {"type": "Number", "value": 1}}]});
+        let (status, _, _) = call(&c, "POST", "/v2/op/notify", &[], Some(&body)).await;
+        assert_eq!(status, 200);
+        assert_eq!(list_ids(&c, "/v2/entities").await, ["E"]);
+    }
+
+    /// NGSIv1's upper-case action types are still accepted by op/update.
+    #[tokio::test]
+    async fn upper_case_action_types() {
+        let server = Server::start();
+        let c = server.client();
+        for (action, status) in [
+            ("APPEND", 204),
+            ("UPDATE", 204),
+            ("APPEND_STRICT", 422),
+            ("DELETE", 204),
+        ] {
+            let body = json!({"actionType": action, "entities": [{"id": "E", "type": "T", "A": {"type": "Number", "value": 2}}]});
+            let (got, _, reply) = call(&c, "POST", "/v2/op/update", &[], Some(&body)).await;
+            assert_eq!(got, status, "{action}: {reply}");
+        }
+        let (status, _, _) = call(&c, "GET", "/v2/entities/E", &[], None).await;
+        assert_eq!(
+            status, 200,
+            "DELETE with attributes removes the attributes only"
+        );
+        let (_, _, attrs) = call(&c, "GET", "/v2/entities/E/attrs", &[], None).await;
+        assert_eq!(attrs, json!({}));
+    }
+}

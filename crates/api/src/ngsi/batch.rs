@@ -34,12 +34,13 @@ enum Action {
 
 impl Action {
     fn parse(s: &str) -> Result<Action> {
+        // The upper-case names are NGSIv1's, still accepted (deprecated).
         Ok(match s {
-            "append" => Action::Append,
-            "appendStrict" => Action::AppendStrict,
-            "update" => Action::Update,
-            "delete" => Action::Delete,
-            "replace" => Action::Replace,
+            "append" | "APPEND" => Action::Append,
+            "appendStrict" | "APPEND_STRICT" => Action::AppendStrict,
+            "update" | "UPDATE" => Action::Update,
+            "delete" | "DELETE" => Action::Delete,
+            "replace" | "REPLACE" => Action::Replace,
             _ => {
                 return Err(Error::bad_request(
                     "invalid update action type: right ones are: append, appendStric, delete, replace, update",
@@ -63,27 +64,57 @@ pub async fn notify(
     let path = sp.for_write(WriteOp::Update)?;
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
-    let Value::Object(obj) = &value else {
-        return Err(NgsiError::parse_error().into());
-    };
-    let entities = match obj.get("data") {
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(NgsiError::parse_error().into()),
-        None => {
-            return Err(Error::bad_request(
-                "Invalid JSON payload, mandatory field /data/ not found",
-            ))
-        }
-    };
-    let mut items = Vec::with_capacity(entities.len());
-    for e in entities {
-        items.push(parse_item(e, Action::Append, options.key_values)?);
-    }
+    let items = notification_items(&value, options.key_values)?;
     let opts = options.update();
     for item in items {
         apply(&state, &tenant, &path, Action::Append, item, opts).await?;
     }
     Ok(StatusCode::OK.into_response())
+}
+
+/// The entities of an Orion notification, checked as Orion's
+/// `parseNotification` checks them (both fields present, then each field
+/// in the order written), with its texts.
+fn notification_items(value: &Value, key_values: bool) -> Result<Vec<Item>> {
+    let Value::Object(obj) = value else {
+        return Err(NgsiError::parse_error().into());
+    };
+    if obj.is_empty() {
+        return Err(Error::empty_payload());
+    }
+    for field in ["subscriptionId", "data"] {
+        if !obj.contains_key(field) {
+            return Err(Error::bad_request(format!(
+                "Invalid JSON payload, mandatory field /{field}/ not found"
+            )));
+        }
+    }
+    let mut items = Vec::new();
+    for (name, v) in obj {
+        match (name.as_str(), v) {
+            ("subscriptionId", Value::String(_)) => {}
+            ("subscriptionId", _) => {
+                return Err(Error::bad_request("/subscriptionId/ must be a JSON String"))
+            }
+            ("data", Value::Array(entities)) => {
+                for e in entities {
+                    if !e.is_object() {
+                        return Err(Error::bad_request(
+                            "notification data vector item must be a JSON Object",
+                        ));
+                    }
+                    items.push(parse_item(e, Action::Append, key_values)?);
+                }
+            }
+            ("data", _) => return Err(Error::bad_request("/data/ must be a JSON Array")),
+            (other, _) => {
+                return Err(Error::bad_request(format!(
+                    "Unrecognized field in JSON payload: /{other}/"
+                )))
+            }
+        }
+    }
+    Ok(items)
 }
 
 /// One entity of the payload, parsed.

@@ -67,7 +67,8 @@ pub fn parse_geo(
     geometry: Option<&str>,
     coords: Option<&str>,
 ) -> Result<Option<GeoQuery>> {
-    GeoQuery::from_params(georel, geometry, coords).map_err(|e| Error::bad_request(e.description()))
+    GeoQuery::from_ngsi_params(georel, geometry, coords)
+        .map_err(|e| Error::bad_request(e.description()))
 }
 
 impl Listing {

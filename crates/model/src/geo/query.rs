@@ -157,11 +157,11 @@ impl GeoQuery {
         }
     }
 
-    /// The query from optional URI parameters: `Ok(None)` when none is
-    /// given (or when `georel` is missing, which Orion accepts and
-    /// ignores once `geometry` and `coords` are valid), Orion's errors
-    /// when only some are.
-    pub fn from_params(
+    /// The query from optional URI parameters as Orion reads them
+    /// (`GET /v2/entities`): `Ok(None)` when none is given, and when
+    /// `georel` is missing (Orion checks `geometry` and `coords`, then
+    /// filters nothing); Orion's errors when only some are given.
+    pub fn from_ngsi_params(
         georel: Option<&str>,
         geometry: Option<&str>,
         coords: Option<&str>,
@@ -175,6 +175,21 @@ impl GeoQuery {
                 Parsed::Query(q) => Ok(Some(q)),
                 Parsed::Everything => Ok(None),
             },
+        }
+    }
+
+    /// The query from optional URI parameters where a geo-query needs all
+    /// three (QuantumLeap's history queries): as
+    /// [`GeoQuery::from_ngsi_params`], except that `geometry` and `coords`
+    /// without a relation are refused.
+    pub fn from_params(
+        georel: Option<&str>,
+        geometry: Option<&str>,
+        coords: Option<&str>,
+    ) -> Result<Option<GeoQuery>, GeoError> {
+        match GeoQuery::from_ngsi_params(georel, geometry, coords)? {
+            None if geometry.is_some() => fail("georel without a relation"),
+            found => Ok(found),
         }
     }
 

@@ -364,7 +364,7 @@ fn orion_validation_texts() {
         );
     }
     for c in ["B,1.2;2.1,2.2;3.1,3.2", "1.1,B;2.1,2.2;3.1,3.2"] {
-        let e = GeoQuery::from_params(None, Some("polygon"), Some(c)).unwrap_err();
+        let e = GeoQuery::from_ngsi_params(None, Some("polygon"), Some(c)).unwrap_err();
         assert_eq!(e.description(), "Invalid query: invalid coordinates");
     }
     assert_eq!(
@@ -439,10 +439,18 @@ fn parse_order_decides_the_error() {
         err("near;near;maxDistance:1", "point", "0,0"),
         "Invalid query: georel type present more than once"
     );
-    // Without georel, geometry and coords are checked, then ignored.
+    // Without georel, geometry and coords are checked, then ignored
+    // (Orion); QuantumLeap's form wants a relation.
     assert_eq!(
-        GeoQuery::from_params(None, Some("point"), Some("1,2")).unwrap(),
+        GeoQuery::from_ngsi_params(None, Some("point"), Some("1,2")).unwrap(),
         None
+    );
+    assert!(GeoQuery::from_ngsi_params(None, Some("point"), Some("x")).is_err());
+    assert_eq!(
+        GeoQuery::from_params(None, Some("point"), Some("1,2"))
+            .unwrap_err()
+            .description(),
+        "Invalid query: georel without a relation"
     );
 }
 
