@@ -128,7 +128,7 @@ pub fn location(entity: &Entity) -> Option<Shape> {
         .attrs
         .iter()
         .find(|(_, a)| a.is_location())
-        .and_then(|(_, a)| Shape::from_attribute(&a.attr_type, &a.value).ok().flatten())
+        .and_then(|(_, a)| Shape::of_stored_attribute(&a.attr_type, &a.value))
 }
 
 /// Whether a service path matches the patterns (`/#` and `/x/#` are subtrees).

@@ -77,11 +77,22 @@ impl Shape {
     /// `attr_type` is not a location type or the value is null (a null
     /// location is no location, Orion 3.1.0).
     pub fn from_attribute(attr_type: &str, value: &Value) -> Result<Option<Shape>, LocationError> {
+        Shape::read(attr_type, value, Check::Full)
+    }
+
+    /// The shape of a stored location attribute, read for a query: the
+    /// value was checked when it was written, so the costly checks
+    /// (crossing edges) are skipped. `None` when it is no location.
+    pub fn of_stored_attribute(attr_type: &str, value: &Value) -> Option<Shape> {
+        Shape::read(attr_type, value, Check::Stored).ok().flatten()
+    }
+
+    fn read(attr_type: &str, value: &Value, check: Check) -> Result<Option<Shape>, LocationError> {
         if value.is_null() {
             return Ok(None);
         }
         let shape = match attr_type {
-            "geo:json" => Shape::from_geo_json_value(value)?,
+            "geo:json" => Shape::from_geo_json_value(value, check)?,
             "geo:point" => {
                 let text = value.as_str().unwrap_or("");
                 Shape::Point(lat_lon(text).ok_or_else(|| format_error(text))?)
@@ -136,7 +147,7 @@ impl Shape {
 
     /// Reads a `geo:json` value: a geometry, a `Feature` or a
     /// `FeatureCollection` with one `Feature`.
-    fn from_geo_json_value(value: &Value) -> Result<Shape, LocationError> {
+    fn from_geo_json_value(value: &Value, check: Check) -> Result<Shape, LocationError> {
         let Value::Object(obj) = value else {
             return Err(LocationError::NotAnObject);
         };
@@ -173,7 +184,7 @@ impl Shape {
             }
             _ => obj,
         };
-        Shape::from_geojson(&Value::Object(geometry.clone()))
+        geometry_shape(geometry, check)
     }
 
     /// Reads a GeoJSON geometry object (`{"type":"Point","coordinates":[lon,lat]}`,
@@ -181,19 +192,8 @@ impl Shape {
     /// a third one (altitude) is ignored. Anything MongoDB would not index
     /// is [`LocationError::WrongGeoJson`].
     pub fn from_geojson(v: &Value) -> Result<Shape, LocationError> {
-        let wrong = || LocationError::WrongGeoJson;
-        let kind = v.get("type").and_then(Value::as_str).ok_or_else(wrong)?;
-        let c = v.get("coordinates").ok_or_else(wrong)?;
-        let shape = match kind {
-            "Point" => Shape::Point(position(c).ok_or_else(wrong)?),
-            "LineString" => Shape::LineString(line(c).ok_or_else(wrong)?),
-            "Polygon" => Shape::Polygon(polygon(c).ok_or_else(wrong)?),
-            "MultiPoint" => Shape::MultiPoint(each(c, position).ok_or_else(wrong)?),
-            "MultiLineString" => Shape::MultiLineString(each(c, line).ok_or_else(wrong)?),
-            "MultiPolygon" => Shape::MultiPolygon(each(c, polygon).ok_or_else(wrong)?),
-            _ => return Err(wrong()),
-        };
-        Ok(shape)
+        let obj = v.as_object().ok_or(LocationError::WrongGeoJson)?;
+        geometry_shape(obj, Check::Full)
     }
 
     /// The shape broken into points, edges and polygons.
@@ -209,6 +209,32 @@ impl Shape {
         }
         p
     }
+}
+
+/// How much of MongoDB's validity to check: all of it on what is written,
+/// only what reading needs on what was stored.
+#[derive(Clone, Copy, PartialEq)]
+enum Check {
+    Full,
+    Stored,
+}
+
+/// A GeoJSON geometry object into a shape.
+fn geometry_shape(v: &Map<String, Value>, check: Check) -> Result<Shape, LocationError> {
+    let wrong = || LocationError::WrongGeoJson;
+    let kind = v.get("type").and_then(Value::as_str).ok_or_else(wrong)?;
+    let c = v.get("coordinates").ok_or_else(wrong)?;
+    let polygon = |c: &Value| polygon(c, check);
+    let shape = match kind {
+        "Point" => Shape::Point(position(c).ok_or_else(wrong)?),
+        "LineString" => Shape::LineString(line(c).ok_or_else(wrong)?),
+        "Polygon" => Shape::Polygon(polygon(c).ok_or_else(wrong)?),
+        "MultiPoint" => Shape::MultiPoint(each(c, position).ok_or_else(wrong)?),
+        "MultiLineString" => Shape::MultiLineString(each(c, line).ok_or_else(wrong)?),
+        "MultiPolygon" => Shape::MultiPolygon(each(c, polygon).ok_or_else(wrong)?),
+        _ => return Err(wrong()),
+    };
+    Ok(shape)
 }
 
 /// The `geometry` of a Feature, which must be an object.
@@ -286,8 +312,11 @@ fn line(v: &Value) -> Option<Vec<Position>> {
 
 /// Rings of four or more positions, closed, with three distinct vertices
 /// and no crossing edges, as MongoDB requires.
-fn polygon(v: &Value) -> Option<Vec<Vec<Position>>> {
+fn polygon(v: &Value, check: Check) -> Option<Vec<Vec<Position>>> {
     let rings: Vec<Vec<Position>> = each(v, |r| each(r, position))?;
+    if check == Check::Stored {
+        return (!rings.is_empty()).then_some(rings);
+    }
     let valid = !rings.is_empty()
         && rings.iter().all(|r| {
             let mut distinct: Vec<(u64, u64)> = r

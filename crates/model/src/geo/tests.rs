@@ -631,3 +631,16 @@ fn geometries_mongodb_refuses() {
         );
     }
 }
+
+#[test]
+fn stored_locations_are_read_without_rechecking() {
+    let square =
+        json!({"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]]});
+    assert_eq!(
+        Shape::of_stored_attribute("geo:json", &square),
+        Shape::from_attribute("geo:json", &square).unwrap()
+    );
+    assert_eq!(Shape::of_stored_attribute("geo:point", &json!(null)), None);
+    assert_eq!(Shape::of_stored_attribute("Text", &json!("1, 2")), None);
+    assert_eq!(Shape::of_stored_attribute("geo:point", &json!("x")), None);
+}
