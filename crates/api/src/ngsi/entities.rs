@@ -163,7 +163,7 @@ impl Listing {
         if let [key] = self.order.as_slice() {
             if key.name == "geo:distance" && !key.descending {
                 let geo = self.filters.first().and_then(|f| f.geo.as_ref());
-                if let Some(g) = geo.filter(|g| matches!(g.rel, GeoRel::Near { .. })) {
+                if let Some(g) = geo.filter(|g| matches!(g.rel(), GeoRel::Near { .. })) {
                     found.sort_by(|a, b| cmp_f64(distance(g, a), distance(g, b)));
                 }
                 return;

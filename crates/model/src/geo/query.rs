@@ -11,7 +11,7 @@
 use thiserror::Error;
 
 use super::location::corners;
-use super::sphere::Ring;
+use super::sphere::{Parts, Ring};
 use super::{Position, Shape};
 
 /// The spatial relation of a geo-query (`georel`).
@@ -129,12 +129,21 @@ fn fail<T>(reason: impl Into<String>) -> Result<T, GeoError> {
 }
 
 /// A parsed geo-query, evaluated against the location of each candidate.
-#[derive(Debug, Clone, PartialEq)]
+/// The reference geometry is prepared once (as the shape MongoDB would
+/// get, its edges and its region) for all the candidates.
+#[derive(Debug, Clone)]
 pub struct GeoQuery {
-    /// The relation asked for.
-    pub rel: GeoRel,
-    /// The reference geometry.
-    pub geometry: Geometry,
+    rel: GeoRel,
+    geometry: Geometry,
+    shape: Shape,
+    parts: Parts,
+    region: Option<Ring>,
+}
+
+impl PartialEq for GeoQuery {
+    fn eq(&self, other: &GeoQuery) -> bool {
+        self.rel == other.rel && self.geometry == other.geometry
+    }
 }
 
 /// What a parsed query matches: a relation, or (a `georel` naming no
@@ -145,6 +154,34 @@ enum Parsed {
 }
 
 impl GeoQuery {
+    /// A query for `rel` to `geometry`, prepared for matching.
+    pub fn new(rel: GeoRel, geometry: Geometry) -> GeoQuery {
+        let shape = geometry.shape();
+        let parts = shape.parts();
+        let region = match &geometry {
+            Geometry::Polygon(ring) => Some(Ring::new(ring)),
+            Geometry::Box { min, max } => Some(Ring::new(&box_ring(*min, *max))),
+            Geometry::Point(_) | Geometry::Line(_) => None,
+        };
+        GeoQuery {
+            rel,
+            geometry,
+            shape,
+            parts,
+            region,
+        }
+    }
+
+    /// The relation asked for.
+    pub fn rel(&self) -> GeoRel {
+        self.rel
+    }
+
+    /// The reference geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
     /// Parses the three geo-query parameters (see
     /// [`GeoQuery::from_params`] for the presence rules). `coords` are
     /// `lat,lon;lat,lon…`, latitude first. A `georel` that names no
@@ -220,17 +257,14 @@ impl GeoQuery {
                 let d = self.distance_m(shape);
                 min.is_none_or(|m| d >= m) && max.is_none_or(|m| d <= m)
             }
-            GeoRel::Intersects => shape.parts().intersects(&self.geometry.shape().parts()),
-            GeoRel::Disjoint => !shape.parts().intersects(&self.geometry.shape().parts()),
-            GeoRel::CoveredBy => match &self.geometry {
-                Geometry::Polygon(ring) => shape.parts().covered_by(&Ring::new(ring)),
-                Geometry::Box { min, max } => {
-                    shape.parts().covered_by(&Ring::new(&box_ring(*min, *max)))
-                }
-                // Parsing refuses coveredBy with points and lines.
-                Geometry::Point(_) | Geometry::Line(_) => false,
-            },
-            GeoRel::Equals => *shape == self.geometry.shape(),
+            GeoRel::Intersects => shape.parts().intersects(&self.parts),
+            GeoRel::Disjoint => !shape.parts().intersects(&self.parts),
+            // Parsing refuses coveredBy with points and lines.
+            GeoRel::CoveredBy => self
+                .region
+                .as_ref()
+                .is_some_and(|region| shape.parts().covered_by(region)),
+            GeoRel::Equals => *shape == self.shape,
         }
     }
 
@@ -286,7 +320,7 @@ fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Parsed, GeoError>
         (_, _) => return fail("invalid number of coordinates for /point/"),
     };
     Ok(match rel {
-        Some(rel) => Parsed::Query(GeoQuery { rel, geometry }),
+        Some(rel) => Parsed::Query(GeoQuery::new(rel, geometry)),
         None => Parsed::Everything,
     })
 }

@@ -402,13 +402,13 @@ fn parameter_presence() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        ok.rel,
+        ok.rel(),
         GeoRel::Near {
             min: None,
             max: Some(5.0)
         }
     );
-    assert_eq!(ok.geometry, Geometry::Point(Position::new(2.0, 1.0)));
+    assert_eq!(*ok.geometry(), Geometry::Point(Position::new(2.0, 1.0)));
 }
 
 #[test]
