@@ -18,11 +18,11 @@ use super::Position;
 /// a `maxDistance` boundary falls where Orion's does.
 pub const EARTH_RADIUS_M: f64 = 6_378_100.0;
 
-/// Tolerance of the sign tests on unit vectors: a point closer than
-/// about a micrometer to a great circle is on it. Coordinates given in
-/// decimal degrees land exactly on the edges they name (`5,5;9,5` and the
-/// point `7,5`) despite rounding.
-const EPS: f64 = 1e-13;
+/// Tolerance of the geometric tests, in radians (about 6 micrometers on
+/// the Earth): a point that close to a great circle is on it. Coordinates
+/// given in decimal degrees land exactly on the edges they name
+/// (`5,5;9,5` and the point `7,5`) despite rounding.
+const EPS: f64 = 1e-12;
 
 /// A point of the unit sphere in Earth-centred coordinates.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,9 +81,15 @@ pub fn distance_m(a: Position, b: Position) -> f64 {
 }
 
 /// Which side of the great circle through `a` then `b` the point `c` is
-/// on: +1 left, -1 right, 0 on it.
+/// on: +1 left, -1 right, 0 on it (or `a` and `b` name no circle).
 fn side(a: Vec3, b: Vec3, c: Vec3) -> i8 {
-    let d = a.cross(b).dot(c);
+    let n = a.cross(b);
+    let len = n.norm();
+    if len == 0.0 {
+        return 0;
+    }
+    // The sine of the angle from the circle's plane: a distance.
+    let d = n.dot(c) / len;
     if d > EPS {
         1
     } else if d < -EPS {

@@ -644,3 +644,14 @@ fn stored_locations_are_read_without_rechecking() {
     assert_eq!(Shape::of_stored_attribute("Text", &json!("1, 2")), None);
     assert_eq!(Shape::of_stored_attribute("geo:point", &json!("x")), None);
 }
+
+#[test]
+fn short_edges_keep_a_tight_tolerance() {
+    // A 1.1 m edge along the equator; a point 1.1 cm north of its middle
+    // is off it, a point on it is on it.
+    let edge = Shape::from_attribute("geo:line", &json!(["0, 0", "0, 0.00001"]))
+        .unwrap()
+        .unwrap();
+    assert!(q("intersects", "point", "0,0.000005").matches(&edge));
+    assert!(!q("intersects", "point", "0.0000001,0.000005").matches(&edge));
+}
