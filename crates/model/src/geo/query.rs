@@ -327,7 +327,7 @@ fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Parsed, GeoError>
 
 fn parse_selector(geometry: &str) -> Result<&'static str, GeoError> {
     let mut found = None;
-    let items: Vec<&str> = geometry.split(';').filter(|s| !s.is_empty()).collect();
+    let items = orion_split(geometry, ';');
     if items.is_empty() {
         return fail("error parsing geometry: empty geometry");
     }
@@ -346,15 +346,31 @@ fn parse_selector(geometry: &str) -> Result<&'static str, GeoError> {
     found.map_or_else(|| fail("error parsing geometry: empty geometry"), Ok)
 }
 
+/// Splits as Orion's `stringSplit` does, which decides what an empty piece
+/// means: leading delimiters are skipped, nothing else is (`point;` is
+/// `point` and an empty, invalid selector).
+fn orion_split(s: &str, delimiter: char) -> Vec<&str> {
+    let s = s.trim_start_matches(delimiter);
+    if s.is_empty() {
+        Vec::new()
+    } else {
+        s.split(delimiter).collect()
+    }
+}
+
 /// `lat,lon;lat,lon…` into positions.
 fn parse_coords(coords: &str) -> Result<Vec<Position>, GeoError> {
     if coords.is_empty() {
         return fail("no coordinates for geometry");
     }
-    coords
-        .split(';')
+    let points = orion_split(coords, ';');
+    if points.is_empty() {
+        return fail("erroneous coordinates for geometry");
+    }
+    points
+        .into_iter()
         .map(|pt| {
-            let parts: Vec<&str> = pt.split(',').collect();
+            let parts = orion_split(pt, ',');
             let [lat, lon] = parts.as_slice() else {
                 return fail("invalid point in URI param /coords/");
             };
@@ -374,7 +390,11 @@ fn parse_coords(coords: &str) -> Result<Vec<Position>, GeoError> {
 fn parse_georel(georel: &str) -> Result<Option<GeoRel>, GeoError> {
     let mut kind: Option<&str> = None;
     let (mut min, mut max) = (None, None);
-    for item in georel.split(';').filter(|s| !s.is_empty()) {
+    let items = orion_split(georel, ';');
+    if items.is_empty() {
+        return fail("empty georel");
+    }
+    for item in items {
         match item {
             "near" | "coveredBy" | "intersects" | "equals" | "disjoint" => {
                 if kind.replace(item).is_some() {

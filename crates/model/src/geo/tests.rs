@@ -655,3 +655,26 @@ fn short_edges_keep_a_tight_tolerance() {
     assert!(q("intersects", "point", "0,0.000005").matches(&edge));
     assert!(!q("intersects", "point", "0.0000001,0.000005").matches(&edge));
 }
+
+#[test]
+fn empty_pieces_as_orion_splits_them() {
+    // Leading delimiters are skipped, the others make empty pieces.
+    assert!(GeoQuery::parse(";near;maxDistance:10", ";point", ";1,2").is_ok());
+    assert_eq!(
+        err("near;maxDistance:10;", "point", "1,2"),
+        "Invalid query: Invalid modifier in georel parameter"
+    );
+    assert_eq!(
+        err("near;maxDistance:10", "point;", "1,2"),
+        "Invalid query: error parsing geometry: Invalid selector in geometry specification"
+    );
+    assert_eq!(
+        err("near;maxDistance:10", "point", "1,2;"),
+        "Invalid query: invalid point in URI param /coords/"
+    );
+    assert_eq!(err(";", "point", "1,2"), "Invalid query: empty georel");
+    assert_eq!(
+        err("near;maxDistance:10", "point", ";"),
+        "Invalid query: erroneous coordinates for geometry"
+    );
+}
