@@ -146,13 +146,6 @@ impl PartialEq for GeoQuery {
     }
 }
 
-/// What a parsed query matches: a relation, or (a `georel` naming no
-/// relation, which Orion accepts and ignores) everything.
-enum Parsed {
-    Query(GeoQuery),
-    Everything,
-}
-
 impl GeoQuery {
     /// A query for `rel` to `geometry`, prepared for matching.
     pub fn new(rel: GeoRel, geometry: Geometry) -> GeoQuery {
@@ -189,8 +182,8 @@ impl GeoQuery {
     /// URI form accepts it and filters nothing.
     pub fn parse(georel: &str, geometry: &str, coords: &str) -> Result<GeoQuery, GeoError> {
         match parse(georel, geometry, coords)? {
-            Parsed::Query(q) => Ok(q),
-            Parsed::Everything => fail("georel without a relation"),
+            Some(q) => Ok(q),
+            None => fail("georel without a relation"),
         }
     }
 
@@ -208,10 +201,7 @@ impl GeoQuery {
             (_, Some(_), None) => fail("URI param /geometry/ used without /coords/"),
             (_, None, Some(_)) => fail("URI param /coords/ used without /geometry/"),
             (Some(_), None, None) => fail("URI param /georel/ used without /geometry/"),
-            (rel, Some(g), Some(c)) => match parse(rel.unwrap_or(""), g, c)? {
-                Parsed::Query(q) => Ok(Some(q)),
-                Parsed::Everything => Ok(None),
-            },
+            (rel, Some(g), Some(c)) => parse(rel.unwrap_or(""), g, c),
         }
     }
 
@@ -240,12 +230,7 @@ impl GeoQuery {
     ) -> Result<Option<GeoQuery>, GeoError> {
         match (georel, geometry, coords) {
             (None, None, None) => Ok(None),
-            (Some(r), Some(g), Some(c)) => {
-                match parse(r, g, c).map_err(GeoError::into_expression)? {
-                    Parsed::Query(q) => Ok(Some(q)),
-                    Parsed::Everything => Ok(None),
-                }
-            }
+            (Some(r), Some(g), Some(c)) => parse(r, g, c).map_err(GeoError::into_expression),
             _ => Err(GeoError::PartialExpression),
         }
     }
@@ -281,7 +266,9 @@ impl GeoQuery {
     }
 }
 
-fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Parsed, GeoError> {
+/// Parses a geo-query in Orion's order; `None` when `georel` names no
+/// relation (Orion accepts that, checks the rest, and filters nothing).
+fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Option<GeoQuery>, GeoError> {
     let selector = parse_selector(geometry)?;
     let rel = if georel.is_empty() {
         None
@@ -319,10 +306,7 @@ fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Parsed, GeoError>
         (_, [p]) => Geometry::Point(*p),
         (_, _) => return fail("invalid number of coordinates for /point/"),
     };
-    Ok(match rel {
-        Some(rel) => Parsed::Query(GeoQuery::new(rel, geometry)),
-        None => Parsed::Everything,
-    })
+    Ok(rel.map(|rel| GeoQuery::new(rel, geometry)))
 }
 
 fn parse_selector(geometry: &str) -> Result<&'static str, GeoError> {
