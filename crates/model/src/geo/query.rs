@@ -239,8 +239,10 @@ impl GeoQuery {
     pub fn matches(&self, shape: &Shape) -> bool {
         match self.rel {
             GeoRel::Near { min, max } => {
+                // Orion passes only non-negative bounds on to its
+                // database: `maxDistance:-1` bounds nothing.
                 let d = self.distance_m(shape);
-                min.is_none_or(|m| d >= m) && max.is_none_or(|m| d <= m)
+                min.is_none_or(|m| m < 0.0 || d >= m) && max.is_none_or(|m| m < 0.0 || d <= m)
             }
             GeoRel::Intersects => shape.parts().intersects(&self.parts),
             GeoRel::Disjoint => !shape.parts().intersects(&self.parts),

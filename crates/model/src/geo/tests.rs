@@ -678,3 +678,11 @@ fn empty_pieces_as_orion_splits_them() {
         "Invalid query: erroneous coordinates for geometry"
     );
 }
+
+#[test]
+fn negative_distances_bound_nothing() {
+    // Orion hands only non-negative bounds to MongoDB.
+    let far = pt(50.0, 50.0);
+    assert!(q("near;maxDistance:-1", "point", "0,0").matches(&far));
+    assert!(q("near;minDistance:-5;maxDistance:10", "point", "50,50").matches(&far));
+}
