@@ -151,6 +151,7 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
+    /// The ring through `ring`'s positions (closed: first == last).
     pub(crate) fn new(ring: &[Position]) -> Ring {
         let vertices: Vec<Vec3> = ring.iter().map(|&p| p.into()).collect();
         let centre = vertices.iter().skip(1).fold(
@@ -223,10 +224,12 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
+    /// Adds a loose point (a Point, a member of a MultiPoint).
     pub(crate) fn add_point(&mut self, p: Position) {
         self.points.push(p.into());
     }
 
+    /// Adds the edges of a line (or of a ring).
     pub(crate) fn add_line(&mut self, line: &[Position]) {
         let vs: Vec<Vec3> = line.iter().map(|&p| p.into()).collect();
         if vs.len() == 1 {
@@ -235,6 +238,7 @@ impl Parts {
         self.edges.extend(vs.windows(2).map(|w| (w[0], w[1])));
     }
 
+    /// Adds a polygon: its rings' edges, and its area.
     pub(crate) fn add_polygon(&mut self, rings: &[Vec<Position>]) {
         for r in rings {
             self.add_line(r);
