@@ -29,6 +29,9 @@
 //! - `ngsi_forwarding`: queries and updates forwarded to a second weft
 //!   registered as context provider; dead and silent providers; Orion's
 //!   operational endpoints.
+//! - `ngsi_geo`: locations (GeoJSON features, the simple-location types,
+//!   `ignoreType`), geo-queries, `POST /v2/op/query` and the other batch
+//!   operations' checks.
 //! - `tls`: the API over HTTPS with the configured certificate.
 
 mod alarms;
@@ -43,6 +46,7 @@ mod ingest;
 mod live;
 mod ngsi;
 mod ngsi_forwarding;
+mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;

@@ -141,7 +141,7 @@ pub fn location(entity: &Entity) -> Option<Shape> {
         .attrs
         .iter()
         .find(|(_, a)| a.is_location())
-        .and_then(|(_, a)| Shape::from_attribute(&a.attr_type, &a.value).ok().flatten())
+        .and_then(|(_, a)| Shape::of_stored_attribute(&a.attr_type, &a.value))
 }
 
 /// Whether a service path matches the patterns (`/#` and `/x/#` are subtrees).
@@ -210,16 +210,17 @@ impl Resolver for EntityResolver<'_> {
 }
 
 /// A value as a query operand: a `DateTime` value compares as an instant,
-/// anything else as typed JSON; `path` reaches inside structured values.
+/// anything else (a null `DateTime` too: it exists, equals `null` and
+/// compares with no date) as typed JSON; `path` reaches inside structured
+/// values.
 fn typed<'v>(value: &'v Value, ngsi_type: &str, path: &[String]) -> Option<Operand<'v>> {
     if !path.is_empty() {
         return descend(value, path).map(|v| Operand::Json(Cow::Borrowed(v)));
     }
     if ngsi_type == "DateTime" || ngsi_type == "ISO8601" {
-        return value
-            .as_str()
-            .and_then(parse_datetime)
-            .map(Operand::DateTime);
+        if let Some(ms) = value.as_str().and_then(parse_datetime) {
+            return Some(Operand::DateTime(ms));
+        }
     }
     Some(Operand::Json(Cow::Borrowed(value)))
 }

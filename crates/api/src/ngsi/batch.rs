@@ -11,13 +11,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
-use weft_model::ngsi::{self, check_name, Entity, NameKind, NgsiError, UpdateOptions};
+use weft_model::ngsi::{self, Entity, NgsiError, UpdateOptions};
 use weft_pipeline::context::EntityFilter;
 
-use super::entities::{listing_response, parse_geo, parse_mq, parse_q, pattern, Listing};
+use super::entities::{listing_response, Listing};
 use super::error::{Error, Result};
 use super::now_ms;
 use super::params::{json_body, order_by, Params};
+use super::query_body;
 use super::tenant::{ServicePath, Tenant, WriteOp};
 use crate::AppState;
 
@@ -33,12 +34,13 @@ enum Action {
 
 impl Action {
     fn parse(s: &str) -> Result<Action> {
+        // The upper-case names are NGSIv1's, still accepted (deprecated).
         Ok(match s {
-            "append" => Action::Append,
-            "appendStrict" => Action::AppendStrict,
-            "update" => Action::Update,
-            "delete" => Action::Delete,
-            "replace" => Action::Replace,
+            "append" | "APPEND" => Action::Append,
+            "appendStrict" | "APPEND_STRICT" => Action::AppendStrict,
+            "update" | "UPDATE" => Action::Update,
+            "delete" | "DELETE" => Action::Delete,
+            "replace" | "REPLACE" => Action::Replace,
             _ => {
                 return Err(Error::bad_request(
                     "invalid update action type: right ones are: append, appendStric, delete, replace, update",
@@ -62,27 +64,57 @@ pub async fn notify(
     let path = sp.for_write(WriteOp::Update)?;
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
-    let Value::Object(obj) = &value else {
-        return Err(NgsiError::parse_error().into());
-    };
-    let entities = match obj.get("data") {
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(NgsiError::parse_error().into()),
-        None => {
-            return Err(Error::bad_request(
-                "Invalid JSON payload, mandatory field /data/ not found",
-            ))
-        }
-    };
-    let mut items = Vec::with_capacity(entities.len());
-    for e in entities {
-        items.push(parse_item(e, Action::Append, options.key_values)?);
-    }
+    let items = notification_items(&value, options.key_values)?;
     let opts = options.update();
     for item in items {
         apply(&state, &tenant, &sp, &path, Action::Append, item, opts).await?;
     }
     Ok(StatusCode::OK.into_response())
+}
+
+/// The entities of an Orion notification, checked as Orion's
+/// `parseNotification` checks them (both fields present, then each field
+/// in the order written), with its texts.
+fn notification_items(value: &Value, key_values: bool) -> Result<Vec<Item>> {
+    let Value::Object(obj) = value else {
+        return Err(NgsiError::parse_error().into());
+    };
+    if obj.is_empty() {
+        return Err(Error::empty_payload());
+    }
+    for field in ["subscriptionId", "data"] {
+        if !obj.contains_key(field) {
+            return Err(Error::bad_request(format!(
+                "Invalid JSON payload, mandatory field /{field}/ not found"
+            )));
+        }
+    }
+    let mut items = Vec::new();
+    for (name, v) in obj {
+        match (name.as_str(), v) {
+            ("subscriptionId", Value::String(_)) => {}
+            ("subscriptionId", _) => {
+                return Err(Error::bad_request("/subscriptionId/ must be a JSON String"))
+            }
+            ("data", Value::Array(entities)) => {
+                for e in entities {
+                    if !e.is_object() {
+                        return Err(Error::bad_request(
+                            "notification data vector item must be a JSON Object",
+                        ));
+                    }
+                    items.push(parse_item(e, Action::Append, key_values)?);
+                }
+            }
+            ("data", _) => return Err(Error::bad_request("/data/ must be a JSON Array")),
+            (other, _) => {
+                return Err(Error::bad_request(format!(
+                    "Unrecognized field in JSON payload: /{other}/"
+                )))
+            }
+        }
+    }
+    Ok(items)
 }
 
 /// One entity of the payload, parsed.
@@ -369,7 +401,10 @@ async fn apply(
     Ok((!failed.is_empty()).then_some(Failure::Attrs(failed, some_applied)))
 }
 
-/// Orion's "Query" batch operation (`POST /v2/op/query`).
+/// Orion's "Query" batch operation (`POST /v2/op/query`): the entities
+/// matching any of `entities` (all when absent) and every condition of
+/// `expression`, rendered with `attrs`/`metadata`, paged and ordered by
+/// the URL's `limit`, `offset`, `orderBy` and `options`.
 pub async fn query(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
@@ -379,80 +414,44 @@ pub async fn query(
     body: Bytes,
 ) -> Result<Response> {
     let value = json_body(&headers, &body)?;
-    let Value::Object(obj) = &value else {
-        return Err(NgsiError::parse_error().into());
-    };
-    for key in obj.keys() {
-        if !matches!(
-            key.as_str(),
-            "entities" | "attrs" | "attributes" | "expression" | "metadata"
-        ) {
-            return Err(Error::bad_request(format!(
-                "Unrecognized field in JSON payload: /{key}/"
-            )));
-        }
-    }
-    let expr = obj.get("expression").and_then(Value::as_object);
-    let field = |k: &str| expr.and_then(|e| e.get(k)).and_then(Value::as_str);
-    let q = parse_q(field("q"))?;
-    let mq = parse_mq(field("mq"))?;
-    let geo = parse_geo(field("georel"), field("geometry"), field("coords"))?;
+    let request = query_body::parse(&value)?;
     let service_paths = sp.for_read();
+    let expression = &request.expression;
     let base = || EntityFilter {
         service_paths: service_paths.clone(),
-        q: q.clone(),
-        mq: mq.clone(),
-        geo: geo.clone(),
+        q: expression.q.clone(),
+        mq: expression.mq.clone(),
+        geo: expression.geo.clone(),
         ..EntityFilter::default()
     };
-    let mut filters = Vec::new();
-    if let Some(list) = obj.get("entities") {
-        let Value::Array(list) = list else {
-            return Err(NgsiError::parse_error().into());
-        };
-        for sel in list {
-            let Value::Object(sel) = sel else {
-                return Err(NgsiError::parse_error().into());
-            };
-            let text = |k: &str| sel.get(k).and_then(Value::as_str);
-            let mut f = base();
-            match (text("id"), text("idPattern")) {
-                (Some(_), Some(_)) => {
-                    return Err(Error::bad_request("Incompatible parameters: id, IdPattern"))
-                }
-                (Some(id), None) => {
-                    check_name(NameKind::EntityId, id)?;
-                    f.ids = vec![id.to_string()];
-                }
-                (None, Some(p)) => f.id_pattern = Some(pattern(p, "idPattern")?),
-                (None, None) => {}
-            }
-            match (text("type"), text("typePattern")) {
-                (Some(t), _) => f.types = vec![t.to_string()],
-                (None, Some(p)) => f.type_pattern = Some(pattern(p, "typePattern")?),
-                (None, None) => {}
-            }
-            filters.push(f);
-        }
-    }
+    let mut filters: Vec<EntityFilter> = request
+        .entities
+        .into_iter()
+        .map(|sel| EntityFilter {
+            ids: sel.id.into_iter().collect(),
+            id_pattern: sel.id_pattern,
+            types: sel.entity_type.into_iter().collect(),
+            type_pattern: sel.type_pattern,
+            ..base()
+        })
+        .collect();
     if filters.is_empty() {
         filters.push(base());
     }
-    let strings = |k: &str| -> Option<Vec<String>> {
-        obj.get(k).and_then(Value::as_array).map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-    };
+    let non_empty = |list: Option<Vec<String>>| list.filter(|l| !l.is_empty());
+    // `attributes` also requires one of the (user) attributes it names.
+    let required_attrs: Vec<String> = request
+        .attributes
+        .iter()
+        .flatten()
+        .filter(|a| !matches!(a.as_str(), "dateCreated" | "dateModified" | "*"))
+        .cloned()
+        .collect();
     let listing = Listing {
         filters,
-        // `attributes` is the older name of `attrs`.
-        attrs: strings("attrs")
-            .or_else(|| strings("attributes"))
-            .filter(|a| !a.is_empty()),
-        metadata: strings("metadata").filter(|a| !a.is_empty()),
+        attrs: non_empty(request.attrs).or_else(|| non_empty(request.attributes)),
+        metadata: non_empty(request.metadata),
+        required_attrs,
         order: order_by(&params)?,
         page: params.paging()?,
         options: params.options()?,

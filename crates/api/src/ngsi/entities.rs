@@ -33,6 +33,9 @@ pub struct Listing {
     pub attrs: Option<Vec<String>>,
     /// `metadata` to render (None: all).
     pub metadata: Option<Vec<String>>,
+    /// Attributes of which an entity must have at least one (op/query's
+    /// deprecated `attributes`); empty: no such condition.
+    pub required_attrs: Vec<String>,
     /// `orderBy`.
     pub order: Vec<OrderKey>,
     /// `limit`, `offset`.
@@ -64,7 +67,8 @@ pub fn parse_geo(
     geometry: Option<&str>,
     coords: Option<&str>,
 ) -> Result<Option<GeoQuery>> {
-    GeoQuery::from_params(georel, geometry, coords).map_err(|e| Error::bad_request(e.description()))
+    GeoQuery::from_ngsi_params(georel, geometry, coords)
+        .map_err(|e| Error::bad_request(e.description()))
 }
 
 impl Listing {
@@ -98,6 +102,7 @@ impl Listing {
             filters: vec![filter],
             attrs: p.list("attrs"),
             metadata: p.list("metadata"),
+            required_attrs: Vec::new(),
             order: order_by(p)?,
             page: p.paging()?,
             options: p.options()?,
@@ -178,6 +183,13 @@ impl Listing {
                 }),
             }
         }
+        if !self.required_attrs.is_empty() {
+            found.retain(|e| {
+                self.required_attrs
+                    .iter()
+                    .any(|a| e.entity.attrs.contains_key(a))
+            });
+        }
         self.sort(&mut found);
         let total = found.len();
         let (limit, offset) = self.page;
@@ -192,24 +204,27 @@ impl Listing {
         (Value::Array(page), total)
     }
 
+    /// Orders the matches. Orion keeps creation order unless `orderBy`
+    /// says otherwise, also for `near` queries; `orderBy=geo:distance`
+    /// alone sorts a `near` query's matches nearest first, and anywhere
+    /// else (descending, among other keys, without `near`) names an
+    /// attribute no entity has.
     fn sort(&self, found: &mut [StoredEntity]) {
-        let geo = self.filters.first().and_then(|f| f.geo.as_ref());
-        let near = geo.filter(|g| matches!(g.rel, GeoRel::Near { .. }));
-        if self.order.is_empty() {
-            if let Some(g) = near {
-                found.sort_by(|a, b| cmp_f64(distance(g, a), distance(g, b)));
+        if let [key] = self.order.as_slice() {
+            if key.name == "geo:distance" && !key.descending {
+                let geo = self.filters.first().and_then(|f| f.geo.as_ref());
+                if let Some(g) = geo.filter(|g| matches!(g.rel(), GeoRel::Near { .. })) {
+                    found.sort_by(|a, b| cmp_f64(distance(g, a), distance(g, b)));
+                }
+                return;
             }
+        }
+        if self.order.is_empty() {
             return;
         }
         found.sort_by(|a, b| {
             for key in &self.order {
-                let ord = match key.name.as_str() {
-                    "geo:distance" => match geo {
-                        Some(g) => cmp_f64(distance(g, a), distance(g, b)),
-                        None => Ordering::Equal,
-                    },
-                    name => cmp_values(&sort_value(a, name), &sort_value(b, name)),
-                };
+                let ord = cmp_values(&sort_value(a, &key.name), &sort_value(b, &key.name));
                 let ord = if key.descending { ord.reverse() } else { ord };
                 if ord != Ordering::Equal {
                     return ord;

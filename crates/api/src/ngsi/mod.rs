@@ -20,6 +20,7 @@ pub mod error;
 pub mod forward;
 pub mod metrics;
 pub mod params;
+pub mod query_body;
 pub mod registrations;
 pub mod subscriptions;
 pub mod tenant;

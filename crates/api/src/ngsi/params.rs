@@ -52,12 +52,18 @@ pub fn decode(s: &str) -> String {
 }
 
 impl Params {
-    /// Splits and decodes a query string, refusing forbidden characters.
+    /// Splits and decodes a query string, refusing forbidden characters
+    /// and, as Orion does for every parameter, an empty value (`q=`).
     pub fn parse(query: &str) -> Result<Params> {
         let mut out = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let (k, v) = (decode(k), decode(v));
+            if v.is_empty() {
+                return Err(Error::bad_request(format!(
+                    "Empty right-hand-side for URI param /{k}/"
+                )));
+            }
             if !FREE_PARAMS.contains(&k.as_str()) && v.contains(FORBIDDEN) {
                 return Err(Error::bad_request("invalid character in URI parameter"));
             }
@@ -330,6 +336,17 @@ mod tests {
         let p = Params::parse("attrs=A,B&limit=3").unwrap();
         assert_eq!(p.list("attrs").unwrap(), ["A", "B"]);
         assert_eq!(p.paging().unwrap(), (3, 0));
+    }
+
+    #[test]
+    fn empty_values_are_refused() {
+        for query in ["q=", "georel=&geometry=point", "options"] {
+            let key = query.split(['=', '&']).next().unwrap();
+            assert_eq!(
+                Params::parse(query).unwrap_err().0.description,
+                format!("Empty right-hand-side for URI param /{key}/")
+            );
+        }
     }
 
     #[test]

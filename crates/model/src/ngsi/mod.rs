@@ -345,9 +345,10 @@ impl Attribute {
 
     /// Whether this attribute is a location that counts towards the
     /// one-location-per-entity limit (a geo type without `ignoreType`
-    /// metadata set to true).
+    /// metadata set to true, and not null: Orion 3.1.0).
     pub fn is_location(&self) -> bool {
         is_geo_type(&self.attr_type)
+            && !self.value.is_null()
             && !matches!(
                 self.metadata.get("ignoreType").map(|m| &m.value),
                 Some(Value::Bool(true))
@@ -589,6 +590,10 @@ mod tests {
             },
         );
         e.attrs.insert("l2", ignored);
+        assert!(e.check_locations().is_ok());
+        // A null location is no location (Orion 3.1.0).
+        e.attrs
+            .insert("l3", Attribute::new(Value::Null, "geo:point"));
         assert!(e.check_locations().is_ok());
     }
 }

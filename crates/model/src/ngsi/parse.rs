@@ -393,7 +393,7 @@ fn normalise_date(value: Value, error: &str) -> Result<Value, NgsiError> {
 /// Validates (and normalises) an attribute value for its type and
 /// metadata: nesting depth, forbidden characters unless the type or a
 /// `TextUnrestricted: true` metadata lifts them (`4792_text_unrestricted_metadata`,
-/// `3867_textUnrestricted…`), `DateTime`/`ISO8601` dates, `geo:json` shapes.
+/// `3867_textUnrestricted…`), `DateTime`/`ISO8601` dates, location values ([`crate::geo`]).
 pub(crate) fn check_value(
     attr_type: &str,
     metadata: &MetadataMap,
@@ -413,10 +413,15 @@ pub(crate) fn check_value(
     if is_date_type(attr_type) {
         return normalise_date(value, "date has invalid format in attribute value");
     }
-    if attr_type == "geo:json" && !value.is_null() {
-        check_geojson(&value).map_err(|why| {
-            NgsiError::bad_request(format!("error parsing location attribute: {why}"))
-        })?;
+    // A location is checked as Orion indexes it; `ignoreType` makes it
+    // plain data (Orion 3.6.0).
+    let ignored = matches!(
+        metadata.get("ignoreType").map(|m| &m.value),
+        Some(Value::Bool(true))
+    );
+    if !ignored {
+        crate::geo::Shape::from_attribute(attr_type, &value)
+            .map_err(|e| NgsiError::bad_request(e.description()))?;
     }
     Ok(value)
 }
@@ -444,70 +449,6 @@ fn check_nesting(v: &Value) -> Result<(), NgsiError> {
         )));
     }
     Ok(())
-}
-
-/// A shape check of a GeoJSON geometry (or a Feature carrying one); the
-/// geometry maths lives in [`crate::geo`].
-fn check_geojson(v: &Value) -> Result<(), String> {
-    let Value::Object(o) = v else {
-        return Err("geo:json needs an object as value".into());
-    };
-    let Some(Value::String(t)) = o.get("type") else {
-        return Err("geometry has no /type/".into());
-    };
-    match t.as_str() {
-        "Feature" => match o.get("geometry") {
-            Some(g) => check_geojson(g),
-            None => Err("Feature has no /geometry/".into()),
-        },
-        "FeatureCollection" => match o.get("features") {
-            Some(Value::Array(fs)) if !fs.is_empty() => fs.iter().try_for_each(check_geojson),
-            _ => Err("FeatureCollection needs a non-empty /features/ array".into()),
-        },
-        "GeometryCollection" => match o.get("geometries") {
-            Some(Value::Array(gs)) => gs.iter().try_for_each(check_geojson),
-            _ => Err("GeometryCollection needs a /geometries/ array".into()),
-        },
-        "Point" | "MultiPoint" | "LineString" | "MultiLineString" | "Polygon" | "MultiPolygon" => {
-            let c = o
-                .get("coordinates")
-                .ok_or_else(|| format!("{t} has no /coordinates/"))?;
-            let ok = match t.as_str() {
-                "Point" => is_position(c),
-                "MultiPoint" => array_of(c, 0, is_position),
-                "LineString" => is_line(c),
-                "MultiLineString" => array_of(c, 0, is_line),
-                "Polygon" => is_polygon(c),
-                _ => array_of(c, 0, is_polygon),
-            };
-            if ok {
-                Ok(())
-            } else {
-                Err(format!("invalid coordinates for {t}"))
-            }
-        }
-        other => Err(format!("unsupported geometry type /{other}/")),
-    }
-}
-
-fn is_position(v: &Value) -> bool {
-    matches!(v, Value::Array(a) if (2..=3).contains(&a.len()) && a.iter().all(Value::is_number))
-}
-
-fn array_of(v: &Value, min: usize, item: fn(&Value) -> bool) -> bool {
-    matches!(v, Value::Array(a) if a.len() >= min && a.iter().all(item))
-}
-
-fn is_line(v: &Value) -> bool {
-    array_of(v, 2, is_position)
-}
-
-fn is_ring(v: &Value) -> bool {
-    array_of(v, 4, is_position) && v.as_array().map(|a| a.first() == a.last()) == Some(true)
-}
-
-fn is_polygon(v: &Value) -> bool {
-    array_of(v, 1, is_ring)
 }
 
 #[cfg(test)]

@@ -686,8 +686,12 @@ fn parse_expression(v: &Value) -> Result<Expression, NgsiError> {
     let geometry = text("geometry")?.unwrap_or_default();
     let coords = text("coords")?.unwrap_or_default();
     if !(georel.is_empty() && geometry.is_empty() && coords.is_empty()) {
-        e.geo =
-            Some(GeoQuery::parse(&georel, &geometry, &coords).map_err(|err| bad(err.to_string()))?);
+        // All three or none, with Orion's `expression` texts.
+        fn given(s: &str) -> Option<&str> {
+            (!s.is_empty()).then_some(s)
+        }
+        e.geo = GeoQuery::from_expression(given(&georel), given(&geometry), given(&coords))
+            .map_err(|err| bad(err.description()))?;
         e.geo_text = Some((georel, geometry, coords));
     }
     Ok(e)

@@ -169,8 +169,12 @@ impl QueryError {
 /// (the cases cited are in Orion's functional tests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueryErrorKind {
+    /// `;`: "empty q".
+    EmptyQuery,
     /// `a;;b`: "empty q-item" (2086_allow_trailing_semicolon).
     EmptyItem,
+    /// `a; ;b`: "empty q-item (only whitespace)".
+    WhitespaceItem,
     /// `<speed`: "empty left-hand-side in q-item" (2106).
     EmptyLhs,
     /// `a==`: "empty right-hand-side in q-item".
@@ -213,7 +217,7 @@ pub enum QueryErrorKind {
     },
     /// `a~=(`: "error compiling filter regex: '<regex>'".
     BadRegex(String),
-    /// An `mq` item without a metadata name:
+    /// A unary `mq` item without a metadata name (`!temp`):
     /// "no metadata in right-hand-side of q-item".
     NoMetadata,
 }
@@ -223,7 +227,9 @@ impl QueryErrorKind {
     fn reason(&self) -> &'static str {
         use QueryErrorKind::*;
         match self {
+            EmptyQuery => "empty q",
             EmptyItem => "empty q-item",
+            WhitespaceItem => "empty q-item (only whitespace)",
             EmptyLhs => "empty left-hand-side in q-item",
             EmptyRhs => "empty right-hand-side in q-item",
             BadLhsChar(QueryKind::Q) => "invalid character found in URI param /q/",

@@ -9,22 +9,33 @@ use super::{
 /// Characters Orion forbids in unquoted string values and regexes.
 const FORBIDDEN: &[char] = &['<', '>', '"', '\'', '=', ';', '(', ')'];
 
+/// Splits `q` into items the way Orion does: `;` alone is an empty
+/// query; `;;` anywhere, or a `;` left at the end once one trailing `;` is
+/// dropped (2086_allow_trailing_semicolon), is an empty item; a leading
+/// `;` is skipped; an item of blanks is an empty item "(only whitespace)".
+/// Unlike Orion, a `;` inside quotes does not split.
 pub(super) fn parse(q: &str, kind: QueryKind) -> Result<Query, QueryError> {
     let mut items = Vec::new();
-    if !q.trim().is_empty() {
-        let mut pieces = split_outside_quotes(q, ';');
-        // One trailing `;` is allowed, two are an empty item
-        // (2086_allow_trailing_semicolon).
-        if pieces.len() > 1 && pieces.last().is_some_and(|p| p.trim().is_empty()) {
-            pieces.pop();
+    if q.trim().is_empty() {
+        return Ok(Query { kind, items });
+    }
+    if q.trim() == ";" {
+        return Err(QueryError::new(q, QueryErrorKind::EmptyQuery));
+    }
+    if find_outside_quotes(q, ";;").is_some() {
+        return Err(QueryError::new(q, QueryErrorKind::EmptyItem));
+    }
+    let body = q.strip_suffix(';').unwrap_or(q).trim();
+    if body.ends_with(';') {
+        return Err(QueryError::new(q, QueryErrorKind::EmptyItem));
+    }
+    let body = body.strip_prefix(';').unwrap_or(body);
+    for piece in split_outside_quotes(body, ';') {
+        let item = piece.trim();
+        if item.is_empty() {
+            return Err(QueryError::new(q, QueryErrorKind::WhitespaceItem));
         }
-        for piece in pieces {
-            let item = piece.trim();
-            if item.is_empty() {
-                return Err(QueryError::new(q, QueryErrorKind::EmptyItem));
-            }
-            items.push(parse_item(item, kind).map_err(|k| QueryError::new(item, k))?);
-        }
+        items.push(parse_item(item, kind).map_err(|k| QueryError::new(item, k))?);
     }
     Ok(Query { kind, items })
 }
@@ -116,7 +127,9 @@ fn parse_item(item: &str, kind: QueryKind) -> Result<Item, QueryErrorKind> {
         return Err(QueryErrorKind::EmptyRhs);
     }
     let path = parse_path(lhs)?;
-    if kind == QueryKind::Mq && path.segments.len() < 2 {
+    // Orion asks for the metadata name of unary `mq` items only; a binary
+    // item without one is valid and matches nothing.
+    if kind == QueryKind::Mq && unary && path.segments.len() < 2 {
         return Err(QueryErrorKind::NoMetadata);
     }
     let op = match tok {

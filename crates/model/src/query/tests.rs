@@ -116,7 +116,12 @@ fn trailing_semicolon_once_but_not_twice() {
     assert!(Query::parse("humidity:567;").is_ok());
     assert_eq!(err("humidity:567;;"), "empty q-item");
     assert_eq!(err("a;;b"), "empty q-item");
-    assert_eq!(err(";a"), "empty q-item");
+    assert_eq!(err("a; ;"), "empty q-item");
+    // Orion's tokenizer skips a leading `;`; a lone one is an empty q, an
+    // item of blanks its own text.
+    assert!(Query::parse(";a").is_ok());
+    assert_eq!(err(";"), "empty q");
+    assert_eq!(err("a; ;b"), "empty q-item (only whitespace)");
 }
 
 #[test]
@@ -446,8 +451,14 @@ fn paths_are_exposed() {
 #[test]
 fn mq_needs_a_metadata_name() {
     assert_eq!(mq_err("A1"), "no metadata in right-hand-side of q-item");
-    assert_eq!(mq_err("A1==3"), "no metadata in right-hand-side of q-item");
+    assert_eq!(mq_err("!A1"), "no metadata in right-hand-side of q-item");
     assert!(Query::parse_mq("A1.M1").is_ok());
+    // A binary item without a metadata name is valid and matches nothing.
+    let es = [(
+        "E1",
+        json!({"A1": {"value": 3, "type": "x", "metadata": {}}}),
+    )];
+    assert!(select("A1==3", true, &es).is_empty());
 }
 
 #[test]
