@@ -800,8 +800,10 @@ async fn a_page_that_renders_too_much_fails_only_its_view() {
     let server = Server::start();
     let c = server.client();
     let entities: Vec<Value> = (0..1000)
-        .map(|i| json!({"id": format!("room-{i:04}-with-a-longer-name"), "type": "Room",
-                         "temperature": {"value": i, "type": "Number"}}))
+        .map(|i| {
+            json!({"id": format!("room-{i:04}-with-a-longer-name"), "type": "Room",
+                         "temperature": {"value": i, "type": "Number"}})
+        })
         .collect();
     c.expect(
         204,

@@ -1260,7 +1260,11 @@ where
         .query_history(&query(|q| q.last_n = Some(3)))
         .await
         .unwrap();
-    assert_eq!(values(last), [4.0, 5.0, 6.0], "last_n is exact inside a time");
+    assert_eq!(
+        values(last),
+        [4.0, 5.0, 6.0],
+        "last_n is exact inside a time"
+    );
     let page = store
         .query_history(&query(|q| {
             q.offset = 2;

@@ -123,14 +123,22 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
         .filter(|r| keep(r))
         .collect();
     rows.sort_unstable_by(|a, b| {
-        (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time, a.instance).cmp(&(
-            &b.tenant,
-            &b.entity_id,
-            &b.entity_type,
-            &b.attr,
-            b.time,
-            b.instance,
-        ))
+        (
+            &a.tenant,
+            &a.entity_id,
+            &a.entity_type,
+            &a.attr,
+            a.time,
+            a.instance,
+        )
+            .cmp(&(
+                &b.tenant,
+                &b.entity_id,
+                &b.entity_type,
+                &b.attr,
+                b.time,
+                b.instance,
+            ))
     });
     let count = rows.len() as u64;
     let chunk = tuning.chunk_rows.max(1);

@@ -35,8 +35,10 @@ pub(super) async fn health(State(state): State<AppState>) -> Response {
         )
             .into_response(),
     };
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=180"));
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=180"),
+    );
     resp
 }
 

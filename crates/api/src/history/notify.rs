@@ -139,7 +139,12 @@ fn notified_entity(item: &Value) -> Result<Option<Entity>, QlError> {
     }
     parse_entity(&Value::Object(normalized), false)
         .map(Some)
-        .map_err(|e| refused(format!("Notification not processed or not updated: {}", e.description)))
+        .map_err(|e| {
+            refused(format!(
+                "Notification not processed or not updated: {}",
+                e.description
+            ))
+        })
 }
 
 /// Whether a value counts as one for QuantumLeap's filter: an integer or

@@ -62,10 +62,7 @@ impl Params {
         let last_n = integer(q, "lastN", 1)?;
         let limit = integer(q, "limit", 1)?;
         let offset = integer(q, "offset", 0)?;
-        let method = one_of(
-            text("aggrMethod"),
-            &["count", "sum", "avg", "min", "max"],
-        )?;
+        let method = one_of(text("aggrMethod"), &["count", "sum", "avg", "min", "max"])?;
         let period = one_of(
             text("aggrPeriod"),
             &["year", "month", "day", "hour", "minute", "second"],
@@ -273,20 +270,49 @@ mod tests {
         assert_eq!(status(parse(&[("lastN", "0")], Attrs::InPath)), 400);
         assert_eq!(status(parse(&[("limit", "x")], Attrs::InPath)), 400);
         assert_eq!(status(parse(&[("offset", "-1")], Attrs::InPath)), 400);
-        assert_eq!(status(parse(&[("aggrMethod", "median")], Attrs::InPath)), 400);
+        assert_eq!(
+            status(parse(&[("aggrMethod", "median")], Attrs::InPath)),
+            400
+        );
         assert_eq!(status(parse(&[("aggrPeriod", "day")], Attrs::InPath)), 400);
-        assert_eq!(status(parse(&[("options", "keyValues")], Attrs::InPath)), 501);
-        assert_eq!(status(parse(&[("aggrScope", "global")], Attrs::InPath)), 501);
-        assert_eq!(status(parse(&[("aggrScope", "entity")], Attrs::InPath)), 200);
-        assert_eq!(status(parse(&[("aggrMethod", "avg")], Attrs::FromQuery)), 400);
+        assert_eq!(
+            status(parse(&[("options", "keyValues")], Attrs::InPath)),
+            501
+        );
+        assert_eq!(
+            status(parse(&[("aggrScope", "global")], Attrs::InPath)),
+            501
+        );
+        assert_eq!(
+            status(parse(&[("aggrScope", "entity")], Attrs::InPath)),
+            200
+        );
+        assert_eq!(
+            status(parse(&[("aggrMethod", "avg")], Attrs::FromQuery)),
+            400
+        );
         assert_eq!(status(parse(&[("aggrMethod", "avg")], Attrs::InPath)), 200);
-        assert_eq!(status(parse(&[("fromDate", "yesterday")], Attrs::InPath)), 422);
+        assert_eq!(
+            status(parse(&[("fromDate", "yesterday")], Attrs::InPath)),
+            422
+        );
         assert_eq!(status(parse(&[("georel", "near")], Attrs::InPath)), 400);
-        let equals = [("georel", "equals"), ("geometry", "point"), ("coords", "1,2")];
+        let equals = [
+            ("georel", "equals"),
+            ("geometry", "point"),
+            ("coords", "1,2"),
+        ];
         assert_eq!(status(parse(&equals, Attrs::InPath)), 422);
-        let p = parse(&[("limit", "20000"), ("fromDate", "2026-01-01")], Attrs::InPath).unwrap();
+        let p = parse(
+            &[("limit", "20000"), ("fromDate", "2026-01-01")],
+            Attrs::InPath,
+        )
+        .unwrap();
         assert_eq!(p.limit, DEFAULT_LIMIT, "a larger limit is capped");
-        assert_eq!(p.from.unwrap().1, parse_datetime("2026-01-01T00:00:00Z").unwrap());
+        assert_eq!(
+            p.from.unwrap().1,
+            parse_datetime("2026-01-01T00:00:00Z").unwrap()
+        );
     }
 
     #[test]

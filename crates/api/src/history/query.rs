@@ -41,7 +41,10 @@ pub(super) async fn list_entities(
         )
         .await?;
     let mut latest: Vec<(i64, String, String)> = Vec::new();
-    for e in entities.into_iter().filter(|e| params.wants_id(&e.entity_id)) {
+    for e in entities
+        .into_iter()
+        .filter(|e| params.wants_id(&e.entity_id))
+    {
         let last = store
             .query_history(&HistoryQuery {
                 tenant: scope.tenant.clone(),
@@ -70,7 +73,9 @@ pub(super) async fn list_entities(
     page.sort_by(|a, b| (&a.2, &a.1).cmp(&(&b.2, &b.1)));
     let out: Vec<Value> = page
         .into_iter()
-        .map(|(time, ty, id)| json!({"entityId": id, "entityType": ty, "index": format_index(time)}))
+        .map(
+            |(time, ty, id)| json!({"entityId": id, "entityType": ty, "index": format_index(time)}),
+        )
         .collect();
     Ok(Json(Value::Array(out)).into_response())
 }
@@ -176,7 +181,10 @@ pub(super) async fn entity_value(
     Query(q): RawQuery,
 ) -> QlResult {
     let (params, _, _, e) = one_entity(&state, &headers, &q, id, None).await?;
-    Ok(Json(json!({"index": entity_index(&params, &e), "attributes": attributes(&e)})).into_response())
+    Ok(
+        Json(json!({"index": entity_index(&params, &e), "attributes": attributes(&e)}))
+            .into_response(),
+    )
 }
 
 /// `GET /v2/entities/{id}/attrs/{attr}` (1T1E1A).
@@ -205,7 +213,10 @@ pub(super) async fn entity_attr_value(
     Query(q): RawQuery,
 ) -> QlResult {
     let (params, _, _, e) = one_entity(&state, &headers, &q, id, Some(attr.clone())).await?;
-    Ok(Json(json!({"index": entity_index(&params, &e), "values": e.values(&attr)})).into_response())
+    Ok(
+        Json(json!({"index": entity_index(&params, &e), "values": e.values(&attr)}))
+            .into_response(),
+    )
 }
 
 /// The records of several entities: of `entity_type` (from the path, else
@@ -394,7 +405,8 @@ fn attr_types_json(params: &Params, found: &Found, attr: &str) -> Value {
     let mut types: Map<String, Value> = Map::new();
     let mut order: Vec<String> = Vec::new();
     for ((ty, id), e) in found.iter().filter(|(_, e)| e.has(attr)) {
-        let entity = json!({"entityId": id, "index": range_index(params, e), "values": e.values(attr)});
+        let entity =
+            json!({"entityId": id, "index": range_index(params, e), "values": e.values(attr)});
         if !types.contains_key(ty) {
             order.push(ty.clone());
         }
@@ -458,7 +470,10 @@ pub(super) async fn attr(
     Query(q): RawQuery,
 ) -> QlResult {
     let (params, found) = many(&state, &headers, &q, None, Some(attr.clone())).await?;
-    Ok(Json(json!({"attrName": attr, "types": attr_types_json(&params, &found, &attr)})).into_response())
+    Ok(
+        Json(json!({"attrName": attr, "types": attr_types_json(&params, &found, &attr)}))
+            .into_response(),
+    )
 }
 
 /// `GET /v2/attrs/{attr}/value` (NTNE1A_value).

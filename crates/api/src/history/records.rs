@@ -163,7 +163,15 @@ pub(crate) async fn fetch(
         let found = records(store.query_history(&q).await?);
         return Ok(cut(found, selection.grouping, newest_first, 0, take));
     } else {
-        records(leading_rows(store, &base, newest_first, params.offset.saturating_add(take)).await?)
+        records(
+            leading_rows(
+                store,
+                &base,
+                newest_first,
+                params.offset.saturating_add(take),
+            )
+            .await?,
+        )
     };
     found = cut(found, selection.grouping, newest_first, params.offset, take);
     Ok(found)

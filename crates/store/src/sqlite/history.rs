@@ -829,15 +829,7 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
         }
         let mut rows = scan
             .query((
-                &q.tenant,
-                &id,
-                &ty,
-                &attr,
-                start.0,
-                to,
-                per_series,
-                offset,
-                start.1,
+                &q.tenant, &id, &ty, &attr, start.0, to, per_series, offset, start.1,
             ))
             .db()?;
         while let Some(row) = rows.next().db()? {
