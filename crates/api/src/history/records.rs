@@ -329,12 +329,15 @@ fn records(rows: Vec<HistoryRow>) -> Found {
         .collect()
 }
 
+/// A record's (time, instance) and its entity's (type, id).
+type RecordAt<'a> = (i64, i64, &'a (String, String));
+
 /// Keeps, of each group's records in (time, instance) order, `take`
 /// after skipping `skip` — counted from the newest with `newest_first`
 /// (QuantumLeap's `ORDER BY time_index DESC` for `lastN`) — and drops the
 /// entities left without records.
 fn cut(found: Found, grouping: Grouping, newest_first: bool, skip: usize, take: usize) -> Found {
-    let mut groups: BTreeMap<(&str, &str), Vec<(i64, i64, &(String, String))>> = BTreeMap::new();
+    let mut groups: BTreeMap<(&str, &str), Vec<RecordAt<'_>>> = BTreeMap::new();
     for (key, e) in &found {
         let group = match grouping {
             Grouping::Entity => (key.0.as_str(), key.1.as_str()),
