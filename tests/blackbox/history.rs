@@ -1,7 +1,9 @@
-//! History seen through QuantumLeap's API: values recorded from `/v2`
-//! updates, device uplinks and `POST /v2/notify` come back from the query
-//! endpoints with their time index; aggregates match values computed
-//! here; replays are stored once; tenants isolate; kill -9 loses nothing
+//! History seen through QuantumLeap's API (release 1.0.0): values
+//! recorded from `/v2` updates, device uplinks and `POST /v2/notify` come
+//! back from every query endpoint in QuantumLeap's shapes with their time
+//! index; every notification is a row of its own; limits count a type's
+//! rows; aggregates match values computed here; bad parameters get
+//! QuantumLeap's answers; tenants isolate; kill -9 loses nothing
 //! acknowledged.
 
 use std::time::Duration;

@@ -94,6 +94,13 @@ impl Params {
             }
         }
         let geo = geo_query(text("georel"), text("geometry"), text("coords"))?;
+        if geo.is_some() && method.is_some() {
+            return Err(QlError::api(
+                StatusCode::BAD_REQUEST,
+                "Bad parameters use",
+                "Geographical parameters cannot be combined with aggrMethod.",
+            ));
+        }
         let id_pattern = match text("idPattern") {
             None => None,
             // QuantumLeap appends `($|.*)` and matches case-insensitively
