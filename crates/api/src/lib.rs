@@ -12,7 +12,7 @@
 //! - [`pages`]: page templates, their services and `/pages/{name}`.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
-//! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
+//! - [`history`]: QuantumLeap's API (1.0.0): `POST /v2/notify`, and the whole API under `/ql`.
 //! - [`auth`]: API keys checked before routing, for every surface alike;
 //!   [`keys`]: `/api/v1/keys`, where they are made and revoked.
 #![deny(missing_docs)]

@@ -180,8 +180,14 @@ pub(crate) async fn fetch(
 /// Most rows one history query returns per series (the store's cap).
 const PAGE_ROWS: usize = DEFAULT_LIMIT;
 
+/// Most rows a type-wide cut reads per series (100 pages): an `offset`
+/// reaching past it sees only the rows before it, so one request cannot
+/// make weft hold a whole type's history in memory.
+const MAX_LEADING_ROWS: usize = 100 * PAGE_ROWS;
+
 /// The first `count` rows of every series of `q` (the newest `count`
-/// with `newest_first`), paged through the store: a superset of every
+/// with `newest_first`; at most [`MAX_LEADING_ROWS`]), paged through the
+/// store: a superset of every
 /// record a type-wide cut of `count` records can keep, since a record
 /// among a type's first `count` is among its own series' first `count`.
 async fn leading_rows(
@@ -190,6 +196,7 @@ async fn leading_rows(
     newest_first: bool,
     count: usize,
 ) -> Result<Vec<HistoryRow>, QlError> {
+    let count = count.min(MAX_LEADING_ROWS);
     let mut out = Vec::new();
     let mut skipped = 0;
     while skipped < count {
