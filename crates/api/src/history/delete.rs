@@ -53,13 +53,7 @@ pub(super) async fn delete_entity(
     let store = settled_store(&state).await;
     let entity_type = q.get("type").filter(|t| !t.is_empty()).cloned();
     if entity_type.is_none() {
-        let types = store
-            .history_entities(&scope.tenant, None, scope.service_path.as_deref())
-            .await?
-            .into_iter()
-            .filter(|e| e.entity_id == id)
-            .count();
-        if types > 1 {
+        if super::query::types_of(store, &scope, &id).await?.len() > 1 {
             return Err(QlError::api(
                 StatusCode::CONFLICT,
                 "AmbiguousNGSIIdError",

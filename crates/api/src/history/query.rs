@@ -100,14 +100,7 @@ async fn one_entity(
     let entity_type = match &params.entity_type {
         Some(ty) => ty.clone(),
         None => {
-            let mut types: Vec<String> = store
-                .history_entities(&scope.tenant, None, scope.service_path.as_deref())
-                .await?
-                .into_iter()
-                .filter(|e| e.entity_id == id)
-                .map(|e| e.entity_type)
-                .collect();
-            types.dedup();
+            let mut types = types_of(store, &scope, &id).await?;
             match types.len() {
                 0 => return Err(QlError::no_records()),
                 1 => types.remove(0),
@@ -135,6 +128,43 @@ async fn one_entity(
         .remove(&(entity_type.clone(), id.clone()))
         .ok_or_else(QlError::no_records)?;
     Ok((params, id, entity_type, records))
+}
+
+/// The types `id` has history under (in the request's service path),
+/// from the newest row of each of its series: an index lookup per type,
+/// whatever the size of the tenant (the tenant's listing only when the
+/// id's rows are gone and its rollups left).
+pub(super) async fn types_of(
+    store: &std::sync::Arc<dyn weft_store::Store>,
+    scope: &super::Scope,
+    id: &str,
+) -> Result<Vec<String>, QlError> {
+    let mut types: Vec<String> = store
+        .query_history(&HistoryQuery {
+            tenant: scope.tenant.clone(),
+            service_path: scope.service_path.clone(),
+            entity_ids: vec![id.to_string()],
+            last_n: Some(1),
+            limit: 1,
+            ..HistoryQuery::default()
+        })
+        .await?
+        .into_iter()
+        .map(|r| r.entity_type)
+        .collect();
+    if types.is_empty() {
+        // Rows gone (downsampled) while rollups remain: the listing knows.
+        types = store
+            .history_entities(&scope.tenant, None, scope.service_path.as_deref())
+            .await?
+            .into_iter()
+            .filter(|e| e.entity_id == id)
+            .map(|e| e.entity_type)
+            .collect();
+    }
+    types.sort_unstable();
+    types.dedup();
+    Ok(types)
 }
 
 /// The `index` of an entity's answer: its records' times, but `[]` for
