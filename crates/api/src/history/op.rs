@@ -104,7 +104,7 @@ pub(super) async fn op_query(
         m.insert("type".into(), entity_type.into());
         for r in rows {
             let value = if (r.time, r.instance) == latest {
-                serde_json::from_str(&r.value).unwrap_or(Value::Null)
+                super::records::render_value(&r.attr_type, &r.value)
             } else {
                 Value::Null
             };

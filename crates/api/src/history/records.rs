@@ -377,19 +377,77 @@ fn cut(found: Found, grouping: Grouping, newest_first: bool, skip: usize, take: 
         .collect()
 }
 
-/// A stored value as QuantumLeap answers it: `Number` as a float,
-/// `DateTime` in its index format, `geo:point` as `"lat, lon"`.
-fn render_value(attr_type: &str, json: &str) -> Value {
+/// A stored value as QuantumLeap answers it, cast to its attribute's type
+/// as QuantumLeap casts what it stores (its user manual's "Data Casting"
+/// table): `Number` a float, `Integer` an integer (numeric text parsed),
+/// `DateTime` and date-time `Property` values in its index format, `Text`
+/// the value's text, `StructuredValue` an object or array — and `null`
+/// where the cast fails; `geo:point` as `"lat, lon"`.
+pub(super) fn render_value(attr_type: &str, json: &str) -> Value {
     let value: Value = serde_json::from_str(json).unwrap_or(Value::Null);
-    match (attr_type, &value) {
-        ("Number", Value::Number(n)) if !n.is_f64() => n.as_f64().map_or(value, Value::from),
-        ("DateTime" | "ISO8601", Value::String(s)) => weft_model::ngsi::parse_datetime(s)
-            .map_or(value.clone(), |ms| Value::String(format_index(ms))),
-        ("geo:point", Value::String(s)) => {
-            let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-            Value::String(parts.join(", "))
-        }
+    let as_float = |v: &Value| match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        _ => None,
+    };
+    let date = |s: &str| weft_model::ngsi::parse_datetime(s).map(format_index);
+    match attr_type {
+        _ if value.is_null() => value,
+        "Number" => as_float(&value).map_or(Value::Null, Value::from),
+        "Integer" => match &value {
+            Value::Number(n) if n.is_i64() || n.is_u64() => value,
+            v => as_float(v).map_or(Value::Null, |f| Value::from(f.trunc() as i64)),
+        },
+        "DateTime" | "ISO8601" => value
+            .as_str()
+            .and_then(date)
+            .map_or(Value::Null, Value::String),
+        "Text" => match &value {
+            Value::String(_) => value,
+            v => Value::String(python_text(v)),
+        },
+        "StructuredValue" => match &value {
+            Value::Object(_) | Value::Array(_) => value,
+            _ => Value::Null,
+        },
+        "Property" => match value.as_str().and_then(date) {
+            Some(d) => Value::String(d),
+            None => value,
+        },
+        "geo:point" => match &value {
+            Value::String(s) => {
+                let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+                Value::String(parts.join(", "))
+            }
+            _ => value,
+        },
         _ => value,
+    }
+}
+
+/// A value as QuantumLeap's text column holds it: Python's `str()` of the
+/// value (`True`, `1.0`, `['a', 'b']`, `{'k': 'v'}`).
+fn python_text(v: &Value) -> String {
+    fn repr(v: &Value) -> String {
+        match v {
+            Value::String(s) => format!("'{s}'"),
+            other => python_text(other),
+        }
+    }
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!("[{}]", a.iter().map(repr).collect::<Vec<_>>().join(", ")),
+        Value::Object(o) => format!(
+            "{{{}}}",
+            o.iter()
+                .map(|(k, v)| format!("'{k}': {}", repr(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -459,5 +517,28 @@ mod tests {
             json!("2026-01-01T00:00:00.000+00:00")
         );
         assert_eq!(render_value("geo:point", "\"1.5,2\""), json!("1.5, 2"));
+        // QuantumLeap's casting table.
+        for (ty, stored, answered) in [
+            ("Number", "true", json!(null)),
+            ("Number", "\"1.0\"", json!(1.0)),
+            ("Integer", "1.0", json!(1)),
+            ("Integer", "\"1.0\"", json!(1)),
+            ("Integer", "\"2017-06-19T11:46:45.00Z\"", json!(null)),
+            ("DateTime", "1", json!(null)),
+            ("Text", "1.0", json!("1.0")),
+            ("Text", "true", json!("True")),
+            ("Text", "[\"a\",\"b\"]", json!("['a', 'b']")),
+            ("Text", "{\"test\":\"test\"}", json!("{'test': 'test'}")),
+            ("StructuredValue", "\"1.0\"", json!(null)),
+            ("StructuredValue", "[\"a\"]", json!(["a"])),
+            (
+                "Property",
+                "\"2017-06-19T11:46:45.00Z\"",
+                json!("2017-06-19T11:46:45.000+00:00"),
+            ),
+            ("Property", "1", json!(1)),
+        ] {
+            assert_eq!(render_value(ty, stored), answered, "{ty} {stored}");
+        }
     }
 }
