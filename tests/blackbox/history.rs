@@ -1315,3 +1315,35 @@ async fn bad_parameters_get_quantumleaps_answers() {
     .await;
     assert_eq!(status, 200, "other types stay");
 }
+
+/// `history.quantumleap_master` answers as QuantumLeap's unreleased
+/// master: `id`/`type` instead of `entityId`/`entityType`, 200 `[]` where
+/// 1.0.0 answers 404.
+#[tokio::test]
+async fn the_master_variant_names_entities_id_and_type() {
+    let server = Server::start_with_env(&[("WEFT_HISTORY__QUANTUMLEAP_MASTER", "true")]);
+    let c = server.client();
+    notify(&c, None, vec![room("Room:1", &at(1, 0), 20.0, 700)]).await;
+    let (status, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"id": "Room:1", "type": "Room", "attrName": "temperature",
+               "index": [at(1, 0).replace('Z', "+00:00")], "values": [20.0]})
+    );
+    let (_, body) = get(&c, None, "/ql/v2/types/Room/attrs/temperature/value").await;
+    assert_eq!(body["values"][0]["id"], "Room:1");
+    let (_, body) = get(&c, None, "/ql/v2/entities").await;
+    assert_eq!(body[0]["id"], "Room:1");
+    assert_eq!(body[0]["type"], "Room");
+    for path in [
+        "/ql/v2/entities/Room:9/attrs/temperature",
+        "/ql/v2/types/Car",
+        "/ql/v2/attrs/nothing",
+    ] {
+        let (status, body) = get(&c, None, path).await;
+        assert_eq!((status, body), (200, json!([])), "{path}");
+    }
+    let (status, body) = delete(&c, "/ql/v2/entities/Room:9", None).await;
+    assert_eq!((status, body), (200, json!([])));
+}

@@ -52,17 +52,15 @@ pub(super) async fn delete_entity(
     let scope = scope(&headers)?;
     let store = settled_store(&state).await;
     let entity_type = q.get("type").filter(|t| !t.is_empty()).cloned();
-    if entity_type.is_none() {
-        if super::query::types_of(store, &scope, &id).await?.len() > 1 {
-            return Err(QlError::api(
-                StatusCode::CONFLICT,
-                "AmbiguousNGSIIdError",
-                format!(
-                    "There are multiple entities with the given entity_id {id}. \
-                     Please specify entity_type."
-                ),
-            ));
-        }
+    if entity_type.is_none() && super::query::types_of(store, &scope, &id).await?.len() > 1 {
+        return Err(QlError::api(
+            StatusCode::CONFLICT,
+            "AmbiguousNGSIIdError",
+            format!(
+                "There are multiple entities with the given entity_id {id}. \
+                 Please specify entity_type."
+            ),
+        ));
     }
     let target = target(scope, &q, Some(id), entity_type)?;
     if store.delete_history(&target).await? == 0 {

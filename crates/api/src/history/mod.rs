@@ -38,37 +38,53 @@ mod op;
 mod params;
 mod query;
 mod records;
+mod variant;
 
 pub use params::DEFAULT_LIMIT;
 
 /// QuantumLeap's API under `/ql` of weft's listener, plus `POST
 /// /v2/notify` at the root (NGSIv2 has no such path, so an Orion
 /// subscription can name `http://weft/v2/notify` as it names
-/// QuantumLeap's).
-pub fn router() -> Router<AppState> {
+/// QuantumLeap's). `state` decides which QuantumLeap answers
+/// ([`AppState::quantumleap_master`]).
+pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/v2/notify", post(notify::notify))
-        .nest("/ql", api_routes())
+        .nest("/ql", api_routes(state))
 }
 
 /// QuantumLeap's API at its own paths, for the second listener of
 /// `history.quantumleap_listen`.
 pub fn quantumleap_router(state: AppState) -> Router {
-    api_routes()
+    api_routes(&state)
         .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
         .with_state(state)
 }
 
 /// Every route of QuantumLeap's API, relative to its root (`/ql`, or `/`
-/// on QuantumLeap's own port); any other path is QuantumLeap's 404.
-fn api_routes() -> Router<AppState> {
+/// on QuantumLeap's own port); any other path is QuantumLeap's 404. The
+/// answers of the data endpoints pass through [`variant`].
+fn api_routes(state: &AppState) -> Router<AppState> {
     Router::new()
+        .merge(
+            data_routes().route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                variant::master_answers,
+            )),
+        )
         .route("/version", get(meta::version))
         .route("/health", get(meta::health))
         .route("/v2", get(meta::root))
         .route("/v2/", get(meta::root))
         .route("/management/config", post(meta::config))
         .route("/v2/notify", post(notify::notify))
+        .fallback(meta::not_found)
+}
+
+/// The routes whose answers differ between QuantumLeap 1.0.0 and master:
+/// the queries, op/query and the deletes.
+fn data_routes() -> Router<AppState> {
+    Router::new()
         .route("/v2/op/query", post(op::op_query))
         .route("/v2/entities", get(query::list_entities))
         .route(
@@ -95,7 +111,6 @@ fn api_routes() -> Router<AppState> {
         .route("/v2/attrs/value", get(query::attrs_value))
         .route("/v2/attrs/{attr}", get(query::attr))
         .route("/v2/attrs/{attr}/value", get(query::attr_value))
-        .fallback(meta::not_found)
 }
 
 /// The tenant and service path of a QuantumLeap request.
