@@ -1145,7 +1145,8 @@ pub(crate) fn feed_row(entity: &str, time: i64) -> crate::HistoryRow {
     }
 }
 
-/// Appending is idempotent on (tenant, entity, attribute, time): a replay
+/// Appending is idempotent on (tenant, entity, attribute, time, instance)
+/// (a feed entry moved again after a crash carries the same instances): a replay
 /// stores nothing twice and the answer counts only new rows; what was
 /// acknowledged survives a reopen, in its own file.
 pub(crate) async fn history_append_is_idempotent_and_survives_reopen<B: Backend>()
