@@ -1,7 +1,9 @@
-//! History seen through QuantumLeap's API: values recorded from `/v2`
-//! updates, device uplinks and `POST /v2/notify` come back from the query
-//! endpoints with their time index; aggregates match values computed
-//! here; replays are stored once; tenants isolate; kill -9 loses nothing
+//! History seen through QuantumLeap's API (release 1.0.0): values
+//! recorded from `/v2` updates, device uplinks and `POST /v2/notify` come
+//! back from every query endpoint in QuantumLeap's shapes with their time
+//! index; every notification is a row of its own; limits count a type's
+//! rows; aggregates match values computed here; bad parameters get
+//! QuantumLeap's answers; tenants isolate; kill -9 loses nothing
 //! acknowledged.
 
 use std::time::Duration;
@@ -44,6 +46,11 @@ async fn get(c: &Client, tenant: Option<&str>, path: &str) -> (u16, Value) {
     (status, body)
 }
 
+/// QuantumLeap 1.0's answer to a query that found nothing.
+fn no_records() -> Value {
+    json!({"error": "Not Found", "description": "No records were found for such query."})
+}
+
 fn at(minute: u32, second: u32) -> String {
     format!("2026-03-01T10:{minute:02}:{second:02}.000Z")
 }
@@ -66,14 +73,10 @@ async fn notifications_come_back_from_the_query_api() {
         .await;
         assert_eq!(status, 200, "{body}");
     }
-    // The same notification again: stored once.
-    let (status, _) = notify(&c, None, vec![room("Room:1", &at(5, 0), 20.0, 700)]).await;
-    assert_eq!(status, 200);
-
     let (status, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["id"], "Room:1");
-    assert_eq!(body["type"], "Room");
+    assert_eq!(body["entityId"], "Room:1");
+    assert_eq!(body["entityType"], "Room");
     assert_eq!(body["attrName"], "temperature");
     assert_eq!(body["values"], json!(temps));
     assert_eq!(body["index"][0], "2026-03-01T10:05:00.000+00:00");
@@ -140,7 +143,7 @@ async fn notifications_come_back_from_the_query_api() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["id"].as_str().unwrap())
+        .map(|e| e["entityId"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["Hall:1"]);
     let (_, body) = get(&c, None, "/ql/v2/entities?idPattern=Room").await;
@@ -157,7 +160,7 @@ async fn notifications_come_back_from_the_query_api() {
     .await;
     assert_eq!(status, 400);
     let (status, body) = get(&c, None, "/ql/v2/entities/nobody/attrs/temperature").await;
-    assert_eq!((status, body), (200, json!([])));
+    assert_eq!((status, body), (404, no_records()));
 }
 
 /// Changes made through `/v2` and by device uplinks are recorded without
@@ -183,18 +186,18 @@ async fn context_changes_are_recorded_per_tenant() {
             "/ql/v2/entities/R2/attrs/temperature/value",
         )
         .await;
-        (body["values"] == json!([20, 21, 22])).then_some(())
+        (body["values"] == json!([20.0, 21.0, 22.0])).then_some(())
     })
     .await;
-    let (_, body) = get(
+    let (status, body) = get(
         &c,
         Some("other"),
         "/ql/v2/entities/R2/attrs/temperature/value",
     )
     .await;
-    assert_eq!(body, json!([]));
-    let (_, body) = get(&c, None, "/ql/v2/entities/R2/attrs/temperature/value").await;
-    assert_eq!(body, json!([]));
+    assert_eq!((status, body), (404, no_records()));
+    let (status, body) = get(&c, None, "/ql/v2/entities/R2/attrs/temperature/value").await;
+    assert_eq!((status, body), (404, no_records()));
 
     c.create_em300th().await;
     c.uplink(
@@ -216,7 +219,7 @@ async fn context_changes_are_recorded_per_tenant() {
         (body["values"].as_array().map(Vec::len) == Some(2)).then_some(body)
     })
     .await;
-    assert_eq!(body["values"], json!([37, 45]));
+    assert_eq!(body["values"], json!([37.0, 45.0]));
     assert_eq!(
         body["index"],
         json!([
@@ -227,34 +230,52 @@ async fn context_changes_are_recorded_per_tenant() {
     );
 }
 
-/// One invalid entity does not lose the valid ones of its notification.
+/// One invalid entity refuses its whole notification with QuantumLeap's
+/// text, and nothing of it is stored; so does a body without `data`.
 #[tokio::test]
-async fn invalid_entities_do_not_lose_valid_ones() {
+async fn an_invalid_entity_refuses_the_whole_notification() {
     let server = Server::start();
     let c = server.client();
-    let (status, body) = notify(
-        &c,
-        None,
-        vec![
-            room("Room:7", &at(1, 0), 20.0, 1),
+    for (bad, message) in [
+        (
             json!({"type": "Room"}),
-            json!({"id": "X", "type": "Room", "temperature": 3}),
-        ],
-    )
-    .await;
-    assert_eq!(status, 400, "{body}");
-    let (_, body) = get(&c, None, "/ql/v2/entities/Room:7/attrs/temperature/value").await;
-    assert_eq!(body["values"], json!([20.0]));
-    let (status, _) = notify(&c, None, vec![]).await;
-    assert_eq!(status, 200);
-    let resp = c
-        .http
-        .post(format!("{}/v2/notify", c.url))
-        .json(&json!({"x": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
+            "Entity id is required in notifications",
+        ),
+        (
+            json!({"id": "X"}),
+            "Entity type is required in notifications",
+        ),
+    ] {
+        let (status, body) = notify(&c, None, vec![room("Room:7", &at(1, 0), 20.0, 1), bad]).await;
+        assert_eq!((status, body), (400, json!(message)));
+    }
+    let (status, body) = get(&c, None, "/ql/v2/entities/Room:7/attrs/temperature/value").await;
+    assert_eq!((status, body), (404, no_records()), "nothing stored");
+    let (status, body) = notify(&c, None, vec![]).await;
+    assert_eq!(
+        (status, body),
+        (200, json!("Notification successfully processed"))
+    );
+    for (body, message) in [
+        (
+            json!({"x": 1}),
+            "Discarding notification due to lack of request body content.",
+        ),
+        (
+            json!("not an object"),
+            "Discarding notification due to lack of request body. Lost in a redirect maybe?",
+        ),
+    ] {
+        let resp = c
+            .http
+            .post(format!("{}/ql/v2/notify", c.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400);
+        assert_eq!(resp.json::<Value>().await.unwrap(), json!(message));
+    }
 }
 
 /// kill -9 in the middle of a burst of notifications: every one answered
@@ -342,7 +363,7 @@ async fn kill_9_after_updates_loses_no_acknowledged_change_from_history() {
     server.kill9();
     server.restart();
     let c = server.client();
-    let want: Vec<i64> = (0..=300).collect();
+    let want: Vec<f64> = (0..=300).map(|i| i as f64).collect();
     eventually(Duration::from_secs(10), || async {
         let (_, body) = get(&c, None, "/ql/v2/entities/R9/attrs/n/value").await;
         (body["values"] == json!(want)).then_some(())
@@ -375,6 +396,20 @@ async fn quantumleap_paths_on_a_second_listener() {
     let (status, body) = get(&ql, None, "/v2/entities/Room:q/attrs/temperature").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["values"], json!([19.5]));
+    let (status, body) = get(&ql, None, "/version").await;
+    assert_eq!((status, body), (200, json!({"version": "1.0.0"})));
+    let resp = ql
+        .http
+        .get(format!("{}/health", ql.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["cache-control"], "max-age=180");
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"status": "pass"})
+    );
     // The main port keeps NGSIv2 at /v2: this is Orion's entity listing.
     let (status, body) = get(&main, None, "/v2/entities").await;
     assert_eq!((status, body), (200, json!([])));
@@ -390,8 +425,8 @@ async fn changes_are_not_recorded_unless_asked() {
     let (status, _, _) = call(&c, "POST", "/v2/entities", None, Some(&e)).await;
     assert_eq!(status, 201);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let (_, body) = get(&c, None, "/ql/v2/entities/R3/attrs/temperature/value").await;
-    assert_eq!(body, json!([]));
+    let (status, body) = get(&c, None, "/ql/v2/entities/R3/attrs/temperature/value").await;
+    assert_eq!((status, body), (404, no_records()));
 }
 
 /// The `/attrs` endpoints group an attribute's series by entity type across
@@ -446,13 +481,13 @@ async fn attrs_endpoints_and_op_query() {
     );
     let (_, value) = get(&c, None, "/ql/v2/attrs/temperature/value").await;
     assert_eq!(value["values"], body["types"]);
-    // `type` narrows, `lastN` applies per series.
+    // `type` narrows; `lastN` counts the rows of the whole type, as
+    // QuantumLeap's one table per type does.
     let (_, body) = get(&c, None, "/ql/v2/attrs/temperature?type=Room&lastN=1").await;
     assert_eq!(
         body["types"],
         json!([{"entityType": "Room", "entities": [
-            {"entityId": "Room:1", "index": [i2], "values": [22.0]},
-            {"entityId": "Room:2", "index": [i1], "values": [21.0]}]}])
+            {"entityId": "Room:1", "index": [i2], "values": [22.0]}]}])
     );
     let (status, body) = get(&c, None, "/ql/v2/attrs?attrs=speed,pressure").await;
     assert_eq!(status, 200, "{body}");
@@ -471,7 +506,7 @@ async fn attrs_endpoints_and_op_query() {
     let (_, value) = get(&c, None, "/ql/v2/attrs/value?attrs=speed,pressure").await;
     assert_eq!(value["values"], body["attrs"]);
     let (status, body) = get(&c, Some("other"), "/ql/v2/attrs/temperature").await;
-    assert_eq!((status, body), (200, json!([])), "tenants isolate");
+    assert_eq!((status, body), (404, no_records()), "tenants isolate");
 
     let query = |body: Value| {
         let c = c.clone();
@@ -573,9 +608,9 @@ async fn retention_downsamples_and_expires_per_tenant() {
     // Wait for the rows to pass their horizon and be expired.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, kept) = get(&c, None, raw).await;
-        let (_, gone) = get(&c, Some("gone"), raw).await;
-        if kept == json!([]) && gone == json!([]) {
+        let (kept_status, kept) = get(&c, None, raw).await;
+        let (gone_status, gone) = get(&c, Some("gone"), raw).await;
+        if kept_status == 404 && gone_status == 404 {
             break;
         }
         assert!(
@@ -675,7 +710,7 @@ async fn temperatures(c: &Client, id: &str) -> Vec<f64> {
         &format!("/ql/v2/entities/{id}/attrs/temperature/value"),
     )
     .await;
-    if status == 404 || body == json!([]) {
+    if status == 404 {
         return Vec::new();
     }
     assert_eq!(status, 200, "{body}");
@@ -691,7 +726,7 @@ async fn temperatures(c: &Client, id: &str) -> Vec<f64> {
 /// inclusive (QuantumLeap's `time_index >= fromDate AND time_index <=
 /// toDate`): the rows outside the range, and other entities, survive; a
 /// delete under another service path, or of a range holding nothing, is a
-/// 404; a malformed date is a 400 naming the parameter and deletes
+/// 404; a malformed date is QuantumLeap's 422 naming the parameters and deletes
 /// nothing.
 #[tokio::test]
 async fn a_delete_with_a_range_removes_only_that_range() {
@@ -712,7 +747,8 @@ async fn a_delete_with_a_range_removes_only_that_range() {
     let all = vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
     assert_eq!(temperatures(&c, "Room:1").await, all);
 
-    // Malformed dates: 400 naming the parameter, nothing deleted.
+    // Malformed dates: QuantumLeap's 422 naming the parameters, nothing
+    // deleted.
     for (path, param) in [
         ("/ql/v2/entities/Room:1?fromDate=yesterday", "fromDate"),
         (
@@ -725,7 +761,7 @@ async fn a_delete_with_a_range_removes_only_that_range() {
         ("/ql/v2/types/Room?toDate=not-a-date", "toDate"),
     ] {
         let (status, body) = delete(&c, path, None).await;
-        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(status, 422, "{path}: {body}");
         let text = body.to_string();
         assert!(text.contains(param), "{path}: {body}");
     }
@@ -798,4 +834,516 @@ async fn a_delete_with_a_range_removes_only_that_range() {
     let (status, _) = delete(&c, "/ql/v2/types/Room", None).await;
     assert_eq!(status, 204);
     assert!(temperatures(&c, "Room:1").await.is_empty());
+}
+
+/// A request with extra headers: status, content type and JSON body.
+async fn send(
+    c: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, String, Value) {
+    let mut req = c
+        .http
+        .request(method.parse().unwrap(), format!("{}{path}", c.url));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        content_type,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// QuantumLeap's load script against weft: 30 clients posting 3,000
+/// notifications of one entity without a time index of their own, so
+/// many arrive in the same millisecond. QuantumLeap stores one row per
+/// notification; so must weft: every value sent comes back.
+#[tokio::test]
+async fn every_concurrent_notification_of_one_entity_is_a_row() {
+    // The load, not the key's rate limit, is what is tested.
+    let server = Server::start_with_env(&[("WEFT_HTTP__RATE_LIMIT", "0")]);
+    let c = server.client();
+    const CLIENTS: u32 = 30;
+    const EACH: u32 = 100;
+    let mut tasks = Vec::new();
+    for w in 0..CLIENTS {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let n = w * EACH + i;
+                let e = json!({"id": "Room:1", "type": "Room",
+                               "temperature": {"value": 23.3, "type": "Number"},
+                               "pressure": {"value": n, "type": "Integer"}});
+                let (status, body) = notify(&c, None, vec![e]).await;
+                assert_eq!(status, 200, "{body}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (status, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/pressure").await;
+    assert_eq!(status, 200, "{body}");
+    let mut got: Vec<u64> = body["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(body["index"].as_array().unwrap().len(), got.len());
+    got.sort_unstable();
+    let sent: Vec<u64> = (0..u64::from(CLIENTS * EACH)).collect();
+    assert_eq!(got.len(), sent.len(), "one row per notification");
+    assert_eq!(got, sent);
+    // A replayed notification is a row of its own too, as in QuantumLeap.
+    let e = room("Room:2", &at(1, 0), 20.0, 1);
+    notify(&c, None, vec![e.clone()]).await;
+    notify(&c, None, vec![e]).await;
+    let (_, body) = get(&c, None, "/ql/v2/entities/Room:2/attrs/temperature/value").await;
+    assert_eq!(body["values"], json!([20.0, 20.0]));
+}
+
+/// Every query endpoint answers QuantumLeap 1.0's shape (`entityId`,
+/// `entityType`, `values` in the type-wide value endpoints) and, where
+/// nothing matches, its 404; the meta endpoints answer at QuantumLeap's
+/// root under `/ql`, and `/ql/v2/notify` is QuantumLeap's notify.
+#[tokio::test]
+async fn every_endpoint_answers_quantumleap_1_0_shapes() {
+    let server = Server::start();
+    let c = server.client();
+    let (status, _, body) = send(
+        &c,
+        "POST",
+        "/ql/v2/notify",
+        &[("Fiware-Service", "shapes")],
+        Some(json!({"data": [
+            room("Room:1", &at(1, 0), 20.0, 700),
+            room("Room:2", &at(1, 1), 21.0, 710),
+        ]})),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (200, json!("Notification successfully processed"))
+    );
+    notify(
+        &c,
+        Some("shapes"),
+        vec![room("Room:1", &at(2, 0), 22.0, 720)],
+    )
+    .await;
+    let t = |m: u32, s: u32| at(m, s).replace('Z', "+00:00");
+    let ok = |path: &'static str| {
+        let c = c.clone();
+        async move {
+            let (status, body) = get(&c, Some("shapes"), path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            body
+        }
+    };
+    let attributes = |pressure: Value, temperature: Value, times: Value| {
+        json!([
+            {"attrName": "TimeInstant", "values": times},
+            {"attrName": "pressure", "values": pressure},
+            {"attrName": "temperature", "values": temperature},
+        ])
+    };
+    let room1 = attributes(
+        json!([700, 720]),
+        json!([20.0, 22.0]),
+        json!([t(1, 0), t(2, 0)]),
+    );
+    let room2 = attributes(json!([710]), json!([21.0]), json!([t(1, 1)]));
+    assert_eq!(
+        ok("/ql/v2/entities").await,
+        json!([
+            {"entityId": "Room:1", "entityType": "Room", "index": t(2, 0)},
+            {"entityId": "Room:2", "entityType": "Room", "index": t(1, 1)},
+        ])
+    );
+    assert_eq!(
+        ok("/ql/v2/entities/Room:1").await,
+        json!({"entityId": "Room:1", "entityType": "Room",
+               "index": [t(1, 0), t(2, 0)], "attributes": room1})
+    );
+    assert_eq!(
+        ok("/ql/v2/entities/Room:1/value").await,
+        json!({"index": [t(1, 0), t(2, 0)], "attributes": room1})
+    );
+    assert_eq!(
+        ok("/ql/v2/entities/Room:1/attrs/temperature").await,
+        json!({"entityId": "Room:1", "entityType": "Room", "attrName": "temperature",
+               "index": [t(1, 0), t(2, 0)], "values": [20.0, 22.0]})
+    );
+    assert_eq!(
+        ok("/ql/v2/entities/Room:1/attrs/temperature/value").await,
+        json!({"index": [t(1, 0), t(2, 0)], "values": [20.0, 22.0]})
+    );
+    let entities = json!([
+        {"entityId": "Room:1", "index": [t(1, 0), t(2, 0)], "attributes": room1},
+        {"entityId": "Room:2", "index": [t(1, 1)], "attributes": room2},
+    ]);
+    assert_eq!(
+        ok("/ql/v2/types/Room").await,
+        json!({"entityType": "Room", "entities": entities})
+    );
+    assert_eq!(
+        ok("/ql/v2/types/Room/value").await,
+        json!({"values": entities})
+    );
+    let temperatures = json!([
+        {"entityId": "Room:1", "index": [t(1, 0), t(2, 0)], "values": [20.0, 22.0]},
+        {"entityId": "Room:2", "index": [t(1, 1)], "values": [21.0]},
+    ]);
+    assert_eq!(
+        ok("/ql/v2/types/Room/attrs/temperature").await,
+        json!({"entityType": "Room", "attrName": "temperature", "entities": temperatures})
+    );
+    assert_eq!(
+        ok("/ql/v2/types/Room/attrs/temperature/value").await,
+        json!({"values": temperatures})
+    );
+    let types = json!([{"entityType": "Room", "entities": temperatures}]);
+    assert_eq!(
+        ok("/ql/v2/attrs/temperature").await,
+        json!({"attrName": "temperature", "types": types})
+    );
+    assert_eq!(
+        ok("/ql/v2/attrs/temperature/value").await,
+        json!({"values": types})
+    );
+    assert_eq!(
+        ok("/ql/v2/attrs?attrs=temperature").await,
+        json!({"attrs": [{"attrName": "temperature", "types": types}]})
+    );
+    assert_eq!(
+        ok("/ql/v2/attrs/value?attrs=temperature").await,
+        json!({"values": [{"attrName": "temperature", "types": types}]})
+    );
+    // One aggregate over the whole range: QuantumLeap's indexes.
+    assert_eq!(
+        ok("/ql/v2/entities/Room:1/attrs/temperature?aggrMethod=max").await["index"],
+        json!([])
+    );
+    assert_eq!(
+        ok("/ql/v2/types/Room?aggrMethod=avg&attrs=temperature").await["entities"][0]["index"],
+        json!(["", ""])
+    );
+
+    // Nothing there: QuantumLeap 1.0's 404 from every query endpoint.
+    for path in [
+        "/ql/v2/entities",
+        "/ql/v2/entities/Room:1",
+        "/ql/v2/entities/Room:1/value",
+        "/ql/v2/entities/Room:1/attrs/temperature",
+        "/ql/v2/entities/Room:1/attrs/temperature/value",
+        "/ql/v2/types/Room",
+        "/ql/v2/types/Room/value",
+        "/ql/v2/types/Room/attrs/temperature",
+        "/ql/v2/types/Room/attrs/temperature/value",
+        "/ql/v2/attrs",
+        "/ql/v2/attrs/value",
+        "/ql/v2/attrs/temperature",
+        "/ql/v2/attrs/temperature/value",
+    ] {
+        let (status, body) = get(&c, Some("empty"), path).await;
+        assert_eq!((status, body), (404, no_records()), "{path}");
+    }
+    for path in [
+        "/ql/v2/entities/Room:1?type=Car",
+        "/ql/v2/entities/Room:9/attrs/temperature",
+        "/ql/v2/entities/Room:1/attrs/nothing",
+        "/ql/v2/types/Room?offset=3",
+    ] {
+        let (status, body) = get(&c, Some("shapes"), path).await;
+        assert_eq!((status, body), (404, no_records()), "{path}");
+    }
+
+    // The meta endpoints, at QuantumLeap's root.
+    let (status, _, body) = send(&c, "GET", "/ql/version", &[], None).await;
+    assert_eq!((status, body), (200, json!({"version": "1.0.0"})));
+    let (status, _, body) = send(&c, "GET", "/ql/health", &[], None).await;
+    assert_eq!((status, body), (200, json!({"status": "pass"})));
+    let (status, _, body) = send(&c, "GET", "/ql/v2/", &[], None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["notify_url"], "/v2/notify");
+    assert_eq!(body["attributes_url"], "/v2/attrs");
+    let (status, _, body) = send(&c, "POST", "/ql/management/config", &[], None).await;
+    assert_eq!(
+        (status, body),
+        (
+            501,
+            json!({"error": "Not Implemented", "description": "This API method is not yet implemented."})
+        )
+    );
+    let (status, content_type, body) = send(&c, "POST", "/ql/v2/subscribe", &[], None).await;
+    assert_eq!(
+        (status, content_type.as_str()),
+        (404, "application/problem+json")
+    );
+    assert_eq!(body["status"], 404);
+}
+
+/// `lastN`, `limit` and `offset` count the rows of a whole type on the
+/// type-wide endpoints (QuantumLeap's one table per type), of one entity
+/// on the entity endpoints; paging past the end is a 404, which is how
+/// clients know to stop.
+#[tokio::test]
+async fn limits_count_the_rows_of_a_type() {
+    let server = Server::start();
+    let c = server.client();
+    // Room:1 at even seconds, Room:2 at odd ones.
+    for second in 0..6u32 {
+        let id = if second % 2 == 0 { "Room:1" } else { "Room:2" };
+        let (status, _) = notify(
+            &c,
+            None,
+            vec![room(id, &at(1, second), f64::from(second), 1)],
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let temperatures = |body: &Value| -> Vec<(String, Vec<f64>)> {
+        body["entities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let values = e["values"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                (e["entityId"].as_str().unwrap().to_string(), values)
+            })
+            .collect()
+    };
+    let of_type = |query: &'static str| {
+        let c = c.clone();
+        async move {
+            let (status, body) = get(
+                &c,
+                None,
+                &format!("/ql/v2/types/Room/attrs/temperature?{query}"),
+            )
+            .await;
+            assert_eq!(status, 200, "{query}: {body}");
+            temperatures(&body)
+        }
+    };
+    let pair = |a: &[f64], b: &[f64]| {
+        vec![
+            ("Room:1".to_string(), a.to_vec()),
+            ("Room:2".to_string(), b.to_vec()),
+        ]
+    };
+    assert_eq!(of_type("lastN=2").await, pair(&[4.0], &[5.0]));
+    assert_eq!(of_type("limit=3").await, pair(&[0.0, 2.0], &[1.0]));
+    assert_eq!(of_type("limit=2&offset=2").await, pair(&[2.0], &[3.0]));
+    assert_eq!(of_type("lastN=2&offset=1").await, pair(&[4.0], &[3.0]));
+    // On an entity, its own rows.
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature/value?lastN=2",
+    )
+    .await;
+    assert_eq!(body["values"], json!([2.0, 4.0]));
+    let (_, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature/value?lastN=1&offset=1",
+    )
+    .await;
+    assert_eq!(body["values"], json!([2.0]), "offset skips the newest");
+    // A client paging with offset stops at the 404.
+    let (status, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?offset=3&limit=10",
+    )
+    .await;
+    assert_eq!((status, body), (404, no_records()));
+}
+
+/// Bad parameters get QuantumLeap's answers, each its own status and
+/// body, and change nothing.
+#[tokio::test]
+async fn bad_parameters_get_quantumleaps_answers() {
+    let server = Server::start();
+    let c = server.client();
+    notify(&c, None, vec![room("Room:1", &at(1, 0), 20.0, 1)]).await;
+    let mut car = room("Room:1", &at(1, 0), 5.0, 1);
+    car["type"] = json!("Car");
+    notify(&c, None, vec![car]).await;
+    let bad = |msg: &str| json!({"error": "Bad parameters use", "description": msg});
+    let not_implemented = json!({"error": "Not implemented option",
+                                 "description": "aggrScope and options are not yet implemented."});
+    for (path, status, body) in [
+        (
+            "/ql/v2/types/Room/attrs/temperature?aggrPeriod=day",
+            400,
+            bad("aggrMethod is compulsory when using aggrPeriod."),
+        ),
+        (
+            "/ql/v2/types/Room?aggrMethod=sum",
+            400,
+            bad("Specified aggrMethod = sum but missing attrs parameter."),
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?options=keyValues",
+            501,
+            not_implemented.clone(),
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?aggrScope=global&aggrMethod=sum",
+            501,
+            not_implemented,
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?fromDate=someday",
+            422,
+            json!({"error": "<class 'exceptions.exceptions.InvalidParameterValue'>",
+                   "description": "The parameter value 'someday' for parameter **fromDate** or **toDate** is not valid."}),
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?georel=near;maxDistance:10&geometry=point",
+            400,
+            json!({"error": "ValueError", "description": "Invalid geographical query parameters"}),
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?georel=equals&geometry=point&coords=1,2",
+            422,
+            json!({"error": "NotSupportedQuery", "description": "This geographical query is not supported"}),
+        ),
+        (
+            "/ql/v2/types/Room/attrs/temperature?aggrMethod=avg&attrs=x&aggrPeriod=hour&limit=1&offset=0&aggrScope=entity&type=Room",
+            200,
+            Value::Null,
+        ),
+        (
+            "/ql/v2/entities/Room:1/attrs/temperature",
+            400,
+            json!({"error": "<class 'exceptions.exceptions.AmbiguousNGSIIdError'>",
+                   "description": "There are multiple entities with the given entity_id Room:1. Please specify entity_type."}),
+        ),
+    ] {
+        let (got_status, got) = get(&c, None, path).await;
+        assert_eq!(got_status, status, "{path}: {got}");
+        if !body.is_null() {
+            assert_eq!(got, body, "{path}");
+        }
+    }
+    for path in [
+        "/ql/v2/types/Room?lastN=0",
+        "/ql/v2/types/Room?limit=many",
+        "/ql/v2/types/Room?offset=-1",
+        "/ql/v2/types/Room?aggrMethod=median&attrs=temperature",
+    ] {
+        let (status, content_type, body) = send(&c, "GET", path, &[], None).await;
+        assert_eq!(
+            (status, content_type.as_str()),
+            (400, "application/problem+json"),
+            "{path}"
+        );
+        assert_eq!(body["status"], 400, "{path}");
+    }
+    // A numeric aggregate over text.
+    let (status, body) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/TimeInstant?type=Room&aggrMethod=avg",
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            404,
+            json!({"error": "AggrMethod cannot be applied",
+                   "description": "AggrMethod cannot be applied on type TEXT and BOOLEAN."})
+        )
+    );
+    // Deletes: an id of two types needs `type`; dropTable needs the root
+    // service path; nothing was deleted by any of these.
+    let (status, body) = delete(&c, "/ql/v2/entities/Room:1", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "AmbiguousNGSIIdError");
+    let (status, body) = delete(&c, "/ql/v2/types/Room?dropTable=true", Some("/a")).await;
+    assert_eq!(
+        (status, body),
+        (
+            422,
+            json!("dropTable requires the root fiware-servicepath: '/'")
+        )
+    );
+    let (status, _) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?type=Room",
+    )
+    .await;
+    assert_eq!(status, 200, "still there");
+    let (status, _) = delete(&c, "/ql/v2/types/Room?dropTable=true", None).await;
+    assert_eq!(status, 204);
+    let (status, _) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?type=Room",
+    )
+    .await;
+    assert_eq!(status, 404, "dropped");
+    let (status, _) = get(
+        &c,
+        None,
+        "/ql/v2/entities/Room:1/attrs/temperature?type=Car",
+    )
+    .await;
+    assert_eq!(status, 200, "other types stay");
+}
+
+/// `history.quantumleap_master` answers as QuantumLeap's unreleased
+/// master: `id`/`type` instead of `entityId`/`entityType`, 200 `[]` where
+/// 1.0.0 answers 404.
+#[tokio::test]
+async fn the_master_variant_names_entities_id_and_type() {
+    let server = Server::start_with_env(&[("WEFT_HISTORY__QUANTUMLEAP_MASTER", "true")]);
+    let c = server.client();
+    notify(&c, None, vec![room("Room:1", &at(1, 0), 20.0, 700)]).await;
+    let (status, body) = get(&c, None, "/ql/v2/entities/Room:1/attrs/temperature").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"id": "Room:1", "type": "Room", "attrName": "temperature",
+               "index": [at(1, 0).replace('Z', "+00:00")], "values": [20.0]})
+    );
+    let (_, body) = get(&c, None, "/ql/v2/types/Room/attrs/temperature/value").await;
+    assert_eq!(body["values"][0]["id"], "Room:1");
+    let (_, body) = get(&c, None, "/ql/v2/entities").await;
+    assert_eq!(body[0]["id"], "Room:1");
+    assert_eq!(body[0]["type"], "Room");
+    for path in [
+        "/ql/v2/entities/Room:9/attrs/temperature",
+        "/ql/v2/types/Car",
+        "/ql/v2/attrs/nothing",
+    ] {
+        let (status, body) = get(&c, None, path).await;
+        assert_eq!((status, body), (200, json!([])), "{path}");
+    }
+    let (status, body) = delete(&c, "/ql/v2/entities/Room:9", None).await;
+    assert_eq!((status, body), (200, json!([])));
 }

@@ -115,7 +115,7 @@ fn classify(path: &str, listener: Listener) -> Surface {
         "/health" | "/probe/liveness" | "/probe/readiness" => return Surface::Open,
         "/api/v1/uplinks/ttn" | "/api/v1/uplinks/chirpstack" => return Surface::Ingest,
         "/api/v1/live" | "/api/v1/live/sse" => return Surface::Live,
-        "/ql/v2/health" => return Surface::Open,
+        "/ql/health" => return Surface::Open,
         "/v2/notify" => return Surface::QuantumLeap,
         "/version" => return Surface::Ngsi,
         _ => {}
@@ -501,6 +501,8 @@ mod tests {
         assert_eq!(main("/version"), Surface::Ngsi);
         assert_eq!(main("/v2/notify"), Surface::QuantumLeap);
         assert_eq!(main("/ql/v2/entities"), Surface::QuantumLeap);
+        assert_eq!(main("/ql/health"), Surface::Open);
+        assert_eq!(main("/ql/version"), Surface::QuantumLeap);
         assert_eq!(main("/api/v1/live"), Surface::Live);
         assert_eq!(main("/api/v1/keys/key_1"), Surface::Keys);
         assert_eq!(main("/api/v1/keysmith"), Surface::Own);
@@ -509,7 +511,7 @@ mod tests {
         assert_eq!(main("/nowhere"), Surface::Own);
         let ql = |p| classify(p, Listener::QuantumLeap);
         assert_eq!(ql("/v2/entities"), Surface::QuantumLeap);
-        assert_eq!(ql("/v2/health"), Surface::Open);
+        assert_eq!(ql("/health"), Surface::Open);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! - [`pages`]: page templates, their services and `/pages/{name}`.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
-//! - [`history`]: QuantumLeap's API: `POST /v2/notify` and queries at `/ql/v2`.
+//! - [`history`]: QuantumLeap's API (1.0.0): `POST /v2/notify`, and the whole API under `/ql`.
 //! - [`auth`]: API keys checked before routing, for every surface alike;
 //!   [`keys`]: `/api/v1/keys`, where they are made and revoked.
 #![deny(missing_docs)]
@@ -80,6 +80,10 @@ pub struct AppState {
     pub auth: auth::AuthMode,
     /// The API keys, held in memory.
     pub keys: Arc<Keys>,
+    /// Whether QuantumLeap's API answers as its unreleased master does
+    /// (`id`/`type` keys, 200 `[]` for no data) instead of release 1.0.0
+    /// (`history.quantumleap_master`).
+    pub quantumleap_master: bool,
 }
 
 /// Largest request body weft accepts on its own surfaces (1 MiB, the same
@@ -103,7 +107,7 @@ pub fn app(state: AppState) -> App {
         .merge(data::router())
         .merge(live::router())
         .merge(ops::router())
-        .merge(history::router())
+        .merge(history::router(&state))
         .merge(keys::router())
         .fallback_service(ngsi.clone())
         .with_state(state);

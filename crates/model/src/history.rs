@@ -2,19 +2,19 @@
 //! recorded entity state is filed under, and how times are written in
 //! answers.
 //!
-//! Time index of an entity, the first found (QuantumLeap's order, with
-//! weft's device data in it):
-//! 1. the attribute named by the `Fiware-TimeIndex-Attribute` header;
-//! 2. the attribute `TimeInstant`;
-//! 3. the attribute `timestamp`;
-//! 4. the metadata `observedAt`, then `modifiedAt`, of any attribute (the
-//!    latest);
-//! 5. the attribute `dateObserved` (what a device's data unit carries:
+//! Time index of an entity, the first candidate that is an ISO-8601
+//! date-time (QuantumLeap's order, with weft's device data in it):
+//! 1. the attribute named by the `Fiware-TimeIndex-Attribute` header, then
+//!    the newest metadata of that name across the attributes;
+//! 2. the attribute `TimeInstant`, then the newest `TimeInstant` metadata;
+//! 3. the attribute `timestamp`, then the newest `timestamp` metadata;
+//! 4. the newest `observedAt` metadata, then the newest `modifiedAt`;
+//! 5. the attributes `observedAt`, then `modifiedAt`;
+//! 6. the attribute `dateObserved` (what a device's data unit carries:
 //!    when the device measured, see data-units.md);
-//! 6. the entity's `dateModified`;
-//! 7. the arrival time.
-//!
-//! Values that are not ISO-8601 date-times are skipped.
+//! 7. the entity's `dateModified` (its attribute), then the newest
+//!    `dateModified` metadata;
+//! 8. the arrival time.
 
 use serde_json::Value;
 
@@ -30,30 +30,27 @@ pub fn time_index(entity: &Entity, header_attr: Option<&str>, arrival: i64) -> i
             .and_then(|a| a.value.as_str())
             .and_then(parse_datetime)
     };
-    if let Some(t) = header_attr.and_then(attr_time) {
-        return t;
-    }
-    if let Some(t) = attr_time("TimeInstant").or_else(|| attr_time("timestamp")) {
-        return t;
-    }
-    for md in ["observedAt", "modifiedAt"] {
-        let latest = entity
+    let newest_metadata = |name: &str| {
+        entity
             .attrs
             .iter()
-            .filter_map(|(_, a)| a.metadata.get(md))
+            .filter_map(|(_, a)| a.metadata.get(name))
             .filter_map(|m| m.value.as_str().and_then(parse_datetime))
-            .max();
-        if let Some(t) = latest {
-            return t;
-        }
-    }
-    if let Some(t) = attr_time("dateObserved") {
-        return t;
-    }
-    if entity.date_modified > 0 {
-        return entity.date_modified;
-    }
-    arrival
+            .max()
+    };
+    let named = |name: &str| attr_time(name).or_else(|| newest_metadata(name));
+    header_attr
+        .and_then(named)
+        .or_else(|| named("TimeInstant"))
+        .or_else(|| named("timestamp"))
+        .or_else(|| newest_metadata("observedAt"))
+        .or_else(|| newest_metadata("modifiedAt"))
+        .or_else(|| attr_time("observedAt"))
+        .or_else(|| attr_time("modifiedAt"))
+        .or_else(|| attr_time("dateObserved"))
+        .or_else(|| (entity.date_modified > 0).then_some(entity.date_modified))
+        .or_else(|| newest_metadata("dateModified"))
+        .unwrap_or(arrival)
 }
 
 /// A time index as QuantumLeap writes it: `2026-01-02T03:04:05.000+00:00`.
@@ -110,6 +107,22 @@ mod tests {
         assert_eq!(time_index(&e, None, 7), parse_datetime(t1).unwrap());
         let e = entity(&[("timestamp", json!("not a date"), "Text")]);
         assert_eq!(time_index(&e, None, 7), 7, "not a date: skipped");
+
+        // Metadata named by the header, or TimeInstant metadata, before
+        // the attributes further down the order.
+        let md = |t: &str| Metadata {
+            value: json!(t),
+            md_type: "DateTime".into(),
+        };
+        let mut e = entity(&[
+            ("temperature", json!(20), "Number"),
+            ("timestamp", json!(t2), "DateTime"),
+        ]);
+        let temperature = e.attrs.get_mut("temperature").unwrap();
+        temperature.metadata.insert("TimeInstant", md(t1));
+        temperature.metadata.insert("when", md(t2));
+        assert_eq!(time_index(&e, None, 7), parse_datetime(t1).unwrap());
+        assert_eq!(time_index(&e, Some("when"), 7), parse_datetime(t2).unwrap());
     }
 
     #[test]

@@ -12,12 +12,15 @@
 //! each series' last page once however many rows it adds, which is what
 //! makes tens of thousands of rows per second cheap. A restart resumes
 //! from what is left in the feeds; rows are keyed by (tenant, entity,
-//! attribute, time index), so a replay stores nothing twice.
+//! attribute, time index, instance), the instance fixed when the rows are
+//! queued, so moving an entry again stores nothing twice, while every
+//! notification is a row of its own (as in QuantumLeap), even two of one
+//! entity filed under the same time index.
 //!
 //! Queries call [`History::settle`] first: it moves what was notified
 //! before them, so a client that got its 200 reads its rows back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -301,7 +304,8 @@ impl History {
     }
 }
 
-/// The rows recording attributes `names` of `entity` at `time`.
+/// The rows recording attributes `names` of `entity` at `time`: one
+/// recorded state, its own [`HistoryRow::instance`] shared by its rows.
 pub fn rows_of<'a>(
     tenant: &str,
     service_path: &str,
@@ -309,6 +313,7 @@ pub fn rows_of<'a>(
     names: impl IntoIterator<Item = &'a str>,
     time: i64,
 ) -> Vec<HistoryRow> {
+    let instance = next_instance();
     names
         .into_iter()
         .filter_map(|name| {
@@ -321,11 +326,33 @@ pub fn rows_of<'a>(
                 attr: name.to_string(),
                 attr_type: a.attr_type.clone(),
                 time,
+                instance,
                 value: a.value.to_string(),
                 number: numeric(&a.value),
             })
         })
         .collect()
+}
+
+/// The last [`next_instance`] handed out.
+static LAST_INSTANCE: AtomicI64 = AtomicI64::new(0);
+
+/// A new recorded-state identity ([`HistoryRow::instance`]): the wall clock
+/// in nanoseconds, made strictly increasing within the process, so states
+/// of one entity filed under the same time index (notifications arriving
+/// in the same millisecond) are distinct rows, ordered by arrival. Another
+/// process could only repeat a value for a state of the same entity in the
+/// same nanosecond.
+pub fn next_instance() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    let previous = LAST_INSTANCE
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or_else(|last| last);
+    now.max(previous + 1)
 }
 
 /// Runs a store write, retrying while the store is overloaded (the

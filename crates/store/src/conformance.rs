@@ -67,6 +67,7 @@ macro_rules! conformance_tests {
             entities_are_keyed_replaced_deleted_and_kept_across_reopen,
             ngsi_documents_are_keyed_by_kind_and_kept_across_reopen,
             history_append_is_idempotent_and_survives_reopen,
+            history_states_sharing_a_time_are_rows_of_their_own,
             history_queries_filter_and_order,
             history_entities_are_listed_and_filtered,
             history_aggregates_per_method_and_period,
@@ -983,6 +984,7 @@ pub(crate) fn hrow(
         attr: attr.into(),
         attr_type: "Number".into(),
         time,
+        instance: 0,
         value: serde_json::to_string(&n).unwrap(),
         number: Some(n),
     }
@@ -1137,12 +1139,14 @@ pub(crate) fn feed_row(entity: &str, time: i64) -> crate::HistoryRow {
         attr: "a".into(),
         attr_type: "Number".into(),
         time,
+        instance: 0,
         value: time.to_string(),
         number: Some(time as f64),
     }
 }
 
-/// Appending is idempotent on (tenant, entity, attribute, time): a replay
+/// Appending is idempotent on (tenant, entity, attribute, time, instance)
+/// (a feed entry moved again after a crash carries the same instances): a replay
 /// stores nothing twice and the answer counts only new rows; what was
 /// acknowledged survives a reopen, in its own file.
 pub(crate) async fn history_append_is_idempotent_and_survives_reopen<B: Backend>()
@@ -1215,6 +1219,83 @@ where
         .await
         .unwrap();
     assert_eq!(rows.len(), 100);
+}
+
+/// Two recorded states of one entity under the same time index (two
+/// notifications arriving in the same millisecond) are two rows, told
+/// apart by their instance: both stored, replays of either not; `last_n`,
+/// `offset` and `limit` count them one by one in (time, instance) order;
+/// aggregates count both; a delete cut inside a shared time removes
+/// exactly the rows it counts.
+pub(crate) async fn history_states_sharing_a_time_are_rows_of_their_own<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let state = |time: i64, instance: i64, n: f64| HistoryRow {
+        instance,
+        ..hrow("t", "/", "Room:1", "Room", "temperature", time, n)
+    };
+    let rows: Vec<HistoryRow> = (0..6).map(|i| state(1_000, 10 + i, i as f64)).collect();
+    assert_eq!(B::append_history(&store, rows.clone()).await.unwrap(), 6);
+    assert_eq!(B::append_history(&store, rows).await.unwrap(), 0, "replay");
+    assert_eq!(
+        B::append_history(&store, vec![state(2_000, 1, 6.0)])
+            .await
+            .unwrap(),
+        1
+    );
+    let query = |f: fn(&mut HistoryQuery)| {
+        let mut q = HistoryQuery {
+            entity_ids: vec!["Room:1".into()],
+            ..hquery()
+        };
+        f(&mut q);
+        q
+    };
+    let values = |rows: Vec<HistoryRow>| rows.iter().map(|r| r.number.unwrap()).collect::<Vec<_>>();
+    let all = store.query_history(&query(|_| {})).await.unwrap();
+    assert_eq!(values(all), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let last = store
+        .query_history(&query(|q| q.last_n = Some(3)))
+        .await
+        .unwrap();
+    assert_eq!(
+        values(last),
+        [4.0, 5.0, 6.0],
+        "last_n is exact inside a time"
+    );
+    let page = store
+        .query_history(&query(|q| {
+            q.offset = 2;
+            q.limit = 3;
+        }))
+        .await
+        .unwrap();
+    assert_eq!(values(page), [2.0, 3.0, 4.0]);
+    let count = store
+        .aggregate_history(&query(|_| {}), AggrMethod::Count, None)
+        .await
+        .unwrap();
+    assert_eq!(count[0].value, Some(7.0));
+    let deleted = store
+        .delete_history(&HistoryDelete {
+            tenant: "t".into(),
+            entity_id: Some("Room:1".into()),
+            to: Some(1_000),
+            ..HistoryDelete::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(deleted, 6);
+    let left = store.query_history(&query(|_| {})).await.unwrap();
+    assert_eq!(values(left), [6.0]);
+    let count = store
+        .aggregate_history(&query(|_| {}), AggrMethod::Count, Some(AggrPeriod::Hour))
+        .await
+        .unwrap();
+    assert_eq!(count[0].value, Some(1.0), "the rollups lost the six rows");
 }
 
 /// Queries select series by ids, type, attributes and service-path

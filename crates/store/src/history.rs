@@ -30,6 +30,15 @@ pub struct HistoryRow {
     pub attr_type: String,
     /// The time index, epoch milliseconds.
     pub time: i64,
+    /// Which recorded entity state the row belongs to: one value per
+    /// notified entity (or recorded change), shared by its attributes'
+    /// rows, so two states filed under the same time index (two
+    /// notifications arriving in the same millisecond) stay two rows, as
+    /// QuantumLeap stores one row per notification. Rows of one time are
+    /// ordered by it, so a larger value should mean a later arrival.
+    /// Feed entries queued before it existed read as 0.
+    #[serde(default)]
+    pub instance: i64,
     /// The value as JSON text.
     pub value: String,
     /// The value as a number when it is one (what aggregations use).
@@ -114,13 +123,22 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
         .filter(|r| keep(r))
         .collect();
     rows.sort_unstable_by(|a, b| {
-        (&a.tenant, &a.entity_id, &a.entity_type, &a.attr, a.time).cmp(&(
-            &b.tenant,
-            &b.entity_id,
-            &b.entity_type,
-            &b.attr,
-            b.time,
-        ))
+        (
+            &a.tenant,
+            &a.entity_id,
+            &a.entity_type,
+            &a.attr,
+            a.time,
+            a.instance,
+        )
+            .cmp(&(
+                &b.tenant,
+                &b.entity_id,
+                &b.entity_type,
+                &b.attr,
+                b.time,
+                b.instance,
+            ))
     });
     let count = rows.len() as u64;
     let chunk = tuning.chunk_rows.max(1);
@@ -141,7 +159,7 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
 }
 
 /// Which history rows a query wants. Rows come back ordered by entity
-/// (id, type), then attribute, then time.
+/// (id, type), then attribute, then time (and [`HistoryRow::instance`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HistoryQuery {
     /// Tenant.

@@ -220,6 +220,11 @@ pub struct HistorySection {
     /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
     /// the `/ql` prefix (QuantumLeap's port is 8668). None: not served.
     pub quantumleap_listen: Option<SocketAddr>,
+    /// Answer QuantumLeap's API as its unreleased master does (`id`/`type`
+    /// instead of `entityId`/`entityType`, 200 `[]` instead of 404 for no
+    /// data), for clients written against it. Off: release 1.0.0, what
+    /// deployed clients expect.
+    pub quantumleap_master: bool,
     /// Rows and rollups older than this are deleted, for every tenant
     /// without its own setting (e.g. "400d"). None: kept forever.
     #[serde(with = "humantime_serde")]
@@ -243,6 +248,7 @@ impl Default for HistorySection {
         HistorySection {
             record_changes: false,
             quantumleap_listen: None,
+            quantumleap_master: false,
             retention: None,
             downsample_after: None,
             retention_interval: weft_pipeline::ServicesConfig::default()

@@ -119,6 +119,7 @@ pub async fn serve(
         ngsi_multiservice: config.ngsi.multiservice,
         auth,
         keys,
+        quantumleap_master: config.history.quantumleap_master,
     };
     let quantumleap = match config.history.quantumleap_listen {
         Some(addr) => {

@@ -1,7 +1,8 @@
 //! Reading QuantumLeap's answers: an attribute's series
 //! (`{"index":[…],"values":[…]}`, with `id`, `type`, `attrName` around it
 //! on some endpoints), an entity's per-attribute counts, and the empty
-//! answer `[]`, which QuantumLeap gives with 200 when nothing matched.
+//! answers: QuantumLeap 1.0's 404 `{"error":"Not Found",…}` (weft's too)
+//! and `[]`, which QuantumLeap's master gives with 200.
 //!
 //! Answers are decoded into typed structs that skip what the bench does
 //! not read, so the query phase's clients (on the same 2 cores as the
@@ -13,8 +14,23 @@ use serde::Deserialize;
 
 use super::payload::parse_iso;
 
-/// Whether a body is QuantumLeap's empty answer, `[]`.
+/// Whether a status and body are QuantumLeap 1.0's answer to a query that
+/// found nothing: 404 `{"error":"Not Found",…}`.
+pub fn is_not_found(status: u16, body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct ErrorAnswer {
+        error: String,
+    }
+    status == 404
+        && serde_json::from_slice::<ErrorAnswer>(body).is_ok_and(|e| e.error == "Not Found")
+}
+
+/// Whether a body is an empty answer: `[]`, or QuantumLeap 1.0's
+/// not-found object ([`is_not_found`]).
 fn is_empty_answer(body: &[u8]) -> Result<bool, String> {
+    if is_not_found(404, body) {
+        return Ok(true);
+    }
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'[') => {
             let v: Vec<serde::de::IgnoredAny> =
@@ -160,5 +176,11 @@ mod tests {
             (40, 40, 40)
         );
         assert!(counts(b"[]").unwrap().is_empty());
+        let not_found =
+            br#"{"error":"Not Found","description":"No records were found for such query."}"#;
+        assert!(is_not_found(404, not_found));
+        assert!(!is_not_found(200, not_found));
+        assert!(counts(not_found).unwrap().is_empty());
+        assert_eq!(values(not_found), Ok(vec![]));
     }
 }

@@ -9,7 +9,7 @@
 //! each). N rows are `ceil(N / 3)` notified states of the three
 //! attributes. A few connections send the batches in parallel; a batch
 //! refused as overloaded (429/503) is sent again after its `Retry-After`
-//! (rows are keyed by time index, so a replay stores nothing twice).
+//! (a refused notification stored nothing, so the resend stores it once).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -229,7 +229,8 @@ async fn count_rows(
     answer::counts(&body).map_err(Problem::Mismatch)
 }
 
-/// A GET that must answer 200; its body.
+/// A GET that must answer 200 (or QuantumLeap 1.0's 404 for no data);
+/// its body.
 async fn get(
     caller: &mut Caller,
     tally: &mut Tally,
@@ -246,7 +247,9 @@ async fn get(
     );
     let mut body = Vec::new();
     match caller.call(&request, Some(&mut body), tally).await {
-        Some(head) if head.status == 200 => Ok(body),
+        Some(head) if head.status == 200 || super::answer::is_not_found(head.status, &body) => {
+            Ok(body)
+        }
         Some(head) => Err(Problem::Error(format!(
             "GET {target} answered {}: {}",
             head.status,

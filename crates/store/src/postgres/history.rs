@@ -142,6 +142,7 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
     let types: Vec<&str> = rows.iter().map(|r| r.entity_type.as_str()).collect();
     let attrs: Vec<&str> = rows.iter().map(|r| r.attr.as_str()).collect();
     let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
+    let instances: Vec<i64> = rows.iter().map(|r| r.instance).collect();
     let paths: Vec<&str> = rows.iter().map(|r| r.service_path.as_str()).collect();
     let attr_types: Vec<&str> = rows.iter().map(|r| r.attr_type.as_str()).collect();
     let values: Vec<&str> = rows.iter().map(|r| r.value.as_str()).collect();
@@ -155,9 +156,9 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
     let sql = format!(
         "WITH batch AS (
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[],
-                                  $6::text[], $7::text[], $8::text[], $9::float8[])
+                                  $6::text[], $7::text[], $8::text[], $9::float8[], $10::int8[])
                  WITH ORDINALITY AS u(tenant, entity_id, entity_type, attr, time,
-                                      service_path, attr_type, value, number, n)
+                                      service_path, attr_type, value, number, instance, n)
          ),
          entities AS (
              INSERT INTO history_entities (tenant, entity_type, entity_id, service_path)
@@ -167,9 +168,9 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
              ON CONFLICT DO NOTHING
          ),
          added AS (
-             INSERT INTO history (tenant, entity_id, entity_type, attr, time, service_path,
-                                  attr_type, value, number)
-             SELECT tenant, entity_id, entity_type, attr, time, service_path,
+             INSERT INTO history (tenant, entity_id, entity_type, attr, time, instance,
+                                  service_path, attr_type, value, number)
+             SELECT tenant, entity_id, entity_type, attr, time, instance, service_path,
                     attr_type, value, number
              FROM batch ORDER BY n
              ON CONFLICT DO NOTHING
@@ -195,7 +196,7 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
         bucket = floor_sql("time", "p.period"),
     );
     debug_assert_eq!(ROLLUP_PERIODS, [MINUTE_MS, HOUR_MS]);
-    let params: [&(dyn ToSql + Sync); 9] = [
+    let params: [&(dyn ToSql + Sync); 10] = [
         &tenants,
         &ids,
         &types,
@@ -205,6 +206,7 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
         &attr_types,
         &values,
         &numbers,
+        &instances,
     ];
     let row = c.query_one(&sql, &params).await.map_err(db)?;
     Ok(row.get::<_, i64>(0) as u64)
@@ -269,31 +271,33 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
                 .await
                 .map_err(db)?;
             }
-            let doomed: Vec<(i64, Option<f64>)> = c
+            let doomed: Vec<(i64, i64, Option<f64>)> = c
                 .query(
-                    "SELECT time, number FROM history WHERE tenant = $1 AND entity_id = $2 \
-                     AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6 \
-                     ORDER BY time LIMIT $7",
+                    "SELECT time, instance, number FROM history WHERE tenant = $1 \
+                     AND entity_id = $2 AND entity_type = $3 AND attr = $4 \
+                     AND time >= $5 AND time <= $6 ORDER BY time, instance LIMIT $7",
                     &[&tenant, id, ty, &attr, &from, &to, &(budget as i64)],
                 )
                 .await
                 .map_err(db)?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
                 .collect();
-            let Some(&(last, _)) = doomed.last() else {
+            let Some(&(last, last_instance, _)) = doomed.last() else {
                 continue;
             };
+            // Exactly the rows read: up to the last one's (time, instance).
             c.execute(
                 "DELETE FROM history WHERE tenant = $1 AND entity_id = $2 \
-                 AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6",
-                &[&tenant, id, ty, &attr, &from, &last],
+                 AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6 \
+                 AND (time < $6 OR instance <= $7)",
+                &[&tenant, id, ty, &attr, &from, &last, &last_instance],
             )
             .await
             .map_err(db)?;
             for &(period, bucket) in &cut {
                 let mut deleted = RollupPartial::default();
-                for &(time, number) in &doomed {
+                for &(time, _, number) in &doomed {
                     if floor_to(time, period) == bucket {
                         deleted.add(number);
                     }
@@ -765,8 +769,8 @@ fn series_index(row: &Row, column: usize) -> usize {
 }
 
 /// Rows matching `q`: per series, the rows from `from` to `to`; with
-/// `last_n`, the range first starts at the N-th newest row in range (times
-/// are unique within a series, so the bound is exact); then `offset` and
+/// `last_n`, the range first starts at the N-th newest row in range (a
+/// (time, instance) bound, exact when rows share a time); then `offset` and
 /// `limit` (at most [`MAX_QUERY_ROWS`]) in ascending time. One statement
 /// for every series, in one snapshot.
 async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
@@ -791,22 +795,32 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
     let skip = q.last_n.map(|n| i64::try_from(n - 1).unwrap_or(i64::MAX));
     // The start is computed in a lateral of its own, so the rows' scan
     // takes it as a parameter: an index range, not a filter.
+    // Several rows may share a time, so the start is a (time, instance)
+    // bound.
     let start = match skip {
         Some(_) => format!(
-            "COALESCE((SELECT time FROM history WHERE {IN_SERIES} AND time >= $5 AND time <= $6 \
-                       ORDER BY time DESC LIMIT 1 OFFSET $9), $5)"
+            "SELECT COALESCE(n.time, $5) AS start, COALESCE(n.instance, {min}::int8) AS start_instance \
+             FROM (SELECT 1) one LEFT JOIN LATERAL ( \
+                 SELECT time, instance FROM history \
+                 WHERE {IN_SERIES} AND time >= $5 AND time <= $6 \
+                 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET $9) n ON true",
+            min = i64::MIN + 1
         ),
-        None => "$5::int8".to_string(),
+        None => format!(
+            "SELECT $5::int8 AS start, {min}::int8 AS start_instance",
+            min = i64::MIN + 1
+        ),
     };
     let sql = format!(
-        "SELECT s.n, h.time, h.service_path, h.attr_type, h.value, h.number \
+        "SELECT s.n, h.time, h.service_path, h.attr_type, h.value, h.number, h.instance \
          FROM {SERIES_SQL} \
-         CROSS JOIN LATERAL (SELECT {start} AS start) b \
+         CROSS JOIN LATERAL ({start}) b \
          CROSS JOIN LATERAL ( \
-             SELECT time, service_path, attr_type, value, number FROM history \
+             SELECT time, instance, service_path, attr_type, value, number FROM history \
              WHERE {IN_SERIES} AND time >= b.start AND time <= $6 \
-             ORDER BY time LIMIT $7 OFFSET $8) h \
-         ORDER BY s.n, h.time"
+             AND (time > b.start OR instance >= b.start_instance) \
+             ORDER BY time, instance LIMIT $7 OFFSET $8) h \
+         ORDER BY s.n, h.time, h.instance"
     );
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![
         &q.tenant,
@@ -834,6 +848,7 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
                 attr: attr.clone(),
                 attr_type: row.get(3),
                 time: row.get(1),
+                instance: row.get(6),
                 value: row.get(4),
                 number: row.get(5),
             }

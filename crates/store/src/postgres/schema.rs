@@ -206,6 +206,14 @@ CREATE TABLE api_keys (
     json TEXT NOT NULL
 );
 "#,
+    // Step 4: history rows keyed by the recorded state too (see the SQLite
+    // schema's `history.instance`); the new key is built on every weekly
+    // partition.
+    r#"
+ALTER TABLE history ADD COLUMN instance BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE history DROP CONSTRAINT history_pkey;
+ALTER TABLE history ADD PRIMARY KEY (tenant, entity_id, entity_type, attr, time, instance);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

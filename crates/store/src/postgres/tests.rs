@@ -111,8 +111,8 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [3],
-        "three steps: the first schema, device events, the API keys"
+        [4],
+        "four steps: the first schema, device events, the API keys, history instances"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

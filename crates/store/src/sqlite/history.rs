@@ -249,8 +249,9 @@ fn append_from_feed(
 pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO history \
-         (tenant, entity_id, entity_type, attr, time, service_path, attr_type, value, number) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+         (tenant, entity_id, entity_type, attr, time, instance, service_path, attr_type, value, \
+          number) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     let mut entity = conn.prepare_cached(
         "INSERT OR IGNORE INTO history_entities (tenant, entity_type, entity_id, service_path) \
@@ -280,6 +281,7 @@ pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite
             &row.entity_type,
             &row.attr,
             row.time,
+            row.instance,
             &row.service_path,
             &row.attr_type,
             &row.value,
@@ -388,11 +390,11 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
                 )?
                 .execute((series.0, series.1, series.2, series.3, period, first, last))?;
             }
-            let doomed: Vec<(i64, Option<f64>)> = conn
+            let doomed: Vec<(i64, i64, Option<f64>)> = conn
                 .prepare_cached(
-                    "SELECT time, number FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                     AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6 \
-                     ORDER BY time LIMIT ?7",
+                    "SELECT time, instance, number FROM history WHERE tenant = ?1 \
+                     AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
+                     AND time >= ?5 AND time <= ?6 ORDER BY time, instance LIMIT ?7",
                 )?
                 .query_map(
                     (
@@ -404,20 +406,30 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
                         to,
                         budget as i64,
                     ),
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )?
                 .collect::<rusqlite::Result<_>>()?;
-            let Some(&(last, _)) = doomed.last() else {
+            let Some(&(last, last_instance, _)) = doomed.last() else {
                 continue;
             };
+            // Exactly the rows read: up to the last one's (time, instance).
             conn.prepare_cached(
                 "DELETE FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                 AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6",
+                 AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6 \
+                 AND (time < ?6 OR instance <= ?7)",
             )?
-            .execute((series.0, series.1, series.2, series.3, from, last))?;
+            .execute((
+                series.0,
+                series.1,
+                series.2,
+                series.3,
+                from,
+                last,
+                last_instance,
+            ))?;
             for &(period, bucket) in &cut {
                 let mut deleted = RollupPartial::default();
-                for &(time, number) in &doomed {
+                for &(time, _, number) in &doomed {
                     if floor_to(time, period) == bucket {
                         deleted.add(number);
                     }
@@ -769,8 +781,8 @@ fn query_series(conn: &Connection, q: &HistoryQuery) -> Result<Vec<(String, Stri
 
 /// Rows matching `q`: per series, the range scan from `from` to `to`;
 /// with `last_n`, the range first starts at the N-th newest row in range
-/// (found by a backward scan; times are unique within a series, so the
-/// bound is exact); then `offset` and `limit` (at most
+/// (found by a backward scan, as a (time, instance) bound, so it is exact
+/// when rows share a time); then `offset` and `limit` (at most
 /// [`MAX_QUERY_ROWS`](super::reader::MAX_QUERY_ROWS), QuantumLeap's cap) in
 /// ascending time.
 fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
@@ -786,24 +798,29 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
     let _snapshot = conn.unchecked_transaction().db()?;
     let mut nth_newest = conn
         .prepare_cached(
-            "SELECT time FROM history \
+            "SELECT time, instance FROM history \
              WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-             AND time >= ?5 AND time <= ?6 ORDER BY time DESC LIMIT 1 OFFSET ?7",
+             AND time >= ?5 AND time <= ?6 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET ?7",
         )
         .db()?;
     let mut scan = conn
         .prepare_cached(
-            "SELECT time, service_path, attr_type, value, number FROM history \
+            "SELECT time, service_path, attr_type, value, number, instance FROM history \
              WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-             AND time >= ?5 AND time <= ?6 ORDER BY time LIMIT ?7 OFFSET ?8",
+             AND time >= ?5 AND time <= ?6 AND (time > ?5 OR instance >= ?9) \
+             ORDER BY time, instance LIMIT ?7 OFFSET ?8",
         )
         .db()?;
     for (id, ty, attr) in query_series(conn, q)? {
-        let mut start = from;
+        // The first row: the N-th newest with `last_n`, as a (time,
+        // instance) bound since several rows may share a time.
+        let mut start = (from, i64::MIN);
         if let Some(n) = q.last_n {
             let skip = i64::try_from(n - 1).unwrap_or(i64::MAX);
-            let bound: Option<i64> = nth_newest
-                .query_row((&q.tenant, &id, &ty, &attr, from, to, skip), |r| r.get(0))
+            let bound: Option<(i64, i64)> = nth_newest
+                .query_row((&q.tenant, &id, &ty, &attr, from, to, skip), |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
                 .optional()
                 .db()?;
             if let Some(bound) = bound {
@@ -811,7 +828,9 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
             }
         }
         let mut rows = scan
-            .query((&q.tenant, &id, &ty, &attr, start, to, per_series, offset))
+            .query((
+                &q.tenant, &id, &ty, &attr, start.0, to, per_series, offset, start.1,
+            ))
             .db()?;
         while let Some(row) = rows.next().db()? {
             out.push(HistoryRow {
@@ -822,6 +841,7 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
                 attr: attr.clone(),
                 attr_type: row.get(2).db()?,
                 time: row.get(0).db()?,
+                instance: row.get(5).db()?,
                 value: row.get(3).db()?,
                 number: row.get(4).db()?,
             });

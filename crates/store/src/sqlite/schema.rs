@@ -84,6 +84,12 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `api_keys` (step 10, main file): API keys, one row per key id with the
 ///   SHA-256 of its secret (unique) and its record as JSON; never deleted,
 ///   only marked revoked.
+/// - `history.instance` (step 11, history file): the recorded entity state
+///   a row belongs to ([`HistoryRow::instance`](crate::HistoryRow::instance)),
+///   appended to the primary key, so two notifications of one entity filed
+///   under the same time index (arrivals in the same millisecond) are two
+///   rows, as QuantumLeap stores them. SQLite cannot change a primary key
+///   in place: the step copies the table (rows stored before it get 0).
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -276,6 +282,27 @@ CREATE TABLE api_keys (
     hash TEXT NOT NULL UNIQUE,
     json TEXT NOT NULL
 );
+"#,
+    // history rows keyed by recorded state too
+    r#"
+CREATE TABLE history_by_instance (
+    tenant       TEXT    NOT NULL,
+    entity_id    TEXT    NOT NULL,
+    entity_type  TEXT    NOT NULL,
+    attr         TEXT    NOT NULL,
+    time         INTEGER NOT NULL,
+    instance     INTEGER NOT NULL,
+    service_path TEXT    NOT NULL,
+    attr_type    TEXT    NOT NULL,
+    value        TEXT    NOT NULL,
+    number       REAL,
+    PRIMARY KEY (tenant, entity_id, entity_type, attr, time, instance)
+) WITHOUT ROWID;
+INSERT INTO history_by_instance
+SELECT tenant, entity_id, entity_type, attr, time, 0, service_path, attr_type, value, number
+FROM history;
+DROP TABLE history;
+ALTER TABLE history_by_instance RENAME TO history;
 "#,
 ];
 

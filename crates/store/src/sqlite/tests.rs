@@ -363,6 +363,48 @@ async fn dropping_the_store_stops_the_writer() {
     assert_eq!(store.read_uplinks(1, 10).await.unwrap().len(), 1);
 }
 
+/// History stored before rows had an instance survives the migration step
+/// that adds it: the old rows read back (instance 0), and a second state
+/// at one of their times is a row of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn history_rows_survive_the_instance_migration() {
+    let dir = TempDir::new().unwrap();
+    open(&dir).close().await;
+    let history = dir.path().join("data").join("weft-history.db");
+    let raw = rusqlite::Connection::open(&history).unwrap();
+    // The history table as step 10 left it, holding one row.
+    raw.execute_batch(
+        "DROP TABLE history;
+         CREATE TABLE history (
+             tenant TEXT NOT NULL, entity_id TEXT NOT NULL, entity_type TEXT NOT NULL,
+             attr TEXT NOT NULL, time INTEGER NOT NULL, service_path TEXT NOT NULL,
+             attr_type TEXT NOT NULL, value TEXT NOT NULL, number REAL,
+             PRIMARY KEY (tenant, entity_id, entity_type, attr, time)) WITHOUT ROWID;
+         INSERT INTO history VALUES ('t', 'E', 'T', 'a', 1000, '/', 'Number', '7', 7.0);
+         INSERT INTO history_entities VALUES ('t', 'T', 'E', '/');
+         PRAGMA user_version = 10;",
+    )
+    .unwrap();
+    drop(raw);
+    let store = open(&dir);
+    let mut second = hrow("t", "/", "E", "T", "a", 1000, 8.0);
+    second.instance = 5;
+    assert_eq!(append_history(&store, vec![second]).await.unwrap(), 1);
+    let rows = store
+        .query_history(&HistoryQuery {
+            tenant: "t".into(),
+            limit: 10,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap();
+    let got: Vec<(i64, i64, Option<f64>)> = rows
+        .iter()
+        .map(|r| (r.time, r.instance, r.number))
+        .collect();
+    assert_eq!(got, [(1000, 0, Some(7.0)), (1000, 5, Some(8.0))]);
+}
+
 /// A database from a newer weft is refused instead of misread.
 #[tokio::test(flavor = "multi_thread")]
 async fn newer_schema_is_refused() {
