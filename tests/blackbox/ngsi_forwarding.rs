@@ -17,35 +17,6 @@ use tokio::sync::mpsc;
 
 use crate::util::*;
 
-/// One call with extra headers: status, headers and JSON body (`Null`
-/// when empty or not JSON).
-async fn call(
-    c: &Client,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&Value>,
-) -> (u16, HeaderMap, Value) {
-    let mut req = c
-        .http
-        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("request sent");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap_or_default();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
-}
-
 /// A weft playing the context provider: auth off, as an Orion-style
 /// provider expects no weft key.
 fn provider() -> Server {

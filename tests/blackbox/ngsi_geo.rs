@@ -7,35 +7,6 @@ use serde_json::{json, Value};
 
 use crate::util::*;
 
-/// One NGSIv2 call with optional extra headers: status, headers and JSON
-/// body (`Null` when empty).
-async fn call(
-    c: &Client,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&Value>,
-) -> (u16, HeaderMap, Value) {
-    let mut req = c
-        .http
-        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("request sent");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap_or_default();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
-}
-
 /// Creates an entity, expecting 201.
 async fn create(c: &Client, entity: Value) {
     let (status, _, body) = call(c, "POST", "/v2/entities", &[], Some(&entity)).await;

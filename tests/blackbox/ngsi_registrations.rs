@@ -2,38 +2,9 @@
 //! retrieved, listed with paging and count, scoped by tenant and service
 //! path, deleted, refused with Orion's texts, and kept across a crash.
 
-use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 use crate::util::*;
-
-/// One call: status, headers and JSON body (`Null` when empty).
-async fn call(
-    c: &Client,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&Value>,
-) -> (u16, HeaderMap, Value) {
-    let mut req = c
-        .http
-        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req.send().await.expect("request sent");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap_or_default();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
-}
 
 fn registration(entity: &str, attr: &str) -> Value {
     json!({

@@ -429,3 +429,32 @@ pub fn now_ms() -> i64 {
 /// The README's example device type file, which must stay in step with the
 /// codec and mappings the tests use.
 pub const EM300TH_TYPE_FILE: &str = include_str!("../../examples/device-types/em300th.json");
+
+/// One call with extra headers (`Fiware-Service`, `Fiware-ServicePath`, …):
+/// status, response headers and JSON body (`Null` when empty or not JSON).
+pub async fn call(
+    c: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = c
+        .http
+        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
