@@ -1,6 +1,6 @@
 //! Decode and process: turns ingest-log entries into data units. Each
 //! wire format (sensae encoded/decoded, TTN v3, ChirpStack v4) is read into
-//! an [`Envelope`] of identity fields and payload; the device type's codec
+//! an `Envelope` of identity fields and payload; the device type's codec
 //! runs in the engine (all of a batch's calls in one engine round trip);
 //! the processor mappings shape the result; the device record enriches it.
 //!
