@@ -689,7 +689,10 @@ mod feed_tests {
         ];
         let bytes = encode_feed_entry(&rows);
         assert_eq!(decode_feed_blob(1, &bytes).unwrap(), rows);
-        assert_eq!(decode_feed_blob(1, &encode_feed_entry(&[])).unwrap(), vec![]);
+        assert_eq!(
+            decode_feed_blob(1, &encode_feed_entry(&[])).unwrap(),
+            vec![]
+        );
         assert!(decode_feed_blob(1, &bytes[..bytes.len() - 1]).is_err());
         assert!(decode_feed_blob(1, &[]).is_err());
     }

@@ -14,8 +14,8 @@ use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
 use crate::history::{
-    decode_feed_blob, decode_feed_entry, delete_in_chunks, encode_feed_entry, delete_in_steps, move_feed, path_matches, DeleteStep,
-    MoveTuning,
+    decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
+    move_feed, path_matches, DeleteStep, MoveTuning,
 };
 use crate::rollup::RollupPartial;
 use crate::{
