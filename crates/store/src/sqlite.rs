@@ -285,7 +285,15 @@ impl Part {
             committed_tx,
             stopped_tx,
         );
-        checkpointer::spawn(path, restart_wal, stopped.clone())
+        // The history's file is written in large batches every half
+        // second: checkpointing it less often copies each hot page once per
+        // pass instead of several times, at lower priority like its writer.
+        let period = if background {
+            checkpointer::BACKGROUND_PERIOD
+        } else {
+            checkpointer::PERIOD
+        };
+        checkpointer::spawn(path, period, background, restart_wal, stopped.clone())
             .map_err(|e| StoreError::Database(format!("cannot start the checkpointer: {e}")))?;
         let handle = std::thread::Builder::new()
             .name(format!("weft-store-{name}"))

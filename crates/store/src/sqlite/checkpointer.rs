@@ -26,7 +26,12 @@ use super::schema;
 /// changed many times (a hot index leaf) once instead of many times, at the
 /// price of a longer WAL; half a second keeps the WAL to a few MB at the
 /// target ingest rate.
-const PERIOD: Duration = Duration::from_millis(100);
+pub(super) const PERIOD: Duration = Duration::from_millis(100);
+
+/// Time between passive checkpoints of a file written in large, rare
+/// batches (the history's): its writer commits at most every half
+/// second, so a pass per commit or so is enough.
+pub(super) const BACKGROUND_PERIOD: Duration = Duration::from_millis(1_000);
 
 /// WAL size in bytes beyond which the writer is asked to start the WAL
 /// over; a longer WAL slows every page lookup.
@@ -36,11 +41,16 @@ const RESTART_BYTES: i64 = 64 * 1024 * 1024;
 /// writer has finished), after a last full checkpoint.
 pub(super) fn spawn(
     path: &Path,
+    period: Duration,
+    background: bool,
     restart_wal: Arc<AtomicBool>,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<JoinHandle<()>> {
     let path = path.to_path_buf();
     std::thread::Builder::new().name("weft-store-checkpoint".to_string()).spawn(move || {
+        if background {
+            super::lower_thread_priority();
+        }
         let conn = match Connection::open(&path).and_then(|c| schema::configure_reader(&c).map(|_| c)) {
             Ok(conn) => conn,
             Err(e) => {
@@ -63,7 +73,7 @@ pub(super) fn spawn(
             // While the writer has a restart to do, stay out of its way: a
             // checkpoint running here would make it wait for the lock.
             if restart_wal.load(Ordering::Relaxed) {
-                std::thread::sleep(PERIOD);
+                std::thread::sleep(period);
                 continue;
             }
             let result = checkpoint(&conn, "PASSIVE");
@@ -77,7 +87,7 @@ pub(super) fn spawn(
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "checkpoint failed"),
             }
-            std::thread::sleep(PERIOD);
+            std::thread::sleep(period);
         }
     })
 }

@@ -14,8 +14,8 @@ use super::reader::{cursor, limit, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
 use crate::history::{
-    decode_feed_entry, delete_in_chunks, delete_in_steps, move_feed, path_matches, DeleteStep,
-    MoveTuning,
+    decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
+    move_feed, path_matches, DeleteStep, MoveTuning,
 };
 use crate::rollup::RollupPartial;
 use crate::{
@@ -91,8 +91,8 @@ impl HistoryStore for SqliteStore {
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let json = crate::encode("history rows", &rows)?;
-        self.history.write(move |c| queue_notified(c, &json)).await
+        let entry = encode_feed_entry(&rows);
+        self.history.write(move |c| queue_notified(c, &entry)).await
     }
 
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
@@ -177,23 +177,23 @@ impl SqliteStore {
 
 // --- writes ---------------------------------------------------------------
 
-/// Queues history rows in the feed (nothing for none).
+/// Queues history rows in the feed (nothing for none), in the compact
+/// form ([`encode_feed_entry`]).
 pub(super) fn queue_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let json = serde_json::to_string(rows)
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    let entry = encode_feed_entry(rows);
     conn.prepare_cached("INSERT INTO history_feed (rows) VALUES (?1)")?
-        .execute([json])?;
+        .execute([entry])?;
     Ok(())
 }
 
-/// Queues notified history rows (their JSON) in this file's feed; answers
-/// the entry's `seq`.
-fn queue_notified(conn: &Connection, json: &str) -> rusqlite::Result<u64> {
+/// Queues notified history rows (their compact form) in this file's
+/// feed; answers the entry's `seq`.
+fn queue_notified(conn: &Connection, entry: &[u8]) -> rusqlite::Result<u64> {
     conn.prepare_cached("INSERT INTO history_feed (rows) VALUES (?1)")
-        .and_then(|mut st| st.insert([json]))
+        .and_then(|mut st| st.insert([entry]))
         .map(|seq| seq as u64)
 }
 
@@ -1017,8 +1017,16 @@ fn read_history_feed(
     let mut total = 0;
     while let Some(row) = rows.next().db()? {
         let seq = position(row, 0)?;
-        let text: String = row.get(1).db()?;
-        let batch = decode_feed_entry(seq, &text)?;
+        // Entries are compact BLOBs; those queued before were JSON text.
+        let batch = match row.get_ref(1).db()? {
+            rusqlite::types::ValueRef::Blob(bytes) => decode_feed_blob(seq, bytes)?,
+            value => {
+                let text = value.as_str().map_err(|e| {
+                    crate::StoreError::Corrupt(format!("history feed entry {seq}: {e}"))
+                })?;
+                decode_feed_entry(seq, text)?
+            }
+        };
         total += batch.len();
         out.push((seq, batch));
         if total >= max_rows {

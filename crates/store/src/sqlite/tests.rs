@@ -12,7 +12,8 @@ use super::{SqliteConfig, SqliteStore, Synchronous};
 use crate::conformance::*;
 use crate::prelude::*;
 use crate::{
-    AggrMethod, AggrPeriod, DataQuery, HistoryQuery, HistoryRow, ProcessedBatch, StoreError,
+    AggrMethod, AggrPeriod, DataQuery, HistoryFeed, HistoryQuery, HistoryRow, ProcessedBatch,
+    StoreError,
 };
 
 fn config(dir: &TempDir) -> SqliteConfig {
@@ -687,5 +688,33 @@ async fn history_throughput() {
         started.elapsed()
     );
     assert_eq!(rows.len(), 10_000);
+    store.close().await;
+}
+
+/// Feed entries queued as JSON text (before the compact form) are still
+/// read, beside compact ones, in order.
+#[tokio::test]
+async fn json_feed_entries_queued_before_are_still_read() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    store.queue_history(vec![feed_row("N", 1)]).await.unwrap();
+    store.close().await;
+    let json = serde_json::to_string(&vec![feed_row("N", 2), feed_row("M", 3)]).unwrap();
+    let raw = rusqlite::Connection::open(super::history_path(&config(&dir).path)).unwrap();
+    raw.execute("INSERT INTO history_feed (rows) VALUES (?1)", [json])
+        .unwrap();
+    drop(raw);
+    let store = open(&dir);
+    let entries = store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        entries,
+        vec![
+            (1, vec![feed_row("N", 1)]),
+            (2, vec![feed_row("N", 2), feed_row("M", 3)])
+        ]
+    );
     store.close().await;
 }
