@@ -1,9 +1,10 @@
 //! [`HistoryStore`] on two files: the changes feed lives in the main file
 //! (queued with the entity changes themselves), everything else in the
-//! history's own file — the notifications feed, the rows, the entities
+//! history's own file — the notifications feed, the recorded states (one
+//! row per entity state, keyed by an integer per entity), the entities
 //! with history, the minute and hour rollups, and the changes feed's
 //! cursor. Its writes are appends of feed moves and chunked deletes; its
-//! reads are range scans of the series a query covers.
+//! reads are range scans of the entities a query covers.
 
 use std::time::Duration;
 
@@ -175,6 +176,80 @@ impl SqliteStore {
     }
 }
 
+// --- the stored form of a recorded state --------------------------------
+//
+// The history's file keeps one row per recorded entity state, not one per
+// attribute: `history_states` is keyed by (entity, time, instance), the
+// entity an integer (`history_series.key`) and the state's attributes one
+// JSON object `{"<attr>": ["<type>", "<value as JSON text>", <number or
+// null>], …}`. An NGSI update of three attributes is then one insert with
+// an integer key instead of three with four strings each, and a series
+// (one attribute of one entity) is read by scanning its entity's states.
+// Rollups stay per series, keyed by (entity, attribute, period, bucket).
+
+/// One attribute of a stored state: its type, its value as JSON text, and
+/// the value as a number when it is one.
+#[derive(Debug, serde::Deserialize)]
+struct StoredAttr(String, String, Option<f64>);
+
+/// A stored state's attributes by name.
+type StoredAttrs = std::collections::BTreeMap<String, StoredAttr>;
+
+/// The JSON object storing the attributes of one state's rows (the first
+/// of two rows naming the same attribute wins, as the primary key of a
+/// row-per-attribute table would have it). Answers it and how many
+/// attributes it holds.
+fn encode_state(rows: &[&HistoryRow]) -> (String, usize) {
+    encode_attrs(
+        rows.iter()
+            .map(|r| (r.attr.as_str(), r.attr_type.as_str(), r.value.as_str(), r.number)),
+    )
+}
+
+/// [`encode_state`] of (attribute, type, value, number) items.
+fn encode_attrs<'a>(
+    attrs: impl Iterator<Item = (&'a str, &'a str, &'a str, Option<f64>)>,
+) -> (String, usize) {
+    let mut out = Vec::with_capacity(64);
+    let mut seen: Vec<&str> = Vec::new();
+    out.push(b'{');
+    for (attr, attr_type, value, number) in attrs {
+        if seen.contains(&attr) {
+            continue;
+        }
+        if !seen.is_empty() {
+            out.push(b',');
+        }
+        seen.push(attr);
+        // Writing strings and finite floats into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, attr);
+        out.extend_from_slice(b":[");
+        let _ = serde_json::to_writer(&mut out, attr_type);
+        out.push(b',');
+        let _ = serde_json::to_writer(&mut out, value);
+        out.push(b',');
+        match number.filter(|n| n.is_finite()) {
+            Some(n) => {
+                let _ = serde_json::to_writer(&mut out, &n);
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
+    // Only JSON was written: valid UTF-8.
+    (String::from_utf8(out).unwrap_or_default(), seen.len())
+}
+
+/// A state's attributes, read from column `index` of a result row (a
+/// column that is not a state's JSON is a conversion error).
+fn state_attrs(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<StoredAttrs> {
+    let text = row.get_ref(index)?.as_str()?;
+    serde_json::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
 // --- writes ---------------------------------------------------------------
 
 /// Queues history rows in the feed (nothing for none), in the compact
@@ -232,86 +307,187 @@ fn append_from_feed(
     Ok(n)
 }
 
-/// Inserts the rows that are new (the primary key makes a replayed row a
-/// no-op) and the entities seen for the first time (keeping the service
-/// path they first came with), then adds the new rows to their series'
-/// minute and hour rollups (one upsert per bucket, not per row). Rows
-/// usually come grouped by entity, so the entity insert runs once per run
-/// of rows of the same entity, before them.
+/// (tenant, entity type, entity id, time, instance): which recorded state
+/// a row belongs to.
+type StateKey<'a> = (&'a str, &'a str, &'a str, i64, i64);
+
+fn state_key(row: &HistoryRow) -> StateKey<'_> {
+    (
+        &row.tenant,
+        &row.entity_type,
+        &row.entity_id,
+        row.time,
+        row.instance,
+    )
+}
+
+/// Inserts the states that are new (the primary key makes a replayed state
+/// a no-op), registering entities seen for the first time (with the
+/// service path they first came with), then adds the new states' values
+/// to their series' minute and hour rollups (one upsert per bucket, not
+/// per row). Rows of one state may come in any order; the feed's moves
+/// bring them grouped ([`crate::history::move_feed`]), so the grouping
+/// costs one lookup per state.
 ///
 /// It runs without a savepoint of its own: inside one, SQLite copies every
 /// page the operation touches to a sub-journal first, and an append
-/// touches one page per series (its last leaf). The feed's moves, which
-/// are large and rare, wrap it in one ([`append_from_feed`]);
-/// the statements cannot fail on their values (strings, integers, optional
-/// floats into columns without checks), so only an I/O error can stop an
-/// append midway.
+/// touches one page per entity (its last leaf). The feed's moves, which
+/// are large and rare, wrap it in one ([`append_from_feed`]); the
+/// statements cannot fail on their values, so only an I/O error can stop
+/// an append midway.
 pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
+    // States in order of first appearance, each with its rows in order.
+    let mut states: Vec<Vec<&HistoryRow>> = Vec::new();
+    let mut index: rustc_hash::FxHashMap<StateKey<'_>, usize> = Default::default();
+    for row in rows {
+        let key = state_key(row);
+        let current = states.len().checked_sub(1);
+        match current.filter(|&i| state_key(states[i][0]) == key) {
+            Some(i) => states[i].push(row),
+            None => match index.get(&key) {
+                Some(&i) => states[i].push(row),
+                None => {
+                    index.insert(key, states.len());
+                    states.push(vec![row]);
+                }
+            },
+        }
+    }
     let mut insert = conn.prepare_cached(
-        "INSERT OR IGNORE INTO history \
-         (tenant, entity_id, entity_type, attr, time, instance, service_path, attr_type, value, \
-          number) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?;
-    let mut entity = conn.prepare_cached(
-        "INSERT OR IGNORE INTO history_entities (tenant, entity_type, entity_id, service_path) \
-         VALUES (?1, ?2, ?3, ?4)",
+        "INSERT OR IGNORE INTO history_states (entity, time, instance, service_path, rows, attrs) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     let mut rollups = Rollups::default();
     let mut new = 0u64;
-    let mut previous: Option<&HistoryRow> = None;
-    for row in rows {
-        let same_entity = previous.is_some_and(|p| {
-            p.entity_id == row.entity_id
-                && p.entity_type == row.entity_type
-                && p.tenant == row.tenant
-        });
-        if !same_entity {
-            entity.execute((
-                &row.tenant,
-                &row.entity_type,
-                &row.entity_id,
-                &row.service_path,
-            ))?;
+    let mut entity: Option<(StateKey<'_>, i64, String)> = None;
+    for state in &states {
+        let first = state[0];
+        let key = state_key(first);
+        let same = entity
+            .as_ref()
+            .is_some_and(|(k, _, _)| (k.0, k.1, k.2) == (key.0, key.1, key.2));
+        if !same {
+            let (id, path) = entity_key(conn, first)?;
+            entity = Some((key, id, path));
         }
-        previous = Some(row);
+        let Some((_, id, path)) = &entity else {
+            continue;
+        };
+        let own_path = (first.service_path != *path).then_some(first.service_path.as_str());
+        let (attrs, count) = encode_state(state);
         let inserted = insert.execute((
-            &row.tenant,
-            &row.entity_id,
-            &row.entity_type,
-            &row.attr,
-            row.time,
-            row.instance,
-            &row.service_path,
-            &row.attr_type,
-            &row.value,
-            row.number,
+            id,
+            first.time,
+            first.instance,
+            own_path,
+            count as i64,
+            attrs,
         ))?;
-        if inserted > 0 {
+        let added: Vec<&HistoryRow> = if inserted > 0 {
+            state
+                .iter()
+                .enumerate()
+                .filter(|(i, row)| !state[..*i].iter().any(|r| r.attr == row.attr))
+                .map(|(_, row)| *row)
+                .collect()
+        } else {
+            merge_into_stored(conn, *id, state)?
+        };
+        for row in added {
             new += 1;
-            rollups.add(row);
+            rollups.add(*id, row);
         }
     }
     rollups.store(conn)?;
     Ok(new)
 }
 
+/// Adds to a stored state the attributes of `state` (rows of the same
+/// entity, time and instance) it does not hold yet: a replay adds nothing,
+/// while rows of one state appended in separate calls (rows queued before
+/// states had an instance of their own all share instance 0) all stay.
+/// Answers the rows added.
+fn merge_into_stored<'a>(
+    conn: &Connection,
+    entity: i64,
+    state: &[&'a HistoryRow],
+) -> rusqlite::Result<Vec<&'a HistoryRow>> {
+    let first = state[0];
+    let stored = conn
+        .prepare_cached(
+            "SELECT attrs FROM history_states WHERE entity = ?1 AND time = ?2 AND instance = ?3",
+        )?
+        .query_row((entity, first.time, first.instance), |r| state_attrs(r, 0))?;
+    let mut added: Vec<&HistoryRow> = Vec::new();
+    for row in state {
+        if !stored.contains_key(&row.attr) && !added.iter().any(|r| r.attr == row.attr) {
+            added.push(row);
+        }
+    }
+    if added.is_empty() {
+        return Ok(added);
+    }
+    let (attrs, count) = encode_attrs(
+        stored
+            .iter()
+            .map(|(attr, StoredAttr(t, v, n))| (attr.as_str(), t.as_str(), v.as_str(), *n))
+            .chain(
+                added
+                    .iter()
+                    .map(|r| (r.attr.as_str(), r.attr_type.as_str(), r.value.as_str(), r.number)),
+            ),
+    );
+    conn.prepare_cached(
+        "UPDATE history_states SET attrs = ?4, rows = ?5 \
+         WHERE entity = ?1 AND time = ?2 AND instance = ?3",
+    )?
+    .execute((entity, first.time, first.instance, attrs, count as i64))?;
+    Ok(added)
+}
+
+/// The key and recorded service path of a row's entity, registering the
+/// entity (with the row's path) when it is new.
+fn entity_key(conn: &Connection, row: &HistoryRow) -> rusqlite::Result<(i64, String)> {
+    let found: Option<(i64, String)> = conn
+        .prepare_cached(
+            "SELECT key, service_path FROM history_series \
+             WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
+        )?
+        .query_row((&row.tenant, &row.entity_type, &row.entity_id), |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    if let Some(found) = found {
+        return Ok(found);
+    }
+    let key = conn
+        .prepare_cached(
+            "INSERT INTO history_series (tenant, entity_type, entity_id, service_path) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .insert((
+            &row.tenant,
+            &row.entity_type,
+            &row.entity_id,
+            &row.service_path,
+        ))?;
+    Ok((key, row.service_path.clone()))
+}
+
 /// The rollup buckets an append adds to, keyed like `history_rollups`.
 #[derive(Default)]
 struct Rollups<'a> {
-    buckets: std::collections::BTreeMap<RollupKey<'a>, crate::rollup::RollupPartial>,
+    buckets: std::collections::BTreeMap<RollupKey<'a>, RollupPartial>,
 }
 
-/// (tenant, entity id, entity type, attribute, period, bucket start).
-type RollupKey<'a> = (&'a str, &'a str, &'a str, &'a str, i64, i64);
+/// (entity key, attribute, period, bucket start).
+type RollupKey<'a> = (i64, &'a str, i64, i64);
 
 impl<'a> Rollups<'a> {
-    fn add(&mut self, row: &'a HistoryRow) {
+    fn add(&mut self, entity: i64, row: &'a HistoryRow) {
         for period in crate::rollup::ROLLUP_PERIODS {
             let key = (
-                row.tenant.as_str(),
-                row.entity_id.as_str(),
-                row.entity_type.as_str(),
+                entity,
                 row.attr.as_str(),
                 period,
                 crate::rollup::floor_to(row.time, period),
@@ -325,9 +501,9 @@ impl<'a> Rollups<'a> {
             return Ok(());
         }
         let mut upsert = conn.prepare_cached(
-            "INSERT INTO history_rollups (tenant, entity_id, entity_type, attr, period, bucket, \
+            "INSERT INTO history_rollups (entity, attr, period, bucket, \
                  rows, numbers, sum_value, min_value, max_value) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
              ON CONFLICT DO UPDATE SET \
                  rows = rows + excluded.rows, \
                  numbers = numbers + excluded.numbers, \
@@ -339,11 +515,9 @@ impl<'a> Rollups<'a> {
                  max_value = max(coalesce(max_value, excluded.max_value), \
                                  coalesce(excluded.max_value, max_value))",
         )?;
-        for ((tenant, id, ty, attr, period, bucket), p) in self.buckets {
+        for ((entity, attr, period, bucket), p) in self.buckets {
             upsert.execute((
-                tenant,
-                id,
-                ty,
+                entity,
                 attr,
                 period,
                 bucket,
@@ -360,149 +534,168 @@ impl<'a> Rollups<'a> {
 
 pub(super) use crate::HISTORY_DELETE_CHUNK;
 
-/// One step of a history delete: up to [`HISTORY_DELETE_CHUNK`] rows of
-/// the matching entities in range, series by series, with their rollups
-/// (whole buckets in range deleted, the buckets the range cuts through
-/// corrected from the rows deleted and the rows left,
-/// [`crate::rollup::after_delete`]); an entity left with neither rows nor
-/// rollups leaves `history_entities`. Every statement is a primary-key
-/// range of one series. Steps are idempotent: a bucket is corrected only
-/// for rows this step removes, in the same transaction.
+/// A stored state as a delete reads it: (time, instance, rows, attributes).
+type DoomedState = (i64, i64, u64, StoredAttrs);
+
+/// One step of a history delete: the states of the matching entities in
+/// range, entity by entity, until they hold [`HISTORY_DELETE_CHUNK`] rows
+/// (at least one state), with their rollups (whole buckets in range
+/// deleted, the buckets the range cuts through corrected from the rows
+/// deleted and the rows left, [`crate::rollup::after_delete`]); an entity
+/// left with neither states nor rollups leaves `history_series`. Steps are
+/// idempotent: a bucket is corrected only for rows this step removes, in
+/// the same transaction.
 fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<DeleteStep> {
-    use crate::rollup::{after_delete, covered_buckets, cut_buckets, floor_to, ROLLUP_PERIODS};
-    let entities = delete_targets(conn, d)?;
+    use crate::rollup::{covered_buckets, cut_buckets, ROLLUP_PERIODS};
     let (from, to) = d.time_range();
     let cut = cut_buckets(d.from, d.to);
-    let mut budget = HISTORY_DELETE_CHUNK;
+    let mut budget = HISTORY_DELETE_CHUNK as u64;
     let mut step = DeleteStep::default();
-    for (id, ty) in &entities {
-        for attr in entity_attrs(conn, &d.tenant, id, ty)? {
-            if budget == 0 {
-                return Ok(step);
-            }
-            let series = (&d.tenant, id, ty, &attr);
+    for key in delete_targets(conn, d)? {
+        let attrs = entity_attrs(conn, key)?;
+        for attr in &attrs {
             for period in ROLLUP_PERIODS {
                 let (first, last) = covered_buckets(d.from, d.to, period);
                 conn.prepare_cached(
-                    "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
-                     AND entity_type = ?3 AND attr = ?4 AND period = ?5 \
-                     AND bucket >= ?6 AND bucket <= ?7",
-                )?
-                .execute((series.0, series.1, series.2, series.3, period, first, last))?;
+                    "DELETE FROM history_rollups WHERE entity = ?1 AND attr = ?2 \
+                     AND period = ?3 AND bucket >= ?4 AND bucket <= ?5",
+                )
+                ?
+                .execute((key, attr, period, first, last))
+                ?;
             }
-            let doomed: Vec<(i64, i64, Option<f64>)> = conn
-                .prepare_cached(
-                    "SELECT time, instance, number FROM history WHERE tenant = ?1 \
-                     AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-                     AND time >= ?5 AND time <= ?6 ORDER BY time, instance LIMIT ?7",
-                )?
-                .query_map(
-                    (
-                        series.0,
-                        series.1,
-                        series.2,
-                        series.3,
-                        from,
-                        to,
-                        budget as i64,
-                    ),
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )?
-                .collect::<rusqlite::Result<_>>()?;
-            let Some(&(last, last_instance, _)) = doomed.last() else {
-                continue;
-            };
-            // Exactly the rows read: up to the last one's (time, instance).
-            conn.prepare_cached(
-                "DELETE FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                 AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time <= ?6 \
-                 AND (time < ?6 OR instance <= ?7)",
-            )?
-            .execute((
-                series.0,
-                series.1,
-                series.2,
-                series.3,
-                from,
-                last,
-                last_instance,
-            ))?;
-            for &(period, bucket) in &cut {
-                let mut deleted = RollupPartial::default();
-                for &(time, _, number) in &doomed {
-                    if floor_to(time, period) == bucket {
-                        deleted.add(number);
-                    }
-                }
-                if deleted.rows == 0 {
-                    continue;
-                }
-                let key = (series.0, series.1, series.2, series.3, period, bucket);
-                let stored = conn
-                    .prepare_cached(
-                        "SELECT rows, numbers, sum_value, min_value, max_value \
-                         FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
-                         AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket = ?6",
-                    )?
-                    .query_row(key, partial_of)
-                    .optional()?;
-                let Some(stored) = stored else { continue };
-                let remaining = conn
-                    .prepare_cached(
-                        "SELECT COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
-                         FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                         AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time < ?6",
-                    )?
-                    .query_row(
-                        (
-                            series.0,
-                            series.1,
-                            series.2,
-                            series.3,
-                            bucket,
-                            bucket + period,
-                        ),
-                        partial_of,
-                    )?;
-                match after_delete(&stored, &deleted, &remaining) {
-                    None => conn
-                        .prepare_cached(
-                            "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
-                             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket = ?6",
-                        )?
-                        .execute(key)?,
-                    Some(p) => conn
-                        .prepare_cached(
-                            "UPDATE history_rollups SET rows = ?7, numbers = ?8, \
-                                 sum_value = ?9, min_value = ?10, max_value = ?11 \
-                             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-                             AND attr = ?4 AND period = ?5 AND bucket = ?6",
-                        )?
-                        .execute((
-                            key.0,
-                            key.1,
-                            key.2,
-                            key.3,
-                            key.4,
-                            key.5,
-                            p.rows as i64,
-                            p.numbers as i64,
-                            p.sum(),
-                            p.min,
-                            p.max,
-                        ))?,
-                };
-            }
-            step.rows += doomed.len() as u64;
-            budget -= doomed.len();
         }
+        let mut doomed: Vec<DoomedState> = Vec::new();
+        let mut rows_doomed = 0u64;
+        {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT time, instance, rows, attrs FROM history_states \
+                     WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
+                )
+                ?;
+            let mut rows = stmt.query((key, from, to))?;
+            while rows_doomed < budget {
+                let Some(row) = rows.next()? else { break };
+                let n = row.get::<_, i64>(2)? as u64;
+                doomed.push((
+                    row.get(0)?,
+                    row.get(1)?,
+                    n,
+                    state_attrs(row, 3)?,
+                ));
+                rows_doomed += n;
+            }
+        }
+        if let Some(&(last, last_instance, _, _)) = doomed.last() {
+            // Exactly the states read: up to the last one's (time, instance).
+            conn.prepare_cached(
+                "DELETE FROM history_states WHERE entity = ?1 AND time >= ?2 AND time <= ?3 \
+                 AND (time < ?3 OR instance <= ?4)",
+            )
+            ?
+            .execute((key, from, last, last_instance))
+            ?;
+            for &(period, bucket) in &cut {
+                correct_cut_bucket(conn, key, &attrs, &doomed, period, bucket)?;
+            }
+        }
+        step.rows += rows_doomed;
+        budget = budget.saturating_sub(rows_doomed);
         if budget == 0 {
             return Ok(step);
         }
-        forget_if_empty(conn, &d.tenant, id, ty)?;
+        forget_if_empty(conn, key)?;
     }
     step.done = true;
     Ok(step)
+}
+
+/// Corrects an entity's rollups of the bucket `(period, bucket)` a delete
+/// cut through, for the states it just deleted (`doomed`): per attribute,
+/// what is left of the bucket, from the stored rollup, the deleted rows and
+/// the rows still in the bucket ([`crate::rollup::after_delete`]).
+fn correct_cut_bucket(
+    conn: &Connection,
+    key: i64,
+    attrs: &[String],
+    doomed: &[DoomedState],
+    period: i64,
+    bucket: i64,
+) -> rusqlite::Result<()> {
+    use crate::rollup::{after_delete, floor_to};
+    let mut deleted: std::collections::BTreeMap<&str, RollupPartial> = Default::default();
+    for (time, _, _, state) in doomed {
+        if floor_to(*time, period) != bucket {
+            continue;
+        }
+        for (attr, StoredAttr(_, _, number)) in state {
+            deleted.entry(attr.as_str()).or_default().add(*number);
+        }
+    }
+    if deleted.is_empty() {
+        return Ok(());
+    }
+    let mut remaining: std::collections::BTreeMap<String, RollupPartial> = Default::default();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT attrs FROM history_states WHERE entity = ?1 AND time >= ?2 AND time < ?3",
+            )
+            ?;
+        let mut rows = stmt.query((key, bucket, bucket + period))?;
+        while let Some(row) = rows.next()? {
+            for (attr, StoredAttr(_, _, number)) in state_attrs(row, 0)? {
+                remaining.entry(attr).or_default().add(number);
+            }
+        }
+    }
+    for attr in attrs {
+        let Some(deleted) = deleted.get(attr.as_str()) else {
+            continue;
+        };
+        let stored = conn
+            .prepare_cached(
+                "SELECT rows, numbers, sum_value, min_value, max_value FROM history_rollups \
+                 WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
+            )
+            ?
+            .query_row((key, attr, period, bucket), partial_of)
+            .optional()
+            ?;
+        let Some(stored) = stored else { continue };
+        let left = remaining.get(attr).cloned().unwrap_or_default();
+        match after_delete(&stored, deleted, &left) {
+            None => conn
+                .prepare_cached(
+                    "DELETE FROM history_rollups \
+                     WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
+                )
+                ?
+                .execute((key, attr, period, bucket))
+                ?,
+            Some(p) => conn
+                .prepare_cached(
+                    "UPDATE history_rollups SET rows = ?5, numbers = ?6, sum_value = ?7, \
+                         min_value = ?8, max_value = ?9 \
+                     WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
+                )
+                ?
+                .execute((
+                    key,
+                    attr,
+                    period,
+                    bucket,
+                    p.rows as i64,
+                    p.numbers as i64,
+                    p.sum(),
+                    p.min,
+                    p.max,
+                ))
+                ?,
+        };
+    }
+    Ok(())
 }
 
 /// The rollup partial of a `rows, numbers, sum, min, max` result row.
@@ -517,334 +710,344 @@ fn partial_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<RollupPartial> {
     })
 }
 
-/// The (id, type) of the entities a delete covers, in key order: its
+/// The keys of the entities a delete covers, in (type, id) order: its
 /// tenant's entities with its id and/or type, under its service path.
 /// With neither an id nor a type, none.
-fn delete_targets(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Vec<(String, String)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT entity_id, entity_type, service_path FROM history_entities \
-         WHERE tenant = ?1 AND (?2 IS NULL OR entity_id = ?2) \
-         AND (?3 IS NULL OR entity_type = ?3) ORDER BY entity_type, entity_id",
-    )?;
+fn delete_targets(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Vec<i64>> {
     if d.entity_id.is_none() && d.entity_type.is_none() {
         return Ok(Vec::new());
     }
-    let rows = stmt.query_map(
-        (&d.tenant, d.entity_id.as_deref(), d.entity_type.as_deref()),
-        |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        },
-    )?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT key, service_path FROM history_series \
+             WHERE tenant = ?1 AND (?2 IS NULL OR entity_id = ?2) \
+             AND (?3 IS NULL OR entity_type = ?3) ORDER BY entity_type, entity_id",
+        )
+        ?;
+    let mut rows = stmt
+        .query((&d.tenant, d.entity_id.as_deref(), d.entity_type.as_deref()))
+        ?;
     let mut out = Vec::new();
-    for row in rows {
-        let (id, ty, path) = row?;
+    while let Some(row) = rows.next()? {
+        let path: String = row.get(1)?;
         if d.covers_path(&path) {
-            out.push((id, ty));
+            out.push(row.get(0)?);
         }
     }
     Ok(out)
 }
 
-/// Removes an entity from `history_entities` once it has neither rows nor
+/// Removes an entity from `history_series` once it has neither states nor
 /// rollups.
-fn forget_if_empty(conn: &Connection, tenant: &str, id: &str, ty: &str) -> rusqlite::Result<()> {
+fn forget_if_empty(conn: &Connection, key: i64) -> rusqlite::Result<()> {
     let left: bool = conn
         .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM history \
-                 WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3) \
-             OR EXISTS (SELECT 1 FROM history_rollups \
-                 WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3)",
+            "SELECT EXISTS (SELECT 1 FROM history_states WHERE entity = ?1) \
+             OR EXISTS (SELECT 1 FROM history_rollups WHERE entity = ?1)",
         )?
-        .query_row((tenant, id, ty), |r| r.get(0))?;
+        .query_row([key], |r| r.get(0))?;
     if !left {
-        conn.prepare_cached(
-            "DELETE FROM history_entities \
-             WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
-        )?
-        .execute((tenant, ty, id))?;
+        conn.prepare_cached("DELETE FROM history_series WHERE key = ?1")?
+            .execute([key])?;
     }
     Ok(())
 }
 
-/// Deletes a tenant's expired history, series by series, up to
-/// [`HISTORY_DELETE_CHUNK`] rows and buckets: rows before `rows_before`,
-/// minute and hour buckets that end by `rollups_before`; an entity left
-/// with neither rows nor rollups leaves `history_entities`. Every delete
-/// is a primary-key range (series, then time), so expiring old data costs
-/// what it deletes plus a few seeks per series.
+/// Deletes a tenant's expired history, entity by entity, about
+/// [`HISTORY_DELETE_CHUNK`] rows and buckets: states before
+/// `rows_before`, minute and hour buckets that end by `rollups_before`;
+/// an entity left with neither states nor rollups leaves
+/// `history_series`. Every delete is a primary-key range (entity, then
+/// time), so expiring old data costs what it deletes plus a few seeks per
+/// entity. Answers the rows and buckets deleted.
 fn expire_history(
     conn: &Connection,
     tenant: &str,
     rows_before: Option<i64>,
     rollups_before: Option<i64>,
 ) -> rusqlite::Result<u64> {
-    let entities: Vec<(String, String)> = conn
-        .prepare_cached("SELECT entity_id, entity_type FROM history_entities WHERE tenant = ?1")?
-        .query_map([tenant], |r| Ok((r.get(0)?, r.get(1)?)))?
+    let entities: Vec<i64> = conn
+        .prepare_cached("SELECT key FROM history_series WHERE tenant = ?1")?
+        .query_map([tenant], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let mut budget = HISTORY_DELETE_CHUNK;
+    let mut budget = HISTORY_DELETE_CHUNK as u64;
     let mut deleted = 0u64;
-    for (id, ty) in &entities {
-        for attr in entity_attrs(conn, tenant, id, ty)? {
-            if budget == 0 {
-                return Ok(deleted);
-            }
-            if let Some(before) = rows_before {
-                // Never more than the budget: stop at the budget-th row.
-                let boundary: Option<i64> = conn
-                    .prepare_cached(
-                        "SELECT time FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                         AND entity_type = ?3 AND attr = ?4 AND time < ?5 \
-                         ORDER BY time LIMIT 1 OFFSET ?6",
-                    )?
-                    .query_row((tenant, id, ty, &attr, before, budget as i64), |r| r.get(0))
-                    .optional()?;
-                let n = conn
-                    .prepare_cached(
-                        "DELETE FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-                         AND entity_type = ?3 AND attr = ?4 AND time < ?5",
-                    )?
-                    .execute((tenant, id, ty, &attr, boundary.unwrap_or(before)))?;
-                deleted += n as u64;
-                budget = budget.saturating_sub(n);
-            }
-            if let Some(before) = rollups_before {
-                for period in crate::rollup::ROLLUP_PERIODS {
-                    let n = conn
-                        .prepare_cached(
-                            "DELETE FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
-                             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket <= ?6",
-                        )?
-                        .execute((tenant, id, ty, &attr, period, before - period))?;
-                    deleted += n as u64;
-                    budget = budget.saturating_sub(n);
+    for key in entities {
+        if budget == 0 {
+            return Ok(deleted);
+        }
+        if let Some(before) = rows_before {
+            // Never much more than the budget: up to the state where the
+            // rows reach it.
+            let mut boundary: Option<(i64, i64)> = None;
+            let mut rows = 0u64;
+            {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT time, instance, rows FROM history_states \
+                     WHERE entity = ?1 AND time < ?2 ORDER BY time, instance",
+                )?;
+                let mut states = stmt.query((key, before))?;
+                while rows < budget {
+                    let Some(state) = states.next()? else { break };
+                    boundary = Some((state.get(0)?, state.get(1)?));
+                    rows += state.get::<_, i64>(2)? as u64;
                 }
             }
+            if let Some((time, instance)) = boundary {
+                conn.prepare_cached(
+                    "DELETE FROM history_states WHERE entity = ?1 \
+                     AND (time < ?2 OR (time = ?2 AND instance <= ?3))",
+                )?
+                .execute((key, time, instance))?;
+            }
+            deleted += rows;
+            budget = budget.saturating_sub(rows);
         }
-        forget_if_empty(conn, tenant, id, ty)?;
+        if let Some(before) = rollups_before {
+            let n = conn
+                .prepare_cached(
+                    "DELETE FROM history_rollups WHERE entity = ?1 AND period = ?2 \
+                     AND bucket <= ?3",
+                )?
+                .execute((key, crate::rollup::MINUTE_MS, before - crate::rollup::MINUTE_MS))?
+                + conn
+                    .prepare_cached(
+                        "DELETE FROM history_rollups WHERE entity = ?1 AND period = ?2 \
+                         AND bucket <= ?3",
+                    )?
+                    .execute((key, crate::rollup::HOUR_MS, before - crate::rollup::HOUR_MS))?;
+            deleted += n as u64;
+            budget = budget.saturating_sub(n as u64);
+        }
+        forget_if_empty(conn, key)?;
     }
     Ok(deleted)
 }
 
 // --- reads ----------------------------------------------------------------
 //
-// Every series (tenant, entity id, entity type, attribute) is one
-// contiguous range of the `history` primary key, in time order. So a query
-// first decides which series it covers — entities from `history_entities`,
-// attributes from the query or by skipping through the key — and then
-// reads each series with a range scan (a backward one for `last_n`).
+// Every entity's states are one contiguous range of the `history_states`
+// primary key, in time order. So a query first decides which entities and
+// attributes it covers — entities from `history_series`, attributes from
+// the query or by skipping through the rollups' key — and then reads each
+// entity's states with one range scan (a backward one for `last_n`),
+// picking the attributes asked for out of each state.
+
+/// An entity with history, as queries need it.
+struct SeriesEntity {
+    key: i64,
+    id: String,
+    ty: String,
+    path: String,
+}
 
 /// The entities of `tenant` with history, optionally of one type and under
 /// a service-path prefix, ordered by type then id (the key's order).
+fn series_entities(
+    conn: &Connection,
+    tenant: &str,
+    entity_type: Option<&str>,
+    prefix: Option<&str>,
+) -> Result<Vec<SeriesEntity>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT key, entity_id, entity_type, service_path FROM history_series \
+             WHERE tenant = ?1 AND (?2 IS NULL OR entity_type = ?2) \
+             ORDER BY entity_type, entity_id",
+        )
+        .db()?;
+    let mut rows = stmt.query((tenant, entity_type)).db()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().db()? {
+        let path: String = row.get(3).db()?;
+        if prefix.is_none_or(|p| path_matches(p, &path)) {
+            out.push(SeriesEntity {
+                key: row.get(0).db()?,
+                id: row.get(1).db()?,
+                ty: row.get(2).db()?,
+                path,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The entities of `tenant` with history, as [`HistoryStore::history_entities`]
+/// lists them.
 fn history_entities(
     conn: &Connection,
     tenant: &str,
     entity_type: Option<&str>,
     prefix: Option<&str>,
 ) -> Result<Vec<HistoryEntity>> {
-    let mut stmt;
-    let mut rows = match entity_type {
-        Some(ty) => {
-            stmt = conn
-                .prepare_cached(
-                    "SELECT entity_id, entity_type, service_path FROM history_entities \
-                     WHERE tenant = ?1 AND entity_type = ?2 ORDER BY entity_type, entity_id",
-                )
-                .db()?;
-            stmt.query((tenant, ty)).db()?
-        }
-        None => {
-            stmt = conn
-                .prepare_cached(
-                    "SELECT entity_id, entity_type, service_path FROM history_entities \
-                     WHERE tenant = ?1 ORDER BY entity_type, entity_id",
-                )
-                .db()?;
-            stmt.query([tenant]).db()?
-        }
-    };
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().db()? {
-        let service_path: String = row.get(2).db()?;
-        if prefix.is_none_or(|p| path_matches(p, &service_path)) {
-            out.push(HistoryEntity {
-                entity_id: row.get(0).db()?,
-                entity_type: row.get(1).db()?,
-                service_path,
-            });
-        }
-    }
-    Ok(out)
+    Ok(series_entities(conn, tenant, entity_type, prefix)?
+        .into_iter()
+        .map(|e| HistoryEntity {
+            entity_id: e.id,
+            entity_type: e.ty,
+            service_path: e.path,
+        })
+        .collect())
 }
 
-/// The (id, type) of the entities a query covers, ordered by id then
-/// type. With ids, each is looked up (by its key when the type is given,
-/// else through `history_entities_id`); without, the tenant's (or the
+/// The entities a query covers, ordered by id then type. With ids, each is
+/// looked up (through `history_series_id`); without, the tenant's (or the
 /// type's) entities are listed. The service-path filter applies to the
 /// path an entity was first recorded under.
-fn query_entities(conn: &Connection, q: &HistoryQuery) -> Result<Vec<(String, String)>> {
+fn query_entities(conn: &Connection, q: &HistoryQuery) -> Result<Vec<SeriesEntity>> {
     let prefix = q.service_path.as_deref();
-    let mut out: Vec<(String, String)> = Vec::new();
-    if q.entity_ids.is_empty() {
-        for e in history_entities(conn, &q.tenant, q.entity_type.as_deref(), prefix)? {
-            out.push((e.entity_id, e.entity_type));
-        }
+    let mut out = if q.entity_ids.is_empty() {
+        series_entities(conn, &q.tenant, q.entity_type.as_deref(), prefix)?
     } else {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT key, entity_type, service_path FROM history_series \
+                 WHERE tenant = ?1 AND entity_id = ?2 AND (?3 IS NULL OR entity_type = ?3)",
+            )
+            .db()?;
+        let mut out = Vec::new();
         for id in &q.entity_ids {
-            let mut stmt;
-            let mut rows = match q.entity_type.as_deref() {
-                Some(ty) => {
-                    stmt = conn
-                        .prepare_cached(
-                            "SELECT entity_type, service_path FROM history_entities \
-                             WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
-                        )
-                        .db()?;
-                    stmt.query((&q.tenant, ty, id)).db()?
-                }
-                None => {
-                    stmt = conn
-                        .prepare_cached(
-                            "SELECT entity_type, service_path FROM history_entities \
-                             WHERE tenant = ?1 AND entity_id = ?2",
-                        )
-                        .db()?;
-                    stmt.query((&q.tenant, id)).db()?
-                }
-            };
+            let mut rows = stmt
+                .query((&q.tenant, id, q.entity_type.as_deref()))
+                .db()?;
             while let Some(row) = rows.next().db()? {
-                let service_path: String = row.get(1).db()?;
-                if prefix.is_none_or(|p| path_matches(p, &service_path)) {
-                    out.push((id.clone(), row.get(0).db()?));
+                let path: String = row.get(2).db()?;
+                if prefix.is_none_or(|p| path_matches(p, &path)) {
+                    out.push(SeriesEntity {
+                        key: row.get(0).db()?,
+                        id: id.clone(),
+                        ty: row.get(1).db()?,
+                        path,
+                    });
                 }
             }
         }
-    }
-    out.sort_unstable();
-    out.dedup();
+        out
+    };
+    out.sort_unstable_by(|a, b| (&a.id, &a.ty).cmp(&(&b.id, &b.ty)));
+    out.dedup_by_key(|e| e.key);
     Ok(out)
 }
 
-/// The attributes of an entity that has rows or rollups, in order. Each is
-/// found by a seek past the previous one (a skip-scan of the primary key),
-/// so an entity with millions of rows costs a few lookups per attribute;
-/// rollups count too, since a tenant's retention may have downsampled the
-/// rows away.
-fn entity_attrs(
-    conn: &Connection,
-    tenant: &str,
-    id: &str,
-    ty: &str,
-) -> rusqlite::Result<Vec<String>> {
-    let mut out = std::collections::BTreeSet::new();
-    for table in ["history", "history_rollups"] {
-        let mut next = conn.prepare_cached(&format!(
-            "SELECT attr FROM {table} WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 \
-             AND attr > ?4 ORDER BY attr LIMIT 1"
-        ))?;
-        let mut current: Option<String> = next
-            .query_row((tenant, id, ty, ""), |r| r.get(0))
-            .optional()?;
-        while let Some(attr) = current {
-            current = next
-                .query_row((tenant, id, ty, &attr), |r| r.get(0))
-                .optional()?;
-            out.insert(attr);
-        }
+/// The attributes an entity has rollups of, in order: every attribute
+/// with rows has them (rollups are kept at least as long as rows), and
+/// they outlive the rows when a tenant's retention downsamples. Each is
+/// found by a seek past the previous one (a skip-scan of the key), so an
+/// entity with millions of rows costs a few lookups per attribute.
+fn entity_attrs(conn: &Connection, key: i64) -> rusqlite::Result<Vec<String>> {
+    let mut next = conn
+        .prepare_cached(
+            "SELECT attr FROM history_rollups WHERE entity = ?1 AND attr > ?2 \
+             ORDER BY attr LIMIT 1",
+        )
+        ?;
+    let mut out = Vec::new();
+    let mut current: Option<String> = next
+        .query_row((key, ""), |r| r.get(0))
+        .optional()
+        ?;
+    while let Some(attr) = current {
+        current = next
+            .query_row((key, &attr), |r| r.get(0))
+            .optional()
+            ?;
+        out.push(attr);
     }
-    Ok(out.into_iter().collect())
+    Ok(out)
 }
 
-/// Every (entity id, entity type, attribute) series a query covers, in
-/// result order.
-fn query_series(conn: &Connection, q: &HistoryQuery) -> Result<Vec<(String, String, String)>> {
+/// The attributes of `e` a query covers, in order.
+fn query_attrs(conn: &Connection, q: &HistoryQuery, e: &SeriesEntity) -> Result<Vec<String>> {
+    if q.attrs.is_empty() {
+        return entity_attrs(conn, e.key).db();
+    }
     let mut wanted = q.attrs.clone();
     wanted.sort_unstable();
     wanted.dedup();
-    let mut out = Vec::new();
-    for (id, ty) in query_entities(conn, q)? {
-        let attrs = if wanted.is_empty() {
-            entity_attrs(conn, &q.tenant, &id, &ty).db()?
-        } else {
-            wanted.clone()
-        };
-        for attr in attrs {
-            out.push((id.clone(), ty.clone(), attr));
-        }
-    }
-    Ok(out)
+    Ok(wanted)
 }
 
-/// Rows matching `q`: per series, the range scan from `from` to `to`;
-/// with `last_n`, the range first starts at the N-th newest row in range
-/// (found by a backward scan, as a (time, instance) bound, so it is exact
-/// when rows share a time); then `offset` and `limit` (at most
-/// [`MAX_QUERY_ROWS`](super::reader::MAX_QUERY_ROWS), QuantumLeap's cap) in
-/// ascending time.
+/// Rows matching `q`: per entity, one scan of its states in range (a
+/// backward one with `last_n`, stopping once every attribute has its N
+/// newest rows; a forward one otherwise, stopping once every attribute
+/// has `offset` + `limit`), then per series `offset` and `limit` (at most
+/// [`MAX_QUERY_ROWS`](super::reader::MAX_QUERY_ROWS), QuantumLeap's cap)
+/// in ascending time.
 fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>> {
     let (from, to) = q.time_range();
-    let per_series = limit(q.limit);
-    let offset = i64::try_from(q.offset).unwrap_or(i64::MAX);
+    let per_series = limit(q.limit) as usize;
     let mut out = Vec::new();
     if per_series == 0 || q.last_n == Some(0) {
         return Ok(out);
     }
-    // One snapshot for every series, whatever commits meanwhile (a read
+    // One snapshot for every entity, whatever commits meanwhile (a read
     // transaction; dropping it at the end only ends the read).
     let _snapshot = conn.unchecked_transaction().db()?;
-    let mut nth_newest = conn
+    let mut forward = conn
         .prepare_cached(
-            "SELECT time, instance FROM history \
-             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-             AND time >= ?5 AND time <= ?6 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET ?7",
+            "SELECT time, instance, service_path, attrs FROM history_states \
+             WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
         )
         .db()?;
-    let mut scan = conn
+    let mut backward = conn
         .prepare_cached(
-            "SELECT time, service_path, attr_type, value, number, instance FROM history \
-             WHERE tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4 \
-             AND time >= ?5 AND time <= ?6 AND (time > ?5 OR instance >= ?9) \
-             ORDER BY time, instance LIMIT ?7 OFFSET ?8",
+            "SELECT time, instance, service_path, attrs FROM history_states \
+             WHERE entity = ?1 AND time >= ?2 AND time <= ?3 \
+             ORDER BY time DESC, instance DESC",
         )
         .db()?;
-    for (id, ty, attr) in query_series(conn, q)? {
-        // The first row: the N-th newest with `last_n`, as a (time,
-        // instance) bound since several rows may share a time.
-        let mut start = (from, i64::MIN);
-        if let Some(n) = q.last_n {
-            let skip = i64::try_from(n - 1).unwrap_or(i64::MAX);
-            let bound: Option<(i64, i64)> = nth_newest
-                .query_row((&q.tenant, &id, &ty, &attr, from, to, skip), |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()
-                .db()?;
-            if let Some(bound) = bound {
-                start = bound;
+    for e in query_entities(conn, q)? {
+        let attrs = query_attrs(conn, q, &e)?;
+        if attrs.is_empty() {
+            continue;
+        }
+        // How many rows each series needs from the scan.
+        let need = match q.last_n {
+            Some(n) => n,
+            None => q.offset.saturating_add(per_series),
+        };
+        let mut series: Vec<Vec<HistoryRow>> = attrs.iter().map(|_| Vec::new()).collect();
+        let mut rows = match q.last_n {
+            Some(_) => backward.query((e.key, from, to)),
+            None => forward.query((e.key, from, to)),
+        }
+        .db()?;
+        let mut open = attrs.len();
+        while open > 0 {
+            let Some(row) = rows.next().db()? else { break };
+            let mut state = state_attrs(row, 3).db()?;
+            let time: i64 = row.get(0).db()?;
+            let instance: i64 = row.get(1).db()?;
+            let path: Option<String> = row.get(2).db()?;
+            for (attr, rows) in attrs.iter().zip(series.iter_mut()) {
+                if rows.len() >= need {
+                    continue;
+                }
+                let Some(StoredAttr(attr_type, value, number)) = state.remove(attr) else {
+                    continue;
+                };
+                rows.push(HistoryRow {
+                    tenant: q.tenant.clone(),
+                    service_path: path.clone().unwrap_or_else(|| e.path.clone()),
+                    entity_id: e.id.clone(),
+                    entity_type: e.ty.clone(),
+                    attr: attr.clone(),
+                    attr_type,
+                    time,
+                    instance,
+                    value,
+                    number,
+                });
+                if rows.len() == need {
+                    open -= 1;
+                }
             }
         }
-        let mut rows = scan
-            .query((
-                &q.tenant, &id, &ty, &attr, start.0, to, per_series, offset, start.1,
-            ))
-            .db()?;
-        while let Some(row) = rows.next().db()? {
-            out.push(HistoryRow {
-                tenant: q.tenant.clone(),
-                service_path: row.get(1).db()?,
-                entity_id: id.clone(),
-                entity_type: ty.clone(),
-                attr: attr.clone(),
-                attr_type: row.get(2).db()?,
-                time: row.get(0).db()?,
-                instance: row.get(5).db()?,
-                value: row.get(3).db()?,
-                number: row.get(4).db()?,
-            });
+        for mut rows in series {
+            if q.last_n.is_some() {
+                rows.reverse();
+            }
+            out.extend(rows.into_iter().skip(q.offset).take(per_series));
         }
     }
     Ok(out)
@@ -877,31 +1080,31 @@ fn bucket_sql(period: Option<AggrPeriod>, column: &str) -> String {
 /// arithmetic never overflows.
 const AGGREGATE_BOUND: i64 = 1 << 52;
 
-/// Aggregates per series and bucket. Each series' range is split
+/// Aggregates per series and bucket. Each entity's range is split
 /// ([`crate::rollup::plan`]) into whole hours, answered from the hour
 /// rollups, whole minutes at the edges, from the minute rollups, and the
-/// ragged ends, from the rows — so a day of hourly averages reads 24
-/// stored buckets instead of every row, and aggregates still answer for
-/// ranges whose rows a tenant's retention has downsampled away. Seconds
-/// are computed from the rows. Without a period, one aggregate per series
-/// that has rows in range, its bucket the time of the first of them.
+/// ragged ends, from the states — so a day of hourly averages reads 24
+/// stored buckets per series instead of every row, and aggregates still
+/// answer for ranges whose rows a tenant's retention has downsampled away.
+/// Seconds are computed from the states. Without a period, one aggregate
+/// per series that has rows in range, its bucket the time of the first of
+/// them.
 fn aggregate_history(
     conn: &Connection,
     q: &HistoryQuery,
     method: AggrMethod,
     period: Option<AggrPeriod>,
 ) -> Result<Vec<HistoryAggregate>> {
-    use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS};
-    const SERIES: &str = "tenant = ?1 AND entity_id = ?2 AND entity_type = ?3 AND attr = ?4";
-    let rows_sql = format!(
-        "SELECT {bucket}, COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
-         FROM history WHERE {SERIES} AND time >= ?5 AND time < ?6 GROUP BY 1",
+    use crate::rollup::{plan, Level, HOUR_MS, MINUTE_MS};
+    let states_sql = format!(
+        "SELECT {bucket}, attrs FROM history_states \
+         WHERE entity = ?1 AND time >= ?2 AND time < ?3",
         bucket = bucket_sql(period, "time")
     );
     let rollups_sql = format!(
         "SELECT {bucket}, SUM(rows), SUM(numbers), SUM(sum_value), MIN(min_value), MAX(max_value) \
-         FROM history_rollups WHERE {SERIES} AND period = ?7 AND bucket >= ?5 AND bucket < ?6 \
-         GROUP BY 1",
+         FROM history_rollups WHERE entity = ?1 AND attr = ?2 AND period = ?5 \
+         AND bucket >= ?3 AND bucket < ?4 GROUP BY 1",
         bucket = bucket_sql(period, "bucket")
     );
     let coarsest = match period {
@@ -913,84 +1116,104 @@ fn aggregate_history(
     let from = from.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND);
     let to = to.clamp(-AGGREGATE_BOUND, AGGREGATE_BOUND) + 1;
     let pieces = plan(from, to, coarsest);
-    // One snapshot for every series, as in `query_history`.
+    // One snapshot for every entity, as in `query_history`.
     let _snapshot = conn.unchecked_transaction().db()?;
-    let mut from_rows = conn.prepare_cached(&rows_sql).db()?;
+    let mut from_states = conn.prepare_cached(&states_sql).db()?;
     let mut from_rollups = conn.prepare_cached(&rollups_sql).db()?;
     let mut out = Vec::new();
-    for (id, ty, attr) in query_series(conn, q)? {
-        let mut buckets: std::collections::BTreeMap<i64, RollupPartial> = Default::default();
+    for e in query_entities(conn, q)? {
+        let attrs = query_attrs(conn, q, &e)?;
+        if attrs.is_empty() {
+            continue;
+        }
+        let mut buckets: Vec<std::collections::BTreeMap<i64, RollupPartial>> =
+            attrs.iter().map(|_| Default::default()).collect();
         for &(level, a, b) in &pieces {
-            let mut rows = match level {
-                Level::Rows => from_rows.query((&q.tenant, &id, &ty, &attr, a, b)),
-                Level::Rollup(unit) => from_rollups.query((&q.tenant, &id, &ty, &attr, a, b, unit)),
-            }
-            .db()?;
-            while let Some(row) = rows.next().db()? {
-                let count: i64 = row.get(1).db()?;
-                if count == 0 {
-                    continue;
+            match level {
+                Level::Rows => {
+                    let mut rows = from_states.query((e.key, a, b)).db()?;
+                    while let Some(row) = rows.next().db()? {
+                        let bucket: i64 = row.get(0).db()?;
+                        let state = state_attrs(row, 1).db()?;
+                        for (attr, series) in attrs.iter().zip(buckets.iter_mut()) {
+                            if let Some(StoredAttr(_, _, number)) = state.get(attr) {
+                                series.entry(bucket).or_default().add(*number);
+                            }
+                        }
+                    }
                 }
-                let numbers: i64 = row.get(2).db()?;
-                let sum: Option<f64> = row.get(3).db()?;
-                let partial = RollupPartial {
-                    rows: count as u64,
-                    numbers: numbers as u64,
-                    sum: sum.unwrap_or(0.0),
-                    min: row.get(4).db()?,
-                    max: row.get(5).db()?,
-                };
-                buckets.entry(row.get(0).db()?).or_default().merge(&partial);
+                Level::Rollup(unit) => {
+                    for (attr, series) in attrs.iter().zip(buckets.iter_mut()) {
+                        let mut rows = from_rollups.query((e.key, attr, a, b, unit)).db()?;
+                        while let Some(row) = rows.next().db()? {
+                            let count: i64 = row.get(1).db()?;
+                            if count == 0 {
+                                continue;
+                            }
+                            let partial = partial_of_aggregate(row)?;
+                            series.entry(row.get(0).db()?).or_default().merge(&partial);
+                        }
+                    }
+                }
             }
         }
-        for (bucket, partial) in buckets {
-            let bucket = match period {
-                Some(_) => bucket,
-                None => first_time(conn, q, (&id, &ty, &attr), from, to)?,
-            };
-            out.push(HistoryAggregate {
-                entity_id: id.clone(),
-                entity_type: ty.clone(),
-                attr: attr.clone(),
-                bucket,
-                value: partial.value(method),
-            });
+        for (attr, series) in attrs.iter().zip(buckets) {
+            for (bucket, partial) in series {
+                let bucket = match period {
+                    Some(_) => bucket,
+                    None => first_time(conn, e.key, attr, from, to)?,
+                };
+                out.push(HistoryAggregate {
+                    entity_id: e.id.clone(),
+                    entity_type: e.ty.clone(),
+                    attr: attr.clone(),
+                    bucket,
+                    value: partial.value(method),
+                });
+            }
         }
     }
     Ok(out)
 }
 
+/// The partial of a `bucket, rows, numbers, sum, min, max` aggregate row.
+fn partial_of_aggregate(row: &rusqlite::Row<'_>) -> Result<RollupPartial> {
+    let sum: Option<f64> = row.get(3).db()?;
+    Ok(RollupPartial {
+        rows: row.get::<_, i64>(1).db()? as u64,
+        numbers: row.get::<_, i64>(2).db()? as u64,
+        sum: sum.unwrap_or(0.0),
+        min: row.get(4).db()?,
+        max: row.get(5).db()?,
+    })
+}
+
 /// The time of a series' first row in `[from, to)`; when the rows are gone
 /// (downsampled), the start of its first minute rollup there.
-fn first_time(
-    conn: &Connection,
-    q: &HistoryQuery,
-    (id, ty, attr): (&str, &str, &str),
-    from: i64,
-    to: i64,
-) -> Result<i64> {
-    let row: Option<i64> = conn
-        .prepare_cached(
-            "SELECT MIN(time) FROM history WHERE tenant = ?1 AND entity_id = ?2 \
-             AND entity_type = ?3 AND attr = ?4 AND time >= ?5 AND time < ?6",
-        )
-        .db()?
-        .query_row((&q.tenant, id, ty, attr, from, to), |r| r.get(0))
-        .db()?;
-    if let Some(t) = row {
-        return Ok(t);
+fn first_time(conn: &Connection, key: i64, attr: &str, from: i64, to: i64) -> Result<i64> {
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT time, attrs FROM history_states \
+                 WHERE entity = ?1 AND time >= ?2 AND time < ?3 ORDER BY time, instance",
+            )
+            .db()?;
+        let mut rows = stmt.query((key, from, to)).db()?;
+        while let Some(row) = rows.next().db()? {
+            if state_attrs(row, 1).db()?.contains_key(attr) {
+                return row.get(0).db();
+            }
+        }
     }
     let bucket: Option<i64> = conn
         .prepare_cached(
-            "SELECT MIN(bucket) FROM history_rollups WHERE tenant = ?1 AND entity_id = ?2 \
-             AND entity_type = ?3 AND attr = ?4 AND period = ?5 AND bucket >= ?6 AND bucket < ?7",
+            "SELECT MIN(bucket) FROM history_rollups WHERE entity = ?1 AND attr = ?2 \
+             AND period = ?3 AND bucket >= ?4 AND bucket < ?5",
         )
         .db()?
         .query_row(
             (
-                &q.tenant,
-                id,
-                ty,
+                key,
                 attr,
                 crate::rollup::MINUTE_MS,
                 crate::rollup::floor_to(from, crate::rollup::MINUTE_MS),
@@ -1038,7 +1261,7 @@ fn read_history_feed(
 
 /// The tenants that have history.
 fn history_tenants(conn: &Connection) -> Result<Vec<String>> {
-    conn.prepare_cached("SELECT DISTINCT tenant FROM history_entities ORDER BY tenant")
+    conn.prepare_cached("SELECT DISTINCT tenant FROM history_series ORDER BY tenant")
         .and_then(|mut st| {
             st.query_map([], |r| r.get(0))?
                 .collect::<rusqlite::Result<Vec<String>>>()

@@ -90,7 +90,21 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   under the same time index (arrivals in the same millisecond) are two
 ///   rows, as QuantumLeap stores them. SQLite cannot change a primary key
 ///   in place: the step copies the table (rows stored before it get 0).
-const MIGRATIONS: &[&str] = &[
+/// - `history_series`, `history_states`, `history_rollups` (step 12,
+///   history file): the history as one row per recorded entity state
+///   instead of one per attribute. `history_series` gives every entity
+///   with history an integer `key` (with its tenant, type, id and the
+///   service path of its first state; `history_series_id` finds it by
+///   id); `history_states` is keyed by (entity key, time, instance), its
+///   `attrs` a JSON object `{"<attr>": ["<type>", "<value as JSON text>",
+///   <number or null>]}`, `rows` how many attributes it holds and
+///   `service_path` the state's own path when it differs from the
+///   entity's (NULL otherwise); the rollups are keyed by (entity key,
+///   attribute, period, bucket). An NGSI update is then one insert keyed
+///   by integers instead of one per attribute keyed by four strings. The
+///   step converts the rows, rollups and entities already stored and
+///   drops the old tables (`history`, `history_entities`).
+pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -303,6 +317,56 @@ SELECT tenant, entity_id, entity_type, attr, time, 0, service_path, attr_type, v
 FROM history;
 DROP TABLE history;
 ALTER TABLE history_by_instance RENAME TO history;
+"#,
+    // history as one row per recorded state, keyed by an integer per entity
+    r#"
+CREATE TABLE history_series (
+    key          INTEGER PRIMARY KEY,
+    tenant       TEXT NOT NULL,
+    entity_type  TEXT NOT NULL,
+    entity_id    TEXT NOT NULL,
+    service_path TEXT NOT NULL,
+    UNIQUE (tenant, entity_type, entity_id)
+);
+CREATE INDEX history_series_id ON history_series (tenant, entity_id, entity_type);
+INSERT INTO history_series (tenant, entity_type, entity_id, service_path)
+SELECT tenant, entity_type, entity_id, service_path FROM history_entities
+ORDER BY tenant, entity_type, entity_id;
+CREATE TABLE history_states (
+    entity       INTEGER NOT NULL,
+    time         INTEGER NOT NULL,
+    instance     INTEGER NOT NULL,
+    service_path TEXT,
+    rows         INTEGER NOT NULL,
+    attrs        TEXT    NOT NULL,
+    PRIMARY KEY (entity, time, instance)
+) WITHOUT ROWID;
+INSERT INTO history_states
+SELECT s.key, h.time, h.instance, NULLIF(MIN(h.service_path), s.service_path), COUNT(*),
+       json_group_object(h.attr, json_array(h.attr_type, h.value, h.number))
+FROM history h JOIN history_series s
+  ON s.tenant = h.tenant AND s.entity_type = h.entity_type AND s.entity_id = h.entity_id
+GROUP BY s.key, h.time, h.instance;
+CREATE TABLE history_series_rollups (
+    entity    INTEGER NOT NULL,
+    attr      TEXT    NOT NULL,
+    period    INTEGER NOT NULL,
+    bucket    INTEGER NOT NULL,
+    rows      INTEGER NOT NULL,
+    numbers   INTEGER NOT NULL,
+    sum_value REAL,
+    min_value REAL,
+    max_value REAL,
+    PRIMARY KEY (entity, attr, period, bucket)
+) WITHOUT ROWID;
+INSERT INTO history_series_rollups
+SELECT s.key, r.attr, r.period, r.bucket, r.rows, r.numbers, r.sum_value, r.min_value, r.max_value
+FROM history_rollups r JOIN history_series s
+  ON s.tenant = r.tenant AND s.entity_type = r.entity_type AND s.entity_id = r.entity_id;
+DROP TABLE history;
+DROP TABLE history_rollups;
+DROP TABLE history_entities;
+ALTER TABLE history_series_rollups RENAME TO history_rollups;
 "#,
 ];
 

@@ -364,25 +364,28 @@ async fn dropping_the_store_stops_the_writer() {
     assert_eq!(store.read_uplinks(1, 10).await.unwrap().len(), 1);
 }
 
-/// History stored before rows had an instance survives the migration step
-/// that adds it: the old rows read back (instance 0), and a second state
-/// at one of their times is a row of its own.
+/// History stored before rows had an instance, and before states were
+/// stored whole, survives the migration steps that change its layout: the
+/// old rows read back (instance 0), their rollups still aggregate, and a
+/// second state at one of their times is a row of its own.
 #[tokio::test(flavor = "multi_thread")]
-async fn history_rows_survive_the_instance_migration() {
+async fn history_rows_survive_the_layout_migrations() {
     let dir = TempDir::new().unwrap();
-    open(&dir).close().await;
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
     let history = dir.path().join("data").join("weft-history.db");
     let raw = rusqlite::Connection::open(&history).unwrap();
-    // The history table as step 10 left it, holding one row.
+    // The history as step 10 left it, holding two rows of one state.
+    for step in &super::schema::MIGRATIONS[..10] {
+        raw.execute_batch(step).unwrap();
+    }
     raw.execute_batch(
-        "DROP TABLE history;
-         CREATE TABLE history (
-             tenant TEXT NOT NULL, entity_id TEXT NOT NULL, entity_type TEXT NOT NULL,
-             attr TEXT NOT NULL, time INTEGER NOT NULL, service_path TEXT NOT NULL,
-             attr_type TEXT NOT NULL, value TEXT NOT NULL, number REAL,
-             PRIMARY KEY (tenant, entity_id, entity_type, attr, time)) WITHOUT ROWID;
-         INSERT INTO history VALUES ('t', 'E', 'T', 'a', 1000, '/', 'Number', '7', 7.0);
+        "INSERT INTO history VALUES ('t', 'E', 'T', 'a', 1000, '/', 'Number', '7', 7.0);
+         INSERT INTO history VALUES ('t', 'E', 'T', 'b', 1000, '/', 'Text', '\"x\"', NULL);
          INSERT INTO history_entities VALUES ('t', 'T', 'E', '/');
+         INSERT INTO history_rollups VALUES ('t', 'E', 'T', 'a', 60000, 0, 1, 1, 7.0, 7.0, 7.0);
+         INSERT INTO history_rollups VALUES ('t', 'E', 'T', 'a', 3600000, 0, 1, 1, 7.0, 7.0, 7.0);
+         INSERT INTO history_rollups VALUES ('t', 'E', 'T', 'b', 60000, 0, 1, 0, NULL, NULL, NULL);
+         INSERT INTO history_rollups VALUES ('t', 'E', 'T', 'b', 3600000, 0, 1, 0, NULL, NULL, NULL);
          PRAGMA user_version = 10;",
     )
     .unwrap();
@@ -399,11 +402,45 @@ async fn history_rows_survive_the_instance_migration() {
         })
         .await
         .unwrap();
-    let got: Vec<(i64, i64, Option<f64>)> = rows
+    let got: Vec<(&str, &str, &str, i64, i64, Option<f64>)> = rows
         .iter()
-        .map(|r| (r.time, r.instance, r.number))
+        .map(|r| {
+            (
+                r.attr.as_str(),
+                r.attr_type.as_str(),
+                r.value.as_str(),
+                r.time,
+                r.instance,
+                r.number,
+            )
+        })
         .collect();
-    assert_eq!(got, [(1000, 0, Some(7.0)), (1000, 5, Some(8.0))]);
+    assert_eq!(
+        got,
+        [
+            ("a", "Number", "7", 1000, 0, Some(7.0)),
+            ("a", "Number", "8.0", 1000, 5, Some(8.0)),
+            ("b", "Text", "\"x\"", 1000, 0, None),
+        ]
+    );
+    let count = store
+        .aggregate_history(
+            &HistoryQuery {
+                tenant: "t".into(),
+                attrs: vec!["a".into()],
+                ..HistoryQuery::default()
+            },
+            AggrMethod::Sum,
+            Some(AggrPeriod::Hour),
+        )
+        .await
+        .unwrap();
+    assert_eq!(count.len(), 1);
+    assert_eq!(count[0].value, Some(15.0));
+    assert_eq!(
+        store.history_entities("t", None, None).await.unwrap().len(),
+        1
+    );
 }
 
 /// A database from a newer weft is refused instead of misread.
