@@ -415,13 +415,25 @@ async fn quantumleap_paths_on_a_second_listener() {
     assert_eq!((status, body), (200, json!([])));
 }
 
-/// Off by default: without `history.record_changes` an entity change adds
-/// nothing to history (only notifications do).
+/// On by default: an entity change is in history without any setting;
+/// with `history.record_changes = false` it adds nothing (only
+/// notifications do).
 #[tokio::test]
-async fn changes_are_not_recorded_unless_asked() {
+async fn changes_are_recorded_by_default_and_not_when_turned_off() {
+    let e = json!({"id": "R3", "type": "Room", "temperature": {"value": 20, "type": "Number"}});
     let server = Server::start();
     let c = server.client();
-    let e = json!({"id": "R3", "type": "Room", "temperature": {"value": 20, "type": "Number"}});
+    let (status, _, _) = call(&c, "POST", "/v2/entities", None, Some(&e)).await;
+    assert_eq!(status, 201);
+    // Recorded from the durable feed, a few milliseconds behind the 201.
+    eventually(Duration::from_secs(5), || async {
+        let (_, body) = get(&c, None, "/ql/v2/entities/R3/attrs/temperature/value").await;
+        (body["values"] == json!([20.0])).then_some(())
+    })
+    .await;
+
+    let off = Server::start_with_env(&[("WEFT_HISTORY__RECORD_CHANGES", "false")]);
+    let c = off.client();
     let (status, _, _) = call(&c, "POST", "/v2/entities", None, Some(&e)).await;
     assert_eq!(status, 201);
     tokio::time::sleep(Duration::from_millis(800)).await;

@@ -118,15 +118,11 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
         return Ok(FeedMove::default());
     };
     let read: usize = entries.iter().map(|(_, rows)| rows.len()).sum();
-    let mut rows: Vec<HistoryRow> = Vec::with_capacity(read);
-    rows.extend(
-        entries
-            .into_iter()
-            .flat_map(|(_, rows)| rows)
-            .filter(|r| keep(r)),
-    );
-    let count = rows.len() as u64;
-    let order = by_state(&rows);
+    // The entries' rows stay where they were decoded; the order refers to
+    // them, and each is moved once, into the chunk that stores it.
+    let mut entries: Vec<Vec<HistoryRow>> = entries.into_iter().map(|(_, rows)| rows).collect();
+    let order = by_state(&entries, keep);
+    let count = order.len() as u64;
     let chunk = tuning.chunk_rows.max(1);
     let mut start = 0;
     while start < order.len() {
@@ -137,7 +133,7 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
         }
         let part: Vec<HistoryRow> = order[start..end]
             .iter()
-            .map(|k| std::mem::take(&mut rows[k.index as usize]))
+            .map(|k| std::mem::take(&mut entries[k.entry as usize][k.row as usize]))
             .collect();
         let last = end == order.len();
         store
@@ -169,8 +165,10 @@ struct RowOrder {
     instance: i64,
     /// Hash of the row's attribute name.
     attr: u64,
-    /// The row's position in the move's rows.
-    index: u32,
+    /// The row's feed entry, among the move's.
+    entry: u32,
+    /// The row's position in its entry.
+    row: u32,
 }
 
 impl RowOrder {
@@ -181,29 +179,33 @@ impl RowOrder {
     }
 }
 
-/// The order a move stores rows in: grouped by entity, then by recorded
-/// state (time, instance), then by attribute. Entities and attributes are
-/// compared by hash, so sorting a move of hundreds of thousands of rows
-/// compares integers, not four strings per comparison; the groups are what
-/// matter to the backends' page locality, not the order between them.
-fn by_state(rows: &[HistoryRow]) -> Vec<RowOrder> {
+/// The order a move stores the rows `keep` accepts in: grouped by
+/// entity, then by recorded state (time, instance), then by attribute.
+/// Entities and attributes are compared by hash, so sorting a move of
+/// hundreds of thousands of rows compares integers, not four strings per
+/// comparison; the groups are what matter to the backends' page
+/// locality, not the order between them.
+fn by_state(entries: &[Vec<HistoryRow>], keep: &FeedFilter<'_>) -> Vec<RowOrder> {
     use std::hash::{BuildHasher, Hash, Hasher};
     let hasher = rustc_hash::FxBuildHasher;
-    let mut order: Vec<RowOrder> = rows
-        .iter()
-        .enumerate()
-        .map(|(index, r)| {
+    let mut order: Vec<RowOrder> = Vec::with_capacity(entries.iter().map(Vec::len).sum());
+    for (entry, rows) in entries.iter().enumerate() {
+        for (row, r) in rows.iter().enumerate() {
+            if !keep(r) {
+                continue;
+            }
             let mut h = hasher.build_hasher();
             (&r.tenant, &r.entity_id, &r.entity_type).hash(&mut h);
-            RowOrder {
+            order.push(RowOrder {
                 entity: h.finish(),
                 time: r.time,
                 instance: r.instance,
                 attr: hasher.hash_one(&r.attr),
-                index: index as u32,
-            }
-        })
-        .collect();
+                entry: entry as u32,
+                row: row as u32,
+            });
+        }
+    }
     order.sort_unstable();
     order
 }

@@ -212,9 +212,9 @@ impl Default for NgsiSection {
 #[serde(default, deny_unknown_fields)]
 pub struct HistorySection {
     /// Record every entity change (from `/v2` and device data) as history.
-    /// Off by default: on 2 cores it costs about half the NGSI update
-    /// throughput (docs/benchmarks.md); off, only `POST /v2/notify` feeds
-    /// the history.
+    /// On by default (users expect every data unit in history); off, only
+    /// `POST /v2/notify` feeds the history, as with QuantumLeap behind an
+    /// Orion subscription.
     pub record_changes: bool,
     /// A second listen address serving QuantumLeap's API at its own paths
     /// (`/v2/notify`, `/v2/entities/...`), for clients that cannot be given
@@ -246,7 +246,7 @@ pub struct HistorySection {
 impl Default for HistorySection {
     fn default() -> Self {
         HistorySection {
-            record_changes: false,
+            record_changes: true,
             quantumleap_listen: None,
             quantumleap_master: false,
             retention: None,

@@ -200,10 +200,14 @@ type StoredAttrs = std::collections::BTreeMap<String, StoredAttr>;
 /// row-per-attribute table would have it). Answers it and how many
 /// attributes it holds.
 fn encode_state(rows: &[&HistoryRow]) -> (String, usize) {
-    encode_attrs(
-        rows.iter()
-            .map(|r| (r.attr.as_str(), r.attr_type.as_str(), r.value.as_str(), r.number)),
-    )
+    encode_attrs(rows.iter().map(|r| {
+        (
+            r.attr.as_str(),
+            r.attr_type.as_str(),
+            r.value.as_str(),
+            r.number,
+        )
+    }))
 }
 
 /// [`encode_state`] of (attribute, type, value, number) items.
@@ -431,11 +435,14 @@ fn merge_into_stored<'a>(
         stored
             .iter()
             .map(|(attr, StoredAttr(t, v, n))| (attr.as_str(), t.as_str(), v.as_str(), *n))
-            .chain(
-                added
-                    .iter()
-                    .map(|r| (r.attr.as_str(), r.attr_type.as_str(), r.value.as_str(), r.number)),
-            ),
+            .chain(added.iter().map(|r| {
+                (
+                    r.attr.as_str(),
+                    r.attr_type.as_str(),
+                    r.value.as_str(),
+                    r.number,
+                )
+            })),
     );
     conn.prepare_cached(
         "UPDATE history_states SET attrs = ?4, rows = ?5 \
@@ -559,31 +566,22 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
                 conn.prepare_cached(
                     "DELETE FROM history_rollups WHERE entity = ?1 AND attr = ?2 \
                      AND period = ?3 AND bucket >= ?4 AND bucket <= ?5",
-                )
-                ?
-                .execute((key, attr, period, first, last))
-                ?;
+                )?
+                .execute((key, attr, period, first, last))?;
             }
         }
         let mut doomed: Vec<DoomedState> = Vec::new();
         let mut rows_doomed = 0u64;
         {
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT time, instance, rows, attrs FROM history_states \
+            let mut stmt = conn.prepare_cached(
+                "SELECT time, instance, rows, attrs FROM history_states \
                      WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
-                )
-                ?;
+            )?;
             let mut rows = stmt.query((key, from, to))?;
             while rows_doomed < budget {
                 let Some(row) = rows.next()? else { break };
                 let n = row.get::<_, i64>(2)? as u64;
-                doomed.push((
-                    row.get(0)?,
-                    row.get(1)?,
-                    n,
-                    state_attrs(row, 3)?,
-                ));
+                doomed.push((row.get(0)?, row.get(1)?, n, state_attrs(row, 3)?));
                 rows_doomed += n;
             }
         }
@@ -592,10 +590,8 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
             conn.prepare_cached(
                 "DELETE FROM history_states WHERE entity = ?1 AND time >= ?2 AND time <= ?3 \
                  AND (time < ?3 OR instance <= ?4)",
-            )
-            ?
-            .execute((key, from, last, last_instance))
-            ?;
+            )?
+            .execute((key, from, last, last_instance))?;
             for &(period, bucket) in &cut {
                 correct_cut_bucket(conn, key, &attrs, &doomed, period, bucket)?;
             }
@@ -638,11 +634,9 @@ fn correct_cut_bucket(
     }
     let mut remaining: std::collections::BTreeMap<String, RollupPartial> = Default::default();
     {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT attrs FROM history_states WHERE entity = ?1 AND time >= ?2 AND time < ?3",
-            )
-            ?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT attrs FROM history_states WHERE entity = ?1 AND time >= ?2 AND time < ?3",
+        )?;
         let mut rows = stmt.query((key, bucket, bucket + period))?;
         while let Some(row) = rows.next()? {
             for (attr, StoredAttr(_, _, number)) in state_attrs(row, 0)? {
@@ -658,11 +652,9 @@ fn correct_cut_bucket(
             .prepare_cached(
                 "SELECT rows, numbers, sum_value, min_value, max_value FROM history_rollups \
                  WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
-            )
-            ?
+            )?
             .query_row((key, attr, period, bucket), partial_of)
-            .optional()
-            ?;
+            .optional()?;
         let Some(stored) = stored else { continue };
         let left = remaining.get(attr).cloned().unwrap_or_default();
         match after_delete(&stored, deleted, &left) {
@@ -670,17 +662,14 @@ fn correct_cut_bucket(
                 .prepare_cached(
                     "DELETE FROM history_rollups \
                      WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
-                )
-                ?
-                .execute((key, attr, period, bucket))
-                ?,
+                )?
+                .execute((key, attr, period, bucket))?,
             Some(p) => conn
                 .prepare_cached(
                     "UPDATE history_rollups SET rows = ?5, numbers = ?6, sum_value = ?7, \
                          min_value = ?8, max_value = ?9 \
                      WHERE entity = ?1 AND attr = ?2 AND period = ?3 AND bucket = ?4",
-                )
-                ?
+                )?
                 .execute((
                     key,
                     attr,
@@ -691,8 +680,7 @@ fn correct_cut_bucket(
                     p.sum(),
                     p.min,
                     p.max,
-                ))
-                ?,
+                ))?,
         };
     }
     Ok(())
@@ -717,16 +705,12 @@ fn delete_targets(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Vec<
     if d.entity_id.is_none() && d.entity_type.is_none() {
         return Ok(Vec::new());
     }
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT key, service_path FROM history_series \
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, service_path FROM history_series \
              WHERE tenant = ?1 AND (?2 IS NULL OR entity_id = ?2) \
              AND (?3 IS NULL OR entity_type = ?3) ORDER BY entity_type, entity_id",
-        )
-        ?;
-    let mut rows = stmt
-        .query((&d.tenant, d.entity_id.as_deref(), d.entity_type.as_deref()))
-        ?;
+    )?;
+    let mut rows = stmt.query((&d.tenant, d.entity_id.as_deref(), d.entity_type.as_deref()))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
         let path: String = row.get(1)?;
@@ -804,13 +788,16 @@ fn expire_history(
             budget = budget.saturating_sub(rows);
         }
         if let Some(before) = rollups_before {
-            let n = conn
-                .prepare_cached(
+            let n =
+                conn.prepare_cached(
                     "DELETE FROM history_rollups WHERE entity = ?1 AND period = ?2 \
                      AND bucket <= ?3",
                 )?
-                .execute((key, crate::rollup::MINUTE_MS, before - crate::rollup::MINUTE_MS))?
-                + conn
+                .execute((
+                    key,
+                    crate::rollup::MINUTE_MS,
+                    before - crate::rollup::MINUTE_MS,
+                ))? + conn
                     .prepare_cached(
                         "DELETE FROM history_rollups WHERE entity = ?1 AND period = ?2 \
                          AND bucket <= ?3",
@@ -907,9 +894,7 @@ fn query_entities(conn: &Connection, q: &HistoryQuery) -> Result<Vec<SeriesEntit
             .db()?;
         let mut out = Vec::new();
         for id in &q.entity_ids {
-            let mut rows = stmt
-                .query((&q.tenant, id, q.entity_type.as_deref()))
-                .db()?;
+            let mut rows = stmt.query((&q.tenant, id, q.entity_type.as_deref())).db()?;
             while let Some(row) = rows.next().db()? {
                 let path: String = row.get(2).db()?;
                 if prefix.is_none_or(|p| path_matches(p, &path)) {
@@ -935,22 +920,14 @@ fn query_entities(conn: &Connection, q: &HistoryQuery) -> Result<Vec<SeriesEntit
 /// found by a seek past the previous one (a skip-scan of the key), so an
 /// entity with millions of rows costs a few lookups per attribute.
 fn entity_attrs(conn: &Connection, key: i64) -> rusqlite::Result<Vec<String>> {
-    let mut next = conn
-        .prepare_cached(
-            "SELECT attr FROM history_rollups WHERE entity = ?1 AND attr > ?2 \
+    let mut next = conn.prepare_cached(
+        "SELECT attr FROM history_rollups WHERE entity = ?1 AND attr > ?2 \
              ORDER BY attr LIMIT 1",
-        )
-        ?;
+    )?;
     let mut out = Vec::new();
-    let mut current: Option<String> = next
-        .query_row((key, ""), |r| r.get(0))
-        .optional()
-        ?;
+    let mut current: Option<String> = next.query_row((key, ""), |r| r.get(0)).optional()?;
     while let Some(attr) = current {
-        current = next
-            .query_row((key, &attr), |r| r.get(0))
-            .optional()
-            ?;
+        current = next.query_row((key, &attr), |r| r.get(0)).optional()?;
         out.push(attr);
     }
     Ok(out)
