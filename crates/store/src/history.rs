@@ -281,6 +281,18 @@ pub(crate) fn encode_feed_entry(rows: &[HistoryRow]) -> Vec<u8> {
         .sum();
     let mut out = Vec::with_capacity(bytes + 64);
     out.push(FEED_FORMAT);
+    encode_feed_states(rows, &mut out);
+    out
+}
+
+/// [`FEED_FORMAT`], for backends starting an entry they append states to.
+pub(crate) const FEED_FORMAT_BYTE: u8 = FEED_FORMAT;
+
+/// Appends to `out` the rows' states in the compact form, without the
+/// format byte that starts an entry: entries are their format byte
+/// followed by any number of states, so the states of several changes
+/// make one entry by appending them ([`encode_feed_entry`]).
+pub(crate) fn encode_feed_states(rows: &[HistoryRow], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < rows.len() {
         let head = &rows[i];
@@ -301,15 +313,15 @@ pub(crate) fn encode_feed_entry(rows: &[HistoryRow]) -> Vec<u8> {
             &head.entity_id,
             &head.entity_type,
         ] {
-            put_str(&mut out, s);
+            put_str(out, s);
         }
         out.extend_from_slice(&head.time.to_le_bytes());
         out.extend_from_slice(&head.instance.to_le_bytes());
-        put_len(&mut out, n);
+        put_len(out, n);
         for r in &rows[i..i + n] {
-            put_str(&mut out, &r.attr);
-            put_str(&mut out, &r.attr_type);
-            put_str(&mut out, &r.value);
+            put_str(out, &r.attr);
+            put_str(out, &r.attr_type);
+            put_str(out, &r.value);
             match r.number {
                 Some(x) => {
                     out.push(1);
@@ -320,7 +332,6 @@ pub(crate) fn encode_feed_entry(rows: &[HistoryRow]) -> Vec<u8> {
         }
         i += n;
     }
-    out
 }
 
 /// Appends a length as a LEB128 varint.

@@ -193,6 +193,7 @@ impl SqliteStore {
             false,
             "log",
             2,
+            None,
         )?;
         // Everything in the main file can be rebuilt from the log: a commit
         // lost to a power cut takes the pipeline's cursor back with it, and
@@ -207,6 +208,9 @@ impl SqliteStore {
             false,
             "main",
             config.read_connections,
+            // Changes queue their history rows as one feed entry per
+            // transaction.
+            Some(history::CHANGES_FEED_DEFERRAL),
         )?;
         // History: a notify's 200 and the feed's cursor need to survive a
         // crash of weft, which NORMAL gives (like the main file); its writer
@@ -219,6 +223,7 @@ impl SqliteStore {
             true,
             "history",
             config.read_connections,
+            None,
         )?;
         // Channels: a publish's 200 promises the message survives, like an
         // uplink's 202, so this file syncs as the ingest log does.
@@ -230,6 +235,7 @@ impl SqliteStore {
             false,
             "channels",
             config.read_connections,
+            None,
         )?;
         Ok(SqliteStore {
             log,
@@ -262,6 +268,7 @@ impl Part {
         background: bool,
         name: &str,
         read_connections: usize,
+        deferred: Option<writer::Deferred>,
     ) -> Result<(Part, watch::Receiver<u64>)> {
         let mut conn = Connection::open(path).db()?;
         schema::configure_writer(&conn, synchronous, page_size).db()?;
@@ -284,6 +291,7 @@ impl Part {
             restart_wal.clone(),
             committed_tx,
             stopped_tx,
+            deferred,
         );
         // The history's file is written in large batches every half
         // second: checkpointing it less often copies each hot page once per

@@ -256,13 +256,54 @@ fn state_attrs(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Stored
 
 // --- writes ---------------------------------------------------------------
 
-/// Queues history rows in the feed (nothing for none), in the compact
-/// form ([`encode_feed_entry`]).
-pub(super) fn queue_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<()> {
+std::thread_local! {
+    /// The changes feed's entry of the transaction the main writer has
+    /// open: the states its writes queued, in the compact form.
+    static PENDING_FEED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// How the main file's writer coalesces the history rows its writes
+/// queue ([`queue_history`]) into one feed entry per transaction: an NGSI
+/// update then costs the writer a few hundred bytes appended to a buffer
+/// instead of an insert (and, later, a delete) of its own row.
+pub(super) const CHANGES_FEED_DEFERRAL: super::writer::Deferred = super::writer::Deferred {
+    mark: || PENDING_FEED.with(|p| p.borrow().len()),
+    truncate: |mark| PENDING_FEED.with(|p| p.borrow_mut().truncate(mark)),
+    flush: flush_pending_feed,
+};
+
+/// Queues history rows in the changes feed (nothing for none), in the
+/// compact form ([`encode_feed_entry`]): in the entry the main writer
+/// inserts when it commits the transaction this write is part of
+/// ([`CHANGES_FEED_DEFERRAL`]). Only the main file's writer calls it.
+pub(super) fn queue_history(_conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let entry = encode_feed_entry(rows);
+    PENDING_FEED.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.is_empty() {
+            p.push(crate::history::FEED_FORMAT_BYTE);
+        }
+        crate::history::encode_feed_states(rows, &mut p);
+    });
+    Ok(())
+}
+
+/// Inserts the transaction's coalesced changes-feed entry, if its writes
+/// queued any rows, and empties the buffer.
+fn flush_pending_feed(conn: &Connection) -> rusqlite::Result<()> {
+    let entry = PENDING_FEED.with(|p| {
+        let mut p = p.borrow_mut();
+        // Only the format byte: nothing was queued (a truncation may
+        // leave it behind).
+        if p.len() <= 1 {
+            p.clear();
+            return None;
+        }
+        Some(std::mem::take(&mut *p))
+    });
+    let Some(entry) = entry else { return Ok(()) };
     conn.prepare_cached("INSERT INTO history_feed (rows) VALUES (?1)")?
         .execute([entry])?;
     Ok(())

@@ -755,3 +755,51 @@ async fn json_feed_entries_queued_before_are_still_read() {
     );
     store.close().await;
 }
+
+/// Changes committed together queue their history rows as one feed entry
+/// (the main writer's transaction), and a write that fails after queueing
+/// rows leaves none of them in it.
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_of_one_transaction_share_a_feed_entry_and_failed_ones_queue_nothing() {
+    let dir = TempDir::new().unwrap();
+    let store = Arc::new(open(&dir));
+    let writes: Vec<_> = (0..200)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let rows = vec![feed_row(&format!("E{i}"), i)];
+                store
+                    .main
+                    .write(move |c| {
+                        super::history::queue_history(c, &rows)?;
+                        if i % 3 == 0 {
+                            // Fails after queueing: its rows must go too.
+                            c.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+                        }
+                        Ok::<_, rusqlite::Error>(())
+                    })
+                    .await
+                    .is_ok()
+            })
+        })
+        .collect();
+    let mut ok = Vec::new();
+    for (i, w) in writes.into_iter().enumerate() {
+        if w.await.unwrap() {
+            ok.push(i as i64);
+        }
+    }
+    assert_eq!(ok.len(), 133);
+    let entries = store
+        .read_history_feed(HistoryFeed::Changes, 0, 1_000)
+        .await
+        .unwrap();
+    assert!(entries.len() < ok.len(), "{} entries", entries.len());
+    let mut queued: Vec<i64> = entries
+        .into_iter()
+        .flat_map(|(_, rows)| rows)
+        .map(|r| r.time)
+        .collect();
+    queued.sort_unstable();
+    assert_eq!(queued, ok);
+}

@@ -121,6 +121,23 @@ where
     }
 }
 
+/// Work a part's writes defer to the end of their transaction, done once
+/// for all of them just before `COMMIT` (the main file's history feed: one
+/// entry per transaction instead of one per change). The writes leave
+/// their share on the writer thread ([`thread_local!`] state of the
+/// module that owns the SQL); the writer drops the share of a write that
+/// fails and of a transaction SQLite abandons, and flushes the rest.
+#[derive(Clone, Copy)]
+pub(super) struct Deferred {
+    /// Where the next write's share starts.
+    pub mark: fn() -> usize,
+    /// Drops what was deferred since `mark`.
+    pub truncate: fn(usize),
+    /// Writes what was deferred, inside the open transaction, and forgets
+    /// it (also on failure).
+    pub flush: fn(&Connection) -> rusqlite::Result<()>,
+}
+
 /// The writer thread's state.
 pub(super) struct Writer {
     conn: Connection,
@@ -135,6 +152,8 @@ pub(super) struct Writer {
     /// Set once the thread has committed its last batch and let go of the
     /// connection; `close()` waits on it.
     stopped: watch::Sender<bool>,
+    /// What this part's writes defer to the end of their transaction.
+    deferred: Option<Deferred>,
 }
 
 impl Writer {
@@ -147,6 +166,7 @@ impl Writer {
         restart_wal: std::sync::Arc<std::sync::atomic::AtomicBool>,
         committed: watch::Sender<u64>,
         stopped: watch::Sender<bool>,
+        deferred: Option<Deferred>,
     ) -> Writer {
         Writer {
             conn,
@@ -156,6 +176,7 @@ impl Writer {
             restart_wal,
             committed,
             stopped,
+            deferred,
         }
     }
 
@@ -229,11 +250,20 @@ impl Writer {
         }
         let mut jobs = batch.drain(..);
         while let Some(mut job) = jobs.next() {
+            let mark = self.deferred.map(|d| (d.mark)());
             if let Some(seq) = job.run(&self.conn) {
                 appended = Some(seq);
             }
+            if let (Some(d), Some(mark)) = (self.deferred, mark) {
+                if job.failed() {
+                    (d.truncate)(mark);
+                }
+            }
             done.push(job);
             if self.conn.is_autocommit() {
+                if let Some(d) = self.deferred {
+                    (d.truncate)(0);
+                }
                 // SQLite rolled the whole transaction back (disk full, I/O
                 // error…): nothing executed so far in it survives.
                 // The operation that caused it keeps its own error.
@@ -260,7 +290,11 @@ impl Writer {
                 }
             }
         }
-        match self.commit() {
+        let flushed = match self.deferred {
+            Some(d) => (d.flush)(&self.conn),
+            None => Ok(()),
+        };
+        match flushed.and_then(|()| self.commit()) {
             Ok(()) => {
                 // Publish before answering, so that whoever holds a `seq`
                 // answer finds `committed_seq()` at least that high.
