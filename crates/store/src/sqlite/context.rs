@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use rusqlite::Connection;
 
-use super::history::queue_history;
+use super::history::queue_feed_states;
 use super::reader::position;
 use super::{to_i64, Db, SqliteStore};
 use crate::{ContextStore, DocumentKind, EntityRecord, HistoryRow, NgsiDocument, Result};
@@ -13,8 +13,11 @@ use crate::{ContextStore, DocumentKind, EntityRecord, HistoryRow, NgsiDocument, 
 #[async_trait]
 impl ContextStore for SqliteStore {
     async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()> {
+        let mut states = Vec::new();
+        crate::history::encode_feed_states(&history, &mut states);
+        drop(history);
         self.main
-            .write(move |c| put_entity(c, &record).and_then(|()| queue_history(c, &history)))
+            .write(move |c| put_entity(c, &record).map(|()| queue_feed_states(&states)))
             .await
     }
 

@@ -277,17 +277,31 @@ pub(super) const CHANGES_FEED_DEFERRAL: super::writer::Deferred = super::writer:
 /// inserts when it commits the transaction this write is part of
 /// ([`CHANGES_FEED_DEFERRAL`]). Only the main file's writer calls it.
 pub(super) fn queue_history(_conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<()> {
-    if rows.is_empty() {
-        return Ok(());
+    if !rows.is_empty() {
+        pend(|p| crate::history::encode_feed_states(rows, p));
     }
+    Ok(())
+}
+
+/// [`queue_history`] of states already in the compact form
+/// ([`crate::history::encode_feed_states`]): what a change encodes on
+/// its own task, so the main writer only copies bytes (and frees none of
+/// the rows, which would cost it more than the copy).
+pub(super) fn queue_feed_states(states: &[u8]) {
+    if !states.is_empty() {
+        pend(|p| p.extend_from_slice(states));
+    }
+}
+
+/// Adds to the transaction's pending changes-feed entry.
+fn pend(add: impl FnOnce(&mut Vec<u8>)) {
     PENDING_FEED.with(|p| {
         let mut p = p.borrow_mut();
         if p.is_empty() {
             p.push(crate::history::FEED_FORMAT_BYTE);
         }
-        crate::history::encode_feed_states(rows, &mut p);
+        add(&mut p);
     });
-    Ok(())
 }
 
 /// Inserts the transaction's coalesced changes-feed entry, if its writes
