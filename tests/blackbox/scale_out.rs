@@ -184,8 +184,13 @@ async fn node_b_live_subscribers_see_what_node_a_accepted() {
 async fn a_decoder_and_a_rule_edited_on_node_a_apply_on_node_b() {
     let Pair { a, b } = Pair::start().await;
     let (on_a, on_b) = (a.client(), b.client());
-    on_a.expect(201, "PUT", "/api/v1/device-types/probe", Some(&probe_type(0)))
-        .await;
+    on_a.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/probe",
+        Some(&probe_type(0)),
+    )
+    .await;
     on_a.expect(
         201,
         "PUT",
@@ -223,8 +228,13 @@ async fn a_decoder_and_a_rule_edited_on_node_a_apply_on_node_b() {
     assert_eq!(alarm["device"]["id"], "probe-1");
 
     // Edited on A: +100 in the decoder, another alarm type in the rule.
-    on_a.expect(200, "PUT", "/api/v1/device-types/probe", Some(&probe_type(100)))
-        .await;
+    on_a.expect(
+        200,
+        "PUT",
+        "/api/v1/device-types/probe",
+        Some(&probe_type(100)),
+    )
+    .await;
     on_a.expect(
         200,
         "PUT",
@@ -353,7 +363,10 @@ async fn an_ngsi_subscription_made_on_node_a_is_notified_of_updates_on_node_b() 
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
         more += 1;
     }
-    eprintln!("scale_out: one update on node B, {} notification(s)", 1 + more);
+    eprintln!(
+        "scale_out: one update on node B, {} notification(s)",
+        1 + more
+    );
 }
 
 /// A node configured for NATS that cannot reach it refuses to start and

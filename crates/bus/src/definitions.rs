@@ -213,8 +213,8 @@ mod tests {
         }
         assert_eq!(follower.recv().await, Some(Reload::All));
         drop(tx);
-        let rest: Vec<_> = std::iter::from_fn(|| futures::executor::block_on(follower.recv()))
-            .collect();
+        let rest: Vec<_> =
+            std::iter::from_fn(|| futures::executor::block_on(follower.recv())).collect();
         assert_eq!(rest.len(), 2, "the notices still buffered follow");
         assert_eq!(DefinitionFollower::none().recv().await, None);
     }

@@ -69,7 +69,7 @@ impl Bus for InProcessBus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Payload;
+    use crate::{Payload, RecvError};
     use bytes::Bytes;
     use weft_model::DataUnit;
 

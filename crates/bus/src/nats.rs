@@ -195,14 +195,19 @@ impl NatsBus {
         // receives whatever is published once it serves.
         for stream in Stream::ALL {
             let messages = bus
-                .consume(&js, bus.subjects.events_stream(), bus.subjects.event(stream))
+                .consume(
+                    &js,
+                    bus.subjects.events_stream(),
+                    bus.subjects.event(stream),
+                )
                 .await
                 .map_err(|reason| NatsError::JetStream {
                     url: config.url.clone(),
                     stream: bus.subjects.events_stream(),
                     reason,
                 })?;
-            bus.tasks.spawn(bus.clone().receive_events(stream, messages));
+            bus.tasks
+                .spawn(bus.clone().receive_events(stream, messages));
         }
         let messages = bus
             .consume(
@@ -265,7 +270,11 @@ impl NatsBus {
     }
 
     /// Hands other nodes' events of `stream` to this node's subscribers.
-    async fn receive_events(self: Arc<Self>, stream: Stream, mut messages: consumer::push::Ordered) {
+    async fn receive_events(
+        self: Arc<Self>,
+        stream: Stream,
+        mut messages: consumer::push::Ordered,
+    ) {
         loop {
             let message = tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -389,7 +398,7 @@ impl NatsBus {
                     tracing::info!("reconnected to NATS; reloading every definition other nodes may have changed meanwhile");
                     let mut delay = Duration::from_millis(100);
                     while let Err((stream, reason)) = declare_streams(&js, &self.subjects).await {
-                        tracing::warn!(stream, reason, "declaring the JetStream streams again failed; retrying");
+                        tracing::warn!(%stream, %reason, "declaring the JetStream streams again failed; retrying");
                         tokio::select! {
                             _ = self.stop.cancelled() => return,
                             _ = tokio::time::sleep(delay) => {}
@@ -535,7 +544,7 @@ mod tests {
         assert_ne!(a.node(), b.node());
         let mut on_a = a.subscribe(Stream::Data);
         let mut on_b = b.subscribe(Stream::Data);
-        let mut alarms_on_b = b.subscribe(Stream::Alarms);
+        let alarms_on_b = b.subscribe(Stream::Alarms);
         let wait = Duration::from_secs(5);
         a.publish(event("1"));
         assert_eq!(next_id(&mut on_a, wait).await.as_deref(), Some("1"));
@@ -585,7 +594,10 @@ mod tests {
         .expect("no NATS there");
         assert!(matches!(err, NatsError::Unreachable { .. }), "{err}");
         let text = err.to_string();
-        assert!(text.contains("cannot reach NATS at nats://127.0.0.1:1"), "{text}");
+        assert!(
+            text.contains("cannot reach NATS at nats://127.0.0.1:1"),
+            "{text}"
+        );
         let err = NatsBus::connect(NatsConfig {
             url: String::new(),
             cluster: "weft".into(),

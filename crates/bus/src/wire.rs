@@ -48,7 +48,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use weft_model::ngsi::{
-    AttrChange, ChangeKind, Entity, EntityChange, Metadata, MetadataMap, Alteration, Attribute,
+    Alteration, AttrChange, Attribute, ChangeKind, Entity, EntityChange, Metadata, MetadataMap,
 };
 use weft_model::{AlarmEvent, DataUnit};
 
@@ -171,7 +171,10 @@ pub fn origin(headers: Option<&HeaderMap>) -> Option<&str> {
 }
 
 fn check_version(headers: Option<&HeaderMap>) -> Result<(), WireError> {
-    match headers.and_then(|h| h.get(VERSION_HEADER)).map(|v| v.as_str()) {
+    match headers
+        .and_then(|h| h.get(VERSION_HEADER))
+        .map(|v| v.as_str())
+    {
         Some(WIRE_VERSION) => Ok(()),
         Some(other) => Err(bad(format!(
             "wire version {other}, this node reads {WIRE_VERSION}"
@@ -248,9 +251,11 @@ fn entity_change(json: &Value, dates: &str) -> Result<EntityChange, WireError> {
     };
     let mut entity = Entity::new(text("id")?, text("type")?);
     let mut parts = dates.split(',').map(|d| {
-        d.trim()
-            .parse::<i64>()
-            .map_err(|_| bad(format!("{DATES_HEADER} '{dates}' is not epoch milliseconds")))
+        d.trim().parse::<i64>().map_err(|_| {
+            bad(format!(
+                "{DATES_HEADER} '{dates}' is not epoch milliseconds"
+            ))
+        })
     });
     entity.date_created = parts.next().transpose()?.unwrap_or_default();
     entity.date_modified = parts.next().transpose()?.unwrap_or_default();
@@ -381,7 +386,11 @@ mod tests {
         let sent = encode_event(
             &subjects(),
             "node-a",
-            &event(Stream::Data, Payload::Data(Arc::new(u.clone())), json.clone()),
+            &event(
+                Stream::Data,
+                Payload::Data(Arc::new(u.clone())),
+                json.clone(),
+            ),
         );
         assert_eq!(sent.subject, "weft.events.data");
         assert_eq!(origin(Some(&sent.headers)), Some("node-a"));
@@ -427,9 +436,10 @@ mod tests {
             },
         );
         entity.attrs.insert("temperature", temp);
-        entity
-            .attrs
-            .insert("location", Attribute::new(json!({"type": "Point", "coordinates": [1, 2]}), "geo:json"));
+        entity.attrs.insert(
+            "location",
+            Attribute::new(json!({"type": "Point", "coordinates": [1, 2]}), "geo:json"),
+        );
         entity.date_created = 1_700_000_000_000;
         entity.date_modified = 1_700_000_000_500;
         entity.date_expires = Some(1_800_000_000_000);
@@ -500,7 +510,10 @@ mod tests {
         let json = Bytes::from(serde_json::to_vec(&u).unwrap());
         let mut h = headers("n");
         assert!(decode_event(Stream::Data, Some(&h), &Bytes::from_static(b"{")).is_err());
-        assert!(decode_event(Stream::Data, None, &json).is_err(), "no version");
+        assert!(
+            decode_event(Stream::Data, None, &json).is_err(),
+            "no version"
+        );
         h.insert(VERSION_HEADER, "2");
         let err = decode_event(Stream::Data, Some(&h), &json).unwrap_err();
         assert!(err.0.contains("wire version 2"), "{err}");
@@ -522,7 +535,11 @@ mod tests {
         let kind = s.kind_of(&sent.subject).unwrap();
         let got = decode_definition(kind, Some(&sent.headers), &sent.payload).unwrap();
         assert_eq!(got, change);
-        assert_eq!(s.kind_of("other.definitions.rule"), None, "another cluster's");
+        assert_eq!(
+            s.kind_of("other.definitions.rule"),
+            None,
+            "another cluster's"
+        );
         assert_eq!(s.kind_of("weft.definitions.nope"), None);
         assert!(decode_definition(kind, Some(&sent.headers), b"{\"id\":\"x\"}").is_err());
     }
@@ -535,7 +552,14 @@ mod tests {
         assert_eq!(s.all_definitions(), "site-2_b.definitions.*");
         assert_eq!(s.events_stream(), "site-2_b_events");
         assert_eq!(s.definitions_stream(), "site-2_b_definitions");
-        for bad in ["", "a.b", "a b", "a*", "a>", &"x".repeat(MAX_CLUSTER_LEN + 1)] {
+        for bad in [
+            "",
+            "a.b",
+            "a b",
+            "a*",
+            "a>",
+            &"x".repeat(MAX_CLUSTER_LEN + 1),
+        ] {
             assert!(Subjects::new(bad).is_err(), "'{bad}' refused");
         }
     }

@@ -818,13 +818,13 @@ impl Follower for Pages {
     async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
         if what.concerns(&[DefinitionKind::Page]) {
             let fresh = read_pages(&self.store, &self.config).await?;
-            refresh(&mut self.pages.write(), fresh, |name| {
+            refresh(&mut *self.pages.write(), fresh, |name| {
                 what.covers(DefinitionKind::Page, "", name)
             });
         }
         if what.concerns(&[DefinitionKind::PageService]) {
             let fresh = read_services(&self.store, &self.config).await?;
-            refresh(&mut self.services.write(), fresh, |name| {
+            refresh(&mut *self.services.write(), fresh, |name| {
                 what.covers(DefinitionKind::PageService, "", name)
             });
         }

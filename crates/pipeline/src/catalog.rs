@@ -185,8 +185,7 @@ impl Catalog {
     }
 
     fn announce(&self, kind: DefinitionKind, id: &str) {
-        self.bus
-            .definition_changed(DefinitionChange::new(kind, id));
+        self.bus.definition_changed(DefinitionChange::new(kind, id));
     }
 
     /// Caches a device seen for the first time by the pipeline, unless one

@@ -473,9 +473,13 @@ mod tests {
     async fn bootstrap_once_revocation_at_once_and_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
-        let keys = Keys::load(store.clone(), UNLIMITED, Arc::new(weft_bus::InProcessBus::default()))
-            .await
-            .unwrap();
+        let keys = Keys::load(
+            store.clone(),
+            UNLIMITED,
+            Arc::new(weft_bus::InProcessBus::default()),
+        )
+        .await
+        .unwrap();
         let first = keys
             .bootstrap(None)
             .await
@@ -512,9 +516,13 @@ mod tests {
         store.close().await;
 
         let store = open(dir.path());
-        let keys = Keys::load(store.clone(), UNLIMITED, Arc::new(weft_bus::InProcessBus::default()))
-            .await
-            .unwrap();
+        let keys = Keys::load(
+            store.clone(),
+            UNLIMITED,
+            Arc::new(weft_bus::InProcessBus::default()),
+        )
+        .await
+        .unwrap();
         assert!(keys.bootstrap(None).await.unwrap().is_none(), "not again");
         assert!(keys.authenticate(&first).is_ok());
         let given = "weft_configured_admin_key_0123456789";

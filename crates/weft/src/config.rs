@@ -540,7 +540,10 @@ mod tests {
             assert_eq!(c.store.url, "postgres://weft@db/weft");
             assert_eq!(c.store.pool_size, 4);
 
-            assert_eq!(c.bus.backend, "in-process", "one node unless told otherwise");
+            assert_eq!(
+                c.bus.backend, "in-process",
+                "one node unless told otherwise"
+            );
             jail.set_env("WEFT_BUS__BACKEND", "nats");
             jail.set_env("WEFT_BUS__URL", "nats://127.0.0.1:4222");
             let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;

@@ -321,7 +321,10 @@ fn pages_config(config: &Config) -> PagesConfig {
 /// reached fails the start.
 async fn open_bus(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Option<Arc<NatsBus>>)> {
     match config.bus.backend.as_str() {
-        "in-process" => Ok((Arc::new(InProcessBus::default()), None)),
+        "in-process" => {
+            let bus: Arc<dyn Bus> = Arc::new(InProcessBus::default());
+            Ok((bus, None))
+        }
         "nats" => {
             let nats = NatsBus::connect(NatsConfig {
                 url: config.bus.url.clone(),
@@ -329,7 +332,8 @@ async fn open_bus(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Option<Arc<N
             })
             .await
             .context("starting the NATS bus")?;
-            Ok((nats.clone(), Some(nats)))
+            let bus: Arc<dyn Bus> = nats.clone();
+            Ok((bus, Some(nats)))
         }
         other => anyhow::bail!("bus.backend must be 'in-process' or 'nats', not '{other}'"),
     }

@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use weft_bus::Bus;
 use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
 use weft_model::ngsi::{new_document_id, NgsiError};
-use weft_bus::Bus;
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
 use crate::context::{
@@ -551,7 +551,10 @@ impl Follower for Subscriptions {
     async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
         // Entries created here from now on are not in the listing below.
         let horizon = self.next_created.load(Ordering::Relaxed);
-        let docs = self.store.load_documents(DocumentKind::Subscription).await?;
+        let docs = self
+            .store
+            .load_documents(DocumentKind::Subscription)
+            .await?;
         let mut seen = HashSet::new();
         for d in docs {
             if !what.covers(DefinitionKind::Subscription, &d.tenant, &d.id) {
@@ -565,7 +568,8 @@ impl Follower for Subscriptions {
                     continue;
                 }
             };
-            self.next_created.fetch_max(d.created + 1, Ordering::Relaxed);
+            self.next_created
+                .fetch_max(d.created + 1, Ordering::Relaxed);
             let key = (d.tenant.clone(), d.id.clone());
             let existing = self
                 .tenants
