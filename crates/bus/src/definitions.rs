@@ -150,8 +150,9 @@ pub struct DefinitionFollower {
 }
 
 impl DefinitionFollower {
-    /// A follower of `rx` (a backend's broadcast of notices).
-    pub(crate) fn new(rx: broadcast::Receiver<Reload>) -> DefinitionFollower {
+    /// A follower of `rx`, a backend's broadcast of the notices other
+    /// nodes sent (public for backends and test doubles outside this crate).
+    pub fn new(rx: broadcast::Receiver<Reload>) -> DefinitionFollower {
         DefinitionFollower { rx: Some(rx) }
     }
 
