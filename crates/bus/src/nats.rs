@@ -28,7 +28,6 @@
 //! lost them) and every follower of definitions reloads everything, since
 //! notices may have been lost meanwhile.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,6 +129,7 @@ pub struct NatsBus {
     /// This node's id, sent with every message and skipped on receipt.
     node: Arc<str>,
     subjects: Subjects,
+    js: jetstream::Context,
     /// To the publishing task.
     outbox: mpsc::Sender<Outgoing>,
     /// Definition changes made by other nodes, to this node's followers.
@@ -139,6 +139,9 @@ pub struct NatsBus {
     stop: CancellationToken,
     tasks: TaskTracker,
 }
+
+/// What a receiving task does with one message from another node.
+type Handler = fn(&NatsBus, &jetstream::Message);
 
 impl NatsBus {
     /// Connects to NATS, declares the cluster's streams and starts
@@ -155,7 +158,6 @@ impl NatsBus {
         let node: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         let (definitions, _) = broadcast::channel(FOLLOWER_CAPACITY);
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let lost = Arc::new(AtomicBool::new(false));
         let client = async_nats::ConnectOptions::new()
             .name(format!("weft {node}"))
             .connection_timeout(CONNECT_TIMEOUT)
@@ -173,18 +175,20 @@ impl NatsBus {
                 reason: e.to_string(),
             })?;
         let js = jetstream::new(client.clone());
+        let jetstream_error = |(stream, reason)| NatsError::JetStream {
+            url: config.url.clone(),
+            stream,
+            reason,
+        };
         declare_streams(&js, &subjects)
             .await
-            .map_err(|(stream, reason)| NatsError::JetStream {
-                url: config.url.clone(),
-                stream,
-                reason,
-            })?;
+            .map_err(jetstream_error)?;
         let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
         let bus = Arc::new(NatsBus {
             local: Arc::new(InProcessBus::default()),
             node,
             subjects,
+            js,
             outbox,
             definitions,
             client,
@@ -193,38 +197,36 @@ impl NatsBus {
         });
         // Every consumer is listening before `connect` returns, so a node
         // receives whatever is published once it serves.
-        for stream in Stream::ALL {
-            let messages = bus
-                .consume(
-                    &js,
+        let mut readers: Vec<(String, String, Handler)> = Stream::ALL
+            .iter()
+            .map(|&stream| {
+                let handler: Handler = match stream {
+                    Stream::Data => |bus, m| bus.on_event(Stream::Data, m),
+                    Stream::Alarms => |bus, m| bus.on_event(Stream::Alarms, m),
+                    Stream::Entities => |bus, m| bus.on_event(Stream::Entities, m),
+                };
+                (
                     bus.subjects.events_stream(),
                     bus.subjects.event(stream),
+                    handler,
                 )
+            })
+            .collect();
+        readers.push((
+            bus.subjects.definitions_stream(),
+            bus.subjects.all_definitions(),
+            |bus, m| bus.on_definition(m),
+        ));
+        for (stream, filter, handler) in readers {
+            let messages = bus
+                .consume(&stream, &filter)
                 .await
-                .map_err(|reason| NatsError::JetStream {
-                    url: config.url.clone(),
-                    stream: bus.subjects.events_stream(),
-                    reason,
-                })?;
+                .map_err(|reason| jetstream_error((stream.clone(), reason)))?;
             bus.tasks
-                .spawn(bus.clone().receive_events(stream, messages));
+                .spawn(bus.clone().receive(stream, filter, messages, handler));
         }
-        let messages = bus
-            .consume(
-                &js,
-                bus.subjects.definitions_stream(),
-                bus.subjects.all_definitions(),
-            )
-            .await
-            .map_err(|reason| NatsError::JetStream {
-                url: config.url.clone(),
-                stream: bus.subjects.definitions_stream(),
-                reason,
-            })?;
-        bus.tasks.spawn(bus.clone().receive_definitions(messages));
         bus.tasks.spawn(bus.clone().publish_loop(outbox_rx));
-        bus.tasks
-            .spawn(bus.clone().watch_connection(js, events_rx, lost));
+        bus.tasks.spawn(bus.clone().watch_connection(events_rx));
         tracing::info!(url = %config.url, cluster = %config.cluster, node = %bus.node, "events and definitions cross nodes over NATS JetStream");
         Ok(bus)
     }
@@ -250,17 +252,16 @@ impl NatsBus {
 
     /// An ordered push consumer of `filter` on `stream`, starting at the
     /// newest message, with its subscription made.
-    async fn consume(
-        &self,
-        js: &jetstream::Context,
-        stream: String,
-        filter: String,
-    ) -> Result<consumer::push::Ordered, String> {
-        let stream = js.get_stream(&stream).await.map_err(|e| e.to_string())?;
+    async fn consume(&self, stream: &str, filter: &str) -> Result<consumer::push::Ordered, String> {
+        let stream = self
+            .js
+            .get_stream(stream)
+            .await
+            .map_err(|e| e.to_string())?;
         let consumer = stream
             .create_consumer(consumer::push::OrderedConfig {
                 deliver_subject: self.client.new_inbox(),
-                filter_subject: filter,
+                filter_subject: filter.to_string(),
                 deliver_policy: consumer::DeliverPolicy::New,
                 ..Default::default()
             })
@@ -269,11 +270,17 @@ impl NatsBus {
         consumer.messages().await.map_err(|e| e.to_string())
     }
 
-    /// Hands other nodes' events of `stream` to this node's subscribers.
-    async fn receive_events(
+    /// Hands every other node's message of `filter` on `stream` to
+    /// `handler`. The ordered consumer makes itself again after a
+    /// disconnection, from the last message it saw (or, on a NATS that
+    /// restarted without the stream, from the first of the stream declared
+    /// again).
+    async fn receive(
         self: Arc<Self>,
-        stream: Stream,
+        stream: String,
+        filter: String,
         mut messages: consumer::push::Ordered,
+        handler: Handler,
     ) {
         loop {
             let message = tokio::select! {
@@ -283,61 +290,51 @@ impl NatsBus {
                     Some(Err(e)) => {
                         // Missing heartbeats while NATS is away: the
                         // consumer recreates itself once it is back.
-                        tracing::debug!(stream = stream.as_str(), error = %e, "NATS events consumer");
+                        tracing::debug!(%stream, %filter, error = %e, "NATS consumer");
                         continue;
                     }
                     None => return,
                 },
             };
-            if wire::origin(message.headers.as_ref()) == Some(&*self.node) {
-                continue;
-            }
-            match wire::decode_event(stream, message.headers.as_ref(), &message.payload) {
-                Ok(event) => {
-                    metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
-                        .increment(1);
-                    self.local.deliver(Arc::new(event));
-                }
-                Err(e) => {
-                    metrics::counter!("weft_bus_unreadable_total", "stream" => stream.as_str())
-                        .increment(1);
-                    tracing::warn!(stream = stream.as_str(), error = %e, "an event from another node could not be read; skipped");
-                }
+            if wire::origin(message.headers.as_ref()) != Some(&*self.node) {
+                handler(&self, &message);
             }
         }
     }
 
-    /// Hands other nodes' definition changes to this node's followers.
-    async fn receive_definitions(self: Arc<Self>, mut messages: consumer::push::Ordered) {
-        loop {
-            let message = tokio::select! {
-                _ = self.stop.cancelled() => return,
-                next = messages.next() => match next {
-                    Some(Ok(message)) => message,
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "NATS definitions consumer");
-                        continue;
-                    }
-                    None => return,
-                },
-            };
-            if wire::origin(message.headers.as_ref()) == Some(&*self.node) {
-                continue;
+    /// Hands another node's event to this node's subscribers.
+    fn on_event(&self, stream: Stream, message: &jetstream::Message) {
+        match wire::decode_event(stream, message.headers.as_ref(), &message.payload) {
+            Ok(event) => {
+                metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
+                    .increment(1);
+                self.local.deliver(Arc::new(event));
             }
-            let Some(kind) = self.subjects.kind_of(message.subject.as_str()) else {
-                continue;
-            };
-            match wire::decode_definition(kind, message.headers.as_ref(), &message.payload) {
-                Ok(change) => {
-                    tracing::debug!(kind = kind.as_str(), id = %change.id, "a definition changed on another node");
-                    let _ = self.definitions.send(Reload::One(change));
-                }
-                Err(e) => {
-                    // Lost a notice: reload everything rather than keep a
-                    // stale copy.
-                    tracing::warn!(error = %e, "a definition change from another node could not be read; reloading every definition");
-                    let _ = self.definitions.send(Reload::All);
-                }
+            Err(e) => {
+                metrics::counter!("weft_bus_unreadable_total", "stream" => stream.as_str())
+                    .increment(1);
+                tracing::warn!(stream = stream.as_str(), error = %e, "an event from another node could not be read; skipped");
+            }
+        }
+    }
+
+    /// Hands another node's definition change to this node's followers.
+    fn on_definition(&self, message: &jetstream::Message) {
+        let Some(kind) = self.subjects.kind_of(message.subject.as_str()) else {
+            return;
+        };
+        match wire::decode_definition(kind, message.headers.as_ref(), &message.payload) {
+            Ok(change) => {
+                tracing::debug!(kind = kind.as_str(), id = %change.id, "a definition changed on another node");
+                let _ = self.definitions.send(Reload::One(change));
+            }
+            Err(e) => {
+                // A lost notice: reload everything rather than keep a
+                // stale copy.
+                metrics::counter!("weft_bus_unreadable_total", "stream" => "definitions")
+                    .increment(1);
+                tracing::warn!(error = %e, "a definition change from another node could not be read; reloading every definition");
+                let _ = self.definitions.send(Reload::All);
             }
         }
     }
@@ -373,14 +370,15 @@ impl NatsBus {
         }
     }
 
-    /// Logs the connection's ups and downs; after a reconnection declares
-    /// the streams again and has every follower reload everything.
+    /// Logs the connection's ups and downs. After a reconnection it
+    /// declares the streams again (a restarted NATS lost them; the
+    /// consumers wait for them) and has every follower reload everything
+    /// (notices may have been lost).
     async fn watch_connection(
         self: Arc<Self>,
-        js: jetstream::Context,
         mut events: mpsc::UnboundedReceiver<async_nats::Event>,
-        lost: Arc<AtomicBool>,
     ) {
+        let mut lost = false;
         loop {
             let event = tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -391,19 +389,26 @@ impl NatsBus {
             };
             match event {
                 async_nats::Event::Disconnected => {
-                    lost.store(true, Ordering::Relaxed);
+                    lost = true;
+                    metrics::counter!("weft_bus_disconnections_total").increment(1);
                     tracing::warn!("lost the connection to NATS: other nodes' events and definition changes wait until it is back; reconnecting");
                 }
-                async_nats::Event::Connected if lost.swap(false, Ordering::Relaxed) => {
+                async_nats::Event::Connected if lost => {
+                    lost = false;
                     tracing::info!("reconnected to NATS; reloading every definition other nodes may have changed meanwhile");
                     let mut delay = Duration::from_millis(100);
-                    while let Err((stream, reason)) = declare_streams(&js, &self.subjects).await {
-                        tracing::warn!(%stream, %reason, "declaring the JetStream streams again failed; retrying");
-                        tokio::select! {
-                            _ = self.stop.cancelled() => return,
-                            _ = tokio::time::sleep(delay) => {}
+                    loop {
+                        match declare_streams(&self.js, &self.subjects).await {
+                            Ok(()) => break,
+                            Err((stream, reason)) => {
+                                tracing::warn!(%stream, %reason, "declaring the JetStream streams again failed; retrying");
+                                tokio::select! {
+                                    _ = self.stop.cancelled() => return,
+                                    _ = tokio::time::sleep(delay) => {}
+                                }
+                                delay = (delay * 2).min(Duration::from_secs(5));
+                            }
                         }
-                        delay = (delay * 2).min(Duration::from_secs(5));
                     }
                     let _ = self.definitions.send(Reload::All);
                 }
@@ -606,5 +611,91 @@ mod tests {
         .err()
         .expect("no URL");
         assert!(err.to_string().contains("bus.url is empty"), "{err}");
+    }
+
+    /// A NATS of this test's own (`nats-server` from PATH, as
+    /// `scripts/test-services` installs it) on `port`, JetStream's store
+    /// in `dir`; killed when dropped.
+    struct OwnNats(std::process::Child);
+
+    impl OwnNats {
+        fn start(port: u16, dir: &std::path::Path) -> OwnNats {
+            let child = std::process::Command::new("nats-server")
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("nats-server runs (scripts/test-services installs it)");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(std::time::Instant::now() < deadline, "nats-server listens");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            OwnNats(child)
+        }
+    }
+
+    impl Drop for OwnNats {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Losing NATS is survived: each node reconnects by itself, declares
+    /// the streams again on a NATS that restarted without them, subscribes
+    /// again, and has its followers reload every definition; events flow
+    /// between the nodes again.
+    #[tokio::test]
+    async fn nodes_reconnect_and_resume_after_nats_restarts() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let first = tempfile::tempdir().unwrap();
+        let nats = OwnNats::start(port, first.path());
+        let config = NatsConfig {
+            url: format!("nats://127.0.0.1:{port}"),
+            cluster: "weft".into(),
+        };
+        let a = NatsBus::connect(config.clone()).await.unwrap();
+        let b = NatsBus::connect(config).await.unwrap();
+        let mut follows_b = b.follow_definitions();
+        let mut on_b = b.subscribe(Stream::Data);
+        // Far along the old streams' sequence, so a consumer that resumed
+        // from there would miss this many events after the restart.
+        const BEFORE: usize = 200;
+        for n in 0..BEFORE {
+            a.publish(event(&format!("before-{n}")));
+        }
+        for n in 0..BEFORE {
+            let got = next_id(&mut on_b, Duration::from_secs(5)).await;
+            assert_eq!(got, Some(format!("before-{n}")));
+        }
+
+        drop(nats);
+        let second = tempfile::tempdir().unwrap();
+        let _nats = OwnNats::start(port, second.path());
+        let reload = tokio::time::timeout(Duration::from_secs(30), follows_b.recv())
+            .await
+            .expect("b notices the reconnection");
+        assert_eq!(reload, Some(Reload::All), "b reloads every definition");
+        // The restarted NATS numbers its (new) streams from 1 again; the
+        // nodes must not wait for the old sequence to come back. (The
+        // first few may go while the consumers are made again.)
+        let mut crossed = None;
+        for n in 0..20 {
+            a.publish(event(&format!("after-{n}")));
+            if let Some(id) = next_id(&mut on_b, Duration::from_millis(500)).await {
+                crossed = Some(id);
+                break;
+            }
+        }
+        let id = crossed.expect("events cross again soon after the restart");
+        assert!(id.starts_with("after-"), "{id}");
+        a.close().await;
+        b.close().await;
     }
 }
