@@ -613,6 +613,15 @@ mod tests {
         assert!(err.to_string().contains("bus.url is empty"), "{err}");
     }
 
+    /// A free port below Linux's ephemeral range (32768-60999), so no
+    /// client socket takes it while the test's NATS restarts on it.
+    fn free_port() -> u16 {
+        let start = 20_000 + (uuid::Uuid::new_v4().as_u128() % 10_000) as u16;
+        (start..start + 1000)
+            .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .expect("a free port")
+    }
+
     /// A NATS of this test's own (`nats-server` from PATH, as
     /// `scripts/test-services` installs it) on `port`, JetStream's store
     /// in `dir`; killed when dropped.
@@ -649,11 +658,7 @@ mod tests {
     /// between the nodes again.
     #[tokio::test]
     async fn nodes_reconnect_and_resume_after_nats_restarts() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let first = tempfile::tempdir().unwrap();
         let nats = OwnNats::start(port, first.path());
         let config = NatsConfig {
