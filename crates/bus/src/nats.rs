@@ -218,10 +218,13 @@ impl NatsBus {
             |bus, m| bus.on_definition(m),
         ));
         for (stream, filter, handler) in readers {
-            let messages = bus
-                .consume(&stream, &filter)
-                .await
-                .map_err(|reason| jetstream_error((stream.clone(), reason)))?;
+            let messages = match bus.consume(&stream, &filter).await {
+                Ok(messages) => messages,
+                Err(reason) => {
+                    bus.stop.cancel();
+                    return Err(jetstream_error((stream, reason)));
+                }
+            };
             bus.tasks
                 .spawn(bus.clone().receive(stream, filter, messages, handler));
         }
