@@ -33,6 +33,10 @@
 //!   `ignoreType`), geo-queries, `POST /v2/op/query` and the other batch
 //!   operations' checks.
 //! - `tls`: the API over HTTPS with the configured certificate.
+//! - `scale_out`: two nodes on one PostgreSQL and one NATS JetStream:
+//!   live events across nodes; decoders, rules, API keys and NGSI
+//!   subscriptions changed on one node apply on the other at once; no
+//!   start without the configured NATS.
 
 mod alarms;
 mod auth;
@@ -51,5 +55,6 @@ mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;
 mod pages;
+mod scale_out;
 mod tls;
 mod util;

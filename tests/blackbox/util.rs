@@ -144,7 +144,7 @@ impl Drop for Server {
 }
 
 /// A new, empty database on the test PostgreSQL server; its URL.
-fn fresh_postgres_database() -> String {
+pub fn fresh_postgres_database() -> String {
     let admin = std::env::var("WEFT_TEST_POSTGRES_URL")
         .expect("WEFT_TEST_BACKEND=postgres needs WEFT_TEST_POSTGRES_URL (scripts/test sets both)");
     let name = format!("weft_bb_{}", uuid::Uuid::new_v4().simple());

@@ -1,19 +1,35 @@
 //! weft's event bus: the seam between the stages that produce events (the
 //! pipeline's data units, the rule engine's alarm changes, the context's
 //! entity changes) and the ones that consume them (live fan-out, channel
-//! bridges). Every event is published after the change it carries has
-//! been committed.
+//! bridges), and the way a node tells the others that a stored definition
+//! changed. Every event is published after the change it carries has been
+//! committed.
 //!
-//! [`Bus`] is the trait; [`InProcessBus`] is the default backend, built on
-//! `tokio::sync::broadcast`. A scale-out backend (NATS JetStream) bridges
-//! its subjects into the same [`Subscription`] type, so consumers never
-//! know which backend runs.
+//! - [`Bus`] is the trait; consumers never know which backend runs.
+//! - [`in_process`]: the default backend ([`InProcessBus`]), one
+//!   `tokio::sync::broadcast` channel per stream, in this process.
+//! - [`nats`]: the scale-out backend ([`NatsBus`]): the in-process bus for
+//!   this node's own subscribers, plus NATS JetStream subjects that carry
+//!   every event and every changed definition to the other nodes.
+//! - [`wire`]: how events and definition changes look on NATS, and how a
+//!   receiving node rebuilds them.
+//! - [`definitions`]: the notices that keep every node's in-memory copies
+//!   of stored definitions (device types, rules, keys, …) in step.
 //!
 //! Delivery is at-most-once and never blocks a publisher: a subscriber that
 //! falls more than the stream's capacity behind gets [`RecvError::Lagged`]
 //! and decides what to do (the live websocket disconnects it). Durable
 //! consumers replay from the store, not from the bus.
 #![deny(missing_docs)]
+
+pub mod definitions;
+pub mod in_process;
+pub mod nats;
+pub mod wire;
+
+pub use definitions::{DefinitionChange, DefinitionFollower, DefinitionKind, Reload};
+pub use in_process::InProcessBus;
+pub use nats::{NatsBus, NatsConfig, NatsError};
 
 use std::sync::Arc;
 
@@ -96,6 +112,13 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// A subscription reading from a backend's broadcast channel.
+    pub(crate) fn new(rx: broadcast::Receiver<Arc<Event>>) -> Subscription {
+        Subscription { rx }
+    }
+}
+
+impl Subscription {
     /// The next event. Lagging is reported once, then reception continues
     /// with the oldest event still buffered.
     pub async fn recv(&mut self) -> Result<Arc<Event>, RecvError> {
@@ -126,101 +149,16 @@ pub trait Bus: Send + Sync + 'static {
         let _ = stream;
         true
     }
-}
-
-/// The default backend: one broadcast channel per stream, in this process.
-pub struct InProcessBus {
-    data: broadcast::Sender<Arc<Event>>,
-    alarms: broadcast::Sender<Arc<Event>>,
-    entities: broadcast::Sender<Arc<Event>>,
-}
-
-impl Default for InProcessBus {
-    fn default() -> Self {
-        Self::with_capacity(STREAM_CAPACITY)
+    /// Tells the other nodes that a stored definition changed, once the
+    /// store has committed the change, so they reload it before they use
+    /// it again. A backend with no other nodes does nothing.
+    fn definition_changed(&self, change: DefinitionChange) {
+        let _ = change;
     }
-}
-
-impl InProcessBus {
-    /// A bus whose streams buffer `capacity` events each.
-    pub fn with_capacity(capacity: usize) -> Self {
-        InProcessBus {
-            data: broadcast::channel(capacity).0,
-            alarms: broadcast::channel(capacity).0,
-            entities: broadcast::channel(capacity).0,
-        }
-    }
-
-    fn sender(&self, stream: Stream) -> &broadcast::Sender<Arc<Event>> {
-        match stream {
-            Stream::Data => &self.data,
-            Stream::Alarms => &self.alarms,
-            Stream::Entities => &self.entities,
-        }
-    }
-}
-
-impl Bus for InProcessBus {
-    fn publish(&self, event: Event) {
-        let stream = event.stream;
-        // No receivers is not an error: nobody is listening right now.
-        let _ = self.sender(stream).send(Arc::new(event));
-        metrics::counter!("weft_bus_events_total", "stream" => stream.as_str()).increment(1);
-    }
-
-    fn subscribe(&self, stream: Stream) -> Subscription {
-        Subscription {
-            rx: self.sender(stream).subscribe(),
-        }
-    }
-
-    fn has_subscribers(&self, stream: Stream) -> bool {
-        self.sender(stream).receiver_count() > 0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(n: i64) -> Event {
-        let unit = DataUnit {
-            data_id: n.to_string(),
-            reported_at: n,
-            received_at: n,
-            channel: "c".into(),
-            device: Default::default(),
-            measures: Default::default(),
-        };
-        Event {
-            stream: Stream::Data,
-            payload: Payload::Data(Arc::new(unit)),
-            json: Bytes::new(),
-        }
-    }
-
-    #[tokio::test]
-    async fn subscribers_receive_events_published_after_subscribing() {
-        let bus = InProcessBus::default();
-        bus.publish(event(0));
-        let mut sub = bus.subscribe(Stream::Data);
-        let other = bus.subscribe(Stream::Alarms);
-        bus.publish(event(1));
-        let got = sub.recv().await.unwrap();
-        assert!(matches!(&got.payload, Payload::Data(u) if u.data_id == "1"));
-        assert_eq!(other.backlog(), 0);
-    }
-
-    /// A slow subscriber lags instead of blocking the publisher or growing
-    /// memory: the publisher never waits, the subscriber learns how much it missed.
-    #[tokio::test]
-    async fn a_slow_subscriber_lags_without_blocking_the_publisher() {
-        let bus = InProcessBus::with_capacity(4);
-        let mut sub = bus.subscribe(Stream::Data);
-        for n in 0..10 {
-            bus.publish(event(n));
-        }
-        assert_eq!(sub.recv().await.unwrap_err(), RecvError::Lagged(6));
-        assert!(matches!(&sub.recv().await.unwrap().payload, Payload::Data(u) if u.data_id == "6"));
+    /// The definitions other nodes changed, for a service that keeps them
+    /// in memory. Never this node's own changes: it applied those itself.
+    /// A backend with no other nodes hands out a follower that ends at once.
+    fn follow_definitions(&self) -> DefinitionFollower {
+        DefinitionFollower::none()
     }
 }

@@ -15,7 +15,9 @@
 //! Pages sit on top of weft's services: they read the context, the alarms
 //! and the store through [`service::Sources`] and change nothing but their
 //! own templates and services, so nothing below depends on them and the
-//! binary builds them last.
+//! binary builds them last. A template or service changed through another
+//! node is reloaded from the store as soon as that node announces it
+//! ([`Follower`]).
 #![deny(missing_docs)]
 
 mod limits;
@@ -29,7 +31,9 @@ use std::sync::Arc;
 use handlebars::Handlebars;
 use serde_json::{json, Map, Value};
 use tokio::sync::Semaphore;
+use weft_bus::Bus;
 use weft_model::page::{Fragment, Template, TemplateError};
+use weft_pipeline::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
 pub use limits::MAX_TEMPLATE_DEPTH;
@@ -173,6 +177,9 @@ impl Page {
 /// The pages and their services.
 pub struct Pages {
     store: Arc<dyn Store>,
+    /// Where changes of templates and services are announced to the other
+    /// nodes.
+    bus: Arc<dyn Bus>,
     sources: service::Sources,
     config: PagesConfig,
     pages: parking_lot::RwLock<HashMap<String, Arc<Page>>>,
@@ -296,37 +303,13 @@ impl Pages {
         store: Arc<dyn Store>,
         sources: service::Sources,
         config: PagesConfig,
+        bus: Arc<dyn Bus>,
     ) -> Result<Arc<Pages>, StoreError> {
-        let mut pages = HashMap::new();
-        if let Some(dir) = &config.directory {
-            for (name, source) in html_files(dir) {
-                let page = Page::load(&name, source, "a page file");
-                pages.insert(name, Arc::new(page));
-            }
-        }
-        for doc in store.load_documents(DocumentKind::Page).await? {
-            let source: String = serde_json::from_str(&doc.json).unwrap_or_default();
-            let page = Page::load(&doc.id, source, "a stored page");
-            pages.insert(doc.id, Arc::new(page));
-        }
-        let mut services = HashMap::new();
-        for (name, svc) in &config.services {
-            match svc.validate() {
-                Ok(()) => {
-                    services.insert(name.clone(), Arc::new(svc.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(service = %name, error = %e, "a configured page service is invalid; skipped")
-                }
-            }
-        }
-        for doc in store.load_documents(DocumentKind::PageService).await? {
-            if let Ok(s) = serde_json::from_str::<PageService>(&doc.json) {
-                services.insert(doc.id, Arc::new(s));
-            }
-        }
+        let pages = read_pages(&store, &config).await?;
+        let services = read_services(&store, &config).await?;
         Ok(Arc::new(Pages {
             store,
+            bus,
             sources,
             renders: Arc::new(Semaphore::new(config.max_concurrent_renders.max(1))),
             waiting: std::sync::atomic::AtomicUsize::new(0),
@@ -337,6 +320,12 @@ impl Pages {
             pages: parking_lot::RwLock::new(pages),
             services: parking_lot::RwLock::new(services),
         }))
+    }
+
+    /// Tells the other nodes that `name` of `kind` changed.
+    fn announce(&self, kind: DefinitionKind, name: &str) {
+        self.bus
+            .definition_changed(DefinitionChange::new(kind, name));
     }
 
     async fn put_doc(
@@ -363,11 +352,13 @@ impl Pages {
         let compiled = compile(source.clone())?;
         self.put_doc(DocumentKind::Page, name, Value::String(source).to_string())
             .await?;
-        Ok(self
+        let new = self
             .pages
             .write()
             .insert(name.to_string(), Arc::new(Page::Ready(Box::new(compiled))))
-            .is_none())
+            .is_none();
+        self.announce(DefinitionKind::Page, name);
+        Ok(new)
     }
 
     /// A template's source.
@@ -387,7 +378,9 @@ impl Pages {
         self.store
             .delete_document(DocumentKind::Page, "", name)
             .await?;
-        Ok(self.pages.write().remove(name).is_some())
+        let existed = self.pages.write().remove(name).is_some();
+        self.announce(DefinitionKind::Page, name);
+        Ok(existed)
     }
 
     /// Saves a service definition. Answers whether it is new.
@@ -395,11 +388,13 @@ impl Pages {
         service.validate().map_err(PageError::Invalid)?;
         let json = serde_json::to_string(&service).expect("services serialise");
         self.put_doc(DocumentKind::PageService, name, json).await?;
-        Ok(self
+        let new = self
             .services
             .write()
             .insert(name.to_string(), Arc::new(service))
-            .is_none())
+            .is_none();
+        self.announce(DefinitionKind::PageService, name);
+        Ok(new)
     }
 
     /// A service definition.
@@ -412,7 +407,9 @@ impl Pages {
         self.store
             .delete_document(DocumentKind::PageService, "", name)
             .await?;
-        Ok(self.services.write().remove(name).is_some())
+        let existed = self.services.write().remove(name).is_some();
+        self.announce(DefinitionKind::PageService, name);
+        Ok(existed)
     }
 
     /// One service call, shared with the page requests that need the
@@ -750,6 +747,89 @@ fn context(
         }
     }
     handlebars::Context::wraps(Value::Object(root)).ok()
+}
+
+/// The templates as a start loads them: the directory's files, then the
+/// stored ones (which take precedence).
+async fn read_pages(
+    store: &Arc<dyn Store>,
+    config: &PagesConfig,
+) -> Result<HashMap<String, Arc<Page>>, StoreError> {
+    let mut pages = HashMap::new();
+    if let Some(dir) = &config.directory {
+        for (name, source) in html_files(dir) {
+            let page = Page::load(&name, source, "a page file");
+            pages.insert(name, Arc::new(page));
+        }
+    }
+    for doc in store.load_documents(DocumentKind::Page).await? {
+        let source: String = serde_json::from_str(&doc.json).unwrap_or_default();
+        let page = Page::load(&doc.id, source, "a stored page");
+        pages.insert(doc.id, Arc::new(page));
+    }
+    Ok(pages)
+}
+
+/// The services as a start loads them: the configured ones, then the
+/// stored ones (which take precedence).
+async fn read_services(
+    store: &Arc<dyn Store>,
+    config: &PagesConfig,
+) -> Result<HashMap<String, Arc<PageService>>, StoreError> {
+    let mut services = HashMap::new();
+    for (name, svc) in &config.services {
+        match svc.validate() {
+            Ok(()) => {
+                services.insert(name.clone(), Arc::new(svc.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(service = %name, error = %e, "a configured page service is invalid; skipped")
+            }
+        }
+    }
+    for doc in store.load_documents(DocumentKind::PageService).await? {
+        if let Ok(s) = serde_json::from_str::<PageService>(&doc.json) {
+            services.insert(doc.id, Arc::new(s));
+        }
+    }
+    Ok(services)
+}
+
+/// Puts into `held` what `fresh` has for every name `covered` names, and
+/// drops what `fresh` no longer has.
+fn refresh<V>(
+    held: &mut HashMap<String, Arc<V>>,
+    mut fresh: HashMap<String, Arc<V>>,
+    covered: impl Fn(&str) -> bool,
+) {
+    held.retain(|name, _| !covered(name) || fresh.contains_key(name));
+    for (name, value) in fresh.drain() {
+        if covered(&name) {
+            held.insert(name, value);
+        }
+    }
+}
+
+impl Follower for Pages {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::Page, DefinitionKind::PageService];
+
+    /// Reads the templates or services again as a start would, and takes
+    /// the ones named.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        if what.concerns(&[DefinitionKind::Page]) {
+            let fresh = read_pages(&self.store, &self.config).await?;
+            refresh(&mut *self.pages.write(), fresh, |name| {
+                what.covers(DefinitionKind::Page, "", name)
+            });
+        }
+        if what.concerns(&[DefinitionKind::PageService]) {
+            let fresh = read_services(&self.store, &self.config).await?;
+            refresh(&mut *self.services.write(), fresh, |name| {
+                what.covers(DefinitionKind::PageService, "", name)
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

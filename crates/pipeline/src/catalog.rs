@@ -3,18 +3,23 @@
 //! reads the database per uplink. Every change made through the API goes
 //! through here, so the cache is always as fresh as the store.
 //!
-//! In a scale-out deployment each process holds its own cache; changes
-//! made by another process are picked up when that process's catalog
-//! events reach it over the bus (not needed while one process owns the
-//! store).
+//! In a scale-out deployment each node holds its own cache: a change made
+//! here is announced on the bus once stored, and a change announced by
+//! another node is reloaded from the store ([`Follower`]), so the next
+//! uplink on any node uses the new decoder. Devices the pipeline meets for
+//! the first time are not announced: each node registers them as it meets
+//! them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use weft_bus::Bus;
 use weft_engine::{CodecError, Engine, Script, ScriptKind};
 use weft_model::{Device, DeviceType};
 use weft_store::{DeviceFilter, Store, StoreError};
+
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 
 /// A device type as the pipeline uses it: the definition plus its codec,
 /// compiled-checked and identified for the engine's cache.
@@ -46,6 +51,8 @@ pub enum CatalogError {
 pub struct Catalog {
     store: Arc<dyn Store>,
     engine: Engine,
+    /// Where changes made here are announced to the other nodes.
+    bus: Arc<dyn Bus>,
     types: RwLock<HashMap<String, Arc<TypeEntry>>>,
     devices: RwLock<HashMap<String, Arc<Device>>>,
 }
@@ -54,25 +61,20 @@ impl Catalog {
     /// Loads every type and device from the store. Stored types whose
     /// script no longer compiles are kept without a codec (their uplinks
     /// fail with the reason) rather than refusing to start.
-    pub async fn load(store: Arc<dyn Store>, engine: Engine) -> Result<Catalog, StoreError> {
+    pub async fn load(
+        store: Arc<dyn Store>,
+        engine: Engine,
+        bus: Arc<dyn Bus>,
+    ) -> Result<Catalog, StoreError> {
         let catalog = Catalog {
             store: store.clone(),
             engine,
+            bus,
             types: RwLock::default(),
             devices: RwLock::default(),
         };
         for (name, def) in store.list_device_types().await? {
-            let entry = match catalog.compile(&name, def.clone()).await {
-                Ok(entry) => entry,
-                Err(e) => {
-                    tracing::warn!(device_type = %name, error = %e, "stored decoder does not compile");
-                    TypeEntry {
-                        name: name.clone(),
-                        def,
-                        codec: None,
-                    }
-                }
-            };
+            let entry = catalog.compile_stored(&name, def).await;
             catalog.types.write().insert(name, Arc::new(entry));
         }
         let devices = store.list_devices(&DeviceFilter::default()).await?;
@@ -82,6 +84,22 @@ impl Catalog {
         }
         drop(map);
         Ok(catalog)
+    }
+
+    /// A stored type's entry; a decoder that no longer compiles leaves the
+    /// type without a codec (its uplinks fail with the reason).
+    async fn compile_stored(&self, name: &str, def: DeviceType) -> TypeEntry {
+        match self.compile(name, def.clone()).await {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(device_type = %name, error = %e, "stored decoder does not compile");
+                TypeEntry {
+                    name: name.to_string(),
+                    def,
+                    codec: None,
+                }
+            }
+        }
     }
 
     async fn compile(&self, name: &str, def: DeviceType) -> Result<TypeEntry, CatalogError> {
@@ -123,6 +141,7 @@ impl Catalog {
         let entry = self.compile(name, def).await?;
         let created = self.store.put_device_type(name, &entry.def).await?;
         self.types.write().insert(name.to_string(), Arc::new(entry));
+        self.announce(DefinitionKind::DeviceType, name);
         Ok(created)
     }
 
@@ -137,6 +156,7 @@ impl Catalog {
     pub async fn delete_device_type(&self, name: &str) -> Result<bool, StoreError> {
         let existed = self.store.delete_device_type(name).await?;
         self.types.write().remove(name);
+        self.announce(DefinitionKind::DeviceType, name);
         Ok(existed)
     }
 
@@ -148,9 +168,11 @@ impl Catalog {
     /// Stores a device and caches it; `true` if created.
     pub async fn put_device(&self, device: Device) -> Result<bool, StoreError> {
         let created = self.store.put_device(&device).await?;
+        let id = device.id.clone();
         self.devices
             .write()
             .insert(device.id.clone(), Arc::new(device));
+        self.announce(DefinitionKind::Device, &id);
         Ok(created)
     }
 
@@ -158,7 +180,12 @@ impl Catalog {
     pub async fn delete_device(&self, id: &str) -> Result<bool, StoreError> {
         let existed = self.store.delete_device(id).await?;
         self.devices.write().remove(id);
+        self.announce(DefinitionKind::Device, id);
         Ok(existed)
+    }
+
+    fn announce(&self, kind: DefinitionKind, id: &str) {
+        self.bus.definition_changed(DefinitionChange::new(kind, id));
     }
 
     /// Caches a device seen for the first time by the pipeline, unless one
@@ -171,5 +198,45 @@ impl Catalog {
         }
         map.insert(device.id.clone(), Arc::new(device.clone()));
         true
+    }
+}
+
+impl Follower for Catalog {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::DeviceType, DefinitionKind::Device];
+
+    /// Recompiles a type whose stored definition differs from the cached
+    /// one (an unchanged type keeps its compiled codec) and drops types
+    /// and devices the store no longer has.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        if what.concerns(&[DefinitionKind::DeviceType]) {
+            let stored = self.store.list_device_types().await?;
+            for (name, def) in &stored {
+                if !what.covers(DefinitionKind::DeviceType, "", name) {
+                    continue;
+                }
+                let cached = self.device_type(name);
+                if cached.is_none_or(|c| c.def != *def) {
+                    let entry = self.compile_stored(name, def.clone()).await;
+                    self.types.write().insert(name.clone(), Arc::new(entry));
+                }
+            }
+            self.types.write().retain(|name, _| {
+                !what.covers(DefinitionKind::DeviceType, "", name)
+                    || stored.iter().any(|(n, _)| n == name)
+            });
+        }
+        if what.concerns(&[DefinitionKind::Device]) {
+            let stored = self.store.list_devices(&DeviceFilter::default()).await?;
+            let mut map = self.devices.write();
+            for d in &stored {
+                if what.covers(DefinitionKind::Device, "", &d.id) {
+                    map.insert(d.id.clone(), Arc::new(d.clone()));
+                }
+            }
+            map.retain(|id, _| {
+                !what.covers(DefinitionKind::Device, "", id) || stored.iter().any(|d| &d.id == id)
+            });
+        }
+        Ok(())
     }
 }

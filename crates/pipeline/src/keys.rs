@@ -2,8 +2,9 @@
 //! secret, so letting a request in costs a hash and a map lookup, never a
 //! database round trip. Creating and revoking a key write the store first
 //! and then the memory of this node, so a revocation takes effect here
-//! the moment it is answered; other nodes sharing the store pick changes
-//! up at their next [`Keys::refresh`] (every [`REFRESH_EVERY`]).
+//! the moment it is answered; the change is then announced on the bus,
+//! and every other node reloads the keys from the store as soon as it
+//! hears of it ([`Follower`]), never by polling.
 //!
 //! Each key carries a token bucket: its rate limit (its own, or the
 //! configured default) is kept here too, per node.
@@ -17,8 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use weft_bus::Bus;
 use weft_model::apikey::{
     generate_id, generate_secret, hash_secret, hash_secret_hex, normalize_service_path, parse_hash,
     ApiKey, RateLimit, Role, MAX_NAME_LEN, MIN_GIVEN_SECRET_LEN, SHOWN_PREFIX_LEN,
@@ -27,9 +27,7 @@ use weft_model::now_ms;
 use weft_store::prelude::*;
 use weft_store::StoreError;
 
-/// How often a node reloads the keys from the store, to see keys other
-/// nodes created or revoked. (Its own changes apply at once.)
-pub const REFRESH_EVERY: Duration = Duration::from_secs(10);
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 
 /// A token bucket: `rate` tokens a second up to `burst`; each request
 /// takes one. Time is passed in, so tests need no clock.
@@ -154,6 +152,8 @@ pub struct NewKey {
 /// Every API key, in memory, and the way to create and revoke them.
 pub struct Keys {
     store: Arc<dyn Store>,
+    /// Where creations and revocations are announced to the other nodes.
+    bus: Arc<dyn Bus>,
     /// Keys by the SHA-256 of their secret. Read on every request; written
     /// only when a key is created, revoked or reloaded.
     by_hash: RwLock<HashMap<[u8; 32], Arc<KeyEntry>>>,
@@ -166,9 +166,14 @@ pub struct Keys {
 
 impl Keys {
     /// Loads every key from the store.
-    pub async fn load(store: Arc<dyn Store>, default_rate: RateLimit) -> Result<Keys, StoreError> {
+    pub async fn load(
+        store: Arc<dyn Store>,
+        default_rate: RateLimit,
+        bus: Arc<dyn Bus>,
+    ) -> Result<Keys, StoreError> {
         let keys = Keys {
             store,
+            bus,
             by_hash: RwLock::new(HashMap::new()),
             default_rate,
             ingest_keys: AtomicBool::new(false),
@@ -197,22 +202,6 @@ impl Keys {
         }
         self.note_ingest_keys(&map);
         Ok(())
-    }
-
-    /// Reloads the keys every [`REFRESH_EVERY`] until `stop`.
-    pub fn spawn_refresh(self: &Arc<Self>, stop: CancellationToken, tracker: &TaskTracker) {
-        let keys = self.clone();
-        tracker.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(REFRESH_EVERY) => {}
-                }
-                if let Err(e) = keys.refresh().await {
-                    tracing::warn!(error = %e, "reloading the API keys failed");
-                }
-            }
-        });
     }
 
     fn note_ingest_keys(&self, map: &HashMap<[u8; 32], Arc<KeyEntry>>) {
@@ -355,9 +344,13 @@ impl Keys {
     async fn insert(&self, key: ApiKey) -> Result<(), StoreError> {
         self.store.put_api_key(&key).await?;
         let hash = parse_hash(&key.hash).expect("hashes made here are hex");
+        let id = key.id.clone();
         let mut map = self.by_hash.write();
         map.insert(hash, Arc::new(KeyEntry::new(key, self.default_rate)));
         self.note_ingest_keys(&map);
+        drop(map);
+        self.bus
+            .definition_changed(DefinitionChange::new(DefinitionKind::ApiKey, id));
         Ok(())
     }
 
@@ -408,6 +401,16 @@ impl Keys {
         let key = self.record(bootstrap_spec(), &secret)?;
         self.insert(key).await?;
         Ok(Some(secret))
+    }
+}
+
+impl Follower for Keys {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::ApiKey];
+
+    /// Reloads every key ([`Keys::refresh`]): keys are few, and a reload
+    /// keeps what this node knows better.
+    async fn reload(&self, _what: &Reload) -> Result<(), StoreError> {
+        self.refresh().await
     }
 }
 
@@ -470,7 +473,13 @@ mod tests {
     async fn bootstrap_once_revocation_at_once_and_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
-        let keys = Keys::load(store.clone(), UNLIMITED).await.unwrap();
+        let keys = Keys::load(
+            store.clone(),
+            UNLIMITED,
+            Arc::new(weft_bus::InProcessBus::default()),
+        )
+        .await
+        .unwrap();
         let first = keys
             .bootstrap(None)
             .await
@@ -507,7 +516,13 @@ mod tests {
         store.close().await;
 
         let store = open(dir.path());
-        let keys = Keys::load(store.clone(), UNLIMITED).await.unwrap();
+        let keys = Keys::load(
+            store.clone(),
+            UNLIMITED,
+            Arc::new(weft_bus::InProcessBus::default()),
+        )
+        .await
+        .unwrap();
         assert!(keys.bootstrap(None).await.unwrap().is_none(), "not again");
         assert!(keys.authenticate(&first).is_ok());
         let given = "weft_configured_admin_key_0123456789";

@@ -15,6 +15,9 @@
 //! - [`filter`]: the event filter the live stream and the bridges share.
 //! - [`keys`]: API keys held in memory by hash, their rate limits, and
 //!   their creation, revocation and bootstrap.
+//! - [`definitions`]: every service's in-memory definitions kept in step
+//!   with what other nodes change (a task per service reloading from the
+//!   store what the bus says changed).
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -26,6 +29,7 @@ pub mod changes;
 pub mod channels;
 pub mod context;
 pub mod decode;
+pub mod definitions;
 pub mod entity;
 pub mod filter;
 pub mod forwarding;

@@ -7,18 +7,25 @@
 //! registrations covering an entity ([`Registrations::providers`]) to
 //! forward to them (see [`crate::forwarding`]); what each forward did is
 //! counted here ([`Registrations::record_forward`]), in memory only: the
-//! counters start again at zero after a restart.
+//! counters start again at zero after a restart. A registration created
+//! or deleted through another node is reloaded from the store as soon as
+//! that node announces it ([`Follower`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use weft_bus::Bus;
 use weft_model::ngsi::registration::{not_found, ForwardingInfo, Registration};
 use weft_model::ngsi::NgsiError;
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
 use crate::context::path_matches;
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
+
+/// Registrations by tenant, each list sorted by creation.
+type ByTenant = HashMap<String, Vec<StoredRegistration>>;
 
 /// A registration with where it was created and its position in listings.
 #[derive(Debug, Clone)]
@@ -34,6 +41,8 @@ pub struct StoredRegistration {
 /// Every tenant's registrations.
 pub struct Registrations {
     store: Arc<dyn Store>,
+    /// Where creations and deletions are announced to the other nodes.
+    bus: Arc<dyn Bus>,
     /// Tenant → its registrations, sorted by `created`.
     tenants: RwLock<HashMap<String, Vec<StoredRegistration>>>,
     next_created: AtomicU64,
@@ -55,33 +64,14 @@ pub enum ForwardKind {
 impl Registrations {
     /// Loads the stored registrations. A stored document that no longer
     /// parses is logged and skipped rather than failing the start.
-    pub async fn load(store: Arc<dyn Store>) -> Result<Registrations, StoreError> {
-        let documents = store.load_documents(DocumentKind::Registration).await?;
-        let mut tenants: HashMap<String, Vec<StoredRegistration>> = HashMap::new();
-        let mut max = 0;
-        for d in documents {
-            let registration = match Registration::from_storage(&d.json) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(id = %d.id, error = %e, "stored registration could not be read; skipped");
-                    continue;
-                }
-            };
-            max = max.max(d.created);
-            tenants
-                .entry(d.tenant)
-                .or_default()
-                .push(StoredRegistration {
-                    service_path: d.service_path,
-                    registration,
-                    created: d.created,
-                });
-        }
-        for list in tenants.values_mut() {
-            list.sort_by_key(|r| r.created);
-        }
+    pub async fn load(
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+    ) -> Result<Registrations, StoreError> {
+        let (tenants, max) = read_stored(&store).await?;
         Ok(Registrations {
             store,
+            bus,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
             forwarding: parking_lot::Mutex::new(HashMap::new()),
@@ -112,11 +102,15 @@ impl Registrations {
             })
             .await
             .map_err(internal)?;
-        let mut tenants = self.tenants.write();
-        let list = tenants.entry(tenant.to_string()).or_default();
-        // Concurrent creations may commit out of order; keep the list sorted.
-        let at = list.partition_point(|r| r.created < stored.created);
-        list.insert(at, stored);
+        let id = stored.registration.id.clone();
+        {
+            let mut tenants = self.tenants.write();
+            let list = tenants.entry(tenant.to_string()).or_default();
+            // Concurrent creations may commit out of order; keep the list sorted.
+            let at = list.partition_point(|r| r.created < stored.created);
+            list.insert(at, stored);
+        }
+        self.announce(tenant, &id);
         Ok(())
     }
 
@@ -236,6 +230,7 @@ impl Registrations {
         self.forwarding
             .lock()
             .remove(&(tenant.to_string(), id.to_string()));
+        self.announce(tenant, id);
         if existed || removed {
             Ok(())
         } else {
@@ -254,6 +249,74 @@ fn internal(e: StoreError) -> NgsiError {
         ),
         _ => NgsiError::new(500, "InternalServerError", "internal error"),
     }
+}
+
+impl Registrations {
+    /// Tells the other nodes that registration `id` of `tenant` changed.
+    fn announce(&self, tenant: &str, id: &str) {
+        self.bus.definition_changed(DefinitionChange::in_tenant(
+            DefinitionKind::Registration,
+            tenant,
+            id,
+        ));
+    }
+}
+
+impl Follower for Registrations {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::Registration];
+
+    /// Reads every registration again (they are few and never edited in
+    /// place), keeping those this node created while the store was read.
+    async fn reload(&self, _what: &Reload) -> Result<(), StoreError> {
+        let horizon = self.next_created.load(Ordering::Relaxed);
+        let (mut fresh, max) = read_stored(&self.store).await?;
+        self.next_created.fetch_max(max + 1, Ordering::Relaxed);
+        let mut tenants = self.tenants.write();
+        for (tenant, list) in tenants.iter() {
+            for r in list.iter().filter(|r| r.created >= horizon) {
+                let kept = fresh.entry(tenant.clone()).or_default();
+                if !kept.iter().any(|k| k.registration.id == r.registration.id) {
+                    kept.push(r.clone());
+                }
+            }
+        }
+        for list in fresh.values_mut() {
+            list.sort_by_key(|r| r.created);
+        }
+        *tenants = fresh;
+        Ok(())
+    }
+}
+
+/// The stored registrations by tenant, in creation order, and the highest
+/// creation number. A stored document that no longer parses is logged and
+/// skipped rather than failing the start.
+async fn read_stored(store: &Arc<dyn Store>) -> Result<(ByTenant, u64), StoreError> {
+    let documents = store.load_documents(DocumentKind::Registration).await?;
+    let mut tenants: ByTenant = HashMap::new();
+    let mut max = 0;
+    for d in documents {
+        let registration = match Registration::from_storage(&d.json) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(id = %d.id, error = %e, "stored registration could not be read; skipped");
+                continue;
+            }
+        };
+        max = max.max(d.created);
+        tenants
+            .entry(d.tenant)
+            .or_default()
+            .push(StoredRegistration {
+                service_path: d.service_path,
+                registration,
+                created: d.created,
+            });
+    }
+    for list in tenants.values_mut() {
+        list.sort_by_key(|r| r.created);
+    }
+    Ok((tenants, max))
 }
 
 #[cfg(test)]
@@ -280,7 +343,9 @@ mod tests {
             })
             .unwrap(),
         );
-        let regs = Registrations::load(store).await.unwrap();
+        let regs = Registrations::load(store, Arc::new(weft_bus::InProcessBus::default()))
+            .await
+            .unwrap();
         let with = |mode: &str, expires: Option<&str>| {
             let mut body = json!({
                 "dataProvided": {"entities": [{"id": "E1", "type": "T1"}]},
@@ -342,7 +407,9 @@ mod tests {
             )
         };
         let store = open();
-        let regs = Registrations::load(store.clone()).await.unwrap();
+        let regs = Registrations::load(store.clone(), Arc::new(weft_bus::InProcessBus::default()))
+            .await
+            .unwrap();
         let (a, b, c) = (registration(), registration(), registration());
         regs.create("", "/", a.clone()).await.unwrap();
         regs.create("", "/x", b.clone()).await.unwrap();
@@ -363,7 +430,9 @@ mod tests {
 
         store.close().await;
         drop(store);
-        let reloaded = Registrations::load(open()).await.unwrap();
+        let reloaded = Registrations::load(open(), Arc::new(weft_bus::InProcessBus::default()))
+            .await
+            .unwrap();
         assert_eq!(ids(reloaded.list("", &[])), [b.id.as_str()]);
         assert_eq!(reloaded.get("t2", &c.id).unwrap().registration, c);
         let next = registration();

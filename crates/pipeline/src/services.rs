@@ -20,6 +20,7 @@ use crate::catalog::Catalog;
 use crate::channels::bridge::Bridges;
 use crate::channels::{Channels, ChannelsConfig};
 use crate::context::{self, Context};
+use crate::definitions::follow;
 use crate::history::{History, RetentionPolicy};
 use crate::ingest::{Ingest, IngestConfig};
 use crate::registrations::Registrations;
@@ -99,8 +100,9 @@ impl Services {
     /// brought up to date with the units stored after its entities; the
     /// registrations and subscriptions; history; the subscriptions
     /// listening to the context; the rules; the channels and their
-    /// bridges; and last the ingest consumer. Tasks run on `tracker` and
-    /// stop when `shutdown` is cancelled.
+    /// bridges; the reloads of definitions other nodes change; and last
+    /// the ingest consumer. Tasks run on `tracker` and stop when
+    /// `shutdown` is cancelled.
     pub async fn start(
         store: Arc<dyn Store>,
         bus: Arc<dyn Bus>,
@@ -109,14 +111,14 @@ impl Services {
         shutdown: CancellationToken,
         tracker: &TaskTracker,
     ) -> Result<Services, StoreError> {
-        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone()).await?);
+        let catalog = Arc::new(Catalog::load(store.clone(), engine.clone(), bus.clone()).await?);
         let changes = crate::changes::Changes::new(bus.clone());
         let context = Arc::new(context::Context::load(store.clone(), changes).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
         tracker.spawn(context.clone().expiry_loop(shutdown.clone()));
-        let registrations = Arc::new(Registrations::load(store.clone()).await?);
+        let registrations = Arc::new(Registrations::load(store.clone(), bus.clone()).await?);
         let subscriptions =
-            Subscriptions::load(store.clone(), config.notifications.clone()).await?;
+            Subscriptions::load(store.clone(), config.notifications.clone(), bus.clone()).await?;
         context.set_record_history(config.record_history);
         let history = History::new(store.clone(), config.history_retention.clone());
         tracker.spawn(history.clone().retention_loop(shutdown.clone()));
@@ -136,8 +138,13 @@ impl Services {
             shutdown.clone(),
         )
         .await?;
-        let channels =
-            Channels::start(store.clone(), config.channels.clone(), shutdown.clone()).await?;
+        let channels = Channels::start(
+            store.clone(),
+            config.channels.clone(),
+            bus.clone(),
+            shutdown.clone(),
+        )
+        .await?;
         let bridges = Bridges::start(
             store.clone(),
             bus.clone(),
@@ -157,6 +164,13 @@ impl Services {
             config.ingest,
         )
         .await?;
+        // What other nodes change reaches these caches from now on.
+        follow(catalog.clone(), &*bus, shutdown.clone(), tracker);
+        follow(rules.clone(), &*bus, shutdown.clone(), tracker);
+        follow(subscriptions.clone(), &*bus, shutdown.clone(), tracker);
+        follow(registrations.clone(), &*bus, shutdown.clone(), tracker);
+        follow(bridges.clone(), &*bus, shutdown.clone(), tracker);
+        follow(channels.clone(), &*bus, shutdown.clone(), tracker);
         ingest.start(shutdown, tracker)?;
         Ok(Services {
             ingest,

@@ -33,8 +33,10 @@ pub struct Config {
     pub log: String,
     /// The script sandbox.
     pub engine: EngineSection,
-    /// The SQLite store.
+    /// The store: SQLite or PostgreSQL.
     pub store: StoreSection,
+    /// The event bus: in-process, or NATS JetStream for several nodes.
+    pub bus: BusSection,
     /// The uplink pipeline.
     pub pipeline: PipelineSection,
     /// The NGSI broker's notifications.
@@ -64,6 +66,7 @@ impl Default for Config {
             log: "info".into(),
             engine: EngineSection::default(),
             store: StoreSection::default(),
+            bus: BusSection::default(),
             pipeline: PipelineSection::default(),
             notifications: NotificationsSection::default(),
             ngsi: NgsiSection::default(),
@@ -156,6 +159,32 @@ impl Default for StoreSection {
             pool_size: 16,
             synchronous: "full".into(),
             read_connections: 4,
+        }
+    }
+}
+
+/// `[bus]`: how events and changed definitions reach their consumers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusSection {
+    /// `in-process` (one node; nothing to install) or `nats` (several
+    /// nodes exchange events and definition changes over NATS JetStream;
+    /// docs/scale-out.md).
+    pub backend: String,
+    /// NATS's URL (`nats://host:4222`); only with `backend = "nats"`.
+    pub url: String,
+    /// The cluster's name on NATS: its subjects start with it and its
+    /// JetStream streams are named after it, so several clusters can
+    /// share one NATS. Every node of a cluster sets the same.
+    pub cluster: String,
+}
+
+impl Default for BusSection {
+    fn default() -> Self {
+        BusSection {
+            backend: "in-process".into(),
+            url: String::new(),
+            cluster: "weft".into(),
         }
     }
 }
@@ -414,7 +443,7 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 16] = [
+const CONFIG_KEYS: [&str; 17] = [
     "auth",
     "admin_key",
     "http",
@@ -429,6 +458,7 @@ const CONFIG_KEYS: [&str; 16] = [
     "log",
     "engine",
     "store",
+    "bus",
     "pipeline",
     "notifications",
 ];
@@ -509,6 +539,17 @@ mod tests {
             assert_eq!(c.store.backend, "postgres");
             assert_eq!(c.store.url, "postgres://weft@db/weft");
             assert_eq!(c.store.pool_size, 4);
+
+            assert_eq!(
+                c.bus.backend, "in-process",
+                "one node unless told otherwise"
+            );
+            jail.set_env("WEFT_BUS__BACKEND", "nats");
+            jail.set_env("WEFT_BUS__URL", "nats://127.0.0.1:4222");
+            let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;
+            assert_eq!(c.bus.backend, "nats");
+            assert_eq!(c.bus.url, "nats://127.0.0.1:4222");
+            assert_eq!(c.bus.cluster, "weft");
 
             let flags = Overrides {
                 ingest_key: Some("flag".into()),

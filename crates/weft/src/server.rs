@@ -7,7 +7,8 @@
 //! what the ingest log already holds (bounded by [`DRAIN_TIMEOUT`];
 //! anything left is processed at the next start) while the other services'
 //! tasks finish; then close the store, which commits the writer's last
-//! batch.
+//! batch, and last the NATS bus (when there is one), which sends what the
+//! services published last.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weft_api::auth::AuthMode;
 use weft_api::{AppState, MetricsRender};
-use weft_bus::InProcessBus;
+use weft_bus::{Bus, InProcessBus, NatsBus, NatsConfig};
 use weft_engine::{Engine, EngineConfig};
 use weft_model::apikey::RateLimit;
 use weft_pages::service::Sources;
 use weft_pages::{Pages, PagesConfig};
 use weft_pipeline::channels::ChannelsConfig;
+use weft_pipeline::definitions::follow;
 use weft_pipeline::keys::Keys;
 use weft_pipeline::rules::RulesConfig;
 use weft_pipeline::subscriptions::sender::SenderConfig;
@@ -51,6 +53,9 @@ pub async fn serve(
         .with_context(|| format!("creating data directory {}", config.data.display()))?;
     // Held until `serve` returns, after the store has closed.
     let _lock = DataLock::acquire(&config.data)?;
+    // The bus first: a node that cannot reach its NATS stops here, before
+    // it has opened anything.
+    let (bus, nats) = open_bus(&config).await?;
     let store = open_store(&config).await?;
     let engine = Engine::start(EngineConfig {
         workers: config.engine.workers.max(1),
@@ -58,12 +63,11 @@ pub async fn serve(
         memory_limit: config.engine.memory_limit_mb.max(1) * 1024 * 1024,
         ..EngineConfig::default()
     });
-    let bus = Arc::new(InProcessBus::default());
     let tracker = TaskTracker::new();
     let services_stop = CancellationToken::new();
     let services = Services::start(
         store.clone(),
-        bus,
+        bus.clone(),
         engine,
         services_config(&config),
         services_stop.clone(),
@@ -80,24 +84,26 @@ pub async fn serve(
             services.rules.clone(),
         ),
         pages_config(&config),
+        bus.clone(),
     )
     .await
     {
         Ok(pages) => pages,
         Err(e) => {
-            stop_services(services_stop, tracker, &store).await;
+            stop_services(services_stop, tracker, &store, nats).await;
             return Err(anyhow::Error::new(e).context("loading the pages"));
         }
     };
+    follow(pages.clone(), &*bus, services_stop.clone(), &tracker);
 
-    let (auth, keys) = match start_auth(&config, &store).await {
+    let (auth, keys) = match start_auth(&config, &store, &bus).await {
         Ok(started) => started,
         Err(e) => {
-            stop_services(services_stop, tracker, &store).await;
+            stop_services(services_stop, tracker, &store, nats).await;
             return Err(e);
         }
     };
-    keys.spawn_refresh(services_stop.clone(), &tracker);
+    follow(keys.clone(), &*bus, services_stop.clone(), &tracker);
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
     if ingest_key.is_none() {
         tracing::warn!(
@@ -155,7 +161,7 @@ pub async fn serve(
     }
 
     tracing::info!("HTTP stopped; draining the ingest log");
-    stop_services(services_stop, tracker, &store).await;
+    stop_services(services_stop, tracker, &store, nats).await;
     live_runtime.shutdown_background();
     tracing::info!("weft stopped");
     Ok(())
@@ -167,6 +173,7 @@ pub async fn serve(
 async fn start_auth(
     config: &Config,
     store: &Arc<dyn Store>,
+    bus: &Arc<dyn Bus>,
 ) -> anyhow::Result<(AuthMode, Arc<Keys>)> {
     let mode = match config.auth.as_str() {
         "on" => AuthMode::On,
@@ -178,7 +185,7 @@ async fn start_auth(
         rate: config.http.rate_limit.max(0.0),
         burst: config.http.rate_burst.max(1),
     };
-    let keys = Keys::load(store.clone(), rate)
+    let keys = Keys::load(store.clone(), rate, bus.clone())
         .await
         .context("loading the API keys")?;
     match mode {
@@ -243,8 +250,14 @@ fn cors_layer(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::Cor
 
 /// Stops the services: lets the ingest consumer process what the log
 /// already holds (bounded by [`DRAIN_TIMEOUT`]) and the other tasks
-/// finish, then closes the store, which commits the writer's last batch.
-async fn stop_services(stop: CancellationToken, tracker: TaskTracker, store: &Arc<dyn Store>) {
+/// finish, then closes the store, which commits the writer's last batch,
+/// and the NATS bus, which sends what they published last.
+async fn stop_services(
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    store: &Arc<dyn Store>,
+    nats: Option<Arc<NatsBus>>,
+) {
     stop.cancel();
     tracker.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
@@ -256,6 +269,9 @@ async fn stop_services(stop: CancellationToken, tracker: TaskTracker, store: &Ar
         );
     }
     store.close().await;
+    if let Some(nats) = nats {
+        nats.close().await;
+    }
 }
 
 /// The services' tuning, from the configuration.
@@ -297,6 +313,29 @@ fn pages_config(config: &Config) -> PagesConfig {
         directory: config.pages.directory.clone(),
         services: config.pages.services.clone().into_iter().collect(),
         coalesce_calls: config.pages.coalesce_calls,
+    }
+}
+
+/// The bus `[bus]` names: in-process, or NATS JetStream at `[bus] url`
+/// (also returned as itself, to be closed last). A NATS that cannot be
+/// reached fails the start.
+async fn open_bus(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Option<Arc<NatsBus>>)> {
+    match config.bus.backend.as_str() {
+        "in-process" => {
+            let bus: Arc<dyn Bus> = Arc::new(InProcessBus::default());
+            Ok((bus, None))
+        }
+        "nats" => {
+            let nats = NatsBus::connect(NatsConfig {
+                url: config.bus.url.clone(),
+                cluster: config.bus.cluster.clone(),
+            })
+            .await
+            .context("starting the NATS bus")?;
+            let bus: Arc<dyn Bus> = nats.clone();
+            Ok((bus, Some(nats)))
+        }
+        other => anyhow::bail!("bus.backend must be 'in-process' or 'nats', not '{other}'"),
     }
 }
 

@@ -10,6 +10,12 @@
 //! cursor and republishes at most what it had not yet recorded, which the
 //! channel drops as duplicates: every event arrives exactly once, in order.
 //! The bus only rings the doorbell (and a timer stands in when it lags).
+//!
+//! A bridge made or deleted through another node's API is started or
+//! stopped here as soon as that node announces it ([`Follower`]). Every
+//! node runs every bridge for now, from the shared cursor; the channel's
+//! deduplication by message id keeps the messages single (giving each
+//! bridge to one node is a later step of scale-out).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +29,7 @@ use weft_model::{AlarmEvent, DataUnit};
 use weft_store::{AlarmBatch, DocumentKind, NgsiDocument, Store, StoreError};
 
 use super::Channels;
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use crate::filter::{EventFilter, FilterSpec};
 
 /// Events a bridge reads from the store at a time.
@@ -147,6 +154,7 @@ impl Bridges {
             })
             .await?;
         self.launch(name, spec, true).await?;
+        self.announce(name);
         Ok(!existed)
     }
 
@@ -157,13 +165,22 @@ impl Bridges {
             .store
             .delete_document(DocumentKind::Bridge, "", name)
             .await?;
-        let mut running = self.running.lock();
-        if matches!(running.get(name), Some((_, true, _))) {
-            if let Some((_, _, stop)) = running.remove(name) {
-                stop.cancel();
+        {
+            let mut running = self.running.lock();
+            if matches!(running.get(name), Some((_, true, _))) {
+                if let Some((_, _, stop)) = running.remove(name) {
+                    stop.cancel();
+                }
             }
         }
+        self.announce(name);
         Ok(existed)
+    }
+
+    /// Tells the other nodes that bridge `name` changed.
+    fn announce(&self, name: &str) {
+        self.bus
+            .definition_changed(DefinitionChange::new(DefinitionKind::Bridge, name));
     }
 
     /// Every bridge, by name, with whether it was made through the API.
@@ -200,6 +217,65 @@ impl Bridges {
         };
         let start = task.start_cursor().await?;
         tokio::spawn(task.run(start, stop));
+        Ok(())
+    }
+}
+
+impl Follower for Bridges {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::Bridge];
+
+    /// Starts (or restarts with their new definition) the stored bridges
+    /// named and stops the API-made ones the store no longer has;
+    /// configured bridges are left alone.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        let mut stored = HashMap::new();
+        for doc in self.store.load_documents(DocumentKind::Bridge).await? {
+            if !what.covers(DefinitionKind::Bridge, "", &doc.id) {
+                continue;
+            }
+            match serde_json::from_str::<BridgeSpec>(&doc.json) {
+                Ok(spec) => {
+                    stored.insert(doc.id, spec);
+                }
+                Err(e) => {
+                    tracing::warn!(bridge = %doc.id, error = %e, "a stored bridge is invalid; skipped")
+                }
+            }
+        }
+        {
+            let mut running = self.running.lock();
+            let gone: Vec<String> = running
+                .iter()
+                .filter(|(name, (_, from_api, _))| {
+                    *from_api
+                        && what.covers(DefinitionKind::Bridge, "", name)
+                        && !stored.contains_key(*name)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in gone {
+                if let Some((_, _, stop)) = running.remove(&name) {
+                    stop.cancel();
+                }
+            }
+        }
+        for (name, spec) in stored {
+            let unchanged = self
+                .running
+                .lock()
+                .get(&name)
+                .is_some_and(|(running, from_api, _)| *from_api && *running == spec);
+            if unchanged {
+                continue;
+            }
+            match self.launch(&name, spec, true).await {
+                Ok(()) => {}
+                Err(BridgeError::Store(e)) => return Err(e),
+                Err(BridgeError::Invalid(e)) => {
+                    tracing::warn!(bridge = %name, error = %e, "a stored bridge is invalid; skipped")
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -13,6 +13,11 @@
 //! A sweeper forgets subscribers idle longer than `expire_after` (a fetch
 //! for them then answers 404, as DSPS does) and channels without
 //! subscribers, and deletes messages every subscriber has acknowledged.
+//!
+//! A JWT revoked through another node is reloaded from the store as soon
+//! as that node announces it ([`Follower`]). Channel positions and
+//! subscribers are each node's own for now: sharing them (or giving each
+//! channel to one node) is a later step of scale-out.
 
 pub mod bridge;
 pub mod rules;
@@ -23,7 +28,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use weft_bus::Bus;
 use weft_store::{ChannelMessage, Store, StoreError};
+
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 
 /// Tuning of the channels.
 #[derive(Debug, Clone)]
@@ -126,6 +134,8 @@ impl Channel {
 /// The channels; see the module doc.
 pub struct Channels {
     store: Arc<dyn Store>,
+    /// Where revocations are announced to the other nodes.
+    bus: Arc<dyn Bus>,
     config: ChannelsConfig,
     rules: rules::ChannelRules,
     channels: parking_lot::Mutex<HashMap<String, Arc<Channel>>>,
@@ -137,6 +147,7 @@ impl Channels {
     pub async fn start(
         store: Arc<dyn Store>,
         config: ChannelsConfig,
+        bus: Arc<dyn Bus>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Channels>, StoreError> {
         let (heads, _) = store.channel_heads().await?;
@@ -158,18 +169,10 @@ impl Channels {
             );
         }
         let rules = rules::ChannelRules::new(&config.rules).map_err(StoreError::Database)?;
-        for doc in store
-            .load_documents(weft_store::DocumentKind::RevokedJwt)
-            .await?
-        {
-            let exp = serde_json::from_str::<serde_json::Value>(&doc.json)
-                .ok()
-                .and_then(|v| v["exp"].as_i64())
-                .unwrap_or(i64::MAX);
-            rules.revoke(&doc.id, exp);
-        }
+        load_revocations(&store, &rules).await?;
         let channels = Arc::new(Channels {
             store,
+            bus,
             config,
             rules,
             channels: parking_lot::Mutex::new(map),
@@ -250,6 +253,8 @@ impl Channels {
             })
             .await?;
         self.rules.revoke(jti, exp);
+        self.bus
+            .definition_changed(DefinitionChange::new(DefinitionKind::RevokedJwt, jti));
         Ok(())
     }
 
@@ -441,5 +446,33 @@ impl Channels {
             }
         }
         Ok(())
+    }
+}
+
+/// Applies every stored JWT revocation to `rules` (revocations are only
+/// ever added).
+async fn load_revocations(
+    store: &Arc<dyn Store>,
+    rules: &rules::ChannelRules,
+) -> Result<(), StoreError> {
+    for doc in store
+        .load_documents(weft_store::DocumentKind::RevokedJwt)
+        .await?
+    {
+        let exp = serde_json::from_str::<serde_json::Value>(&doc.json)
+            .ok()
+            .and_then(|v| v["exp"].as_i64())
+            .unwrap_or(i64::MAX);
+        rules.revoke(&doc.id, exp);
+    }
+    Ok(())
+}
+
+impl Follower for Channels {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::RevokedJwt];
+
+    /// Applies the stored revocations again, the new ones among them.
+    async fn reload(&self, _what: &Reload) -> Result<(), StoreError> {
+        load_revocations(&self.store, &self.rules).await
     }
 }

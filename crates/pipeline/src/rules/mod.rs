@@ -20,6 +20,10 @@
 //! that cannot keep up misses hand-offs (the pipeline never waits for it)
 //! and reads the units it missed from the store.
 //!
+//! Rules are kept in memory; one changed through another node is reloaded
+//! from the store as soon as that node announces it ([`Follower`]), so it
+//! applies here from the next unit too.
+//!
 //! Alarms change from three places — the lanes, the inactivity clock and
 //! the API (`ack`, `clear`) — each under one lock held until the change is
 //! committed and published, so events come out in the order of the
@@ -44,6 +48,7 @@ use weft_model::{Alarm, AlarmChange, AlarmEvent, DataUnit, Rule, RuleSpec};
 use weft_store::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, Store, StoreError};
 
 use crate::context::Context;
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use verdict::{is_stateless, step, Action, RuleState, Verdict};
 
 /// Tuning of the rule engine.
@@ -317,15 +322,21 @@ impl RuleEngine {
             .lock()
             .rules
             .insert(id.to_string(), Arc::new(compiled));
+        self.bus
+            .definition_changed(DefinitionChange::new(DefinitionKind::Rule, id));
         Ok(created)
     }
 
     /// Deletes a rule and its per-device state; its alarms stay as they are.
     pub async fn delete_rule(&self, id: &str) -> Result<bool, StoreError> {
         let existed = self.store.delete_rule(id).await?;
-        let mut inner = self.inner.lock();
-        inner.rules.remove(id);
-        inner.states.retain(|(rule, _), _| rule != id);
+        {
+            let mut inner = self.inner.lock();
+            inner.rules.remove(id);
+            inner.states.retain(|(rule, _), _| rule != id);
+        }
+        self.bus
+            .definition_changed(DefinitionChange::new(DefinitionKind::Rule, id));
         Ok(existed)
     }
 
@@ -782,6 +793,52 @@ fn record(a: &Alarm) -> AlarmRecord {
         raised_at: a.raised_at,
         version: a.version,
         json: serde_json::to_string(a).expect("alarms serialise"),
+    }
+}
+
+impl Follower for RuleEngine {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::Rule];
+
+    /// Replaces the rules whose stored definition differs from the one in
+    /// memory and drops (with their per-device state) those the store no
+    /// longer has. The other node checked a rule's script before storing
+    /// it; a stored rule that is invalid here is skipped, as at start.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        let mut stored = BTreeMap::new();
+        for (id, json) in self.store.load_rules().await? {
+            if !what.covers(DefinitionKind::Rule, "", &id) {
+                continue;
+            }
+            let spec: RuleSpec = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("rule {id}: {e}")))?;
+            stored.insert(id, spec);
+        }
+        let mut inner = self.inner.lock();
+        let gone: Vec<String> = inner
+            .rules
+            .keys()
+            .filter(|id| what.covers(DefinitionKind::Rule, "", id) && !stored.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            inner.rules.remove(&id);
+            inner.states.retain(|(rule, _), _| *rule != id);
+        }
+        for (id, spec) in stored {
+            if inner.rules.get(&id).is_some_and(|c| c.rule.spec == spec) {
+                continue;
+            }
+            match Rule::new(&id, spec) {
+                Ok(rule) => {
+                    inner.rules.insert(id, Arc::new(compile(rule)));
+                }
+                Err(e) => {
+                    tracing::warn!(rule = %id, error = %e, "a stored rule is invalid; skipped");
+                    inner.rules.remove(&id);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,10 @@
 //! `lastSuccess`, `failsCounter`, …), which are stored every second.
 //!
 //! Subscriptions live in memory per tenant and in the store
-//! (`ngsi_documents`), loaded at start.
+//! (`ngsi_documents`), loaded at start. One created, changed or deleted
+//! through another node is reloaded from the store as soon as that node
+//! announces it ([`Follower`]); counters are each node's own until that
+//! node stores them (each node notifies for the changes it makes).
 
 pub mod expressions;
 pub mod payload;
@@ -28,13 +31,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use weft_bus::Bus;
 use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
 use weft_model::ngsi::{new_document_id, NgsiError};
-use weft_store::{DocumentKind, NgsiDocument, Store};
+use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
 use crate::context::{
     path_matches, Alteration, Backpressure, ChangeListener, EntityChange, EntityResolver,
 };
+use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use sender::{Enqueued, Outcome, Sender};
 
 /// How often changed counters are stored.
@@ -146,6 +151,8 @@ impl TenantSubs {
 /// Every tenant's subscriptions.
 pub struct Subscriptions {
     store: Arc<dyn Store>,
+    /// Where changes made through the API are announced to the other nodes.
+    bus: Arc<dyn Bus>,
     tenants: RwLock<HashMap<String, TenantSubs>>,
     next_created: AtomicU64,
     sender: Arc<Sender>,
@@ -163,6 +170,7 @@ impl Subscriptions {
     pub async fn load(
         store: Arc<dyn Store>,
         config: sender::SenderConfig,
+        bus: Arc<dyn Bus>,
     ) -> Result<Arc<Subscriptions>, weft_store::StoreError> {
         let docs = store.load_documents(DocumentKind::Subscription).await?;
         let mut tenants: HashMap<String, TenantSubs> = HashMap::new();
@@ -192,6 +200,7 @@ impl Subscriptions {
         let dirty: Arc<Dirty> = Arc::default();
         Ok(Arc::new(Subscriptions {
             store,
+            bus,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
             sender: Arc::new(Sender::new(config, dirty.clone())),
@@ -269,10 +278,13 @@ impl Subscriptions {
             }),
         });
         self.persist(&entry).await?;
-        let mut tenants = self.tenants.write();
-        let t = tenants.entry(tenant.to_string()).or_default();
-        t.by_id.insert(id.clone(), entry.clone());
-        t.index(&entry);
+        {
+            let mut tenants = self.tenants.write();
+            let t = tenants.entry(tenant.to_string()).or_default();
+            t.by_id.insert(id.clone(), entry.clone());
+            t.index(&entry);
+        }
+        self.announce(tenant, &id);
         Ok(id)
     }
 
@@ -322,7 +334,9 @@ impl Subscriptions {
                 t.index(&entry);
             }
         }
-        self.persist(&entry).await
+        self.persist(&entry).await?;
+        self.announce(tenant, id);
+        Ok(())
     }
 
     /// Deletes a subscription.
@@ -339,7 +353,17 @@ impl Subscriptions {
             .delete_document(DocumentKind::Subscription, tenant, id)
             .await
             .map_err(store_error)?;
+        self.announce(tenant, id);
         Ok(())
+    }
+
+    /// Tells the other nodes that subscription `id` of `tenant` changed.
+    fn announce(&self, tenant: &str, id: &str) {
+        self.bus.definition_changed(DefinitionChange::in_tenant(
+            DefinitionKind::Subscription,
+            tenant,
+            id,
+        ));
     }
 
     /// Decides whether `entry` fires for `change`; if so, updates its
@@ -514,6 +538,95 @@ impl ChangeListener for Subscriptions {
                 sender.enqueue_wait(job).await;
             }
         }))
+    }
+}
+
+impl Follower for Subscriptions {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::Subscription];
+
+    /// Takes the stored definition of each subscription named (re-indexed,
+    /// throttling restarted), keeping this node's unstored counters;
+    /// drops those the store no longer has. An unchanged one (this node's
+    /// own counters coming back) is left alone.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        // Entries created here from now on are not in the listing below.
+        let horizon = self.next_created.load(Ordering::Relaxed);
+        let docs = self
+            .store
+            .load_documents(DocumentKind::Subscription)
+            .await?;
+        let mut seen = HashSet::new();
+        for d in docs {
+            if !what.covers(DefinitionKind::Subscription, &d.tenant, &d.id) {
+                continue;
+            }
+            seen.insert((d.tenant.clone(), d.id.clone()));
+            let sub = match Subscription::from_storage(&d.json) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(id = %d.id, error = %e, "stored subscription could not be read; skipped");
+                    continue;
+                }
+            };
+            self.next_created
+                .fetch_max(d.created + 1, Ordering::Relaxed);
+            let key = (d.tenant.clone(), d.id.clone());
+            let existing = self
+                .tenants
+                .read()
+                .get(&d.tenant)
+                .and_then(|t| t.by_id.get(&d.id).cloned());
+            let entry = match existing {
+                Some(entry) => {
+                    let mut state = entry.state.lock();
+                    if state.sub.to_storage() == d.json {
+                        continue;
+                    }
+                    let mut sub = sub;
+                    if self.dirty.lock().contains(&key) {
+                        sub.notification.stats = state.sub.notification.stats.clone();
+                    }
+                    state.sub = sub;
+                    state.last_fired = None;
+                    drop(state);
+                    entry
+                }
+                None => Arc::new(Entry {
+                    tenant: d.tenant.clone(),
+                    service_paths: split_paths(&d.service_path),
+                    created: d.created,
+                    state: Mutex::new(EntryState {
+                        sub,
+                        last_fired: None,
+                    }),
+                }),
+            };
+            let mut tenants = self.tenants.write();
+            let t = tenants.entry(d.tenant).or_default();
+            t.unindex(&entry);
+            t.by_id.insert(d.id, entry.clone());
+            t.index(&entry);
+        }
+        let mut tenants = self.tenants.write();
+        for (tenant, t) in tenants.iter_mut() {
+            let gone: Vec<String> = t
+                .by_id
+                .iter()
+                .filter(|(id, e)| {
+                    what.covers(DefinitionKind::Subscription, tenant, id)
+                        && e.created < horizon
+                        && !seen.contains(&(tenant.clone(), (*id).clone()))
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in gone {
+                if let Some(entry) = t.by_id.remove(&id) {
+                    t.unindex(&entry);
+                }
+                self.dirty.lock().remove(&(tenant.clone(), id));
+            }
+        }
+        Ok(())
     }
 }
 
