@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use weft_model::history::{numeric, time_index};
 use weft_model::ngsi::Entity;
-use weft_store::{HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
+use weft_store::{FeedStateRef, HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
 
 use tokio_util::sync::CancellationToken;
 
@@ -143,9 +143,9 @@ impl History {
             // deleted at once, and a replay of them would count twice in
             // the rollups: they are consumed, not stored.
             let now = weft_model::now_ms();
-            let keep = |r: &HistoryRow| {
+            let keep = |r: &FeedStateRef<'_>| {
                 !expires || {
-                    let (rows_before, _) = self.retention.of(&r.tenant).cutoffs(now);
+                    let (rows_before, _) = self.retention.of(r.tenant).cutoffs(now);
                     rows_before.is_none_or(|cutoff| r.time >= cutoff)
                 }
             };

@@ -77,9 +77,23 @@ pub struct FeedMove {
     pub pause: Duration,
 }
 
-/// Rows a feed move keeps: those it answers `false` for are consumed
-/// without being stored (rows already past their tenant's retention).
-pub type FeedFilter<'a> = dyn Fn(&HistoryRow) -> bool + Send + Sync + 'a;
+/// What a feed move's filter sees of one recorded state (the rows of one
+/// entity at one time index), borrowed from the feed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedStateRef<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Entity id.
+    pub entity_id: &'a str,
+    /// Entity type.
+    pub entity_type: &'a str,
+    /// The time index, epoch milliseconds.
+    pub time: i64,
+}
+
+/// States a feed move keeps: those it answers `false` for are consumed
+/// without being stored (states already past their tenant's retention).
+pub type FeedFilter<'a> = dyn Fn(&FeedStateRef<'_>) -> bool + Send + Sync + 'a;
 
 /// How a backend batches and paces its feed moves ([`move_feed`]).
 #[derive(Debug, Clone, Copy)]
@@ -191,7 +205,13 @@ fn by_state(entries: &[Vec<HistoryRow>], keep: &FeedFilter<'_>) -> Vec<RowOrder>
     let mut order: Vec<RowOrder> = Vec::with_capacity(entries.iter().map(Vec::len).sum());
     for (entry, rows) in entries.iter().enumerate() {
         for (row, r) in rows.iter().enumerate() {
-            if !keep(r) {
+            let state = FeedStateRef {
+                tenant: &r.tenant,
+                entity_id: &r.entity_id,
+                entity_type: &r.entity_type,
+                time: r.time,
+            };
+            if !keep(&state) {
                 continue;
             }
             let mut h = hasher.build_hasher();
@@ -349,7 +369,96 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Reads a compact feed entry ([`encode_feed_entry`]).
+/// One recorded state of a compact feed entry, borrowed from its bytes
+/// ([`feed_states`]): what SQLite's history writer stores without copying
+/// the feed into [`HistoryRow`]s first.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FeedState<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Service path.
+    pub service_path: &'a str,
+    /// Entity id.
+    pub entity_id: &'a str,
+    /// Entity type.
+    pub entity_type: &'a str,
+    /// Time index.
+    pub time: i64,
+    /// Recorded state ([`HistoryRow::instance`]).
+    pub instance: i64,
+    /// Its attributes, in the order they were queued.
+    pub attrs: Vec<FeedAttr<'a>>,
+}
+
+/// One attribute of a [`FeedState`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct FeedAttr<'a> {
+    /// Attribute name.
+    pub name: &'a str,
+    /// Attribute type.
+    pub attr_type: &'a str,
+    /// The value as JSON text.
+    pub value: &'a str,
+    /// The value as a number when it is one.
+    pub number: Option<f64>,
+}
+
+impl<'a> FeedState<'a> {
+    /// What a feed filter sees of it.
+    pub fn as_ref(&self) -> FeedStateRef<'a> {
+        FeedStateRef {
+            tenant: self.tenant,
+            entity_id: self.entity_id,
+            entity_type: self.entity_type,
+            time: self.time,
+        }
+    }
+
+    /// Appends the state in the compact form (as [`encode_feed_states`]).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        for s in [
+            self.tenant,
+            self.service_path,
+            self.entity_id,
+            self.entity_type,
+        ] {
+            put_str(out, s);
+        }
+        out.extend_from_slice(&self.time.to_le_bytes());
+        out.extend_from_slice(&self.instance.to_le_bytes());
+        put_len(out, self.attrs.len());
+        for a in &self.attrs {
+            put_str(out, a.name);
+            put_str(out, a.attr_type);
+            put_str(out, a.value);
+            match a.number {
+                Some(x) => {
+                    out.push(1);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                None => out.push(0),
+            }
+        }
+    }
+
+    /// Its rows, owned.
+    pub fn rows(&self) -> impl Iterator<Item = HistoryRow> + '_ {
+        self.attrs.iter().map(|a| HistoryRow {
+            tenant: self.tenant.to_string(),
+            service_path: self.service_path.to_string(),
+            entity_id: self.entity_id.to_string(),
+            entity_type: self.entity_type.to_string(),
+            attr: a.name.to_string(),
+            attr_type: a.attr_type.to_string(),
+            time: self.time,
+            instance: self.instance,
+            value: a.value.to_string(),
+            number: a.number,
+        })
+    }
+}
+
+/// Reads a compact feed entry ([`encode_feed_entry`]) without copying.
 struct FeedReader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -375,59 +484,75 @@ impl<'a> FeedReader<'a> {
         None
     }
 
-    fn string(&mut self) -> Option<String> {
+    fn str(&mut self) -> Option<&'a str> {
         let n = self.len()?;
-        String::from_utf8(self.take(n)?.to_vec()).ok()
+        std::str::from_utf8(self.take(n)?).ok()
     }
 
     fn i64(&mut self) -> Option<i64> {
         Some(i64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 
-    fn rows(&mut self) -> Option<Vec<HistoryRow>> {
+    fn states(&mut self) -> Option<Vec<FeedState<'a>>> {
         if *self.take(1)?.first()? != FEED_FORMAT {
             return None;
         }
-        let mut rows = Vec::new();
+        let mut states = Vec::new();
         while self.at < self.bytes.len() {
-            let tenant = self.string()?;
-            let service_path = self.string()?;
-            let entity_id = self.string()?;
-            let entity_type = self.string()?;
+            let tenant = self.str()?;
+            let service_path = self.str()?;
+            let entity_id = self.str()?;
+            let entity_type = self.str()?;
             let time = self.i64()?;
             let instance = self.i64()?;
-            for _ in 0..self.len()? {
-                let attr = self.string()?;
-                let attr_type = self.string()?;
-                let value = self.string()?;
+            let n = self.len()?;
+            // Each attribute takes at least four bytes: a bogus count
+            // cannot make the reader reserve more than the entry holds.
+            let mut attrs = Vec::with_capacity(n.min(self.bytes.len() / 4));
+            for _ in 0..n {
+                let name = self.str()?;
+                let attr_type = self.str()?;
+                let value = self.str()?;
                 let number = match *self.take(1)?.first()? {
                     0 => None,
                     1 => Some(f64::from_le_bytes(self.take(8)?.try_into().ok()?)),
                     _ => return None,
                 };
-                rows.push(HistoryRow {
-                    tenant: tenant.clone(),
-                    service_path: service_path.clone(),
-                    entity_id: entity_id.clone(),
-                    entity_type: entity_type.clone(),
-                    attr,
+                attrs.push(FeedAttr {
+                    name,
                     attr_type,
-                    time,
-                    instance,
                     value,
                     number,
                 });
             }
+            states.push(FeedState {
+                tenant,
+                service_path,
+                entity_id,
+                entity_type,
+                time,
+                instance,
+                attrs,
+            });
         }
-        Some(rows)
+        Some(states)
     }
+}
+
+/// The states of one compact history feed entry ([`encode_feed_entry`]),
+/// borrowed from its bytes.
+pub(crate) fn feed_states(seq: u64, bytes: &[u8]) -> Result<Vec<FeedState<'_>>> {
+    FeedReader { bytes, at: 0 }
+        .states()
+        .ok_or_else(|| StoreError::Corrupt(format!("history feed entry {seq}: not decodable")))
 }
 
 /// The rows of one compact history feed entry ([`encode_feed_entry`]).
 pub(crate) fn decode_feed_blob(seq: u64, bytes: &[u8]) -> Result<Vec<HistoryRow>> {
-    FeedReader { bytes, at: 0 }
-        .rows()
-        .ok_or_else(|| StoreError::Corrupt(format!("history feed entry {seq}: not decodable")))
+    Ok(feed_states(seq, bytes)?
+        .iter()
+        .flat_map(FeedState::rows)
+        .collect())
 }
 
 /// The rows of one history feed entry, from the JSON it is stored as.

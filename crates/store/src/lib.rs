@@ -53,8 +53,9 @@ pub use catalog::{
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
-    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, HISTORY_FEED_CURSOR,
+    AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
+    HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore,
+    HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;

@@ -16,7 +16,7 @@ use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
 use crate::history::{
     decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
-    move_feed, path_matches, DeleteStep, MoveTuning,
+    feed_states, path_matches, DeleteStep, FeedAttr, FeedState, MoveTuning,
 };
 use crate::rollup::RollupPartial;
 use crate::{
@@ -46,7 +46,7 @@ impl HistoryStore for SqliteStore {
         max_rows: usize,
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove> {
-        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+        self.move_feed_states(feed, max_rows, keep).await
     }
 
     async fn read_history_feed(
@@ -160,6 +160,85 @@ impl HistoryStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// [`HistoryStore::move_history_feed`] without copying the feed into
+    /// [`HistoryRow`]s: the entries after the feed's cursor (about
+    /// `max_rows` rows, whole entries) are read as bytes, their states
+    /// ([`feed_states`], borrowed) that `keep` accepts ordered by entity
+    /// and then by state ([`MoveTuning`]'s page locality, as the shared
+    /// [`crate::history::move_feed`] does for rows), and re-encoded in
+    /// chunks of about [`MOVE_TUNING`]`.chunk_rows` rows, each stored by
+    /// one commit of the history writer, which reads its chunk's states
+    /// in place too ([`append_feed_chunk`]); the last chunk marks the feed
+    /// consumed. Entries queued as JSON by earlier versions are read as
+    /// rows and re-encoded.
+    async fn move_feed_states(
+        &self,
+        feed: HistoryFeed,
+        max_rows: usize,
+        keep: &FeedFilter<'_>,
+    ) -> Result<FeedMove> {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let after = self.history_feed_cursor(feed).await?;
+        let part = match feed {
+            HistoryFeed::Changes => &self.main,
+            HistoryFeed::Notifications => &self.history,
+        };
+        let entries = part
+            .read(move |c| read_feed_entries(c, after, max_rows))
+            .await?;
+        let started = std::time::Instant::now();
+        let Some(&(through, _)) = entries.last() else {
+            return Ok(FeedMove::default());
+        };
+        let mut states = Vec::new();
+        for (seq, bytes) in &entries {
+            states.extend(feed_states(*seq, bytes)?);
+        }
+        let read: usize = states.iter().map(|s| s.attrs.len()).sum();
+        let hasher = rustc_hash::FxBuildHasher;
+        let mut order: Vec<(u64, i64, i64, u32)> = states
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| keep(&st.as_ref()))
+            .map(|(i, st)| {
+                let mut h = hasher.build_hasher();
+                (st.tenant, st.entity_id, st.entity_type).hash(&mut h);
+                (h.finish(), st.time, st.instance, i as u32)
+            })
+            .collect();
+        order.sort_unstable();
+        let mut rows = 0u64;
+        let mut chunk: Vec<u8> = Vec::new();
+        let mut chunk_rows = 0;
+        let last = order.len().saturating_sub(1);
+        for (n, &(.., i)) in order.iter().enumerate() {
+            let state = &states[i as usize];
+            if chunk.is_empty() {
+                chunk.push(crate::history::FEED_FORMAT_BYTE);
+            }
+            state.encode(&mut chunk);
+            chunk_rows += state.attrs.len();
+            rows += state.attrs.len() as u64;
+            if chunk_rows >= MOVE_TUNING.chunk_rows && n < last {
+                let bytes = std::mem::take(&mut chunk);
+                chunk_rows = 0;
+                self.history
+                    .write(move |c| in_savepoint(c, |c| append_feed_chunk(c, feed, &bytes, None)))
+                    .await?;
+            }
+        }
+        drop(states);
+        self.history
+            .write(move |c| in_savepoint(c, |c| append_feed_chunk(c, feed, &chunk, Some(through))))
+            .await?;
+        Ok(FeedMove {
+            through: Some(through),
+            rows,
+            more: read >= max_rows,
+            pause: MOVE_TUNING.interval.saturating_sub(started.elapsed()),
+        })
+    }
+
     /// Runs a chunked delete of the history ([`delete_history`],
     /// [`expire_history`]: at most [`HISTORY_DELETE_CHUNK`] rows, in a
     /// savepoint), each chunk a write of its own, until one is not full
@@ -195,19 +274,16 @@ struct StoredAttr(String, String, Option<f64>);
 /// A stored state's attributes by name.
 type StoredAttrs = std::collections::BTreeMap<String, StoredAttr>;
 
-/// The JSON object storing the attributes of one state's rows (the first
-/// of two rows naming the same attribute wins, as the primary key of a
+/// The JSON object storing the attributes of one state (the first of two
+/// naming the same attribute wins, as the primary key of a
 /// row-per-attribute table would have it). Answers it and how many
 /// attributes it holds.
-fn encode_state(rows: &[&HistoryRow]) -> (String, usize) {
-    encode_attrs(rows.iter().map(|r| {
-        (
-            r.attr.as_str(),
-            r.attr_type.as_str(),
-            r.value.as_str(),
-            r.number,
-        )
-    }))
+fn encode_state(attrs: &[FeedAttr<'_>]) -> (String, usize) {
+    encode_attrs(
+        attrs
+            .iter()
+            .map(|a| (a.name, a.attr_type, a.value, a.number)),
+    )
 }
 
 /// [`encode_state`] of (attribute, type, value, number) items.
@@ -339,16 +415,31 @@ fn prune_feed(conn: &Connection, through: u64) -> rusqlite::Result<u64> {
 }
 
 /// Stores history rows taken from a feed and, with `through`, marks the
-/// feed consumed that far (the changes feed's cursor; the notifications
-/// feed's entries are deleted, in this same file). Answers how many rows
-/// were new.
+/// feed consumed that far ([`append_feed_chunk`] of their compact form).
+/// Answers how many rows were new.
 fn append_from_feed(
     conn: &Connection,
     feed: HistoryFeed,
     rows: &[HistoryRow],
     through: Option<u64>,
 ) -> rusqlite::Result<u64> {
-    let n = append_history(conn, rows)?;
+    append_feed_chunk(conn, feed, &encode_feed_entry(rows), through)
+}
+
+/// Stores the states of a compact feed chunk and, with `through`, marks
+/// the feed consumed that far (the changes feed's cursor; the
+/// notifications feed's entries are deleted, in this same file). Answers
+/// how many rows were new.
+fn append_feed_chunk(
+    conn: &Connection,
+    feed: HistoryFeed,
+    chunk: &[u8],
+    through: Option<u64>,
+) -> rusqlite::Result<u64> {
+    let states = feed_states(0, chunk).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
+    })?;
+    let n = append_states(conn, &states)?;
     let Some(through) = through else {
         return Ok(n);
     };
@@ -367,51 +458,46 @@ fn append_from_feed(
 }
 
 /// (tenant, entity type, entity id, time, instance): which recorded state
-/// a row belongs to.
+/// a feed state is.
 type StateKey<'a> = (&'a str, &'a str, &'a str, i64, i64);
 
-fn state_key(row: &HistoryRow) -> StateKey<'_> {
+fn state_key<'a>(state: &FeedState<'a>) -> StateKey<'a> {
     (
-        &row.tenant,
-        &row.entity_type,
-        &row.entity_id,
-        row.time,
-        row.instance,
+        state.tenant,
+        state.entity_type,
+        state.entity_id,
+        state.time,
+        state.instance,
     )
 }
 
+/// Inserts history rows straight into the history ([`append_states`] of
+/// their compact form): what tests and the conformance suite append with.
+/// Answers how many rows were new.
+#[cfg(test)]
+pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
+    let entry = encode_feed_entry(rows);
+    let states = feed_states(0, &entry).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
+    })?;
+    append_states(conn, &states)
+}
+
 /// Inserts the states that are new (the primary key makes a replayed state
-/// a no-op), registering entities seen for the first time (with the
-/// service path they first came with), then adds the new states' values
-/// to their series' minute and hour rollups (one upsert per bucket, not
-/// per row). Rows of one state may come in any order; the feed's moves
-/// bring them grouped ([`crate::history::move_feed`]), so the grouping
-/// costs one lookup per state.
+/// a no-op; a state met again with attributes it lacks gets them,
+/// [`merge_into_stored`]), registering entities seen for the first time
+/// (with the service path they first came with), then adds the new rows to
+/// their series' minute and hour rollups (one upsert per bucket, not per
+/// row). States of one entity usually come together (a feed move orders
+/// them so), so the entity is looked up once per run of its states.
 ///
 /// It runs without a savepoint of its own: inside one, SQLite copies every
 /// page the operation touches to a sub-journal first, and an append
 /// touches one page per entity (its last leaf). The feed's moves, which
-/// are large and rare, wrap it in one ([`append_from_feed`]); the
+/// are large and rare, wrap it in one ([`append_feed_chunk`]); the
 /// statements cannot fail on their values, so only an I/O error can stop
 /// an append midway.
-pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
-    // States in order of first appearance, each with its rows in order.
-    let mut states: Vec<Vec<&HistoryRow>> = Vec::new();
-    let mut index: rustc_hash::FxHashMap<StateKey<'_>, usize> = Default::default();
-    for row in rows {
-        let key = state_key(row);
-        let current = states.len().checked_sub(1);
-        match current.filter(|&i| state_key(states[i][0]) == key) {
-            Some(i) => states[i].push(row),
-            None => match index.get(&key) {
-                Some(&i) => states[i].push(row),
-                None => {
-                    index.insert(key, states.len());
-                    states.push(vec![row]);
-                }
-            },
-        }
-    }
+fn append_states(conn: &Connection, states: &[FeedState<'_>]) -> rusqlite::Result<u64> {
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO history_states (entity, time, instance, service_path, rows, attrs) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -419,68 +505,66 @@ pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite
     let mut rollups = Rollups::default();
     let mut new = 0u64;
     let mut entity: Option<(StateKey<'_>, i64, String)> = None;
-    for state in &states {
-        let first = state[0];
-        let key = state_key(first);
+    for state in states {
+        let key = state_key(state);
         let same = entity
             .as_ref()
             .is_some_and(|(k, _, _)| (k.0, k.1, k.2) == (key.0, key.1, key.2));
         if !same {
-            let (id, path) = entity_key(conn, first)?;
+            let (id, path) = entity_key(conn, state)?;
             entity = Some((key, id, path));
         }
         let Some((_, id, path)) = &entity else {
             continue;
         };
-        let own_path = (first.service_path != *path).then_some(first.service_path.as_str());
-        let (attrs, count) = encode_state(state);
+        let own_path = (state.service_path != path.as_str()).then_some(state.service_path);
+        let (attrs, count) = encode_state(&state.attrs);
         let inserted = insert.execute((
             id,
-            first.time,
-            first.instance,
+            state.time,
+            state.instance,
             own_path,
             count as i64,
             attrs,
         ))?;
-        let added: Vec<&HistoryRow> = if inserted > 0 {
+        let added: Vec<&FeedAttr<'_>> = if inserted > 0 {
             state
+                .attrs
                 .iter()
                 .enumerate()
-                .filter(|(i, row)| !state[..*i].iter().any(|r| r.attr == row.attr))
-                .map(|(_, row)| *row)
+                .filter(|(i, a)| !state.attrs[..*i].iter().any(|b| b.name == a.name))
+                .map(|(_, a)| a)
                 .collect()
         } else {
             merge_into_stored(conn, *id, state)?
         };
-        for row in added {
+        for attr in added {
             new += 1;
-            rollups.add(*id, row);
+            rollups.add(*id, state.time, attr);
         }
     }
     rollups.store(conn)?;
     Ok(new)
 }
 
-/// Adds to a stored state the attributes of `state` (rows of the same
-/// entity, time and instance) it does not hold yet: a replay adds nothing,
-/// while rows of one state appended in separate calls (rows queued before
-/// states had an instance of their own all share instance 0) all stay.
-/// Answers the rows added.
-fn merge_into_stored<'a>(
+/// Adds to a stored state the attributes of `state` it does not hold yet:
+/// a replay adds nothing, while rows of one state appended in separate
+/// calls (rows queued before states had an instance of their own all
+/// share instance 0) all stay. Answers the attributes added.
+fn merge_into_stored<'s, 'a>(
     conn: &Connection,
     entity: i64,
-    state: &[&'a HistoryRow],
-) -> rusqlite::Result<Vec<&'a HistoryRow>> {
-    let first = state[0];
+    state: &'s FeedState<'a>,
+) -> rusqlite::Result<Vec<&'s FeedAttr<'a>>> {
     let stored = conn
         .prepare_cached(
             "SELECT attrs FROM history_states WHERE entity = ?1 AND time = ?2 AND instance = ?3",
         )?
-        .query_row((entity, first.time, first.instance), |r| state_attrs(r, 0))?;
-    let mut added: Vec<&HistoryRow> = Vec::new();
-    for row in state {
-        if !stored.contains_key(&row.attr) && !added.iter().any(|r| r.attr == row.attr) {
-            added.push(row);
+        .query_row((entity, state.time, state.instance), |r| state_attrs(r, 0))?;
+    let mut added: Vec<&FeedAttr<'_>> = Vec::new();
+    for attr in &state.attrs {
+        if !stored.contains_key(attr.name) && !added.iter().any(|a| a.name == attr.name) {
+            added.push(attr);
         }
     }
     if added.is_empty() {
@@ -490,32 +574,29 @@ fn merge_into_stored<'a>(
         stored
             .iter()
             .map(|(attr, StoredAttr(t, v, n))| (attr.as_str(), t.as_str(), v.as_str(), *n))
-            .chain(added.iter().map(|r| {
-                (
-                    r.attr.as_str(),
-                    r.attr_type.as_str(),
-                    r.value.as_str(),
-                    r.number,
-                )
-            })),
+            .chain(
+                added
+                    .iter()
+                    .map(|a| (a.name, a.attr_type, a.value, a.number)),
+            ),
     );
     conn.prepare_cached(
         "UPDATE history_states SET attrs = ?4, rows = ?5 \
          WHERE entity = ?1 AND time = ?2 AND instance = ?3",
     )?
-    .execute((entity, first.time, first.instance, attrs, count as i64))?;
+    .execute((entity, state.time, state.instance, attrs, count as i64))?;
     Ok(added)
 }
 
-/// The key and recorded service path of a row's entity, registering the
-/// entity (with the row's path) when it is new.
-fn entity_key(conn: &Connection, row: &HistoryRow) -> rusqlite::Result<(i64, String)> {
+/// The key and recorded service path of a state's entity, registering the
+/// entity (with the state's path) when it is new.
+fn entity_key(conn: &Connection, state: &FeedState<'_>) -> rusqlite::Result<(i64, String)> {
     let found: Option<(i64, String)> = conn
         .prepare_cached(
             "SELECT key, service_path FROM history_series \
              WHERE tenant = ?1 AND entity_type = ?2 AND entity_id = ?3",
         )?
-        .query_row((&row.tenant, &row.entity_type, &row.entity_id), |r| {
+        .query_row((state.tenant, state.entity_type, state.entity_id), |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .optional()?;
@@ -528,12 +609,12 @@ fn entity_key(conn: &Connection, row: &HistoryRow) -> rusqlite::Result<(i64, Str
              VALUES (?1, ?2, ?3, ?4)",
         )?
         .insert((
-            &row.tenant,
-            &row.entity_type,
-            &row.entity_id,
-            &row.service_path,
+            state.tenant,
+            state.entity_type,
+            state.entity_id,
+            state.service_path,
         ))?;
-    Ok((key, row.service_path.clone()))
+    Ok((key, state.service_path.to_string()))
 }
 
 /// The rollup buckets an append adds to, keyed like `history_rollups`.
@@ -546,15 +627,15 @@ struct Rollups<'a> {
 type RollupKey<'a> = (i64, &'a str, i64, i64);
 
 impl<'a> Rollups<'a> {
-    fn add(&mut self, entity: i64, row: &'a HistoryRow) {
+    fn add(&mut self, entity: i64, time: i64, attr: &FeedAttr<'a>) {
         for period in crate::rollup::ROLLUP_PERIODS {
             let key = (
                 entity,
-                row.attr.as_str(),
+                attr.name,
                 period,
-                crate::rollup::floor_to(row.time, period),
+                crate::rollup::floor_to(time, period),
             );
-            self.buckets.entry(key).or_default().add(row.number);
+            self.buckets.entry(key).or_default().add(attr.number);
         }
     }
 
@@ -1284,6 +1365,43 @@ fn read_history_feed(
         };
         total += batch.len();
         out.push((seq, batch));
+        if total >= max_rows {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The feed's entries after `after`, oldest first, as compact bytes,
+/// until they hold `max_rows` rows or more (entries queued as JSON text
+/// are read as rows and re-encoded).
+fn read_feed_entries(
+    conn: &Connection,
+    after: u64,
+    max_rows: usize,
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT seq, rows FROM history_feed WHERE seq > ?1 ORDER BY seq")
+        .db()?;
+    let mut rows = stmt.query([after as i64]).db()?;
+    let mut out = Vec::new();
+    let mut total = 0;
+    while let Some(row) = rows.next().db()? {
+        let seq = position(row, 0)?;
+        let bytes = match row.get_ref(1).db()? {
+            rusqlite::types::ValueRef::Blob(bytes) => bytes.to_vec(),
+            value => {
+                let text = value.as_str().map_err(|e| {
+                    crate::StoreError::Corrupt(format!("history feed entry {seq}: {e}"))
+                })?;
+                encode_feed_entry(&decode_feed_entry(seq, text)?)
+            }
+        };
+        total += feed_states(seq, &bytes)?
+            .iter()
+            .map(|s| s.attrs.len())
+            .sum::<usize>();
+        out.push((seq, bytes));
         if total >= max_rows {
             break;
         }
