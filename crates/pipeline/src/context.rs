@@ -25,7 +25,7 @@ use weft_model::ngsi::{AttrChange, ChangeKind, Entity, NgsiError, UpdateOutcome}
 
 use serde_json::Value;
 use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
-use weft_store::{EntityRecord, HistoryRow, Store};
+use weft_store::{EntityRecord, HistoryRow, HistoryStates, Store};
 
 tokio::task_local! {
     /// Where the request being served came from, so the changes it makes
@@ -347,6 +347,34 @@ impl Context {
         self.record_history.store(on, Ordering::Relaxed);
     }
 
+    /// The history state of a change (its attributes `names`), if history
+    /// is recorded, in the feed's form (no rows are built).
+    fn history_states<'a>(
+        &self,
+        tenant: &str,
+        e: &StoredEntity,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> HistoryStates {
+        let mut states = HistoryStates::default();
+        if !self.record_history.load(Ordering::Relaxed) {
+            return states;
+        }
+        let time = weft_model::history::time_index(&e.entity, None, weft_model::now_ms());
+        states.push_state(
+            tenant,
+            &e.service_path,
+            &e.entity.id,
+            &e.entity.entity_type,
+            time,
+            crate::history::next_instance(),
+            names.into_iter().filter_map(|name| {
+                let a = e.entity.attrs.get(name)?;
+                Some((name, a.attr_type.as_str(), &a.value))
+            }),
+        );
+        states
+    }
+
     /// The history rows of a change, if history is recorded.
     fn history_rows<'a>(
         &self,
@@ -492,7 +520,7 @@ impl Context {
             t.insert(key, stored.clone());
             (stored, self.ticket(tenant))
         };
-        let history = self.history_rows(tenant, &stored, stored.entity.attrs.keys());
+        let history = self.history_states(tenant, &stored, stored.entity.attrs.keys());
         self.persist(tenant, &stored, history).await?;
         drop(sweep);
         let attrs = created_attrs(&stored.entity);
@@ -534,7 +562,7 @@ impl Context {
             };
             (result, slot.clone(), ticket)
         };
-        let history = self.history_rows(
+        let history = self.history_states(
             tenant,
             &stored,
             result.touched().iter().map(|c| c.name.as_str()),
@@ -686,7 +714,7 @@ impl Context {
         &self,
         tenant: &str,
         e: &StoredEntity,
-        history: Vec<HistoryRow>,
+        history: HistoryStates,
     ) -> Result<(), NgsiError> {
         self.store
             .put_entity(record(tenant, e), history)

@@ -886,19 +886,22 @@ where
     let backend = B::fresh().await;
     let store = backend.open().await;
     store
-        .put_entity(entity("t1", "/", "E", "T", 2, "{}"), Vec::new())
+        .put_entity(entity("t1", "/", "E", "T", 2, "{}"), Default::default())
         .await
         .unwrap();
     store
-        .put_entity(entity("t1", "/a", "E", "T", 3, "{}"), Vec::new())
+        .put_entity(entity("t1", "/a", "E", "T", 3, "{}"), Default::default())
         .await
         .unwrap();
     store
-        .put_entity(entity("t2", "/", "E", "T", 1, "{}"), Vec::new())
+        .put_entity(entity("t2", "/", "E", "T", 1, "{}"), Default::default())
         .await
         .unwrap();
     store
-        .put_entity(entity("t1", "/", "E", "T", 2, "{\"new\":true}"), Vec::new())
+        .put_entity(
+            entity("t1", "/", "E", "T", 2, "{\"new\":true}"),
+            Default::default(),
+        )
         .await
         .unwrap();
     store
@@ -2067,7 +2070,7 @@ where
     store
         .put_entity(
             entity("", "/", "E", "T", 1, "{}"),
-            vec![feed_row("E", 1), feed_row("E", 2)],
+            vec![feed_row("E", 1), feed_row("E", 2)].into(),
         )
         .await
         .unwrap();
@@ -2081,7 +2084,7 @@ where
         .await
         .unwrap();
     store
-        .put_entity(entity("", "/", "F", "T", 2, "{}"), Vec::new())
+        .put_entity(entity("", "/", "F", "T", 2, "{}"), Default::default())
         .await
         .unwrap();
     let feed = store
@@ -2221,20 +2224,20 @@ where
     // 3 of F, 2 of G.
     let big: Vec<HistoryRow> = (0..6_000).map(|t| feed_row("E", t)).collect();
     store
-        .put_entity(entity("", "/", "E", "T", 1, "{}"), big)
+        .put_entity(entity("", "/", "E", "T", 1, "{}"), big.into())
         .await
         .unwrap();
     store
         .put_entity(
             entity("", "/", "F", "T", 2, "{}"),
-            (0..3).map(|t| feed_row("F", t)).collect(),
+            (0..3).map(|t| feed_row("F", t)).collect::<Vec<_>>().into(),
         )
         .await
         .unwrap();
     store
         .put_entity(
             entity("", "/", "G", "T", 3, "{}"),
-            (0..2).map(|t| feed_row("G", t)).collect(),
+            (0..2).map(|t| feed_row("G", t)).collect::<Vec<_>>().into(),
         )
         .await
         .unwrap();

@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 
-use crate::{HistoryRow, Result};
+use crate::{HistoryStates, Result};
 
 /// An NGSI entity as stored: where it lives, its key, its creation order
 /// and its JSON (the model's storage form, opaque to the store).
@@ -85,7 +85,7 @@ pub trait ContextStore: Send + Sync {
     /// Creates or replaces an entity (keyed by tenant, service path, id,
     /// type) and queues the history rows of the change in the history feed,
     /// in one transaction: a change is never stored without its history.
-    async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()>;
+    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()>;
     /// Deletes an entity; `true` if it existed.
     async fn delete_entity(
         &self,

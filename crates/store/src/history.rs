@@ -305,6 +305,93 @@ pub(crate) fn encode_feed_entry(rows: &[HistoryRow]) -> Vec<u8> {
     out
 }
 
+/// The history states of one change (an NGSI create or update), already
+/// in the changes feed's compact form ([`encode_feed_states`]): built on
+/// the request's own task straight from the entity's attributes, so the
+/// change allocates no [`HistoryRow`]s and its store's writer only copies
+/// bytes into the feed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryStates {
+    bytes: Vec<u8>,
+}
+
+impl HistoryStates {
+    /// Adds one recorded state: the entity's attributes `attrs` (name,
+    /// type, value) at `time` (epoch ms), as state `instance`
+    /// ([`HistoryRow::instance`]). A state without attributes adds
+    /// nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_state<'a>(
+        &mut self,
+        tenant: &str,
+        service_path: &str,
+        entity_id: &str,
+        entity_type: &str,
+        time: i64,
+        instance: i64,
+        attrs: impl IntoIterator<Item = (&'a str, &'a str, &'a serde_json::Value)>,
+    ) {
+        let attrs: Vec<_> = attrs.into_iter().collect();
+        if attrs.is_empty() {
+            return;
+        }
+        let out = &mut self.bytes;
+        for s in [tenant, service_path, entity_id, entity_type] {
+            put_str(out, s);
+        }
+        out.extend_from_slice(&time.to_le_bytes());
+        out.extend_from_slice(&instance.to_le_bytes());
+        put_len(out, attrs.len());
+        let mut value_text = Vec::new();
+        for (name, attr_type, value) in attrs {
+            put_str(out, name);
+            put_str(out, attr_type);
+            value_text.clear();
+            // Serialising a JSON value into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut value_text, value);
+            put_len(out, value_text.len());
+            out.extend_from_slice(&value_text);
+            match weft_model::history::numeric(value) {
+                Some(x) => {
+                    out.push(1);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                None => out.push(0),
+            }
+        }
+    }
+
+    /// Whether no state was added.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The states in the compact form, without an entry's format byte.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The states as rows (for backends that queue rows).
+    pub fn rows(&self) -> Vec<HistoryRow> {
+        if self.bytes.is_empty() {
+            return Vec::new();
+        }
+        let mut entry = Vec::with_capacity(self.bytes.len() + 1);
+        entry.push(FEED_FORMAT);
+        entry.extend_from_slice(&self.bytes);
+        // Only `push_state` and `From` write the bytes: always decodable.
+        decode_feed_blob(0, &entry).unwrap_or_default()
+    }
+}
+
+impl From<Vec<HistoryRow>> for HistoryStates {
+    fn from(rows: Vec<HistoryRow>) -> HistoryStates {
+        let mut bytes = Vec::new();
+        encode_feed_states(&rows, &mut bytes);
+        HistoryStates { bytes }
+    }
+}
+
 /// [`FEED_FORMAT`], for backends starting an entry they append states to.
 pub(crate) const FEED_FORMAT_BYTE: u8 = FEED_FORMAT;
 
@@ -865,6 +952,56 @@ mod feed_tests {
             value: format!("{{\"v\":\"é{attr}\"}}"),
             number,
         }
+    }
+
+    #[test]
+    fn states_built_from_attributes_read_back_as_their_rows() {
+        let (n, t, o) = (
+            serde_json::json!(21.5),
+            serde_json::json!("on \"x\""),
+            serde_json::json!({"a": [1, null]}),
+        );
+        let mut states = HistoryStates::default();
+        states.push_state("t", "/p", "E", "Room", 7, 70, []);
+        assert!(states.is_empty());
+        states.push_state(
+            "t",
+            "/p",
+            "E",
+            "Room",
+            7,
+            70,
+            [
+                ("n", "Number", &n),
+                ("t", "Text", &t),
+                ("o", "StructuredValue", &o),
+            ],
+        );
+        let got: Vec<(String, String, String, Option<f64>, i64, i64)> = states
+            .rows()
+            .into_iter()
+            .map(|r| {
+                assert_eq!((r.tenant.as_str(), r.service_path.as_str()), ("t", "/p"));
+                assert_eq!(
+                    (r.entity_id.as_str(), r.entity_type.as_str()),
+                    ("E", "Room")
+                );
+                (r.attr, r.attr_type, r.value, r.number, r.time, r.instance)
+            })
+            .collect();
+        let want = |a: &str, ty: &str, v: &str, num: Option<f64>| {
+            (a.to_string(), ty.to_string(), v.to_string(), num, 7, 70)
+        };
+        assert_eq!(
+            got,
+            vec![
+                want("n", "Number", "21.5", Some(21.5)),
+                want("t", "Text", "\"on \\\"x\\\"\"", None),
+                want("o", "StructuredValue", "{\"a\":[1,null]}", None),
+            ]
+        );
+        let rows = vec![row("a", "x", 1, Some(1.5)), row("a", "y", 1, None)];
+        assert_eq!(HistoryStates::from(rows.clone()).rows(), rows);
     }
 
     #[test]

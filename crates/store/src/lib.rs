@@ -54,8 +54,8 @@ pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
-    HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore,
-    HISTORY_FEED_CURSOR,
+    HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,
+    HistoryStore, HISTORY_FEED_CURSOR,
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;

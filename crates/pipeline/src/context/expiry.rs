@@ -98,7 +98,7 @@ impl Context {
                 .collect()
         };
         for r in recreated {
-            self.store.put_entity(r, Vec::new()).await?;
+            self.store.put_entity(r, Default::default()).await?;
         }
         if !removed.is_empty() {
             metrics::counter!("weft_ngsi_entities_expired_total").increment(removed.len() as u64);

@@ -11,12 +11,14 @@ use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{
-    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, NgsiDocument, Result,
+    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, HistoryStates, NgsiDocument,
+    Result,
 };
 
 #[async_trait]
 impl ContextStore for PostgresStore {
-    async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()> {
+    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()> {
+        let history = history.rows();
         self.main
             .write(move |c| {
                 Box::pin(async move {

@@ -8,16 +8,13 @@ use rusqlite::Connection;
 use super::history::queue_feed_states;
 use super::reader::position;
 use super::{to_i64, Db, SqliteStore};
-use crate::{ContextStore, DocumentKind, EntityRecord, HistoryRow, NgsiDocument, Result};
+use crate::{ContextStore, DocumentKind, EntityRecord, HistoryStates, NgsiDocument, Result};
 
 #[async_trait]
 impl ContextStore for SqliteStore {
-    async fn put_entity(&self, record: EntityRecord, history: Vec<HistoryRow>) -> Result<()> {
-        let mut states = Vec::new();
-        crate::history::encode_feed_states(&history, &mut states);
-        drop(history);
+    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()> {
         self.main
-            .write(move |c| put_entity(c, &record).map(|()| queue_feed_states(&states)))
+            .write(move |c| put_entity(c, &record).map(|()| queue_feed_states(history.as_bytes())))
             .await
     }
 
