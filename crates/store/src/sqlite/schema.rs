@@ -402,7 +402,7 @@ pub(super) fn configure_writer(
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     // Keep the hot index pages in memory: inserts into the random-keyed
     // `data_id` index touch pages all over it, and a miss costs a read.
-    conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)?;
+    conn.pragma_update(None, "cache_size", WRITER_CACHE_PAGES)?;
     Ok(())
 }
 
@@ -418,8 +418,9 @@ pub(super) const PAGE_SIZE: i64 = 1024;
 /// while a range read of a series fetches four times fewer 4 KiB pages.
 pub(super) const HISTORY_PAGE_SIZE: i64 = 4096;
 
-/// Page cache of the writer connection, in KiB when negative (SQLite's
-/// convention): 8 MiB.
+/// Page cache of the writer connection, in pages (8 MiB of the log's and
+/// main file's 1 KiB pages, 32 MiB of the history's 4 KiB ones, which then
+/// hold the last leaf of every entity's states).
 ///
 /// Bigger is slower here. When a b-tree balance swaps two pages' numbers
 /// it parks one under the locking page's number (page 1,048,577 at 1 KiB
@@ -427,10 +428,10 @@ pub(super) const HISTORY_PAGE_SIZE: i64 = 4096;
 /// file's end and truncates the page cache by scanning all of its hash
 /// table. That scan costs in proportion to the pages cached: with 64 MiB
 /// (65,536 pages) it was a fifth of the server's CPU at 5,000 uplinks/s
-/// and doubled the live lag (docs/benchmarks.md); 8 MiB still holds the
-/// indexes' interior pages of a large file, and a miss is a read from the
-/// OS's cache.
-const WRITER_CACHE_KIB: i64 = -8 * 1024;
+/// and doubled the live lag (docs/benchmarks.md); 8,192 pages still hold
+/// the indexes' interior pages of a large file, and a miss is a read from
+/// the OS's cache.
+const WRITER_CACHE_PAGES: i64 = 8 * 1024;
 
 /// Page cache of each read connection: 16 MiB.
 const READER_CACHE_KIB: i64 = -16 * 1024;
