@@ -31,7 +31,7 @@ pub(super) const PERIOD: Duration = Duration::from_millis(100);
 /// Time between passive checkpoints of a file written in large, rare
 /// batches (the history's): its writer commits at most every half
 /// second, so a pass per commit or so is enough.
-pub(super) const BACKGROUND_PERIOD: Duration = Duration::from_millis(1_000);
+pub(super) const BACKGROUND_PERIOD: Duration = Duration::from_millis(3_000);
 
 /// WAL size in bytes beyond which the writer is asked to start the WAL
 /// over; a longer WAL slows every page lookup.
