@@ -321,6 +321,42 @@ fn encode_attrs<'a>(
     (String::from_utf8(out).unwrap_or_default(), seen.len())
 }
 
+/// Of a state's attributes (column `index` of a result row), those named
+/// in `attrs` that `wanted` asks for, in `attrs`' order: the state's JSON
+/// is split into its attributes without reading their values, and only
+/// the wanted ones are read (a query of one attribute of an entity with
+/// many reads one value per state).
+fn pick_attrs(
+    row: &rusqlite::Row<'_>,
+    index: usize,
+    attrs: &[String],
+    wanted: impl Fn(usize) -> bool,
+) -> rusqlite::Result<Vec<Option<StoredAttr>>> {
+    let text = row.get_ref(index)?.as_str()?;
+    let fail = |e: serde_json::Error| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
+    };
+    // Names with escapes cannot be borrowed: read the whole state then.
+    let Ok(raw) = serde_json::from_str::<
+        std::collections::BTreeMap<&str, &serde_json::value::RawValue>,
+    >(text) else {
+        let mut all = state_attrs(row, index)?;
+        return Ok(attrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| if wanted(i) { all.remove(a) } else { None })
+            .collect());
+    };
+    attrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match raw.get(a.as_str()) {
+            Some(value) if wanted(i) => serde_json::from_str(value.get()).map(Some).map_err(fail),
+            _ => Ok(None),
+        })
+        .collect()
+}
+
 /// A state's attributes, read from column `index` of a result row (a
 /// column that is not a state's JSON is a conversion error).
 fn state_attrs(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<StoredAttrs> {
@@ -1128,15 +1164,12 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
         let mut open = attrs.len();
         while open > 0 {
             let Some(row) = rows.next().db()? else { break };
-            let mut state = state_attrs(row, 3).db()?;
+            let picked = pick_attrs(row, 3, &attrs, |i| series[i].len() < need).db()?;
             let time: i64 = row.get(0).db()?;
             let instance: i64 = row.get(1).db()?;
             let path: Option<String> = row.get(2).db()?;
-            for (attr, rows) in attrs.iter().zip(series.iter_mut()) {
-                if rows.len() >= need {
-                    continue;
-                }
-                let Some(StoredAttr(attr_type, value, number)) = state.remove(attr) else {
+            for ((attr, rows), picked) in attrs.iter().zip(series.iter_mut()).zip(picked) {
+                let Some(StoredAttr(attr_type, value, number)) = picked else {
                     continue;
                 };
                 rows.push(HistoryRow {
@@ -1247,10 +1280,10 @@ fn aggregate_history(
                     let mut rows = from_states.query((e.key, a, b)).db()?;
                     while let Some(row) = rows.next().db()? {
                         let bucket: i64 = row.get(0).db()?;
-                        let state = state_attrs(row, 1).db()?;
-                        for (attr, series) in attrs.iter().zip(buckets.iter_mut()) {
-                            if let Some(StoredAttr(_, _, number)) = state.get(attr) {
-                                series.entry(bucket).or_default().add(*number);
+                        let picked = pick_attrs(row, 1, &attrs, |_| true).db()?;
+                        for (series, picked) in buckets.iter_mut().zip(picked) {
+                            if let Some(StoredAttr(_, _, number)) = picked {
+                                series.entry(bucket).or_default().add(number);
                             }
                         }
                     }
@@ -1313,7 +1346,8 @@ fn first_time(conn: &Connection, key: i64, attr: &str, from: i64, to: i64) -> Re
             .db()?;
         let mut rows = stmt.query((key, from, to)).db()?;
         while let Some(row) = rows.next().db()? {
-            if state_attrs(row, 1).db()?.contains_key(attr) {
+            let attrs = [attr.to_string()];
+            if pick_attrs(row, 1, &attrs, |_| true).db()?[0].is_some() {
                 return row.get(0).db();
             }
         }

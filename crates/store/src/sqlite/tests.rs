@@ -803,3 +803,36 @@ async fn changes_of_one_transaction_share_a_feed_entry_and_failed_ones_queue_not
     queued.sort_unstable();
     assert_eq!(queued, ok);
 }
+
+/// An attribute whose name JSON must escape is read back like any other,
+/// beside one that needs no escaping, alone and together.
+#[tokio::test]
+async fn attribute_names_json_escapes_read_back() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let rows = vec![
+        hrow("t", "/", "E", "T", "x", 1_000, 1.0),
+        hrow("t", "/", "E", "T", "q\"uote\\", 1_000, 2.0),
+    ];
+    append_history(&store, rows).await.unwrap();
+    for (attrs, want) in [
+        (vec!["x"], vec![("x", 1.0)]),
+        (vec!["q\"uote\\"], vec![("q\"uote\\", 2.0)]),
+        (vec![], vec![("q\"uote\\", 2.0), ("x", 1.0)]),
+    ] {
+        let got = store
+            .query_history(&HistoryQuery {
+                tenant: "t".into(),
+                attrs: attrs.iter().map(|a| a.to_string()).collect(),
+                limit: 10,
+                ..HistoryQuery::default()
+            })
+            .await
+            .unwrap();
+        let got: Vec<(&str, f64)> = got
+            .iter()
+            .map(|r| (r.attr.as_str(), r.number.unwrap()))
+            .collect();
+        assert_eq!(got, want, "{attrs:?}");
+    }
+}
