@@ -1372,38 +1372,17 @@ fn first_time(conn: &Connection, key: i64, attr: &str, from: i64, to: i64) -> Re
     Ok(bucket.unwrap_or(from).max(from))
 }
 
-/// The feed's entries after `after`, oldest first, until they hold
-/// `max_rows` rows or more.
+/// The feed's entries after `after`, oldest first, as rows, until they
+/// hold `max_rows` rows or more ([`read_feed_entries`]).
 fn read_history_feed(
     conn: &Connection,
     after: u64,
     max_rows: usize,
 ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT seq, rows FROM history_feed WHERE seq > ?1 ORDER BY seq")
-        .db()?;
-    let mut rows = stmt.query([after as i64]).db()?;
-    let mut out = Vec::new();
-    let mut total = 0;
-    while let Some(row) = rows.next().db()? {
-        let seq = position(row, 0)?;
-        // Entries are compact BLOBs; those queued before were JSON text.
-        let batch = match row.get_ref(1).db()? {
-            rusqlite::types::ValueRef::Blob(bytes) => decode_feed_blob(seq, bytes)?,
-            value => {
-                let text = value.as_str().map_err(|e| {
-                    crate::StoreError::Corrupt(format!("history feed entry {seq}: {e}"))
-                })?;
-                decode_feed_entry(seq, text)?
-            }
-        };
-        total += batch.len();
-        out.push((seq, batch));
-        if total >= max_rows {
-            break;
-        }
-    }
-    Ok(out)
+    read_feed_entries(conn, after, max_rows)?
+        .into_iter()
+        .map(|(seq, bytes)| Ok((seq, decode_feed_blob(seq, &bytes)?)))
+        .collect()
 }
 
 /// The feed's entries after `after`, oldest first, as compact bytes,
