@@ -200,7 +200,7 @@ impl RowOrder {
 /// comparison; the groups are what matter to the backends' page
 /// locality, not the order between them.
 fn by_state(entries: &[Vec<HistoryRow>], keep: &FeedFilter<'_>) -> Vec<RowOrder> {
-    use std::hash::{BuildHasher, Hash, Hasher};
+    use std::hash::BuildHasher;
     let hasher = rustc_hash::FxBuildHasher;
     let mut order: Vec<RowOrder> = Vec::with_capacity(entries.iter().map(Vec::len).sum());
     for (entry, rows) in entries.iter().enumerate() {
@@ -214,10 +214,8 @@ fn by_state(entries: &[Vec<HistoryRow>], keep: &FeedFilter<'_>) -> Vec<RowOrder>
             if !keep(&state) {
                 continue;
             }
-            let mut h = hasher.build_hasher();
-            (&r.tenant, &r.entity_id, &r.entity_type).hash(&mut h);
             order.push(RowOrder {
-                entity: h.finish(),
+                entity: hasher.hash_one((&r.tenant, &r.entity_id, &r.entity_type)),
                 time: r.time,
                 instance: r.instance,
                 attr: hasher.hash_one(&r.attr),

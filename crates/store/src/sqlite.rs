@@ -260,6 +260,7 @@ fn lower_thread_priority() {
 impl Part {
     /// Opens and migrates one file and starts its writer and checkpointer.
     /// Returns the part and the watch of its highest committed log `seq`.
+    #[allow(clippy::too_many_arguments)]
     fn open(
         path: &Path,
         config: &SqliteConfig,

@@ -177,7 +177,7 @@ impl SqliteStore {
         max_rows: usize,
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove> {
-        use std::hash::{BuildHasher, Hash, Hasher};
+        use std::hash::BuildHasher;
         let after = self.history_feed_cursor(feed).await?;
         let part = match feed {
             HistoryFeed::Changes => &self.main,
@@ -201,9 +201,8 @@ impl SqliteStore {
             .enumerate()
             .filter(|(_, st)| keep(&st.as_ref()))
             .map(|(i, st)| {
-                let mut h = hasher.build_hasher();
-                (st.tenant, st.entity_id, st.entity_type).hash(&mut h);
-                (h.finish(), st.time, st.instance, i as u32)
+                let entity = hasher.hash_one((st.tenant, st.entity_id, st.entity_type));
+                (entity, st.time, st.instance, i as u32)
             })
             .collect();
         order.sort_unstable();

@@ -402,7 +402,8 @@ async fn history_rows_survive_the_layout_migrations() {
         })
         .await
         .unwrap();
-    let got: Vec<(&str, &str, &str, i64, i64, Option<f64>)> = rows
+    type Row<'a> = (&'a str, &'a str, &'a str, i64, i64, Option<f64>);
+    let got: Vec<Row<'_>> = rows
         .iter()
         .map(|r| {
             (

@@ -158,6 +158,7 @@ pub(super) struct Writer {
 
 impl Writer {
     /// A writer over an open, migrated connection.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         conn: Connection,
         ops: mpsc::Receiver<Op>,
