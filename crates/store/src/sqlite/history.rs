@@ -227,6 +227,11 @@ impl SqliteStore {
             }
         }
         drop(states);
+        if chunk.is_empty() {
+            // Every state refused, or the last chunk already stored: an
+            // empty chunk still marks the feed consumed.
+            chunk.push(crate::history::FEED_FORMAT_BYTE);
+        }
         self.history
             .write(move |c| in_savepoint(c, |c| append_feed_chunk(c, feed, &chunk, Some(through))))
             .await?;

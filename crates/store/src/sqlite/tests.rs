@@ -837,3 +837,38 @@ async fn attribute_names_json_escapes_read_back() {
         assert_eq!(got, want, "{attrs:?}");
     }
 }
+
+/// A move whose every state the filter refuses (notifications already past
+/// their retention) still consumes the feed, and the next move stores what
+/// comes after.
+#[tokio::test]
+async fn a_move_of_only_refused_states_consumes_the_feed() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let seq = store.queue_history(vec![feed_row("Old", 1)]).await.unwrap();
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 100, &|_| false)
+        .await
+        .unwrap();
+    assert_eq!((moved.through, moved.rows), (Some(seq), 0));
+    assert!(store
+        .read_history_feed(HistoryFeed::Notifications, 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    store.queue_history(vec![feed_row("New", 2)]).await.unwrap();
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 100, &|_| true)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows, 1);
+    let rows = store
+        .query_history(&HistoryQuery {
+            limit: 10,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = rows.iter().map(|r| r.entity_id.as_str()).collect();
+    assert_eq!(ids, ["New"]);
+}
