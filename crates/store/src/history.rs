@@ -334,12 +334,8 @@ impl HistoryStates {
             return;
         }
         let out = &mut self.bytes;
-        for s in [tenant, service_path, entity_id, entity_type] {
-            put_str(out, s);
-        }
-        out.extend_from_slice(&time.to_le_bytes());
-        out.extend_from_slice(&instance.to_le_bytes());
-        put_len(out, attrs.len());
+        let entity = [tenant, service_path, entity_id, entity_type];
+        put_state_head(out, entity, time, instance, attrs.len());
         let mut value_text = Vec::new();
         for (name, attr_type, value) in attrs {
             put_str(out, name);
@@ -349,13 +345,7 @@ impl HistoryStates {
             let _ = serde_json::to_writer(&mut value_text, value);
             put_len(out, value_text.len());
             out.extend_from_slice(&value_text);
-            match weft_model::history::numeric(value) {
-                Some(x) => {
-                    out.push(1);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                None => out.push(0),
-            }
+            put_number(out, weft_model::history::numeric(value));
         }
     }
 
@@ -412,30 +402,49 @@ pub(crate) fn encode_feed_states(rows: &[HistoryRow], out: &mut Vec<u8>) {
                     && r.instance == head.instance
             })
             .count();
-        for s in [
-            &head.tenant,
+        let entity = [
+            head.tenant.as_str(),
             &head.service_path,
             &head.entity_id,
             &head.entity_type,
-        ] {
-            put_str(out, s);
-        }
-        out.extend_from_slice(&head.time.to_le_bytes());
-        out.extend_from_slice(&head.instance.to_le_bytes());
-        put_len(out, n);
+        ];
+        put_state_head(out, entity, head.time, head.instance, n);
         for r in &rows[i..i + n] {
             put_str(out, &r.attr);
             put_str(out, &r.attr_type);
             put_str(out, &r.value);
-            match r.number {
-                Some(x) => {
-                    out.push(1);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                None => out.push(0),
-            }
+            put_number(out, r.number);
         }
         i += n;
+    }
+}
+
+/// Appends a state's header in the compact form: its entity, time
+/// index, instance and how many attributes follow.
+fn put_state_head(
+    out: &mut Vec<u8>,
+    [tenant, service_path, entity_id, entity_type]: [&str; 4],
+    time: i64,
+    instance: i64,
+    attrs: usize,
+) {
+    for s in [tenant, service_path, entity_id, entity_type] {
+        put_str(out, s);
+    }
+    out.extend_from_slice(&time.to_le_bytes());
+    out.extend_from_slice(&instance.to_le_bytes());
+    put_len(out, attrs);
+}
+
+/// Appends an attribute's number in the compact form: a 0 byte for none,
+/// else a 1 byte and the float.
+fn put_number(out: &mut Vec<u8>, number: Option<f64>) {
+    match number {
+        Some(x) => {
+            out.push(1);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        None => out.push(0),
     }
 }
 
@@ -501,28 +510,18 @@ impl<'a> FeedState<'a> {
 
     /// Appends the state in the compact form (as [`encode_feed_states`]).
     pub fn encode(&self, out: &mut Vec<u8>) {
-        for s in [
+        let entity = [
             self.tenant,
             self.service_path,
             self.entity_id,
             self.entity_type,
-        ] {
-            put_str(out, s);
-        }
-        out.extend_from_slice(&self.time.to_le_bytes());
-        out.extend_from_slice(&self.instance.to_le_bytes());
-        put_len(out, self.attrs.len());
+        ];
+        put_state_head(out, entity, self.time, self.instance, self.attrs.len());
         for a in &self.attrs {
             put_str(out, a.name);
             put_str(out, a.attr_type);
             put_str(out, a.value);
-            match a.number {
-                Some(x) => {
-                    out.push(1);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                None => out.push(0),
-            }
+            put_number(out, a.number);
         }
     }
 
@@ -622,6 +621,33 @@ impl<'a> FeedReader<'a> {
         }
         Some(states)
     }
+}
+
+/// How many rows (attributes) one compact feed entry holds, read through
+/// it without building its states (`None`: not decodable).
+pub(crate) fn feed_row_count(bytes: &[u8]) -> Option<usize> {
+    let mut r = FeedReader { bytes, at: 0 };
+    if *r.take(1)?.first()? != FEED_FORMAT {
+        return None;
+    }
+    let mut rows = 0usize;
+    while r.at < bytes.len() {
+        for _ in 0..4 {
+            r.str()?;
+        }
+        r.take(16)?;
+        let n = r.len()?;
+        for _ in 0..n {
+            for _ in 0..3 {
+                r.str()?;
+            }
+            if *r.take(1)?.first()? == 1 {
+                r.take(8)?;
+            }
+        }
+        rows = rows.checked_add(n)?;
+    }
+    Some(rows)
 }
 
 /// The states of one compact history feed entry ([`encode_feed_entry`]),
@@ -1012,6 +1038,8 @@ mod feed_tests {
         ];
         let bytes = encode_feed_entry(&rows);
         assert_eq!(decode_feed_blob(1, &bytes).unwrap(), rows);
+        assert_eq!(feed_row_count(&bytes), Some(4));
+        assert_eq!(feed_row_count(&bytes[..bytes.len() - 1]), None);
         assert_eq!(
             decode_feed_blob(1, &encode_feed_entry(&[])).unwrap(),
             vec![]

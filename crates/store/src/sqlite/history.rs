@@ -476,10 +476,7 @@ fn append_feed_chunk(
     chunk: &[u8],
     through: Option<u64>,
 ) -> rusqlite::Result<u64> {
-    let states = feed_states(0, chunk).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
-    })?;
-    let n = append_states(conn, &states)?;
+    let n = append_states(conn, &chunk_states(chunk)?)?;
     let Some(through) = through else {
         return Ok(n);
     };
@@ -516,11 +513,15 @@ fn state_key<'a>(state: &FeedState<'a>) -> StateKey<'a> {
 /// Answers how many rows were new.
 #[cfg(test)]
 pub(super) fn append_history(conn: &Connection, rows: &[HistoryRow]) -> rusqlite::Result<u64> {
-    let entry = encode_feed_entry(rows);
-    let states = feed_states(0, &entry).map_err(|e| {
+    append_states(conn, &chunk_states(&encode_feed_entry(rows))?)
+}
+
+/// The states of a compact feed chunk, borrowed (an undecodable chunk is a
+/// conversion error, which fails the write).
+fn chunk_states(chunk: &[u8]) -> rusqlite::Result<Vec<FeedState<'_>>> {
+    feed_states(0, chunk).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
-    })?;
-    append_states(conn, &states)
+    })
 }
 
 /// Inserts the states that are new (the primary key makes a replayed state
@@ -1414,10 +1415,9 @@ fn read_feed_entries(
                 encode_feed_entry(&decode_feed_entry(seq, text)?)
             }
         };
-        total += feed_states(seq, &bytes)?
-            .iter()
-            .map(|s| s.attrs.len())
-            .sum::<usize>();
+        total += crate::history::feed_row_count(&bytes).ok_or_else(|| {
+            crate::StoreError::Corrupt(format!("history feed entry {seq}: not decodable"))
+        })?;
         out.push((seq, bytes));
         if total >= max_rows {
             break;
