@@ -27,29 +27,41 @@ const PROPAGATION: Duration = Duration::from_secs(3);
 struct Pair {
     a: Server,
     b: Server,
+    /// The nodes' shared environment (store, bus, cluster name).
+    env: Vec<(String, String)>,
 }
 
 impl Pair {
     async fn start() -> Pair {
+        Self::start_with(&[]).await
+    }
+
+    /// Two nodes with `extra` settings as well.
+    async fn start_with(extra: &[(&str, &str)]) -> Pair {
         let nats = std::env::var("WEFT_TEST_NATS_URL").expect(
             "WEFT_TEST_NATS_URL names the test NATS server: scripts/test starts one \
              (scripts/test-services start)",
         );
         let database = fresh_postgres_database();
         let cluster = format!("bb{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let env = [
+        let mut env = vec![
             ("WEFT_STORE__BACKEND", "postgres"),
             ("WEFT_STORE__URL", database.as_str()),
             ("WEFT_BUS__BACKEND", "nats"),
             ("WEFT_BUS__URL", nats.as_str()),
             ("WEFT_BUS__CLUSTER", cluster.as_str()),
         ];
+        env.extend_from_slice(extra);
         let a = Server::start_with_env(&env);
         // One at a time: the first creates the schema and the admin key.
         wait_until_serving(&a).await;
         let b = Server::start_with_env(&env);
         wait_until_serving(&b).await;
-        Pair { a, b }
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Pair { a, b, env }
     }
 }
 
@@ -107,7 +119,7 @@ async fn next_event(live: &mut Live, id: &str) -> Value {
 /// again on their way back from NATS.
 #[tokio::test]
 async fn node_b_live_subscribers_see_what_node_a_accepted() {
-    let Pair { a, b } = Pair::start().await;
+    let Pair { a, b, .. } = Pair::start().await;
     let on_a = a.client();
     on_a.create_em300th().await;
     on_a.expect(
@@ -182,7 +194,7 @@ async fn node_b_live_subscribers_see_what_node_a_accepted() {
 /// rule only from A.
 #[tokio::test]
 async fn a_decoder_and_a_rule_edited_on_node_a_apply_on_node_b() {
-    let Pair { a, b } = Pair::start().await;
+    let Pair { a, b, .. } = Pair::start().await;
     let (on_a, on_b) = (a.client(), b.client());
     on_a.expect(
         201,
@@ -273,7 +285,7 @@ async fn a_decoder_and_a_rule_edited_on_node_a_apply_on_node_b() {
 /// announced).
 #[tokio::test]
 async fn an_api_key_revoked_on_node_a_is_refused_by_node_b() {
-    let Pair { a, b } = Pair::start().await;
+    let Pair { a, b, .. } = Pair::start().await;
     let admin_a = a.client();
     let made = admin_a
         .expect(
@@ -313,7 +325,7 @@ async fn an_api_key_revoked_on_node_a_is_refused_by_node_b() {
 /// the count is reported, not asserted.
 #[tokio::test]
 async fn an_ngsi_subscription_made_on_node_a_is_notified_of_updates_on_node_b() {
-    let Pair { a, b } = Pair::start().await;
+    let Pair { a, b, .. } = Pair::start().await;
     let (on_a, on_b) = (a.client(), b.client());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let app = axum::Router::new().route(
@@ -403,4 +415,283 @@ fn a_node_that_cannot_reach_nats_fails_at_start() {
         stderr.contains("cannot reach NATS at nats://127.0.0.1:1"),
         "{stderr}"
     );
+}
+
+/// The work done once across the cluster, as a node's `/health` lists it.
+const SINGULAR_WORK: [&str; 3] = ["expiry", "history", "pipeline"];
+
+/// The work `server` does now, from its `/health`.
+async fn work_of(server: &Server) -> Vec<String> {
+    let (status, health) = server.client().send("GET", "/health", None, None).await;
+    assert_eq!(status, 200, "{health}");
+    let mut work: Vec<String> = health["work"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no work in {health}"))
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    work.sort();
+    work
+}
+
+/// Waits until the two nodes between them do every piece of singular
+/// work, each piece on one node; answers (A's, B's).
+async fn shared_work(a: &Server, b: &Server) -> (Vec<String>, Vec<String>) {
+    eventually(Duration::from_secs(20), || async {
+        let (on_a, on_b) = (work_of(a).await, work_of(b).await);
+        let mut all: Vec<&String> = on_a.iter().chain(&on_b).collect();
+        all.sort();
+        (all == SINGULAR_WORK
+            .iter()
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>())
+        .then_some((on_a, on_b))
+    })
+    .await
+}
+
+/// An entity made through one node is read through the other, an update
+/// there is read back through the first, a deletion too; an uplink taken
+/// by either node shows as its device's entity on both.
+#[tokio::test]
+async fn entities_written_on_one_node_are_read_on_the_other() {
+    let Pair { a, b, .. } = Pair::start().await;
+    let (on_a, on_b) = (a.client(), b.client());
+    let room =
+        json!({"id": "Room1", "type": "Room", "temperature": {"value": 21, "type": "Number"}});
+    let (status, _, body) = call(&on_a, "POST", "/v2/entities", None, Some(&room)).await;
+    assert_eq!(status, 201, "{body}");
+    let on_b_value = |c: Client| async move {
+        let (status, _, body) = call(
+            &c,
+            "GET",
+            "/v2/entities/Room1/attrs/temperature/value",
+            None,
+            None,
+        )
+        .await;
+        (status, body)
+    };
+    eventually(PROPAGATION, || async {
+        let (status, body) = on_b_value(on_b.clone()).await;
+        (status == 200 && body == json!(21)).then_some(())
+    })
+    .await;
+    let (status, _, body) = call(
+        &on_b,
+        "PATCH",
+        "/v2/entities/Room1/attrs",
+        None,
+        Some(&json!({"temperature": {"value": 25, "type": "Number"}})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    eventually(PROPAGATION, || async {
+        let (status, body) = on_b_value(on_a.clone()).await;
+        (status == 200 && body == json!(25)).then_some(())
+    })
+    .await;
+    let (status, _, _) = call(&on_a, "DELETE", "/v2/entities/Room1", None, None).await;
+    assert_eq!(status, 204);
+    eventually(PROPAGATION, || async {
+        (on_b_value(on_b.clone()).await.0 == 404).then_some(())
+    })
+    .await;
+
+    on_a.create_em300th().await;
+    eventually(PROPAGATION, || async {
+        let (status, _) = on_b
+            .send("GET", "/api/v1/device-types/em300th", None, None)
+            .await;
+        (status == 200).then_some(())
+    })
+    .await;
+    on_b.uplink(
+        "ents",
+        "decoded",
+        "em300th",
+        &decoded_body("e-1", "dev-e", 23, 40, now_ms()),
+    )
+    .await;
+    for c in [&on_a, &on_b] {
+        eventually(Duration::from_secs(10), || async {
+            let (status, _, body) = call(c, "GET", "/v2/entities/dev-e", None, None).await;
+            (status == 200).then_some(body)
+        })
+        .await;
+    }
+}
+
+/// Each piece of singular work runs on exactly one of two nodes
+/// (`/health`), `weft cluster status` lists both nodes up with their
+/// work, and a rule raises one alarm per hot device however the uplinks
+/// are spread over the nodes.
+#[tokio::test]
+async fn work_is_done_once_across_two_nodes() {
+    let Pair { a, b, env } = Pair::start().await;
+    let (on_a, on_b) = (a.client(), b.client());
+    let (work_a, work_b) = shared_work(&a, &b).await;
+    assert!(
+        work_a.iter().all(|w| !work_b.contains(w)),
+        "a piece of work on both nodes: {work_a:?} {work_b:?}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["cluster", "status"])
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env_remove("WEFT_CONFIG")
+        .output()
+        .expect("weft cluster status runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node_lines: Vec<&str> = text.lines().filter(|l| l.contains(" up ")).collect();
+    assert_eq!(node_lines.len(), 2, "{text}");
+    for w in SINGULAR_WORK {
+        assert!(text.contains(w), "{w} missing from:\n{text}");
+    }
+
+    on_a.create_em300th().await;
+    on_a.expect(
+        201,
+        "PUT",
+        "/api/v1/rules/hot",
+        Some(&hot_rule("em300th", "hot")),
+    )
+    .await;
+    eventually(PROPAGATION, || async {
+        let (status, _) = on_b.send("GET", "/api/v1/rules/hot", None, None).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    // Ten devices, each hot in two uplinks, one to each node.
+    let devices = 10;
+    for i in 0..devices {
+        for (n, c) in [&on_a, &on_b].into_iter().enumerate() {
+            let body = decoded_body(
+                &format!("once-{i}-{n}"),
+                &format!("hot-{i}"),
+                50,
+                40,
+                now_ms(),
+            );
+            c.uplink("once", "decoded", "em300th", &body).await;
+        }
+    }
+    let units = eventually(Duration::from_secs(20), || async {
+        let units = on_b.all_units("channel=once").await;
+        (units.len() >= devices * 2).then_some(units)
+    })
+    .await;
+    assert_eq!(units.len(), devices * 2, "every uplink stored once");
+    let alarms = eventually(Duration::from_secs(10), || async {
+        let all = on_a
+            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
+            .await;
+        let alarms: Vec<Value> = all
+            .as_array()
+            .unwrap_or_else(|| panic!("{all}"))
+            .iter()
+            .filter(|a| a["type"] == "hot")
+            .cloned()
+            .collect();
+        (alarms.len() >= devices).then_some(alarms)
+    })
+    .await;
+    // Give a second evaluation, were there one, the time to show.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let all = on_b
+        .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
+        .await;
+    let hot = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["type"] == "hot")
+        .count();
+    assert_eq!(hot, devices, "one alarm per hot device: {alarms:?}");
+}
+
+/// kill -9 of the node running the pipeline while uplinks pour into both
+/// nodes: the other node takes the pipeline over within seconds, and every
+/// uplink either node acknowledged is stored exactly once.
+#[tokio::test]
+async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
+    let Pair { mut a, mut b, .. } = Pair::start_with(&[("WEFT_CLUSTER__LEASE_TTL", "2s")]).await;
+    let (work_a, _) = shared_work(&a, &b).await;
+    // `victim` runs the pipeline; `survivor` takes it over.
+    let (victim, survivor) = if work_a.iter().any(|w| w == "pipeline") {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let (on_victim, on_survivor) = (victim.client(), survivor.client());
+    on_survivor.create_em300th().await;
+    eventually(PROPAGATION, || async {
+        let (status, _) = on_victim
+            .send("GET", "/api/v1/device-types/em300th", None, None)
+            .await;
+        (status == 200).then_some(())
+    })
+    .await;
+    let sent = |c: Client, prefix: &'static str, n: usize| async move {
+        let mut acked = Vec::new();
+        for i in 0..n {
+            let id = format!("{prefix}-{i}");
+            let body = decoded_body(&id, &format!("fail-{}", i % 7), 20, 40, now_ms());
+            let (status, _) = c
+                .send(
+                    "POST",
+                    "/sensor-data/failover/decoded/em300th",
+                    Some(&body),
+                    None,
+                )
+                .await;
+            if status == 202 {
+                acked.push(id);
+            }
+        }
+        acked
+    };
+    let before = sent(on_victim.clone(), "v", 150).await;
+    let during = tokio::spawn(sent(on_survivor.clone(), "s", 400));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    victim.kill9();
+    let mut acked = during.await.unwrap();
+    acked.extend(before);
+    acked.extend(sent(on_survivor.clone(), "after", 50).await);
+    eventually(Duration::from_secs(20), || async {
+        work_of(survivor)
+            .await
+            .iter()
+            .any(|w| w == "pipeline")
+            .then_some(())
+    })
+    .await;
+    let units = eventually(Duration::from_secs(30), || async {
+        let units = on_survivor.all_units("channel=failover").await;
+        (units.len() >= acked.len()).then_some(units)
+    })
+    .await;
+    let mut stored: Vec<String> = units
+        .iter()
+        .map(|u| u["dataId"].as_str().unwrap().to_string())
+        .collect();
+    stored.sort();
+    let total = stored.len();
+    stored.dedup();
+    assert_eq!(stored.len(), total, "a unit stored twice");
+    for id in &acked {
+        assert!(
+            stored.binary_search(id).is_ok(),
+            "acknowledged uplink {id} lost"
+        );
+    }
 }

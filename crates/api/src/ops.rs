@@ -19,13 +19,22 @@ pub fn router() -> Router<AppState> {
 }
 
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
-/// the store, 503 `{"status":"fail"}` otherwise.
+/// the store, 503 `{"status":"fail"}` otherwise. Also says which node
+/// answered (`node`) and the work it does for the cluster now (`work`:
+/// the leases it holds, see docs/scale-out.md).
 async fn health(State(state): State<AppState>) -> impl IntoResponse {
     let backlog = state.services.ingest.backlog();
+    let cluster = &state.services.cluster;
     match state.services.store.ping().await {
         Ok(()) => (
             StatusCode::OK,
-            Json(json!({"status":"pass","version":env!("CARGO_PKG_VERSION"),"backlog":backlog})),
+            Json(json!({
+                "status": "pass",
+                "version": env!("CARGO_PKG_VERSION"),
+                "backlog": backlog,
+                "node": cluster.node(),
+                "work": cluster.held(),
+            })),
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,

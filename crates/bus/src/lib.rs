@@ -161,4 +161,15 @@ pub trait Bus: Send + Sync + 'static {
     fn follow_definitions(&self) -> DefinitionFollower {
         DefinitionFollower::none()
     }
+    /// Only the events other nodes published on `stream`, for a service
+    /// that keeps in memory what they change (entities, active alarms).
+    /// `None` when there are no other nodes.
+    fn subscribe_remote(&self, stream: Stream) -> Option<Subscription> {
+        let _ = stream;
+        None
+    }
+    /// This node's id among the others, when there are others.
+    fn node(&self) -> Option<&str> {
+        None
+    }
 }

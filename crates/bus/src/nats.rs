@@ -126,6 +126,8 @@ impl std::error::Error for NatsError {}
 pub struct NatsBus {
     /// This node's own subscribers.
     local: Arc<InProcessBus>,
+    /// The subscribers to other nodes' events only.
+    remote: InProcessBus,
     /// This node's id, sent with every message and skipped on receipt.
     node: Arc<str>,
     subjects: Subjects,
@@ -186,6 +188,7 @@ impl NatsBus {
         let (outbox, outbox_rx) = mpsc::channel(OUTBOX_CAPACITY);
         let bus = Arc::new(NatsBus {
             local: Arc::new(InProcessBus::default()),
+            remote: InProcessBus::default(),
             node,
             subjects,
             js,
@@ -311,7 +314,9 @@ impl NatsBus {
             Ok(event) => {
                 metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
                     .increment(1);
-                self.local.deliver(Arc::new(event));
+                let event = Arc::new(event);
+                self.remote.deliver(event.clone());
+                self.local.deliver(event);
             }
             Err(e) => {
                 metrics::counter!("weft_bus_unreadable_total", "stream" => stream.as_str())
@@ -489,6 +494,14 @@ impl Bus for NatsBus {
 
     fn follow_definitions(&self) -> DefinitionFollower {
         DefinitionFollower::new(self.definitions.subscribe())
+    }
+
+    fn subscribe_remote(&self, stream: Stream) -> Option<Subscription> {
+        Some(self.remote.subscribe(stream))
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some(&self.node)
     }
 }
 

@@ -10,6 +10,7 @@
 //! belong to the HTTP layer.
 
 mod expiry;
+mod remote;
 
 pub use expiry::SWEEP_INTERVAL;
 

@@ -19,7 +19,6 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use weft_bus::{Bus, Event, Payload, Stream};
 use weft_engine::Engine;
 use weft_model::{FailedUplink, NewUplink, Uplink, UplinkFormat};
@@ -95,6 +94,11 @@ pub struct Ingest {
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
     processed: Arc<AtomicU64>,
+    /// Whether the consumer runs on this node now (it holds the lease).
+    running: std::sync::atomic::AtomicBool,
+    /// How many times the consumer was started here: every start after
+    /// the first is a takeover.
+    runs: AtomicU64,
 }
 
 /// A decoded batch on its way from the reader to the committer.
@@ -139,18 +143,44 @@ impl Ingest {
             in_flight: parking_lot::Mutex::new(HashSet::new()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
+            running: Default::default(),
+            runs: AtomicU64::new(0),
         }))
     }
 
-    /// Starts the consumer from its cursor (once), tracked by `tracker`; it
-    /// stops when `shutdown` is cancelled, after processing what was
-    /// committed.
-    pub fn start(
-        self: &Arc<Self>,
-        shutdown: CancellationToken,
-        tracker: &TaskTracker,
-    ) -> Result<(), StoreError> {
-        let cursor = self.processed.load(Ordering::Relaxed);
+    /// Runs the consumer from its stored cursor until `stop` is cancelled:
+    /// at once when the node lost the pipeline's lease (another node goes
+    /// on from the stored cursor), or, when `shutdown` is what cancelled
+    /// it, after processing what was committed by then. Run again each
+    /// time this node takes the lease ([`crate::cluster`]); on a takeover
+    /// the units the previous holder stored after its last bulk write of
+    /// entities are applied to this node's entities first.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken, shutdown: CancellationToken) {
+        let cursor = loop {
+            match self.store.cursor(CONSUMER).await {
+                Ok(cursor) => break cursor,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the pipeline's cursor failed; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        };
+        if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
+            if let Err(e) = crate::services::replay_units_into_context(
+                &self.store,
+                &self.catalog,
+                &self.context,
+            )
+            .await
+            {
+                tracing::warn!(error = %e, "applying the previous holder's last units to the entities failed");
+            }
+        }
+        self.in_flight.lock().clear();
+        self.processed.store(cursor, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STAGE_QUEUE);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let stages = self.clone();
@@ -159,7 +189,7 @@ impl Ingest {
         // would each wait behind every ready HTTP connection task, which
         // under load adds tens of milliseconds per batch; here the OS
         // scheduler gives it its turn directly.
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("weft-pipeline".into())
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -168,18 +198,40 @@ impl Ingest {
                     .expect("the pipeline's runtime starts");
                 runtime.block_on(async move {
                     let reader =
-                        tokio::spawn(stages.clone().read_loop(cursor, tx, shutdown.clone()));
+                        tokio::spawn(stages.clone().read_loop(cursor, tx, stop.clone(), shutdown));
                     let committer = tokio::spawn(stages.clone().commit_loop(rx));
-                    let pruner = tokio::spawn(stages.prune_loop(shutdown));
+                    let pruner = tokio::spawn(stages.prune_loop(stop));
                     let _ = tokio::join!(reader, committer, pruner);
                 });
                 let _ = done_tx.send(());
-            })
-            .map_err(|e| StoreError::Database(format!("starting the pipeline thread: {e}")))?;
-        tracker.spawn(async move {
-            let _ = done_rx.await;
-        });
-        Ok(())
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = done_rx.await;
+            }
+            Err(e) => tracing::error!(error = %e, "starting the pipeline thread failed"),
+        }
+    }
+
+    /// Keeps [`Ingest::backlog`] true on a node that does not run the
+    /// consumer (another node holds the pipeline's lease): its position is
+    /// read from the store every second while `running` says it is not
+    /// here, so this node's 503s reflect the cluster's backlog.
+    pub async fn follow_cursor(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if self.running.load(Ordering::Relaxed) {
+                continue;
+            }
+            if let Ok(cursor) = self.store.cursor(CONSUMER).await {
+                if !self.running.load(Ordering::Relaxed) {
+                    self.processed.store(cursor, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Durably appends an uplink to the ingest log; `Ok` means it is
@@ -249,23 +301,34 @@ impl Ingest {
     }
 
     /// Reader stage: waits for committed log entries past `next`, decodes
-    /// them in batches and hands them to the committer.
+    /// them in batches and hands them to the committer. Ends at once when
+    /// `stop` is cancelled alone (the lease was lost); at `shutdown`, once
+    /// what was committed by then is read.
     async fn read_loop(
         self: Arc<Self>,
         mut next: u64,
         tx: mpsc::Sender<Decoded>,
+        stop: CancellationToken,
         shutdown: CancellationToken,
     ) {
+        self.running.store(true, Ordering::Relaxed);
         let mut committed = self.store.committed_seq();
+        let mut drain_to = None;
         loop {
-            let head = *committed.borrow_and_update();
+            let mut head = *committed.borrow_and_update();
+            if stop.is_cancelled() {
+                if !shutdown.is_cancelled() {
+                    break;
+                }
+                head = head.min(*drain_to.get_or_insert(head));
+            }
             if head < next {
-                if shutdown.is_cancelled() {
+                if stop.is_cancelled() {
                     break;
                 }
                 tokio::select! {
                     changed = committed.changed() => if changed.is_err() { break },
-                    _ = shutdown.cancelled() => {}
+                    _ = stop.cancelled() => {}
                 }
                 continue;
             }
@@ -292,6 +355,7 @@ impl Ingest {
             }
             next = last + 1;
         }
+        self.running.store(false, Ordering::Relaxed);
     }
 
     async fn decode_batch(&self, uplinks: &[Uplink], next_seq: u64) -> Decoded {

@@ -18,6 +18,9 @@
 //! - [`definitions`]: every service's in-memory definitions kept in step
 //!   with what other nodes change (a task per service reloading from the
 //!   store what the bus says changed).
+//! - [`cluster`]: this node among the others: its heartbeat, and the work
+//!   done once across the cluster, run only while this node holds its
+//!   lease.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -27,6 +30,7 @@
 pub mod catalog;
 pub mod changes;
 pub mod channels;
+pub mod cluster;
 pub mod context;
 pub mod decode;
 pub mod definitions;

@@ -19,6 +19,7 @@ use weft_store::{Store, StoreError};
 use crate::catalog::Catalog;
 use crate::channels::bridge::Bridges;
 use crate::channels::{Channels, ChannelsConfig};
+use crate::cluster::{work, Cluster, ClusterConfig};
 use crate::context::{self, Context};
 use crate::definitions::follow;
 use crate::history::{History, RetentionPolicy};
@@ -45,6 +46,8 @@ pub struct ServicesConfig {
     pub channels: ChannelsConfig,
     /// How long a context provider has to answer a forwarded request.
     pub forward_timeout: Duration,
+    /// How this node takes its share of the cluster's work.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for ServicesConfig {
@@ -60,6 +63,7 @@ impl Default for ServicesConfig {
             rules: RulesConfig::default(),
             channels: ChannelsConfig::default(),
             forward_timeout: crate::forwarding::DEFAULT_TIMEOUT,
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct Services {
     pub store: Arc<dyn Store>,
     /// The bus, for live subscribers.
     pub bus: Arc<dyn Bus>,
+    /// This node among the others: its id and the work it does now.
+    pub cluster: Arc<Cluster>,
 }
 
 impl Services {
@@ -111,23 +117,47 @@ impl Services {
         shutdown: CancellationToken,
         tracker: &TaskTracker,
     ) -> Result<Services, StoreError> {
+        let node = bus
+            .node()
+            .map(str::to_string)
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let cluster = Cluster::new(store.clone(), node, config.cluster.clone());
+        tracker.spawn(cluster.clone().heartbeat_loop(shutdown.clone()));
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone(), bus.clone()).await?);
         let changes = crate::changes::Changes::new(bus.clone());
         let context = Arc::new(context::Context::load(store.clone(), changes).await?);
         replay_units_into_context(&store, &catalog, &context).await?;
-        tracker.spawn(context.clone().expiry_loop(shutdown.clone()));
+        tracker.spawn(context.clone().follow_remote(bus.clone(), shutdown.clone()));
+        {
+            let context = context.clone();
+            cluster.run_leased(work::EXPIRY, shutdown.clone(), tracker, move |stop| {
+                context.clone().expiry_loop(stop)
+            });
+        }
         let registrations = Arc::new(Registrations::load(store.clone(), bus.clone()).await?);
         let subscriptions =
             Subscriptions::load(store.clone(), config.notifications.clone(), bus.clone()).await?;
         context.set_record_history(config.record_history);
         let history = History::new(store.clone(), config.history_retention.clone());
-        tracker.spawn(history.clone().retention_loop(shutdown.clone()));
-        for feed in [
-            weft_store::HistoryFeed::Changes,
-            weft_store::HistoryFeed::Notifications,
-        ] {
-            tracker.spawn(history.clone().feed_loop(feed, shutdown.clone()));
+        {
+            let history = history.clone();
+            cluster.run_leased(work::HISTORY, shutdown.clone(), tracker, move |stop| {
+                let history = history.clone();
+                async move {
+                    tokio::join!(
+                        history.clone().retention_loop(stop.clone()),
+                        history.feed_loop(weft_store::HistoryFeed::Changes, stop),
+                    );
+                }
+            });
         }
+        // Every node moves the notifications it queued itself: a query
+        // waits for its own node's notifications to be moved.
+        tracker.spawn(
+            history
+                .clone()
+                .feed_loop(weft_store::HistoryFeed::Notifications, shutdown.clone()),
+        );
         context.changes().add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let rules = RuleEngine::start(
@@ -135,9 +165,9 @@ impl Services {
             bus.clone(),
             context.clone(),
             config.rules.clone(),
-            shutdown.clone(),
         )
         .await?;
+        tracker.spawn(rules.clone().follow_remote_alarms(shutdown.clone()));
         let channels = Channels::start(
             store.clone(),
             config.channels.clone(),
@@ -171,7 +201,20 @@ impl Services {
         follow(registrations.clone(), &*bus, shutdown.clone(), tracker);
         follow(bridges.clone(), &*bus, shutdown.clone(), tracker);
         follow(channels.clone(), &*bus, shutdown.clone(), tracker);
-        ingest.start(shutdown, tracker)?;
+        tracker.spawn(ingest.clone().follow_cursor(shutdown.clone()));
+        {
+            let ingest = ingest.clone();
+            let rules = rules.clone();
+            let shutdown_ = shutdown.clone();
+            cluster.run_leased(work::PIPELINE, shutdown, tracker, move |stop| {
+                let ingest = ingest.clone();
+                let rules = rules.clone();
+                let shutdown = shutdown_.clone();
+                async move {
+                    tokio::join!(rules.run(stop.clone()), ingest.run(stop, shutdown));
+                }
+            });
+        }
         Ok(Services {
             ingest,
             catalog,
@@ -185,6 +228,7 @@ impl Services {
             bridges,
             store,
             bus,
+            cluster,
         })
     }
 }
@@ -192,7 +236,7 @@ impl Services {
 /// Applies to the context the units stored after the entities were last
 /// stored (the store records how far they reach), so a crash between two
 /// bulk entity writes loses nothing.
-async fn replay_units_into_context(
+pub(crate) async fn replay_units_into_context(
     store: &Arc<dyn Store>,
     catalog: &Catalog,
     context: &context::Context,

@@ -14,6 +14,8 @@
 //! - [`RuleStore`]: rules, rule state, alarms and alarm events.
 //! - [`ChannelStore`]: durable pull channels.
 //! - [`KeyStore`]: API keys (their hashes, never their secrets).
+//! - [`ClusterStore`]: the nodes of a cluster and the leases on the work
+//!   done once.
 //!
 //! A domain's methods need its trait in scope: callers holding a
 //! `dyn Store` write `use weft_store::prelude::*;`.
@@ -35,6 +37,7 @@ use async_trait::async_trait;
 mod alarms;
 mod catalog;
 mod channels;
+pub mod cluster;
 #[cfg(test)]
 mod conformance;
 mod context;
@@ -51,6 +54,7 @@ pub use catalog::{
     record_text, CatalogStore, DeviceFilter, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
+pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
@@ -93,8 +97,8 @@ pub(crate) fn to_i64(n: u64) -> i64 {
 /// methods can only be called with its trait in scope.
 pub mod prelude {
     pub use crate::{
-        CatalogStore, ChannelStore, ContextStore, HistoryStore, IngestLogStore, KeyStore,
-        RuleStore, Store, UnitStore,
+        CatalogStore, ChannelStore, ClusterStore, ContextStore, HistoryStore, IngestLogStore,
+        KeyStore, RuleStore, Store, UnitStore,
     };
 }
 
@@ -132,6 +136,7 @@ pub trait Store:
     + RuleStore
     + ChannelStore
     + KeyStore
+    + ClusterStore
     + 'static
 {
     /// Commits an empty write through the writer: `Ok` means the store is

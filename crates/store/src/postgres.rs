@@ -25,6 +25,7 @@
 mod alarms;
 mod catalog;
 mod channels;
+mod cluster;
 mod conn;
 mod context;
 mod history;
@@ -168,13 +169,35 @@ impl PostgresStore {
             .map_err(|e| StoreError::Database(format!("building the connection pool: {e}")))?;
 
         let (committed_tx, committed) = watch::channel(u64::try_from(last_seq).unwrap_or(0));
+        let committed_tx = Arc::new(committed_tx);
         let writer = |name| WriterConfig {
             name,
             queue_capacity: config.queue_capacity,
             max_batch: config.max_batch,
+            opening: None,
         };
-        let log = Writer::start(connector.clone(), writer("log"), Some(committed_tx)).await?;
-        let main = Writer::start(connector.clone(), writer("main"), None).await?;
+        let log = Writer::start(
+            connector.clone(),
+            WriterConfig {
+                opening: Some(ingest::SERIAL_APPENDS),
+                ..writer("log")
+            },
+            Some(committed_tx.clone()),
+        )
+        .await?;
+        tokio::spawn(ingest::follow_appends(pool.clone(), committed_tx));
+        // The main writer queues the changes feed of history, read forward
+        // from a cursor like the ingest log: its transactions too commit
+        // one at a time across nodes.
+        let main = Writer::start(
+            connector.clone(),
+            WriterConfig {
+                opening: Some(context::SERIAL_CHANGES),
+                ..writer("main")
+            },
+            None,
+        )
+        .await?;
         let history = Writer::start(connector.clone(), writer("history"), None).await?;
         let channels = Writer::start(connector, writer("channels"), None).await?;
         tracing::info!(

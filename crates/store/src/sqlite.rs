@@ -135,6 +135,9 @@ pub struct SqliteStore {
     history: Part,
     channels: Part,
     committed: watch::Receiver<u64>,
+    /// One process opens the data directory: membership and leases are
+    /// this node's alone, in memory.
+    cluster: crate::cluster::LocalCluster,
 }
 
 /// One database file: its writer thread, its queue and its read pool.
@@ -243,6 +246,7 @@ impl SqliteStore {
             history,
             channels,
             committed,
+            cluster: Default::default(),
         })
     }
 }
@@ -431,6 +435,29 @@ impl<T> Db<T> for Result<T> {
 }
 
 pub(crate) use crate::encode;
+
+#[async_trait]
+impl crate::ClusterStore for SqliteStore {
+    async fn heartbeat(
+        &self,
+        node: &crate::NodeInfo,
+        forget_after: std::time::Duration,
+    ) -> Result<()> {
+        self.cluster.heartbeat(node, forget_after).await
+    }
+
+    async fn claim_lease(&self, work: &str, node: &str, ttl: std::time::Duration) -> Result<bool> {
+        self.cluster.claim_lease(work, node, ttl).await
+    }
+
+    async fn release_lease(&self, work: &str, node: &str) -> Result<()> {
+        self.cluster.release_lease(work, node).await
+    }
+
+    async fn cluster_view(&self) -> Result<crate::ClusterView> {
+        self.cluster.cluster_view().await
+    }
+}
 
 #[async_trait]
 impl Store for SqliteStore {

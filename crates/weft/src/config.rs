@@ -37,6 +37,8 @@ pub struct Config {
     pub store: StoreSection,
     /// The event bus: in-process, or NATS JetStream for several nodes.
     pub bus: BusSection,
+    /// How a node shares the cluster's work with the others.
+    pub cluster: ClusterSection,
     /// The uplink pipeline.
     pub pipeline: PipelineSection,
     /// The NGSI broker's notifications.
@@ -67,6 +69,7 @@ impl Default for Config {
             engine: EngineSection::default(),
             store: StoreSection::default(),
             bus: BusSection::default(),
+            cluster: ClusterSection::default(),
             pipeline: PipelineSection::default(),
             notifications: NotificationsSection::default(),
             ngsi: NgsiSection::default(),
@@ -185,6 +188,29 @@ impl Default for BusSection {
             backend: "in-process".into(),
             url: String::new(),
             cluster: "weft".into(),
+        }
+    }
+}
+
+/// `[cluster]`: how a node takes its share of the work done once across
+/// the cluster (docs/scale-out.md). One node alone needs none of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// How long a lease on a piece of work lasts unless renewed: how long
+    /// a dead node's work waits before another node takes it over.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// Where this node's API is reached, as `weft cluster status` shows
+    /// it (default: the listen address).
+    pub address: String,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            lease_ttl: Duration::from_secs(6),
+            address: String::new(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! drives a running one with the seed workloads. Everything else lives in
 //! the library crates; this binary is configuration and wiring.
 
+mod cluster_status;
 mod config;
 mod data_lock;
 mod http;
@@ -58,6 +59,20 @@ enum Command {
     /// Reproduce a seed workload against a running weft (or --spawn one).
     #[command(subcommand)]
     Bench(weft_bench::BenchCommand),
+    /// The nodes sharing this configuration's store.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Prints every node (up or silent, its address, its version) and the
+    /// work each does; exits with 1 when a node heard of is silent.
+    Status {
+        /// The configuration the nodes run with (its `[store]` is read).
+        #[arg(long, env = "WEFT_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +100,13 @@ fn main() -> anyhow::Result<()> {
             .context("reading the configuration")?;
             init_logging(&config.log);
             runtime.block_on(run_server(config))
+        }
+        Command::Cluster(ClusterCommand::Status { config }) => {
+            let config = Config::load(config.as_deref(), Overrides::default())
+                .context("reading the configuration")?;
+            init_logging("warn");
+            let all_up = runtime.block_on(cluster_status::print(&config))?;
+            std::process::exit(if all_up { 0 } else { 1 });
         }
         Command::Bench(cmd) => {
             init_logging("warn");

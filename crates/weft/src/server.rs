@@ -301,6 +301,17 @@ fn services_config(config: &Config) -> ServicesConfig {
             inactivity_check: config.rules.inactivity_check,
         },
         forward_timeout: config.ngsi.forward_timeout,
+        cluster: weft_pipeline::cluster::ClusterConfig {
+            lease_ttl: config
+                .cluster
+                .lease_ttl
+                .max(std::time::Duration::from_millis(300)),
+            address: if config.cluster.address.is_empty() {
+                config.listen.to_string()
+            } else {
+                config.cluster.address.clone()
+            },
+        },
     }
 }
 
@@ -341,7 +352,7 @@ async fn open_bus(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Option<Arc<N
 
 /// Opens the backend `[store]` names: SQLite in the data directory, or
 /// PostgreSQL at `[store] url`.
-async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+pub(crate) async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     match config.store.backend.as_str() {
         "sqlite" => {
             let synchronous = match config.store.synchronous.as_str() {

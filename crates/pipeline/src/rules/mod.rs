@@ -33,7 +33,7 @@ mod alarm_entity;
 pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -187,18 +187,23 @@ pub struct RuleEngine {
     lanes: [LaneFeed; 2],
     /// Alarms whose NGSI entity is to be written (see `entity_loop`).
     entity_updates: mpsc::Sender<Alarm>,
+    /// The lanes' queues while the lanes are not running (this node does
+    /// not hold the pipeline's lease); taken by [`RuleEngine::run`].
+    receivers: parking_lot::Mutex<Vec<mpsc::Receiver<UnitBatch>>>,
+    /// How many times the lanes were started here: every start after the
+    /// first is a takeover.
+    runs: AtomicU64,
 }
 
 impl RuleEngine {
-    /// Loads rules, rule state and active alarms, then starts the lanes and
-    /// the inactivity clock on a thread of their own; they stop when
-    /// `shutdown` is cancelled.
+    /// Loads rules, rule state and active alarms. The lanes and the
+    /// inactivity clock run in [`RuleEngine::run`], on the node holding
+    /// the pipeline's lease; users' acks and clears work on every node.
     pub async fn start(
         store: Arc<dyn Store>,
         bus: Arc<dyn Bus>,
         context: Arc<Context>,
         config: RulesConfig,
-        shutdown: CancellationToken,
     ) -> Result<Arc<RuleEngine>, StoreError> {
         let scripts = Engine::start(EngineConfig {
             workers: 1,
@@ -218,18 +223,9 @@ impl RuleEngine {
                 }
             }
         }
-        for s in store.load_rule_states().await? {
-            if let Some(state) = s.json.and_then(|j| serde_json::from_str(&j).ok()) {
-                inner.states.insert((s.rule, s.device), state);
-            }
-        }
-        for json in store.active_alarms().await? {
-            let alarm: Alarm = serde_json::from_str(&json)
-                .map_err(|e| StoreError::Corrupt(format!("alarm: {e}")))?;
-            inner
-                .active
-                .insert((alarm.device.id.clone(), alarm.alarm_type.clone()), alarm);
-        }
+        let (states, active) = load_state(&*store).await?;
+        inner.states = states;
+        inner.active = active;
         let mut receivers = Vec::new();
         let lanes = Lane::ALL.map(|_| {
             let (tx, rx) = mpsc::channel(LANE_QUEUE);
@@ -250,13 +246,48 @@ impl RuleEngine {
             order: tokio::sync::Mutex::new(()),
             lanes,
             entity_updates,
+            receivers: parking_lot::Mutex::new(receivers),
+            runs: AtomicU64::new(0),
         });
-        let mut cursors = Vec::new();
-        for lane in Lane::ALL {
-            cursors.push(engine.store.cursor(lane.cursor()).await?);
+        // Ends when the engine (its sender) is dropped.
+        tokio::spawn(engine.clone().entity_loop(entity_rx));
+        Ok(engine)
+    }
+
+    /// Runs the lanes and the inactivity clock from the stored cursors
+    /// until `stop`, on a thread of their own. Run again each time this
+    /// node takes the pipeline's lease; on a takeover the rule state and
+    /// the active alarms are read again from the store first (the previous
+    /// holder changed them).
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let taken = std::mem::take(&mut *self.receivers.lock());
+        if taken.len() != Lane::ALL.len() {
+            tracing::error!("the rule engine's lanes are already running");
+            *self.receivers.lock() = taken;
+            return;
         }
-        let runner = engine.clone();
-        std::thread::Builder::new()
+        let mut cursors = Vec::new();
+        let prepared = async {
+            if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
+                let (states, active) = load_state(&*self.store).await?;
+                let _order = self.order.lock().await;
+                let mut inner = self.inner.lock();
+                inner.states = states;
+                inner.active = active;
+            }
+            for lane in Lane::ALL {
+                cursors.push(self.store.cursor(lane.cursor()).await?);
+            }
+            Ok::<(), StoreError>(())
+        };
+        if let Err(e) = prepared.await {
+            tracing::error!(error = %e, "starting the rule engine's lanes failed; they start with the next lease");
+            *self.receivers.lock() = taken;
+            return;
+        }
+        let runner = self.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
             .name("weft-rules".into())
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -264,25 +295,81 @@ impl RuleEngine {
                     .build()
                     .expect("the rule engine's runtime starts");
                 runtime.block_on(async move {
-                    let mut tasks = Vec::new();
-                    for ((lane, rx), cursor) in Lane::ALL.into_iter().zip(receivers).zip(cursors) {
-                        tasks.push(tokio::spawn(runner.clone().lane_loop(
+                    let mut lanes = Vec::new();
+                    for ((lane, rx), cursor) in Lane::ALL.into_iter().zip(taken).zip(cursors) {
+                        lanes.push(tokio::spawn(runner.clone().lane_loop(
                             lane,
                             rx,
                             cursor,
-                            shutdown.clone(),
+                            stop.clone(),
                         )));
                     }
-                    tasks.push(tokio::spawn(runner.clone().inactivity_loop(shutdown)));
-                    // Ends when the engine (its sender) is dropped.
-                    tokio::spawn(runner.entity_loop(entity_rx));
-                    for t in tasks {
-                        let _ = t.await;
+                    let inactivity = tokio::spawn(runner.clone().inactivity_loop(stop));
+                    let mut receivers = Vec::new();
+                    for lane in lanes {
+                        if let Ok(rx) = lane.await {
+                            receivers.push(rx);
+                        }
                     }
+                    let _ = inactivity.await;
+                    *runner.receivers.lock() = receivers;
                 });
-            })
-            .map_err(|e| StoreError::Database(format!("starting the rule engine: {e}")))?;
-        Ok(engine)
+                let _ = done_tx.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = done_rx.await;
+            }
+            Err(e) => tracing::error!(error = %e, "starting the rule engine's thread failed"),
+        }
+    }
+
+    /// Applies another node's alarm changes to the active alarms here, so
+    /// a user's ack or clear on any node, and the alarms the node running
+    /// the rules raises, are known to every node. A change older than the
+    /// copy held (by version) is ignored.
+    pub async fn follow_remote_alarms(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some(mut remote) = self.bus.subscribe_remote(Stream::Alarms) else {
+            return;
+        };
+        loop {
+            let event = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = remote.recv() => e,
+            };
+            match event {
+                Ok(event) => {
+                    let Payload::Alarm(e) = &event.payload else {
+                        continue;
+                    };
+                    let alarm = &e.alarm;
+                    let key = (alarm.device.id.clone(), alarm.alarm_type.clone());
+                    let mut inner = self.inner.lock();
+                    let newer = inner
+                        .active
+                        .get(&key)
+                        .is_none_or(|held| held.id != alarm.id || held.version <= alarm.version);
+                    if !newer {
+                        continue;
+                    }
+                    if alarm.state == AlarmState::Active {
+                        inner.active.insert(key, alarm.clone());
+                    } else if inner.active.get(&key).is_some_and(|a| a.id == alarm.id) {
+                        inner.active.remove(&key);
+                    }
+                }
+                Err(weft_bus::RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        missed = n,
+                        "fell behind other nodes' alarm changes; reading the active alarms again"
+                    );
+                    if let Ok((_, active)) = load_state(&*self.store).await {
+                        self.inner.lock().active = active;
+                    }
+                }
+                Err(weft_bus::RecvError::Closed) => return,
+            }
+        }
     }
 
     /// Hands newly stored units to the lanes. Never waits: a lane whose
@@ -441,7 +528,7 @@ impl RuleEngine {
         mut rx: mpsc::Receiver<UnitBatch>,
         mut cursor: u64,
         shutdown: CancellationToken,
-    ) {
+    ) -> mpsc::Receiver<UnitBatch> {
         if self.has_rules(lane) {
             cursor = self.catch_up(lane, cursor, None).await;
         }
@@ -498,6 +585,7 @@ impl RuleEngine {
                 }
             }
         }
+        rx
     }
 
     fn has_rules(&self, lane: Lane) -> bool {
@@ -780,6 +868,29 @@ impl RuleEngine {
             }
         }
     }
+}
+
+/// Rule state and active alarms as stored.
+type LoadedState = (
+    HashMap<(String, String), RuleState>,
+    HashMap<(String, String), Alarm>,
+);
+
+/// Reads the rule state and the active alarms from the store.
+async fn load_state(store: &dyn Store) -> Result<LoadedState, StoreError> {
+    let mut states = HashMap::new();
+    for s in store.load_rule_states().await? {
+        if let Some(state) = s.json.and_then(|j| serde_json::from_str(&j).ok()) {
+            states.insert((s.rule, s.device), state);
+        }
+    }
+    let mut active = HashMap::new();
+    for json in store.active_alarms().await? {
+        let alarm: Alarm =
+            serde_json::from_str(&json).map_err(|e| StoreError::Corrupt(format!("alarm: {e}")))?;
+        active.insert((alarm.device.id.clone(), alarm.alarm_type.clone()), alarm);
+    }
+    Ok((states, active))
 }
 
 fn record(a: &Alarm) -> AlarmRecord {

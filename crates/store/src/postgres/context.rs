@@ -5,6 +5,13 @@
 
 use async_trait::async_trait;
 
+/// Opens every transaction of the main writer, which queues the changes
+/// feed: a lock held until the commit, taken by every node's main writer,
+/// so feed entries become visible in `seq` order across the cluster and
+/// the history's mover, reading forward from its cursor, never passes one
+/// that commits later (any constant unique to weft: "weft_chg").
+pub(super) const SERIAL_CHANGES: &str = "SELECT pg_advisory_xact_lock(8603115516262213735)";
+
 use super::conn::Conn;
 use super::history::feed_name;
 use super::schema::db;

@@ -2,7 +2,11 @@
 //! `seq`s commit in order and the pipeline, reading forward from its
 //! cursor, never passes one that commits later.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
+use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use weft_model::{NewUplink, Uplink, UplinkFormat};
 
@@ -10,6 +14,59 @@ use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{IngestLogStore, Result, StoreError};
+
+/// Opens every transaction of the log's writer: a lock held until the
+/// commit, taken by every node's log writer, so appends commit one
+/// transaction at a time across the cluster and `seq`s become visible in
+/// order (any constant unique to weft: "weft_log").
+pub(super) const SERIAL_APPENDS: &str = "SELECT pg_advisory_xact_lock(8603115516733482855)";
+
+/// How often [`follow_appends`] looks for other nodes' appends.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Advances `committed` to the newest `seq` in the log, every
+/// [`FOLLOW_INTERVAL`], until the store is dropped: this node's own
+/// appends advance it as they commit, and this finds the other nodes'
+/// (appends commit in `seq` order, see [`SERIAL_APPENDS`], so the newest
+/// visible `seq` has none below it still to come).
+pub(super) async fn follow_appends(pool: Pool, committed: Arc<watch::Sender<u64>>) {
+    let mut failing = false;
+    while !committed.is_closed() {
+        tokio::time::sleep(FOLLOW_INTERVAL).await;
+        let newest = match pool.get().await {
+            Ok(client) => client
+                .query_one("SELECT COALESCE(MAX(seq), 0) FROM ingest_log", &[])
+                .await
+                .map(|row| row.get::<_, i64>(0)),
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "looking for other nodes' uplinks failed; retrying");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        match newest {
+            Ok(seq) => {
+                failing = false;
+                let seq = u64::try_from(seq).unwrap_or(0);
+                committed.send_if_modified(|current| {
+                    let newer = seq > *current;
+                    if newer {
+                        *current = seq;
+                    }
+                    newer
+                });
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "looking for other nodes' uplinks failed; retrying");
+                }
+                failing = true;
+            }
+        }
+    }
+}
 
 /// Most log entries one prune deletes, so a prune never holds the log's
 /// writer (and the 202s waiting on it) for long.

@@ -214,6 +214,22 @@ ALTER TABLE history ADD COLUMN instance BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE history DROP CONSTRAINT history_pkey;
 ALTER TABLE history ADD PRIMARY KEY (tenant, entity_id, entity_type, attr, time, instance);
 "#,
+    // Step 5: the nodes of a cluster and the leases on its singular work
+    // (see `crate::cluster`). Times are epoch ms of the database's clock.
+    r#"
+CREATE TABLE cluster_nodes (
+    node       TEXT   PRIMARY KEY,
+    address    TEXT   NOT NULL,
+    version    TEXT   NOT NULL,
+    started_at BIGINT NOT NULL,
+    last_seen  BIGINT NOT NULL
+);
+CREATE TABLE cluster_leases (
+    work       TEXT   PRIMARY KEY,
+    holder     TEXT   NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -151,6 +151,12 @@ pub(super) struct WriterConfig {
     pub queue_capacity: usize,
     /// Most writes per transaction.
     pub max_batch: usize,
+    /// Run at the start of every transaction, after `BEGIN`: the ingest
+    /// log's writer takes a transaction-scoped advisory lock there, so
+    /// the appends of several nodes commit one transaction at a time and
+    /// `seq`s become visible in order (a reader that saw `seq` N never
+    /// meets a smaller one committing later).
+    pub opening: Option<&'static str>,
 }
 
 impl Writer {
@@ -159,7 +165,7 @@ impl Writer {
     pub(super) async fn start(
         connector: Arc<Connector>,
         config: WriterConfig,
-        committed: Option<watch::Sender<u64>>,
+        committed: Option<Arc<watch::Sender<u64>>>,
     ) -> Result<Writer> {
         let client = connector.connect().await?;
         let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
@@ -170,6 +176,7 @@ impl Writer {
             ops: ops_rx,
             name: config.name,
             max_batch: config.max_batch.max(1),
+            opening: config.opening,
             committed,
         };
         let handle = tokio::spawn(async move {
@@ -264,7 +271,8 @@ struct WriterTask {
     ops: mpsc::Receiver<Op>,
     name: &'static str,
     max_batch: usize,
-    committed: Option<watch::Sender<u64>>,
+    opening: Option<&'static str>,
+    committed: Option<Arc<watch::Sender<u64>>>,
 }
 
 impl WriterTask {
@@ -320,6 +328,7 @@ impl WriterTask {
         let started = Instant::now();
         let size = batch.len();
         let name = self.name;
+        let opening = self.opening;
         let client = match self.client().await {
             Ok(client) => client,
             Err(e) => {
@@ -331,7 +340,15 @@ impl WriterTask {
             }
         };
         // The transaction opens with the first write's savepoint.
-        if let Err(e) = client.batch_execute("BEGIN; SAVEPOINT w").await {
+        let begun = match opening {
+            Some(opening) => {
+                client
+                    .batch_execute(&format!("BEGIN; {opening}; SAVEPOINT w"))
+                    .await
+            }
+            None => client.batch_execute("BEGIN; SAVEPOINT w").await,
+        };
+        if let Err(e) = begun {
             let msg = format!("could not start a transaction: {}", db(e));
             for job in batch.drain(..) {
                 fail_unrun(job, &msg);
