@@ -113,6 +113,9 @@ pub struct History {
     /// Whether the notifications left in the feed by the previous run
     /// (queued, acknowledged, not yet moved when it stopped) are moved.
     recovered: watch::Sender<bool>,
+    /// Whether this node moves the feeds now (it holds history's lease);
+    /// when not, [`History::settle`] asks the store instead.
+    moving: std::sync::atomic::AtomicBool,
 }
 
 impl History {
@@ -125,6 +128,7 @@ impl History {
             moved: watch::Sender::new(0),
             wake: Notify::new(),
             recovered: watch::Sender::new(false),
+            moving: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -261,6 +265,9 @@ impl History {
     /// history, so a query sees what its client was told is stored.
     pub async fn settle(&self) {
         let target = self.notified.load(Ordering::Acquire);
+        if !self.moving.load(Ordering::Acquire) {
+            return self.settle_elsewhere(target).await;
+        }
         if *self.moved.borrow() >= target && *self.recovered.borrow() {
             return;
         }
@@ -274,6 +281,43 @@ impl History {
         if tokio::time::timeout(SETTLE_TIMEOUT, settled).await.is_err() {
             tracing::warn!("history notifications not moved in time; answering without them");
         }
+    }
+
+    /// [`History::settle`] on a node that does not move the feeds: waits
+    /// until the node that does has moved every notification up to
+    /// `target` (the store holds none of them any more).
+    async fn settle_elsewhere(&self, target: u64) {
+        if target == 0 {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            match self.store.notifications_queued_through(target).await {
+                Ok(false) => return,
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "asking the store whether notifications are moved failed; answering without them");
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("history notifications not moved in time; answering without them");
+                return;
+            }
+            tokio::time::sleep(FEED_IDLE).await;
+        }
+    }
+
+    /// Runs what history's lease holder does until `stop`: moving both
+    /// feeds into the history, and retention.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        self.moving.store(true, Ordering::Release);
+        tokio::join!(
+            self.clone().retention_loop(stop.clone()),
+            self.clone().feed_loop(HistoryFeed::Changes, stop.clone()),
+            self.clone().feed_loop(HistoryFeed::Notifications, stop),
+        );
+        self.moving.store(false, Ordering::Release);
     }
 
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),

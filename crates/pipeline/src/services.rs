@@ -142,22 +142,9 @@ impl Services {
         {
             let history = history.clone();
             cluster.run_leased(work::HISTORY, shutdown.clone(), tracker, move |stop| {
-                let history = history.clone();
-                async move {
-                    tokio::join!(
-                        history.clone().retention_loop(stop.clone()),
-                        history.feed_loop(weft_store::HistoryFeed::Changes, stop),
-                    );
-                }
+                history.clone().run(stop)
             });
         }
-        // Every node moves the notifications it queued itself: a query
-        // waits for its own node's notifications to be moved.
-        tracker.spawn(
-            history
-                .clone()
-                .feed_loop(weft_store::HistoryFeed::Notifications, shutdown.clone()),
-        );
         context.changes().add_listener(subscriptions.clone());
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let rules = RuleEngine::start(

@@ -889,6 +889,10 @@ pub trait HistoryStore: Send + Sync {
     /// Queues notified history rows in the notifications feed; answers the
     /// entry's position once it is durable.
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
+    /// Whether a notifications-feed entry at or below `seq` is still
+    /// waiting to be moved: a node that does not move the feed itself
+    /// (another node holds history's lease) waits on this before a query.
+    async fn notifications_queued_through(&self, seq: u64) -> Result<bool>;
     /// Rows matching `query`, ordered by entity, attribute, time.
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>>;
     /// Aggregates of the rows matching `query` (`last_n`, `limit`,

@@ -1174,6 +1174,18 @@ impl HistoryStore for PostgresStore {
         position(&row, 0)
     }
 
+    async fn notifications_queued_through(&self, seq: u64) -> Result<bool> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM history_feed WHERE feed = $1 AND seq <= $2)",
+                &[&feed_name(HistoryFeed::Notifications), &to_i64(seq)],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get(0))
+    }
+
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
         let mut client = self.reader().await?;
         query_history(&mut client, query).await

@@ -96,6 +96,16 @@ impl HistoryStore for SqliteStore {
         self.history.write(move |c| queue_notified(c, &entry)).await
     }
 
+    async fn notifications_queued_through(&self, seq: u64) -> Result<bool> {
+        self.history
+            .read(move |c| {
+                c.prepare_cached("SELECT EXISTS (SELECT 1 FROM history_feed WHERE seq <= ?1)")
+                    .and_then(|mut st| st.query_row([to_i64(seq)], |r| r.get::<_, bool>(0)))
+                    .db()
+            })
+            .await
+    }
+
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>> {
         let query = query.clone();
         self.history.read(move |c| query_history(c, &query)).await
