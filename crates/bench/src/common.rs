@@ -20,9 +20,12 @@ const EXTERNAL_READY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {
     /// Base URL of the server to drive (plain HTTP): a weft, or a peer
-    /// that speaks the scenario's API (see --peer).
+    /// that speaks the scenario's API (see --peer). Repeated, for the
+    /// nodes of a cluster: the load's connections are spread over them
+    /// round robin (ingest, ngsi-update, ngsi-notify; other scenarios and every
+    /// setup and check use the first).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
-    pub url: String,
+    pub url: Vec<String>,
 
     /// The server at --url is not weft but a peer speaking the scenario's
     /// API (DSPS, an NGSIv2 broker, QuantumLeap, a page server): setup and
@@ -76,8 +79,10 @@ pub struct CommonArgs {
 
 /// The server a run drives, ready to take requests.
 pub struct Session {
-    /// Where to send requests.
+    /// Where to send requests: the first `--url`.
     pub base: BaseUrl,
+    /// Every `--url` (the first is `base`), for the load's connections.
+    pub bases: Vec<BaseUrl>,
     /// Whether the progress bar is drawn.
     pub show_progress: bool,
     /// The server is a peer, not weft (`--peer`).
@@ -96,14 +101,23 @@ impl Session {
         if let (Some(key), false) = (&args.api_key, args.spawn) {
             crate::http::use_api_key(key.clone());
         }
-        let (base, spawned) = if args.spawn {
+        let (bases, spawned) = if args.spawn {
             let (server, base) = SpawnedServer::start(args.ingest_key.as_deref()).await?;
-            (base, Some(server))
+            (vec![base], Some(server))
         } else {
-            (BaseUrl::parse(&args.url)?, None)
+            let bases = args
+                .url
+                .iter()
+                .map(|u| BaseUrl::parse(u))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            if bases.is_empty() {
+                bail!("--url: give at least one");
+            }
+            (bases, None)
         };
         let session = Session {
-            base,
+            base: bases[0].clone(),
+            bases,
             show_progress: crate::progress::enabled(args.no_progress),
             peer: args.peer,
             probe: args.probe.clone(),
@@ -114,6 +128,21 @@ impl Session {
             return Err(e);
         }
         Ok(session)
+    }
+
+    /// The `host:port` of every target, for the load's connections
+    /// (connection `i` goes to the `i % n`-th).
+    pub fn connects(&self) -> Vec<String> {
+        self.bases.iter().map(|b| b.connect.clone()).collect()
+    }
+
+    /// The targets as the summary names them (comma-separated).
+    pub fn targets(&self) -> String {
+        self.bases
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Whether the bench started the server itself.
@@ -141,6 +170,13 @@ impl Session {
     /// Polls the readiness probe (`GET /health` by default) until it
     /// answers 2xx or the ready timeout passes.
     async fn wait_ready(&self) -> anyhow::Result<()> {
+        for base in &self.bases {
+            self.wait_ready_at(base).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_ready_at(&self, base: &BaseUrl) -> anyhow::Result<()> {
         let timeout = if self.spawned() {
             SPAWNED_READY_TIMEOUT
         } else {
@@ -149,16 +185,7 @@ impl Session {
         let started = Instant::now();
         let mut last = String::new();
         while started.elapsed() < timeout {
-            match http::request(
-                &self.base,
-                "GET",
-                &self.probe,
-                &[],
-                None,
-                Duration::from_secs(5),
-            )
-            .await
-            {
+            match http::request(base, "GET", &self.probe, &[], None, Duration::from_secs(5)).await {
                 Ok(r) if (200..300).contains(&r.status) => return Ok(()),
                 Ok(r) => {
                     last = format!(
@@ -178,8 +205,7 @@ impl Session {
             " (start `weft serve`, or pass --spawn)"
         };
         bail!(
-            "{} is not ready after {}s: {last}{hint}",
-            self.base,
+            "{base} is not ready after {}s: {last}{hint}",
             timeout.as_secs()
         )
     }

@@ -466,7 +466,9 @@ async fn infinite_loop_times_out_and_worker_recovers() {
         let result = run_one(&engine, decode_call(&script, &bytes)).await;
         let took = started.elapsed();
         assert_eq!(result, Err(CodecError::Timeout(limit)), "{source}");
-        assert!(took < limit * 4, "{source} took {took:?}");
+        // Bounded, not timed: the interrupt ends it (a loaded machine may
+        // take a few limits to schedule it), rather than running forever.
+        assert!(took < limit * 40, "{source} took {took:?}");
         assert_eq!(
             decode(&engine, &good, &bytes).await,
             Ok(json!({"battery": 92})),

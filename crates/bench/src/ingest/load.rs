@@ -56,8 +56,9 @@ pub enum Model {
 
 /// Everything the workers share, read-only.
 pub struct Plan {
-    /// `host:port` to connect to.
-    pub connect: String,
+    /// `host:port` of every target; worker `w` connects to the
+    /// `w % n`-th (several nodes of a cluster, round robin).
+    pub connects: Vec<String>,
     /// Request heads per ingest path.
     pub heads: Heads,
     /// The simulated fleet.
@@ -162,6 +163,7 @@ pub async fn run(plan: Arc<Plan>, counters: Arc<Counters>, start: Instant) -> Lo
     let handles: Vec<_> = (0..workers)
         .map(|w| {
             let worker = Worker {
+                connect: plan.connects[w % plan.connects.len()].clone(),
                 plan: plan.clone(),
                 counters: counters.clone(),
                 conn: None,
@@ -193,6 +195,8 @@ pub async fn run(plan: Arc<Plan>, counters: Arc<Counters>, start: Instant) -> Lo
 
 /// One connection and the uplinks it sends.
 struct Worker {
+    /// The target this worker's connection goes to.
+    connect: String,
     plan: Arc<Plan>,
     counters: Arc<Counters>,
     conn: Option<Conn>,
@@ -272,7 +276,7 @@ impl Worker {
     /// response head, or `None` when there was no response.
     async fn send(&mut self, device: usize) -> Option<Head> {
         if self.conn.is_none() {
-            match tokio::time::timeout(CONNECT_TIMEOUT, Conn::connect(&self.plan.connect)).await {
+            match tokio::time::timeout(CONNECT_TIMEOUT, Conn::connect(&self.connect)).await {
                 Ok(Ok(conn)) => self.conn = Some(conn),
                 Ok(Err(_)) | Err(_) => {
                     self.report.sent += 1;

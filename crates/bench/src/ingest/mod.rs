@@ -181,7 +181,7 @@ pub async fn run_watching(
         }
         .to_string(),
         ok: false,
-        target: session.base.to_string(),
+        target: session.targets(),
         spawned: session.spawned(),
         params: params(args, &channel),
         phases: vec![
@@ -386,7 +386,7 @@ async fn generate(
         },
     };
     let plan = Arc::new(Plan {
-        connect: session.base.connect.clone(),
+        connects: session.connects(),
         heads: Heads::new(
             &session.base.prefix,
             &session.base.host,
@@ -575,7 +575,7 @@ mod tests {
         assert_eq!(a.encoded_ratio, 0.5);
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
         assert_eq!(a.common.duration, Duration::from_secs(60));
-        assert_eq!(a.common.url, "http://127.0.0.1:8080");
+        assert_eq!(a.common.url, ["http://127.0.0.1:8080"]);
         assert!(!a.common.spawn && !a.common.json && !a.common.no_progress);
         assert_eq!(a.nominal_rate(), 500.0);
         a.validate().unwrap();

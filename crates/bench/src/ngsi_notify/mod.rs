@@ -163,7 +163,7 @@ async fn run_with_sink(
     let start = Instant::now();
     sink.set_origin(start.into_std());
     let plan = Plan {
-        connect: session.base.connect.clone(),
+        connects: session.connects(),
         head: PatchHead::new(&session.base.prefix, &session.base.host, tenant),
         entities,
         clients: args.clients(),

@@ -52,8 +52,9 @@ pub fn sequence(_sent: Duration, seq: u64) -> u64 {
 
 /// Everything the clients share, read-only.
 pub struct Plan {
-    /// `host:port` to connect to.
-    pub connect: String,
+    /// `host:port` of every target; client `c` connects to the `c % n`-th
+    /// (several nodes of a cluster, round robin).
+    pub connects: Vec<String>,
     /// The fixed parts of every PATCH.
     pub head: PatchHead,
     /// Entities `0..entities` exist.
@@ -179,6 +180,7 @@ pub async fn run(plan: Arc<Plan>, counters: Arc<Counters>, start: Instant) -> Lo
                 })
                 .collect();
             let client = Client {
+                connect: plan.connects[c % plan.connects.len()].clone(),
                 plan: plan.clone(),
                 counters: counters.clone(),
                 conn: None,
@@ -203,6 +205,8 @@ pub async fn run(plan: Arc<Plan>, counters: Arc<Counters>, start: Instant) -> Lo
 
 /// One client: a connection and the entities it alone writes.
 struct Client {
+    /// The target this client's connection goes to.
+    connect: String,
     plan: Arc<Plan>,
     counters: Arc<Counters>,
     conn: Option<Conn>,
@@ -267,7 +271,7 @@ impl Client {
     /// no response.
     async fn send(&mut self, request: &[u8]) -> Option<Head> {
         if self.conn.is_none() {
-            match tokio::time::timeout(CONNECT_TIMEOUT, Conn::connect(&self.plan.connect)).await {
+            match tokio::time::timeout(CONNECT_TIMEOUT, Conn::connect(&self.connect)).await {
                 Ok(Ok(conn)) => self.conn = Some(conn),
                 Ok(Err(_)) | Err(_) => {
                     self.report.sent += 1;

@@ -96,7 +96,7 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
     let create_elapsed = create_started.elapsed();
 
     let plan = Plan {
-        connect: session.base.connect.clone(),
+        connects: session.connects(),
         head: PatchHead::new(&session.base.prefix, &session.base.host, &tenant),
         entities: args.entities,
         clients: args.clients(),
@@ -106,6 +106,11 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
     };
     let load = generate(plan, session.show_progress, Instant::now(), String::new).await;
 
+    if session.bases.len() > 1 {
+        // The last updates made through the other nodes reach the first
+        // (which verifies) within milliseconds.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
     let verify_started = Instant::now();
     let verified = verify(session, &tenant, &load.owned).await;
     let verify_elapsed = verify_started.elapsed();
@@ -113,7 +118,7 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
     let mut s = Summary {
         scenario: "ngsi-update".to_string(),
         ok: false,
-        target: session.base.to_string(),
+        target: session.targets(),
         spawned: session.spawned(),
         params: params(args, &tenant),
         phases: vec![
