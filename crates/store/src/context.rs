@@ -76,6 +76,9 @@ pub struct NgsiDocument {
     pub json: String,
 }
 
+/// What [`ContextStore::merge_document`] makes of the stored document.
+pub type DocumentMerge = Box<dyn FnOnce(Option<NgsiDocument>) -> Option<NgsiDocument> + Send>;
+
 /// NGSI entities and documents: written through on every change, read back
 /// in full at start.
 #[async_trait]
@@ -106,4 +109,17 @@ pub trait ContextStore: Send + Sync {
     async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool>;
     /// Every stored document of `kind`, in creation order.
     async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>>;
+    /// Reads document (`kind`, `tenant`, `id`) and stores what `merge`
+    /// makes of it (`None` in: there is none; `None` out: write nothing),
+    /// in one transaction that no other write, of this node or another,
+    /// comes between. Answers what was stored. Lets several nodes add
+    /// their own counts to one subscription's counters without losing
+    /// each other's, or an edit made meanwhile.
+    async fn merge_document(
+        &self,
+        kind: DocumentKind,
+        tenant: &str,
+        id: &str,
+        merge: DocumentMerge,
+    ) -> Result<Option<NgsiDocument>>;
 }

@@ -55,7 +55,7 @@ pub use catalog::{
 };
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};
-pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
+pub use context::{ContextStore, DocumentKind, DocumentMerge, EntityRecord, NgsiDocument};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
     HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,

@@ -60,6 +60,7 @@ pub async fn list(
 ) -> Result<Response> {
     let options = params.options()?;
     let (limit, offset) = params.paging()?;
+    state.services.subscriptions.sync_counters(&tenant).await;
     let all = state.services.subscriptions.list(&tenant);
     let total = all.len();
     let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
@@ -76,6 +77,7 @@ pub async fn retrieve(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
+    state.services.subscriptions.sync_counters(&tenant).await;
     let json = state.services.subscriptions.get(&tenant, &id)?;
     Ok(axum::Json(json).into_response())
 }

@@ -300,6 +300,38 @@ pub struct NotificationStats {
     pub fails_counter: u64,
 }
 
+impl NotificationStats {
+    /// The counters after adding, to `self` (the counters stored now),
+    /// what one node counted since it last read them (`base`) up to now
+    /// (`local`): sums of what is counted, the latest of what is dated.
+    /// Several nodes notifying for one subscription each add their own
+    /// share this way, and none is lost.
+    pub fn merged(&self, base: &NotificationStats, local: &NotificationStats) -> NotificationStats {
+        let mut out = self.clone();
+        out.times_sent += local.times_sent.saturating_sub(base.times_sent);
+        out.last_notification = out.last_notification.max(local.last_notification);
+        if local.last_success > out.last_success {
+            out.last_success = local.last_success;
+            out.last_success_code = local.last_success_code;
+        }
+        if local.last_failure > out.last_failure {
+            out.last_failure = local.last_failure;
+            out.last_failure_reason = local.last_failure_reason.clone();
+        }
+        // Consecutive failures: none once the latest outcome anywhere is a
+        // success; else the stored run plus this node's new failures.
+        out.fails_counter = if out.last_success.is_some() && out.last_success >= out.last_failure {
+            0
+        } else if local.last_success > base.last_success {
+            // This node's run restarted after a success of its own.
+            self.fails_counter.max(local.fails_counter)
+        } else {
+            self.fails_counter + local.fails_counter.saturating_sub(base.fails_counter)
+        };
+        out
+    }
+}
+
 impl Subscription {
     /// Parses `POST /v2/subscriptions` bodies. `id` is the id to give it.
     pub fn parse(body: &Value, id: String) -> Result<Subscription, NgsiError> {
@@ -1215,6 +1247,40 @@ mod tests {
             "subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
             "notification": {"http": {"url": "http://localhost:1234"}}
         })
+    }
+
+    /// Two nodes' counts added to the stored counters are both kept;
+    /// the latest outcome decides the dates and the failure run.
+    #[test]
+    fn counters_of_several_nodes_add_up() {
+        let stored = NotificationStats {
+            times_sent: 10,
+            last_notification: Some(100),
+            last_success: Some(100),
+            last_success_code: Some(200),
+            ..Default::default()
+        };
+        let base = stored.clone();
+        let mut local = base.clone();
+        local.times_sent = 13;
+        local.last_notification = Some(130);
+        local.last_failure = Some(130);
+        local.last_failure_reason = Some("timeout".into());
+        local.fails_counter = 2;
+        // Meanwhile another node stored 5 more, all successful, up to 120.
+        let mut now = stored.clone();
+        now.times_sent = 15;
+        now.last_notification = Some(120);
+        now.last_success = Some(120);
+        let merged = now.merged(&base, &local);
+        assert_eq!(merged.times_sent, 18);
+        assert_eq!(merged.last_notification, Some(130));
+        assert_eq!(merged.last_success, Some(120));
+        assert_eq!(merged.last_failure, Some(130));
+        assert_eq!(merged.last_failure_reason.as_deref(), Some("timeout"));
+        assert_eq!(merged.fails_counter, 2);
+        // Nothing new here: the stored counters unchanged.
+        assert_eq!(now.merged(&base, &base), now);
     }
 
     #[test]

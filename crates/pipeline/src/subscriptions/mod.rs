@@ -16,8 +16,11 @@
 //! Subscriptions live in memory per tenant and in the store
 //! (`ngsi_documents`), loaded at start. One created, changed or deleted
 //! through another node is reloaded from the store as soon as that node
-//! announces it ([`Follower`]); counters are each node's own until that
-//! node stores them (each node notifies for the changes it makes).
+//! announces it ([`Follower`]). Each node notifies for the changes it
+//! makes and counts its own notifications; every second it adds what it
+//! counted to the stored counters in one transaction
+//! ([`NotificationStats::merged`]), so the counters of every node add up
+//! and an edit made meanwhile on another node is kept.
 
 pub mod expressions;
 pub mod payload;
@@ -32,7 +35,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use weft_bus::Bus;
-use weft_model::ngsi::subscription::{AlterationType, Status, Subscription};
+use weft_model::ngsi::subscription::{AlterationType, NotificationStats, Status, Subscription};
 use weft_model::ngsi::{new_document_id, NgsiError};
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
@@ -53,6 +56,10 @@ pub struct Entry {
     service_paths: Vec<String>,
     created: u64,
     state: Mutex<EntryState>,
+    /// The counters as this node last read them from the store or stored
+    /// them: what it counted since is the difference to the live ones,
+    /// added to the stored counters by the next flush.
+    stored: Mutex<NotificationStats>,
 }
 
 struct EntryState {
@@ -188,6 +195,7 @@ impl Subscriptions {
                 tenant: d.tenant.clone(),
                 service_paths: split_paths(&d.service_path),
                 created: d.created,
+                stored: Mutex::new(sub.notification.stats.clone()),
                 state: Mutex::new(EntryState {
                     sub,
                     last_fired: None,
@@ -232,29 +240,82 @@ impl Subscriptions {
                 .get(&tenant)
                 .and_then(|t| t.by_id.get(&id).cloned());
             if let Some(entry) = entry {
-                if let Err(e) = self.persist(&entry).await {
+                if let Err(e) = self.persist(&entry, false).await {
                     tracing::warn!(error = %e, "storing subscription counters failed");
                 }
             }
         }
     }
 
-    async fn persist(&self, entry: &Entry) -> Result<(), NgsiError> {
-        let (id, json) = {
+    /// Stores `entry`: its definition as this node holds it (`definition`:
+    /// after a create or a patch) or as stored (a flush of counters), with
+    /// the stored counters plus what this node counted since it last read
+    /// them, in one transaction no other node's write comes between. The
+    /// counters in memory become the merged ones (plus whatever was
+    /// counted meanwhile). A flush of a subscription deleted meanwhile
+    /// stores nothing.
+    async fn persist(&self, entry: &Entry, definition: bool) -> Result<(), NgsiError> {
+        let (local_sub, base) = {
             let s = entry.state.lock();
-            (s.sub.id.clone(), s.sub.to_storage())
+            (s.sub.clone(), entry.stored.lock().clone())
         };
-        self.store
-            .put_document(NgsiDocument {
-                kind: DocumentKind::Subscription,
-                tenant: entry.tenant.clone(),
-                id,
-                service_path: entry.service_paths.join(","),
-                created: entry.created,
-                json,
-            })
+        let local = local_sub.notification.stats.clone();
+        let id = local_sub.id.clone();
+        let tenant = entry.tenant.clone();
+        let service_path = entry.service_paths.join(",");
+        let created = entry.created;
+        let merge_base = base.clone();
+        let merge_local = local.clone();
+        let doc_tenant = tenant.clone();
+        let merged = self
+            .store
+            .merge_document(
+                DocumentKind::Subscription,
+                &tenant,
+                &id,
+                Box::new(move |current| {
+                    let stored_sub = current
+                        .as_ref()
+                        .and_then(|d| Subscription::from_storage(&d.json).ok());
+                    let mut sub = if definition {
+                        local_sub
+                    } else {
+                        stored_sub.clone()?
+                    };
+                    let now = stored_sub.map(|s| s.notification.stats).unwrap_or_default();
+                    sub.notification.stats = now.merged(&merge_base, &merge_local);
+                    if sub
+                        .notification
+                        .max_fails_limit
+                        .is_some_and(|limit| sub.notification.stats.fails_counter >= limit)
+                    {
+                        sub.status = Status::Inactive;
+                    }
+                    Some(NgsiDocument {
+                        kind: DocumentKind::Subscription,
+                        tenant: doc_tenant,
+                        id: sub.id.clone(),
+                        service_path: current.map_or(service_path, |d| d.service_path),
+                        created,
+                        json: sub.to_storage(),
+                    })
+                }),
+            )
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        if let Some(doc) = merged {
+            if let Ok(sub) = Subscription::from_storage(&doc.json) {
+                let stats = sub.notification.stats;
+                let mut state = entry.state.lock();
+                // What was counted while this was stored stays counted.
+                state.sub.notification.stats = stats.merged(&local, &state.sub.notification.stats);
+                if sub.status == Status::Inactive {
+                    state.sub.status = Status::Inactive;
+                }
+                *entry.stored.lock() = stats;
+            }
+        }
+        Ok(())
     }
 
     /// Creates a subscription from a `POST /v2/subscriptions` body;
@@ -272,12 +333,13 @@ impl Subscriptions {
             tenant: tenant.to_string(),
             service_paths,
             created: self.next_created.fetch_add(1, Ordering::Relaxed),
+            stored: Mutex::new(NotificationStats::default()),
             state: Mutex::new(EntryState {
                 sub,
                 last_fired: None,
             }),
         });
-        self.persist(&entry).await?;
+        self.persist(&entry, true).await?;
         {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
@@ -286,6 +348,36 @@ impl Subscriptions {
         }
         self.announce(tenant, &id);
         Ok(id)
+    }
+
+    /// With other nodes, takes the counters they stored for `tenant`'s
+    /// subscriptions (plus what this node counted and has not stored), so
+    /// a listing on any node shows what every node counted, up to their
+    /// last flush (a second). Alone, the counters in memory are complete.
+    pub async fn sync_counters(&self, tenant: &str) {
+        if self.bus.node().is_none() {
+            return;
+        }
+        let docs = match self.store.load_documents(DocumentKind::Subscription).await {
+            Ok(docs) => docs,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading other nodes' subscription counters failed");
+                return;
+            }
+        };
+        for d in docs.iter().filter(|d| d.tenant == tenant) {
+            let Ok(sub) = Subscription::from_storage(&d.json) else {
+                continue;
+            };
+            let Ok(entry) = self.entry(tenant, &d.id) else {
+                continue;
+            };
+            let fresh = sub.notification.stats;
+            let mut state = entry.state.lock();
+            let mut stored = entry.stored.lock();
+            state.sub.notification.stats = fresh.merged(&stored, &state.sub.notification.stats);
+            *stored = fresh;
+        }
     }
 
     /// Every subscription of `tenant`, rendered, in creation order.
@@ -334,7 +426,7 @@ impl Subscriptions {
                 t.index(&entry);
             }
         }
-        self.persist(&entry).await?;
+        self.persist(&entry, true).await?;
         self.announce(tenant, id);
         Ok(())
     }
@@ -570,7 +662,6 @@ impl Follower for Subscriptions {
             };
             self.next_created
                 .fetch_max(d.created + 1, Ordering::Relaxed);
-            let key = (d.tenant.clone(), d.id.clone());
             let existing = self
                 .tenants
                 .read()
@@ -582,12 +673,23 @@ impl Follower for Subscriptions {
                     if state.sub.to_storage() == d.json {
                         continue;
                     }
+                    // The stored counters, plus what this node counted and
+                    // has not stored yet.
                     let mut sub = sub;
-                    if self.dirty.lock().contains(&key) {
-                        sub.notification.stats = state.sub.notification.stats.clone();
-                    }
+                    let fresh = sub.notification.stats.clone();
+                    let mut stored = entry.stored.lock();
+                    sub.notification.stats = fresh.merged(&stored, &state.sub.notification.stats);
+                    *stored = fresh;
+                    drop(stored);
+                    let definition_changed = {
+                        let mut a = state.sub.clone();
+                        a.notification.stats = sub.notification.stats.clone();
+                        a.to_storage() != sub.to_storage()
+                    };
                     state.sub = sub;
-                    state.last_fired = None;
+                    if definition_changed {
+                        state.last_fired = None;
+                    }
                     drop(state);
                     entry
                 }
@@ -595,6 +697,7 @@ impl Follower for Subscriptions {
                     tenant: d.tenant.clone(),
                     service_paths: split_paths(&d.service_path),
                     created: d.created,
+                    stored: Mutex::new(sub.notification.stats.clone()),
                     state: Mutex::new(EntryState {
                         sub,
                         last_fired: None,

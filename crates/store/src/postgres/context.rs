@@ -101,6 +101,64 @@ impl ContextStore for PostgresStore {
         Ok(())
     }
 
+    async fn merge_document(
+        &self,
+        kind: DocumentKind,
+        tenant: &str,
+        id: &str,
+        merge: crate::DocumentMerge,
+    ) -> Result<Option<NgsiDocument>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        // The main writer's transactions are serialised across nodes (see
+        // `SERIAL_CHANGES`), and the row is locked besides.
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    let row = c
+                        .query_opt(
+                            "SELECT service_path, created, json FROM ngsi_documents \
+                             WHERE kind = $1 AND tenant = $2 AND id = $3 FOR UPDATE",
+                            &[&kind.as_str(), &tenant, &id],
+                        )
+                        .await
+                        .map_err(db)?;
+                    let current = match row {
+                        Some(row) => Some(NgsiDocument {
+                            kind,
+                            tenant: tenant.clone(),
+                            id: id.clone(),
+                            service_path: row.get(0),
+                            created: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+                            json: row.get(2),
+                        }),
+                        None => None,
+                    };
+                    let Some(d) = merge(current) else {
+                        return Ok(None);
+                    };
+                    c.execute(
+                        "INSERT INTO ngsi_documents (kind, tenant, id, service_path, created, json) \
+                         VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (kind, tenant, id) DO UPDATE SET \
+                           service_path = excluded.service_path, created = excluded.created, \
+                           json = excluded.json",
+                        &[
+                            &d.kind.as_str(),
+                            &d.tenant,
+                            &d.id,
+                            &d.service_path,
+                            &to_i64(d.created),
+                            &d.json,
+                        ],
+                    )
+                    .await
+                    .map_err(db)?;
+                    Ok(Some(d))
+                })
+            })
+            .await
+    }
+
     async fn delete_document(&self, kind: DocumentKind, tenant: &str, id: &str) -> Result<bool> {
         let n = self
             .main

@@ -45,6 +45,57 @@ impl ContextStore for SqliteStore {
     async fn load_documents(&self, kind: DocumentKind) -> Result<Vec<NgsiDocument>> {
         self.main.read(move |c| load_documents(c, kind)).await
     }
+
+    async fn merge_document(
+        &self,
+        kind: DocumentKind,
+        tenant: &str,
+        id: &str,
+        merge: crate::DocumentMerge,
+    ) -> Result<Option<NgsiDocument>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        // The writer runs one write at a time: nothing comes between the
+        // read and the write.
+        self.main
+            .write(move |c| -> Result<Option<NgsiDocument>> {
+                let current = load_document(c, kind, &tenant, &id)?;
+                match merge(current) {
+                    Some(d) => {
+                        put_document(c, &d).db()?;
+                        Ok(Some(d))
+                    }
+                    None => Ok(None),
+                }
+            })
+            .await
+    }
+}
+
+/// One document, if stored.
+fn load_document(
+    conn: &Connection,
+    kind: DocumentKind,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<NgsiDocument>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT service_path, created, json FROM ngsi_documents \
+             WHERE kind = ?1 AND tenant = ?2 AND id = ?3",
+        )
+        .db()?;
+    let mut rows = stmt.query((kind.as_str(), tenant, id)).db()?;
+    match rows.next().db()? {
+        Some(row) => Ok(Some(NgsiDocument {
+            kind,
+            tenant: tenant.to_string(),
+            id: id.to_string(),
+            service_path: row.get(0).db()?,
+            created: position(row, 1)?,
+            json: row.get(2).db()?,
+        })),
+        None => Ok(None),
+    }
 }
 
 /// Creates or replaces an entity.
