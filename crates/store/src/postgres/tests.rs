@@ -111,8 +111,9 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [4],
-        "four steps: the first schema, device events, the API keys, history instances"
+        [5],
+        "five steps: the first schema, device events, the API keys, history instances, \
+         cluster nodes and leases"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -507,4 +508,42 @@ async fn expiry_throughput() {
         println!("expiry of {ROWS} rows in one week by {how}: {elapsed:.2?}");
         store.close().await;
     }
+}
+
+/// Two nodes claim one lease on PostgreSQL: one holds it; the other takes
+/// it once it expired (the database's clock) or was released; heartbeats
+/// list the nodes.
+#[tokio::test]
+async fn a_lease_is_one_nodes_until_it_expires_or_is_released() {
+    use crate::{ClusterStore, NodeInfo};
+    use std::time::Duration;
+    let url = test_database().await;
+    let store = open(&url).await;
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(30);
+    assert!(store.claim_lease("pipeline", "a", short).await.unwrap());
+    assert!(!store.claim_lease("pipeline", "b", long).await.unwrap());
+    assert!(store.claim_lease("pipeline", "a", short).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(store.claim_lease("pipeline", "b", long).await.unwrap());
+    assert!(!store.claim_lease("pipeline", "a", long).await.unwrap());
+    store.release_lease("pipeline", "a").await.unwrap();
+    assert!(!store.claim_lease("pipeline", "a", long).await.unwrap());
+    store.release_lease("pipeline", "b").await.unwrap();
+    assert!(store.claim_lease("pipeline", "a", long).await.unwrap());
+    for node in ["a", "b"] {
+        let info = NodeInfo {
+            node: node.into(),
+            address: "127.0.0.1:8080".into(),
+            version: "test".into(),
+            started_at: 1,
+        };
+        store.heartbeat(&info, long).await.unwrap();
+    }
+    let view = store.cluster_view().await.unwrap();
+    assert_eq!(view.nodes.len(), 2);
+    assert_eq!(view.leases.len(), 1);
+    assert_eq!(view.leases[0].holder, "a");
+    assert!(view.leases[0].expires_at > view.now);
+    store.close().await;
 }
