@@ -38,6 +38,9 @@ pub mod work {
 /// How leases and heartbeats are timed.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
+    /// This node's id, kept across restarts (the binary keeps it in the
+    /// data directory); `None`: the bus's node id, or a random one.
+    pub node: Option<String>,
     /// How long a claimed lease lasts unless renewed: how long a dead
     /// node's work waits before another node takes it over. Renewed every
     /// third of it.
@@ -50,6 +53,7 @@ pub struct ClusterConfig {
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
+            node: None,
             lease_ttl: Duration::from_secs(6),
             address: String::new(),
         }
@@ -71,8 +75,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// This node, identified as `node` (the bus's node id when there is
-    /// one, so logs on both sides agree).
+    /// This node, identified as `node`.
     pub fn new(store: Arc<dyn Store>, node: String, config: ClusterConfig) -> Arc<Cluster> {
         Arc::new(Cluster {
             store,

@@ -116,6 +116,9 @@ pub struct History {
     /// Whether this node moves the feeds now (it holds history's lease);
     /// when not, [`History::settle`] asks the store instead.
     moving: std::sync::atomic::AtomicBool,
+    /// Whether other nodes may queue notifications too: then
+    /// [`History::settle`] always asks the store.
+    clustered: std::sync::atomic::AtomicBool,
 }
 
 impl History {
@@ -129,7 +132,14 @@ impl History {
             wake: Notify::new(),
             recovered: watch::Sender::new(false),
             moving: std::sync::atomic::AtomicBool::new(false),
+            clustered: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Says whether other nodes share the store (and queue notifications
+    /// this node does not count).
+    pub fn set_clustered(&self, clustered: bool) {
+        self.clustered.store(clustered, Ordering::Relaxed);
     }
 
     /// Moves `feed` into the history until `shutdown`: one store move after
@@ -265,8 +275,8 @@ impl History {
     /// history, so a query sees what its client was told is stored.
     pub async fn settle(&self) {
         let target = self.notified.load(Ordering::Acquire);
-        if !self.moving.load(Ordering::Acquire) {
-            return self.settle_elsewhere(target).await;
+        if !self.moving.load(Ordering::Acquire) || self.clustered.load(Ordering::Relaxed) {
+            return self.settle_in_store().await;
         }
         if *self.moved.borrow() >= target && *self.recovered.borrow() {
             return;
@@ -283,16 +293,23 @@ impl History {
         }
     }
 
-    /// [`History::settle`] on a node that does not move the feeds: waits
-    /// until the node that does has moved every notification up to
-    /// `target` (the store holds none of them any more).
-    async fn settle_elsewhere(&self, target: u64) {
-        if target == 0 {
-            return;
-        }
+    /// [`History::settle`] through the store, on a node that does not move
+    /// the feeds or shares them with other nodes: waits until every
+    /// notification queued when it was called (by any node, by this node
+    /// before a restart) has been moved.
+    async fn settle_in_store(&self) {
         let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        let newest = match self.store.newest_queued_notification().await {
+            Ok(Some(seq)) => seq,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the store for queued notifications failed; answering without them");
+                return;
+            }
+        };
+        self.wake.notify_one();
         loop {
-            match self.store.notifications_queued_through(target).await {
+            match self.store.notifications_queued_through(newest).await {
                 Ok(false) => return,
                 Ok(true) => {}
                 Err(e) => {

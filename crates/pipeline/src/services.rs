@@ -117,9 +117,11 @@ impl Services {
         shutdown: CancellationToken,
         tracker: &TaskTracker,
     ) -> Result<Services, StoreError> {
-        let node = bus
-            .node()
-            .map(str::to_string)
+        let node = config
+            .cluster
+            .node
+            .clone()
+            .or_else(|| bus.node().map(str::to_string))
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let cluster = Cluster::new(store.clone(), node, config.cluster.clone());
         tracker.spawn(cluster.clone().heartbeat_loop(shutdown.clone()));
@@ -139,6 +141,7 @@ impl Services {
             Subscriptions::load(store.clone(), config.notifications.clone(), bus.clone()).await?;
         context.set_record_history(config.record_history);
         let history = History::new(store.clone(), config.history_retention.clone());
+        history.set_clustered(bus.node().is_some());
         {
             let history = history.clone();
             cluster.run_leased(work::HISTORY, shutdown.clone(), tracker, move |stop| {

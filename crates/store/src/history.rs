@@ -893,6 +893,9 @@ pub trait HistoryStore: Send + Sync {
     /// waiting to be moved: a node that does not move the feed itself
     /// (another node holds history's lease) waits on this before a query.
     async fn notifications_queued_through(&self, seq: u64) -> Result<bool>;
+    /// The newest notifications-feed entry still waiting to be moved, if
+    /// any (whichever node queued it).
+    async fn newest_queued_notification(&self) -> Result<Option<u64>>;
     /// Rows matching `query`, ordered by entity, attribute, time.
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>>;
     /// Aggregates of the rows matching `query` (`last_n`, `limit`,

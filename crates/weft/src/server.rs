@@ -65,11 +65,13 @@ pub async fn serve(
     });
     let tracker = TaskTracker::new();
     let services_stop = CancellationToken::new();
+    let mut services_config = services_config(&config);
+    services_config.cluster.node = Some(node_id(&config.data)?);
     let services = Services::start(
         store.clone(),
         bus.clone(),
         engine,
-        services_config(&config),
+        services_config,
         services_stop.clone(),
         &tracker,
     )
@@ -302,6 +304,7 @@ fn services_config(config: &Config) -> ServicesConfig {
         },
         forward_timeout: config.ngsi.forward_timeout,
         cluster: weft_pipeline::cluster::ClusterConfig {
+            node: None,
             lease_ttl: config
                 .cluster
                 .lease_ttl
@@ -348,6 +351,25 @@ async fn open_bus(config: &Config) -> anyhow::Result<(Arc<dyn Bus>, Option<Arc<N
         }
         other => anyhow::bail!("bus.backend must be 'in-process' or 'nats', not '{other}'"),
     }
+}
+
+/// This node's id in the cluster, kept in the data directory (`node-id`,
+/// made at its first start): a node restarted after a crash is the same
+/// node, and takes its leases back at once instead of waiting for them to
+/// expire. The data directory is locked to one process, so no two live
+/// nodes share an id.
+fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
+    let path = data.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    std::fs::write(&path, format!("{id}\n"))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(id)
 }
 
 /// Opens the backend `[store]` names: SQLite in the data directory, or

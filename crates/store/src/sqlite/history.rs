@@ -96,6 +96,17 @@ impl HistoryStore for SqliteStore {
         self.history.write(move |c| queue_notified(c, &entry)).await
     }
 
+    async fn newest_queued_notification(&self) -> Result<Option<u64>> {
+        self.history
+            .read(|c| {
+                c.prepare_cached("SELECT MAX(seq) FROM history_feed")
+                    .and_then(|mut st| st.query_row([], |r| r.get::<_, Option<i64>>(0)))
+                    .map(|seq| seq.map(|s| s.max(0) as u64))
+                    .db()
+            })
+            .await
+    }
+
     async fn notifications_queued_through(&self, seq: u64) -> Result<bool> {
         self.history
             .read(move |c| {
