@@ -455,7 +455,7 @@ fn a_node_that_cannot_reach_nats_fails_at_start() {
 }
 
 /// The work done once across the cluster, as a node's `/health` lists it.
-const SINGULAR_WORK: [&str; 3] = ["expiry", "history", "pipeline"];
+const SINGULAR_WORK: [&str; 4] = ["bridges", "expiry", "history", "pipeline"];
 
 /// The work `server` does now, from its `/health`.
 async fn work_of(server: &Server) -> Vec<String> {

@@ -3,7 +3,8 @@
 //!
 //! Work that must be done once across the cluster — the pipeline (the
 //! ingest consumer with the rule engine it feeds), history's moves and
-//! retention, the expiry of transient entities — runs through
+//! retention, the expiry of transient entities, the channel bridges — runs
+//! through
 //! [`Cluster::run_leased`]: the node claims the work's lease in the store
 //! and runs the work while it keeps renewing it; another node, claiming
 //! the same lease all along, takes over once it expires (a dead node) or
@@ -33,6 +34,8 @@ pub mod work {
     pub const HISTORY: &str = "history";
     /// Deleting transient entities once they expire.
     pub const EXPIRY: &str = "expiry";
+    /// The channel bridges (weft's events published into channels).
+    pub const BRIDGES: &str = "bridges";
 }
 
 /// How leases and heartbeats are timed.

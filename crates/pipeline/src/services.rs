@@ -170,10 +170,15 @@ impl Services {
             bus.clone(),
             channels.clone(),
             config.channels.bridges.clone(),
-            shutdown.clone(),
         )
         .await
         .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
+        {
+            let bridges = bridges.clone();
+            cluster.run_leased(work::BRIDGES, shutdown.clone(), tracker, move |stop| {
+                bridges.clone().run(stop)
+            });
+        }
         let ingest = Ingest::load(
             store.clone(),
             bus.clone(),

@@ -11,11 +11,13 @@
 //! channel drops as duplicates: every event arrives exactly once, in order.
 //! The bus only rings the doorbell (and a timer stands in when it lags).
 //!
-//! A bridge made or deleted through another node's API is started or
-//! stopped here as soon as that node announces it ([`Follower`]). Every
-//! node runs every bridge for now, from the shared cursor; the channel's
-//! deduplication by message id keeps the messages single (giving each
-//! bridge to one node is a later step of scale-out).
+//! A bridge made or deleted through another node's API is known here as
+//! soon as that node announces it ([`Follower`]). The bridges run on one
+//! node of a cluster, the holder of the `bridges` lease
+//! ([`Bridges::run`]); the others only keep their definitions, and take
+//! them over from the shared cursors when the lease comes to them. Should
+//! two nodes both publish for a moment (a holder stalled past its lease),
+//! the channel drops the duplicates by message id.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -104,25 +106,29 @@ pub struct Bridges {
     store: Arc<dyn Store>,
     bus: Arc<dyn Bus>,
     channels: Arc<Channels>,
-    shutdown: CancellationToken,
+    /// Every bridge, by name: its definition, whether it was made through
+    /// the API, and what stops its task.
     running: parking_lot::Mutex<HashMap<String, (BridgeSpec, bool, CancellationToken)>>,
+    /// While this node holds the `bridges` lease: the lease's token, whose
+    /// children stop the tasks. `None`: the bridges are only known here.
+    lease: parking_lot::Mutex<Option<CancellationToken>>,
 }
 
 impl Bridges {
-    /// Starts the configured bridges and those stored through the API.
+    /// Knows the configured bridges and those stored through the API; they
+    /// run from [`Bridges::run`].
     pub async fn start(
         store: Arc<dyn Store>,
         bus: Arc<dyn Bus>,
         channels: Arc<Channels>,
         configured: Vec<(String, BridgeSpec)>,
-        shutdown: CancellationToken,
     ) -> Result<Arc<Bridges>, BridgeError> {
         let bridges = Arc::new(Bridges {
             store: store.clone(),
             bus,
             channels,
-            shutdown,
             running: parking_lot::Mutex::new(HashMap::new()),
+            lease: parking_lot::Mutex::new(None),
         });
         for (name, spec) in configured {
             bridges.launch(&name, spec, false).await?;
@@ -195,16 +201,43 @@ impl Bridges {
         all
     }
 
-    /// (Re)starts the task of bridge `name`.
+    /// Runs every bridge until `stop` (this node holds the `bridges` lease
+    /// meanwhile), each from its stored cursor, including those made or
+    /// changed while it runs.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        *self.lease.lock() = Some(stop.clone());
+        let known: Vec<(String, BridgeSpec, bool)> = self
+            .running
+            .lock()
+            .iter()
+            .map(|(name, (spec, stored, _))| (name.clone(), spec.clone(), *stored))
+            .collect();
+        for (name, spec, stored) in known {
+            if let Err(e) = self.launch(&name, spec, stored).await {
+                tracing::warn!(bridge = %name, error = %e, "starting a bridge failed");
+            }
+        }
+        stop.cancelled().await;
+        *self.lease.lock() = None;
+    }
+
+    /// Records bridge `name` and, while this node runs the bridges,
+    /// (re)starts its task.
     async fn launch(&self, name: &str, spec: BridgeSpec, stored: bool) -> Result<(), BridgeError> {
         let (source, filter) = spec.validate(name)?;
-        let stop = self.shutdown.child_token();
+        let lease = self.lease.lock().clone();
+        let stop = lease
+            .as_ref()
+            .map_or_else(CancellationToken::new, CancellationToken::child_token);
         if let Some((_, _, old)) = self
             .running
             .lock()
             .insert(name.to_string(), (spec.clone(), stored, stop.clone()))
         {
             old.cancel();
+        }
+        if lease.is_none() {
+            return Ok(());
         }
         let task = BridgeTask {
             cursor_name: format!("bridge:{name}"),
