@@ -217,6 +217,8 @@ pub fn thousands(x: f64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
+        // `is_multiple_of` is newer than the workspace's rust-version.
+        #[allow(clippy::manual_is_multiple_of)]
         if i > 0 && (digits.len() - i) % 3 == 0 {
             out.push(',');
         }

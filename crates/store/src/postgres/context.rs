@@ -122,17 +122,14 @@ impl ContextStore for PostgresStore {
                         )
                         .await
                         .map_err(db)?;
-                    let current = match row {
-                        Some(row) => Some(NgsiDocument {
-                            kind,
-                            tenant: tenant.clone(),
-                            id: id.clone(),
-                            service_path: row.get(0),
-                            created: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
-                            json: row.get(2),
-                        }),
-                        None => None,
-                    };
+                    let current = row.map(|row| NgsiDocument {
+                        kind,
+                        tenant: tenant.clone(),
+                        id: id.clone(),
+                        service_path: row.get(0),
+                        created: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+                        json: row.get(2),
+                    });
                     let Some(d) = merge(current) else {
                         return Ok(None);
                     };
