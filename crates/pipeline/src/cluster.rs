@@ -106,6 +106,12 @@ impl Cluster {
     /// Writes this node's heartbeat every couple of seconds until
     /// `shutdown`.
     pub async fn heartbeat_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        metrics::gauge!(
+            "weft_cluster_node_info",
+            "node" => self.info.node.clone(),
+            "version" => self.info.version.clone()
+        )
+        .set(1.0);
         loop {
             if let Err(e) = self.store.heartbeat(&self.info, FORGET_AFTER).await {
                 tracing::warn!(error = %e, "writing this node's heartbeat failed");
