@@ -1,5 +1,7 @@
 //! Health and metrics.
 
+use std::time::Duration;
+
 use crate::util::*;
 
 /// `/health` passes on a writable store and `/metrics` counts uplinks.
@@ -27,6 +29,42 @@ async fn health_and_metrics() {
         .await
         .unwrap();
     assert!(text.contains("weft_uplinks_accepted_total 1"), "{text}");
+    // One node alone does every piece of the work done once, and says so.
+    let health = eventually(Duration::from_secs(10), || async {
+        let health = c.expect(200, "GET", "/health", None).await;
+        (health["work"].as_array().map(Vec::len) == Some(4)).then_some(health)
+    })
+    .await;
+    let node = health["node"].as_str().expect("a node id").to_string();
+    assert!(
+        text.contains(&format!("node=\"{node}\"")) && text.contains("weft_cluster_node_info"),
+        "{text}"
+    );
+    let mut work: Vec<&str> = health["work"]
+        .as_array()
+        .expect("the work done here")
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    work.sort_unstable();
+    assert_eq!(
+        work,
+        ["bridges", "expiry", "history", "pipeline"],
+        "{health}"
+    );
+    let metrics = c
+        .http
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_cluster_lease_held{work=\"pipeline\"} 1"),
+        "{metrics}"
+    );
     let api = c.expect(200, "GET", "/api/v1/openapi.json", None).await;
     assert!(api["paths"]["/sensor-data/{channel}/{infoType}/{deviceType}"].is_object());
 }
