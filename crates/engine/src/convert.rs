@@ -73,16 +73,43 @@ const MAX_DEPTH: usize = 64;
 /// [`MAX_DEPTH`] (perhaps a cycle) go through QuickJS's `JSON.stringify`,
 /// so the result is the same either way. `object_prototype` is the
 /// context's own `Object.prototype`.
+///
+/// `undefined` says what an object property holding `undefined` becomes:
+/// JSON leaves it out ([`Undefined::Omit`], for rules); The Things Stack's
+/// codec engine renders it as `null` ([`Undefined::Null`], for codecs), so
+/// a decoder's `{temperature: undefined}` keeps its key.
 pub(crate) fn to_json<'js>(
     ctx: &Ctx<'js>,
     value: Value<'js>,
     object_prototype: &Object<'js>,
+    undefined: Undefined,
 ) -> Result<Json, Fault> {
-    match walk(ctx, &value, Key::Name(""), object_prototype, 0) {
+    let walker = Walker {
+        object_prototype,
+        undefined,
+    };
+    match walker.walk(ctx, &value, Key::Name(""), 0) {
         Ok(json) => Ok(json.unwrap_or(Json::Null)),
         Err(Walk::Js(error)) => Err(Fault::Js(error)),
         Err(Walk::Bail) => stringify(ctx, value),
     }
+}
+
+/// What an object property holding `undefined` becomes in a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undefined {
+    /// Left out, as `JSON.stringify` does.
+    Omit,
+    /// `null`, as The Things Stack renders a codec's output.
+    Null,
+}
+
+/// The fixed parts of one conversion.
+struct Walker<'a, 'js> {
+    /// The context's own `Object.prototype`, which tells plain objects.
+    object_prototype: &'a Object<'js>,
+    /// What `undefined` properties become.
+    undefined: Undefined,
 }
 
 /// Why the direct walk stopped.
@@ -119,15 +146,17 @@ enum Key<'a> {
     Index(usize),
 }
 
+impl<'js> Walker<'_, 'js> {
 /// One step of the direct conversion; `None` is a value JSON leaves out
 /// (`undefined`, a function, a symbol).
-fn walk<'js>(
+fn walk(
+    &self,
     ctx: &Ctx<'js>,
     value: &Value<'js>,
     key: Key<'_>,
-    object_prototype: &Object<'js>,
     depth: usize,
 ) -> Result<Option<Json>, Walk> {
+    let object_prototype = self.object_prototype;
     if depth > MAX_DEPTH {
         return Err(Walk::Bail);
     }
@@ -154,7 +183,7 @@ fn walk<'js>(
             let mut items = Vec::with_capacity(array.len());
             for index in 0..array.len() {
                 let item: Value = array.get(index)?;
-                let json = walk(ctx, &item, Key::Index(index), object_prototype, depth + 1)?;
+                let json = self.walk(ctx, &item, Key::Index(index), depth + 1)?;
                 items.push(json.unwrap_or(Json::Null));
             }
             Json::Array(items)
@@ -164,9 +193,14 @@ fn walk<'js>(
             let mut map = serde_json::Map::new();
             for property in object.props::<String, Value>() {
                 let (name, item) = property?;
-                if let Some(json) = walk(ctx, &item, Key::Name(&name), object_prototype, depth + 1)?
-                {
-                    map.insert(name, json);
+                match self.walk(ctx, &item, Key::Name(&name), depth + 1)? {
+                    Some(json) => {
+                        map.insert(name, json);
+                    }
+                    None if self.undefined == Undefined::Null && item.is_undefined() => {
+                        map.insert(name, Json::Null);
+                    }
+                    None => {}
                 }
             }
             Json::Object(map)
@@ -176,6 +210,8 @@ fn walk<'js>(
         _ => return stringify_omittable(ctx, value).map_err(Walk::from),
     };
     Ok(Some(json))
+}
+
 }
 
 /// Whether `object` is a plain `{...}`, serialised as its own enumerable

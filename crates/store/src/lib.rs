@@ -14,6 +14,7 @@
 //! - [`RuleStore`]: rules, rule state, alarms and alarm events.
 //! - [`ChannelStore`]: durable pull channels.
 //! - [`KeyStore`]: API keys (their hashes, never their secrets).
+//! - [`DownlinkStore`]: downlink queues and the routes to devices.
 //!
 //! A domain's methods need its trait in scope: callers holding a
 //! `dyn Store` write `use weft_store::prelude::*;`.
@@ -38,6 +39,7 @@ mod channels;
 #[cfg(test)]
 mod conformance;
 mod context;
+mod downlinks;
 mod history;
 mod ingest;
 mod keys;
@@ -52,6 +54,7 @@ pub use catalog::{
 };
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};
+pub use downlinks::{DownlinkStore, FINISHED_DOWNLINKS_KEPT};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
     HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,
@@ -93,8 +96,8 @@ pub(crate) fn to_i64(n: u64) -> i64 {
 /// methods can only be called with its trait in scope.
 pub mod prelude {
     pub use crate::{
-        CatalogStore, ChannelStore, ContextStore, HistoryStore, IngestLogStore, KeyStore,
-        RuleStore, Store, UnitStore,
+        CatalogStore, ChannelStore, ContextStore, DownlinkStore, HistoryStore, IngestLogStore,
+        KeyStore, RuleStore, Store, UnitStore,
     };
 }
 
@@ -132,6 +135,7 @@ pub trait Store:
     + RuleStore
     + ChannelStore
     + KeyStore
+    + DownlinkStore
     + 'static
 {
     /// Commits an empty write through the writer: `Ok` means the store is

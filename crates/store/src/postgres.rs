@@ -27,6 +27,7 @@ mod catalog;
 mod channels;
 mod conn;
 mod context;
+mod downlinks;
 mod history;
 mod ingest;
 mod keys;
