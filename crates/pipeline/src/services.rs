@@ -21,6 +21,7 @@ use crate::channels::bridge::Bridges;
 use crate::channels::{Channels, ChannelsConfig};
 use crate::context::{self, Context};
 use crate::definitions::follow;
+use crate::downlinks::{Downlinks, DownlinksConfig};
 use crate::history::{History, RetentionPolicy};
 use crate::ingest::{Ingest, IngestConfig};
 use crate::registrations::Registrations;
@@ -45,6 +46,8 @@ pub struct ServicesConfig {
     pub channels: ChannelsConfig,
     /// How long a context provider has to answer a forwarded request.
     pub forward_timeout: Duration,
+    /// How downlinks are sent.
+    pub downlinks: DownlinksConfig,
 }
 
 impl Default for ServicesConfig {
@@ -60,6 +63,7 @@ impl Default for ServicesConfig {
             rules: RulesConfig::default(),
             channels: ChannelsConfig::default(),
             forward_timeout: crate::forwarding::DEFAULT_TIMEOUT,
+            downlinks: DownlinksConfig::default(),
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct Services {
     pub channels: Arc<Channels>,
     /// The bridges publishing weft's events into channels.
     pub bridges: Arc<Bridges>,
+    /// Downlink queues, their delivery, and NGSI commands.
+    pub downlinks: Arc<Downlinks>,
     /// The store, for the API's read-only queries.
     pub store: Arc<dyn Store>,
     /// The bus, for live subscribers.
@@ -154,6 +160,14 @@ impl Services {
         )
         .await
         .map_err(|e| StoreError::Database(format!("starting the channel bridges: {e}")))?;
+        let downlinks = Arc::new(Downlinks::new(
+            store.clone(),
+            catalog.clone(),
+            context.clone(),
+            engine.clone(),
+            config.downlinks.clone(),
+        ));
+        tracker.spawn(downlinks.clone().run(shutdown.clone()));
         let ingest = Ingest::load(
             store.clone(),
             bus.clone(),
@@ -183,6 +197,7 @@ impl Services {
             rules,
             channels,
             bridges,
+            downlinks,
             store,
             bus,
         })
