@@ -116,7 +116,10 @@ impl Downlinks {
             Outcome::Pending(reason) => {
                 d.status = DownlinkStatus::Pending;
                 d.reason = Some(reason);
-                d.next_attempt_at = now + self.config.pending_recheck.as_millis() as i64;
+                d.next_attempt_at = until_expiry(
+                    &d,
+                    now + self.config.pending_recheck.as_millis() as i64,
+                );
                 self.record(&d).await;
             }
             Outcome::Retry(reason) => {
@@ -132,7 +135,10 @@ impl Downlinks {
                 } else {
                     d.status = DownlinkStatus::Queued;
                     d.reason = Some(reason);
-                    d.next_attempt_at = now + backoff(&self.config, d.attempts).as_millis() as i64;
+                    d.next_attempt_at = until_expiry(
+                        &d,
+                        now + backoff(&self.config, d.attempts).as_millis() as i64,
+                    );
                     self.record(&d).await;
                 }
             }
@@ -197,6 +203,12 @@ impl Downlinks {
         };
         Outcome::Sent(answer)
     }
+}
+
+/// `at`, or the downlink's expiry if that comes first: an expiring
+/// downlink is looked at when it expires, not a wait later.
+fn until_expiry(d: &Downlink, at: i64) -> i64 {
+    d.expires_at.map_or(at, |expiry| at.min(expiry))
 }
 
 /// The wait before attempt `attempts + 1`: `retry_initial` doubled per
