@@ -246,7 +246,53 @@ fn check_body(body: &[u8]) -> Result<Value, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_body;
+    use super::*;
+    use serde_json::json;
+
+    /// Each network server's uplink names the device and the way back:
+    /// TTN's headers, ChirpStack's DevEUI (uplinks only), Helium's
+    /// `downlink_url` (http(s) only).
+    #[test]
+    fn uplinks_teach_downlink_routes() {
+        let mut headers = HeaderMap::new();
+        let ttn = json!({"end_device_ids": {"device_id": "dev1"}});
+        assert_eq!(downlink_route(UplinkFormat::Ttn, None, &headers, &ttn), None);
+        headers.insert("x-downlink-push", "https://t/push".parse().unwrap());
+        headers.insert("x-downlink-apikey", "NNSXS.K".parse().unwrap());
+        assert_eq!(
+            downlink_route(UplinkFormat::Ttn, None, &headers, &ttn),
+            Some((
+                "dev1".to_string(),
+                DownlinkRoute::TtnWebhook {
+                    push_url: "https://t/push".into(),
+                    replace_url: None,
+                    api_key: Some("NNSXS.K".into())
+                }
+            ))
+        );
+        let cs = json!({"deviceInfo": {"devEui": "0102"}});
+        let none = HeaderMap::new();
+        assert_eq!(
+            downlink_route(UplinkFormat::ChirpStack, None, &none, &cs),
+            Some((
+                "0102".to_string(),
+                DownlinkRoute::ChirpStackRest {
+                    dev_eui: "0102".into()
+                }
+            ))
+        );
+        assert_eq!(
+            downlink_route(UplinkFormat::ChirpStack, Some("join"), &none, &cs),
+            None
+        );
+        let helium = json!({"id": "h1", "downlink_url": "https://console/down"});
+        assert!(downlink_route(UplinkFormat::SensaeEncoded, None, &none, &helium).is_some());
+        let bad = json!({"id": "h1", "downlink_url": "file:///etc/passwd"});
+        assert_eq!(
+            downlink_route(UplinkFormat::SensaeEncoded, None, &none, &bad),
+            None
+        );
+    }
 
     #[test]
     fn only_well_formed_objects_within_limits_pass() {

@@ -195,6 +195,7 @@ where
 {
     let backend = B::fresh().await;
     let store = backend.open().await;
+    assert_eq!(store.next_downlink_due().await.unwrap(), None);
     let mut pending = downlink("p", "dev", 9_000);
     pending.status = weft_model::DownlinkStatus::Pending;
     store
@@ -205,6 +206,7 @@ where
         )
         .await
         .unwrap();
+    assert_eq!(store.next_downlink_due().await.unwrap(), Some(100));
     assert!(store.claim_due_downlinks(50, 5_000, 10).await.unwrap().is_empty());
     let claimed = store.claim_due_downlinks(1_000, 5_000, 10).await.unwrap();
     assert_eq!(ids(&claimed), ["early", "late"]);

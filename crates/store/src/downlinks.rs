@@ -44,6 +44,9 @@ pub trait DownlinkStore: Send + Sync {
         lease_until: i64,
         limit: usize,
     ) -> Result<Vec<Downlink>>;
+    /// When the earliest open downlink is due (epoch ms), if any: a read,
+    /// so an idle worker polls without writing.
+    async fn next_downlink_due(&self) -> Result<Option<i64>>;
     /// Stores a downlink's new state (by id) if it is still open; `false`
     /// when it was flushed or replaced meanwhile. A downlink that finishes
     /// makes room: the device's oldest finished ones beyond

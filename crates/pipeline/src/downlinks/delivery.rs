@@ -45,36 +45,53 @@ enum Outcome {
 }
 
 impl Downlinks {
-    /// Runs the delivery worker until `shutdown`.
+    /// Runs the delivery worker until `shutdown`: reads when the next
+    /// downlink is due (a read, so an idle worker writes nothing), claims
+    /// what is due, attempts it, and sleeps until the next is due, a
+    /// wake-up, or [`POLL`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let lease = self.config.request_timeout.saturating_mul(2) + Duration::from_secs(5);
         loop {
-            let lease = self.config.request_timeout.saturating_mul(2) + Duration::from_secs(5);
             let now = now_ms();
-            let claimed = match self
-                .store
-                .claim_due_downlinks(now, now + lease.as_millis() as i64, CLAIM_BATCH)
-                .await
-            {
-                Ok(claimed) => claimed,
+            let next = match self.store.next_downlink_due().await {
+                Ok(next) => next,
                 Err(error) => {
-                    tracing::warn!(%error, "could not claim due downlinks");
-                    Vec::new()
+                    tracing::warn!(%error, "could not read when downlinks are due");
+                    None
                 }
             };
-            let full = claimed.len() == CLAIM_BATCH;
-            for downlink in claimed {
-                if shutdown.is_cancelled() {
-                    return;
+            let mut worked = false;
+            if next.is_some_and(|due| due <= now) {
+                let claimed = match self
+                    .store
+                    .claim_due_downlinks(now, now + lease.as_millis() as i64, CLAIM_BATCH)
+                    .await
+                {
+                    Ok(claimed) => claimed,
+                    Err(error) => {
+                        tracing::warn!(%error, "could not claim due downlinks");
+                        Vec::new()
+                    }
+                };
+                worked = !claimed.is_empty();
+                for downlink in claimed {
+                    if shutdown.is_cancelled() {
+                        return;
+                    }
+                    self.attempt(downlink).await;
                 }
-                self.attempt(downlink).await;
             }
-            if full {
+            if worked {
                 continue;
             }
+            let wait = next
+                .filter(|due| *due > now)
+                .map(|due| Duration::from_millis((due - now) as u64).min(POLL))
+                .unwrap_or(POLL);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -88,7 +105,7 @@ impl Downlinks {
             d.updated_at = now;
             metrics::counter!("weft_downlinks_expired_total").increment(1);
             if self.record(&d).await {
-                self.follow_command(&d, "EXPIRED", json!("expired before it could be sent"))
+                self.follow_command(&d, "EXPIRED", Some(json!("expired before it could be sent")))
                     .await;
             }
             return;
@@ -108,8 +125,8 @@ impl Downlinks {
                 d.attempts += 1;
                 if self.record(&d).await {
                     match answer {
-                        Some(result) => self.follow_command(&d, "OK", result).await,
-                        None => self.follow_command(&d, "DELIVERED", json!("")).await,
+                        Some(result) => self.follow_command(&d, "OK", Some(result)).await,
+                        None => self.follow_command(&d, "DELIVERED", None).await,
                     }
                 }
             }
@@ -130,7 +147,7 @@ impl Downlinks {
                     d.reason = Some(reason.clone());
                     metrics::counter!("weft_downlinks_failed_total").increment(1);
                     if self.record(&d).await {
-                        self.follow_command(&d, "ERROR", json!(reason)).await;
+                        self.follow_command(&d, "ERROR", Some(json!(reason))).await;
                     }
                 } else {
                     d.status = DownlinkStatus::Queued;

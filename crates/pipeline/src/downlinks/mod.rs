@@ -181,7 +181,7 @@ impl Downlinks {
             .await?;
         metrics::counter!("weft_downlinks_queued_total").increment(downlinks.len() as u64);
         for gone in removed {
-            self.follow_command(&gone, "EXPIRED", json!("replaced by a newer downlink"))
+            self.follow_command(&gone, "EXPIRED", Some(json!("replaced by a newer downlink")))
                 .await;
         }
         self.wake.notify_one();
@@ -331,7 +331,7 @@ impl Downlinks {
         }
         let removed = self.store.flush_downlinks(device_id).await?;
         for gone in &removed {
-            self.follow_command(gone, "EXPIRED", json!("flushed from the queue"))
+            self.follow_command(gone, "EXPIRED", Some(json!("flushed from the queue")))
                 .await;
         }
         Ok(removed.len())
@@ -497,9 +497,15 @@ impl Downlinks {
                 Some(command.clone()),
                 now_ms(),
             );
-            self.store_queued(device_id, vec![downlink], false).await?;
+            // PENDING before the worker can see it, so a fast delivery's
+            // DELIVERED is never overwritten.
             self.set_command_attrs(device_id, &command, "PENDING", None)
                 .await;
+            if let Err(error) = self.store_queued(device_id, vec![downlink], false).await {
+                self.set_command_attrs(device_id, &command, "ERROR", Some(json!(error.to_string())))
+                    .await;
+                return Err(error);
+            }
         }
         Ok(())
     }
@@ -530,9 +536,9 @@ impl Downlinks {
 
     /// Keeps a command's `<command>_status` / `<command>_info` in step
     /// with its downlink; nothing for downlinks that are no command.
-    async fn follow_command(&self, downlink: &Downlink, status: &str, info: Value) {
+    async fn follow_command(&self, downlink: &Downlink, status: &str, info: Option<Value>) {
         if let Some(command) = &downlink.command {
-            self.set_command_attrs(&downlink.device_id, command, status, Some(info))
+            self.set_command_attrs(&downlink.device_id, command, status, info)
                 .await;
         }
     }

@@ -108,6 +108,18 @@ impl DownlinkStore for PostgresStore {
             .await
     }
 
+    async fn next_downlink_due(&self) -> Result<Option<i64>> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT MIN(due_at) FROM downlinks WHERE status IN ('queued', 'pending')",
+                &[],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get(0))
+    }
+
     async fn update_downlink(&self, downlink: &Downlink) -> Result<bool> {
         let json = encode("downlink", downlink)?;
         let (id, device) = (downlink.id.clone(), downlink.device_id.clone());

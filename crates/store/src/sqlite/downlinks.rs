@@ -98,6 +98,17 @@ impl DownlinkStore for SqliteStore {
             .await
     }
 
+    async fn next_downlink_due(&self) -> Result<Option<i64>> {
+        self.main
+            .read(|c| {
+                c.prepare_cached(&format!("SELECT MIN(due_at) FROM downlinks WHERE {OPEN}"))
+                    .db()?
+                    .query_row([], |row| row.get(0))
+                    .db()
+            })
+            .await
+    }
+
     async fn update_downlink(&self, downlink: &Downlink) -> Result<bool> {
         let json = encode("downlink", downlink)?;
         let (id, device) = (downlink.id.clone(), downlink.device_id.clone());
