@@ -50,7 +50,12 @@ async fn actuator(c: &Client, id: &str, device: Value) {
 /// The device's downlinks as listed.
 async fn downlinks(c: &Client, id: &str) -> Vec<Value> {
     let (status, reply) = c
-        .send("GET", &format!("/api/v1/devices/{id}/downlinks"), None, None)
+        .send(
+            "GET",
+            &format!("/api/v1/devices/{id}/downlinks"),
+            None,
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{reply}");
     reply["downlinks"].as_array().unwrap().clone()
@@ -81,7 +86,12 @@ async fn the_queue_is_pushed_replaced_listed_and_flushed() {
     let path = "/api/v1/devices/act1/downlinks";
 
     let (status, raw) = c
-        .send("POST", path, Some(&json!({"fPort": 11, "bytes": b64(&[2, 0, 30])})), None)
+        .send(
+            "POST",
+            path,
+            Some(&json!({"fPort": 11, "bytes": b64(&[2, 0, 30])})),
+            None,
+        )
         .await;
     assert_eq!(status, 202, "{raw}");
     let raw = &raw["downlinks"][0];
@@ -114,7 +124,10 @@ async fn the_queue_is_pushed_replaced_listed_and_flushed() {
     // No route yet: pending, with the reason.
     let pending = downlink_reaching(&c, "act1", raw["id"].as_str().unwrap(), "pending").await;
     assert!(
-        pending["reason"].as_str().unwrap().contains("no downlink route"),
+        pending["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no downlink route"),
         "{pending}"
     );
 
@@ -136,7 +149,12 @@ async fn the_queue_is_pushed_replaced_listed_and_flushed() {
     }
     // The codec refuses: 422 with its own errors.
     let (status, reply) = c
-        .send("POST", path, Some(&json!({"data": {"command": "dance"}})), None)
+        .send(
+            "POST",
+            path,
+            Some(&json!({"data": {"command": "dance"}})),
+            None,
+        )
         .await;
     assert_eq!(status, 422, "{reply}");
     assert_eq!(reply["errors"], json!(["unknown command dance"]));
@@ -145,14 +163,24 @@ async fn the_queue_is_pushed_replaced_listed_and_flushed() {
     for method in ["GET", "POST", "PUT", "DELETE"] {
         let body = json!({"fPort": 1, "bytes": b64(&[1])});
         let (status, _) = c
-            .send(method, "/api/v1/devices/nobody/downlinks", Some(&body), None)
+            .send(
+                method,
+                "/api/v1/devices/nobody/downlinks",
+                Some(&body),
+                None,
+            )
             .await;
         assert_eq!(status, 404, "{method}");
     }
 
     // Replace: the open ones go, the new one stays.
     let (status, replaced) = c
-        .send("PUT", path, Some(&json!({"fPort": 5, "bytes": b64(&[9])})), None)
+        .send(
+            "PUT",
+            path,
+            Some(&json!({"fPort": 5, "bytes": b64(&[9])})),
+            None,
+        )
         .await;
     assert_eq!(status, 202, "{replaced}");
     let listed = downlinks(&c, "act1").await;
@@ -257,7 +285,12 @@ async fn chirpstack_downlinks_go_to_its_rest_queue() {
 
     let path = "/api/v1/devices/0102030405060708/downlinks";
     let (status, queued) = c
-        .send("POST", path, Some(&json!({"fPort": 20, "bytes": b64(&[0xca, 0xfe])})), None)
+        .send(
+            "POST",
+            path,
+            Some(&json!({"fPort": 20, "bytes": b64(&[0xca, 0xfe])})),
+            None,
+        )
         .await;
     assert_eq!(status, 202, "{queued}");
     let seen = chirpstack.next().await;
@@ -276,12 +309,20 @@ async fn chirpstack_downlinks_go_to_its_rest_queue() {
     // Every attempt refused: failed after the configured two, with the error.
     chirpstack.answer(500, r#"{"error":"down"}"#);
     let (_, queued) = c
-        .send("POST", path, Some(&json!({"fPort": 20, "bytes": b64(&[1])})), None)
+        .send(
+            "POST",
+            path,
+            Some(&json!({"fPort": 20, "bytes": b64(&[1])})),
+            None,
+        )
         .await;
     let id = queued["downlinks"][0]["id"].as_str().unwrap();
     let failed = downlink_reaching(&c, "0102030405060708", id, "failed").await;
     assert_eq!(failed["attempts"], 2);
-    assert!(failed["reason"].as_str().unwrap().contains("500"), "{failed}");
+    assert!(
+        failed["reason"].as_str().unwrap().contains("500"),
+        "{failed}"
+    );
 }
 
 /// A Helium uplink's `downlink_url` takes the device's downlinks
@@ -397,11 +438,21 @@ async fn a_command_attribute_round_trip() {
     assert_eq!(entity["ring_info"], "rang 3 times");
     // Naming no command is a 400; an unknown device a 404.
     let (status, _) = c
-        .send("POST", &format!("/iot/json/commands?k={KEY}&i=lamp1"), Some(&json!({"level": 1})), None)
+        .send(
+            "POST",
+            &format!("/iot/json/commands?k={KEY}&i=lamp1"),
+            Some(&json!({"level": 1})),
+            None,
+        )
         .await;
     assert_eq!(status, 400);
     let (status, _) = c
-        .send("POST", &format!("/iot/json/commands?k={KEY}&i=nobody"), Some(&json!({"ring": 1})), None)
+        .send(
+            "POST",
+            &format!("/iot/json/commands?k={KEY}&i=nobody"),
+            Some(&json!({"ring": 1})),
+            None,
+        )
         .await;
     assert_eq!(status, 404);
 
@@ -425,6 +476,12 @@ async fn a_command_attribute_round_trip() {
     })
     .await;
     assert_eq!(entity["ring_status"], "OK");
-    assert_eq!(entity["level"], 4, "the other attributes are updated as usual");
-    assert!(entity.get("ring").is_none(), "a command is no attribute value");
+    assert_eq!(
+        entity["level"], 4,
+        "the other attributes are updated as usual"
+    );
+    assert!(
+        entity.get("ring").is_none(),
+        "a command is no attribute value"
+    );
 }

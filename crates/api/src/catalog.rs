@@ -160,7 +160,8 @@ async fn decode(
             // The codec's own `errors` (and `warnings`) when it returned
             // them, as The Things Stack shows a failed test decode;
             // otherwise the one error weft met.
-            let (errors, warnings) = report.unwrap_or_else(|| (vec![failed.description.clone()], Vec::new()));
+            let (errors, warnings) =
+                report.unwrap_or_else(|| (vec![failed.description.clone()], Vec::new()));
             Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "DecodeFailed",

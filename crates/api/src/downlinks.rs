@@ -37,8 +37,12 @@ impl From<DownlinkError> for ApiError {
                 description,
                 errors,
                 ..
-            } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "EncodeFailed", description)
-                .with_extra(json!({ "errors": errors })),
+            } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "EncodeFailed",
+                description,
+            )
+            .with_extra(json!({ "errors": errors })),
             DownlinkError::Busy => ApiError::overloaded(),
             DownlinkError::Store(e) => e.into(),
         }

@@ -12,9 +12,9 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::Value;
 use weft_model::device_event::is_event_name;
 use weft_model::validate::is_sensae_name;
-use serde_json::Value;
 use weft_model::{now_ms, DownlinkRoute, NewUplink, UplinkFormat};
 
 use crate::{ApiError, ApiResult, AppState};
@@ -256,7 +256,10 @@ mod tests {
     fn uplinks_teach_downlink_routes() {
         let mut headers = HeaderMap::new();
         let ttn = json!({"end_device_ids": {"device_id": "dev1"}});
-        assert_eq!(downlink_route(UplinkFormat::Ttn, None, &headers, &ttn), None);
+        assert_eq!(
+            downlink_route(UplinkFormat::Ttn, None, &headers, &ttn),
+            None
+        );
         headers.insert("x-downlink-push", "https://t/push".parse().unwrap());
         headers.insert("x-downlink-apikey", "NNSXS.K".parse().unwrap());
         assert_eq!(

@@ -168,7 +168,9 @@ mod tests {
             })
         );
         assert_eq!(
-            interpret_encode_downlink(json!({"bytes": []})).unwrap().f_port,
+            interpret_encode_downlink(json!({"bytes": []}))
+                .unwrap()
+                .f_port,
             None
         );
         assert!(matches!(

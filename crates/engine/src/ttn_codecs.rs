@@ -24,7 +24,12 @@ async fn run(engine: &Engine, call: Call) -> Result<Value, CodecError> {
 }
 
 /// `decodeUplink` (or `Decoder`) on `bytes` at `f_port`, raw result.
-async fn uplink(engine: &Engine, source: &str, bytes: &[u8], f_port: u32) -> Result<Value, CodecError> {
+async fn uplink(
+    engine: &Engine,
+    source: &str,
+    bytes: &[u8],
+    f_port: u32,
+) -> Result<Value, CodecError> {
     run(
         engine,
         Call::DecodeUplink {
@@ -38,12 +43,22 @@ async fn uplink(engine: &Engine, source: &str, bytes: &[u8], f_port: u32) -> Res
 }
 
 /// The decoded data, as the pipeline reads it.
-async fn data(engine: &Engine, source: &str, bytes: &[u8], f_port: u32) -> Result<Value, CodecError> {
+async fn data(
+    engine: &Engine,
+    source: &str,
+    bytes: &[u8],
+    f_port: u32,
+) -> Result<Value, CodecError> {
     let returned = uplink(engine, source, bytes, f_port).await?;
     interpret_decode_uplink(returned).map(|d| Value::Object(d.data))
 }
 
-async fn encode(engine: &Engine, source: &str, data: Value, f_port: Option<u32>) -> Result<Encoded, CodecError> {
+async fn encode(
+    engine: &Engine,
+    source: &str,
+    data: Value,
+    f_port: Option<u32>,
+) -> Result<Encoded, CodecError> {
     let returned = run(
         engine,
         Call::EncodeDownlink {
@@ -66,9 +81,14 @@ async fn device_repository_v3_codec() {
         engine.check(&Script::new(CLIMATE)).await,
         Ok(ScriptKind::DecodeUplink)
     );
-    let returned = uplink(&engine, CLIMATE, &[0x09, 0x24, 0x8b, 0x44, 0x7d, 0x50, 0x00, 0x85], 1)
-        .await
-        .unwrap();
+    let returned = uplink(
+        &engine,
+        CLIMATE,
+        &[0x09, 0x24, 0x8b, 0x44, 0x7d, 0x50, 0x00, 0x85],
+        1,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         returned,
         json!({"data": {"temperature": 23.4, "humidity": 69.5, "pressure": 1013.25,
@@ -157,7 +177,9 @@ async fn undefined_fields_become_null() {
     let engine = Engine::start(EngineConfig::default());
     assert_eq!(
         data(&engine, UNDEFINED, &[0, 100], 1).await,
-        Ok(json!({"temperature": 10, "humidity": null, "nested": {"gps": null, "list": [null, 1]}}))
+        Ok(
+            json!({"temperature": 10, "humidity": null, "nested": {"gps": null, "list": [null, 1]}})
+        )
     );
     let legacy = "function Decoder(bytes, port) { return {a: undefined, b: bytes[0]}; }";
     assert_eq!(
@@ -176,14 +198,18 @@ async fn common_javascript_idioms() {
     let engine = Engine::start(EngineConfig::default());
     assert_eq!(
         data(&engine, IDIOMS, &[7, 0, 60], 1).await,
-        Ok(json!({"model": "demo", "version": 2, "unit": "°C", "kind": "k7",
+        Ok(
+            json!({"model": "demo", "version": 2, "unit": "°C", "kind": "k7",
                   "measuredAt": "2023-11-14T22:12:20.123Z", "max": 60, "hypot": 5,
-                  "pow": 1024, "sqrt": 1.414, "json": "{\"a\":[1,2]}"}))
+                  "pow": 1024, "sqrt": 1.414, "json": "{\"a\":[1,2]}"})
+        )
     );
     assert_eq!(
         data(&engine, IDIOMS, &[0x05, 0xf0, 0x12, 0x34, 0x56], 5).await,
-        Ok(json!({"hex": "05f0123456", "signed": -16, "alarm": true, "mode": 2,
-                  "id": 1_193_046, "scaled": 24}))
+        Ok(
+            json!({"hex": "05f0123456", "signed": -16, "alarm": true, "mode": 2,
+                  "id": 1_193_046, "scaled": 24})
+        )
     );
 }
 
@@ -192,9 +218,14 @@ async fn common_javascript_idioms() {
 #[tokio::test]
 async fn downlink_encoder_and_decoder() {
     let engine = Engine::start(EngineConfig::default());
-    let encoded = encode(&engine, ACTUATOR, json!({"command": "interval", "minutes": 300}), None)
-        .await
-        .unwrap();
+    let encoded = encode(
+        &engine,
+        ACTUATOR,
+        json!({"command": "interval", "minutes": 300}),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         encoded,
         Encoded {

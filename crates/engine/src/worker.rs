@@ -7,7 +7,8 @@
 //! once into a context of its own (so scripts never see each other's
 //! globals) and kept in a bounded cache keyed by the script id.
 //!
-//! A codec call (`decodeUplink`, `convert`) starts from fresh state, as
+//! A codec call (`decodeUplink`, `encodeDownlink`, `decodeDownlink`, TTN
+//! v2's `Decoder`/`Encoder`, `convert`) starts from fresh state, as
 //! TTN's and ChirpStack's runners give it: the script is also compiled as
 //! the body of a function, and every codec call runs that function — the
 //! script's top level afresh, its `var`s and functions new — then the entry
@@ -73,7 +74,7 @@ const PRELUDE: &str = "globalThis.console = (function () {
 const FRESH_OPEN: &str = "(function () {";
 
 /// Closes that function: it returns the entry points the top level
-/// defined, in the order of [`Entry`].
+/// defined, in the order of [`EntryPoint`].
 const FRESH_CLOSE: &str = "\n;return [
   typeof decodeUplink === 'function' ? decodeUplink : undefined,
   typeof convert === 'function' ? convert : undefined,
@@ -85,7 +86,7 @@ const FRESH_CLOSE: &str = "\n;return [
 /// The entry points a codec's fresh run returns ([`FRESH_CLOSE`]), by
 /// their index there.
 #[derive(Clone, Copy)]
-enum Entry {
+enum EntryPoint {
     DecodeUplink = 0,
     Convert = 1,
     /// The Things Network v2's `Decoder(bytes, port)`.
@@ -96,15 +97,15 @@ enum Entry {
     DecodeDownlink = 5,
 }
 
-impl Entry {
+impl EntryPoint {
     fn name(self) -> &'static str {
         match self {
-            Entry::DecodeUplink => "decodeUplink",
-            Entry::Convert => "convert",
-            Entry::Decoder => "Decoder",
-            Entry::EncodeDownlink => "encodeDownlink",
-            Entry::Encoder => "Encoder",
-            Entry::DecodeDownlink => "decodeDownlink",
+            EntryPoint::DecodeUplink => "decodeUplink",
+            EntryPoint::Convert => "convert",
+            EntryPoint::Decoder => "Decoder",
+            EntryPoint::EncodeDownlink => "encodeDownlink",
+            EntryPoint::Encoder => "Encoder",
+            EntryPoint::DecodeDownlink => "decodeDownlink",
         }
     }
 }
@@ -551,8 +552,9 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
 }
 
 /// Runs one call in its script's context and returns the result as JSON.
-/// Codec calls render `undefined` properties as `null`, as The Things
-/// Stack does; rules keep JSON's rules.
+/// The Things Stack's codec calls render `undefined` properties as
+/// `null`, as its engine does; sensae's `convert` and rules keep JSON's
+/// rules.
 fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_json::Value, Fault> {
     let object_prototype = handles.object_prototype.clone().restore(ctx)?;
     let result = |returned: Value<'js>, undefined| {
@@ -574,11 +576,11 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
             let defined = fresh_entry_points(ctx, handles)?;
             let make_input = handles.make_input.clone().restore(ctx)?;
             let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &make_input)?;
-            if let Some(decode) = entry(&defined, Entry::DecodeUplink)? {
+            if let Some(decode) = entry(&defined, EntryPoint::DecodeUplink)? {
                 return codec(decode.call((input,))?);
             }
             // TTN v2: `Decoder(bytes, port)` returns the data itself.
-            let decoder = required(&defined, Entry::Decoder, Entry::DecodeUplink)?;
+            let decoder = required(&defined, EntryPoint::Decoder, EntryPoint::DecodeUplink)?;
             let input = input.as_object().ok_or(Fault::Output)?;
             let returned: Value = decoder.call((
                 input.get::<_, Value>("bytes")?,
@@ -588,7 +590,7 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
         }
         Call::EncodeDownlink { data, f_port, .. } => {
             let defined = fresh_entry_points(ctx, handles)?;
-            if let Some(encode) = entry(&defined, Entry::EncodeDownlink)? {
+            if let Some(encode) = entry(&defined, EntryPoint::EncodeDownlink)? {
                 let mut input = serde_json::json!({ "data": data });
                 if let Some(port) = f_port {
                     input["fPort"] = port.into();
@@ -596,21 +598,26 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
                 return codec(encode.call((convert::to_js(ctx, &input)?,))?);
             }
             // TTN v2: `Encoder(object, port)` returns the bytes themselves.
-            let encoder = required(&defined, Entry::Encoder, Entry::EncodeDownlink)?;
+            let encoder = required(&defined, EntryPoint::Encoder, EntryPoint::EncodeDownlink)?;
             let port = f_port.unwrap_or(LEGACY_DEFAULT_PORT);
             let returned: Value = encoder.call((convert::to_js(ctx, &data)?, port))?;
             Ok(serde_json::json!({ "bytes": codec(returned)?, "fPort": port }))
         }
         Call::DecodeDownlink { bytes, f_port, .. } => {
             let defined = fresh_entry_points(ctx, handles)?;
-            let decode = required(&defined, Entry::DecodeDownlink, Entry::DecodeDownlink)?;
+            let decode = required(&defined, EntryPoint::DecodeDownlink, EntryPoint::DecodeDownlink)?;
             let input = serde_json::json!({ "bytes": bytes, "fPort": f_port });
             codec(decode.call((convert::to_js(ctx, &input)?,))?)
         }
         Call::Convert { input, .. } => {
             let defined = fresh_entry_points(ctx, handles)?;
-            let convert = required(&defined, Entry::Convert, Entry::Convert)?;
-            codec(convert.call((convert::to_js(ctx, &input)?,))?)
+            let convert = required(&defined, EntryPoint::Convert, EntryPoint::Convert)?;
+            // sensae's converters ran under Node: JSON's rules, `undefined`
+            // members dropped.
+            result(
+                convert.call((convert::to_js(ctx, &input)?,))?,
+                Undefined::Omit,
+            )
         }
         Call::Function { name, args, .. } => {
             let value: Value = ctx.globals().get(name.as_str())?;
@@ -646,7 +653,7 @@ fn fresh_entry_points<'js>(
 /// The entry point `which` among those a fresh run defined, if it did.
 fn entry<'js>(
     defined: &Option<rquickjs::Array<'js>>,
-    which: Entry,
+    which: EntryPoint,
 ) -> Result<Option<Function<'js>>, Fault> {
     let Some(defined) = defined else {
         return Ok(None);
@@ -659,8 +666,8 @@ fn entry<'js>(
 /// caller asked for (`decodeUplink` when neither it nor `Decoder` exists).
 fn required<'js>(
     defined: &Option<rquickjs::Array<'js>>,
-    which: Entry,
-    named: Entry,
+    which: EntryPoint,
+    named: EntryPoint,
 ) -> Result<Function<'js>, Fault> {
     entry(defined, which)?
         .ok_or_else(|| Fault::Codec(CodecError::MissingFunction(named.name().to_string())))

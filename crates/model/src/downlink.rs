@@ -174,7 +174,9 @@ pub fn parse_requests(body: &Value, now: i64) -> Result<Vec<DownlinkRequest>, St
             items
                 .iter()
                 .enumerate()
-                .map(|(i, item)| parse_request(item, now).map_err(|e| format!("downlinks[{i}]: {e}")))
+                .map(|(i, item)| {
+                    parse_request(item, now).map_err(|e| format!("downlinks[{i}]: {e}"))
+                })
                 .collect()
         }
         Some(_) => Err("\"downlinks\" must be an array".into()),
@@ -212,9 +214,16 @@ fn parse_request(item: &Value, now: i64) -> Result<DownlinkRequest, String> {
         ));
     }
     let one_of = |names: &[&str]| -> Result<Option<&Value>, String> {
-        let given: Vec<&str> = names.iter().copied().filter(|n| o.contains_key(*n)).collect();
+        let given: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| o.contains_key(*n))
+            .collect();
         if given.len() > 1 {
-            return Err(format!("'{}' and '{}' say the same; give one", given[0], given[1]));
+            return Err(format!(
+                "'{}' and '{}' say the same; give one",
+                given[0], given[1]
+            ));
         }
         Ok(given.first().and_then(|n| o.get(*n)))
     };
@@ -241,7 +250,9 @@ fn parse_request(item: &Value, now: i64) -> Result<DownlinkRequest, String> {
     let data = one_of(&["data", "decoded_payload"])?;
     let payload = match (raw, data) {
         (Some(_), Some(_)) => {
-            return Err("give either data (encoded by the codec) or bytes (base64), not both".into())
+            return Err(
+                "give either data (encoded by the codec) or bytes (base64), not both".into(),
+            )
         }
         (None, None) => return Err("a downlink needs data (an object) or bytes (base64)".into()),
         (Some(Value::String(text)), None) => {
@@ -306,7 +317,9 @@ fn read_time(value: &Value) -> Result<i64, String> {
         Value::String(text) => chrono::DateTime::parse_from_rfc3339(text.trim())
             .map(|t| t.timestamp_millis())
             .map_err(|e| format!("expiresAt '{text}' is not an RFC 3339 time: {e}")),
-        other => Err(format!("expiresAt {other} is neither a time nor epoch milliseconds")),
+        other => Err(format!(
+            "expiresAt {other} is neither a time nor epoch milliseconds"
+        )),
     }
 }
 
@@ -514,7 +527,9 @@ pub fn delivery(
         } => Delivery::Mqtt(MqttDelivery {
             source: source.clone(),
             topic: format!("v3/{application}/devices/{device_id}/down/push"),
-            payload: json!({ "downlinks": [ttn_downlink(d)] }).to_string().into_bytes(),
+            payload: json!({ "downlinks": [ttn_downlink(d)] })
+                .to_string()
+                .into_bytes(),
         }),
         DownlinkRoute::ChirpStackRest { dev_eui } => {
             let api = chirpstack.ok_or_else(|| {
@@ -636,7 +651,9 @@ mod tests {
         assert_eq!(many.len(), 2);
         assert_eq!(many[1].payload, DownlinkPayload::Data(json!({"ring": 1})));
         assert_eq!(many[1].expires_at, Some(1_893_456_000_000));
-        assert!(parse_requests(&json!({"downlinks": []}), NOW).unwrap().is_empty());
+        assert!(parse_requests(&json!({"downlinks": []}), NOW)
+            .unwrap()
+            .is_empty());
     }
 
     /// Every bad field is a clear error naming it.
@@ -674,7 +691,10 @@ mod tests {
             panic!("http")
         };
         assert!(http.url.ends_with("/down/push"));
-        assert_eq!(http.headers, vec![("Authorization".into(), "Bearer NNSXS.KEY".into())]);
+        assert_eq!(
+            http.headers,
+            vec![("Authorization".into(), "Bearer NNSXS.KEY".into())]
+        );
         assert_eq!(
             http.body,
             json!({"downlinks": [{"frm_payload": "AQU=", "f_port": 10, "confirmed": true, "priority": "HIGH"}]})
@@ -699,7 +719,10 @@ mod tests {
         let Delivery::Http(http) = delivery(&route, &downlink(), Some(&api), false).unwrap() else {
             panic!("http")
         };
-        assert_eq!(http.url, "http://cs:8090/api/devices/0102030405060708/queue");
+        assert_eq!(
+            http.url,
+            "http://cs:8090/api/devices/0102030405060708/queue"
+        );
         assert!(http
             .headers
             .contains(&("Grpc-Metadata-Authorization".into(), "Bearer tok".into())));
@@ -762,7 +785,10 @@ mod tests {
         let Delivery::Http(h) = delivery(&helium, &d, None, false).unwrap() else {
             panic!("http")
         };
-        assert_eq!(h.body, json!({"payload_raw": "AQU=", "port": 10, "confirmed": true}));
+        assert_eq!(
+            h.body,
+            json!({"payload_raw": "AQU=", "port": 10, "confirmed": true})
+        );
         let device = DownlinkRoute::IotAgentHttp {
             endpoint: "http://lamp/cmd".into(),
         };

@@ -131,9 +131,7 @@ fn ids(downlinks: &[weft_model::Downlink]) -> Vec<&str> {
 /// A device's queue keeps its order; a replace swaps the open downlinks
 /// (answering them) in one go; a flush deletes and answers them; other
 /// devices' queues are untouched; everything survives a reopen.
-pub(crate) async fn downlink_queues_are_pushed_replaced_flushed_and_kept_across_reopen<
-    B: Backend,
->()
+pub(crate) async fn downlink_queues_are_pushed_replaced_flushed_and_kept_across_reopen<B: Backend>()
 where
     B::Store: DownlinkStore,
 {
@@ -159,10 +157,17 @@ where
     assert_eq!(listed[0], pushed[0], "every field is kept");
     // Ids are unique: a second "a" is refused and changes nothing.
     assert!(store
-        .queue_downlinks("dev", &[downlink("d", "dev", 1), downlink("a", "dev", 1)], false)
+        .queue_downlinks(
+            "dev",
+            &[downlink("d", "dev", 1), downlink("a", "dev", 1)],
+            false
+        )
         .await
         .is_err());
-    assert_eq!(ids(&store.list_downlinks("dev").await.unwrap()), ["a", "b", "c"]);
+    assert_eq!(
+        ids(&store.list_downlinks("dev").await.unwrap()),
+        ["a", "b", "c"]
+    );
     // A sent downlink stays listed, and a replace leaves it.
     let mut sent = listed[0].clone();
     sent.status = weft_model::DownlinkStatus::Sent;
@@ -182,7 +187,10 @@ where
     assert_eq!(left[0].status, weft_model::DownlinkStatus::Sent);
     assert_eq!(ids(&store.list_downlinks("other").await.unwrap()), ["x"]);
     // A flushed downlink can no longer be updated.
-    assert!(!store.update_downlink(&downlink("r", "dev", 1)).await.unwrap());
+    assert!(!store
+        .update_downlink(&downlink("r", "dev", 1))
+        .await
+        .unwrap());
 }
 
 /// A claim returns what is due, earliest first, and leases it: a second
@@ -201,24 +209,45 @@ where
     store
         .queue_downlinks(
             "dev",
-            &[downlink("late", "dev", 500), downlink("early", "dev", 100), pending],
+            &[
+                downlink("late", "dev", 500),
+                downlink("early", "dev", 100),
+                pending,
+            ],
             false,
         )
         .await
         .unwrap();
     assert_eq!(store.next_downlink_due().await.unwrap(), Some(100));
-    assert!(store.claim_due_downlinks(50, 5_000, 10).await.unwrap().is_empty());
+    assert!(store
+        .claim_due_downlinks(50, 5_000, 10)
+        .await
+        .unwrap()
+        .is_empty());
     let claimed = store.claim_due_downlinks(1_000, 5_000, 10).await.unwrap();
     assert_eq!(ids(&claimed), ["early", "late"]);
     assert!(
-        store.claim_due_downlinks(1_000, 5_000, 10).await.unwrap().is_empty(),
+        store
+            .claim_due_downlinks(1_000, 5_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
         "leased"
     );
     // Both leases ended at 5,000: the older of the two comes first.
-    assert_eq!(ids(&store.claim_due_downlinks(5_000, 6_000, 1).await.unwrap()), ["late"]);
+    assert_eq!(
+        ids(&store.claim_due_downlinks(5_000, 6_000, 1).await.unwrap()),
+        ["late"]
+    );
     assert_eq!(store.wake_pending_downlinks("dev", 2_000).await.unwrap(), 1);
-    assert_eq!(store.wake_pending_downlinks("nobody", 2_000).await.unwrap(), 0);
-    assert_eq!(ids(&store.claim_due_downlinks(2_000, 3_000, 10).await.unwrap()), ["p"]);
+    assert_eq!(
+        store.wake_pending_downlinks("nobody", 2_000).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        ids(&store.claim_due_downlinks(2_000, 3_000, 10).await.unwrap()),
+        ["p"]
+    );
     // An update sets the next attempt: due again at its time.
     let mut retry = claimed[1].clone();
     retry.attempts = 1;

@@ -26,8 +26,8 @@ use weft_model::apikey::RateLimit;
 use weft_pages::service::Sources;
 use weft_pages::{Pages, PagesConfig};
 use weft_pipeline::channels::ChannelsConfig;
-use weft_pipeline::downlinks::DownlinksConfig;
 use weft_pipeline::definitions::follow;
+use weft_pipeline::downlinks::DownlinksConfig;
 use weft_pipeline::keys::Keys;
 use weft_pipeline::rules::RulesConfig;
 use weft_pipeline::subscriptions::sender::SenderConfig;
@@ -304,7 +304,10 @@ fn services_config(config: &Config) -> ServicesConfig {
         forward_timeout: config.ngsi.forward_timeout,
         downlinks: DownlinksConfig {
             retry_initial: config.downlinks.retry_initial,
-            retry_max: config.downlinks.retry_max.max(config.downlinks.retry_initial),
+            retry_max: config
+                .downlinks
+                .retry_max
+                .max(config.downlinks.retry_initial),
             max_attempts: config.downlinks.max_attempts.max(1),
             request_timeout: config.downlinks.request_timeout,
             pending_recheck: config.downlinks.pending_recheck,

@@ -112,7 +112,8 @@ async fn write_attrs(
         Vec::new()
     };
     if !commands.is_empty() && attrs.is_empty() {
-        local_entity(&state, &tenant, &path, &id, etype)?.ok_or_else(NgsiError::entity_not_found)?;
+        local_entity(&state, &tenant, &path, &id, etype)?
+            .ok_or_else(NgsiError::entity_not_found)?;
         send_commands(&state, &id, commands).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
@@ -179,10 +180,14 @@ async fn send_commands(
                 DownlinkError::Encode { description, .. } => {
                     NgsiError::new(422, "Unprocessable", description)
                 }
-                DownlinkError::Busy => {
-                    NgsiError::new(503, "ServiceUnavailable", "the script engine is busy, retry later")
+                DownlinkError::Busy => NgsiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the script engine is busy, retry later",
+                ),
+                DownlinkError::Store(e) => {
+                    NgsiError::new(500, "InternalServerError", e.to_string())
                 }
-                DownlinkError::Store(e) => NgsiError::new(500, "InternalServerError", e.to_string()),
             };
             error.into()
         })

@@ -105,8 +105,12 @@ impl Downlinks {
             d.updated_at = now;
             metrics::counter!("weft_downlinks_expired_total").increment(1);
             if self.record(&d).await {
-                self.follow_command(&d, "EXPIRED", Some(json!("expired before it could be sent")))
-                    .await;
+                self.follow_command(
+                    &d,
+                    "EXPIRED",
+                    Some(json!("expired before it could be sent")),
+                )
+                .await;
             }
             return;
         }
@@ -133,10 +137,8 @@ impl Downlinks {
             Outcome::Pending(reason) => {
                 d.status = DownlinkStatus::Pending;
                 d.reason = Some(reason);
-                d.next_attempt_at = until_expiry(
-                    &d,
-                    now + self.config.pending_recheck.as_millis() as i64,
-                );
+                d.next_attempt_at =
+                    until_expiry(&d, now + self.config.pending_recheck.as_millis() as i64);
                 self.record(&d).await;
             }
             Outcome::Retry(reason) => {

@@ -22,9 +22,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 use weft_engine::{interpret_decode_uplink, interpret_encode_downlink, Call, CodecError, Engine};
-use weft_model::downlink::{
-    check_length, ChirpStackApi, DownlinkPayload, DownlinkRequest,
-};
+use weft_model::downlink::{check_length, ChirpStackApi, DownlinkPayload, DownlinkRequest};
 use weft_model::ngsi::{self, AttrMap, Attribute};
 use weft_model::{now_ms, Downlink, DownlinkRoute, DownlinkStatus};
 use weft_store::{Store, StoreError};
@@ -181,8 +179,12 @@ impl Downlinks {
             .await?;
         metrics::counter!("weft_downlinks_queued_total").increment(downlinks.len() as u64);
         for gone in removed {
-            self.follow_command(&gone, "EXPIRED", Some(json!("replaced by a newer downlink")))
-                .await;
+            self.follow_command(
+                &gone,
+                "EXPIRED",
+                Some(json!("replaced by a newer downlink")),
+            )
+            .await;
         }
         self.wake.notify_one();
         Ok(downlinks)
@@ -258,15 +260,17 @@ impl Downlinks {
                         no_encoder: false,
                     })?;
                     // The codec's port wins, as on The Things Stack.
-                    let port = encoded.f_port.or(request.f_port).ok_or_else(|| {
-                        DownlinkError::Encode {
-                            description: at(
-                                "the codec chose no fPort and the request gave none".into(),
-                            ),
-                            errors: Vec::new(),
-                            no_encoder: false,
-                        }
-                    })?;
+                    let port =
+                        encoded
+                            .f_port
+                            .or(request.f_port)
+                            .ok_or_else(|| DownlinkError::Encode {
+                                description: at(
+                                    "the codec chose no fPort and the request gave none".into(),
+                                ),
+                                errors: Vec::new(),
+                                no_encoder: false,
+                            })?;
                     out.push((encoded.bytes, port));
                 }
             }
@@ -352,10 +356,7 @@ impl Downlinks {
                     tracing::warn!(%error, device = device_id, "could not store a downlink route");
                     return;
                 }
-                let _ = self
-                    .store
-                    .wake_pending_downlinks(device_id, now_ms())
-                    .await;
+                let _ = self.store.wake_pending_downlinks(device_id, now_ms()).await;
                 self.wake.notify_one();
             }
             Err(error) => {
@@ -384,7 +385,10 @@ impl Downlinks {
 
     /// The ChirpStack API configured for `device_id`'s type, or the global one.
     fn chirpstack_for(&self, device_id: &str) -> Option<&ChirpStackApi> {
-        let device_type = self.catalog.device(device_id).map(|d| d.device_type.clone());
+        let device_type = self
+            .catalog
+            .device(device_id)
+            .map(|d| d.device_type.clone());
         device_type
             .and_then(|t| self.config.chirpstack_by_type.get(&t))
             .or(self.config.chirpstack.as_ref())
@@ -502,8 +506,13 @@ impl Downlinks {
             self.set_command_attrs(device_id, &command, "PENDING", None)
                 .await;
             if let Err(error) = self.store_queued(device_id, vec![downlink], false).await {
-                self.set_command_attrs(device_id, &command, "ERROR", Some(json!(error.to_string())))
-                    .await;
+                self.set_command_attrs(
+                    device_id,
+                    &command,
+                    "ERROR",
+                    Some(json!(error.to_string())),
+                )
+                .await;
                 return Err(error);
             }
         }
@@ -567,7 +576,10 @@ impl Downlinks {
             Attribute::new(json!(status), "commandStatus"),
         );
         if let Some(info) = info {
-            attrs.insert(format!("{command}_info"), Attribute::new(info, "commandResult"));
+            attrs.insert(
+                format!("{command}_info"),
+                Attribute::new(info, "commandResult"),
+            );
         }
         let now = now_ms();
         let result = self

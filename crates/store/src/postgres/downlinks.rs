@@ -186,9 +186,8 @@ impl DownlinkStore for PostgresStore {
             .await
             .map_err(db)?;
         row.map(|row| {
-            serde_json::from_str(row.get(0)).map_err(|e| {
-                StoreError::Corrupt(format!("downlink route of {device_id:?}: {e}"))
-            })
+            serde_json::from_str(row.get(0))
+                .map_err(|e| StoreError::Corrupt(format!("downlink route of {device_id:?}: {e}")))
         })
         .transpose()
     }
