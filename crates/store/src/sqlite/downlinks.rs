@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension};
 use weft_model::{Downlink, DownlinkRoute};
 
 use super::reader::corrupt;
+use super::writer::in_savepoint;
 use super::{encode, Db, SqliteStore};
 use crate::downlinks::FINISHED_DOWNLINKS_KEPT;
 use crate::{DownlinkStore, Result, StoreError};
@@ -24,25 +25,28 @@ impl DownlinkStore for SqliteStore {
     ) -> Result<Vec<Downlink>> {
         let rows = rows(downlinks)?;
         let device = device_id.to_string();
-        self.main
-            .write(move |c| -> Result<Vec<Downlink>> {
-                let removed = if replace {
-                    take_open(c, &device)?
-                } else {
-                    Vec::new()
-                };
-                let mut insert = c
-                    .prepare_cached(
+        // All or nothing: a duplicate id leaves the queue as it was.
+        let removed = self
+            .main
+            .write(move |c| {
+                in_savepoint(c, |c| {
+                    let removed = if replace {
+                        take_open(c, &device)?
+                    } else {
+                        Vec::new()
+                    };
+                    let mut insert = c.prepare_cached(
                         "INSERT INTO downlinks (id, device_id, status, due_at, json) \
                          VALUES (?1, ?2, ?3, ?4, ?5)",
-                    )
-                    .db()?;
-                for (id, status, due, json) in &rows {
-                    insert.execute((id, &device, status, due, json)).db()?;
-                }
-                Ok(removed)
+                    )?;
+                    for (id, status, due, json) in &rows {
+                        insert.execute((id, &device, status, due, json))?;
+                    }
+                    Ok(removed)
+                })
             })
-            .await
+            .await?;
+        decode_all(&removed)
     }
 
     async fn list_downlinks(&self, device_id: &str) -> Result<Vec<Downlink>> {
@@ -60,9 +64,11 @@ impl DownlinkStore for SqliteStore {
 
     async fn flush_downlinks(&self, device_id: &str) -> Result<Vec<Downlink>> {
         let device = device_id.to_string();
-        self.main
-            .write(move |c| -> Result<Vec<Downlink>> { take_open(c, &device) })
-            .await
+        let removed = self
+            .main
+            .write(move |c| in_savepoint(c, |c| take_open(c, &device)))
+            .await?;
+        decode_all(&removed)
     }
 
     async fn claim_due_downlinks(
@@ -72,30 +78,31 @@ impl DownlinkStore for SqliteStore {
         limit: usize,
     ) -> Result<Vec<Downlink>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.main
-            .write(move |c| -> Result<Vec<Downlink>> {
-                let mut stmt = c
-                    .prepare_cached(&format!(
+        let claimed = self
+            .main
+            .write(move |c| {
+                in_savepoint(c, |c| {
+                    let mut stmt = c.prepare_cached(&format!(
                         "SELECT seq, json FROM downlinks WHERE {OPEN} AND due_at <= ?1 \
                          ORDER BY due_at, seq LIMIT ?2"
-                    ))
-                    .db()?;
-                let mut rows = stmt.query((now, limit)).db()?;
-                let mut claimed = Vec::new();
-                let mut seqs = Vec::new();
-                while let Some(row) = rows.next().db()? {
-                    seqs.push(row.get::<_, i64>(0).db()?);
-                    claimed.push(decode(&row.get::<_, String>(1).db()?)?);
-                }
-                let mut lease = c
-                    .prepare_cached("UPDATE downlinks SET due_at = ?1 WHERE seq = ?2")
-                    .db()?;
-                for seq in seqs {
-                    lease.execute((lease_until, seq)).db()?;
-                }
-                Ok(claimed)
+                    ))?;
+                    let mut rows = stmt.query((now, limit))?;
+                    let mut claimed = Vec::new();
+                    let mut seqs = Vec::new();
+                    while let Some(row) = rows.next()? {
+                        seqs.push(row.get::<_, i64>(0)?);
+                        claimed.push(row.get::<_, String>(1)?);
+                    }
+                    let mut lease =
+                        c.prepare_cached("UPDATE downlinks SET due_at = ?1 WHERE seq = ?2")?;
+                    for seq in seqs {
+                        lease.execute((lease_until, seq))?;
+                    }
+                    Ok(claimed)
+                })
             })
-            .await
+            .await?;
+        decode_all(&claimed)
     }
 
     async fn next_downlink_due(&self) -> Result<Option<i64>> {
@@ -115,26 +122,25 @@ impl DownlinkStore for SqliteStore {
         let (status, due) = (downlink.status.as_str(), downlink.next_attempt_at);
         let finished = !downlink.status.is_open();
         self.main
-            .write(move |c| -> Result<bool> {
-                let n = c
-                    .prepare_cached(&format!(
-                        "UPDATE downlinks SET status = ?2, due_at = ?3, json = ?4 \
-                         WHERE id = ?1 AND {OPEN}"
-                    ))
-                    .db()?
-                    .execute((&id, status, due, &json))
-                    .db()?;
-                if n > 0 && finished {
-                    c.prepare_cached(&format!(
-                        "DELETE FROM downlinks WHERE device_id = ?1 AND NOT {OPEN} AND seq <= \
-                         (SELECT seq FROM downlinks WHERE device_id = ?1 AND NOT {OPEN} \
-                          ORDER BY seq DESC LIMIT 1 OFFSET ?2)"
-                    ))
-                    .db()?
-                    .execute((&device, FINISHED_DOWNLINKS_KEPT as i64))
-                    .db()?;
-                }
-                Ok(n > 0)
+            .write(move |c| {
+                in_savepoint(c, |c| {
+                    let n = c
+                        .prepare_cached(&format!(
+                            "UPDATE downlinks SET status = ?2, due_at = ?3, json = ?4 \
+                             WHERE id = ?1 AND {OPEN}"
+                        ))?
+                        .execute((&id, status, due, &json))?;
+                    if n > 0 && finished {
+                        c.prepare_cached(&format!(
+                            "DELETE FROM downlinks WHERE device_id = ?1 AND NOT {OPEN} \
+                             AND seq <= (SELECT seq FROM downlinks \
+                               WHERE device_id = ?1 AND NOT {OPEN} \
+                               ORDER BY seq DESC LIMIT 1 OFFSET ?2)"
+                        ))?
+                        .execute((&device, FINISHED_DOWNLINKS_KEPT as i64))?;
+                    }
+                    Ok(n > 0)
+                })
             })
             .await
     }
@@ -203,20 +209,23 @@ fn rows(downlinks: &[Downlink]) -> Result<Vec<(String, &'static str, i64, String
         .collect()
 }
 
-/// Deletes the device's open downlinks and answers them, oldest first.
-fn take_open(c: &Connection, device: &str) -> Result<Vec<Downlink>> {
-    let open = select(
-        c,
-        &format!("SELECT json FROM downlinks WHERE device_id = ?1 AND {OPEN} ORDER BY seq"),
-        device,
-    )?;
+/// Deletes the device's open downlinks and answers their JSON, oldest first.
+fn take_open(c: &Connection, device: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = c.prepare_cached(&format!(
+        "SELECT json FROM downlinks WHERE device_id = ?1 AND {OPEN} ORDER BY seq"
+    ))?;
+    let open = stmt
+        .query_map([device], |row| row.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
     c.prepare_cached(&format!(
         "DELETE FROM downlinks WHERE device_id = ?1 AND {OPEN}"
-    ))
-    .db()?
-    .execute([device])
-    .db()?;
+    ))?
+    .execute([device])?;
     Ok(open)
+}
+
+fn decode_all(jsons: &[String]) -> Result<Vec<Downlink>> {
+    jsons.iter().map(|j| decode(j)).collect()
 }
 
 fn select(c: &Connection, sql: &str, device: &str) -> Result<Vec<Downlink>> {
