@@ -114,8 +114,12 @@ impl Downlinks {
             }
             return;
         }
+        let mut route_name = None;
         let outcome = match self.route(&d.device_id).await {
-            Ok(Some(route)) => self.send(&route, &d).await,
+            Ok(Some(route)) => {
+                route_name = Some(route.name());
+                self.send(&route, &d).await
+            }
             Ok(None) => Outcome::Pending(NO_ROUTE.to_string()),
             Err(error) => Outcome::Retry(format!("could not read the device's route: {error}")),
         };
@@ -125,6 +129,7 @@ impl Downlinks {
             Outcome::Sent(answer) => {
                 d.status = DownlinkStatus::Sent;
                 d.sent_at = Some(now);
+                d.route = route_name.map(str::to_string);
                 d.reason = None;
                 d.attempts += 1;
                 if self.record(&d).await {
