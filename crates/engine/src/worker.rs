@@ -605,7 +605,11 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
         }
         Call::DecodeDownlink { bytes, f_port, .. } => {
             let defined = fresh_entry_points(ctx, handles)?;
-            let decode = required(&defined, EntryPoint::DecodeDownlink, EntryPoint::DecodeDownlink)?;
+            let decode = required(
+                &defined,
+                EntryPoint::DecodeDownlink,
+                EntryPoint::DecodeDownlink,
+            )?;
             let input = serde_json::json!({ "bytes": bytes, "fPort": f_port });
             codec(decode.call((convert::to_js(ctx, &input)?,))?)
         }
