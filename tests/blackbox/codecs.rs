@@ -215,3 +215,60 @@ async fn convert_codecs_return_the_data_unit() {
     assert_eq!(unit["device"]["id"], "d9");
     assert_eq!(unit["measures"], json!({"temperature":{"celsius":21.5}}));
 }
+
+/// Codecs as The Things Stack runs them, through the dry run: no device
+/// id needed in the sample; TTN v2's `Decoder(bytes, port)` accepted;
+/// `undefined` fields shown as `null`; a codec's returned `errors` (and
+/// `warnings`) carried as they are in the 422.
+#[tokio::test]
+async fn the_dry_run_runs_codecs_as_the_things_stack_does() {
+    let server = Server::start();
+    let c = server.client();
+    let legacy = include_str!("../../crates/engine/codecs/legacy-v2.js");
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/legacy",
+        Some(&json!({"decoder": {"script": legacy}})),
+    )
+    .await;
+    let (status, reply) = dry_run(&c, "legacy", json!({"bytes": "0100EB", "fPort": 1})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["units"][0]["measures"],
+        json!({"led": "on", "temperature": 23.5, "port": 1})
+    );
+
+    let undefined = include_str!("../../crates/engine/codecs/undefined-fields.js");
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/sparse",
+        Some(&json!({"decoder": {"script": undefined}})),
+    )
+    .await;
+    let (status, reply) = dry_run(&c, "sparse", json!({"bytes": "0064", "fPort": 1})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["units"][0]["measures"],
+        json!({"temperature": 10, "humidity": null, "nested": {"gps": null, "list": [null, 1]}})
+    );
+
+    let refusing = "function decodeUplink(input) {\n  return { errors: ['length ' + input.bytes.length + ' is wrong', 'second'], warnings: ['checked early'] };\n}";
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/refusing",
+        Some(&json!({"decoder": {"script": refusing}})),
+    )
+    .await;
+    let (status, reply) = dry_run(&c, "refusing", json!({"bytes": "01", "fPort": 1})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["error"], "DecodeFailed");
+    assert_eq!(reply["errors"], json!(["length 1 is wrong", "second"]));
+    assert_eq!(reply["warnings"], json!(["checked early"]));
+    // A thrown error has no errors array of the codec's: weft's one error.
+    let (status, reply) = dry_run(&c, "legacy", json!({"bytes": "zz!", "fPort": 1})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["errors"].as_array().unwrap().len(), 1);
+}

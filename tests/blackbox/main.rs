@@ -9,6 +9,9 @@
 //!   dedup, long poll, expiry, errors, kill -9.
 //! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
 //! - `codecs`: decoders, the dry run, time limits.
+//! - `downlinks`: per-device downlink queues, delivery through The Things
+//!   Stack's webhook, ChirpStack's REST API, Helium's `downlink_url` and
+//!   device endpoints (retries, expiry), and NGSI commands.
 //! - `live`: the websocket and SSE streams and their filters.
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
@@ -43,6 +46,7 @@ mod auth;
 mod catalog;
 mod channels;
 mod codecs;
+mod downlinks;
 mod durability;
 mod history;
 mod hostile;

@@ -489,84 +489,11 @@ async fn alarms_notify_subscriptions_on_the_alarm_type() {
 mod expressions {
     use std::time::Duration;
 
-    use axum::extract::Request;
-    use axum::http::HeaderMap;
     use serde_json::{json, Value};
-    use tokio::net::TcpListener;
-    use tokio::sync::mpsc;
 
     use super::{black_hole, subscribe};
     use crate::ngsi::call;
     use crate::util::*;
-
-    /// A request as the receiver saw it.
-    struct Seen {
-        method: String,
-        /// Path and query string, as sent.
-        target: String,
-        headers: HeaderMap,
-        body: String,
-    }
-
-    impl Seen {
-        fn json(&self) -> Value {
-            serde_json::from_str(&self.body).expect("a JSON body")
-        }
-
-        fn header(&self, name: &str) -> Option<&str> {
-            self.headers.get(name).map(|v| v.to_str().unwrap())
-        }
-    }
-
-    /// Records every request, whatever its method and path.
-    struct Receiver {
-        base: String,
-        rx: mpsc::UnboundedReceiver<Seen>,
-    }
-
-    impl Receiver {
-        async fn start() -> Receiver {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let app = axum::Router::new().fallback(move |req: Request| {
-                let tx = tx.clone();
-                async move {
-                    let (parts, body) = req.into_parts();
-                    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-                    let _ = tx.send(Seen {
-                        method: parts.method.to_string(),
-                        target: parts.uri.to_string(),
-                        headers: parts.headers,
-                        body: String::from_utf8_lossy(&body).into_owned(),
-                    });
-                    ""
-                }
-            });
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let base = format!("http://{}", listener.local_addr().unwrap());
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            Receiver { base, rx }
-        }
-
-        async fn next_within(&mut self, timeout: Duration) -> Option<Seen> {
-            tokio::time::timeout(timeout, self.rx.recv())
-                .await
-                .ok()
-                .flatten()
-        }
-
-        async fn next(&mut self) -> Seen {
-            self.next_within(Duration::from_secs(10))
-                .await
-                .expect("a notification within 10 s")
-        }
-
-        /// Fails if anything else arrives soon.
-        async fn nothing_more(&mut self) {
-            if let Some(s) = self.next_within(Duration::from_millis(400)).await {
-                panic!("unexpected notification: {} {}", s.method, s.body);
-            }
-        }
-    }
 
     async fn upsert(c: &Client, entity: Value) {
         let (status, _, reply) = call(

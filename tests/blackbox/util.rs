@@ -458,3 +458,98 @@ pub async fn call(
         serde_json::from_str(&text).unwrap_or(Value::Null),
     )
 }
+
+/// A request as a [`Receiver`] saw it.
+pub struct Seen {
+    /// `POST`, `PUT`, …
+    pub method: String,
+    /// Path and query string, as sent.
+    pub target: String,
+    /// Its headers.
+    pub headers: axum::http::HeaderMap,
+    /// Its body, as text.
+    pub body: String,
+}
+
+impl Seen {
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).expect("a JSON body")
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// A local HTTP endpoint on an ephemeral port that records every request,
+/// whatever its method and path, and answers what it is told to
+/// ([`Receiver::answer`]; 200 with an empty body at first): the stand-in
+/// for notification receivers, network servers and devices.
+pub struct Receiver {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Seen>,
+    answer: std::sync::Arc<std::sync::Mutex<(u16, String)>>,
+}
+
+impl Receiver {
+    /// Starts the endpoint.
+    pub async fn start() -> Receiver {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let answer = std::sync::Arc::new(std::sync::Mutex::new((200u16, String::new())));
+        let given = answer.clone();
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let tx = tx.clone();
+            let given = given.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                let _ = tx.send(Seen {
+                    method: parts.method.to_string(),
+                    target: parts.uri.to_string(),
+                    headers: parts.headers,
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                });
+                let (status, body) = given.lock().unwrap().clone();
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json")],
+                    body,
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { base, rx, answer }
+    }
+
+    /// Answers every later request with `status` and `body`.
+    pub fn answer(&self, status: u16, body: &str) {
+        *self.answer.lock().unwrap() = (status, body.to_string());
+    }
+
+    /// The next request, or None within `timeout`.
+    pub async fn next_within(&mut self, timeout: Duration) -> Option<Seen> {
+        tokio::time::timeout(timeout, self.rx.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next request (10 s at most).
+    pub async fn next(&mut self) -> Seen {
+        self.next_within(Duration::from_secs(10))
+            .await
+            .expect("a request within 10 s")
+    }
+
+    /// Fails if anything else arrives soon.
+    pub async fn nothing_more(&mut self) {
+        if let Some(s) = self.next_within(Duration::from_millis(400)).await {
+            panic!("unexpected request: {} {}", s.method, s.body);
+        }
+    }
+}

@@ -113,7 +113,9 @@ fn classify(path: &str, listener: Listener) -> Surface {
     }
     match path {
         "/health" | "/probe/liveness" | "/probe/readiness" => return Surface::Open,
-        "/api/v1/uplinks/ttn" | "/api/v1/uplinks/chirpstack" => return Surface::Ingest,
+        "/api/v1/uplinks/ttn" | "/api/v1/uplinks/chirpstack" | "/iot/json/commands" => {
+            return Surface::Ingest
+        }
         "/api/v1/live" | "/api/v1/live/sse" => return Surface::Live,
         "/ql/health" => return Surface::Open,
         "/v2/notify" => return Surface::QuantumLeap,
@@ -158,9 +160,12 @@ fn needed_role(method: &Method, path: &str, surface: Surface) -> Role {
     if query {
         return Role::Read;
     }
+    // A dry run defines nothing; a device's downlink queue is data sent
+    // to it, as NGSI writes are.
     let definition = surface == Surface::Own
         && DEFINITIONS.iter().any(|p| path.starts_with(p))
-        && !path.ends_with("/decode");
+        && !path.ends_with("/decode")
+        && !path.ends_with("/downlinks");
     if definition {
         Role::Admin
     } else {
@@ -496,6 +501,7 @@ mod tests {
         assert_eq!(main("/health"), Surface::Open);
         assert_eq!(main("/sensor-data/a/encoded/b"), Surface::Ingest);
         assert_eq!(main("/api/v1/uplinks/ttn"), Surface::Ingest);
+        assert_eq!(main("/iot/json/commands"), Surface::Ingest);
         assert_eq!(main("/v2/entities"), Surface::Ngsi);
         assert_eq!(main("/v2"), Surface::Ngsi);
         assert_eq!(main("/version"), Surface::Ngsi);
@@ -528,6 +534,14 @@ mod tests {
         );
         assert_eq!(own(Method::POST, "/api/v1/alarms/a/ack"), Role::Write);
         assert_eq!(own(Method::PUT, "/channel/c/message/m"), Role::Write);
+        assert_eq!(
+            own(Method::POST, "/api/v1/devices/d1/downlinks"),
+            Role::Write
+        );
+        assert_eq!(
+            own(Method::DELETE, "/api/v1/devices/d1/downlinks"),
+            Role::Write
+        );
         let ngsi = |m: Method, p| needed_role(&m, p, Surface::Ngsi);
         assert_eq!(ngsi(Method::POST, "/v2/op/query"), Role::Read);
         assert_eq!(ngsi(Method::POST, "/v2/op/update"), Role::Write);

@@ -130,7 +130,8 @@ async fn delete_type(
 
 /// `POST /api/v1/device-types/{name}/decode`: runs the type's decoder (or
 /// processor) on a sample body and returns what it would produce, storing
-/// nothing. `?channel=` sets the units' channel.
+/// nothing; the sample needs no device id. `?channel=` sets the units'
+/// channel. A 422 carries the codec's own `errors` and `warnings`.
 async fn decode(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -155,12 +156,19 @@ async fn decode(
         Ok(produced) => Ok(Json(
             json!({"units": produced.units, "warnings": produced.warnings}),
         )),
-        Err(failed) => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "DecodeFailed",
-            failed.description.clone(),
-        )
-        .with_extra(json!({"reason": failed.reason, "errors": [failed.description]}))),
+        Err((failed, report)) => {
+            // The codec's own `errors` (and `warnings`) when it returned
+            // them, as The Things Stack shows a failed test decode;
+            // otherwise the one error weft met.
+            let (errors, warnings) =
+                report.unwrap_or_else(|| (vec![failed.description.clone()], Vec::new()));
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "DecodeFailed",
+                failed.description.clone(),
+            )
+            .with_extra(json!({"reason": failed.reason, "errors": errors, "warnings": warnings})))
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 //! - [`alarms`]: `/api/v1/rules` and `/api/v1/alarms`.
 //! - [`channels`]: DSPS's durable pull channels at `/channel/…` and `/probe/…`.
 //! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
+//! - [`downlinks`]: `/api/v1/devices/{id}/downlinks` and the IoT Agent
+//!   JSON command answers at `/iot/json/commands`.
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
 //! - [`pages`]: page templates, their services and `/pages/{name}`.
@@ -22,6 +24,7 @@ pub mod auth;
 pub mod catalog;
 pub mod channels;
 pub mod data;
+pub mod downlinks;
 pub mod error;
 pub mod history;
 pub mod ingest;
@@ -100,6 +103,7 @@ pub fn app(state: AppState) -> App {
     let others = Router::new()
         .merge(ingest::router())
         .merge(catalog::router())
+        .merge(downlinks::router())
         .merge(alarms::router())
         .merge(channels::router())
         .merge(channels::bridges_router())

@@ -73,16 +73,43 @@ const MAX_DEPTH: usize = 64;
 /// [`MAX_DEPTH`] (perhaps a cycle) go through QuickJS's `JSON.stringify`,
 /// so the result is the same either way. `object_prototype` is the
 /// context's own `Object.prototype`.
+///
+/// `undefined` says what an object property holding `undefined` becomes:
+/// JSON leaves it out ([`Undefined::Omit`], for rules); The Things Stack's
+/// codec engine renders it as `null` ([`Undefined::Null`], for codecs), so
+/// a decoder's `{temperature: undefined}` keeps its key.
 pub(crate) fn to_json<'js>(
     ctx: &Ctx<'js>,
     value: Value<'js>,
     object_prototype: &Object<'js>,
+    undefined: Undefined,
 ) -> Result<Json, Fault> {
-    match walk(ctx, &value, Key::Name(""), object_prototype, 0) {
+    let walker = Walker {
+        object_prototype,
+        undefined,
+    };
+    match walker.walk(ctx, &value, Key::Name(""), 0) {
         Ok(json) => Ok(json.unwrap_or(Json::Null)),
         Err(Walk::Js(error)) => Err(Fault::Js(error)),
         Err(Walk::Bail) => stringify(ctx, value),
     }
+}
+
+/// What an object property holding `undefined` becomes in a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undefined {
+    /// Left out, as `JSON.stringify` does.
+    Omit,
+    /// `null`, as The Things Stack renders a codec's output.
+    Null,
+}
+
+/// The fixed parts of one conversion.
+struct Walker<'a, 'js> {
+    /// The context's own `Object.prototype`, which tells plain objects.
+    object_prototype: &'a Object<'js>,
+    /// What `undefined` properties become.
+    undefined: Undefined,
 }
 
 /// Why the direct walk stopped.
@@ -119,63 +146,71 @@ enum Key<'a> {
     Index(usize),
 }
 
-/// One step of the direct conversion; `None` is a value JSON leaves out
-/// (`undefined`, a function, a symbol).
-fn walk<'js>(
-    ctx: &Ctx<'js>,
-    value: &Value<'js>,
-    key: Key<'_>,
-    object_prototype: &Object<'js>,
-    depth: usize,
-) -> Result<Option<Json>, Walk> {
-    if depth > MAX_DEPTH {
-        return Err(Walk::Bail);
-    }
-    let mut value = value.clone();
-    if let Some(object) = value.as_object() {
-        let to_json: Value = object.get("toJSON")?;
-        if let Some(to_json) = to_json.as_function() {
-            let key = match key {
-                Key::Name(name) => name.to_string(),
-                Key::Index(index) => index.to_string(),
-            };
-            value = to_json.call((This(object.clone()), key))?;
+impl<'js> Walker<'_, 'js> {
+    /// One step of the direct conversion; `None` is a value JSON leaves out
+    /// (`undefined`, a function, a symbol).
+    fn walk(
+        &self,
+        ctx: &Ctx<'js>,
+        value: &Value<'js>,
+        key: Key<'_>,
+        depth: usize,
+    ) -> Result<Option<Json>, Walk> {
+        let object_prototype = self.object_prototype;
+        if depth > MAX_DEPTH {
+            return Err(Walk::Bail);
         }
-    }
-    let json = match value.type_of() {
-        Type::Undefined | Type::Symbol | Type::Function | Type::Constructor => return Ok(None),
-        Type::Null => Json::Null,
-        Type::Bool => Json::Bool(value.as_bool().unwrap_or(false)),
-        Type::Int => Json::from(value.as_int().unwrap_or(0)),
-        Type::Float => number(value.as_float().unwrap_or(f64::NAN)),
-        Type::String => Json::String(value.get::<String>()?),
-        Type::Array => {
-            let array = value.as_array().ok_or(Walk::Bail)?;
-            let mut items = Vec::with_capacity(array.len());
-            for index in 0..array.len() {
-                let item: Value = array.get(index)?;
-                let json = walk(ctx, &item, Key::Index(index), object_prototype, depth + 1)?;
-                items.push(json.unwrap_or(Json::Null));
+        let mut value = value.clone();
+        if let Some(object) = value.as_object() {
+            let to_json: Value = object.get("toJSON")?;
+            if let Some(to_json) = to_json.as_function() {
+                let key = match key {
+                    Key::Name(name) => name.to_string(),
+                    Key::Index(index) => index.to_string(),
+                };
+                value = to_json.call((This(object.clone()), key))?;
             }
-            Json::Array(items)
         }
-        Type::Object if is_plain(value.as_object().ok_or(Walk::Bail)?, object_prototype) => {
-            let object = value.as_object().ok_or(Walk::Bail)?;
-            let mut map = serde_json::Map::new();
-            for property in object.props::<String, Value>() {
-                let (name, item) = property?;
-                if let Some(json) = walk(ctx, &item, Key::Name(&name), object_prototype, depth + 1)?
-                {
-                    map.insert(name, json);
+        let json = match value.type_of() {
+            Type::Undefined | Type::Symbol | Type::Function | Type::Constructor => return Ok(None),
+            Type::Null => Json::Null,
+            Type::Bool => Json::Bool(value.as_bool().unwrap_or(false)),
+            Type::Int => Json::from(value.as_int().unwrap_or(0)),
+            Type::Float => number(value.as_float().unwrap_or(f64::NAN)),
+            Type::String => Json::String(value.get::<String>()?),
+            Type::Array => {
+                let array = value.as_array().ok_or(Walk::Bail)?;
+                let mut items = Vec::with_capacity(array.len());
+                for index in 0..array.len() {
+                    let item: Value = array.get(index)?;
+                    let json = self.walk(ctx, &item, Key::Index(index), depth + 1)?;
+                    items.push(json.unwrap_or(Json::Null));
                 }
+                Json::Array(items)
             }
-            Json::Object(map)
-        }
-        // Boxed primitives, class instances, errors, BigInts, proxies:
-        // JSON.stringify knows best.
-        _ => return stringify_omittable(ctx, value).map_err(Walk::from),
-    };
-    Ok(Some(json))
+            Type::Object if is_plain(value.as_object().ok_or(Walk::Bail)?, object_prototype) => {
+                let object = value.as_object().ok_or(Walk::Bail)?;
+                let mut map = serde_json::Map::new();
+                for property in object.props::<String, Value>() {
+                    let (name, item) = property?;
+                    match self.walk(ctx, &item, Key::Name(&name), depth + 1)? {
+                        Some(json) => {
+                            map.insert(name, json);
+                        }
+                        None if self.undefined == Undefined::Null && item.is_undefined() => {
+                            map.insert(name, Json::Null);
+                        }
+                        None => {}
+                    }
+                }
+                Json::Object(map)
+            }
+            // Boxed primitives, class instances, errors, BigInts, proxies:
+            // JSON.stringify knows best.
+            _ => return stringify_omittable(ctx, value).map_err(Walk::from),
+        };
+        Ok(Some(json))
+    }
 }
 
 /// Whether `object` is a plain `{...}`, serialised as its own enumerable

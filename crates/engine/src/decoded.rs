@@ -1,7 +1,9 @@
-//! Reading a `decodeUplink` result the way TTN and ChirpStack do:
-//! `{data: {...}, warnings?: [...], errors?: [...]}`. Kept apart from the
-//! worker so the rule "non-empty `errors` fails the uplink" lives in one
-//! place and is testable without running any JavaScript.
+//! Reading a codec's result the way TTN and ChirpStack do:
+//! `decodeUplink`'s (and `decodeDownlink`'s) `{data: {...}, warnings?:
+//! [...], errors?: [...]}` and `encodeDownlink`'s `{bytes: [...], fPort?,
+//! warnings?, errors?}`. Kept apart from the worker so the rule "non-empty
+//! `errors` fails the call" lives in one place and is testable without
+//! running any JavaScript.
 
 use serde_json::{Map, Value};
 
@@ -36,6 +38,78 @@ pub fn interpret_decode_uplink(returned: Value) -> Result<Decoded, CodecError> {
         Some(Value::Object(data)) => Ok(Decoded { data, warnings }),
         _ => Err(no_data()),
     }
+}
+
+/// The `errors` and `warnings` a codec returned, as it wrote them, for
+/// answers that show them to the user (a dry run's 422 carries the codec's
+/// own `errors` array). `None` when the result is not an object.
+pub fn reported_problems(returned: &Value) -> Option<(Vec<String>, Vec<String>)> {
+    let out = returned.as_object()?;
+    Some((
+        texts(out.get("errors").cloned()),
+        texts(out.get("warnings").cloned()),
+    ))
+}
+
+/// What a successful `encodeDownlink` (or legacy `Encoder`) produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    /// The downlink's payload.
+    pub bytes: Vec<u8>,
+    /// The port the codec chose, if it chose one (it wins over the
+    /// caller's, as on The Things Stack).
+    pub f_port: Option<u32>,
+    /// Problems the codec noticed but encoded through.
+    pub warnings: Vec<String>,
+}
+
+/// Turns what `encodeDownlink` returned (`{bytes, fPort?, warnings?,
+/// errors?}`) into [`Encoded`], or the error that refuses the downlink.
+///
+/// A non-empty `errors` array gives [`CodecError::Reported`]; `bytes` that
+/// is not an array of integers 0–255, or an `fPort` outside 1–223 (the
+/// LoRaWAN application ports), gives [`CodecError::InvalidOutput`].
+pub fn interpret_encode_downlink(returned: Value) -> Result<Encoded, CodecError> {
+    let Value::Object(mut out) = returned else {
+        return Err(no_bytes());
+    };
+    let errors = texts(out.remove("errors"));
+    if !errors.is_empty() {
+        return Err(CodecError::Reported(errors));
+    }
+    let warnings = texts(out.remove("warnings"));
+    let bytes = match out.remove("bytes") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| match v.as_f64() {
+                Some(n) if n.fract() == 0.0 && (0.0..=255.0).contains(&n) => Ok(n as u8),
+                _ => Err(CodecError::InvalidOutput(format!(
+                    "encodeDownlink returned {v} in bytes, which must be integers 0-255"
+                ))),
+            })
+            .collect::<Result<Vec<u8>, _>>()?,
+        _ => return Err(no_bytes()),
+    };
+    let f_port = match out.remove("fPort") {
+        None | Some(Value::Null) => None,
+        Some(port) => match port.as_u64() {
+            Some(p @ 1..=223) => Some(p as u32),
+            _ => {
+                return Err(CodecError::InvalidOutput(format!(
+                    "encodeDownlink returned fPort {port}, which must be 1-223"
+                )))
+            }
+        },
+    };
+    Ok(Encoded {
+        bytes,
+        f_port,
+        warnings,
+    })
+}
+
+fn no_bytes() -> CodecError {
+    CodecError::InvalidOutput("encodeDownlink returned no bytes array".into())
 }
 
 fn no_data() -> CodecError {
@@ -79,6 +153,46 @@ mod tests {
             Err(CodecError::Reported(vec!["bad".into(), "7".into()]))
         );
         assert!(interpret_decode_uplink(json!({"data": {}, "errors": []})).is_ok());
+    }
+
+    /// Encoder results: bytes are checked integers, the port is optional
+    /// but must be an application port, errors refuse the downlink.
+    #[test]
+    fn encoder_results() {
+        assert_eq!(
+            interpret_encode_downlink(json!({"bytes": [1, 255], "fPort": 10, "warnings": ["w"]})),
+            Ok(Encoded {
+                bytes: vec![1, 255],
+                f_port: Some(10),
+                warnings: vec!["w".into()]
+            })
+        );
+        assert_eq!(
+            interpret_encode_downlink(json!({"bytes": []}))
+                .unwrap()
+                .f_port,
+            None
+        );
+        assert!(matches!(
+            interpret_encode_downlink(json!({"bytes": [256]})),
+            Err(CodecError::InvalidOutput(_))
+        ));
+        assert!(matches!(
+            interpret_encode_downlink(json!({"bytes": [1.5]})),
+            Err(CodecError::InvalidOutput(_))
+        ));
+        assert!(matches!(
+            interpret_encode_downlink(json!({"bytes": [1], "fPort": 0})),
+            Err(CodecError::InvalidOutput(_))
+        ));
+        assert_eq!(
+            interpret_encode_downlink(json!({"errors": ["unknown command"]})),
+            Err(CodecError::Reported(vec!["unknown command".into()]))
+        );
+        assert_eq!(
+            reported_problems(&json!({"errors": ["e"], "warnings": "w"})),
+            Some((vec!["e".into()], vec!["w".into()]))
+        );
     }
 
     /// No `data` object, or no object at all, is invalid output with a fixed text.

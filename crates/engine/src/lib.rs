@@ -1,4 +1,5 @@
-//! weft's script sandbox: device codecs (`decodeUplink`, `convert`) and JS
+//! weft's script sandbox: device codecs (`decodeUplink`, `encodeDownlink`,
+//! `decodeDownlink`, TTN v2's `Decoder`/`Encoder`, `convert`) and JS
 //! rules run here, in QuickJS, with a time limit, a memory limit and a stack
 //! limit, and with every script compiled once and reused. It sits in the
 //! decode step of the data flow (ingest log → **decode** → process →
@@ -32,7 +33,8 @@
 //! - `meter`: the allocator that lets a worker read its heap size cheaply.
 //! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
 //! - `script`: the plain-data [`Script`] and [`Call`] callers build.
-//! - `decoded`: reading a `decodeUplink` result the TTN/ChirpStack way.
+//! - `decoded`: reading a codec's result (`decodeUplink`, `encodeDownlink`)
+//!   the TTN/ChirpStack way.
 //! - `error`: [`CodecError`], whose texts users see.
 #![deny(missing_docs)]
 
@@ -46,8 +48,12 @@ mod worker;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ttn_codecs;
 
-pub use decoded::{interpret_decode_uplink, Decoded};
+pub use decoded::{
+    interpret_decode_uplink, interpret_encode_downlink, reported_problems, Decoded, Encoded,
+};
 pub use engine::{Engine, EngineConfig};
 pub use error::CodecError;
 pub use script::{Call, Script, ScriptKind};

@@ -55,13 +55,19 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// user which kind of codec or rule they saved.
 ///
 /// When a script defines several, the first in this order wins:
-/// `decodeUplink`, `convert`, `evaluate`.
+/// `decodeUplink` (or TTN v2's `Decoder`), `convert`, `encodeDownlink` (or
+/// TTN v2's `Encoder`), `evaluate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScriptKind {
-    /// TTN / ChirpStack style: `decodeUplink(input)` returning `{data, warnings?, errors?}`.
+    /// TTN / ChirpStack style: `decodeUplink(input)` returning `{data, warnings?, errors?}`,
+    /// or The Things Network v2's legacy `Decoder(bytes, port)` returning the data itself.
     DecodeUplink,
     /// sensae style: `convert(object)` returning a data unit.
     Convert,
+    /// A codec for downlinks only: `encodeDownlink(input)` (or TTN v2's
+    /// `Encoder(object, port)`) and no uplink decoder, for actuators that
+    /// never report.
+    EncodeDownlink,
     /// A JS rule: `evaluate(...)`.
     Evaluate,
     /// None of the above; only [`Call::Function`] can use it.
@@ -84,6 +90,30 @@ pub enum Call {
         f_port: u32,
         /// When the network server received the uplink, epoch milliseconds.
         recv_time_ms: i64,
+    },
+    /// Runs `encodeDownlink({data, fPort})` (The Things Stack's downlink
+    /// encoder API) or, when the script defines only TTN v2's
+    /// `Encoder(object, port)`, that; the raw return value comes back, with
+    /// a legacy encoder's byte array wrapped as `{bytes, fPort}`. See
+    /// [`interpret_encode_downlink`](crate::interpret_encode_downlink).
+    EncodeDownlink {
+        /// The codec.
+        script: Script,
+        /// What to encode (the downlink's `data` object).
+        data: serde_json::Value,
+        /// The port the caller asked for, passed to the codec as `fPort`
+        /// (TTN passes none; the codec may choose one).
+        f_port: Option<u32>,
+    },
+    /// Runs `decodeDownlink({bytes, fPort})`, The Things Stack's way of
+    /// showing what a queued downlink's bytes mean.
+    DecodeDownlink {
+        /// The codec.
+        script: Script,
+        /// The downlink's payload.
+        bytes: Vec<u8>,
+        /// The downlink's port.
+        f_port: u32,
     },
     /// Runs sensae's `convert(object)` with the parsed uplink body.
     Convert {
@@ -109,6 +139,8 @@ impl Call {
     pub(crate) fn script(&self) -> &Script {
         match self {
             Call::DecodeUplink { script, .. }
+            | Call::EncodeDownlink { script, .. }
+            | Call::DecodeDownlink { script, .. }
             | Call::Convert { script, .. }
             | Call::Function { script, .. } => script,
         }

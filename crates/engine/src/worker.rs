@@ -7,7 +7,8 @@
 //! once into a context of its own (so scripts never see each other's
 //! globals) and kept in a bounded cache keyed by the script id.
 //!
-//! A codec call (`decodeUplink`, `convert`) starts from fresh state, as
+//! A codec call (`decodeUplink`, `encodeDownlink`, `decodeDownlink`, TTN
+//! v2's `Decoder`/`Encoder`, `convert`) starts from fresh state, as
 //! TTN's and ChirpStack's runners give it: the script is also compiled as
 //! the body of a function, and every codec call runs that function — the
 //! script's top level afresh, its `var`s and functions new — then the entry
@@ -36,7 +37,7 @@ use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
 use tokio::sync::oneshot;
 
-use crate::convert;
+use crate::convert::{self, Undefined};
 use crate::meter::{Meter, MeteredAllocator};
 use crate::{Call, CodecError, Script, ScriptKind};
 
@@ -72,10 +73,46 @@ const PRELUDE: &str = "globalThis.console = (function () {
 /// doc). On the source's first line, so error positions keep their lines.
 const FRESH_OPEN: &str = "(function () {";
 
-/// Closes that function: it returns the entry points the top level defined.
-const FRESH_CLOSE: &str =
-    "\n;return [typeof decodeUplink === 'function' ? decodeUplink : undefined,
-  typeof convert === 'function' ? convert : undefined];\n})";
+/// Closes that function: it returns the entry points the top level
+/// defined, in the order of [`EntryPoint`].
+const FRESH_CLOSE: &str = "\n;return [
+  typeof decodeUplink === 'function' ? decodeUplink : undefined,
+  typeof convert === 'function' ? convert : undefined,
+  typeof Decoder === 'function' ? Decoder : undefined,
+  typeof encodeDownlink === 'function' ? encodeDownlink : undefined,
+  typeof Encoder === 'function' ? Encoder : undefined,
+  typeof decodeDownlink === 'function' ? decodeDownlink : undefined];\n})";
+
+/// The entry points a codec's fresh run returns ([`FRESH_CLOSE`]), by
+/// their index there.
+#[derive(Clone, Copy)]
+enum EntryPoint {
+    DecodeUplink = 0,
+    Convert = 1,
+    /// The Things Network v2's `Decoder(bytes, port)`.
+    Decoder = 2,
+    EncodeDownlink = 3,
+    /// The Things Network v2's `Encoder(object, port)`.
+    Encoder = 4,
+    DecodeDownlink = 5,
+}
+
+impl EntryPoint {
+    fn name(self) -> &'static str {
+        match self {
+            EntryPoint::DecodeUplink => "decodeUplink",
+            EntryPoint::Convert => "convert",
+            EntryPoint::Decoder => "Decoder",
+            EntryPoint::EncodeDownlink => "encodeDownlink",
+            EntryPoint::Encoder => "Encoder",
+            EntryPoint::DecodeDownlink => "decodeDownlink",
+        }
+    }
+}
+
+/// The port a legacy `Encoder(object, port)` is called with when the
+/// downlink names none: LoRaWAN's first application port.
+const LEGACY_DEFAULT_PORT: u32 = 1;
 
 /// Deletes the globals codec calls added: `Object.keys` lists only
 /// enumerable own properties, which the builtins are not, so the check is
@@ -467,10 +504,12 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
         let value: Value = globals.get(name)?;
         Ok(value.into_function())
     };
-    let kind = if function("decodeUplink")?.is_some() {
+    let kind = if function("decodeUplink")?.is_some() || function("Decoder")?.is_some() {
         ScriptKind::DecodeUplink
     } else if function("convert")?.is_some() {
         ScriptKind::Convert
+    } else if function("encodeDownlink")?.is_some() || function("Encoder")?.is_some() {
+        ScriptKind::EncodeDownlink
     } else if function("evaluate")?.is_some() {
         ScriptKind::Evaluate
     } else {
@@ -479,7 +518,11 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
     // A codec also becomes the body of a function its calls run afresh.
     // It compiled as a script, so it compiles as a body (a top-level
     // `return` would have failed above).
-    let (fresh, reset) = if matches!(kind, ScriptKind::DecodeUplink | ScriptKind::Convert) {
+    let codec = matches!(
+        kind,
+        ScriptKind::DecodeUplink | ScriptKind::Convert | ScriptKind::EncodeDownlink
+    );
+    let (fresh, reset) = if codec {
         let mut wrapped = String::with_capacity(source.len() + 160);
         wrapped.push_str(FRESH_OPEN);
         wrapped.push_str(source);
@@ -509,22 +552,76 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
 }
 
 /// Runs one call in its script's context and returns the result as JSON.
+/// The Things Stack's codec calls render `undefined` properties as
+/// `null`, as its engine does; sensae's `convert` and rules keep JSON's
+/// rules.
 fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_json::Value, Fault> {
-    let returned: Value = match call {
+    let object_prototype = handles.object_prototype.clone().restore(ctx)?;
+    let result = |returned: Value<'js>, undefined| {
+        convert::to_json(ctx, returned, &object_prototype, undefined).map_err(|fault| match fault {
+            // A value JSON cannot express (a cycle, a BigInt) is the script's
+            // output being wrong, not the script failing.
+            Fault::Js(rquickjs::Error::Exception) => Fault::Output,
+            other => other,
+        })
+    };
+    let codec = |returned| result(returned, Undefined::Null);
+    match call {
         Call::DecodeUplink {
             bytes,
             f_port,
             recv_time_ms,
             ..
         } => {
-            let decode = fresh_entry_point(ctx, handles, 0, "decodeUplink")?;
+            let defined = fresh_entry_points(ctx, handles)?;
             let make_input = handles.make_input.clone().restore(ctx)?;
             let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &make_input)?;
-            decode.call((input,))?
+            if let Some(decode) = entry(&defined, EntryPoint::DecodeUplink)? {
+                return codec(decode.call((input,))?);
+            }
+            // TTN v2: `Decoder(bytes, port)` returns the data itself.
+            let decoder = required(&defined, EntryPoint::Decoder, EntryPoint::DecodeUplink)?;
+            let input = input.as_object().ok_or(Fault::Output)?;
+            let returned: Value = decoder.call((
+                input.get::<_, Value>("bytes")?,
+                input.get::<_, Value>("fPort")?,
+            ))?;
+            Ok(serde_json::json!({ "data": codec(returned)? }))
+        }
+        Call::EncodeDownlink { data, f_port, .. } => {
+            let defined = fresh_entry_points(ctx, handles)?;
+            if let Some(encode) = entry(&defined, EntryPoint::EncodeDownlink)? {
+                let mut input = serde_json::json!({ "data": data });
+                if let Some(port) = f_port {
+                    input["fPort"] = port.into();
+                }
+                return codec(encode.call((convert::to_js(ctx, &input)?,))?);
+            }
+            // TTN v2: `Encoder(object, port)` returns the bytes themselves.
+            let encoder = required(&defined, EntryPoint::Encoder, EntryPoint::EncodeDownlink)?;
+            let port = f_port.unwrap_or(LEGACY_DEFAULT_PORT);
+            let returned: Value = encoder.call((convert::to_js(ctx, &data)?, port))?;
+            Ok(serde_json::json!({ "bytes": codec(returned)?, "fPort": port }))
+        }
+        Call::DecodeDownlink { bytes, f_port, .. } => {
+            let defined = fresh_entry_points(ctx, handles)?;
+            let decode = required(
+                &defined,
+                EntryPoint::DecodeDownlink,
+                EntryPoint::DecodeDownlink,
+            )?;
+            let input = serde_json::json!({ "bytes": bytes, "fPort": f_port });
+            codec(decode.call((convert::to_js(ctx, &input)?,))?)
         }
         Call::Convert { input, .. } => {
-            let convert = fresh_entry_point(ctx, handles, 1, "convert")?;
-            convert.call((convert::to_js(ctx, &input)?,))?
+            let defined = fresh_entry_points(ctx, handles)?;
+            let convert = required(&defined, EntryPoint::Convert, EntryPoint::Convert)?;
+            // sensae's converters ran under Node: JSON's rules, `undefined`
+            // members dropped.
+            result(
+                convert.call((convert::to_js(ctx, &input)?,))?,
+                Undefined::Omit,
+            )
         }
         Call::Function { name, args, .. } => {
             let value: Value = ctx.globals().get(name.as_str())?;
@@ -535,34 +632,49 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
             for arg in &args {
                 js_args.push_arg(convert::to_js(ctx, arg)?)?;
             }
-            function.call_arg(js_args)?
+            result(function.call_arg(js_args)?, Undefined::Omit)
         }
-    };
-    let object_prototype = handles.object_prototype.clone().restore(ctx)?;
-    convert::to_json(ctx, returned, &object_prototype).map_err(|fault| match fault {
-        // A value JSON cannot express (a cycle, a BigInt) is the script's
-        // output being wrong, not the script failing.
-        Fault::Js(rquickjs::Error::Exception) => Fault::Output,
-        other => other,
-    })
+    }
 }
 
 /// Deletes the globals earlier codec calls added (before the call, so a
 /// call that threw is cleaned up too), runs the codec's top level afresh
-/// and returns the entry point at `index` of what it defined (`0`:
-/// `decodeUplink`, `1`: `convert`).
-fn fresh_entry_point<'js>(
+/// and returns the entry points it defined ([`FRESH_CLOSE`]). A script
+/// that is no codec (a rule) has none: every codec call on it then names
+/// the function it lacks.
+fn fresh_entry_points<'js>(
     ctx: &Ctx<'js>,
     handles: &Handles,
-    index: usize,
-    name: &str,
-) -> Result<Function<'js>, Fault> {
-    let missing = || Fault::Codec(CodecError::MissingFunction(name.to_string()));
+) -> Result<Option<rquickjs::Array<'js>>, Fault> {
+    let Some(fresh) = &handles.fresh else {
+        return Ok(None);
+    };
     reset_globals(ctx, handles)?;
-    let fresh = handles.fresh.clone().ok_or_else(missing)?.restore(ctx)?;
-    let defined: rquickjs::Array = fresh.call(())?;
-    let entry: Value = defined.get(index)?;
-    entry.into_function().ok_or_else(missing)
+    let fresh = fresh.clone().restore(ctx)?;
+    Ok(Some(fresh.call(())?))
+}
+
+/// The entry point `which` among those a fresh run defined, if it did.
+fn entry<'js>(
+    defined: &Option<rquickjs::Array<'js>>,
+    which: EntryPoint,
+) -> Result<Option<Function<'js>>, Fault> {
+    let Some(defined) = defined else {
+        return Ok(None);
+    };
+    let value: Value = defined.get(which as usize)?;
+    Ok(value.into_function())
+}
+
+/// The entry point `which`, or the error naming `named`, the function the
+/// caller asked for (`decodeUplink` when neither it nor `Decoder` exists).
+fn required<'js>(
+    defined: &Option<rquickjs::Array<'js>>,
+    which: EntryPoint,
+    named: EntryPoint,
+) -> Result<Function<'js>, Fault> {
+    entry(defined, which)?
+        .ok_or_else(|| Fault::Codec(CodecError::MissingFunction(named.name().to_string())))
 }
 
 /// Deletes the globals codec calls added since the script was compiled.

@@ -19,6 +19,11 @@ pub struct DeviceType {
     /// Field mappings for decoded uplinks (and for decoder output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processor: Option<Processor>,
+    /// NGSI commands the type's devices take, as the FIWARE IoT Agents
+    /// declare them: updating one of these attributes on a device's entity
+    /// queues a downlink, and `<command>_status` / `<command>_info` follow it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<String>,
 }
 
 /// A codec script. Only `javascript` exists today; the field is there so
@@ -42,6 +47,19 @@ impl DeviceType {
     /// `entityType`, or `name`, the type's own name) is one NGSI accepts,
     /// so devices of the type never make entities `/v2` cannot serve.
     pub fn check(&self, name: &str) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for command in &self.commands {
+            crate::ngsi::check_name(crate::ngsi::NameKind::AttrName, command).map_err(|e| {
+                format!(
+                    "command '{}' cannot be an NGSI attribute: {}",
+                    command.escape_default(),
+                    e.description
+                )
+            })?;
+            if !seen.insert(command.as_str()) {
+                return Err(format!("command '{command}' is listed twice"));
+            }
+        }
         let entity_type = self.entity_type.as_deref().unwrap_or(name);
         crate::ngsi::check_name(crate::ngsi::NameKind::EntityType, entity_type).map_err(|e| {
             let field = if self.entity_type.is_some() {
@@ -105,6 +123,11 @@ pub struct Device {
     /// Sub-devices: measures under index `ref` belong to device `id`.
     #[serde(default)]
     pub sub_devices: Vec<SubDevice>,
+    /// An HTTP endpoint of the device's own, as an IoT Agent device has:
+    /// its downlinks and commands are POSTed there, whatever its uplinks
+    /// came through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// Maps a measure index of a gateway-like device to another device id.
@@ -127,6 +150,14 @@ impl Device {
     /// would give one uplink two units for one entity).
     pub fn check(&self) -> Result<(), String> {
         check_device_id(&self.id)?;
+        if let Some(endpoint) = &self.endpoint {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                return Err(format!(
+                    "endpoint '{}' must be an http:// or https:// URL",
+                    endpoint.escape_default()
+                ));
+            }
+        }
         let mut indexes = std::collections::HashSet::new();
         let mut ids = std::collections::HashSet::from([self.id.as_str()]);
         for sub in &self.sub_devices {

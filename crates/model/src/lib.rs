@@ -7,6 +7,7 @@
 //! - [`device`]: device types (decoder + processor) and devices (records, static data).
 //! - [`device_event`]: network servers' events about devices that are not
 //!   uplinks (joins, status, acks, …) and the state they leave.
+//! - [`downlink`]: downlinks queued for devices, and the routes that reach them.
 //! - [`mapping`]: the processor's field mappings from an uplink body to a data unit.
 //! - [`query`]: the NGSI Simple Query Language (`q`, `mq`), shared by live
 //!   filters, NGSI queries, subscriptions and rules.
@@ -28,6 +29,7 @@ pub mod apikey;
 pub mod channel;
 pub mod device;
 pub mod device_event;
+pub mod downlink;
 pub mod geo;
 pub mod history;
 pub mod jexl;
@@ -44,6 +46,7 @@ pub mod validate;
 pub use alarm::{Alarm, AlarmChange, AlarmEvent, AlarmState, Severity};
 pub use device::{Decoder, Device, DeviceType, Mapping, Processor, SubDevice};
 pub use device_event::DeviceEvent;
+pub use downlink::{Downlink, DownlinkRoute, DownlinkStatus};
 pub use rule::{Rule, RuleSpec};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
 pub use uplink::{NewUplink, Uplink, UplinkFormat};

@@ -115,7 +115,10 @@ impl Catalog {
                     .check(&script)
                     .await
                     .map_err(CatalogError::Script)?;
-                if !matches!(kind, ScriptKind::DecodeUplink | ScriptKind::Convert) {
+                if !matches!(
+                    kind,
+                    ScriptKind::DecodeUplink | ScriptKind::Convert | ScriptKind::EncodeDownlink
+                ) {
                     return Err(CatalogError::Script(CodecError::MissingFunction(
                         "decodeUplink(input) or convert(object)".into(),
                     )));

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
-use weft_engine::{interpret_decode_uplink, Call, CodecError, Engine, ScriptKind};
+use weft_engine::{
+    interpret_decode_uplink, reported_problems, Call, CodecError, Engine, ScriptKind,
+};
 use weft_model::device_event;
 use weft_model::mapping::{self, get_path, value_as_id, value_as_millis, PartialUnit};
 use weft_model::{
@@ -97,6 +99,8 @@ enum Step {
 
 /// Decodes and processes `uplinks`, in order, one outcome per uplink.
 /// Devices seen for the first time are appended to `new_devices`.
+/// `register` is false only for the dry run, which registers nothing and
+/// needs no device id (its units then have an empty one).
 // A failed uplink carries its whole body; outcomes are moved once, not copied.
 #[allow(clippy::result_large_err)]
 pub async fn process(
@@ -106,6 +110,27 @@ pub async fn process(
     new_devices: &mut Vec<Device>,
     register: bool,
 ) -> Vec<Outcome> {
+    process_reporting(uplinks, catalog, engine, new_devices, register)
+        .await
+        .into_iter()
+        .map(|(outcome, _)| outcome)
+        .collect()
+}
+
+/// The `errors` and `warnings` a codec returned, as it wrote them.
+pub type CodecReport = (Vec<String>, Vec<String>);
+
+/// [`process`], with each failed uplink's codec report: the `errors` and
+/// `warnings` its `decodeUplink` returned, when it returned errors (the
+/// dry run's 422 shows them).
+#[allow(clippy::result_large_err)]
+pub async fn process_reporting(
+    uplinks: &[Uplink],
+    catalog: &Catalog,
+    engine: &Engine,
+    new_devices: &mut Vec<Device>,
+    register: bool,
+) -> Vec<(Outcome, Option<CodecReport>)> {
     let prepared: Vec<Result<Step, Failure>> =
         uplinks.iter().map(|u| prepare(u, catalog)).collect();
 
@@ -122,6 +147,7 @@ pub async fn process(
         .iter()
         .zip(prepared)
         .map(|(uplink, p)| {
+            let mut report = None;
             let produced = p.and_then(|step| match step {
                 Step::Event(event) => Ok(Produced {
                     units: Vec::new(),
@@ -133,10 +159,18 @@ pub async fn process(
                         .call
                         .as_ref()
                         .map(|_| results.next().expect("one result per call"));
+                    report = result
+                        .as_ref()
+                        .and_then(|r| r.as_ref().ok())
+                        .and_then(reported_problems)
+                        .filter(|(errors, _)| !errors.is_empty());
                     finish(uplink, p, result, catalog, new_devices, register)
                 }
             });
-            produced.map_err(|(reason, description)| failed(uplink, reason, description))
+            let outcome =
+                produced.map_err(|(reason, description)| failed(uplink, reason, description));
+            let report = report.filter(|_| outcome.is_err());
+            (outcome, report)
         })
         .collect()
 }
@@ -326,14 +360,23 @@ fn finish(
     };
 
     let env = p.envelope;
-    let device_id = partial.device_id.or(env.device_id).ok_or((
-        FailureReason::InvalidUplink,
-        "uplink names no device id".to_string(),
-    ))?;
+    let device_id = match partial.device_id.or(env.device_id) {
+        Some(id) => id,
+        // The dry run shows what a sample decodes to; it needs no device.
+        None if !register => String::new(),
+        None => {
+            return Err((
+                FailureReason::InvalidUplink,
+                "uplink names no device id".to_string(),
+            ))
+        }
+    };
     // The id names the device's NGSI entity: one that NGSI cannot read or
     // delete (control characters, `<>();`, 100 KB) never gets that far.
-    weft_model::device::check_device_id(&device_id)
-        .map_err(|e| (FailureReason::InvalidUplink, e))?;
+    if register || !device_id.is_empty() {
+        weft_model::device::check_device_id(&device_id)
+            .map_err(|e| (FailureReason::InvalidUplink, e))?;
+    }
     let known = catalog.device(&device_id);
     let name = partial
         .device_name

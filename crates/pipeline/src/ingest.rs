@@ -259,13 +259,14 @@ impl Ingest {
     /// Runs a sample uplink of type `type_name` through decode and process
     /// without storing or registering anything (the `decode` dry run). A
     /// body with `payload` or `bytes` is treated as encoded, otherwise as
-    /// decoded.
+    /// decoded. It needs no device id. A failure comes with the codec's own
+    /// `errors` and `warnings` when it returned errors.
     pub async fn dry_run(
         &self,
         type_name: &str,
         channel: Option<String>,
         body: &Value,
-    ) -> Result<Produced, FailedUplink> {
+    ) -> Result<Produced, (FailedUplink, Option<decode::CodecReport>)> {
         let encoded = body.get("payload").is_some() || body.get("bytes").is_some();
         let uplink = Uplink {
             seq: 0,
@@ -283,7 +284,7 @@ impl Ingest {
             },
         };
         let mut ignored = Vec::new();
-        let mut out = decode::process(
+        let mut out = decode::process_reporting(
             std::slice::from_ref(&uplink),
             &self.catalog,
             &self.engine,
@@ -291,7 +292,8 @@ impl Ingest {
             false,
         )
         .await;
-        out.pop().expect("one outcome per uplink")
+        let (outcome, report) = out.pop().expect("one outcome per uplink");
+        outcome.map_err(|failed| (failed, report))
     }
 
     /// Accepted uplinks not yet processed.

@@ -12,6 +12,8 @@
 //! - [`history`]: entity changes and notifications recorded as time series.
 //! - [`rules`]: alarm rules evaluated on stored units, and their alarms.
 //! - [`channels`]: durable pull channels and the bridges feeding them.
+//! - [`downlinks`]: per-device downlink queues, their delivery through
+//!   the route each device's uplinks came by, and NGSI commands.
 //! - [`filter`]: the event filter the live stream and the bridges share.
 //! - [`keys`]: API keys held in memory by hash, their rate limits, and
 //!   their creation, revocation and bootstrap.
@@ -34,6 +36,7 @@ pub mod cluster;
 pub mod context;
 pub mod decode;
 pub mod definitions;
+pub mod downlinks;
 pub mod entity;
 pub mod filter;
 pub mod forwarding;

@@ -22,6 +22,7 @@ use crate::channels::{Channels, ChannelsConfig};
 use crate::cluster::{work, Cluster, ClusterConfig};
 use crate::context::{self, Context};
 use crate::definitions::follow;
+use crate::downlinks::{Downlinks, DownlinksConfig};
 use crate::history::{History, RetentionPolicy};
 use crate::ingest::{Ingest, IngestConfig};
 use crate::registrations::Registrations;
@@ -48,6 +49,8 @@ pub struct ServicesConfig {
     pub forward_timeout: Duration,
     /// How this node takes its share of the cluster's work.
     pub cluster: ClusterConfig,
+    /// How downlinks are sent.
+    pub downlinks: DownlinksConfig,
 }
 
 impl Default for ServicesConfig {
@@ -64,6 +67,7 @@ impl Default for ServicesConfig {
             channels: ChannelsConfig::default(),
             forward_timeout: crate::forwarding::DEFAULT_TIMEOUT,
             cluster: ClusterConfig::default(),
+            downlinks: DownlinksConfig::default(),
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct Services {
     pub channels: Arc<Channels>,
     /// The bridges publishing weft's events into channels.
     pub bridges: Arc<Bridges>,
+    /// Downlink queues, their delivery, and NGSI commands.
+    pub downlinks: Arc<Downlinks>,
     /// The store, for the API's read-only queries.
     pub store: Arc<dyn Store>,
     /// The bus, for live subscribers.
@@ -179,6 +185,14 @@ impl Services {
                 bridges.clone().run(stop)
             });
         }
+        let downlinks = Arc::new(Downlinks::new(
+            store.clone(),
+            catalog.clone(),
+            context.clone(),
+            engine.clone(),
+            config.downlinks.clone(),
+        ));
+        tracker.spawn(downlinks.clone().run(shutdown.clone()));
         let ingest = Ingest::load(
             store.clone(),
             bus.clone(),
@@ -221,6 +235,7 @@ impl Services {
             rules,
             channels,
             bridges,
+            downlinks,
             store,
             bus,
             cluster,

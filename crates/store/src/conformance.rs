@@ -86,6 +86,9 @@ macro_rules! conformance_tests {
             alarm_batches_commit_versions_events_states_and_cursor,
             alarms_are_queried_newest_first_with_filters,
             api_keys_are_put_listed_revoked_and_kept_across_reopen,
+            downlink_queues_are_pushed_replaced_flushed_and_kept_across_reopen,
+            downlinks_are_claimed_once_and_finished_ones_are_bounded,
+            downlink_routes_are_kept_per_device,
         );
     };
     ($backend:ty: $($test:ident),+ $(,)?) => {
@@ -96,6 +99,209 @@ macro_rules! conformance_tests {
             }
         )+
     };
+}
+
+/// A queued downlink for the downlink tests.
+fn downlink(id: &str, device: &str, due: i64) -> weft_model::Downlink {
+    weft_model::Downlink {
+        id: id.to_string(),
+        device_id: device.to_string(),
+        f_port: 10,
+        confirmed: false,
+        priority: "NORMAL".to_string(),
+        frm_payload: vec![1, 2, 3],
+        data: Some(json!({"ring": 1})),
+        command: None,
+        status: weft_model::DownlinkStatus::Queued,
+        reason: None,
+        attempts: 0,
+        route: None,
+        created_at: 1_000,
+        updated_at: 1_000,
+        sent_at: None,
+        expires_at: None,
+        next_attempt_at: due,
+    }
+}
+
+fn ids(downlinks: &[weft_model::Downlink]) -> Vec<&str> {
+    downlinks.iter().map(|d| d.id.as_str()).collect()
+}
+
+/// A device's queue keeps its order; a replace swaps the open downlinks
+/// (answering them) in one go; a flush deletes and answers them; other
+/// devices' queues are untouched; everything survives a reopen.
+pub(crate) async fn downlink_queues_are_pushed_replaced_flushed_and_kept_across_reopen<B: Backend>()
+where
+    B::Store: DownlinkStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert!(store.list_downlinks("dev").await.unwrap().is_empty());
+    let pushed = [downlink("a", "dev", 1), downlink("b", "dev", 1)];
+    assert!(store
+        .queue_downlinks("dev", &pushed, false)
+        .await
+        .unwrap()
+        .is_empty());
+    store
+        .queue_downlinks("other", &[downlink("x", "other", 1)], false)
+        .await
+        .unwrap();
+    store
+        .queue_downlinks("dev", &[downlink("c", "dev", 1)], false)
+        .await
+        .unwrap();
+    let listed = store.list_downlinks("dev").await.unwrap();
+    assert_eq!(ids(&listed), ["a", "b", "c"]);
+    assert_eq!(listed[0], pushed[0], "every field is kept");
+    // Ids are unique: a second "a" is refused and changes nothing.
+    assert!(store
+        .queue_downlinks(
+            "dev",
+            &[downlink("d", "dev", 1), downlink("a", "dev", 1)],
+            false
+        )
+        .await
+        .is_err());
+    assert_eq!(
+        ids(&store.list_downlinks("dev").await.unwrap()),
+        ["a", "b", "c"]
+    );
+    // A sent downlink stays listed, and a replace leaves it.
+    let mut sent = listed[0].clone();
+    sent.status = weft_model::DownlinkStatus::Sent;
+    assert!(store.update_downlink(&sent).await.unwrap());
+    let removed = store
+        .queue_downlinks("dev", &[downlink("r", "dev", 1)], true)
+        .await
+        .unwrap();
+    assert_eq!(ids(&removed), ["b", "c"]);
+    assert_eq!(ids(&store.list_downlinks("dev").await.unwrap()), ["a", "r"]);
+    B::close(&store).await;
+    let store = backend.open().await;
+    assert_eq!(ids(&store.list_downlinks("dev").await.unwrap()), ["a", "r"]);
+    assert_eq!(ids(&store.flush_downlinks("dev").await.unwrap()), ["r"]);
+    let left = store.list_downlinks("dev").await.unwrap();
+    assert_eq!(ids(&left), ["a"]);
+    assert_eq!(left[0].status, weft_model::DownlinkStatus::Sent);
+    assert_eq!(ids(&store.list_downlinks("other").await.unwrap()), ["x"]);
+    // A flushed downlink can no longer be updated.
+    assert!(!store
+        .update_downlink(&downlink("r", "dev", 1))
+        .await
+        .unwrap());
+}
+
+/// A claim returns what is due, earliest first, and leases it: a second
+/// claim before the lease ends gets nothing. Pending downlinks are woken
+/// per device. Finished downlinks beyond the kept number are deleted,
+/// oldest first, open ones never.
+pub(crate) async fn downlinks_are_claimed_once_and_finished_ones_are_bounded<B: Backend>()
+where
+    B::Store: DownlinkStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(store.next_downlink_due().await.unwrap(), None);
+    let mut pending = downlink("p", "dev", 9_000);
+    pending.status = weft_model::DownlinkStatus::Pending;
+    store
+        .queue_downlinks(
+            "dev",
+            &[
+                downlink("late", "dev", 500),
+                downlink("early", "dev", 100),
+                pending,
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.next_downlink_due().await.unwrap(), Some(100));
+    assert!(store
+        .claim_due_downlinks(50, 5_000, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let claimed = store.claim_due_downlinks(1_000, 5_000, 10).await.unwrap();
+    assert_eq!(ids(&claimed), ["early", "late"]);
+    assert!(
+        store
+            .claim_due_downlinks(1_000, 5_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
+    // Both leases ended at 5,000: the older of the two comes first.
+    assert_eq!(
+        ids(&store.claim_due_downlinks(5_000, 6_000, 1).await.unwrap()),
+        ["late"]
+    );
+    assert_eq!(store.wake_pending_downlinks("dev", 2_000).await.unwrap(), 1);
+    assert_eq!(
+        store.wake_pending_downlinks("nobody", 2_000).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        ids(&store.claim_due_downlinks(2_000, 3_000, 10).await.unwrap()),
+        ["p"]
+    );
+    // An update sets the next attempt: due again at its time.
+    let mut retry = claimed[1].clone();
+    retry.attempts = 1;
+    retry.next_attempt_at = 7_000;
+    assert!(store.update_downlink(&retry).await.unwrap());
+    let again = store.claim_due_downlinks(7_000, 8_000, 10).await.unwrap();
+    assert!(ids(&again).contains(&"late"));
+    assert_eq!(again.iter().find(|d| d.id == "late").unwrap().attempts, 1);
+
+    // Bounded history of finished downlinks.
+    let kept = crate::FINISHED_DOWNLINKS_KEPT;
+    let many: Vec<_> = (0..kept + 3)
+        .map(|i| downlink(&format!("m{i:03}"), "busy", 1))
+        .collect();
+    store.queue_downlinks("busy", &many, false).await.unwrap();
+    store
+        .queue_downlinks("busy", &[downlink("open", "busy", 1)], false)
+        .await
+        .unwrap();
+    for d in &many {
+        let mut done = d.clone();
+        done.status = weft_model::DownlinkStatus::Failed;
+        assert!(store.update_downlink(&done).await.unwrap());
+    }
+    let listed = store.list_downlinks("busy").await.unwrap();
+    assert_eq!(listed.len(), kept + 1);
+    assert_eq!(listed[0].id, "m003", "the oldest finished ones went first");
+    assert_eq!(listed.last().unwrap().id, "open");
+}
+
+/// A device's route is replaced by the next one, per device, and kept.
+pub(crate) async fn downlink_routes_are_kept_per_device<B: Backend>()
+where
+    B::Store: DownlinkStore,
+{
+    use weft_model::DownlinkRoute;
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(store.downlink_route("dev").await.unwrap(), None);
+    let helium = DownlinkRoute::Helium {
+        url: "http://h/down".into(),
+    };
+    let ttn = DownlinkRoute::TtnWebhook {
+        push_url: "http://t/push".into(),
+        replace_url: None,
+        api_key: Some("k".into()),
+    };
+    store.put_downlink_route("dev", &helium).await.unwrap();
+    store.put_downlink_route("dev2", &helium).await.unwrap();
+    store.put_downlink_route("dev", &ttn).await.unwrap();
+    B::close(&store).await;
+    let store = backend.open().await;
+    assert_eq!(store.downlink_route("dev").await.unwrap(), Some(ttn));
+    assert_eq!(store.downlink_route("dev2").await.unwrap(), Some(helium));
 }
 
 /// An API key record for the key tests.

@@ -16,6 +16,7 @@
 //! - [`KeyStore`]: API keys (their hashes, never their secrets).
 //! - [`ClusterStore`]: the nodes of a cluster and the leases on the work
 //!   done once.
+//! - [`DownlinkStore`]: downlink queues and the routes to devices.
 //!
 //! A domain's methods need its trait in scope: callers holding a
 //! `dyn Store` write `use weft_store::prelude::*;`.
@@ -41,6 +42,7 @@ pub mod cluster;
 #[cfg(test)]
 mod conformance;
 mod context;
+mod downlinks;
 mod history;
 mod ingest;
 mod keys;
@@ -56,6 +58,7 @@ pub use catalog::{
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};
 pub use context::{ContextStore, DocumentKind, DocumentMerge, EntityRecord, NgsiDocument};
+pub use downlinks::{DownlinkStore, FINISHED_DOWNLINKS_KEPT};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
     HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,
@@ -97,8 +100,8 @@ pub(crate) fn to_i64(n: u64) -> i64 {
 /// methods can only be called with its trait in scope.
 pub mod prelude {
     pub use crate::{
-        CatalogStore, ChannelStore, ClusterStore, ContextStore, HistoryStore, IngestLogStore,
-        KeyStore, RuleStore, Store, UnitStore,
+        CatalogStore, ChannelStore, ClusterStore, ContextStore, DownlinkStore, HistoryStore,
+        IngestLogStore, KeyStore, RuleStore, Store, UnitStore,
     };
 }
 
@@ -137,6 +140,7 @@ pub trait Store:
     + ChannelStore
     + KeyStore
     + ClusterStore
+    + DownlinkStore
     + 'static
 {
     /// Commits an empty write through the writer: `Ok` means the store is

@@ -28,6 +28,7 @@ mod channels;
 mod cluster;
 mod conn;
 mod context;
+mod downlinks;
 mod history;
 mod ingest;
 mod keys;

@@ -43,6 +43,7 @@ mod catalog;
 mod channels;
 mod checkpointer;
 mod context;
+mod downlinks;
 mod history;
 mod ingest;
 mod keys;

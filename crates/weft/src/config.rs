@@ -55,6 +55,8 @@ pub struct Config {
     pub pages: PagesSection,
     /// The HTTP listener: rate limits, CORS.
     pub http: HttpSection,
+    /// Downlinks: retries, and the network-server APIs they go through.
+    pub downlinks: DownlinksSection,
 }
 
 impl Default for Config {
@@ -78,6 +80,71 @@ impl Default for Config {
             channels: ChannelsSection::default(),
             pages: PagesSection::default(),
             http: HttpSection::default(),
+            downlinks: DownlinksSection::default(),
+        }
+    }
+}
+
+/// `[downlinks]`: how downlinks are sent (docs/downlinks.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownlinksSection {
+    /// Wait before the first retry of a failed attempt; doubled per
+    /// further attempt up to `retry_max`.
+    #[serde(with = "humantime_serde")]
+    pub retry_initial: Duration,
+    /// Longest wait between two attempts.
+    #[serde(with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// Attempts before a downlink is marked `failed`.
+    pub max_attempts: u32,
+    /// How long one HTTP attempt may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How often a `pending` downlink is looked at again (it is also when
+    /// its device's route changes).
+    #[serde(with = "humantime_serde")]
+    pub pending_recheck: Duration,
+    /// ChirpStack's REST API, for devices whose uplinks come from the
+    /// ChirpStack HTTP integration.
+    pub chirpstack: Option<ChirpStackSection>,
+    /// ChirpStack's REST API per device type, for types served by another
+    /// ChirpStack than the default one (`[downlinks.chirpstack_types.<type>]`).
+    pub chirpstack_types: BTreeMap<String, ChirpStackSection>,
+}
+
+impl Default for DownlinksSection {
+    fn default() -> Self {
+        let d = weft_pipeline::downlinks::DownlinksConfig::default();
+        DownlinksSection {
+            retry_initial: d.retry_initial,
+            retry_max: d.retry_max,
+            max_attempts: d.max_attempts,
+            request_timeout: d.request_timeout,
+            pending_recheck: d.pending_recheck,
+            chirpstack: None,
+            chirpstack_types: BTreeMap::new(),
+        }
+    }
+}
+
+/// One ChirpStack REST API: where it is and the API token weft uses.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChirpStackSection {
+    /// Base URL of ChirpStack's REST API (`http://chirpstack-rest-api:8090`).
+    pub url: String,
+    /// An API key made in ChirpStack (sent as `Grpc-Metadata-Authorization:
+    /// Bearer <token>`, and as `Authorization`).
+    pub token: String,
+}
+
+impl ChirpStackSection {
+    /// The pipeline's form.
+    pub fn api(&self) -> weft_model::downlink::ChirpStackApi {
+        weft_model::downlink::ChirpStackApi {
+            url: self.url.clone(),
+            token: self.token.clone(),
         }
     }
 }
@@ -469,8 +536,9 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 17] = [
+const CONFIG_KEYS: [&str; 18] = [
     "auth",
+    "downlinks",
     "admin_key",
     "http",
     "pages",

@@ -27,6 +27,7 @@ use weft_pages::service::Sources;
 use weft_pages::{Pages, PagesConfig};
 use weft_pipeline::channels::ChannelsConfig;
 use weft_pipeline::definitions::follow;
+use weft_pipeline::downlinks::DownlinksConfig;
 use weft_pipeline::keys::Keys;
 use weft_pipeline::rules::RulesConfig;
 use weft_pipeline::subscriptions::sender::SenderConfig;
@@ -314,6 +315,23 @@ fn services_config(config: &Config) -> ServicesConfig {
             } else {
                 config.cluster.address.clone()
             },
+        },
+        downlinks: DownlinksConfig {
+            retry_initial: config.downlinks.retry_initial,
+            retry_max: config
+                .downlinks
+                .retry_max
+                .max(config.downlinks.retry_initial),
+            max_attempts: config.downlinks.max_attempts.max(1),
+            request_timeout: config.downlinks.request_timeout,
+            pending_recheck: config.downlinks.pending_recheck,
+            chirpstack: config.downlinks.chirpstack.as_ref().map(|c| c.api()),
+            chirpstack_by_type: config
+                .downlinks
+                .chirpstack_types
+                .iter()
+                .map(|(name, c)| (name.clone(), c.api()))
+                .collect(),
         },
     }
 }

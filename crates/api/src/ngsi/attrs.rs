@@ -100,6 +100,23 @@ async fn write_attrs(
     let opts = options.update();
     let now = now_ms();
     let etype = params.get("type");
+    // Command attributes of a device's entity (the IoT Agents' command
+    // pattern) become downlinks rather than attribute values; a replace
+    // of all attributes is no command.
+    let commands = if operands == Operands::Current {
+        state
+            .services
+            .downlinks
+            .take_commands(&tenant, &path, &id, etype, &mut attrs)
+    } else {
+        Vec::new()
+    };
+    if !commands.is_empty() && attrs.is_empty() {
+        local_entity(&state, &tenant, &path, &id, etype)?
+            .ok_or_else(NgsiError::entity_not_found)?;
+        send_commands(&state, &id, commands).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     // An update (not an append or a replace) of attributes the entity
     // lacks goes to the providers registered for them.
     let target = Target {
@@ -134,10 +151,46 @@ async fn write_attrs(
     if let Some(err) = check.and_then(|check| check(&outcome, &id, etype)) {
         return Err(err.into());
     }
+    if !commands.is_empty() {
+        send_commands(&state, &id, commands).await?;
+    }
     if let Some(err) = forwarded.error(&id, etype, true) {
         return Err(err.into());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Queues the commands taken from an update as downlinks to the device
+/// (`<command>_status` becomes `PENDING`); a command the device type's
+/// codec cannot encode is a 422 with the codec's words.
+async fn send_commands(
+    state: &AppState,
+    device_id: &str,
+    commands: Vec<(String, Value)>,
+) -> Result<()> {
+    use weft_pipeline::downlinks::DownlinkError;
+    state
+        .services
+        .downlinks
+        .send_commands(device_id, commands)
+        .await
+        .map_err(|e| {
+            let error = match e {
+                DownlinkError::UnknownDevice(_) => NgsiError::entity_not_found(),
+                DownlinkError::Encode { description, .. } => {
+                    NgsiError::new(422, "Unprocessable", description)
+                }
+                DownlinkError::Busy => NgsiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the script engine is busy, retry later",
+                ),
+                DownlinkError::Store(e) => {
+                    NgsiError::new(500, "InternalServerError", e.to_string())
+                }
+            };
+            error.into()
+        })
 }
 
 /// The entity an update addresses, if it exists locally (409 and other

@@ -230,6 +230,24 @@ CREATE TABLE cluster_leases (
     expires_at BIGINT NOT NULL
 );
 "#,
+    // Step 6: downlink queues and the routes to devices (see the SQLite
+    // schema's `downlinks`).
+    r#"
+CREATE TABLE downlinks (
+    seq       BIGSERIAL PRIMARY KEY,
+    id        TEXT   NOT NULL UNIQUE,
+    device_id TEXT   NOT NULL,
+    status    TEXT   NOT NULL,
+    due_at    BIGINT NOT NULL,
+    json      TEXT   NOT NULL
+);
+CREATE INDEX downlinks_device ON downlinks (device_id, seq);
+CREATE INDEX downlinks_due ON downlinks (due_at) WHERE status IN ('queued', 'pending');
+CREATE TABLE downlink_routes (
+    device_id TEXT PRIMARY KEY,
+    json      TEXT NOT NULL
+);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

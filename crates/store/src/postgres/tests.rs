@@ -111,9 +111,9 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [5],
-        "five steps: the first schema, device events, the API keys, history instances, \
-         cluster nodes and leases"
+        [6],
+        "six steps: the first schema, device events, the API keys, history instances, \
+         cluster nodes and leases, downlinks"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

@@ -104,6 +104,10 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   by integers instead of one per attribute keyed by four strings. The
 ///   step converts the rows, rollups and entities already stored and
 ///   drops the old tables (`history`, `history_entities`).
+/// - `downlinks`, `downlink_routes` (step 13, main file): the downlink
+///   queues, one row per downlink (its status and next attempt beside its
+///   JSON record, so the delivery worker finds what is due by index), and
+///   per device the route its uplinks came through.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -367,6 +371,23 @@ DROP TABLE history;
 DROP TABLE history_rollups;
 DROP TABLE history_entities;
 ALTER TABLE history_series_rollups RENAME TO history_rollups;
+"#,
+    // downlink queues and the routes to devices
+    r#"
+CREATE TABLE downlinks (
+    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+    id        TEXT    NOT NULL UNIQUE,
+    device_id TEXT    NOT NULL,
+    status    TEXT    NOT NULL,
+    due_at    INTEGER NOT NULL,
+    json      TEXT    NOT NULL
+);
+CREATE INDEX downlinks_device ON downlinks (device_id, seq);
+CREATE INDEX downlinks_due ON downlinks (due_at) WHERE status IN ('queued', 'pending');
+CREATE TABLE downlink_routes (
+    device_id TEXT PRIMARY KEY,
+    json      TEXT NOT NULL
+);
 "#,
 ];
 
