@@ -9,6 +9,8 @@
 //!   dedup, long poll, expiry, errors, kill -9.
 //! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
 //! - `codecs`: decoders, the dry run, time limits.
+//! - `console`: the console's files (types, ETags, policy) and the paged
+//!   device listing it reads; its browser tests are `tests/console/`.
 //! - `live`: the websocket and SSE streams and their filters.
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
@@ -43,6 +45,7 @@ mod auth;
 mod catalog;
 mod channels;
 mod codecs;
+mod console;
 mod durability;
 mod history;
 mod hostile;
