@@ -231,7 +231,8 @@ async fn signs_in_with_an_api_key() {
 /// A device type made in the console: a codec that does not compile is
 /// refused with the engine's message next to the form; a good one is
 /// saved, and its test on a hex payload shows the decoded measures, and
-/// a payload the codec rejects shows its error.
+/// a payload the codec rejects shows its error; a TTN codec definition's
+/// examples run against it, each marked pass or differs.
 #[tokio::test]
 async fn creates_a_device_type_and_tests_its_codec() {
     let server = Server::start();
@@ -265,6 +266,29 @@ async fn creates_a_device_type_and_tests_its_codec() {
             type_into(b, "#test-input", "0175").await?;
             click(b, "#test-run").await?;
             wait_text(b, "#test-errors", |t| t.contains("truncated")).await?;
+            // A TTN codec definition's examples, run against the codec.
+            let ttn = json!({"uplinkDecoder": {"examples": [
+                {"description": "battery", "input": {"fPort": 85, "bytes": [1, 117, 92]},
+                 "output": {"data": {"battery": 92}}},
+                {"description": "truncated", "input": {"fPort": 85, "bytes": [1, 117]},
+                 "output": {"errors": ["truncated record at byte 2"]}},
+                {"description": "wrong on purpose", "input": {"fPort": 85, "bytes": [1, 117, 1]},
+                 "output": {"data": {"battery": 2}}}
+            ]}});
+            paste(b, "#ttn-import", &ttn.to_string()).await?;
+            click(b, "#ttn-run").await?;
+            wait_text(b, "#ttn-results", |t| t.contains("wrong on purpose")).await?;
+            let marks = b
+                .find_all(Locator::Css("#ttn-results [data-pass]"))
+                .await
+                .map_err(fail("find"))?;
+            let mut passed = Vec::new();
+            for m in marks {
+                passed.push(m.attr("data-pass").await.map_err(fail("attr"))?.unwrap_or_default());
+            }
+            if passed != ["true", "true", "false"] {
+                return Err(format!("examples marked {passed:?}"));
+            }
             Ok(())
         })
     })

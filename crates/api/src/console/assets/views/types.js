@@ -80,12 +80,14 @@ async function editor(main, name, justSaved) {
   const input = h("input", { id: "test-input", size: 40, placeholder: "01755C03673401" });
   const format = h("select", { id: "test-format" }, h("option", { value: "hex" }, "hex"), h("option", { value: "base64" }, "base64"));
   const port = h("input", { id: "test-port", type: "number", min: 0, max: 255, value: 1 });
+  const deviceId = h("input", { id: "test-device", value: "console-test", size: 14 });
   const result = h("div", { id: "test-result", "aria-live": "polite" });
   const testForm = h("form", { class: "card", id: "test-form" },
     h("div", { class: "row" },
       h("label", { for: "test-input" }, "Payload", input),
       h("label", { for: "test-format" }, "As", format),
       h("label", { for: "test-port" }, "fPort", port),
+      h("label", { for: "test-device" }, "Device id", deviceId),
       h("button", { type: "submit", id: "test-run" }, "Test")),
     h("p", { class: "muted" }, "Runs the saved decoder on the payload; nothing is stored."),
     result);
@@ -95,7 +97,7 @@ async function editor(main, name, justSaved) {
     const bytes = parseBytes(input.value, format.value);
     if (!bytes) { fill(result, errorBox(new Error(`The payload is not valid ${format.value}.`))); return; }
     const unsaved = savedScript !== null && code.get() !== savedScript;
-    fill(result, await dryRun(name, bytes, Number(port.value)), unsaved ? h("p", { class: "warn" }, "The editor has unsaved changes: this ran the saved decoder.") : null);
+    fill(result, await dryRun(name, { bytes: toHex(bytes), fPort: Number(port.value), id: deviceId.value.trim() || "console-test" }), unsaved ? h("p", { class: "warn" }, "The editor has unsaved changes: this ran the saved decoder.") : null);
   });
 
   // TTN examples.
@@ -133,7 +135,7 @@ async function editor(main, name, justSaved) {
       const expected = ex.output || {};
       let got, pass;
       try {
-        const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, { bytes: toHex(bytes), fPort: ex.input?.fPort ?? 1 });
+        const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, { bytes: toHex(bytes), fPort: ex.input?.fPort ?? 1, id: "console-test" });
         got = r.body.units?.[0]?.measures;
         pass = !expected.errors?.length && sameData(expected.data, got);
       } catch (x) {
@@ -155,10 +157,10 @@ async function editor(main, name, justSaved) {
     h("h2", {}, "Import a TTN codec with examples"), importForm);
 }
 
-/** Runs the dry run and shows units, warnings and errors. */
-async function dryRun(name, bytes, fPort) {
+/** Runs the dry run on `sample` (an encoded body) and shows units, warnings and errors. */
+async function dryRun(name, sample) {
   try {
-    const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, { bytes: toHex(bytes), fPort });
+    const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, sample);
     const units = r.body.units || [];
     const warnings = r.body.warnings || [];
     return h("div", {},
