@@ -22,19 +22,28 @@ async fn console_files_are_served_with_types_tags_and_policy() {
     let page = get("/").await.unwrap();
     assert_eq!(page.status(), 200);
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
-    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(csp.contains("default-src 'none'"), "{csp}");
     assert!(csp.contains("script-src 'self'"), "{csp}");
     assert!(csp.contains("connect-src 'self'"), "{csp}");
     let html = page.text().await.unwrap();
     assert!(html.contains(r#"<script type="module" src="/console/app.js">"#));
-    assert!(!html.contains("http://") && !html.contains("https://"), "nothing from the internet");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from the internet"
+    );
 
     for (path, kind) in [
         ("/console/app.js", "text/javascript; charset=utf-8"),
         ("/console/views/device.js", "text/javascript; charset=utf-8"),
         ("/console/style.css", "text/css; charset=utf-8"),
-        ("/console/vendor/uplot/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+        (
+            "/console/vendor/uplot/uPlot.iife.min.js",
+            "text/javascript; charset=utf-8",
+        ),
     ] {
         let resp = get(path).await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");
@@ -77,10 +86,19 @@ async fn devices_page_with_search_total_and_last_seen() {
     let c = server.client();
     c.create_em300th().await;
     for i in 0..30 {
-        let name = if i == 17 { "Greenhouse North" } else { "sensor" };
+        let name = if i == 17 {
+            "Greenhouse North"
+        } else {
+            "sensor"
+        };
         let device = json!({"name": name, "type": "em300th", "channel": "farm"});
-        c.expect(201, "PUT", &format!("/api/v1/devices/d{i:03}"), Some(&device))
-            .await;
+        c.expect(
+            201,
+            "PUT",
+            &format!("/api/v1/devices/d{i:03}"),
+            Some(&device),
+        )
+        .await;
     }
     let page = |query: &'static str| {
         let c = c.clone();
@@ -92,16 +110,38 @@ async fn devices_page_with_search_total_and_last_seen() {
                 .await
                 .unwrap();
             assert_eq!(resp.status(), 200, "{query}");
-            let total: u64 = resp.headers()["x-total-count"].to_str().unwrap().parse().unwrap();
+            let total: u64 = resp.headers()["x-total-count"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
             let body: Vec<Value> = resp.json().await.unwrap();
-            let ids: Vec<String> = body.iter().map(|d| d["id"].as_str().unwrap().to_string()).collect();
+            let ids: Vec<String> = body
+                .iter()
+                .map(|d| d["id"].as_str().unwrap().to_string())
+                .collect();
             (total, ids, body)
         }
     };
     let (total, ids, _) = page("limit=5").await;
-    assert_eq!((total, ids), (30, vec!["d000".into(), "d001".into(), "d002".into(), "d003".into(), "d004".into()]));
+    assert_eq!(
+        (total, ids),
+        (
+            30,
+            vec![
+                "d000".into(),
+                "d001".into(),
+                "d002".into(),
+                "d003".into(),
+                "d004".into()
+            ]
+        )
+    );
     let (total, ids, _) = page("limit=5&offset=27").await;
-    assert_eq!((total, ids), (30, vec!["d027".into(), "d028".into(), "d029".into()]));
+    assert_eq!(
+        (total, ids),
+        (30, vec!["d027".into(), "d028".into(), "d029".into()])
+    );
     let (total, ids, _) = page("q=GREENHOUSE").await;
     assert_eq!((total, ids), (1, vec!["d017".into()]));
     let (total, ids, _) = page("q=d02&limit=2&type=em300th").await;
@@ -109,8 +149,13 @@ async fn devices_page_with_search_total_and_last_seen() {
     let (total, ids, _) = page("type=other&limit=5").await;
     assert_eq!((total, ids), (0, Vec::<String>::new()));
 
-    c.uplink("farm", "decoded", "em300th", &decoded_body("u-1", "d003", 21, 40, 1_700_000_000_000))
-        .await;
+    c.uplink(
+        "farm",
+        "decoded",
+        "em300th",
+        &decoded_body("u-1", "d003", 21, 40, 1_700_000_000_000),
+    )
+    .await;
     c.unit_eventually("u-1").await;
     let (_, _, body) = page("limit=2&offset=2").await;
     assert_eq!(body[0]["lastSeen"], Value::Null);
@@ -132,7 +177,10 @@ async fn devices_page_with_search_total_and_last_seen() {
             .send("GET", &format!("/api/v1/devices?{query}"), None, None)
             .await;
         assert_eq!(status, 400, "{query}: {body}");
-        assert!(body["description"].as_str().unwrap().contains(names), "{query}: {body}");
+        assert!(
+            body["description"].as_str().unwrap().contains(names),
+            "{query}: {body}"
+        );
     }
     let long = "x".repeat(300);
     let (status, _) = c
@@ -145,5 +193,6 @@ async fn devices_page_with_search_total_and_last_seen() {
     let (_, _, body) = page("limit=1&offset=3").await;
     let mut back = body[0].clone();
     back.as_object_mut().unwrap().remove("id");
-    c.expect(200, "PUT", "/api/v1/devices/d003", Some(&back)).await;
+    c.expect(200, "PUT", "/api/v1/devices/d003", Some(&back))
+        .await;
 }

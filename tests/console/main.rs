@@ -43,7 +43,8 @@ async fn browser() -> Client {
         "WEFT_TEST_WEBDRIVER_URL names the chromedriver the console's browser tests use: \
          scripts/test starts one (eval \"$(scripts/test-services start)\")",
     );
-    let chromium = std::env::var("WEFT_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let chromium =
+        std::env::var("WEFT_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
@@ -98,7 +99,11 @@ async fn doc_shot(client: &Client, name: &str) {
 
 /// Waits until `css` matches an element whose text satisfies `ok`;
 /// answers that text.
-async fn wait_text(client: &Client, css: &str, ok: impl Fn(&str) -> bool) -> Result<String, String> {
+async fn wait_text(
+    client: &Client,
+    css: &str,
+    ok: impl Fn(&str) -> bool,
+) -> Result<String, String> {
     let deadline = Instant::now() + WAIT;
     let mut last = String::from("(no such element)");
     loop {
@@ -113,7 +118,9 @@ async fn wait_text(client: &Client, css: &str, ok: impl Fn(&str) -> bool) -> Res
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("'{css}' did not show what was expected within {WAIT:?}; last text: {last:?}"));
+            return Err(format!(
+                "'{css}' did not show what was expected within {WAIT:?}; last text: {last:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -134,7 +141,12 @@ async fn wait_for(client: &Client, css: &str) -> Result<fantoccini::elements::El
 }
 
 /// Waits until the attribute `attr` of `css` satisfies `ok`.
-async fn wait_attr(client: &Client, css: &str, attr: &str, ok: impl Fn(&str) -> bool) -> Result<String, String> {
+async fn wait_attr(
+    client: &Client,
+    css: &str,
+    attr: &str,
+    ok: impl Fn(&str) -> bool,
+) -> Result<String, String> {
     let deadline = Instant::now() + WAIT;
     let mut last = None;
     loop {
@@ -147,7 +159,9 @@ async fn wait_attr(client: &Client, css: &str, attr: &str, ok: impl Fn(&str) -> 
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("{attr} of '{css}' not as expected within {WAIT:?}; last: {last:?}"));
+            return Err(format!(
+                "{attr} of '{css}' not as expected within {WAIT:?}; last: {last:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -159,7 +173,11 @@ fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 
 /// Clicks the element `css` matches.
 async fn click(client: &Client, css: &str) -> Outcome {
-    wait_for(client, css).await?.click().await.map_err(fail("click"))
+    wait_for(client, css)
+        .await?
+        .click()
+        .await
+        .map_err(fail("click"))
 }
 
 /// Types `text` into the (cleared) field `css`.
@@ -201,7 +219,8 @@ async fn sign_in(client: &Client, server: &Server) -> Outcome {
 
 /// Signing in: the console asks for a key, says so where it was typed
 /// when the key is wrong, and opens the overview with the right one; the
-/// key stays for the tab, so a reload stays signed in.
+/// key stays for the tab, so a reload stays signed in; at phone width
+/// the navigation folds behind a menu button that opens it.
 #[tokio::test]
 async fn signs_in_with_an_api_key() {
     let server = Server::start();
@@ -222,6 +241,16 @@ async fn signs_in_with_an_api_key() {
             if who.contains(&ADMIN_KEY[10..]) {
                 return Err(format!("the whole key is shown: {who}"));
             }
+            // At phone width the navigation folds behind a menu button.
+            b.set_window_size(390, 844).await.map_err(fail("resize"))?;
+            let alarms = wait_for(b, "nav a[href='#/alarms']").await?;
+            if alarms.is_displayed().await.map_err(fail("displayed"))? {
+                return Err("the navigation is not folded at phone width".into());
+            }
+            click(b, "#menu-toggle").await?;
+            click(b, "nav a[href='#/alarms']").await?;
+            wait_text(b, "h1", |t| t == "Alarms").await?;
+            doc_shot(b, "phone").await;
             Ok(())
         })
     })
@@ -241,7 +270,12 @@ async fn creates_a_device_type_and_tests_its_codec() {
             sign_in(b, &server).await?;
             open(b, &server, "#/types/+new").await?;
             type_into(b, "#type-name", "em300th").await?;
-            paste(b, "#type-script", "function decodeUplink(input) { return {data: ").await?;
+            paste(
+                b,
+                "#type-script",
+                "function decodeUplink(input) { return {data: ",
+            )
+            .await?;
             click(b, "#type-save").await?;
             wait_text(b, "#type-form .error", |t| t.contains("InvalidScript")).await?;
             paste(b, "#type-script", EM300TH_JS).await?;
@@ -254,14 +288,19 @@ async fn creates_a_device_type_and_tests_its_codec() {
                 .send("GET", "/api/v1/device-types/em300th", None, None)
                 .await;
             if status != 200 || saved["decoder"]["script"] != json!(EM300TH_JS) {
-                return Err(format!("the type was not stored as typed: {status} {saved}"));
+                return Err(format!(
+                    "the type was not stored as typed: {status} {saved}"
+                ));
             }
             // The editor shows the script highlighted.
             wait_for(b, ".editor pre .tok-k").await?;
             type_into(b, "#test-input", "01755C0367340104 6865").await?;
             click(b, "#test-run").await?;
             wait_text(b, "#test-result [data-measure=battery]", |t| t == "92").await?;
-            wait_text(b, "#test-result [data-measure=temperature]", |t| t == "30.8").await?;
+            wait_text(b, "#test-result [data-measure=temperature]", |t| {
+                t == "30.8"
+            })
+            .await?;
             doc_shot(b, "device-type").await;
             type_into(b, "#test-input", "0175").await?;
             click(b, "#test-run").await?;
@@ -284,7 +323,12 @@ async fn creates_a_device_type_and_tests_its_codec() {
                 .map_err(fail("find"))?;
             let mut passed = Vec::new();
             for m in marks {
-                passed.push(m.attr("data-pass").await.map_err(fail("attr"))?.unwrap_or_default());
+                passed.push(
+                    m.attr("data-pass")
+                        .await
+                        .map_err(fail("attr"))?
+                        .unwrap_or_default(),
+                );
             }
             if passed != ["true", "true", "false"] {
                 return Err(format!("examples marked {passed:?}"));
@@ -304,35 +348,51 @@ async fn an_uplink_appears_live_on_the_device_page_and_its_chart() {
     let c = server.client();
     c.create_em300th().await;
     let device = json!({"name": "P00010", "type": "em300th", "channel": "farm"});
-    c.expect(201, "PUT", "/api/v1/devices/dev-live", Some(&device)).await;
-    run("an_uplink_appears_live_on_the_device_page_and_its_chart", |b| {
-        Box::pin(async move {
-            sign_in(b, &server).await?;
-            open(b, &server, "#/device/dev-live").await?;
-            wait_text(b, "#live-state", |t| t.contains("live")).await?;
-            let now = 1_700_000_000_000i64;
-            for (i, t) in [21, 23, 22].into_iter().enumerate() {
-                let body = decoded_body(&format!("live-{i}"), "dev-live", t, 40 + i as i64, now + i as i64 * 60_000);
-                c.uplink("farm", "decoded", "em300th", &body).await;
-            }
-            wait_text(b, "#event-log", |t| t.lines().count() >= 3).await?;
-            wait_text(b, "#latest [data-measure=temperature]", |t| t == "22").await?;
-            wait_attr(b, "[data-chart=temperature]", "data-points", |n| n == "3").await?;
-            wait_for(b, "[data-chart=temperature] canvas").await?;
-            doc_shot(b, "device").await;
-            // From history, once the history writer has recorded them.
-            eventually(Duration::from_secs(20), || async {
-                let (status, h) = c
-                    .send("GET", "/ql/v2/entities/dev-live/attrs/temperature", None, None)
-                    .await;
-                (status == 200 && h["values"].as_array().is_some_and(|v| v.len() == 3)).then_some(())
+    c.expect(201, "PUT", "/api/v1/devices/dev-live", Some(&device))
+        .await;
+    run(
+        "an_uplink_appears_live_on_the_device_page_and_its_chart",
+        |b| {
+            Box::pin(async move {
+                sign_in(b, &server).await?;
+                open(b, &server, "#/device/dev-live").await?;
+                wait_text(b, "#live-state", |t| t.contains("live")).await?;
+                let now = 1_700_000_000_000i64;
+                for (i, t) in [21, 23, 22].into_iter().enumerate() {
+                    let body = decoded_body(
+                        &format!("live-{i}"),
+                        "dev-live",
+                        t,
+                        40 + i as i64,
+                        now + i as i64 * 60_000,
+                    );
+                    c.uplink("farm", "decoded", "em300th", &body).await;
+                }
+                wait_text(b, "#event-log", |t| t.lines().count() >= 3).await?;
+                wait_text(b, "#latest [data-measure=temperature]", |t| t == "22").await?;
+                wait_attr(b, "[data-chart=temperature]", "data-points", |n| n == "3").await?;
+                wait_for(b, "[data-chart=temperature] canvas").await?;
+                doc_shot(b, "device").await;
+                // From history, once the history writer has recorded them.
+                eventually(Duration::from_secs(20), || async {
+                    let (status, h) = c
+                        .send(
+                            "GET",
+                            "/ql/v2/entities/dev-live/attrs/temperature",
+                            None,
+                            None,
+                        )
+                        .await;
+                    (status == 200 && h["values"].as_array().is_some_and(|v| v.len() == 3))
+                        .then_some(())
+                })
+                .await;
+                b.refresh().await.map_err(fail("reload"))?;
+                wait_attr(b, "[data-chart=temperature]", "data-points", |n| n == "3").await?;
+                Ok(())
             })
-            .await;
-            b.refresh().await.map_err(fail("reload"))?;
-            wait_attr(b, "[data-chart=temperature]", "data-points", |n| n == "3").await?;
-            Ok(())
-        })
-    })
+        },
+    )
     .await;
 }
 
@@ -354,14 +414,24 @@ async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
             wait_text(b, "#alarm-list", |t| t.contains("No alarms")).await?;
             let body = decoded_body("hot-1", "boiler-7", 35, 40, 1_700_000_000_000);
             c.uplink("farm", "decoded", "em300th", &body).await;
-            wait_text(b, "#alarm-list", |t| t.contains("boiler-7") && t.contains("hot")).await?;
+            wait_text(b, "#alarm-list", |t| {
+                t.contains("boiler-7") && t.contains("hot")
+            })
+            .await?;
             doc_shot(b, "alarms").await;
             click(b, "#alarm-list button[data-ack]").await?;
             wait_text(b, "#alarm-list", |t| t.contains("acked")).await?;
-            let (status, alarms) = c.send("GET", "/api/v1/alarms?state=active", None, None).await;
-            let acked = alarms.as_array().and_then(|a| a.first()).map(|a| a["acked"].clone());
+            let (status, alarms) = c
+                .send("GET", "/api/v1/alarms?state=active", None, None)
+                .await;
+            let acked = alarms
+                .as_array()
+                .and_then(|a| a.first())
+                .map(|a| a["acked"].clone());
             if status != 200 || acked != Some(json!(true)) {
-                return Err(format!("the alarm is not acked on the server: {status} {alarms}"));
+                return Err(format!(
+                    "the alarm is not acked on the server: {status} {alarms}"
+                ));
             }
             Ok(())
         })
@@ -407,7 +477,10 @@ async fn pages_through_100000_devices() {
             sign_in(b, &server).await?;
             open(b, &server, "#/devices").await?;
             wait_text(b, "[data-range]", |t| t == "devices 1–50 of 100000").await?;
-            wait_text(b, "main table", |t| t.contains("dev-000000") && t.contains("dev-000049")).await?;
+            wait_text(b, "main table", |t| {
+                t.contains("dev-000000") && t.contains("dev-000049")
+            })
+            .await?;
             doc_shot(b, "devices").await;
             click(b, "button[data-page=next]").await?;
             wait_text(b, "[data-range]", |t| t == "devices 51–100 of 100000").await?;

@@ -18,9 +18,9 @@ use weft_model::{
 use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
-    DataQuery, DeviceFilter, DevicePageQuery, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
-    HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery,
-    HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
+    DataQuery, DeviceFilter, DevicePageQuery, DocumentKind, EntityRecord, FailedQuery, FeedFilter,
+    FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed,
+    HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary

@@ -10,8 +10,8 @@ use super::schema::db;
 use super::writer::param;
 use super::{to_i64, PostgresStore};
 use crate::{
-    device_matches, encode, record_text, CatalogStore, DeviceFilter, DevicePage,
-    DevicePageQuery, DeviceSummary, Result, StoreError, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+    device_matches, encode, record_text, CatalogStore, DeviceFilter, DevicePage, DevicePageQuery,
+    DeviceSummary, Result, StoreError, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 
 #[async_trait]
@@ -136,7 +136,9 @@ impl CatalogStore for PostgresStore {
             let (limit, offset) = (to_i64(query.limit as u64), to_i64(query.offset as u64));
             let rows = client
                 .query(
-                    &format!("SELECT json FROM devices WHERE {WHERE} ORDER BY id LIMIT $4 OFFSET $5"),
+                    &format!(
+                        "SELECT json FROM devices WHERE {WHERE} ORDER BY id LIMIT $4 OFFSET $5"
+                    ),
                     &[&f.device_type, &f.channel, &query.search, &limit, &offset],
                 )
                 .await
