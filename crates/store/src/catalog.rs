@@ -128,6 +128,17 @@ pub fn device_matches(device: &Device, query: &DevicePageQuery) -> bool {
     records && found
 }
 
+/// Helper for backends: whether a (lower-cased) search can be looked for
+/// in a device's stored JSON text before its name is read out of it. A
+/// text without quotes, backslashes or control characters (what JSON
+/// escapes) that occurs in the id or the name occurs in the JSON text as
+/// it is, so a row whose text lacks it cannot match.
+pub fn search_in_json_text(search: &str) -> bool {
+    !search
+        .chars()
+        .any(|c| c == '"' || c == '\\' || c.is_control())
+}
+
 /// Helper for backends: a device's records as the `(label, text)` pairs a
 /// [`DeviceFilter`] compares against.
 pub fn record_text(records: &Map<String, Value>, label: &str) -> Option<String> {

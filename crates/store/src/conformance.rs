@@ -691,6 +691,9 @@ where
         if i == 7 {
             d.name = "Boiler Room".into();
         }
+        if i == 8 {
+            d.name = r#"Tank "B" \ west"#.into();
+        }
         store.put_device(&d).await.unwrap();
     }
     let page = |filter: DeviceFilter, search: Option<&str>, limit: usize, offset: usize| {
@@ -720,6 +723,11 @@ where
     assert_eq!(
         page(all(), Some("boiler"), 10, 0).await,
         (1, vec!["dev-07".into()])
+    );
+    // Quotes and backslashes, which the stored JSON escapes.
+    assert_eq!(
+        page(all(), Some(r#""b" \"#), 10, 0).await,
+        (1, vec!["dev-08".into()])
     );
     assert_eq!(
         page(all(), Some("dev-1"), 2, 0).await,

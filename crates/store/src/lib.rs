@@ -48,8 +48,8 @@ mod units;
 
 pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, RuleStore};
 pub use catalog::{
-    device_matches, record_text, CatalogStore, DeviceFilter, DevicePage, DevicePageQuery,
-    DeviceSummary, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+    device_matches, record_text, search_in_json_text, CatalogStore, DeviceFilter, DevicePage,
+    DevicePageQuery, DeviceSummary, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use context::{ContextStore, DocumentKind, EntityRecord, NgsiDocument};

@@ -272,11 +272,15 @@ fn list_devices(conn: &Connection, filter: &DeviceFilter) -> Result<Vec<Device>>
 }
 
 /// The filter and search of a device page, as SQL on `devices` (type,
-/// channel and search as `?1`, `?2`, `?3`). The search reads the name
+/// channel and search as `?1`, `?2`, `?3`, `?4`). The search reads the name
 /// from the stored JSON: a scan, but of one table with no decoding.
+/// `?4` is 1 when the search may be looked for in the JSON text first
+/// ([`crate::search_in_json_text`]): a plain substring test, which spares
+/// most rows the JSON parse of `json_extract` (about half the time).
 const PAGE_WHERE: &str = "(?1 IS NULL OR device_type = ?1) AND (?2 IS NULL OR channel = ?2) \
-     AND (?3 IS NULL OR instr(lower(id), ?3) > 0 \
-          OR instr(lower(coalesce(json_extract(json, '$.name'), '')), ?3) > 0)";
+     AND (?3 IS NULL OR ((?4 = 0 OR instr(lower(json), ?3) > 0) \
+          AND (instr(lower(id), ?3) > 0 \
+               OR instr(lower(coalesce(json_extract(json, '$.name'), '')), ?3) > 0)))";
 
 /// One page of devices: counted and cut in SQL (the primary key gives
 /// the id order), unless record filters ask for Rust-side matching, when
@@ -287,6 +291,10 @@ fn page_devices(conn: &Connection, query: &DevicePageQuery) -> Result<DevicePage
         f.device_type.as_deref(),
         f.channel.as_deref(),
         query.search.as_deref(),
+        query
+            .search
+            .as_deref()
+            .is_some_and(crate::search_in_json_text),
     );
     let mut page = DevicePage::default();
     let mut devices = Vec::new();
@@ -298,7 +306,7 @@ fn page_devices(conn: &Connection, query: &DevicePageQuery) -> Result<DevicePage
             .db()? as u64;
         let mut stmt = conn
             .prepare_cached(&format!(
-                "SELECT json FROM devices WHERE {PAGE_WHERE} ORDER BY id LIMIT ?4 OFFSET ?5"
+                "SELECT json FROM devices WHERE {PAGE_WHERE} ORDER BY id LIMIT ?5 OFFSET ?6"
             ))
             .db()?;
         let mut rows = stmt
@@ -306,6 +314,7 @@ fn page_devices(conn: &Connection, query: &DevicePageQuery) -> Result<DevicePage
                 args.0,
                 args.1,
                 args.2,
+                args.3,
                 i64::try_from(query.limit).unwrap_or(i64::MAX),
                 i64::try_from(query.offset).unwrap_or(i64::MAX),
             ))
