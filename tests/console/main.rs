@@ -10,7 +10,8 @@
 //!   latest values and in its chart;
 //! - a rule raises an alarm, it appears live on the alarms screen and is
 //!   acked there;
-//! - page and search through 100,000 devices.
+//! - page and search through 100,000 devices;
+//! - every other screen opens and lists what it should, without errors.
 //!
 //! A failing case saves a screenshot of the browser under the target
 //! directory and prints its path. With `WEFT_CONSOLE_SCREENSHOTS=<dir>` the
@@ -432,6 +433,70 @@ async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
                 return Err(format!(
                     "the alarm is not acked on the server: {status} {alarms}"
                 ));
+            }
+            Ok(())
+        })
+    })
+    .await;
+}
+
+/// Every screen opens and shows what it lists without an error: NGSI
+/// entities (found by a `q` query), subscriptions with their status,
+/// rules, channels, pages and the overview's figures.
+#[tokio::test]
+async fn every_screen_opens_without_errors() {
+    let server = Server::start();
+    let c = server.client();
+    for i in 0..3 {
+        let room = json!({"id": format!("Room{i}"), "type": "Room",
+                          "temperature": {"type": "Number", "value": 20 + i}});
+        let (status, body) = c.send("POST", "/v2/entities", Some(&room), None).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let sub = json!({"description": "rooms", "subject": {"entities": [{"idPattern": ".*"}]},
+                     "notification": {"http": {"url": "http://127.0.0.1:9/nowhere"}}});
+    let (status, body) = c.send("POST", "/v2/subscriptions", Some(&sub), None).await;
+    assert_eq!(status, 201, "{body}");
+    let rule = json!({"condition": "temperature>30", "alarm": {"type": "hot"}});
+    c.expect(201, "PUT", "/api/v1/rules/hot", Some(&rule)).await;
+    run("every_screen_opens_without_errors", |b| {
+        Box::pin(async move {
+            sign_in(b, &server).await?;
+            wait_text(b, "#ov-alarms", |t| t == "0").await?;
+            let screens = [
+                ("#/entities?q=temperature%3E20", "NGSI entities", "Room2"),
+                ("#/subscriptions", "Subscriptions", "rooms"),
+                ("#/rules", "Rules", "temperature>30"),
+                ("#/rules/hot", "Rule hot", "temperature>30"),
+                ("#/channels", "Channels", "Bridges"),
+                ("#/pages", "Pages", "No pages yet"),
+                ("#/types", "Device types", "New device type"),
+                ("#/devices", "Devices", "No devices yet"),
+            ];
+            for (hash, heading, shows) in screens {
+                open(b, &server, hash).await?;
+                wait_text(b, "h1", |t| t == heading).await?;
+                wait_text(b, "main", |t| t.contains(shows)).await?;
+                let text = b
+                    .find(Locator::Css("main"))
+                    .await
+                    .map_err(fail("main"))?
+                    .text()
+                    .await
+                    .map_err(fail("text"))?;
+                if hash.starts_with("#/entities") && text.contains("Room0") {
+                    return Err(format!("q was not applied: {text}"));
+                }
+                for el in b
+                    .find_all(Locator::Css("main .error"))
+                    .await
+                    .map_err(fail("errors"))?
+                {
+                    if el.is_displayed().await.map_err(fail("displayed"))? {
+                        let why = el.text().await.unwrap_or_default();
+                        return Err(format!("{hash} shows an error: {why}"));
+                    }
+                }
             }
             Ok(())
         })
