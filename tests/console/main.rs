@@ -398,7 +398,8 @@ async fn an_uplink_appears_live_on_the_device_page_and_its_chart() {
 }
 
 /// A rule raises an alarm while the alarms screen is open: it appears
-/// there live, and acking it there acks it on the server.
+/// there live, acking it there acks it on the server, and clearing it
+/// clears it.
 #[tokio::test]
 async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
     let server = Server::start();
@@ -434,6 +435,15 @@ async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
                     "the alarm is not acked on the server: {status} {alarms}"
                 ));
             }
+            // Cleared, it leaves the list of active alarms.
+            click(b, "#alarm-list button[data-clear]").await?;
+            wait_text(b, "#alarm-list", |t| t.contains("No alarms")).await?;
+            let (_, cleared) = c
+                .send("GET", "/api/v1/alarms?state=cleared", None, None)
+                .await;
+            if cleared.as_array().map(Vec::len) != Some(1) {
+                return Err(format!("the alarm is not cleared on the server: {cleared}"));
+            }
             Ok(())
         })
     })
@@ -442,7 +452,8 @@ async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
 
 /// Every screen opens and shows what it lists without an error: NGSI
 /// entities (found by a `q` query), subscriptions with their status,
-/// rules, channels, pages and the overview's figures.
+/// rules, channels, pages and the overview's figures; a rule the server
+/// refuses shows its message by the form.
 #[tokio::test]
 async fn every_screen_opens_without_errors() {
     let server = Server::start();
@@ -473,6 +484,17 @@ async fn every_screen_opens_without_errors() {
                 ("#/types", "Device types", "New device type"),
                 ("#/devices", "Devices", "No devices yet"),
             ];
+            // A rule the server refuses: its message shows by the form.
+            open(b, &server, "#/rules/+new").await?;
+            type_into(b, "#rule-id", "broken").await?;
+            paste(
+                b,
+                "#rule-json",
+                r#"{"condition": "temperature>>", "alarm": {"type": "x"}}"#,
+            )
+            .await?;
+            click(b, "#rule-save").await?;
+            wait_text(b, "#rule-form .error", |t| t.starts_with("BadRequest")).await?;
             for (hash, heading, shows) in screens {
                 open(b, &server, hash).await?;
                 wait_text(b, "h1", |t| t == heading).await?;
