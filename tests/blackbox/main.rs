@@ -12,6 +12,8 @@
 //! - `downlinks`: per-device downlink queues, delivery through The Things
 //!   Stack's webhook, ChirpStack's REST API, Helium's `downlink_url` and
 //!   device endpoints (retries, expiry), and NGSI commands.
+//! - `console`: the console's files (types, ETags, policy) and the paged
+//!   device listing it reads; its browser tests are `tests/console/`.
 //! - `live`: the websocket and SSE streams and their filters.
 //! - `catalog`: device types and devices, enrichment.
 //! - `durability`: kill -9 and restart lose nothing acknowledged.
@@ -46,6 +48,7 @@ mod auth;
 mod catalog;
 mod channels;
 mod codecs;
+mod console;
 mod downlinks;
 mod durability;
 mod history;

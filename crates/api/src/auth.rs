@@ -1,4 +1,5 @@
-//! Who may do what: every request but `/health`, the probes and the
+//! Who may do what: every request but `/health`, the probes, the
+//! console's static files and the
 //! ingest paths (which have their own credentials, see [`admit_ingest`])
 //! must carry an API key, checked here once, before routing, for every
 //! surface alike ([`admit`], called by [`crate::App`] and, on
@@ -87,7 +88,7 @@ pub enum Listener {
 /// What a path is, for authentication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Surface {
-    /// Needs no key: `/health`, the DSPS probes.
+    /// Needs no key: `/health`, the DSPS probes, the console's files.
     Open,
     /// Has its own credentials ([`admit_ingest`]).
     Ingest,
@@ -122,7 +123,11 @@ fn classify(path: &str, listener: Listener) -> Surface {
         "/version" => return Surface::Ngsi,
         _ => {}
     }
-    if path.starts_with("/sensor-data/") {
+    if crate::console::owns(path) {
+        // Static files holding no data; the console sends a key with
+        // every API call it makes.
+        Surface::Open
+    } else if path.starts_with("/sensor-data/") {
         Surface::Ingest
     } else if path == "/v2" || path.starts_with("/v2/") {
         Surface::Ngsi
@@ -515,6 +520,9 @@ mod tests {
         assert_eq!(main("/channel/a/message/b"), Surface::Own);
         assert_eq!(main("/metrics"), Surface::Own);
         assert_eq!(main("/nowhere"), Surface::Own);
+        assert_eq!(main("/"), Surface::Open);
+        assert_eq!(main("/console/app.js"), Surface::Open);
+        assert_eq!(main("/consoles"), Surface::Own);
         let ql = |p| classify(p, Listener::QuantumLeap);
         assert_eq!(ql("/v2/entities"), Surface::QuantumLeap);
         assert_eq!(ql("/health"), Surface::Open);

@@ -12,6 +12,7 @@
 //! - [`data`]: `/api/v1/data` and `/api/v1/uplinks/failed`.
 //! - [`live`]: `/api/v1/live` websocket and SSE.
 //! - [`pages`]: page templates, their services and `/pages/{name}`.
+//! - [`console`]: the web console at `/` and its files under `/console/`.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
 //! - [`history`]: QuantumLeap's API (1.0.0): `POST /v2/notify`, and the whole API under `/ql`.
@@ -23,6 +24,7 @@ pub mod alarms;
 pub mod auth;
 pub mod catalog;
 pub mod channels;
+pub mod console;
 pub mod data;
 pub mod downlinks;
 pub mod error;
@@ -113,6 +115,7 @@ pub fn app(state: AppState) -> App {
         .merge(ops::router())
         .merge(history::router(&state))
         .merge(keys::router())
+        .merge(console::router())
         .fallback_service(ngsi.clone())
         .with_state(state);
     App {

@@ -20,6 +20,45 @@ pub struct DeviceFilter {
     pub records: Vec<(String, String)>,
 }
 
+/// A page of `GET /api/v1/devices` as the console asks for it: the
+/// filter, a search, and where the page starts. Paging and search run in
+/// the database, so a page of 100,000 devices costs what a page of ten
+/// does (the id order is the primary key's).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DevicePageQuery {
+    /// Type, channel and record filters, as for a full listing.
+    pub filter: DeviceFilter,
+    /// Only devices whose id or name contains this, ignoring case
+    /// (already lower-cased; `None`: all).
+    pub search: Option<String>,
+    /// Most devices on the page.
+    pub limit: usize,
+    /// Devices skipped before the page, in id order.
+    pub offset: usize,
+}
+
+/// A device as a page of the listing shows it: the device with when it
+/// was last heard of and its network-server state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSummary {
+    /// The device as registered (or as first seen).
+    pub device: Device,
+    /// Epoch ms of the latest of its stored data units' `reportedAt` and
+    /// its events' arrival; `None` when nothing came yet.
+    pub last_seen: Option<i64>,
+    /// As [`CatalogStore::device_state`].
+    pub state: Map<String, Value>,
+}
+
+/// One page of devices and how many match in all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DevicePage {
+    /// How many devices match the query's filter and search.
+    pub total: u64,
+    /// The page, in id order.
+    pub devices: Vec<DeviceSummary>,
+}
+
 /// Device types and devices: configuration that the API creates, replaces
 /// and deletes, and that the pipeline reads to process uplinks. (The
 /// pipeline also adds devices seen for the first time, with its batches:
@@ -41,6 +80,9 @@ pub trait CatalogStore: Send + Sync {
     async fn put_device(&self, device: &Device) -> Result<bool>;
     /// Devices matching `filter`, ordered by id.
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>>;
+    /// One page of the devices matching `query`, in id order, with the
+    /// count of all that match.
+    async fn page_devices(&self, query: &DevicePageQuery) -> Result<DevicePage>;
     /// Deletes a device, with its events and state; `true` if it existed.
     async fn delete_device(&self, id: &str) -> Result<bool>;
 
@@ -73,6 +115,29 @@ pub const DEVICE_EVENTS_KEPT: usize = 200;
 /// as events but add no state, so a sender inventing names cannot grow a
 /// device's record without bound.
 pub const DEVICE_STATE_KINDS: usize = 32;
+
+/// Helper for backends: whether `device` passes the record filters and
+/// the search of `query` (for the backends' Rust-side filtering).
+pub fn device_matches(device: &Device, query: &DevicePageQuery) -> bool {
+    let records = query.filter.records.iter().all(|(label, value)| {
+        record_text(&device.records, label).as_deref() == Some(value.as_str())
+    });
+    let found = query.search.as_deref().is_none_or(|q| {
+        device.id.to_lowercase().contains(q) || device.name.to_lowercase().contains(q)
+    });
+    records && found
+}
+
+/// Helper for backends: whether a (lower-cased) search can be looked for
+/// in a device's stored JSON text before its name is read out of it. A
+/// text without quotes, backslashes or control characters (what JSON
+/// escapes) that occurs in the id or the name occurs in the JSON text as
+/// it is, so a row whose text lacks it cannot match.
+pub fn search_in_json_text(search: &str) -> bool {
+    !search
+        .chars()
+        .any(|c| c == '"' || c == '\\' || c.is_control())
+}
 
 /// Helper for backends: a device's records as the `(label, text)` pairs a
 /// [`DeviceFilter`] compares against.

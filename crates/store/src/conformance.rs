@@ -18,9 +18,9 @@ use weft_model::{
 use crate::prelude::*;
 use crate::{
     AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
-    DataQuery, DeviceFilter, DocumentKind, EntityRecord, FailedQuery, FeedFilter, FeedMove,
-    HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery,
-    HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
+    DataQuery, DeviceFilter, DevicePageQuery, DocumentKind, EntityRecord, FailedQuery, FeedFilter,
+    FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed,
+    HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -61,6 +61,7 @@ macro_rules! conformance_tests {
             query_data_filters_and_get_data,
             query_failed_filters_and_overwrites,
             devices_crud_and_filters,
+            device_pages_search_count_and_show_last_seen,
             device_events_are_kept_once_with_the_latest_state_per_kind,
             device_types_crud,
             prune_keeps_unprocessed_and_never_reuses_seqs,
@@ -874,6 +875,110 @@ where
     assert!(store.delete_device("a").await.unwrap());
     assert!(!store.delete_device("a").await.unwrap());
     assert_eq!(ids(DeviceFilter::default()).await, ["b", "c"]);
+}
+
+/// Device pages: cut in id order with the count of all that match, the
+/// search finds ids and names whatever their case, record filters page
+/// as well, and each device shows when it was last heard of (its latest
+/// event here) and its state.
+pub(crate) async fn device_pages_search_count_and_show_last_seen<B: Backend>()
+where
+    B::Store: UnitStore + CatalogStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    for i in 0..25 {
+        let mut d = device(
+            &format!("dev-{i:02}"),
+            if i % 2 == 0 { "even" } else { "odd" },
+            "north",
+            json!({"floor": i % 3}),
+        );
+        if i == 7 {
+            d.name = "Boiler Room".into();
+        }
+        if i == 8 {
+            d.name = r#"Tank "B" \ west"#.into();
+        }
+        store.put_device(&d).await.unwrap();
+    }
+    let page = |filter: DeviceFilter, search: Option<&str>, limit: usize, offset: usize| {
+        let store = &store;
+        let query = DevicePageQuery {
+            filter,
+            search: search.map(str::to_string),
+            limit,
+            offset,
+        };
+        async move {
+            let page = store.page_devices(&query).await.unwrap();
+            let ids: Vec<String> = page.devices.iter().map(|d| d.device.id.clone()).collect();
+            (page.total, ids)
+        }
+    };
+    let all = DeviceFilter::default;
+    assert_eq!(
+        page(all(), None, 3, 0).await,
+        (25, vec!["dev-00".into(), "dev-01".into(), "dev-02".into()])
+    );
+    assert_eq!(
+        page(all(), None, 10, 23).await,
+        (25, vec!["dev-23".into(), "dev-24".into()])
+    );
+    assert_eq!(page(all(), None, 10, 40).await, (25, vec![]));
+    assert_eq!(
+        page(all(), Some("boiler"), 10, 0).await,
+        (1, vec!["dev-07".into()])
+    );
+    // Quotes and backslashes, which the stored JSON escapes.
+    assert_eq!(
+        page(all(), Some(r#""b" \"#), 10, 0).await,
+        (1, vec!["dev-08".into()])
+    );
+    assert_eq!(
+        page(all(), Some("dev-1"), 2, 0).await,
+        (10, vec!["dev-10".into(), "dev-11".into()])
+    );
+    let odd = DeviceFilter {
+        device_type: Some("odd".into()),
+        ..DeviceFilter::default()
+    };
+    assert_eq!(
+        page(odd, Some("dev-2"), 5, 1).await,
+        (2, vec!["dev-23".into()])
+    );
+    let floor_zero = DeviceFilter {
+        records: vec![("floor".into(), "0".into())],
+        ..DeviceFilter::default()
+    };
+    // dev-00, 03, 06, 09, 12, 15, 18, 21, 24.
+    assert_eq!(
+        page(floor_zero, None, 2, 3).await,
+        (9, vec!["dev-09".into(), "dev-12".into()])
+    );
+
+    let status = device_event(3, "dev-05", "status", json!({"batteryLevel": 42.0}));
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumer: "pipeline".into(),
+            next_seq: 4,
+            events: vec![status],
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    let shown = store
+        .page_devices(&DevicePageQuery {
+            limit: 2,
+            offset: 4,
+            ..DevicePageQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(shown.devices[0].last_seen, None);
+    assert_eq!(shown.devices[1].device.id, "dev-05");
+    assert_eq!(shown.devices[1].last_seen, Some(1_003));
+    assert_eq!(shown.devices[1].state["status"]["batteryLevel"], 42.0);
 }
 
 /// A ChirpStack-style device event at log position `seq`.

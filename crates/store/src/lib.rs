@@ -53,7 +53,8 @@ mod units;
 
 pub use alarms::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, RuleStore};
 pub use catalog::{
-    record_text, CatalogStore, DeviceFilter, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+    device_matches, record_text, search_in_json_text, CatalogStore, DeviceFilter, DevicePage,
+    DevicePageQuery, DeviceSummary, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 pub use channels::{ChannelMessage, ChannelStore, ChannelSubscriber};
 pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};

@@ -247,6 +247,7 @@ fn cors_layer(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::Cor
                 header::RETRY_AFTER,
                 HeaderName::from_static("fiware-correlator"),
                 HeaderName::from_static("fiware-total-count"),
+                HeaderName::from_static("x-total-count"),
             ]),
     ))
 }

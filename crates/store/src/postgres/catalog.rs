@@ -10,8 +10,8 @@ use super::schema::db;
 use super::writer::param;
 use super::{to_i64, PostgresStore};
 use crate::{
-    encode, record_text, CatalogStore, DeviceFilter, Result, StoreError, DEVICE_EVENTS_KEPT,
-    DEVICE_STATE_KINDS,
+    device_matches, encode, record_text, CatalogStore, DeviceFilter, DevicePage, DevicePageQuery,
+    DeviceSummary, Result, StoreError, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 
 #[async_trait]
@@ -106,6 +106,121 @@ impl CatalogStore for PostgresStore {
             }
         }
         Ok(out)
+    }
+
+    /// Counted and cut in SQL (the primary key gives the id order) unless
+    /// record filters ask for Rust-side matching; then the page's last
+    /// seen times and states in one query each.
+    async fn page_devices(&self, query: &DevicePageQuery) -> Result<DevicePage> {
+        const WHERE: &str = "($1::TEXT IS NULL OR device_type = $1) \
+             AND ($2::TEXT IS NULL OR channel = $2) \
+             AND ($3::TEXT IS NULL OR ((NOT $4 OR strpos(lower(json), $3) > 0) \
+                  AND (strpos(lower(id), $3) > 0 \
+                       OR strpos(lower(coalesce(json::jsonb ->> 'name', '')), $3) > 0)))";
+        let client = self.reader().await?;
+        let f = &query.filter;
+        // Looked for in the JSON text first, sparing most rows the parse.
+        let plain = query
+            .search
+            .as_deref()
+            .is_some_and(crate::search_in_json_text);
+        let mut page = DevicePage::default();
+        let decode = |text: &str| {
+            serde_json::from_str::<Device>(text)
+                .map_err(|e| StoreError::Corrupt(format!("device: {e}")))
+        };
+        let mut devices = Vec::new();
+        if f.records.is_empty() {
+            let count = client
+                .query_one(
+                    &format!("SELECT COUNT(*) FROM devices WHERE {WHERE}"),
+                    &[&f.device_type, &f.channel, &query.search, &plain],
+                )
+                .await
+                .map_err(db)?;
+            page.total = count.get::<_, i64>(0) as u64;
+            let (limit, offset) = (to_i64(query.limit as u64), to_i64(query.offset as u64));
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT json FROM devices WHERE {WHERE} ORDER BY id LIMIT $5 OFFSET $6"
+                    ),
+                    &[
+                        &f.device_type,
+                        &f.channel,
+                        &query.search,
+                        &plain,
+                        &limit,
+                        &offset,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            for row in &rows {
+                devices.push(decode(row.get(0))?);
+            }
+        } else {
+            let rows = client
+                .query(
+                    &format!("SELECT json FROM devices WHERE {WHERE} ORDER BY id"),
+                    &[&f.device_type, &f.channel, &query.search, &plain],
+                )
+                .await
+                .map_err(db)?;
+            for row in &rows {
+                let device = decode(row.get(0))?;
+                if device_matches(&device, query) {
+                    let n = page.total as usize;
+                    if n >= query.offset && n - query.offset < query.limit {
+                        devices.push(device);
+                    }
+                    page.total += 1;
+                }
+            }
+        }
+        let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+        let seen = client
+            .query(
+                "SELECT d, (SELECT reported_at FROM data_units WHERE device_id = d \
+                            ORDER BY seq DESC LIMIT 1), \
+                           (SELECT received_at FROM device_events WHERE device_id = d \
+                            ORDER BY seq DESC LIMIT 1) \
+                 FROM unnest($1::TEXT[]) AS d",
+                &[&ids],
+            )
+            .await
+            .map_err(db)?;
+        let mut last_seen = std::collections::HashMap::new();
+        for row in &seen {
+            let (id, unit, event): (String, Option<i64>, Option<i64>) =
+                (row.get(0), row.get(1), row.get(2));
+            last_seen.insert(id, unit.max(event));
+        }
+        let states = client
+            .query(
+                "SELECT device_id, kind, json FROM device_state WHERE device_id = ANY($1) \
+                 ORDER BY device_id, kind",
+                &[&ids],
+            )
+            .await
+            .map_err(db)?;
+        let mut state: std::collections::HashMap<String, Map<String, Value>> =
+            std::collections::HashMap::new();
+        for row in &states {
+            let (id, kind, text): (String, String, &str) = (row.get(0), row.get(1), row.get(2));
+            let value = serde_json::from_str(text).map_err(|e| {
+                StoreError::Corrupt(format!("state '{kind}' of device '{id}': {e}"))
+            })?;
+            state.entry(id).or_default().insert(kind, value);
+        }
+        for device in devices {
+            page.devices.push(DeviceSummary {
+                last_seen: last_seen.get(&device.id).copied().flatten(),
+                state: state.remove(&device.id).unwrap_or_default(),
+                device,
+            });
+        }
+        Ok(page)
     }
 
     async fn delete_device(&self, id: &str) -> Result<bool> {

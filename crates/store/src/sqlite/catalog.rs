@@ -10,7 +10,8 @@ use weft_model::{Device, DeviceEvent, DeviceType};
 use super::reader::corrupt;
 use super::{encode, to_i64, Db, SqliteStore};
 use crate::{
-    record_text, CatalogStore, DeviceFilter, Result, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
+    device_matches, record_text, CatalogStore, DeviceFilter, DevicePage, DevicePageQuery,
+    DeviceSummary, Result, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
 
 #[async_trait]
@@ -49,6 +50,11 @@ impl CatalogStore for SqliteStore {
     async fn list_devices(&self, filter: &DeviceFilter) -> Result<Vec<Device>> {
         let filter = filter.clone();
         self.main.read(move |c| list_devices(c, &filter)).await
+    }
+
+    async fn page_devices(&self, query: &DevicePageQuery) -> Result<DevicePage> {
+        let query = query.clone();
+        self.main.read(move |c| page_devices(c, &query)).await
     }
 
     async fn delete_device(&self, id: &str) -> Result<bool> {
@@ -263,4 +269,101 @@ fn list_devices(conn: &Connection, filter: &DeviceFilter) -> Result<Vec<Device>>
         }
     }
     Ok(out)
+}
+
+/// The filter and search of a device page, as SQL on `devices` (type,
+/// channel and search as `?1`, `?2`, `?3`, `?4`). The search reads the name
+/// from the stored JSON: a scan, but of one table with no decoding.
+/// `?4` is 1 when the search may be looked for in the JSON text first
+/// ([`crate::search_in_json_text`]): a plain substring test, which spares
+/// most rows the JSON parse of `json_extract` (about half the time).
+const PAGE_WHERE: &str = "(?1 IS NULL OR device_type = ?1) AND (?2 IS NULL OR channel = ?2) \
+     AND (?3 IS NULL OR ((?4 = 0 OR instr(lower(json), ?3) > 0) \
+          AND (instr(lower(id), ?3) > 0 \
+               OR instr(lower(coalesce(json_extract(json, '$.name'), '')), ?3) > 0)))";
+
+/// One page of devices: counted and cut in SQL (the primary key gives
+/// the id order), unless record filters ask for Rust-side matching, when
+/// the filtered rows are walked once.
+fn page_devices(conn: &Connection, query: &DevicePageQuery) -> Result<DevicePage> {
+    let f = &query.filter;
+    let args = (
+        f.device_type.as_deref(),
+        f.channel.as_deref(),
+        query.search.as_deref(),
+        query
+            .search
+            .as_deref()
+            .is_some_and(crate::search_in_json_text),
+    );
+    let mut page = DevicePage::default();
+    let mut devices = Vec::new();
+    if f.records.is_empty() {
+        page.total = conn
+            .prepare_cached(&format!("SELECT COUNT(*) FROM devices WHERE {PAGE_WHERE}"))
+            .db()?
+            .query_row(args, |r| r.get::<_, i64>(0))
+            .db()? as u64;
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT json FROM devices WHERE {PAGE_WHERE} ORDER BY id LIMIT ?5 OFFSET ?6"
+            ))
+            .db()?;
+        let mut rows = stmt
+            .query((
+                args.0,
+                args.1,
+                args.2,
+                args.3,
+                i64::try_from(query.limit).unwrap_or(i64::MAX),
+                i64::try_from(query.offset).unwrap_or(i64::MAX),
+            ))
+            .db()?;
+        while let Some(row) = rows.next().db()? {
+            devices.push(device_from_row(row)?);
+        }
+    } else {
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT json FROM devices WHERE {PAGE_WHERE} ORDER BY id"
+            ))
+            .db()?;
+        let mut rows = stmt.query(args).db()?;
+        while let Some(row) = rows.next().db()? {
+            let device = device_from_row(row)?;
+            if device_matches(&device, query) {
+                let n = page.total as usize;
+                if n >= query.offset && n - query.offset < query.limit {
+                    devices.push(device);
+                }
+                page.total += 1;
+            }
+        }
+    }
+    for device in devices {
+        let last_seen = last_seen(conn, &device.id)?;
+        let state = device_state(conn, &device.id)?;
+        page.devices.push(DeviceSummary {
+            device,
+            last_seen,
+            state,
+        });
+    }
+    Ok(page)
+}
+
+/// When a device was last heard of: its latest unit's `reportedAt` or its
+/// latest event's arrival, whichever is later (two index lookups).
+fn last_seen(conn: &Connection, id: &str) -> Result<Option<i64>> {
+    let (unit, event): (Option<i64>, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT (SELECT reported_at FROM data_units WHERE device_id = ?1 \
+                     ORDER BY seq DESC LIMIT 1), \
+                    (SELECT received_at FROM device_events WHERE device_id = ?1 \
+                     ORDER BY seq DESC LIMIT 1)",
+        )
+        .db()?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .db()?;
+    Ok(unit.max(event))
 }
