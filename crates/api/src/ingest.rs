@@ -136,6 +136,8 @@ async fn webhook(
         channel,
         device_type,
         event,
+        device_id: None,
+        source: None,
         body: body.to_vec(),
     };
     accept_uplink(&state, uplink).await
@@ -154,6 +156,8 @@ async fn accept(
         channel,
         device_type,
         event: None,
+        device_id: None,
+        source: None,
         body: body.to_vec(),
     };
     accept_uplink(state, uplink).await

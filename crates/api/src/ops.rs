@@ -19,14 +19,23 @@ pub fn router() -> Router<AppState> {
 }
 
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
-/// the store, 503 `{"status":"fail"}` otherwise.
+/// the store, 503 `{"status":"fail"}` otherwise. With MQTT sources
+/// configured, `mqtt` shows each one's connection (`connected`,
+/// `lastError`, `reconnections`); a source that is down does not fail
+/// the check, since weft keeps serving everything else.
 async fn health(State(state): State<AppState>) -> impl IntoResponse {
     let backlog = state.services.ingest.backlog();
+    let sources = state.services.mqtt.statuses();
     match state.services.store.ping().await {
-        Ok(()) => (
-            StatusCode::OK,
-            Json(json!({"status":"pass","version":env!("CARGO_PKG_VERSION"),"backlog":backlog})),
-        ),
+        Ok(()) => {
+            let mut body =
+                json!({"status":"pass","version":env!("CARGO_PKG_VERSION"),"backlog":backlog});
+            let broker = state.services.mqtt.broker();
+            if !sources.is_empty() || broker.is_some() {
+                body["mqtt"] = json!({ "sources": sources, "broker": broker });
+            }
+            (StatusCode::OK, Json(body))
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(

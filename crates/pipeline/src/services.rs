@@ -93,6 +93,10 @@ pub struct Services {
     pub store: Arc<dyn Store>,
     /// The bus, for live subscribers.
     pub bus: Arc<dyn Bus>,
+    /// The running MQTT ingest sources: their state for `/health`, and a
+    /// handle per source to publish back on its connection. Empty until
+    /// the MQTT surface registers its sources.
+    pub mqtt: Arc<crate::mqtt::Links>,
 }
 
 impl Services {
@@ -185,6 +189,7 @@ impl Services {
             bridges,
             store,
             bus,
+            mqtt: Arc::default(),
         })
     }
 }

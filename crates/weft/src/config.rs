@@ -53,6 +53,8 @@ pub struct Config {
     pub pages: PagesSection,
     /// The HTTP listener: rate limits, CORS.
     pub http: HttpSection,
+    /// MQTT: brokers weft subscribes to, and the embedded broker.
+    pub mqtt: weft_mqtt::MqttConfig,
 }
 
 impl Default for Config {
@@ -75,6 +77,7 @@ impl Default for Config {
             channels: ChannelsSection::default(),
             pages: PagesSection::default(),
             http: HttpSection::default(),
+            mqtt: weft_mqtt::MqttConfig::default(),
         }
     }
 }

@@ -20,6 +20,7 @@
 //! node stores them (each node notifies for the changes it makes).
 
 pub mod expressions;
+pub mod mqtt;
 pub mod payload;
 pub mod sender;
 
@@ -77,6 +78,10 @@ impl Entry {
             Outcome::Answered(code) => {
                 stats.last_success = Some(now);
                 stats.last_success_code = Some(code);
+                stats.fails_counter = 0;
+            }
+            Outcome::Published => {
+                stats.last_success = Some(now);
                 stats.fails_counter = 0;
             }
             Outcome::Failed(reason) => {

@@ -214,6 +214,12 @@ ALTER TABLE history ADD COLUMN instance BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE history DROP CONSTRAINT history_pkey;
 ALTER TABLE history ADD PRIMARY KEY (tenant, entity_id, entity_type, attr, time, instance);
 "#,
+    // Step 5: the device an MQTT topic named and the MQTT source (see the
+    // SQLite schema's `ingest_log.device_id`).
+    r#"
+ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
+ALTER TABLE ingest_log ADD COLUMN source TEXT;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -104,6 +104,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   by integers instead of one per attribute keyed by four strings. The
 ///   step converts the rows, rollups and entities already stored and
 ///   drops the old tables (`history`, `history_entities`).
+/// - `ingest_log.device_id`, `ingest_log.source` (step 13, log file): the
+///   device an MQTT topic (or an embedded-broker login) named, which wins
+///   over the body's, and the MQTT source a message arrived on.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -367,6 +370,11 @@ DROP TABLE history;
 DROP TABLE history_rollups;
 DROP TABLE history_entities;
 ALTER TABLE history_series_rollups RENAME TO history_rollups;
+"#,
+    // what the transport says about an uplink: its device and its MQTT source
+    r#"
+ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
+ALTER TABLE ingest_log ADD COLUMN source TEXT;
 "#,
 ];
 
