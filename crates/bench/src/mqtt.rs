@@ -299,7 +299,7 @@ async fn publish(
         let channel = channel.to_string();
         let publisher = tokio::spawn(async move {
             let mut renderer = Renderer::default();
-            let mut rng = rand::rng();
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
             let mut tick = tokio::time::interval(interval);
             while Instant::now() < deadline {
                 tick.tick().await;

@@ -3,7 +3,8 @@
 //!
 //! Each device connects with its device id as user name *and* client id,
 //! and its device key (`POST /api/v1/devices/{id}/key`) as password;
-//! anything else is refused in the CONNACK. Devices publish on:
+//! anything else is refused at CONNECT (rumqttd closes the connection
+//! without admitting it). Devices publish on:
 //!
 //! - `/json/{apikey}/{device}/attrs` and `/json/{apikey}/{device}/attrs/{attr}`
 //!   (IoT Agent JSON), `/ul/{apikey}/{device}/attrs[/{attr}]` (UltraLight

@@ -446,7 +446,8 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 17] = [
+const CONFIG_KEYS: [&str; 18] = [
+    "mqtt",
     "auth",
     "admin_key",
     "http",
