@@ -111,8 +111,9 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [4],
-        "four steps: the first schema, device events, the API keys, history instances"
+        [5],
+        "five steps: the first schema, device events, the API keys, history instances, \
+         the MQTT device and source of uplinks"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
