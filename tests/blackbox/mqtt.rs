@@ -28,7 +28,10 @@ fn host_port(url: &str) -> (String, u16) {
 
 /// A name no other test uses, for topics and client ids on the shared broker.
 fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
 }
 
 /// An MQTT client of the test broker, its event loop driven by a task.
@@ -287,7 +290,15 @@ async fn ttn_and_chirpstack_topics_are_stored_as_their_webhooks_are() {
     })
     .await;
     assert_eq!(state["status"]["batteryLevel"], 75.5);
-    assert!(metric(&c, "weft_mqtt_messages_total", &["source=\"ttn\"", "outcome=\"committed\""]).await >= 2.0);
+    assert!(
+        metric(
+            &c,
+            "weft_mqtt_messages_total",
+            &["source=\"ttn\"", "outcome=\"committed\""]
+        )
+        .await
+            >= 2.0
+    );
 }
 
 fn rand_u64() -> u64 {
@@ -303,11 +314,25 @@ async fn iot_agent_and_plain_topics_are_stored_and_bad_payloads_counted() {
     let key = unique("k");
     let site = unique("site");
     let mut env = source_env("j", "iota-json", &url, &format!("/json/{key}/+/attrs/#"));
-    env.extend(source_env("u", "iota-ul", &url, &format!("/ul/{key}/+/attrs/#")));
+    env.extend(source_env(
+        "u",
+        "iota-ul",
+        &url,
+        &format!("/ul/{key}/+/attrs/#"),
+    ));
     env.extend(source_env("p", "plain", &url, &format!("{site}/+/data")));
-    env.push(("WEFT_MQTT__SOURCES__J__API_KEYS".into(), format!("{{{key}=\"thermo\"}}")));
-    env.push(("WEFT_MQTT__SOURCES__U__API_KEYS".into(), format!("{{{key}=\"thermo\"}}")));
-    env.push(("WEFT_MQTT__SOURCES__P__DEVICE_TYPE".into(), "em300th".into()));
+    env.push((
+        "WEFT_MQTT__SOURCES__J__API_KEYS".into(),
+        format!("{{{key}=\"thermo\"}}"),
+    ));
+    env.push((
+        "WEFT_MQTT__SOURCES__U__API_KEYS".into(),
+        format!("{{{key}=\"thermo\"}}"),
+    ));
+    env.push((
+        "WEFT_MQTT__SOURCES__P__DEVICE_TYPE".into(),
+        "em300th".into(),
+    ));
     env.push(("WEFT_MQTT__SOURCES__P__F_PORT".into(), "85".into()));
     let server = start(&env);
     let c = server.client();
@@ -335,7 +360,10 @@ async fn iot_agent_and_plain_topics_are_stored_and_bad_payloads_counted() {
         .publish(&format!("/ul/{key}/{du}/attrs"), "t|1|dangling")
         .await;
     publisher
-        .publish(&format!("{site}/{dp}/data"), vec![0x01, 0x75, 0x5c, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65])
+        .publish(
+            &format!("{site}/{dp}/data"),
+            vec![0x01, 0x75, 0x5c, 0x03, 0x67, 0x34, 0x01, 0x04, 0x68, 0x65],
+        )
         .await;
 
     let entity = |id: String| {
@@ -343,7 +371,12 @@ async fn iot_agent_and_plain_topics_are_stored_and_bad_payloads_counted() {
         async move {
             eventually(Duration::from_secs(15), || async {
                 let (status, e) = c
-                    .send("GET", &format!("/v2/entities/{id}?options=keyValues"), None, None)
+                    .send(
+                        "GET",
+                        &format!("/v2/entities/{id}?options=keyValues"),
+                        None,
+                        None,
+                    )
                     .await;
                 (status == 200).then_some(e)
             })
@@ -355,15 +388,25 @@ async fn iot_agent_and_plain_topics_are_stored_and_bad_payloads_counted() {
         (e.get("h").is_some()).then_some(e)
     })
     .await;
-    assert_eq!((j["type"].clone(), j["t"].clone(), j["s"].clone(), j["h"].clone()),
-               (json!("thermo"), json!(21.5), json!("on"), json!(40)));
+    assert_eq!(
+        (
+            j["type"].clone(),
+            j["t"].clone(),
+            j["s"].clone(),
+            j["h"].clone()
+        ),
+        (json!("thermo"), json!(21.5), json!("on"), json!(40))
+    );
     let u = eventually(Duration::from_secs(15), || async {
         let units = c.all_units(&format!("device={du}")).await;
         (units.len() == 2).then_some(units)
     })
     .await;
     let temps: Vec<Value> = u.iter().map(|u| u["measures"]["t"].clone()).collect();
-    assert!(temps.contains(&json!(19)) && temps.contains(&json!(20)), "{u:?}");
+    assert!(
+        temps.contains(&json!(19)) && temps.contains(&json!(20)),
+        "{u:?}"
+    );
     let p = entity(dp.clone()).await;
     assert_eq!(p["type"], "em300th");
     assert!(p.as_object().unwrap().len() > 3, "decoded measures: {p}");
@@ -407,7 +450,10 @@ async fn a_message_delivered_but_not_committed_survives_kill_9() {
     });
     let publisher = Mqtt::connect(&url, &unique("pub-"), None).await;
     publisher
-        .publish(&format!("v3/{app}@ttn/devices/crash-dev/up"), body.to_string())
+        .publish(
+            &format!("v3/{app}@ttn/devices/crash-dev/up"),
+            body.to_string(),
+        )
         .await;
     eventually(Duration::from_secs(10), || async {
         (metric(&c, "weft_mqtt_messages_total", &["outcome=\"received\""]).await >= 1.0)
@@ -427,7 +473,10 @@ async fn a_message_delivered_but_not_committed_survives_kill_9() {
     assert_eq!(unit["device"]["id"], "crash-dev");
     // Published again (a duplicate from the device's side): still once.
     publisher
-        .publish(&format!("v3/{app}@ttn/devices/crash-dev/up"), body.to_string())
+        .publish(
+            &format!("v3/{app}@ttn/devices/crash-dev/up"),
+            body.to_string(),
+        )
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(c.all_units("device=crash-dev").await.len(), 1);
@@ -438,7 +487,8 @@ async fn a_message_delivered_but_not_committed_survives_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_reconnects_after_its_broker_restarts() {
     broker_url();
-    let bin = std::env::var("WEFT_TEST_MOSQUITTO").expect("WEFT_TEST_MOSQUITTO (scripts/test-services)");
+    let bin =
+        std::env::var("WEFT_TEST_MOSQUITTO").expect("WEFT_TEST_MOSQUITTO (scripts/test-services)");
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("mosquitto.conf");
@@ -459,10 +509,15 @@ async fn a_source_reconnects_after_its_broker_restarts() {
     let mut broker = spawn();
     let url = format!("mqtt://127.0.0.1:{port}");
     wait_port(port).await;
-    let server = start(&source_env("iot", "iota-json", &url, "/json/+/+/attrs/#")
-        .into_iter()
-        .chain([("WEFT_MQTT__SOURCES__IOT__DEVICE_TYPE".to_string(), "thermo".to_string())])
-        .collect::<Vec<_>>());
+    let server = start(
+        &source_env("iot", "iota-json", &url, "/json/+/+/attrs/#")
+            .into_iter()
+            .chain([(
+                "WEFT_MQTT__SOURCES__IOT__DEVICE_TYPE".to_string(),
+                "thermo".to_string(),
+            )])
+            .collect::<Vec<_>>(),
+    );
     let c = server.client();
     c.expect(201, "PUT", "/api/v1/device-types/thermo", Some(&json!({})))
         .await;
@@ -488,7 +543,9 @@ async fn a_source_reconnects_after_its_broker_restarts() {
     assert!(metric(&c, "weft_mqtt_reconnections_total", &["source=\"iot\""]).await >= 1.0);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let publisher = Mqtt::connect(&url, &unique("pub-"), None).await;
-    publisher.publish("/json/any/back-again/attrs", r#"{"t":1}"#).await;
+    publisher
+        .publish("/json/any/back-again/attrs", r#"{"t":1}"#)
+        .await;
     eventually(Duration::from_secs(15), || async {
         let (status, _) = c.send("GET", "/v2/entities/back-again", None, None).await;
         (status == 200).then_some(())
@@ -567,7 +624,9 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
     c.send(
         "POST",
         "/v2/entities",
-        Some(&json!({"id": "Room1", "type": "Room", "temperature": {"value": 23, "type": "Number"}})),
+        Some(
+            &json!({"id": "Room1", "type": "Room", "temperature": {"value": 23, "type": "Number"}}),
+        ),
         None,
     )
     .await;
@@ -587,9 +646,11 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
 
     let subs = eventually(Duration::from_secs(10), || async {
         let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
-        let all_sent = subs
-            .as_array()
-            .is_some_and(|s| s.len() == 2 && s.iter().all(|s| s["notification"]["lastSuccess"].is_string()));
+        let all_sent = subs.as_array().is_some_and(|s| {
+            s.len() == 2
+                && s.iter()
+                    .all(|s| s["notification"]["lastSuccess"].is_string())
+        });
         all_sent.then_some(subs)
     })
     .await;
@@ -606,12 +667,30 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
 
     // Orion's checks.
     for (notification, text) in [
-        (json!({"mqtt": {"url": url}}), "topic mqtt notification is missing"),
-        (json!({"mqtt": {"url": "http://h:1", "topic": "t"}}), "Invalid URL parsing notification url"),
-        (json!({"mqtt": {"url": format!("{url}/path"), "topic": "t"}}), "path cannot be used in mqtt url, use topic instead"),
-        (json!({"mqtt": {"url": url, "topic": "t", "qos": 3}}), "MQTT QoS must be an uint in the 0 to 2 range"),
-        (json!({"mqtt": {"url": url, "topic": "a/#"}}), "+ and # are not allowed in mqtt notification topic"),
-        (json!({"mqtt": {"url": url, "topic": "t", "user": "u"}}), "you must use user and passwd fields simultaneously in MQTT notifications"),
+        (
+            json!({"mqtt": {"url": url}}),
+            "topic mqtt notification is missing",
+        ),
+        (
+            json!({"mqtt": {"url": "http://h:1", "topic": "t"}}),
+            "Invalid URL parsing notification url",
+        ),
+        (
+            json!({"mqtt": {"url": format!("{url}/path"), "topic": "t"}}),
+            "path cannot be used in mqtt url, use topic instead",
+        ),
+        (
+            json!({"mqtt": {"url": url, "topic": "t", "qos": 3}}),
+            "MQTT QoS must be an uint in the 0 to 2 range",
+        ),
+        (
+            json!({"mqtt": {"url": url, "topic": "a/#"}}),
+            "+ and # are not allowed in mqtt notification topic",
+        ),
+        (
+            json!({"mqtt": {"url": url, "topic": "t", "user": "u"}}),
+            "you must use user and passwd fields simultaneously in MQTT notifications",
+        ),
     ] {
         let (status, reply) = c
             .send(
@@ -621,7 +700,11 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
                 None,
             )
             .await;
-        assert_eq!((status, reply["description"].as_str()), (400, Some(text)), "{notification}");
+        assert_eq!(
+            (status, reply["description"].as_str()),
+            (400, Some(text)),
+            "{notification}"
+        );
     }
 
     // A broker that cannot be reached: a failure, counted as for HTTP.
@@ -630,8 +713,10 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
         .send(
             "POST",
             "/v2/subscriptions",
-            Some(&json!({"subject": {"entities": [{"id": "Dead", "type": "Room"}]},
-                         "notification": {"mqtt": {"url": dead, "topic": "x"}}})),
+            Some(
+                &json!({"subject": {"entities": [{"id": "Dead", "type": "Room"}]},
+                         "notification": {"mqtt": {"url": dead, "topic": "x"}}}),
+            ),
             None,
         )
         .await;
@@ -648,7 +733,10 @@ async fn mqtt_and_mqtt_custom_subscriptions_reach_a_real_subscriber() {
         subs.as_array()?
             .iter()
             .find(|s| s["subject"]["entities"][0]["id"] == "Dead")
-            .filter(|s| s["notification"]["failsCounter"] == 1 && s["notification"]["lastFailure"].is_string())
+            .filter(|s| {
+                s["notification"]["failsCounter"] == 1
+                    && s["notification"]["lastFailure"].is_string()
+            })
             .map(|_| ())
     })
     .await;
@@ -670,16 +758,26 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
     let url = format!("mqtt://{listen}");
     c.expect(201, "PUT", "/api/v1/device-types/thermo", Some(&json!({})))
         .await;
-    c.expect(201, "PUT", "/api/v1/devices/dev-7", Some(&json!({"type": "thermo"})))
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/dev-7",
+        Some(&json!({"type": "thermo"})),
+    )
+    .await;
+    let (status, reply) = c
+        .send("POST", "/api/v1/devices/dev-7/key", None, None)
         .await;
-    let (status, reply) = c.send("POST", "/api/v1/devices/dev-7/key", None, None).await;
     assert_eq!(status, 201, "{reply}");
     let secret = reply["key"].as_str().unwrap().to_string();
     let shown = c.expect(200, "GET", "/api/v1/devices/dev-7", None).await;
     assert_eq!(shown["hasKey"], true);
     assert!(shown.get("keyHash").is_none());
     let (health_status, health) = c.send("GET", "/health", None, None).await;
-    assert_eq!((health_status, health["mqtt"]["broker"].as_str()), (200, Some(listen.as_str())));
+    assert_eq!(
+        (health_status, health["mqtt"]["broker"].as_str()),
+        (200, Some(listen.as_str()))
+    );
 
     for (client_id, user, password) in [
         ("dev-7", "dev-7", "wdk_wrong"),
@@ -695,7 +793,9 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
 
     let mut device = Mqtt::connect(&url, "dev-7", Some(("dev-7", &secret))).await;
     assert!(device.admitted(Duration::from_secs(10)).await);
-    device.publish("/json/apikey1/dev-7/attrs", r#"{"t":12.5}"#).await;
+    device
+        .publish("/json/apikey1/dev-7/attrs", r#"{"t":12.5}"#)
+        .await;
     device.publish("/ul/unknown-key/dev-7/attrs", "h|55").await;
     device.publish("devices/dev-7/up", r#"{"p":3}"#).await;
     let entity = eventually(Duration::from_secs(15), || async {
@@ -706,10 +806,18 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
             .then_some(e)
     })
     .await;
-    assert_eq!((entity["t"].clone(), entity["h"].clone(), entity["p"].clone()), (json!(12.5), json!(55), json!(3)));
+    assert_eq!(
+        (
+            entity["t"].clone(),
+            entity["h"].clone(),
+            entity["p"].clone()
+        ),
+        (json!(12.5), json!(55), json!(3))
+    );
 
     // A removed key no longer logs in.
-    c.expect(204, "DELETE", "/api/v1/devices/dev-7/key", None).await;
+    c.expect(204, "DELETE", "/api/v1/devices/dev-7/key", None)
+        .await;
     let mut again = Mqtt::connect(&url, "dev-7", Some(("dev-7", &secret))).await;
     assert!(!again.admitted(Duration::from_secs(3)).await);
     let _ = KEY;

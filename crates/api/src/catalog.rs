@@ -196,7 +196,9 @@ async fn list_devices(
         }
     }
     let devices = state.services.store.list_devices(&filter).await?;
-    Ok(Json(Value::Array(devices.iter().map(device_json).collect())))
+    Ok(Json(Value::Array(
+        devices.iter().map(device_json).collect(),
+    )))
 }
 
 /// `GET /api/v1/devices/{id}`: the device, and under `state` what its

@@ -110,7 +110,10 @@ struct Published {
 
 /// Runs the scenario.
 pub async fn run(args: &MqttArgs, session: &Session) -> anyhow::Result<Summary> {
-    ensure!(args.mqtt_connections >= 1, "--mqtt-connections must be at least 1");
+    ensure!(
+        args.mqtt_connections >= 1,
+        "--mqtt-connections must be at least 1"
+    );
     ensure!(!args.load.interval.is_zero(), "--interval must be positive");
     let http = if args.with_http {
         Some(crate::ingest::run(&args.load, session).await?)
@@ -199,15 +202,24 @@ pub async fn run(args: &MqttArgs, session: &Session) -> anyhow::Result<Summary> 
         Err(e) => s.notes.push(format!("the store could not be read: {e:#}")),
     }
     let m = &mut s.metrics;
-    m.insert("mqtt_publishes".into(), Metric::counter(published.sent, secs));
+    m.insert(
+        "mqtt_publishes".into(),
+        Metric::counter(published.sent, secs),
+    );
     m.insert("uplinks_accepted".into(), Metric::counter(acked, secs));
     let mut puback = micros_histogram(Duration::from_secs(60));
     for us in &published.puback {
         puback.saturating_record(*us);
     }
-    m.insert("mqtt_puback_duration".into(), Metric::Trend(Trend::from_micros(&puback)));
+    m.insert(
+        "mqtt_puback_duration".into(),
+        Metric::Trend(Trend::from_micros(&puback)),
+    );
     m.insert("mqtt_errors".into(), Metric::count(published.errors));
-    m.insert("time_lapse".into(), Metric::Trend(Trend::from_micros(&live_state.time_lapse)));
+    m.insert(
+        "time_lapse".into(),
+        Metric::Trend(Trend::from_micros(&live_state.time_lapse)),
+    );
     m.insert(
         "delivery_lapse".into(),
         Metric::Trend(Trend::from_micros(&live_state.delivery_lapse)),
@@ -218,14 +230,25 @@ pub async fn run(args: &MqttArgs, session: &Session) -> anyhow::Result<Summary> 
         for (name, metric) in http.metrics {
             if matches!(
                 name.as_str(),
-                "uplinks_accepted" | "time_lapse" | "delivery_lapse" | "http_req_duration" | "ws_missing"
+                "uplinks_accepted"
+                    | "time_lapse"
+                    | "delivery_lapse"
+                    | "http_req_duration"
+                    | "ws_missing"
             ) {
-                let name = if name.starts_with("http_") { name } else { format!("http_{name}") };
+                let name = if name.starts_with("http_") {
+                    name
+                } else {
+                    format!("http_{name}")
+                };
                 s.metrics.insert(name, metric);
             }
         }
         for check in http.checks {
-            s.checks.push(Check { name: format!("http: {}", check.name), ..check });
+            s.checks.push(Check {
+                name: format!("http: {}", check.name),
+                ..check
+            });
         }
     }
     if let Some(failure) = &live_state.failure {

@@ -204,7 +204,11 @@ impl Shared {
 
 /// The format of a broker topic and the device it names.
 fn route_of(topic: &str) -> Option<(Format, &str)> {
-    let levels: Vec<&str> = topic.strip_prefix('/').unwrap_or(topic).split('/').collect();
+    let levels: Vec<&str> = topic
+        .strip_prefix('/')
+        .unwrap_or(topic)
+        .split('/')
+        .collect();
     match levels.as_slice() {
         ["json", _, device, "attrs", ..] => Some((Format::IotaJson, device)),
         ["ul", _, device, "attrs", ..] => Some((Format::IotaUl, device)),
@@ -220,7 +224,10 @@ mod tests {
     #[test]
     fn topics_name_their_device() {
         assert_eq!(route_of("/json/k/d1/attrs"), Some((Format::IotaJson, "d1")));
-        assert_eq!(route_of("json/k/d1/attrs/t"), Some((Format::IotaJson, "d1")));
+        assert_eq!(
+            route_of("json/k/d1/attrs/t"),
+            Some((Format::IotaJson, "d1"))
+        );
         assert_eq!(route_of("/ul/k/d2/attrs"), Some((Format::IotaUl, "d2")));
         assert_eq!(route_of("devices/d3/up"), Some((Format::Plain, "d3")));
         assert_eq!(route_of("devices/d3/down"), None);

@@ -129,8 +129,10 @@ impl SourceConfig {
             let at_level = match self.device_level {
                 Some(l) => l,
                 None => levels.iter().position(|l| *l == "+").ok_or_else(|| {
-                    at("format 'plain' needs device_level or a '+' in topic for the device id"
-                        .into())
+                    at(
+                        "format 'plain' needs device_level or a '+' in topic for the device id"
+                            .into(),
+                    )
                 })?,
             };
             if at_level >= levels.len() || levels[..=at_level].contains(&"#") {
@@ -172,7 +174,10 @@ mod tests {
     fn formats_have_default_topics_but_plain() {
         let (f, topic, _) = source("ttn").check("a").unwrap();
         assert_eq!((f, topic.as_str()), (Format::Ttn, "v3/+/devices/+/#"));
-        assert!(source("plain").check("a").unwrap_err().contains("needs a topic"));
+        assert!(source("plain")
+            .check("a")
+            .unwrap_err()
+            .contains("needs a topic"));
         let mut plain = source("plain");
         plain.topic = Some("site/+/sensors/+/data".into());
         assert!(plain.check("a").unwrap_err().contains("device_type"));

@@ -164,7 +164,8 @@ impl Source {
                         .iter()
                         .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure));
                     if refused {
-                        let reason = format!("the broker refused the subscription to '{}'", self.topic);
+                        let reason =
+                            format!("the broker refused the subscription to '{}'", self.topic);
                         tracing::error!(source = %self.name, "{reason}");
                         link.failed(reason);
                     }

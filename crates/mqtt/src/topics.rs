@@ -209,7 +209,9 @@ pub fn read(
             if let Some(level) = route.channel_level {
                 let channel = topic.split('/').nth(level).unwrap_or_default();
                 if !weft_model::validate::is_object_id(channel) {
-                    return Err(format!("topic '{topic}' has no valid channel at level {level}"));
+                    return Err(format!(
+                        "topic '{topic}' has no valid channel at level {level}"
+                    ));
                 }
                 up.channel = Some(channel.to_string());
             }
@@ -271,7 +273,11 @@ fn iota_topic(
     } else {
         "ul"
     };
-    let levels: Vec<&str> = topic.strip_prefix('/').unwrap_or(topic).split('/').collect();
+    let levels: Vec<&str> = topic
+        .strip_prefix('/')
+        .unwrap_or(topic)
+        .split('/')
+        .collect();
     let (key, device, attr) = match levels.as_slice() {
         [p, key, device, "attrs"] if *p == prefix => (*key, *device, None),
         [p, key, device, "attrs", attr] if *p == prefix && !attr.is_empty() => {
@@ -279,8 +285,8 @@ fn iota_topic(
         }
         _ => {
             return Err(format!(
-                "'{topic}' is not an IoT Agent measure topic (/{prefix}/{{apikey}}/{{device}}/attrs)"
-            ))
+            "'{topic}' is not an IoT Agent measure topic (/{prefix}/{{apikey}}/{{device}}/attrs)"
+        ))
         }
     };
     if device.is_empty() {
@@ -384,7 +390,16 @@ mod tests {
     #[test]
     fn ttn_messages_pass_as_the_webhook_body_and_own_downlinks_are_ignored() {
         let r = route();
-        let u = uplinks(read(Format::Ttn, &r, "v3/app@ttn/devices/d1/up", br#"{"a":1}"#, 5).unwrap());
+        let u = uplinks(
+            read(
+                Format::Ttn,
+                &r,
+                "v3/app@ttn/devices/d1/up",
+                br#"{"a":1}"#,
+                5,
+            )
+            .unwrap(),
+        );
         assert_eq!(u[0].format, UplinkFormat::Ttn);
         assert_eq!(u[0].source.as_deref(), Some("src"));
         assert_eq!(u[0].received_at, 5);
@@ -409,7 +424,16 @@ mod tests {
     #[test]
     fn iota_json_names_device_and_type_from_topic_and_key() {
         let r = route();
-        let u = uplinks(read(Format::IotaJson, &r, "/json/k1/dev1/attrs", br#"{"t":21}"#, 1).unwrap());
+        let u = uplinks(
+            read(
+                Format::IotaJson,
+                &r,
+                "/json/k1/dev1/attrs",
+                br#"{"t":21}"#,
+                1,
+            )
+            .unwrap(),
+        );
         assert_eq!(u[0].format, UplinkFormat::Iota);
         assert_eq!(u[0].device_id.as_deref(), Some("dev1"));
         assert_eq!(u[0].device_type.as_deref(), Some("thermo"));
@@ -417,9 +441,11 @@ mod tests {
         assert_eq!(body(&one[0]), serde_json::json!({"h": 55}));
         let text = uplinks(read(Format::IotaJson, &r, "/json/k1/dev1/attrs/s", b"on", 1).unwrap());
         assert_eq!(body(&text[0]), serde_json::json!({"s": "on"}));
-        assert!(read(Format::IotaJson, &r, "/json/nope/dev1/attrs", b"{}", 1)
-            .unwrap_err()
-            .contains("unknown API key"));
+        assert!(
+            read(Format::IotaJson, &r, "/json/nope/dev1/attrs", b"{}", 1)
+                .unwrap_err()
+                .contains("unknown API key")
+        );
         assert!(read(Format::IotaJson, &r, "/json/k1/dev1/attrs", b"{", 1).is_err());
     }
 
@@ -452,10 +478,16 @@ mod tests {
     fn plain_json_is_decoded_and_binary_goes_to_the_decoder() {
         let r = route();
         let j = uplinks(read(Format::Plain, &r, "site/d9/data", br#"{"t":1}"#, 1).unwrap());
-        assert_eq!((j[0].format, j[0].device_id.as_deref()), (UplinkFormat::SensaeDecoded, Some("d9")));
+        assert_eq!(
+            (j[0].format, j[0].device_id.as_deref()),
+            (UplinkFormat::SensaeDecoded, Some("d9"))
+        );
         let b = uplinks(read(Format::Plain, &r, "site/d9/data", &[1, 2, 0xff], 1).unwrap());
         assert_eq!(b[0].format, UplinkFormat::SensaeEncoded);
-        assert_eq!(body(&b[0]), serde_json::json!({"bytes": "AQL/", "fPort": 2}));
+        assert_eq!(
+            body(&b[0]),
+            serde_json::json!({"bytes": "AQL/", "fPort": 2})
+        );
         assert!(read(Format::Plain, &r, "site", b"{}", 1).is_err());
     }
 }

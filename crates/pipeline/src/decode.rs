@@ -340,9 +340,9 @@ fn finish(
         .or(partial.device_id)
         .or(env.device_id)
         .ok_or((
-        FailureReason::InvalidUplink,
-        "uplink names no device id".to_string(),
-    ))?;
+            FailureReason::InvalidUplink,
+            "uplink names no device id".to_string(),
+        ))?;
     // The id names the device's NGSI entity: one that NGSI cannot read or
     // delete (control characters, `<>();`, 100 KB) never gets that far.
     weft_model::device::check_device_id(&device_id)

@@ -240,7 +240,13 @@ impl SourceLink {
     /// the connection, which sends it (again after a reconnection, for
     /// QoS 1 and 2) until the broker has it; `Err` when the source is
     /// stopped or its queue is full.
-    pub fn publish(&self, topic: &str, payload: Vec<u8>, qos: u8, retain: bool) -> Result<(), String> {
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        qos: u8,
+        retain: bool,
+    ) -> Result<(), String> {
         self.client
             .try_publish(topic, self::qos(qos), retain, payload)
             .map_err(|e| format!("publishing on MQTT source '{}': {e}", self.name))

@@ -791,23 +791,22 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         .into_iter()
         .filter(|k| obj.contains_key(*k))
         .collect();
-    let endpoint = match given.as_slice() {
-        ["http"] => parse_http(&obj["http"])?,
-        ["httpCustom"] => Endpoint::HttpCustom(parse_custom(&obj["httpCustom"])?),
-        ["mqtt"] => Endpoint::Mqtt(parse_mqtt(&obj["mqtt"], false)?),
-        ["mqttCustom"] => Endpoint::Mqtt(parse_mqtt(&obj["mqttCustom"], true)?),
-        ["http", "httpCustom"] => return Err(bad("notification has both http and httpCustom")),
-        [] => {
-            return Err(bad(
-                "http, httpCustom, mqtt, mqttCustom, kafka or kafkaCustom is missing",
-            ))
-        }
-        _ => {
-            return Err(bad(
+    let endpoint =
+        match given.as_slice() {
+            ["http"] => parse_http(&obj["http"])?,
+            ["httpCustom"] => Endpoint::HttpCustom(parse_custom(&obj["httpCustom"])?),
+            ["mqtt"] => Endpoint::Mqtt(parse_mqtt(&obj["mqtt"], false)?),
+            ["mqttCustom"] => Endpoint::Mqtt(parse_mqtt(&obj["mqttCustom"], true)?),
+            ["http", "httpCustom"] => return Err(bad("notification has both http and httpCustom")),
+            [] => {
+                return Err(bad(
+                    "http, httpCustom, mqtt, mqttCustom, kafka or kafkaCustom is missing",
+                ))
+            }
+            _ => return Err(bad(
                 "only one of http, httpCustom, mqtt, mqttCustom, kafka or kafkaCustom is allowed",
-            ))
-        }
-    };
+            )),
+        };
     if covered && attrs.is_empty() {
         return Err(bad(
             "covered true cannot be used if notification attributes list is empty",
@@ -1032,7 +1031,8 @@ fn parse_custom_payload(obj: &Map<String, Value>) -> Result<CustomPayload, NgsiE
             "only one of payload, json or ngsi fields accepted at the same time in httpCustom, mqttCustom or kafkaCustom",
         ));
     }
-    let payload = if let Some(p) = obj.get("payload") {
+    let payload =
+        if let Some(p) = obj.get("payload") {
             match p {
                 Value::Null => CustomPayload::Text(None),
                 // An empty template means "not set": the standard payload.

@@ -57,10 +57,14 @@ impl Drop for Connection {
     }
 }
 
+/// What a pooled connection is kept under: the broker's URL and the
+/// credentials it logged in with.
+type PoolKey = (String, Option<(String, String)>);
+
 /// The pooled connections, keyed by URL and credentials.
 #[derive(Default)]
 pub struct Pool {
-    connections: Mutex<HashMap<(String, Option<(String, String)>), Arc<Connection>>>,
+    connections: Mutex<HashMap<PoolKey, Arc<Connection>>>,
 }
 
 impl Pool {
@@ -97,7 +101,12 @@ impl Pool {
         }
         connection
             .client
-            .publish(publish.topic.clone(), qos(publish.qos), publish.retain, payload)
+            .publish(
+                publish.topic.clone(),
+                qos(publish.qos),
+                publish.retain,
+                payload,
+            )
             .await
             .map_err(|e| e.to_string())
     }

@@ -201,12 +201,12 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
                 url: m.url.clone(),
                 headers,
                 body,
-                mqtt: Some(super::mqtt::Publish {
+                mqtt: Some(Box::new(super::mqtt::Publish {
                     topic,
                     qos: m.qos,
                     retain: m.retain,
                     credentials: m.user.clone().zip(m.passwd.clone()),
-                }),
+                })),
             })
         }
     }

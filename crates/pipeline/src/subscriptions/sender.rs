@@ -70,7 +70,7 @@ pub struct Request {
     /// For an `mqtt`/`mqttCustom` subscription: publish the body on this
     /// topic of the broker at `url` instead of making an HTTP request
     /// (`method` and `headers` are then unused).
-    pub mqtt: Option<super::mqtt::Publish>,
+    pub mqtt: Option<Box<super::mqtt::Publish>>,
 }
 
 /// A notification on its way.
