@@ -178,7 +178,8 @@ pub async fn run(args: &MqttArgs, session: &Session) -> anyhow::Result<Summary> 
         calibration: None,
         throughput: None,
     };
-    let secs = load_elapsed.as_secs_f64();
+    // Rates over the publishing time, not the wait for the last PUBACKs.
+    let secs = args.load.common.duration.as_secs_f64();
     let acked = published.accepted.len() as u64;
     s.checks.push(Check::new(
         "publish acknowledged by the broker",
