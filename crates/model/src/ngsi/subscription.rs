@@ -1380,6 +1380,52 @@ mod tests {
     }
 
     #[test]
+    fn mqtt_passwords_are_stored_but_never_shown() {
+        let s = sub(json!({"subject": {"entities": [{"id": "E"}]},
+                           "notification": {"mqttCustom": {"url": "mqtt://b:1883", "topic": "t/${id}",
+                                                           "qos": 2, "user": "u", "passwd": "p",
+                                                           "json": {"v": "${x}"}}}}))
+        .unwrap();
+        let shown = s.render(0);
+        let m = &shown["notification"]["mqttCustom"];
+        assert_eq!(
+            (m["topic"].as_str(), m["qos"].as_u64()),
+            (Some("t/${id}"), Some(2))
+        );
+        assert_eq!((m["user"].as_str(), m.get("passwd")), (Some("u"), None));
+        let stored = Subscription::from_storage(&s.to_storage()).unwrap();
+        let Endpoint::Mqtt(e) = &stored.notification.endpoint else {
+            panic!("an mqtt endpoint");
+        };
+        assert_eq!(e.passwd.as_deref(), Some("p"));
+        assert!(e.custom && matches!(e.payload, CustomPayload::Json(_)));
+        for (mqtt, text) in [
+            (
+                json!({"url": "mqtt://b:1883/x", "topic": "t"}),
+                "path cannot be used in mqtt url, use topic instead",
+            ),
+            (
+                json!({"url": "http://b", "topic": "t"}),
+                "Invalid URL parsing notification url",
+            ),
+            (
+                json!({"url": "mqtt://b"}),
+                "topic mqtt notification is missing",
+            ),
+            (
+                json!({"url": "mqtt://b", "topic": "t", "qos": -1}),
+                "MQTT QoS must be an uint in the 0 to 2 range",
+            ),
+        ] {
+            let err = sub(
+                json!({"subject": {"entities": [{"id": "E"}]}, "notification": {"mqtt": mqtt}}),
+            )
+            .unwrap_err();
+            assert_eq!(err.description, text);
+        }
+    }
+
+    #[test]
     fn renders_defaults_as_orion() {
         let s = sub(minimal()).unwrap();
         assert_eq!(
