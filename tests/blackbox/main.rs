@@ -37,6 +37,9 @@
 //! - `ngsi_geo`: locations (GeoJSON features, the simple-location types,
 //!   `ignoreType`), geo-queries, `POST /v2/op/query` and the other batch
 //!   operations' checks.
+//! - `mqtt`: MQTT sources of every format against a real mosquitto,
+//!   kill -9 before the commit, a broker restart; Orion's `mqtt` and
+//!   `mqttCustom` notifications; the embedded broker's device logins.
 //! - `tls`: the API over HTTPS with the configured certificate.
 //! - `scale_out`: two nodes on one PostgreSQL and one NATS JetStream:
 //!   live events across nodes; decoders, rules, API keys and NGSI
@@ -55,6 +58,7 @@ mod history;
 mod hostile;
 mod ingest;
 mod live;
+mod mqtt;
 mod ngsi;
 mod ngsi_forwarding;
 mod ngsi_geo;

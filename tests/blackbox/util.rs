@@ -102,6 +102,17 @@ impl Server {
         self.url = url;
     }
 
+    /// Starts weft again on the same data directory with `env` instead of
+    /// the environment it was started with (the store's settings kept).
+    pub fn restart_with_env(&mut self, env: &[(String, String)]) {
+        self.kill9();
+        self.env.retain(|(k, _)| k.starts_with("WEFT_STORE__"));
+        self.env.extend(env.iter().cloned());
+        let (child, url) = spawn(&self.data, &self.env);
+        self.child = child;
+        self.url = url;
+    }
+
     /// The data directory this server runs on.
     pub fn data_dir(&self) -> &Path {
         &self.data

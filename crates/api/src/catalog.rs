@@ -33,6 +33,21 @@ pub fn router() -> Router<AppState> {
             get(get_device).put(put_device).delete(delete_device),
         )
         .route("/api/v1/devices/{id}/events", get(device_events))
+        .route(
+            "/api/v1/devices/{id}/key",
+            post(make_device_key).delete(delete_device_key),
+        )
+}
+
+/// A device as the API shows it: its key's hash left out, `hasKey` saying
+/// whether it has one.
+fn device_json(device: &Device) -> Value {
+    let mut out = serde_json::to_value(device).expect("devices serialise");
+    if let Value::Object(map) = &mut out {
+        map.remove("keyHash");
+        map.insert("hasKey".into(), device.key_hash.is_some().into());
+    }
+    out
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's message.
@@ -241,7 +256,11 @@ async fn list_devices(
     if !paged {
         let all = state.services.store.list_devices(&filter).await?;
         let total = all.len();
-        return Ok(([(TOTAL_COUNT, total.to_string())], Json(all)).into_response());
+        return Ok((
+            [(TOTAL_COUNT, total.to_string())],
+            Json(all.iter().map(device_json).collect::<Vec<_>>()),
+        )
+            .into_response());
     }
     let query = DevicePageQuery {
         filter,
@@ -254,7 +273,7 @@ async fn list_devices(
         .devices
         .into_iter()
         .map(|s| {
-            let mut v = serde_json::to_value(&s.device).expect("devices serialise");
+            let mut v = device_json(&s.device);
             if let Value::Object(map) = &mut v {
                 map.insert("lastSeen".into(), json!(s.last_seen));
                 map.insert("state".into(), Value::Object(s.state));
@@ -278,7 +297,7 @@ async fn get_device(
         .device(&id)
         .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
     let events = state.services.store.device_state(&id).await?;
-    let mut out = serde_json::to_value(&*device).expect("devices serialise");
+    let mut out = device_json(&device);
     if let Value::Object(map) = &mut out {
         map.insert("state".into(), Value::Object(events));
     }
@@ -288,7 +307,7 @@ async fn get_device(
 /// Fields `GET /api/v1/devices/{id}` shows that a `PUT` does not set: a
 /// client that reads a device and writes it back sends them, and they are
 /// ignored rather than refused.
-const READ_ONLY_DEVICE_FIELDS: &[&str] = &["state", "lastSeen"];
+const READ_ONLY_DEVICE_FIELDS: &[&str] = &["state", "lastSeen", "hasKey", "keyHash"];
 
 /// `PUT /api/v1/devices/{id}`: create or replace; the id comes from the path.
 async fn put_device(
@@ -310,8 +329,52 @@ async fn put_device(
         check_id(&sub.id)?;
     }
     device.check().map_err(ApiError::bad_request)?;
+    // The key is set and removed at `/key` only; a PUT keeps it.
+    device.key_hash = state
+        .services
+        .catalog
+        .device(&device.id)
+        .and_then(|d| d.key_hash.clone());
     let created = state.services.catalog.put_device(device.clone()).await?;
-    Ok((created_or_ok(created), Json(device)))
+    Ok((created_or_ok(created), Json(device_json(&device))))
+}
+
+/// `POST /api/v1/devices/{id}/key`: makes the device a new key (its
+/// password on the embedded MQTT broker), replacing any it had, and
+/// answers it, once: 201 `{"key": "wdk_…"}`. Only its hash is kept.
+async fn make_device_key(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let mut device = state
+        .services
+        .catalog
+        .device(&id)
+        .map(|d| (*d).clone())
+        .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
+    let (key, hash) = weft_model::device::new_device_key();
+    device.key_hash = Some(hash);
+    state.services.catalog.put_device(device).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "key": key }))))
+}
+
+/// `DELETE /api/v1/devices/{id}/key`: the device has no key any more (and
+/// cannot log in to the embedded broker).
+async fn delete_device_key(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let mut device = state
+        .services
+        .catalog
+        .device(&id)
+        .map(|d| (*d).clone())
+        .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
+    if device.key_hash.take().is_none() {
+        return Err(ApiError::not_found(format!("device '{id}' has no key")));
+    }
+    state.services.catalog.put_device(device).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Parameters of `GET /api/v1/devices/{id}/events`.

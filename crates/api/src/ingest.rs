@@ -137,6 +137,8 @@ async fn webhook(
         channel,
         device_type,
         event,
+        device_id: None,
+        source: None,
         body: body.to_vec(),
     };
     accept_uplink(&state, uplink, &headers).await
@@ -156,6 +158,8 @@ async fn accept(
         channel,
         device_type,
         event: None,
+        device_id: None,
+        source: None,
         body: body.to_vec(),
     };
     accept_uplink(state, uplink, headers).await

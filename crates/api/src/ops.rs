@@ -21,21 +21,29 @@ pub fn router() -> Router<AppState> {
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
 /// the store, 503 `{"status":"fail"}` otherwise. Also says which node
 /// answered (`node`) and the work it does for the cluster now (`work`:
-/// the leases it holds, see docs/scale-out.md).
+/// the leases it holds, see docs/scale-out.md). With MQTT sources
+/// configured, `mqtt` shows each one's connection (`connected`,
+/// `lastError`, `reconnections`); a source that is down does not fail
+/// the check, since weft keeps serving everything else.
 async fn health(State(state): State<AppState>) -> impl IntoResponse {
     let backlog = state.services.ingest.backlog();
     let cluster = &state.services.cluster;
+    let sources = state.services.mqtt.statuses();
     match state.services.store.ping().await {
-        Ok(()) => (
-            StatusCode::OK,
-            Json(json!({
+        Ok(()) => {
+            let mut body = json!({
                 "status": "pass",
                 "version": env!("CARGO_PKG_VERSION"),
                 "backlog": backlog,
                 "node": cluster.node(),
                 "work": cluster.held(),
-            })),
-        ),
+            });
+            let broker = state.services.mqtt.broker();
+            if !sources.is_empty() || broker.is_some() {
+                body["mqtt"] = json!({ "sources": sources, "broker": broker });
+            }
+            (StatusCode::OK, Json(body))
+        }
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(

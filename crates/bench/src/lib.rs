@@ -48,6 +48,7 @@ pub mod common;
 pub mod history;
 pub mod http;
 pub mod ingest;
+pub mod mqtt;
 pub mod ngsi_notify;
 pub mod ngsi_update;
 pub mod pages;
@@ -61,6 +62,7 @@ pub use channels::ChannelsArgs;
 pub use common::CommonArgs;
 pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
+pub use mqtt::MqttArgs;
 pub use ngsi_notify::NgsiNotifyArgs;
 pub use ngsi_update::NgsiUpdateArgs;
 pub use pages::PagesArgs;
@@ -77,6 +79,11 @@ pub enum BenchCommand {
     /// watches the live stream; checks every accepted uplink is delivered
     /// on the socket and stored exactly once.
     Ingest(IngestArgs),
+    /// The ingest load published over MQTT (QoS 1) through a real broker
+    /// into weft's MQTT source; checks every acknowledged uplink is
+    /// delivered on the socket and stored once, and measures `time_lapse`
+    /// (with `--with-http`, beside the HTTP ingest scenario's).
+    Mqtt(MqttArgs),
     /// Seed 000's alarm test (suite 2): the ingest load (100 devices × 1/s
     /// by default) with one rule `temperature>45.1`; checks every matching
     /// uplink's alarm arrives on the websocket and measures how fast.
@@ -118,6 +125,7 @@ impl BenchCommand {
     fn common(&self) -> &CommonArgs {
         match self {
             BenchCommand::Ingest(args) => &args.common,
+            BenchCommand::Mqtt(args) => &args.load.common,
             BenchCommand::Alarms(args) => &args.load.common,
             BenchCommand::NgsiUpdate(args) => &args.common,
             BenchCommand::NgsiNotify(args) => &args.common,
@@ -133,6 +141,7 @@ impl BenchCommand {
     fn concurrency(&self) -> usize {
         match self {
             BenchCommand::Ingest(args) => args.connections,
+            BenchCommand::Mqtt(args) => args.load.connections,
             BenchCommand::Alarms(args) => args.load.connections,
             BenchCommand::NgsiUpdate(args) => args.clients(),
             BenchCommand::NgsiNotify(args) => args.clients(),
@@ -148,7 +157,7 @@ impl BenchCommand {
     /// ceiling it is read against.
     fn headline(&self) -> (&'static str, Reference) {
         match self {
-            BenchCommand::Ingest(_) | BenchCommand::Alarms(_) => {
+            BenchCommand::Ingest(_) | BenchCommand::Alarms(_) | BenchCommand::Mqtt(_) => {
                 ("uplinks_accepted", Reference::Post)
             }
             BenchCommand::NgsiUpdate(_) | BenchCommand::NgsiNotify(_) => {
@@ -171,12 +180,15 @@ impl BenchCommand {
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let common = cmd.common().clone();
     if common.peer {
-        if let BenchCommand::Ingest(_) | BenchCommand::Alarms(_) = cmd {
+        if let BenchCommand::Ingest(_) | BenchCommand::Alarms(_) | BenchCommand::Mqtt(_) = cmd {
             anyhow::bail!(
                 "ingest and alarms cannot drive a peer: their setup (device type, rule), \
                  their live socket and their read-back of stored data units are weft's own /api/v1"
             );
         }
+    }
+    if let (BenchCommand::Mqtt(args), true) = (&cmd, common.spawn) {
+        mqtt::configure_spawn(args);
     }
     let session = common::Session::start(&common).await?;
     let calibration = if common.calibration.is_zero() {
@@ -192,6 +204,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     };
     let outcome = match &cmd {
         BenchCommand::Ingest(args) => ingest::run(args, &session).await,
+        BenchCommand::Mqtt(args) => mqtt::run(args, &session).await,
         BenchCommand::Alarms(args) => alarms::run(args, &session).await,
         BenchCommand::NgsiUpdate(args) => ngsi_update::run(args, &session).await,
         BenchCommand::NgsiNotify(args) => ngsi_notify::run(args, &session).await,

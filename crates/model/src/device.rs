@@ -128,6 +128,32 @@ pub struct Device {
     /// came through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// SHA-256 (hex) of the device's key, its password on weft's embedded
+    /// MQTT broker; the key itself is shown once, when made, and never
+    /// kept. Stored with the device; the API never shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_hash: Option<String>,
+}
+
+/// The prefix of device keys, so one is recognisable in a configuration.
+pub const DEVICE_KEY_PREFIX: &str = "wdk_";
+
+/// A new random device key (`wdk_` and 32 letters and digits) and the hash
+/// kept for it.
+pub fn new_device_key() -> (String, String) {
+    use rand::distr::{Alphanumeric, SampleString};
+    let key = format!(
+        "{DEVICE_KEY_PREFIX}{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 32)
+    );
+    let hash = device_key_hash(key.as_bytes());
+    (key, hash)
+}
+
+/// The hash a device key is kept as.
+pub fn device_key_hash(key: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key))
 }
 
 /// Maps a measure index of a gateway-like device to another device id.
@@ -142,6 +168,13 @@ pub struct SubDevice {
 }
 
 impl Device {
+    /// Whether `key` is this device's key.
+    pub fn key_matches(&self, key: &[u8]) -> bool {
+        self.key_hash
+            .as_deref()
+            .is_some_and(|h| h == device_key_hash(key))
+    }
+
     /// Checks what a device definition may not hold, so a bad one is
     /// refused when it is saved rather than producing broken entities
     /// later: a device or sub-device id that cannot name an NGSI entity,

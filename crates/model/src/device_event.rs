@@ -80,7 +80,7 @@ pub fn event_name(
                 .find(|(k, v)| v.is_object() && !TTN_ENVELOPE_FIELDS.contains(&k.as_str()))
                 .map(|(k, _)| k.clone())
         }
-        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => None,
+        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded | UplinkFormat::Iota => None,
     }
 }
 

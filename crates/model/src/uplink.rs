@@ -20,6 +20,11 @@ pub enum UplinkFormat {
     Ttn,
     /// ChirpStack v4 uplink event.
     ChirpStack,
+    /// A FIWARE IoT Agent measure (`/json/{apikey}/{device}/attrs`, or an
+    /// UltraLight 2.0 group read into one JSON object): every field of the
+    /// body is an attribute of the device named by the topic, except
+    /// `TimeInstant`, which says when it was measured.
+    Iota,
 }
 
 impl UplinkFormat {
@@ -30,6 +35,7 @@ impl UplinkFormat {
             UplinkFormat::SensaeDecoded => "decoded",
             UplinkFormat::Ttn => "ttn",
             UplinkFormat::ChirpStack => "chirpstack",
+            UplinkFormat::Iota => "iota",
         }
     }
 
@@ -40,6 +46,7 @@ impl UplinkFormat {
             "decoded" => UplinkFormat::SensaeDecoded,
             "ttn" => UplinkFormat::Ttn,
             "chirpstack" => UplinkFormat::ChirpStack,
+            "iota" => UplinkFormat::Iota,
             _ => return None,
         })
     }
@@ -63,6 +70,16 @@ pub struct NewUplink {
     /// uplinks and for formats whose body says what it is (TTN). See
     /// [`crate::device_event`].
     pub event: Option<String>,
+    /// The device the transport itself names, which wins over whatever
+    /// the body says: the `{device}` of an MQTT topic, the device an
+    /// embedded-broker client authenticated as. `None` on HTTP paths,
+    /// where the body names the device.
+    pub device_id: Option<String>,
+    /// Where the message came from when that is not an HTTP path: the
+    /// `[mqtt.sources.<name>]` it arrived on, or `mqtt` for the embedded
+    /// broker. Kept so that a reply to the device (a downlink) can go back
+    /// over the same connection.
+    pub source: Option<String>,
     /// The request body, byte for byte.
     pub body: Vec<u8>,
 }

@@ -40,6 +40,10 @@ const SENSAE_ENVELOPE_FIELDS: &[&str] = &[
     "bytes",
 ];
 
+/// The IoT Agents' attribute saying when a measure was taken (ISO 8601);
+/// it becomes `reportedAt`, not a measure.
+const IOTA_TIME_FIELD: &str = "TimeInstant";
+
 /// Channel used when neither the request nor the device names one.
 pub const DEFAULT_CHANNEL: &str = "default";
 
@@ -232,7 +236,12 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Step, Failure> {
             .map(Step::Event)
             .map_err(|e| (FailureReason::InvalidUplink, e));
     }
-    let envelope = read_envelope(u.format, &body);
+    let mut envelope = read_envelope(u.format, &body);
+    // The device the transport named (an MQTT topic, a broker login) is
+    // the device, whatever the body claims.
+    if let Some(id) = &u.device_id {
+        envelope.device_id = Some(id.clone());
+    }
 
     let type_name = u
         .device_type
@@ -275,7 +284,7 @@ fn codec_call(
     device_type: &TypeEntry,
     received_at: i64,
 ) -> Result<Option<Call>, Failure> {
-    if format == UplinkFormat::SensaeDecoded {
+    if matches!(format, UplinkFormat::SensaeDecoded | UplinkFormat::Iota) {
         return Ok(None);
     }
     let Some((script, kind)) = &device_type.codec else {
@@ -353,14 +362,16 @@ fn finish(
             }
         },
         None => match (u.format, p.envelope.predecoded.clone()) {
-            (UplinkFormat::SensaeDecoded, _) => shape(mappings, p.body.clone(), None, u.format),
+            (UplinkFormat::SensaeDecoded | UplinkFormat::Iota, _) => {
+                shape(mappings, p.body.clone(), None, u.format)
+            }
             (_, Some(pre)) => shape(mappings, pre.clone(), Some(pre), u.format),
             (_, None) => return Err((FailureReason::InvalidUplink, "nothing to decode".into())),
         },
     };
 
     let env = p.envelope;
-    let device_id = match partial.device_id.or(env.device_id) {
+    let device_id = match u.device_id.clone().or(partial.device_id).or(env.device_id) {
         Some(id) => id,
         // The dry run shows what a sample decodes to; it needs no device.
         None if !register => String::new(),
@@ -485,6 +496,9 @@ fn shape(
                 for f in SENSAE_ENVELOPE_FIELDS {
                     m.shift_remove(*f);
                 }
+            }
+            if format == UplinkFormat::Iota {
+                m.shift_remove(IOTA_TIME_FIELD);
             }
             m
         }
@@ -638,6 +652,10 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
                     .cloned(),
             }
         }
+        UplinkFormat::Iota => Envelope {
+            reported_at: s(IOTA_TIME_FIELD).and_then(|t| rfc3339_millis(&t)),
+            ..Envelope::default()
+        },
         UplinkFormat::ChirpStack => Envelope {
             data_id: s("deduplicationId"),
             device_id: s("deviceInfo.devEui"),

@@ -281,6 +281,8 @@ impl Ingest {
                 device_type: Some(type_name.to_string()),
                 body: serde_json::to_vec(body).unwrap_or_default(),
                 event: None,
+                device_id: None,
+                source: None,
             },
         };
         let mut ignored = Vec::new();

@@ -43,6 +43,7 @@ pub mod forwarding;
 pub mod history;
 pub mod ingest;
 pub mod keys;
+pub mod mqtt;
 pub mod registrations;
 pub mod rules;
 pub mod services;

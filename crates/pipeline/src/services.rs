@@ -105,6 +105,10 @@ pub struct Services {
     pub bus: Arc<dyn Bus>,
     /// This node among the others: its id and the work it does now.
     pub cluster: Arc<Cluster>,
+    /// The running MQTT ingest sources: their state for `/health`, and a
+    /// handle per source to publish back on its connection. Empty until
+    /// the MQTT surface registers its sources.
+    pub mqtt: Arc<crate::mqtt::Links>,
 }
 
 impl Services {
@@ -239,6 +243,7 @@ impl Services {
             store,
             bus,
             cluster,
+            mqtt: Arc::default(),
         })
     }
 }

@@ -418,6 +418,8 @@ pub(crate) fn uplink(i: usize) -> NewUplink {
         },
         body: format!(r#"{{"n":{i},"uuid":"u-{i}"}}"#).into_bytes(),
         event: (i % 4 == 3).then(|| format!("event{i}")),
+        device_id: (i % 3 == 1).then(|| format!("dev{i}")),
+        source: (i % 3 == 2).then(|| "ttn".to_string()),
     }
 }
 

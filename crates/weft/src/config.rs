@@ -57,6 +57,8 @@ pub struct Config {
     pub http: HttpSection,
     /// Downlinks: retries, and the network-server APIs they go through.
     pub downlinks: DownlinksSection,
+    /// MQTT: brokers weft subscribes to, and the embedded broker.
+    pub mqtt: weft_mqtt::MqttConfig,
 }
 
 impl Default for Config {
@@ -81,6 +83,7 @@ impl Default for Config {
             pages: PagesSection::default(),
             http: HttpSection::default(),
             downlinks: DownlinksSection::default(),
+            mqtt: weft_mqtt::MqttConfig::default(),
         }
     }
 }
@@ -536,7 +539,9 @@ impl Default for NotificationsSection {
 /// them are configuration: other tools set `WEFT_*` variables of their own
 /// (test harnesses export `WEFT_PORT`, say), and a typo in a file is an
 /// error but a stranger's variable in the environment must not be.
-const CONFIG_KEYS: [&str; 18] = [
+const CONFIG_KEYS: [&str; 20] = [
+    "mqtt",
+    "cluster",
     "auth",
     "downlinks",
     "admin_key",

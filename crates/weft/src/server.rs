@@ -107,6 +107,14 @@ pub async fn serve(
         }
     };
     follow(keys.clone(), &*bus, services_stop.clone(), &tracker);
+    match weft_mqtt::start(&config.mqtt, &services, services_stop.clone(), &tracker).await {
+        Ok(Some(addr)) => services.mqtt.set_broker(addr),
+        Ok(None) => {}
+        Err(e) => {
+            stop_services(services_stop, tracker, &store, nats).await;
+            return Err(anyhow::anyhow!(e).context("starting MQTT"));
+        }
+    }
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
     if ingest_key.is_none() {
         tracing::warn!(

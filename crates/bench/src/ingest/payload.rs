@@ -82,6 +82,8 @@ pub struct Device {
     prefix: Vec<u8>,
     /// Whether this device sends raw payloads or decoded values.
     pub form: Form,
+    /// The device id (a uuid, hyphenated), as in the body.
+    id: String,
 }
 
 impl Device {
@@ -97,7 +99,13 @@ impl Device {
         Device {
             prefix: prefix.into_bytes(),
             form,
+            id: id.hyphenated().to_string(),
         }
+    }
+
+    /// The device's id.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 }
 
@@ -183,6 +191,14 @@ impl Renderer {
         let _ = write!(self.request, "{}\r\n\r\n", self.body.len());
         self.request.extend_from_slice(&self.body);
         &self.request
+    }
+}
+
+impl Renderer {
+    /// The body of the last request rendered (what an MQTT publish
+    /// carries).
+    pub fn body(&self) -> &[u8] {
+        &self.body
     }
 }
 

@@ -222,6 +222,8 @@ pub enum Endpoint {
     /// `httpCustom`: method, headers, query and payload chosen by the
     /// client, with `${…}` macros.
     HttpCustom(CustomHttp),
+    /// `mqtt` or `mqttCustom`: one MQTT publish per notification.
+    Mqtt(MqttEndpoint),
 }
 
 impl Endpoint {
@@ -230,13 +232,14 @@ impl Endpoint {
         match self {
             Endpoint::Http { url, .. } => url,
             Endpoint::HttpCustom(c) => &c.url,
+            Endpoint::Mqtt(m) => &m.url,
         }
     }
 
     /// The `httpCustom` settings, if it is one.
     pub fn custom(&self) -> Option<&CustomHttp> {
         match self {
-            Endpoint::Http { .. } => None,
+            Endpoint::Http { .. } | Endpoint::Mqtt(_) => None,
             Endpoint::HttpCustom(c) => Some(c),
         }
     }
@@ -246,8 +249,33 @@ impl Endpoint {
         match self {
             Endpoint::Http { timeout, .. } => *timeout,
             Endpoint::HttpCustom(c) => c.timeout,
+            Endpoint::Mqtt(_) => None,
         }
     }
+}
+
+/// An `mqtt` or `mqttCustom` endpoint, as Orion takes them: a broker URL
+/// (`mqtt://host:port`, no path), a topic (macros allowed in
+/// `mqttCustom`), a QoS, `retain`, and optional credentials.
+#[derive(Debug, Clone)]
+pub struct MqttEndpoint {
+    /// `mqttCustom` rather than `mqtt`: the topic and payload are templates.
+    pub custom: bool,
+    /// `mqtt://host:port`.
+    pub url: String,
+    /// The topic published on (a template in `mqttCustom`).
+    pub topic: String,
+    /// 0, 1 or 2.
+    pub qos: u8,
+    /// Whether the broker keeps the message as the topic's retained one.
+    pub retain: bool,
+    /// User name on the broker, with `passwd`.
+    pub user: Option<String>,
+    /// Password on the broker; stored, never shown back.
+    pub passwd: Option<String>,
+    /// The payload (`mqttCustom`'s `payload`/`json`/`ngsi`; the standard
+    /// notification otherwise).
+    pub payload: CustomPayload,
 }
 
 /// An `httpCustom` endpoint.
@@ -396,8 +424,13 @@ impl Subscription {
         self.expires.is_some_and(|e| e <= now)
     }
 
-    /// Orion's rendering, `expired` status included.
+    /// Orion's rendering, `expired` status included; an MQTT password is
+    /// not shown.
     pub fn render(&self, now: i64) -> Value {
+        self.render_with(now, false)
+    }
+
+    fn render_with(&self, now: i64, secrets: bool) -> Value {
         let mut out = Map::new();
         out.insert("id".into(), self.id.clone().into());
         if let Some(d) = &self.description {
@@ -406,7 +439,7 @@ impl Subscription {
         out.insert("subject".into(), render_subject(&self.subject));
         out.insert(
             "notification".into(),
-            render_notification(&self.notification),
+            render_notification(&self.notification, secrets),
         );
         if let Some(e) = self.expires {
             out.insert("expires".into(), format_datetime(e).into());
@@ -424,9 +457,9 @@ impl Subscription {
     }
 
     /// The form kept in the store: the rendering, with the status the
-    /// client set (not `expired`).
+    /// client set (not `expired`) and the MQTT password.
     pub fn to_storage(&self) -> String {
-        let mut v = self.render(i64::MIN);
+        let mut v = self.render_with(i64::MIN, true);
         v["status"] = self.status.as_str().into();
         v.to_string()
     }
@@ -786,21 +819,26 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         },
         Some(_) => return Err(bad("maxFailsLimit is not a number")),
     };
-    let endpoint = match (obj.get("http"), obj.get("httpCustom")) {
-        (Some(_), Some(_)) => return Err(bad("notification has both http and httpCustom")),
-        (Some(h), None) => parse_http(h)?,
-        (None, Some(h)) => Endpoint::HttpCustom(parse_custom(h)?),
-        (None, None) => {
-            if obj.contains_key("mqtt") || obj.contains_key("mqttCustom") {
-                return Err(NgsiError::new(
-                    501,
-                    "NotImplemented",
-                    "MQTT notifications are not supported",
-                ));
+    let given: Vec<&str> = ["http", "httpCustom", "mqtt", "mqttCustom"]
+        .into_iter()
+        .filter(|k| obj.contains_key(*k))
+        .collect();
+    let endpoint =
+        match given.as_slice() {
+            ["http"] => parse_http(&obj["http"])?,
+            ["httpCustom"] => Endpoint::HttpCustom(parse_custom(&obj["httpCustom"])?),
+            ["mqtt"] => Endpoint::Mqtt(parse_mqtt(&obj["mqtt"], false)?),
+            ["mqttCustom"] => Endpoint::Mqtt(parse_mqtt(&obj["mqttCustom"], true)?),
+            ["http", "httpCustom"] => return Err(bad("notification has both http and httpCustom")),
+            [] => {
+                return Err(bad(
+                    "http, httpCustom, mqtt, mqttCustom, kafka or kafkaCustom is missing",
+                ))
             }
-            return Err(bad("http notification is missing"));
-        }
-    };
+            _ => return Err(bad(
+                "only one of http, httpCustom, mqtt, mqttCustom, kafka or kafkaCustom is allowed",
+            )),
+        };
     if covered && attrs.is_empty() {
         return Err(bad(
             "covered true cannot be used if notification attributes list is empty",
@@ -850,6 +888,101 @@ fn parse_http(v: &Value) -> Result<Endpoint, NgsiError> {
         url,
         timeout: parse_timeout(obj)?,
     })
+}
+
+/// Parses `mqtt` / `mqttCustom` as Orion does: `url` `mqtt://host[:port]`
+/// without a path, a `topic` without wildcards, `qos` 0–2 (default 0),
+/// `retain` (default false), `user` and `passwd` together; `mqttCustom`
+/// adds `payload`/`json`/`ngsi` (macros in those and in the topic).
+fn parse_mqtt(v: &Value, custom: bool) -> Result<MqttEndpoint, NgsiError> {
+    let kind = if custom { "mqttCustom" } else { "mqtt" };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad(format!("{kind} notification is not an object")))?;
+    let url = match obj.get("url") {
+        Some(Value::String(u)) => u.clone(),
+        Some(_) => return Err(bad(format!("url {kind} notification is not a string"))),
+        None => return Err(bad(format!("url {kind} notification is missing"))),
+    };
+    check_mqtt_url(&url)?;
+    let topic = match obj.get("topic") {
+        Some(Value::String(t)) => t.clone(),
+        Some(_) => return Err(bad(format!("topic {kind} notification is not a string"))),
+        None => return Err(bad(format!("topic {kind} notification is missing"))),
+    };
+    if topic.is_empty() {
+        return Err(bad(format!("topic {kind} notification is empty")));
+    }
+    if topic.contains(['+', '#']) {
+        return Err(bad("+ and # are not allowed in mqtt notification topic"));
+    }
+    if topic.contains(FORBIDDEN_CHARS) {
+        return Err(bad(format!("forbidden characters in {kind} /topic/")));
+    }
+    let qos = match obj.get("qos") {
+        None => 0,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(q @ 0..=2) => q as u8,
+            _ => return Err(bad("MQTT QoS must be an uint in the 0 to 2 range")),
+        },
+        Some(_) => return Err(bad("MQTT QoS must be an uint in the 0 to 2 range")),
+    };
+    let retain = match obj.get("retain") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad(format!("retain {kind} notification is not a bool"))),
+    };
+    let text = |key: &str| -> Result<Option<String>, NgsiError> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(bad(format!("{key} {kind} notification is not a string"))),
+        }
+    };
+    let (user, passwd) = (text("user")?, text("passwd")?);
+    if user.is_some() != passwd.is_some() {
+        return Err(bad(
+            "you must use user and passwd fields simultaneously in MQTT notifications",
+        ));
+    }
+    let payload = if custom {
+        parse_custom_payload(obj)?
+    } else {
+        CustomPayload::Standard
+    };
+    Ok(MqttEndpoint {
+        custom,
+        url,
+        topic,
+        qos,
+        retain,
+        user,
+        passwd,
+        payload,
+    })
+}
+
+/// An MQTT notification URL: `mqtt://host[:port]`, nothing after the port.
+fn check_mqtt_url(url: &str) -> Result<(), NgsiError> {
+    let Some(rest) = url.strip_prefix("mqtt://") else {
+        return Err(bad("Invalid URL parsing notification url"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if !path.is_empty() && path != "/" {
+        return Err(bad("path cannot be used in mqtt url, use topic instead"));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+    if host.is_empty() || !port_ok || host.contains(['@', '?', '#', ' ']) {
+        return Err(bad("Invalid URL parsing notification url"));
+    }
+    Ok(())
 }
 
 fn string_map(v: Option<&Value>, what: &str) -> Result<Vec<(String, String)>, NgsiError> {
@@ -906,6 +1039,21 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
     };
     let headers = string_map(obj.get("headers"), "headers")?;
     let qs = string_map(obj.get("qs"), "qs")?;
+    let payload = parse_custom_payload(obj)?;
+    Ok(CustomHttp {
+        url,
+        method,
+        headers,
+        qs,
+        payload,
+        timeout: parse_timeout(obj)?,
+    })
+}
+
+/// The payload of `httpCustom` and `mqttCustom`: at most one of
+/// `payload` (a text template; `null`: no body), `json` (a JSON template)
+/// and `ngsi` (an entity patch); none: the standard notification.
+fn parse_custom_payload(obj: &Map<String, Value>) -> Result<CustomPayload, NgsiError> {
     let given = ["payload", "json", "ngsi"]
         .iter()
         .filter(|k| obj.contains_key(**k))
@@ -947,14 +1095,7 @@ fn parse_custom(v: &Value) -> Result<CustomHttp, NgsiError> {
         } else {
             CustomPayload::Standard
         };
-    Ok(CustomHttp {
-        url,
-        method,
-        headers,
-        qs,
-        payload,
-        timeout: parse_timeout(obj)?,
-    })
+    Ok(payload)
 }
 
 /// Lowest `evalPriority` of an `ngsi` attribute: evaluated first.
@@ -1147,7 +1288,26 @@ fn pairs(list: &[(String, String)]) -> Value {
     )
 }
 
-fn render_notification(n: &Notification) -> Value {
+/// A custom payload's field (`payload`, `json` or `ngsi`), if not standard.
+fn render_payload(payload: &CustomPayload, h: &mut Map<String, Value>) {
+    match payload {
+        CustomPayload::Standard => {}
+        CustomPayload::Text(t) => {
+            h.insert(
+                "payload".into(),
+                t.clone().map(Value::String).unwrap_or(Value::Null),
+            );
+        }
+        CustomPayload::Json(j) => {
+            h.insert("json".into(), j.clone());
+        }
+        CustomPayload::Ngsi(m) => {
+            h.insert("ngsi".into(), Value::Object(m.clone()));
+        }
+    }
+}
+
+fn render_notification(n: &Notification, secrets: bool) -> Value {
     let mut out = Map::new();
     let st = &n.stats;
     if st.times_sent > 0 {
@@ -1190,25 +1350,27 @@ fn render_notification(n: &Notification) -> Value {
             if let Some(m) = &c.method {
                 h.insert("method".into(), m.clone().into());
             }
-            match &c.payload {
-                CustomPayload::Standard => {}
-                CustomPayload::Text(t) => {
-                    h.insert(
-                        "payload".into(),
-                        t.clone().map(Value::String).unwrap_or(Value::Null),
-                    );
-                }
-                CustomPayload::Json(j) => {
-                    h.insert("json".into(), j.clone());
-                }
-                CustomPayload::Ngsi(m) => {
-                    h.insert("ngsi".into(), Value::Object(m.clone()));
-                }
-            }
+            render_payload(&c.payload, &mut h);
             if let Some(t) = c.timeout {
                 h.insert("timeout".into(), t.into());
             }
             out.insert("httpCustom".into(), Value::Object(h));
+        }
+        Endpoint::Mqtt(m) => {
+            let mut h = Map::new();
+            h.insert("url".into(), m.url.clone().into());
+            h.insert("topic".into(), m.topic.clone().into());
+            h.insert("qos".into(), m.qos.into());
+            h.insert("retain".into(), m.retain.into());
+            if let Some(user) = &m.user {
+                h.insert("user".into(), user.clone().into());
+            }
+            if let (true, Some(passwd)) = (secrets, &m.passwd) {
+                h.insert("passwd".into(), passwd.clone().into());
+            }
+            render_payload(&m.payload, &mut h);
+            let key = if m.custom { "mqttCustom" } else { "mqtt" };
+            out.insert(key.into(), Value::Object(h));
         }
     }
     if let Some(t) = st.last_failure {
@@ -1281,6 +1443,52 @@ mod tests {
         assert_eq!(merged.fails_counter, 2);
         // Nothing new here: the stored counters unchanged.
         assert_eq!(now.merged(&base, &base), now);
+    }
+
+    #[test]
+    fn mqtt_passwords_are_stored_but_never_shown() {
+        let s = sub(json!({"subject": {"entities": [{"id": "E"}]},
+                           "notification": {"mqttCustom": {"url": "mqtt://b:1883", "topic": "t/${id}",
+                                                           "qos": 2, "user": "u", "passwd": "p",
+                                                           "json": {"v": "${x}"}}}}))
+        .unwrap();
+        let shown = s.render(0);
+        let m = &shown["notification"]["mqttCustom"];
+        assert_eq!(
+            (m["topic"].as_str(), m["qos"].as_u64()),
+            (Some("t/${id}"), Some(2))
+        );
+        assert_eq!((m["user"].as_str(), m.get("passwd")), (Some("u"), None));
+        let stored = Subscription::from_storage(&s.to_storage()).unwrap();
+        let Endpoint::Mqtt(e) = &stored.notification.endpoint else {
+            panic!("an mqtt endpoint");
+        };
+        assert_eq!(e.passwd.as_deref(), Some("p"));
+        assert!(e.custom && matches!(e.payload, CustomPayload::Json(_)));
+        for (mqtt, text) in [
+            (
+                json!({"url": "mqtt://b:1883/x", "topic": "t"}),
+                "path cannot be used in mqtt url, use topic instead",
+            ),
+            (
+                json!({"url": "http://b", "topic": "t"}),
+                "Invalid URL parsing notification url",
+            ),
+            (
+                json!({"url": "mqtt://b"}),
+                "topic mqtt notification is missing",
+            ),
+            (
+                json!({"url": "mqtt://b", "topic": "t", "qos": -1}),
+                "MQTT QoS must be an uint in the 0 to 2 range",
+            ),
+        ] {
+            let err = sub(
+                json!({"subject": {"entities": [{"id": "E"}]}, "notification": {"mqtt": mqtt}}),
+            )
+            .unwrap_err();
+            assert_eq!(err.description, text);
+        }
     }
 
     #[test]

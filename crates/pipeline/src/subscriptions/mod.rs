@@ -23,6 +23,7 @@
 //! and an edit made meanwhile on another node is kept.
 
 pub mod expressions;
+pub mod mqtt;
 pub mod payload;
 pub mod sender;
 
@@ -84,6 +85,10 @@ impl Entry {
             Outcome::Answered(code) => {
                 stats.last_success = Some(now);
                 stats.last_success_code = Some(code);
+                stats.fails_counter = 0;
+            }
+            Outcome::Published => {
+                stats.last_success = Some(now);
                 stats.fails_counter = 0;
             }
             Outcome::Failed(reason) => {

@@ -121,41 +121,12 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
                 url: url.clone(),
                 headers,
                 body: Some(body),
+                mqtt: None,
             })
         }
         Endpoint::HttpCustom(c) => {
             let mut context = source.context();
-            let (format_header, body) = match &c.payload {
-                CustomPayload::Standard => (
-                    attrs_format_name(n.attrs_format),
-                    Some(standard_body(t, &project(t, t.entity, &[]), n.attrs_format)),
-                ),
-                CustomPayload::Text(None) => ("custom", Some(Bytes::new())),
-                CustomPayload::Text(Some(text)) => {
-                    set_header(&mut headers, "Content-Type", "text/plain; charset=utf-8");
-                    // Forbidden characters reach a payload percent-encoded
-                    // (`%22` for `"`); they are sent decoded.
-                    let text = percent_decode(&template::render_text(text, &context));
-                    ("custom", Some(Bytes::from(text)))
-                }
-                CustomPayload::Json(template) => {
-                    let v = template::render_json(template, &context);
-                    ("custom", Some(Bytes::from(number::to_vec(&v))))
-                }
-                CustomPayload::Ngsi(patch) => {
-                    let patched = apply_ngsi_patch(t.entity, patch, &mut context);
-                    let computed: Vec<&str> = patch
-                        .keys()
-                        .map(String::as_str)
-                        .filter(|k| *k != "id" && *k != "type")
-                        .collect();
-                    let projected = project(t, &patched, &computed);
-                    (
-                        attrs_format_name(n.attrs_format),
-                        Some(standard_body(t, &projected, n.attrs_format)),
-                    )
-                }
-            };
+            let (format_header, body) = custom_body(t, &c.payload, &mut context, &mut headers);
             headers.push(("Ngsiv2-AttrsFormat".into(), format_header.into()));
             // Orion keeps custom headers in a map ordered by name and
             // sends them in that order.
@@ -209,7 +180,77 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
                 url,
                 headers,
                 body,
+                mqtt: None,
             })
+        }
+        Endpoint::Mqtt(m) => {
+            let mut context = source.context();
+            let (_, body) = custom_body(t, &m.payload, &mut context, &mut headers);
+            let topic = if m.custom {
+                template::render_text(&m.topic, &context)
+            } else {
+                m.topic.clone()
+            };
+            // A topic its macros emptied or filled with wildcards cannot
+            // be published on: skipped, as a custom URL its macros broke.
+            if topic.is_empty() || topic.contains(['+', '#', '\0']) {
+                return Err(NotSent::Skipped);
+            }
+            Ok(Request {
+                method: hyper::Method::POST,
+                url: m.url.clone(),
+                headers,
+                body,
+                mqtt: Some(Box::new(super::mqtt::Publish {
+                    topic,
+                    qos: m.qos,
+                    retain: m.retain,
+                    credentials: m.user.clone().zip(m.passwd.clone()),
+                })),
+            })
+        }
+    }
+}
+
+/// The body of a custom notification (`httpCustom` or `mqttCustom`) and
+/// the attributes format it is announced with: the standard payload, a
+/// text template, a JSON template, or the entity patched by `ngsi`.
+fn custom_body(
+    t: &Trigger<'_>,
+    payload: &CustomPayload,
+    context: &mut Map<String, Value>,
+    headers: &mut Vec<(String, String)>,
+) -> (&'static str, Option<Bytes>) {
+    let n = &t.sub.notification;
+    match payload {
+        CustomPayload::Standard => (
+            attrs_format_name(n.attrs_format),
+            Some(standard_body(t, &project(t, t.entity, &[]), n.attrs_format)),
+        ),
+        CustomPayload::Text(None) => ("custom", Some(Bytes::new())),
+        CustomPayload::Text(Some(text)) => {
+            set_header(headers, "Content-Type", "text/plain; charset=utf-8");
+            // Forbidden characters reach a payload percent-encoded
+            // (`%22` for `"`); they are sent decoded.
+            let text = percent_decode(&template::render_text(text, context));
+            ("custom", Some(Bytes::from(text)))
+        }
+        CustomPayload::Json(template) => {
+            let v = template::render_json(template, context);
+            ("custom", Some(Bytes::from(number::to_vec(&v))))
+        }
+        CustomPayload::Ngsi(patch) => {
+            let patched = apply_ngsi_patch(t.entity, patch, context);
+            let computed: Vec<&str> = patch
+                .keys()
+                .map(String::as_str)
+                .filter(|k| *k != "id" && *k != "type")
+                .collect();
+            let projected = project(t, &patched, &computed);
+            (
+                attrs_format_name(n.attrs_format),
+                Some(standard_body(t, &projected, n.attrs_format)),
+            )
         }
     }
 }

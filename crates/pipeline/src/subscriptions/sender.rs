@@ -67,6 +67,10 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// Body (none for an empty custom payload).
     pub body: Option<Bytes>,
+    /// For an `mqtt`/`mqttCustom` subscription: publish the body on this
+    /// topic of the broker at `url` instead of making an HTTP request
+    /// (`method` and `headers` are then unused).
+    pub mqtt: Option<Box<super::mqtt::Publish>>,
 }
 
 /// A notification on its way.
@@ -88,6 +92,9 @@ pub enum Outcome {
     /// The endpoint answered with this status (any status: Orion counts an
     /// answered notification as sent, and reports the code).
     Answered(u16),
+    /// Published to an MQTT broker (no status code: Orion sets no
+    /// `lastSuccessCode` for MQTT).
+    Published,
     /// No answer: why (Orion's/curl's words where they exist).
     Failed(String),
 }
@@ -147,6 +154,8 @@ fn http_client(idle_per_host: usize) -> HttpClient {
 pub struct Sender {
     config: SenderConfig,
     client: HttpClient,
+    /// Connections to the brokers of MQTT subscriptions.
+    mqtt: Arc<super::mqtt::Pool>,
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
     dirty: Arc<Dirty>,
     runtime: tokio::runtime::Handle,
@@ -159,6 +168,7 @@ impl Sender {
         Sender {
             config,
             client,
+            mqtt: Arc::default(),
             endpoints: Mutex::new(HashMap::new()),
             dirty,
             runtime: tokio::runtime::Handle::current(),
@@ -239,6 +249,7 @@ impl Sender {
             self.runtime.spawn(lane(
                 rx,
                 self.client.clone(),
+                self.mqtt.clone(),
                 self.config.timeout,
                 self.dirty.clone(),
                 Arc::downgrade(&endpoint),
@@ -253,6 +264,7 @@ impl Sender {
 async fn lane(
     mut rx: mpsc::Receiver<Job>,
     client: HttpClient,
+    mqtt: Arc<super::mqtt::Pool>,
     default_timeout: Duration,
     dirty: Arc<Dirty>,
     endpoint: std::sync::Weak<Endpoint>,
@@ -262,7 +274,19 @@ async fn lane(
             .timeout
             .map(Duration::from_millis)
             .unwrap_or(default_timeout);
-        let outcome = send(&client, job.request, timeout).await;
+        let outcome = match &job.request.mqtt {
+            Some(publish) => {
+                let payload = job.request.body.clone().unwrap_or_default().to_vec();
+                match mqtt
+                    .publish(&job.request.url, publish, payload, timeout)
+                    .await
+                {
+                    Ok(()) => Outcome::Published,
+                    Err(reason) => Outcome::Failed(reason),
+                }
+            }
+            None => send(&client, job.request, timeout).await,
+        };
         let failed = matches!(outcome, Outcome::Failed(_));
         if let Some(endpoint) = endpoint.upgrade() {
             if failed {

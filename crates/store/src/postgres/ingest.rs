@@ -81,8 +81,8 @@ impl IngestLogStore for PostgresStore {
                     let row = c
                         .query_one(
                             "INSERT INTO ingest_log \
-                                 (received_at, format, channel, device_type, body, event) \
-                             VALUES ($1, $2, $3, $4, $5, $6) RETURNING seq",
+                                 (received_at, format, channel, device_type, body, event, device_id, source) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING seq",
                             &[
                                 &uplink.received_at,
                                 &uplink.format.as_str(),
@@ -90,6 +90,8 @@ impl IngestLogStore for PostgresStore {
                                 &uplink.device_type,
                                 &uplink.body,
                                 &uplink.event,
+                                &uplink.device_id,
+                                &uplink.source,
                             ],
                         )
                         .await
@@ -109,7 +111,8 @@ impl IngestLogStore for PostgresStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
             .query(
-                "SELECT seq, received_at, format, channel, device_type, body, event FROM ingest_log \
+                "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source \
+                 FROM ingest_log \
                  WHERE seq >= $1 ORDER BY seq LIMIT $2",
                 &[&to_i64(from_seq), &limit],
             )
@@ -133,6 +136,8 @@ impl IngestLogStore for PostgresStore {
                         device_type: row.get(4),
                         body: row.get(5),
                         event: row.get(6),
+                        device_id: row.get(7),
+                        source: row.get(8),
                     },
                 })
             })

@@ -248,6 +248,12 @@ CREATE TABLE downlink_routes (
     json      TEXT NOT NULL
 );
 "#,
+    // Step 7: the device an MQTT topic named and the MQTT source (see the
+    // SQLite schema's `ingest_log.device_id`).
+    r#"
+ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
+ALTER TABLE ingest_log ADD COLUMN source TEXT;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

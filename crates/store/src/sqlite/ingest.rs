@@ -36,8 +36,9 @@ impl IngestLogStore for SqliteStore {
 /// Appends an uplink; answers its new `seq`.
 fn append(conn: &Connection, uplink: &NewUplink) -> rusqlite::Result<u64> {
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO ingest_log (received_at, format, channel, device_type, body, event) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO ingest_log \
+         (received_at, format, channel, device_type, body, event, device_id, source) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
     let seq = stmt.insert((
         uplink.received_at,
@@ -46,6 +47,8 @@ fn append(conn: &Connection, uplink: &NewUplink) -> rusqlite::Result<u64> {
         uplink.device_type.as_deref(),
         uplink.body.as_slice(),
         uplink.event.as_deref(),
+        uplink.device_id.as_deref(),
+        uplink.source.as_deref(),
     ))?;
     Ok(seq as u64)
 }
@@ -74,7 +77,8 @@ const PRUNE_CHUNK: i64 = 50_000;
 fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Result<Vec<Uplink>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT seq, received_at, format, channel, device_type, body, event FROM ingest_log \
+            "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source \
+             FROM ingest_log \
              WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
         )
         .db()?;
@@ -100,6 +104,8 @@ fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Result<Vec<Upli
                 device_type: row.get(4).db()?,
                 body: row.get(5).db()?,
                 event: row.get(6).db()?,
+                device_id: row.get(7).db()?,
+                source: row.get(8).db()?,
             },
         });
     }

@@ -108,6 +108,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   queues, one row per downlink (its status and next attempt beside its
 ///   JSON record, so the delivery worker finds what is due by index), and
 ///   per device the route its uplinks came through.
+/// - `ingest_log.device_id`, `ingest_log.source` (step 14, log file): the
+///   device an MQTT topic (or an embedded-broker login) named, which wins
+///   over the body's, and the MQTT source a message arrived on.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -388,6 +391,11 @@ CREATE TABLE downlink_routes (
     device_id TEXT PRIMARY KEY,
     json      TEXT NOT NULL
 );
+"#,
+    // what the transport says about an uplink: its device and its MQTT source
+    r#"
+ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
+ALTER TABLE ingest_log ADD COLUMN source TEXT;
 "#,
 ];
 

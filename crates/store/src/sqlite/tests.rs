@@ -489,6 +489,8 @@ async fn throughput() {
                             device_type: Some("thermo".to_string()),
                             body: body.to_vec(),
                             event: None,
+                            device_id: None,
+                            source: None,
                         })
                         .await
                         .unwrap();
