@@ -19,15 +19,7 @@ async fn health_and_metrics() {
         &decoded_body("m1", "d", 1, 1, now_ms()),
     )
     .await;
-    let text = c
-        .http
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&server).await;
     assert!(text.contains("weft_uplinks_accepted_total 1"), "{text}");
     // One node alone does every piece of the work done once, and says so.
     let health = eventually(Duration::from_secs(10), || async {
@@ -52,15 +44,7 @@ async fn health_and_metrics() {
         ["bridges", "expiry", "history", "pipeline"],
         "{health}"
     );
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&server).await;
     assert!(
         metrics.contains("weft_cluster_lease_held{work=\"pipeline\"} 1"),
         "{metrics}"
@@ -120,4 +104,18 @@ fn postgres_without_a_url_is_refused_at_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("WEFT_STORE__URL"), "{stderr}");
+}
+
+/// `/metrics` of `server`, as text.
+async fn metrics_text(server: &Server) -> String {
+    server
+        .client()
+        .http
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

@@ -65,6 +65,15 @@ impl Pair {
     }
 }
 
+/// Waits until `path` answers 200 through `c`: a definition made on one
+/// node has reached the other.
+async fn known_on(c: &Client, path: &str) {
+    eventually(PROPAGATION, || async {
+        (c.send("GET", path, None, None).await.0 == 200).then_some(())
+    })
+    .await;
+}
+
 async fn wait_until_serving(server: &Server) {
     let c = server.client();
     eventually(Duration::from_secs(30), || async {
@@ -212,18 +221,8 @@ async fn a_decoder_and_a_rule_edited_on_node_a_apply_on_node_b() {
     .await;
     let mut live_b = Live::connect(&b).await;
     live_b.subscribe("alarms", "alarms", json!({})).await;
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_b.send("GET", "/api/v1/rules/hot", None, None).await;
-        (status == 200).then_some(())
-    })
-    .await;
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_b
-            .send("GET", "/api/v1/device-types/probe", None, None)
-            .await;
-        (status == 200).then_some(())
-    })
-    .await;
+    known_on(&on_b, "/api/v1/rules/hot").await;
+    known_on(&on_b, "/api/v1/device-types/probe").await;
 
     let at = now_ms();
     on_b.uplink(
@@ -298,11 +297,7 @@ async fn an_api_key_revoked_on_node_a_is_refused_by_node_b() {
     let secret = made["key"].as_str().expect("the secret").to_string();
     let id = made["id"].as_str().expect("the id").to_string();
     let on_b = b.client_with(Some(&secret));
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_b.send("GET", "/api/v1/devices", None, None).await;
-        (status == 200).then_some(())
-    })
-    .await;
+    known_on(&on_b, "/api/v1/devices").await;
 
     admin_a
         .expect(204, "DELETE", &format!("/api/v1/keys/{id}"), None)
@@ -540,13 +535,7 @@ async fn entities_written_on_one_node_are_read_on_the_other() {
     .await;
 
     on_a.create_em300th().await;
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_b
-            .send("GET", "/api/v1/device-types/em300th", None, None)
-            .await;
-        (status == 200).then_some(())
-    })
-    .await;
+    known_on(&on_b, "/api/v1/device-types/em300th").await;
     on_b.uplink(
         "ents",
         "decoded",
@@ -603,11 +592,7 @@ async fn work_is_done_once_across_two_nodes() {
         Some(&hot_rule("em300th", "hot")),
     )
     .await;
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_b.send("GET", "/api/v1/rules/hot", None, None).await;
-        (status == 200).then_some(())
-    })
-    .await;
+    known_on(&on_b, "/api/v1/rules/hot").await;
     // Ten devices, each hot in two uplinks, one to each node.
     let devices = 10;
     for i in 0..devices {
@@ -671,13 +656,7 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     };
     let (on_victim, on_survivor) = (victim.client(), survivor.client());
     on_survivor.create_em300th().await;
-    eventually(PROPAGATION, || async {
-        let (status, _) = on_victim
-            .send("GET", "/api/v1/device-types/em300th", None, None)
-            .await;
-        (status == 200).then_some(())
-    })
-    .await;
+    known_on(&on_victim, "/api/v1/device-types/em300th").await;
     let sent = |c: Client, prefix: &'static str, n: usize| async move {
         let mut acked = Vec::new();
         for i in 0..n {
