@@ -110,6 +110,11 @@ pub struct History {
     moved: watch::Sender<u64>,
     /// Wakes the notifications feed loop before its interval is over.
     wake: Notify,
+    /// Position through which the changes feed has been moved (as far as
+    /// this node's loop knows).
+    changes_moved: watch::Sender<u64>,
+    /// Wakes the changes feed loop before its interval is over.
+    wake_changes: Notify,
     /// Whether the notifications left in the feed by the previous run
     /// (queued, acknowledged, not yet moved when it stopped) are moved.
     recovered: watch::Sender<bool>,
@@ -130,6 +135,8 @@ impl History {
             notified: AtomicU64::new(0),
             moved: watch::Sender::new(0),
             wake: Notify::new(),
+            changes_moved: watch::Sender::new(0),
+            wake_changes: Notify::new(),
             recovered: watch::Sender::new(false),
             moving: std::sync::atomic::AtomicBool::new(false),
             clustered: std::sync::atomic::AtomicBool::new(false),
@@ -149,6 +156,20 @@ impl History {
     pub async fn feed_loop(self: Arc<Self>, feed: HistoryFeed, shutdown: CancellationToken) {
         let mut pruned = 0;
         let expires = self.retention.expires();
+        if feed == HistoryFeed::Changes {
+            // What earlier runs moved, so a query does not wait for a move
+            // of changes that are already in the history.
+            match self.store.history_feed_cursor(feed).await {
+                Ok(cursor) => {
+                    self.changes_moved.send_if_modified(|m| {
+                        let newer = cursor > *m;
+                        *m = (*m).max(cursor);
+                        newer
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the changes feed's cursor failed"),
+            }
+        }
         loop {
             if shutdown.is_cancelled() {
                 return;
@@ -191,6 +212,9 @@ impl History {
                 continue;
             };
             metrics::counter!("weft_history_rows_recorded_total").increment(moved.rows);
+            if feed == HistoryFeed::Changes {
+                self.changes_moved.send_replace(through);
+            }
             if feed == HistoryFeed::Notifications {
                 self.moved.send_replace(through);
                 if !moved.more {
@@ -255,13 +279,13 @@ impl History {
         Ok(())
     }
 
-    /// Sleeps `d` (the notifications feed's loop wakes early when a query
-    /// settles); `true` if `shutdown` came first.
+    /// Sleeps `d` (a feed's loop wakes early when a query settles);
+    /// `true` if `shutdown` came first.
     async fn pause(&self, feed: HistoryFeed, shutdown: &CancellationToken, d: Duration) -> bool {
         let woken = async {
             match feed {
                 HistoryFeed::Notifications => self.wake.notified().await,
-                HistoryFeed::Changes => std::future::pending().await,
+                HistoryFeed::Changes => self.wake_changes.notified().await,
             }
         };
         tokio::select! {
@@ -271,9 +295,60 @@ impl History {
         }
     }
 
-    /// Waits until every notification acknowledged so far is in the
-    /// history, so a query sees what its client was told is stored.
+    /// Waits until every notification acknowledged so far, and every
+    /// entity change committed so far, is in the history, so a query sees
+    /// what its client was told is stored.
     pub async fn settle(&self) {
+        tokio::join!(self.settle_notifications(), self.settle_changes());
+    }
+
+    /// Waits until the changes feed is moved through its newest entry
+    /// (queued by any node): the changes mover pauses between moves to
+    /// make them large, and a query wakes it instead of waiting the pause
+    /// out.
+    async fn settle_changes(&self) {
+        let newest = match self.store.newest_queued_change().await {
+            Ok(Some(seq)) => seq,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the store for queued changes failed; answering without them");
+                return;
+            }
+        };
+        if *self.changes_moved.borrow() >= newest {
+            return;
+        }
+        self.wake_changes.notify_one();
+        if self.moving.load(Ordering::Acquire) {
+            let mut moved = self.changes_moved.subscribe();
+            let settled = moved.wait_for(|m| *m >= newest);
+            if tokio::time::timeout(SETTLE_TIMEOUT, settled).await.is_err() {
+                tracing::warn!("history changes not moved in time; answering without them");
+            }
+            return;
+        }
+        // Another node moves the feed: its cursor in the store says how far.
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            match self.store.history_feed_cursor(HistoryFeed::Changes).await {
+                Ok(cursor) if cursor >= newest => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the changes feed's cursor failed; answering without them");
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("history changes not moved in time; answering without them");
+                return;
+            }
+            tokio::time::sleep(FEED_IDLE).await;
+        }
+    }
+
+    /// Waits until every notification acknowledged so far is in the
+    /// history.
+    async fn settle_notifications(&self) {
         let target = self.notified.load(Ordering::Acquire);
         if !self.moving.load(Ordering::Acquire) || self.clustered.load(Ordering::Relaxed) {
             return self.settle_in_store().await;

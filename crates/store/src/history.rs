@@ -164,7 +164,12 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
         through: Some(through),
         rows: count,
         more: read >= max_rows,
-        pause: tuning.interval.saturating_sub(started.elapsed()),
+        // Behind by a whole move or more: no pause until caught up.
+        pause: if read >= max_rows {
+            Duration::ZERO
+        } else {
+            tuning.interval.saturating_sub(started.elapsed())
+        },
     })
 }
 
@@ -896,6 +901,11 @@ pub trait HistoryStore: Send + Sync {
     /// The newest notifications-feed entry still waiting to be moved, if
     /// any (whichever node queued it).
     async fn newest_queued_notification(&self) -> Result<Option<u64>>;
+    /// The newest changes-feed entry (moved or not; `None` when the feed
+    /// holds none): a query waits until the changes feed's cursor reaches
+    /// it, so an entity change acknowledged before the query is in its
+    /// answer however long the mover pauses between moves.
+    async fn newest_queued_change(&self) -> Result<Option<u64>>;
     /// Rows matching `query`, ordered by entity, attribute, time.
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<HistoryRow>>;
     /// Aggregates of the rows matching `query` (`last_n`, `limit`,

@@ -1186,6 +1186,18 @@ impl HistoryStore for PostgresStore {
         Ok(row.get::<_, Option<i64>>(0).map(|s| s.max(0) as u64))
     }
 
+    async fn newest_queued_change(&self) -> Result<Option<u64>> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT MAX(seq) FROM history_feed WHERE feed = $1",
+                &[&feed_name(HistoryFeed::Changes)],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get::<_, Option<i64>>(0).map(|s| s.max(0) as u64))
+    }
+
     async fn notifications_queued_through(&self, seq: u64) -> Result<bool> {
         let client = self.reader().await?;
         let row = client
