@@ -19,7 +19,8 @@
 //!
 //! With `--spawn` the bench configures its server so. Each device
 //! publishes its sensae body (decoded values, or an encoded payload) with
-//! QoS 1, once per `--interval`, on its own topic; an uplink counts as
+//! QoS 1, once per `--interval` (devices spread evenly over the interval,
+//! as in the HTTP scenario), on its own topic; an uplink counts as
 //! accepted once the broker acknowledged it (PUBACK).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 use crate::common::Session;
 use crate::ingest::live::{now_ms, Live};
 use crate::ingest::payload::{self, device_form, Device, Heads, Reading, Renderer};
+use crate::ingest::schedule::{device_phase, next_due};
 use crate::ingest::verify::{read_store, retain_missing, tally};
 use crate::ingest::IngestArgs;
 use crate::summary::{micros_histogram, Check, Metric, Summary, Trend};
@@ -276,7 +278,9 @@ async fn publish(
     let deadline = Instant::now() + args.load.common.duration;
     let mut tasks = Vec::new();
     let per = devices.len().div_ceil(args.mqtt_connections);
+    let total = devices.len();
     for (n, chunk) in devices.chunks(per.max(1)).enumerate() {
+        let first = n * per.max(1);
         let mut options = MqttOptions::new(
             format!("weft-bench-pub-{n}-{}", uuid::Uuid::new_v4().simple()),
             host,
@@ -324,10 +328,25 @@ async fn publish(
         let publisher = tokio::spawn(async move {
             let mut renderer = Renderer::default();
             let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
-            let mut tick = tokio::time::interval(interval);
-            while Instant::now() < deadline {
-                tick.tick().await;
-                for device in &chunk {
+            // Every device on its own phase of the interval, as in the
+            // HTTP ingest scenario (not the whole fleet at one tick, which
+            // would measure a burst's queue instead of the path).
+            let start = Instant::now();
+            let mut due: std::collections::BinaryHeap<std::cmp::Reverse<(Duration, usize)>> = (0
+                ..chunk.len())
+                .map(|i| std::cmp::Reverse((device_phase(first + i, total, interval), i)))
+                .collect();
+            while let Some(std::cmp::Reverse((at, i))) = due.pop() {
+                if start + at >= deadline {
+                    break;
+                }
+                tokio::time::sleep_until(start + at).await;
+                due.push(std::cmp::Reverse((
+                    next_due(at, start.elapsed(), interval),
+                    i,
+                )));
+                {
+                    let device = &chunk[i];
                     let id = payload::uplink_id(&mut rng);
                     let reading = Reading::random(&mut rng);
                     renderer.render(&heads, device, &reading, now_ms() as u64, id);
