@@ -59,6 +59,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod mqtt;
+mod mqtt_downlinks;
 mod ngsi;
 mod ngsi_forwarding;
 mod ngsi_geo;

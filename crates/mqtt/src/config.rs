@@ -65,6 +65,12 @@ pub struct SourceConfig {
     pub f_port: u32,
     /// IoT-Agent formats: API keys and the device type each stands for.
     pub api_keys: BTreeMap<String, String>,
+    /// The broker's shared subscription group (`$share/<group>/<topic>`)
+    /// the source subscribes through. When weft runs clustered it always
+    /// does, with `weft-<name>` unless this names another group, so each
+    /// message goes to one node; a single node subscribes plainly unless
+    /// this is set.
+    pub shared_group: Option<String>,
     /// For tests only: how long each message waits before it is written
     /// to the ingest log, so a test can kill weft between the broker's
     /// delivery and the commit. Never set it in production.
@@ -89,6 +95,7 @@ impl Default for SourceConfig {
             channel_level: None,
             f_port: 1,
             api_keys: BTreeMap::new(),
+            shared_group: None,
             test_commit_delay: None,
         }
     }
@@ -99,6 +106,18 @@ impl SourceConfig {
     /// or what is wrong with it.
     pub fn check(&self, name: &str) -> Result<(Format, String, Option<usize>), String> {
         let at = |what: String| format!("mqtt.sources.{name}: {what}");
+        if name == weft_pipeline::mqtt::BROKER_SOURCE {
+            return Err(at(format!(
+                "the name '{name}' is the embedded broker's; give the source another"
+            )));
+        }
+        if let Some(group) = &self.shared_group {
+            if group.is_empty() || group.contains(['/', '+', '#', '\0']) {
+                return Err(at(format!(
+                    "shared_group '{group}' must be a name without '/', '+' or '#'"
+                )));
+            }
+        }
         weft_pipeline::mqtt::BrokerUrl::parse(&self.url).map_err(at)?;
         let format = Format::parse(&self.format).ok_or_else(|| {
             at(format!(

@@ -111,6 +111,9 @@ pub struct Downlinks {
     routes: Mutex<HashMap<String, DownlinkRoute>>,
     /// The HTTP client of every delivery (keeps connections alive).
     client: reqwest::Client,
+    /// The MQTT connections (sources, the embedded broker) MQTT routes
+    /// publish on.
+    mqtt: Arc<crate::mqtt::Links>,
 }
 
 impl Downlinks {
@@ -121,6 +124,7 @@ impl Downlinks {
         context: Arc<Context>,
         engine: Engine,
         config: DownlinksConfig,
+        mqtt: Arc<crate::mqtt::Links>,
     ) -> Downlinks {
         let client = reqwest::Client::builder()
             .timeout(config.request_timeout)
@@ -135,6 +139,7 @@ impl Downlinks {
             wake: Notify::new(),
             routes: Mutex::new(HashMap::new()),
             client,
+            mqtt,
         }
     }
 
