@@ -65,6 +65,11 @@ pub struct SourceConfig {
     pub f_port: u32,
     /// IoT-Agent formats: API keys and the device type each stands for.
     pub api_keys: BTreeMap<String, String>,
+    /// QoS of what weft publishes on this source (downlinks): 1 (the
+    /// default: a downlink is sent once the broker's PUBACK came back) or 0
+    /// (sent once written to the connection), for brokers that take only
+    /// QoS 0.
+    pub downlink_qos: u8,
     /// The broker's shared subscription group (`$share/<group>/<topic>`)
     /// the source subscribes through. When weft runs clustered it always
     /// does, with `weft-<name>` unless this names another group, so each
@@ -96,6 +101,7 @@ impl Default for SourceConfig {
             f_port: 1,
             api_keys: BTreeMap::new(),
             shared_group: None,
+            downlink_qos: 1,
             test_commit_delay: None,
         }
     }
@@ -135,6 +141,9 @@ impl SourceConfig {
         }
         if self.qos > 2 {
             return Err(at("qos must be 0, 1 or 2".into()));
+        }
+        if self.downlink_qos > 1 {
+            return Err(at("downlink_qos must be 0 or 1".into()));
         }
         if self.username.is_none() && self.password.is_some() {
             return Err(at("a password needs a username".into()));

@@ -51,6 +51,7 @@ pub struct Source {
     /// `$share/<group>/` when the source is shared.
     topics: Vec<String>,
     qos: u8,
+    downlink_qos: u8,
     route: Route,
     settings: ClientSettings,
     commit_delay: Option<Duration>,
@@ -90,6 +91,7 @@ impl Source {
             format,
             topics,
             qos: config.qos,
+            downlink_qos: config.downlink_qos,
             route: Route {
                 device_type: config.device_type.clone(),
                 channel: config.channel.clone(),
@@ -132,6 +134,7 @@ impl Source {
             self.format.as_str(),
             url_text,
             client.clone(),
+            self.downlink_qos,
         ));
         let (tx, rx) = mpsc::channel(IN_FLIGHT);
         let source = Arc::new(self);

@@ -227,11 +227,21 @@ pub struct SourceLink {
     ever_connected: Mutex<bool>,
     /// Waiters for the PUBACKs of what [`SourceLink::publish_acked`] sent.
     acks: Mutex<Acks>,
+    /// QoS of what weft publishes (downlinks): 1, unless the broker takes
+    /// only QoS 0 (The Things Stack's MQTT server documents QoS 0 only).
+    downlink_qos: QoS,
 }
 
 impl SourceLink {
-    /// A link for source `name` publishing through `client`.
-    pub fn new(name: &str, format: &str, url: &str, client: AsyncClient) -> SourceLink {
+    /// A link for source `name` publishing through `client` at
+    /// `downlink_qos` (0 or 1).
+    pub fn new(
+        name: &str,
+        format: &str,
+        url: &str,
+        client: AsyncClient,
+        downlink_qos: u8,
+    ) -> SourceLink {
         SourceLink {
             name: name.to_string(),
             client,
@@ -242,6 +252,11 @@ impl SourceLink {
             }),
             ever_connected: Mutex::new(false),
             acks: Mutex::new(Acks::default()),
+            downlink_qos: if downlink_qos == 0 {
+                QoS::AtMostOnce
+            } else {
+                QoS::AtLeastOnce
+            },
         }
     }
 
@@ -271,7 +286,8 @@ impl SourceLink {
     }
 
     /// Publishes `payload` on `topic` at QoS 1 and waits, at most `wait`,
-    /// for the broker's PUBACK: `Ok` means the broker has the message. A
+    /// for the broker's PUBACK: `Ok` means the broker has the message (at
+    /// QoS 0, `downlink_qos = 0`: that it was written to the connection). A
     /// source that is not connected fails at once rather than queueing a
     /// message it cannot say when it will send. After a timeout the
     /// message may still reach the broker later (rumqttc resends it after
@@ -294,7 +310,7 @@ impl SourceLink {
             acks.unsent.push_back(tx);
             if let Err(e) = self
                 .client
-                .try_publish(topic, QoS::AtLeastOnce, false, payload)
+                .try_publish(topic, self.downlink_qos, false, payload)
             {
                 acks.unsent.pop_back();
                 return Err(format!("publishing on MQTT source '{}': {e}", self.name));
@@ -315,7 +331,15 @@ impl SourceLink {
     /// waited for (a resend after a reconnection).
     pub fn sent(&self, pkid: u16) {
         let mut acks = self.acks.lock();
-        if pkid == 0 || acks.by_pkid.contains_key(&pkid) {
+        if pkid == 0 {
+            // QoS 0 (`downlink_qos = 0`): written to the connection is all
+            // the broker will ever say.
+            if let Some(waiter) = acks.unsent.pop_front() {
+                let _ = waiter.send(());
+            }
+            return;
+        }
+        if acks.by_pkid.contains_key(&pkid) {
             return;
         }
         if let Some(waiter) = acks.unsent.pop_front() {
