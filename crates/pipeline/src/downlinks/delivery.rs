@@ -27,7 +27,8 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// The reason a downlink for a device weft knows no route to stays pending.
 pub const NO_ROUTE: &str = "no downlink route known for this device yet: weft learns it from \
-     the device's uplinks (TTN webhook X-Downlink-* headers, ChirpStack, Helium downlink_url) \
+     the device's uplinks (TTN webhook X-Downlink-* headers, ChirpStack, Helium downlink_url, \
+     an MQTT source's topics) \
      or from the device's endpoint";
 
 /// What one attempt came to.

@@ -7,7 +7,8 @@
 //! [`Downlinks::queue`], which encodes `data` with `encodeDownlink`,
 //! stores the downlinks and wakes the worker; the ingest paths tell
 //! [`Downlinks::observe_route`] how each device's uplinks arrive (TTN's
-//! `X-Downlink-*` headers, ChirpStack's DevEUI, Helium's `downlink_url`);
+//! `X-Downlink-*` headers, ChirpStack's DevEUI, Helium's `downlink_url`,
+//! the MQTT source and topic a device publishes on);
 //! the worker claims what is due, sends it, and records `sent`, a retry,
 //! `failed` or `expired`, keeping `<command>_status` / `<command>_info` on
 //! the device's entity in step for commands.
