@@ -235,12 +235,22 @@ async fn iot_agent_commands_round_trip_over_mqtt() {
     let url = broker_url();
     let json_key = unique("kj");
     let ul_key = unique("ku");
-    let mut env = source_env("iotj", "iota-json", &url, "/json/+/+/attrs/#");
+    let mut env = source_env(
+        "iotj",
+        "iota-json",
+        &url,
+        &format!("/json/{json_key}/+/attrs/#"),
+    );
     env.push((
         "WEFT_MQTT__SOURCES__IOTJ__API_KEYS".into(),
         format!("{{{json_key}=\"lamp\"}}"),
     ));
-    env.extend(source_env("iotu", "iota-ul", &url, "/ul/+/+/attrs/#"));
+    env.extend(source_env(
+        "iotu",
+        "iota-ul",
+        &url,
+        &format!("/ul/{ul_key}/+/attrs/#"),
+    ));
     env.push((
         "WEFT_MQTT__SOURCES__IOTU__API_KEYS".into(),
         format!("{{{ul_key}=\"lamp\"}}"),

@@ -2,11 +2,14 @@
 //! (`[bus] backend = "nats"`): what one node accepts reaches the other's
 //! live subscribers, and what one node's API changes (decoders, rules,
 //! API keys, NGSI subscriptions) the other uses at once. A node that
-//! cannot reach its NATS refuses to start.
+//! cannot reach its NATS refuses to start. The same MQTT source on both
+//! nodes takes each message once, through the broker's shared
+//! subscription.
 //!
 //! These need the test PostgreSQL and NATS (`WEFT_TEST_POSTGRES_URL`,
-//! `WEFT_TEST_NATS_URL`: `scripts/test` starts both) whatever
-//! `WEFT_TEST_BACKEND` says, and fail without them.
+//! `WEFT_TEST_NATS_URL`: `scripts/test` starts both; the MQTT test also
+//! the test mosquitto, `WEFT_TEST_MQTT_URL`) whatever `WEFT_TEST_BACKEND`
+//! says, and fail without them.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -72,7 +72,8 @@ impl Source {
             .clone()
             .or_else(|| node.map(|_| format!("weft-{name}")));
         let topics = std::iter::once(topic.as_str())
-            .chain(format.command_answer_topics().iter().copied())
+            .map(str::to_string)
+            .chain(format.command_answer_topics(&topic))
             .map(|t| match &group {
                 Some(group) => format!("$share/{group}/{t}"),
                 None => t.to_string(),

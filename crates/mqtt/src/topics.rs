@@ -72,14 +72,33 @@ impl Format {
     }
 
     /// The topic filters an IoT Agent source subscribes to besides its
-    /// measures: where its devices answer their commands
-    /// (`/json/+/+/cmdexe`, and the older `/+/+/cmdexe`).
-    pub fn command_answer_topics(self) -> &'static [&'static str] {
-        match self {
-            Format::IotaJson => &["/json/+/+/cmdexe", "/+/+/cmdexe"],
-            Format::IotaUl => &["/ul/+/+/cmdexe", "/+/+/cmdexe"],
-            _ => &[],
-        }
+    /// measures (`topic`): where its devices answer their commands, for
+    /// the same API key and device levels as the measure topic
+    /// (`/json/{key}/+/attrs/#` → `/json/{key}/+/cmdexe` and the older
+    /// `/{key}/+/cmdexe`), so a source never hears other keys' answers.
+    /// A measure topic of another shape gets the answers of every key.
+    pub fn command_answer_topics(self, topic: &str) -> Vec<String> {
+        let prefix = match self {
+            Format::IotaJson => "json",
+            Format::IotaUl => "ul",
+            _ => return Vec::new(),
+        };
+        let levels: Vec<&str> = topic
+            .strip_prefix('/')
+            .unwrap_or(topic)
+            .split('/')
+            .collect();
+        let (slash, key, device) = match levels.as_slice() {
+            [p, key, device, "attrs", ..] if *p == prefix && *key != "#" && *device != "#" => {
+                let slash = if topic.starts_with('/') { "/" } else { "" };
+                (slash, *key, *device)
+            }
+            _ => ("/", "+", "+"),
+        };
+        vec![
+            format!("{slash}{prefix}/{key}/{device}/cmdexe"),
+            format!("{slash}{key}/{device}/cmdexe"),
+        ]
     }
 }
 
@@ -576,6 +595,24 @@ mod tests {
         assert!(answer(Format::IotaJson, "/json/k/lamp1/cmdexe", "{}").is_err());
         // Not an answer topic: still a measure topic or an error.
         assert!(answer(Format::IotaJson, "json/k/lamp1/cmdexe/x", "{}").is_err());
+    }
+
+    /// Command answers are heard for the measure topic's API key only.
+    #[test]
+    fn answer_topics_follow_the_measure_topic() {
+        assert_eq!(
+            Format::IotaJson.command_answer_topics("/json/k1/+/attrs/#"),
+            ["/json/k1/+/cmdexe", "/k1/+/cmdexe"]
+        );
+        assert_eq!(
+            Format::IotaUl.command_answer_topics("ul/+/+/attrs"),
+            ["ul/+/+/cmdexe", "+/+/cmdexe"]
+        );
+        assert_eq!(
+            Format::IotaJson.command_answer_topics("#"),
+            ["/json/+/+/cmdexe", "/+/+/cmdexe"]
+        );
+        assert!(Format::Ttn.command_answer_topics("v3/#").is_empty());
     }
 
     /// What an uplink topic teaches about the way back.
