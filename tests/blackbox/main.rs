@@ -40,11 +40,16 @@
 //! - `mqtt`: MQTT sources of every format against a real mosquitto,
 //!   kill -9 before the commit, a broker restart; Orion's `mqtt` and
 //!   `mqttCustom` notifications; the embedded broker's device logins.
+//! - `mqtt_downlinks`: downlinks back over MQTT sources (TTN `down/push`,
+//!   ChirpStack `command/down`, IoT Agent `cmd` in JSON and UltraLight),
+//!   command answers on `cmdexe`, the embedded broker, a broker that is
+//!   down.
 //! - `tls`: the API over HTTPS with the configured certificate.
 //! - `scale_out`: two nodes on one PostgreSQL and one NATS JetStream:
 //!   live events across nodes; decoders, rules, API keys and NGSI
 //!   subscriptions changed on one node apply on the other at once; no
-//!   start without the configured NATS.
+//!   start without the configured NATS; one MQTT source shared by both
+//!   nodes (each message once, kill -9 of a node).
 
 mod alarms;
 mod auth;
@@ -59,6 +64,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod mqtt;
+mod mqtt_downlinks;
 mod ngsi;
 mod ngsi_forwarding;
 mod ngsi_geo;

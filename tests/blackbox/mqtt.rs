@@ -13,21 +13,21 @@ use serde_json::{json, Value};
 use crate::util::{eventually, Client, Server, EM300TH_JS, KEY};
 
 /// The test broker's URL; the suite fails without one.
-fn broker_url() -> String {
+pub(crate) fn broker_url() -> String {
     std::env::var("WEFT_TEST_MQTT_URL").expect(
         "WEFT_TEST_MQTT_URL is not set: start the test services (eval \"$(scripts/test-services start)\")",
     )
 }
 
 /// Host and port of an `mqtt://` URL.
-fn host_port(url: &str) -> (String, u16) {
+pub(crate) fn host_port(url: &str) -> (String, u16) {
     let rest = url.strip_prefix("mqtt://").expect("an mqtt:// URL");
     let (host, port) = rest.rsplit_once(':').expect("a port");
     (host.to_string(), port.parse().expect("a port number"))
 }
 
 /// A name no other test uses, for topics and client ids on the shared broker.
-fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!(
         "{prefix}{}",
         &uuid::Uuid::new_v4().simple().to_string()[..10]
@@ -35,7 +35,7 @@ fn unique(prefix: &str) -> String {
 }
 
 /// An MQTT client of the test broker, its event loop driven by a task.
-struct Mqtt {
+pub(crate) struct Mqtt {
     client: AsyncClient,
     messages: tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
     connack: tokio::sync::watch::Receiver<Option<rumqttc::ConnectReturnCode>>,
@@ -44,10 +44,27 @@ struct Mqtt {
 impl Mqtt {
     /// Connects to `url` (as `credentials`, if any) and waits for the
     /// broker's answer.
-    async fn connect(url: &str, client_id: &str, credentials: Option<(&str, &str)>) -> Mqtt {
+    pub(crate) async fn connect(
+        url: &str,
+        client_id: &str,
+        credentials: Option<(&str, &str)>,
+    ) -> Mqtt {
+        Self::connect_with(url, client_id, credentials, true).await
+    }
+
+    /// Connects with a persistent session (`clean_session = false`) when
+    /// `clean` is false: the broker keeps its subscriptions and queued
+    /// QoS 1 messages while it is away.
+    pub(crate) async fn connect_with(
+        url: &str,
+        client_id: &str,
+        credentials: Option<(&str, &str)>,
+        clean: bool,
+    ) -> Mqtt {
         let (host, port) = host_port(url);
         let mut options = MqttOptions::new(client_id, host, port);
         options.set_keep_alive(Duration::from_secs(30));
+        options.set_clean_session(clean);
         if let Some((user, password)) = credentials {
             options.set_credentials(user, password);
         }
@@ -65,7 +82,7 @@ impl Mqtt {
     /// Whether the broker admits the client: a successful CONNACK within
     /// `wait` (a refusal is a CONNACK with an error code, or the
     /// connection closed without one).
-    async fn admitted(&mut self, wait: Duration) -> bool {
+    pub(crate) async fn admitted(&mut self, wait: Duration) -> bool {
         tokio::time::timeout(wait, async {
             loop {
                 if let Some(code) = *self.connack.borrow_and_update() {
@@ -80,14 +97,14 @@ impl Mqtt {
         .unwrap_or(false)
     }
 
-    async fn publish(&self, topic: &str, payload: impl Into<Vec<u8>>) {
+    pub(crate) async fn publish(&self, topic: &str, payload: impl Into<Vec<u8>>) {
         self.client
             .publish(topic, QoS::AtLeastOnce, false, payload.into())
             .await
             .expect("published");
     }
 
-    async fn subscribe(&mut self, filter: &str) {
+    pub(crate) async fn subscribe(&mut self, filter: &str) {
         self.client
             .subscribe(filter, QoS::AtLeastOnce)
             .await
@@ -97,7 +114,7 @@ impl Mqtt {
     }
 
     /// The next message, within 10 s.
-    async fn next(&mut self) -> (String, Vec<u8>) {
+    pub(crate) async fn next(&mut self) -> (String, Vec<u8>) {
         tokio::time::timeout(Duration::from_secs(10), self.messages.recv())
             .await
             .expect("a message within 10 s")
@@ -106,7 +123,7 @@ impl Mqtt {
 }
 
 /// Polls a test client's event loop, passing on messages and the CONNACK.
-async fn drive(
+pub(crate) async fn drive(
     mut events: EventLoop,
     tx: tokio::sync::mpsc::UnboundedSender<(String, Vec<u8>)>,
     connack: tokio::sync::watch::Sender<Option<rumqttc::ConnectReturnCode>>,
@@ -137,7 +154,7 @@ async fn drive(
 }
 
 /// The value of the Prometheus sample `name{…labels…}` (0 when absent).
-async fn metric(c: &Client, name: &str, labels: &[&str]) -> f64 {
+pub(crate) async fn metric(c: &Client, name: &str, labels: &[&str]) -> f64 {
     let text = c
         .http
         .get(format!("{}/metrics", c.url))
@@ -154,13 +171,13 @@ async fn metric(c: &Client, name: &str, labels: &[&str]) -> f64 {
 }
 
 /// `/health`'s view of source `name`.
-async fn source_health(c: &Client, name: &str) -> Value {
+pub(crate) async fn source_health(c: &Client, name: &str) -> Value {
     let (_, health) = c.send("GET", "/health", None, None).await;
     health["mqtt"]["sources"][name].clone()
 }
 
 /// Waits until source `name` is connected (subscribed a moment later).
-async fn connected(c: &Client, name: &str) {
+pub(crate) async fn connected(c: &Client, name: &str) {
     eventually(Duration::from_secs(20), || async {
         (source_health(c, name).await["connected"] == true).then_some(())
     })
@@ -170,7 +187,12 @@ async fn connected(c: &Client, name: &str) {
 }
 
 /// Environment naming source `name` of `format` on `url` with its topic.
-fn source_env(name: &str, format: &str, url: &str, topic: &str) -> Vec<(String, String)> {
+pub(crate) fn source_env(
+    name: &str,
+    format: &str,
+    url: &str,
+    topic: &str,
+) -> Vec<(String, String)> {
     let key = |k: &str| format!("WEFT_MQTT__SOURCES__{}__{k}", name.to_uppercase());
     vec![
         (key("URL"), url.to_string()),
@@ -180,7 +202,7 @@ fn source_env(name: &str, format: &str, url: &str, topic: &str) -> Vec<(String, 
     ]
 }
 
-fn start(env: &[(String, String)]) -> Server {
+pub(crate) fn start(env: &[(String, String)]) -> Server {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     Server::start_with_env(&env)
 }
@@ -301,7 +323,7 @@ async fn ttn_and_chirpstack_topics_are_stored_as_their_webhooks_are() {
     );
 }
 
-fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     u64::from_str_radix(&uuid::Uuid::new_v4().simple().to_string()[..15], 16).unwrap()
 }
 
@@ -555,7 +577,7 @@ async fn a_source_reconnects_after_its_broker_restarts() {
     let _ = broker.wait();
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::process::Command::new("id")
         .arg("-u")
         .output()
@@ -563,7 +585,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -571,7 +593,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn wait_port(port: u16) {
+pub(crate) async fn wait_port(port: u16) {
     eventually(Duration::from_secs(10), || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await

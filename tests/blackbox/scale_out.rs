@@ -2,11 +2,14 @@
 //! (`[bus] backend = "nats"`): what one node accepts reaches the other's
 //! live subscribers, and what one node's API changes (decoders, rules,
 //! API keys, NGSI subscriptions) the other uses at once. A node that
-//! cannot reach its NATS refuses to start.
+//! cannot reach its NATS refuses to start. The same MQTT source on both
+//! nodes takes each message once, through the broker's shared
+//! subscription.
 //!
 //! These need the test PostgreSQL and NATS (`WEFT_TEST_POSTGRES_URL`,
-//! `WEFT_TEST_NATS_URL`: `scripts/test` starts both) whatever
-//! `WEFT_TEST_BACKEND` says, and fail without them.
+//! `WEFT_TEST_NATS_URL`: `scripts/test` starts both; the MQTT test also
+//! the test mosquitto, `WEFT_TEST_MQTT_URL`) whatever `WEFT_TEST_BACKEND`
+//! says, and fail without them.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -710,4 +713,123 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
             "acknowledged uplink {id} lost"
         );
     }
+}
+
+/// The `n` of every unit of `channel`, sorted (with repeats).
+async fn numbers_stored(c: &Client, channel: &str) -> Vec<u64> {
+    let mut numbers: Vec<u64> = c
+        .all_units(&format!("channel={channel}"))
+        .await
+        .iter()
+        .filter_map(|u| u["measures"]["n"].as_u64())
+        .collect();
+    numbers.sort();
+    numbers
+}
+
+/// The same MQTT source on both nodes: each node subscribes through the
+/// broker's shared subscription under a client id of its own, so each
+/// IoT Agent message (which carries no id to drop a second copy by) is
+/// taken by one node and stored exactly once, and both nodes take their
+/// share. kill -9 of one node while devices publish: the other keeps
+/// taking messages, and once the killed node is back (its session holds
+/// what the broker had handed it) nothing published at QoS 1 is lost.
+#[tokio::test]
+async fn an_mqtt_source_on_two_nodes_takes_each_message_once() {
+    let url = crate::mqtt::broker_url();
+    let key = crate::mqtt::unique("so");
+    let channel = crate::mqtt::unique("mqttso");
+    let api_keys = format!("{{{key}=\"thermo\"}}");
+    let topic = format!("/json/{key}/+/attrs");
+    let client_id = crate::mqtt::unique("weft-so-");
+    let Pair { mut a, b, .. } = Pair::start_with(&[
+        ("WEFT_MQTT__SOURCES__IOT__URL", url.as_str()),
+        ("WEFT_MQTT__SOURCES__IOT__FORMAT", "iota-json"),
+        ("WEFT_MQTT__SOURCES__IOT__TOPIC", topic.as_str()),
+        ("WEFT_MQTT__SOURCES__IOT__API_KEYS", api_keys.as_str()),
+        ("WEFT_MQTT__SOURCES__IOT__CHANNEL", channel.as_str()),
+        ("WEFT_MQTT__SOURCES__IOT__CLIENT_ID", client_id.as_str()),
+    ])
+    .await;
+    let (ca, cb) = (a.client(), b.client());
+    ca.expect(201, "PUT", "/api/v1/device-types/thermo", Some(&json!({})))
+        .await;
+    known_on(&cb, "/api/v1/device-types/thermo").await;
+    crate::mqtt::connected(&ca, "iot").await;
+    crate::mqtt::connected(&cb, "iot").await;
+    let committed = |c: Client| async move {
+        crate::mqtt::metric(
+            &c,
+            "weft_mqtt_messages_total",
+            &["source=\"iot\"", "outcome=\"committed\""],
+        )
+        .await
+    };
+
+    let devices = crate::mqtt::Mqtt::connect(&url, &crate::mqtt::unique("devs-"), None).await;
+    // Publishes `n` in `from..to`, `pause` apart.
+    let publish = |from: u64, to: u64, pause: Duration| {
+        let devices = &devices;
+        let key = &key;
+        async move {
+            for n in from..to {
+                tokio::time::sleep(pause).await;
+                devices
+                    .publish(
+                        &format!("/json/{key}/dev-{}/attrs", n % 5),
+                        format!("{{\"n\":{n}}}"),
+                    )
+                    .await;
+            }
+        }
+    };
+    const FIRST: u64 = 200;
+    publish(0, FIRST, Duration::ZERO).await;
+    let stored = eventually(Duration::from_secs(30), || async {
+        let stored = numbers_stored(&ca, &channel).await;
+        (stored.len() >= FIRST as usize).then_some(stored)
+    })
+    .await;
+    // Settle: a second copy would arrive within moments.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored_again = numbers_stored(&ca, &channel).await;
+    assert_eq!(
+        stored, stored_again,
+        "more units than messages arrived late"
+    );
+    assert_eq!(stored, (0..FIRST).collect::<Vec<_>>(), "each message once");
+    let (on_a, on_b) = (committed(ca.clone()).await, committed(cb.clone()).await);
+    assert!(
+        on_a > 0.0 && on_b > 0.0,
+        "both nodes take a share: {on_a} and {on_b}"
+    );
+
+    // kill -9 of node A while devices publish.
+    const TOTAL: u64 = 500;
+    let before_b = committed(cb.clone()).await;
+    // About 1.5 s of publishing; the kill comes a fifth of the way in.
+    let during = publish(FIRST, TOTAL, Duration::from_millis(5));
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        a.kill9();
+    };
+    tokio::join!(during, kill);
+    eventually(Duration::from_secs(20), || async {
+        (committed(cb.clone()).await >= before_b + 50.0).then_some(())
+    })
+    .await;
+    // Node A comes back under its node id and resumes its session.
+    a.restart();
+    wait_until_serving(&a).await;
+    let stored = eventually(Duration::from_secs(60), || async {
+        let mut stored = numbers_stored(&cb, &channel).await;
+        stored.dedup();
+        (stored.len() >= TOTAL as usize).then_some(stored)
+    })
+    .await;
+    assert_eq!(
+        stored,
+        (0..TOTAL).collect::<Vec<_>>(),
+        "a message published at QoS 1 was lost"
+    );
 }

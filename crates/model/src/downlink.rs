@@ -383,13 +383,29 @@ pub enum DownlinkRoute {
     /// An IoT Agent MQTT device: `/{apikey}/{device}/cmd`.
     #[serde(rename = "iot-agent-mqtt", rename_all = "camelCase")]
     IotAgentMqtt {
-        /// The MQTT source the device publishes on.
+        /// The MQTT source the device publishes on (`broker` for the
+        /// embedded broker).
         source: String,
         /// The API key of the device's group.
         apikey: String,
         /// The device id in the topic.
         device_id: String,
+        /// How the device reads its commands: the protocol it measures in.
+        #[serde(default)]
+        protocol: IotaProtocol,
     },
+}
+
+/// The FIWARE IoT Agent protocol a device speaks, which decides how its
+/// commands are written (and its answers read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IotaProtocol {
+    /// IoT Agent JSON: `{"<command>": <value>}`.
+    #[default]
+    Json,
+    /// UltraLight 2.0: `<device>@<command>|<value>`.
+    Ul,
 }
 
 impl DownlinkRoute {
@@ -489,6 +505,37 @@ pub fn iot_agent_command(d: &Downlink) -> Value {
     }
 }
 
+/// What an UltraLight 2.0 device is sent for a command:
+/// `<device>@<command>|<value>`, the value as text (a string as it is, an
+/// object as `key=value` pairs joined by `|`, anything else its JSON); a
+/// downlink that is no command sends each field of its `data` the same
+/// way, or its bytes as base64 under the command name `payload`.
+pub fn ultralight_command(device_id: &str, d: &Downlink) -> String {
+    let text = |value: &Value| match value {
+        Value::String(s) => s.clone(),
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join("|"),
+        other => other.to_string(),
+    };
+    if d.data.is_none() {
+        return format!("{device_id}@payload|{}", b64(&d.frm_payload));
+    }
+    match iot_agent_command(d) {
+        Value::Object(commands) if !commands.is_empty() => commands
+            .iter()
+            .map(|(command, value)| format!("{device_id}@{command}|{}", text(value)))
+            .collect::<Vec<_>>()
+            .join("#"),
+        _ => format!("{device_id}@payload|{}", b64(&d.frm_payload)),
+    }
+}
+
 /// Builds the request or message that sends `d` through `route`.
 /// `chirpstack` is the configured ChirpStack API for the device's type;
 /// without one a ChirpStack REST route cannot be used (the error says
@@ -526,7 +573,10 @@ pub fn delivery(
             device_id,
         } => Delivery::Mqtt(MqttDelivery {
             source: source.clone(),
-            topic: format!("v3/{application}/devices/{device_id}/down/push"),
+            topic: format!(
+                "v3/{application}/devices/{device_id}/down/{}",
+                if replace { "replace" } else { "push" }
+            ),
             payload: json!({ "downlinks": [ttn_downlink(d)] })
                 .to_string()
                 .into_bytes(),
@@ -589,10 +639,14 @@ pub fn delivery(
             source,
             apikey,
             device_id,
+            protocol,
         } => Delivery::Mqtt(MqttDelivery {
             source: source.clone(),
             topic: format!("/{apikey}/{device_id}/cmd"),
-            payload: iot_agent_command(d).to_string().into_bytes(),
+            payload: match protocol {
+                IotaProtocol::Json => iot_agent_command(d).to_string().into_bytes(),
+                IotaProtocol::Ul => ultralight_command(device_id, d).into_bytes(),
+            },
         }),
     })
 }
@@ -765,6 +819,7 @@ mod tests {
             source: "local".into(),
             apikey: "k1".into(),
             device_id: "lamp1".into(),
+            protocol: IotaProtocol::Json,
         };
         let Delivery::Mqtt(m) = delivery(&iota, &d, None, false).unwrap() else {
             panic!("mqtt")
@@ -772,6 +827,35 @@ mod tests {
         assert_eq!(m.topic, "/k1/lamp1/cmd");
         assert_eq!(m.payload, br#"{"ring":5}"#);
         assert_eq!(iota.mqtt_source(), Some("local"));
+        let ul = DownlinkRoute::IotAgentMqtt {
+            source: "local".into(),
+            apikey: "k1".into(),
+            device_id: "lamp1".into(),
+            protocol: IotaProtocol::Ul,
+        };
+        let Delivery::Mqtt(m) = delivery(&ul, &d, None, false).unwrap() else {
+            panic!("mqtt")
+        };
+        assert_eq!(
+            (m.topic.as_str(), m.payload.as_slice()),
+            ("/k1/lamp1/cmd", &b"lamp1@ring|5"[..])
+        );
+        let Delivery::Mqtt(m) = delivery(&ttn, &d, None, true).unwrap() else {
+            panic!("mqtt")
+        };
+        assert_eq!(m.topic, "v3/app@ttn/devices/dev/down/replace");
+        // Stored routes written before the protocol existed read as JSON.
+        let old: DownlinkRoute = serde_json::from_str(
+            r#"{"kind":"iot-agent-mqtt","source":"s","apikey":"k","deviceId":"d"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            old,
+            DownlinkRoute::IotAgentMqtt {
+                protocol: IotaProtocol::Json,
+                ..
+            }
+        ));
     }
 
     /// Helium gets its HTTP integration's downlink body; IoT Agent HTTP

@@ -35,10 +35,13 @@ use crate::config::MqttConfig;
 use crate::topics::{self, Format, Message, Route};
 
 /// The source name the broker's uplinks carry, and its metrics label.
-pub const SOURCE: &str = "broker";
+pub const SOURCE: &str = weft_pipeline::mqtt::BROKER_SOURCE;
 
 /// Client id of weft's own link into the broker.
 const LINK_ID: &str = "weft-ingest";
+
+/// Client id of the link weft publishes commands to devices through.
+const DOWNLINK_LINK_ID: &str = "weft-downlinks";
 
 /// Starts the broker on `addr`; weft's link stops reading when `shutdown`
 /// is cancelled. Fails when the address cannot be bound.
@@ -108,6 +111,35 @@ pub async fn start(
     link_tx
         .subscribe("#")
         .map_err(|e| format!("subscribing to the MQTT broker: {e}"))?;
+    // Commands to devices connected here (`/{apikey}/{device}/cmd`) go
+    // through a link of their own. rumqttd's local links publish at QoS 0:
+    // the router has the message once `publish` returns, and hands it to
+    // the devices subscribed at that moment.
+    let (down_tx, mut down_rx) = broker
+        .link(DOWNLINK_LINK_ID)
+        .map_err(|e| format!("linking to the MQTT broker: {e}"))?;
+    let down_tx = parking_lot::Mutex::new(down_tx);
+    services
+        .mqtt
+        .set_broker_publish(Box::new(move |topic: &str, payload: Vec<u8>| {
+            down_tx
+                .lock()
+                .publish(topic.to_string(), payload)
+                .map(|_| ())
+                .map_err(|e| format!("publishing on the embedded MQTT broker: {e}"))
+        }));
+    {
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            // Nothing is expected back; drained so the router never waits.
+            loop {
+                tokio::select! {
+                    n = down_rx.next() => if n.is_err() { break },
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        });
+    }
     std::thread::Builder::new()
         .name("weft-mqtt-broker".into())
         .spawn(move || {
@@ -169,6 +201,14 @@ impl Shared {
             // Another topic: a device talking to another client, not to weft.
             return;
         };
+        let legacy_answer = topic.ends_with("/cmdexe")
+            && !topic.trim_start_matches('/').starts_with("json/")
+            && !topic.trim_start_matches('/').starts_with("ul/");
+        let format = if legacy_answer && !payload.trim_ascii_start().starts_with(b"{") {
+            Format::IotaUl
+        } else {
+            format
+        };
         let route = Route {
             device_level: 1,
             ..self.route.clone()
@@ -176,6 +216,21 @@ impl Shared {
         let uplinks = match topics::read(format, &route, topic, payload, weft_model::now_ms()) {
             Ok(Message::Uplinks(u)) => u,
             Ok(Message::Ignored) => return,
+            Ok(Message::CommandAnswer { device, answers }) => {
+                match self
+                    .services
+                    .downlinks
+                    .command_answer(&device, &answers)
+                    .await
+                {
+                    Ok(answered) if !answered.is_empty() => count("committed"),
+                    _ => {
+                        count("refused");
+                        tracing::warn!(%device, %topic, "MQTT broker: command answer names no command of the device");
+                    }
+                }
+                return;
+            }
             Err(reason) => {
                 count("refused");
                 tracing::warn!(%device, %topic, "MQTT broker: message refused: {reason}");
@@ -199,6 +254,9 @@ impl Shared {
             }
         }
         count("committed");
+        if let Some((device, route)) = topics::downlink_route(format, SOURCE, topic, payload) {
+            self.services.downlinks.observe_route(&device, route).await;
+        }
     }
 }
 
@@ -212,6 +270,12 @@ fn route_of(topic: &str) -> Option<(Format, &str)> {
     match levels.as_slice() {
         ["json", _, device, "attrs", ..] => Some((Format::IotaJson, device)),
         ["ul", _, device, "attrs", ..] => Some((Format::IotaUl, device)),
+        ["json", _, device, "cmdexe"] => Some((Format::IotaJson, device)),
+        ["ul", _, device, "cmdexe"] => Some((Format::IotaUl, device)),
+        // The older answer topic, `/{apikey}/{device}/cmdexe`, says no
+        // protocol: a JSON object is IoT Agent JSON's, anything else
+        // UltraLight's.
+        [_, device, "cmdexe"] if topic.starts_with('/') => Some((Format::IotaJson, device)),
         ["devices", device, "up"] if !topic.starts_with('/') => Some((Format::Plain, device)),
         _ => None,
     }

@@ -65,6 +65,17 @@ pub struct SourceConfig {
     pub f_port: u32,
     /// IoT-Agent formats: API keys and the device type each stands for.
     pub api_keys: BTreeMap<String, String>,
+    /// QoS of what weft publishes on this source (downlinks): 1 (the
+    /// default: a downlink is sent once the broker's PUBACK came back) or 0
+    /// (sent once written to the connection), for brokers that take only
+    /// QoS 0.
+    pub downlink_qos: u8,
+    /// The broker's shared subscription group (`$share/<group>/<topic>`)
+    /// the source subscribes through. When weft runs clustered it always
+    /// does, with `weft-<name>` unless this names another group, so each
+    /// message goes to one node; a single node subscribes plainly unless
+    /// this is set.
+    pub shared_group: Option<String>,
     /// For tests only: how long each message waits before it is written
     /// to the ingest log, so a test can kill weft between the broker's
     /// delivery and the commit. Never set it in production.
@@ -89,6 +100,8 @@ impl Default for SourceConfig {
             channel_level: None,
             f_port: 1,
             api_keys: BTreeMap::new(),
+            shared_group: None,
+            downlink_qos: 1,
             test_commit_delay: None,
         }
     }
@@ -99,6 +112,18 @@ impl SourceConfig {
     /// or what is wrong with it.
     pub fn check(&self, name: &str) -> Result<(Format, String, Option<usize>), String> {
         let at = |what: String| format!("mqtt.sources.{name}: {what}");
+        if name == weft_pipeline::mqtt::BROKER_SOURCE {
+            return Err(at(format!(
+                "the name '{name}' is the embedded broker's; give the source another"
+            )));
+        }
+        if let Some(group) = &self.shared_group {
+            if group.is_empty() || group.contains(['/', '+', '#', '\0']) {
+                return Err(at(format!(
+                    "shared_group '{group}' must be a name without '/', '+' or '#'"
+                )));
+            }
+        }
         weft_pipeline::mqtt::BrokerUrl::parse(&self.url).map_err(at)?;
         let format = Format::parse(&self.format).ok_or_else(|| {
             at(format!(
@@ -116,6 +141,9 @@ impl SourceConfig {
         }
         if self.qos > 2 {
             return Err(at("qos must be 0, 1 or 2".into()));
+        }
+        if self.downlink_qos > 1 {
+            return Err(at("downlink_qos must be 0 or 1".into()));
         }
         if self.username.is_none() && self.password.is_some() {
             return Err(at("a password needs a username".into()));

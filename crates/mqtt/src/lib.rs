@@ -32,12 +32,22 @@ pub async fn start(
     shutdown: CancellationToken,
     tracker: &TaskTracker,
 ) -> Result<Option<std::net::SocketAddr>, String> {
+    // Clustered (a bus shared with other nodes): every node subscribes
+    // through a shared subscription, so each message goes to one of them.
+    let node = services
+        .bus
+        .node()
+        .is_some()
+        .then(|| services.cluster.node().to_string());
     let mut sources = Vec::new();
     for (name, source) in &config.sources {
-        sources.push((source::Source::new(name, source)?, source.url.clone()));
+        sources.push((
+            source::Source::new(name, source, node.as_deref())?,
+            source.url.clone(),
+        ));
     }
     for (source, url) in sources {
-        let link = source.start(&url, services.ingest.clone(), shutdown.clone(), tracker)?;
+        let link = source.start(&url, services.clone(), shutdown.clone(), tracker)?;
         services.mqtt.register(link);
     }
     match config.listen {

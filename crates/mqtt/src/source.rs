@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weft_pipeline::mqtt::{client_options, qos, BrokerUrl, ClientSettings, SourceLink};
-use weft_pipeline::{AcceptError, Ingest};
+use weft_pipeline::{AcceptError, Services};
 
 use crate::config::SourceConfig;
 use crate::topics::{self, Format, Message, Route};
@@ -46,23 +46,53 @@ pub const IN_FLIGHT: usize = 256;
 pub struct Source {
     name: String,
     format: Format,
-    topic: String,
+    /// The filters subscribed to: the configured topic and, for the IoT
+    /// Agent formats, the command answer topics; each under
+    /// `$share/<group>/` when the source is shared.
+    topics: Vec<String>,
     qos: u8,
+    downlink_qos: u8,
     route: Route,
     settings: ClientSettings,
     commit_delay: Option<Duration>,
 }
 
 impl Source {
-    /// Checks a source's configuration.
-    pub fn new(name: &str, config: &SourceConfig) -> Result<Source, String> {
+    /// Checks a source's configuration. `node` is this node's id when weft
+    /// runs clustered: the source then subscribes through the broker's
+    /// shared subscription (`$share/<group>/<topic>`, group `shared_group`
+    /// or `weft-<name>`) under a client id made unique by the node id, so
+    /// each message goes to one node. A single node subscribes plainly
+    /// unless `shared_group` is set.
+    pub fn new(name: &str, config: &SourceConfig, node: Option<&str>) -> Result<Source, String> {
         let (format, topic, level) = config.check(name)?;
         let url = BrokerUrl::parse(&config.url)?;
+        let group = config
+            .shared_group
+            .clone()
+            .or_else(|| node.map(|_| format!("weft-{name}")));
+        let topics = std::iter::once(topic.as_str())
+            .map(str::to_string)
+            .chain(format.command_answer_topics(&topic))
+            .map(|t| match &group {
+                Some(group) => format!("$share/{group}/{t}"),
+                None => t.to_string(),
+            })
+            .collect();
+        let client_id = config
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("weft-{name}"));
+        let client_id = match node {
+            Some(node) => format!("{client_id}-{node}"),
+            None => client_id,
+        };
         Ok(Source {
             name: name.to_string(),
             format,
-            topic,
+            topics,
             qos: config.qos,
+            downlink_qos: config.downlink_qos,
             route: Route {
                 device_type: config.device_type.clone(),
                 channel: config.channel.clone(),
@@ -75,10 +105,7 @@ impl Source {
             },
             settings: ClientSettings {
                 url,
-                client_id: config
-                    .client_id
-                    .clone()
-                    .unwrap_or_else(|| format!("weft-{name}")),
+                client_id,
                 credentials: config
                     .username
                     .clone()
@@ -97,7 +124,7 @@ impl Source {
     pub fn start(
         self,
         url_text: &str,
-        ingest: Arc<Ingest>,
+        services: Arc<Services>,
         shutdown: CancellationToken,
         tracker: &TaskTracker,
     ) -> Result<Arc<SourceLink>, String> {
@@ -108,6 +135,7 @@ impl Source {
             self.format.as_str(),
             url_text,
             client.clone(),
+            self.downlink_qos,
         ));
         let (tx, rx) = mpsc::channel(IN_FLIGHT);
         let source = Arc::new(self);
@@ -118,7 +146,7 @@ impl Source {
             tx,
             shutdown.clone(),
         ));
-        tracker.spawn(source.work(client, ingest, rx, shutdown));
+        tracker.spawn(source.work(client, services, rx, shutdown));
         Ok(link)
     }
 
@@ -142,11 +170,17 @@ impl Source {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     delay = Duration::from_millis(200);
                     link.connected();
-                    tracing::info!(source = %self.name, topic = %self.topic, "MQTT source connected");
-                    if let Err(e) = client.try_subscribe(self.topic.clone(), qos(self.qos)) {
+                    tracing::info!(source = %self.name, topics = ?self.topics, "MQTT source connected");
+                    let filters = self
+                        .topics
+                        .iter()
+                        .map(|t| rumqttc::SubscribeFilter::new(t.clone(), qos(self.qos)));
+                    if let Err(e) = client.try_subscribe_many(filters) {
                         tracing::warn!(source = %self.name, error = %e, "subscribing failed");
                     }
                 }
+                Ok(Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) => link.sent(pkid),
+                Ok(Event::Incoming(Packet::PubAck(ack))) => link.acknowledged(ack.pkid),
                 Ok(Event::Incoming(Packet::Publish(publish))) => {
                     metrics::counter!("weft_mqtt_messages_total", "source" => self.name.clone(), "outcome" => "received")
                         .increment(1);
@@ -164,8 +198,10 @@ impl Source {
                         .iter()
                         .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure));
                     if refused {
-                        let reason =
-                            format!("the broker refused the subscription to '{}'", self.topic);
+                        let reason = format!(
+                            "the broker refused a subscription to {}",
+                            self.topics.join(", ")
+                        );
                         tracing::error!(source = %self.name, "{reason}");
                         link.failed(reason);
                     }
@@ -193,7 +229,7 @@ impl Source {
     async fn work(
         self: Arc<Self>,
         client: AsyncClient,
-        ingest: Arc<Ingest>,
+        services: Arc<Services>,
         mut rx: mpsc::Receiver<Publish>,
         shutdown: CancellationToken,
     ) {
@@ -201,7 +237,7 @@ impl Source {
         loop {
             tokio::select! {
                 next = rx.recv(), if pending.len() < IN_FLIGHT => match next {
-                    Some(publish) => pending.push_back(self.clone().handle(publish, ingest.clone(), shutdown.clone())),
+                    Some(publish) => pending.push_back(self.clone().handle(publish, services.clone(), shutdown.clone())),
                     None => break,
                 },
                 Some(done) = pending.next() => {
@@ -216,15 +252,18 @@ impl Source {
         }
     }
 
-    /// Reads one message and appends its uplinks; returns it to be
-    /// acknowledged, or `None` when weft is stopping before it committed
-    /// (not acknowledged: the broker sends it again).
+    /// Reads one message and appends its uplinks, then records how the
+    /// device is reached back over this source (its downlink route); a
+    /// command answer completes the device's commands. Returns the message
+    /// to be acknowledged, or `None` when weft is stopping before it
+    /// committed (not acknowledged: the broker sends it again).
     async fn handle(
         self: Arc<Self>,
         publish: Publish,
-        ingest: Arc<Ingest>,
+        services: Arc<Services>,
         shutdown: CancellationToken,
     ) -> Option<Publish> {
+        let ingest = &services.ingest;
         let outcome = |o: &'static str| {
             metrics::counter!("weft_mqtt_messages_total", "source" => self.name.clone(), "outcome" => o)
                 .increment(1);
@@ -239,6 +278,20 @@ impl Source {
         let uplinks = match message {
             Ok(Message::Uplinks(u)) => u,
             Ok(Message::Ignored) => return Some(publish),
+            Ok(Message::CommandAnswer { device, answers }) => {
+                match services.downlinks.command_answer(&device, &answers).await {
+                    Ok(answered) if !answered.is_empty() => outcome("committed"),
+                    Ok(_) => {
+                        outcome("refused");
+                        tracing::warn!(source = %self.name, topic = %publish.topic, "command answer names no command of the device");
+                    }
+                    Err(e) => {
+                        outcome("refused");
+                        tracing::warn!(source = %self.name, topic = %publish.topic, "command answer refused: {e}");
+                    }
+                }
+                return Some(publish);
+            }
             Err(reason) => {
                 outcome("refused");
                 tracing::warn!(source = %self.name, topic = %publish.topic, "message refused: {reason}");
@@ -270,6 +323,11 @@ impl Source {
             }
         }
         outcome("committed");
+        if let Some((device, route)) =
+            topics::downlink_route(self.format, &self.name, &publish.topic, &publish.payload)
+        {
+            services.downlinks.observe_route(&device, route).await;
+        }
         Some(publish)
     }
 }

@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 use weft_model::device_event::is_event_name;
+use weft_model::downlink::IotaProtocol;
 use weft_model::json::{parse_within_limits, JsonLimitError};
-use weft_model::{NewUplink, UplinkFormat};
+use weft_model::{DownlinkRoute, NewUplink, UplinkFormat};
 
 /// How a source's messages are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +70,36 @@ impl Format {
             Format::Plain => None,
         }
     }
+
+    /// The topic filters an IoT Agent source subscribes to besides its
+    /// measures (`topic`): where its devices answer their commands, for
+    /// the same API key and device levels as the measure topic
+    /// (`/json/{key}/+/attrs/#` → `/json/{key}/+/cmdexe` and the older
+    /// `/{key}/+/cmdexe`), so a source never hears other keys' answers.
+    /// A measure topic of another shape gets the answers of every key.
+    pub fn command_answer_topics(self, topic: &str) -> Vec<String> {
+        let prefix = match self {
+            Format::IotaJson => "json",
+            Format::IotaUl => "ul",
+            _ => return Vec::new(),
+        };
+        let levels: Vec<&str> = topic
+            .strip_prefix('/')
+            .unwrap_or(topic)
+            .split('/')
+            .collect();
+        let (slash, key, device) = match levels.as_slice() {
+            [p, key, device, "attrs", ..] if *p == prefix && *key != "#" && *device != "#" => {
+                let slash = if topic.starts_with('/') { "/" } else { "" };
+                (slash, *key, *device)
+            }
+            _ => ("/", "+", "+"),
+        };
+        vec![
+            format!("{slash}{prefix}/{key}/{device}/cmdexe"),
+            format!("{slash}{key}/{device}/cmdexe"),
+        ]
+    }
 }
 
 /// What a source (or the embedded broker) knows beyond the topic.
@@ -103,6 +134,14 @@ pub enum Message {
     /// A message weft itself sends on the subscribed topics (a TTN
     /// `down/push`): not an uplink, dropped without counting as refused.
     Ignored,
+    /// An IoT Agent device's answer to its commands (`…/cmdexe`): each
+    /// command named, with its result.
+    CommandAnswer {
+        /// The device answering.
+        device: String,
+        /// `<command>` → result.
+        answers: Map<String, Value>,
+    },
 }
 
 /// Reads one message. `Err` says why it cannot be an uplink; the caller
@@ -163,6 +202,9 @@ pub fn read(
             )]))
         }
         Format::IotaJson | Format::IotaUl => {
+            if let Some(device) = command_answer_device(format, topic) {
+                return command_answer(format, device, payload);
+            }
             let (device, device_type, attr) = iota_topic(format, route, topic)?;
             let groups = match (format, attr) {
                 (Format::IotaJson, None) => vec![json_object(payload)?],
@@ -257,6 +299,141 @@ pub fn plain(
                 body.to_string().into_bytes(),
             )
         }
+    }
+}
+
+/// The device of an IoT Agent command answer topic: `/json/{apikey}/{device}/cmdexe`
+/// (`/ul/…` for UltraLight), or the older `/{apikey}/{device}/cmdexe`.
+pub fn command_answer_device(format: Format, topic: &str) -> Option<&str> {
+    let prefix = if format == Format::IotaJson {
+        "json"
+    } else {
+        "ul"
+    };
+    let levels: Vec<&str> = topic
+        .strip_prefix('/')
+        .unwrap_or(topic)
+        .split('/')
+        .collect();
+    let device = match levels.as_slice() {
+        [p, _, device, "cmdexe"] if *p == prefix => *device,
+        [_, device, "cmdexe"] if topic.starts_with('/') => *device,
+        _ => return None,
+    };
+    (!device.is_empty()).then_some(device)
+}
+
+/// Reads a command answer: IoT Agent JSON's `{"<command>": <result>}`, or
+/// UltraLight's `<device>@<command>|<result>` (several joined by `#`;
+/// the result kept as text).
+fn command_answer(format: Format, device: &str, payload: &[u8]) -> Result<Message, String> {
+    let answers = match format {
+        Format::IotaJson => json_object(payload)?,
+        _ => {
+            let mut answers = Map::new();
+            for answer in text(payload)?.trim().split('#').filter(|a| !a.is_empty()) {
+                let (named, rest) = answer.split_once('@').ok_or_else(|| {
+                    format!(
+                        "UltraLight command answer '{answer}' is not <device>@<command>|<result>"
+                    )
+                })?;
+                if named != device {
+                    return Err(format!(
+                        "UltraLight command answer names device '{named}' on device '{device}''s topic"
+                    ));
+                }
+                let (command, result) = rest.split_once('|').unwrap_or((rest, ""));
+                answers.insert(command.to_string(), Value::String(result.to_string()));
+            }
+            answers
+        }
+    };
+    if answers.is_empty() {
+        return Err("a command answer names no command".into());
+    }
+    Ok(Message::CommandAnswer {
+        device: device.to_string(),
+        answers,
+    })
+}
+
+/// The device an uplink message is from and the way back to it over the
+/// same connection (`source`), when the message is an uplink: The Things
+/// Stack's `v3/{app}@{tenant}/devices/{dev}/up` (answered on `down/push`),
+/// ChirpStack's `application/{id}/device/{devEui}/event/up` (answered on
+/// `command/down`), an IoT Agent device's `/{json|ul}/{apikey}/{device}/attrs…`
+/// (answered on `/{apikey}/{device}/cmd`). The device is named as the
+/// pipeline names it: TTN's `end_device_ids.device_id`, ChirpStack's
+/// `deviceInfo.devEui` (the topic's when the body lacks it).
+pub fn downlink_route(
+    format: Format,
+    source: &str,
+    topic: &str,
+    payload: &[u8],
+) -> Option<(String, DownlinkRoute)> {
+    let body = || parse_within_limits(payload).ok();
+    let field = |body: &Option<Value>, a: &str, b: &str| {
+        body.as_ref()
+            .and_then(|v| v.get(a)?.get(b)?.as_str().map(str::to_string))
+    };
+    let levels: Vec<&str> = topic.split('/').collect();
+    match format {
+        Format::Ttn => match levels.as_slice() {
+            ["v3", app, "devices", dev, "up"] if !app.is_empty() && !dev.is_empty() => {
+                let device = field(&body(), "end_device_ids", "device_id")
+                    .unwrap_or_else(|| dev.to_string());
+                Some((
+                    device,
+                    DownlinkRoute::TtnMqtt {
+                        source: source.to_string(),
+                        application: app.to_string(),
+                        device_id: dev.to_string(),
+                    },
+                ))
+            }
+            _ => None,
+        },
+        Format::ChirpStack => match levels.as_slice() {
+            ["application", app, "device", eui, "event", "up"]
+                if !app.is_empty() && !eui.is_empty() =>
+            {
+                let dev_eui =
+                    field(&body(), "deviceInfo", "devEui").unwrap_or_else(|| eui.to_string());
+                Some((
+                    dev_eui.clone(),
+                    DownlinkRoute::ChirpStackMqtt {
+                        source: source.to_string(),
+                        application_id: app.to_string(),
+                        dev_eui,
+                    },
+                ))
+            }
+            _ => None,
+        },
+        Format::IotaJson | Format::IotaUl => {
+            let levels: Vec<&str> = topic
+                .strip_prefix('/')
+                .unwrap_or(topic)
+                .split('/')
+                .collect();
+            match levels.as_slice() {
+                [_, key, device, "attrs", ..] if !key.is_empty() && !device.is_empty() => Some((
+                    device.to_string(),
+                    DownlinkRoute::IotAgentMqtt {
+                        source: source.to_string(),
+                        apikey: key.to_string(),
+                        device_id: device.to_string(),
+                        protocol: if format == Format::IotaJson {
+                            IotaProtocol::Json
+                        } else {
+                            IotaProtocol::Ul
+                        },
+                    },
+                )),
+                _ => None,
+            }
+        }
+        Format::Plain => None,
     }
 }
 
@@ -379,8 +556,110 @@ mod tests {
     fn uplinks(m: Message) -> Vec<NewUplink> {
         match m {
             Message::Uplinks(u) => u,
-            Message::Ignored => panic!("ignored"),
+            other => panic!("not uplinks: {other:?}"),
         }
+    }
+
+    /// Command answers on both topics, in JSON and UltraLight; a UL answer
+    /// naming another device is refused.
+    #[test]
+    fn command_answers_name_device_and_results() {
+        let r = route();
+        let answer =
+            |format, topic: &str, payload: &str| read(format, &r, topic, payload.as_bytes(), 0);
+        let expected = |result: Value| Message::CommandAnswer {
+            device: "lamp1".into(),
+            answers: Map::from_iter([("ring".to_string(), result)]),
+        };
+        assert_eq!(
+            answer(
+                Format::IotaJson,
+                "/json/k/lamp1/cmdexe",
+                r#"{"ring":"done"}"#
+            ),
+            Ok(expected(Value::String("done".into())))
+        );
+        assert_eq!(
+            answer(Format::IotaJson, "/k/lamp1/cmdexe", r#"{"ring":3}"#),
+            Ok(expected(serde_json::json!(3)))
+        );
+        assert_eq!(
+            answer(
+                Format::IotaUl,
+                "/ul/k/lamp1/cmdexe",
+                "lamp1@ring|rang|twice"
+            ),
+            Ok(expected(Value::String("rang|twice".into())))
+        );
+        assert!(answer(Format::IotaUl, "/ul/k/lamp1/cmdexe", "other@ring|x").is_err());
+        assert!(answer(Format::IotaJson, "/json/k/lamp1/cmdexe", "{}").is_err());
+        // Not an answer topic: still a measure topic or an error.
+        assert!(answer(Format::IotaJson, "json/k/lamp1/cmdexe/x", "{}").is_err());
+    }
+
+    /// Command answers are heard for the measure topic's API key only.
+    #[test]
+    fn answer_topics_follow_the_measure_topic() {
+        assert_eq!(
+            Format::IotaJson.command_answer_topics("/json/k1/+/attrs/#"),
+            ["/json/k1/+/cmdexe", "/k1/+/cmdexe"]
+        );
+        assert_eq!(
+            Format::IotaUl.command_answer_topics("ul/+/+/attrs"),
+            ["ul/+/+/cmdexe", "+/+/cmdexe"]
+        );
+        assert_eq!(
+            Format::IotaJson.command_answer_topics("#"),
+            ["/json/+/+/cmdexe", "/+/+/cmdexe"]
+        );
+        assert!(Format::Ttn.command_answer_topics("v3/#").is_empty());
+    }
+
+    /// What an uplink topic teaches about the way back.
+    #[test]
+    fn uplink_topics_teach_mqtt_downlink_routes() {
+        let ttn = downlink_route(
+            Format::Ttn,
+            "s",
+            "v3/app@ttn/devices/dev1/up",
+            br#"{"end_device_ids":{"device_id":"dev1"}}"#,
+        );
+        assert_eq!(
+            ttn,
+            Some((
+                "dev1".into(),
+                DownlinkRoute::TtnMqtt {
+                    source: "s".into(),
+                    application: "app@ttn".into(),
+                    device_id: "dev1".into()
+                }
+            ))
+        );
+        assert_eq!(
+            downlink_route(Format::Ttn, "s", "v3/app@ttn/devices/dev1/join", b"{}"),
+            None
+        );
+        let cs = downlink_route(
+            Format::ChirpStack,
+            "s",
+            "application/a1/device/0102/event/up",
+            br#"{"deviceInfo":{"devEui":"0102"}}"#,
+        );
+        assert!(matches!(cs, Some((d, DownlinkRoute::ChirpStackMqtt { .. })) if d == "0102"));
+        let ul = downlink_route(Format::IotaUl, "s", "ul/k/lamp/attrs/t", b"1");
+        assert_eq!(
+            ul,
+            Some((
+                "lamp".into(),
+                DownlinkRoute::IotAgentMqtt {
+                    source: "s".into(),
+                    apikey: "k".into(),
+                    device_id: "lamp".into(),
+                    protocol: IotaProtocol::Ul
+                }
+            ))
+        );
+        assert_eq!(downlink_route(Format::Plain, "s", "a/b", b"{}"), None);
     }
 
     fn body(u: &NewUplink) -> Value {

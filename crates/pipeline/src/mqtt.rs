@@ -17,6 +17,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use rumqttc::{AsyncClient, MqttOptions, QoS, TlsConfiguration, Transport};
 use serde::Serialize;
+use tokio::sync::oneshot;
 use tokio_rustls::rustls::{crypto::ring, ClientConfig, RootCertStore};
 
 /// The default port of `mqtt://`.
@@ -201,6 +202,20 @@ pub struct LinkStatus {
     pub reconnections: u64,
 }
 
+/// Who waits for the broker's PUBACK of the QoS 1 messages published on
+/// a source's connection. rumqttc numbers a message (its packet id) only
+/// when its event loop sends it, and reports that as
+/// `Outgoing::Publish(pkid)` in the order the messages were queued: so
+/// waiters queue in publish order (`unsent`), move to `by_pkid` when their
+/// message goes out, and are answered by the PUBACK of that id. A message
+/// resent after a reconnection keeps its id (the session is persistent)
+/// and so its waiter.
+#[derive(Default)]
+struct Acks {
+    unsent: std::collections::VecDeque<oneshot::Sender<()>>,
+    by_pkid: std::collections::HashMap<u16, oneshot::Sender<()>>,
+}
+
 /// One running ingest source: its connection state and a handle to
 /// publish on its connection.
 pub struct SourceLink {
@@ -210,11 +225,23 @@ pub struct SourceLink {
     /// Whether a connection was ever established (the next is a
     /// reconnection).
     ever_connected: Mutex<bool>,
+    /// Waiters for the PUBACKs of what [`SourceLink::publish_acked`] sent.
+    acks: Mutex<Acks>,
+    /// QoS of what weft publishes (downlinks): 1, unless the broker takes
+    /// only QoS 0 (The Things Stack's MQTT server documents QoS 0 only).
+    downlink_qos: QoS,
 }
 
 impl SourceLink {
-    /// A link for source `name` publishing through `client`.
-    pub fn new(name: &str, format: &str, url: &str, client: AsyncClient) -> SourceLink {
+    /// A link for source `name` publishing through `client` at
+    /// `downlink_qos` (0 or 1).
+    pub fn new(
+        name: &str,
+        format: &str,
+        url: &str,
+        client: AsyncClient,
+        downlink_qos: u8,
+    ) -> SourceLink {
         SourceLink {
             name: name.to_string(),
             client,
@@ -224,6 +251,12 @@ impl SourceLink {
                 ..LinkStatus::default()
             }),
             ever_connected: Mutex::new(false),
+            acks: Mutex::new(Acks::default()),
+            downlink_qos: if downlink_qos == 0 {
+                QoS::AtMostOnce
+            } else {
+                QoS::AtLeastOnce
+            },
         }
     }
 
@@ -250,6 +283,75 @@ impl SourceLink {
         self.client
             .try_publish(topic, self::qos(qos), retain, payload)
             .map_err(|e| format!("publishing on MQTT source '{}': {e}", self.name))
+    }
+
+    /// Publishes `payload` on `topic` at QoS 1 and waits, at most `wait`,
+    /// for the broker's PUBACK: `Ok` means the broker has the message (at
+    /// QoS 0, `downlink_qos = 0`: that it was written to the connection). A
+    /// source that is not connected fails at once rather than queueing a
+    /// message it cannot say when it will send. After a timeout the
+    /// message may still reach the broker later (rumqttc resends it after
+    /// a reconnection), so a caller that retries may deliver it twice:
+    /// at least once, never silently lost.
+    pub async fn publish_acked(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        wait: Duration,
+    ) -> Result<(), String> {
+        if !self.status.lock().connected {
+            return Err(format!("MQTT source '{}' is not connected", self.name));
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            // One lock around both, so waiters queue in the order the
+            // messages reach the event loop.
+            let mut acks = self.acks.lock();
+            acks.unsent.push_back(tx);
+            if let Err(e) = self
+                .client
+                .try_publish(topic, self.downlink_qos, false, payload)
+            {
+                acks.unsent.pop_back();
+                return Err(format!("publishing on MQTT source '{}': {e}", self.name));
+            }
+        }
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(format!("MQTT source '{}' stopped", self.name)),
+            Err(_) => Err(format!(
+                "no PUBACK from the broker of MQTT source '{}' within {wait:?}",
+                self.name
+            )),
+        }
+    }
+
+    /// The connection's event loop sent a QoS 1 message with `pkid`: the
+    /// oldest waiting publication is that one, unless `pkid` is already
+    /// waited for (a resend after a reconnection).
+    pub fn sent(&self, pkid: u16) {
+        let mut acks = self.acks.lock();
+        if pkid == 0 {
+            // QoS 0 (`downlink_qos = 0`): written to the connection is all
+            // the broker will ever say.
+            if let Some(waiter) = acks.unsent.pop_front() {
+                let _ = waiter.send(());
+            }
+            return;
+        }
+        if acks.by_pkid.contains_key(&pkid) {
+            return;
+        }
+        if let Some(waiter) = acks.unsent.pop_front() {
+            acks.by_pkid.insert(pkid, waiter);
+        }
+    }
+
+    /// The broker acknowledged message `pkid`.
+    pub fn acknowledged(&self, pkid: u16) {
+        if let Some(waiter) = self.acks.lock().by_pkid.remove(&pkid) {
+            let _ = waiter.send(());
+        }
     }
 
     /// Records that the connection is up.
@@ -281,14 +383,52 @@ impl SourceLink {
     }
 }
 
+/// Publishes on the embedded broker (`[mqtt] listen`) from inside weft:
+/// the broker lives in the MQTT crate, which hands this in once it runs.
+/// `Ok` once the broker's router holds the message (it is in-process:
+/// there is no network hop to acknowledge).
+pub type BrokerPublish = Box<dyn Fn(&str, Vec<u8>) -> Result<(), String> + Send + Sync>;
+
 /// The running ingest sources by name, and the embedded broker's address.
 #[derive(Default)]
 pub struct Links {
     sources: RwLock<BTreeMap<String, Arc<SourceLink>>>,
     broker: RwLock<Option<std::net::SocketAddr>>,
+    broker_publish: RwLock<Option<BrokerPublish>>,
 }
 
+/// The source name of the embedded broker, in uplinks and downlink routes;
+/// no `[mqtt.sources.*]` may take it.
+pub const BROKER_SOURCE: &str = "broker";
+
 impl Links {
+    /// Records how to publish on the embedded broker.
+    pub fn set_broker_publish(&self, publish: BrokerPublish) {
+        *self.broker_publish.write() = Some(publish);
+    }
+
+    /// Publishes a downlink on source `source` (or the embedded broker,
+    /// [`BROKER_SOURCE`]) at QoS 1; `Ok` once the broker has it (its
+    /// PUBACK, for a source), within `wait`.
+    pub async fn publish_acked(
+        &self,
+        source: &str,
+        topic: &str,
+        payload: Vec<u8>,
+        wait: Duration,
+    ) -> Result<(), String> {
+        if let Some(link) = self.get(source) {
+            return link.publish_acked(topic, payload, wait).await;
+        }
+        if source == BROKER_SOURCE {
+            if let Some(publish) = &*self.broker_publish.read() {
+                return publish(topic, payload);
+            }
+            return Err("the embedded MQTT broker is not running".into());
+        }
+        Err(format!("no MQTT source '{source}' runs on this node"))
+    }
+
     /// Records where the embedded broker listens.
     pub fn set_broker(&self, addr: std::net::SocketAddr) {
         *self.broker.write() = Some(addr);

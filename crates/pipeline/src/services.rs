@@ -189,12 +189,14 @@ impl Services {
                 bridges.clone().run(stop)
             });
         }
+        let mqtt: Arc<crate::mqtt::Links> = Arc::default();
         let downlinks = Arc::new(Downlinks::new(
             store.clone(),
             catalog.clone(),
             context.clone(),
             engine.clone(),
             config.downlinks.clone(),
+            mqtt.clone(),
         ));
         tracker.spawn(downlinks.clone().run(shutdown.clone()));
         let ingest = Ingest::load(
@@ -243,7 +245,7 @@ impl Services {
             store,
             bus,
             cluster,
-            mqtt: Arc::default(),
+            mqtt,
         })
     }
 }

@@ -25,13 +25,10 @@ const CLAIM_BATCH: usize = 16;
 /// retries and pending re-checks become due without a wake-up.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The reason a downlink whose route needs MQTT stays pending: weft's
-/// MQTT client publishes them once it holds a connection for the device.
-pub const NO_MQTT: &str = "no MQTT connection for this device";
-
 /// The reason a downlink for a device weft knows no route to stays pending.
 pub const NO_ROUTE: &str = "no downlink route known for this device yet: weft learns it from \
-     the device's uplinks (TTN webhook X-Downlink-* headers, ChirpStack, Helium downlink_url) \
+     the device's uplinks (TTN webhook X-Downlink-* headers, ChirpStack, Helium downlink_url, \
+     an MQTT source's topics) \
      or from the device's endpoint";
 
 /// What one attempt came to.
@@ -185,19 +182,29 @@ impl Downlinks {
     /// Sends `d` through `route`.
     async fn send(&self, route: &DownlinkRoute, d: &Downlink) -> Outcome {
         let chirpstack = self.chirpstack_for(&d.device_id);
-        match delivery(route, d, chirpstack, false) {
+        let outcome = match delivery(route, d, chirpstack, false) {
             Err(reason) => Outcome::Pending(reason),
-            Ok(Delivery::Mqtt(_)) => Outcome::Pending(NO_MQTT.to_string()),
-            Ok(Delivery::Http(http)) => {
-                let route_name = route.name();
-                let outcome = self.post(&http, d).await;
-                if let Outcome::Sent(_) = outcome {
-                    metrics::counter!("weft_downlinks_sent_total", "route" => route_name)
-                        .increment(1);
+            Ok(Delivery::Mqtt(message)) => {
+                match self
+                    .mqtt
+                    .publish_acked(
+                        &message.source,
+                        &message.topic,
+                        message.payload,
+                        self.config.request_timeout,
+                    )
+                    .await
+                {
+                    Ok(()) => Outcome::Sent(None),
+                    Err(reason) => Outcome::Retry(reason),
                 }
-                outcome
             }
+            Ok(Delivery::Http(http)) => self.post(&http, d).await,
+        };
+        if let Outcome::Sent(_) = outcome {
+            metrics::counter!("weft_downlinks_sent_total", "route" => route.name()).increment(1);
         }
+        outcome
     }
 
     /// POSTs an HTTP delivery: 2xx is sent, anything else a retry. An IoT

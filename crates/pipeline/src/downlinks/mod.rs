@@ -7,7 +7,8 @@
 //! [`Downlinks::queue`], which encodes `data` with `encodeDownlink`,
 //! stores the downlinks and wakes the worker; the ingest paths tell
 //! [`Downlinks::observe_route`] how each device's uplinks arrive (TTN's
-//! `X-Downlink-*` headers, ChirpStack's DevEUI, Helium's `downlink_url`);
+//! `X-Downlink-*` headers, ChirpStack's DevEUI, Helium's `downlink_url`,
+//! the MQTT source and topic a device publishes on);
 //! the worker claims what is due, sends it, and records `sent`, a retry,
 //! `failed` or `expired`, keeping `<command>_status` / `<command>_info` on
 //! the device's entity in step for commands.
@@ -111,6 +112,9 @@ pub struct Downlinks {
     routes: Mutex<HashMap<String, DownlinkRoute>>,
     /// The HTTP client of every delivery (keeps connections alive).
     client: reqwest::Client,
+    /// The MQTT connections (sources, the embedded broker) MQTT routes
+    /// publish on.
+    mqtt: Arc<crate::mqtt::Links>,
 }
 
 impl Downlinks {
@@ -121,6 +125,7 @@ impl Downlinks {
         context: Arc<Context>,
         engine: Engine,
         config: DownlinksConfig,
+        mqtt: Arc<crate::mqtt::Links>,
     ) -> Downlinks {
         let client = reqwest::Client::builder()
             .timeout(config.request_timeout)
@@ -135,6 +140,7 @@ impl Downlinks {
             wake: Notify::new(),
             routes: Mutex::new(HashMap::new()),
             client,
+            mqtt,
         }
     }
 
