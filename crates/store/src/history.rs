@@ -503,33 +503,6 @@ pub(crate) struct FeedAttr<'a> {
 }
 
 impl<'a> FeedState<'a> {
-    /// What a feed filter sees of it.
-    pub fn as_ref(&self) -> FeedStateRef<'a> {
-        FeedStateRef {
-            tenant: self.tenant,
-            entity_id: self.entity_id,
-            entity_type: self.entity_type,
-            time: self.time,
-        }
-    }
-
-    /// Appends the state in the compact form (as [`encode_feed_states`]).
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        let entity = [
-            self.tenant,
-            self.service_path,
-            self.entity_id,
-            self.entity_type,
-        ];
-        put_state_head(out, entity, self.time, self.instance, self.attrs.len());
-        for a in &self.attrs {
-            put_str(out, a.name);
-            put_str(out, a.attr_type);
-            put_str(out, a.value);
-            put_number(out, a.number);
-        }
-    }
-
     /// Its rows, owned.
     pub fn rows(&self) -> impl Iterator<Item = HistoryRow> + '_ {
         self.attrs.iter().map(|a| HistoryRow {
@@ -631,28 +604,94 @@ impl<'a> FeedReader<'a> {
 /// How many rows (attributes) one compact feed entry holds, read through
 /// it without building its states (`None`: not decodable).
 pub(crate) fn feed_row_count(bytes: &[u8]) -> Option<usize> {
-    let mut r = FeedReader { bytes, at: 0 };
-    if *r.take(1)?.first()? != FEED_FORMAT {
-        return None;
-    }
     let mut rows = 0usize;
-    while r.at < bytes.len() {
-        for _ in 0..4 {
-            r.str()?;
+    for span in FeedSpans::of(bytes)? {
+        rows = rows.checked_add(span?.rows)?;
+    }
+    Some(rows)
+}
+
+/// One state of a compact feed entry as the bytes that encode it, with
+/// what a move sorts and filters it by: a move copies these bytes into
+/// its chunks as they are, without building the state's attributes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedSpan<'a> {
+    /// Who and when it is (the service path is not needed to sort).
+    pub head: FeedStateRef<'a>,
+    /// Recorded state ([`HistoryRow::instance`]).
+    pub instance: i64,
+    /// How many attributes (rows) it holds.
+    pub rows: usize,
+    /// Its encoding, head and attributes ([`FeedState::encode`]'s form).
+    pub bytes: &'a [u8],
+}
+
+/// The states of one compact feed entry as [`FeedSpan`]s, each checked to
+/// be decodable; yields `None` at the first that is not.
+pub(crate) struct FeedSpans<'a> {
+    reader: FeedReader<'a>,
+}
+
+impl<'a> FeedSpans<'a> {
+    /// The spans of `bytes`, a whole entry (`None`: not a compact entry).
+    pub(crate) fn of(bytes: &'a [u8]) -> Option<FeedSpans<'a>> {
+        let mut reader = FeedReader { bytes, at: 0 };
+        if *reader.take(1)?.first()? != FEED_FORMAT {
+            return None;
         }
-        r.take(16)?;
+        Some(FeedSpans { reader })
+    }
+
+    fn span(&mut self) -> Option<FeedSpan<'a>> {
+        let r = &mut self.reader;
+        let start = r.at;
+        let tenant = r.str()?;
+        r.str()?;
+        let entity_id = r.str()?;
+        let entity_type = r.str()?;
+        let time = r.i64()?;
+        let instance = r.i64()?;
         let n = r.len()?;
         for _ in 0..n {
             for _ in 0..3 {
                 r.str()?;
             }
-            if *r.take(1)?.first()? == 1 {
-                r.take(8)?;
+            match *r.take(1)?.first()? {
+                0 => {}
+                1 => {
+                    r.take(8)?;
+                }
+                _ => return None,
             }
         }
-        rows = rows.checked_add(n)?;
+        Some(FeedSpan {
+            head: FeedStateRef {
+                tenant,
+                entity_id,
+                entity_type,
+                time,
+            },
+            instance,
+            rows: n,
+            bytes: &r.bytes[start..r.at],
+        })
     }
-    Some(rows)
+}
+
+impl<'a> Iterator for FeedSpans<'a> {
+    type Item = Option<FeedSpan<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.reader.at >= self.reader.bytes.len() {
+            return None;
+        }
+        let span = self.span();
+        if span.is_none() {
+            // Nothing after an undecodable state can be found.
+            self.reader.at = self.reader.bytes.len();
+        }
+        Some(span)
+    }
 }
 
 /// The states of one compact history feed entry ([`encode_feed_entry`]),
@@ -1063,5 +1102,45 @@ mod feed_tests {
         );
         assert!(decode_feed_blob(1, &bytes[..bytes.len() - 1]).is_err());
         assert!(decode_feed_blob(1, &[]).is_err());
+    }
+
+    /// A move copies states by their spans: spans reordered and joined
+    /// behind a format byte are an entry of the same states, in the new
+    /// order; a truncated entry ends in an undecodable span.
+    #[test]
+    fn spans_are_whole_states_that_move_as_bytes() {
+        let rows = vec![
+            row("a", "x", 1, Some(1.5)),
+            row("a", "y", 1, None),
+            row("b", "x", 1, Some(-2.0)),
+            row("a", "x", 2, Some(f64::MAX)),
+        ];
+        let bytes = encode_feed_entry(&rows);
+        let spans: Vec<FeedSpan<'_>> = FeedSpans::of(&bytes).unwrap().map(Option::unwrap).collect();
+        let heads: Vec<(&str, i64, i64, usize)> = spans
+            .iter()
+            .map(|s| (s.head.entity_id, s.head.time, s.instance, s.rows))
+            .collect();
+        assert_eq!(
+            heads,
+            vec![("a", 1, 1007, 2), ("b", 1, 1007, 1), ("a", 2, 2007, 1)]
+        );
+        let mut moved = vec![FEED_FORMAT_BYTE];
+        for i in [2, 0, 1] {
+            moved.extend_from_slice(spans[i].bytes);
+        }
+        let want = vec![
+            rows[3].clone(),
+            rows[0].clone(),
+            rows[1].clone(),
+            rows[2].clone(),
+        ];
+        assert_eq!(decode_feed_blob(1, &moved).unwrap(), want);
+
+        let cut: Vec<Option<FeedSpan<'_>>> =
+            FeedSpans::of(&bytes[..bytes.len() - 1]).unwrap().collect();
+        assert_eq!(cut.len(), 3);
+        assert!(cut[2].is_none());
+        assert!(FeedSpans::of(&[]).is_none());
     }
 }

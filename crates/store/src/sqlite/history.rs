@@ -16,7 +16,7 @@ use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
 use crate::history::{
     decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
-    feed_states, path_matches, DeleteStep, FeedAttr, FeedState, MoveTuning,
+    feed_states, path_matches, DeleteStep, FeedAttr, FeedSpans, FeedState, MoveTuning,
 };
 use crate::rollup::RollupPartial;
 use crate::{
@@ -198,9 +198,10 @@ impl SqliteStore {
     /// [`HistoryStore::move_history_feed`] without copying the feed into
     /// [`HistoryRow`]s: the entries after the feed's cursor (about
     /// `max_rows` rows, whole entries) are read as bytes, their states
-    /// ([`feed_states`], borrowed) that `keep` accepts ordered by entity
-    /// and then by state ([`MoveTuning`]'s page locality, as the shared
-    /// [`crate::history::move_feed`] does for rows), and re-encoded in
+    /// ([`FeedSpans`]: where each state's bytes are, nothing decoded
+    /// beyond its head) that `keep` accepts ordered by entity and then by
+    /// state ([`MoveTuning`]'s page locality, as the shared
+    /// [`crate::history::move_feed`] does for rows), and copied into
     /// chunks of about [`MOVE_TUNING`]`.chunk_rows` rows, each stored by
     /// one commit of the history writer, which reads its chunk's states
     /// in place too ([`append_feed_chunk`]); the last chunk marks the feed
@@ -225,19 +226,24 @@ impl SqliteStore {
         let Some(&(through, _)) = entries.last() else {
             return Ok(FeedMove::default());
         };
-        let mut states = Vec::new();
+        let mut spans = Vec::new();
         for (seq, bytes) in &entries {
-            states.extend(feed_states(*seq, bytes)?);
+            let corrupt =
+                || crate::StoreError::Corrupt(format!("history feed entry {seq}: not decodable"));
+            for span in FeedSpans::of(bytes).ok_or_else(corrupt)? {
+                spans.push(span.ok_or_else(corrupt)?);
+            }
         }
-        let read: usize = states.iter().map(|s| s.attrs.len()).sum();
+        let read: usize = spans.iter().map(|s| s.rows).sum();
         let hasher = rustc_hash::FxBuildHasher;
-        let mut order: Vec<(u64, i64, i64, u32)> = states
+        let mut order: Vec<(u64, i64, i64, u32)> = spans
             .iter()
             .enumerate()
-            .filter(|(_, st)| keep(&st.as_ref()))
-            .map(|(i, st)| {
-                let entity = hasher.hash_one((st.tenant, st.entity_id, st.entity_type));
-                (entity, st.time, st.instance, i as u32)
+            .filter(|(_, span)| keep(&span.head))
+            .map(|(i, span)| {
+                let h = &span.head;
+                let entity = hasher.hash_one((h.tenant, h.entity_id, h.entity_type));
+                (entity, h.time, span.instance, i as u32)
             })
             .collect();
         order.sort_unstable();
@@ -246,13 +252,15 @@ impl SqliteStore {
         let mut chunk_rows = 0;
         let last = order.len().saturating_sub(1);
         for (n, &(.., i)) in order.iter().enumerate() {
-            let state = &states[i as usize];
+            let span = &spans[i as usize];
             if chunk.is_empty() {
+                chunk.reserve(MOVE_TUNING.chunk_rows * 48);
                 chunk.push(crate::history::FEED_FORMAT_BYTE);
             }
-            state.encode(&mut chunk);
-            chunk_rows += state.attrs.len();
-            rows += state.attrs.len() as u64;
+            // A state's bytes are its encoding: copied, not rebuilt.
+            chunk.extend_from_slice(span.bytes);
+            chunk_rows += span.rows;
+            rows += span.rows as u64;
             if chunk_rows >= MOVE_TUNING.chunk_rows && n < last {
                 let bytes = std::mem::take(&mut chunk);
                 chunk_rows = 0;
@@ -261,7 +269,7 @@ impl SqliteStore {
                     .await?;
             }
         }
-        drop(states);
+        drop(spans);
         if chunk.is_empty() {
             // Every state refused, or the last chunk already stored: an
             // empty chunk still marks the feed consumed.
