@@ -286,27 +286,31 @@ async fn the_dry_run_tests_an_unsaved_decoder() {
     let before = c
         .expect(200, "GET", "/api/v1/device-types/em300th", None)
         .await;
-    let doubled = "function decodeUplink(input) { return {data: {battery: input.bytes[2] * 2}}; }";
-    let sample = json!({"bytes": "01755C", "fPort": 85, "id": "d1",
+    let doubled =
+        "function decodeUplink(input) { return {data: {temperature: input.bytes[2] * 2}}; }";
+    let sample = json!({"bytes": "01755C03673401046865", "fPort": 85, "id": "d1",
                         "decoder": {"script": doubled}});
     let (status, reply) = dry_run(&c, "em300th", sample).await;
     assert_eq!(status, 200, "{reply}");
-    // The type's mappings still apply to what the unsaved decoder made.
-    let saved = dry_run(
+    // The type's mappings (temperature → temperature.celsius) still apply
+    // to what the unsaved decoder made.
+    assert_eq!(
+        reply["units"][0]["measures"],
+        json!({"temperature": {"celsius": 184}}),
+        "{reply}"
+    );
+    let (status, saved) = dry_run(
         &c,
         "em300th",
-        json!({"bytes": "01755C", "fPort": 85, "id": "d1"}),
+        json!({"bytes": "01755C03673401046865", "fPort": 85, "id": "d1"}),
     )
     .await;
-    assert_eq!(saved.0, 200, "{}", saved.1);
-    let measures = |r: &Value| r["units"][0]["measures"].to_string();
+    assert_eq!(status, 200, "{saved}");
     assert_eq!(
-        measures(&reply),
-        measures(&saved.1).replace("92", "184"),
-        "{reply} beside {}",
-        saved.1
+        saved["units"][0]["measures"]["temperature"],
+        json!({"celsius": 30.8}),
+        "{saved}"
     );
-    assert!(measures(&saved.1).contains("92"), "{}", saved.1);
     assert_eq!(
         c.expect(200, "GET", "/api/v1/device-types/em300th", None)
             .await,
