@@ -476,6 +476,12 @@ async fn a_downlink_is_queued_from_the_device_page() {
             {
                 return Err(format!("the server holds another queue: {code} {listed}"));
             }
+            b.execute(
+                "document.getElementById('downlink').scrollIntoView();",
+                vec![],
+            )
+            .await
+            .map_err(fail("scroll"))?;
             doc_shot(b, "downlinks").await;
             click(b, "#dl-flush").await?;
             wait_text(b, "#dl-done", |t| t.contains("Flushed 1")).await?;

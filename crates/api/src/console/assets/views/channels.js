@@ -61,7 +61,6 @@ export default async function channels(main, { params }) {
     h("h2", {}, "Traffic"),
     m ? h("div", { class: "tiles" },
       [["weft_channel_messages_published_total", "Messages published"],
-        ["weft_channel_backlog_messages", "Messages not yet acknowledged"],
         ["weft_channel_webhooks_sent_total", "Webhooks sent"],
         ["weft_channel_webhooks_failed_total", "Webhooks failed"],
         ["weft_channel_webhooks_dropped_total", "Webhooks dropped"],

@@ -153,7 +153,7 @@ async function downlinks(main, id, onLeave) {
     h("option", { value: "hex" }, "hex bytes"),
     h("option", { value: "base64" }, "base64 bytes"),
     h("option", { value: "json" }, "JSON object (encoded by the codec)"));
-  const port = h("input", { id: "dl-port", type: "number", min: 1, max: 223, placeholder: "the codec's", size: 6 });
+  const port = h("input", { id: "dl-port", type: "number", min: 1, max: 223, placeholder: "codec", size: 6 });
   const payload = h("textarea", { id: "dl-payload", rows: 2, cols: 40, class: "code", required: true, placeholder: "01 05" });
   const confirmed = h("input", { id: "dl-confirmed", type: "checkbox" });
   const priority = h("select", { id: "dl-priority" }, PRIORITIES.map((p) => h("option", { value: p, selected: p === "NORMAL" }, p)));

@@ -34,8 +34,8 @@ const TILES = [
   ["notifyFailed", "Notifications failing (total)", (m) => (m.weft_notifications_failed_total || 0) + (m.weft_notifications_dropped_total || 0)],
   ["webhooks", "Channel webhooks failing (total)", (m) => (m.weft_channel_webhooks_failed_total || 0) + (m.weft_channel_webhooks_dropped_total || 0)],
   ["published", "Channel messages / s", (m, r) => r("weft_channel_messages_published_total")],
-  ["channelBacklog", "Channel backlog (not yet acked)", (m) => m.weft_channel_backlog_messages || 0],
-  ["channelOldest", "Oldest unacked channel message", (m) => age(m.weft_channel_oldest_unacked_seconds || 0)],
+  ["channelBacklog", "Channel messages not yet acked (every 10 s)", (m) => m.weft_channel_backlog_messages || 0],
+  ["channelOldest", "Oldest of them", (m) => age(m.weft_channel_oldest_unacked_seconds || 0)],
   ["live", "Live connections", (m) => m.weft_live_connections || 0],
 ];
 
