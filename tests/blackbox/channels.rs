@@ -628,3 +628,141 @@ retry = {{ count = 30, interval = "200ms", interval_multiplier = 1.0, interval_j
                "messageID": "m1", "content": {"x": 1}})
     );
 }
+
+/// `GET /api/v1/channels?…` as the admin: status, `X-Total-Count` and body.
+async fn listing(c: &Client, query: &str) -> (u16, Option<u64>, Value) {
+    let resp = c
+        .http
+        .get(format!("{}/api/v1/channels{query}", c.url))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let total = resp
+        .headers()
+        .get("x-total-count")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (status, total, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// A subscriber's backlog figure in a channel as listed.
+fn backlog_of(channel: &Value, subscriber: &str) -> Value {
+    channel["subscribers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == subscriber)
+        .unwrap_or_else(|| panic!("{subscriber} listed in {channel}"))["backlog"]
+        .clone()
+}
+
+/// The channel listing: each channel with its subscribers and how far
+/// behind each is — a subscriber that pulled and acknowledged has a
+/// backlog of 0, one that did not has every message published since it
+/// subscribed, with the oldest one's time; paged with `X-Total-Count`,
+/// 400 for bad paging, 404 for an unknown channel, admin keys only; and
+/// the total backlog reaches `/metrics` (what the console's overview
+/// shows).
+#[tokio::test]
+async fn the_channel_listing_shows_subscribers_and_backlogs() {
+    let server = Server::start();
+    let c = server.client();
+    let before = now_ms();
+    for sub in ["fast", "slow"] {
+        let path = format!("/channel/feed/subscription/polling/{sub}");
+        assert_eq!(put(&c, &path, None).await.0, 200);
+    }
+    assert_eq!(
+        put(&c, "/channel/archive/message/a1", Some("{}")).await.0,
+        200
+    );
+    for i in 0..3 {
+        let path = format!("/channel/feed/message/m{i}");
+        assert_eq!(put(&c, &path, Some(r#"{"n":1}"#)).await.0, 200);
+    }
+    // `fast` pulls the three and acknowledges them; `slow` does nothing.
+    let fast = "/channel/feed/subscription/polling/fast";
+    let (s, fetched) = call(&c, "GET", fast).await;
+    assert_eq!((s, ids(&fetched).len()), (200, 3), "{fetched}");
+    let handle = fetched["ackHandle"].as_str().unwrap();
+    let (s, _) = call(&c, "DELETE", &format!("{fast}/message?ackHandle={handle}")).await;
+    assert_eq!(s, 204);
+
+    let (s, total, all) = listing(&c, "").await;
+    assert_eq!((s, total), (200, Some(2)), "{all}");
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ch| ch["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["archive", "feed"]);
+    let feed = &all[1];
+    assert_eq!(backlog_of(feed, "fast")["messages"], 0, "{feed}");
+    assert_eq!(backlog_of(feed, "fast")["oldestMessageAt"], Value::Null);
+    let slow = backlog_of(feed, "slow");
+    assert_eq!(slow["messages"], 3, "{feed}");
+    let oldest = slow["oldestMessageAt"].as_i64().expect("the oldest's time");
+    assert!(oldest >= before - 1000, "{slow}");
+    assert!(slow["oldestMessageAgeMs"].as_i64().unwrap() >= 0, "{slow}");
+    assert_eq!(feed["backlog"]["messages"], 3, "{feed}");
+    // A channel without subscribers: its stored messages, no subscribers.
+    assert_eq!(all[0]["subscribers"], json!([]));
+    assert_eq!(all[0]["backlog"]["messages"], 1, "{}", all[0]);
+
+    // One channel; a page; bad paging; an unknown channel.
+    let (s, one) = call(&c, "GET", "/api/v1/channels/feed").await;
+    assert_eq!(
+        (s, backlog_of(&one, "slow")["messages"].clone()),
+        (200, json!(3))
+    );
+    let (s, total, page) = listing(&c, "?limit=1&offset=1").await;
+    assert_eq!((s, total), (200, Some(2)));
+    assert_eq!(page.as_array().map(Vec::len), Some(1));
+    assert_eq!(page[0]["id"], "feed");
+    for bad in ["?limit=0", "?limit=1001", "?offset=-1", "?sort=id"] {
+        let (s, _, body) = listing(&c, bad).await;
+        assert_eq!(s, 400, "{bad}: {body}");
+        assert_eq!(body["error"], "BadRequest", "{bad}: {body}");
+    }
+    let (s, body) = call(&c, "GET", "/api/v1/channels/nope").await;
+    assert_eq!(s, 404, "{body}");
+
+    // Admin keys only: a read key is refused, no key is unauthorized.
+    let made = c
+        .expect(
+            201,
+            "POST",
+            "/api/v1/keys",
+            Some(&json!({"name": "dash", "role": "read"})),
+        )
+        .await;
+    let reader = server.client_with(made["key"].as_str());
+    assert_eq!(listing(&reader, "").await.0, 403);
+    assert_eq!(
+        server
+            .client_with(None)
+            .send("GET", "/api/v1/channels/feed", None, None)
+            .await
+            .0,
+        401
+    );
+
+    // The total backlog reaches /metrics with the sweeper's next round:
+    // 3 waiting in `feed` for `slow` (`archive` has no subscriber).
+    eventually(Duration::from_secs(30), || async {
+        let text = c
+            .http
+            .get(format!("{}/metrics", c.url))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .any(|l| l == "weft_channel_backlog_messages 3")
+            .then_some(())
+    })
+    .await;
+}

@@ -272,3 +272,72 @@ async fn the_dry_run_runs_codecs_as_the_things_stack_does() {
     assert_eq!(status, 422, "{reply}");
     assert_eq!(reply["errors"].as_array().unwrap().len(), 1);
 }
+
+/// The dry run of a decoder not saved yet: a `decoder` in the body runs
+/// instead of the type's (with the type's mappings), and the saved type
+/// is unchanged; without one the saved decoder runs as before; one that
+/// does not compile is a 400 `InvalidScript` as on save; a `decoder`
+/// that is not `{"script"}` is a 400 naming it; an unknown type, 404.
+#[tokio::test]
+async fn the_dry_run_tests_an_unsaved_decoder() {
+    let server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let before = c
+        .expect(200, "GET", "/api/v1/device-types/em300th", None)
+        .await;
+    let doubled =
+        "function decodeUplink(input) { return {data: {temperature: input.bytes[2] * 2}}; }";
+    let sample = json!({"bytes": "01755C03673401046865", "fPort": 85, "id": "d1",
+                        "decoder": {"script": doubled}});
+    let (status, reply) = dry_run(&c, "em300th", sample).await;
+    assert_eq!(status, 200, "{reply}");
+    // The type's mappings (temperature → temperature.celsius) still apply
+    // to what the unsaved decoder made.
+    assert_eq!(
+        reply["units"][0]["measures"],
+        json!({"temperature": {"celsius": 184}}),
+        "{reply}"
+    );
+    let (status, saved) = dry_run(
+        &c,
+        "em300th",
+        json!({"bytes": "01755C03673401046865", "fPort": 85, "id": "d1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{saved}");
+    assert_eq!(
+        saved["units"][0]["measures"]["temperature"],
+        json!({"celsius": 30.8}),
+        "{saved}"
+    );
+    assert_eq!(
+        c.expect(200, "GET", "/api/v1/device-types/em300th", None)
+            .await,
+        before,
+        "the dry run changed nothing"
+    );
+
+    let broken = json!({"bytes": "01", "decoder": {"script": "function decodeUplink(input) { return {data: "}});
+    let (status, reply) = dry_run(&c, "em300th", broken).await;
+    assert_eq!(
+        (status, reply["error"].as_str()),
+        (400, Some("InvalidScript")),
+        "{reply}"
+    );
+    for bad in [
+        json!(5),
+        json!({"source": "x"}),
+        json!({"script": "x", "language": "lua"}),
+    ] {
+        let (status, reply) = dry_run(&c, "em300th", json!({"bytes": "01", "decoder": bad})).await;
+        assert_eq!(status, 400, "{bad}: {reply}");
+    }
+    let (status, _) = dry_run(
+        &c,
+        "nope",
+        json!({"bytes": "01", "decoder": {"script": doubled}}),
+    )
+    .await;
+    assert_eq!(status, 404);
+}

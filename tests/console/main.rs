@@ -8,8 +8,10 @@
 //!   the form, and test the codec on a hex payload;
 //! - send an uplink and see it arrive live on the device page, in its
 //!   latest values and in its chart;
+//! - queue a downlink through the type's encodeDownlink and see it listed;
 //! - a rule raises an alarm, it appears live on the alarms screen and is
 //!   acked there;
+//! - see a channel subscriber's backlog on the Channels screen;
 //! - page and search through 100,000 devices;
 //! - every other screen opens and lists what it should, without errors.
 //!
@@ -262,7 +264,8 @@ async fn signs_in_with_an_api_key() {
 /// refused with the engine's message next to the form; a good one is
 /// saved, and its test on a hex payload shows the decoded measures, and
 /// a payload the codec rejects shows its error; a TTN codec definition's
-/// examples run against it, each marked pass or differs.
+/// examples run against it, each marked pass or differs; and Test runs
+/// an edited decoder before it is saved, saving nothing.
 #[tokio::test]
 async fn creates_a_device_type_and_tests_its_codec() {
     let server = Server::start();
@@ -334,6 +337,24 @@ async fn creates_a_device_type_and_tests_its_codec() {
             if passed != ["true", "true", "false"] {
                 return Err(format!("examples marked {passed:?}"));
             }
+            // Test runs what is in the editor, saved or not.
+            paste(
+                b,
+                "#type-script",
+                "function decodeUplink(input) { return {data: {battery: input.bytes[2] * 2}}; }",
+            )
+            .await?;
+            type_into(b, "#test-input", "01755C").await?;
+            click(b, "#test-run").await?;
+            wait_text(b, "#test-result [data-measure=battery]", |t| t == "184").await?;
+            wait_for(b, "#test-unsaved").await?;
+            let (_, stored) = server
+                .client()
+                .send("GET", "/api/v1/device-types/em300th", None, None)
+                .await;
+            if stored["decoder"]["script"] != json!(EM300TH_JS) {
+                return Err(format!("testing saved the editor's decoder: {stored}"));
+            }
             Ok(())
         })
     })
@@ -397,6 +418,91 @@ async fn an_uplink_appears_live_on_the_device_page_and_its_chart() {
     .await;
 }
 
+/// The actuator codec of the downlink tests: `encodeDownlink` from
+/// `{data}` and `decodeDownlink` back.
+const ACTUATOR_JS: &str = include_str!("../../crates/engine/codecs/actuator-v3.js");
+
+/// A downlink pushed from the device page: a JSON object goes through the
+/// type's `encodeDownlink` and is listed with its status and encoded
+/// bytes (pending: the device has sent no uplink yet, so weft knows no
+/// route to it); an object the codec refuses shows the codec's own
+/// errors next to the form and queues nothing; flushing empties the queue.
+#[tokio::test]
+async fn a_downlink_is_queued_from_the_device_page() {
+    let server = Server::start();
+    let c = server.client();
+    let actuator = json!({"decoder": {"script": ACTUATOR_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/actuator", Some(&actuator))
+        .await;
+    let device = json!({"name": "Bell", "type": "actuator", "channel": "farm"});
+    c.expect(201, "PUT", "/api/v1/devices/bell-1", Some(&device))
+        .await;
+    run("a_downlink_is_queued_from_the_device_page", |b| {
+        Box::pin(async move {
+            sign_in(b, &server).await?;
+            open(b, &server, "#/device/bell-1").await?;
+            wait_text(b, "#downlink-list", |t| t.contains("No downlinks")).await?;
+            // The codec refuses an unknown command: its errors by the form.
+            b.find(Locator::Css("#dl-format option[value=json]"))
+                .await
+                .map_err(fail("format"))?
+                .click()
+                .await
+                .map_err(fail("select"))?;
+            paste(b, "#dl-payload", r#"{"command": "explode"}"#).await?;
+            click(b, "#dl-send").await?;
+            wait_text(b, "#dl-error", |t| {
+                t.contains("EncodeFailed") && t.contains("unknown command explode")
+            })
+            .await?;
+            // A command it knows is queued, encoded, and listed.
+            paste(b, "#dl-payload", r#"{"command": "ring", "duration": 7}"#).await?;
+            click(b, "#dl-confirmed").await?;
+            click(b, "#dl-send").await?;
+            wait_text(b, "#dl-done", |t| t.contains("Queued")).await?;
+            wait_text(b, "#downlink-list", |t| t.contains("0107")).await?;
+            // Queued, then pending once the delivery worker finds no route.
+            wait_text(b, "#downlink-list [data-status]", |t| t == "pending").await?;
+            wait_text(b, "#downlink-list", |t| t.contains("route")).await?;
+            let (code, listed) = c
+                .send("GET", "/api/v1/devices/bell-1/downlinks", None, None)
+                .await;
+            let queued = &listed["downlinks"];
+            if code != 200
+                || queued.as_array().map(Vec::len) != Some(1)
+                || queued[0]["fPort"] != json!(10)
+                || queued[0]["confirmed"] != json!(true)
+                || queued[0]["data"] != json!({"command": "ring", "duration": 7})
+            {
+                return Err(format!("the server holds another queue: {code} {listed}"));
+            }
+            b.execute(
+                "document.getElementById('downlink').scrollIntoView();",
+                vec![],
+            )
+            .await
+            .map_err(fail("scroll"))?;
+            doc_shot(b, "downlinks").await;
+            click(b, "#dl-flush").await?;
+            wait_text(b, "#dl-done", |t| t.contains("Flushed 1")).await?;
+            let (_, listed) = c
+                .send("GET", "/api/v1/devices/bell-1/downlinks", None, None)
+                .await;
+            let open = listed["downlinks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| matches!(d["status"].as_str(), Some("queued" | "pending")))
+                .count();
+            if open != 0 {
+                return Err(format!("flushing left open downlinks: {listed}"));
+            }
+            Ok(())
+        })
+    })
+    .await;
+}
+
 /// A rule raises an alarm while the alarms screen is open: it appears
 /// there live, acking it there acks it on the server, and clearing it
 /// clears it.
@@ -444,6 +550,52 @@ async fn an_alarm_raised_by_a_rule_is_acked_in_the_console() {
             if cleared.as_array().map(Vec::len) != Some(1) {
                 return Err(format!("the alarm is not cleared on the server: {cleared}"));
             }
+            Ok(())
+        })
+    })
+    .await;
+}
+
+/// The Channels screen lists each channel's subscribers with their
+/// backlogs: one that pulled and acknowledged has none, one that did not
+/// has every message published since it subscribed.
+#[tokio::test]
+async fn the_channels_screen_shows_a_subscribers_backlog() {
+    let server = Server::start();
+    let c = server.client();
+    for sub in ["dashboard", "archiver"] {
+        let path = format!("/channel/alarm-feed/subscription/polling/{sub}");
+        let (status, body) = c.send("PUT", &path, None, None).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for i in 0..2 {
+        let path = format!("/channel/alarm-feed/message/a{i}");
+        let (status, body) = c.send("PUT", &path, Some(&json!({"n": i})), None).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let pull = "/channel/alarm-feed/subscription/polling/dashboard";
+    let (_, fetched) = c.send("GET", pull, None, None).await;
+    let handle = fetched["ackHandle"]
+        .as_str()
+        .expect("an ack handle")
+        .to_string();
+    let ack = format!("{pull}/message?ackHandle={handle}");
+    assert_eq!(c.send("DELETE", &ack, None, None).await.0, 204);
+    run("the_channels_screen_shows_a_subscribers_backlog", |b| {
+        Box::pin(async move {
+            sign_in(b, &server).await?;
+            open(b, &server, "#/channels").await?;
+            wait_text(b, "[data-range]", |t| t == "channels 1–1 of 1").await?;
+            wait_text(b, "[data-backlog='alarm-feed/archiver']", |t| {
+                t.starts_with("2 ")
+            })
+            .await?;
+            wait_text(b, "[data-backlog='alarm-feed/dashboard']", |t| t == "0").await?;
+            wait_text(b, "[data-channel-backlog='alarm-feed']", |t| {
+                t.starts_with("2 ")
+            })
+            .await?;
+            doc_shot(b, "channels").await;
             Ok(())
         })
     })

@@ -21,7 +21,8 @@
 //!   registrations, `/v2/notify`, history deletes, alarm ack/clear,
 //!   channel messages and subscribers, the decode dry run);
 //! - admin: definitions — device types, devices, rules, bridges, pages,
-//!   page services, DSPS's `/admin` — and `/api/v1/keys`.
+//!   page services, DSPS's `/admin` — `/api/v1/keys`, and the channel
+//!   listing `/api/v1/channels` (it names every subscriber).
 //!
 //! Tenants: NGSI (`/v2`, `/version`) and QuantumLeap (`/ql`, `/v2/notify`)
 //! are multi-tenant; weft's own API, the channels, pages and metrics are
@@ -151,9 +152,15 @@ const DEFINITIONS: [&str; 7] = [
     "/admin/",
 ];
 
+/// `/api/v1/channels`: every channel's subscriber ids, which are what a
+/// DSPS client fetches and acknowledges with; admin keys only.
+fn is_channel_listing(path: &str) -> bool {
+    path == "/api/v1/channels" || path.starts_with("/api/v1/channels/")
+}
+
 /// The role a request needs.
 fn needed_role(method: &Method, path: &str, surface: Surface) -> Role {
-    if surface == Surface::Keys {
+    if surface == Surface::Keys || is_channel_listing(path) {
         return Role::Admin;
     }
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
@@ -550,6 +557,9 @@ mod tests {
             own(Method::DELETE, "/api/v1/devices/d1/downlinks"),
             Role::Write
         );
+        assert_eq!(own(Method::GET, "/api/v1/channels"), Role::Admin);
+        assert_eq!(own(Method::GET, "/api/v1/channels/c"), Role::Admin);
+        assert_eq!(own(Method::GET, "/api/v1/bridges"), Role::Read);
         let ngsi = |m: Method, p| needed_role(&m, p, Surface::Ngsi);
         assert_eq!(ngsi(Method::POST, "/v2/op/query"), Role::Read);
         assert_eq!(ngsi(Method::POST, "/v2/op/update"), Role::Write);

@@ -146,26 +146,51 @@ async fn delete_type(
 /// `POST /api/v1/device-types/{name}/decode`: runs the type's decoder (or
 /// processor) on a sample body and returns what it would produce, storing
 /// nothing; the sample needs no device id. `?channel=` sets the units'
-/// channel. A 422 carries the codec's own `errors` and `warnings`.
+/// channel. A `decoder` field (`{"script", "language"}`, as a type's) is
+/// not part of the sample: it is a decoder not saved yet, run instead of
+/// the type's with the type's mappings (what a codec editor tests); one
+/// that does not compile is a 400 `InvalidScript`, as on save. A 422
+/// carries the codec's own `errors` and `warnings`.
 async fn decode(
     State(state): State<AppState>,
     Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    if state.services.catalog.device_type(&name).is_none() {
+    let Some(saved) = state.services.catalog.device_type(&name) else {
         return Err(ApiError::not_found(format!(
             "device type '{name}' does not exist"
         )));
-    }
-    let sample: Value = parse_body(&body)?;
-    if !sample.is_object() {
+    };
+    let mut sample: Value = parse_body(&body)?;
+    let Some(fields) = sample.as_object_mut() else {
         return Err(ApiError::bad_request("body must be a JSON object"));
-    }
+    };
+    let candidate = match fields.remove("decoder") {
+        None => None,
+        Some(decoder) => {
+            let decoder: weft_model::device::Decoder =
+                serde_json::from_value(decoder).map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "decoder must be {{\"script\": \"<JavaScript>\"}}: {e}"
+                    ))
+                })?;
+            let mut def = saved.def.clone();
+            def.decoder = Some(decoder);
+            Some(std::sync::Arc::new(
+                state.services.catalog.candidate(&name, def).await?,
+            ))
+        }
+    };
     match state
         .services
         .ingest
-        .dry_run(&name, params.get("channel").cloned(), &sample)
+        .dry_run(
+            &name,
+            params.get("channel").cloned(),
+            &sample,
+            candidate.as_ref(),
+        )
         .await
     {
         Ok(produced) => Ok(Json(

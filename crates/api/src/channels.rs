@@ -426,3 +426,103 @@ async fn delete_bridge(
         )))
     }
 }
+
+/// The `/api/v1/channels` routes (weft's own API, admin keys): a read-only
+/// listing of the channels with their subscribers and backlogs, which
+/// DSPS's API does not have and the console's Channels screen shows.
+pub fn listing_router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/channels", get(list_channels))
+        .route("/api/v1/channels/{id}", get(get_channel))
+}
+
+/// Channels a listing page holds when the client names no `limit`.
+const DEFAULT_CHANNEL_PAGE: usize = 50;
+
+/// Most channels one listing page may hold.
+const MAX_CHANNEL_PAGE: usize = 1000;
+
+/// A backlog as JSON: how many messages, when the oldest was published
+/// (epoch ms) and its age in ms (`null`s when there are none).
+fn backlog_json(b: &weft_store::ChannelBacklog, now: i64) -> serde_json::Value {
+    json!({
+        "messages": b.messages,
+        "oldestMessageAt": b.oldest_published_at,
+        "oldestMessageAgeMs": b.oldest_published_at.map(|t| (now - t).max(0)),
+    })
+}
+
+/// A channel as the listing shows it.
+fn channel_json(c: &weft_pipeline::channels::listing::ChannelView) -> serde_json::Value {
+    let now = weft_model::now_ms();
+    json!({
+        "id": c.id,
+        "head": c.head,
+        "lastActive": c.last_active,
+        "backlog": backlog_json(&c.backlog, now),
+        "subscribers": c.subscribers.iter().map(|s| json!({
+            "id": s.id,
+            "type": "polling",
+            "cursor": s.cursor,
+            "lastSeen": s.last_seen,
+            "backlog": backlog_json(&s.backlog, now),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /api/v1/channels?limit=&offset=`: the channels this node holds,
+/// ordered by id, `limit` (1–1000, default 50) from `offset`, each with
+/// its polling subscribers and their backlogs; `X-Total-Count` says how
+/// many channels there are. 400 for a bad `limit`/`offset` or an unknown
+/// parameter.
+async fn list_channels(
+    State(state): State<AppState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (mut limit, mut offset) = (DEFAULT_CHANNEL_PAGE, 0);
+    for (k, v) in params {
+        match k.as_str() {
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_CHANNEL_PAGE).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "limit must be an integer from 1 to {MAX_CHANNEL_PAGE}, not '{v}'"
+                        ))
+                    })?
+            }
+            "offset" => {
+                offset = v.parse::<usize>().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "offset must be a non-negative integer, not '{v}'"
+                    ))
+                })?
+            }
+            _ => return Err(ApiError::bad_request(format!("unknown parameter '{k}'"))),
+        }
+    }
+    let page = state.services.channels.page(offset, limit).await?;
+    let items: Vec<serde_json::Value> = page.channels.iter().map(channel_json).collect();
+    Ok((
+        [("x-total-count", page.total.to_string())],
+        axum::Json(items),
+    )
+        .into_response())
+}
+
+/// `GET /api/v1/channels/{id}`: one channel with its subscribers and
+/// backlogs; 404 when this node holds no such channel.
+async fn get_channel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<serde_json::Value>> {
+    state
+        .services
+        .channels
+        .describe(&id)
+        .await?
+        .map(|c| axum::Json(channel_json(&c)))
+        .ok_or_else(|| ApiError::not_found(format!("channel '{id}' does not exist")))
+}

@@ -5,7 +5,8 @@
 //!
 //! - [`ingest`]: sensae's `/sensor-data/…` path and the TTN / ChirpStack webhooks.
 //! - [`alarms`]: `/api/v1/rules` and `/api/v1/alarms`.
-//! - [`channels`]: DSPS's durable pull channels at `/channel/…` and `/probe/…`.
+//! - [`channels`]: DSPS's durable pull channels at `/channel/…` and `/probe/…`,
+//!   their bridges (`/api/v1/bridges`) and listing (`/api/v1/channels`).
 //! - [`catalog`]: `/api/v1/device-types` and `/api/v1/devices`.
 //! - [`downlinks`]: `/api/v1/devices/{id}/downlinks` and the IoT Agent
 //!   JSON command answers at `/iot/json/commands`.
@@ -109,6 +110,7 @@ pub fn app(state: AppState) -> App {
         .merge(alarms::router())
         .merge(channels::router())
         .merge(channels::bridges_router())
+        .merge(channels::listing_router())
         .merge(pages::router())
         .merge(data::router())
         .merge(live::router())

@@ -31,6 +31,8 @@
 //!   stress tests): `ngsi-update`'s load with subscriptions and a
 //!   notification sink in the bench process.
 //! - [`pages`]: the `pages` scenario (seed 004, Knot.x scenarios 1-6 and the soak mix).
+//! - [`console`]: the `console` scenario: the web console's requests
+//!   (device list pages, a search, the device page) with 100,000 devices.
 //! - [`history`]: the `history` scenario (seed 003's QuantumLeap load
 //!   test): notifications to `/v2/notify`, every row read back, then
 //!   `lastN`, range and aggregation queries.
@@ -45,6 +47,7 @@ pub mod alarms;
 pub mod ceiling;
 pub mod channels;
 pub mod common;
+pub mod console;
 pub mod history;
 pub mod http;
 pub mod ingest;
@@ -60,6 +63,7 @@ pub use alarms::AlarmsArgs;
 pub use ceiling::CeilingArgs;
 pub use channels::ChannelsArgs;
 pub use common::CommonArgs;
+pub use console::ConsoleArgs;
 pub use history::HistoryArgs;
 pub use ingest::IngestArgs;
 pub use mqtt::MqttArgs;
@@ -114,6 +118,12 @@ pub enum BenchCommand {
     /// are filled from mock services in the bench; checks every body is
     /// the expected rendering.
     Pages(PagesArgs),
+    /// The web console's requests with a large fleet: registers
+    /// `--devices` devices (100,000 by default), gives the last one a
+    /// history, then measures the device list's first and last page, a
+    /// search and the device page's requests, a fixed number of each;
+    /// checks every answer is what the console needs.
+    Console(ConsoleArgs),
     /// The calibration alone: a bare hyper handler's GET and small POST,
     /// then the target's trivial GET (`/version`, or the `--probe` of a
     /// peer), each driven by the bench's client for `--calibration`.
@@ -132,6 +142,7 @@ impl BenchCommand {
             BenchCommand::History(args) => &args.common,
             BenchCommand::Channels(args) => &args.common,
             BenchCommand::Pages(args) => &args.common,
+            BenchCommand::Console(args) => &args.common,
             BenchCommand::Ceiling(args) => &args.common,
         }
     }
@@ -148,6 +159,7 @@ impl BenchCommand {
             BenchCommand::History(args) => args.clients(),
             BenchCommand::Channels(args) => args.channels * (1 + args.subscribers),
             BenchCommand::Pages(args) => args.concurrency,
+            BenchCommand::Console(args) => args.concurrency,
             BenchCommand::Ceiling(args) => args.concurrency,
         }
         .max(1)
@@ -166,6 +178,7 @@ impl BenchCommand {
             BenchCommand::History(_) => ("notifications_stored", Reference::Post),
             BenchCommand::Channels(_) => ("messages_received", Reference::Post),
             BenchCommand::Pages(_) => ("pages", Reference::Get),
+            BenchCommand::Console(_) => ("console_reqs", Reference::Get),
             BenchCommand::Ceiling(_) => ("target_get_reqs", Reference::Get),
         }
     }
@@ -180,6 +193,11 @@ impl BenchCommand {
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
     let common = cmd.common().clone();
     if common.peer {
+        if let BenchCommand::Console(_) = cmd {
+            anyhow::bail!(
+                "the console scenario measures weft's own /api/v1: it cannot drive a peer"
+            );
+        }
         if let BenchCommand::Ingest(_) | BenchCommand::Alarms(_) | BenchCommand::Mqtt(_) = cmd {
             anyhow::bail!(
                 "ingest and alarms cannot drive a peer: their setup (device type, rule), \
@@ -211,6 +229,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
         BenchCommand::History(args) => history::run(args, &session).await,
         BenchCommand::Channels(args) => channels::run(args, &session).await,
         BenchCommand::Pages(args) => pages::run(args, &session).await,
+        BenchCommand::Console(args) => console::run(args, &session).await,
         BenchCommand::Ceiling(args) => match calibration.clone() {
             Some(c) => Ok(ceiling::summary(args, &session, c)),
             None => Err(anyhow::anyhow!(

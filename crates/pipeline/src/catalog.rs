@@ -133,6 +133,14 @@ impl Catalog {
         })
     }
 
+    /// `def` compiled and checked as a `PUT` of type `name` would be, but
+    /// neither stored nor cached: what the dry run of an unsaved codec
+    /// decodes with. A decoder that does not compile is refused as a save
+    /// would be.
+    pub async fn candidate(&self, name: &str, def: DeviceType) -> Result<TypeEntry, CatalogError> {
+        self.compile(name, def).await
+    }
+
     /// The cached type entry.
     pub fn device_type(&self, name: &str) -> Option<Arc<TypeEntry>> {
         self.types.read().get(name).cloned()

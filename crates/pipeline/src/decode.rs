@@ -135,8 +135,25 @@ pub async fn process_reporting(
     new_devices: &mut Vec<Device>,
     register: bool,
 ) -> Vec<(Outcome, Option<CodecReport>)> {
-    let prepared: Vec<Result<Step, Failure>> =
-        uplinks.iter().map(|u| prepare(u, catalog)).collect();
+    process_reporting_as(uplinks, catalog, engine, new_devices, register, None).await
+}
+
+/// [`process_reporting`], with uplinks of `candidate`'s type decoded by
+/// `candidate` instead of the catalog's entry: the dry run of a codec not
+/// saved yet (the console's Test of what is in its editor).
+#[allow(clippy::result_large_err)]
+pub async fn process_reporting_as(
+    uplinks: &[Uplink],
+    catalog: &Catalog,
+    engine: &Engine,
+    new_devices: &mut Vec<Device>,
+    register: bool,
+    candidate: Option<&Arc<TypeEntry>>,
+) -> Vec<(Outcome, Option<CodecReport>)> {
+    let prepared: Vec<Result<Step, Failure>> = uplinks
+        .iter()
+        .map(|u| prepare(u, catalog, candidate))
+        .collect();
 
     let calls: Vec<Call> = prepared
         .iter()
@@ -217,7 +234,11 @@ fn failed(uplink: &Uplink, reason: FailureReason, description: String) -> Failed
 /// Reads a log entry: a device event when the network server named one
 /// (kept whatever its name; only one naming no device fails, as
 /// `InvalidUplink`), else an uplink matched to its device type.
-fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Step, Failure> {
+fn prepare(
+    uplink: &Uplink,
+    catalog: &Catalog,
+    candidate: Option<&Arc<TypeEntry>>,
+) -> Result<Step, Failure> {
     let u = &uplink.uplink;
     let body: Value = serde_json::from_slice(&u.body).map_err(|e| {
         (
@@ -260,7 +281,11 @@ fn prepare(uplink: &Uplink, catalog: &Catalog) -> Result<Step, Failure> {
                 "no device type: name it in the path or ?type=, or register the device".into(),
             )
         })?;
-    let device_type = catalog.device_type(&type_name).ok_or_else(|| {
+    let device_type = match candidate {
+        Some(c) if c.name == type_name => Some(c.clone()),
+        _ => catalog.device_type(&type_name),
+    };
+    let device_type = device_type.ok_or_else(|| {
         (
             FailureReason::UnknownType,
             format!("device type '{type_name}' does not exist"),

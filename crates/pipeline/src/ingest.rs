@@ -260,12 +260,15 @@ impl Ingest {
     /// without storing or registering anything (the `decode` dry run). A
     /// body with `payload` or `bytes` is treated as encoded, otherwise as
     /// decoded. It needs no device id. A failure comes with the codec's own
-    /// `errors` and `warnings` when it returned errors.
+    /// `errors` and `warnings` when it returned errors. `candidate`, a
+    /// type entry not saved (see [`crate::catalog::Catalog::candidate`]),
+    /// decodes instead of the saved type when given.
     pub async fn dry_run(
         &self,
         type_name: &str,
         channel: Option<String>,
         body: &Value,
+        candidate: Option<&Arc<crate::catalog::TypeEntry>>,
     ) -> Result<Produced, (FailedUplink, Option<decode::CodecReport>)> {
         let encoded = body.get("payload").is_some() || body.get("bytes").is_some();
         let uplink = Uplink {
@@ -286,12 +289,13 @@ impl Ingest {
             },
         };
         let mut ignored = Vec::new();
-        let mut out = decode::process_reporting(
+        let mut out = decode::process_reporting_as(
             std::slice::from_ref(&uplink),
             &self.catalog,
             &self.engine,
             &mut ignored,
             false,
+            candidate,
         )
         .await;
         let (outcome, report) = out.pop().expect("one outcome per uplink");

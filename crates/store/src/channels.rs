@@ -33,6 +33,17 @@ pub struct ChannelSubscriber {
     pub cursor: u64,
 }
 
+/// How far behind a subscriber is: what the console's and the channel
+/// listing's backlog figures are made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChannelBacklog {
+    /// Stored messages after the subscriber's cursor: not yet acknowledged.
+    pub messages: u64,
+    /// When the oldest of them was published (epoch ms); `None` when there
+    /// are none.
+    pub oldest_published_at: Option<i64>,
+}
+
 /// Durable pull channels: messages kept until every subscriber has
 /// acknowledged them, and the subscribers' cursors.
 #[async_trait]
@@ -72,6 +83,11 @@ pub trait ChannelStore: Send + Sync {
         after: u64,
         limit: usize,
     ) -> Result<Vec<ChannelMessage>>;
+    /// The channel's stored messages after `after` — a subscriber's backlog
+    /// when `after` is its cursor: how many, and when the oldest was
+    /// published. A range of the `(channel, seq)` index: it costs one index
+    /// entry per message counted, never a look at other channels.
+    async fn channel_backlog(&self, channel: &str, after: u64) -> Result<ChannelBacklog>;
     /// Every stored subscriber (loaded at start).
     async fn channel_subscribers(&self) -> Result<Vec<ChannelSubscriber>>;
     /// Each channel's highest stored message `seq`, and the highest `seq`

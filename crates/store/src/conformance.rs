@@ -17,10 +17,11 @@ use weft_model::{
 
 use crate::prelude::*;
 use crate::{
-    AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelMessage, ChannelSubscriber,
-    DataQuery, DeviceFilter, DevicePageQuery, DocumentKind, EntityRecord, FailedQuery, FeedFilter,
-    FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed,
-    HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch, RuleStateRecord, UnitRecord,
+    AggrMethod, AggrPeriod, AlarmBatch, AlarmQuery, AlarmRecord, ChannelBacklog, ChannelMessage,
+    ChannelSubscriber, DataQuery, DeviceFilter, DevicePageQuery, DocumentKind, EntityRecord,
+    FailedQuery, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, NgsiDocument, ProcessedBatch,
+    RuleStateRecord, UnitRecord,
 };
 
 /// A backend under test: a place for data of its own (a temporary
@@ -83,6 +84,7 @@ macro_rules! conformance_tests {
             expiry_deletes_rows_then_whole_buckets,
             channel_publish_dedupes_and_pages,
             channel_subscribers_ack_prune_and_heads,
+            channel_backlog_counts_after_a_cursor_within_its_channel,
             rules_are_put_listed_and_deleted_with_their_state,
             alarm_batches_commit_versions_events_states_and_cursor,
             alarms_are_queried_newest_first_with_filters,
@@ -2849,6 +2851,53 @@ where
         .unwrap()
         .is_empty());
     assert!(store.channel_messages("e", 0, 10).await.unwrap().is_empty());
+    B::close(&store).await;
+}
+
+/// A backlog counts the channel's messages after a cursor, never another
+/// channel's, with the oldest one's publication time; none after the
+/// newest, and none once pruned.
+pub(crate) async fn channel_backlog_counts_after_a_cursor_within_its_channel<B: Backend>()
+where
+    B::Store: ChannelStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let before = weft_model::now_ms();
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let seq = store
+            .publish_message("c", &format!("m{i}"), "{}".into())
+            .await
+            .unwrap()
+            .unwrap();
+        seqs.push(seq);
+        store
+            .publish_message("other", &format!("m{i}"), "{}".into())
+            .await
+            .unwrap();
+    }
+    let all = store.channel_backlog("c", 0).await.unwrap();
+    assert_eq!(all.messages, 3);
+    let oldest = all.oldest_published_at.expect("a time");
+    assert!(
+        oldest >= before && oldest <= weft_model::now_ms(),
+        "{oldest}"
+    );
+    assert_eq!(
+        store.channel_backlog("c", seqs[0]).await.unwrap().messages,
+        2
+    );
+    assert_eq!(
+        store.channel_backlog("c", seqs[2]).await.unwrap(),
+        ChannelBacklog::default()
+    );
+    assert_eq!(
+        store.channel_backlog("none", 0).await.unwrap(),
+        ChannelBacklog::default()
+    );
+    store.prune_channel("c", seqs[1]).await.unwrap();
+    assert_eq!(store.channel_backlog("c", 0).await.unwrap().messages, 1);
     B::close(&store).await;
 }
 

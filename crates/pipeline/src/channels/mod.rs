@@ -20,6 +20,7 @@
 //! channel to one node) is a later step of scale-out.
 
 pub mod bridge;
+pub mod listing;
 pub mod rules;
 
 use std::collections::HashMap;
@@ -387,6 +388,16 @@ impl Channels {
             }
             if let Err(e) = self.sweep().await {
                 tracing::warn!(error = %e, "sweeping channels failed");
+            }
+            match self.backlog_total().await {
+                Ok(b) => {
+                    metrics::gauge!("weft_channel_backlog_messages").set(b.messages as f64);
+                    let age = b
+                        .oldest_published_at
+                        .map_or(0, |t| (weft_model::now_ms() - t).max(0));
+                    metrics::gauge!("weft_channel_oldest_unacked_seconds").set(age as f64 / 1000.0);
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the channels' backlog failed"),
             }
         }
     }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use super::schema::db;
 use super::writer::param;
 use super::{to_i64, PostgresStore};
-use crate::{ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+use crate::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result};
 
 #[async_trait]
 impl ChannelStore for PostgresStore {
@@ -142,6 +142,26 @@ impl ChannelStore for PostgresStore {
                 content: r.get(2),
             })
             .collect())
+    }
+
+    async fn channel_backlog(&self, channel: &str, after: u64) -> Result<ChannelBacklog> {
+        // Two ranges of the (channel, seq) index in one round trip: a
+        // count (index-only once the table is vacuumed) and the first
+        // entry's row for its time.
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT COUNT(*) FROM channel_messages WHERE channel = $1 AND seq > $2), \
+                        (SELECT published_at FROM channel_messages \
+                         WHERE channel = $1 AND seq > $2 ORDER BY seq LIMIT 1)",
+                &[&channel, &to_i64(after)],
+            )
+            .await
+            .map_err(db)?;
+        Ok(ChannelBacklog {
+            messages: row.get::<_, i64>(0) as u64,
+            oldest_published_at: row.get(1),
+        })
     }
 
     async fn channel_subscribers(&self) -> Result<Vec<ChannelSubscriber>> {

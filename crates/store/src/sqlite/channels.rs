@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use rusqlite::Connection;
 
 use super::{to_i64, Db, SqliteStore};
-use crate::{ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+use crate::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result};
 
 #[async_trait]
 impl ChannelStore for SqliteStore {
@@ -69,6 +69,13 @@ impl ChannelStore for SqliteStore {
         let channel = channel.to_string();
         self.channels
             .read(move |c| messages(c, &channel, after, limit))
+            .await
+    }
+
+    async fn channel_backlog(&self, channel: &str, after: u64) -> Result<ChannelBacklog> {
+        let channel = channel.to_string();
+        self.channels
+            .read(move |c| backlog(c, &channel, after))
             .await
     }
 
@@ -169,6 +176,25 @@ fn messages(
         })
         .db()?;
     rows.collect::<rusqlite::Result<_>>().db()
+}
+
+/// The channel's messages after `after`: their count, a range of the
+/// `(channel, seq)` index (the count reads no table row), and the oldest
+/// one's publication time, one probe of the same range.
+fn backlog(conn: &Connection, channel: &str, after: u64) -> Result<ChannelBacklog> {
+    let (messages, oldest_published_at): (i64, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT (SELECT COUNT(*) FROM channel_messages WHERE channel = ?1 AND seq > ?2), \
+                    (SELECT published_at FROM channel_messages \
+                     WHERE channel = ?1 AND seq > ?2 ORDER BY seq LIMIT 1)",
+        )
+        .db()?
+        .query_row((channel, to_i64(after)), |r| Ok((r.get(0)?, r.get(1)?)))
+        .db()?;
+    Ok(ChannelBacklog {
+        messages: messages as u64,
+        oldest_published_at,
+    })
 }
 
 /// Every subscriber.

@@ -1,7 +1,7 @@
 // One device: its record and state, the latest values, a zoomable history
 // chart per numeric measure (uPlot, from the QuantumLeap API, extended
 // live), its live event log (SSE), its network-server events, the failed
-// uplinks of its type, and a downlink form when weft offers downlinks.
+// uplinks of its type, and its downlink queue with a form to add to it.
 import { get, call, live, qs } from "../api.js";
 import { h, fill, title, errorBox, showError, table, time, ago, json, measureValue, show, parseBytes, toHex } from "../ui.js";
 
@@ -129,47 +129,125 @@ export default async function device(main, { arg: id, onLeave }) {
       { title: "Body", cell: (f) => h("details", {}, h("summary", {}, "JSON"), json(f.body)), opt: true },
     ], failed.failures || [], "None."));
   }
-  await downlinks(main, id);
+  await downlinks(main, id, onLeave);
 }
 
-/** The downlink form, shown only when the server offers downlinks. */
-async function downlinks(main, id) {
+/** Downlink priorities, as The Things Stack names them. */
+const PRIORITIES = ["LOWEST", "LOW", "BELOW_NORMAL", "NORMAL", "ABOVE_NORMAL", "HIGH", "HIGHEST"];
+
+/** How often the downlink list is read again while the page is open. */
+const DOWNLINK_REFRESH_MS = 3000;
+
+/**
+ * The device's downlink queue (docs/downlinks.md): a form that pushes or
+ * replaces (fPort, raw bytes as hex or base64 or a JSON object for the
+ * type's encodeDownlink, confirmed, priority, expiry), the queued, sent
+ * and failed downlinks with their status and reason, and a flush button.
+ */
+async function downlinks(main, id, onLeave) {
   const path = `/api/v1/devices/${encodeURIComponent(id)}/downlinks`;
-  let queued;
-  try {
-    queued = await get(path);
-  } catch {
-    return; // this weft has no downlinks
-  }
-  const port = h("input", { id: "dl-port", type: "number", min: 1, max: 223, value: 1, required: true });
-  const format = h("select", { id: "dl-format" }, h("option", { value: "hex" }, "hex"), h("option", { value: "base64" }, "base64"), h("option", { value: "json" }, "JSON object (encoded by the codec)"));
-  const payload = h("input", { id: "dl-payload", size: 40, required: true });
-  const err = errorBox(null);
-  const done = h("p", { class: "ok", "aria-live": "polite" });
+  const mode = h("select", { id: "dl-mode" },
+    h("option", { value: "POST" }, "push (append to the queue)"),
+    h("option", { value: "PUT" }, "replace (the open downlinks)"));
+  const format = h("select", { id: "dl-format" },
+    h("option", { value: "hex" }, "hex bytes"),
+    h("option", { value: "base64" }, "base64 bytes"),
+    h("option", { value: "json" }, "JSON object (encoded by the codec)"));
+  const port = h("input", { id: "dl-port", type: "number", min: 1, max: 223, placeholder: "codec", size: 6 });
+  const payload = h("textarea", { id: "dl-payload", rows: 2, cols: 40, class: "code", required: true, placeholder: "01 05" });
+  const confirmed = h("input", { id: "dl-confirmed", type: "checkbox" });
+  const priority = h("select", { id: "dl-priority" }, PRIORITIES.map((p) => h("option", { value: p, selected: p === "NORMAL" }, p)));
+  const expires = h("input", { id: "dl-expires", type: "datetime-local" });
+  const err = h("div", { class: "error", role: "alert", id: "dl-error", hidden: true });
+  const done = h("p", { class: "ok", "aria-live": "polite", id: "dl-done" });
   const form = h("form", { class: "card", id: "downlink" },
     h("div", { class: "row" },
-      h("label", { for: "dl-port" }, "fPort", port),
+      h("label", { for: "dl-mode" }, "Queue", mode),
       h("label", { for: "dl-format" }, "Payload as", format),
-      h("label", { for: "dl-payload" }, "Payload", payload),
-      h("button", { class: "primary", type: "submit" }, "Queue downlink")),
-    err, done);
+      h("label", { for: "dl-port" }, "fPort (1–223)", port),
+      h("label", { for: "dl-priority" }, "Priority", priority),
+      h("label", { for: "dl-expires" }, "Expires (optional)", expires),
+      h("label", { class: "inline" }, confirmed, "Confirmed")),
+    h("label", { for: "dl-payload" }, "Payload", payload),
+    err,
+    h("p", {}, h("button", { class: "primary", type: "submit", id: "dl-send" }, "Queue downlink"), " ", done));
+  const listErr = errorBox(null);
+  const list = h("div", { id: "downlink-list", "aria-live": "polite" });
+  const flush = h("button", { type: "button", class: "danger", id: "dl-flush" }, "Flush open downlinks");
+  const refresh = h("button", { type: "button", id: "dl-refresh" }, "Refresh");
+
+  /** Shows an API error with the codec's own `errors` (a 422 from the encoder). */
+  const showFailure = (x) => {
+    const errors = x.body?.errors || [];
+    fill(err, x.message || String(x), errors.length ? h("ul", {}, errors.map((e) => h("li", {}, show(e)))) : null);
+    err.hidden = false;
+  };
+
+  const load = async () => {
+    try {
+      const r = await get(path);
+      showError(listErr, null);
+      fill(list, table([
+        { title: "Status", cell: (d) => h("span", { class: `badge ${d.status}`, "data-status": d.status }, d.status) },
+        { title: "Reason", cell: (d) => d.reason || "" },
+        { title: "fPort", cell: (d) => d.fPort },
+        { title: "Payload", cell: (d) => h("code", {}, toHex(parseBytes(d.frmPayload || "", "base64") || [])) },
+        { title: "Data", cell: (d) => (d.data !== undefined ? show(d.data) : d.decoded !== undefined ? show(d.decoded) : "—"), opt: true },
+        { title: "Attempts", cell: (d) => String(d.attempts ?? 0), opt: true },
+        { title: "Queued", cell: (d) => time(d.createdAt), opt: true },
+        { title: "Sent", cell: (d) => time(d.sentAt), opt: true },
+      ], (r.downlinks || []).slice().reverse(), "No downlinks."));
+    } catch (x) {
+      showError(listErr, x);
+    }
+  };
+
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     done.textContent = "";
-    const body = { fPort: Number(port.value) };
-    try {
-      if (format.value === "json") body.object = JSON.parse(payload.value);
-      else {
-        const bytes = parseBytes(payload.value, format.value);
-        if (!bytes) throw new Error(`not valid ${format.value}`);
-        body.bytes = toHex(bytes);
+    err.hidden = true;
+    const body = { confirmed: confirmed.checked, priority: priority.value };
+    if (port.value !== "") body.fPort = Number(port.value);
+    if (expires.value) body.expiresAt = new Date(expires.value).toISOString();
+    if (format.value === "json") {
+      try {
+        body.data = JSON.parse(payload.value);
+      } catch (x) {
+        showFailure(new Error(`The payload is not JSON: ${x.message}`));
+        return;
       }
-      await call("POST", path, body);
-      showError(err, null);
-      done.textContent = "Queued.";
+      if (!body.data || typeof body.data !== "object" || Array.isArray(body.data)) {
+        showFailure(new Error("The payload must be a JSON object, which the codec's encodeDownlink encodes."));
+        return;
+      }
+    } else {
+      const bytes = parseBytes(payload.value, format.value);
+      if (!bytes || !bytes.length) { showFailure(new Error(`The payload is not ${format.value} bytes.`)); return; }
+      body.bytes = btoa(String.fromCharCode(...bytes));
+    }
+    try {
+      const r = await call(mode.value, path, mode.value === "PUT" ? { downlinks: [body] } : body);
+      const n = r.body?.downlinks?.length ?? 1;
+      done.textContent = mode.value === "PUT" ? `Queue replaced (${n} queued).` : "Queued.";
+      await load();
     } catch (x) {
-      showError(err, x);
+      showFailure(x);
     }
   });
-  main.append(h("h2", {}, "Downlinks"), form, json(queued));
+  flush.addEventListener("click", async () => {
+    try {
+      const r = await call("DELETE", path);
+      done.textContent = `Flushed ${r.body?.flushed ?? 0}.`;
+      await load();
+    } catch (x) {
+      showError(listErr, x);
+    }
+  });
+  refresh.addEventListener("click", load);
+  main.append(h("h2", {}, "Downlinks"), form,
+    h("div", { class: "row" }, refresh, flush), listErr, list,
+    h("p", { class: "muted" }, "Newest first: the open downlinks and the last finished ones. A downlink stays pending until weft has learnt a route to the device from its uplinks (docs/downlinks.md)."));
+  await load();
+  const timer = setInterval(load, DOWNLINK_REFRESH_MS);
+  onLeave(() => clearInterval(timer));
 }

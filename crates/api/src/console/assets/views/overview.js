@@ -16,6 +16,14 @@ export function parseMetrics(text) {
   return out;
 }
 
+/** Seconds as "42 s", "3 min", "5 h"; "—" for none. */
+function age(s) {
+  if (!s) return "—";
+  if (s < 120) return `${Math.round(s)} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
 const TILES = [
   ["uplinks", "Uplinks / s", (m, r) => r("weft_uplinks_accepted_total")],
   ["failures", "Failed uplinks / s", (m, r) => r("weft_uplinks_failed_total")],
@@ -26,6 +34,8 @@ const TILES = [
   ["notifyFailed", "Notifications failing (total)", (m) => (m.weft_notifications_failed_total || 0) + (m.weft_notifications_dropped_total || 0)],
   ["webhooks", "Channel webhooks failing (total)", (m) => (m.weft_channel_webhooks_failed_total || 0) + (m.weft_channel_webhooks_dropped_total || 0)],
   ["published", "Channel messages / s", (m, r) => r("weft_channel_messages_published_total")],
+  ["channelBacklog", "Channel messages not yet acked (every 10 s)", (m) => m.weft_channel_backlog_messages || 0],
+  ["channelOldest", "Oldest of them", (m) => age(m.weft_channel_oldest_unacked_seconds || 0)],
   ["live", "Live connections", (m) => m.weft_live_connections || 0],
 ];
 

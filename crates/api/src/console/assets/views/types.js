@@ -1,6 +1,7 @@
 // Device types: the list, and an editor per type with a highlighted codec
-// editor, the server's validation on save, the dry-run decode on hex or
-// base64 input, and TTN device-repository examples run against the codec.
+// editor, the server's validation on save, the dry-run decode of the
+// editor's decoder (saved or not) on hex or base64 input, and TTN
+// device-repository examples run against it.
 import { get, call } from "../api.js";
 import { h, fill, title, errorBox, showError, table, json, parseBytes, toHex, measureValue, show } from "../ui.js";
 import { codeEditor } from "../highlight.js";
@@ -76,7 +77,9 @@ async function editor(main, name, justSaved) {
     }
   }
 
-  // The dry run.
+  // The dry run: of the editor's decoder (the saved type's when the
+  // editor is empty).
+  const editorDecoder = () => (code.get().trim() ? { decoder: { language: "javascript", script: code.get() } } : {});
   const input = h("input", { id: "test-input", size: 40, placeholder: "01755C03673401" });
   const format = h("select", { id: "test-format" }, h("option", { value: "hex" }, "hex"), h("option", { value: "base64" }, "base64"));
   const port = h("input", { id: "test-port", type: "number", min: 0, max: 255, value: 1 });
@@ -89,22 +92,22 @@ async function editor(main, name, justSaved) {
       h("label", { for: "test-port" }, "fPort", port),
       h("label", { for: "test-device" }, "Device id", deviceId),
       h("button", { type: "submit", id: "test-run" }, "Test")),
-    h("p", { class: "muted" }, "Runs the saved decoder on the payload; nothing is stored."),
+    h("p", { class: "muted" }, "Runs the decoder in the editor, saved or not, with the type's mappings; nothing is stored."),
     result);
   testForm.addEventListener("submit", async (e) => {
     e.preventDefault();
     if (!name) { fill(result, errorBox(new Error("Save the type first."))); return; }
     const bytes = parseBytes(input.value, format.value);
     if (!bytes) { fill(result, errorBox(new Error(`The payload is not valid ${format.value}.`))); return; }
-    const unsaved = savedScript !== null && code.get() !== savedScript;
-    fill(result, await dryRun(name, { bytes: toHex(bytes), fPort: Number(port.value), id: deviceId.value.trim() || "console-test" }), unsaved ? h("p", { class: "warn" }, "The editor has unsaved changes: this ran the saved decoder.") : null);
+    const unsaved = code.get() !== (savedScript ?? "");
+    fill(result, await dryRun(name, { bytes: toHex(bytes), fPort: Number(port.value), id: deviceId.value.trim() || "console-test", ...editorDecoder() }), unsaved ? h("p", { class: "muted", id: "test-unsaved" }, "This ran the editor's unsaved decoder; Save to keep it.") : null);
   });
 
   // TTN examples.
   const imported = h("textarea", { id: "ttn-import", rows: 5, class: "code", placeholder: '{"uplinkDecoder":{"examples":[{"description":"…","input":{"fPort":1,"bytes":[1,117,92]},"output":{"data":{"battery":92}}}]}}' });
   const examplesOut = h("div", { id: "ttn-results" });
   const importForm = h("form", { class: "card", id: "ttn-form" },
-    h("label", { for: "ttn-import" }, "A TTN device-repository codec definition as JSON (or its examples array); a `script` or `decoderScript` field, if present, fills the editor", imported),
+    h("label", { for: "ttn-import" }, "A TTN device-repository codec definition as JSON (or its examples array); a `script` or `decoderScript` field, if present, fills the editor (Save to keep it); the examples run against the editor's decoder", imported),
     h("p", {}, h("button", { type: "submit", id: "ttn-run" }, "Import and run examples")),
     examplesOut);
   importForm.addEventListener("submit", async (e) => {
@@ -120,25 +123,17 @@ async function editor(main, name, justSaved) {
     if (script) code.set(script);
     const examples = Array.isArray(def) ? def : def.uplinkDecoder?.examples || def.examples || [];
     if (!name) { fill(examplesOut, errorBox(new Error("Save the type first."))); return; }
-    if (script) {
-      try {
-        await call("PUT", `/api/v1/device-types/${encodeURIComponent(name)}`, { ...(existing.entityType ? { entityType: existing.entityType } : {}), decoder: { language: "javascript", script }, ...(existing.processor ? { processor: existing.processor } : {}) });
-        savedScript = script;
-      } catch (x) {
-        fill(examplesOut, errorBox(x));
-        return;
-      }
-    }
     const rows = [];
     for (const ex of examples) {
       const bytes = ex.input?.bytes || [];
       const expected = ex.output || {};
       let got, pass;
       try {
-        const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, { bytes: toHex(bytes), fPort: ex.input?.fPort ?? 1, id: "console-test" });
+        const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/decode`, { bytes: toHex(bytes), fPort: ex.input?.fPort ?? 1, id: "console-test", ...editorDecoder() });
         got = r.body.units?.[0]?.measures;
         pass = !expected.errors?.length && sameData(expected.data, got);
       } catch (x) {
+        if (x.body?.error === "InvalidScript") { fill(examplesOut, errorBox(x)); return; }
         got = x.body || x.message;
         pass = !!expected.errors?.length;
       }
