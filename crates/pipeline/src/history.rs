@@ -48,6 +48,33 @@ const FEED_PRUNE_EVERY: u64 = 1_000;
 /// anyway (only reached when the history writer is failing).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How a node that does not move a feed waits for the node that does:
+/// asks the store (`moved`) every [`FEED_IDLE`] until it answers yes, an
+/// error, or [`SETTLE_TIMEOUT`] (then the query answers without them).
+/// `what` names the feed's entries in the warnings.
+async fn wait_in_store<F, Fut>(what: &str, mut moved: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        match moved().await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the store whether history {what} are moved failed; answering without them");
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("history {what} not moved in time; answering without them");
+            return;
+        }
+        tokio::time::sleep(FEED_IDLE).await;
+    }
+}
+
 /// How long one tenant's history is kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Retention {
@@ -328,22 +355,11 @@ impl History {
             return;
         }
         // Another node moves the feed: its cursor in the store says how far.
-        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
-        loop {
-            match self.store.history_feed_cursor(HistoryFeed::Changes).await {
-                Ok(cursor) if cursor >= newest => return,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the changes feed's cursor failed; answering without them");
-                    return;
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("history changes not moved in time; answering without them");
-                return;
-            }
-            tokio::time::sleep(FEED_IDLE).await;
-        }
+        wait_in_store("changes", || async {
+            let cursor = self.store.history_feed_cursor(HistoryFeed::Changes).await?;
+            Ok(cursor >= newest)
+        })
+        .await;
     }
 
     /// Waits until every notification acknowledged so far is in the
@@ -373,7 +389,6 @@ impl History {
     /// notification queued when it was called (by any node, by this node
     /// before a restart) has been moved.
     async fn settle_in_store(&self) {
-        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
         let newest = match self.store.newest_queued_notification().await {
             Ok(Some(seq)) => seq,
             Ok(None) => return,
@@ -383,21 +398,10 @@ impl History {
             }
         };
         self.wake.notify_one();
-        loop {
-            match self.store.notifications_queued_through(newest).await {
-                Ok(false) => return,
-                Ok(true) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "asking the store whether notifications are moved failed; answering without them");
-                    return;
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("history notifications not moved in time; answering without them");
-                return;
-            }
-            tokio::time::sleep(FEED_IDLE).await;
-        }
+        wait_in_store("notifications", || async {
+            Ok(!self.store.notifications_queued_through(newest).await?)
+        })
+        .await;
     }
 
     /// Runs what history's lease holder does until `stop`: moving both
