@@ -71,6 +71,7 @@ async fn list_data(
         to: p.to,
         after: cursor(p.after.as_deref())?,
         limit: limit(p.limit)?,
+        partitions: None,
     };
     let rows = state.services.store.query_data(&query).await?;
     let next = match rows.last() {

@@ -132,6 +132,7 @@ async fn webhook(
     let (mut channel, mut device_type) = (params.channel, params.device_type);
     pins.apply(&mut channel, &mut device_type)?;
     let uplink = NewUplink {
+        partition: 0,
         received_at: now_ms(),
         format,
         channel,
@@ -153,6 +154,7 @@ async fn accept(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let uplink = NewUplink {
+        partition: 0,
         received_at: now_ms(),
         format,
         channel,

@@ -38,6 +38,10 @@ async fn health(State(state): State<AppState>) -> impl IntoResponse {
                 "node": cluster.node(),
                 "work": cluster.held(),
             });
+            if state.services.ingest.partition_count() > 1 {
+                body["partitions"] =
+                    json!(cluster.partitions(weft_pipeline::cluster::work::PIPELINE));
+            }
             let broker = state.services.mqtt.broker();
             if !sources.is_empty() || broker.is_some() {
                 body["mqtt"] = json!({ "sources": sources, "broker": broker });

@@ -158,6 +158,7 @@ pub fn read(
                   device_type: Option<String>,
                   event: Option<String>,
                   body: Vec<u8>| NewUplink {
+        partition: 0,
         received_at,
         format,
         channel: route.channel.clone(),

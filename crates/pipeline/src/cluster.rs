@@ -17,7 +17,7 @@
 //! judges expiry for every node alike, and a node that cannot reach the
 //! database could not do the work anyway.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +63,11 @@ impl Default for ClusterConfig {
     }
 }
 
+/// `d` in milliseconds, as the store's clock counts.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// How often a node's heartbeat is written.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// Nodes silent this long are dropped from the membership.
@@ -75,6 +80,8 @@ pub struct Cluster {
     info: NodeInfo,
     config: ClusterConfig,
     held: parking_lot::Mutex<BTreeSet<&'static str>>,
+    /// The partitions of partitioned work this node holds now, by work.
+    partitions: parking_lot::Mutex<BTreeMap<&'static str, Vec<u16>>>,
 }
 
 impl Cluster {
@@ -90,6 +97,7 @@ impl Cluster {
             },
             config,
             held: parking_lot::Mutex::new(BTreeSet::new()),
+            partitions: parking_lot::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -98,9 +106,29 @@ impl Cluster {
         &self.info.node
     }
 
-    /// The work this node does right now (the leases it holds).
+    /// The work this node does right now (the leases it holds): a piece
+    /// of partitioned work is listed when the node holds any of its
+    /// partitions ([`Cluster::partitions`] says which).
     pub fn held(&self) -> Vec<&'static str> {
-        self.held.lock().iter().copied().collect()
+        let mut held = self.held.lock().clone();
+        held.extend(
+            self.partitions
+                .lock()
+                .iter()
+                .filter(|(_, p)| !p.is_empty())
+                .map(|(w, _)| *w),
+        );
+        held.into_iter().collect()
+    }
+
+    /// The partitions of `work` this node holds now (see
+    /// [`Cluster::run_partitioned`]).
+    pub fn partitions(&self, work: &str) -> Vec<u16> {
+        self.partitions
+            .lock()
+            .get(work)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Writes this node's heartbeat every couple of seconds until
@@ -179,6 +207,139 @@ impl Cluster {
                         tracing::debug!(work, error = %e, "releasing a lease at shutdown failed; it expires by itself");
                     }
                     return;
+                }
+            }
+        });
+    }
+
+    /// Runs `run` on `tracker` with the partitions of `work` this node
+    /// holds, until `shutdown`. The work is split into `count` partitions,
+    /// each a lease of its own (`work` for partition 0, `work/<n>` for the
+    /// others); every node takes its share, `count` divided by the nodes
+    /// alive (rounded up), so two nodes hold 8 of 16 each. A node above
+    /// its share (another node joined) gives the surplus up; a node below
+    /// it takes free or expired partitions (a node left or died). Each
+    /// time the partitions held change, `run` is stopped (its token is
+    /// cancelled; it must return soon after, having committed what it
+    /// did) and started again with the new set, and only then are given-up
+    /// partitions released, so no partition is ever worked on by two
+    /// nodes. On one node every partition is its own.
+    pub fn run_partitioned<F, Fut>(
+        self: &Arc<Self>,
+        work: &'static str,
+        count: u16,
+        shutdown: CancellationToken,
+        tracker: &TaskTracker,
+        run: F,
+    ) where
+        F: Fn(Arc<[u16]>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let cluster = self.clone();
+        let count = count.max(1);
+        tracker.spawn(async move {
+            let renew = cluster.config.lease_ttl / 3;
+            let lease = |p: u16| weft_store::partition_cursor(work, p);
+            // Partition → when it was last renewed.
+            let mut held: BTreeMap<u16, Instant> = BTreeMap::new();
+            let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+            let mut release: Vec<u16> = Vec::new();
+            loop {
+                // Renew what is held; drop what could not be renewed in
+                // time (another node may take it once it expires).
+                let mut changed = false;
+                for (p, renewed) in held.iter_mut() {
+                    if cluster.claim(&lease(*p)).await {
+                        *renewed = Instant::now();
+                    }
+                }
+                let before = held.len();
+                held.retain(|p, renewed| {
+                    let kept = renewed.elapsed() < renew * 2;
+                    if !kept {
+                        tracing::warn!(work, partition = p, "lost a partition's lease (or could not renew it); stopping it here");
+                    }
+                    kept
+                });
+                changed |= held.len() != before;
+                if !shutdown.is_cancelled() {
+                    if let Ok(view) = cluster.store.cluster_view().await {
+                        // This node, and the others heard from within a
+                        // lease's time (a dead node's partitions are free
+                        // by then).
+                        let alive = 1 + view
+                            .nodes
+                            .iter()
+                            .filter(|n| {
+                                n.info.node != cluster.info.node
+                                    && view.now - n.last_seen <= ms(cluster.config.lease_ttl)
+                            })
+                            .count();
+                        let share = usize::from(count).div_ceil(alive);
+                        // Above the share: give up the highest partitions.
+                        while held.len() > share {
+                            let (p, _) = held.pop_last().expect("more than the share");
+                            release.push(p);
+                            changed = true;
+                        }
+                        // Below it: take partitions nobody holds.
+                        let taken: BTreeMap<String, (&str, i64)> = view
+                            .leases
+                            .iter()
+                            .map(|l| (l.work.clone(), (l.holder.as_str(), l.expires_at)))
+                            .collect();
+                        for p in 0..count {
+                            if held.len() >= share {
+                                break;
+                            }
+                            if held.contains_key(&p) || release.contains(&p) {
+                                continue;
+                            }
+                            let free = taken.get(&lease(p)).is_none_or(|(holder, until)| {
+                                *holder == cluster.info.node || *until < view.now
+                            });
+                            if free && cluster.claim(&lease(p)).await {
+                                held.insert(p, Instant::now());
+                                changed = true;
+                            }
+                        }
+                    }
+                }
+                let finished = running.as_ref().is_some_and(|(_, task)| task.is_finished());
+                if changed || finished || shutdown.is_cancelled() {
+                    if let Some((stop, task)) = running.take() {
+                        stop.cancel();
+                        let _ = task.await;
+                    }
+                    for p in release.drain(..) {
+                        if let Err(e) = cluster.store.release_lease(&lease(p), &cluster.info.node).await {
+                            tracing::debug!(work, partition = p, error = %e, "releasing a partition failed; it expires by itself");
+                        }
+                    }
+                    if shutdown.is_cancelled() {
+                        for p in std::mem::take(&mut held).into_keys() {
+                            let _ = cluster.store.release_lease(&lease(p), &cluster.info.node).await;
+                        }
+                    }
+                    let set: Vec<u16> = held.keys().copied().collect();
+                    for p in 0..count {
+                        let on = set.contains(&p);
+                        metrics::gauge!("weft_cluster_lease_held", "work" => lease(p)).set(if on { 1.0 } else { 0.0 });
+                    }
+                    cluster.partitions.lock().insert(work, set.clone());
+                    if shutdown.is_cancelled() {
+                        return;
+                    }
+                    if !set.is_empty() {
+                        tracing::info!(work, partitions = ?set, node = %cluster.info.node, "this node works on these partitions now");
+                        let stop = shutdown.child_token();
+                        let task = tokio::spawn(run(set.into(), stop.clone()));
+                        running = Some((stop, task));
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(renew) => {}
                 }
             }
         });

@@ -628,6 +628,18 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
     units
 }
 
+/// The device an uplink names before it is decoded — the one its
+/// transport names, else its envelope's — which the pipeline is
+/// partitioned by ([`weft_model::uplink::partition_of`]). `None` when the
+/// body names none (a decoder may still find one).
+pub(crate) fn device_key(uplink: &weft_model::NewUplink) -> Option<String> {
+    if let Some(id) = &uplink.device_id {
+        return Some(id.clone());
+    }
+    let body: Value = serde_json::from_slice(&uplink.body).ok()?;
+    read_envelope(uplink.format, &body).device_id
+}
+
 fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
     let s = |path: &str| get_path(body, path).and_then(value_as_id);
     match format {

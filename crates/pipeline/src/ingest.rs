@@ -94,8 +94,12 @@ pub struct Ingest {
     /// Next log `seq` the committer has not yet stored (everything below
     /// is processed).
     processed: Arc<AtomicU64>,
-    /// Whether the consumer runs on this node now (it holds the lease).
-    running: std::sync::atomic::AtomicBool,
+    /// Whether the consumer runs on this node now for every partition
+    /// (then `processed` is its own position; otherwise it is read from
+    /// the store, see [`Ingest::follow_cursor`]).
+    runs_all: std::sync::atomic::AtomicBool,
+    /// How many partitions the pipeline is split into (the store's).
+    partitions: u16,
     /// How many times the consumer was started here: every start after
     /// the first is a takeover.
     runs: AtomicU64,
@@ -106,6 +110,65 @@ struct Decoded {
     batch: Arc<ProcessedBatch>,
     /// The entity changes its units make, announced once it is committed.
     changes: Vec<context::PendingChange>,
+}
+
+/// How often a consumer whose partitions got nothing new stores how far it
+/// read.
+const IDLE_CURSOR_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a run of the consumer reads: its partitions and their cursors.
+struct Reading {
+    /// The partitions read, when not all of them.
+    filter: Option<Arc<[u16]>>,
+    /// Partition → its stored cursor, while some partition's is ahead of
+    /// where reading starts (entries below it are skipped).
+    floors: std::collections::HashMap<u16, u64>,
+    /// The cursors a batch moves: one per partition read.
+    consumers: Vec<String>,
+    /// The partitions' entities cursors.
+    entity_cursors: Vec<String>,
+}
+
+impl Reading {
+    /// An empty batch moving the cursors to `next_seq`.
+    fn batch(&self, next_seq: u64) -> Decoded {
+        Decoded {
+            batch: Arc::new(ProcessedBatch {
+                consumers: self.consumers.clone(),
+                entity_cursors: self.entity_cursors.clone(),
+                next_seq,
+                ..ProcessedBatch::default()
+            }),
+            changes: Vec::new(),
+        }
+    }
+}
+
+/// The stored cursors of consumer `base` for `partitions`.
+pub(crate) async fn partition_cursors(
+    store: &dyn Store,
+    base: &str,
+    partitions: &[u16],
+) -> Result<std::collections::HashMap<u16, u64>, StoreError> {
+    let mut cursors = std::collections::HashMap::with_capacity(partitions.len());
+    for &p in partitions {
+        cursors.insert(
+            p,
+            store.cursor(&weft_store::partition_cursor(base, p)).await?,
+        );
+    }
+    Ok(cursors)
+}
+
+/// The cluster's position in the log: the least cursor of all
+/// `partitions` (everything below it is processed, whichever node did it).
+async fn cluster_cursor(store: &dyn Store, partitions: u16) -> Result<u64, StoreError> {
+    let all: Vec<u16> = (0..partitions.max(1)).collect();
+    Ok(partition_cursors(store, CONSUMER, &all)
+        .await?
+        .into_values()
+        .min()
+        .unwrap_or(1))
 }
 
 /// How often entities changed by device data are stored (in bulk, with a
@@ -131,7 +194,8 @@ impl Ingest {
         rules: Arc<rules::RuleEngine>,
         config: IngestConfig,
     ) -> Result<Arc<Ingest>, StoreError> {
-        let cursor = store.cursor(CONSUMER).await?;
+        let partitions = store.partitions();
+        let cursor = cluster_cursor(&*store, partitions).await?;
         Ok(Arc::new(Ingest {
             store,
             bus,
@@ -143,22 +207,34 @@ impl Ingest {
             in_flight: parking_lot::Mutex::new(HashSet::new()),
             config,
             processed: Arc::new(AtomicU64::new(cursor)),
-            running: Default::default(),
+            runs_all: Default::default(),
+            partitions,
             runs: AtomicU64::new(0),
         }))
     }
 
-    /// Runs the consumer from its stored cursor until `stop` is cancelled:
-    /// at once when the node lost the pipeline's lease (another node goes
-    /// on from the stored cursor), or, when `shutdown` is what cancelled
-    /// it, after processing what was committed by then. Run again each
-    /// time this node takes the lease ([`crate::cluster`]); on a takeover
-    /// the units the previous holder stored after its last bulk write of
-    /// entities are applied to this node's entities first.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken, shutdown: CancellationToken) {
-        let cursor = loop {
-            match self.store.cursor(CONSUMER).await {
-                Ok(cursor) => break cursor,
+    /// How many partitions the pipeline is split into.
+    pub fn partition_count(&self) -> u16 {
+        self.partitions
+    }
+
+    /// Runs the consumer on the log entries of `partitions` from their
+    /// stored cursors until `stop` is cancelled: at once when the node
+    /// gave partitions up or lost them (another node goes on from the
+    /// stored cursors), or, when `shutdown` is what cancelled it, after
+    /// processing what was committed by then. Run again each time the
+    /// partitions this node holds change ([`crate::cluster`]); on a
+    /// takeover the units stored after the last bulk write of entities of
+    /// these partitions are applied to this node's entities first.
+    pub async fn run(
+        self: Arc<Self>,
+        partitions: Arc<[u16]>,
+        stop: CancellationToken,
+        shutdown: CancellationToken,
+    ) {
+        let floors = loop {
+            match partition_cursors(&*self.store, CONSUMER, &partitions).await {
+                Ok(floors) => break floors,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the pipeline's cursor failed; retrying");
                     tokio::select! {
@@ -168,11 +244,14 @@ impl Ingest {
                 }
             }
         };
+        let cursor = floors.values().copied().min().unwrap_or(1);
+        let all = partitions.len() >= usize::from(self.partitions);
         if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
             if let Err(e) = crate::services::replay_units_into_context(
                 &self.store,
                 &self.catalog,
                 &self.context,
+                &partitions,
             )
             .await
             {
@@ -180,7 +259,21 @@ impl Ingest {
             }
         }
         self.in_flight.lock().clear();
-        self.processed.store(cursor, Ordering::Relaxed);
+        if all {
+            self.processed.store(cursor, Ordering::Relaxed);
+        }
+        let reading = Reading {
+            filter: (!all).then(|| partitions.clone()),
+            floors,
+            consumers: partitions
+                .iter()
+                .map(|&p| weft_store::partition_cursor(CONSUMER, p))
+                .collect(),
+            entity_cursors: partitions
+                .iter()
+                .map(|&p| weft_store::partition_cursor(weft_store::ENTITIES_CURSOR, p))
+                .collect(),
+        };
         let (tx, rx) = mpsc::channel(STAGE_QUEUE);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let stages = self.clone();
@@ -197,9 +290,14 @@ impl Ingest {
                     .build()
                     .expect("the pipeline's runtime starts");
                 runtime.block_on(async move {
-                    let reader =
-                        tokio::spawn(stages.clone().read_loop(cursor, tx, stop.clone(), shutdown));
-                    let committer = tokio::spawn(stages.clone().commit_loop(rx));
+                    let reader = tokio::spawn(stages.clone().read_loop(
+                        cursor,
+                        reading,
+                        tx,
+                        stop.clone(),
+                        shutdown,
+                    ));
+                    let committer = tokio::spawn(stages.clone().commit_loop(rx, all));
                     let pruner = tokio::spawn(stages.prune_loop(stop));
                     let _ = tokio::join!(reader, committer, pruner);
                 });
@@ -213,9 +311,10 @@ impl Ingest {
         }
     }
 
-    /// Keeps [`Ingest::backlog`] true on a node that does not run the
-    /// consumer (another node holds the pipeline's lease): its position is
-    /// read from the store every second while `running` says it is not
+    /// Keeps [`Ingest::backlog`] true on a node that does not run every
+    /// partition of the consumer (other nodes hold some or all): the
+    /// cluster's position, the least of the partitions' cursors, is read
+    /// from the store every second while `runs_all` says it is not all
     /// here, so this node's 503s reflect the cluster's backlog.
     pub async fn follow_cursor(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
@@ -223,20 +322,25 @@ impl Ingest {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
-            if self.running.load(Ordering::Relaxed) {
+            if self.runs_all.load(Ordering::Relaxed) {
                 continue;
             }
-            if let Ok(cursor) = self.store.cursor(CONSUMER).await {
-                if !self.running.load(Ordering::Relaxed) {
+            if let Ok(cursor) = cluster_cursor(&*self.store, self.partitions).await {
+                if !self.runs_all.load(Ordering::Relaxed) {
                     self.processed.store(cursor, Ordering::Relaxed);
                 }
             }
         }
     }
 
-    /// Durably appends an uplink to the ingest log; `Ok` means it is
-    /// committed and will be processed, even across a crash.
-    pub async fn accept(&self, uplink: NewUplink) -> Result<u64, AcceptError> {
+    /// Durably appends an uplink to the ingest log, in the partition of
+    /// the device it names; `Ok` means it is committed and will be
+    /// processed, even across a crash.
+    pub async fn accept(&self, mut uplink: NewUplink) -> Result<u64, AcceptError> {
+        if self.partitions > 1 {
+            let key = decode::device_key(&uplink).unwrap_or_default();
+            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        }
         let committed = *self.store.committed_seq().borrow();
         let processed = self.processed.load(Ordering::Relaxed);
         if committed.saturating_add(1).saturating_sub(processed) > self.config.max_backlog {
@@ -274,6 +378,7 @@ impl Ingest {
         let uplink = Uplink {
             seq: 0,
             uplink: NewUplink {
+                partition: 0,
                 received_at: weft_model::now_ms(),
                 format: if encoded {
                     UplinkFormat::SensaeEncoded
@@ -315,13 +420,16 @@ impl Ingest {
     async fn read_loop(
         self: Arc<Self>,
         mut next: u64,
+        mut reading: Reading,
         tx: mpsc::Sender<Decoded>,
         stop: CancellationToken,
         shutdown: CancellationToken,
     ) {
-        self.running.store(true, Ordering::Relaxed);
+        self.runs_all
+            .store(reading.filter.is_none(), Ordering::Relaxed);
         let mut committed = self.store.committed_seq();
         let mut drain_to = None;
+        let mut sent_at = std::time::Instant::now();
         loop {
             let mut head = *committed.borrow_and_update();
             if stop.is_cancelled() {
@@ -340,7 +448,11 @@ impl Ingest {
                 }
                 continue;
             }
-            let uplinks = match self.store.read_uplinks(next, self.config.batch_size).await {
+            let read = self
+                .store
+                .read_uplinks(next, self.config.batch_size, reading.filter.as_deref())
+                .await;
+            let mut uplinks = match read {
                 Ok(u) => u,
                 Err(e) => {
                     tracing::error!(error = %e, next, "reading the ingest log failed; retrying");
@@ -349,35 +461,58 @@ impl Ingest {
                 }
             };
             let Some(last) = uplinks.last().map(|u| u.seq) else {
-                // Entries below `head` were pruned or never existed: skip ahead.
+                // Entries below `head` were pruned, never existed or are
+                // other partitions': skip ahead. The cursors move with the
+                // next batch, or within a second if none comes (so the
+                // cluster's backlog and the log's pruning see this
+                // partition's position).
                 next = head + 1;
+                if sent_at.elapsed() >= IDLE_CURSOR_INTERVAL {
+                    let batch = reading.batch(next);
+                    if tx.send(batch).await.is_err() {
+                        break;
+                    }
+                    sent_at = std::time::Instant::now();
+                }
                 continue;
             };
+            if !reading.floors.is_empty() {
+                // A partition whose cursor is ahead of the others' skips
+                // what it already processed.
+                uplinks.retain(|u| {
+                    reading
+                        .floors
+                        .get(&u.uplink.partition)
+                        .is_none_or(|floor| u.seq >= *floor)
+                });
+                reading.floors.retain(|_, floor| *floor > last + 1);
+            }
             metrics::histogram!("weft_pipeline_batch_size").record(uplinks.len() as f64);
             let started = std::time::Instant::now();
-            let batch = self.decode_batch(&uplinks, last + 1).await;
+            let batch = self.decode_batch(&uplinks, reading.batch(last + 1)).await;
             metrics::histogram!("weft_pipeline_decode_seconds")
                 .record(started.elapsed().as_secs_f64());
             if tx.send(batch).await.is_err() {
                 break;
             }
+            sent_at = std::time::Instant::now();
             next = last + 1;
         }
-        self.running.store(false, Ordering::Relaxed);
+        self.runs_all.store(false, Ordering::Relaxed);
     }
 
-    async fn decode_batch(&self, uplinks: &[Uplink], next_seq: u64) -> Decoded {
-        let mut new_devices = Vec::new();
-        let outcomes =
-            decode::process(uplinks, &self.catalog, &self.engine, &mut new_devices, true).await;
-        let mut batch = ProcessedBatch {
-            consumer: CONSUMER.to_string(),
-            next_seq,
-            new_devices,
-            ..ProcessedBatch::default()
-        };
+    async fn decode_batch(&self, uplinks: &[Uplink], empty: Decoded) -> Decoded {
+        let mut batch = Arc::into_inner(empty.batch).expect("a new batch is not shared");
+        let outcomes = decode::process(
+            uplinks,
+            &self.catalog,
+            &self.engine,
+            &mut batch.new_devices,
+            true,
+        )
+        .await;
         let mut entity_types = Vec::new();
-        for outcome in outcomes {
+        for (outcome, uplink) in outcomes.into_iter().zip(uplinks) {
             match outcome {
                 Ok(produced) => {
                     if let Some(event) = produced.event {
@@ -402,6 +537,7 @@ impl Ingest {
                         batch.units.push(UnitRecord {
                             unit: Arc::new(unit),
                             json: json.into(),
+                            partition: uplink.uplink.partition,
                         });
                     }
                 }
@@ -499,7 +635,7 @@ impl Ingest {
     /// Committer stage: stores each batch with its cursor, then publishes
     /// the units that were new. Retries store failures: the batch is not
     /// dropped, because the cursor must not move past unstored units.
-    async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>) {
+    async fn commit_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Decoded>, all: bool) {
         while let Some(Decoded { batch, changes }) = rx.recv().await {
             let next_seq = batch.next_seq;
             let mut delay = Duration::from_millis(5);
@@ -531,7 +667,11 @@ impl Ingest {
                 .zip(outcome.seqs.iter().copied().chain(std::iter::repeat(0)))
             {
                 if inserted && seq > 0 {
-                    fresh.push((seq, Arc::clone(&record.unit)));
+                    fresh.push(rules::FedUnit {
+                        seq,
+                        partition: record.partition,
+                        unit: Arc::clone(&record.unit),
+                    });
                 }
                 if !inserted {
                     metrics::counter!("weft_units_duplicate_total").increment(1);
@@ -561,7 +701,9 @@ impl Ingest {
             }
             self.rules.feed(Arc::new(fresh));
             metrics::counter!("weft_units_stored_total").increment(stored);
-            self.processed.store(next_seq, Ordering::Relaxed);
+            if all {
+                self.processed.store(next_seq, Ordering::Relaxed);
+            }
             metrics::gauge!("weft_pipeline_backlog").set(self.backlog() as f64);
         }
     }
@@ -576,7 +718,15 @@ impl Ingest {
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => break,
             }
-            let below = self.processed.load(Ordering::Relaxed);
+            // Below every partition's cursor, whichever node holds it.
+            let below = if self.runs_all.load(Ordering::Relaxed) {
+                self.processed.load(Ordering::Relaxed)
+            } else {
+                match cluster_cursor(&*self.store, self.partitions).await {
+                    Ok(cursor) => cursor,
+                    Err(_) => continue,
+                }
+            };
             let before = weft_model::now_ms() - self.config.log_retention.as_millis() as i64;
             wait = match self.store.prune_uplinks(below, before).await {
                 Ok(n) if n > 0 => {

@@ -55,10 +55,11 @@ pub struct AlarmBatch {
     pub events: Vec<String>,
     /// Rule states to store or delete.
     pub states: Vec<RuleStateRecord>,
-    /// A consumer's new cursor (a rule-engine lane's: the next data-unit
-    /// `seq` it evaluates; a channel bridge's: the next event it
-    /// publishes), read back with [`UnitStore::cursor`](crate::UnitStore::cursor).
-    pub cursor: Option<(String, u64)>,
+    /// Consumers' new cursors (a rule-engine lane's, one per partition of
+    /// the pipeline it evaluates: the next data-unit `seq`; a channel
+    /// bridge's: the next event it publishes), read back with
+    /// [`UnitStore::cursor`](crate::UnitStore::cursor).
+    pub cursors: Vec<(String, u64)>,
 }
 
 /// Filters of `GET /api/v1/alarms`; results are newest first.

@@ -58,6 +58,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($backend:
             stored_data_ids_reports_what_is_stored,
             appends_survive_reopen,
+            partitions_split_the_log_and_the_units,
             commit_processed_is_idempotent_and_moves_the_cursor,
             query_data_filters_and_get_data,
             query_failed_filters_and_overwrites,
@@ -384,7 +385,7 @@ where
     assert!(none.is_empty());
     store
         .commit_processed(Arc::new(ProcessedBatch {
-            consumer: "pipeline".to_string(),
+            consumers: vec!["pipeline".into()],
             next_seq: 2,
             units: vec![unit("a", "d", "c", "t", 1), unit("b", "d", "c", "t", 2)],
             ..ProcessedBatch::default()
@@ -408,6 +409,7 @@ where
 
 pub(crate) fn uplink(i: usize) -> NewUplink {
     NewUplink {
+        partition: 0,
         received_at: 1_000 + i as i64,
         format: [UplinkFormat::SensaeDecoded, UplinkFormat::Ttn][i % 2],
         channel: match i % 3 {
@@ -453,6 +455,7 @@ pub(crate) fn unit(
     UnitRecord {
         unit: Arc::new(unit),
         json: json.into(),
+        partition: 0,
     }
 }
 
@@ -553,19 +556,94 @@ where
 
     let store = backend.open().await;
     assert_eq!(*store.committed_seq().borrow(), 50);
-    let log = store.read_uplinks(1, 1_000).await.unwrap();
+    let log = store.read_uplinks(1, 1_000, None).await.unwrap();
     assert_eq!(log.len(), 50);
     for (i, entry) in log.iter().enumerate() {
         assert_eq!(entry.seq, i as u64 + 1);
         assert_eq!(entry.uplink, uplink(i));
     }
     // `from_seq` is inclusive and `limit` bounds the page.
-    let page = store.read_uplinks(10, 5).await.unwrap();
+    let page = store.read_uplinks(10, 5, None).await.unwrap();
     assert_eq!(
         page.iter().map(|u| u.seq).collect::<Vec<_>>(),
         [10, 11, 12, 13, 14]
     );
     assert_eq!(store.append_uplink(uplink(50)).await.unwrap(), 51);
+}
+
+/// The pipeline's partitions: each log entry is read back in its
+/// partition, a unit is stored and queried by the partition that stored
+/// it, and a batch moves the cursors of every partition it read. A store
+/// of one process has one partition (0) and answers nothing for others.
+pub(crate) async fn partitions_split_the_log_and_the_units<B: Backend>()
+where
+    B::Store: IngestLogStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let n = store.partitions();
+    assert!(n >= 1);
+    let part = |i: usize| (i as u16) % n;
+    for i in 0..8 {
+        let mut u = uplink(i);
+        u.partition = part(i);
+        store.append_uplink(u).await.unwrap();
+    }
+    let all = store.read_uplinks(1, 100, None).await.unwrap();
+    assert_eq!(all.len(), 8);
+    assert!(all
+        .iter()
+        .enumerate()
+        .all(|(i, u)| u.uplink.partition == part(i)));
+    let one = store.read_uplinks(1, 100, Some(&[1])).await.unwrap();
+    let expected: Vec<u64> = (0..8)
+        .filter(|&i| part(i) == 1)
+        .map(|i| i as u64 + 1)
+        .collect();
+    assert_eq!(one.iter().map(|u| u.seq).collect::<Vec<_>>(), expected);
+    let first = store.read_uplinks(1, 100, Some(&[0])).await.unwrap();
+    assert_eq!(first.len(), (0..8).filter(|&i| part(i) == 0).count());
+
+    let mut a = unit("pa", "d1", "c", "t", 10);
+    a.partition = part(1);
+    let b = unit("pb", "d2", "c", "t", 11);
+    let names = vec!["pipeline".to_string(), "pipeline/1".to_string()];
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumers: names.clone(),
+            next_seq: 9,
+            units: vec![a, b],
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    for name in &names {
+        assert_eq!(store.cursor(name).await.unwrap(), 9, "{name}");
+    }
+    let query = |partitions: Option<Vec<u16>>| DataQuery {
+        limit: 100,
+        partitions,
+        ..DataQuery::default()
+    };
+    let ids = |rows: Vec<crate::StoredUnit>| -> Vec<(String, u16)> {
+        rows.iter()
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_str(&r.json).unwrap();
+                (v["dataId"].as_str().unwrap().to_string(), r.partition)
+            })
+            .collect()
+    };
+    let everything = ids(store.query_data(&query(None)).await.unwrap());
+    assert_eq!(
+        everything,
+        [("pa".to_string(), part(1)), ("pb".to_string(), 0)]
+    );
+    let of_one = ids(store.query_data(&query(Some(vec![1]))).await.unwrap());
+    if n > 1 {
+        assert_eq!(of_one, [("pa".to_string(), 1)]);
+    } else {
+        assert!(of_one.is_empty());
+    }
 }
 
 /// A processed batch stores each `dataId` once (replays report
@@ -580,12 +658,13 @@ where
     assert_eq!(store.cursor("pipeline").await.unwrap(), 1);
 
     let first = ProcessedBatch {
-        consumer: "pipeline".to_string(),
+        consumers: vec!["pipeline".into()],
         next_seq: 3,
         units: vec![unit("a", "d1", "c", "t", 10), unit("b", "d1", "c", "t", 11)],
         failures: vec![failure(2, Some("c"), None, json!({"x": 1}))],
         new_devices: vec![device("d1", "t", "c", json!({}))],
         entities: vec![entity("", "/", "d1", "T", 1, "{\"v\":1}")],
+        entity_cursors: vec![crate::ENTITIES_CURSOR.into()],
         history: Vec::new(),
         events: Vec::new(),
     };
@@ -654,7 +733,7 @@ where
     ];
     store
         .commit_processed(Arc::new(ProcessedBatch {
-            consumer: "pipeline".to_string(),
+            consumers: vec!["pipeline".into()],
             next_seq: 2,
             units,
             ..ProcessedBatch::default()
@@ -743,7 +822,7 @@ where
         failure(9, None, Some("thermo"), json!("text")),
     ];
     let batch = ProcessedBatch {
-        consumer: "pipeline".to_string(),
+        consumers: vec!["pipeline".into()],
         next_seq: 10,
         failures: failures.clone(),
         ..ProcessedBatch::default()
@@ -964,7 +1043,7 @@ where
     let status = device_event(3, "dev-05", "status", json!({"batteryLevel": 42.0}));
     store
         .commit_processed(Arc::new(ProcessedBatch {
-            consumer: "pipeline".into(),
+            consumers: vec!["pipeline".into()],
             next_seq: 4,
             events: vec![status],
             ..ProcessedBatch::default()
@@ -1012,7 +1091,7 @@ where
     let store = backend.open().await;
     let batch = |next_seq: u64, events: Vec<DeviceEvent>| {
         Arc::new(ProcessedBatch {
-            consumer: "pipeline".into(),
+            consumers: vec!["pipeline".into()],
             next_seq,
             events,
             ..ProcessedBatch::default()
@@ -1168,7 +1247,7 @@ where
     // 1004 are old enough: seqs 1..=4.
     assert_eq!(store.prune_uplinks(7, 1_004).await.unwrap(), 4);
     let left: Vec<u64> = store
-        .read_uplinks(0, 100)
+        .read_uplinks(0, 100, None)
         .await
         .unwrap()
         .iter()
@@ -1177,10 +1256,10 @@ where
     assert_eq!(left, [5, 6, 7, 8, 9, 10]);
     // Old enough but not processed: kept.
     assert_eq!(store.prune_uplinks(7, i64::MAX).await.unwrap(), 2);
-    assert_eq!(store.read_uplinks(0, 100).await.unwrap()[0].seq, 7);
+    assert_eq!(store.read_uplinks(0, 100, None).await.unwrap()[0].seq, 7);
 
     assert_eq!(store.prune_uplinks(u64::MAX, i64::MAX).await.unwrap(), 4);
-    assert!(store.read_uplinks(0, 100).await.unwrap().is_empty());
+    assert!(store.read_uplinks(0, 100, None).await.unwrap().is_empty());
     assert_eq!(store.append_uplink(uplink(10)).await.unwrap(), 11);
     assert_eq!(store.prune_uplinks(u64::MAX, i64::MAX).await.unwrap(), 1);
     B::close(&store).await;
@@ -1221,7 +1300,7 @@ where
         .unwrap();
     store
         .commit_processed(Arc::new(ProcessedBatch {
-            consumer: "pipeline".into(),
+            consumers: vec!["pipeline".into()],
             next_seq: 2,
             entities: vec![entity("", "/", "dev", "Sensor", 4, "{\"t\":1}")],
             ..ProcessedBatch::default()
@@ -2391,7 +2470,7 @@ where
         .unwrap();
     store
         .commit_processed(Arc::new(ProcessedBatch {
-            consumer: "pipeline".into(),
+            consumers: vec!["pipeline".into()],
             next_seq: 2,
             history: vec![feed_row("D", 3)],
             ..ProcessedBatch::default()
@@ -3079,7 +3158,7 @@ where
                 rule_state("r", "d1", Some("x")),
                 rule_state("r", "d2", Some("y")),
             ],
-            cursor: Some(("rules".into(), 42)),
+            cursors: vec![("rules".into(), 42)],
         })
         .await
         .unwrap();
@@ -3116,7 +3195,7 @@ where
                 rule_state("r", "d1", None),
                 rule_state("r", "d2", Some("y2")),
             ],
-            cursor: Some(("rules".into(), 43)),
+            cursors: vec![("rules".into(), 43)],
         })
         .await
         .unwrap();

@@ -23,8 +23,21 @@ pub trait IngestLogStore: Send + Sync {
     /// every commit; the pipeline waits on it instead of polling.
     fn committed_seq(&self) -> tokio::sync::watch::Receiver<u64>;
 
-    /// Up to `limit` log entries with `seq >= from_seq`, in `seq` order.
-    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>>;
+    /// Up to `limit` log entries with `seq >= from_seq`, in `seq` order;
+    /// with `partitions`, only the entries of those partitions.
+    async fn read_uplinks(
+        &self,
+        from_seq: u64,
+        limit: usize,
+        partitions: Option<&[u16]>,
+    ) -> Result<Vec<Uplink>>;
+
+    /// How many partitions the pipeline is split into: every node of a
+    /// cluster sharing this store splits it alike. 1 for a store only one
+    /// process opens.
+    fn partitions(&self) -> u16 {
+        1
+    }
 
     /// Deletes log entries with `seq < below_seq` received before
     /// `received_before` (epoch ms); returns how many were deleted.

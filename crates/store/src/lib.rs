@@ -68,8 +68,8 @@ pub use history::{
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;
 pub use units::{
-    CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, StoredUnit, UnitRecord, UnitStore,
-    ENTITIES_CURSOR,
+    partition_cursor, CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, StoredUnit,
+    UnitRecord, UnitStore, ENTITIES_CURSOR,
 };
 
 pub use postgres::{PostgresConfig, PostgresStore};

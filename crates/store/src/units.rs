@@ -12,8 +12,21 @@ use crate::{EntityRecord, HistoryRow, Result};
 
 /// The cursor under which a processed batch that stores entities records
 /// how far they reach: one past the highest data-unit `seq` stored at that
-/// point. Units after it are applied to the entities again at start.
+/// point. Units after it are applied to the entities again at start. One
+/// per partition of the pipeline ([`partition_cursor`]).
 pub const ENTITIES_CURSOR: &str = "entities";
+
+/// The name of consumer `base`'s cursor for partition `partition` of the
+/// pipeline: `base` itself for partition 0 (the only one on one node, so
+/// a single node's cursors keep their names), `base/<partition>` for the
+/// others.
+pub fn partition_cursor(base: &str, partition: u16) -> String {
+    if partition == 0 {
+        base.to_string()
+    } else {
+        format!("{base}/{partition}")
+    }
+}
 
 /// A data unit ready to store: the struct (for indexed columns) and its
 /// JSON, serialised once by the pipeline and reused for storage and
@@ -22,6 +35,10 @@ pub const ENTITIES_CURSOR: &str = "entities";
 pub struct UnitRecord {
     /// The unit.
     pub unit: Arc<DataUnit>,
+    /// The pipeline partition of the uplink it came from (see
+    /// [`weft_model::uplink::partition_of`]): the rule engine evaluating
+    /// that partition reads it back by this.
+    pub partition: u16,
     /// `serde_json::to_string(&unit)` as UTF-8 bytes: stored as is, and
     /// shared (not copied) with the bus event that publishes the unit.
     pub json: bytes::Bytes,
@@ -33,6 +50,8 @@ pub struct UnitRecord {
 pub struct StoredUnit {
     /// Storage position; strictly increasing in insertion order.
     pub seq: u64,
+    /// The pipeline partition it was stored by (0 on one node).
+    pub partition: u16,
     /// The unit's JSON.
     pub json: String,
 }
@@ -44,9 +63,10 @@ pub struct StoredUnit {
 /// idempotent).
 #[derive(Debug, Clone, Default)]
 pub struct ProcessedBatch {
-    /// Name of the consumer whose cursor moves (e.g. `"pipeline"`).
-    pub consumer: String,
-    /// The consumer's cursor after this batch: the next log `seq` to read.
+    /// Names of the cursors that move (the pipeline's, one per partition
+    /// the batch was read from: see [`partition_cursor`]).
+    pub consumers: Vec<String>,
+    /// The consumers' cursor after this batch: the next log `seq` to read.
     pub next_seq: u64,
     /// Data units to insert; a unit whose `dataId` is already stored is skipped.
     pub units: Vec<UnitRecord>,
@@ -60,9 +80,12 @@ pub struct ProcessedBatch {
     /// is stored. See [`CatalogStore::device_state`](crate::CatalogStore::device_state).
     pub events: Vec<DeviceEvent>,
     /// New states of NGSI entities changed by device data. When not empty,
-    /// the [`ENTITIES_CURSOR`] moves to just past the highest stored data
+    /// the `entity_cursors` move to just past the highest stored data
     /// unit, in the same transaction.
     pub entities: Vec<EntityRecord>,
+    /// The [`ENTITIES_CURSOR`]s of the partitions the batch was read from
+    /// ([`partition_cursor`]).
+    pub entity_cursors: Vec<String>,
     /// History rows of the entity changes this batch made, queued in the
     /// history feed in the same transaction (see
     /// [`HistoryStore::read_history_feed`](crate::HistoryStore::read_history_feed)).
@@ -97,6 +120,9 @@ pub struct DataQuery {
     pub to: Option<i64>,
     /// Only units stored after this position (the paging cursor).
     pub after: Option<u64>,
+    /// Only units stored by these partitions of the pipeline (the rule
+    /// engine reading back what its partitions stored); `None`: all.
+    pub partitions: Option<Vec<u16>>,
     /// At most this many (the backend caps it at 10,000).
     pub limit: usize,
 }

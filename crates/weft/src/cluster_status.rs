@@ -32,6 +32,51 @@ pub async fn print(config: &Config) -> anyhow::Result<bool> {
         .all(|n| view.now - n.last_seen <= UP_WITHIN_MS))
 }
 
+/// A node's leases, read: the pipeline's partitions (`pipeline` is
+/// partition 0, `pipeline/<n>` the others) as one entry with their
+/// numbers, `pipeline[0-3,8]`, the other work by name.
+fn work_of<'a>(leases: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let pipeline = weft_pipeline::cluster::work::PIPELINE;
+    let mut work = Vec::new();
+    let mut partitions = Vec::new();
+    for lease in leases {
+        match lease.strip_prefix(pipeline) {
+            Some("") => partitions.push(0),
+            Some(n) => match n.strip_prefix('/').and_then(|n| n.parse::<u16>().ok()) {
+                Some(n) => partitions.push(n),
+                None => work.push(lease.to_string()),
+            },
+            None => work.push(lease.to_string()),
+        }
+    }
+    if !partitions.is_empty() {
+        partitions.sort_unstable();
+        let mut ranges: Vec<String> = Vec::new();
+        let mut start = partitions[0];
+        let mut end = start;
+        for &p in &partitions[1..] {
+            if p == end + 1 {
+                end = p;
+                continue;
+            }
+            ranges.push(range(start, end));
+            (start, end) = (p, p);
+        }
+        ranges.push(range(start, end));
+        work.push(format!("{pipeline}[{}]", ranges.join(",")));
+    }
+    work.sort();
+    work
+}
+
+fn range(start: u16, end: u16) -> String {
+    if start == end {
+        start.to_string()
+    } else {
+        format!("{start}-{end}")
+    }
+}
+
 /// The cluster as a table of nodes, then the leases.
 fn render(view: &ClusterView) -> String {
     use std::fmt::Write as _;
@@ -44,12 +89,12 @@ fn render(view: &ClusterView) -> String {
     for n in &view.nodes {
         let ago = view.now - n.last_seen;
         let state = if ago <= UP_WITHIN_MS { "up" } else { "silent" };
-        let work: Vec<&str> = view
-            .leases
-            .iter()
-            .filter(|l| l.holder == n.info.node && l.expires_at >= view.now)
-            .map(|l| l.work.as_str())
-            .collect();
+        let work = work_of(
+            view.leases
+                .iter()
+                .filter(|l| l.holder == n.info.node && l.expires_at >= view.now)
+                .map(|l| l.work.as_str()),
+        );
         let _ = writeln!(
             out,
             "{:<34} {:<22} {:<8} {:<6} {:>8.1}s  {}",
@@ -112,14 +157,26 @@ mod tests {
                     holder: "b".into(),
                     expires_at: 60_000,
                 },
-            ],
+            ]
+            .into_iter()
+            .chain([1, 2, 3, 7].map(|p| LeaseRecord {
+                work: format!("pipeline/{p}"),
+                holder: "a".into(),
+                expires_at: 104_000,
+            }))
+            .chain([LeaseRecord {
+                work: "expiry".into(),
+                holder: "a".into(),
+                expires_at: 104_000,
+            }])
+            .collect(),
         };
         let text = render(&view);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
             lines[1].starts_with("a ")
                 && lines[1].contains(" up ")
-                && lines[1].ends_with("pipeline"),
+                && lines[1].ends_with("expiry,pipeline[0-3,7]"),
             "{text}"
         );
         assert!(

@@ -343,7 +343,7 @@ impl BridgeTask {
     async fn save(&self, next: u64) -> Result<(), StoreError> {
         self.store
             .commit_alarms(AlarmBatch {
-                cursor: Some((self.cursor_name.clone(), next)),
+                cursors: vec![(self.cursor_name.clone(), next)],
                 ..AlarmBatch::default()
             })
             .await

@@ -70,8 +70,19 @@ impl Default for RulesConfig {
     }
 }
 
-/// Stored units handed from the pipeline: `(seq, unit)` in `seq` order.
-pub type UnitBatch = Arc<Vec<(u64, Arc<DataUnit>)>>;
+/// A stored unit handed from the pipeline (or read back from the store).
+#[derive(Debug, Clone)]
+pub struct FedUnit {
+    /// Where it is stored: lanes keep their cursors in these.
+    pub seq: u64,
+    /// The pipeline partition that stored it.
+    pub partition: u16,
+    /// The unit.
+    pub unit: Arc<DataUnit>,
+}
+
+/// Stored units handed from the pipeline, in `seq` order.
+pub type UnitBatch = Arc<Vec<FedUnit>>;
 
 /// Batches a lane may hold before hand-offs are dropped (the lane then
 /// reads what it missed from the store).
@@ -141,6 +152,22 @@ struct Inner {
     states: HashMap<(String, String), RuleState>,
     /// Active alarms by (device id, alarm type).
     active: HashMap<(String, String), Alarm>,
+    /// The partitions the lanes evaluate now, when not all: the
+    /// inactivity clock watches only devices heard through them.
+    partitions: Option<HashSet<u16>>,
+}
+
+/// Where the lanes read and store their positions in a run: one cursor
+/// per partition they evaluate.
+#[derive(Default)]
+struct Held {
+    /// Per lane, the names of its cursors (one per partition).
+    names: [Vec<String>; 2],
+    /// Per lane, partition → stored cursor at the start of the run:
+    /// units of a partition below its own cursor were evaluated before.
+    floors: [HashMap<u16, u64>; 2],
+    /// The partitions read back from the store, when not all.
+    filter: Option<Vec<u16>>,
 }
 
 /// What one evaluation step changed, on its way to the store.
@@ -193,6 +220,8 @@ pub struct RuleEngine {
     /// How many times the lanes were started here: every start after the
     /// first is a takeover.
     runs: AtomicU64,
+    /// The partitions of the current run and the lanes' cursors in them.
+    held: parking_lot::Mutex<Held>,
 }
 
 impl RuleEngine {
@@ -248,18 +277,20 @@ impl RuleEngine {
             entity_updates,
             receivers: parking_lot::Mutex::new(receivers),
             runs: AtomicU64::new(0),
+            held: parking_lot::Mutex::new(Held::default()),
         });
         // Ends when the engine (its sender) is dropped.
         tokio::spawn(engine.clone().entity_loop(entity_rx));
         Ok(engine)
     }
 
-    /// Runs the lanes and the inactivity clock from the stored cursors
-    /// until `stop`, on a thread of their own. Run again each time this
-    /// node takes the pipeline's lease; on a takeover the rule state and
-    /// the active alarms are read again from the store first (the previous
-    /// holder changed them).
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+    /// Runs the lanes and the inactivity clock on the units of
+    /// `partitions` (of `count`) from their stored cursors until `stop`,
+    /// on a thread of their own. Run again each time the partitions this
+    /// node holds change; on a takeover the rule state and the active
+    /// alarms are read again from the store first (the previous holder
+    /// changed them).
+    pub async fn run(self: Arc<Self>, partitions: Arc<[u16]>, count: u16, stop: CancellationToken) {
         let taken = std::mem::take(&mut *self.receivers.lock());
         if taken.len() != Lane::ALL.len() {
             tracing::error!("the rule engine's lanes are already running");
@@ -267,6 +298,7 @@ impl RuleEngine {
             return;
         }
         let mut cursors = Vec::new();
+        let all = partitions.len() >= usize::from(count);
         let prepared = async {
             if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
                 let (states, active) = load_state(&*self.store).await?;
@@ -275,9 +307,23 @@ impl RuleEngine {
                 inner.states = states;
                 inner.active = active;
             }
+            let mut held = Held {
+                filter: (!all).then(|| partitions.to_vec()),
+                ..Held::default()
+            };
             for lane in Lane::ALL {
-                cursors.push(self.store.cursor(lane.cursor()).await?);
+                let floors =
+                    crate::ingest::partition_cursors(&*self.store, lane.cursor(), &partitions)
+                        .await?;
+                cursors.push(floors.values().copied().min().unwrap_or(1));
+                held.names[lane.index()] = partitions
+                    .iter()
+                    .map(|&p| weft_store::partition_cursor(lane.cursor(), p))
+                    .collect();
+                held.floors[lane.index()] = floors;
             }
+            *self.held.lock() = held;
+            self.inner.lock().partitions = (!all).then(|| partitions.iter().copied().collect());
             Ok::<(), StoreError>(())
         };
         if let Err(e) = prepared.await {
@@ -514,7 +560,7 @@ impl RuleEngine {
                 inner.active.remove(&key);
             }
         }
-        self.commit(changes, None).await?;
+        self.commit(changes, Vec::new()).await?;
         Ok(Some(alarm))
     }
 
@@ -540,22 +586,19 @@ impl RuleEngine {
                 _ = shutdown.cancelled() => None,
             };
             let Some(batch) = batch else { break };
-            let first = batch[0].0;
+            let first = batch[0].seq;
             if first > cursor && self.has_rules(lane) {
                 cursor = self.catch_up(lane, cursor, Some(first)).await;
             }
             // Whatever queued up meanwhile is evaluated and committed with
             // this batch: under load the lane's steps grow instead of its
             // queue (one commit per step, not per hand-off).
-            let mut fresh: Vec<(u64, Arc<DataUnit>)> = batch
-                .iter()
-                .filter(|(s, _)| *s >= cursor)
-                .cloned()
-                .collect();
+            let mut fresh: Vec<FedUnit> =
+                batch.iter().filter(|u| u.seq >= cursor).cloned().collect();
             while fresh.len() < MAX_STEP_UNITS {
                 let Ok(more) = rx.try_recv() else { break };
-                let next = fresh.last().map_or(cursor, |(s, _)| s + 1);
-                if more[0].0 > next {
+                let next = fresh.last().map_or(cursor, |u| u.seq + 1);
+                if more[0].seq > next {
                     // A hand-off was dropped in between: evaluate up to the
                     // gap now; the catch-up after this step reads the rest.
                     self.lanes[lane.index()]
@@ -563,7 +606,7 @@ impl RuleEngine {
                         .store(true, Ordering::Release);
                     break;
                 }
-                fresh.extend(more.iter().filter(|(s, _)| *s >= next).cloned());
+                fresh.extend(more.iter().filter(|u| u.seq >= next).cloned());
             }
             if let Some(next) = self.evaluate(lane, &fresh).await {
                 cursor = next;
@@ -578,7 +621,7 @@ impl RuleEngine {
             // roughly current so a restart does not reread much.
             if cursor != stored_cursor && stored_at.elapsed() >= IDLE_CURSOR_INTERVAL {
                 let _order = self.order.lock().await;
-                let moved = Some((lane.cursor().to_string(), cursor));
+                let moved = self.cursors(lane, cursor);
                 if self.commit(Changes::default(), moved).await.is_ok() {
                     stored_cursor = cursor;
                     stored_at = std::time::Instant::now();
@@ -586,6 +629,14 @@ impl RuleEngine {
             }
         }
         rx
+    }
+
+    /// The lane's cursors, all at `next`.
+    fn cursors(&self, lane: Lane, next: u64) -> Vec<(String, u64)> {
+        self.held.lock().names[lane.index()]
+            .iter()
+            .map(|name| (name.clone(), next))
+            .collect()
     }
 
     fn has_rules(&self, lane: Lane) -> bool {
@@ -597,9 +648,14 @@ impl RuleEngine {
     /// answers the new cursor.
     async fn catch_up(&self, lane: Lane, mut cursor: u64, before: Option<u64>) -> u64 {
         loop {
+            let (partitions, floors) = {
+                let held = self.held.lock();
+                (held.filter.clone(), held.floors[lane.index()].clone())
+            };
             let query = weft_store::DataQuery {
                 after: Some(cursor.saturating_sub(1)),
                 limit: CATCH_UP_BATCH,
+                partitions,
                 ..Default::default()
             };
             let rows = match self.store.query_data(&query).await {
@@ -611,18 +667,33 @@ impl RuleEngine {
                     continue;
                 }
             };
-            let units: Vec<(u64, Arc<DataUnit>)> = rows
-                .iter()
-                .filter(|r| before.is_none_or(|b| r.seq < b))
-                .filter_map(|r| Some((r.seq, Arc::new(serde_json::from_str(&r.json).ok()?))))
+            let within = rows.iter().filter(|r| before.is_none_or(|b| r.seq < b));
+            let done = rows.len() < CATCH_UP_BATCH || within.clone().count() < rows.len();
+            let units: Vec<FedUnit> = within
+                .filter(|r| floors.get(&r.partition).is_none_or(|f| r.seq >= *f))
+                .filter_map(|r| {
+                    Some(FedUnit {
+                        seq: r.seq,
+                        partition: r.partition,
+                        unit: Arc::new(serde_json::from_str(&r.json).ok()?),
+                    })
+                })
                 .collect();
-            let done = rows.len() < CATCH_UP_BATCH || units.len() < rows.len();
+            let last_read = rows
+                .iter()
+                .take_while(|r| before.is_none_or(|b| r.seq < b))
+                .last()
+                .map(|r| r.seq);
             if !units.is_empty() {
                 tracing::debug!(lane = ?lane, units = units.len(), "rules: catching up");
                 match self.evaluate(lane, &units).await {
                     Some(next) => cursor = next,
                     None => return cursor,
                 }
+            }
+            // Units skipped (evaluated before this run) are passed too.
+            if let Some(last) = last_read {
+                cursor = cursor.max(last + 1);
             }
             if done {
                 return before.map_or(cursor, |b| cursor.max(b));
@@ -632,8 +703,8 @@ impl RuleEngine {
 
     /// Evaluates a lane's rules on `units`, then commits and publishes what
     /// changed with the lane's new cursor. `None` if the store is closed.
-    async fn evaluate(&self, lane: Lane, units: &[(u64, Arc<DataUnit>)]) -> Option<u64> {
-        let next = units.last()?.0 + 1;
+    async fn evaluate(&self, lane: Lane, units: &[FedUnit]) -> Option<u64> {
+        let next = units.last()?.seq + 1;
         let rules: Vec<Arc<Compiled>> = {
             let inner = self.inner.lock();
             inner
@@ -660,13 +731,14 @@ impl RuleEngine {
         {
             let mut inner = self.inner.lock();
             let mut scripted = verdicts.into_iter();
-            for (_, unit) in units {
+            for fed in units {
+                let unit = &fed.unit;
                 for c in &rules {
                     if !c.rule.spec.scope.covers_unit(unit) {
                         continue;
                     }
-                    if let Some(after) = c.rule.inactivity {
-                        inner.heard_from(&c.rule, after, unit, now, &mut changes);
+                    if c.rule.inactivity.is_some() {
+                        inner.heard_from(&c.rule, unit, fed.partition, now, &mut changes);
                         continue;
                     }
                     let (verdict, state) = match lane {
@@ -677,8 +749,8 @@ impl RuleEngine {
                 }
             }
         }
-        let cursor = Some((lane.cursor().to_string(), next));
-        match self.commit(changes, cursor).await {
+        let cursors = self.cursors(lane, next);
+        match self.commit(changes, cursors).await {
             Ok(()) => Some(next),
             Err(_) => None,
         }
@@ -690,11 +762,11 @@ impl RuleEngine {
     async fn run_scripts(
         &self,
         rules: &[Arc<Compiled>],
-        units: &[(u64, Arc<DataUnit>)],
+        units: &[FedUnit],
     ) -> Vec<(Verdict, Option<Value>)> {
         let mut out = Vec::new();
         let mut states: HashMap<(String, String), Value> = HashMap::new();
-        for (_, unit) in units {
+        for FedUnit { unit, .. } in units {
             for c in rules {
                 if !c.rule.spec.scope.covers_unit(unit) {
                     continue;
@@ -762,7 +834,7 @@ impl RuleEngine {
             let mut changes = Changes::default();
             self.inner.lock().silent_devices(now, &mut changes);
             if !changes.events.is_empty() || !changes.dirty.is_empty() {
-                let _ = self.commit(changes, None).await;
+                let _ = self.commit(changes, Vec::new()).await;
             }
         }
     }
@@ -773,10 +845,10 @@ impl RuleEngine {
     async fn commit(
         &self,
         changes: Changes,
-        cursor: Option<(String, u64)>,
+        cursors: Vec<(String, u64)>,
     ) -> Result<(), StoreError> {
         let mut batch = AlarmBatch {
-            cursor,
+            cursors,
             ..AlarmBatch::default()
         };
         let mut latest: BTreeMap<&str, &Alarm> = BTreeMap::new();
@@ -1081,13 +1153,14 @@ impl Inner {
     fn heard_from(
         &mut self,
         rule: &Rule,
-        _after: Duration,
         unit: &DataUnit,
+        partition: u16,
         now: i64,
         changes: &mut Changes,
     ) {
         let key = (rule.id.clone(), unit.device.id.clone());
         let state = self.states.entry(key.clone()).or_default();
+        state.partition = partition;
         let was_alarmed = state.alarmed;
         state.last_seen = Some(unit.received_at.max(state.last_seen.unwrap_or(0)));
         state.name = unit.device.name.clone();
@@ -1115,6 +1188,10 @@ impl Inner {
                 .iter_mut()
                 .filter(|((r, _), s)| {
                     r == &rule.id
+                        && self
+                            .partitions
+                            .as_ref()
+                            .is_none_or(|held| held.contains(&s.partition))
                         && !s.alarmed
                         && s.last_seen.is_some_and(|t| now.saturating_sub(t) >= after)
                 })

@@ -73,12 +73,20 @@ pub struct RuleState {
     /// Inactivity rules: an alarm was raised for the current silence.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alarmed: bool,
+    /// Inactivity rules: the pipeline partition the device was last heard
+    /// through; only the node holding it watches the device's silence.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub partition: u16,
     /// Script rules: the `state` object the script keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<Value>,
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u16(n: &u16) -> bool {
     *n == 0
 }
 

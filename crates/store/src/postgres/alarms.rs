@@ -142,7 +142,7 @@ async fn commit_alarms(c: &tokio_postgres::Client, batch: &AlarmBatch) -> Result
             .map_err(db)?;
         }
     }
-    if let Some((name, next)) = &batch.cursor {
+    for (name, next) in &batch.cursors {
         c.execute(
             "INSERT INTO cursors (name, next_seq) VALUES ($1, $2) \
              ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",

@@ -21,6 +21,13 @@ use crate::{IngestLogStore, Result, StoreError};
 /// order (any constant unique to weft: "weft_log").
 pub(super) const SERIAL_APPENDS: &str = "SELECT pg_advisory_xact_lock(8603115516733482855)";
 
+/// How many partitions the pipeline is split into on PostgreSQL, where
+/// several nodes share it: enough for a few nodes to share them evenly
+/// (16 is 8+8, 6+5+5, 4×4), few enough that a node's cursors are one short
+/// write per batch. Fixed, because a device's partition must not change
+/// while its uplinks are in the log.
+pub const PARTITIONS: u16 = 16;
+
 /// How often [`follow_appends`] looks for other nodes' appends.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -81,8 +88,8 @@ impl IngestLogStore for PostgresStore {
                     let row = c
                         .query_one(
                             "INSERT INTO ingest_log \
-                                 (received_at, format, channel, device_type, body, event, device_id, source) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING seq",
+                                 (received_at, format, channel, device_type, body, event, device_id, source, part) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING seq",
                             &[
                                 &uplink.received_at,
                                 &uplink.format.as_str(),
@@ -92,6 +99,7 @@ impl IngestLogStore for PostgresStore {
                                 &uplink.event,
                                 &uplink.device_id,
                                 &uplink.source,
+                                &(uplink.partition as i16),
                             ],
                         )
                         .await
@@ -106,15 +114,29 @@ impl IngestLogStore for PostgresStore {
         self.committed.clone()
     }
 
-    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
+    fn partitions(&self) -> u16 {
+        PARTITIONS
+    }
+
+    async fn read_uplinks(
+        &self,
+        from_seq: u64,
+        limit: usize,
+        partitions: Option<&[u16]>,
+    ) -> Result<Vec<Uplink>> {
         let client = self.reader().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Every partition: no filter (the common case on one node).
+        let partitions: Option<Vec<i16>> = partitions
+            .filter(|p| p.len() < usize::from(PARTITIONS))
+            .map(|p| p.iter().map(|&p| p as i16).collect());
         let rows = client
             .query(
-                "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source \
+                "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source, part \
                  FROM ingest_log \
-                 WHERE seq >= $1 ORDER BY seq LIMIT $2",
-                &[&to_i64(from_seq), &limit],
+                 WHERE seq >= $1 AND ($3::SMALLINT[] IS NULL OR part = ANY($3)) \
+                 ORDER BY seq LIMIT $2",
+                &[&to_i64(from_seq), &limit, &partitions],
             )
             .await
             .map_err(db)?;
@@ -138,6 +160,7 @@ impl IngestLogStore for PostgresStore {
                         event: row.get(6),
                         device_id: row.get(7),
                         source: row.get(8),
+                        partition: row.get::<_, i16>(9) as u16,
                     },
                 })
             })

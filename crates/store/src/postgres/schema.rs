@@ -254,6 +254,16 @@ CREATE TABLE downlink_routes (
 ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
 ALTER TABLE ingest_log ADD COLUMN source TEXT;
 "#,
+    // Step 8: the pipeline split by device across a cluster's nodes: the
+    // partition each log entry is processed in, and that each data unit
+    // was stored by (the rule engine of that partition reads them back).
+    // Rows written before are partition 0's, whose cursors keep the
+    // names they had.
+    r#"
+ALTER TABLE ingest_log ADD COLUMN part SMALLINT NOT NULL DEFAULT 0;
+ALTER TABLE data_units ADD COLUMN part SMALLINT NOT NULL DEFAULT 0;
+CREATE INDEX data_units_part_seq ON data_units (part, seq);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

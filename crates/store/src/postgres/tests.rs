@@ -111,9 +111,10 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [7],
-        "seven steps: the first schema, device events, the API keys, history instances, \
-         cluster nodes and leases, downlinks, the MQTT device and source of uplinks"
+        [8],
+        "eight steps: the first schema, device events, the API keys, history instances, \
+         cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
+         the pipeline's partitions"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

@@ -36,14 +36,19 @@ impl UnitStore for PostgresStore {
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
         let client = self.reader().await?;
         let limit = query.limit.min(MAX_QUERY_ROWS) as i64;
+        let partitions: Option<Vec<i16>> = query
+            .partitions
+            .as_ref()
+            .map(|p| p.iter().map(|&p| p as i16).collect());
         let rows = client
             .query(
-                "SELECT seq, json FROM data_units WHERE seq > $1 \
+                "SELECT seq, json, part FROM data_units WHERE seq > $1 \
                    AND ($2::TEXT IS NULL OR device_id = $2) \
                    AND ($3::TEXT IS NULL OR channel = $3) \
                    AND ($4::TEXT IS NULL OR device_type = $4) \
                    AND ($5::BIGINT IS NULL OR reported_at >= $5) \
                    AND ($6::BIGINT IS NULL OR reported_at <= $6) \
+                   AND ($8::SMALLINT[] IS NULL OR part = ANY($8)) \
                  ORDER BY seq LIMIT $7",
                 &[
                     &to_i64(query.after.unwrap_or(0)),
@@ -53,6 +58,7 @@ impl UnitStore for PostgresStore {
                     &query.from,
                     &query.to,
                     &limit,
+                    &partitions,
                 ],
             )
             .await
@@ -62,6 +68,7 @@ impl UnitStore for PostgresStore {
                 Ok(StoredUnit {
                     seq: position(row, 0)?,
                     json: row.get(1),
+                    partition: row.get::<_, i16>(2) as u16,
                 })
             })
             .collect()
@@ -71,7 +78,7 @@ impl UnitStore for PostgresStore {
         let client = self.reader().await?;
         let row = client
             .query_opt(
-                "SELECT seq, json FROM data_units WHERE data_id = $1",
+                "SELECT seq, json, part FROM data_units WHERE data_id = $1",
                 &[&data_id],
             )
             .await
@@ -80,6 +87,7 @@ impl UnitStore for PostgresStore {
             Ok(StoredUnit {
                 seq: position(&row, 0)?,
                 json: row.get(1),
+                partition: row.get::<_, i16>(2) as u16,
             })
         })
         .transpose()
@@ -166,19 +174,6 @@ pub(super) async fn cursor(client: &Client, name: &str) -> Result<u64> {
     }
 }
 
-/// Sets consumer `name`'s cursor.
-pub(super) async fn set_cursor(client: &Conn, name: &str, next_seq: u64) -> Result<()> {
-    client
-        .execute(
-            "INSERT INTO cursors (name, next_seq) VALUES ($1, $2) \
-             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-            &[&name, &to_i64(next_seq)],
-        )
-        .await
-        .map_err(db)?;
-    Ok(())
-}
-
 /// One processed batch, inside the main writer's transaction. The units go
 /// in as one statement over arrays; a unit whose `dataId` is stored (or
 /// earlier in the batch) is skipped and answered as not inserted.
@@ -187,6 +182,7 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
     let mut seqs = vec![0; batch.units.len()];
     if !batch.units.is_empty() {
         let n = batch.units.len();
+        let mut parts: Vec<i16> = Vec::with_capacity(n);
         let (mut ids, mut devices, mut channels, mut types, mut times, mut jsons) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -198,6 +194,7 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         for record in &batch.units {
             let unit = &record.unit;
             ids.push(unit.data_id.as_str());
+            parts.push(record.partition as i16);
             devices.push(unit.device.id.as_str());
             channels.push(unit.channel.as_str());
             types.push(unit.device.device_type.as_str());
@@ -209,11 +206,11 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         }
         let rows = c
             .query(
-                "INSERT INTO data_units (data_id, device_id, channel, device_type, reported_at, json) \
+                "INSERT INTO data_units (data_id, device_id, channel, device_type, reported_at, json, part) \
                  SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-                                      $5::BIGINT[], $6::TEXT[]) \
+                                      $5::BIGINT[], $6::TEXT[], $7::SMALLINT[]) \
                  ON CONFLICT (data_id) DO NOTHING RETURNING data_id, seq",
-                &[&ids, &devices, &channels, &types, &times, &jsons],
+                &[&ids, &devices, &channels, &types, &times, &jsons, &parts],
             )
             .await
             .map_err(db)?;
@@ -264,15 +261,23 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         .map_err(db)?;
     }
     store_events(c, &batch.events).await?;
-    set_cursor(c, &batch.consumer, batch.next_seq).await?;
+    if !batch.consumers.is_empty() {
+        c.execute(
+            "INSERT INTO cursors (name, next_seq) SELECT UNNEST($1::TEXT[]), $2 \
+             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+            &[&batch.consumers, &to_i64(batch.next_seq)],
+        )
+        .await
+        .map_err(db)?;
+    }
     queue_changes(c, &batch.history).await?;
     if !batch.entities.is_empty() {
         put_entities(c, &batch.entities).await?;
         c.execute(
             "INSERT INTO cursors (name, next_seq) \
-             VALUES ($1, COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1) \
+             SELECT UNNEST($1::TEXT[]), COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1 \
              ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-            &[&crate::ENTITIES_CURSOR],
+            &[&batch.entity_cursors],
         )
         .await
         .map_err(db)?;

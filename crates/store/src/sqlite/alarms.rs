@@ -130,7 +130,7 @@ fn commit_alarms(conn: &Connection, batch: &AlarmBatch) -> rusqlite::Result<u64>
             };
         }
     }
-    if let Some((name, next)) = &batch.cursor {
+    for (name, next) in &batch.cursors {
         conn.prepare_cached(
             "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
              ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",

@@ -20,7 +20,16 @@ impl IngestLogStore for SqliteStore {
         self.committed.clone()
     }
 
-    async fn read_uplinks(&self, from_seq: u64, limit: usize) -> Result<Vec<Uplink>> {
+    async fn read_uplinks(
+        &self,
+        from_seq: u64,
+        limit: usize,
+        partitions: Option<&[u16]>,
+    ) -> Result<Vec<Uplink>> {
+        // One process, one partition (0): every entry is partition 0's.
+        if partitions.is_some_and(|p| !p.contains(&0)) {
+            return Ok(Vec::new());
+        }
         self.log
             .read(move |c| read_uplinks(c, from_seq, limit))
             .await
@@ -98,6 +107,7 @@ fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Result<Vec<Upli
         out.push(Uplink {
             seq,
             uplink: NewUplink {
+                partition: 0,
                 received_at: row.get(1).db()?,
                 format,
                 channel: row.get(3).db()?,

@@ -169,7 +169,7 @@ async fn concurrent_appends_get_unique_ordered_seqs() {
         .expect("committed_seq reaches the last append")
         .unwrap();
 
-    let log = store.read_uplinks(1, 5_000).await.unwrap();
+    let log = store.read_uplinks(1, 5_000, None).await.unwrap();
     assert_eq!(log.len(), 2_000);
     for (entry, (seq, i)) in log.iter().zip(&acked) {
         assert_eq!(entry.seq, *seq);
@@ -207,7 +207,7 @@ async fn a_failing_operation_fails_alone() {
         async move {
             store
                 .commit_processed(Arc::new(ProcessedBatch {
-                    consumer: "pipeline".to_string(),
+                    consumers: vec!["pipeline".into()],
                     next_seq: 9,
                     units: vec![
                         unit("fine", "d", "c", "t", 1),
@@ -223,7 +223,7 @@ async fn a_failing_operation_fails_alone() {
         async move {
             store
                 .commit_processed(Arc::new(ProcessedBatch {
-                    consumer: "other".to_string(),
+                    consumers: vec!["other".into()],
                     next_seq: 4,
                     units: vec![unit("good", "d", "c", "t", 3)],
                     ..ProcessedBatch::default()
@@ -299,7 +299,7 @@ async fn full_queue_is_overloaded_and_loses_nothing() {
         }
     }
     assert!(overloaded >= 48, "only {overloaded} of 50 were turned away");
-    let log = store.read_uplinks(1, 100).await.unwrap();
+    let log = store.read_uplinks(1, 100, None).await.unwrap();
     assert_eq!(log.len(), acked.len());
     for (i, seq) in acked {
         let entry = log
@@ -336,7 +336,7 @@ async fn close_commits_the_queue_then_refuses_writes() {
             Err(e) => panic!("unexpected {e}"),
         }
     }
-    assert_eq!(store.read_uplinks(1, 1_000).await.unwrap().len(), ok);
+    assert_eq!(store.read_uplinks(1, 1_000, None).await.unwrap().len(), ok);
 
     assert!(matches!(
         store.append_uplink(uplink(0)).await,
@@ -361,7 +361,7 @@ async fn dropping_the_store_stops_the_writer() {
     let done = tokio::time::timeout(Duration::from_secs(5), stopped.wait_for(|s| *s)).await;
     assert!(matches!(done, Ok(Ok(_))), "writer did not stop");
     let store = open(&dir);
-    assert_eq!(store.read_uplinks(1, 10).await.unwrap().len(), 1);
+    assert_eq!(store.read_uplinks(1, 10, None).await.unwrap().len(), 1);
 }
 
 /// History stored before rows had an instance, and before states were
@@ -483,6 +483,7 @@ async fn throughput() {
                 for _ in 0..APPENDS / TASKS {
                     store
                         .append_uplink(NewUplink {
+                            partition: 0,
                             received_at: 1,
                             format: UplinkFormat::SensaeEncoded,
                             channel: Some("north".to_string()),
@@ -524,7 +525,7 @@ async fn throughput() {
             })
             .collect();
         let batch = ProcessedBatch {
-            consumer: "pipeline".to_string(),
+            consumers: vec!["pipeline".into()],
             next_seq: (b as u64 + 1) * 1_000,
             units,
             ..ProcessedBatch::default()

@@ -118,22 +118,26 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
         }
     }
     store_events(conn, &batch.events)?;
-    conn.prepare_cached(
-        "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
-         ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-    )?
-    .execute((&batch.consumer, to_i64(batch.next_seq)))?;
+    for consumer in &batch.consumers {
+        conn.prepare_cached(
+            "INSERT INTO cursors (name, next_seq) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+        )?
+        .execute((consumer, to_i64(batch.next_seq)))?;
+    }
     queue_history(conn, &batch.history)?;
     if !batch.entities.is_empty() {
         for record in &batch.entities {
             put_entity(conn, record)?;
         }
-        conn.prepare_cached(
-            "INSERT INTO cursors (name, next_seq) \
-             VALUES (?1, COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1) \
-             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-        )?
-        .execute([crate::ENTITIES_CURSOR])?;
+        for name in &batch.entity_cursors {
+            conn.prepare_cached(
+                "INSERT INTO cursors (name, next_seq) \
+                 VALUES (?1, COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1) \
+                 ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+            )?
+            .execute([name])?;
+        }
     }
     Ok(CommitOutcome { inserted, seqs })
 }
@@ -148,6 +152,10 @@ fn json_text(json: &[u8]) -> rusqlite::Result<&str> {
 /// fits (`(device_id, seq)` for a device's history, the primary key
 /// otherwise) instead of an `?n IS NULL OR …` plan that can use neither.
 fn query_data(conn: &Connection, query: &DataQuery) -> Result<Vec<StoredUnit>> {
+    // One process, one partition (0): every unit is partition 0's.
+    if query.partitions.as_ref().is_some_and(|p| !p.contains(&0)) {
+        return Ok(Vec::new());
+    }
     let mut sql = String::from("SELECT seq, json FROM data_units WHERE seq > ?");
     let mut params: Vec<SqlValue> = vec![SqlValue::Integer(to_i64(query.after.unwrap_or(0)))];
     let mut text = |column: &str, value: &Option<String>, sql: &mut String| {
@@ -176,6 +184,7 @@ fn query_data(conn: &Connection, query: &DataQuery) -> Result<Vec<StoredUnit>> {
     let mut out = Vec::new();
     while let Some(row) = rows.next().db()? {
         out.push(StoredUnit {
+            partition: 0,
             seq: position(row, 0)?,
             json: row.get(1).db()?,
         });
@@ -191,6 +200,7 @@ fn get_data(conn: &Connection, data_id: &str) -> Result<Option<StoredUnit>> {
     let mut rows = stmt.query([data_id]).db()?;
     match rows.next().db()? {
         Some(row) => Ok(Some(StoredUnit {
+            partition: 0,
             seq: position(row, 0)?,
             json: row.get(1).db()?,
         })),
