@@ -452,11 +452,16 @@ fn a_node_that_cannot_reach_nats_fails_at_start() {
     );
 }
 
-/// The work done once across the cluster, as a node's `/health` lists it.
-const SINGULAR_WORK: [&str; 4] = ["bridges", "expiry", "history", "pipeline"];
+/// The work done once across the cluster by one node, as a node's
+/// `/health` lists it (the pipeline is split into partitions instead).
+const SINGULAR_WORK: [&str; 3] = ["bridges", "expiry", "history"];
 
-/// The work `server` does now, from its `/health`.
-async fn work_of(server: &Server) -> Vec<String> {
+/// How many partitions the pipeline is split into on PostgreSQL.
+const PARTITIONS: u16 = 16;
+
+/// The singular work `server` does now and the pipeline partitions it
+/// holds, from its `/health`.
+async fn work_of(server: &Server) -> (Vec<String>, Vec<u16>) {
     let (status, health) = server.client().send("GET", "/health", None, None).await;
     assert_eq!(status, 200, "{health}");
     let mut work: Vec<String> = health["work"]
@@ -464,27 +469,33 @@ async fn work_of(server: &Server) -> Vec<String> {
         .unwrap_or_else(|| panic!("no work in {health}"))
         .iter()
         .map(|w| w.as_str().unwrap().to_string())
+        .filter(|w| w != "pipeline")
         .collect();
     work.sort();
-    work
+    let mut partitions: Vec<u16> = health["partitions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no partitions in {health}"))
+        .iter()
+        .map(|p| p.as_u64().unwrap() as u16)
+        .collect();
+    partitions.sort();
+    (work, partitions)
 }
 
 /// Waits until the two nodes between them do every piece of singular
-/// work, each piece on one node; answers (A's, B's).
+/// work, each piece on one node, and hold half the pipeline's
+/// partitions each; answers (A's, B's) work.
 async fn shared_work(a: &Server, b: &Server) -> (Vec<String>, Vec<String>) {
-    eventually(Duration::from_secs(20), || async {
-        let (on_a, on_b) = (work_of(a).await, work_of(b).await);
-        let mut all: Vec<&String> = on_a.iter().chain(&on_b).collect();
+    eventually(Duration::from_secs(30), || async {
+        let ((on_a, parts_a), (on_b, parts_b)) = (work_of(a).await, work_of(b).await);
+        let mut all: Vec<&str> = on_a.iter().chain(&on_b).map(String::as_str).collect();
         all.sort();
-        (all == SINGULAR_WORK
-            .iter()
-            .collect::<Vec<_>>()
-            .iter()
-            .map(|w| w.to_string())
-            .collect::<Vec<_>>()
-            .iter()
-            .collect::<Vec<_>>())
-        .then_some((on_a, on_b))
+        let mut parts: Vec<u16> = parts_a.iter().chain(&parts_b).copied().collect();
+        parts.sort();
+        let halves = parts_a.len() == usize::from(PARTITIONS / 2)
+            && parts_b.len() == usize::from(PARTITIONS / 2);
+        (all == SINGULAR_WORK && halves && parts == (0..PARTITIONS).collect::<Vec<_>>())
+            .then_some((on_a, on_b))
     })
     .await
 }
@@ -586,6 +597,10 @@ async fn work_is_done_once_across_two_nodes() {
     for w in SINGULAR_WORK {
         assert!(text.contains(w), "{w} missing from:\n{text}");
     }
+    assert!(
+        node_lines.iter().all(|l| l.contains("pipeline[")),
+        "each node holds pipeline partitions:\n{text}"
+    );
 
     on_a.create_em300th().await;
     on_a.expect(
@@ -616,6 +631,24 @@ async fn work_is_done_once_across_two_nodes() {
     })
     .await;
     assert_eq!(units.len(), devices * 2, "every uplink stored once");
+    // Decoding is split by device: both nodes stored some of the units.
+    for (name, c) in [("A", &on_a), ("B", &on_b)] {
+        let text = c
+            .http
+            .get(format!("{}/metrics", c.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let stored: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("weft_units_stored_total "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(stored > 0.0, "node {name} decoded none of the uplinks");
+    }
     let alarms = eventually(Duration::from_secs(10), || async {
         let all = on_a
             .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
@@ -650,12 +683,11 @@ async fn work_is_done_once_across_two_nodes() {
 #[tokio::test]
 async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     let Pair { mut a, mut b, .. } = Pair::start_with(&[("WEFT_CLUSTER__LEASE_TTL", "2s")]).await;
-    let (work_a, _) = shared_work(&a, &b).await;
-    // `victim` runs the pipeline; `survivor` takes it over.
-    let (victim, survivor) = if work_a.iter().any(|w| w == "pipeline") {
+    // Each node runs half the pipeline's partitions; `victim`'s move to
+    // `survivor`.
+    let (victim, survivor) = {
+        shared_work(&a, &b).await;
         (&mut a, &mut b)
-    } else {
-        (&mut b, &mut a)
     };
     let (on_victim, on_survivor) = (victim.client(), survivor.client());
     on_survivor.create_em300th().await;
@@ -687,11 +719,7 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     acked.extend(before);
     acked.extend(sent(on_survivor.clone(), "after", 50).await);
     eventually(Duration::from_secs(20), || async {
-        work_of(survivor)
-            .await
-            .iter()
-            .any(|w| w == "pipeline")
-            .then_some(())
+        (work_of(survivor).await.1 == (0..PARTITIONS).collect::<Vec<_>>()).then_some(())
     })
     .await;
     let units = eventually(Duration::from_secs(30), || async {
