@@ -677,6 +677,77 @@ async fn work_is_done_once_across_two_nodes() {
     assert_eq!(hot, devices, "one alarm per hot device: {alarms:?}");
 }
 
+/// An inactivity rule watches each device on the node holding its
+/// partition only: with devices heard before a node restarts (so both
+/// nodes read every device's state from the store, and the partitions
+/// move between them), each silent device raises one alarm, not one per
+/// node.
+#[tokio::test]
+async fn a_silent_device_raises_one_alarm_with_two_nodes() {
+    let Pair { a, mut b, .. } = Pair::start_with(&[
+        ("WEFT_RULES__INACTIVITY_CHECK", "100ms"),
+        ("WEFT_CLUSTER__LEASE_TTL", "2s"),
+    ])
+    .await;
+    shared_work(&a, &b).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    on_a.create_em300th().await;
+    let rule = json!({"scope": {"types": ["em300th"]}, "inactivity": "3s",
+                      "alarm": {"type": "silent", "severity": "major",
+                                "description": "{{device.id}} went quiet"}});
+    on_a.expect(201, "PUT", "/api/v1/rules/silence", Some(&rule))
+        .await;
+    known_on(&on_b, "/api/v1/rules/silence").await;
+    let devices = 12;
+    for i in 0..devices {
+        let c = if i % 2 == 0 { &on_a } else { &on_b };
+        let body = decoded_body(
+            &format!("quiet-{i}"),
+            &format!("quiet-{i}"),
+            20,
+            40,
+            now_ms(),
+        );
+        c.uplink("quiet", "decoded", "em300th", &body).await;
+    }
+    eventually(Duration::from_secs(20), || async {
+        (on_a.all_units("channel=quiet").await.len() == devices).then_some(())
+    })
+    .await;
+    // B restarts: it reads every device's state, and the partitions move.
+    assert!(b.terminate(), "node B stops cleanly");
+    b.restart();
+    wait_until_serving(&b).await;
+    let on_b = b.client();
+    let silent = |c: Client| async move {
+        let all = c
+            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
+            .await;
+        let mut devices: Vec<String> = all
+            .as_array()
+            .unwrap_or_else(|| panic!("{all}"))
+            .iter()
+            .filter(|a| a["type"] == "silent")
+            // Raised once: a second raise of an active alarm is an update
+            // (its version grows).
+            .map(|a| format!("{} v{}", a["device"]["id"].as_str().unwrap(), a["version"]))
+            .collect();
+        devices.sort();
+        devices
+    };
+    eventually(Duration::from_secs(30), || async {
+        (silent(on_a.clone()).await.len() >= devices).then_some(())
+    })
+    .await;
+    shared_work(&a, &b).await;
+    // Time for a second alarm, were one to come.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let raised = silent(on_b.clone()).await;
+    let mut expected: Vec<String> = (0..devices).map(|i| format!("quiet-{i} v1")).collect();
+    expected.sort();
+    assert_eq!(raised, expected, "one alarm per silent device");
+}
+
 /// kill -9 of the node running the pipeline while uplinks pour into both
 /// nodes: the other node takes the pipeline over within seconds, and every
 /// uplink either node acknowledged is stored exactly once.

@@ -287,9 +287,10 @@ impl RuleEngine {
     /// Runs the lanes and the inactivity clock on the units of
     /// `partitions` (of `count`) from their stored cursors until `stop`,
     /// on a thread of their own. Run again each time the partitions this
-    /// node holds change; on a takeover the rule state and the active
-    /// alarms are read again from the store first (the previous holder
-    /// changed them).
+    /// node holds change; the rule state and the active alarms are read
+    /// again from the store first (another node may have changed them:
+    /// the previous holder of a partition, or this node's own previous
+    /// run).
     pub async fn run(self: Arc<Self>, partitions: Arc<[u16]>, count: u16, stop: CancellationToken) {
         let taken = std::mem::take(&mut *self.receivers.lock());
         if taken.len() != Lane::ALL.len() {
@@ -300,7 +301,10 @@ impl RuleEngine {
         let mut cursors = Vec::new();
         let all = partitions.len() >= usize::from(count);
         let prepared = async {
-            if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
+            // Read again at every start: the partitions held may have
+            // been another node's a moment ago, and what it changed there
+            // is in the store.
+            if self.runs.fetch_add(1, Ordering::Relaxed) > 0 || count > 1 {
                 let (states, active) = load_state(&*self.store).await?;
                 let _order = self.order.lock().await;
                 let mut inner = self.inner.lock();
