@@ -124,17 +124,24 @@ struct Reading {
     /// where reading starts (entries below it are skipped).
     floors: std::collections::HashMap<u16, u64>,
     /// The cursors a batch moves: one per partition read.
-    consumers: Vec<String>,
+    consumers: Vec<(u16, String)>,
     /// The partitions' entities cursors.
     entity_cursors: Vec<String>,
 }
 
 impl Reading {
-    /// An empty batch moving the cursors to `next_seq`.
+    /// An empty batch moving the cursors to `next_seq` (never back: a
+    /// partition whose cursor is further keeps it).
     fn batch(&self, next_seq: u64) -> Decoded {
+        let consumers = self
+            .consumers
+            .iter()
+            .filter(|(p, _)| self.floors.get(p).is_none_or(|f| *f <= next_seq))
+            .map(|(_, name)| name.clone())
+            .collect();
         Decoded {
             batch: Arc::new(ProcessedBatch {
-                consumers: self.consumers.clone(),
+                consumers,
                 entity_cursors: self.entity_cursors.clone(),
                 next_seq,
                 ..ProcessedBatch::default()
@@ -267,7 +274,7 @@ impl Ingest {
             floors,
             consumers: partitions
                 .iter()
-                .map(|&p| weft_store::partition_cursor(CONSUMER, p))
+                .map(|&p| (p, weft_store::partition_cursor(CONSUMER, p)))
                 .collect(),
             entity_cursors: partitions
                 .iter()
@@ -497,6 +504,17 @@ impl Ingest {
             }
             sent_at = std::time::Instant::now();
             next = last + 1;
+        }
+        // The entities these partitions changed since their last bulk
+        // write go with a last batch: another node may hold the partitions
+        // next, and must not find this node's older copies written later.
+        let dirty = self.context.take_dirty();
+        if !dirty.is_empty() {
+            let mut last = reading.batch(next);
+            if let Some(batch) = Arc::get_mut(&mut last.batch) {
+                batch.entities = dirty;
+            }
+            let _ = tx.send(last).await;
         }
         self.runs_all.store(false, Ordering::Relaxed);
     }

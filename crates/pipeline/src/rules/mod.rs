@@ -161,8 +161,8 @@ struct Inner {
 /// per partition they evaluate.
 #[derive(Default)]
 struct Held {
-    /// Per lane, the names of its cursors (one per partition).
-    names: [Vec<String>; 2],
+    /// Per lane, its cursors (one per partition) and their names.
+    names: [Vec<(u16, String)>; 2],
     /// Per lane, partition → stored cursor at the start of the run:
     /// units of a partition below its own cursor were evaluated before.
     floors: [HashMap<u16, u64>; 2],
@@ -322,7 +322,7 @@ impl RuleEngine {
                 cursors.push(floors.values().copied().min().unwrap_or(1));
                 held.names[lane.index()] = partitions
                     .iter()
-                    .map(|&p| weft_store::partition_cursor(lane.cursor(), p))
+                    .map(|&p| (p, weft_store::partition_cursor(lane.cursor(), p)))
                     .collect();
                 held.floors[lane.index()] = floors;
             }
@@ -635,11 +635,15 @@ impl RuleEngine {
         rx
     }
 
-    /// The lane's cursors, all at `next`.
+    /// The lane's cursors, all at `next` (never back: a partition whose
+    /// cursor was further at the start of the run keeps it).
     fn cursors(&self, lane: Lane, next: u64) -> Vec<(String, u64)> {
-        self.held.lock().names[lane.index()]
+        let held = self.held.lock();
+        let floors = &held.floors[lane.index()];
+        held.names[lane.index()]
             .iter()
-            .map(|name| (name.clone(), next))
+            .filter(|(p, _)| floors.get(p).is_none_or(|f| *f <= next))
+            .map(|(_, name)| (name.clone(), next))
             .collect()
     }
 
