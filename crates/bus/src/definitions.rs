@@ -36,11 +36,16 @@ pub enum DefinitionKind {
     PageService,
     /// An API key (created or revoked).
     ApiKey,
+    /// New messages in a channel (the id is the channel's): not a
+    /// definition, but the same kind of notice — the messages are in the
+    /// store, and a node with long polls waiting on the channel reads its
+    /// head there and wakes them.
+    ChannelMessages,
 }
 
 impl DefinitionKind {
     /// Every kind, for parsing and for tests.
-    pub const ALL: [DefinitionKind; 10] = [
+    pub const ALL: [DefinitionKind; 11] = [
         DefinitionKind::DeviceType,
         DefinitionKind::Device,
         DefinitionKind::Rule,
@@ -51,6 +56,7 @@ impl DefinitionKind {
         DefinitionKind::Page,
         DefinitionKind::PageService,
         DefinitionKind::ApiKey,
+        DefinitionKind::ChannelMessages,
     ];
 
     /// The kind's name: the last token of its NATS subject.
@@ -66,6 +72,7 @@ impl DefinitionKind {
             DefinitionKind::Page => "page",
             DefinitionKind::PageService => "page-service",
             DefinitionKind::ApiKey => "api-key",
+            DefinitionKind::ChannelMessages => "channel-messages",
         }
     }
 

@@ -93,4 +93,34 @@ pub trait ChannelStore: Send + Sync {
     /// Each channel's highest stored message `seq`, and the highest `seq`
     /// ever handed out (loaded at start).
     async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)>;
+
+    // What several nodes sharing the channels read from the store rather
+    // than from their own memory, which only sees their own requests.
+
+    /// One subscriber's stored cursor; `None` when it does not exist
+    /// (never created, deleted, or expired through another node).
+    async fn channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<Option<u64>>;
+    /// The channel's highest stored message `seq` (0: none).
+    async fn channel_head(&self, channel: &str) -> Result<u64>;
+    /// The lowest cursor of the channel's stored subscribers (`None`:
+    /// none): every subscriber has acknowledged the messages up to it.
+    async fn channel_floor(&self, channel: &str) -> Result<Option<u64>>;
+    /// Records that `(channel, subscriber)`s were active at `at` (epoch
+    /// ms), so that no node expires a subscriber another node serves
+    /// ([`ChannelStore::expire_channel_subscribers`]). A store only one
+    /// process opens keeps activity in that process's memory: nothing to
+    /// do.
+    async fn touch_channel_subscribers(
+        &self,
+        _active: Vec<(String, String)>,
+        _at: i64,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Deletes the subscribers last active (created, touched) before
+    /// `idle_before` (epoch ms); answers them as `(channel, subscriber)`.
+    /// A store only one process opens expires in memory: none here.
+    async fn expire_channel_subscribers(&self, _idle_before: i64) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
 }

@@ -3049,6 +3049,14 @@ where
         vec![("c".to_string(), seqs[2]), ("d".to_string(), d)]
     );
     assert_eq!(top, d);
+    // One channel's head, subscriber and floor, as nodes sharing the
+    // channels read them.
+    assert_eq!(store.channel_head("c").await.unwrap(), seqs[2]);
+    assert_eq!(store.channel_head("none").await.unwrap(), 0);
+    assert_eq!(store.channel_subscriber("c", "s").await.unwrap(), Some(7));
+    assert_eq!(store.channel_subscriber("c", "t").await.unwrap(), None);
+    assert_eq!(store.channel_floor("c").await.unwrap(), Some(7));
+    assert_eq!(store.channel_floor("d").await.unwrap(), None);
     // Everything pruned: no heads, the top stays.
     store.prune_channel("c", u64::MAX).await.unwrap();
     store.prune_channel("d", u64::MAX).await.unwrap();

@@ -200,7 +200,18 @@ impl PostgresStore {
         )
         .await?;
         let history = Writer::start(connector.clone(), writer("history"), None).await?;
-        let channels = Writer::start(connector, writer("channels"), None).await?;
+        // Channel messages too are read forward from a cursor (a
+        // subscriber's): with several nodes publishing, their
+        // transactions commit one at a time.
+        let channels = Writer::start(
+            connector,
+            WriterConfig {
+                opening: Some(channels::SERIAL_PUBLISHES),
+                ..writer("channels")
+            },
+            None,
+        )
+        .await?;
         tracing::info!(
             schema_version = version,
             last_seq,

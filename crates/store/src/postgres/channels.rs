@@ -2,9 +2,16 @@
 //! `sqlite/channels.rs` in PostgreSQL's dialect. Writes go through the
 //! channels writer, the one that hands out message `seq`s, so a channel's
 //! messages commit in `seq` order (a subscriber acknowledging up to a
-//! `seq` never skips one committed later).
+//! `seq` never skips one committed later). Several nodes' channels
+//! writers keep that order between them by [`SERIAL_PUBLISHES`].
 
 use async_trait::async_trait;
+
+/// Opens every transaction of the channels writer: a lock held until the
+/// commit, taken by every node's channels writer, so publishes commit one
+/// transaction at a time across the cluster and a channel's `seq`s become
+/// visible in order (a constant unique to weft: "weft_chn").
+pub(super) const SERIAL_PUBLISHES: &str = "SELECT pg_advisory_xact_lock(8603115516229119598)";
 
 use super::schema::db;
 use super::writer::param;
@@ -57,9 +64,10 @@ impl ChannelStore for PostgresStore {
             .write(move |c| {
                 Box::pin(async move {
                     c.execute(
-                        "INSERT INTO channel_subscribers (channel, subscriber, cursor) \
-                         VALUES ($1, $2, $3) ON CONFLICT (channel, subscriber) DO NOTHING",
-                        &[&channel, &subscriber, &cursor],
+                        "INSERT INTO channel_subscribers (channel, subscriber, cursor, active_at) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT (channel, subscriber) \
+                         DO UPDATE SET active_at = excluded.active_at",
+                        &[&channel, &subscriber, &cursor, &weft_model::now_ms()],
                     )
                     .await
                     .map_err(db)?;
@@ -209,5 +217,79 @@ impl ChannelStore for PostgresStore {
             .map_err(db)?
             .get(0);
         Ok((heads, top as u64))
+    }
+
+    async fn channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<Option<u64>> {
+        let client = self.reader().await?;
+        let row = client
+            .query_opt(
+                "SELECT cursor FROM channel_subscribers WHERE channel = $1 AND subscriber = $2",
+                &[&channel, &subscriber],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+    }
+
+    async fn channel_head(&self, channel: &str) -> Result<u64> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT COALESCE(MAX(seq), 0) FROM channel_messages WHERE channel = $1",
+                &[&channel],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
+    async fn channel_floor(&self, channel: &str) -> Result<Option<u64>> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT MIN(cursor) FROM channel_subscribers WHERE channel = $1",
+                &[&channel],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get::<_, Option<i64>>(0).map(|f| f as u64))
+    }
+
+    async fn touch_channel_subscribers(
+        &self,
+        active: Vec<(String, String)>,
+        at: i64,
+    ) -> Result<()> {
+        if active.is_empty() {
+            return Ok(());
+        }
+        let (channels, subscribers): (Vec<String>, Vec<String>) = active.into_iter().unzip();
+        self.channels
+            .execute(
+                "UPDATE channel_subscribers s SET active_at = GREATEST(s.active_at, $3) \
+                 FROM UNNEST($1::TEXT[], $2::TEXT[]) AS t(channel, subscriber) \
+                 WHERE s.channel = t.channel AND s.subscriber = t.subscriber",
+                vec![param(channels), param(subscribers), param(at)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn expire_channel_subscribers(&self, idle_before: i64) -> Result<Vec<(String, String)>> {
+        self.channels
+            .write(move |c| {
+                Box::pin(async move {
+                    let rows = c
+                        .query(
+                            "DELETE FROM channel_subscribers WHERE active_at < $1 \
+                             RETURNING channel, subscriber",
+                            &[&idle_before],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+                })
+            })
+            .await
     }
 }

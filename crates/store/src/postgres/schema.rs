@@ -264,6 +264,16 @@ ALTER TABLE ingest_log ADD COLUMN part SMALLINT NOT NULL DEFAULT 0;
 ALTER TABLE data_units ADD COLUMN part SMALLINT NOT NULL DEFAULT 0;
 CREATE INDEX data_units_part_seq ON data_units (part, seq);
 "#,
+    // Step 9: channels shared by several nodes. When each subscriber was
+    // last active on any node, so that no node expires one another node
+    // serves (subscribers that exist now count as active now); and
+    // channel publishes of several nodes commit in `seq` order (see
+    // `postgres/channels.rs`).
+    r#"
+ALTER TABLE channel_subscribers
+    ADD COLUMN active_at BIGINT NOT NULL DEFAULT (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT;
+CREATE INDEX channel_subscribers_active ON channel_subscribers (active_at);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::conformance::{cutoffs, hquery, hrow, times, Backend};
-use crate::Store;
+use crate::{ChannelStore, Store};
 
 /// PostgreSQL under the conformance suite: a database per test.
 struct Postgres(String);
@@ -111,10 +111,10 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [8],
-        "eight steps: the first schema, device events, the API keys, history instances, \
+        [9],
+        "nine steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
-         the pipeline's partitions"
+         the pipeline's partitions, channel subscribers' activity"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -130,6 +130,42 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         err.to_string().contains("newer than this weft knows"),
         "{err}"
     );
+}
+
+/// Nodes sharing the channels expire a subscriber by its last activity
+/// on any node: a touch through one node keeps it, and only subscribers
+/// idle past the cutoff are deleted (and answered).
+#[tokio::test]
+async fn channel_subscribers_expire_by_their_activity_on_any_node() {
+    let url = test_database().await;
+    let (node_a, node_b) = (open(&url).await, open(&url).await);
+    node_a.put_channel_subscriber("c", "busy", 0).await.unwrap();
+    node_a.put_channel_subscriber("c", "idle", 0).await.unwrap();
+    node_b.put_channel_subscriber("d", "idle", 0).await.unwrap();
+    let later = weft_model::now_ms() + 60_000;
+    node_b
+        .touch_channel_subscribers(vec![("c".into(), "busy".into())], later)
+        .await
+        .unwrap();
+    let mut expired = node_a.expire_channel_subscribers(later - 1).await.unwrap();
+    expired.sort();
+    assert_eq!(
+        expired,
+        [
+            ("c".to_string(), "idle".to_string()),
+            ("d".to_string(), "idle".to_string())
+        ]
+    );
+    assert_eq!(
+        node_b.channel_subscriber("c", "busy").await.unwrap(),
+        Some(0)
+    );
+    assert_eq!(node_b.channel_subscriber("c", "idle").await.unwrap(), None);
+    assert!(node_a
+        .expire_channel_subscribers(later - 1)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! and subscribers with their cursors.
 
 use async_trait::async_trait;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use super::{to_i64, Db, SqliteStore};
 use crate::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result};
@@ -85,6 +85,52 @@ impl ChannelStore for SqliteStore {
 
     async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
         self.channels.read(heads).await
+    }
+
+    async fn channel_subscriber(&self, channel: &str, subscriber: &str) -> Result<Option<u64>> {
+        let (channel, subscriber) = (channel.to_string(), subscriber.to_string());
+        self.channels
+            .read(move |c| {
+                c.query_row(
+                    "SELECT cursor FROM channel_subscribers WHERE channel = ?1 AND subscriber = ?2",
+                    (&channel, &subscriber),
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()
+                .db()
+                .map(|c| c.map(|c| c as u64))
+            })
+            .await
+    }
+
+    async fn channel_head(&self, channel: &str) -> Result<u64> {
+        let channel = channel.to_string();
+        self.channels
+            .read(move |c| {
+                c.query_row(
+                    "SELECT COALESCE(MAX(seq), 0) FROM channel_messages WHERE channel = ?1",
+                    [&channel],
+                    |r| r.get::<_, i64>(0),
+                )
+                .db()
+                .map(|h| h as u64)
+            })
+            .await
+    }
+
+    async fn channel_floor(&self, channel: &str) -> Result<Option<u64>> {
+        let channel = channel.to_string();
+        self.channels
+            .read(move |c| {
+                c.query_row(
+                    "SELECT MIN(cursor) FROM channel_subscribers WHERE channel = ?1",
+                    [&channel],
+                    |r| r.get::<_, Option<i64>>(0),
+                )
+                .db()
+                .map(|f| f.map(|f| f as u64))
+            })
+            .await
     }
 }
 
