@@ -932,3 +932,111 @@ async fn an_mqtt_source_on_two_nodes_takes_each_message_once() {
         "a message published at QoS 1 was lost"
     );
 }
+
+/// `PUT` through `c` with an optional raw body (DSPS's API); status and
+/// JSON body.
+async fn dsps_put(c: &Client, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut req = c.http.put(format!("{}{path}", c.url));
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// The message ids of a DSPS fetch.
+fn fetched_ids(fetched: &Value) -> Vec<String> {
+    fetched["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{fetched}"))
+        .iter()
+        .map(|m| m["messageID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A durable channel served by both nodes: a subscriber made on B is
+/// woken by a message published on A and fetches it through either node;
+/// A's sweeper neither deletes messages B's subscriber has not
+/// acknowledged nor expires a subscriber active on B; an ack through A
+/// holds on B; a subscriber idle on every node expires on both, and one
+/// deleted through B is gone on A.
+#[tokio::test]
+async fn a_channel_is_shared_by_both_nodes() {
+    let Pair { a, b, .. } = Pair::start_with(&[("WEFT_CHANNELS__EXPIRE_AFTER", "2s")]).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    let path = "/channel/shared/subscription/polling/s";
+    assert_eq!(dsps_put(&on_b, path, None).await.0, 200);
+    assert_eq!(
+        dsps_put(&on_a, "/channel/shared/subscription/polling/idle", None)
+            .await
+            .0,
+        200
+    );
+    let waiter = {
+        let on_b = on_b.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let reply = on_b
+                .send("GET", &format!("{path}?timeout=20s"), None, None)
+                .await;
+            (reply, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        dsps_put(&on_a, "/channel/shared/message/m1", Some("1"))
+            .await
+            .0,
+        200
+    );
+    let ((status, body), waited) = waiter.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(fetched_ids(&body), ["m1"]);
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken by the publish on the other node, not the timeout"
+    );
+    for n in 2..=5 {
+        let id = format!("/channel/shared/message/m{n}");
+        assert_eq!(dsps_put(&on_a, &id, Some(&n.to_string())).await.0, 200);
+    }
+    // Active on B only, for longer than `expire_after`, while A sweeps.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let (status, body) = on_b.send("GET", path, None, None).await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, all) = on_a.send("GET", path, None, None).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(fetched_ids(&all), ["m1", "m2", "m3", "m4", "m5"]);
+    let handle = all["ackHandle"].as_str().unwrap();
+    let (status, _) = on_a
+        .send(
+            "DELETE",
+            &format!("{path}/message?ackHandle={handle}"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    let (_, none) = on_b.send("GET", path, None, None).await;
+    assert_eq!(fetched_ids(&none), Vec::<String>::new(), "{none}");
+    // Idle on both nodes: gone on both.
+    for c in [&on_a, &on_b] {
+        let (status, body) = c
+            .send(
+                "GET",
+                "/channel/shared/subscription/polling/idle",
+                None,
+                None,
+            )
+            .await;
+        assert_eq!(status, 404, "{body}");
+    }
+    let (status, body) = on_b.send("DELETE", path, None, None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = on_a.send("GET", path, None, None).await;
+    assert_eq!(status, 404, "{body}");
+}

@@ -15,9 +15,18 @@
 //! subscribers, and deletes messages every subscriber has acknowledged.
 //!
 //! A JWT revoked through another node is reloaded from the store as soon
-//! as that node announces it ([`Follower`]). Channel positions and
-//! subscribers are each node's own for now: sharing them (or giving each
-//! channel to one node) is a later step of scale-out.
+//! as that node announces it ([`Follower`]).
+//!
+//! Several nodes (a bus shared with other nodes) serve the same channels
+//! from the same store, and a client may publish, fetch and acknowledge
+//! through any of them. Then the store, not memory, is the truth for what
+//! other nodes change: a fetch or an acknowledgement reads the
+//! subscriber's stored cursor (and answers 404 once another node deleted
+//! or expired it); a publish is announced to the other nodes
+//! ([`DefinitionKind::ChannelMessages`]), which read the channel's head
+//! from the store and wake their long polls; the sweeper expires
+//! subscribers by their activity on any node (recorded in the store) and
+//! deletes only what every stored subscriber has acknowledged.
 
 pub mod bridge;
 pub mod listing;
@@ -140,6 +149,11 @@ pub struct Channels {
     config: ChannelsConfig,
     rules: rules::ChannelRules,
     channels: parking_lot::Mutex<HashMap<String, Arc<Channel>>>,
+    /// Whether other nodes serve the same channels (see the module doc).
+    clustered: bool,
+    /// Subscribers active here since the sweeper last recorded it in the
+    /// store (clustered only).
+    touched: parking_lot::Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl Channels {
@@ -171,12 +185,15 @@ impl Channels {
         }
         let rules = rules::ChannelRules::new(&config.rules).map_err(StoreError::Database)?;
         load_revocations(&store, &rules).await?;
+        let clustered = bus.node().is_some();
         let channels = Arc::new(Channels {
             store,
             bus,
             config,
             rules,
             channels: parking_lot::Mutex::new(map),
+            clustered,
+            touched: Default::default(),
         });
         tokio::spawn(channels.clone().sweep_loop(shutdown));
         Ok(channels)
@@ -215,6 +232,12 @@ impl Channels {
         c.subscribers.lock().last_active = Instant::now();
         if let Some(seq) = stored {
             c.advance(seq);
+            if self.clustered {
+                self.bus.definition_changed(DefinitionChange::new(
+                    DefinitionKind::ChannelMessages,
+                    channel,
+                ));
+            }
             if let Some(content) = &webhook_content {
                 self.rules.message_published(channel, message_id, content);
             }
@@ -263,9 +286,17 @@ impl Channels {
     /// published after it was first created.
     pub async fn subscribe(&self, channel: &str, subscriber: &str) -> Result<(), StoreError> {
         let c = self.channel(channel);
-        if let Some(s) = c.subscribers.lock().subscribers.get_mut(subscriber) {
-            s.last_seen = Instant::now();
-            return Ok(());
+        // Clustered, another node may have deleted it: the store decides.
+        if !self.clustered {
+            if let Some(s) = c.subscribers.lock().subscribers.get_mut(subscriber) {
+                s.last_seen = Instant::now();
+                return Ok(());
+            }
+        }
+        // Clustered, this node's head may not have seen another node's
+        // publish yet: the new subscriber starts after what is stored.
+        if self.clustered {
+            c.advance(self.store.channel_head(channel).await?);
         }
         let start = *c.head.borrow();
         let cursor = self
@@ -274,13 +305,16 @@ impl Channels {
             .await?;
         let mut state = c.subscribers.lock();
         state.last_active = Instant::now();
-        state
+        let s = state
             .subscribers
             .entry(subscriber.to_string())
             .or_insert(Subscriber {
                 cursor,
                 last_seen: Instant::now(),
             });
+        s.last_seen = Instant::now();
+        drop(state);
+        self.touch(channel, subscriber);
         Ok(())
     }
 
@@ -304,14 +338,20 @@ impl Channels {
         wait: Duration,
         max: usize,
     ) -> Result<Fetched, ChannelError> {
-        let c = self
-            .existing(channel)
-            .ok_or(ChannelError::SubscriberNotFound)?;
+        let c = if self.clustered {
+            // Made, and published to, through any node.
+            self.channel(channel)
+        } else {
+            self.existing(channel)
+                .ok_or(ChannelError::SubscriberNotFound)?
+        };
         let max = max.max(1);
         let deadline = tokio::time::Instant::now() + wait.min(self.config.max_wait);
         let mut head = c.head.subscribe();
         loop {
-            let cursor = {
+            let cursor = if self.clustered {
+                self.stored_cursor(channel, &c, subscriber).await?
+            } else {
                 let mut state = c.subscribers.lock();
                 state.last_active = Instant::now();
                 let s = state
@@ -321,7 +361,9 @@ impl Channels {
                 s.last_seen = Instant::now();
                 s.cursor
             };
-            if *head.borrow_and_update() > cursor {
+            // Clustered, messages another node stored may be there before
+            // their notice: the store is asked.
+            if *head.borrow_and_update() > cursor || self.clustered {
                 let mut messages = self
                     .store
                     .channel_messages(channel, cursor, max + 1)
@@ -351,6 +393,22 @@ impl Channels {
         subscriber: &str,
         through: u64,
     ) -> Result<(), ChannelError> {
+        if self.clustered {
+            let c = self.channel(channel);
+            let cursor = self.stored_cursor(channel, &c, subscriber).await?;
+            // Never past what is stored (a handle from the future would
+            // acknowledge messages not yet published).
+            let through = through.min(self.store.channel_head(channel).await?);
+            if through > cursor {
+                self.store
+                    .ack_channel_messages(channel, subscriber, through)
+                    .await?;
+                if let Some(s) = c.subscribers.lock().subscribers.get_mut(subscriber) {
+                    s.cursor = s.cursor.max(through);
+                }
+            }
+            return Ok(());
+        }
         let c = self
             .existing(channel)
             .ok_or(ChannelError::SubscriberNotFound)?;
@@ -374,6 +432,46 @@ impl Channels {
             s.last_seen = Instant::now();
         }
         Ok(())
+    }
+
+    /// Clustered: the subscriber's stored cursor, kept in memory too (for
+    /// the listing and the sweeper); `SubscriberNotFound` once it is gone
+    /// from the store, whichever node deleted or expired it.
+    async fn stored_cursor(
+        &self,
+        channel: &str,
+        c: &Channel,
+        subscriber: &str,
+    ) -> Result<u64, ChannelError> {
+        let stored = self.store.channel_subscriber(channel, subscriber).await?;
+        let mut state = c.subscribers.lock();
+        state.last_active = Instant::now();
+        let Some(cursor) = stored else {
+            state.subscribers.remove(subscriber);
+            return Err(ChannelError::SubscriberNotFound);
+        };
+        let s = state
+            .subscribers
+            .entry(subscriber.to_string())
+            .or_insert(Subscriber {
+                cursor,
+                last_seen: Instant::now(),
+            });
+        s.cursor = cursor;
+        s.last_seen = Instant::now();
+        drop(state);
+        self.touch(channel, subscriber);
+        Ok(cursor)
+    }
+
+    /// Clustered: notes that a subscriber was active here, for the
+    /// sweeper to record in the store.
+    fn touch(&self, channel: &str, subscriber: &str) {
+        if self.clustered {
+            self.touched
+                .lock()
+                .insert((channel.to_string(), subscriber.to_string()));
+        }
     }
 
     /// Every so often: expire idle subscribers and channels, delete what
@@ -405,6 +503,21 @@ impl Channels {
     /// Sweeps every channel; their store writes run concurrently, so they
     /// share commits instead of taking one each in turn.
     async fn sweep(&self) -> Result<(), StoreError> {
+        if self.clustered {
+            // Activity here first, so that no node expires what this one
+            // serves; then what was idle on every node.
+            let touched: Vec<(String, String)> = self.touched.lock().drain().collect();
+            self.store
+                .touch_channel_subscribers(touched, weft_model::now_ms())
+                .await?;
+            let idle_before = weft_model::now_ms() - self.config.expire_after.as_millis() as i64;
+            for (channel, subscriber) in self.store.expire_channel_subscribers(idle_before).await? {
+                metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
+                if let Some(c) = self.existing(&channel) {
+                    c.subscribers.lock().subscribers.remove(&subscriber);
+                }
+            }
+        }
         let all: Vec<(String, Arc<Channel>)> = self
             .channels
             .lock()
@@ -441,10 +554,22 @@ impl Channels {
             let idle = state.subscribers.is_empty() && state.last_active.elapsed() >= expire;
             (expired, prune_to, idle)
         };
-        for sub in &expired {
-            self.store.delete_channel_subscriber(name, sub).await?;
-            metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
-        }
+        // Clustered, only the store knows every subscriber (and expired
+        // the idle ones above): this node forgets its idle copies, and
+        // deletes what every stored subscriber acknowledged.
+        let prune_to = if self.clustered {
+            let floor = match self.store.channel_floor(name).await? {
+                Some(floor) => floor,
+                None => self.store.channel_head(name).await?,
+            };
+            (floor > c.subscribers.lock().pruned).then_some(floor)
+        } else {
+            for sub in &expired {
+                self.store.delete_channel_subscriber(name, sub).await?;
+                metrics::counter!("weft_channel_subscribers_expired_total").increment(1);
+            }
+            prune_to
+        };
         if let Some(to) = prune_to {
             self.store.prune_channel(name, to).await?;
             c.subscribers.lock().pruned = to;
@@ -480,10 +605,31 @@ async fn load_revocations(
 }
 
 impl Follower for Channels {
-    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::RevokedJwt];
+    const KINDS: &'static [DefinitionKind] =
+        &[DefinitionKind::RevokedJwt, DefinitionKind::ChannelMessages];
 
-    /// Applies the stored revocations again, the new ones among them.
-    async fn reload(&self, _what: &Reload) -> Result<(), StoreError> {
-        load_revocations(&self.store, &self.rules).await
+    /// Applies the stored revocations again, the new ones among them;
+    /// moves the heads of channels another node published to, waking the
+    /// long polls waiting here.
+    async fn reload(&self, what: &Reload) -> Result<(), StoreError> {
+        match what {
+            Reload::One(change) if change.kind == DefinitionKind::ChannelMessages => {
+                if let Some(c) = self.existing(&change.id) {
+                    c.advance(self.store.channel_head(&change.id).await?);
+                }
+                Ok(())
+            }
+            Reload::One(_) => load_revocations(&self.store, &self.rules).await,
+            Reload::All => {
+                load_revocations(&self.store, &self.rules).await?;
+                let (heads, _) = self.store.channel_heads().await?;
+                for (name, head) in heads {
+                    if let Some(c) = self.existing(&name) {
+                        c.advance(head);
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 }
