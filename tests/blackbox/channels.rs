@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::util::*;
 
 /// `PUT` with an optional raw body; status and JSON body.
-async fn put(c: &Client, path: &str, body: Option<&str>) -> (u16, Value) {
+pub(crate) async fn put(c: &Client, path: &str, body: Option<&str>) -> (u16, Value) {
     let mut req = c.http.put(format!("{}{path}", c.url));
     if let Some(b) = body {
         req = req.body(b.to_string());
@@ -25,7 +25,7 @@ async fn call(c: &Client, method: &str, path: &str) -> (u16, Value) {
 }
 
 /// The message ids and contents of a fetch, and its ackHandle.
-fn ids(fetched: &Value) -> Vec<String> {
+pub(crate) fn ids(fetched: &Value) -> Vec<String> {
     fetched["messages"]
         .as_array()
         .unwrap()

@@ -633,20 +633,7 @@ async fn work_is_done_once_across_two_nodes() {
     assert_eq!(units.len(), devices * 2, "every uplink stored once");
     // Decoding is split by device: both nodes stored some of the units.
     for (name, c) in [("A", &on_a), ("B", &on_b)] {
-        let text = c
-            .http
-            .get(format!("{}/metrics", c.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let stored: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("weft_units_stored_total "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0.0);
+        let stored = crate::mqtt::metric(c, "weft_units_stored_total", &[]).await;
         assert!(stored > 0.0, "node {name} decoded none of the uplinks");
     }
     let alarms = eventually(Duration::from_secs(10), || async {
@@ -933,28 +920,6 @@ async fn an_mqtt_source_on_two_nodes_takes_each_message_once() {
     );
 }
 
-/// `PUT` through `c` with an optional raw body (DSPS's API); status and
-/// JSON body.
-async fn dsps_put(c: &Client, path: &str, body: Option<&str>) -> (u16, Value) {
-    let mut req = c.http.put(format!("{}{path}", c.url));
-    if let Some(b) = body {
-        req = req.body(b.to_string());
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-/// The message ids of a DSPS fetch.
-fn fetched_ids(fetched: &Value) -> Vec<String> {
-    fetched["messages"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{fetched}"))
-        .iter()
-        .map(|m| m["messageID"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// A durable channel served by both nodes: a subscriber made on B is
 /// woken by a message published on A and fetches it through either node;
 /// A's sweeper neither deletes messages B's subscriber has not
@@ -966,9 +931,9 @@ async fn a_channel_is_shared_by_both_nodes() {
     let Pair { a, b, .. } = Pair::start_with(&[("WEFT_CHANNELS__EXPIRE_AFTER", "2s")]).await;
     let (on_a, on_b) = (a.client(), b.client());
     let path = "/channel/shared/subscription/polling/s";
-    assert_eq!(dsps_put(&on_b, path, None).await.0, 200);
+    assert_eq!(crate::channels::put(&on_b, path, None).await.0, 200);
     assert_eq!(
-        dsps_put(&on_a, "/channel/shared/subscription/polling/idle", None)
+        crate::channels::put(&on_a, "/channel/shared/subscription/polling/idle", None)
             .await
             .0,
         200
@@ -985,21 +950,26 @@ async fn a_channel_is_shared_by_both_nodes() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        dsps_put(&on_a, "/channel/shared/message/m1", Some("1"))
+        crate::channels::put(&on_a, "/channel/shared/message/m1", Some("1"))
             .await
             .0,
         200
     );
     let ((status, body), waited) = waiter.await.unwrap();
     assert_eq!(status, 200, "{body}");
-    assert_eq!(fetched_ids(&body), ["m1"]);
+    assert_eq!(crate::channels::ids(&body), ["m1"]);
     assert!(
         waited < Duration::from_secs(10),
         "woken by the publish on the other node, not the timeout"
     );
     for n in 2..=5 {
         let id = format!("/channel/shared/message/m{n}");
-        assert_eq!(dsps_put(&on_a, &id, Some(&n.to_string())).await.0, 200);
+        assert_eq!(
+            crate::channels::put(&on_a, &id, Some(&n.to_string()))
+                .await
+                .0,
+            200
+        );
     }
     // Active on B only, for longer than `expire_after`, while A sweeps.
     let until = Instant::now() + Duration::from_secs(4);
@@ -1010,7 +980,7 @@ async fn a_channel_is_shared_by_both_nodes() {
     }
     let (status, all) = on_a.send("GET", path, None, None).await;
     assert_eq!(status, 200, "{all}");
-    assert_eq!(fetched_ids(&all), ["m1", "m2", "m3", "m4", "m5"]);
+    assert_eq!(crate::channels::ids(&all), ["m1", "m2", "m3", "m4", "m5"]);
     let handle = all["ackHandle"].as_str().unwrap();
     let (status, _) = on_a
         .send(
@@ -1022,7 +992,7 @@ async fn a_channel_is_shared_by_both_nodes() {
         .await;
     assert_eq!(status, 204);
     let (_, none) = on_b.send("GET", path, None, None).await;
-    assert_eq!(fetched_ids(&none), Vec::<String>::new(), "{none}");
+    assert_eq!(crate::channels::ids(&none), Vec::<String>::new(), "{none}");
     // Idle on both nodes: gone on both.
     for c in [&on_a, &on_b] {
         let (status, body) = c

@@ -130,6 +130,23 @@ impl Channel {
         }
     }
 
+    /// Notes that `subscriber`, whose stored cursor is `cursor`, was
+    /// active here just now.
+    fn active(&self, subscriber: &str, cursor: u64) {
+        let now = Instant::now();
+        let mut state = self.subscribers.lock();
+        state.last_active = now;
+        let s = state
+            .subscribers
+            .entry(subscriber.to_string())
+            .or_insert(Subscriber {
+                cursor,
+                last_seen: now,
+            });
+        s.cursor = s.cursor.max(cursor);
+        s.last_seen = now;
+    }
+
     fn advance(&self, seq: u64) {
         self.head.send_if_modified(|h| {
             let newer = seq > *h;
@@ -303,17 +320,7 @@ impl Channels {
             .store
             .put_channel_subscriber(channel, subscriber, start)
             .await?;
-        let mut state = c.subscribers.lock();
-        state.last_active = Instant::now();
-        let s = state
-            .subscribers
-            .entry(subscriber.to_string())
-            .or_insert(Subscriber {
-                cursor,
-                last_seen: Instant::now(),
-            });
-        s.last_seen = Instant::now();
-        drop(state);
+        c.active(subscriber, cursor);
         self.touch(channel, subscriber);
         Ok(())
     }
@@ -443,23 +450,11 @@ impl Channels {
         c: &Channel,
         subscriber: &str,
     ) -> Result<u64, ChannelError> {
-        let stored = self.store.channel_subscriber(channel, subscriber).await?;
-        let mut state = c.subscribers.lock();
-        state.last_active = Instant::now();
-        let Some(cursor) = stored else {
-            state.subscribers.remove(subscriber);
+        let Some(cursor) = self.store.channel_subscriber(channel, subscriber).await? else {
+            c.subscribers.lock().subscribers.remove(subscriber);
             return Err(ChannelError::SubscriberNotFound);
         };
-        let s = state
-            .subscribers
-            .entry(subscriber.to_string())
-            .or_insert(Subscriber {
-                cursor,
-                last_seen: Instant::now(),
-            });
-        s.cursor = cursor;
-        s.last_seen = Instant::now();
-        drop(state);
+        c.active(subscriber, cursor);
         self.touch(channel, subscriber);
         Ok(cursor)
     }
