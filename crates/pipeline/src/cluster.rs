@@ -1,8 +1,7 @@
 //! This node in a cluster: its heartbeat, and the work it does only while
 //! it holds that work's lease.
 //!
-//! Work that must be done once across the cluster — the pipeline (the
-//! ingest consumer with the rule engine it feeds), history's moves and
+//! Work that must be done once across the cluster — history's moves and
 //! retention, the expiry of transient entities, the channel bridges — runs
 //! through
 //! [`Cluster::run_leased`]: the node claims the work's lease in the store
@@ -10,6 +9,11 @@
 //! the same lease all along, takes over once it expires (a dead node) or
 //! is released (a node shutting down). On one node with SQLite the lease is
 //! always granted at once, so nothing changes there.
+//!
+//! The pipeline (the ingest consumer with the rule engine it feeds) is
+//! split by device into partitions, a lease each, shared out among the
+//! nodes ([`Cluster::run_partitioned`]), so decoding and rules grow with
+//! the nodes.
 //!
 //! Why leases in the store rather than JetStream consumers: the work reads
 //! and writes PostgreSQL anyway (the ingest log, the units, the cursors),
@@ -28,7 +32,10 @@ use weft_store::{NodeInfo, Store};
 
 /// The leases: each names one piece of work done once across the cluster.
 pub mod work {
-    /// The ingest consumer (decode, store, entities) and the rule engine.
+    /// The ingest consumer (decode, store, entities) and the rule engine,
+    /// split into partitions by device ([`Cluster::run_partitioned`]).
+    ///
+    /// [`Cluster::run_partitioned`]: super::Cluster::run_partitioned
     pub const PIPELINE: &str = "pipeline";
     /// History: moving the feeds into the history and retention.
     pub const HISTORY: &str = "history";

@@ -189,7 +189,7 @@ const STAGE_QUEUE: usize = 2;
 
 impl Ingest {
     /// Reads where the consumer stopped (its cursor) and builds it on the
-    /// services it feeds; [`Ingest::start`] then runs it. Two steps, so
+    /// services it feeds; [`Ingest::run`] then runs it. Two steps, so
     /// the wiring ([`crate::Services::start`]) decides when the consumer
     /// starts: last, once everything it feeds is running.
     pub async fn load(

@@ -292,11 +292,17 @@ impl RuleEngine {
     /// the previous holder of a partition, or this node's own previous
     /// run).
     pub async fn run(self: Arc<Self>, partitions: Arc<[u16]>, count: u16, stop: CancellationToken) {
-        let taken = std::mem::take(&mut *self.receivers.lock());
+        let mut taken = std::mem::take(&mut *self.receivers.lock());
         if taken.len() != Lane::ALL.len() {
             tracing::error!("the rule engine's lanes are already running");
             *self.receivers.lock() = taken;
             return;
+        }
+        // Hand-offs left from the previous run may hold units of
+        // partitions another node evaluates now; this run's own are read
+        // back from the store from its cursors.
+        for rx in &mut taken {
+            while rx.try_recv().is_ok() {}
         }
         let mut cursors = Vec::new();
         let all = partitions.len() >= usize::from(count);
