@@ -41,31 +41,42 @@ impl Pair {
 
     /// Two nodes with `extra` settings as well.
     async fn start_with(extra: &[(&str, &str)]) -> Pair {
-        let nats = std::env::var("WEFT_TEST_NATS_URL").expect(
-            "WEFT_TEST_NATS_URL names the test NATS server: scripts/test starts one \
-             (scripts/test-services start)",
-        );
-        let database = fresh_postgres_database();
-        let cluster = format!("bb{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let mut env = vec![
-            ("WEFT_STORE__BACKEND", "postgres"),
-            ("WEFT_STORE__URL", database.as_str()),
-            ("WEFT_BUS__BACKEND", "nats"),
-            ("WEFT_BUS__URL", nats.as_str()),
-            ("WEFT_BUS__CLUSTER", cluster.as_str()),
-        ];
-        env.extend_from_slice(extra);
-        let a = Server::start_with_env(&env);
+        let env = cluster_env(extra);
+        let a = start_node(&env).await;
         // One at a time: the first creates the schema and the admin key.
-        wait_until_serving(&a).await;
-        let b = Server::start_with_env(&env);
-        wait_until_serving(&b).await;
-        let env = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let b = start_node(&env).await;
         Pair { a, b, env }
     }
+}
+
+/// The settings of the nodes of a new cluster: a fresh database, the test
+/// NATS, a cluster name of its own, and `extra`.
+fn cluster_env(extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let nats = std::env::var("WEFT_TEST_NATS_URL").expect(
+        "WEFT_TEST_NATS_URL names the test NATS server: scripts/test starts one \
+         (scripts/test-services start)",
+    );
+    let database = fresh_postgres_database();
+    let cluster = format!("bb{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut env = vec![
+        ("WEFT_STORE__BACKEND", "postgres"),
+        ("WEFT_STORE__URL", database.as_str()),
+        ("WEFT_BUS__BACKEND", "nats"),
+        ("WEFT_BUS__URL", nats.as_str()),
+        ("WEFT_BUS__CLUSTER", cluster.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    env.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A node of the cluster `env` describes, once it serves.
+async fn start_node(env: &[(String, String)]) -> Server {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let node = Server::start_with_env(&env);
+    wait_until_serving(&node).await;
+    node
 }
 
 /// Waits until `path` answers 200 through `c`: a definition made on one
@@ -735,6 +746,89 @@ async fn a_silent_device_raises_one_alarm_with_two_nodes() {
     assert_eq!(raised, expected, "one alarm per silent device");
 }
 
+/// A node joining a busy cluster takes half the partitions over while
+/// uplinks pour into the first: the new holder resumes each partition
+/// where the old one stopped, so every acknowledged uplink is stored once
+/// (none skipped in the handover), and each hot unit raises its alarm
+/// once (a unit evaluated again would update the alarm to version 2).
+#[tokio::test]
+async fn a_node_joining_under_load_takes_its_partitions_without_double_work() {
+    let env = cluster_env(&[("WEFT_CLUSTER__LEASE_TTL", "2s")]);
+    let a = start_node(&env).await;
+    let on_a = a.client();
+    on_a.create_em300th().await;
+    on_a.expect(
+        201,
+        "PUT",
+        "/api/v1/rules/hot",
+        Some(&hot_rule("em300th", "hot")),
+    )
+    .await;
+    let sender = {
+        let on_a = on_a.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..600 {
+                let id = format!("join-{i}");
+                // Each device hot once: one alarm each.
+                let body = decoded_body(&id, &format!("joiner-{i}"), 50, 40, now_ms());
+                let (status, reply) = on_a
+                    .send(
+                        "POST",
+                        "/sensor-data/join/decoded/em300th",
+                        Some(&body),
+                        Some(KEY),
+                    )
+                    .await;
+                assert!(matches!(status, 202 | 503), "{status} {reply}");
+                if status == 202 {
+                    acked.push(id);
+                }
+                if i % 50 == 0 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = start_node(&env).await;
+    let acked = sender.await.unwrap();
+    assert!(acked.len() > 500, "{} acknowledged", acked.len());
+    shared_work(&a, &b).await;
+    let units = eventually(Duration::from_secs(30), || async {
+        let units = on_a.all_units("channel=join").await;
+        (units.len() >= acked.len()).then_some(units)
+    })
+    .await;
+    let mut stored: Vec<&str> = units
+        .iter()
+        .map(|u| u["dataId"].as_str().unwrap())
+        .collect();
+    stored.sort();
+    let total = stored.len();
+    stored.dedup();
+    assert_eq!(stored.len(), total, "a unit stored twice");
+    assert_eq!(total, acked.len());
+    let alarms = eventually(Duration::from_secs(30), || async {
+        let all = on_a
+            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
+            .await;
+        let hot: Vec<Value> = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["type"] == "hot")
+            .cloned()
+            .collect();
+        (hot.len() >= acked.len()).then_some(hot)
+    })
+    .await;
+    assert_eq!(alarms.len(), acked.len(), "one alarm per hot device");
+    let updated: Vec<&Value> = alarms.iter().filter(|a| a["version"] != 1).collect();
+    assert!(updated.is_empty(), "units evaluated twice: {updated:?}");
+}
+
 /// kill -9 of the node running the pipeline while uplinks pour into both
 /// nodes: the other node takes the pipeline over within seconds, and every
 /// uplink either node acknowledged is stored exactly once.
@@ -760,7 +854,7 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
                     "POST",
                     "/sensor-data/failover/decoded/em300th",
                     Some(&body),
-                    None,
+                    Some(KEY),
                 )
                 .await;
             if status == 202 {
@@ -776,6 +870,7 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     let mut acked = during.await.unwrap();
     acked.extend(before);
     acked.extend(sent(on_survivor.clone(), "after", 50).await);
+    assert_eq!(acked.len(), 600, "every uplink acknowledged");
     eventually(Duration::from_secs(20), || async {
         (work_of(survivor).await.1 == (0..PARTITIONS).collect::<Vec<_>>()).then_some(())
     })
