@@ -178,7 +178,7 @@ async fn accept_uplink(
 ) -> ApiResult<StatusCode> {
     let body = check_body(&uplink.body).map_err(ApiError::bad_request)?;
     let route = downlink_route(uplink.format, uplink.event.as_deref(), headers, &body);
-    state.services.ingest.accept(uplink).await?;
+    state.services.ingest.accept_parsed(uplink, &body).await?;
     if let Some((device, route)) = route {
         state.services.downlinks.observe_route(&device, route).await;
     }

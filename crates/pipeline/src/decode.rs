@@ -630,14 +630,20 @@ fn split_sub_devices(base: DataUnit, known: Option<&Device>, catalog: &Catalog) 
 
 /// The device an uplink names before it is decoded — the one its
 /// transport names, else its envelope's — which the pipeline is
-/// partitioned by ([`weft_model::uplink::partition_of`]). `None` when the
-/// body names none (a decoder may still find one).
-pub(crate) fn device_key(uplink: &weft_model::NewUplink) -> Option<String> {
+/// partitioned by ([`weft_model::uplink::partition_of`]). `body` is the
+/// uplink's body when the caller parsed it already. `None` when it names
+/// none (a decoder may still find one).
+pub(crate) fn device_key(uplink: &weft_model::NewUplink, body: Option<&Value>) -> Option<String> {
     if let Some(id) = &uplink.device_id {
         return Some(id.clone());
     }
-    let body: Value = serde_json::from_slice(&uplink.body).ok()?;
-    read_envelope(uplink.format, &body).device_id
+    match body {
+        Some(body) => read_envelope(uplink.format, body).device_id,
+        None => {
+            let body: Value = serde_json::from_slice(&uplink.body).ok()?;
+            read_envelope(uplink.format, &body).device_id
+        }
+    }
 }
 
 fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
@@ -773,6 +779,45 @@ mod tests {
         assert_eq!(e.device_id.as_deref(), Some("d1"));
         assert_eq!(e.reported_at, Some(5));
         assert_eq!(e.payload, Some(Ok((vec![0x01, 0x75, 0x5c], 85))));
+    }
+
+    #[test]
+    fn an_uplink_is_keyed_by_the_device_it_names_before_decoding() {
+        let uplink = |format, device_id: Option<&str>, body: Value| weft_model::NewUplink {
+            received_at: 0,
+            format,
+            channel: None,
+            device_type: None,
+            event: None,
+            device_id: device_id.map(str::to_string),
+            source: None,
+            partition: 0,
+            body: serde_json::to_vec(&body).unwrap(),
+        };
+        let ttn = json!({"end_device_ids": {"device_id": "eui-1"}});
+        let cs = json!({"deviceInfo": {"devEui": "0102"}});
+        let cases = [
+            (uplink(UplinkFormat::Ttn, None, ttn.clone()), Some("eui-1")),
+            (uplink(UplinkFormat::ChirpStack, None, cs), Some("0102")),
+            (
+                uplink(UplinkFormat::SensaeDecoded, None, json!({"id": "d1"})),
+                Some("d1"),
+            ),
+            // The transport's device wins over the body's.
+            (
+                uplink(UplinkFormat::Ttn, Some("topic-dev"), ttn),
+                Some("topic-dev"),
+            ),
+            (
+                uplink(UplinkFormat::SensaeDecoded, None, json!({"x": 1})),
+                None,
+            ),
+        ];
+        for (u, expected) in cases {
+            assert_eq!(device_key(&u, None).as_deref(), expected);
+            let parsed: Value = serde_json::from_slice(&u.body).unwrap();
+            assert_eq!(device_key(&u, Some(&parsed)).as_deref(), expected);
+        }
     }
 
     #[test]

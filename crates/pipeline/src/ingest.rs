@@ -345,9 +345,29 @@ impl Ingest {
     /// processed, even across a crash.
     pub async fn accept(&self, mut uplink: NewUplink) -> Result<u64, AcceptError> {
         if self.partitions > 1 {
-            let key = decode::device_key(&uplink).unwrap_or_default();
+            let key = decode::device_key(&uplink, None).unwrap_or_default();
             uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
         }
+        self.append(uplink).await
+    }
+
+    /// [`Ingest::accept`] for an uplink whose body the caller has already
+    /// parsed (`body`), so that it is not parsed again to find its device.
+    pub async fn accept_parsed(
+        &self,
+        mut uplink: NewUplink,
+        body: &Value,
+    ) -> Result<u64, AcceptError> {
+        if self.partitions > 1 {
+            let key = decode::device_key(&uplink, Some(body)).unwrap_or_default();
+            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        }
+        self.append(uplink).await
+    }
+
+    /// Appends an uplink whose partition is set, unless the backlog is
+    /// too deep.
+    async fn append(&self, uplink: NewUplink) -> Result<u64, AcceptError> {
         let committed = *self.store.committed_seq().borrow();
         let processed = self.processed.load(Ordering::Relaxed);
         if committed.saturating_add(1).saturating_sub(processed) > self.config.max_backlog {
