@@ -158,6 +158,7 @@ fn serve(
                     session::publish(on_publish.clone(), s, p).await
                 })
                 .protocol(session::protocol)
+                .control(session::control)
                 .build(async move |c: v3::Connect| session::connect(on_connect.clone(), c).await),
             )
         })?

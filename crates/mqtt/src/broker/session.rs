@@ -175,6 +175,24 @@ pub(super) async fn protocol(
     }
 }
 
+/// A connection's end (and its write back-pressure): logged, nothing to
+/// send back (MQTT 3.1.1 has no DISCONNECT from the server).
+pub(super) async fn control(
+    session: &v3::Session<DeviceSession>,
+    control: ntex_mqtt::Control<SessionError>,
+) -> Result<Option<v3::codec::Encoded>, SessionError> {
+    match control {
+        ntex_mqtt::Control::Stop(ntex_mqtt::Reason::Error(e)) => {
+            tracing::info!(device = %session.device.escape_default(), "MQTT broker closed a connection: {}", e.get_ref());
+        }
+        ntex_mqtt::Control::Stop(ntex_mqtt::Reason::Protocol(e)) => {
+            tracing::info!(device = %session.device.escape_default(), "MQTT broker closed a connection: {:?}", e.get_ref());
+        }
+        _ => {}
+    }
+    Ok(None)
+}
+
 /// Publishes weft's commands for the device on its connection, until the
 /// connection ends or a newer connection of the device replaces it (the
 /// channel closes; the connection is then closed too).
