@@ -82,7 +82,12 @@ async fn a_device_cannot_publish_as_another_device() {
 
     let (client, mut events) = raw_client(&listen, "dev-a", &key_a);
     client
-        .publish("/json/k1/dev-b/attrs", QoS::AtLeastOnce, false, r#"{"t":99}"#)
+        .publish(
+            "/json/k1/dev-b/attrs",
+            QoS::AtLeastOnce,
+            false,
+            r#"{"t":99}"#,
+        )
         .await
         .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(15), async {
@@ -169,7 +174,11 @@ async fn every_acknowledged_message_survives_kill_9() {
                     sent += 1;
                 }
                 Event::Incoming(Packet::PubAck(ack)) => {
-                    acked.push(in_flight.remove(&ack.pkid).expect("a PUBACK of a sent message"));
+                    acked.push(
+                        in_flight
+                            .remove(&ack.pkid)
+                            .expect("a PUBACK of a sent message"),
+                    );
                 }
                 _ => {}
             }

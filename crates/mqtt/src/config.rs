@@ -24,12 +24,6 @@ pub struct MqttConfig {
     pub api_keys: BTreeMap<String, String>,
     /// Brokers weft subscribes to, by name.
     pub sources: BTreeMap<String, SourceConfig>,
-    /// For tests only: how long each message published on the embedded
-    /// broker waits before it is written to the ingest log, so a test can
-    /// see that nothing is acknowledged before the commit. Never set it in
-    /// production.
-    #[serde(with = "humantime_serde")]
-    pub test_commit_delay: Option<Duration>,
 }
 
 /// `[mqtt.sources.<name>]`: one broker weft subscribes to.

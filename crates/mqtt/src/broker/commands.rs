@@ -51,13 +51,9 @@ impl Sessions {
     pub(super) fn register(&self, device: &str) -> (u64, mpsc::Receiver<Command>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(COMMANDS_PER_CONNECTION);
-        self.by_device.lock().insert(
-            device.to_string(),
-            Connected {
-                id,
-                commands: tx,
-            },
-        );
+        self.by_device
+            .lock()
+            .insert(device.to_string(), Connected { id, commands: tx });
         (id, rx)
     }
 
@@ -106,9 +102,7 @@ impl Sessions {
             Ok(Err(_)) => Err(format!(
                 "device '{device}' disconnected before acknowledging its command"
             )),
-            Err(_) => Err(format!(
-                "no PUBACK from device '{device}' within {wait:?}"
-            )),
+            Err(_) => Err(format!("no PUBACK from device '{device}' within {wait:?}")),
         }
     }
 }

@@ -89,7 +89,6 @@ pub async fn start(
             services.clone(),
             config.api_keys.clone(),
             shutdown.clone(),
-            config.test_commit_delay,
         )),
         sessions: commands::Sessions::default(),
     });
@@ -120,10 +119,12 @@ pub async fn start(
         .unwrap_or_else(|_| Err("the MQTT broker's thread ended at start".to_string()));
     let (system, server) = started?;
 
-    services.mqtt.set_broker_publish(Box::new(move |topic, payload, wait| {
-        let broker = broker.clone();
-        Box::pin(async move { broker.sessions.deliver(&topic, payload, wait).await })
-    }));
+    services
+        .mqtt
+        .set_broker_publish(Box::new(move |topic, payload, wait| {
+            let broker = broker.clone();
+            Box::pin(async move { broker.sessions.deliver(&topic, payload, wait).await })
+        }));
     tracker.spawn(async move {
         shutdown.cancelled().await;
         // Connections close without acknowledging what is not committed;
@@ -143,6 +144,10 @@ fn serve(
 ) -> std::io::Result<ntex_server::net::Server> {
     let mqtt = MqttServiceConfig::new()
         .set_max_qos(QoS::ExactlyOnce)
+        // One PUBLISH of a connection at a time: a device's messages are
+        // committed in the order it sent them (its latest measure is the
+        // entity's), and their PUBACKs go back in that order, as MQTT asks.
+        .set_max_receive(1)
         .set_max_size(crate::source::MAX_MESSAGE_BYTES as u32 + 1024)
         .set_connect_timeout(ntex_util::time::Seconds(CONNECT_TIMEOUT as u16));
     let cfg = SharedCfg::new("weft-mqtt-broker").add(mqtt);
@@ -153,14 +158,14 @@ fn serve(
         .listen("weft-mqtt", listener, cfg, async move |_| {
             let on_publish = broker.clone();
             let on_connect = broker.clone();
-            MqttServer::new().v3(
-                v3::MqttServer::new(async move |s: &v3::Session<session::DeviceSession>, p| {
+            MqttServer::new().v3(v3::MqttServer::new(
+                async move |s: &v3::Session<session::DeviceSession>, p| {
                     session::publish(on_publish.clone(), s, p).await
-                })
-                .protocol(session::protocol)
-                .control(session::control)
-                .build(async move |c: v3::Connect| session::connect(on_connect.clone(), c).await),
+                },
             )
+            .protocol(session::protocol)
+            .control(session::control)
+            .build(async move |c: v3::Connect| session::connect(on_connect.clone(), c).await))
         })?
         .run())
 }

@@ -79,13 +79,9 @@ pub(super) async fn connect(
     let packet = connect.packet();
     let client_id = packet.client_id.to_string();
     let admitted = packet.username.as_deref() == Some(client_id.as_str())
-        && broker
-            .services
-            .catalog
-            .device(&client_id)
-            .is_some_and(|d| {
-                d.key_matches(packet.password.as_ref().map(|p| &p[..]).unwrap_or(&[]))
-            });
+        && broker.services.catalog.device(&client_id).is_some_and(|d| {
+            d.key_matches(packet.password.as_ref().map(|p| &p[..]).unwrap_or(&[]))
+        });
     let outcome = if admitted { "accepted" } else { "refused" };
     metrics::counter!("weft_mqtt_broker_connections_total", "outcome" => outcome).increment(1);
     if !admitted {

@@ -43,9 +43,6 @@ pub(super) struct Uplinks {
     services: Arc<Services>,
     route: Route,
     shutdown: CancellationToken,
-    /// For tests only (`[mqtt] test_commit_delay`): how long each uplink
-    /// waits before it is appended.
-    commit_delay: Option<Duration>,
 }
 
 impl Uplinks {
@@ -54,7 +51,6 @@ impl Uplinks {
         services: Arc<Services>,
         api_keys: std::collections::BTreeMap<String, String>,
         shutdown: CancellationToken,
-        commit_delay: Option<Duration>,
     ) -> Uplinks {
         Uplinks {
             services,
@@ -67,7 +63,6 @@ impl Uplinks {
                 ..Route::default()
             },
             shutdown,
-            commit_delay,
         }
     }
 
@@ -127,9 +122,6 @@ impl Uplinks {
                 return Verdict::Done;
             }
         };
-        if let Some(delay) = self.commit_delay {
-            tokio::time::sleep(delay).await;
-        }
         let started = Instant::now();
         for uplink in uplinks {
             let mut delay = Duration::from_millis(50);
