@@ -2,7 +2,8 @@
 //! a device publishing on another device's topic is refused and
 //! disconnected; every QoS 1 message a device got a PUBACK for survives
 //! kill -9; a command queued while its device is offline reaches it once
-//! it connects and subscribes.
+//! it connects and subscribes; commands go at the QoS the device
+//! subscribed with.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -300,4 +301,86 @@ async fn a_command_waits_for_its_device_to_connect() {
             .map(|_| ())
     })
     .await;
+}
+
+/// A device that subscribed to its command topic at QoS 0 gets its
+/// commands at QoS 0 (nothing to acknowledge: `DELIVERED` once written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_subscribed_at_qos_0_gets_its_commands_at_qos_0() {
+    let (server, listen, _) = start_broker(&[]);
+    let c = server.client();
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/lampq",
+        Some(&json!({"commands": ["ring"]})),
+    )
+    .await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/lamp-q",
+        Some(&json!({"type": "lampq"})),
+    )
+    .await;
+    let (_, reply) = c
+        .send("POST", "/api/v1/devices/lamp-q/key", None, None)
+        .await;
+    let secret = reply["key"].as_str().unwrap().to_string();
+    let (client, mut events) = raw_client(&listen, "lamp-q", &secret);
+    client
+        .subscribe("/lk/lamp-q/cmd", QoS::AtMostOnce)
+        .await
+        .unwrap();
+    client
+        .publish(
+            "/json/lk/lamp-q/attrs",
+            QoS::AtLeastOnce,
+            false,
+            r#"{"level":1}"#,
+        )
+        .await
+        .unwrap();
+    let watcher = c.clone();
+    let received = tokio::spawn(async move {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::Publish(p))) => return p,
+                Ok(_) => {}
+                Err(e) => panic!("the connection failed: {e}"),
+            }
+        }
+    });
+    eventually(Duration::from_secs(15), || async {
+        entity(&watcher, "lamp-q")
+            .await
+            .filter(|e| e["level"] == json!(1))
+            .map(|_| ())
+    })
+    .await;
+    let (status, body) = c
+        .send(
+            "PATCH",
+            "/v2/entities/lamp-q/attrs",
+            Some(&json!({"ring": {"type": "command", "value": 1}})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let publish = tokio::time::timeout(Duration::from_secs(15), received)
+        .await
+        .expect("a command within 15 s")
+        .unwrap();
+    assert_eq!(
+        (publish.topic.as_str(), publish.qos),
+        ("/lk/lamp-q/cmd", QoS::AtMostOnce)
+    );
+    eventually(Duration::from_secs(15), || async {
+        entity(&c, "lamp-q")
+            .await
+            .filter(|e| e["ring_status"] == json!("DELIVERED"))
+            .map(|_| ())
+    })
+    .await;
+    drop(client);
 }
