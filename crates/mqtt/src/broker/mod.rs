@@ -53,11 +53,12 @@ const MAX_CONNECTIONS: usize = 10_000;
 /// the 2-core machines weft is measured on.
 const WORKERS: usize = 1;
 
-/// A device has this long after connecting to send CONNECT.
-const CONNECT_TIMEOUT: u32 = 10;
+/// A device has this long (seconds) after connecting to send CONNECT.
+const CONNECT_TIMEOUT: u16 = 10;
 
 /// What the connections share, on whichever thread they run.
 pub(crate) struct Broker {
+    /// The device catalog (logins) and the rest of weft.
     services: Arc<Services>,
     /// weft's runtime, where each message is read and committed.
     runtime: tokio::runtime::Handle,
@@ -104,10 +105,15 @@ pub async fn start(
                 .name("weft-mqtt-broker")
                 .disable_signals()
                 .build(ntex_net::DefaultRuntime);
-            let result = system.run(move || {
-                let server = serve(listener, serving)?;
-                let _ = started_tx.send(Ok((ntex_rt::System::current(), server)));
-                Ok(())
+            let result = system.run(move || match serve(listener, serving) {
+                Ok(server) => {
+                    let _ = started_tx.send(Ok((ntex_rt::System::current(), server)));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = started_tx.send(Err(format!("starting the MQTT broker: {e}")));
+                    Err(e)
+                }
             });
             if let Err(e) = result {
                 tracing::error!(error = %e, "the MQTT broker stopped");
@@ -149,7 +155,7 @@ fn serve(
         // entity's), and their PUBACKs go back in that order, as MQTT asks.
         .set_max_receive(1)
         .set_max_size(crate::source::MAX_MESSAGE_BYTES as u32 + 1024)
-        .set_connect_timeout(ntex_util::time::Seconds(CONNECT_TIMEOUT as u16));
+        .set_connect_timeout(ntex_util::time::Seconds(CONNECT_TIMEOUT));
     let cfg = SharedCfg::new("weft-mqtt-broker").add(mqtt);
     Ok(ntex_server::net::build()
         .workers(WORKERS)
