@@ -64,6 +64,7 @@ mod hostile;
 mod ingest;
 mod live;
 mod mqtt;
+mod mqtt_broker;
 mod mqtt_downlinks;
 mod ngsi;
 mod ngsi_forwarding;

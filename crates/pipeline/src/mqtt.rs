@@ -383,11 +383,17 @@ impl SourceLink {
     }
 }
 
-/// Publishes on the embedded broker (`[mqtt] listen`) from inside weft:
-/// the broker lives in the MQTT crate, which hands this in once it runs.
-/// `Ok` once the broker's router holds the message (it is in-process:
-/// there is no network hop to acknowledge).
-pub type BrokerPublish = Box<dyn Fn(&str, Vec<u8>) -> Result<(), String> + Send + Sync>;
+/// Publishes a command (topic, payload) to the device connected to the
+/// embedded broker (`[mqtt] listen`) that the topic names: the broker
+/// lives in the MQTT crate, which hands this in once it runs. `Ok` once
+/// the device has it (its PUBACK when it subscribed at QoS 1, the write
+/// at QoS 0) within the wait given; an `Err` (device not connected or not
+/// subscribed, no PUBACK in time) leaves the downlink queued.
+pub type BrokerPublish = Box<
+    dyn Fn(String, Vec<u8>, Duration) -> futures::future::BoxFuture<'static, Result<(), String>>
+        + Send
+        + Sync,
+>;
 
 /// The running ingest sources by name, and the embedded broker's address.
 #[derive(Default)]
@@ -407,9 +413,10 @@ impl Links {
         *self.broker_publish.write() = Some(publish);
     }
 
-    /// Publishes a downlink on source `source` (or the embedded broker,
-    /// [`BROKER_SOURCE`]) at QoS 1; `Ok` once the broker has it (its
-    /// PUBACK, for a source), within `wait`.
+    /// Publishes a downlink on source `source` at QoS 1, `Ok` once the
+    /// broker has it (its PUBACK), or on the embedded broker
+    /// ([`BROKER_SOURCE`]) to the connected device, `Ok` once the device
+    /// has it ([`BrokerPublish`]); within `wait`.
     pub async fn publish_acked(
         &self,
         source: &str,
@@ -421,10 +428,15 @@ impl Links {
             return link.publish_acked(topic, payload, wait).await;
         }
         if source == BROKER_SOURCE {
-            if let Some(publish) = &*self.broker_publish.read() {
-                return publish(topic, payload);
-            }
-            return Err("the embedded MQTT broker is not running".into());
+            let sent = self
+                .broker_publish
+                .read()
+                .as_ref()
+                .map(|publish| publish(topic.to_string(), payload, wait));
+            return match sent {
+                Some(sent) => sent.await,
+                None => Err("the embedded MQTT broker is not running".into()),
+            };
         }
         Err(format!("no MQTT source '{source}' runs on this node"))
     }

@@ -116,8 +116,17 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Logs to stderr at `filter`. The embedded MQTT broker's framework (ntex)
+/// narrates its threads starting and stopping at `info`; it logs warnings
+/// and errors only, unless the filter names an `ntex` target itself.
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::new(filter);
+    let filter = if filter.contains("ntex") {
+        tracing_subscriber::EnvFilter::new(filter)
+    } else {
+        tracing_subscriber::EnvFilter::new(format!(
+            "{filter},ntex_rt=warn,ntex_server=warn,ntex_net=warn,ntex_io=warn,ntex_mqtt=warn"
+        ))
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
