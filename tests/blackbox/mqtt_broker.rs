@@ -32,13 +32,25 @@ fn start_broker(extra: &[(&str, &str)]) -> (Server, String, Vec<(String, String)
 
 /// Registers device `id` of type `thermo` and returns its key.
 async fn device_with_key(c: &Client, id: &str) -> String {
-    c.send("PUT", "/api/v1/device-types/thermo", Some(&json!({})), None)
-        .await;
+    device_of_type_with_key(c, id, "thermo", json!({})).await
+}
+
+/// Puts device type `device_type` (as `type_body`), registers device `id`
+/// of that type and returns the device's key.
+async fn device_of_type_with_key(
+    c: &Client,
+    id: &str,
+    device_type: &str,
+    type_body: Value,
+) -> String {
+    let path = format!("/api/v1/device-types/{device_type}");
+    let (status, reply) = c.send("PUT", &path, Some(&type_body), None).await;
+    assert!(matches!(status, 200 | 201 | 204), "{status} {reply}");
     c.expect(
         201,
         "PUT",
         &format!("/api/v1/devices/{id}"),
-        Some(&json!({"type": "thermo"})),
+        Some(&json!({"type": device_type})),
     )
     .await;
     let (status, reply) = c
@@ -224,24 +236,8 @@ async fn a_command_waits_for_its_device_to_connect() {
         ("WEFT_DOWNLINKS__RETRY_MAX", "300ms"),
     ]);
     let c = server.client();
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/device-types/lampb",
-        Some(&json!({"commands": ["ring"]})),
-    )
-    .await;
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/devices/lamp-w",
-        Some(&json!({"type": "lampb"})),
-    )
-    .await;
-    let (_, reply) = c
-        .send("POST", "/api/v1/devices/lamp-w/key", None, None)
-        .await;
-    let secret = reply["key"].as_str().unwrap().to_string();
+    let secret =
+        device_of_type_with_key(&c, "lamp-w", "lampb", json!({"commands": ["ring"]})).await;
     let url = format!("mqtt://{listen}");
     // One uplink (on an API key not in `api_keys`: the device's own type),
     // so weft knows the way back to the device, then away.
@@ -309,24 +305,8 @@ async fn a_command_waits_for_its_device_to_connect() {
 async fn a_device_subscribed_at_qos_0_gets_its_commands_at_qos_0() {
     let (server, listen, _) = start_broker(&[]);
     let c = server.client();
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/device-types/lampq",
-        Some(&json!({"commands": ["ring"]})),
-    )
-    .await;
-    c.expect(
-        201,
-        "PUT",
-        "/api/v1/devices/lamp-q",
-        Some(&json!({"type": "lampq"})),
-    )
-    .await;
-    let (_, reply) = c
-        .send("POST", "/api/v1/devices/lamp-q/key", None, None)
-        .await;
-    let secret = reply["key"].as_str().unwrap().to_string();
+    let secret =
+        device_of_type_with_key(&c, "lamp-q", "lampq", json!({"commands": ["ring"]})).await;
     let (client, mut events) = raw_client(&listen, "lamp-q", &secret);
     client
         .subscribe("/lk/lamp-q/cmd", QoS::AtMostOnce)
