@@ -125,6 +125,19 @@ fn hot_rule(device_type: &str, alarm_type: &str) -> Value {
     })
 }
 
+/// Every alarm of `alarm_type` (at most 1,000), as `c`'s node lists it.
+async fn alarms_of_type(c: &Client, alarm_type: &str) -> Vec<Value> {
+    let all = c
+        .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
+        .await;
+    all.as_array()
+        .unwrap_or_else(|| panic!("{all}"))
+        .iter()
+        .filter(|a| a["type"] == alarm_type)
+        .cloned()
+        .collect()
+}
+
 /// The next live event of subscription `id`, skipping others.
 async fn next_event(live: &mut Live, id: &str) -> Value {
     loop {
@@ -648,30 +661,13 @@ async fn work_is_done_once_across_two_nodes() {
         assert!(stored > 0.0, "node {name} decoded none of the uplinks");
     }
     let alarms = eventually(Duration::from_secs(10), || async {
-        let all = on_a
-            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
-            .await;
-        let alarms: Vec<Value> = all
-            .as_array()
-            .unwrap_or_else(|| panic!("{all}"))
-            .iter()
-            .filter(|a| a["type"] == "hot")
-            .cloned()
-            .collect();
+        let alarms = alarms_of_type(&on_a, "hot").await;
         (alarms.len() >= devices).then_some(alarms)
     })
     .await;
     // Give a second evaluation, were there one, the time to show.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let all = on_b
-        .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
-        .await;
-    let hot = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| a["type"] == "hot")
-        .count();
+    let hot = alarms_of_type(&on_b, "hot").await.len();
     assert_eq!(hot, devices, "one alarm per hot device: {alarms:?}");
 }
 
@@ -718,14 +714,9 @@ async fn a_silent_device_raises_one_alarm_with_two_nodes() {
     wait_until_serving(&b).await;
     let on_b = b.client();
     let silent = |c: Client| async move {
-        let all = c
-            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
-            .await;
-        let mut devices: Vec<String> = all
-            .as_array()
-            .unwrap_or_else(|| panic!("{all}"))
+        let mut devices: Vec<String> = alarms_of_type(&c, "silent")
+            .await
             .iter()
-            .filter(|a| a["type"] == "silent")
             // Raised once: a second raise of an active alarm is an update
             // (its version grows).
             .map(|a| format!("{} v{}", a["device"]["id"].as_str().unwrap(), a["version"]))
@@ -811,16 +802,7 @@ async fn a_node_joining_under_load_takes_its_partitions_without_double_work() {
     assert_eq!(stored.len(), total, "a unit stored twice");
     assert_eq!(total, acked.len());
     let alarms = eventually(Duration::from_secs(30), || async {
-        let all = on_a
-            .expect(200, "GET", "/api/v1/alarms?limit=1000", None)
-            .await;
-        let hot: Vec<Value> = all
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["type"] == "hot")
-            .cloned()
-            .collect();
+        let hot = alarms_of_type(&on_a, "hot").await;
         (hot.len() >= acked.len()).then_some(hot)
     })
     .await;
