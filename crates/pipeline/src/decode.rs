@@ -638,11 +638,25 @@ pub(crate) fn device_key(uplink: &weft_model::NewUplink, body: Option<&Value>) -
         return Some(id.clone());
     }
     match body {
-        Some(body) => read_envelope(uplink.format, body).device_id,
+        Some(body) => envelope_device(uplink.format, body),
         None => {
             let body: Value = serde_json::from_slice(&uplink.body).ok()?;
-            read_envelope(uplink.format, &body).device_id
+            envelope_device(uplink.format, &body)
         }
+    }
+}
+
+/// The device an envelope of `format` names, and nothing else of it (the
+/// accept path needs only this; [`read_envelope`] reads the rest).
+fn envelope_device(format: UplinkFormat, body: &Value) -> Option<String> {
+    let s = |path: &str| get_path(body, path).and_then(value_as_id);
+    match format {
+        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => {
+            s("id").or_else(|| s("device.id")).or_else(|| s("dev_eui"))
+        }
+        UplinkFormat::Ttn => s("end_device_ids.device_id"),
+        UplinkFormat::ChirpStack => s("deviceInfo.devEui"),
+        UplinkFormat::Iota => None,
     }
 }
 
@@ -651,7 +665,7 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
     match format {
         UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => Envelope {
             data_id: s("uuid").or_else(|| s("dataId")),
-            device_id: s("id").or_else(|| s("device.id")).or_else(|| s("dev_eui")),
+            device_id: envelope_device(format, body),
             device_name: s("name").or_else(|| s("device.name")),
             reported_at: get_path(body, "reported_at")
                 .or_else(|| get_path(body, "reportedAt"))
@@ -679,7 +693,7 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
                         s("received_at")?
                     ))
                 }),
-                device_id: s("end_device_ids.device_id"),
+                device_id: envelope_device(format, body),
                 device_name: s("end_device_ids.device_id"),
                 reported_at: received,
                 type_hint: s("uplink_message.version_ids.model_id"),
@@ -701,7 +715,7 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
         },
         UplinkFormat::ChirpStack => Envelope {
             data_id: s("deduplicationId"),
-            device_id: s("deviceInfo.devEui"),
+            device_id: envelope_device(format, body),
             device_name: s("deviceInfo.deviceName"),
             reported_at: s("time").and_then(|t| rfc3339_millis(&t)),
             type_hint: s("deviceInfo.deviceProfileName"),
