@@ -53,6 +53,7 @@
 
 mod alarms;
 mod auth;
+mod auth_attacks;
 mod catalog;
 mod channels;
 mod codecs;
@@ -73,6 +74,7 @@ mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod ops;
 mod pages;
+mod routes;
 mod scale_out;
 mod tls;
 mod util;

@@ -5,8 +5,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -16,26 +15,38 @@ use weft_model::{Device, DeviceType};
 use weft_pipeline::TypeEntry;
 use weft_store::{DeviceFilter, DevicePageQuery};
 
+use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The catalog routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/device-types", get(list_types))
+/// The catalog routes: definitions are admin's; the decode dry run
+/// defines nothing (write).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/device-types", get(Access::read(Own), list_types))
         .route(
             "/api/v1/device-types/{name}",
-            get(get_type).put(put_type).delete(delete_type),
+            get(Access::read(Own), get_type)
+                .put(Access::admin(Own), put_type)
+                .delete(Access::admin(Own), delete_type),
         )
-        .route("/api/v1/device-types/{name}/decode", post(decode))
-        .route("/api/v1/devices", get(list_devices))
+        .route(
+            "/api/v1/device-types/{name}/decode",
+            post(Access::write(Own), decode),
+        )
+        .route("/api/v1/devices", get(Access::read(Own), list_devices))
         .route(
             "/api/v1/devices/{id}",
-            get(get_device).put(put_device).delete(delete_device),
+            get(Access::read(Own), get_device)
+                .put(Access::admin(Own), put_device)
+                .delete(Access::admin(Own), delete_device),
         )
-        .route("/api/v1/devices/{id}/events", get(device_events))
+        .route(
+            "/api/v1/devices/{id}/events",
+            get(Access::read(Own), device_events),
+        )
         .route(
             "/api/v1/devices/{id}/key",
-            post(make_device_key).delete(delete_device_key),
+            post(Access::admin(Own), make_device_key).delete(Access::admin(Own), delete_device_key),
         )
 }
 

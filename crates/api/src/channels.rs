@@ -14,8 +14,6 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, put};
-use axum::Router;
 use bytes::Bytes;
 use serde_json::json;
 use weft_model::channel::{is_channel_id, parse_go_duration};
@@ -23,23 +21,31 @@ use weft_pipeline::channels::bridge::{BridgeError, BridgeSpec};
 use weft_pipeline::channels::{ChannelError, DEFAULT_FETCH_MAX};
 use weft_store::StoreError;
 
+use crate::routes::{delete, get, put, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The DSPS routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/channel/{channel}/message/{message}", put(publish))
+/// The DSPS routes: fetching is a read; publishing, subscribing and
+/// acknowledging change data (write); revoking a channel's JWT is admin's;
+/// the probes are open.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route(
+            "/channel/{channel}/message/{message}",
+            put(Access::write(Own), publish),
+        )
         .route(
             "/channel/{channel}/subscription/polling/{subscriber}",
-            put(subscribe).delete(unsubscribe).get(fetch),
+            put(Access::write(Own), subscribe)
+                .delete(Access::write(Own), unsubscribe)
+                .get(Access::read(Own), fetch),
         )
         .route(
             "/channel/{channel}/subscription/polling/{subscriber}/message",
-            delete(ack),
+            delete(Access::write(Own), ack),
         )
-        .route("/admin/jwt/revoke", put(revoke_jwt))
-        .route("/probe/liveness", get(probe))
-        .route("/probe/readiness", get(probe))
+        .route("/admin/jwt/revoke", put(Access::admin(Own), revoke_jwt))
+        .route("/probe/liveness", get(Access::Open, probe))
+        .route("/probe/readiness", get(Access::Open, probe))
 }
 
 /// An error in DSPS's shape.
@@ -344,12 +350,14 @@ async fn probe() -> impl IntoResponse {
 
 /// The `/api/v1/bridges` routes (weft's own API, weft's error shapes):
 /// bridges publishing weft's events into channels.
-pub fn bridges_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/bridges", get(list_bridges))
+pub fn bridges_routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/bridges", get(Access::read(Own), list_bridges))
         .route(
             "/api/v1/bridges/{name}",
-            get(get_bridge).put(put_bridge).delete(delete_bridge),
+            get(Access::read(Own), get_bridge)
+                .put(Access::admin(Own), put_bridge)
+                .delete(Access::admin(Own), delete_bridge),
         )
 }
 
@@ -430,10 +438,13 @@ async fn delete_bridge(
 /// The `/api/v1/channels` routes (weft's own API, admin keys): a read-only
 /// listing of the channels with their subscribers and backlogs, which
 /// DSPS's API does not have and the console's Channels screen shows.
-pub fn listing_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/channels", get(list_channels))
-        .route("/api/v1/channels/{id}", get(get_channel))
+pub fn listing_routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/channels", get(Access::admin(Own), list_channels))
+        .route(
+            "/api/v1/channels/{id}",
+            get(Access::admin(Own), get_channel),
+        )
 }
 
 /// Channels a listing page holds when the client names no `limit`.

@@ -5,10 +5,9 @@
 //! service; delivery happens after the answer, in its worker.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -16,17 +15,24 @@ use weft_model::downlink::parse_requests;
 use weft_model::now_ms;
 use weft_pipeline::downlinks::DownlinkError;
 
+use crate::auth::IngestPins;
 use crate::catalog::parse_body;
+use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The downlink routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// The downlink routes: a device's queue is data sent to it (write, as
+/// NGSI writes are); a device's answers to commands come with an ingest
+/// credential.
+pub fn routes() -> Routes {
+    Routes::new()
         .route(
             "/api/v1/devices/{id}/downlinks",
-            get(list).post(push).put(replace).delete(flush),
+            get(Access::read(Own), list)
+                .post(Access::write(Own), push)
+                .put(Access::write(Own), replace)
+                .delete(Access::write(Own), flush),
         )
-        .route("/iot/json/commands", post(command_answer))
+        .route("/iot/json/commands", post(Access::Ingest, command_answer))
 }
 
 impl From<DownlinkError> for ApiError {
@@ -106,6 +112,9 @@ async fn flush(State(state): State<AppState>, Path(id): Path<String>) -> ApiResu
 /// The IoT Agent JSON protocol's query: `k` the API key, `i` the device.
 #[derive(Debug, Deserialize)]
 struct IotAgentParams {
+    /// The IoT Agent's API key: a credential, checked by the route's
+    /// guard with the other ingest credentials.
+    #[allow(dead_code)]
     k: Option<String>,
     i: String,
 }
@@ -119,16 +128,9 @@ struct IotAgentParams {
 async fn command_answer(
     State(state): State<AppState>,
     Query(params): Query<IotAgentParams>,
-    headers: HeaderMap,
+    Extension(_pins): Extension<IngestPins>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let by_k = matches!(
-        (&params.k, state.ingest_key.as_deref()),
-        (Some(k), Some(key)) if k == key
-    );
-    if !by_k {
-        crate::auth::admit_ingest(&state, &headers, true)?;
-    }
     let body: Value = parse_body(&body)?;
     let Value::Object(answers) = body else {
         return Err(ApiError::bad_request(

@@ -8,8 +8,7 @@
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::Router;
+use axum::Extension;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
@@ -17,17 +16,22 @@ use weft_model::device_event::is_event_name;
 use weft_model::validate::is_sensae_name;
 use weft_model::{now_ms, DownlinkRoute, NewUplink, UplinkFormat};
 
+use crate::auth::IngestPins;
+use crate::routes::{post, Access, Routes};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The ingest routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// The ingest routes: each wants an ingest credential.
+pub fn routes() -> Routes {
+    Routes::new()
         .route(
             "/sensor-data/{channel}/{info_type}/{device_type}",
-            post(sensae_uplink),
+            post(Access::Ingest, sensae_uplink),
         )
-        .route("/api/v1/uplinks/ttn", post(ttn_uplink))
-        .route("/api/v1/uplinks/chirpstack", post(chirpstack_uplink))
+        .route("/api/v1/uplinks/ttn", post(Access::Ingest, ttn_uplink))
+        .route(
+            "/api/v1/uplinks/chirpstack",
+            post(Access::Ingest, chirpstack_uplink),
+        )
 }
 
 /// sensae's ingest: `Authorization` carries the raw key. 401 before
@@ -36,10 +40,10 @@ pub fn router() -> Router<AppState> {
 async fn sensae_uplink(
     State(state): State<AppState>,
     Path((channel, info_type, device_type)): Path<(String, String, String)>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let pins = crate::auth::admit_ingest(&state, &headers, false)?;
     let format = match info_type.as_str() {
         "encoded" => UplinkFormat::SensaeEncoded,
         "decoded" => UplinkFormat::SensaeDecoded,
@@ -83,10 +87,11 @@ struct WebhookParams {
 async fn ttn_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    webhook(state, UplinkFormat::Ttn, params, headers, body).await
+    webhook(state, pins, UplinkFormat::Ttn, params, headers, body).await
 }
 
 /// ChirpStack v4 HTTP integration: `?event=up` (or no `event`) is an
@@ -96,20 +101,21 @@ async fn ttn_uplink(
 async fn chirpstack_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    webhook(state, UplinkFormat::ChirpStack, params, headers, body).await
+    webhook(state, pins, UplinkFormat::ChirpStack, params, headers, body).await
 }
 
 async fn webhook(
     state: AppState,
+    pins: IngestPins,
     format: UplinkFormat,
     params: WebhookParams,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let pins = crate::auth::admit_ingest(&state, &headers, true)?;
     for name in [&params.channel, &params.device_type].into_iter().flatten() {
         if !weft_model::validate::is_object_id(name) {
             return Err(ApiError::bad_request(format!("invalid name '{name}'")));

@@ -9,22 +9,24 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use weft_model::apikey::{normalize_service_path, path_within, ApiKey};
 use weft_pipeline::keys::{KeyError, NewKey};
 
 use crate::auth::Principal;
+use crate::routes::{get, post, Access, Routes, Scope};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The keys routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/keys", get(list).post(create))
-        .route("/api/v1/keys/{id}", get(show).delete(revoke))
-        .route("/api/v1/keys/{id}/revoke", post(revoke_post))
+/// The keys routes: admin keys of any tenant, each managing only the
+/// keys it may ([`manages`]).
+pub fn routes() -> Routes {
+    const ADMIN: Access = Access::admin(Scope::Keys);
+    Routes::new()
+        .route("/api/v1/keys", get(ADMIN, list).post(ADMIN, create))
+        .route("/api/v1/keys/{id}", get(ADMIN, show).delete(ADMIN, revoke))
+        .route("/api/v1/keys/{id}/revoke", post(ADMIN, revoke_post))
 }
 
 /// Whether the caller (none: authentication is off, anything goes) may

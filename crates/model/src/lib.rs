@@ -39,6 +39,7 @@ pub mod ngsi;
 pub mod page;
 pub mod query;
 pub mod rule;
+pub mod secret;
 pub mod unit;
 pub mod uplink;
 pub mod validate;

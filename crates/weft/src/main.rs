@@ -59,6 +59,9 @@ enum Command {
     /// Reproduce a seed workload against a running weft (or --spawn one).
     #[command(subcommand)]
     Bench(weft_bench::BenchCommand),
+    /// Prints every route of every listener and who may call it, as the
+    /// rows of the route table in docs/security.md.
+    Routes,
     /// The nodes sharing this configuration's store.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -107,6 +110,17 @@ fn main() -> anyhow::Result<()> {
             init_logging("warn");
             let all_up = runtime.block_on(cluster_status::print(&config))?;
             std::process::exit(if all_up { 0 } else { 1 });
+        }
+        Command::Routes => {
+            println!("| listener | method | path | who may call |");
+            println!("|---|---|---|---|");
+            for (listener, route) in weft_api::route_table() {
+                println!(
+                    "| {listener} | {} | `{}` | {} |",
+                    route.method, route.path, route.access
+                );
+            }
+            Ok(())
         }
         Command::Bench(cmd) => {
             init_logging("warn");
