@@ -9,6 +9,8 @@
 //!   dedup, long poll, expiry, errors, kill -9.
 //! - `ingest`: sensae's path, auth and validation, webhooks, idempotency.
 //! - `codecs`: decoders, the dry run, time limits.
+//! - `codec_limits`: a decoder stuck in a built-in fails its uplinks with a
+//!   reason while other types' uplinks flow; its dry run answers.
 //! - `downlinks`: per-device downlink queues, delivery through The Things
 //!   Stack's webhook, ChirpStack's REST API, Helium's `downlink_url` and
 //!   device endpoints (retries, expiry), and NGSI commands.
@@ -56,6 +58,7 @@ mod auth;
 mod auth_attacks;
 mod catalog;
 mod channels;
+mod codec_limits;
 mod codecs;
 mod console;
 mod downlinks;

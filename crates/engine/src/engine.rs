@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::worker::{self, Job, Limits};
+use crate::watchdog::{self, Job, Slot, Supervision};
+use crate::worker::Limits;
 use crate::{Call, CodecError, Script, ScriptKind};
 
 /// How the engine runs scripts. Passed in by the binary's config, never read
@@ -75,19 +76,41 @@ impl Engine {
     /// A worker that cannot start is logged and left out; if none starts,
     /// every call returns [`CodecError::Stopped`].
     pub fn start(config: EngineConfig) -> Engine {
+        Engine::start_with(config, watchdog::MAX_ABANDONED)
+    }
+
+    /// [`Engine::start`] with at most `max_abandoned` threads left winding
+    /// down at once (see the `watchdog` module).
+    pub(crate) fn start_with(config: EngineConfig, max_abandoned: usize) -> Engine {
         let limits = Limits {
             time: config.time_limit,
             memory: config.memory_limit,
             stack: config.stack_limit,
         };
+        let supervision = Supervision::new(limits, max_abandoned);
         let mut queues = Vec::new();
+        let mut slots = Vec::new();
         for index in 0..config.workers.max(1) {
             let (tx, rx) = mpsc::sync_channel(config.queue_capacity.max(1));
-            match worker::spawn(index, limits.clone(), rx) {
-                Ok(()) => queues.push(tx),
+            match Slot::start(index, rx, &supervision) {
+                Ok(slot) => {
+                    queues.push(tx);
+                    slots.push(slot);
+                }
                 Err(error) => {
                     tracing::error!(%error, index, "could not start a script engine worker")
                 }
+            }
+        }
+        if !slots.is_empty() {
+            let watched = std::thread::Builder::new()
+                .name("weft-engine-watchdog".into())
+                .spawn(move || watchdog::run(slots, supervision));
+            if let Err(error) = watched {
+                // The limits still hold for every script the interrupt
+                // handler and the memory limit stop; only the backstop for
+                // built-ins that ignore both is missing.
+                tracing::error!(%error, "could not start the script engine's watchdog");
             }
         }
         Engine {

@@ -52,6 +52,25 @@ pub enum CodecError {
     /// The script does not define the function the call needs.
     #[error("script does not define a function named `{0}`")]
     MissingFunction(String),
+    /// The call was not run: an earlier call of the same script in the same
+    /// batch already hit its time or memory limit (`earlier` is that call's
+    /// error), so running this one too could cost the other scripts' calls
+    /// of the batch the limit again. See [`CodecError::root`].
+    #[error("not run: an earlier call of this script in the same batch failed: {earlier}")]
+    Skipped {
+        /// The error that stopped the script earlier in the batch.
+        earlier: Box<CodecError>,
+    },
+    /// The call was not run: an earlier call of the same script ran past its
+    /// time limit inside a built-in function that cannot be interrupted
+    /// (`new Array(1e9).join()`), and the thread it left behind has not
+    /// wound down yet. The script runs again once it has. `earlier` is that
+    /// call's error, a [`CodecError::Timeout`].
+    #[error("not run: an earlier call of this script ran past its time limit inside a built-in function that cannot be interrupted and is still winding down; the script runs again once it has ({earlier})")]
+    HeldBack {
+        /// The error the stuck call was answered with.
+        earlier: Box<CodecError>,
+    },
     /// Every worker's queue is full. Retry later; the caller should answer
     /// 503 with `Retry-After` rather than wait.
     #[error("script engine is busy: its queue is full, retry later")]
@@ -60,4 +79,18 @@ pub enum CodecError {
     /// could not start), so no script can run.
     #[error("script engine has stopped")]
     Stopped,
+}
+
+impl CodecError {
+    /// The error that decided this call's fate: for a call that was not
+    /// run ([`CodecError::Skipped`], [`CodecError::HeldBack`]), the earlier
+    /// call's error, so a caller that classifies failures (a failed
+    /// uplink's `Timeout` or `OutOfMemory`) files it with the limit that
+    /// was hit; for every other error, itself.
+    pub fn root(&self) -> &CodecError {
+        match self {
+            CodecError::Skipped { earlier } | CodecError::HeldBack { earlier } => earlier.root(),
+            other => other,
+        }
+    }
 }

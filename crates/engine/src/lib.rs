@@ -1,7 +1,8 @@
 //! weft's script sandbox: device codecs (`decodeUplink`, `encodeDownlink`,
 //! `decodeDownlink`, TTN v2's `Decoder`/`Encoder`, `convert`) and JS
 //! rules run here, in QuickJS, with a time limit, a memory limit and a stack
-//! limit, and with every script compiled once and reused. It sits in the
+//! limit that bound everything a call runs, built-in functions included,
+//! and with every script compiled once and reused. It sits in the
 //! decode step of the data flow (ingest log → **decode** → process →
 //! context) and in the rule engine. Callers never see rquickjs: they hand
 //! [`Call`]s to an [`Engine`] and get JSON values or a [`CodecError`] back.
@@ -30,6 +31,9 @@
 //! - `engine`: the cloneable handle; bounded queues in front of the workers.
 //! - `worker`: a thread owning a QuickJS runtime, its limits and its cache
 //!   of compiled scripts.
+//! - `watchdog`: the worker slots and the jobs in progress; replaces a
+//!   worker whose call is stuck in a built-in past its time limit, and
+//!   keeps a script that hit a limit from costing the rest of its batch.
 //! - `meter`: the allocator that lets a worker read its heap size cheaply.
 //! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
 //! - `script`: the plain-data [`Script`] and [`Call`] callers build.
@@ -44,6 +48,7 @@ mod engine;
 mod error;
 mod meter;
 mod script;
+mod watchdog;
 mod worker;
 
 #[cfg(test)]

@@ -5,13 +5,18 @@
 //! hold + `memory_limit`" after every compile and eviction. QuickJS can only
 //! report its heap size by walking every object of every context, which
 //! with a full cache costs milliseconds per compile; this count is read in
-//! constant time. It does not enforce anything itself: QuickJS's own
-//! `set_memory_limit` check does.
+//! constant time. It does not enforce the limit itself: QuickJS's own
+//! `set_memory_limit` check does. It refuses every allocation once the
+//! watchdog has abandoned its thread ([`Watch::poisoned`]), which ends the
+//! built-in loops that allocate as they go.
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rquickjs::allocator::{Allocator, RustAllocator};
+
+use crate::watchdog::Watch;
 
 /// What one runtime holds: the bytes allocated now, and the most it held
 /// since the worker last asked ([`Meter::reset_peak`]), which tells a real
@@ -50,15 +55,18 @@ impl Meter {
 /// Counts the bytes currently allocated by one runtime.
 pub(crate) struct MeteredAllocator {
     meter: Rc<Meter>,
+    watch: Arc<Watch>,
 }
 
 impl MeteredAllocator {
-    /// An allocator and the meter it keeps up to date.
-    pub(crate) fn new() -> (MeteredAllocator, Rc<Meter>) {
+    /// An allocator for the runtime of the thread `watch` watches, and the
+    /// meter it keeps up to date.
+    pub(crate) fn new(watch: Arc<Watch>) -> (MeteredAllocator, Rc<Meter>) {
         let meter = Rc::new(Meter::default());
         (
             MeteredAllocator {
                 meter: Rc::clone(&meter),
+                watch,
             },
             meter,
         )
@@ -86,12 +94,18 @@ impl MeteredAllocator {
 // trait's contract; the counting only reads sizes of live allocations.
 unsafe impl Allocator for MeteredAllocator {
     fn alloc(&mut self, size: usize) -> *mut u8 {
+        if self.watch.poisoned() {
+            return std::ptr::null_mut();
+        }
         let ptr = RustAllocator.alloc(size);
         self.add(ptr);
         ptr
     }
 
     fn calloc(&mut self, count: usize, size: usize) -> *mut u8 {
+        if self.watch.poisoned() {
+            return std::ptr::null_mut();
+        }
         let ptr = RustAllocator.calloc(count, size);
         self.add(ptr);
         ptr
@@ -107,6 +121,9 @@ unsafe impl Allocator for MeteredAllocator {
         // QuickJS never reallocates null, but RustAllocator must not see it.
         if ptr.is_null() {
             return self.alloc(new_size);
+        }
+        if self.watch.poisoned() {
+            return std::ptr::null_mut();
         }
         // SAFETY: forwarded contract: `ptr` came from this allocator.
         let old = unsafe { RustAllocator::usable_size(ptr) };

@@ -834,6 +834,269 @@ async fn no_io_available() {
     ));
 }
 
+/// How a hostile script is expected to end.
+#[derive(Clone, Copy, Debug)]
+enum Ends {
+    /// `Timeout(limit)`: by the interrupt handler or, in a built-in that
+    /// never polls it, by the watchdog.
+    Timeout,
+    OutOfMemory,
+    /// A catchable `RangeError` (the stack limit).
+    RangeError,
+}
+
+/// A `decodeUplink` whose body is `body`.
+fn decoder(body: &str) -> Script {
+    Script::new(&format!(
+        "function decodeUplink(input) {{ {body}\n return {{data: {{}}}}; }}"
+    ))
+}
+
+/// Each kind of hostile script ends its decode with its own reason within
+/// about its limit, built-ins included, and the next decode works: huge
+/// `join`s (which go on for a minute after their buffer failed to grow,
+/// neither allocating nor polling the interrupt handler), `repeat`,
+/// catastrophic regex backtracking, deep recursion, `while (true)`, big
+/// typed arrays and their native sort, and sorts of huge arrays.
+#[tokio::test]
+async fn hostile_scripts_end_within_their_limits() {
+    let limit = Duration::from_millis(100);
+    let engine = Engine::start(EngineConfig {
+        time_limit: limit,
+        ..EngineConfig::default()
+    });
+    let good = Script::new(EM300TH);
+    let bytes = [0x01, 0x75, 0x5C];
+    let cases = [
+        ("var s = new Array(1e9).join('x');", Ends::Timeout),
+        (
+            "var s = Array.prototype.join.call({length: 2 ** 53 - 1});",
+            Ends::Timeout,
+        ),
+        ("var s = 'x'.repeat(1e9);", Ends::OutOfMemory),
+        ("/^(a+)+$/.test('a'.repeat(40) + 'b');", Ends::Timeout),
+        (
+            "function f(n) { return f(n + 1) + 1; } f(0);",
+            Ends::RangeError,
+        ),
+        ("while (true) {}", Ends::Timeout),
+        ("var a = new Uint8Array(1e9);", Ends::OutOfMemory),
+        ("var a = new Float64Array(1e7).fill(1);", Ends::OutOfMemory),
+        (
+            "var u = new Uint32Array(6e6);
+             for (var i = 0; i < 4096; i++) u[i] = (i * 2654435761) >>> 0;
+             for (var n = 4096; n < u.length; n *= 2) u.copyWithin(n, 0, n);
+             u.sort();",
+            Ends::Timeout,
+        ),
+        ("new Array(1e9).sort();", Ends::Timeout),
+        ("new Array(1e9).reverse();", Ends::Timeout),
+        ("String(7n ** 300000n);", Ends::Timeout),
+    ];
+    for (body, ends) in cases {
+        let script = decoder(body);
+        let started = Instant::now();
+        let result = run_one(&engine, decode_call(&script, &bytes)).await;
+        let took = started.elapsed();
+        match (ends, &result) {
+            (Ends::Timeout, Err(CodecError::Timeout(l))) => assert_eq!(*l, limit),
+            (Ends::OutOfMemory, Err(CodecError::OutOfMemory)) => {}
+            (Ends::RangeError, Err(CodecError::Exception { message, .. }))
+                if message == "RangeError: Maximum call stack size exceeded" => {}
+            _ => panic!("{body}: expected {ends:?}, got {result:?}"),
+        }
+        // Bounded, not timed: the limit (plus the watchdog's grace) ends
+        // it, where a machine's load may add a few limits more, rather
+        // than running for seconds to minutes.
+        assert!(took < limit * 40, "{body} took {took:?}");
+        assert_eq!(
+            decode(&engine, &good, &bytes).await,
+            Ok(json!({"battery": 92})),
+            "after {body}"
+        );
+        // Again: the same failure, or, while the thread a built-in stranded
+        // winds down, held back at once.
+        let again = run_one(&engine, decode_call(&script, &bytes)).await;
+        match (&result, &again) {
+            (first, again) if first == again => {}
+            (Err(CodecError::Timeout(_)), Err(CodecError::HeldBack { earlier })) => {
+                assert_eq!(**earlier, CodecError::Timeout(limit));
+            }
+            _ => panic!("{body} again: {again:?} after {result:?}"),
+        }
+    }
+}
+
+/// A call stuck in a built-in is answered with a timeout by the watchdog,
+/// and the rest of its batch goes on on a new thread: the other scripts'
+/// calls decode, the stuck script's later calls in the batch are not run
+/// (so it costs the batch one limit, not one per call), and while the
+/// stranded thread winds down the script is held back. A script stopped by
+/// the interrupt handler is skipped for the rest of its batch, too, and
+/// runs again in the next.
+#[tokio::test]
+async fn a_hung_script_costs_its_batch_one_limit() {
+    let limit = Duration::from_millis(50);
+    let engine = Engine::start(EngineConfig {
+        time_limit: limit,
+        ..EngineConfig::default()
+    });
+    let good = Script::new(EM300TH);
+    let stuck = decoder("var s = new Array(1e9).join('x');");
+    let looping = decoder("while (true) {}");
+    let ok = |bytes: &[u8]| decode_call(&good, bytes);
+    let mut calls = Vec::new();
+    for i in 0..10u8 {
+        calls.push(ok(&[0x01, 0x75, i]));
+        calls.push(decode_call(&stuck, &[i]));
+        calls.push(decode_call(&looping, &[i]));
+    }
+    let results = engine.run(calls).await.unwrap();
+    let timeout = CodecError::Timeout(limit);
+    let skipped = CodecError::Skipped {
+        earlier: Box::new(timeout.clone()),
+    };
+    for (i, triple) in results.chunks(3).enumerate() {
+        let decoded = interpret_decode_uplink(triple[0].clone().unwrap()).unwrap();
+        assert_eq!(decoded.data["battery"], json!(i), "call {i}");
+        let expected = if i == 0 { &timeout } else { &skipped };
+        assert_eq!(triple[1].as_ref(), Err(expected), "stuck call {i}");
+        assert_eq!(triple[2].as_ref(), Err(expected), "looping call {i}");
+    }
+    assert_eq!(skipped.root(), &timeout);
+    assert_eq!(
+        skipped.to_string(),
+        "not run: an earlier call of this script in the same batch failed: script ran longer than its 50ms limit and was interrupted"
+    );
+
+    // The next batch: the stuck script is held back (its thread spins for
+    // tens of seconds more), the looping one runs (and times out) again —
+    // unless the OS left its thread unscheduled past the watchdog's grace,
+    // when the watchdog abandoned that thread too and it is held back for
+    // the moment that thread needs to notice.
+    let results = engine
+        .run(vec![
+            decode_call(&stuck, &[0]),
+            decode_call(&looping, &[0]),
+            ok(&[0x01, 0x75, 7]),
+        ])
+        .await
+        .unwrap();
+    let held = CodecError::HeldBack {
+        earlier: Box::new(timeout.clone()),
+    };
+    assert_eq!(results[0], Err(held.clone()));
+    assert!(
+        results[1] == Err(timeout.clone()) || results[1] == Err(held.clone()),
+        "{:?}",
+        results[1]
+    );
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert_eq!(held.root(), &timeout);
+    assert!(held.to_string().starts_with("not run: an earlier call of this script ran past its time limit inside a built-in function that cannot be interrupted"), "{held}");
+
+    // A check (a codec being saved) stuck in its top level ends the same
+    // way, and the engine checks the next script.
+    let top_level = Script::new("var s = new Array(1e9).join('x'); function decodeUplink() {}");
+    assert_eq!(engine.check(&top_level).await, Err(timeout));
+    assert_eq!(engine.check(&good).await, Ok(ScriptKind::DecodeUplink));
+}
+
+/// A thread the watchdog abandoned frees its script once its call returns:
+/// its runtime's allocations fail from the moment it is abandoned, which
+/// ends a built-in that allocates as it goes (printing a huge BigInt) at
+/// once, and the script then runs again (and times out again).
+#[tokio::test]
+async fn an_abandoned_thread_winds_down_and_its_script_runs_again() {
+    let limit = Duration::from_millis(50);
+    let engine = Engine::start(EngineConfig {
+        time_limit: limit,
+        ..EngineConfig::default()
+    });
+    let script = decoder("String(7n ** 300000n);");
+    let timeout = Err(CodecError::Timeout(limit));
+    assert_eq!(run_one(&engine, decode_call(&script, &[])).await, timeout);
+    let started = Instant::now();
+    loop {
+        match run_one(&engine, decode_call(&script, &[])).await {
+            Err(CodecError::HeldBack { .. }) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "still held back after {:?}",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => {
+                assert_eq!(other, timeout);
+                break;
+            }
+        }
+    }
+}
+
+/// With several workers, one stuck in a built-in does not stop the others,
+/// and its slot serves again right after the watchdog replaced its thread.
+#[tokio::test]
+async fn a_stuck_worker_is_replaced_while_the_others_serve() {
+    let limit = Duration::from_millis(50);
+    let engine = Engine::start(EngineConfig {
+        workers: 2,
+        time_limit: limit,
+        ..EngineConfig::default()
+    });
+    let good = Script::new(EM300TH);
+    for round in 0..3 {
+        let stuck = decoder(&format!("var s = new Array(1e9).join('{round}');"));
+        let hostile = {
+            let engine = engine.clone();
+            tokio::spawn(async move { run_one(&engine, decode_call(&stuck, &[])).await })
+        };
+        for i in 0..20u8 {
+            assert_eq!(
+                decode(&engine, &good, &[0x01, 0x75, i]).await,
+                Ok(json!({"battery": i})),
+                "round {round}, call {i}"
+            );
+        }
+        assert_eq!(hostile.await.unwrap(), Err(CodecError::Timeout(limit)));
+    }
+}
+
+/// Past its cap of threads left winding down, the watchdog abandons no
+/// more: the worker waits for the stuck call instead (the built-in here
+/// returns within seconds), which then ends as a timeout, and the worker
+/// serves on.
+#[tokio::test]
+async fn past_the_cap_of_abandoned_threads_the_worker_waits() {
+    let limit = Duration::from_millis(50);
+    let engine = Engine::start_with(
+        EngineConfig {
+            time_limit: limit,
+            ..EngineConfig::default()
+        },
+        1,
+    );
+    let timeout = Err(CodecError::Timeout(limit));
+    // Abandoned, and spinning for tens of seconds.
+    let stuck = decoder("var s = new Array(1e9).join('x');");
+    assert_eq!(run_one(&engine, decode_call(&stuck, &[])).await, timeout);
+    // Not abandoned: it runs to the end of its built-in, then stops.
+    let slow = decoder("String(7n ** 150000n);");
+    assert_eq!(run_one(&engine, decode_call(&slow, &[])).await, timeout);
+    // Not held back, since no thread was left behind for it.
+    let good = Script::new(EM300TH);
+    let results = engine
+        .run(vec![
+            decode_call(&slow, &[]),
+            decode_call(&good, &[0x01, 0x75, 1]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0], timeout);
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+}
+
 /// Measures decode throughput on one worker: 100k em300th uplinks in batches
 /// of 256, two batches in flight so the worker never waits for the caller.
 /// Run with `cargo test -p weft-engine --release -- --ignored --nocapture`.

@@ -1,9 +1,13 @@
 //! One script worker: an OS thread that owns a QuickJS runtime and runs the
-//! batches queued for it. All of rquickjs stays in here and in `convert.rs`.
+//! items of its slot's jobs one at a time (`watchdog.rs` keeps the job, and
+//! replaces the thread when a call will not stop). All of rquickjs stays in
+//! here and in `convert.rs`.
 //!
 //! The runtime carries the three limits (ChirpStack's shape, minus its
 //! gaps): a memory limit, a stack limit, and an interrupt handler that stops
-//! a call once its `Instant` deadline has passed. Each script is compiled
+//! a call once its `Instant` deadline has passed; a result a call produced
+//! after its deadline (the interrupt handler is not polled inside
+//! built-ins) counts as a timeout too. Each script is compiled
 //! once into a context of its own (so scripts never see each other's
 //! globals) and kept in a bounded cache keyed by the script id.
 //!
@@ -28,18 +32,16 @@ use std::collections::HashMap;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::rc::Rc;
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rquickjs::context::EvalOptions;
-use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
-use tokio::sync::oneshot;
-
 use crate::convert::{self, Undefined};
 use crate::meter::{Meter, MeteredAllocator};
+use crate::watchdog::{Answer, Item, Next, Slot, Supervision, Watch};
 use crate::{Call, CodecError, Script, ScriptKind};
+use rquickjs::context::EvalOptions;
+use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
 
 /// Compiled scripts kept per worker. Far more than the codecs and rules a
 /// deployment has in active use, while bounding the memory of stale ones.
@@ -145,78 +147,120 @@ pub(crate) struct Limits {
     pub stack: usize,
 }
 
-/// Work for a worker, with the channel its answer goes back on.
-pub(crate) enum Job {
-    /// Compile a script and report which entry point it defines.
-    Check {
-        script: Script,
-        reply: oneshot::Sender<Result<ScriptKind, CodecError>>,
-    },
-    /// Run a batch of calls.
-    Run {
-        calls: Vec<Call>,
-        reply: oneshot::Sender<Vec<Result<serde_json::Value, CodecError>>>,
-    },
-}
-
-/// Starts a worker thread that serves `jobs` until every sender is dropped.
-pub(crate) fn spawn(index: usize, limits: Limits, jobs: Receiver<Job>) -> io::Result<()> {
+/// Starts a thread for `slot`: thread number `generation` of the slot,
+/// reporting its calls' deadlines to the watchdog through `watch`.
+pub(crate) fn spawn(
+    slot: Arc<Slot>,
+    supervision: Arc<Supervision>,
+    generation: u64,
+    watch: Arc<Watch>,
+) -> io::Result<()> {
+    let limits = &supervision.limits;
     thread::Builder::new()
-        .name(format!("weft-engine-{index}"))
+        .name(format!("weft-engine-{}", slot.index))
         .stack_size(
             limits
                 .stack
                 .max(MIN_STACK)
                 .saturating_add(THREAD_STACK_HEADROOM),
         )
-        .spawn(move || serve(limits, jobs))?;
+        .spawn(move || serve(&slot, &supervision, generation, watch))?;
     Ok(())
 }
 
-fn serve(limits: Limits, jobs: Receiver<Job>) {
-    let mut sandbox = match Sandbox::new(limits.clone()) {
+/// A worker thread: runs the slot's items one at a time until the queue
+/// closes or the watchdog abandons the thread.
+fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Watch>) {
+    watch.record_thread();
+    let limits = supervision.limits.clone();
+    let mut sandbox = match Sandbox::new(limits.clone(), Arc::clone(&watch)) {
         Ok(sandbox) => sandbox,
         Err(error) => {
             tracing::error!(%error, "could not create a QuickJS runtime; script worker not started");
             return;
         }
     };
-    for job in jobs {
-        if panic::catch_unwind(AssertUnwindSafe(|| sandbox.handle(job))).is_ok() {
-            continue;
+    let abandoned = loop {
+        let (item, skip) = match slot.next(generation, supervision) {
+            Next::Item(item, skip) => (item, skip),
+            Next::Abandoned => break true,
+            Next::Closed => break false,
+        };
+        let started = Instant::now();
+        let result = match skip {
+            Some(error) => Err(error),
+            None => match panic::catch_unwind(AssertUnwindSafe(|| sandbox.run(item))) {
+                Ok(result) => result,
+                Err(_) => {
+                    // A panic here is a bug in weft, not in a script. The
+                    // runtime may be in any state, so it is leaked rather
+                    // than freed, and replaced.
+                    tracing::error!("script worker panicked; replacing its runtime");
+                    match Sandbox::new(limits.clone(), Arc::clone(&watch)) {
+                        Ok(fresh) => std::mem::forget(std::mem::replace(&mut sandbox, fresh)),
+                        Err(error) => {
+                            tracing::error!(%error, "could not recreate a QuickJS runtime; script worker stopped");
+                            std::mem::forget(sandbox);
+                            return;
+                        }
+                    }
+                    Err(CodecError::Stopped)
+                }
+            },
+        };
+        if !slot.finish(generation, result, started.elapsed(), limits.time) {
+            break true;
         }
-        // A panic here is a bug in weft, not in a script. The runtime may
-        // be in any state, so it is leaked rather than freed, and replaced.
-        tracing::error!("script worker panicked; replacing its runtime");
-        match Sandbox::new(limits.clone()) {
-            Ok(fresh) => std::mem::forget(std::mem::replace(&mut sandbox, fresh)),
-            Err(error) => {
-                tracing::error!(%error, "could not recreate a QuickJS runtime; script worker stopped");
-                std::mem::forget(sandbox);
-                return;
-            }
-        }
+    };
+    if abandoned {
+        // The watchdog answered the stuck call and gave the slot a new
+        // thread; this one only frees its runtime (allocations work again
+        // for that) and lets its script run again.
+        watch.unpoison();
+        drop(sandbox);
+        supervision.release(&watch);
+        tracing::info!(
+            worker = slot.index,
+            "an abandoned script worker thread has wound down and exited"
+        );
     }
 }
 
 /// The deadline of the call that is running, shared with the runtime's
-/// interrupt handler.
-#[derive(Default)]
+/// interrupt handler and, through the thread's [`Watch`], with the
+/// watchdog.
 struct Clock {
     deadline: Cell<Option<Instant>>,
     /// Set when the handler interrupted the script, so the resulting
     /// exception is reported as a timeout rather than as an error.
     fired: Cell<bool>,
+    watch: Arc<Watch>,
 }
 
 impl Clock {
-    fn arm(&self, limit: Duration) {
-        self.fired.set(false);
-        self.deadline.set(Instant::now().checked_add(limit));
+    fn new(watch: Arc<Watch>) -> Clock {
+        Clock {
+            deadline: Cell::new(None),
+            fired: Cell::new(false),
+            watch,
+        }
     }
 
-    fn disarm(&self) {
-        self.deadline.set(None);
+    fn arm(&self, limit: Duration) {
+        self.fired.set(false);
+        let deadline = Instant::now().checked_add(limit);
+        self.deadline.set(deadline);
+        self.watch.arm(deadline);
+    }
+
+    /// Ends the call's timing; true when it ran past its deadline, which
+    /// a call can only do without being interrupted when its last steps
+    /// ran in a built-in that does not poll the interrupt handler.
+    fn disarm(&self) -> bool {
+        self.watch.disarm();
+        self.deadline
+            .take()
+            .is_some_and(|deadline| Instant::now() > deadline)
     }
 
     /// The interrupt handler: QuickJS polls it every few thousand
@@ -261,7 +305,7 @@ struct Handles {
 
 /// A cache slot: a compiled script, or the error its top level ended in
 /// (remembered so a broken codec is not recompiled for every uplink).
-enum Slot {
+enum Cached {
     Ready(Box<Compiled>),
     Broken(CodecError),
 }
@@ -269,7 +313,7 @@ enum Slot {
 struct Entry {
     source: Arc<str>,
     last_used: u64,
-    slot: Slot,
+    slot: Cached,
 }
 
 /// A worker's runtime and everything compiled in it.
@@ -288,10 +332,10 @@ struct Sandbox {
 }
 
 impl Sandbox {
-    fn new(limits: Limits) -> rquickjs::Result<Sandbox> {
-        let (allocator, meter) = MeteredAllocator::new();
+    fn new(limits: Limits, watch: Arc<Watch>) -> rquickjs::Result<Sandbox> {
+        let (allocator, meter) = MeteredAllocator::new(Arc::clone(&watch));
         let runtime = Runtime::new_with_alloc(allocator)?;
-        let clock = Rc::new(Clock::default());
+        let clock = Rc::new(Clock::new(watch));
         let handler_clock = Rc::clone(&clock);
         runtime.set_interrupt_handler(Some(Box::new(move || handler_clock.expired())));
         // QuickJS reads 0 as "no limit", which would let recursion overflow
@@ -313,7 +357,7 @@ impl Sandbox {
     /// Replaces the runtime and drops every compiled script: the way back to
     /// a known-good state after the heap ran out.
     fn rebuild(&mut self) {
-        match Sandbox::new(self.limits.clone()) {
+        match Sandbox::new(self.limits.clone(), Arc::clone(&self.clock.watch)) {
             Ok(fresh) => *self = fresh,
             Err(error) => {
                 // Keep the old runtime without its contexts; it is still usable.
@@ -340,26 +384,14 @@ impl Sandbox {
         self.meter.peak().saturating_add(EXHAUSTED_MARGIN) >= self.memory_limit.get()
     }
 
-    fn handle(&mut self, job: Job) {
-        match job {
-            Job::Check { script, reply } => {
-                if reply.is_closed() {
-                    return;
-                }
-                let kind = self
-                    .prepare(&script)
-                    .and_then(|()| self.ready(script.id))
-                    .map(|compiled| compiled.kind);
-                let _ = reply.send(kind);
-            }
-            Job::Run { calls, reply } => {
-                // The caller gave up (its future was dropped): skip the work.
-                if reply.is_closed() {
-                    return;
-                }
-                let results = calls.into_iter().map(|call| self.call(call)).collect();
-                let _ = reply.send(results);
-            }
+    /// Runs one item of a job.
+    fn run(&mut self, item: Item) -> Result<Answer, CodecError> {
+        match item {
+            Item::Check(script) => self
+                .prepare(&script)
+                .and_then(|()| self.ready(script.id))
+                .map(|compiled| Answer::Kind(compiled.kind)),
+            Item::Call(call) => self.call(call).map(Answer::Value),
         }
     }
 
@@ -377,7 +409,12 @@ impl Sandbox {
             invoke(&ctx, &compiled.handles, call)
                 .map_err(|fault| fault.into_error(&ctx, clock, limit, self.exhausted()))
         });
-        clock.disarm();
+        // A result that came after the limit is no result: the limit
+        // bounds everything a call runs.
+        let result = match (clock.disarm(), result) {
+            (true, Ok(_)) => Err(CodecError::Timeout(limit)),
+            (_, result) => result,
+        };
         if let Err(CodecError::OutOfMemory | CodecError::Timeout(_)) = result {
             self.evict(id);
         }
@@ -403,8 +440,8 @@ impl Sandbox {
     /// The cached compiled script `id`, or the error its loading ended in.
     fn ready(&self, id: u64) -> Result<&Compiled, CodecError> {
         match self.cache.get(&id).map(|entry| &entry.slot) {
-            Some(Slot::Ready(compiled)) => Ok(compiled),
-            Some(Slot::Broken(error)) => Err(error.clone()),
+            Some(Cached::Ready(compiled)) => Ok(compiled),
+            Some(Cached::Broken(error)) => Err(error.clone()),
             None => Err(CodecError::Stopped),
         }
     }
@@ -412,7 +449,7 @@ impl Sandbox {
     /// Compiles `script` into a fresh context and runs its top level.
     /// Returns the slot to cache, or an error that must not be cached
     /// (a limit was hit, and the worker has been repaired).
-    fn compile(&mut self, script: &Script) -> Result<Slot, CodecError> {
+    fn compile(&mut self, script: &Script) -> Result<Cached, CodecError> {
         let context = match Context::full(&self.runtime) {
             Ok(context) => context,
             Err(_) => {
@@ -428,15 +465,18 @@ impl Sandbox {
             load(&ctx, &script.source)
                 .map_err(|fault| fault.into_compile_error(&ctx, clock, limit, self.exhausted()))
         });
-        clock.disarm();
+        let result = match (clock.disarm(), result) {
+            (true, Ok(_)) => Err(CodecError::Timeout(limit)),
+            (_, result) => result,
+        };
         match result {
-            Ok((handles, kind)) => Ok(Slot::Ready(Box::new(Compiled {
+            Ok((handles, kind)) => Ok(Cached::Ready(Box::new(Compiled {
                 handles,
                 kind,
                 context,
             }))),
             Err(error @ (CodecError::Compile { .. } | CodecError::Exception { .. })) => {
-                Ok(Slot::Broken(error))
+                Ok(Cached::Broken(error))
             }
             Err(error) => {
                 drop(context);
@@ -446,7 +486,7 @@ impl Sandbox {
         }
     }
 
-    fn insert(&mut self, script: &Script, slot: Slot) {
+    fn insert(&mut self, script: &Script, slot: Cached) {
         if self.cache.len() >= CACHE_CAPACITY && !self.cache.contains_key(&script.id) {
             let oldest = self
                 .cache

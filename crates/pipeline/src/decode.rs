@@ -480,7 +480,7 @@ fn finish(
 }
 
 fn codec_failure(e: CodecError) -> Failure {
-    let reason = match e {
+    let reason = match e.root() {
         CodecError::Timeout(_) => FailureReason::Timeout,
         CodecError::OutOfMemory => FailureReason::OutOfMemory,
         _ => FailureReason::DecodeError,

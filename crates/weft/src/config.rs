@@ -189,10 +189,12 @@ impl Default for HttpSection {
 pub struct EngineSection {
     /// Threads running scripts.
     pub workers: usize,
-    /// Longest one script call may run before it is interrupted.
+    /// Longest one script call may run, built-in functions included, before
+    /// it is stopped (docs/codecs.md).
     #[serde(with = "humantime_serde")]
     pub time_limit: Duration,
-    /// Memory one script runtime may allocate, in MiB.
+    /// Memory one script call may allocate, in MiB, on top of what the
+    /// worker's compiled scripts hold.
     pub memory_limit_mb: usize,
 }
 
