@@ -55,7 +55,7 @@ async fn create(
     caller: Option<Extension<Principal>>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let mut spec: NewKey = serde_json::from_slice(&body)
+    let mut spec: NewKey = weft_model::validate::parse_definition(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid key: {e}")))?;
     if let Some(Extension(caller)) = &caller {
         let me = caller.key();

@@ -14,7 +14,6 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use weft_pages::{PageError, PageService, RequestInfo};
 
-use crate::catalog::parse_body;
 use crate::{ApiError, ApiResult, AppState};
 
 /// The pages routes.
@@ -119,7 +118,7 @@ async fn put_service(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let service: PageService = parse_body(&body)?;
+    let service: PageService = crate::catalog::parse_definition(&body)?;
     Ok(created(state.pages.put_service(&name, service).await?))
 }
 
