@@ -101,8 +101,13 @@ async fn device_type_names_are_checked() {
 
     // The Things Stack's model ids (`em300-th`) name types; sensae's path
     // names only the types of 2-15 letters and digits.
-    c.expect(201, "PUT", "/api/v1/device-types/em300-th", Some(&json!({})))
-        .await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/device-types/em300-th",
+        Some(&json!({})),
+    )
+    .await;
     c.expect(201, "PUT", "/api/v1/device-types/em300th", Some(&json!({})))
         .await;
 }
@@ -138,7 +143,10 @@ async fn device_fields_are_checked() {
         (json!({"records": {"": "x"}}), "records"),
         (json!({"records": {"tab\there": "x"}}), "records"),
         (json!({"channel": 5}), "channel:"),
-        (json!({"subDevices": [{"ref": 1, "id": "a b"}]}), "subDevices[0]"),
+        (
+            json!({"subDevices": [{"ref": 1, "id": "a b"}]}),
+            "subDevices[0]",
+        ),
     ];
     for (body, field) in cases {
         refused(&c, "PUT", "/api/v1/devices/dev-1", body, field).await;
@@ -158,7 +166,14 @@ async fn device_fields_are_checked() {
         .await;
     let mut bad = good.clone();
     bad["static"]["location"]["lat"] = json!(999);
-    refused(&c, "PUT", "/api/v1/devices/dev-1", bad, "static.location.lat").await;
+    refused(
+        &c,
+        "PUT",
+        "/api/v1/devices/dev-1",
+        bad,
+        "static.location.lat",
+    )
+    .await;
     let stored = c.expect(200, "GET", "/api/v1/devices/dev-1", None).await;
     assert_eq!(stored["static"]["location"]["lat"], json!(41.15));
     // Its key is made and removed without checking the rest again.
@@ -200,7 +215,10 @@ async fn rule_fields_are_checked() {
             "alarm.category",
         ),
         (json!({"repeat": "3"}), "repeat:"),
-        (json!({"alarm": {"type": "hot", "severity": "fatal"}}), "alarm.severity:"),
+        (
+            json!({"alarm": {"type": "hot", "severity": "fatal"}}),
+            "alarm.severity:",
+        ),
     ];
     for (extra, field) in cases {
         refused(&c, "PUT", "/api/v1/rules/hot", rule(extra), field).await;
@@ -306,14 +324,16 @@ async fn bridge_page_and_key_fields_are_checked() {
         "name 'a b'",
     )
     .await;
-    assert_eq!(
-        c.expect(200, "GET", "/api/v1/pages", None).await,
-        json!([])
-    );
+    assert_eq!(c.expect(200, "GET", "/api/v1/pages", None).await, json!([]));
 
     let keys = |c: &Client| {
         let c = c.clone();
-        async move { c.expect(200, "GET", "/api/v1/keys", None).await["keys"].as_array().unwrap().len() }
+        async move {
+            c.expect(200, "GET", "/api/v1/keys", None).await["keys"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
     };
     let before = keys(&c).await;
     refused(
@@ -337,7 +357,7 @@ async fn bridge_page_and_key_fields_are_checked() {
         "POST",
         "/api/v1/keys",
         json!({"name": "gw", "role": "ingest", "expiresAt": "soon"}),
-        "invalid key: expiresAt:",
+        "expiresAt:",
     )
     .await;
     assert_eq!(keys(&c).await, before, "no key made");
@@ -356,8 +376,11 @@ async fn slow_headers_are_cut<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, 
     let deadline = Duration::from_secs(15);
     let mut buf = [0u8; 1024];
     loop {
-        match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), stream.read(&mut buf))
-            .await
+        match tokio::time::timeout(
+            deadline.saturating_sub(started.elapsed()),
+            stream.read(&mut buf),
+        )
+        .await
         {
             Err(_) => panic!("{what}: the connection is still open after {deadline:?}"),
             // Closed (or reset): what is wanted. Anything the server says

@@ -86,7 +86,7 @@ async fn put_rule(
         _ => return Err(ApiError::bad_request("body must be a JSON object")),
     }
     let spec: RuleSpec = weft_model::validate::from_value(value)
-        .map_err(|e| ApiError::bad_request(format!("invalid rule: {e}")))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let created = state.services.rules.put_rule(&id, spec.clone()).await?;
     let status = if created {
         StatusCode::CREATED

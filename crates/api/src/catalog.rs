@@ -383,7 +383,11 @@ async fn delete_device_key(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let has_key = state.services.catalog.device(&id).map(|d| d.key_hash.is_some());
+    let has_key = state
+        .services
+        .catalog
+        .device(&id)
+        .map(|d| d.key_hash.is_some());
     match has_key {
         None => Err(ApiError::not_found(format!("device '{id}' does not exist"))),
         Some(false) => Err(ApiError::not_found(format!("device '{id}' has no key"))),

@@ -56,7 +56,7 @@ async fn create(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let mut spec: NewKey = weft_model::validate::parse_definition(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid key: {e}")))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if let Some(Extension(caller)) = &caller {
         let me = caller.key();
         if !me.is_global() {

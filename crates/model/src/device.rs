@@ -225,7 +225,11 @@ impl Device {
     /// or appears twice (either would give one uplink two units for one
     /// entity). The refusal names the field.
     pub fn check(&self) -> Result<(), Invalid> {
-        let unprefixed = |e: String| e.strip_prefix("device id ").map(str::to_string).unwrap_or(e);
+        let unprefixed = |e: String| {
+            e.strip_prefix("device id ")
+                .map(str::to_string)
+                .unwrap_or(e)
+        };
         check_device_id(&self.id).map_err(|e| Invalid::new("id", unprefixed(e)))?;
         validate::object_id("id", &self.id)?;
         validate::name("name", &self.name)?;
@@ -369,9 +373,15 @@ mod tests {
         assert_eq!(ok.check(), Ok(()));
         let cases = [
             (serde_json::json!({"id": "d", "type": "[]"}), "type '[]'"),
-            (serde_json::json!({"id": "d", "channel": "bad chan!"}), "channel 'bad chan!'"),
+            (
+                serde_json::json!({"id": "d", "channel": "bad chan!"}),
+                "channel 'bad chan!'",
+            ),
             (serde_json::json!({"id": "d", "name": "a\u{7}"}), "name "),
-            (serde_json::json!({"id": "d", "records": {"": 1}}), "records label ''"),
+            (
+                serde_json::json!({"id": "d", "records": {"": 1}}),
+                "records label ''",
+            ),
             (
                 serde_json::json!({"id": "d", "static": {"location": {"lat": 999, "lon": 0}}}),
                 "static.location.lat 999",
@@ -388,7 +398,10 @@ mod tests {
                 serde_json::json!({"id": "d", "static": {"location": "Porto"}}),
                 "static.location ",
             ),
-            (serde_json::json!({"id": "d", "endpoint": "not a url"}), "endpoint 'not a url'"),
+            (
+                serde_json::json!({"id": "d", "endpoint": "not a url"}),
+                "endpoint 'not a url'",
+            ),
             (serde_json::json!({"id": "a b"}), "id 'a b'"),
         ];
         for (body, start) in cases {
@@ -401,7 +414,10 @@ mod tests {
     fn device_type_fields_are_checked_and_named() {
         let t = |v: Value| serde_json::from_value::<DeviceType>(v).unwrap();
         assert_eq!(t(serde_json::json!({})).check("em300-th"), Ok(()));
-        let e = t(serde_json::json!({})).check("[]").unwrap_err().to_string();
+        let e = t(serde_json::json!({}))
+            .check("[]")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("name '[]'"), "{e}");
         let e = t(serde_json::json!({"processor": {"mappings": [{"from": "a", "to": ""}]}}))
             .check("ok")

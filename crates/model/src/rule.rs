@@ -399,15 +399,33 @@ mod tests {
     /// Names and texts are checked before a rule is stored, the field named.
     #[test]
     fn names_in_rules_are_checked() {
-        let ok = spec(json!({"name":"Hot","scope":{"types":["em300th","em300-th"],"channels":["irrigation"],
+        let ok = spec(
+            json!({"name":"Hot","scope":{"types":["em300th","em300-th"],"channels":["irrigation"],
             "devices":["dev-1"],"records":{"zone":"a"}},"condition":"a>1",
-            "alarm":{"type":"hot","description":"line 1\nline 2"}}));
+            "alarm":{"type":"hot","description":"line 1\nline 2"}}),
+        );
         assert_eq!(ok.check("hot-soil"), Ok(()));
         let cases = [
-            ("r", json!({"scope":{"channels":["bad chan!"]}}), "scope.channels[0] 'bad chan!'"),
-            ("r", json!({"scope":{"types":["ok","[]"]}}), "scope.types[1] '[]'"),
-            ("r", json!({"scope":{"devices":["a b"]}}), "scope.devices[0] 'a b'"),
-            ("r", json!({"scope":{"records":{"":"x"}}}), "scope.records label ''"),
+            (
+                "r",
+                json!({"scope":{"channels":["bad chan!"]}}),
+                "scope.channels[0] 'bad chan!'",
+            ),
+            (
+                "r",
+                json!({"scope":{"types":["ok","[]"]}}),
+                "scope.types[1] '[]'",
+            ),
+            (
+                "r",
+                json!({"scope":{"devices":["a b"]}}),
+                "scope.devices[0] 'a b'",
+            ),
+            (
+                "r",
+                json!({"scope":{"records":{"":"x"}}}),
+                "scope.records label ''",
+            ),
             ("r", json!({"name":"a\u{0}"}), "name "),
             ("a b", json!({}), "id 'a b'"),
         ];

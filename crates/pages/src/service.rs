@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use url::{Position, Url};
 use weft_model::ngsi::{format_datetime, render, Format};
-use weft_model::validate::{self, Invalid};
 use weft_model::query::Query;
+use weft_model::validate::{self, Invalid};
 use weft_store::{AlarmQuery, DataQuery, HistoryQuery, Store};
 
 use weft_pipeline::context::{Context, EntityFilter, DEFAULT_TENANT};
@@ -264,7 +264,10 @@ impl PageService {
         }
         if let Some(b) = &self.circuit_breaker {
             if b.failures == 0 {
-                return Err(Invalid::new("circuitBreaker.failures", "must be at least 1"));
+                return Err(Invalid::new(
+                    "circuitBreaker.failures",
+                    "must be at least 1",
+                ));
             }
         }
         Ok(())

@@ -89,9 +89,7 @@ pub async fn serve<S>(
             None => connections.spawn(serve_connection(stream, app, header_timeout, shutdown)),
             Some(tls) => connections.spawn(async move {
                 match tokio::time::timeout(TLS_HANDSHAKE, tls.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        serve_connection(stream, app, header_timeout, shutdown).await
-                    }
+                    Ok(Ok(stream)) => serve_connection(stream, app, header_timeout, shutdown).await,
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
