@@ -26,6 +26,9 @@
 //!   call per distinct service call, weft's own data as sources; hostile
 //!   templates (recursion, deep nesting) and viewer values refused.
 //! - `ops`: health and metrics.
+//! - `door_checks`: every definition the admin API takes is checked at the
+//!   door (400 naming the field, nothing stored); a request head that never
+//!   completes has its connection closed, on every listener.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s; the
 //!   builtin attributes and metadata, Orion's number spelling, transient
 //!   entities (`dateExpires`).
@@ -61,6 +64,7 @@ mod channels;
 mod codec_limits;
 mod codecs;
 mod console;
+mod door_checks;
 mod downlinks;
 mod durability;
 mod history;

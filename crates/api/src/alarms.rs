@@ -10,7 +10,6 @@ use axum::Json;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use weft_model::validate::is_object_id;
 use weft_model::{Alarm, RuleSpec, Severity};
 use weft_pipeline::rules::RulesError;
 use weft_store::AlarmQuery;
@@ -82,9 +81,6 @@ async fn put_rule(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    if !is_object_id(&id) {
-        return Err(ApiError::bad_request(format!("invalid rule id '{id}'")));
-    }
     let mut value: Value = parse_body(&body)?;
     match &mut value {
         Value::Object(map) => {
@@ -92,8 +88,8 @@ async fn put_rule(
         }
         _ => return Err(ApiError::bad_request("body must be a JSON object")),
     }
-    let spec: RuleSpec = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(format!("invalid rule: {e}")))?;
+    let spec: RuleSpec = weft_model::validate::from_value(value)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let created = state.services.rules.put_rule(&id, spec.clone()).await?;
     let status = if created {
         StatusCode::CREATED

@@ -16,7 +16,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
-use weft_model::channel::{is_channel_id, parse_go_duration};
+use weft_model::channel::parse_go_duration;
 use weft_pipeline::channels::bridge::{BridgeError, BridgeSpec};
 use weft_pipeline::channels::{ChannelError, DEFAULT_FETCH_MAX};
 use weft_store::StoreError;
@@ -106,6 +106,7 @@ impl From<ChannelError> for DspsError {
                 body: json!({"error": "Subscription not found",
                              "code": "dsps.storage.subscription-not-found"}),
             },
+            ChannelError::InvalidId(param) => DspsError::invalid(param),
             ChannelError::Forbidden(reason) => {
                 tracing::info!(%reason, "channel call refused");
                 DspsError {
@@ -125,27 +126,22 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Checks the ids, then the caller against the channel's JWT rule.
-fn admit(state: &AppState, headers: &HeaderMap, ids: &[(&str, &str)]) -> DspsResult<()> {
-    check_ids(ids)?;
+/// Checks the ids (DSPS's rule, in DSPS's order), then the caller
+/// against the channel's JWT rule: the channels service does both.
+fn admit(
+    state: &AppState,
+    headers: &HeaderMap,
+    channel: &str,
+    other: (&'static str, &str),
+) -> DspsResult<()> {
     state
         .services
         .channels
-        .authorize(ids[0].1, authorization(headers))?;
+        .admit(channel, other, authorization(headers))?;
     Ok(())
 }
 
 type DspsResult<T> = Result<T, DspsError>;
-
-/// Checks the path ids in DSPS's order.
-fn check_ids(ids: &[(&str, &str)]) -> DspsResult<()> {
-    for (param, value) in ids {
-        if !is_channel_id(value) {
-            return Err(DspsError::invalid(param));
-        }
-    }
-    Ok(())
-}
 
 /// `PUT /channel/{channelID}/message/{messageID}`: 200 once committed;
 /// the same id again stores nothing and answers the same.
@@ -155,11 +151,7 @@ async fn publish(
     headers: HeaderMap,
     body: Bytes,
 ) -> DspsResult<impl IntoResponse> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("messageID", &message)],
-    )?;
+    admit(&state, &headers, &channel, ("messageID", &message))?;
     // Kept as sent, so it must be JSON every subscriber's parser can read
     // back: no deeper than the limit, no number a double cannot hold.
     let content = match weft_model::json::parse_within_limits(&body) {
@@ -208,11 +200,7 @@ async fn subscription(
     subscriber: String,
     create: bool,
 ) -> DspsResult<axum::Json<serde_json::Value>> {
-    admit(
-        state,
-        headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(state, headers, &channel, ("subscriberID", &subscriber))?;
     let channels = &state.services.channels;
     if create {
         channels.subscribe(&channel, &subscriber).await?;
@@ -233,11 +221,7 @@ async fn fetch(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<Response> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(&state, &headers, &channel, ("subscriberID", &subscriber))?;
     let wait = match params.get("timeout").map(String::as_str) {
         None | Some("") => Duration::ZERO,
         Some(t) => parse_go_duration(t).ok_or_else(|| DspsError::invalid("timeout"))?,
@@ -300,11 +284,7 @@ async fn ack(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<StatusCode> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(&state, &headers, &channel, ("subscriberID", &subscriber))?;
     let through = params
         .get("ackHandle")
         .and_then(|h| h.parse::<u64>().ok())
@@ -403,7 +383,7 @@ async fn put_bridge(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let spec: BridgeSpec = crate::catalog::parse_body(&body)?;
+    let spec: BridgeSpec = crate::catalog::parse_definition(&body)?;
     let created = state
         .services
         .bridges

@@ -129,7 +129,9 @@ impl From<CatalogError> for ApiError {
             CatalogError::Script(_) => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidScript", e.to_string())
             }
-            CatalogError::Language(_) => Self::bad_request(e.to_string()),
+            CatalogError::Language(_) | CatalogError::Invalid(_) => {
+                Self::bad_request(e.to_string())
+            }
             CatalogError::Store(s) => s.into(),
         }
     }

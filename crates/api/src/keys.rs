@@ -57,8 +57,8 @@ async fn create(
     caller: Option<Extension<Principal>>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let mut spec: NewKey = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid key: {e}")))?;
+    let mut spec: NewKey = weft_model::validate::parse_definition(&body)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if let Some(Extension(caller)) = &caller {
         let me = caller.key();
         if !me.is_global() {

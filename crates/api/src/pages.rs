@@ -15,7 +15,6 @@ use weft_model::secret;
 use weft_pages::{PageError, PageService, RequestInfo};
 
 use crate::auth::{sees_secrets, Principal};
-use crate::catalog::parse_body;
 use crate::routes::{get, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
@@ -133,7 +132,7 @@ async fn put_service(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let service: PageService = parse_body(&body)?;
+    let service: PageService = crate::catalog::parse_definition(&body)?;
     Ok(created(state.pages.put_service(&name, service).await?))
 }
 

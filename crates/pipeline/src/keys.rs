@@ -354,10 +354,13 @@ impl Keys {
                     "ingest keys belong to the default tenant, without a service path".into(),
                 );
             }
-            for name in [&spec.channel, &spec.device_type].into_iter().flatten() {
-                if !weft_model::validate::is_object_id(name) {
-                    return invalid(format!("invalid channel or device type '{name}'"));
-                }
+            let pinned = |e: weft_model::validate::Invalid| KeyError::Invalid(e.to_string());
+            if let Some(channel) = &spec.channel {
+                weft_model::validate::channel("channel", channel).map_err(pinned)?;
+            }
+            if let Some(device_type) = &spec.device_type {
+                weft_model::validate::device_type_name("deviceType", device_type)
+                    .map_err(pinned)?;
             }
         } else if spec.channel.is_some() || spec.device_type.is_some() {
             return invalid("channel and deviceType pin ingest keys only".into());

@@ -169,6 +169,11 @@ pub struct HttpSection {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// How long a client has to send a request's line and headers (and,
+    /// on a kept-alive connection, the next request's) before its
+    /// connection is closed, on every listener.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
 }
 
 impl Default for HttpSection {
@@ -179,6 +184,7 @@ impl Default for HttpSection {
             cors_origins: Vec::new(),
             tls_cert: None,
             tls_key: None,
+            header_timeout: crate::http::HEADER_TIMEOUT,
         }
     }
 }

@@ -144,7 +144,16 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
+}
+
+/// Whether what goes to stderr may be coloured: only when it is a
+/// terminal, and `NO_COLOR` (no-color.org) is unset or empty. Logs piped
+/// to a file or a collector carry no escape codes.
+pub(crate) fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 async fn run_server(config: Config) -> anyhow::Result<()> {

@@ -446,6 +446,8 @@ impl RuleEngine {
     /// Validates and stores a rule; it applies from the next data unit.
     /// Answers whether it was created (rather than replaced).
     pub async fn put_rule(&self, id: &str, spec: RuleSpec) -> Result<bool, RulesError> {
+        spec.check(id)
+            .map_err(|e| RulesError::Invalid(e.to_string()))?;
         let rule = Rule::new(id, spec).map_err(|e| RulesError::Invalid(e.0))?;
         let compiled = compile(rule);
         if let Some(script) = &compiled.script {

@@ -303,7 +303,15 @@ pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
     }
     for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
         tx.batch_execute(step).await.map_err(db)?;
-        tracing::info!(version = index + 1, "applied PostgreSQL migration");
+        tracing::debug!(version = index + 1, "applied PostgreSQL migration");
+    }
+    if current < MIGRATIONS.len() {
+        // One line for the whole run: a fresh database takes every step.
+        tracing::info!(
+            from = current,
+            to = MIGRATIONS.len(),
+            "migrated the PostgreSQL schema"
+        );
     }
     let version = i32::try_from(MIGRATIONS.len()).expect("a handful of steps");
     tx.execute("DELETE FROM weft_schema", &[])

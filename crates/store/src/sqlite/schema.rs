@@ -488,7 +488,15 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<usize, MigrateError> {
     }
     for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
         tx.execute_batch(step)?;
-        tracing::info!(version = index + 1, "applied storage migration");
+        tracing::debug!(version = index + 1, "applied storage migration");
+    }
+    if current < MIGRATIONS.len() {
+        // One line for the whole run: a fresh database takes every step.
+        tracing::info!(
+            from = current,
+            to = MIGRATIONS.len(),
+            "migrated the storage schema"
+        );
     }
     if current < MIGRATIONS.len() {
         tx.pragma_update(None, "user_version", MIGRATIONS.len() as i64)?;
