@@ -30,6 +30,10 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.
+//! - `notification_loop`: subscriptions notifying weft's own `/v2` with a
+//!   change to the entity they watch send one notification (Orion's
+//!   rule), or stop at the notification depth limit; weft stays
+//!   responsive.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 //! - `ngsi_forwarding`: queries and updates forwarded to a second weft
 //!   registered as context provider; dead and silent providers; Orion's
@@ -71,6 +75,7 @@ mod ngsi_forwarding;
 mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
+mod notification_loop;
 mod ops;
 mod pages;
 mod scale_out;

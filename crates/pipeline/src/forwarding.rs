@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use weft_model::ngsi::{parse_entity, Entity};
 
-use crate::subscriptions::payload::USER_AGENT;
+use crate::outbound::NGSI_USER_AGENT;
 
 /// How long a provider has to answer, as Orion's default `-httpTimeout`
 /// (5 s): a slow or dead provider holds the client's request up to this,
@@ -83,22 +83,22 @@ pub enum UpdateAnswer {
     NotFound,
 }
 
-/// Sends forwarded requests. One client (and so one connection pool)
-/// serves every provider.
+/// Sends forwarded requests. weft's one outbound client (and so one
+/// connection pool) serves every provider; no redirect is followed.
 pub struct Forwarder {
     client: reqwest::Client,
     timeout: Duration,
 }
 
 impl Forwarder {
-    /// A forwarder whose requests give up after `timeout`.
+    /// A forwarder whose requests give up after `timeout` (connecting,
+    /// sending and reading the answer), on weft's outbound client
+    /// ([`crate::outbound::http`]).
     pub fn new(timeout: Duration) -> Forwarder {
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(timeout)
-            .build()
-            .expect("the HTTP client builds");
-        Forwarder { client, timeout }
+        Forwarder {
+            client: crate::outbound::http(),
+            timeout,
+        }
     }
 
     /// The deadline of every forwarded request.
@@ -163,7 +163,7 @@ impl Forwarder {
             .timeout(self.timeout)
             .header("Content-Type", "application/json; charset=utf-8")
             .header("Accept", "application/json")
-            .header("User-Agent", USER_AGENT)
+            .header("User-Agent", NGSI_USER_AGENT)
             .header(
                 "Fiware-Correlator",
                 format!("{}; cbfwd={seq}", context.correlator),
@@ -177,37 +177,24 @@ impl Forwarder {
         if let Some(token) = &context.auth_token {
             request = request.header("X-Auth-Token", token);
         }
-        let mut response = request
+        let response = request
             .body(body.to_string())
             .send()
             .await
             .map_err(unreachable)?;
         let status = response.status().as_u16();
-        if response
-            .content_length()
-            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-        {
-            return Err(ForwardError::BadAnswer("answer too large".into()));
-        }
-        let mut answer = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-            if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
-                return Err(ForwardError::BadAnswer("answer too large".into()));
-            }
-            answer.extend_from_slice(&chunk);
-        }
+        let answer = crate::outbound::read_body(response, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| match e {
+                crate::outbound::BodyError::TooLarge => ForwardError::BadAnswer(e.to_string()),
+                crate::outbound::BodyError::Failed(why) => ForwardError::Unreachable(why),
+            })?;
         Ok((status, answer))
     }
 }
 
 fn unreachable(e: reqwest::Error) -> ForwardError {
-    ForwardError::Unreachable(if e.is_timeout() {
-        "Timeout was reached".into()
-    } else if e.is_connect() {
-        "Couldn't connect to server".into()
-    } else {
-        e.to_string()
-    })
+    ForwardError::Unreachable(crate::outbound::describe(&e))
 }
 
 /// Reads an `op/query` answer: a JSON array of normalized entities, each

@@ -15,6 +15,9 @@
 //! - [`downlinks`]: per-device downlink queues, their delivery through
 //!   the route each device's uplinks came by, and NGSI commands.
 //! - [`filter`]: the event filter the live stream and the bridges share.
+//! - [`outbound`]: the one HTTP client and retry policy of everything
+//!   weft sends out (notifications, forwards, downlinks, webhooks, page
+//!   services).
 //! - [`keys`]: API keys held in memory by hash, their rate limits, and
 //!   their creation, revocation and bootstrap.
 //! - [`definitions`]: every service's in-memory definitions kept in step
@@ -44,6 +47,7 @@ pub mod history;
 pub mod ingest;
 pub mod keys;
 pub mod mqtt;
+pub mod outbound;
 pub mod registrations;
 pub mod rules;
 pub mod services;

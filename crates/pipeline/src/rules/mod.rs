@@ -30,6 +30,9 @@
 //! alarms' versions.
 
 mod alarm_entity;
+pub mod state;
+#[cfg(test)]
+mod tests;
 pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,6 +52,8 @@ use weft_store::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, Store, St
 
 use crate::context::Context;
 use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
+pub use state::StateLimits;
+use state::{json_size, States};
 use verdict::{is_stateless, step, Action, RuleState, Verdict};
 
 /// Tuning of the rule engine.
@@ -59,6 +64,8 @@ pub struct RulesConfig {
     pub script_time_limit: Duration,
     /// How often inactivity rules look for silent devices.
     pub inactivity_check: Duration,
+    /// The bounds of script rules' `state` objects ([`state`]).
+    pub state_limits: StateLimits,
 }
 
 impl Default for RulesConfig {
@@ -66,6 +73,7 @@ impl Default for RulesConfig {
         RulesConfig {
             script_time_limit: Duration::from_millis(50),
             inactivity_check: Duration::from_millis(500),
+            state_limits: StateLimits::default(),
         }
     }
 }
@@ -148,8 +156,8 @@ struct Compiled {
 #[derive(Default)]
 struct Inner {
     rules: BTreeMap<String, Arc<Compiled>>,
-    /// Per (rule id, device id).
-    states: HashMap<(String, String), RuleState>,
+    /// Per (rule id, device id), bounded ([`state`]).
+    states: States,
     /// Active alarms by (device id, alarm type).
     active: HashMap<(String, String), Alarm>,
     /// The partitions the lanes evaluate now, when not all: the
@@ -253,7 +261,7 @@ impl RuleEngine {
             }
         }
         let (states, active) = load_state(&*store).await?;
-        inner.states = states;
+        inner.states = States::from_loaded(states);
         inner.active = active;
         let mut receivers = Vec::new();
         let lanes = Lane::ALL.map(|_| {
@@ -314,7 +322,7 @@ impl RuleEngine {
                 let (states, active) = load_state(&*self.store).await?;
                 let _order = self.order.lock().await;
                 let mut inner = self.inner.lock();
-                inner.states = states;
+                inner.states = States::from_loaded(states);
                 inner.active = active;
             }
             let mut held = Held {
@@ -476,7 +484,7 @@ impl RuleEngine {
         {
             let mut inner = self.inner.lock();
             inner.rules.remove(id);
-            inner.states.retain(|(rule, _), _| rule != id);
+            inner.states.retain_rules(|rule| rule != id);
         }
         self.bus
             .definition_changed(DefinitionChange::new(DefinitionKind::Rule, id));
@@ -762,6 +770,10 @@ impl RuleEngine {
                     inner.apply(&c.rule, unit, &verdict, state, now, &mut changes);
                 }
             }
+            let evicted = inner
+                .states
+                .enforce_total(self.config.state_limits.total);
+            changes.dirty.extend(evicted);
         }
         let cursors = self.cursors(lane, next);
         match self.commit(changes, cursors).await {
@@ -777,7 +789,8 @@ impl RuleEngine {
         &self,
         rules: &[Arc<Compiled>],
         units: &[FedUnit],
-    ) -> Vec<(Verdict, Option<Value>)> {
+    ) -> Vec<(Verdict, Option<(Value, usize)>)> {
+        let limit = self.config.state_limits.per_device;
         let mut out = Vec::new();
         let mut states: HashMap<(String, String), Value> = HashMap::new();
         for FedUnit { unit, .. } in units {
@@ -810,7 +823,21 @@ impl RuleEngine {
                 };
                 match result {
                     Ok(mut returned) => {
-                        let new_state = returned.get_mut("state").map(Value::take);
+                        let new_state = returned.get_mut("state").map(Value::take).map(|s| {
+                            let bytes = json_size(&s);
+                            if bytes <= limit {
+                                return (s, bytes);
+                            }
+                            metrics::counter!("weft_rule_state_resets_total").increment(1);
+                            tracing::warn!(
+                                rule = %c.rule.id,
+                                device = %unit.device.id,
+                                bytes,
+                                limit,
+                                "a script rule's state for a device is over [rules] max_state_bytes; reset to {{}}"
+                            );
+                            (Value::Object(Default::default()), 2)
+                        });
                         let mut verdict =
                             Verdict::from_script(returned.get("result").unwrap_or(&Value::Null));
                         if !verdict.fire && !verdict.clear {
@@ -820,7 +847,7 @@ impl RuleEngine {
                                 .as_ref()
                                 .is_some_and(|q| q.matches(|p| unit.attribute(p)));
                         }
-                        if let Some(s) = &new_state {
+                        if let Some((s, _)) = &new_state {
                             states.insert(key, s.clone());
                         }
                         out.push((verdict, new_state));
@@ -1019,7 +1046,7 @@ impl Follower for RuleEngine {
             .collect();
         for id in gone {
             inner.rules.remove(&id);
-            inner.states.retain(|(rule, _), _| *rule != id);
+            inner.states.retain_rules(|rule| rule != id);
         }
         for (id, spec) in stored {
             if inner.rules.get(&id).is_some_and(|c| c.rule.spec == spec) {
@@ -1068,7 +1095,7 @@ impl Inner {
         rule: &Rule,
         unit: &DataUnit,
         verdict: &Verdict,
-        script_state: Option<Value>,
+        script_state: Option<(Value, usize)>,
         now: i64,
         changes: &mut Changes,
     ) {
@@ -1080,11 +1107,11 @@ impl Inner {
             }
         } else {
             let key = (rule.id.clone(), unit.device.id.clone());
-            let state = self.states.entry(key.clone()).or_default();
-            let before = state.clone();
-            if script_state.is_some() {
-                state.script = script_state;
+            let before = self.states.get(&key).cloned().unwrap_or_default();
+            if let Some((script, bytes)) = script_state {
+                self.states.set_script(&key, Some(script), bytes);
             }
+            let state = self.states.state_mut(&key);
             let action = step(rule, state, verdict, unit.reported_at);
             if *state != before {
                 changes.dirty.insert(key);
@@ -1173,7 +1200,7 @@ impl Inner {
         changes: &mut Changes,
     ) {
         let key = (rule.id.clone(), unit.device.id.clone());
-        let state = self.states.entry(key.clone()).or_default();
+        let state = self.states.state_mut(&key);
         state.partition = partition;
         let was_alarmed = state.alarmed;
         state.last_seen = Some(unit.received_at.max(state.last_seen.unwrap_or(0)));
