@@ -3,7 +3,9 @@
 //! notify itself for ever; weft stops them as Orion does (a custom
 //! notification changing an entity whose last change came from the same
 //! correlator triggers nothing) and, for notifications Orion's rule does
-//! not cover, at a notification depth of 16 (`cbnotif` marks).
+//! not cover, at a notification depth of 16 (`cbnotif` marks). weft
+//! passes no API key on in notifications, so each subscription carries
+//! one in its own headers, as a real one writing into weft would.
 
 use std::time::{Duration, Instant};
 
@@ -90,6 +92,7 @@ async fn a_custom_patch_of_the_watched_entity_notifies_once() {
         json!({"httpCustom": {
             "url": format!("{}/v2/entities/E1/attrs?type=T", server.url),
             "method": "PATCH",
+            "headers": {"X-Auth-Token": ADMIN_KEY},
             "json": {"n": {"value": "${n+1}", "type": "Number"}}}}),
     )
     .await;
@@ -110,6 +113,7 @@ async fn a_custom_op_update_of_the_watched_entity_notifies_once() {
         &c,
         json!({"httpCustom": {
             "url": format!("{}/v2/op/update", server.url),
+            "headers": {"X-Auth-Token": ADMIN_KEY},
             "json": {"actionType": "update",
                      "entities": [{"id": "${id}", "type": "${type}",
                                    "n": {"value": "${n+1}", "type": "Number"}}]}}}),
@@ -132,11 +136,15 @@ async fn a_normalized_loop_stops_at_the_depth_limit() {
         &c,
         json!({"httpCustom": {
             "url": format!("{}/v2/op/notify", server.url),
+            "headers": {"X-Auth-Token": ADMIN_KEY},
             "ngsi": {"n": {"value": "${n+1}", "type": "Number"}}}}),
     )
     .await;
     let sent = settle(&c, &id).await;
-    assert_eq!(sent, MAX_NOTIFICATION_DEPTH, "one notification per hop, up to the limit");
+    assert_eq!(
+        sent, MAX_NOTIFICATION_DEPTH,
+        "one notification per hop, up to the limit"
+    );
     // The outside change set 1; each of the 16 notifications added one.
     assert_eq!(n(&c).await, json!(1 + MAX_NOTIFICATION_DEPTH));
 }

@@ -149,10 +149,7 @@ pub async fn read_body(
     mut response: reqwest::Response,
     limit: usize,
 ) -> Result<Vec<u8>, BodyError> {
-    if response
-        .content_length()
-        .is_some_and(|n| n > limit as u64)
-    {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge);
     }
     let mut body = Vec::new();
@@ -296,7 +293,10 @@ mod tests {
         for n in 1..20 {
             let d = ratio.delay(n);
             let base = ratio.base(n).as_secs_f64();
-            assert!(d.as_secs_f64() >= base * 0.8 - 1e-9 && d <= ratio.max, "{n}: {d:?}");
+            assert!(
+                d.as_secs_f64() >= base * 0.8 - 1e-9 && d <= ratio.max,
+                "{n}: {d:?}"
+            );
         }
     }
 
@@ -326,7 +326,10 @@ mod tests {
                             .find_map(|l| l.strip_prefix("user-agent: "))
                             .unwrap_or("")
                             .to_string();
-                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{ua}", ua.len())
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{ua}",
+                            ua.len()
+                        )
                     };
                     let _ = s.write_all(answer.as_bytes()).await;
                 });

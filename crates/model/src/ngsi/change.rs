@@ -137,10 +137,16 @@ mod tests {
             ..Origin::default()
         };
         let plain = origin("f320136c-0192-11eb-a893-000c29df7908");
-        assert_eq!(plain.correlator_root(), "f320136c-0192-11eb-a893-000c29df7908");
+        assert_eq!(
+            plain.correlator_root(),
+            "f320136c-0192-11eb-a893-000c29df7908"
+        );
         assert_eq!(plain.notification_depth(), 0);
         let once = origin("f320136c-0192-11eb-a893-000c29df7908; cbnotif=32");
-        assert_eq!(once.correlator_root(), "f320136c-0192-11eb-a893-000c29df7908");
+        assert_eq!(
+            once.correlator_root(),
+            "f320136c-0192-11eb-a893-000c29df7908"
+        );
         assert_eq!(once.notification_depth(), 1);
         let twice = origin("abc; cbnotif=1; cbnotif=3");
         assert_eq!(twice.correlator_root(), "abc");

@@ -230,7 +230,12 @@ impl Downlinks {
         let body = crate::outbound::read_body(response, MAX_ANSWER_BYTES).await;
         if !status.is_success() {
             let text = body
-                .map(|b| String::from_utf8_lossy(&b).chars().take(200).collect::<String>())
+                .map(|b| {
+                    String::from_utf8_lossy(&b)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                })
                 .unwrap_or_default();
             return Outcome::Retry(format!("POST {} answered {status}: {text}", http.url));
         }
@@ -272,7 +277,10 @@ mod tests {
             for _ in 0..50 {
                 let wait = backoff.delay(n).as_secs_f64();
                 let base = backoff.base(n).as_secs_f64();
-                assert!(wait >= base * 0.8 - 1e-9 && wait <= 0.5 + 1e-9, "{n}: {wait}");
+                assert!(
+                    wait >= base * 0.8 - 1e-9 && wait <= 0.5 + 1e-9,
+                    "{n}: {wait}"
+                );
             }
         }
     }

@@ -74,7 +74,13 @@ impl States {
         let mut states = States::default();
         for (key, mut state) in loaded {
             let script = state.script.take();
-            states.map.insert(key.clone(), Held { state, ..Held::default() });
+            states.map.insert(
+                key.clone(),
+                Held {
+                    state,
+                    ..Held::default()
+                },
+            );
             if let Some(script) = script {
                 let bytes = json_size(&script);
                 states.set_script(&key, Some(script), bytes);
@@ -225,7 +231,12 @@ mod tests {
 
     #[test]
     fn sizes_are_json_lengths() {
-        for v in [json!({}), json!({"a": [1, 2, "x"]}), json!("é"), json!(null)] {
+        for v in [
+            json!({}),
+            json!({"a": [1, 2, "x"]}),
+            json!("é"),
+            json!(null),
+        ] {
             assert_eq!(json_size(&v), serde_json::to_string(&v).unwrap().len());
         }
     }
@@ -241,7 +252,11 @@ mod tests {
         let expected = json_size(&json!({"v": [1, 2, 3]})) + json_size(&json!({"w": "xyz"}));
         assert_eq!(s.script_bytes(), expected);
         set(&mut s, &a, json!({}));
-        assert_eq!(s.get(&a).unwrap().script, None, "an empty object is no state");
+        assert_eq!(
+            s.get(&a).unwrap().script,
+            None,
+            "an empty object is no state"
+        );
         assert_eq!(s.script_bytes(), json_size(&json!({"w": "xyz"})));
         s.state_mut(&a).matches = 2;
         s.retain_rules(|r| r != "r2");
@@ -275,7 +290,10 @@ mod tests {
         }
         // Device 0 changed last: it is the newest.
         set(&mut s, &key("r", "d0"), value.clone());
-        assert!(s.enforce_total(1000).is_empty(), "at the limit is within it");
+        assert!(
+            s.enforce_total(1000).is_empty(),
+            "at the limit is within it"
+        );
         let evicted = s.enforce_total(500);
         assert_eq!(s.script_bytes(), 400, "down to 9/10 of 500 = 450");
         let names: Vec<&str> = evicted.iter().map(|k| k.1.as_str()).collect();

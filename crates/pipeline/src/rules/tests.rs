@@ -8,6 +8,7 @@ use weft_bus::{Bus, InProcessBus};
 use weft_model::{DataUnit, DeviceInfo, RuleSpec};
 use weft_store::Store;
 
+use super::state::json_size;
 use super::*;
 use crate::changes::Changes as ContextChanges;
 
@@ -175,7 +176,10 @@ async fn all_states_stay_within_the_total_limit() {
     };
     assert!(bytes <= total, "{bytes} > {total}");
     assert!(bytes > 0);
-    assert_eq!(oldest, None, "the least recently heard device lost its state");
+    assert_eq!(
+        oldest, None,
+        "the least recently heard device lost its state"
+    );
     assert_eq!(newest.unwrap()["n"], 30, "the latest device kept its state");
     // What was dropped is dropped in the store too.
     assert_eq!(stored(&*s.store, "hoard", "dev00").await, None);

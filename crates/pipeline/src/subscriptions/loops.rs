@@ -103,8 +103,7 @@ impl LoopGuard {
                 );
             }
             Some(Loop::TooDeep(depth)) => {
-                metrics::counter!("weft_notification_loops_total", "rule" => "depth")
-                    .increment(1);
+                metrics::counter!("weft_notification_loops_total", "rule" => "depth").increment(1);
                 tracing::warn!(
                     correlator = %origin.correlator,
                     depth,
@@ -174,7 +173,11 @@ mod tests {
             None
         );
         assert_eq!(
-            g.check(&change("A", updated, origin("c3; cbnotif=1; cbnotif=1", true))),
+            g.check(&change(
+                "A",
+                updated,
+                origin("c3; cbnotif=1; cbnotif=1", true)
+            )),
             Some(Loop::SameCorrelator)
         );
         // Not custom (a normalized notification): Orion's rule does not apply.
