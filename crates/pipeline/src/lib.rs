@@ -14,6 +14,8 @@
 //! - [`channels`]: durable pull channels and the bridges feeding them.
 //! - [`downlinks`]: per-device downlink queues, their delivery through
 //!   the route each device's uplinks came by, and NGSI commands.
+//! - [`partitions`]: the stored cursors of the pipeline's partitions, and
+//!   the device data applied again to the entities from them.
 //! - [`filter`]: the event filter the live stream and the bridges share.
 //! - [`outbound`]: the one HTTP client and retry policy of everything
 //!   weft sends out (notifications, forwards, downlinks, webhooks, page
@@ -48,6 +50,7 @@ pub mod ingest;
 pub mod keys;
 pub mod mqtt;
 pub mod outbound;
+pub mod partitions;
 pub mod registrations;
 pub mod rules;
 pub mod services;

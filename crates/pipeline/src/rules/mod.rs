@@ -321,7 +321,7 @@ impl RuleEngine {
             };
             for lane in Lane::ALL {
                 let floors =
-                    crate::ingest::partition_cursors(&*self.store, lane.cursor(), &partitions)
+                    crate::partitions::partition_cursors(&*self.store, lane.cursor(), &partitions)
                         .await?;
                 cursors.push(floors.values().copied().min().unwrap_or(1));
                 held.names[lane.index()] = partitions
