@@ -30,6 +30,8 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.
+//! - `rule_state`: a script rule's growing `state` is reset at
+//!   `[rules] max_state_bytes`, seen by the script and in `/metrics`.
 //! - `notification_loop`: subscriptions notifying weft's own `/v2` with a
 //!   change to the entity they watch send one notification (Orion's
 //!   rule), or stop at the notification depth limit; weft stays
@@ -78,6 +80,7 @@ mod ngsi_subscriptions;
 mod notification_loop;
 mod ops;
 mod pages;
+mod rule_state;
 mod scale_out;
 mod tls;
 mod util;

@@ -28,6 +28,14 @@
 //! the API (`ack`, `clear`) — each under one lock held until the change is
 //! committed and published, so events come out in the order of the
 //! alarms' versions.
+//!
+//! The parts: this file holds the engine (its state, start, the runs on
+//! the partitions this node holds, the rules' definitions); [`lanes`]
+//! evaluates units and runs the inactivity clock; [`alarms`] raises,
+//! updates and clears alarms, takes users' acks and clears, and commits
+//! and publishes every change; [`state`] holds what rules remember per
+//! device, within its bounds; [`verdict`] is the pure step from one
+//! rule's outcome on one unit to its state and alarm.
 
 mod alarm_entity;
 mod alarms;
