@@ -3,7 +3,8 @@
 //! notify itself for ever; weft stops them as Orion does (a custom
 //! notification changing an entity whose last change came from the same
 //! correlator triggers nothing) and, for notifications Orion's rule does
-//! not cover, at a notification depth of 16 (`cbnotif` marks). weft
+//! not cover, at a notification depth of 16 (`cbnotif` marks); and a
+//! registration pointing at weft itself stops at a forward depth of 8. weft
 //! passes no API key on in notifications, so each subscription carries
 //! one in its own headers, as a real one writing into weft would.
 
@@ -147,4 +148,35 @@ async fn a_normalized_loop_stops_at_the_depth_limit() {
     );
     // The outside change set 1; each of the 16 notifications added one.
     assert_eq!(n(&c).await, json!(1 + MAX_NOTIFICATION_DEPTH));
+}
+
+/// A registration whose provider is weft itself would forward a query to
+/// itself for ever: each hop adds a `cbfwd` mark, and a request forwarded
+/// 8 times is not forwarded again, so the query answers at once. (With
+/// API keys on weft never passes its own on, so such a forward is refused
+/// anyway; without them, the depth is what stops it.)
+#[tokio::test]
+async fn a_registration_pointing_at_weft_itself_stops() {
+    let server = Server::start_with_env(&[("WEFT_AUTH", "off")]);
+    let c = server.client();
+    let registration = json!({
+        "dataProvided": {"entities": [{"id": "E9", "type": "T"}], "attrs": ["x"]},
+        "provider": {"http": {"url": format!("{}/v2", server.url)}}
+    });
+    let (status, _, reply) = call(&c, "POST", "/v2/registrations", None, Some(&registration)).await;
+    assert_eq!(status, 201, "{reply}");
+    let asked = Instant::now();
+    let (status, _, reply) = call(&c, "GET", "/v2/entities/E9?type=T", None, None).await;
+    assert_eq!(status, 404, "{reply}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "answered in {:?}",
+        asked.elapsed()
+    );
+    let (_, _, counters) = call(&c, "GET", "/admin/metrics", None, None).await;
+    // One forward per hop, the ninth refused before it is sent (and
+    // counted as a failed one).
+    let outgoing = counters["sum"]["outgoingTransactions"].as_u64().unwrap();
+    assert_eq!(outgoing, 9, "{counters}");
+    assert_eq!(counters["sum"]["outgoingTransactionErrors"], json!(1));
 }

@@ -34,6 +34,24 @@ pub const MAX_PAGE: usize = 1000;
 /// is far beyond what one forwarded query returns, and bounds memory).
 pub const MAX_ANSWER_BYTES: usize = 8 << 20;
 
+/// The longest chain of forwards weft takes part in: a request whose
+/// correlator already carries this many `cbfwd` marks (one per broker it
+/// was forwarded through) is not forwarded again. A registration whose
+/// provider is weft itself, or two brokers registered with each other,
+/// would otherwise forward one request for ever — and a query can reach
+/// a provider more than once per hop, so the requests of such a loop
+/// multiply with its depth. Federations chain two or three brokers.
+pub const MAX_FORWARD_DEPTH: usize = 8;
+
+/// The number of `cbfwd=` marks in `correlator`.
+pub fn forward_depth(correlator: &str) -> usize {
+    correlator
+        .split(';')
+        .skip(1)
+        .filter(|part| part.trim_start().starts_with("cbfwd="))
+        .count()
+}
+
 /// What a forwarded request repeats of the request that caused it, as
 /// Orion does: the tenant, the service path as received, the caller's
 /// `X-Auth-Token` and its correlator.
@@ -156,6 +174,11 @@ impl Forwarder {
         seq: usize,
         body: &Value,
     ) -> Result<(u16, Vec<u8>), ForwardError> {
+        if forward_depth(&context.correlator) >= MAX_FORWARD_DEPTH {
+            return Err(ForwardError::Unreachable(format!(
+                "not forwarded: the request has been forwarded {MAX_FORWARD_DEPTH} times already"
+            )));
+        }
         let target = format!("{}{operation}", url.trim_end_matches('/'));
         let mut request = self
             .client
@@ -234,6 +257,32 @@ mod tests {
             Err(ForwardError::BadAnswer(_))
         ));
         assert_eq!(parse_entities(b"[]").unwrap(), Vec::<Entity>::new());
+    }
+
+    /// A request forwarded 8 times is not forwarded again, without a
+    /// connection being made.
+    #[tokio::test]
+    async fn deep_forward_chains_stop() {
+        assert_eq!(forward_depth("abc"), 0);
+        assert_eq!(forward_depth("abc; cbfwd=1; cbnotif=2; cbfwd=1"), 2);
+        let context = ForwardContext {
+            correlator: format!("abc{}", "; cbfwd=1".repeat(MAX_FORWARD_DEPTH)),
+            ..ForwardContext::default()
+        };
+        let err = Forwarder::new(Duration::from_secs(2))
+            .query(
+                "http://192.0.2.1:9/v2",
+                &context,
+                1,
+                &serde_json::json!({}),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ForwardError::Unreachable(why) if why.contains("forwarded 8 times")),
+            "{err}"
+        );
     }
 
     /// A port nobody listens on is an error, not a hang or a panic.

@@ -150,6 +150,11 @@ impl States {
         self.map.len()
     }
 
+    /// Whether no pair is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// Drops the least recently changed script states until they take at
     /// most nine tenths of `limit`, if they take more than `limit`;
     /// answers the pairs whose state was dropped (to store).

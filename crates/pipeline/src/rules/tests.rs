@@ -206,9 +206,10 @@ async fn deleting_a_rule_frees_its_states() {
     feed(&s.engine, &units, 10).await;
     assert!(s.engine.inner.lock().states.script_bytes() > 0);
     s.engine.delete_rule("hoard").await.unwrap();
-    let inner = s.engine.inner.lock();
-    assert_eq!(inner.states.script_bytes(), 0);
-    assert_eq!(inner.states.len(), 0);
-    drop(inner);
+    {
+        let inner = s.engine.inner.lock();
+        assert_eq!(inner.states.script_bytes(), 0);
+        assert!(inner.states.is_empty());
+    }
     s.store.close().await;
 }
