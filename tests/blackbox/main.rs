@@ -35,6 +35,12 @@
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.
+//! - `rule_state`: a script rule's growing `state` is reset at
+//!   `[rules] max_state_bytes`, seen by the script and in `/metrics`.
+//! - `notification_loop`: subscriptions notifying weft's own `/v2` with a
+//!   change to the entity they watch send one notification (Orion's
+//!   rule), or stop at the notification depth limit; weft stays
+//!   responsive.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 //! - `ngsi_forwarding`: queries and updates forwarded to a second weft
 //!   registered as context provider; dead and silent providers; Orion's
@@ -79,9 +85,11 @@ mod ngsi_forwarding;
 mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
+mod notification_loop;
 mod ops;
 mod pages;
 mod routes;
+mod rule_state;
 mod scale_out;
 mod tls;
 mod util;

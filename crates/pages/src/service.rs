@@ -495,7 +495,13 @@ fn fill_url(
     Ok(out)
 }
 
-/// What services call.
+/// The most of an external service's answer read (a longer one is the
+/// service failing, and the snippet's fallback is rendered).
+pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+
+/// What services call: weft's own data, and external HTTP endpoints
+/// through weft's outbound client (`weft_pipeline::outbound::http`: no
+/// redirects, the service's own timeout per call).
 pub struct Sources {
     client: reqwest::Client,
     store: Arc<dyn Store>,
@@ -507,7 +513,7 @@ impl Sources {
     /// Sources over weft's own data and an HTTP client for external ones.
     pub fn new(store: Arc<dyn Store>, context: Arc<Context>, rules: Arc<RuleEngine>) -> Sources {
         Sources {
-            client: reqwest::Client::new(),
+            client: weft_pipeline::outbound::http(),
             store,
             context,
             rules,
@@ -533,7 +539,9 @@ impl Sources {
             if !resp.status().is_success() {
                 return Err(format!("{url} answered {}", resp.status()));
             }
-            let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+            let body = weft_pipeline::outbound::read_body(resp, MAX_ANSWER_BYTES)
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
             return serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"));
         }
         if let Some(e) = &svc.entities {

@@ -26,6 +26,7 @@ use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
 
 use crate::catalog::Catalog;
 use crate::decode::{self, Produced};
+use crate::partitions::partition_cursors;
 use crate::{context, rules};
 
 /// The consumer name under which the pipeline's log cursor is stored.
@@ -151,22 +152,6 @@ impl Reading {
     }
 }
 
-/// The stored cursors of consumer `base` for `partitions`.
-pub(crate) async fn partition_cursors(
-    store: &dyn Store,
-    base: &str,
-    partitions: &[u16],
-) -> Result<std::collections::HashMap<u16, u64>, StoreError> {
-    let mut cursors = std::collections::HashMap::with_capacity(partitions.len());
-    for &p in partitions {
-        cursors.insert(
-            p,
-            store.cursor(&weft_store::partition_cursor(base, p)).await?,
-        );
-    }
-    Ok(cursors)
-}
-
 /// The cluster's position in the log: the least cursor of all
 /// `partitions` (everything below it is processed, whichever node did it).
 async fn cluster_cursor(store: &dyn Store, partitions: u16) -> Result<u64, StoreError> {
@@ -254,7 +239,7 @@ impl Ingest {
         let cursor = floors.values().copied().min().unwrap_or(1);
         let all = partitions.len() >= usize::from(self.partitions);
         if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
-            if let Err(e) = crate::services::replay_units_into_context(
+            if let Err(e) = crate::partitions::replay_units_into_context(
                 &self.store,
                 &self.catalog,
                 &self.context,

@@ -14,7 +14,12 @@
 //! - [`channels`]: durable pull channels and the bridges feeding them.
 //! - [`downlinks`]: per-device downlink queues, their delivery through
 //!   the route each device's uplinks came by, and NGSI commands.
+//! - [`partitions`]: the stored cursors of the pipeline's partitions, and
+//!   the device data applied again to the entities from them.
 //! - [`filter`]: the event filter the live stream and the bridges share.
+//! - [`outbound`]: the one HTTP client and retry policy of everything
+//!   weft sends out (notifications, forwards, downlinks, webhooks, page
+//!   services).
 //! - [`keys`]: API keys held in memory by hash, their rate limits, and
 //!   their creation, revocation and bootstrap.
 //! - [`definitions`]: every service's in-memory definitions kept in step
@@ -44,6 +49,8 @@ pub mod history;
 pub mod ingest;
 pub mod keys;
 pub mod mqtt;
+pub mod outbound;
+pub mod partitions;
 pub mod registrations;
 pub mod rules;
 pub mod services;

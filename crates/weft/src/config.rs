@@ -442,6 +442,12 @@ pub struct RulesSection {
     /// of their `inactivity` durations).
     #[serde(with = "humantime_serde")]
     pub inactivity_check: Duration,
+    /// Largest `state` (bytes of JSON) a script rule keeps for one device;
+    /// a larger one is reset to `{}` (docs/rules.md).
+    pub max_state_bytes: usize,
+    /// Largest sum of every script rule's `state` for every device; past
+    /// it the least recently changed are reset to `{}` (docs/rules.md).
+    pub max_total_state_bytes: usize,
 }
 
 impl Default for RulesSection {
@@ -450,6 +456,8 @@ impl Default for RulesSection {
         RulesSection {
             script_time_limit: d.script_time_limit,
             inactivity_check: d.inactivity_check,
+            max_state_bytes: d.state_limits.per_device,
+            max_total_state_bytes: d.state_limits.total,
         }
     }
 }

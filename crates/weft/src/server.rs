@@ -339,6 +339,10 @@ fn services_config(config: &Config) -> ServicesConfig {
         rules: RulesConfig {
             script_time_limit: config.rules.script_time_limit,
             inactivity_check: config.rules.inactivity_check,
+            state_limits: weft_pipeline::rules::StateLimits {
+                per_device: config.rules.max_state_bytes,
+                total: config.rules.max_total_state_bytes,
+            },
         },
         forward_timeout: config.ngsi.forward_timeout,
         cluster: weft_pipeline::cluster::ClusterConfig {

@@ -396,9 +396,13 @@ fn counted_as(headers: &HeaderMap) -> Option<(metrics::Keys, u64)> {
     Some((keys, size))
 }
 
-/// What notifications triggered by this request repeat of it.
+/// What notifications triggered by this request repeat of it, and what
+/// the self-notification loop protection reads: its correlator (a
+/// notification's carries `; cbnotif=<n>` marks, one per hop) and whether
+/// it is a custom notification (`Ngsiv2-AttrsFormat: custom`, which a
+/// subscription cannot change), as Orion reads them.
 fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
-    let header = |name: &HeaderName| -> Option<String> {
+    let header = |name: &str| -> Option<String> {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -406,8 +410,10 @@ fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
     };
     Origin {
         correlator: correlator.to_str().unwrap_or_default().to_string(),
-        service: header(&FIWARE_SERVICE).map(|s| s.to_ascii_lowercase()),
-        auth_token: header(&X_AUTH_TOKEN),
+        service: header(FIWARE_SERVICE.as_str()).map(|s| s.to_ascii_lowercase()),
+        auth_token: header(X_AUTH_TOKEN.as_str()),
+        custom_notification: header("ngsiv2-attrsformat")
+            .is_some_and(|f| f.trim().eq_ignore_ascii_case("custom")),
     }
 }
 
@@ -622,5 +628,25 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("fiware-correlator", HeaderValue::from_static("abc-1"));
         assert_eq!(correlator(&headers), "abc-1");
+    }
+
+    /// A notification's correlator keeps its marks, and a custom
+    /// notification is told apart by its `Ngsiv2-AttrsFormat`.
+    #[test]
+    fn origins_tell_notifications_apart() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "fiware-correlator",
+            HeaderValue::from_static("abc; cbnotif=1; cbnotif=2"),
+        );
+        let c = correlator(&headers);
+        let plain = origin(&headers, &c);
+        assert_eq!(plain.correlator_root(), "abc");
+        assert_eq!(plain.notification_depth(), 2);
+        assert!(!plain.custom_notification);
+        headers.insert("ngsiv2-attrsformat", HeaderValue::from_static("custom"));
+        assert!(origin(&headers, &c).custom_notification);
+        headers.insert("ngsiv2-attrsformat", HeaderValue::from_static("normalized"));
+        assert!(!origin(&headers, &c).custom_notification);
     }
 }
