@@ -408,6 +408,79 @@ pub struct IngestPins {
 }
 
 impl IngestPins {
+    /// The pins as they travel with an uplink into the ingest log, so the
+    /// pipeline holds the device the uplink turns out to name to them.
+    pub fn uplink_pins(&self) -> weft_model::UplinkPins {
+        weft_model::UplinkPins {
+            channel: self.channel.clone(),
+            device_type: self.device_type.clone(),
+        }
+    }
+
+    /// The credential of a device's command result (`/iot/json/commands`),
+    /// which is never open: `k` (the IoT Agents' API key parameter) or
+    /// `Authorization` (raw or `Bearer`) must hold the global ingest key,
+    /// an ingest key or a global admin key; its pins are answered, for the
+    /// caller to hold the device to. 401 without a working credential,
+    /// whether or not any ingest key exists; 403 for a key of another
+    /// role; 429 past the key's rate limit. With `auth = "off"` API keys
+    /// are not looked at, and the global ingest key, when configured, is
+    /// the only credential (without one, command results are open, as
+    /// every surface is then).
+    pub fn of_command_result(
+        state: &AppState,
+        headers: &HeaderMap,
+        k: Option<&str>,
+    ) -> ApiResult<IngestPins> {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(|g| bearer(g).unwrap_or(g.trim()));
+        let tokens = [k, given];
+        let tokens = tokens.iter().flatten().filter(|t| !t.is_empty());
+        let keys_apply = state.auth != AuthMode::Off;
+        let mut refused = None;
+        for token in tokens {
+            if state.ingest_key.as_deref() == Some(*token) {
+                return Ok(IngestPins::default());
+            }
+            if !keys_apply {
+                continue;
+            }
+            let Ok(entry) = state.keys.authenticate(token) else {
+                continue;
+            };
+            let key = &entry.key;
+            if key.role != Role::Ingest && !key.is_global() {
+                refused = Some(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    "this API key may not post command results; they need an ingest key or a global admin key",
+                ));
+                continue;
+            }
+            if let Err(wait) = entry.admit() {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "TooManyRequests",
+                    "this API key's rate limit is exceeded; retry later",
+                )
+                .with_retry_after(wait));
+            }
+            return Ok(IngestPins {
+                channel: key.channel.clone(),
+                device_type: key.device_type.clone(),
+            });
+        }
+        if let Some(refused) = refused {
+            return Err(refused);
+        }
+        if !keys_apply && state.ingest_key.is_none() {
+            return Ok(IngestPins::default());
+        }
+        Err(ApiError::unauthorized())
+    }
+
     /// Holds an uplink's channel and device type to the key's: a request
     /// naming another gets 403; one naming none is given the key's.
     pub fn apply(

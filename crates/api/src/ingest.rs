@@ -61,7 +61,19 @@ async fn sensae_uplink(
     }
     let (mut channel, mut device_type) = (Some(channel), Some(device_type));
     pins.apply(&mut channel, &mut device_type)?;
-    accept(&state, format, channel, device_type, &headers, body).await
+    let uplink = NewUplink {
+        partition: 0,
+        received_at: now_ms(),
+        format,
+        channel,
+        device_type,
+        event: None,
+        device_id: None,
+        source: None,
+        pins: pins.uplink_pins(),
+        body: body.to_vec(),
+    };
+    accept_uplink(&state, uplink, &headers).await
 }
 
 /// Optional routing hints on the webhook paths, for network servers whose
@@ -140,31 +152,10 @@ async fn webhook(
         event,
         device_id: None,
         source: None,
+        pins: pins.uplink_pins(),
         body: body.to_vec(),
     };
     accept_uplink(&state, uplink, &headers).await
-}
-
-async fn accept(
-    state: &AppState,
-    format: UplinkFormat,
-    channel: Option<String>,
-    device_type: Option<String>,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> ApiResult<StatusCode> {
-    let uplink = NewUplink {
-        partition: 0,
-        received_at: now_ms(),
-        format,
-        channel,
-        device_type,
-        event: None,
-        device_id: None,
-        source: None,
-        body: body.to_vec(),
-    };
-    accept_uplink(state, uplink, headers).await
 }
 
 /// Checks that the body is a JSON object within the JSON limits, appends
@@ -178,10 +169,17 @@ async fn accept_uplink(
 ) -> ApiResult<StatusCode> {
     let body = check_body(&uplink.body).map_err(ApiError::bad_request)?;
     let route = downlink_route(uplink.format, uplink.event.as_deref(), headers, &body);
-    state.services.ingest.accept_parsed(uplink, &body).await?;
-    if let Some((device, route)) = route {
-        state.services.downlinks.observe_route(&device, route).await;
-    }
+    let arrival = weft_pipeline::uplink::Arrival {
+        uplinks: vec![uplink],
+        parsed: Some(body),
+        route,
+    };
+    weft_pipeline::uplink::accept(
+        &state.services,
+        arrival,
+        &weft_pipeline::uplink::Patience::Once,
+    )
+    .await?;
     Ok(StatusCode::ACCEPTED)
 }
 

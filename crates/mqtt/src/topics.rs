@@ -17,7 +17,7 @@ use serde_json::{Map, Number, Value};
 use weft_model::device_event::is_event_name;
 use weft_model::downlink::IotaProtocol;
 use weft_model::json::{parse_within_limits, JsonLimitError};
-use weft_model::{DownlinkRoute, NewUplink, UplinkFormat};
+use weft_model::{DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
 
 /// How a source's messages are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +141,10 @@ pub enum Message {
         device: String,
         /// `<command>` → result.
         answers: Map<String, Value>,
+        /// What the topic's API key holds the device to: the source's
+        /// channel, and the device type the key names (`api_keys`) or the
+        /// source's; the answer counts only for a device within them.
+        pins: UplinkPins,
     },
 }
 
@@ -166,6 +170,7 @@ pub fn read(
         event,
         device_id,
         source: Some(route.source.clone()),
+        pins: UplinkPins::default(),
         body,
     };
     match format {
@@ -203,8 +208,9 @@ pub fn read(
             )]))
         }
         Format::IotaJson | Format::IotaUl => {
-            if let Some(device) = command_answer_device(format, topic) {
-                return command_answer(format, device, payload);
+            if let Some((key, device)) = command_answer_topic(format, topic) {
+                let pins = answer_pins(route, key)?;
+                return command_answer(format, device, payload, pins);
             }
             let (device, device_type, attr) = iota_topic(format, route, topic)?;
             let groups = match (format, attr) {
@@ -303,9 +309,10 @@ pub fn plain(
     }
 }
 
-/// The device of an IoT Agent command answer topic: `/json/{apikey}/{device}/cmdexe`
-/// (`/ul/…` for UltraLight), or the older `/{apikey}/{device}/cmdexe`.
-pub fn command_answer_device(format: Format, topic: &str) -> Option<&str> {
+/// The API key and device of an IoT Agent command answer topic:
+/// `/json/{apikey}/{device}/cmdexe` (`/ul/…` for UltraLight), or the older
+/// `/{apikey}/{device}/cmdexe`.
+pub fn command_answer_topic(format: Format, topic: &str) -> Option<(&str, &str)> {
     let prefix = if format == Format::IotaJson {
         "json"
     } else {
@@ -316,18 +323,42 @@ pub fn command_answer_device(format: Format, topic: &str) -> Option<&str> {
         .unwrap_or(topic)
         .split('/')
         .collect();
-    let device = match levels.as_slice() {
-        [p, _, device, "cmdexe"] if *p == prefix => *device,
-        [_, device, "cmdexe"] if topic.starts_with('/') => *device,
+    let (key, device) = match levels.as_slice() {
+        [p, key, device, "cmdexe"] if *p == prefix => (*key, *device),
+        [key, device, "cmdexe"] if topic.starts_with('/') => (*key, *device),
         _ => return None,
     };
-    (!device.is_empty()).then_some(device)
+    (!device.is_empty()).then_some((key, device))
+}
+
+/// What a command answer's API key holds its device to, as the key's
+/// measures are held: the source's channel, and the source's device type
+/// or the one `api_keys` gives the key. A key that names no type is
+/// refused on a source (as its measures are), and pins no type on the
+/// embedded broker, whose devices logged in as themselves.
+fn answer_pins(route: &Route, key: &str) -> Result<UplinkPins, String> {
+    let device_type = route
+        .device_type
+        .clone()
+        .or_else(|| route.api_keys.get(key).cloned());
+    if device_type.is_none() && !route.unknown_keys_use_device_type {
+        return Err(format!("unknown API key '{key}'"));
+    }
+    Ok(UplinkPins {
+        channel: route.channel.clone(),
+        device_type,
+    })
 }
 
 /// Reads a command answer: IoT Agent JSON's `{"<command>": <result>}`, or
 /// UltraLight's `<device>@<command>|<result>` (several joined by `#`;
 /// the result kept as text).
-fn command_answer(format: Format, device: &str, payload: &[u8]) -> Result<Message, String> {
+fn command_answer(
+    format: Format,
+    device: &str,
+    payload: &[u8],
+    pins: UplinkPins,
+) -> Result<Message, String> {
     let answers = match format {
         Format::IotaJson => json_object(payload)?,
         _ => {
@@ -355,6 +386,7 @@ fn command_answer(format: Format, device: &str, payload: &[u8]) -> Result<Messag
     Ok(Message::CommandAnswer {
         device: device.to_string(),
         answers,
+        pins,
     })
 }
 
@@ -571,29 +603,39 @@ mod tests {
         let expected = |result: Value| Message::CommandAnswer {
             device: "lamp1".into(),
             answers: Map::from_iter([("ring".to_string(), result)]),
+            pins: UplinkPins {
+                channel: None,
+                device_type: Some("thermo".into()),
+            },
         };
         assert_eq!(
             answer(
                 Format::IotaJson,
-                "/json/k/lamp1/cmdexe",
+                "/json/k1/lamp1/cmdexe",
                 r#"{"ring":"done"}"#
             ),
             Ok(expected(Value::String("done".into())))
         );
         assert_eq!(
-            answer(Format::IotaJson, "/k/lamp1/cmdexe", r#"{"ring":3}"#),
+            answer(Format::IotaJson, "/k1/lamp1/cmdexe", r#"{"ring":3}"#),
             Ok(expected(serde_json::json!(3)))
         );
         assert_eq!(
             answer(
                 Format::IotaUl,
-                "/ul/k/lamp1/cmdexe",
+                "/ul/k1/lamp1/cmdexe",
                 "lamp1@ring|rang|twice"
             ),
             Ok(expected(Value::String("rang|twice".into())))
         );
-        assert!(answer(Format::IotaUl, "/ul/k/lamp1/cmdexe", "other@ring|x").is_err());
-        assert!(answer(Format::IotaJson, "/json/k/lamp1/cmdexe", "{}").is_err());
+        assert!(answer(Format::IotaUl, "/ul/k1/lamp1/cmdexe", "other@ring|x").is_err());
+        assert!(answer(Format::IotaJson, "/json/k1/lamp1/cmdexe", "{}").is_err());
+        // A key the source does not know answers for no device.
+        assert!(
+            answer(Format::IotaJson, "/json/k/lamp1/cmdexe", r#"{"ring":1}"#)
+                .unwrap_err()
+                .contains("unknown API key")
+        );
         // Not an answer topic: still a measure topic or an error.
         assert!(answer(Format::IotaJson, "json/k/lamp1/cmdexe/x", "{}").is_err());
     }

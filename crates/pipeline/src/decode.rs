@@ -15,7 +15,8 @@ use weft_engine::{
     interpret_decode_uplink, reported_problems, Call, CodecError, Engine, ScriptKind,
 };
 use weft_model::device_event;
-use weft_model::mapping::{self, get_path, value_as_id, value_as_millis, PartialUnit};
+use weft_model::mapping::{self, get_path, value_as_id, PartialUnit};
+use weft_model::uplink::read_optional_time;
 use weft_model::{
     DataUnit, Device, DeviceEvent, DeviceInfo, FailedUplink, FailureReason, Uplink, UplinkFormat,
 };
@@ -66,12 +67,14 @@ pub struct Produced {
 }
 
 /// Identity and payload read from an uplink body according to its format.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Envelope {
     data_id: Option<String>,
     device_id: Option<String>,
     device_name: Option<String>,
-    reported_at: Option<i64>,
+    /// When the reading was taken, if the envelope says; `Err` when it
+    /// says something that is no time (the uplink then fails).
+    reported_at: Result<Option<i64>, String>,
     type_hint: Option<String>,
     channel_hint: Option<String>,
     /// Raw payload and port, for `decodeUplink` codecs.
@@ -152,7 +155,7 @@ pub async fn process_reporting_as(
 ) -> Vec<(Outcome, Option<CodecReport>)> {
     let prepared: Vec<Result<Step, Failure>> = uplinks
         .iter()
-        .map(|u| prepare(u, catalog, candidate))
+        .map(|u| prepare(u, catalog, candidate, register))
         .collect();
 
     let calls: Vec<Call> = prepared
@@ -238,6 +241,7 @@ fn prepare(
     uplink: &Uplink,
     catalog: &Catalog,
     candidate: Option<&Arc<TypeEntry>>,
+    register: bool,
 ) -> Result<Step, Failure> {
     let u = &uplink.uplink;
     let body: Value = serde_json::from_slice(&u.body).map_err(|e| {
@@ -253,15 +257,26 @@ fn prepare(
         ));
     }
     if let Some(event) = device_event::event_name(u.format, u.event.as_deref(), &body) {
-        return DeviceEvent::read(u.format, &event, body, uplink.seq, u.received_at)
-            .map(Step::Event)
-            .map_err(|e| (FailureReason::InvalidUplink, e));
+        let event = DeviceEvent::read(u.format, &event, body, uplink.seq, u.received_at)
+            .map_err(|e| (FailureReason::InvalidUplink, e))?;
+        within_pins(u, &event.device_id, catalog)?;
+        return Ok(Step::Event(event));
     }
     let mut envelope = read_envelope(u.format, &body);
     // The device the transport named (an MQTT topic, a broker login) is
     // the device, whatever the body claims.
     if let Some(id) = &u.device_id {
         envelope.device_id = Some(id.clone());
+    }
+    // What the envelope names is checked before any codec runs; a device
+    // that only the decoded payload names is checked in `finish`.
+    // The dry run (`register` false) decodes a sample as the type asked,
+    // whatever device it names.
+    if let Some(id) = envelope.device_id.as_ref().filter(|_| register) {
+        within_pins(u, id, catalog)?;
+        if let Some(named) = &u.device_type {
+            keeps_its_type(id, named, catalog)?;
+        }
     }
 
     let type_name = u
@@ -337,7 +352,11 @@ fn codec_call(
                     ))
                 }
             };
-            let recv_time_ms = envelope.reported_at.unwrap_or(received_at);
+            let recv_time_ms = envelope
+                .reported_at
+                .clone()
+                .map_err(|e| (FailureReason::InvalidUplink, e))?
+                .unwrap_or(received_at);
             Ok(Some(Call::DecodeUplink {
                 script: script.clone(),
                 bytes,
@@ -413,6 +432,10 @@ fn finish(
         weft_model::device::check_device_id(&device_id)
             .map_err(|e| (FailureReason::InvalidUplink, e))?;
     }
+    if register {
+        within_pins(u, &device_id, catalog)?;
+        keeps_its_type(&device_id, &p.device_type.name, catalog)?;
+    }
     let known = catalog.device(&device_id);
     let name = partial
         .device_name
@@ -434,10 +457,11 @@ fn finish(
         .data_id
         .or(env.data_id)
         .unwrap_or_else(|| format!("weft-{}", uplink.seq));
-    let reported_at = partial
-        .reported_at
-        .or(env.reported_at)
-        .unwrap_or(u.received_at);
+    let reported_at = match partial.reported_at {
+        Some(mapped) => mapped,
+        None => env.reported_at.map(|t| t.unwrap_or(u.received_at)),
+    }
+    .map_err(|e| (FailureReason::InvalidUplink, e))?;
 
     if known.is_none() && register {
         let device = Device {
@@ -472,11 +496,55 @@ fn finish(
         },
         measures: partial.measures,
     };
+    let units = split_sub_devices(base, known.as_deref(), catalog);
+    if register {
+        for unit in &units {
+            within_pins(u, &unit.device.id, catalog)?;
+        }
+    }
     Ok(Produced {
-        units: split_sub_devices(base, known.as_deref(), catalog),
+        units,
         warnings,
         event: None,
     })
+}
+
+/// Holds an uplink's device to the pins of the ingest key it came with: a
+/// registered device must be registered within them (a failed uplink,
+/// `Forbidden`, otherwise). A device not registered yet is registered
+/// within them when first seen (the uplink's channel and type are the
+/// pins then, set at accept).
+fn within_pins(
+    u: &weft_model::NewUplink,
+    device_id: &str,
+    catalog: &Catalog,
+) -> Result<(), Failure> {
+    if u.pins.is_empty() {
+        return Ok(());
+    }
+    match catalog.device(device_id) {
+        Some(known) => match u.pins.refusal(&known) {
+            Some(why) => Err((FailureReason::Forbidden, why)),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
+
+/// A registered device keeps its type: an uplink decoding it as another
+/// fails (`TypeMismatch`) rather than making a second entity of the same
+/// id. A device registered without a type takes the uplink's.
+fn keeps_its_type(device_id: &str, named: &str, catalog: &Catalog) -> Result<(), Failure> {
+    match catalog.device(device_id) {
+        Some(known) if !known.device_type.is_empty() && known.device_type != named => Err((
+            FailureReason::TypeMismatch,
+            format!(
+                "device '{device_id}' is registered with device type '{}'; this uplink names device type '{named}'",
+                known.device_type
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn codec_failure(e: CodecError) -> Failure {
@@ -555,7 +623,11 @@ fn from_convert(returned: Value) -> Result<PartialUnit, Failure> {
     };
     Ok(PartialUnit {
         data_id: get_path(&v, "dataId").and_then(value_as_id),
-        reported_at: get_path(&v, "reportedAt").and_then(value_as_millis),
+        reported_at: weft_model::uplink::read_optional_time(
+            "reportedAt (returned by convert())",
+            get_path(&v, "reportedAt"),
+        )
+        .transpose(),
         device_id: get_path(&v, "device.id").and_then(value_as_id),
         device_name: get_path(&v, "device.name").and_then(value_as_id),
         measures,
@@ -660,6 +732,22 @@ fn envelope_device(format: UplinkFormat, body: &Value) -> Option<String> {
     }
 }
 
+impl Envelope {
+    /// An envelope that says nothing.
+    fn empty() -> Envelope {
+        Envelope {
+            data_id: None,
+            device_id: None,
+            device_name: None,
+            reported_at: Ok(None),
+            type_hint: None,
+            channel_hint: None,
+            payload: None,
+            predecoded: None,
+        }
+    }
+}
+
 fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
     let s = |path: &str| get_path(body, path).and_then(value_as_id);
     match format {
@@ -667,11 +755,12 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
             data_id: s("uuid").or_else(|| s("dataId")),
             device_id: envelope_device(format, body),
             device_name: s("name").or_else(|| s("device.name")),
-            reported_at: get_path(body, "reported_at")
-                .or_else(|| get_path(body, "reportedAt"))
-                .and_then(value_as_millis),
+            reported_at: match get_path(body, "reported_at") {
+                Some(at) => read_optional_time("reported_at", Some(at)),
+                None => read_optional_time("reportedAt", get_path(body, "reportedAt")),
+            },
             payload: sensae_payload(body),
-            ..Envelope::default()
+            ..Envelope::empty()
         },
         UplinkFormat::Ttn => {
             let msg = get_path(body, "uplink_message");
@@ -683,7 +772,7 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
                         .find(|id| id.starts_with("as:up:"))
                         .map(str::to_string)
                 });
-            let received = s("received_at").and_then(|t| rfc3339_millis(&t));
+            let received = read_optional_time("received_at", get_path(body, "received_at"));
             Envelope {
                 data_id: up_id.or_else(|| {
                     Some(format!(
@@ -710,14 +799,14 @@ fn read_envelope(format: UplinkFormat, body: &Value) -> Envelope {
             }
         }
         UplinkFormat::Iota => Envelope {
-            reported_at: s(IOTA_TIME_FIELD).and_then(|t| rfc3339_millis(&t)),
-            ..Envelope::default()
+            reported_at: read_optional_time(IOTA_TIME_FIELD, get_path(body, IOTA_TIME_FIELD)),
+            ..Envelope::empty()
         },
         UplinkFormat::ChirpStack => Envelope {
             data_id: s("deduplicationId"),
             device_id: envelope_device(format, body),
             device_name: s("deviceInfo.deviceName"),
-            reported_at: s("time").and_then(|t| rfc3339_millis(&t)),
+            reported_at: read_optional_time("time", get_path(body, "time")),
             type_hint: s("deviceInfo.deviceProfileName"),
             channel_hint: s("deviceInfo.applicationName"),
             payload: get_path(body, "data").and_then(Value::as_str).map(|raw| {
@@ -772,13 +861,6 @@ pub fn hex_or_base64(raw: &str) -> Result<Vec<u8>, String> {
     base64_bytes(raw)
 }
 
-fn rfc3339_millis(t: &str) -> Option<i64> {
-    let at = humantime::parse_rfc3339_weak(t).ok()?;
-    at.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as i64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -791,7 +873,7 @@ mod tests {
         let e = read_envelope(UplinkFormat::SensaeEncoded, &body);
         assert_eq!(e.data_id.as_deref(), Some("u1"));
         assert_eq!(e.device_id.as_deref(), Some("d1"));
-        assert_eq!(e.reported_at, Some(5));
+        assert_eq!(e.reported_at, Ok(Some(5)));
         assert_eq!(e.payload, Some(Ok((vec![0x01, 0x75, 0x5c], 85))));
     }
 
@@ -806,6 +888,7 @@ mod tests {
             device_id: device_id.map(str::to_string),
             source: None,
             partition: 0,
+            pins: Default::default(),
             body: serde_json::to_vec(&body).unwrap(),
         };
         let ttn = json!({"end_device_ids": {"device_id": "eui-1"}});
@@ -843,7 +926,7 @@ mod tests {
         assert_eq!(e.data_id.as_deref(), Some("as:up:01ABC"));
         assert_eq!(e.device_id.as_deref(), Some("eui-1"));
         assert_eq!(e.channel_hint.as_deref(), Some("farm"));
-        assert_eq!(e.reported_at, Some(1767323045123));
+        assert_eq!(e.reported_at, Ok(Some(1767323045123)));
         assert_eq!(e.predecoded, Some(json!({"battery":92})));
         let cs = json!({"deduplicationId":"dd","time":"2026-01-02T03:04:05Z","fPort":85,"data":"AXVc",
             "deviceInfo":{"devEui":"0102","deviceName":"n","deviceProfileName":"em300th","applicationName":"app"}});
@@ -988,7 +1071,7 @@ mod proptests {
         fn arbitrary_payload_strings_never_panic(raw in "\\PC{0,64}") {
             let _ = base64_bytes(&raw);
             let _ = hex_or_base64(&raw);
-            let _ = rfc3339_millis(&raw);
+            let _ = weft_model::uplink::read_reported_time("t", &Value::String(raw.clone()));
         }
 
         /// Bytes written as base64 (padded or not) or hex read back as

@@ -23,6 +23,8 @@
 //! - [`cluster`]: this node among the others: its heartbeat, and the work
 //!   done once across the cluster, run only while this node holds its
 //!   lease.
+//! - [`uplink`]: the uplink journey: credentials' pins, accept, command
+//!   results.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -48,6 +50,7 @@ pub mod registrations;
 pub mod rules;
 pub mod services;
 pub mod subscriptions;
+pub mod uplink;
 
 pub use catalog::{Catalog, CatalogError, TypeEntry};
 pub use decode::Produced;
