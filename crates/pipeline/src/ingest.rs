@@ -349,7 +349,7 @@ impl Ingest {
     /// processed, even across a crash.
     pub async fn accept(&self, mut uplink: NewUplink) -> Result<u64, AcceptError> {
         if self.partitions > 1 || !uplink.pins.is_empty() {
-            let device = decode::device_key(&uplink, None);
+            let device = crate::uplink::device_key(&uplink, None);
             self.check_pins(&uplink, device.as_deref())?;
             uplink.partition =
                 weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);
@@ -365,7 +365,7 @@ impl Ingest {
         body: &Value,
     ) -> Result<u64, AcceptError> {
         if self.partitions > 1 || !uplink.pins.is_empty() {
-            let device = decode::device_key(&uplink, Some(body));
+            let device = crate::uplink::device_key(&uplink, Some(body));
             self.check_pins(&uplink, device.as_deref())?;
             uplink.partition =
                 weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);

@@ -1072,9 +1072,11 @@ where
 pub(crate) fn device_event(seq: u64, device: &str, event: &str, body: Value) -> DeviceEvent {
     let mut body = body;
     body["deviceInfo"] = json!({"devEui": device});
-    DeviceEvent::read(
+    DeviceEvent::of(
         UplinkFormat::ChirpStack,
         event,
+        Some(device.to_string()),
+        None,
         body,
         seq,
         1_000 + seq as i64,

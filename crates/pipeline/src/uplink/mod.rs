@@ -20,11 +20,152 @@
 //! device's answer lands on its entity only with a credential whose pins
 //! hold that device.
 
+pub mod chirpstack;
+pub mod iota;
+pub mod sensae;
+pub mod ttn;
+
 use serde_json::{Map, Value};
-use weft_model::{DownlinkRoute, NewUplink, UplinkPins};
+use weft_model::{DeviceEvent, DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
 
 use crate::downlinks::DownlinkError;
 use crate::{AcceptError, Services};
+
+/// A request header by (lower-case) name, as a webhook's route reads it.
+pub type Header<'a> = dyn Fn(&str) -> Option<String> + 'a;
+
+/// What weft knows of one network server's messages, and nothing else
+/// does: where its envelope names the device, its identity fields and
+/// payload, which of its messages are device events, and how its webhook
+/// tells the way back to the device. One module per server implements
+/// it; [`server`] picks the one of a log entry's format.
+pub trait NetworkServer: Sync {
+    /// The device the envelope names, read without decoding anything (the
+    /// accept path partitions and checks pins by it).
+    fn device(&self, body: &Value) -> Option<String>;
+
+    /// The envelope: identity fields, time and payload.
+    fn envelope(&self, body: &Value) -> Envelope;
+
+    /// The device event a message is, when it is not an uplink; `named` is
+    /// the event its request or topic named (ChirpStack's `?event=`).
+    fn event(&self, _named: Option<&str>, _body: &Value) -> Option<String> {
+        None
+    }
+
+    /// When an event happened, as its body says (RFC 3339).
+    fn event_time(&self, _body: &Value) -> Option<String> {
+        None
+    }
+
+    /// The device and the way back to it that a webhook's headers and
+    /// body tell (`event`: the event it named, if any).
+    fn http_route(
+        &self,
+        _event: Option<&str>,
+        _header: &Header<'_>,
+        _body: &Value,
+    ) -> Option<(String, DownlinkRoute)> {
+        None
+    }
+}
+
+/// The network server whose messages are logged as `format`.
+pub fn server(format: UplinkFormat) -> &'static dyn NetworkServer {
+    match format {
+        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => &sensae::Sensae,
+        UplinkFormat::Ttn => &ttn::Ttn,
+        UplinkFormat::ChirpStack => &chirpstack::ChirpStack,
+        UplinkFormat::Iota => &iota::Iota,
+    }
+}
+
+/// Identity, time and payload read from an uplink's body by its network
+/// server's module.
+#[derive(Debug)]
+pub struct Envelope {
+    /// The uplink's identity (its unit's `dataId`), if the body has one.
+    pub data_id: Option<String>,
+    /// The device the body names.
+    pub device_id: Option<String>,
+    /// The device's name.
+    pub device_name: Option<String>,
+    /// When the reading was taken, if the envelope says; `Err` when it
+    /// says something that is no time (the uplink then fails).
+    pub reported_at: Result<Option<i64>, String>,
+    /// The network server's device type (profile, model), used when
+    /// nothing else names one.
+    pub type_hint: Option<String>,
+    /// The network server's application, used as channel when nothing
+    /// else names one.
+    pub channel_hint: Option<String>,
+    /// Raw payload and port, for `decodeUplink` codecs; `Err` when the
+    /// body's payload cannot be read.
+    pub payload: Option<Result<(Vec<u8>, u32), String>>,
+    /// A payload the network server already decoded.
+    pub predecoded: Option<Value>,
+}
+
+impl Envelope {
+    /// An envelope that says nothing.
+    pub fn empty() -> Envelope {
+        Envelope {
+            data_id: None,
+            device_id: None,
+            device_name: None,
+            reported_at: Ok(None),
+            type_hint: None,
+            channel_hint: None,
+            payload: None,
+            predecoded: None,
+        }
+    }
+}
+
+/// An http(s) URL, the only kind of way back weft follows.
+fn is_url(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
+/// The device event a log entry is, when its network server says it is
+/// one (kept whatever its name): `Some(Err)` when it names no device to
+/// keep it under.
+pub(crate) fn device_event(
+    uplink: &weft_model::Uplink,
+    body: &Value,
+) -> Option<Result<DeviceEvent, String>> {
+    let u = &uplink.uplink;
+    let server = server(u.format);
+    let event = server.event(u.event.as_deref(), body)?;
+    Some(DeviceEvent::of(
+        u.format,
+        &event,
+        server.device(body),
+        server.event_time(body),
+        body.clone(),
+        uplink.seq,
+        u.received_at,
+    ))
+}
+
+/// The device an uplink names before it is decoded — the one its
+/// transport names, else its envelope's — which the pipeline is
+/// partitioned by ([`weft_model::uplink::partition_of`]) and the pins are
+/// first checked on. `body` is the uplink's body when the caller parsed
+/// it already. `None` when it names none (a decoder may still find one).
+pub(crate) fn device_key(uplink: &NewUplink, body: Option<&Value>) -> Option<String> {
+    if let Some(id) = &uplink.device_id {
+        return Some(id.clone());
+    }
+    let server = server(uplink.format);
+    match body {
+        Some(body) => server.device(body),
+        None => {
+            let body: Value = serde_json::from_slice(&uplink.body).ok()?;
+            server.device(&body)
+        }
+    }
+}
 
 /// Why a command result was refused.
 #[derive(Debug, thiserror::Error)]
@@ -149,4 +290,251 @@ pub async fn accept(
         services.downlinks.observe_route(&device, route).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+    use weft_engine::{Engine, EngineConfig};
+    use weft_model::{Device, DeviceType, UplinkFormat};
+    use weft_store::Store;
+
+    use super::*;
+    use crate::ServicesConfig;
+
+    /// The services on a temporary SQLite store and the in-process bus.
+    async fn services(dir: &std::path::Path) -> (Services, Arc<dyn Store>, CancellationToken) {
+        let store: Arc<dyn Store> = Arc::new(
+            weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
+                path: dir.join("weft.db"),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let bus = Arc::new(weft_bus::in_process::InProcessBus::default());
+        let shutdown = CancellationToken::new();
+        let services = Services::start(
+            store.clone(),
+            bus,
+            Engine::start(EngineConfig::default()),
+            ServicesConfig::default(),
+            shutdown.clone(),
+            &TaskTracker::new(),
+        )
+        .await
+        .unwrap();
+        (services, store, shutdown)
+    }
+
+    fn uplink(format: UplinkFormat, body: Value, pins: UplinkPins) -> NewUplink {
+        NewUplink {
+            partition: 0,
+            received_at: 1,
+            format,
+            channel: pins.channel.clone(),
+            device_type: None,
+            event: None,
+            device_id: None,
+            source: None,
+            pins,
+            body: serde_json::to_vec(&body).unwrap(),
+        }
+    }
+
+    fn farm() -> UplinkPins {
+        UplinkPins {
+            channel: Some("farm".into()),
+            device_type: None,
+        }
+    }
+
+    async fn register(services: &Services, id: &str, device_type: &str, channel: &str) {
+        services
+            .catalog
+            .put_device(Device {
+                id: id.into(),
+                device_type: device_type.into(),
+                channel: channel.into(),
+                ..Device::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    /// A device the envelope names, registered outside the pins, is
+    /// refused before anything is appended and its route is not learnt;
+    /// one within them (or not registered) is appended, then its route
+    /// learnt. Refusals are not retried, whatever the patience.
+    #[tokio::test]
+    async fn accept_holds_the_named_device_to_the_pins_then_learns_the_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let (services, store, shutdown) = services(dir.path()).await;
+        register(&services, "vault", "thermo", "secret").await;
+        let helium = |id: &str| json!({"id": id, "downlink_url": "https://console/down"});
+        let patience = Patience::Retry {
+            stop: shutdown.clone(),
+            max_delay: Duration::from_millis(50),
+            give_up_after: None,
+        };
+        let attack = Arrival {
+            uplinks: vec![uplink(UplinkFormat::SensaeDecoded, helium("vault"), farm())],
+            parsed: None,
+            route: Some((
+                "vault".into(),
+                DownlinkRoute::Helium {
+                    url: "https://evil/down".into(),
+                },
+            )),
+        };
+        match accept(&services, attack, &patience).await {
+            Err(AcceptError::Forbidden(why)) => assert!(why.contains("'secret'"), "{why}"),
+            other => panic!("not refused: {other:?}"),
+        }
+        assert_eq!(*store.committed_seq().borrow(), 0, "nothing appended");
+        assert_eq!(services.downlinks.route("vault").await.unwrap(), None);
+
+        // A TTN message (parsed already) naming it is refused the same way.
+        let ttn = json!({"end_device_ids": {"device_id": "vault"}, "uplink_message": {}});
+        let arrival = Arrival {
+            uplinks: vec![uplink(UplinkFormat::Ttn, ttn.clone(), farm())],
+            parsed: Some(ttn),
+            route: None,
+        };
+        assert!(matches!(
+            accept(&services, arrival, &Patience::Once).await,
+            Err(AcceptError::Forbidden(_))
+        ));
+
+        let route = DownlinkRoute::Helium {
+            url: "https://console/down".into(),
+        };
+        let welcome = Arrival {
+            uplinks: vec![uplink(
+                UplinkFormat::SensaeDecoded,
+                helium("newcomer"),
+                farm(),
+            )],
+            parsed: None,
+            route: Some(("newcomer".into(), route.clone())),
+        };
+        accept(&services, welcome, &Patience::Once).await.unwrap();
+        assert_eq!(*store.committed_seq().borrow(), 1);
+        assert_eq!(
+            services.downlinks.route("newcomer").await.unwrap(),
+            Some(route)
+        );
+        shutdown.cancel();
+    }
+
+    /// A command result lands only for a registered device within the
+    /// credential's pins.
+    #[tokio::test]
+    async fn command_results_are_held_to_the_pins() {
+        let dir = tempfile::tempdir().unwrap();
+        let (services, _store, shutdown) = services(dir.path()).await;
+        let lamp: DeviceType = serde_json::from_value(json!({"commands": ["ring"]})).unwrap();
+        services
+            .catalog
+            .put_device_type("lamp", lamp)
+            .await
+            .unwrap();
+        register(&services, "lamp1", "lamp", "secret").await;
+        let answers = Map::from_iter([("ring".to_string(), json!("rang"))]);
+        match command_result(&services, "lamp1", &answers, &farm()).await {
+            Err(CommandResultRefused::Forbidden(why)) => assert!(why.contains("'secret'"), "{why}"),
+            other => panic!("not refused: {other:?}"),
+        }
+        assert!(matches!(
+            command_result(&services, "nobody", &answers, &UplinkPins::default()).await,
+            Err(CommandResultRefused::Downlink(
+                DownlinkError::UnknownDevice(_)
+            ))
+        ));
+        let secret = UplinkPins {
+            channel: Some("secret".into()),
+            device_type: Some("lamp".into()),
+        };
+        let answered = command_result(&services, "lamp1", &answers, &secret)
+            .await
+            .unwrap();
+        assert_eq!(answered, ["ring"]);
+        shutdown.cancel();
+    }
+
+    #[test]
+    fn an_uplink_is_keyed_by_the_device_it_names_before_decoding() {
+        let keyed = |format, device_id: Option<&str>, body: Value| {
+            let mut u = uplink(format, body, UplinkPins::default());
+            u.device_id = device_id.map(str::to_string);
+            u
+        };
+        let ttn = json!({"end_device_ids": {"device_id": "eui-1"}});
+        let cs = json!({"deviceInfo": {"devEui": "0102"}});
+        let cases = [
+            (keyed(UplinkFormat::Ttn, None, ttn.clone()), Some("eui-1")),
+            (keyed(UplinkFormat::ChirpStack, None, cs), Some("0102")),
+            (
+                keyed(UplinkFormat::SensaeDecoded, None, json!({"id": "d1"})),
+                Some("d1"),
+            ),
+            // The transport's device wins over the body's.
+            (
+                keyed(UplinkFormat::Ttn, Some("topic-dev"), ttn),
+                Some("topic-dev"),
+            ),
+            (
+                keyed(UplinkFormat::SensaeDecoded, None, json!({"x": 1})),
+                None,
+            ),
+            (keyed(UplinkFormat::Iota, None, json!({"id": "x"})), None),
+        ];
+        for (u, expected) in cases {
+            assert_eq!(device_key(&u, None).as_deref(), expected);
+            let parsed: Value = serde_json::from_slice(&u.body).unwrap();
+            assert_eq!(device_key(&u, Some(&parsed)).as_deref(), expected);
+        }
+    }
+
+    /// Events are named by each server's own rule and keep the device
+    /// their envelope names.
+    #[test]
+    fn device_events_of_each_server() {
+        let entry = |format, event: Option<&str>, body: Value| weft_model::Uplink {
+            seq: 7,
+            uplink: NewUplink {
+                event: event.map(str::to_string),
+                ..uplink(format, body, UplinkPins::default())
+            },
+        };
+        let cs = json!({"deviceInfo": {"devEui": "0102"}, "time": "2026-03-01T10:00:00Z"});
+        let join = entry(UplinkFormat::ChirpStack, Some("join"), cs.clone());
+        let event = device_event(&join, &cs).unwrap().unwrap();
+        assert_eq!(
+            (event.device_id.as_str(), event.event.as_str(), event.time),
+            ("0102", "join", Some(1_772_359_200_000))
+        );
+        assert!(device_event(&entry(UplinkFormat::ChirpStack, None, cs.clone()), &cs).is_none());
+        let ttn = json!({"end_device_ids": {"device_id": "eui-1"}, "join_accept": {}});
+        let event = device_event(&entry(UplinkFormat::Ttn, None, ttn.clone()), &ttn)
+            .unwrap()
+            .unwrap();
+        assert_eq!(event.kind(), "join");
+        let nameless = json!({"join_accept": {}});
+        assert!(
+            device_event(&entry(UplinkFormat::Ttn, None, nameless.clone()), &nameless)
+                .unwrap()
+                .is_err()
+        );
+        let sensae = json!({"id": "d"});
+        assert!(device_event(
+            &entry(UplinkFormat::SensaeDecoded, None, sensae.clone()),
+            &sensae
+        )
+        .is_none());
+    }
 }
