@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 use weft_model::device_event::is_event_name;
-use weft_model::downlink::IotaProtocol;
 use weft_model::json::{parse_within_limits, JsonLimitError};
 use weft_model::{DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
 
@@ -391,83 +390,29 @@ fn command_answer(
 }
 
 /// The device an uplink message is from and the way back to it over the
-/// same connection (`source`), when the message is an uplink: The Things
-/// Stack's `v3/{app}@{tenant}/devices/{dev}/up` (answered on `down/push`),
-/// ChirpStack's `application/{id}/device/{devEui}/event/up` (answered on
-/// `command/down`), an IoT Agent device's `/{json|ul}/{apikey}/{device}/attrs…`
-/// (answered on `/{apikey}/{device}/cmd`). The device is named as the
-/// pipeline names it: TTN's `end_device_ids.device_id`, ChirpStack's
-/// `deviceInfo.devEui` (the topic's when the body lacks it).
+/// same connection (`source`), when the message is an uplink: each
+/// network server's module in the pipeline reads its own topics
+/// ([`weft_pipeline::uplink::NetworkServer::mqtt_route`]): The Things
+/// Stack's `…/up` (answered on `down/push`), ChirpStack's `…/event/up`
+/// (answered on `command/down`), an IoT Agent device's
+/// `/{json|ul}/{apikey}/{device}/attrs…` (answered on `/{apikey}/{device}/cmd`).
 pub fn downlink_route(
     format: Format,
     source: &str,
     topic: &str,
     payload: &[u8],
 ) -> Option<(String, DownlinkRoute)> {
-    let body = || parse_within_limits(payload).ok();
-    let field = |body: &Option<Value>, a: &str, b: &str| {
-        body.as_ref()
-            .and_then(|v| v.get(a)?.get(b)?.as_str().map(str::to_string))
+    let server = match format {
+        Format::Ttn => UplinkFormat::Ttn,
+        Format::ChirpStack => UplinkFormat::ChirpStack,
+        Format::IotaJson | Format::IotaUl => UplinkFormat::Iota,
+        Format::Plain => return None,
     };
-    let levels: Vec<&str> = topic.split('/').collect();
-    match format {
-        Format::Ttn => match levels.as_slice() {
-            ["v3", app, "devices", dev, "up"] if !app.is_empty() && !dev.is_empty() => {
-                let device = field(&body(), "end_device_ids", "device_id")
-                    .unwrap_or_else(|| dev.to_string());
-                Some((
-                    device,
-                    DownlinkRoute::TtnMqtt {
-                        source: source.to_string(),
-                        application: app.to_string(),
-                        device_id: dev.to_string(),
-                    },
-                ))
-            }
-            _ => None,
-        },
-        Format::ChirpStack => match levels.as_slice() {
-            ["application", app, "device", eui, "event", "up"]
-                if !app.is_empty() && !eui.is_empty() =>
-            {
-                let dev_eui =
-                    field(&body(), "deviceInfo", "devEui").unwrap_or_else(|| eui.to_string());
-                Some((
-                    dev_eui.clone(),
-                    DownlinkRoute::ChirpStackMqtt {
-                        source: source.to_string(),
-                        application_id: app.to_string(),
-                        dev_eui,
-                    },
-                ))
-            }
-            _ => None,
-        },
-        Format::IotaJson | Format::IotaUl => {
-            let levels: Vec<&str> = topic
-                .strip_prefix('/')
-                .unwrap_or(topic)
-                .split('/')
-                .collect();
-            match levels.as_slice() {
-                [_, key, device, "attrs", ..] if !key.is_empty() && !device.is_empty() => Some((
-                    device.to_string(),
-                    DownlinkRoute::IotAgentMqtt {
-                        source: source.to_string(),
-                        apikey: key.to_string(),
-                        device_id: device.to_string(),
-                        protocol: if format == Format::IotaJson {
-                            IotaProtocol::Json
-                        } else {
-                            IotaProtocol::Ul
-                        },
-                    },
-                )),
-                _ => None,
-            }
-        }
-        Format::Plain => None,
-    }
+    let body = match format {
+        Format::Ttn | Format::ChirpStack => parse_within_limits(payload).ok(),
+        _ => None,
+    };
+    weft_pipeline::uplink::server(server).mqtt_route(source, topic, body.as_ref())
 }
 
 /// `/json/{apikey}/{device}/attrs[/{attr}]` (the leading `/` optional, as
@@ -658,7 +603,8 @@ mod tests {
         assert!(Format::Ttn.command_answer_topics("v3/#").is_empty());
     }
 
-    /// What an uplink topic teaches about the way back.
+    /// What an uplink topic teaches about the way back, by format (the
+    /// topics themselves are the network servers' modules' to read).
     #[test]
     fn uplink_topics_teach_mqtt_downlink_routes() {
         let ttn = downlink_route(
@@ -667,41 +613,9 @@ mod tests {
             "v3/app@ttn/devices/dev1/up",
             br#"{"end_device_ids":{"device_id":"dev1"}}"#,
         );
-        assert_eq!(
-            ttn,
-            Some((
-                "dev1".into(),
-                DownlinkRoute::TtnMqtt {
-                    source: "s".into(),
-                    application: "app@ttn".into(),
-                    device_id: "dev1".into()
-                }
-            ))
-        );
-        assert_eq!(
-            downlink_route(Format::Ttn, "s", "v3/app@ttn/devices/dev1/join", b"{}"),
-            None
-        );
-        let cs = downlink_route(
-            Format::ChirpStack,
-            "s",
-            "application/a1/device/0102/event/up",
-            br#"{"deviceInfo":{"devEui":"0102"}}"#,
-        );
-        assert!(matches!(cs, Some((d, DownlinkRoute::ChirpStackMqtt { .. })) if d == "0102"));
+        assert!(matches!(ttn, Some((d, DownlinkRoute::TtnMqtt { .. })) if d == "dev1"));
         let ul = downlink_route(Format::IotaUl, "s", "ul/k/lamp/attrs/t", b"1");
-        assert_eq!(
-            ul,
-            Some((
-                "lamp".into(),
-                DownlinkRoute::IotAgentMqtt {
-                    source: "s".into(),
-                    apikey: "k".into(),
-                    device_id: "lamp".into(),
-                    protocol: IotaProtocol::Ul
-                }
-            ))
-        );
+        assert!(matches!(ul, Some((d, DownlinkRoute::IotAgentMqtt { .. })) if d == "lamp"));
         assert_eq!(downlink_route(Format::Plain, "s", "a/b", b"{}"), None);
     }
 

@@ -23,8 +23,9 @@
 //! - [`cluster`]: this node among the others: its heartbeat, and the work
 //!   done once across the cluster, run only while this node holds its
 //!   lease.
-//! - [`uplink`]: the uplink journey: credentials' pins, accept, command
-//!   results.
+//! - [`uplink`]: the uplink journey: credentials' pins, accept (the one
+//!   way in for HTTP and MQTT), command results, and one module per
+//!   network server's format.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own

@@ -47,6 +47,37 @@ impl NetworkServer for ChirpStack {
         get_path(body, "time").and_then(value_as_id)
     }
 
+    /// `application/{id}/device/{devEui}/event/up`, answered on
+    /// `…/command/down`; the device as the pipeline names it
+    /// (`deviceInfo.devEui`, the topic's when the body lacks it).
+    fn mqtt_route(
+        &self,
+        source: &str,
+        topic: &str,
+        body: Option<&Value>,
+    ) -> Option<(String, DownlinkRoute)> {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let ["application", app, "device", eui, "event", "up"] = levels.as_slice() else {
+            return None;
+        };
+        if app.is_empty() || eui.is_empty() {
+            return None;
+        }
+        let dev_eui = body
+            .and_then(|b| get_path(b, "deviceInfo.devEui"))
+            .and_then(Value::as_str)
+            .unwrap_or(eui)
+            .to_string();
+        Some((
+            dev_eui.clone(),
+            DownlinkRoute::ChirpStackMqtt {
+                source: source.to_string(),
+                application_id: app.to_string(),
+                dev_eui,
+            },
+        ))
+    }
+
     /// An uplink's DevEUI: downlinks go through the REST API configured
     /// for it.
     fn http_route(
@@ -92,5 +123,11 @@ mod tests {
             ))
         );
         assert_eq!(ChirpStack.http_route(Some("join"), &none, &cs), None);
+        let up = ChirpStack.mqtt_route("s", "application/a1/device/0102/event/up", Some(&cs));
+        assert!(matches!(up, Some((d, DownlinkRoute::ChirpStackMqtt { .. })) if d == "0102"));
+        assert_eq!(
+            ChirpStack.mqtt_route("s", "application/a1/device/0102/event/join", Some(&cs)),
+            None
+        );
     }
 }

@@ -19,6 +19,13 @@
 //! Command results ([`command_result`]) are the way back of commands: a
 //! device's answer lands on its entity only with a credential whose pins
 //! hold that device.
+//!
+//! What each network server's messages look like is known once, in its
+//! module behind [`NetworkServer`] ([`server`] picks it by format):
+//! [`sensae`] (sensae, Helium, plain MQTT), [`ttn`] (The Things Stack),
+//! [`chirpstack`], [`iota`] (the IoT Agents' devices): where the envelope
+//! names the device, its identity, time and payload, which messages are
+//! device events, and how a webhook or an MQTT topic tells the way back.
 
 pub mod chirpstack;
 pub mod iota;
@@ -55,6 +62,19 @@ pub trait NetworkServer: Sync {
 
     /// When an event happened, as its body says (RFC 3339).
     fn event_time(&self, _body: &Value) -> Option<String> {
+        None
+    }
+
+    /// The device an uplink received on MQTT `topic` (through source
+    /// `source`, or the embedded broker) is from and the way back to it
+    /// over the same connection; `body` is the message's JSON body, when
+    /// it has one. `None` for a topic that is no uplink's.
+    fn mqtt_route(
+        &self,
+        _source: &str,
+        _topic: &str,
+        _body: Option<&Value>,
+    ) -> Option<(String, DownlinkRoute)> {
         None
     }
 

@@ -95,6 +95,37 @@ impl NetworkServer for Ttn {
         get_path(body, "received_at").and_then(value_as_id)
     }
 
+    /// `v3/{app}@{tenant}/devices/{dev}/up`, answered on `…/down/push`;
+    /// the device as the pipeline names it (`end_device_ids.device_id`,
+    /// the topic's when the body lacks it).
+    fn mqtt_route(
+        &self,
+        source: &str,
+        topic: &str,
+        body: Option<&Value>,
+    ) -> Option<(String, DownlinkRoute)> {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let ["v3", app, "devices", dev, "up"] = levels.as_slice() else {
+            return None;
+        };
+        if app.is_empty() || dev.is_empty() {
+            return None;
+        }
+        let device = body
+            .and_then(|b| get_path(b, "end_device_ids.device_id"))
+            .and_then(Value::as_str)
+            .unwrap_or(dev)
+            .to_string();
+        Some((
+            device,
+            DownlinkRoute::TtnMqtt {
+                source: source.to_string(),
+                application: app.to_string(),
+                device_id: dev.to_string(),
+            },
+        ))
+    }
+
     fn http_route(
         &self,
         _event: Option<&str>,
@@ -148,6 +179,27 @@ mod tests {
             Some("something_new")
         );
         assert_eq!(Ttn.event(None, &json!({"end_device_ids": ids})), None);
+    }
+
+    /// An uplink topic teaches the way back over MQTT; other messages do not.
+    #[test]
+    fn uplink_topics_teach_the_mqtt_route() {
+        let body = json!({"end_device_ids":{"device_id":"dev1"}});
+        assert_eq!(
+            Ttn.mqtt_route("s", "v3/app@ttn/devices/dev1/up", Some(&body)),
+            Some((
+                "dev1".into(),
+                DownlinkRoute::TtnMqtt {
+                    source: "s".into(),
+                    application: "app@ttn".into(),
+                    device_id: "dev1".into()
+                }
+            ))
+        );
+        assert_eq!(
+            Ttn.mqtt_route("s", "v3/app@ttn/devices/dev1/join", Some(&body)),
+            None
+        );
     }
 
     /// The webhook's headers are the way back, for the body's device.
