@@ -218,7 +218,7 @@ fn prepare(
     }
     if let Some(event) = crate::uplink::device_event(uplink, &body) {
         let event = event.map_err(|e| (FailureReason::InvalidUplink, e))?;
-        within_pins(u, &event.device_id, catalog)?;
+        within_pins(u, catalog.device(&event.device_id).as_deref())?;
         return Ok(Step::Event(event));
     }
     let mut envelope = crate::uplink::server(u.format).envelope(&body);
@@ -232,9 +232,10 @@ fn prepare(
     // The dry run (`register` false) decodes a sample as the type asked,
     // whatever device it names.
     if let Some(id) = envelope.device_id.as_ref().filter(|_| register) {
-        within_pins(u, id, catalog)?;
+        let known = catalog.device(id);
+        within_pins(u, known.as_deref())?;
         if let Some(named) = &u.device_type {
-            keeps_its_type(id, named, catalog)?;
+            keeps_its_type(known.as_deref(), named)?;
         }
     }
 
@@ -391,11 +392,11 @@ fn finish(
         weft_model::device::check_device_id(&device_id)
             .map_err(|e| (FailureReason::InvalidUplink, e))?;
     }
-    if register {
-        within_pins(u, &device_id, catalog)?;
-        keeps_its_type(&device_id, &p.device_type.name, catalog)?;
-    }
     let known = catalog.device(&device_id);
+    if register {
+        within_pins(u, known.as_deref())?;
+        keeps_its_type(known.as_deref(), &p.device_type.name)?;
+    }
     let name = partial
         .device_name
         .or(env.device_name)
@@ -455,10 +456,11 @@ fn finish(
         },
         measures: partial.measures,
     };
+    let main = base.device.id.clone();
     let units = split_sub_devices(base, known.as_deref(), catalog);
     if register {
-        for unit in &units {
-            within_pins(u, &unit.device.id, catalog)?;
+        for unit in units.iter().filter(|unit| unit.device.id != main) {
+            within_pins(u, catalog.device(&unit.device.id).as_deref())?;
         }
     }
     Ok(Produced {
@@ -473,19 +475,9 @@ fn finish(
 /// `Forbidden`, otherwise). A device not registered yet is registered
 /// within them when first seen (the uplink's channel and type are the
 /// pins then, set at accept).
-fn within_pins(
-    u: &weft_model::NewUplink,
-    device_id: &str,
-    catalog: &Catalog,
-) -> Result<(), Failure> {
-    if u.pins.is_empty() {
-        return Ok(());
-    }
-    match catalog.device(device_id) {
-        Some(known) => match u.pins.refusal(&known) {
-            Some(why) => Err((FailureReason::Forbidden, why)),
-            None => Ok(()),
-        },
+fn within_pins(u: &weft_model::NewUplink, known: Option<&Device>) -> Result<(), Failure> {
+    match known.and_then(|known| u.pins.refusal(known)) {
+        Some(why) => Err((FailureReason::Forbidden, why)),
         None => Ok(()),
     }
 }
@@ -493,13 +485,13 @@ fn within_pins(
 /// A registered device keeps its type: an uplink decoding it as another
 /// fails (`TypeMismatch`) rather than making a second entity of the same
 /// id. A device registered without a type takes the uplink's.
-fn keeps_its_type(device_id: &str, named: &str, catalog: &Catalog) -> Result<(), Failure> {
-    match catalog.device(device_id) {
+fn keeps_its_type(known: Option<&Device>, named: &str) -> Result<(), Failure> {
+    match known {
         Some(known) if !known.device_type.is_empty() && known.device_type != named => Err((
             FailureReason::TypeMismatch,
             format!(
-                "device '{device_id}' is registered with device type '{}'; this uplink names device type '{named}'",
-                known.device_type
+                "device '{}' is registered with device type '{}'; this uplink names device type '{named}'",
+                known.id, known.device_type
             ),
         )),
         _ => Ok(()),
