@@ -56,6 +56,9 @@
 //!   command answers on `cmdexe`, the embedded broker, a broker that is
 //!   down.
 //! - `tls`: the API over HTTPS with the configured certificate.
+//! - `uplink_attacks`: ingest keys' pins held through decoding, command
+//!   results only with a credential for their device, a registered
+//!   device's type kept, unreadable reported times refused.
 //! - `scale_out`: two nodes on one PostgreSQL and one NATS JetStream:
 //!   live events across nodes; decoders, rules, API keys and NGSI
 //!   subscriptions changed on one node apply on the other at once; no
@@ -92,4 +95,5 @@ mod routes;
 mod rule_state;
 mod scale_out;
 mod tls;
+mod uplink_attacks;
 mod util;

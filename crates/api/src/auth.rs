@@ -29,7 +29,7 @@ use std::time::Duration;
 use axum::http::{self, header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use weft_model::apikey::{path_within, ApiKey, Role, SECRET_PREFIX};
+use weft_model::apikey::{path_within, ApiKey, Role};
 use weft_pipeline::keys::KeyEntry;
 
 use crate::routes::{Access, Scope};
@@ -308,6 +308,15 @@ pub struct IngestPins {
 }
 
 impl IngestPins {
+    /// The pins as they travel with an uplink into the ingest log, so the
+    /// pipeline holds the device the uplink turns out to name to them.
+    pub fn uplink_pins(&self) -> weft_model::UplinkPins {
+        weft_model::UplinkPins {
+            channel: self.channel.clone(),
+            device_type: self.device_type.clone(),
+        }
+    }
+
     /// Holds an uplink's channel and device type to the key's: a request
     /// naming another gets 403; one naming none is given the key's.
     pub fn apply(
@@ -336,15 +345,16 @@ impl IngestPins {
     }
 }
 
-/// Checks an ingest request's credential, in `Authorization` (the
-/// header ingest has always read): the global ingest key (raw or as
-/// `Bearer`), or an API key with the `ingest` role or a global admin key
-/// (`Bearer <key>` or raw: sensae's devices send the raw value). With keys
-/// on (`auth = "on"`) there is no ingest without one of these; with keys
-/// off or left to a proxy, ingest is open unless a global ingest key is
-/// configured. The global ingest key may also come as the IoT Agent's
-/// `k` query parameter (its devices' way of naming their key). The answer
-/// holds the key's pins.
+/// Checks an ingest request's credential (uplinks and devices' command
+/// results alike): `Authorization` (raw or `Bearer`, the header ingest
+/// has always read) or the IoT Agents' `k` query parameter (their
+/// devices' way of naming their key) must hold the global ingest key, an
+/// API key with the `ingest` role, or a global admin key. With keys on
+/// (`auth = "on"`) there is no ingest without one of these; with keys off
+/// or left to a proxy, ingest is open unless a global ingest key is
+/// configured, and API keys are looked at only when keys are not off.
+/// The answer holds the key's pins: 401 without a working credential,
+/// 403 for a key of another role, 429 past the key's rate limit.
 pub fn admit_ingest(
     state: &AppState,
     headers: &HeaderMap,
@@ -352,61 +362,57 @@ pub fn admit_ingest(
 ) -> ApiResult<IngestPins> {
     let given = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if let Some(key) = state.ingest_key.as_deref() {
-        let by_k = query.is_some_and(|q| {
-            form_urlencoded::parse(q.as_bytes()).any(|(name, value)| name == "k" && value == key)
-        });
-        let ok = by_k
-            || match given {
-                Some(g) if g == key => true,
-                Some(g) => bearer(g).is_some_and(|t| t == key),
-                _ => false,
-            };
-        if ok {
+        .and_then(|v| v.to_str().ok())
+        .map(|g| bearer(g).unwrap_or(g.trim()));
+    let k = query.and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(name, _)| name == "k")
+            .map(|(_, value)| value.into_owned())
+    });
+    let keys_apply = state.auth != AuthMode::Off;
+    let mut refused = None;
+    for token in [given, k.as_deref()].into_iter().flatten() {
+        if token.is_empty() {
+            continue;
+        }
+        if state.ingest_key.as_deref() == Some(token) {
             return Ok(IngestPins::default());
         }
-    }
-    let keys_apply = state.auth != AuthMode::Off;
-    if keys_apply {
-        // `Authorization` only, the header ingest has always read: a
-        // client's X-Auth-Token (for the other surfaces) is no ingest
-        // credential.
-        let token = given
-            .and_then(bearer)
-            .or_else(|| given.filter(|g| g.starts_with(SECRET_PREFIX)));
-        if let Some(token) = token {
-            if let Ok(entry) = state.keys.authenticate(token) {
-                let key = &entry.key;
-                let ingest = key.role == Role::Ingest || key.is_global();
-                if !ingest {
-                    return Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        "Forbidden",
-                        "this API key may not post uplinks; ingest needs an ingest key",
-                    ));
-                }
-                if let Err(wait) = entry.admit() {
-                    return Err(ApiError::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "TooManyRequests",
-                        "this API key's rate limit is exceeded; retry later",
-                    )
-                    .with_retry_after(wait));
-                }
-                return Ok(IngestPins {
-                    channel: key.channel.clone(),
-                    device_type: key.device_type.clone(),
-                });
-            }
+        if !keys_apply {
+            continue;
         }
+        let Ok(entry) = state.keys.authenticate(token) else {
+            continue;
+        };
+        let key = &entry.key;
+        if key.role != Role::Ingest && !key.is_global() {
+            refused = Some(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "this API key may not post uplinks; ingest needs an ingest key",
+            ));
+            continue;
+        }
+        if let Err(wait) = entry.admit() {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "this API key's rate limit is exceeded; retry later",
+            )
+            .with_retry_after(wait));
+        }
+        return Ok(IngestPins {
+            channel: key.channel.clone(),
+            device_type: key.device_type.clone(),
+        });
     }
-    let open = state.ingest_key.is_none() && state.auth != AuthMode::On;
-    if open {
-        Ok(IngestPins::default())
-    } else {
-        Err(ApiError::unauthorized())
+    if let Some(refused) = refused {
+        return Err(refused);
     }
+    if state.ingest_key.is_none() && state.auth != AuthMode::On {
+        return Ok(IngestPins::default());
+    }
+    Err(ApiError::unauthorized())
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use weft_model::downlink::parse_requests;
 use weft_model::now_ms;
 use weft_pipeline::downlinks::DownlinkError;
+use weft_pipeline::uplink::CommandResultRefused;
 
 use crate::auth::IngestPins;
 use crate::catalog::parse_body;
@@ -122,13 +123,17 @@ struct IotAgentParams {
 /// `POST /iot/json/commands?k=<apikey>&i=<device>` with `{"<command>":
 /// <result>}`: the device's answer to commands it was sent (the IoT
 /// Agents' `cmdexe`); each command gets `<command>_status` `OK` and
-/// `<command>_info` the result. The key is the ingest key (as `k`, or in
-/// `Authorization` as on the other ingest paths). 200, 400 for a body
-/// naming no command of the device, 404 for an unknown device.
+/// `<command>_info` the result. The credential (as `k`, or in
+/// `Authorization`) is the global ingest key, an ingest key whose pins
+/// hold the device, or a global admin key, checked by the route's guard
+/// ([`crate::auth::admit_ingest`]). 200; 401 without a
+/// working credential; 403 for a key whose pins the device is outside of;
+/// 400 for a body naming no command of the device, 404 for an unknown
+/// device.
 async fn command_answer(
     State(state): State<AppState>,
     Query(params): Query<IotAgentParams>,
-    Extension(_pins): Extension<IngestPins>,
+    Extension(pins): Extension<IngestPins>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let body: Value = parse_body(&body)?;
@@ -137,11 +142,19 @@ async fn command_answer(
             "body must be a JSON object {\"<command>\": <result>}",
         ));
     };
-    let answered = state
-        .services
-        .downlinks
-        .command_answer(&params.i, &answers)
-        .await?;
+    let answered = weft_pipeline::uplink::command_result(
+        &state.services,
+        &params.i,
+        &answers,
+        &pins.uplink_pins(),
+    )
+    .await
+    .map_err(|refused| match refused {
+        CommandResultRefused::Forbidden(why) => {
+            ApiError::new(StatusCode::FORBIDDEN, "Forbidden", why)
+        }
+        CommandResultRefused::Downlink(e) => e.into(),
+    })?;
     if answered.is_empty() {
         return Err(ApiError::bad_request(format!(
             "the body names no command of device '{}'",

@@ -119,6 +119,7 @@ impl From<AcceptError> for ApiError {
         match e {
             AcceptError::Overloaded => ApiError::overloaded(),
             AcceptError::Store(s) => s.into(),
+            AcceptError::Forbidden(why) => ApiError::new(StatusCode::FORBIDDEN, "Forbidden", why),
         }
     }
 }

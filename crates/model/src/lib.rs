@@ -50,7 +50,7 @@ pub use device_event::DeviceEvent;
 pub use downlink::{Downlink, DownlinkRoute, DownlinkStatus};
 pub use rule::{Rule, RuleSpec};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
-pub use uplink::{NewUplink, Uplink, UplinkFormat};
+pub use uplink::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 /// Milliseconds since the Unix epoch, the time unit of data units.
 pub fn now_ms() -> i64 {

@@ -66,6 +66,10 @@ pub enum AcceptError {
     /// The store failed (500).
     #[error(transparent)]
     Store(StoreError),
+    /// The device the uplink names lies outside the pins of the ingest key
+    /// it came with (403): nothing was stored.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// The ingest consumer: the way uplinks come in ([`Ingest::accept`]) and
@@ -329,9 +333,11 @@ impl Ingest {
     /// the device it names; `Ok` means it is committed and will be
     /// processed, even across a crash.
     pub async fn accept(&self, mut uplink: NewUplink) -> Result<u64, AcceptError> {
-        if self.partitions > 1 {
-            let key = decode::device_key(&uplink, None).unwrap_or_default();
-            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        if self.partitions > 1 || !uplink.pins.is_empty() {
+            let device = crate::uplink::device_key(&uplink, None);
+            self.check_pins(&uplink, device.as_deref())?;
+            uplink.partition =
+                weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);
         }
         self.append(uplink).await
     }
@@ -343,11 +349,33 @@ impl Ingest {
         mut uplink: NewUplink,
         body: &Value,
     ) -> Result<u64, AcceptError> {
-        if self.partitions > 1 {
-            let key = decode::device_key(&uplink, Some(body)).unwrap_or_default();
-            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        if self.partitions > 1 || !uplink.pins.is_empty() {
+            let device = crate::uplink::device_key(&uplink, Some(body));
+            self.check_pins(&uplink, device.as_deref())?;
+            uplink.partition =
+                weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);
         }
         self.append(uplink).await
+    }
+
+    /// Refuses an uplink whose device — as its transport or envelope names
+    /// it, before any decoding — is registered outside the pins of the
+    /// ingest key it came with. What only decoding tells is checked by the
+    /// consumer ([`decode`]), which fails the uplink then.
+    fn check_pins(&self, uplink: &NewUplink, device: Option<&str>) -> Result<(), AcceptError> {
+        if uplink.pins.is_empty() {
+            return Ok(());
+        }
+        let Some(known) = device.and_then(|d| self.catalog.device(d)) else {
+            return Ok(());
+        };
+        match uplink.pins.refusal(&known) {
+            Some(why) => {
+                metrics::counter!("weft_uplinks_rejected_total", "reason" => "pins").increment(1);
+                Err(AcceptError::Forbidden(why))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Appends an uplink whose partition is set, unless the backlog is
@@ -403,6 +431,7 @@ impl Ingest {
                 event: None,
                 device_id: None,
                 source: None,
+                pins: Default::default(),
             },
         };
         let mut ignored = Vec::new();

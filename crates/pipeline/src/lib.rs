@@ -28,6 +28,9 @@
 //! - [`cluster`]: this node among the others: its heartbeat, and the work
 //!   done once across the cluster, run only while this node holds its
 //!   lease.
+//! - [`uplink`]: the uplink journey: credentials' pins, accept (the one
+//!   way in for HTTP and MQTT), command results, and one module per
+//!   network server's format.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -55,6 +58,7 @@ pub mod registrations;
 pub mod rules;
 pub mod services;
 pub mod subscriptions;
+pub mod uplink;
 
 pub use catalog::{Catalog, CatalogError, TypeEntry};
 pub use decode::Produced;

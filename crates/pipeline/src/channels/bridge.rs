@@ -80,10 +80,12 @@ impl BridgeSpec {
         let source = match self.stream.as_str() {
             "data" => Source::Data,
             "alarms" => Source::Alarms,
-            other => return Err(bad(format!(
+            other => {
+                return Err(bad(format!(
                 "stream must be 'data' or 'alarms', not {} (entity changes are not bridged yet)",
                 validate::shown(other)
-            ))),
+            )))
+            }
         };
         validate::dsps_id("channel", &self.channel).map_err(invalid)?;
         self.filter

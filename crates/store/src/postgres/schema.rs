@@ -274,6 +274,11 @@ ALTER TABLE channel_subscribers
     ADD COLUMN active_at BIGINT NOT NULL DEFAULT (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT;
 CREATE INDEX channel_subscribers_active ON channel_subscribers (active_at);
 "#,
+    // Step 10: the pins of the ingest key an uplink came with (see the
+    // SQLite schema's `ingest_log.pins`).
+    r#"
+ALTER TABLE ingest_log ADD COLUMN pins TEXT;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is
