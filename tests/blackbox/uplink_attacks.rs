@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::mqtt::{free_port, Mqtt};
-use crate::util::{eventually, now_ms, Client, Server, KEY};
+use crate::util::{eventually, now_ms, Client, Server, ADMIN_KEY, KEY};
 
 /// Makes an API key; its secret.
 async fn make_key(admin: &Client, spec: Value) -> String {
@@ -213,7 +213,7 @@ async fn a_pinned_ingest_key_writes_only_devices_within_its_pins() {
 /// results change nothing.
 #[tokio::test]
 async fn command_results_need_a_credential_for_their_device() {
-    // No global ingest key, no ingest key yet: ingest is open.
+    // No global ingest key, no ingest key yet: ingest still wants a key.
     let server = Server::start_with_env(&[("WEFT_INGEST_KEY", "")]);
     let admin = server.client();
     admin
@@ -226,15 +226,18 @@ async fn command_results_need_a_credential_for_their_device() {
         .await;
     register(&admin, "lamp1", "actuator", "secret").await;
     let plain = server.client_with(None);
+    let uplink = json!({"id": "lamp1", "uuid": "l-1", "reported_at": now_ms(), "level": 3});
+    let path = "/sensor-data/secret/decoded/actuator";
+    let (status, _) = plain.send("POST", path, Some(&uplink), None).await;
+    assert_eq!(
+        status, 401,
+        "no ingest without a credential, even with no ingest key"
+    );
+    let admin_bearer = format!("Bearer {ADMIN_KEY}");
     let (status, _) = plain
-        .send(
-            "POST",
-            "/sensor-data/secret/decoded/actuator",
-            Some(&json!({"id": "lamp1", "uuid": "l-1", "reported_at": now_ms(), "level": 3})),
-            None,
-        )
+        .send("POST", path, Some(&uplink), Some(&admin_bearer))
         .await;
-    assert_eq!(status, 202, "ingest is open while no ingest key exists");
+    assert_eq!(status, 202, "the admin key posts uplinks");
     eventually(Duration::from_secs(10), || async {
         (entity(&admin, "lamp1").await.0 == 200).then_some(())
     })

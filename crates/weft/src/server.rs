@@ -116,9 +116,9 @@ pub async fn serve(
         }
     }
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
-    if ingest_key.is_none() {
+    if ingest_key.is_none() && auth != AuthMode::On {
         tracing::warn!(
-            "no ingest key configured: ingest endpoints accept uplinks without Authorization"
+            "no ingest key configured and keys are not checked: ingest endpoints accept uplinks without Authorization"
         );
     }
     let live_runtime = tokio::runtime::Builder::new_multi_thread()
