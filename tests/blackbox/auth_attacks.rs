@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::util::{eventually, Client, Server};
+use crate::util::{Client, Server};
 
 /// Makes a key through the API with the admin client; its id and secret.
 async fn make_key(admin: &Client, spec: Value) -> (String, String) {
@@ -26,17 +26,8 @@ async fn make_key(admin: &Client, spec: Value) -> (String, String) {
 /// other, and want a key of the tenant they name.
 #[tokio::test]
 async fn quantumleap_paths_ending_in_health_want_a_key() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let addr = format!("127.0.0.1:{port}");
-    let server = Server::start_with_env(&[("WEFT_HISTORY__QUANTUMLEAP_LISTEN", &addr)]);
+    let (server, ql_url) = Server::start_with_quantumleap_listener(&[]).await;
     let admin = server.client();
-    eventually(Duration::from_secs(5), || async {
-        tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
-    })
-    .await;
     // Another tenant's history of an entity called `health`.
     let notification = json!({"subscriptionId": "s", "data": [
         {"id": "health", "type": "Pump", "health": {"type": "Number", "value": 1}},
@@ -44,7 +35,7 @@ async fn quantumleap_paths_ending_in_health_want_a_key() {
     ]});
     let secret_tenant = [("Fiware-Service", "secret")];
     let ql = Client {
-        url: format!("http://{addr}"),
+        url: ql_url,
         ..admin.clone()
     };
     let notify = ql

@@ -374,22 +374,12 @@ async fn kill_9_after_updates_loses_no_acknowledged_change_from_history() {
 /// on a second port: `/v2/notify` and `/v2/entities/...`.
 #[tokio::test]
 async fn quantumleap_paths_on_a_second_listener() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let addr = format!("127.0.0.1:{port}");
-    let server = Server::start_with_env(&[("WEFT_HISTORY__QUANTUMLEAP_LISTEN", &addr)]);
+    let (server, ql_url) = Server::start_with_quantumleap_listener(&[]).await;
     let main = server.client();
     let ql = Client {
-        url: format!("http://{addr}"),
+        url: ql_url,
         ..main.clone()
     };
-    // The second listener opens right after the first.
-    eventually(Duration::from_secs(5), || async {
-        tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
-    })
-    .await;
     let (status, _) = notify(&ql, None, vec![room("Room:q", &at(0, 0), 19.5, 1)]).await;
     assert_eq!(status, 200);
     let (status, body) = get(&ql, None, "/v2/entities/Room:q/attrs/temperature").await;

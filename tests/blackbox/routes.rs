@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, Server};
+use crate::util::Server;
 
 /// The rows of `weft routes`: (listener, method, path, who may call).
 fn declared_routes() -> BTreeSet<Row> {
@@ -180,24 +180,10 @@ fn the_route_table_is_documented_row_for_row() {
 /// refused or let through exactly as its declaration says.
 #[tokio::test]
 async fn every_route_answers_each_caller_as_declared() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let ql_addr = format!("127.0.0.1:{port}");
-    let server = Server::start_with_env(&[
-        ("WEFT_HISTORY__QUANTUMLEAP_LISTEN", &ql_addr),
-        // Enough for every probe of one key in one burst.
-        ("WEFT_HTTP__RATE_BURST", "100000"),
-    ]);
+    // A burst enough for every probe of one key.
+    let (server, ql_url) =
+        Server::start_with_quantumleap_listener(&[("WEFT_HTTP__RATE_BURST", "100000")]).await;
     let admin = server.client();
-    eventually(Duration::from_secs(5), || async {
-        tokio::net::TcpStream::connect(&ql_addr)
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
     let mut secrets = Vec::new();
     for caller in CALLERS {
         let spec = match caller {
@@ -236,7 +222,7 @@ async fn every_route_answers_each_caller_as_declared() {
     for (listener, method, path, access) in declared_routes() {
         let base = match listener.as_str() {
             "main" => server.url.clone(),
-            "quantumleap" => format!("http://{ql_addr}"),
+            "quantumleap" => ql_url.clone(),
             other => panic!("unknown listener {other}"),
         };
         let method = if method == "*" {

@@ -66,6 +66,26 @@ impl Server {
         }
     }
 
+    /// Starts weft with QuantumLeap's own listener on a free port too
+    /// (`history.quantumleap_listen`) and extra `env`; the server and
+    /// the listener's base URL, once it takes connections.
+    pub async fn start_with_quantumleap_listener(env: &[(&str, &str)]) -> (Server, String) {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+            l.local_addr().expect("its address").port()
+        };
+        let addr = format!("127.0.0.1:{port}");
+        let mut env = env.to_vec();
+        env.push(("WEFT_HISTORY__QUANTUMLEAP_LISTEN", &addr));
+        let server = Server::start_with_env(&env);
+        // The second listener opens right after the first.
+        eventually(Duration::from_secs(5), || async {
+            tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+        })
+        .await;
+        (server, format!("http://{addr}"))
+    }
+
     /// SIGKILLs the process (no graceful shutdown, like a crash).
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
