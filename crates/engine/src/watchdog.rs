@@ -440,6 +440,16 @@ impl Slot {
         }
     }
 
+    /// Thread `generation` cannot go on (it could not create a runtime):
+    /// the job in progress and everything queued are answered `Stopped`
+    /// (their answers dropped), and new work goes to the other workers.
+    pub(crate) fn close(&self, generation: u64) {
+        let mut state = lock(&self.state);
+        if state.generation == generation {
+            close(self, &mut state);
+        }
+    }
+
     /// Puts an item's result back; false when thread `generation` was
     /// abandoned meanwhile (the watchdog answered the item already).
     pub(crate) fn finish(
@@ -545,12 +555,16 @@ fn abandon(
         fresh,
     ) {
         tracing::error!(%error, worker = slot.index, "could not start a replacement script worker; this worker is stopped");
-        state.closed = true;
-        // Its queue's callers get `Stopped` (their answers are dropped),
-        // and new work goes to the other workers.
-        state.work = None;
-        lock(&slot.jobs).take();
+        close(slot, state);
     }
+}
+
+/// Stops serving `slot`: its callers get `Stopped` (their answers are
+/// dropped), and new work goes to the other workers.
+fn close(slot: &Slot, state: &mut SlotState) {
+    state.closed = true;
+    state.work = None;
+    lock(&slot.jobs).take();
 }
 
 /// Locks `mutex`, whose data stays consistent even if a holder panicked

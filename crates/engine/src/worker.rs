@@ -177,6 +177,7 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
         Ok(sandbox) => sandbox,
         Err(error) => {
             tracing::error!(%error, "could not create a QuickJS runtime; script worker not started");
+            slot.close(generation);
             return;
         }
     };
@@ -201,6 +202,7 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
                         Err(error) => {
                             tracing::error!(%error, "could not recreate a QuickJS runtime; script worker stopped");
                             std::mem::forget(sandbox);
+                            slot.close(generation);
                             return;
                         }
                     }
