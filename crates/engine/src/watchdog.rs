@@ -33,10 +33,9 @@
 //! about one time limit, however many of its own uplinks the batch holds.
 //!
 //! The job in progress lives here, in the slot, not on the worker thread's
-//! stack, so a replacement can finish it: the thread takes one call at a
-//! time from it and puts the result back, both under the slot's lock (two
-//! uncontended lock round trips per call, nanoseconds against a decode's
-//! microseconds).
+//! stack, so a replacement can finish it: the thread puts each call's
+//! result back and takes the next call in one round trip of the slot's
+//! (uncontended) lock, nanoseconds against a decode's microseconds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
