@@ -156,8 +156,14 @@ async fn a_codec_keeping_state_in_globals_decodes_each_uplink_afresh() {
     // Two device types with the same source share one compiled script.
     c.expect(201, "PUT", "/api/v1/device-types/walker2", Some(&def))
         .await;
+    // One device per type: a registered device keeps its type.
     for (n, device_type) in [(0, "walker"), (1, "walker2"), (2, "walker")] {
-        let body = encoded_body(&format!("w-{n}"), "dev-w", &[7, 8], now_ms());
+        let body = encoded_body(
+            &format!("w-{n}"),
+            &format!("dev-{device_type}"),
+            &[7, 8],
+            now_ms(),
+        );
         c.uplink("farm", "encoded", device_type, &body).await;
         let unit = c.unit_eventually(&format!("w-{n}")).await;
         assert_eq!(

@@ -26,12 +26,21 @@
 //!   call per distinct service call, weft's own data as sources; hostile
 //!   templates (recursion, deep nesting) and viewer values refused.
 //! - `ops`: health and metrics.
+//! - `door_checks`: every definition the admin API takes is checked at the
+//!   door (400 naming the field, nothing stored); a request head that never
+//!   completes has its connection closed, on every listener.
 //! - `ngsi`: the NGSIv2 surface: tenancy, q/mq, keyValues, 405s; the
 //!   builtin attributes and metadata, Orion's number spelling, transient
 //!   entities (`dateExpires`).
 //! - `ngsi_subscriptions`: notifications on API and device changes, counters,
 //!   a dead endpoint beside a live one, kill -9; `expressions`: JEXL in
 //!   custom notifications and conditions, `ngsi` patches, timeouts.
+//! - `rule_state`: a script rule's growing `state` is reset at
+//!   `[rules] max_state_bytes`, seen by the script and in `/metrics`.
+//! - `notification_loop`: subscriptions notifying weft's own `/v2` with a
+//!   change to the entity they watch send one notification (Orion's
+//!   rule), or stop at the notification depth limit; weft stays
+//!   responsive.
 //! - `ngsi_registrations`: `/v2/registrations` stored, listed, deleted.
 //! - `ngsi_forwarding`: queries and updates forwarded to a second weft
 //!   registered as context provider; dead and silent providers; Orion's
@@ -47,6 +56,9 @@
 //!   command answers on `cmdexe`, the embedded broker, a broker that is
 //!   down.
 //! - `tls`: the API over HTTPS with the configured certificate.
+//! - `uplink_attacks`: ingest keys' pins held through decoding, command
+//!   results only with a credential for their device, a registered
+//!   device's type kept, unreadable reported times refused.
 //! - `scale_out`: two nodes on one PostgreSQL and one NATS JetStream:
 //!   live events across nodes; decoders, rules, API keys and NGSI
 //!   subscriptions changed on one node apply on the other at once; no
@@ -55,11 +67,13 @@
 
 mod alarms;
 mod auth;
+mod auth_attacks;
 mod catalog;
 mod channels;
 mod codec_limits;
 mod codecs;
 mod console;
+mod door_checks;
 mod downlinks;
 mod durability;
 mod history;
@@ -74,8 +88,12 @@ mod ngsi_forwarding;
 mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
+mod notification_loop;
 mod ops;
 mod pages;
+mod routes;
+mod rule_state;
 mod scale_out;
 mod tls;
+mod uplink_attacks;
 mod util;

@@ -187,19 +187,18 @@ pub fn fresh_postgres_database() -> String {
 
 fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--ingest-key",
-        KEY,
-        "--data",
-    ])
-    .arg(data)
-    .env("WEFT_LOG", "warn")
-    .env("WEFT_ADMIN_KEY", ADMIN_KEY)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    // A test setting `WEFT_INGEST_KEY` itself (`""`: none) decides the
+    // global ingest key; every other server has [`KEY`].
+    if !env.iter().any(|(k, _)| k == "WEFT_INGEST_KEY") {
+        cmd.args(["--ingest-key", KEY]);
+    }
+    cmd.arg("--data")
+        .arg(data)
+        .env("WEFT_LOG", "warn")
+        .env("WEFT_ADMIN_KEY", ADMIN_KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -6,34 +6,36 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use weft_model::validate::is_object_id;
 use weft_model::{Alarm, RuleSpec, Severity};
 use weft_pipeline::rules::RulesError;
 use weft_store::AlarmQuery;
 
 use crate::catalog::parse_body;
+use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
 /// Alarms a listing returns when the client names no `limit`.
 pub const DEFAULT_ALARM_LIMIT: usize = 100;
 
-/// The rules and alarms routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/rules", get(list_rules))
+/// The rules and alarms routes: rules are definitions (admin); acking
+/// and clearing an alarm changes data (write).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/rules", get(Access::read(Own), list_rules))
         .route(
             "/api/v1/rules/{id}",
-            get(get_rule).put(put_rule).delete(delete_rule),
+            get(Access::read(Own), get_rule)
+                .put(Access::admin(Own), put_rule)
+                .delete(Access::admin(Own), delete_rule),
         )
-        .route("/api/v1/alarms", get(list_alarms))
-        .route("/api/v1/alarms/{id}", get(get_alarm))
-        .route("/api/v1/alarms/{id}/ack", post(ack))
-        .route("/api/v1/alarms/{id}/clear", post(clear))
+        .route("/api/v1/alarms", get(Access::read(Own), list_alarms))
+        .route("/api/v1/alarms/{id}", get(Access::read(Own), get_alarm))
+        .route("/api/v1/alarms/{id}/ack", post(Access::write(Own), ack))
+        .route("/api/v1/alarms/{id}/clear", post(Access::write(Own), clear))
 }
 
 impl From<RulesError> for ApiError {
@@ -79,9 +81,6 @@ async fn put_rule(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    if !is_object_id(&id) {
-        return Err(ApiError::bad_request(format!("invalid rule id '{id}'")));
-    }
     let mut value: Value = parse_body(&body)?;
     match &mut value {
         Value::Object(map) => {
@@ -89,8 +88,8 @@ async fn put_rule(
         }
         _ => return Err(ApiError::bad_request("body must be a JSON object")),
     }
-    let spec: RuleSpec = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(format!("invalid rule: {e}")))?;
+    let spec: RuleSpec = weft_model::validate::from_value(value)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let created = state.services.rules.put_rule(&id, spec.clone()).await?;
     let status = if created {
         StatusCode::CREATED

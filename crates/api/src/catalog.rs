@@ -5,37 +5,47 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use weft_model::validate::is_object_id;
 use weft_model::{Device, DeviceType};
 use weft_pipeline::TypeEntry;
 use weft_store::{DeviceFilter, DevicePageQuery};
 
+use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The catalog routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/device-types", get(list_types))
+/// The catalog routes: definitions are admin's; the decode dry run
+/// defines nothing (write).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/device-types", get(Access::read(Own), list_types))
         .route(
             "/api/v1/device-types/{name}",
-            get(get_type).put(put_type).delete(delete_type),
+            get(Access::read(Own), get_type)
+                .put(Access::admin(Own), put_type)
+                .delete(Access::admin(Own), delete_type),
         )
-        .route("/api/v1/device-types/{name}/decode", post(decode))
-        .route("/api/v1/devices", get(list_devices))
+        .route(
+            "/api/v1/device-types/{name}/decode",
+            post(Access::write(Own), decode),
+        )
+        .route("/api/v1/devices", get(Access::read(Own), list_devices))
         .route(
             "/api/v1/devices/{id}",
-            get(get_device).put(put_device).delete(delete_device),
+            get(Access::read(Own), get_device)
+                .put(Access::admin(Own), put_device)
+                .delete(Access::admin(Own), delete_device),
         )
-        .route("/api/v1/devices/{id}/events", get(device_events))
+        .route(
+            "/api/v1/devices/{id}/events",
+            get(Access::read(Own), device_events),
+        )
         .route(
             "/api/v1/devices/{id}/key",
-            post(make_device_key).delete(delete_device_key),
+            post(Access::admin(Own), make_device_key).delete(Access::admin(Own), delete_device_key),
         )
 }
 
@@ -56,12 +66,15 @@ pub(crate) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-fn check_id(id: &str) -> ApiResult<()> {
-    if is_object_id(id) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!("invalid name '{id}'")))
-    }
+/// Parses a definition's JSON body into `T`, answering 400 naming the
+/// field of a wrong type, missing or unknown.
+pub(crate) fn parse_definition<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    weft_model::validate::parse_definition(body).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// A JSON value as a definition `T`, as [`parse_definition`] answers.
+fn definition_from<T: DeserializeOwned>(value: Value) -> ApiResult<T> {
+    weft_model::validate::from_value(value).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn type_json(entry: &TypeEntry) -> Value {
@@ -106,20 +119,17 @@ async fn put_type(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    check_id(&name)?;
     // What `GET` answers carries the type's `name`; sending it back is fine
     // as long as it is this type's.
     let mut body: Value = parse_body(&body)?;
     if let Some(given) = body.as_object_mut().and_then(|o| o.remove("name")) {
         if given != json!(name) {
             return Err(ApiError::bad_request(format!(
-                "the body's name {given} differs from the path's '{name}'"
+                "name {given} in the body differs from the path's '{name}'"
             )));
         }
     }
-    let def: DeviceType = serde_json::from_value(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid device type: {e}")))?;
-    def.check(&name).map_err(ApiError::bad_request)?;
+    let def: DeviceType = definition_from(body)?;
     let created = state.services.catalog.put_device_type(&name, def).await?;
     let entry = state
         .services
@@ -340,20 +350,14 @@ async fn put_device(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    check_id(&id)?;
     let mut value: Value = parse_body(&body)?;
     if let Value::Object(map) = &mut value {
         for field in READ_ONLY_DEVICE_FIELDS {
             map.remove(*field);
         }
     }
-    let mut device: Device = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    let mut device: Device = definition_from(value)?;
     device.id = id;
-    for sub in &device.sub_devices {
-        check_id(&sub.id)?;
-    }
-    device.check().map_err(ApiError::bad_request)?;
     // The key is set and removed at `/key` only; a PUT keeps it.
     device.key_hash = state
         .services
@@ -371,15 +375,16 @@ async fn make_device_key(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let mut device = state
+    let (key, hash) = weft_model::device::new_device_key();
+    if state
         .services
         .catalog
-        .device(&id)
-        .map(|d| (*d).clone())
-        .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
-    let (key, hash) = weft_model::device::new_device_key();
-    device.key_hash = Some(hash);
-    state.services.catalog.put_device(device).await?;
+        .set_device_key(&id, Some(hash))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::not_found(format!("device '{id}' does not exist")));
+    }
     Ok((StatusCode::CREATED, Json(json!({ "key": key }))))
 }
 
@@ -389,17 +394,19 @@ async fn delete_device_key(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let mut device = state
+    let has_key = state
         .services
         .catalog
         .device(&id)
-        .map(|d| (*d).clone())
-        .ok_or_else(|| ApiError::not_found(format!("device '{id}' does not exist")))?;
-    if device.key_hash.take().is_none() {
-        return Err(ApiError::not_found(format!("device '{id}' has no key")));
+        .map(|d| d.key_hash.is_some());
+    match has_key {
+        None => Err(ApiError::not_found(format!("device '{id}' does not exist"))),
+        Some(false) => Err(ApiError::not_found(format!("device '{id}' has no key"))),
+        Some(true) => {
+            state.services.catalog.set_device_key(&id, None).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
     }
-    state.services.catalog.put_device(device).await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Parameters of `GET /api/v1/devices/{id}/events`.

@@ -14,32 +14,38 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, put};
-use axum::Router;
 use bytes::Bytes;
 use serde_json::json;
-use weft_model::channel::{is_channel_id, parse_go_duration};
+use weft_model::channel::parse_go_duration;
 use weft_pipeline::channels::bridge::{BridgeError, BridgeSpec};
 use weft_pipeline::channels::{ChannelError, DEFAULT_FETCH_MAX};
 use weft_store::StoreError;
 
+use crate::routes::{delete, get, put, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The DSPS routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/channel/{channel}/message/{message}", put(publish))
+/// The DSPS routes: fetching is a read; publishing, subscribing and
+/// acknowledging change data (write); revoking a channel's JWT is admin's;
+/// the probes are open.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route(
+            "/channel/{channel}/message/{message}",
+            put(Access::write(Own), publish),
+        )
         .route(
             "/channel/{channel}/subscription/polling/{subscriber}",
-            put(subscribe).delete(unsubscribe).get(fetch),
+            put(Access::write(Own), subscribe)
+                .delete(Access::write(Own), unsubscribe)
+                .get(Access::read(Own), fetch),
         )
         .route(
             "/channel/{channel}/subscription/polling/{subscriber}/message",
-            delete(ack),
+            delete(Access::write(Own), ack),
         )
-        .route("/admin/jwt/revoke", put(revoke_jwt))
-        .route("/probe/liveness", get(probe))
-        .route("/probe/readiness", get(probe))
+        .route("/admin/jwt/revoke", put(Access::admin(Own), revoke_jwt))
+        .route("/probe/liveness", get(Access::Open, probe))
+        .route("/probe/readiness", get(Access::Open, probe))
 }
 
 /// An error in DSPS's shape.
@@ -100,6 +106,7 @@ impl From<ChannelError> for DspsError {
                 body: json!({"error": "Subscription not found",
                              "code": "dsps.storage.subscription-not-found"}),
             },
+            ChannelError::InvalidId(param) => DspsError::invalid(param),
             ChannelError::Forbidden(reason) => {
                 tracing::info!(%reason, "channel call refused");
                 DspsError {
@@ -119,27 +126,22 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Checks the ids, then the caller against the channel's JWT rule.
-fn admit(state: &AppState, headers: &HeaderMap, ids: &[(&str, &str)]) -> DspsResult<()> {
-    check_ids(ids)?;
+/// Checks the ids (DSPS's rule, in DSPS's order), then the caller
+/// against the channel's JWT rule: the channels service does both.
+fn admit(
+    state: &AppState,
+    headers: &HeaderMap,
+    channel: &str,
+    other: (&'static str, &str),
+) -> DspsResult<()> {
     state
         .services
         .channels
-        .authorize(ids[0].1, authorization(headers))?;
+        .admit(channel, other, authorization(headers))?;
     Ok(())
 }
 
 type DspsResult<T> = Result<T, DspsError>;
-
-/// Checks the path ids in DSPS's order.
-fn check_ids(ids: &[(&str, &str)]) -> DspsResult<()> {
-    for (param, value) in ids {
-        if !is_channel_id(value) {
-            return Err(DspsError::invalid(param));
-        }
-    }
-    Ok(())
-}
 
 /// `PUT /channel/{channelID}/message/{messageID}`: 200 once committed;
 /// the same id again stores nothing and answers the same.
@@ -149,11 +151,7 @@ async fn publish(
     headers: HeaderMap,
     body: Bytes,
 ) -> DspsResult<impl IntoResponse> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("messageID", &message)],
-    )?;
+    admit(&state, &headers, &channel, ("messageID", &message))?;
     // Kept as sent, so it must be JSON every subscriber's parser can read
     // back: no deeper than the limit, no number a double cannot hold.
     let content = match weft_model::json::parse_within_limits(&body) {
@@ -202,11 +200,7 @@ async fn subscription(
     subscriber: String,
     create: bool,
 ) -> DspsResult<axum::Json<serde_json::Value>> {
-    admit(
-        state,
-        headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(state, headers, &channel, ("subscriberID", &subscriber))?;
     let channels = &state.services.channels;
     if create {
         channels.subscribe(&channel, &subscriber).await?;
@@ -227,11 +221,7 @@ async fn fetch(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<Response> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(&state, &headers, &channel, ("subscriberID", &subscriber))?;
     let wait = match params.get("timeout").map(String::as_str) {
         None | Some("") => Duration::ZERO,
         Some(t) => parse_go_duration(t).ok_or_else(|| DspsError::invalid("timeout"))?,
@@ -294,11 +284,7 @@ async fn ack(
     headers: HeaderMap,
     Query(params): Query<HashMap<String, String>>,
 ) -> DspsResult<StatusCode> {
-    admit(
-        &state,
-        &headers,
-        &[("channelID", &channel), ("subscriberID", &subscriber)],
-    )?;
+    admit(&state, &headers, &channel, ("subscriberID", &subscriber))?;
     let through = params
         .get("ackHandle")
         .and_then(|h| h.parse::<u64>().ok())
@@ -344,12 +330,14 @@ async fn probe() -> impl IntoResponse {
 
 /// The `/api/v1/bridges` routes (weft's own API, weft's error shapes):
 /// bridges publishing weft's events into channels.
-pub fn bridges_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/bridges", get(list_bridges))
+pub fn bridges_routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/bridges", get(Access::read(Own), list_bridges))
         .route(
             "/api/v1/bridges/{name}",
-            get(get_bridge).put(put_bridge).delete(delete_bridge),
+            get(Access::read(Own), get_bridge)
+                .put(Access::admin(Own), put_bridge)
+                .delete(Access::admin(Own), delete_bridge),
         )
 }
 
@@ -395,7 +383,7 @@ async fn put_bridge(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let spec: BridgeSpec = crate::catalog::parse_body(&body)?;
+    let spec: BridgeSpec = crate::catalog::parse_definition(&body)?;
     let created = state
         .services
         .bridges
@@ -430,10 +418,13 @@ async fn delete_bridge(
 /// The `/api/v1/channels` routes (weft's own API, admin keys): a read-only
 /// listing of the channels with their subscribers and backlogs, which
 /// DSPS's API does not have and the console's Channels screen shows.
-pub fn listing_router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/channels", get(list_channels))
-        .route("/api/v1/channels/{id}", get(get_channel))
+pub fn listing_routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/channels", get(Access::admin(Own), list_channels))
+        .route(
+            "/api/v1/channels/{id}",
+            get(Access::admin(Own), get_channel),
+        )
 }
 
 /// Channels a listing page holds when the client names no `limit`.

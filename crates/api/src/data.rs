@@ -5,12 +5,12 @@
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use weft_store::{DataQuery, FailedQuery};
 
+use crate::routes::{get, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
 /// Page size when `limit` is not given.
@@ -18,12 +18,15 @@ const DEFAULT_LIMIT: usize = 100;
 /// Largest page a client may ask for.
 const MAX_LIMIT: usize = 10_000;
 
-/// The data routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/data", get(list_data))
-        .route("/api/v1/data/{data_id}", get(get_data))
-        .route("/api/v1/uplinks/failed", get(list_failed))
+/// The data routes, all reads.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/data", get(Access::read(Own), list_data))
+        .route("/api/v1/data/{data_id}", get(Access::read(Own), get_data))
+        .route(
+            "/api/v1/uplinks/failed",
+            get(Access::read(Own), list_failed),
+        )
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,28 +5,35 @@
 //! service; delivery happens after the answer, in its worker.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use weft_model::downlink::parse_requests;
 use weft_model::now_ms;
 use weft_pipeline::downlinks::DownlinkError;
+use weft_pipeline::uplink::CommandResultRefused;
 
+use crate::auth::IngestPins;
 use crate::catalog::parse_body;
+use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The downlink routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// The downlink routes: a device's queue is data sent to it (write, as
+/// NGSI writes are); a device's answers to commands come with an ingest
+/// credential.
+pub fn routes() -> Routes {
+    Routes::new()
         .route(
             "/api/v1/devices/{id}/downlinks",
-            get(list).post(push).put(replace).delete(flush),
+            get(Access::read(Own), list)
+                .post(Access::write(Own), push)
+                .put(Access::write(Own), replace)
+                .delete(Access::write(Own), flush),
         )
-        .route("/iot/json/commands", post(command_answer))
+        .route("/iot/json/commands", post(Access::Ingest, command_answer))
 }
 
 impl From<DownlinkError> for ApiError {
@@ -106,6 +113,9 @@ async fn flush(State(state): State<AppState>, Path(id): Path<String>) -> ApiResu
 /// The IoT Agent JSON protocol's query: `k` the API key, `i` the device.
 #[derive(Debug, Deserialize)]
 struct IotAgentParams {
+    /// The IoT Agent's API key: a credential, checked by the route's
+    /// guard with the other ingest credentials.
+    #[allow(dead_code)]
     k: Option<String>,
     i: String,
 }
@@ -113,33 +123,38 @@ struct IotAgentParams {
 /// `POST /iot/json/commands?k=<apikey>&i=<device>` with `{"<command>":
 /// <result>}`: the device's answer to commands it was sent (the IoT
 /// Agents' `cmdexe`); each command gets `<command>_status` `OK` and
-/// `<command>_info` the result. The key is the ingest key (as `k`, or in
-/// `Authorization` as on the other ingest paths). 200, 400 for a body
-/// naming no command of the device, 404 for an unknown device.
+/// `<command>_info` the result. The credential (as `k`, or in
+/// `Authorization`) is the global ingest key, an ingest key whose pins
+/// hold the device, or a global admin key, checked by the route's guard
+/// ([`crate::auth::admit_ingest`]). 200; 401 without a
+/// working credential; 403 for a key whose pins the device is outside of;
+/// 400 for a body naming no command of the device, 404 for an unknown
+/// device.
 async fn command_answer(
     State(state): State<AppState>,
     Query(params): Query<IotAgentParams>,
-    headers: HeaderMap,
+    Extension(pins): Extension<IngestPins>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let by_k = matches!(
-        (&params.k, state.ingest_key.as_deref()),
-        (Some(k), Some(key)) if k == key
-    );
-    if !by_k {
-        crate::auth::admit_ingest(&state, &headers, true)?;
-    }
     let body: Value = parse_body(&body)?;
     let Value::Object(answers) = body else {
         return Err(ApiError::bad_request(
             "body must be a JSON object {\"<command>\": <result>}",
         ));
     };
-    let answered = state
-        .services
-        .downlinks
-        .command_answer(&params.i, &answers)
-        .await?;
+    let answered = weft_pipeline::uplink::command_result(
+        &state.services,
+        &params.i,
+        &answers,
+        &pins.uplink_pins(),
+    )
+    .await
+    .map_err(|refused| match refused {
+        CommandResultRefused::Forbidden(why) => {
+            ApiError::new(StatusCode::FORBIDDEN, "Forbidden", why)
+        }
+        CommandResultRefused::Downlink(e) => e.into(),
+    })?;
     if answered.is_empty() {
         return Err(ApiError::bad_request(format!(
             "the body names no command of device '{}'",

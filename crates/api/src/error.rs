@@ -119,6 +119,7 @@ impl From<AcceptError> for ApiError {
         match e {
             AcceptError::Overloaded => ApiError::overloaded(),
             AcceptError::Store(s) => s.into(),
+            AcceptError::Forbidden(why) => ApiError::new(StatusCode::FORBIDDEN, "Forbidden", why),
         }
     }
 }
@@ -129,7 +130,9 @@ impl From<CatalogError> for ApiError {
             CatalogError::Script(_) => {
                 Self::new(StatusCode::BAD_REQUEST, "InvalidScript", e.to_string())
             }
-            CatalogError::Language(_) => Self::bad_request(e.to_string()),
+            CatalogError::Language(_) | CatalogError::Invalid(_) => {
+                Self::bad_request(e.to_string())
+            }
             CatalogError::Store(s) => s.into(),
         }
     }

@@ -8,26 +8,30 @@
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::Router;
+use axum::Extension;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 use weft_model::device_event::is_event_name;
 use weft_model::validate::is_sensae_name;
-use weft_model::{now_ms, DownlinkRoute, NewUplink, UplinkFormat};
+use weft_model::{now_ms, NewUplink, UplinkFormat};
 
+use crate::auth::IngestPins;
+use crate::routes::{post, Access, Routes};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The ingest routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// The ingest routes: each wants an ingest credential.
+pub fn routes() -> Routes {
+    Routes::new()
         .route(
             "/sensor-data/{channel}/{info_type}/{device_type}",
-            post(sensae_uplink),
+            post(Access::Ingest, sensae_uplink),
         )
-        .route("/api/v1/uplinks/ttn", post(ttn_uplink))
-        .route("/api/v1/uplinks/chirpstack", post(chirpstack_uplink))
+        .route("/api/v1/uplinks/ttn", post(Access::Ingest, ttn_uplink))
+        .route(
+            "/api/v1/uplinks/chirpstack",
+            post(Access::Ingest, chirpstack_uplink),
+        )
 }
 
 /// sensae's ingest: `Authorization` carries the raw key. 401 before
@@ -36,10 +40,10 @@ pub fn router() -> Router<AppState> {
 async fn sensae_uplink(
     State(state): State<AppState>,
     Path((channel, info_type, device_type)): Path<(String, String, String)>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let pins = crate::auth::admit_ingest(&state, &headers, false)?;
     let format = match info_type.as_str() {
         "encoded" => UplinkFormat::SensaeEncoded,
         "decoded" => UplinkFormat::SensaeDecoded,
@@ -61,7 +65,19 @@ async fn sensae_uplink(
     }
     let (mut channel, mut device_type) = (Some(channel), Some(device_type));
     pins.apply(&mut channel, &mut device_type)?;
-    accept(&state, format, channel, device_type, &headers, body).await
+    let uplink = NewUplink {
+        partition: 0,
+        received_at: now_ms(),
+        format,
+        channel,
+        device_type,
+        event: None,
+        device_id: None,
+        source: None,
+        pins: pins.uplink_pins(),
+        body: body.to_vec(),
+    };
+    accept_uplink(&state, uplink, &headers).await
 }
 
 /// Optional routing hints on the webhook paths, for network servers whose
@@ -83,10 +99,11 @@ struct WebhookParams {
 async fn ttn_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    webhook(state, UplinkFormat::Ttn, params, headers, body).await
+    webhook(state, pins, UplinkFormat::Ttn, params, headers, body).await
 }
 
 /// ChirpStack v4 HTTP integration: `?event=up` (or no `event`) is an
@@ -96,20 +113,21 @@ async fn ttn_uplink(
 async fn chirpstack_uplink(
     State(state): State<AppState>,
     Query(params): Query<WebhookParams>,
+    Extension(pins): Extension<IngestPins>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    webhook(state, UplinkFormat::ChirpStack, params, headers, body).await
+    webhook(state, pins, UplinkFormat::ChirpStack, params, headers, body).await
 }
 
 async fn webhook(
     state: AppState,
+    pins: IngestPins,
     format: UplinkFormat,
     params: WebhookParams,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let pins = crate::auth::admit_ingest(&state, &headers, true)?;
     for name in [&params.channel, &params.device_type].into_iter().flatten() {
         if !weft_model::validate::is_object_id(name) {
             return Err(ApiError::bad_request(format!("invalid name '{name}'")));
@@ -140,102 +158,48 @@ async fn webhook(
         event,
         device_id: None,
         source: None,
+        pins: pins.uplink_pins(),
         body: body.to_vec(),
     };
     accept_uplink(&state, uplink, &headers).await
 }
 
-async fn accept(
-    state: &AppState,
-    format: UplinkFormat,
-    channel: Option<String>,
-    device_type: Option<String>,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> ApiResult<StatusCode> {
-    let uplink = NewUplink {
-        partition: 0,
-        received_at: now_ms(),
-        format,
-        channel,
-        device_type,
-        event: None,
-        device_id: None,
-        source: None,
-        body: body.to_vec(),
-    };
-    accept_uplink(state, uplink, headers).await
-}
-
-/// Checks that the body is a JSON object within the JSON limits, appends
-/// the message to the ingest log and answers 202 once that append has
-/// committed. Then notes how the device can be reached back
-/// ([`downlink_route`]).
+/// Checks that the body is a JSON object within the JSON limits and hands
+/// it to the uplink journey ([`weft_pipeline::uplink::accept`]): held to
+/// the key's pins, appended to the ingest log, 202 once committed, and
+/// the way back to the device learnt.
 async fn accept_uplink(
     state: &AppState,
     uplink: NewUplink,
     headers: &HeaderMap,
 ) -> ApiResult<StatusCode> {
     let body = check_body(&uplink.body).map_err(ApiError::bad_request)?;
-    let route = downlink_route(uplink.format, uplink.event.as_deref(), headers, &body);
-    state.services.ingest.accept_parsed(uplink, &body).await?;
-    if let Some((device, route)) = route {
-        state.services.downlinks.observe_route(&device, route).await;
-    }
-    Ok(StatusCode::ACCEPTED)
-}
-
-/// The device an uplink is from and the way back to it, when the uplink
-/// tells: The Things Stack's webhook headers `X-Downlink-Push`,
-/// `X-Downlink-Replace`, `X-Downlink-Apikey` (for
-/// `end_device_ids.device_id`); ChirpStack's `deviceInfo.devEui` (its REST
-/// API is configured in weft); a Helium/sensae body's `downlink_url`.
-fn downlink_route(
-    format: UplinkFormat,
-    event: Option<&str>,
-    headers: &HeaderMap,
-    body: &Value,
-) -> Option<(String, DownlinkRoute)> {
-    let text = |path: &[&str]| -> Option<String> {
-        let mut at = body;
-        for key in path {
-            at = at.get(key)?;
-        }
-        at.as_str().map(str::to_string)
-    };
+    // The network server's module knows how its webhook tells the way
+    // back (TTN's `X-Downlink-*` headers, ChirpStack's DevEUI, Helium's
+    // `downlink_url`).
     let header = |name: &str| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let is_url = |url: &String| url.starts_with("http://") || url.starts_with("https://");
-    match format {
-        UplinkFormat::Ttn => {
-            let push_url = header("x-downlink-push").filter(is_url)?;
-            let device = text(&["end_device_ids", "device_id"])?;
-            Some((
-                device,
-                DownlinkRoute::TtnWebhook {
-                    push_url,
-                    replace_url: header("x-downlink-replace").filter(is_url),
-                    api_key: header("x-downlink-apikey"),
-                },
-            ))
-        }
-        UplinkFormat::ChirpStack if event.is_none() => {
-            let dev_eui = text(&["deviceInfo", "devEui"])?;
-            Some((dev_eui.clone(), DownlinkRoute::ChirpStackRest { dev_eui }))
-        }
-        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded => {
-            let url = text(&["downlink_url"]).filter(is_url)?;
-            let device = text(&["id"])
-                .or_else(|| text(&["device", "id"]))
-                .or_else(|| text(&["dev_eui"]))?;
-            Some((device, DownlinkRoute::Helium { url }))
-        }
-        _ => None,
-    }
+    let route = weft_pipeline::uplink::server(uplink.format).http_route(
+        uplink.event.as_deref(),
+        &header,
+        &body,
+    );
+    let arrival = weft_pipeline::uplink::Arrival {
+        uplinks: vec![uplink],
+        parsed: Some(body),
+        route,
+    };
+    weft_pipeline::uplink::accept(
+        &state.services,
+        arrival,
+        &weft_pipeline::uplink::Patience::Once,
+    )
+    .await?;
+    Ok(StatusCode::ACCEPTED)
 }
 
 /// Checks `body` is one JSON object within the JSON limits: it is kept
@@ -253,55 +217,6 @@ fn check_body(body: &[u8]) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    /// Each network server's uplink names the device and the way back:
-    /// TTN's headers, ChirpStack's DevEUI (uplinks only), Helium's
-    /// `downlink_url` (http(s) only).
-    #[test]
-    fn uplinks_teach_downlink_routes() {
-        let mut headers = HeaderMap::new();
-        let ttn = json!({"end_device_ids": {"device_id": "dev1"}});
-        assert_eq!(
-            downlink_route(UplinkFormat::Ttn, None, &headers, &ttn),
-            None
-        );
-        headers.insert("x-downlink-push", "https://t/push".parse().unwrap());
-        headers.insert("x-downlink-apikey", "NNSXS.K".parse().unwrap());
-        assert_eq!(
-            downlink_route(UplinkFormat::Ttn, None, &headers, &ttn),
-            Some((
-                "dev1".to_string(),
-                DownlinkRoute::TtnWebhook {
-                    push_url: "https://t/push".into(),
-                    replace_url: None,
-                    api_key: Some("NNSXS.K".into())
-                }
-            ))
-        );
-        let cs = json!({"deviceInfo": {"devEui": "0102"}});
-        let none = HeaderMap::new();
-        assert_eq!(
-            downlink_route(UplinkFormat::ChirpStack, None, &none, &cs),
-            Some((
-                "0102".to_string(),
-                DownlinkRoute::ChirpStackRest {
-                    dev_eui: "0102".into()
-                }
-            ))
-        );
-        assert_eq!(
-            downlink_route(UplinkFormat::ChirpStack, Some("join"), &none, &cs),
-            None
-        );
-        let helium = json!({"id": "h1", "downlink_url": "https://console/down"});
-        assert!(downlink_route(UplinkFormat::SensaeEncoded, None, &none, &helium).is_some());
-        let bad = json!({"id": "h1", "downlink_url": "file:///etc/passwd"});
-        assert_eq!(
-            downlink_route(UplinkFormat::SensaeEncoded, None, &none, &bad),
-            None
-        );
-    }
 
     #[test]
     fn only_well_formed_objects_within_limits_pass() {

@@ -9,22 +9,24 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use weft_model::apikey::{normalize_service_path, path_within, ApiKey};
 use weft_pipeline::keys::{KeyError, NewKey};
 
 use crate::auth::Principal;
+use crate::routes::{get, post, Access, Routes, Scope};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The keys routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/keys", get(list).post(create))
-        .route("/api/v1/keys/{id}", get(show).delete(revoke))
-        .route("/api/v1/keys/{id}/revoke", post(revoke_post))
+/// The keys routes: admin keys of any tenant, each managing only the
+/// keys it may ([`manages`]).
+pub fn routes() -> Routes {
+    const ADMIN: Access = Access::admin(Scope::Keys);
+    Routes::new()
+        .route("/api/v1/keys", get(ADMIN, list).post(ADMIN, create))
+        .route("/api/v1/keys/{id}", get(ADMIN, show).delete(ADMIN, revoke))
+        .route("/api/v1/keys/{id}/revoke", post(ADMIN, revoke_post))
 }
 
 /// Whether the caller (none: authentication is off, anything goes) may
@@ -55,8 +57,8 @@ async fn create(
     caller: Option<Extension<Principal>>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let mut spec: NewKey = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid key: {e}")))?;
+    let mut spec: NewKey = weft_model::validate::parse_definition(&body)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if let Some(Extension(caller)) = &caller {
         let me = caller.key();
         if !me.is_global() {

@@ -17,8 +17,9 @@
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
 //! - [`history`]: QuantumLeap's API (1.0.0): `POST /v2/notify`, and the whole API under `/ql`.
-//! - [`auth`]: API keys checked before routing, for every surface alike;
-//!   [`keys`]: `/api/v1/keys`, where they are made and revoked.
+//! - [`routes`]: every route declares who may call it, and a guard checks
+//!   it before the handler ([`auth`] holds the checks); [`keys`]:
+//!   `/api/v1/keys`, where keys are made and revoked.
 #![deny(missing_docs)]
 
 pub mod alarms;
@@ -36,6 +37,7 @@ pub mod live;
 pub mod ngsi;
 pub mod ops;
 pub mod pages;
+pub mod routes;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -52,6 +54,8 @@ use tower::Service;
 use weft_pages::Pages;
 use weft_pipeline::keys::Keys;
 use weft_pipeline::Services;
+
+use routes::Routes;
 
 pub use error::{ApiError, ApiResult};
 
@@ -96,36 +100,61 @@ pub struct AppState {
 /// limit Orion applies), so one client cannot make it buffer without bound.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
+/// Every route of weft's main listener but NGSI's, with who may call it.
+fn other_routes() -> Routes {
+    Routes::new()
+        .merge(ingest::routes())
+        .merge(catalog::routes())
+        .merge(downlinks::routes())
+        .merge(alarms::routes())
+        .merge(channels::routes())
+        .merge(channels::bridges_routes())
+        .merge(channels::listing_routes())
+        .merge(pages::routes())
+        .merge(data::routes())
+        .merge(live::routes())
+        .merge(ops::routes())
+        .merge(history::routes())
+        .merge(keys::routes())
+        .merge(console::routes())
+}
+
+/// Every route of weft's main listener with who may call it, NGSI's and
+/// its fallback (which answers every unknown path) among them: the table
+/// the route-table test checks against docs/security.md. QuantumLeap's
+/// own listener has [`history::quantumleap_routes`].
+pub fn main_routes() -> Routes {
+    other_routes().merge(ngsi::routes())
+}
+
+/// Every listener's routes and who may call each, as rows `(listener,
+/// route)`: `main` (weft's listener) and `quantumleap`
+/// (`history.quantumleap_listen`), sorted by listener, path and method.
+/// `weft routes` prints it; the
+/// route-table test checks it against docs/security.md and walks it.
+pub fn route_table() -> Vec<(&'static str, routes::Declared)> {
+    let main = main_routes().table().into_iter().map(|r| ("main", r));
+    let ql = history::quantumleap_routes()
+        .table()
+        .into_iter()
+        .map(|r| ("quantumleap", r));
+    let mut table: Vec<_> = main.chain(ql).collect();
+    table.sort_by(|(l1, a), (l2, b)| (l1, &a.path, a.method).cmp(&(l2, &b.path, b.method)));
+    table
+}
+
 /// All of weft's surfaces as one service: NGSI's own paths go straight to
 /// [`ngsi::Surface`], the rest to the router of the other surfaces, whose
 /// fallback is the NGSI surface as well (it answers unknown paths, as
-/// Orion does).
+/// Orion does). Every route checks the credential its declaration asks
+/// for ([`routes`]) before its handler runs.
 pub fn app(state: AppState) -> App {
     let ngsi = ngsi::service(state.clone());
-    let (auth, keys) = (state.auth, state.keys.clone());
-    let others = Router::new()
-        .merge(ingest::router())
-        .merge(catalog::router())
-        .merge(downlinks::router())
-        .merge(alarms::router())
-        .merge(channels::router())
-        .merge(channels::bridges_router())
-        .merge(channels::listing_router())
-        .merge(pages::router())
-        .merge(data::router())
-        .merge(live::router())
-        .merge(ops::router())
-        .merge(history::router(&state))
-        .merge(keys::router())
-        .merge(console::router())
+    let others = other_routes()
+        .build(&state)
         .fallback_service(ngsi.clone())
         .with_state(state);
-    App {
-        ngsi,
-        others,
-        auth,
-        keys,
-    }
+    App { ngsi, others }
 }
 
 /// weft's HTTP service (see [`app`]). Sending NGSI's paths past the other
@@ -135,9 +164,6 @@ pub fn app(state: AppState) -> App {
 pub struct App {
     ngsi: ngsi::Surface,
     others: Router,
-    /// Checked on every request before it is routed ([`auth::admit`]).
-    auth: auth::AuthMode,
-    keys: Arc<Keys>,
 }
 
 impl<B> Service<http::Request<B>> for App
@@ -147,28 +173,20 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = Either<
-        std::future::Ready<Result<Response, Infallible>>,
-        Either<<ngsi::Surface as Service<Request>>::Future, RouteFuture<Infallible>>,
-    >;
+    type Future = Either<<ngsi::Surface as Service<Request>>::Future, RouteFuture<Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        // Before routing, for every surface alike; here rather than as a
-        // layer for the same reason as the body limit below.
-        if let Err(refused) = auth::admit(self.auth, &self.keys, &mut req, auth::Listener::Main) {
-            return Either::Left(std::future::ready(Ok(refused)));
-        }
         if ngsi::owns(req.uri().path()) {
-            return Either::Right(Either::Left(self.ngsi.call(req.map(Body::new))));
+            return Either::Left(self.ngsi.call(req.map(Body::new)));
         }
         // Here rather than as a layer of the router, which would wrap
         // (and clone, and box the future of) every route on every request.
         limit_body(&mut req);
-        Either::Right(Either::Right(self.others.call(req)))
+        Either::Right(self.others.call(req))
     }
 }
 

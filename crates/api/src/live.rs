@@ -7,6 +7,10 @@
 //! error rather than slowing the pipeline or buffering without bound: the
 //! bus buffers at most its stream capacity for it, and a send that stays
 //! blocked longer than [`SEND_TIMEOUT`] ends the connection.
+//!
+//! A stream lasts only as long as the key it was opened with: revoking
+//! the key, or its `expiresAt` passing, ends it with an `Unauthorized`
+//! error ([`Keys::until_unusable`](weft_pipeline::keys::Keys::until_unusable)).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,14 +20,14 @@ use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Extension, Router};
+use axum::Extension;
 use futures::{SinkExt, Stream as FutStream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use weft_bus::{Event, RecvError, Stream, Subscription};
 
 use crate::auth::Principal;
+use crate::routes::{get, Access, Routes, Scope};
 use crate::{ApiError, ApiResult, AppState};
 
 /// How long one websocket send may stay blocked on a client that does not
@@ -43,11 +47,17 @@ pub const MAX_SUBSCRIPTIONS: usize = 100;
 /// waiting for the write buffer to fill.
 const FLUSH_EVERY: usize = 64;
 
-/// The live routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/live", get(websocket))
-        .route("/api/v1/live/sse", get(sse))
+/// A client too far behind the stream's buffer.
+const SLOW_BEHIND: Ending = ("SlowConsumer", "the client fell too far behind the stream");
+/// A client that stopped reading.
+const SLOW_READER: Ending = ("SlowConsumer", "the client did not read for 5 s");
+
+/// The live routes: a read key of any tenant, each subscription held to
+/// what the key may see ([`scope`]).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/live", get(Access::read(Scope::Live), websocket))
+        .route("/api/v1/live/sse", get(Access::read(Scope::Live), sse))
 }
 
 pub use weft_pipeline::filter::{EventFilter as Filter, FilterSpec};
@@ -171,8 +181,30 @@ fn event_frame(id: &str, event: &Event) -> Message {
 /// subscriptions on it, by id.
 type StreamSubscriptions = (Option<Subscription>, Vec<(String, Filter)>);
 
+/// Waits until the key a stream was opened with stops working (revoked
+/// or expired) and says why; never, when there is no key (keys off).
+fn key_ended(
+    state: &AppState,
+    principal: Option<&Principal>,
+) -> impl std::future::Future<Output = &'static str> + Send + 'static {
+    let keys = state.keys.clone();
+    let key = principal.map(|p| p.key().clone());
+    async move {
+        match key {
+            Some(key) => keys.until_unusable(&key).await.describe(),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Why a websocket is closed by weft: the error name and description
+/// sent to the client before the close.
+type Ending = (&'static str, &'static str);
+
 async fn serve_socket(state: AppState, principal: Option<Principal>, socket: WebSocket) {
     let (mut sink, mut source) = socket.split();
+    let key_ended = key_ended(&state, principal.as_ref());
+    tokio::pin!(key_ended);
     let bus = state.services.bus.clone();
     // Per stream: the bus subscription and the client's filters on it.
     let mut subs: HashMap<Stream, StreamSubscriptions> = Stream::ALL
@@ -180,7 +212,7 @@ async fn serve_socket(state: AppState, principal: Option<Principal>, socket: Web
         .map(|s| (*s, (None, Vec::new())))
         .collect();
     metrics::gauge!("weft_live_connections").increment(1.0);
-    let reason = loop {
+    let reason: Option<Ending> = loop {
         let [data, alarms, entities] = Stream::ALL;
         let (mut d, mut a, mut e) = (
             subs.get_mut(&data).map(|x| x.0.take()).unwrap_or(None),
@@ -188,6 +220,7 @@ async fn serve_socket(state: AppState, principal: Option<Principal>, socket: Web
             subs.get_mut(&entities).map(|x| x.0.take()).unwrap_or(None),
         );
         let received = tokio::select! {
+            why = &mut key_ended => break Some(("Unauthorized", why)),
             msg = source.next() => Err(msg),
             ev = next_event(&mut d) => Ok((data, ev)),
             ev = next_event(&mut a) => Ok((alarms, ev)),
@@ -230,17 +263,15 @@ async fn serve_socket(state: AppState, principal: Option<Principal>, socket: Web
                     break None;
                 }
                 if lagged {
-                    break Some("the client fell too far behind the stream");
+                    break Some(SLOW_BEHIND);
                 }
                 match tokio::time::timeout(SEND_TIMEOUT, sink.flush()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => break None,
-                    Err(_) => break Some("the client did not read for 5 s"),
+                    Err(_) => break Some(SLOW_READER),
                 }
             }
-            Ok((_, Err(RecvError::Lagged(_)))) => {
-                break Some("the client fell too far behind the stream")
-            }
+            Ok((_, Err(RecvError::Lagged(_)))) => break Some(SLOW_BEHIND),
             Ok((_, Err(RecvError::Closed))) => break None,
             Err(None) | Err(Some(Err(_))) => break None,
             Err(Some(Ok(msg))) => {
@@ -312,10 +343,12 @@ async fn serve_socket(state: AppState, principal: Option<Principal>, socket: Web
             }
         }
     };
-    if let Some(reason) = reason {
-        metrics::counter!("weft_live_slow_consumers_total").increment(1);
+    if let Some((error, reason)) = reason {
+        if error == SLOW_BEHIND.0 {
+            metrics::counter!("weft_live_slow_consumers_total").increment(1);
+        }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            let _ = sink.send(error_message(None, "SlowConsumer", reason)).await;
+            let _ = sink.send(error_message(None, error, reason)).await;
             let _ = sink.close().await;
         })
         .await;
@@ -374,16 +407,26 @@ async fn sse(
         .map_err(|denied| ApiError::new(axum::http::StatusCode::FORBIDDEN, "Forbidden", denied))?;
     let filter = Filter::new(spec).map_err(ApiError::bad_request)?;
     let sub = state.services.bus.subscribe(stream);
-    let events = futures::stream::unfold(Some((sub, filter)), move |state| async move {
-        let (mut sub, filter) = state?;
+    let ended = Box::pin(key_ended(&state, principal.as_ref().map(|Extension(p)| p)));
+    let events = futures::stream::unfold(Some((sub, filter, ended)), move |state| async move {
+        let (mut sub, filter, mut ended) = state?;
         loop {
-            match sub.recv().await {
+            let received = tokio::select! {
+                why = &mut ended => {
+                    let ev = SseEvent::default()
+                        .event("error")
+                        .data(json!({"error":"Unauthorized","description":why}).to_string());
+                    return Some((Ok(ev), None));
+                }
+                received = sub.recv() => received,
+            };
+            match received {
                 Ok(event) if filter.matches(&event) => {
                     let data = std::str::from_utf8(&event.json)
                         .unwrap_or("null")
                         .to_string();
                     let ev = SseEvent::default().event(stream.as_str()).data(data);
-                    return Some((Ok(ev), Some((sub, filter))));
+                    return Some((Ok(ev), Some((sub, filter, ended))));
                 }
                 Ok(_) => continue,
                 Err(RecvError::Lagged(_)) => {

@@ -4,18 +4,19 @@
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::json;
 
+use crate::routes::{get, Access, Routes, Scope::Own};
 use crate::AppState;
 
-/// The operations routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
-        .route("/api/v1/openapi.json", get(openapi))
+/// The operations routes: `/health` is open (load balancers probe it);
+/// the metrics and the API's description want a read key.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/health", get(Access::Open, health))
+        .route("/metrics", get(Access::read(Own), metrics_text))
+        .route("/api/v1/openapi.json", get(Access::read(Own), openapi))
 }
 
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through

@@ -8,28 +8,35 @@ use std::collections::HashMap;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json};
 use bytes::Bytes;
 use serde_json::{json, Value};
+use weft_model::secret;
 use weft_pages::{PageError, PageService, RequestInfo};
 
-use crate::catalog::parse_body;
+use crate::auth::{sees_secrets, Principal};
+use crate::routes::{get, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The pages routes.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/pages", get(list_pages))
+/// The pages routes: templates and services are definitions (admin),
+/// whatever their names end with; reading them and the rendered pages
+/// wants a read key.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/api/v1/pages", get(Access::read(Own), list_pages))
         .route(
             "/api/v1/pages/{*name}",
-            get(get_page).put(put_page).delete(delete_page),
+            get(Access::read(Own), get_page)
+                .put(Access::admin(Own), put_page)
+                .delete(Access::admin(Own), delete_page),
         )
         .route(
             "/api/v1/page-services/{name}",
-            get(get_service).put(put_service).delete(delete_service),
+            get(Access::read(Own), get_service)
+                .put(Access::admin(Own), put_service)
+                .delete(Access::admin(Own), delete_service),
         )
-        .route("/pages/{*name}", get(render))
+        .route("/pages/{*name}", get(Access::read(Own), render))
 }
 
 impl From<PageError> for ApiError {
@@ -104,13 +111,19 @@ async fn delete_page(
 /// `GET /api/v1/page-services/{name}`.
 async fn get_service(
     State(state): State<AppState>,
+    caller: Option<Extension<Principal>>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<PageService>> {
-    state
+    let mut service = state
         .pages
         .service(&name)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("page service '{name}' does not exist")))
+        .ok_or_else(|| ApiError::not_found(format!("page service '{name}' does not exist")))?;
+    if !sees_secrets(&state, caller.as_deref()) {
+        if let Some(http) = &mut service.http {
+            http.url = secret::mask_url(&http.url);
+        }
+    }
+    Ok(Json(service))
 }
 
 /// `PUT /api/v1/page-services/{name}`: 201/200.
@@ -119,7 +132,7 @@ async fn put_service(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let service: PageService = parse_body(&body)?;
+    let service: PageService = crate::catalog::parse_definition(&body)?;
     Ok(created(state.pages.put_service(&name, service).await?))
 }
 
@@ -153,5 +166,20 @@ async fn render(
             .collect(),
     };
     let html = state.pages.render(&name, &request).await?;
-    Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response())
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY),
+        ],
+        html,
+    )
+        .into_response())
 }
+
+/// The `Content-Security-Policy` of a rendered page: it runs in a
+/// sandbox of its own origin, so a page's scripts (pages are served on
+/// the console's origin) can read neither the console's stored key nor
+/// weft's API with the browser's credentials; its scripts, forms and
+/// links still work.
+pub const PAGE_POLICY: &str =
+    "sandbox allow-scripts allow-forms allow-popups allow-popups-to-escape-sandbox allow-downloads";

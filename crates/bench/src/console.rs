@@ -304,7 +304,7 @@ async fn seed(args: &ConsoleArgs, session: &Session) -> Tally {
 async fn send_uplinks(args: &ConsoleArgs, session: &Session) -> anyhow::Result<()> {
     let n = args.devices - 1;
     let id = device_id(n);
-    let key = args.common.ingest_key.clone();
+    let key = crate::http::ingest_credential(args.common.ingest_key.as_deref());
     let headers: Vec<(&str, &str)> = key
         .as_deref()
         .map(|k| vec![("Authorization", k)])

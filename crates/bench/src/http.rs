@@ -342,6 +342,16 @@ pub fn api_key() -> Option<&'static str> {
     API_KEY.get().map(String::as_str)
 }
 
+/// What uplinks carry in `Authorization`: the ingest key given
+/// (`--ingest-key`), else the run's API key as a bearer token (weft takes
+/// a global admin key on its ingest paths, and wants a credential there
+/// whenever keys are on).
+pub fn ingest_credential(ingest_key: Option<&str>) -> Option<String> {
+    ingest_key
+        .map(str::to_string)
+        .or_else(|| api_key().map(|key| format!("Bearer {key}")))
+}
+
 /// The run's API key as a header line (`X-Auth-Token: …\r\n`), for the
 /// scenarios that pre-render their request heads by hand; empty without one.
 pub fn api_key_line() -> String {

@@ -1,19 +1,8 @@
-//! Durable pull channels (the DSPS API): the rules for the ids in its
-//! paths and the Go-style durations of its `timeout` parameter.
+//! Durable pull channels (the DSPS API): the Go-style durations of its
+//! `timeout` parameter. The rule for the ids in its paths is
+//! [`crate::validate::is_dsps_id`].
 
 use std::time::Duration;
-
-/// Whether `id` is a valid channel, subscriber or message id:
-/// `^[0-9a-z][0-9a-z_-]{0,62}$`, as DSPS checks them.
-pub fn is_channel_id(id: &str) -> bool {
-    let bytes = id.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && (bytes[0].is_ascii_digit() || bytes[0].is_ascii_lowercase())
-        && bytes[1..]
-            .iter()
-            .all(|&b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'_' || b == b'-')
-}
 
 /// Parses a Go `time.ParseDuration` string (`"3s"`, `"1h30m"`, `"1.5s"`,
 /// `"300ms"`, `"0"`), the syntax DSPS clients send. Negative durations
@@ -59,18 +48,6 @@ pub fn parse_go_duration(text: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// DSPS's id rule: lower-case alphanumerics, `_` and `-`, not leading,
-    /// at most 63 characters.
-    #[test]
-    fn ids() {
-        for ok in ["a", "0", "abc-12_x", "sbsc-5", &"a".repeat(63)] {
-            assert!(is_channel_id(ok), "{ok}");
-        }
-        for bad in ["", "-a", "_a", "A", "a b", "a.b", "ä", &"a".repeat(64)] {
-            assert!(!is_channel_id(bad), "{bad}");
-        }
-    }
 
     /// Go's duration syntax, including fractions and compound units.
     #[test]

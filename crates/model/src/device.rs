@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::validate::{self, Invalid};
+
 /// How uplinks of one kind of device are decoded and mapped. Unknown
 /// fields are refused, here and in its parts, so a misspelt key is named
 /// in a 400 instead of silently doing nothing.
@@ -43,21 +45,38 @@ fn default_language() -> String {
 }
 
 impl DeviceType {
-    /// Checks that the NGSI entity type this type's devices get (its
-    /// `entityType`, or `name`, the type's own name) is one NGSI accepts,
-    /// so devices of the type never make entities `/v2` cannot serve.
-    pub fn check(&self, name: &str) -> Result<(), String> {
+    /// Checks a type about to be stored as `name`: the name
+    /// ([`validate::device_type_name`]); the NGSI entity type its devices
+    /// get (its `entityType`, or `name`), which must be one NGSI accepts so
+    /// devices of the type never make entities `/v2` cannot serve; its
+    /// commands (NGSI attribute names, each once); and its mappings'
+    /// dotted paths. The refusal names the field.
+    pub fn check(&self, name: &str) -> Result<(), Invalid> {
+        validate::device_type_name("name", name)?;
         let mut seen = std::collections::HashSet::new();
-        for command in &self.commands {
+        for (i, command) in self.commands.iter().enumerate() {
             crate::ngsi::check_name(crate::ngsi::NameKind::AttrName, command).map_err(|e| {
-                format!(
-                    "command '{}' cannot be an NGSI attribute: {}",
-                    command.escape_default(),
-                    e.description
+                Invalid::new(
+                    format!("commands[{i}]"),
+                    format!(
+                        "{} cannot be an NGSI attribute: {}",
+                        validate::shown(command),
+                        e.description
+                    ),
                 )
             })?;
             if !seen.insert(command.as_str()) {
-                return Err(format!("command '{command}' is listed twice"));
+                return Err(Invalid::new(
+                    format!("commands[{i}]"),
+                    format!("{} is listed twice", validate::shown(command)),
+                ));
+            }
+        }
+        if let Some(processor) = &self.processor {
+            for (i, m) in processor.mappings.iter().enumerate() {
+                let at = format!("processor.mappings[{i}]");
+                dotted_path("from", &m.from).map_err(|e| e.within(&at))?;
+                dotted_path("to", &m.to).map_err(|e| e.within(&at))?;
             }
         }
         let entity_type = self.entity_type.as_deref().unwrap_or(name);
@@ -65,15 +84,34 @@ impl DeviceType {
             let field = if self.entity_type.is_some() {
                 "entityType"
             } else {
-                "the type's name (no entityType given)"
+                "name (no entityType given)"
             };
-            format!(
-                "{field} '{}' cannot be an NGSI entity type: {}",
-                entity_type.escape_default(),
-                e.description
+            Invalid::new(
+                field,
+                format!(
+                    "{} cannot be an NGSI entity type: {}",
+                    validate::shown(entity_type),
+                    e.description
+                ),
             )
         })
     }
+}
+
+/// A mapping's dotted path: 1–256 characters without control characters,
+/// no segment empty (`a..b`, `.a`).
+fn dotted_path(field: &str, path: &str) -> Result<(), Invalid> {
+    validate::label(field, path)?;
+    if path.split('.').any(str::is_empty) {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "{} is not a dotted path: a segment is empty",
+                validate::shown(path)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Ordered field mappings from an uplink body to a data unit.
@@ -176,40 +214,88 @@ impl Device {
     }
 
     /// Checks what a device definition may not hold, so a bad one is
-    /// refused when it is saved rather than producing broken entities
-    /// later: a device or sub-device id that cannot name an NGSI entity,
-    /// a sub-device at index 0 (the device itself) or an index used twice,
-    /// and a sub-device that is the device itself or appears twice (either
-    /// would give one uplink two units for one entity).
-    pub fn check(&self) -> Result<(), String> {
-        check_device_id(&self.id)?;
-        if let Some(endpoint) = &self.endpoint {
-            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                return Err(format!(
-                    "endpoint '{}' must be an http:// or https:// URL",
-                    endpoint.escape_default()
+    /// refused when it is saved rather than producing broken entities or
+    /// unreachable devices later: a device or sub-device id that cannot
+    /// name an NGSI entity; a `name` with control characters or too long;
+    /// a `type` that cannot name a device type, a `channel` that cannot name
+    /// an uplink's channel; an empty or unprintable record label; a static
+    /// `location` that is not `{lat, lon}` on the globe; an `endpoint` that
+    /// is not an http(s) URL; a sub-device at index 0 (the device itself)
+    /// or an index used twice, and a sub-device that is the device itself
+    /// or appears twice (either would give one uplink two units for one
+    /// entity). The refusal names the field.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let unprefixed = |e: String| {
+            e.strip_prefix("device id ")
+                .map(str::to_string)
+                .unwrap_or(e)
+        };
+        check_device_id(&self.id).map_err(|e| Invalid::new("id", unprefixed(e)))?;
+        validate::object_id("id", &self.id)?;
+        validate::name("name", &self.name)?;
+        if !self.device_type.is_empty() {
+            validate::device_type_name("type", &self.device_type)?;
+        }
+        if !self.channel.is_empty() {
+            validate::channel("channel", &self.channel)?;
+        }
+        for label in self.records.keys() {
+            validate::label("records", label).map_err(|e| {
+                Invalid::new(
+                    "records",
+                    format!("label {}: {}", validate::shown(label), e.problem),
+                )
+            })?;
+        }
+        if let Some(location) = self.static_data.get("location") {
+            let Some(fields) = location.as_object() else {
+                return Err(Invalid::new(
+                    "static.location",
+                    format!("{location} must be {{\"lat\": <latitude>, \"lon\": <longitude>}}"),
                 ));
-            }
+            };
+            let missing = |f: &str| {
+                Invalid::new(
+                    format!("static.location.{f}"),
+                    "is missing: a location is {\"lat\": <latitude>, \"lon\": <longitude>}",
+                )
+            };
+            validate::latitude(
+                "static.location.lat",
+                fields.get("lat").ok_or_else(|| missing("lat"))?,
+            )?;
+            validate::longitude(
+                "static.location.lon",
+                fields.get("lon").ok_or_else(|| missing("lon"))?,
+            )?;
+        }
+        if let Some(endpoint) = &self.endpoint {
+            validate::http_url("endpoint", endpoint)?;
         }
         let mut indexes = std::collections::HashSet::new();
         let mut ids = std::collections::HashSet::from([self.id.as_str()]);
-        for sub in &self.sub_devices {
-            check_device_id(&sub.id)?;
-            if sub.index == 0 {
-                return Err(format!(
-                    "sub-device '{}' has ref 0, which is the device itself",
-                    sub.id
+        let sub = |i: usize, problem: String| Invalid::new(format!("subDevices[{i}]"), problem);
+        for (i, s) in self.sub_devices.iter().enumerate() {
+            check_device_id(&s.id).map_err(|e| sub(i, unprefixed(e)))?;
+            validate::object_id(&format!("subDevices[{i}].id"), &s.id)?;
+            if s.index == 0 {
+                return Err(sub(
+                    i,
+                    format!("'{}' has ref 0, which is the device itself", s.id),
                 ));
             }
-            if !indexes.insert(sub.index) {
-                return Err(format!("sub-device ref {} is used twice", sub.index));
+            if !indexes.insert(s.index) {
+                return Err(sub(i, format!("ref {} is used twice", s.index)));
             }
-            if !ids.insert(sub.id.as_str()) {
-                return Err(if sub.id == self.id {
-                    format!("device '{}' cannot be its own sub-device", sub.id)
-                } else {
-                    format!("sub-device '{}' is listed twice", sub.id)
-                });
+            if !ids.insert(s.id.as_str()) {
+                return Err(sub(
+                    i,
+                    if s.id == self.id {
+                        format!("'{}': a device cannot be its own sub-device", s.id)
+                    } else {
+                        format!("'{}' is listed twice", s.id)
+                    },
+                ));
             }
         }
         Ok(())
@@ -250,7 +336,7 @@ mod tests {
     #[test]
     fn sub_device_loops_and_duplicates_are_refused() {
         assert_eq!(device("gw", &[(1, "a"), (2, "b")]).check(), Ok(()));
-        let err = |d: Device| d.check().unwrap_err();
+        let err = |d: Device| d.check().unwrap_err().to_string();
         assert!(err(device("gw", &[(1, "gw")])).contains("its own sub-device"));
         assert!(err(device("gw", &[(1, "a"), (2, "a")])).contains("listed twice"));
         assert!(err(device("gw", &[(1, "a"), (1, "b")])).contains("used twice"));
@@ -270,5 +356,88 @@ mod tests {
             "the message does not repeat the id whole"
         );
         assert!(device("ok", &[(1, "no\u{1}")]).check().is_err());
+    }
+
+    fn refused(v: Value) -> String {
+        let d: Device = serde_json::from_value(v).unwrap();
+        d.check().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn device_fields_are_checked_and_named() {
+        let ok: Device = serde_json::from_value(serde_json::json!({
+            "id": "dev-1", "name": "Soil 1", "type": "em300th", "channel": "irrigation",
+            "records": {"Project": "perf"}, "static": {"location": {"lat": 41.15, "lon": -8.61}},
+            "endpoint": "https://device.example/down"}))
+        .unwrap();
+        assert_eq!(ok.check(), Ok(()));
+        let cases = [
+            (serde_json::json!({"id": "d", "type": "[]"}), "type '[]'"),
+            (
+                serde_json::json!({"id": "d", "channel": "bad chan!"}),
+                "channel 'bad chan!'",
+            ),
+            (serde_json::json!({"id": "d", "name": "a\u{7}"}), "name "),
+            (
+                serde_json::json!({"id": "d", "records": {"": 1}}),
+                "records label ''",
+            ),
+            (
+                serde_json::json!({"id": "d", "static": {"location": {"lat": 999, "lon": 0}}}),
+                "static.location.lat 999",
+            ),
+            (
+                serde_json::json!({"id": "d", "static": {"location": {"lat": 0, "lon": 181}}}),
+                "static.location.lon 181",
+            ),
+            (
+                serde_json::json!({"id": "d", "static": {"location": {"lat": 0}}}),
+                "static.location.lon is missing",
+            ),
+            (
+                serde_json::json!({"id": "d", "static": {"location": "Porto"}}),
+                "static.location ",
+            ),
+            (
+                serde_json::json!({"id": "d", "endpoint": "not a url"}),
+                "endpoint 'not a url'",
+            ),
+            (serde_json::json!({"id": "a b"}), "id 'a b'"),
+        ];
+        for (body, start) in cases {
+            let e = refused(body.clone());
+            assert!(e.starts_with(start), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn device_type_fields_are_checked_and_named() {
+        let t = |v: Value| serde_json::from_value::<DeviceType>(v).unwrap();
+        assert_eq!(t(serde_json::json!({})).check("em300-th"), Ok(()));
+        let e = t(serde_json::json!({}))
+            .check("[]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("name '[]'"), "{e}");
+        let e = t(serde_json::json!({"processor": {"mappings": [{"from": "a", "to": ""}]}}))
+            .check("ok")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("processor.mappings[0].to "), "{e}");
+        let e = t(serde_json::json!({"processor": {"mappings": [{"from": "a..b", "to": "x"}]}}))
+            .check("ok")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("processor.mappings[0].from "), "{e}");
+        let e = t(serde_json::json!({"commands": ["ring", "ring"]}))
+            .check("ok")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("commands[1] 'ring'"), "{e}");
+        let e = t(serde_json::json!({"entityType": "a b"}))
+            .check("ok")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("entityType 'a b'"), "{e}");
     }
 }

@@ -7,32 +7,17 @@
 //! `integration`); The Things Stack v3 names it by the message field its
 //! body carries (`uplink_message`, `join_accept`, `downlink_ack`,
 //! `location_solved`, …). Both arrive on the uplink webhook paths, go
-//! through the ingest log like uplinks, and are read here into a
-//! [`DeviceEvent`] instead of being decoded. An event of a name weft does
-//! not know is kept all the same, under that name.
+//! through the ingest log like uplinks, and are kept as a [`DeviceEvent`]
+//! instead of being decoded (which message is an event, and where it names
+//! its device, each network server's module in the pipeline knows). An
+//! event of a name weft does not know is kept all the same, under that
+//! name.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::mapping::{get_path, value_as_id};
+use crate::mapping::get_path;
 use crate::UplinkFormat;
-
-/// The fields of a TTN v3 message that say which device and when, not
-/// what happened: the message's kind is the other top-level object field.
-const TTN_ENVELOPE_FIELDS: &[&str] = &[
-    "end_device_ids",
-    "correlation_ids",
-    "received_at",
-    "unique_id",
-    "identifiers",
-    "context",
-    "data",
-    "visibility",
-    "origin",
-];
-
-/// TTN v3 message fields that carry an uplink weft decodes.
-const TTN_UPLINK_FIELDS: &[&str] = &["uplink_message"];
 
 /// One event a network server reported about a device, as kept: its kind,
 /// when it happened and arrived, and the body exactly as received.
@@ -60,45 +45,22 @@ pub struct DeviceEvent {
     pub body: Value,
 }
 
-/// The event an uplink-path message is, if it is one: ChirpStack's
-/// `?event=` (`up` or none: an uplink), or the message field of a TTN body
-/// (`uplink_message`: an uplink; a body with no message field at all is
-/// left to the uplink path, which reports what is missing).
-pub fn event_name(
-    format: UplinkFormat,
-    chirpstack_event: Option<&str>,
-    body: &Value,
-) -> Option<String> {
-    match format {
-        UplinkFormat::ChirpStack => chirpstack_event.filter(|e| *e != "up").map(str::to_string),
-        UplinkFormat::Ttn => {
-            let obj = body.as_object()?;
-            if TTN_UPLINK_FIELDS.iter().any(|f| obj.contains_key(*f)) {
-                return None;
-            }
-            obj.iter()
-                .find(|(k, v)| v.is_object() && !TTN_ENVELOPE_FIELDS.contains(&k.as_str()))
-                .map(|(k, _)| k.clone())
-        }
-        UplinkFormat::SensaeEncoded | UplinkFormat::SensaeDecoded | UplinkFormat::Iota => None,
-    }
-}
-
 impl DeviceEvent {
-    /// Reads an event message (`event` named by [`event_name`]); `Err`
-    /// when the body names no device to keep it under.
-    pub fn read(
+    /// An event message of `format`'s network server about `device_id`
+    /// (as its envelope names it), happening at `time` (as it says it;
+    /// RFC 3339, ignored when unreadable). `Err` when it names no device
+    /// to keep it under, or one that cannot name an entity. Which message
+    /// is an event, and where it names its device and time, each network
+    /// server's module in the pipeline knows (`crates/pipeline/src/uplink/`).
+    pub fn of(
         format: UplinkFormat,
         event: &str,
+        device_id: Option<String>,
+        time: Option<String>,
         body: Value,
         seq: u64,
         received_at: i64,
     ) -> Result<DeviceEvent, String> {
-        let s = |path: &str| get_path(&body, path).and_then(value_as_id);
-        let (device_id, time) = match format {
-            UplinkFormat::Ttn => (s("end_device_ids.device_id"), s("received_at")),
-            _ => (s("deviceInfo.devEui"), s("time")),
-        };
         let device_id = device_id
             .ok_or_else(|| format!("{} event '{event}' names no device", format.as_str()))?;
         crate::device::check_device_id(&device_id)?;
@@ -220,50 +182,12 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn chirpstack_events_are_named_by_the_query_and_ttn_by_the_body() {
-        let cs = UplinkFormat::ChirpStack;
-        assert_eq!(event_name(cs, None, &json!({})), None);
-        assert_eq!(event_name(cs, Some("up"), &json!({})), None);
-        assert_eq!(
-            event_name(cs, Some("join"), &json!({})).as_deref(),
-            Some("join")
-        );
-        let ttn = UplinkFormat::Ttn;
-        let ids = json!({"device_id": "d"});
-        assert_eq!(
-            event_name(
-                ttn,
-                None,
-                &json!({"end_device_ids": ids, "uplink_message": {}})
-            ),
-            None
-        );
-        assert_eq!(
-            event_name(
-                ttn,
-                None,
-                &json!({"end_device_ids": ids, "correlation_ids": [], "join_accept": {}})
-            )
-            .as_deref(),
-            Some("join_accept")
-        );
-        assert_eq!(
-            event_name(
-                ttn,
-                None,
-                &json!({"end_device_ids": ids, "something_new": {}})
-            )
-            .as_deref(),
-            Some("something_new")
-        );
-        assert_eq!(event_name(ttn, None, &json!({"end_device_ids": ids})), None);
-    }
-
-    #[test]
     fn summaries_use_chirpstacks_names_for_both_servers() {
-        let cs = DeviceEvent::read(
+        let cs = DeviceEvent::of(
             UplinkFormat::ChirpStack,
             "status",
+            Some("0101".into()),
+            Some("2026-03-01T10:00:00Z".into()),
             json!({"time": "2026-03-01T10:00:00Z", "deviceInfo": {"devEui": "0101"},
                    "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false}),
             3,
@@ -276,9 +200,11 @@ mod tests {
             json!({"event": "status", "time": 1_772_359_200_000i64, "receivedAt": 5,
                    "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false})
         );
-        let ttn = DeviceEvent::read(
+        let ttn = DeviceEvent::of(
             UplinkFormat::Ttn,
             "join_accept",
+            Some("eui-1".into()),
+            None,
             json!({"end_device_ids": {"device_id": "eui-1", "dev_addr": "260B1234"},
                    "join_accept": {"session_key_id": "AX"}}),
             4,
@@ -287,7 +213,16 @@ mod tests {
         .unwrap();
         assert_eq!(ttn.kind(), "join");
         assert_eq!(ttn.summary()["devAddr"], "260B1234");
-        assert!(DeviceEvent::read(UplinkFormat::Ttn, "join_accept", json!({}), 1, 1).is_err());
+        assert!(DeviceEvent::of(
+            UplinkFormat::Ttn,
+            "join_accept",
+            None,
+            None,
+            json!({}),
+            1,
+            1
+        )
+        .is_err());
     }
 
     #[test]

@@ -15,10 +15,10 @@
 //!   representations and Orion's validation rules.
 //! - [`geo`]: geometry for `geo:json` attributes and geo-queries.
 //! - [`page`]: page templates in Knot.x 1.x markup, split into static parts and snippets.
-//! - [`validate`]: the name rules of the compatible surfaces.
+//! - [`validate`]: what names, labels and fields of definitions may be, in one place.
 //! - [`rule`]: alarm rules (scope, condition, `for`, `repeat`, inactivity).
 //! - [`alarm`]: alarms, their lifecycle and the events announcing changes.
-//! - [`channel`]: ids and durations of the durable channels' API (DSPS).
+//! - [`channel`]: durations of the durable channels' API (DSPS).
 //! - [`jexl`]: JEXL expressions and `${…}` templates of custom notifications.
 //! - [`json`]: depth and number limits on JSON kept as clients sent it.
 //! - [`apikey`]: API keys: roles, scopes, secrets and their hashes.
@@ -39,6 +39,7 @@ pub mod ngsi;
 pub mod page;
 pub mod query;
 pub mod rule;
+pub mod secret;
 pub mod unit;
 pub mod uplink;
 pub mod validate;
@@ -49,7 +50,7 @@ pub use device_event::DeviceEvent;
 pub use downlink::{Downlink, DownlinkRoute, DownlinkStatus};
 pub use rule::{Rule, RuleSpec};
 pub use unit::{DataUnit, DeviceInfo, FailedUplink, FailureReason};
-pub use uplink::{NewUplink, Uplink, UplinkFormat};
+pub use uplink::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 /// Milliseconds since the Unix epoch, the time unit of data units.
 pub fn now_ms() -> i64 {

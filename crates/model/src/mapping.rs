@@ -13,8 +13,9 @@ use crate::Mapping;
 pub struct PartialUnit {
     /// `dataId`, if a mapping or codec gave one.
     pub data_id: Option<String>,
-    /// `reportedAt` in epoch ms, if given (numbers and numeric strings accepted).
-    pub reported_at: Option<i64>,
+    /// `reportedAt` in epoch ms, if given; `Err` when what was given is no
+    /// time ([`crate::uplink::read_reported_time`] says which are).
+    pub reported_at: Option<Result<i64, String>>,
     /// `device.id`, if given.
     pub device_id: Option<String>,
     /// `device.name`, if given.
@@ -86,7 +87,13 @@ pub fn apply(mappings: &[Mapping], source: &Value) -> PartialUnit {
         };
         match m.to.as_str() {
             "dataId" => unit.data_id = value_as_id(v),
-            "reportedAt" => unit.reported_at = value_as_millis(v),
+            "reportedAt" => {
+                unit.reported_at = crate::uplink::read_optional_time(
+                    &format!("'{}' (mapped to reportedAt)", m.from),
+                    Some(v),
+                )
+                .transpose()
+            }
             "device.id" => unit.device_id = value_as_id(v),
             "device.name" => unit.device_name = value_as_id(v),
             to => {
@@ -128,7 +135,7 @@ mod tests {
         assert_eq!(u.data_id.as_deref(), Some("u-1"));
         assert_eq!(u.device_id.as_deref(), Some("dev-1"));
         assert_eq!(u.device_name.as_deref(), Some("P00010"));
-        assert_eq!(u.reported_at, Some(1700000000123));
+        assert_eq!(u.reported_at, Some(Ok(1700000000123)));
         assert_eq!(
             Value::Object(u.measures),
             json!({"temperature":{"celsius":37},"airHumidity":{"relativePercentage":61}})

@@ -143,6 +143,47 @@ fn one() -> u32 {
     1
 }
 
+impl RuleSpec {
+    /// Checks the names and texts of a rule about to be stored as `id`
+    /// (its queries, script and durations are checked by [`Rule::new`]):
+    /// the id; the name; every scoped type, channel, device and record
+    /// label as [`crate::validate`] has them; the alarm's type (not empty),
+    /// category and sub-category (names) and description (text). The
+    /// refusal names the field.
+    pub fn check(&self, id: &str) -> Result<(), crate::validate::Invalid> {
+        use crate::validate::{self, Invalid};
+        validate::object_id("id", id)?;
+        validate::name("name", &self.name)?;
+        for (i, t) in self.scope.types.iter().enumerate() {
+            validate::device_type_name(&format!("scope.types[{i}]"), t)?;
+        }
+        for (i, c) in self.scope.channels.iter().enumerate() {
+            validate::channel(&format!("scope.channels[{i}]"), c)?;
+        }
+        for (i, d) in self.scope.devices.iter().enumerate() {
+            crate::device::check_device_id(d).map_err(|e| {
+                Invalid::new(
+                    format!("scope.devices[{i}]"),
+                    e.strip_prefix("device id ").unwrap_or(&e).to_string(),
+                )
+            })?;
+        }
+        for label in self.scope.records.keys() {
+            validate::label("scope.records", label).map_err(|e| {
+                Invalid::new(
+                    "scope.records",
+                    format!("label {}: {}", validate::shown(label), e.problem),
+                )
+            })?;
+        }
+        validate::label("alarm.type", &self.alarm.alarm_type)?;
+        validate::name("alarm.category", &self.alarm.category)?;
+        validate::name("alarm.subCategory", &self.alarm.sub_category)?;
+        validate::text("alarm.description", &self.alarm.description)?;
+        Ok(())
+    }
+}
+
 /// A validated rule: the spec as given plus everything evaluation needs,
 /// parsed once.
 #[derive(Debug, Clone)]
@@ -353,6 +394,54 @@ mod tests {
             json!({"condition":"a>1","alarm":{"type":"t","severity":"fatal"}})
         )
         .is_err());
+    }
+
+    /// Names and texts are checked before a rule is stored, the field named.
+    #[test]
+    fn names_in_rules_are_checked() {
+        let ok = spec(
+            json!({"name":"Hot","scope":{"types":["em300th","em300-th"],"channels":["irrigation"],
+            "devices":["dev-1"],"records":{"zone":"a"}},"condition":"a>1",
+            "alarm":{"type":"hot","description":"line 1\nline 2"}}),
+        );
+        assert_eq!(ok.check("hot-soil"), Ok(()));
+        let cases = [
+            (
+                "r",
+                json!({"scope":{"channels":["bad chan!"]}}),
+                "scope.channels[0] 'bad chan!'",
+            ),
+            (
+                "r",
+                json!({"scope":{"types":["ok","[]"]}}),
+                "scope.types[1] '[]'",
+            ),
+            (
+                "r",
+                json!({"scope":{"devices":["a b"]}}),
+                "scope.devices[0] 'a b'",
+            ),
+            (
+                "r",
+                json!({"scope":{"records":{"":"x"}}}),
+                "scope.records label ''",
+            ),
+            ("r", json!({"name":"a\u{0}"}), "name "),
+            ("a b", json!({}), "id 'a b'"),
+        ];
+        for (id, extra, start) in cases {
+            let mut body = json!({"condition":"a>1","alarm":{"type":"t"}});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let e = spec(body.clone()).check(id).unwrap_err().to_string();
+            assert!(e.starts_with(start), "{body}: {e}");
+        }
+        let e = spec(json!({"condition":"a>1","alarm":{"type":"t","category":"c\u{1}"}}))
+            .check("r")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("alarm.category "), "{e}");
     }
 
     /// Templates read unit fields, nested paths and bare measure names.

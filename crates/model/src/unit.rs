@@ -55,8 +55,15 @@ pub enum FailureReason {
     Timeout,
     /// The decoder ran out of its memory allowance.
     OutOfMemory,
-    /// The body lacks something the format requires (no payload, bad base64…).
+    /// The body lacks something the format requires (no payload, bad
+    /// base64, a reported time that is no time…).
     InvalidUplink,
+    /// The device lies outside the pins of the ingest key the uplink came
+    /// with (registered in another channel, or with another type).
+    Forbidden,
+    /// The device is registered with another device type than the one the
+    /// uplink names.
+    TypeMismatch,
 }
 
 impl FailureReason {
@@ -68,6 +75,8 @@ impl FailureReason {
             FailureReason::Timeout => "Timeout",
             FailureReason::OutOfMemory => "OutOfMemory",
             FailureReason::InvalidUplink => "InvalidUplink",
+            FailureReason::Forbidden => "Forbidden",
+            FailureReason::TypeMismatch => "TypeMismatch",
         }
     }
 
@@ -79,6 +88,8 @@ impl FailureReason {
             "Timeout" => FailureReason::Timeout,
             "OutOfMemory" => FailureReason::OutOfMemory,
             "InvalidUplink" => FailureReason::InvalidUplink,
+            "Forbidden" => FailureReason::Forbidden,
+            "TypeMismatch" => FailureReason::TypeMismatch,
             _ => return None,
         })
     }

@@ -85,8 +85,126 @@ pub struct NewUplink {
     /// uplinks of one device are decoded, and its rules evaluated, by one
     /// node in order. Set when the uplink is accepted; 0 on one node.
     pub partition: u16,
+    /// What the credential the uplink came with holds it to (an ingest
+    /// key's channel and device type): the device the uplink turns out to
+    /// name must be within them, at accept and again once decoded.
+    /// Empty for credentials without pins (the global ingest key, an admin
+    /// key, MQTT).
+    pub pins: UplinkPins,
     /// The request body, byte for byte.
     pub body: Vec<u8>,
+}
+
+/// An ingest credential's pins, carried with each uplink it let in: the
+/// devices it may write are those registered in `channel` and with
+/// `device_type` (each when set), and devices not registered yet, which
+/// are registered within the pins when first seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UplinkPins {
+    /// The channel the credential is limited to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The device type the credential is limited to.
+    #[serde(
+        default,
+        rename = "deviceType",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub device_type: Option<String>,
+}
+
+impl UplinkPins {
+    /// Whether the pins hold nothing (a credential that may write any device).
+    pub fn is_empty(&self) -> bool {
+        self.channel.is_none() && self.device_type.is_none()
+    }
+
+    /// Why the registered `device` lies outside these pins, or `None` when
+    /// it is within them. A device registered without a channel (or type)
+    /// is within no channel (or type) pin.
+    pub fn refusal(&self, device: &crate::Device) -> Option<String> {
+        let outside = |pinned: &Option<String>, registered: &str| {
+            pinned.as_deref().filter(|p| *p != registered).map(|p| {
+                let registered = if registered.is_empty() {
+                    "none".to_string()
+                } else {
+                    format!("'{registered}'")
+                };
+                (p.to_string(), registered)
+            })
+        };
+        if let Some((pin, registered)) = outside(&self.channel, &device.channel) {
+            return Some(format!(
+                "device '{}' is registered in channel {registered}; this ingest key is limited to channel '{pin}'",
+                device.id
+            ));
+        }
+        if let Some((pin, registered)) = outside(&self.device_type, &device.device_type) {
+            return Some(format!(
+                "device '{}' is registered with device type {registered}; this ingest key is limited to device type '{pin}'",
+                device.id
+            ));
+        }
+        None
+    }
+
+    /// As stored beside a log entry: `None` when empty, else JSON.
+    pub fn to_stored(&self) -> Option<String> {
+        (!self.is_empty()).then(|| serde_json::to_string(self).expect("pins serialise"))
+    }
+
+    /// Inverse of [`UplinkPins::to_stored`]; `Err` for text no weft wrote.
+    pub fn from_stored(stored: Option<&str>) -> Result<UplinkPins, String> {
+        match stored {
+            None => Ok(UplinkPins::default()),
+            Some(text) => serde_json::from_str(text).map_err(|e| format!("bad pins {text:?}: {e}")),
+        }
+    }
+}
+
+/// [`read_reported_time`] of a field that may be missing: absent or
+/// `null` is `Ok(None)` (the uplink says nothing about its time).
+pub fn read_optional_time(
+    field: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<Option<i64>, String> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => read_reported_time(field, v).map(Some),
+    }
+}
+
+/// When a reading was taken, as an uplink's `reported_at` (or a mapping's
+/// `reportedAt`, a codec's, TTN's `received_at`, ChirpStack's `time`, the
+/// IoT Agents' `TimeInstant`) says it: epoch milliseconds as a JSON
+/// number or a string of digits, or an RFC 3339 date-time with its offset
+/// (`2026-01-02T03:04:05.123Z`, `2026-01-02T04:04:05+01:00`). Anything else
+/// (`"2026-01-01"`, a date without a time, `true`, an object) is `Err`, with
+/// what was sent: an uplink whose time cannot be read fails rather than
+/// being stamped with its arrival time.
+pub fn read_reported_time(field: &str, value: &serde_json::Value) -> Result<i64, String> {
+    use serde_json::Value;
+    let read = match value {
+        Value::Number(n) => n
+            .as_i64()
+            .or_else(|| n.as_f64().filter(|f| f.abs() < 9.0e15).map(|f| f as i64)),
+        Value::String(s) => {
+            let s = s.trim();
+            s.parse::<i64>().ok().or_else(|| {
+                chrono::DateTime::parse_from_rfc3339(s)
+                    .ok()
+                    .map(|t| t.timestamp_millis())
+            })
+        }
+        _ => None,
+    };
+    read.ok_or_else(|| {
+        let shown: String = value.to_string().chars().take(64).collect();
+        format!(
+            "{field} {shown} is not a time weft reads: epoch milliseconds, or an RFC 3339 date-time with its offset such as \"2026-01-02T03:04:05Z\""
+        )
+    })
 }
 
 /// The partition of the pipeline that processes the uplinks keyed by
@@ -119,7 +237,62 @@ pub struct Uplink {
 
 #[cfg(test)]
 mod tests {
-    use super::partition_of;
+    use super::{partition_of, read_reported_time, UplinkPins};
+    use serde_json::json;
+
+    #[test]
+    fn reported_times_are_epoch_ms_or_rfc3339() {
+        let ok = |v| read_reported_time("reported_at", &v).unwrap();
+        assert_eq!(ok(json!(1_767_225_600_000i64)), 1_767_225_600_000);
+        assert_eq!(ok(json!("1767225600000")), 1_767_225_600_000);
+        assert_eq!(ok(json!(1.5e12)), 1_500_000_000_000);
+        assert_eq!(ok(json!("2026-01-01T00:00:00Z")), 1_767_225_600_000);
+        assert_eq!(ok(json!("2026-01-01T01:00:00.5+01:00")), 1_767_225_600_500);
+        for bad in [
+            json!("2026-01-01"),
+            json!("yesterday"),
+            json!(""),
+            json!(true),
+            json!({"t": 1}),
+            json!(1e300),
+        ] {
+            let e = read_reported_time("reported_at", &bad).unwrap_err();
+            assert!(e.starts_with("reported_at "), "{e}");
+        }
+    }
+
+    #[test]
+    fn pins_hold_registered_devices_and_round_trip() {
+        let device = |channel: &str, t: &str| crate::Device {
+            id: "d1".into(),
+            channel: channel.into(),
+            device_type: t.into(),
+            ..crate::Device::default()
+        };
+        let pins = UplinkPins {
+            channel: Some("farm".into()),
+            device_type: None,
+        };
+        assert_eq!(pins.refusal(&device("farm", "x")), None);
+        assert!(pins
+            .refusal(&device("secret", "x"))
+            .unwrap()
+            .contains("channel 'secret'; this ingest key is limited to channel 'farm'"));
+        assert!(pins
+            .refusal(&device("", "x"))
+            .unwrap()
+            .contains("channel none"));
+        let typed = UplinkPins {
+            channel: None,
+            device_type: Some("em300th".into()),
+        };
+        assert!(typed.refusal(&device("farm", "lamp")).is_some());
+        assert_eq!(UplinkPins::default().refusal(&device("", "")), None);
+        assert_eq!(UplinkPins::default().to_stored(), None);
+        let stored = pins.to_stored();
+        assert_eq!(stored.as_deref(), Some(r#"{"channel":"farm"}"#));
+        assert_eq!(UplinkPins::from_stored(stored.as_deref()).unwrap(), pins);
+    }
 
     /// The hash is part of the stored data's meaning (a device's
     /// partition must not move between releases): fixed values pin it,

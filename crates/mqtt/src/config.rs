@@ -177,10 +177,16 @@ impl SourceConfig {
                 }
             }
         }
-        for name in [&self.device_type, &self.channel].into_iter().flatten() {
-            if !weft_model::validate::is_object_id(name) {
-                return Err(at(format!("invalid name '{name}'")));
-            }
+        let named = |e: weft_model::validate::Invalid| at(e.to_string());
+        if let Some(device_type) = &self.device_type {
+            weft_model::validate::device_type_name("device_type", device_type).map_err(named)?;
+        }
+        if let Some(channel) = &self.channel {
+            weft_model::validate::channel("channel", channel).map_err(named)?;
+        }
+        for (key, device_type) in &self.api_keys {
+            weft_model::validate::device_type_name(&format!("api_keys.{key}"), device_type)
+                .map_err(named)?;
         }
         Ok((format, topic, level))
     }

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weft_pipeline::mqtt::{client_options, qos, BrokerUrl, ClientSettings, SourceLink};
-use weft_pipeline::{AcceptError, Services};
+use weft_pipeline::{uplink, AcceptError, Services};
 
 use crate::config::SourceConfig;
 use crate::topics::{self, Format, Message, Route};
@@ -263,7 +263,6 @@ impl Source {
         services: Arc<Services>,
         shutdown: CancellationToken,
     ) -> Option<Publish> {
-        let ingest = &services.ingest;
         let outcome = |o: &'static str| {
             metrics::counter!("weft_mqtt_messages_total", "source" => self.name.clone(), "outcome" => o)
                 .increment(1);
@@ -278,8 +277,12 @@ impl Source {
         let uplinks = match message {
             Ok(Message::Uplinks(u)) => u,
             Ok(Message::Ignored) => return Some(publish),
-            Ok(Message::CommandAnswer { device, answers }) => {
-                match services.downlinks.command_answer(&device, &answers).await {
+            Ok(Message::CommandAnswer {
+                device,
+                answers,
+                pins,
+            }) => {
+                match uplink::command_result(&services, &device, &answers, &pins).await {
                     Ok(answered) if !answered.is_empty() => outcome("committed"),
                     Ok(_) => {
                         outcome("refused");
@@ -304,29 +307,30 @@ impl Source {
                 _ = shutdown.cancelled() => return None,
             }
         }
-        for uplink in uplinks {
-            let mut delay = Duration::from_millis(50);
-            loop {
-                match ingest.accept(uplink.clone()).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        if matches!(e, AcceptError::Store(_)) {
-                            tracing::warn!(source = %self.name, error = %e, "appending to the ingest log failed; retrying");
-                        }
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = shutdown.cancelled() => return None,
-                        }
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                }
+        let arrival = uplink::Arrival {
+            uplinks,
+            parsed: None,
+            route: topics::downlink_route(
+                self.format,
+                &self.name,
+                &publish.topic,
+                &publish.payload,
+            ),
+        };
+        let patience = uplink::Patience::Retry {
+            stop: shutdown.clone(),
+            max_delay: Duration::from_secs(5),
+            give_up_after: None,
+        };
+        match uplink::accept(&services, arrival, &patience).await {
+            Ok(()) => outcome("committed"),
+            Err(AcceptError::Forbidden(reason)) => {
+                outcome("refused");
+                tracing::warn!(source = %self.name, topic = %publish.topic, "message refused: {reason}");
             }
-        }
-        outcome("committed");
-        if let Some((device, route)) =
-            topics::downlink_route(self.format, &self.name, &publish.topic, &publish.payload)
-        {
-            services.downlinks.observe_route(&device, route).await;
+            // Stopping before it was committed: not acknowledged, the
+            // broker sends it again.
+            Err(_) => return None,
         }
         Some(publish)
     }

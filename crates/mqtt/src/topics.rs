@@ -15,9 +15,8 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 use weft_model::device_event::is_event_name;
-use weft_model::downlink::IotaProtocol;
 use weft_model::json::{parse_within_limits, JsonLimitError};
-use weft_model::{DownlinkRoute, NewUplink, UplinkFormat};
+use weft_model::{DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
 
 /// How a source's messages are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +140,10 @@ pub enum Message {
         device: String,
         /// `<command>` → result.
         answers: Map<String, Value>,
+        /// What the topic's API key holds the device to: the source's
+        /// channel, and the device type the key names (`api_keys`) or the
+        /// source's; the answer counts only for a device within them.
+        pins: UplinkPins,
     },
 }
 
@@ -166,6 +169,7 @@ pub fn read(
         event,
         device_id,
         source: Some(route.source.clone()),
+        pins: UplinkPins::default(),
         body,
     };
     match format {
@@ -203,8 +207,9 @@ pub fn read(
             )]))
         }
         Format::IotaJson | Format::IotaUl => {
-            if let Some(device) = command_answer_device(format, topic) {
-                return command_answer(format, device, payload);
+            if let Some((key, device)) = command_answer_topic(format, topic) {
+                let pins = answer_pins(route, key)?;
+                return command_answer(format, device, payload, pins);
             }
             let (device, device_type, attr) = iota_topic(format, route, topic)?;
             let groups = match (format, attr) {
@@ -303,9 +308,10 @@ pub fn plain(
     }
 }
 
-/// The device of an IoT Agent command answer topic: `/json/{apikey}/{device}/cmdexe`
-/// (`/ul/…` for UltraLight), or the older `/{apikey}/{device}/cmdexe`.
-pub fn command_answer_device(format: Format, topic: &str) -> Option<&str> {
+/// The API key and device of an IoT Agent command answer topic:
+/// `/json/{apikey}/{device}/cmdexe` (`/ul/…` for UltraLight), or the older
+/// `/{apikey}/{device}/cmdexe`.
+pub fn command_answer_topic(format: Format, topic: &str) -> Option<(&str, &str)> {
     let prefix = if format == Format::IotaJson {
         "json"
     } else {
@@ -316,18 +322,42 @@ pub fn command_answer_device(format: Format, topic: &str) -> Option<&str> {
         .unwrap_or(topic)
         .split('/')
         .collect();
-    let device = match levels.as_slice() {
-        [p, _, device, "cmdexe"] if *p == prefix => *device,
-        [_, device, "cmdexe"] if topic.starts_with('/') => *device,
+    let (key, device) = match levels.as_slice() {
+        [p, key, device, "cmdexe"] if *p == prefix => (*key, *device),
+        [key, device, "cmdexe"] if topic.starts_with('/') => (*key, *device),
         _ => return None,
     };
-    (!device.is_empty()).then_some(device)
+    (!device.is_empty()).then_some((key, device))
+}
+
+/// What a command answer's API key holds its device to, as the key's
+/// measures are held: the source's channel, and the source's device type
+/// or the one `api_keys` gives the key. A key that names no type is
+/// refused on a source (as its measures are), and pins no type on the
+/// embedded broker, whose devices logged in as themselves.
+fn answer_pins(route: &Route, key: &str) -> Result<UplinkPins, String> {
+    let device_type = route
+        .device_type
+        .clone()
+        .or_else(|| route.api_keys.get(key).cloned());
+    if device_type.is_none() && !route.unknown_keys_use_device_type {
+        return Err(format!("unknown API key '{key}'"));
+    }
+    Ok(UplinkPins {
+        channel: route.channel.clone(),
+        device_type,
+    })
 }
 
 /// Reads a command answer: IoT Agent JSON's `{"<command>": <result>}`, or
 /// UltraLight's `<device>@<command>|<result>` (several joined by `#`;
 /// the result kept as text).
-fn command_answer(format: Format, device: &str, payload: &[u8]) -> Result<Message, String> {
+fn command_answer(
+    format: Format,
+    device: &str,
+    payload: &[u8],
+    pins: UplinkPins,
+) -> Result<Message, String> {
     let answers = match format {
         Format::IotaJson => json_object(payload)?,
         _ => {
@@ -355,87 +385,34 @@ fn command_answer(format: Format, device: &str, payload: &[u8]) -> Result<Messag
     Ok(Message::CommandAnswer {
         device: device.to_string(),
         answers,
+        pins,
     })
 }
 
 /// The device an uplink message is from and the way back to it over the
-/// same connection (`source`), when the message is an uplink: The Things
-/// Stack's `v3/{app}@{tenant}/devices/{dev}/up` (answered on `down/push`),
-/// ChirpStack's `application/{id}/device/{devEui}/event/up` (answered on
-/// `command/down`), an IoT Agent device's `/{json|ul}/{apikey}/{device}/attrs…`
-/// (answered on `/{apikey}/{device}/cmd`). The device is named as the
-/// pipeline names it: TTN's `end_device_ids.device_id`, ChirpStack's
-/// `deviceInfo.devEui` (the topic's when the body lacks it).
+/// same connection (`source`), when the message is an uplink: each
+/// network server's module in the pipeline reads its own topics
+/// ([`weft_pipeline::uplink::NetworkServer::mqtt_route`]): The Things
+/// Stack's `…/up` (answered on `down/push`), ChirpStack's `…/event/up`
+/// (answered on `command/down`), an IoT Agent device's
+/// `/{json|ul}/{apikey}/{device}/attrs…` (answered on `/{apikey}/{device}/cmd`).
 pub fn downlink_route(
     format: Format,
     source: &str,
     topic: &str,
     payload: &[u8],
 ) -> Option<(String, DownlinkRoute)> {
-    let body = || parse_within_limits(payload).ok();
-    let field = |body: &Option<Value>, a: &str, b: &str| {
-        body.as_ref()
-            .and_then(|v| v.get(a)?.get(b)?.as_str().map(str::to_string))
+    let server = match format {
+        Format::Ttn => UplinkFormat::Ttn,
+        Format::ChirpStack => UplinkFormat::ChirpStack,
+        Format::IotaJson | Format::IotaUl => UplinkFormat::Iota,
+        Format::Plain => return None,
     };
-    let levels: Vec<&str> = topic.split('/').collect();
-    match format {
-        Format::Ttn => match levels.as_slice() {
-            ["v3", app, "devices", dev, "up"] if !app.is_empty() && !dev.is_empty() => {
-                let device = field(&body(), "end_device_ids", "device_id")
-                    .unwrap_or_else(|| dev.to_string());
-                Some((
-                    device,
-                    DownlinkRoute::TtnMqtt {
-                        source: source.to_string(),
-                        application: app.to_string(),
-                        device_id: dev.to_string(),
-                    },
-                ))
-            }
-            _ => None,
-        },
-        Format::ChirpStack => match levels.as_slice() {
-            ["application", app, "device", eui, "event", "up"]
-                if !app.is_empty() && !eui.is_empty() =>
-            {
-                let dev_eui =
-                    field(&body(), "deviceInfo", "devEui").unwrap_or_else(|| eui.to_string());
-                Some((
-                    dev_eui.clone(),
-                    DownlinkRoute::ChirpStackMqtt {
-                        source: source.to_string(),
-                        application_id: app.to_string(),
-                        dev_eui,
-                    },
-                ))
-            }
-            _ => None,
-        },
-        Format::IotaJson | Format::IotaUl => {
-            let levels: Vec<&str> = topic
-                .strip_prefix('/')
-                .unwrap_or(topic)
-                .split('/')
-                .collect();
-            match levels.as_slice() {
-                [_, key, device, "attrs", ..] if !key.is_empty() && !device.is_empty() => Some((
-                    device.to_string(),
-                    DownlinkRoute::IotAgentMqtt {
-                        source: source.to_string(),
-                        apikey: key.to_string(),
-                        device_id: device.to_string(),
-                        protocol: if format == Format::IotaJson {
-                            IotaProtocol::Json
-                        } else {
-                            IotaProtocol::Ul
-                        },
-                    },
-                )),
-                _ => None,
-            }
-        }
-        Format::Plain => None,
-    }
+    let body = match format {
+        Format::Ttn | Format::ChirpStack => parse_within_limits(payload).ok(),
+        _ => None,
+    };
+    weft_pipeline::uplink::server(server).mqtt_route(source, topic, body.as_ref())
 }
 
 /// `/json/{apikey}/{device}/attrs[/{attr}]` (the leading `/` optional, as
@@ -571,29 +548,39 @@ mod tests {
         let expected = |result: Value| Message::CommandAnswer {
             device: "lamp1".into(),
             answers: Map::from_iter([("ring".to_string(), result)]),
+            pins: UplinkPins {
+                channel: None,
+                device_type: Some("thermo".into()),
+            },
         };
         assert_eq!(
             answer(
                 Format::IotaJson,
-                "/json/k/lamp1/cmdexe",
+                "/json/k1/lamp1/cmdexe",
                 r#"{"ring":"done"}"#
             ),
             Ok(expected(Value::String("done".into())))
         );
         assert_eq!(
-            answer(Format::IotaJson, "/k/lamp1/cmdexe", r#"{"ring":3}"#),
+            answer(Format::IotaJson, "/k1/lamp1/cmdexe", r#"{"ring":3}"#),
             Ok(expected(serde_json::json!(3)))
         );
         assert_eq!(
             answer(
                 Format::IotaUl,
-                "/ul/k/lamp1/cmdexe",
+                "/ul/k1/lamp1/cmdexe",
                 "lamp1@ring|rang|twice"
             ),
             Ok(expected(Value::String("rang|twice".into())))
         );
-        assert!(answer(Format::IotaUl, "/ul/k/lamp1/cmdexe", "other@ring|x").is_err());
-        assert!(answer(Format::IotaJson, "/json/k/lamp1/cmdexe", "{}").is_err());
+        assert!(answer(Format::IotaUl, "/ul/k1/lamp1/cmdexe", "other@ring|x").is_err());
+        assert!(answer(Format::IotaJson, "/json/k1/lamp1/cmdexe", "{}").is_err());
+        // A key the source does not know answers for no device.
+        assert!(
+            answer(Format::IotaJson, "/json/k/lamp1/cmdexe", r#"{"ring":1}"#)
+                .unwrap_err()
+                .contains("unknown API key")
+        );
         // Not an answer topic: still a measure topic or an error.
         assert!(answer(Format::IotaJson, "json/k/lamp1/cmdexe/x", "{}").is_err());
     }
@@ -616,7 +603,8 @@ mod tests {
         assert!(Format::Ttn.command_answer_topics("v3/#").is_empty());
     }
 
-    /// What an uplink topic teaches about the way back.
+    /// What an uplink topic teaches about the way back, by format (the
+    /// topics themselves are the network servers' modules' to read).
     #[test]
     fn uplink_topics_teach_mqtt_downlink_routes() {
         let ttn = downlink_route(
@@ -625,41 +613,9 @@ mod tests {
             "v3/app@ttn/devices/dev1/up",
             br#"{"end_device_ids":{"device_id":"dev1"}}"#,
         );
-        assert_eq!(
-            ttn,
-            Some((
-                "dev1".into(),
-                DownlinkRoute::TtnMqtt {
-                    source: "s".into(),
-                    application: "app@ttn".into(),
-                    device_id: "dev1".into()
-                }
-            ))
-        );
-        assert_eq!(
-            downlink_route(Format::Ttn, "s", "v3/app@ttn/devices/dev1/join", b"{}"),
-            None
-        );
-        let cs = downlink_route(
-            Format::ChirpStack,
-            "s",
-            "application/a1/device/0102/event/up",
-            br#"{"deviceInfo":{"devEui":"0102"}}"#,
-        );
-        assert!(matches!(cs, Some((d, DownlinkRoute::ChirpStackMqtt { .. })) if d == "0102"));
+        assert!(matches!(ttn, Some((d, DownlinkRoute::TtnMqtt { .. })) if d == "dev1"));
         let ul = downlink_route(Format::IotaUl, "s", "ul/k/lamp/attrs/t", b"1");
-        assert_eq!(
-            ul,
-            Some((
-                "lamp".into(),
-                DownlinkRoute::IotAgentMqtt {
-                    source: "s".into(),
-                    apikey: "k".into(),
-                    device_id: "lamp".into(),
-                    protocol: IotaProtocol::Ul
-                }
-            ))
-        );
+        assert!(matches!(ul, Some((d, DownlinkRoute::IotAgentMqtt { .. })) if d == "lamp"));
         assert_eq!(downlink_route(Format::Plain, "s", "a/b", b"{}"), None);
     }
 

@@ -349,6 +349,8 @@ impl Pages {
     /// Saves a template (split and compiled first; an invalid one is
     /// refused and changes nothing). Answers whether it is new.
     pub async fn put_page(&self, name: &str, source: String) -> Result<bool, PageError> {
+        weft_model::validate::page_name("name", name)
+            .map_err(|e| PageError::Invalid(e.to_string()))?;
         let compiled = compile(source.clone())?;
         self.put_doc(DocumentKind::Page, name, Value::String(source).to_string())
             .await?;
@@ -385,6 +387,8 @@ impl Pages {
 
     /// Saves a service definition. Answers whether it is new.
     pub async fn put_service(&self, name: &str, service: PageService) -> Result<bool, PageError> {
+        weft_model::validate::object_id("name", name)
+            .map_err(|e| PageError::Invalid(e.to_string()))?;
         service.validate().map_err(PageError::Invalid)?;
         let json = serde_json::to_string(&service).expect("services serialise");
         self.put_doc(DocumentKind::PageService, name, json).await?;

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use url::{Position, Url};
 use weft_model::ngsi::{format_datetime, render, Format};
 use weft_model::query::Query;
+use weft_model::validate::{self, Invalid};
 use weft_store::{AlarmQuery, DataQuery, HistoryQuery, Store};
 
 use weft_pipeline::context::{Context, EntityFilter, DEFAULT_TENANT};
@@ -90,6 +91,9 @@ pub struct DataSource {
     #[serde(default)]
     pub limit: Option<usize>,
 }
+
+/// Largest `limit` (or `lastN`) a source may ask for.
+pub const MAX_LIMIT: usize = 10_000;
 
 /// A page service definition (`PUT /api/v1/page-services/{name}`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -200,8 +204,71 @@ impl PageService {
                 "a page service needs exactly one of http, entities, history, alarms, data".into(),
             );
         }
+        self.check_fields().map_err(|e| e.to_string())?;
         if let Some(q) = self.entities.as_ref().and_then(|e| e.q.as_deref()) {
             Query::parse(q).map_err(|e| format!("entities.q: {}", e.description()))?;
+        }
+        Ok(())
+    }
+
+    /// The source's fields, as [`validate`] has them: an `http` URL
+    /// (placeholders allowed), header names, a timeout above zero, names
+    /// without control characters, limits from 1 to [`MAX_LIMIT`].
+    fn check_fields(&self) -> Result<(), Invalid> {
+        let limit = |field: &str, n: Option<usize>| match n {
+            Some(n) if !(1..=MAX_LIMIT).contains(&n) => Err(Invalid::new(
+                field,
+                format!("{n} must be from 1 to {MAX_LIMIT}"),
+            )),
+            _ => Ok(()),
+        };
+        if let Some(h) = &self.http {
+            validate::http_url_template("http.url", &h.url)?;
+            for (i, name) in h.headers.iter().enumerate() {
+                validate::header_name(&format!("http.headers[{i}]"), name)?;
+            }
+            if h.timeout.is_zero() {
+                return Err(Invalid::new("http.timeout", "must be longer than 0s"));
+            }
+        }
+        if let Some(e) = &self.entities {
+            if let Some(t) = &e.entity_type {
+                validate::label("entities.type", t)?;
+            }
+            limit("entities.limit", e.limit)?;
+        }
+        if let Some(h) = &self.history {
+            validate::label("history.entity", &h.entity)?;
+            validate::label("history.attr", &h.attr)?;
+            limit("history.lastN", h.last_n)?;
+        }
+        if let Some(a) = &self.alarms {
+            if let Some(state) = &a.state {
+                validate::label("alarms.state", state)?;
+            }
+            limit("alarms.limit", a.limit)?;
+        }
+        if let Some(d) = &self.data {
+            if let Some(device) = &d.device {
+                validate::name("data.device", device)?;
+            }
+            limit("data.limit", d.limit)?;
+        }
+        for key in self.params.keys() {
+            validate::label("params", key).map_err(|e| {
+                Invalid::new(
+                    "params",
+                    format!("name {}: {}", validate::shown(key), e.problem),
+                )
+            })?;
+        }
+        if let Some(b) = &self.circuit_breaker {
+            if b.failures == 0 {
+                return Err(Invalid::new(
+                    "circuitBreaker.failures",
+                    "must be at least 1",
+                ));
+            }
         }
         Ok(())
     }
@@ -428,7 +495,13 @@ fn fill_url(
     Ok(out)
 }
 
-/// What services call.
+/// The most of an external service's answer read (a longer one is the
+/// service failing, and the snippet's fallback is rendered).
+pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+
+/// What services call: weft's own data, and external HTTP endpoints
+/// through weft's outbound client (`weft_pipeline::outbound::http`: no
+/// redirects, the service's own timeout per call).
 pub struct Sources {
     client: reqwest::Client,
     store: Arc<dyn Store>,
@@ -440,7 +513,7 @@ impl Sources {
     /// Sources over weft's own data and an HTTP client for external ones.
     pub fn new(store: Arc<dyn Store>, context: Arc<Context>, rules: Arc<RuleEngine>) -> Sources {
         Sources {
-            client: reqwest::Client::new(),
+            client: weft_pipeline::outbound::http(),
             store,
             context,
             rules,
@@ -466,7 +539,9 @@ impl Sources {
             if !resp.status().is_success() {
                 return Err(format!("{url} answered {}", resp.status()));
             }
-            let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+            let body = weft_pipeline::outbound::read_body(resp, MAX_ANSWER_BYTES)
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
             return serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"));
         }
         if let Some(e) = &svc.entities {

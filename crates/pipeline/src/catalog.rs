@@ -16,6 +16,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use weft_bus::Bus;
 use weft_engine::{CodecError, Engine, Script, ScriptKind};
+use weft_model::validate::Invalid;
 use weft_model::{Device, DeviceType};
 use weft_store::{DeviceFilter, Store, StoreError};
 
@@ -36,11 +37,14 @@ pub struct TypeEntry {
 /// Why a catalog change was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
+    /// A field of the definition breaks its rule (400 naming the field).
+    #[error("{0}")]
+    Invalid(#[from] Invalid),
     /// The decoder does not compile, or defines no known entry point.
     #[error("{0}")]
     Script(CodecError),
     /// The decoder's language is not supported.
-    #[error("unsupported decoder language '{0}': only 'javascript' is supported")]
+    #[error("decoder.language '{0}' is not supported: only 'javascript' is")]
     Language(String),
     /// The store failed.
     #[error(transparent)]
@@ -146,9 +150,12 @@ impl Catalog {
         self.types.read().get(name).cloned()
     }
 
-    /// Checks the decoder compiles, stores the type, then swaps the cached
-    /// entry so the next uplink uses it. `true` if created.
+    /// Checks the type's name and fields ([`DeviceType::check`]) and that
+    /// its decoder compiles, stores the type, then swaps the cached entry
+    /// so the next uplink uses it. `true` if created. A refused type
+    /// changes nothing.
     pub async fn put_device_type(&self, name: &str, def: DeviceType) -> Result<bool, CatalogError> {
+        def.check(name)?;
         let entry = self.compile(name, def).await?;
         let created = self.store.put_device_type(name, &entry.def).await?;
         self.types.write().insert(name.to_string(), Arc::new(entry));
@@ -176,8 +183,30 @@ impl Catalog {
         self.devices.read().get(id).cloned()
     }
 
-    /// Stores a device and caches it; `true` if created.
-    pub async fn put_device(&self, device: Device) -> Result<bool, StoreError> {
+    /// Checks a device's fields ([`Device::check`]), stores it and caches
+    /// it; `true` if created. A refused device changes nothing.
+    pub async fn put_device(&self, device: Device) -> Result<bool, CatalogError> {
+        device.check()?;
+        Ok(self.store_device(device).await?)
+    }
+
+    /// Gives device `id` the key of hash `key_hash` (none: no key),
+    /// keeping the rest of its definition as stored; `None` if there is
+    /// no such device, else whether it had a key.
+    pub async fn set_device_key(
+        &self,
+        id: &str,
+        key_hash: Option<String>,
+    ) -> Result<Option<bool>, StoreError> {
+        let Some(mut device) = self.device(id).map(|d| (*d).clone()) else {
+            return Ok(None);
+        };
+        let had = std::mem::replace(&mut device.key_hash, key_hash).is_some();
+        self.store_device(device).await?;
+        Ok(Some(had))
+    }
+
+    async fn store_device(&self, device: Device) -> Result<bool, StoreError> {
         let created = self.store.put_device(&device).await?;
         let id = device.id.clone();
         self.devices

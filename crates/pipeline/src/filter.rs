@@ -35,6 +35,25 @@ pub struct FilterSpec {
     pub service_path: Option<String>,
 }
 
+impl FilterSpec {
+    /// Checks the names a stored filter (a bridge's) lists: channels as
+    /// uplinks name them, device and type names without control
+    /// characters. The refusal names the field.
+    pub fn check_names(&self) -> Result<(), weft_model::validate::Invalid> {
+        use weft_model::validate;
+        for (i, c) in self.channels.iter().enumerate() {
+            validate::channel(&format!("channels[{i}]"), c)?;
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            validate::label(&format!("devices[{i}]"), d)?;
+        }
+        for (i, t) in self.types.iter().enumerate() {
+            validate::label(&format!("types[{i}]"), t)?;
+        }
+        Ok(())
+    }
+}
+
 /// A validated filter, with its query parsed once.
 #[derive(Debug, Clone)]
 pub struct EventFilter {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use weft_model::ngsi::{parse_entity, Entity};
 
-use crate::subscriptions::payload::USER_AGENT;
+use crate::outbound::NGSI_USER_AGENT;
 
 /// How long a provider has to answer, as Orion's default `-httpTimeout`
 /// (5 s): a slow or dead provider holds the client's request up to this,
@@ -33,6 +33,24 @@ pub const MAX_PAGE: usize = 1000;
 /// The largest answer read from a provider; a bigger one is refused (8 MiB
 /// is far beyond what one forwarded query returns, and bounds memory).
 pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+
+/// The longest chain of forwards weft takes part in: a request whose
+/// correlator already carries this many `cbfwd` marks (one per broker it
+/// was forwarded through) is not forwarded again. A registration whose
+/// provider is weft itself, or two brokers registered with each other,
+/// would otherwise forward one request for ever — and a query can reach
+/// a provider more than once per hop, so the requests of such a loop
+/// multiply with its depth. Federations chain two or three brokers.
+pub const MAX_FORWARD_DEPTH: usize = 8;
+
+/// The number of `cbfwd=` marks in `correlator`.
+pub fn forward_depth(correlator: &str) -> usize {
+    correlator
+        .split(';')
+        .skip(1)
+        .filter(|part| part.trim_start().starts_with("cbfwd="))
+        .count()
+}
 
 /// What a forwarded request repeats of the request that caused it, as
 /// Orion does: the tenant, the service path as received, the caller's
@@ -83,22 +101,22 @@ pub enum UpdateAnswer {
     NotFound,
 }
 
-/// Sends forwarded requests. One client (and so one connection pool)
-/// serves every provider.
+/// Sends forwarded requests. weft's one outbound client (and so one
+/// connection pool) serves every provider; no redirect is followed.
 pub struct Forwarder {
     client: reqwest::Client,
     timeout: Duration,
 }
 
 impl Forwarder {
-    /// A forwarder whose requests give up after `timeout`.
+    /// A forwarder whose requests give up after `timeout` (connecting,
+    /// sending and reading the answer), on weft's outbound client
+    /// ([`crate::outbound::http`]).
     pub fn new(timeout: Duration) -> Forwarder {
-        let client = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(timeout)
-            .build()
-            .expect("the HTTP client builds");
-        Forwarder { client, timeout }
+        Forwarder {
+            client: crate::outbound::http(),
+            timeout,
+        }
     }
 
     /// The deadline of every forwarded request.
@@ -156,6 +174,11 @@ impl Forwarder {
         seq: usize,
         body: &Value,
     ) -> Result<(u16, Vec<u8>), ForwardError> {
+        if forward_depth(&context.correlator) >= MAX_FORWARD_DEPTH {
+            return Err(ForwardError::Unreachable(format!(
+                "not forwarded: the request has been forwarded {MAX_FORWARD_DEPTH} times already"
+            )));
+        }
         let target = format!("{}{operation}", url.trim_end_matches('/'));
         let mut request = self
             .client
@@ -163,7 +186,7 @@ impl Forwarder {
             .timeout(self.timeout)
             .header("Content-Type", "application/json; charset=utf-8")
             .header("Accept", "application/json")
-            .header("User-Agent", USER_AGENT)
+            .header("User-Agent", NGSI_USER_AGENT)
             .header(
                 "Fiware-Correlator",
                 format!("{}; cbfwd={seq}", context.correlator),
@@ -177,37 +200,24 @@ impl Forwarder {
         if let Some(token) = &context.auth_token {
             request = request.header("X-Auth-Token", token);
         }
-        let mut response = request
+        let response = request
             .body(body.to_string())
             .send()
             .await
             .map_err(unreachable)?;
         let status = response.status().as_u16();
-        if response
-            .content_length()
-            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-        {
-            return Err(ForwardError::BadAnswer("answer too large".into()));
-        }
-        let mut answer = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-            if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
-                return Err(ForwardError::BadAnswer("answer too large".into()));
-            }
-            answer.extend_from_slice(&chunk);
-        }
+        let answer = crate::outbound::read_body(response, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| match e {
+                crate::outbound::BodyError::TooLarge => ForwardError::BadAnswer(e.to_string()),
+                crate::outbound::BodyError::Failed(why) => ForwardError::Unreachable(why),
+            })?;
         Ok((status, answer))
     }
 }
 
 fn unreachable(e: reqwest::Error) -> ForwardError {
-    ForwardError::Unreachable(if e.is_timeout() {
-        "Timeout was reached".into()
-    } else if e.is_connect() {
-        "Couldn't connect to server".into()
-    } else {
-        e.to_string()
-    })
+    ForwardError::Unreachable(crate::outbound::describe(&e))
 }
 
 /// Reads an `op/query` answer: a JSON array of normalized entities, each
@@ -247,6 +257,32 @@ mod tests {
             Err(ForwardError::BadAnswer(_))
         ));
         assert_eq!(parse_entities(b"[]").unwrap(), Vec::<Entity>::new());
+    }
+
+    /// A request forwarded 8 times is not forwarded again, without a
+    /// connection being made.
+    #[tokio::test]
+    async fn deep_forward_chains_stop() {
+        assert_eq!(forward_depth("abc"), 0);
+        assert_eq!(forward_depth("abc; cbfwd=1; cbnotif=2; cbfwd=1"), 2);
+        let context = ForwardContext {
+            correlator: format!("abc{}", "; cbfwd=1".repeat(MAX_FORWARD_DEPTH)),
+            ..ForwardContext::default()
+        };
+        let err = Forwarder::new(Duration::from_secs(2))
+            .query(
+                "http://192.0.2.1:9/v2",
+                &context,
+                1,
+                &serde_json::json!({}),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ForwardError::Unreachable(why) if why.contains("forwarded 8 times")),
+            "{err}"
+        );
     }
 
     /// A port nobody listens on is an error, not a hang or a panic.

@@ -26,6 +26,7 @@ use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
 
 use crate::catalog::Catalog;
 use crate::decode::{self, Produced};
+use crate::partitions::partition_cursors;
 use crate::{context, rules};
 
 /// The consumer name under which the pipeline's log cursor is stored.
@@ -65,6 +66,10 @@ pub enum AcceptError {
     /// The store failed (500).
     #[error(transparent)]
     Store(StoreError),
+    /// The device the uplink names lies outside the pins of the ingest key
+    /// it came with (403): nothing was stored.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 /// The ingest consumer: the way uplinks come in ([`Ingest::accept`]) and
@@ -149,22 +154,6 @@ impl Reading {
             changes: Vec::new(),
         }
     }
-}
-
-/// The stored cursors of consumer `base` for `partitions`.
-pub(crate) async fn partition_cursors(
-    store: &dyn Store,
-    base: &str,
-    partitions: &[u16],
-) -> Result<std::collections::HashMap<u16, u64>, StoreError> {
-    let mut cursors = std::collections::HashMap::with_capacity(partitions.len());
-    for &p in partitions {
-        cursors.insert(
-            p,
-            store.cursor(&weft_store::partition_cursor(base, p)).await?,
-        );
-    }
-    Ok(cursors)
 }
 
 /// The cluster's position in the log: the least cursor of all
@@ -254,7 +243,7 @@ impl Ingest {
         let cursor = floors.values().copied().min().unwrap_or(1);
         let all = partitions.len() >= usize::from(self.partitions);
         if self.runs.fetch_add(1, Ordering::Relaxed) > 0 {
-            if let Err(e) = crate::services::replay_units_into_context(
+            if let Err(e) = crate::partitions::replay_units_into_context(
                 &self.store,
                 &self.catalog,
                 &self.context,
@@ -344,9 +333,11 @@ impl Ingest {
     /// the device it names; `Ok` means it is committed and will be
     /// processed, even across a crash.
     pub async fn accept(&self, mut uplink: NewUplink) -> Result<u64, AcceptError> {
-        if self.partitions > 1 {
-            let key = decode::device_key(&uplink, None).unwrap_or_default();
-            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        if self.partitions > 1 || !uplink.pins.is_empty() {
+            let device = crate::uplink::device_key(&uplink, None);
+            self.check_pins(&uplink, device.as_deref())?;
+            uplink.partition =
+                weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);
         }
         self.append(uplink).await
     }
@@ -358,11 +349,33 @@ impl Ingest {
         mut uplink: NewUplink,
         body: &Value,
     ) -> Result<u64, AcceptError> {
-        if self.partitions > 1 {
-            let key = decode::device_key(&uplink, Some(body)).unwrap_or_default();
-            uplink.partition = weft_model::uplink::partition_of(&key, self.partitions);
+        if self.partitions > 1 || !uplink.pins.is_empty() {
+            let device = crate::uplink::device_key(&uplink, Some(body));
+            self.check_pins(&uplink, device.as_deref())?;
+            uplink.partition =
+                weft_model::uplink::partition_of(&device.unwrap_or_default(), self.partitions);
         }
         self.append(uplink).await
+    }
+
+    /// Refuses an uplink whose device — as its transport or envelope names
+    /// it, before any decoding — is registered outside the pins of the
+    /// ingest key it came with. What only decoding tells is checked by the
+    /// consumer ([`decode`]), which fails the uplink then.
+    fn check_pins(&self, uplink: &NewUplink, device: Option<&str>) -> Result<(), AcceptError> {
+        if uplink.pins.is_empty() {
+            return Ok(());
+        }
+        let Some(known) = device.and_then(|d| self.catalog.device(d)) else {
+            return Ok(());
+        };
+        match uplink.pins.refusal(&known) {
+            Some(why) => {
+                metrics::counter!("weft_uplinks_rejected_total", "reason" => "pins").increment(1);
+                Err(AcceptError::Forbidden(why))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Appends an uplink whose partition is set, unless the backlog is
@@ -418,6 +431,7 @@ impl Ingest {
                 event: None,
                 device_id: None,
                 source: None,
+                pins: Default::default(),
             },
         };
         let mut ignored = Vec::new();

@@ -162,6 +162,10 @@ pub struct Keys {
     /// Whether any live ingest key exists: the ingest paths then want a
     /// credential even when no global ingest key is configured.
     ingest_keys: AtomicBool,
+    /// Bumped whenever the keys in memory change (made, revoked,
+    /// reloaded), so what a key opened (live streams) can end with it
+    /// ([`Keys::until_unusable`]).
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Keys {
@@ -177,6 +181,7 @@ impl Keys {
             by_hash: RwLock::new(HashMap::new()),
             default_rate,
             ingest_keys: AtomicBool::new(false),
+            changed: tokio::sync::watch::Sender::new(0),
         };
         keys.refresh().await?;
         Ok(keys)
@@ -201,6 +206,8 @@ impl Keys {
             }
         }
         self.note_ingest_keys(&map);
+        drop(map);
+        self.changed.send_modify(|n| *n += 1);
         Ok(())
     }
 
@@ -228,6 +235,47 @@ impl Keys {
             return Err(Rejected::Expired);
         }
         Ok(entry)
+    }
+
+    /// Whether `key` (as it was when a request was let in) still works:
+    /// `Err` says why not (revoked, expired, or gone).
+    pub fn check(&self, key: &ApiKey) -> Result<(), Rejected> {
+        let hash = parse_hash(&key.hash).ok_or(Rejected::Unknown)?;
+        let map = self.by_hash.read();
+        let entry = map.get(&hash).ok_or(Rejected::Unknown)?;
+        if entry.key.revoked_at.is_some() {
+            return Err(Rejected::Revoked);
+        }
+        if entry.key.expires_at.is_some_and(|at| now_ms() >= at) {
+            return Err(Rejected::Expired);
+        }
+        Ok(())
+    }
+
+    /// Waits until `key` stops working — it is revoked (on this node or,
+    /// once announced, on another), or its `expiresAt` passes — and says
+    /// why. What a key opened that outlives its request (a websocket, an
+    /// SSE stream) ends when this does.
+    pub async fn until_unusable(&self, key: &ApiKey) -> Rejected {
+        let mut changed = self.changed.subscribe();
+        loop {
+            if let Err(why) = self.check(key) {
+                return why;
+            }
+            let expiry = key.expires_at.map(|at| {
+                let left = u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0);
+                tokio::time::Instant::now() + Duration::from_millis(left)
+            });
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = async {
+                    match expiry {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
     }
 
     /// Whether a live ingest key exists.
@@ -306,10 +354,13 @@ impl Keys {
                     "ingest keys belong to the default tenant, without a service path".into(),
                 );
             }
-            for name in [&spec.channel, &spec.device_type].into_iter().flatten() {
-                if !weft_model::validate::is_object_id(name) {
-                    return invalid(format!("invalid channel or device type '{name}'"));
-                }
+            let pinned = |e: weft_model::validate::Invalid| KeyError::Invalid(e.to_string());
+            if let Some(channel) = &spec.channel {
+                weft_model::validate::channel("channel", channel).map_err(pinned)?;
+            }
+            if let Some(device_type) = &spec.device_type {
+                weft_model::validate::device_type_name("deviceType", device_type)
+                    .map_err(pinned)?;
             }
         } else if spec.channel.is_some() || spec.device_type.is_some() {
             return invalid("channel and deviceType pin ingest keys only".into());
@@ -349,6 +400,7 @@ impl Keys {
         map.insert(hash, Arc::new(KeyEntry::new(key, self.default_rate)));
         self.note_ingest_keys(&map);
         drop(map);
+        self.changed.send_modify(|n| *n += 1);
         self.bus
             .definition_changed(DefinitionChange::new(DefinitionKind::ApiKey, id));
         Ok(())

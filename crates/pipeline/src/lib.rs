@@ -14,7 +14,12 @@
 //! - [`channels`]: durable pull channels and the bridges feeding them.
 //! - [`downlinks`]: per-device downlink queues, their delivery through
 //!   the route each device's uplinks came by, and NGSI commands.
+//! - [`partitions`]: the stored cursors of the pipeline's partitions, and
+//!   the device data applied again to the entities from them.
 //! - [`filter`]: the event filter the live stream and the bridges share.
+//! - [`outbound`]: the one HTTP client and retry policy of everything
+//!   weft sends out (notifications, forwards, downlinks, webhooks, page
+//!   services).
 //! - [`keys`]: API keys held in memory by hash, their rate limits, and
 //!   their creation, revocation and bootstrap.
 //! - [`definitions`]: every service's in-memory definitions kept in step
@@ -23,6 +28,9 @@
 //! - [`cluster`]: this node among the others: its heartbeat, and the work
 //!   done once across the cluster, run only while this node holds its
 //!   lease.
+//! - [`uplink`]: the uplink journey: credentials' pins, accept (the one
+//!   way in for HTTP and MQTT), command results, and one module per
+//!   network server's format.
 //! - [`services`]: the services wired together, the value the API holds.
 //!
 //! Pages, which only read these services, are a crate of their own
@@ -44,10 +52,13 @@ pub mod history;
 pub mod ingest;
 pub mod keys;
 pub mod mqtt;
+pub mod outbound;
+pub mod partitions;
 pub mod registrations;
 pub mod rules;
 pub mod services;
 pub mod subscriptions;
+pub mod uplink;
 
 pub use catalog::{Catalog, CatalogError, TypeEntry};
 pub use decode::Produced;

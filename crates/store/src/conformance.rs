@@ -424,6 +424,10 @@ pub(crate) fn uplink(i: usize) -> NewUplink {
         event: (i % 4 == 3).then(|| format!("event{i}")),
         device_id: (i % 3 == 1).then(|| format!("dev{i}")),
         source: (i % 3 == 2).then(|| "ttn".to_string()),
+        pins: weft_model::UplinkPins {
+            channel: (i % 4 == 1).then(|| "farm".to_string()),
+            device_type: (i % 8 == 5).then(|| "thermo".to_string()),
+        },
     }
 }
 
@@ -1068,9 +1072,11 @@ where
 pub(crate) fn device_event(seq: u64, device: &str, event: &str, body: Value) -> DeviceEvent {
     let mut body = body;
     body["deviceInfo"] = json!({"devEui": device});
-    DeviceEvent::read(
+    DeviceEvent::of(
         UplinkFormat::ChirpStack,
         event,
+        Some(device.to_string()),
+        None,
         body,
         seq,
         1_000 + seq as i64,

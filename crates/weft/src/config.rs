@@ -169,6 +169,11 @@ pub struct HttpSection {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// How long a client has to send a request's line and headers (and,
+    /// on a kept-alive connection, the next request's) before its
+    /// connection is closed, on every listener.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
 }
 
 impl Default for HttpSection {
@@ -179,6 +184,7 @@ impl Default for HttpSection {
             cors_origins: Vec::new(),
             tls_cert: None,
             tls_key: None,
+            header_timeout: crate::http::HEADER_TIMEOUT,
         }
     }
 }
@@ -436,6 +442,12 @@ pub struct RulesSection {
     /// of their `inactivity` durations).
     #[serde(with = "humantime_serde")]
     pub inactivity_check: Duration,
+    /// Largest `state` (bytes of JSON) a script rule keeps for one device;
+    /// a larger one is reset to `{}` (docs/rules.md).
+    pub max_state_bytes: usize,
+    /// Largest sum of every script rule's `state` for every device; past
+    /// it the least recently changed are reset to `{}` (docs/rules.md).
+    pub max_total_state_bytes: usize,
 }
 
 impl Default for RulesSection {
@@ -444,6 +456,8 @@ impl Default for RulesSection {
         RulesSection {
             script_time_limit: d.script_time_limit,
             inactivity_check: d.inactivity_check,
+            max_state_bytes: d.state_limits.per_device,
+            max_total_state_bytes: d.state_limits.total,
         }
     }
 }

@@ -12,6 +12,13 @@
 //! runs in the connection's own task (bounded by [`TLS_HANDSHAKE`]), so a
 //! slow or broken client never holds up the accept loop.
 //!
+//! A client must send a request's whole head (request line and headers)
+//! within the listener's header timeout (`[http] header_timeout`, 10 s by
+//! default), or its connection is closed: one that trickles its headers
+//! (slowloris) cannot hold a connection and its task for ever. On a
+//! keep-alive connection the same timeout bounds the idle wait for the
+//! next request (hyper starts it when it waits for a request head).
+//!
 //! Shutdown: once `shutdown` is cancelled no new connection is accepted;
 //! open connections finish their in-flight request (for at most
 //! [`DRAIN_CONNECTIONS`]) and are closed.
@@ -22,7 +29,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::response::Response;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -38,12 +45,19 @@ pub const DRAIN_CONNECTIONS: Duration = Duration::from_secs(10);
 /// Longest a client may take to complete its TLS handshake.
 pub const TLS_HANDSHAKE: Duration = Duration::from_secs(10);
 
+/// Default of `[http] header_timeout`: how long a client has to send a
+/// request's head.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves `app` (weft's API, or QuantumLeap's on its own port) on
 /// `listener` until `shutdown` is cancelled; over TLS when `tls` is given.
+/// A connection whose request head does not arrive within
+/// `header_timeout` is closed.
 pub async fn serve<S>(
     listener: TcpListener,
     app: S,
     tls: Option<TlsAcceptor>,
+    header_timeout: Duration,
     shutdown: CancellationToken,
 ) where
     S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
@@ -72,10 +86,10 @@ pub async fn serve<S>(
         let app = app.clone();
         let shutdown = shutdown.clone();
         match tls.clone() {
-            None => connections.spawn(serve_connection(stream, app, shutdown)),
+            None => connections.spawn(serve_connection(stream, app, header_timeout, shutdown)),
             Some(tls) => connections.spawn(async move {
                 match tokio::time::timeout(TLS_HANDSHAKE, tls.accept(stream)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, app, shutdown).await,
+                    Ok(Ok(stream)) => serve_connection(stream, app, header_timeout, shutdown).await,
                     Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
@@ -93,9 +107,14 @@ pub async fn serve<S>(
 }
 
 /// Serves HTTP/1.1 on one accepted connection (plain or TLS) until the
-/// client closes it or `shutdown` is cancelled.
-async fn serve_connection<I, S>(io: I, app: S, shutdown: CancellationToken)
-where
+/// client closes it, sends no complete request head within
+/// `header_timeout`, or `shutdown` is cancelled.
+async fn serve_connection<I, S>(
+    io: I,
+    app: S,
+    header_timeout: Duration,
+    shutdown: CancellationToken,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>
         + Clone
@@ -106,6 +125,8 @@ where
     let service = TowerToHyperService::new(app);
     let connection = hyper::server::conn::http1::Builder::new()
         .title_case_headers(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(UriEscaping::new(io)), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);

@@ -59,6 +59,9 @@ enum Command {
     /// Reproduce a seed workload against a running weft (or --spawn one).
     #[command(subcommand)]
     Bench(weft_bench::BenchCommand),
+    /// Prints every route of every listener and who may call it, as the
+    /// rows of the route table in docs/security.md.
+    Routes,
     /// The nodes sharing this configuration's store.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -108,6 +111,17 @@ fn main() -> anyhow::Result<()> {
             let all_up = runtime.block_on(cluster_status::print(&config))?;
             std::process::exit(if all_up { 0 } else { 1 });
         }
+        Command::Routes => {
+            println!("| listener | method | path | who may call |");
+            println!("|---|---|---|---|");
+            for (listener, route) in weft_api::route_table() {
+                println!(
+                    "| {listener} | {} | `{}` | {} |",
+                    route.method, route.path, route.access
+                );
+            }
+            Ok(())
+        }
         Command::Bench(cmd) => {
             init_logging("warn");
             let passed = runtime.block_on(weft_bench::run(cmd))?;
@@ -130,7 +144,16 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
+}
+
+/// Whether what goes to stderr may be coloured: only when it is a
+/// terminal, and `NO_COLOR` (no-color.org) is unset or empty. Logs piped
+/// to a file or a collector carry no escape codes.
+pub(crate) fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 async fn run_server(config: Config) -> anyhow::Result<()> {

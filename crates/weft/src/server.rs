@@ -99,7 +99,7 @@ pub async fn serve(
     };
     follow(pages.clone(), &*bus, services_stop.clone(), &tracker);
 
-    let (auth, keys) = match start_auth(&config, &store, &bus).await {
+    let (auth, keys, first_key) = match start_auth(&config, &store, &bus).await {
         Ok(started) => started,
         Err(e) => {
             stop_services(services_stop, tracker, &store, nats).await;
@@ -116,9 +116,9 @@ pub async fn serve(
         }
     }
     let ingest_key = (!config.ingest_key.is_empty()).then(|| Arc::from(config.ingest_key.as_str()));
-    if ingest_key.is_none() {
+    if ingest_key.is_none() && auth != AuthMode::On {
         tracing::warn!(
-            "no ingest key configured: ingest endpoints accept uplinks without Authorization"
+            "no ingest key configured and keys are not checked: ingest endpoints accept uplinks without Authorization"
         );
     }
     let live_runtime = tokio::runtime::Builder::new_multi_thread()
@@ -138,21 +138,20 @@ pub async fn serve(
         keys,
         quantumleap_master: config.history.quantumleap_master,
     };
+    // Every listener closes a connection whose request head is not in
+    // within this (a zero setting would close every connection at once).
+    let header_timeout = config.http.header_timeout.max(Duration::from_millis(100));
     let quantumleap = match config.history.quantumleap_listen {
         Some(addr) => {
             let listener = crate::http::bind(addr)
                 .with_context(|| format!("binding QuantumLeap's listener {addr}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving QuantumLeap's API");
-            let app = weft_api::history::quantumleap_router(state.clone()).layer(
-                axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    weft_api::auth::quantumleap_guard,
-                ),
-            );
+            let app = weft_api::history::quantumleap_router(state.clone());
             Some(tokio::spawn(crate::http::serve(
                 listener,
                 app,
                 tls.clone(),
+                header_timeout,
                 shutdown.clone(),
             )))
         }
@@ -161,11 +160,17 @@ pub async fn serve(
     let app = weft_api::app(state);
 
     tracing::info!(addr = %listener.local_addr()?, data = %config.data.display(), "weft serving");
+    if let Some(secret) = first_key {
+        // Last thing before the first request is served, after the start's
+        // log lines, so it is not lost among them.
+        print_first_key(&secret);
+    }
     match cors_layer(&config.http.cors_origins)? {
         Some(cors) => {
-            crate::http::serve(listener, tower::Layer::layer(&cors, app), tls, shutdown).await
+            let app = tower::Layer::layer(&cors, app);
+            crate::http::serve(listener, app, tls, header_timeout, shutdown).await
         }
-        None => crate::http::serve(listener, app, tls, shutdown).await,
+        None => crate::http::serve(listener, app, tls, header_timeout, shutdown).await,
     }
     if let Some(task) = quantumleap {
         let _ = task.await;
@@ -180,12 +185,13 @@ pub async fn serve(
 
 /// The authentication mode and the keys: loads them and, with auth on,
 /// makes sure an admin key exists — the configured `admin_key`, or on a
-/// fresh data directory a new one, printed once on stderr.
+/// fresh data directory a new one, whose secret is returned to be printed
+/// once ([`print_first_key`]).
 async fn start_auth(
     config: &Config,
     store: &Arc<dyn Store>,
     bus: &Arc<dyn Bus>,
-) -> anyhow::Result<(AuthMode, Arc<Keys>)> {
+) -> anyhow::Result<(AuthMode, Arc<Keys>, Option<String>)> {
     let mode = match config.auth.as_str() {
         "on" => AuthMode::On,
         "off" => AuthMode::Off,
@@ -199,20 +205,16 @@ async fn start_auth(
     let keys = Keys::load(store.clone(), rate, bus.clone())
         .await
         .context("loading the API keys")?;
+    let mut first_key = None;
     match mode {
         AuthMode::On => {
             let given = (!config.admin_key.is_empty()).then_some(config.admin_key.as_str());
             if let Some(secret) = keys.bootstrap(given).await.context("the admin key")? {
-                // stderr, not the log: the secret is shown once, to whoever
-                // started weft, and never lands in shipped logs.
-                eprintln!(
-                    "\nweft: created the first admin API key. It is shown only this once; keep it:\n\n    {secret}\n\n\
-                     Send it as 'Authorization: Bearer <key>' and make narrower keys with POST /api/v1/keys.\n"
-                );
                 tracing::warn!(
                     prefix = %&secret[..weft_model::apikey::SHOWN_PREFIX_LEN],
-                    "created the first admin API key (printed above, once)"
+                    "created the first admin API key (printed once, below)"
                 );
+                first_key = Some(secret);
             }
         }
         AuthMode::Off => tracing::warn!(
@@ -223,7 +225,33 @@ async fn start_auth(
              weft must be reachable only through it"
         ),
     }
-    Ok((mode, Arc::new(keys)))
+    Ok((mode, Arc::new(keys), first_key))
+}
+
+/// Prints the first admin key's secret on stderr, set apart from the log
+/// by rules and blank lines, the secret alone on its line (bold on a
+/// terminal, unless `NO_COLOR` is set). stderr, not the log: the secret
+/// is shown once, to whoever started weft, and never lands in shipped
+/// logs.
+fn print_first_key(secret: &str) {
+    use std::io::Write;
+    let (bold, plain) = if crate::colour_on_stderr() {
+        ("\x1b[1m", "\x1b[0m")
+    } else {
+        ("", "")
+    };
+    let rule = "=".repeat(72);
+    let text = format!(
+        "\n{rule}\n\
+         {bold}weft: this is the first admin API key. It is shown only this once: keep it.{plain}\n\n\
+         \x20   {bold}{secret}{plain}\n\n\
+         Send it as 'Authorization: Bearer <key>' (or 'X-Auth-Token: <key>');\n\
+         make narrower keys with POST /api/v1/keys (docs/security.md).\n\
+         {rule}\n\n"
+    );
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
 }
 
 /// The CORS layer `[http] cors_origins` asks for; `None` when empty.
@@ -311,6 +339,10 @@ fn services_config(config: &Config) -> ServicesConfig {
         rules: RulesConfig {
             script_time_limit: config.rules.script_time_limit,
             inactivity_check: config.rules.inactivity_check,
+            state_limits: weft_pipeline::rules::StateLimits {
+                per_device: config.rules.max_state_bytes,
+                total: config.rules.max_total_state_bytes,
+            },
         },
         forward_timeout: config.ngsi.forward_timeout,
         cluster: weft_pipeline::cluster::ClusterConfig {

@@ -16,11 +16,9 @@ use std::sync::LazyLock;
 use axum::extract::Path;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use sha2::{Digest, Sha256};
 
-use crate::AppState;
+use crate::routes::{get, Access, Routes};
 
 /// The prefix of the console's files.
 pub const PREFIX: &str = "/console/";
@@ -99,18 +97,15 @@ fn hex16(digest: &[u8]) -> String {
     digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The console's routes: `/` (the page) and `/console/{*file}`.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/console", get(index))
-        .route("/console/", get(index))
-        .route("/console/{*file}", get(file))
-}
-
-/// Whether `path` is one of the console's, which need no API key.
-pub fn owns(path: &str) -> bool {
-    path == "/" || path == "/console" || path.starts_with(PREFIX)
+/// The console's routes: `/` (the page) and `/console/{*file}`, open:
+/// static files holding no data (the console sends a key with every API
+/// call it makes).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/", get(Access::Open, index))
+        .route("/console", get(Access::Open, index))
+        .route("/console/", get(Access::Open, index))
+        .route("/console/{*file}", get(Access::Open, file))
 }
 
 /// `GET /`: the console's page.

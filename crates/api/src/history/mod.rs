@@ -23,12 +23,12 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use weft_store::{Store, StoreError};
 
 use crate::error::ApiError;
+use crate::routes::{self, get, post, Access, Routes};
 use crate::AppState;
 
 mod delete;
@@ -45,72 +45,86 @@ pub use params::DEFAULT_LIMIT;
 /// QuantumLeap's API under `/ql` of weft's listener, plus `POST
 /// /v2/notify` at the root (NGSIv2 has no such path, so an Orion
 /// subscription can name `http://weft/v2/notify` as it names
-/// QuantumLeap's). `state` decides which QuantumLeap answers
-/// ([`AppState::quantumleap_master`]).
-pub fn router(state: &AppState) -> Router<AppState> {
-    Router::new()
-        .route("/v2/notify", post(notify::notify))
-        .nest("/ql", api_routes(state))
+/// QuantumLeap's).
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/v2/notify", post(WRITE, notify::notify))
+        .nest("/ql", api_routes())
 }
 
 /// QuantumLeap's API at its own paths, for the second listener of
-/// `history.quantumleap_listen`.
+/// `history.quantumleap_listen`: every route of [`quantumleap_router`].
+pub fn quantumleap_routes() -> Routes {
+    api_routes()
+}
+
+/// The router of QuantumLeap's own listener ([`quantumleap_routes`]).
 pub fn quantumleap_router(state: AppState) -> Router {
-    api_routes(&state)
+    quantumleap_routes()
+        .build(&state)
         .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
         .with_state(state)
 }
 
+/// Reads: any key of the tenant that may read.
+const READ: Access = Access::read(routes::Scope::QuantumLeap);
+/// Writes (notifications into the history, its deletes).
+const WRITE: Access = Access::write(routes::Scope::QuantumLeap);
+
 /// Every route of QuantumLeap's API, relative to its root (`/ql`, or `/`
 /// on QuantumLeap's own port); any other path is QuantumLeap's 404. The
-/// answers of the data endpoints pass through [`variant`].
-fn api_routes(state: &AppState) -> Router<AppState> {
-    Router::new()
-        .merge(
-            data_routes().route_layer(axum::middleware::from_fn_with_state(
+/// answers of the data endpoints pass through [`variant`], which decides
+/// by [`AppState::quantumleap_master`] which QuantumLeap answers.
+fn api_routes() -> Routes {
+    Routes::new()
+        .merge(data_routes().finish(|routes, state| {
+            routes.route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 variant::master_answers,
-            )),
-        )
-        .route("/version", get(meta::version))
-        .route("/health", get(meta::health))
-        .route("/v2", get(meta::root))
-        .route("/v2/", get(meta::root))
-        .route("/management/config", post(meta::config))
-        .route("/v2/notify", post(notify::notify))
-        .fallback(meta::not_found)
+            ))
+        }))
+        .route("/version", get(READ, meta::version))
+        .route("/health", get(Access::Open, meta::health))
+        .route("/v2", get(READ, meta::root))
+        .route("/v2/", get(READ, meta::root))
+        .route("/management/config", post(WRITE, meta::config))
+        .route("/v2/notify", post(WRITE, notify::notify))
+        .fallback(READ, meta::not_found)
 }
 
 /// The routes whose answers differ between QuantumLeap 1.0.0 and master:
 /// the queries, op/query and the deletes.
-fn data_routes() -> Router<AppState> {
-    Router::new()
-        .route("/v2/op/query", post(op::op_query))
-        .route("/v2/entities", get(query::list_entities))
+fn data_routes() -> Routes {
+    Routes::new()
+        .route("/v2/op/query", post(READ, op::op_query))
+        .route("/v2/entities", get(READ, query::list_entities))
         .route(
             "/v2/entities/{id}",
-            get(query::entity).delete(delete::delete_entity),
+            get(READ, query::entity).delete(WRITE, delete::delete_entity),
         )
-        .route("/v2/entities/{id}/value", get(query::entity_value))
-        .route("/v2/entities/{id}/attrs/{attr}", get(query::entity_attr))
+        .route("/v2/entities/{id}/value", get(READ, query::entity_value))
+        .route(
+            "/v2/entities/{id}/attrs/{attr}",
+            get(READ, query::entity_attr),
+        )
         .route(
             "/v2/entities/{id}/attrs/{attr}/value",
-            get(query::entity_attr_value),
+            get(READ, query::entity_attr_value),
         )
         .route(
             "/v2/types/{type}",
-            get(query::type_entities).delete(delete::delete_type),
+            get(READ, query::type_entities).delete(WRITE, delete::delete_type),
         )
-        .route("/v2/types/{type}/value", get(query::type_value))
-        .route("/v2/types/{type}/attrs/{attr}", get(query::type_attr))
+        .route("/v2/types/{type}/value", get(READ, query::type_value))
+        .route("/v2/types/{type}/attrs/{attr}", get(READ, query::type_attr))
         .route(
             "/v2/types/{type}/attrs/{attr}/value",
-            get(query::type_attr_value),
+            get(READ, query::type_attr_value),
         )
-        .route("/v2/attrs", get(query::attrs))
-        .route("/v2/attrs/value", get(query::attrs_value))
-        .route("/v2/attrs/{attr}", get(query::attr))
-        .route("/v2/attrs/{attr}/value", get(query::attr_value))
+        .route("/v2/attrs", get(READ, query::attrs))
+        .route("/v2/attrs/value", get(READ, query::attrs_value))
+        .route("/v2/attrs/{attr}", get(READ, query::attr))
+        .route("/v2/attrs/{attr}/value", get(READ, query::attr_value))
 }
 
 /// The tenant and service path of a QuantumLeap request.

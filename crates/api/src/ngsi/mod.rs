@@ -35,13 +35,13 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, MethodRouter};
 use axum::Router;
 use bytes::Bytes;
 use serde_json::json;
 use tower::{Service, ServiceExt};
 use weft_pipeline::context::{Origin, ORIGIN};
 
+use crate::routes::{get, post, put, Access, Methods, Routes, Scope};
 use crate::{AppState, MAX_BODY_BYTES};
 use error::{method_not_allowed, Error};
 
@@ -66,7 +66,8 @@ static X_AUTH_TOKEN: HeaderName = HeaderName::from_static("x-auth-token");
 pub fn service(state: AppState) -> Surface {
     admin::started();
     Surface {
-        routes: routes().fallback(fallback).with_state(state),
+        forwards_token: state.auth != crate::auth::AuthMode::On,
+        routes: routes().build(&state).with_state(state),
     }
 }
 
@@ -93,6 +94,10 @@ pub struct Surface {
     /// The NGSI routes with the state given, so nothing is built per
     /// request.
     routes: Router,
+    /// Whether notifications repeat the request's `X-Auth-Token`, as
+    /// Orion's do: only when weft does not check keys itself (with keys
+    /// on, the token is a weft key, and weft's keys never leave weft).
+    forwards_token: bool,
 }
 
 impl Service<Request> for Surface {
@@ -110,7 +115,10 @@ impl Service<Request> for Surface {
             return Box::pin(std::future::ready(Ok(finish(refused, correlator))));
         }
         crate::limit_body(&mut req);
-        let origin = origin(req.headers(), &correlator);
+        let mut origin = origin(req.headers(), &correlator);
+        if !self.forwards_token {
+            origin.auth_token = None;
+        }
         let counted = counted_as(req.headers());
         let started = std::time::Instant::now();
         let routed = ORIGIN.scope(origin, self.routes.call(req));
@@ -136,135 +144,157 @@ impl Service<Request> for Surface {
     }
 }
 
-/// `m`, answering every other verb with Orion's 405: `Allow` lists the
+/// Orion's 405 for the verbs a route does not have: `Allow` lists the
 /// verbs in Orion's order (axum adds its own `Allow` only to answers that
 /// have none).
-fn verbs(allow: &'static str, m: MethodRouter<AppState>) -> MethodRouter<AppState> {
-    m.fallback(move || async move { method_not_allowed(allow) })
+fn others(m: Methods, allow: &'static str) -> Methods {
+    m.other_methods(move || async move { method_not_allowed(allow) })
 }
 
-fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/version", verbs("GET", get(version)))
-        .route("/v2", verbs("GET", get(entry_point)))
+/// Reads of the NGSI surface (`GET`, `POST /v2/op/query`).
+const READ: Access = Access::read(Scope::Ngsi);
+/// Writes of entities, subscriptions and registrations.
+const WRITE: Access = Access::write(Scope::Ngsi);
+/// Orion's administration reads (statistics, log level, semaphores,
+/// metrics): weft's own, the default tenant's.
+const OPS_READ: Access = Access::read(Scope::Own);
+/// Orion's administration writes (resetting statistics and metrics,
+/// setting the log level and traces): admin keys only.
+const OPS_ADMIN: Access = Access::admin(Scope::Own);
+
+/// Every route of the NGSI surface with who may call it. Unknown paths
+/// ([`fallback`]) want a read key too, so a stranger learns nothing of
+/// which paths exist.
+pub fn routes() -> Routes {
+    Routes::new()
+        .route("/version", others(get(READ, version), "GET"))
+        .route("/v2", others(get(READ, entry_point), "GET"))
         .route(
             "/statistics",
-            verbs(
+            others(
+                get(OPS_READ, admin::statistics).delete(OPS_ADMIN, admin::reset_statistics),
                 "GET, DELETE",
-                get(admin::statistics).delete(admin::reset_statistics),
             ),
         )
         .route(
             "/cache/statistics",
-            verbs(
+            others(
+                get(OPS_READ, admin::cache_statistics)
+                    .delete(OPS_ADMIN, admin::reset_cache_statistics),
                 "GET, DELETE",
-                get(admin::cache_statistics).delete(admin::reset_cache_statistics),
             ),
         )
         .route(
             "/admin/log",
-            verbs("GET, PUT", get(admin::get_log).put(admin::put_log)),
+            others(
+                get(OPS_READ, admin::get_log).put(OPS_ADMIN, admin::put_log),
+                "GET, PUT",
+            ),
         )
-        .route("/admin/sem", verbs("GET", get(admin::semaphores)))
+        .route(
+            "/admin/sem",
+            others(get(OPS_READ, admin::semaphores), "GET"),
+        )
         .route(
             "/admin/metrics",
-            verbs(
+            others(
+                get(OPS_READ, admin::get_metrics).delete(OPS_ADMIN, admin::reset_metrics),
                 "GET, DELETE",
-                get(admin::get_metrics).delete(admin::reset_metrics),
             ),
         )
         .route(
             "/log/trace",
-            verbs(
+            others(
+                get(OPS_READ, admin::get_trace).delete(OPS_ADMIN, admin::delete_trace),
                 "GET, DELETE",
-                get(admin::get_trace).delete(admin::delete_trace),
             ),
         )
         .route(
             "/log/trace/{levels}",
-            verbs(
+            others(
+                put(OPS_ADMIN, admin::put_trace).delete(OPS_ADMIN, admin::delete_trace),
                 "PUT, DELETE",
-                axum::routing::put(admin::put_trace).delete(admin::delete_trace),
             ),
         )
         .route(
             "/v2/entities",
-            verbs("GET, POST", get(entities::list).post(entities::create)),
+            others(
+                get(READ, entities::list).post(WRITE, entities::create),
+                "GET, POST",
+            ),
         )
         .route(
             "/v2/entities/{id}",
-            verbs(
+            others(
+                get(READ, entities::retrieve).delete(WRITE, entities::remove),
                 "GET, DELETE",
-                get(entities::retrieve).delete(entities::remove),
             ),
         )
         .route(
             "/v2/entities/{id}/attrs",
-            verbs(
+            others(
+                get(READ, attrs::get_attrs)
+                    .post(WRITE, attrs::append_attrs)
+                    .put(WRITE, attrs::replace_attrs)
+                    .patch(WRITE, attrs::update_attrs),
                 "GET, PATCH, POST, PUT",
-                get(attrs::get_attrs)
-                    .post(attrs::append_attrs)
-                    .put(attrs::replace_attrs)
-                    .patch(attrs::update_attrs),
             ),
         )
         .route(
             "/v2/entities/{id}/attrs/{attr}",
-            verbs(
+            others(
+                get(READ, attrs::get_attr)
+                    .put(WRITE, attrs::put_attr)
+                    .delete(WRITE, attrs::delete_attr),
                 "GET, PUT, DELETE",
-                get(attrs::get_attr)
-                    .put(attrs::put_attr)
-                    .delete(attrs::delete_attr),
             ),
         )
         .route(
             "/v2/entities/{id}/attrs/{attr}/value",
-            verbs("GET, PUT", get(attrs::get_value).put(attrs::put_value)),
+            others(
+                get(READ, attrs::get_value).put(WRITE, attrs::put_value),
+                "GET, PUT",
+            ),
         )
-        .route("/v2/types", verbs("GET", get(types::list)))
-        .route("/v2/types/{type}", verbs("GET", get(types::retrieve)))
+        .route("/v2/types", others(get(READ, types::list), "GET"))
         .route(
-            "/v2/op/update",
-            verbs("POST", axum::routing::post(batch::update)),
+            "/v2/types/{type}",
+            others(get(READ, types::retrieve), "GET"),
         )
-        .route(
-            "/v2/op/query",
-            verbs("POST", axum::routing::post(batch::query)),
-        )
-        .route(
-            "/v2/op/notify",
-            verbs("POST", axum::routing::post(batch::notify)),
-        )
+        .route("/v2/op/update", others(post(WRITE, batch::update), "POST"))
+        .route("/v2/op/query", others(post(READ, batch::query), "POST"))
+        .route("/v2/op/notify", others(post(WRITE, batch::notify), "POST"))
         .route(
             "/v2/subscriptions",
-            verbs(
+            others(
+                get(READ, subscriptions::list).post(WRITE, subscriptions::create),
                 "GET, POST",
-                get(subscriptions::list).post(subscriptions::create),
             ),
         )
         .route(
             "/v2/subscriptions/{id}",
-            verbs(
+            others(
+                get(READ, subscriptions::retrieve)
+                    .patch(WRITE, subscriptions::update)
+                    .delete(WRITE, subscriptions::remove),
                 "GET, DELETE, PATCH",
-                get(subscriptions::retrieve)
-                    .patch(subscriptions::update)
-                    .delete(subscriptions::remove),
             ),
         )
         .route(
             "/v2/registrations",
-            verbs(
+            others(
+                get(READ, registrations::list).post(WRITE, registrations::create),
                 "GET, POST",
-                get(registrations::list).post(registrations::create),
             ),
         )
         .route(
             "/v2/registrations/{id}",
-            verbs(
+            others(
+                get(READ, registrations::retrieve).delete(WRITE, registrations::remove),
                 "GET, DELETE",
-                get(registrations::retrieve).delete(registrations::remove),
             ),
         )
+        .fallback(READ, fallback)
 }
 
 /// A 200 JSON answer whose numbers are written as Orion writes them
@@ -366,9 +396,13 @@ fn counted_as(headers: &HeaderMap) -> Option<(metrics::Keys, u64)> {
     Some((keys, size))
 }
 
-/// What notifications triggered by this request repeat of it.
+/// What notifications triggered by this request repeat of it, and what
+/// the self-notification loop protection reads: its correlator (a
+/// notification's carries `; cbnotif=<n>` marks, one per hop) and whether
+/// it is a custom notification (`Ngsiv2-AttrsFormat: custom`, which a
+/// subscription cannot change), as Orion reads them.
 fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
-    let header = |name: &HeaderName| -> Option<String> {
+    let header = |name: &str| -> Option<String> {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
@@ -376,8 +410,10 @@ fn origin(headers: &HeaderMap, correlator: &HeaderValue) -> Origin {
     };
     Origin {
         correlator: correlator.to_str().unwrap_or_default().to_string(),
-        service: header(&FIWARE_SERVICE).map(|s| s.to_ascii_lowercase()),
-        auth_token: header(&X_AUTH_TOKEN),
+        service: header(FIWARE_SERVICE.as_str()).map(|s| s.to_ascii_lowercase()),
+        auth_token: header(X_AUTH_TOKEN.as_str()),
+        custom_notification: header("ngsiv2-attrsformat")
+            .is_some_and(|f| f.trim().eq_ignore_ascii_case("custom")),
     }
 }
 
@@ -438,7 +474,10 @@ async fn fallback(State(state): State<AppState>, req: Request) -> Response {
             Err(_) => return Error::service_not_found().into_response(),
         }
         let req = Request::from_parts(parts, body);
-        let inner = routes().fallback(no_route_handler).with_state(state);
+        let inner = routes()
+            .fallback(READ, no_route_handler)
+            .build(&state)
+            .with_state(state);
         return match inner.oneshot(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},
@@ -589,5 +628,25 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("fiware-correlator", HeaderValue::from_static("abc-1"));
         assert_eq!(correlator(&headers), "abc-1");
+    }
+
+    /// A notification's correlator keeps its marks, and a custom
+    /// notification is told apart by its `Ngsiv2-AttrsFormat`.
+    #[test]
+    fn origins_tell_notifications_apart() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "fiware-correlator",
+            HeaderValue::from_static("abc; cbnotif=1; cbnotif=2"),
+        );
+        let c = correlator(&headers);
+        let plain = origin(&headers, &c);
+        assert_eq!(plain.correlator_root(), "abc");
+        assert_eq!(plain.notification_depth(), 2);
+        assert!(!plain.custom_notification);
+        headers.insert("ngsiv2-attrsformat", HeaderValue::from_static("custom"));
+        assert!(origin(&headers, &c).custom_notification);
+        headers.insert("ngsiv2-attrsformat", HeaderValue::from_static("normalized"));
+        assert!(!origin(&headers, &c).custom_notification);
     }
 }

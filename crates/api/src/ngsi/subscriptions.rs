@@ -6,6 +6,7 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -13,7 +14,9 @@ use super::entities::listing_response;
 use super::error::{Error, Result};
 use super::params::{json_body, Params};
 use super::tenant::{ServicePath, Tenant};
+use crate::auth::{sees_secrets, Principal};
 use crate::AppState;
+use weft_model::secret;
 
 /// Checks a subscription id in a URL: Orion answers 400 for anything but
 /// 24 characters, and 404 for 24 characters that name nothing.
@@ -55,13 +58,17 @@ pub async fn create(
 /// `options=count`.
 pub async fn list(
     State(state): State<AppState>,
+    caller: Option<Extension<Principal>>,
     Tenant(tenant): Tenant,
     params: Params,
 ) -> Result<Response> {
     let options = params.options()?;
     let (limit, offset) = params.paging()?;
     state.services.subscriptions.sync_counters(&tenant).await;
-    let all = state.services.subscriptions.list(&tenant);
+    let mut all = state.services.subscriptions.list(&tenant);
+    if !sees_secrets(&state, caller.as_deref()) {
+        all.iter_mut().for_each(secret::mask_subscription);
+    }
     let total = all.len();
     let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
     Ok(listing_response(
@@ -73,12 +80,16 @@ pub async fn list(
 /// `GET /v2/subscriptions/{id}`.
 pub async fn retrieve(
     State(state): State<AppState>,
+    caller: Option<Extension<Principal>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
     state.services.subscriptions.sync_counters(&tenant).await;
-    let json = state.services.subscriptions.get(&tenant, &id)?;
+    let mut json = state.services.subscriptions.get(&tenant, &id)?;
+    if !sees_secrets(&state, caller.as_deref()) {
+        secret::mask_subscription(&mut json);
+    }
     Ok(axum::Json(json).into_response())
 }
 

@@ -391,7 +391,7 @@ async fn generate(
             &session.base.prefix,
             &session.base.host,
             channel,
-            args.common.ingest_key.as_deref(),
+            crate::http::ingest_credential(args.common.ingest_key.as_deref()).as_deref(),
         ),
         devices,
         model,

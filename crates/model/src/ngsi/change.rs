@@ -43,6 +43,43 @@ pub struct Origin {
     pub service: Option<String>,
     /// `X-Auth-Token`, for `${authToken}` and the notification header.
     pub auth_token: Option<String>,
+    /// The request is a custom notification (`Ngsiv2-AttrsFormat:
+    /// custom`): Orion's self-notification loop protection looks at
+    /// these (see [`Origin::correlator_root`]).
+    pub custom_notification: bool,
+}
+
+impl Origin {
+    /// The correlator without its decorations (`; cbnotif=<n>`,
+    /// `; cbfwd=<n>`): the request that started a chain of notifications,
+    /// as Orion's `correlatorRoot` reads it (up to the first `;`).
+    pub fn correlator_root(&self) -> &str {
+        correlator_root(&self.correlator)
+    }
+
+    /// How many notifications deep the request is: the number of
+    /// `cbnotif=` marks its correlator carries (0 for a request no
+    /// broker sent). Each broker appends `; cbnotif=<n>` to the correlator
+    /// of the request that triggered a notification, so a notification
+    /// caused by a notification carries two, and so on.
+    pub fn notification_depth(&self) -> usize {
+        notification_depth(&self.correlator)
+    }
+}
+
+/// `correlator` up to its first `;`, trimmed (Orion's `correlatorRoot`).
+pub fn correlator_root(correlator: &str) -> &str {
+    correlator.split(';').next().unwrap_or_default().trim()
+}
+
+/// The number of `cbnotif=` marks in `correlator` (see
+/// [`Origin::notification_depth`]).
+pub fn notification_depth(correlator: &str) -> usize {
+    correlator
+        .split(';')
+        .skip(1)
+        .filter(|part| part.trim_start().starts_with("cbnotif="))
+        .count()
 }
 
 /// One committed change to an entity: the entity after the change (its
@@ -92,6 +129,34 @@ mod tests {
     use super::*;
     use crate::ngsi::{append, parse_attrs};
 
+    /// Roots and depths of the correlators Orion and weft send.
+    #[test]
+    fn correlator_roots_and_depths() {
+        let origin = |c: &str| Origin {
+            correlator: c.into(),
+            ..Origin::default()
+        };
+        let plain = origin("f320136c-0192-11eb-a893-000c29df7908");
+        assert_eq!(
+            plain.correlator_root(),
+            "f320136c-0192-11eb-a893-000c29df7908"
+        );
+        assert_eq!(plain.notification_depth(), 0);
+        let once = origin("f320136c-0192-11eb-a893-000c29df7908; cbnotif=32");
+        assert_eq!(
+            once.correlator_root(),
+            "f320136c-0192-11eb-a893-000c29df7908"
+        );
+        assert_eq!(once.notification_depth(), 1);
+        let twice = origin("abc; cbnotif=1; cbnotif=3");
+        assert_eq!(twice.correlator_root(), "abc");
+        assert_eq!(twice.notification_depth(), 2);
+        // A forward is not a notification.
+        assert_eq!(origin("abc; cbfwd=1").notification_depth(), 0);
+        assert_eq!(origin("abc; cbfwd=1; cbnotif=2").notification_depth(), 1);
+        assert_eq!(origin("").correlator_root(), "");
+    }
+
     #[test]
     fn live_json_names_the_change_and_the_touched_attributes() {
         let mut entity = Entity::new("dev-1", "Sensor");
@@ -113,6 +178,7 @@ mod tests {
                 correlator: "c".into(),
                 service: Some("acme".into()),
                 auth_token: Some("secret".into()),
+                custom_notification: false,
             }),
         };
         let json = change.to_json();

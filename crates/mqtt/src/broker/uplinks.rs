@@ -6,10 +6,10 @@
 //! is always in the ingest log.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use weft_pipeline::Services;
+use weft_pipeline::{uplink, AcceptError, Services};
 
 use crate::topics::{self, Format, Message, Route};
 
@@ -101,17 +101,20 @@ impl Uplinks {
         {
             Ok(Message::Uplinks(u)) => u,
             Ok(Message::Ignored) => return Verdict::Done,
-            Ok(Message::CommandAnswer { device, answers }) => {
-                match self
-                    .services
-                    .downlinks
-                    .command_answer(&device, &answers)
-                    .await
-                {
+            Ok(Message::CommandAnswer {
+                device,
+                answers,
+                pins,
+            }) => {
+                match uplink::command_result(&self.services, &device, &answers, &pins).await {
                     Ok(answered) if !answered.is_empty() => count("committed"),
-                    _ => {
+                    Ok(_) => {
                         count("refused");
                         tracing::warn!(%device, %topic, "MQTT broker: command answer names no command of the device");
+                    }
+                    Err(e) => {
+                        count("refused");
+                        tracing::warn!(%device, %topic, "MQTT broker: command answer refused: {e}");
                     }
                 }
                 return Verdict::Done;
@@ -122,37 +125,36 @@ impl Uplinks {
                 return Verdict::Done;
             }
         };
-        let started = Instant::now();
-        for uplink in uplinks {
-            let mut delay = Duration::from_millis(50);
-            loop {
-                if self.shutdown.is_cancelled() {
-                    count("unacknowledged");
-                    return Verdict::NotCommitted;
-                }
-                match self.services.ingest.accept(uplink.clone()).await {
-                    Ok(_) => break,
-                    Err(e) if started.elapsed() >= INGEST_RETRY_FOR => {
-                        count("unacknowledged");
-                        tracing::warn!(error = %e, %device, "MQTT broker: the ingest log did not take a message; closing the connection unacknowledged");
-                        return Verdict::NotCommitted;
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "MQTT broker: ingest log append failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = self.shutdown.cancelled() => {}
-                        }
-                        delay = (delay * 2).min(Duration::from_secs(2));
-                    }
-                }
+        if self.shutdown.is_cancelled() {
+            count("unacknowledged");
+            return Verdict::NotCommitted;
+        }
+        let arrival = uplink::Arrival {
+            uplinks,
+            parsed: None,
+            route: topics::downlink_route(format, SOURCE, topic, payload),
+        };
+        let patience = uplink::Patience::Retry {
+            stop: self.shutdown.clone(),
+            max_delay: Duration::from_secs(2),
+            give_up_after: Some(INGEST_RETRY_FOR),
+        };
+        match uplink::accept(&self.services, arrival, &patience).await {
+            Ok(()) => {
+                count("committed");
+                Verdict::Done
+            }
+            Err(AcceptError::Forbidden(reason)) => {
+                count("refused");
+                tracing::warn!(%device, %topic, "MQTT broker: message refused: {reason}");
+                Verdict::Done
+            }
+            Err(e) => {
+                count("unacknowledged");
+                tracing::warn!(error = %e, %device, "MQTT broker: the ingest log did not take a message; closing the connection unacknowledged");
+                Verdict::NotCommitted
             }
         }
-        count("committed");
-        if let Some((device, route)) = topics::downlink_route(format, SOURCE, topic, payload) {
-            self.services.downlinks.observe_route(&device, route).await;
-        }
-        Verdict::Done
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use weft_bus::{Bus, Stream};
-use weft_model::channel::is_channel_id;
+use weft_model::validate;
 use weft_model::{AlarmEvent, DataUnit};
 use weft_store::{AlarmBatch, DocumentKind, NgsiDocument, Store, StoreError};
 
@@ -75,28 +75,29 @@ enum Source {
 impl BridgeSpec {
     fn validate(&self, name: &str) -> Result<(Source, EventFilter), BridgeError> {
         let bad = |m: String| BridgeError::Invalid(m);
-        if !is_channel_id(name) {
-            return Err(bad(format!(
-                "bridge name '{name}' must match ^[0-9a-z][0-9a-z_-]{{0,62}}$"
-            )));
-        }
+        let invalid = |e: validate::Invalid| BridgeError::Invalid(e.to_string());
+        validate::dsps_id("name", name).map_err(invalid)?;
         let source = match self.stream.as_str() {
             "data" => Source::Data,
             "alarms" => Source::Alarms,
             other => {
                 return Err(bad(format!(
-                    "stream must be 'data' or 'alarms', not '{other}' (entity changes are not bridged yet)"
-                )))
+                "stream must be 'data' or 'alarms', not {} (entity changes are not bridged yet)",
+                validate::shown(other)
+            )))
             }
         };
-        if !is_channel_id(&self.channel) {
-            return Err(bad(format!(
-                "channel '{}' must match ^[0-9a-z][0-9a-z_-]{{0,62}}$",
-                self.channel
-            )));
-        }
-        let filter =
-            EventFilter::new(self.filter.clone()).map_err(|e| bad(format!("filter.q: {e}")))?;
+        validate::dsps_id("channel", &self.channel).map_err(invalid)?;
+        self.filter
+            .check_names()
+            .map_err(|e| invalid(e.within("filter")))?;
+        let filter = EventFilter::new(self.filter.clone()).map_err(|e| {
+            if e.starts_with("servicePath") {
+                bad(format!("filter.{e}"))
+            } else {
+                bad(format!("filter.q: {e}"))
+            }
+        })?;
         Ok((source, filter))
     }
 }
@@ -386,7 +387,7 @@ impl BridgeTask {
                     .map(|r| match serde_json::from_str::<DataUnit>(&r.json) {
                         Ok(u) => {
                             let pass = self.filter.matches_unit(&u);
-                            let id = if is_channel_id(&u.data_id) {
+                            let id = if validate::is_dsps_id(&u.data_id) {
                                 u.data_id
                             } else {
                                 format!("unit-{}", r.seq)

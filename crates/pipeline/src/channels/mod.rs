@@ -80,6 +80,10 @@ pub enum ChannelError {
     /// The subscriber does not exist (never created, deleted or expired).
     #[error("subscriber not found")]
     SubscriberNotFound,
+    /// An id in the call breaks DSPS's id rule (400 naming its parameter:
+    /// `channelID`, `subscriberID`, `messageID`).
+    #[error("Invalid \"{0}\" parameter")]
+    InvalidId(&'static str),
     /// The caller's JWT did not pass the channel's rule (403).
     #[error("{0}")]
     Forbidden(String),
@@ -261,6 +265,26 @@ impl Channels {
             metrics::counter!("weft_channel_messages_published_total").increment(1);
         }
         Ok(stored.is_some())
+    }
+
+    /// Admits a call on `channel` naming `other` (`("subscriberID", id)`
+    /// or `("messageID", id)`): both ids must follow DSPS's id rule
+    /// ([`weft_model::validate::is_dsps_id`]; the channel's checked first),
+    /// then the caller must pass the JWT rules matching the channel.
+    pub fn admit(
+        &self,
+        channel: &str,
+        other: (&'static str, &str),
+        authorization: Option<&str>,
+    ) -> Result<(), ChannelError> {
+        use weft_model::validate::is_dsps_id;
+        if !is_dsps_id(channel) {
+            return Err(ChannelError::InvalidId("channelID"));
+        }
+        if !is_dsps_id(other.1) {
+            return Err(ChannelError::InvalidId(other.0));
+        }
+        self.authorize(channel, authorization)
     }
 
     /// Checks the caller of an operation on `channel` against the JWT rules

@@ -12,7 +12,8 @@
 //!
 //! Webhooks never hold up a publish: deliveries are queued (bounded; a
 //! full queue drops the delivery, counted) and sent by a background task
-//! with DSPS's retry policy (count, interval × multiplier^n ± jitter).
+//! with DSPS's retry policy (count, interval × multiplier^n ± jitter, each
+//! wait at most five minutes), on weft's outbound client (no redirects).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -376,9 +377,10 @@ fn compile_jwt(rule: &JwtRule) -> Result<CompiledJwt, String> {
 }
 
 /// Sends queued deliveries, at most [`WEBHOOK_CONCURRENCY`] at once, each
-/// retried per its policy.
+/// retried per its policy, on weft's outbound client
+/// ([`crate::outbound::http`]).
 async fn send_loop(mut rx: mpsc::Receiver<Delivery>) {
-    let client = reqwest::Client::new();
+    let client = crate::outbound::http();
     let permits = Arc::new(Semaphore::new(WEBHOOK_CONCURRENCY));
     while let Some(d) = rx.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -392,10 +394,24 @@ async fn send_loop(mut rx: mpsc::Receiver<Delivery>) {
     }
 }
 
+impl RetryRule {
+    /// DSPS's policy as weft's [`Backoff`](crate::outbound::Backoff):
+    /// `interval` × `interval_multiplier`^n ± `interval_jitter`, each wait
+    /// at most [`WEBHOOK_MAX_WAIT`](crate::outbound::WEBHOOK_MAX_WAIT).
+    pub fn backoff(&self) -> crate::outbound::Backoff {
+        crate::outbound::Backoff {
+            initial: self.interval,
+            multiplier: self.interval_multiplier,
+            max: crate::outbound::WEBHOOK_MAX_WAIT,
+            jitter: crate::outbound::Jitter::Absolute(self.interval_jitter),
+        }
+    }
+}
+
 async fn deliver(client: &reqwest::Client, d: &Delivery) {
     let method =
         reqwest::Method::from_bytes(d.hook.method.as_bytes()).unwrap_or(reqwest::Method::PUT);
-    let mut interval = d.hook.retry.interval.as_secs_f64();
+    let backoff = d.hook.retry.backoff();
     for attempt in 0..=d.hook.retry.count {
         let mut req = client
             .request(method.clone(), &d.url)
@@ -415,10 +431,7 @@ async fn deliver(client: &reqwest::Client, d: &Delivery) {
             _ => {}
         }
         if attempt < d.hook.retry.count {
-            let jitter = d.hook.retry.interval_jitter.as_secs_f64();
-            let wait = (interval + rand::random_range(-jitter..=jitter)).max(0.0);
-            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-            interval *= d.hook.retry.interval_multiplier;
+            tokio::time::sleep(backoff.delay(attempt + 1)).await;
         }
     }
     metrics::counter!("weft_channel_webhooks_failed_total").increment(1);

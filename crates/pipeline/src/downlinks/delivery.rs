@@ -31,6 +31,10 @@ pub const NO_ROUTE: &str = "no downlink route known for this device yet: weft le
      an MQTT source's topics) \
      or from the device's endpoint";
 
+/// The most of a network server's (or device's) answer read: its error
+/// text or a command's result.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
 /// What one attempt came to.
 enum Outcome {
     /// Accepted; for IoT Agent devices, what they answered.
@@ -158,7 +162,7 @@ impl Downlinks {
                     d.reason = Some(reason);
                     d.next_attempt_at = until_expiry(
                         &d,
-                        now + backoff(&self.config, d.attempts).as_millis() as i64,
+                        now + self.config.backoff().delay(d.attempts).as_millis() as i64,
                     );
                     self.record(&d).await;
                 }
@@ -210,7 +214,11 @@ impl Downlinks {
     /// POSTs an HTTP delivery: 2xx is sent, anything else a retry. An IoT
     /// Agent device's JSON answer naming the command is its result.
     async fn post(&self, http: &HttpDelivery, d: &Downlink) -> Outcome {
-        let mut request = self.client.post(&http.url).json(&http.body);
+        let mut request = self
+            .client
+            .post(&http.url)
+            .timeout(self.config.request_timeout)
+            .json(&http.body);
         for (name, value) in &http.headers {
             request = request.header(name, value);
         }
@@ -219,18 +227,23 @@ impl Downlinks {
             Err(error) => return Outcome::Retry(format!("POST {} failed: {error}", http.url)),
         };
         let status = response.status();
+        let body = crate::outbound::read_body(response, MAX_ANSWER_BYTES).await;
         if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            let text: String = text.chars().take(200).collect();
+            let text = body
+                .map(|b| {
+                    String::from_utf8_lossy(&b)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                })
+                .unwrap_or_default();
             return Outcome::Retry(format!("POST {} answered {status}: {text}", http.url));
         }
-        let answer = match &d.command {
-            Some(command) => response
-                .json::<Value>()
-                .await
+        let answer = match (&d.command, body) {
+            (Some(command), Ok(body)) => serde_json::from_slice::<Value>(&body)
                 .ok()
                 .and_then(|body| body.get(command).cloned()),
-            None => None,
+            _ => None,
         };
         Outcome::Sent(answer)
     }
@@ -242,21 +255,12 @@ fn until_expiry(d: &Downlink, at: i64) -> i64 {
     d.expires_at.map_or(at, |expiry| at.min(expiry))
 }
 
-/// The wait before attempt `attempts + 1`: `retry_initial` doubled per
-/// failed attempt, at most `retry_max`.
-fn backoff(config: &super::DownlinksConfig, attempts: u32) -> Duration {
-    let doublings = attempts.saturating_sub(1).min(20);
-    config
-        .retry_initial
-        .saturating_mul(1 << doublings)
-        .min(config.retry_max)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The doubling backoff from the configured first wait, capped.
+    /// The doubling backoff from the configured first wait, capped, each
+    /// wait within ±20 % of its base and never past the cap.
     #[test]
     fn backoff_doubles_up_to_the_cap() {
         let config = super::super::DownlinksConfig {
@@ -264,9 +268,20 @@ mod tests {
             retry_max: Duration::from_millis(500),
             ..Default::default()
         };
-        let waits: Vec<u64> = (1..=5)
-            .map(|n| backoff(&config, n).as_millis() as u64)
+        let backoff = config.backoff();
+        let bases: Vec<u64> = (1..=5)
+            .map(|n| backoff.base(n).as_millis() as u64)
             .collect();
-        assert_eq!(waits, [100, 200, 400, 500, 500]);
+        assert_eq!(bases, [100, 200, 400, 500, 500]);
+        for n in 1..=5 {
+            for _ in 0..50 {
+                let wait = backoff.delay(n).as_secs_f64();
+                let base = backoff.base(n).as_secs_f64();
+                assert!(
+                    wait >= base * 0.8 - 1e-9 && wait <= 0.5 + 1e-9,
+                    "{n}: {wait}"
+                );
+            }
+        }
     }
 }

@@ -36,7 +36,8 @@ use crate::context::{Context, DEFAULT_TENANT};
 #[derive(Debug, Clone)]
 pub struct DownlinksConfig {
     /// Wait before the first retry of a failed attempt; doubled for each
-    /// further one up to `retry_max`.
+    /// further one up to `retry_max`, each wait ±20 % at random
+    /// ([`DownlinksConfig::backoff`]).
     pub retry_initial: Duration,
     /// Longest wait between two attempts.
     pub retry_max: Duration,
@@ -53,6 +54,21 @@ pub struct DownlinksConfig {
     pub chirpstack: Option<ChirpStackApi>,
     /// ChirpStack's REST API per device type name.
     pub chirpstack_by_type: HashMap<String, ChirpStackApi>,
+}
+
+impl DownlinksConfig {
+    /// The retry policy of failed attempts: `retry_initial` doubled per
+    /// failed attempt up to `retry_max`, ±20 % so that the downlinks a
+    /// network server's outage failed together are not all sent again at
+    /// the same instant.
+    pub fn backoff(&self) -> crate::outbound::Backoff {
+        crate::outbound::Backoff {
+            initial: self.retry_initial,
+            multiplier: 2.0,
+            max: self.retry_max.max(self.retry_initial),
+            jitter: crate::outbound::Jitter::Ratio(0.2),
+        }
+    }
 }
 
 impl Default for DownlinksConfig {
@@ -110,7 +126,8 @@ pub struct Downlinks {
     /// route only when it changes, not per uplink. Bounded by the number of
     /// devices that send uplinks.
     routes: Mutex<HashMap<String, DownlinkRoute>>,
-    /// The HTTP client of every delivery (keeps connections alive).
+    /// weft's outbound HTTP client ([`crate::outbound::http`]); each
+    /// delivery gives its request `request_timeout`.
     client: reqwest::Client,
     /// The MQTT connections (sources, the embedded broker) MQTT routes
     /// publish on.
@@ -127,10 +144,7 @@ impl Downlinks {
         config: DownlinksConfig,
         mqtt: Arc<crate::mqtt::Links>,
     ) -> Downlinks {
-        let client = reqwest::Client::builder()
-            .timeout(config.request_timeout)
-            .build()
-            .unwrap_or_default();
+        let client = crate::outbound::http();
         Downlinks {
             store,
             catalog,

@@ -28,8 +28,21 @@
 //! the API (`ack`, `clear`) — each under one lock held until the change is
 //! committed and published, so events come out in the order of the
 //! alarms' versions.
+//!
+//! The parts: this file holds the engine (its state, start, the runs on
+//! the partitions this node holds, the rules' definitions); [`lanes`]
+//! evaluates units and runs the inactivity clock; [`alarms`] raises,
+//! updates and clears alarms, takes users' acks and clears, and commits
+//! and publishes every change; [`state`] holds what rules remember per
+//! device, within its bounds; [`verdict`] is the pure step from one
+//! rule's outcome on one unit to its state and alarm.
 
 mod alarm_entity;
+mod alarms;
+mod lanes;
+pub mod state;
+#[cfg(test)]
+mod tests;
 pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,19 +50,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use weft_bus::{Bus, Event, Payload, Stream};
-use weft_engine::{Call, CodecError, Engine, EngineConfig, Script};
-use weft_model::alarm::{AlarmDevice, AlarmState};
-use weft_model::rule::render_description;
+use weft_bus::{Bus, Payload, Stream};
+use weft_engine::{Engine, EngineConfig, Script};
+use weft_model::alarm::AlarmState;
 use weft_model::{Alarm, AlarmChange, AlarmEvent, DataUnit, Rule, RuleSpec};
-use weft_store::{AlarmBatch, AlarmQuery, AlarmRecord, RuleStateRecord, Store, StoreError};
+use weft_store::{Store, StoreError};
 
 use crate::context::Context;
 use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
-use verdict::{is_stateless, step, Action, RuleState, Verdict};
+pub use state::StateLimits;
+use state::States;
+use verdict::RuleState;
 
 /// Tuning of the rule engine.
 #[derive(Debug, Clone)]
@@ -59,6 +72,8 @@ pub struct RulesConfig {
     pub script_time_limit: Duration,
     /// How often inactivity rules look for silent devices.
     pub inactivity_check: Duration,
+    /// The bounds of script rules' `state` objects ([`state`]).
+    pub state_limits: StateLimits,
 }
 
 impl Default for RulesConfig {
@@ -66,6 +81,7 @@ impl Default for RulesConfig {
         RulesConfig {
             script_time_limit: Duration::from_millis(50),
             inactivity_check: Duration::from_millis(500),
+            state_limits: StateLimits::default(),
         }
     }
 }
@@ -90,16 +106,6 @@ const LANE_QUEUE: usize = 256;
 
 /// Alarm changes waiting for their NGSI entity write before the lanes wait.
 const ENTITY_QUEUE: usize = 4096;
-
-/// Most units a lane evaluates in one step (one commit) when hand-offs
-/// have queued up.
-const MAX_STEP_UNITS: usize = 4096;
-
-/// How many units a lane reads from the store at a time when catching up.
-const CATCH_UP_BATCH: usize = 1000;
-
-/// How often a lane without rules stores how far it got.
-const IDLE_CURSOR_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The function wrapped around a script rule's `evaluate`, so that what the
 /// script does to `state` comes back with its result.
@@ -148,8 +154,8 @@ struct Compiled {
 #[derive(Default)]
 struct Inner {
     rules: BTreeMap<String, Arc<Compiled>>,
-    /// Per (rule id, device id).
-    states: HashMap<(String, String), RuleState>,
+    /// Per (rule id, device id), bounded ([`state`]).
+    states: States,
     /// Active alarms by (device id, alarm type).
     active: HashMap<(String, String), Alarm>,
     /// The partitions the lanes evaluate now, when not all: the
@@ -253,7 +259,7 @@ impl RuleEngine {
             }
         }
         let (states, active) = load_state(&*store).await?;
-        inner.states = states;
+        inner.states = States::from_loaded(states);
         inner.active = active;
         let mut receivers = Vec::new();
         let lanes = Lane::ALL.map(|_| {
@@ -314,7 +320,7 @@ impl RuleEngine {
                 let (states, active) = load_state(&*self.store).await?;
                 let _order = self.order.lock().await;
                 let mut inner = self.inner.lock();
-                inner.states = states;
+                inner.states = States::from_loaded(states);
                 inner.active = active;
             }
             let mut held = Held {
@@ -323,7 +329,7 @@ impl RuleEngine {
             };
             for lane in Lane::ALL {
                 let floors =
-                    crate::ingest::partition_cursors(&*self.store, lane.cursor(), &partitions)
+                    crate::partitions::partition_cursors(&*self.store, lane.cursor(), &partitions)
                         .await?;
                 cursors.push(floors.values().copied().min().unwrap_or(1));
                 held.names[lane.index()] = partitions
@@ -446,6 +452,8 @@ impl RuleEngine {
     /// Validates and stores a rule; it applies from the next data unit.
     /// Answers whether it was created (rather than replaced).
     pub async fn put_rule(&self, id: &str, spec: RuleSpec) -> Result<bool, RulesError> {
+        spec.check(id)
+            .map_err(|e| RulesError::Invalid(e.to_string()))?;
         let rule = Rule::new(id, spec).map_err(|e| RulesError::Invalid(e.0))?;
         let compiled = compile(rule);
         if let Some(script) = &compiled.script {
@@ -476,7 +484,7 @@ impl RuleEngine {
         {
             let mut inner = self.inner.lock();
             inner.rules.remove(id);
-            inner.states.retain(|(rule, _), _| rule != id);
+            inner.states.retain_rules(|rule| rule != id);
         }
         self.bus
             .definition_changed(DefinitionChange::new(DefinitionKind::Rule, id));
@@ -496,463 +504,6 @@ impl RuleEngine {
     /// One rule.
     pub fn rule(&self, id: &str) -> Option<RuleSpec> {
         self.inner.lock().rules.get(id).map(|c| c.rule.spec.clone())
-    }
-
-    // --- alarms ---------------------------------------------------------------
-
-    /// Alarms matching `query`, newest first.
-    pub async fn alarms(&self, query: &AlarmQuery) -> Result<Vec<Alarm>, StoreError> {
-        let rows = self.store.query_alarms(query).await?;
-        rows.iter()
-            .map(|j| serde_json::from_str(j).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .collect()
-    }
-
-    /// One alarm.
-    pub async fn alarm(&self, id: &str) -> Result<Option<Alarm>, StoreError> {
-        match self.store.get_alarm(id).await? {
-            Some(j) => serde_json::from_str(&j)
-                .map(Some)
-                .map_err(|e| StoreError::Corrupt(e.to_string())),
-            None => Ok(None),
-        }
-    }
-
-    /// Acknowledges an alarm (a no-op if it already is); `None` if unknown.
-    pub async fn ack(&self, id: &str) -> Result<Option<Alarm>, StoreError> {
-        self.change_by_user(id, AlarmChange::Acked).await
-    }
-
-    /// Clears an alarm (a no-op if it already is); `None` if unknown.
-    pub async fn clear(&self, id: &str) -> Result<Option<Alarm>, StoreError> {
-        self.change_by_user(id, AlarmChange::Cleared).await
-    }
-
-    async fn change_by_user(
-        &self,
-        id: &str,
-        change: AlarmChange,
-    ) -> Result<Option<Alarm>, StoreError> {
-        let _order = self.order.lock().await;
-        let active = {
-            let inner = self.inner.lock();
-            inner.active.values().find(|a| a.id == id).cloned()
-        };
-        let mut alarm = match active {
-            Some(a) => a,
-            None => match self.alarm(id).await? {
-                Some(a) => a,
-                None => return Ok(None),
-            },
-        };
-        let now = weft_model::now_ms();
-        match change {
-            AlarmChange::Acked if !alarm.acked => {
-                alarm.acked = true;
-                alarm.acked_at = Some(now);
-            }
-            AlarmChange::Cleared if alarm.state == AlarmState::Active => {
-                alarm.state = AlarmState::Cleared;
-                alarm.cleared_at = Some(now);
-            }
-            _ => return Ok(Some(alarm)),
-        }
-        alarm.updated_at = now;
-        alarm.version += 1;
-        let mut changes = Changes::default();
-        changes.record(change, &alarm);
-        {
-            let mut inner = self.inner.lock();
-            let key = (alarm.device.id.clone(), alarm.alarm_type.clone());
-            if alarm.state == AlarmState::Active {
-                inner.active.insert(key, alarm.clone());
-            } else {
-                inner.active.remove(&key);
-            }
-        }
-        self.commit(changes, Vec::new()).await?;
-        Ok(Some(alarm))
-    }
-
-    // --- evaluation -----------------------------------------------------------
-
-    /// One lane: evaluates what it is handed, catching up from the store
-    /// whenever it finds it missed units.
-    async fn lane_loop(
-        self: Arc<Self>,
-        lane: Lane,
-        mut rx: mpsc::Receiver<UnitBatch>,
-        mut cursor: u64,
-        shutdown: CancellationToken,
-    ) -> mpsc::Receiver<UnitBatch> {
-        if self.has_rules(lane) {
-            cursor = self.catch_up(lane, cursor, None).await;
-        }
-        let mut stored_cursor = cursor;
-        let mut stored_at = std::time::Instant::now();
-        loop {
-            let batch = tokio::select! {
-                b = rx.recv() => b,
-                _ = shutdown.cancelled() => None,
-            };
-            let Some(batch) = batch else { break };
-            let first = batch[0].seq;
-            if first > cursor && self.has_rules(lane) {
-                cursor = self.catch_up(lane, cursor, Some(first)).await;
-            }
-            // Whatever queued up meanwhile is evaluated and committed with
-            // this batch: under load the lane's steps grow instead of its
-            // queue (one commit per step, not per hand-off).
-            let mut fresh: Vec<FedUnit> =
-                batch.iter().filter(|u| u.seq >= cursor).cloned().collect();
-            while fresh.len() < MAX_STEP_UNITS {
-                let Ok(more) = rx.try_recv() else { break };
-                let next = fresh.last().map_or(cursor, |u| u.seq + 1);
-                if more[0].seq > next {
-                    // A hand-off was dropped in between: evaluate up to the
-                    // gap now; the catch-up after this step reads the rest.
-                    self.lanes[lane.index()]
-                        .behind
-                        .store(true, Ordering::Release);
-                    break;
-                }
-                fresh.extend(more.iter().filter(|u| u.seq >= next).cloned());
-            }
-            if let Some(next) = self.evaluate(lane, &fresh).await {
-                cursor = next;
-            }
-            if self.lanes[lane.index()]
-                .behind
-                .swap(false, Ordering::AcqRel)
-            {
-                cursor = self.catch_up(lane, cursor, None).await;
-            }
-            // Without rules no batch stores the cursor; keep the stored one
-            // roughly current so a restart does not reread much.
-            if cursor != stored_cursor && stored_at.elapsed() >= IDLE_CURSOR_INTERVAL {
-                let _order = self.order.lock().await;
-                let moved = self.cursors(lane, cursor);
-                if self.commit(Changes::default(), moved).await.is_ok() {
-                    stored_cursor = cursor;
-                    stored_at = std::time::Instant::now();
-                }
-            }
-        }
-        rx
-    }
-
-    /// The lane's cursors, all at `next` (never back: a partition whose
-    /// cursor was further at the start of the run keeps it).
-    fn cursors(&self, lane: Lane, next: u64) -> Vec<(String, u64)> {
-        let held = self.held.lock();
-        let floors = &held.floors[lane.index()];
-        held.names[lane.index()]
-            .iter()
-            .filter(|(p, _)| floors.get(p).is_none_or(|f| *f <= next))
-            .map(|(_, name)| (name.clone(), next))
-            .collect()
-    }
-
-    fn has_rules(&self, lane: Lane) -> bool {
-        let inner = self.inner.lock();
-        inner.rules.values().any(|c| lane.handles(&c.rule))
-    }
-
-    /// Evaluates the stored units from `cursor` (up to `before`, or all);
-    /// answers the new cursor.
-    async fn catch_up(&self, lane: Lane, mut cursor: u64, before: Option<u64>) -> u64 {
-        loop {
-            let (partitions, floors) = {
-                let held = self.held.lock();
-                (held.filter.clone(), held.floors[lane.index()].clone())
-            };
-            let query = weft_store::DataQuery {
-                after: Some(cursor.saturating_sub(1)),
-                limit: CATCH_UP_BATCH,
-                partitions,
-                ..Default::default()
-            };
-            let rows = match self.store.query_data(&query).await {
-                Ok(rows) => rows,
-                Err(StoreError::Closed) => return cursor,
-                Err(e) => {
-                    tracing::warn!(error = %e, "rules: reading missed units failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let within = rows.iter().filter(|r| before.is_none_or(|b| r.seq < b));
-            let done = rows.len() < CATCH_UP_BATCH || within.clone().count() < rows.len();
-            let units: Vec<FedUnit> = within
-                .filter(|r| floors.get(&r.partition).is_none_or(|f| r.seq >= *f))
-                .filter_map(|r| {
-                    Some(FedUnit {
-                        seq: r.seq,
-                        partition: r.partition,
-                        unit: Arc::new(serde_json::from_str(&r.json).ok()?),
-                    })
-                })
-                .collect();
-            let last_read = rows
-                .iter()
-                .take_while(|r| before.is_none_or(|b| r.seq < b))
-                .last()
-                .map(|r| r.seq);
-            if !units.is_empty() {
-                tracing::debug!(lane = ?lane, units = units.len(), "rules: catching up");
-                match self.evaluate(lane, &units).await {
-                    Some(next) => cursor = next,
-                    None => return cursor,
-                }
-            }
-            // Units skipped (evaluated before this run) are passed too.
-            if let Some(last) = last_read {
-                cursor = cursor.max(last + 1);
-            }
-            if done {
-                return before.map_or(cursor, |b| cursor.max(b));
-            }
-        }
-    }
-
-    /// Evaluates a lane's rules on `units`, then commits and publishes what
-    /// changed with the lane's new cursor. `None` if the store is closed.
-    async fn evaluate(&self, lane: Lane, units: &[FedUnit]) -> Option<u64> {
-        let next = units.last()?.seq + 1;
-        let rules: Vec<Arc<Compiled>> = {
-            let inner = self.inner.lock();
-            inner
-                .rules
-                .values()
-                .filter(|c| c.rule.spec.enabled && lane.handles(&c.rule))
-                .cloned()
-                .collect()
-        };
-        if rules.is_empty() {
-            // Nothing to evaluate: the cursor is stored now and then by
-            // the lane loop instead of once per batch.
-            return Some(next);
-        }
-        // Scripts run before the order lock is taken: a slow script never
-        // holds up an ack or the other lane.
-        let verdicts = match lane {
-            Lane::Scripts => self.run_scripts(&rules, units).await,
-            Lane::Conditions => Vec::new(),
-        };
-        let _order = self.order.lock().await;
-        let now = weft_model::now_ms();
-        let mut changes = Changes::default();
-        {
-            let mut inner = self.inner.lock();
-            let mut scripted = verdicts.into_iter();
-            for fed in units {
-                let unit = &fed.unit;
-                for c in &rules {
-                    if !c.rule.spec.scope.covers_unit(unit) {
-                        continue;
-                    }
-                    if c.rule.inactivity.is_some() {
-                        inner.heard_from(&c.rule, unit, fed.partition, now, &mut changes);
-                        continue;
-                    }
-                    let (verdict, state) = match lane {
-                        Lane::Conditions => (condition_verdict(&c.rule, unit), None),
-                        Lane::Scripts => scripted.next().unwrap_or_default(),
-                    };
-                    inner.apply(&c.rule, unit, &verdict, state, now, &mut changes);
-                }
-            }
-        }
-        let cursors = self.cursors(lane, next);
-        match self.commit(changes, cursors).await {
-            Ok(()) => Some(next),
-            Err(_) => None,
-        }
-    }
-
-    /// Runs every script rule in scope on every unit, in order, chaining
-    /// each (rule, device)'s `state` through the batch. One verdict (and the
-    /// script's new state) per (unit, rule in scope), in that order.
-    async fn run_scripts(
-        &self,
-        rules: &[Arc<Compiled>],
-        units: &[FedUnit],
-    ) -> Vec<(Verdict, Option<Value>)> {
-        let mut out = Vec::new();
-        let mut states: HashMap<(String, String), Value> = HashMap::new();
-        for FedUnit { unit, .. } in units {
-            for c in rules {
-                if !c.rule.spec.scope.covers_unit(unit) {
-                    continue;
-                }
-                let (Some(script), None) = (&c.script, c.rule.inactivity) else {
-                    continue;
-                };
-                let key = (c.rule.id.clone(), unit.device.id.clone());
-                let state = match states.get(&key) {
-                    Some(s) => s.clone(),
-                    None => self
-                        .inner
-                        .lock()
-                        .states
-                        .get(&key)
-                        .and_then(|s| s.script.clone())
-                        .unwrap_or_else(|| Value::Object(Default::default())),
-                };
-                let call = Call::Function {
-                    script: script.clone(),
-                    name: SCRIPT_ENTRY.into(),
-                    args: vec![serde_json::to_value(&**unit).unwrap_or(Value::Null), state],
-                };
-                let result = match self.scripts.run(vec![call]).await {
-                    Ok(mut r) => r.pop().unwrap_or(Err(CodecError::Stopped)),
-                    Err(e) => Err(e),
-                };
-                match result {
-                    Ok(mut returned) => {
-                        let new_state = returned.get_mut("state").map(Value::take);
-                        let mut verdict =
-                            Verdict::from_script(returned.get("result").unwrap_or(&Value::Null));
-                        if !verdict.fire && !verdict.clear {
-                            verdict.clear = c
-                                .rule
-                                .clear
-                                .as_ref()
-                                .is_some_and(|q| q.matches(|p| unit.attribute(p)));
-                        }
-                        if let Some(s) = &new_state {
-                            states.insert(key, s.clone());
-                        }
-                        out.push((verdict, new_state));
-                    }
-                    Err(e) => {
-                        metrics::counter!("weft_rule_errors_total").increment(1);
-                        tracing::debug!(rule = %c.rule.id, error = %e, "rule script failed");
-                        out.push((Verdict::default(), None));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Raises alarms for devices silent past their rule's inactivity time.
-    async fn inactivity_loop(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(self.config.inactivity_check) => {}
-                _ = shutdown.cancelled() => break,
-            }
-            let _order = self.order.lock().await;
-            let now = weft_model::now_ms();
-            let mut changes = Changes::default();
-            self.inner.lock().silent_devices(now, &mut changes);
-            if !changes.events.is_empty() || !changes.dirty.is_empty() {
-                let _ = self.commit(changes, Vec::new()).await;
-            }
-        }
-    }
-
-    /// Stores `changes` (with a lane's cursor), retrying until the store
-    /// takes them, then publishes the events and updates the alarms' NGSI
-    /// entities. The caller holds the order lock.
-    async fn commit(
-        &self,
-        changes: Changes,
-        cursors: Vec<(String, u64)>,
-    ) -> Result<(), StoreError> {
-        let mut batch = AlarmBatch {
-            cursors,
-            ..AlarmBatch::default()
-        };
-        let mut latest: BTreeMap<&str, &Alarm> = BTreeMap::new();
-        for e in &changes.events {
-            latest.insert(&e.alarm.id, &e.alarm);
-            batch
-                .events
-                .push(serde_json::to_string(e).expect("alarm events serialise"));
-        }
-        batch.alarms = latest.values().map(|a| record(a)).collect();
-        {
-            let mut inner = self.inner.lock();
-            for key in &changes.dirty {
-                let json = match inner.states.get(key) {
-                    Some(s) if !s.is_empty() => Some(serde_json::to_string(s).expect("serialises")),
-                    _ => {
-                        inner.states.remove(key);
-                        None
-                    }
-                };
-                batch.states.push(RuleStateRecord {
-                    rule: key.0.clone(),
-                    device: key.1.clone(),
-                    json,
-                });
-            }
-        }
-        let mut delay = Duration::from_millis(5);
-        loop {
-            match self.store.commit_alarms(batch.clone()).await {
-                Ok(_) => break,
-                Err(StoreError::Closed) => return Err(StoreError::Closed),
-                Err(e) => {
-                    tracing::warn!(error = %e, "storing alarms failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
-        if changes.events.is_empty() {
-            return Ok(());
-        }
-        metrics::counter!("weft_alarm_events_total").increment(changes.events.len() as u64);
-        let mut entities = Vec::new();
-        for event in changes.events {
-            let json = serde_json::to_vec(&event).expect("alarm events serialise");
-            entities.push(event.alarm.clone());
-            self.bus.publish(Event {
-                stream: Stream::Alarms,
-                payload: Payload::Alarm(Arc::new(event)),
-                json: json.into(),
-            });
-        }
-        for alarm in entities {
-            // Waits only when the entity writer is far behind.
-            let _ = self.entity_updates.send(alarm).await;
-        }
-        Ok(())
-    }
-
-    /// Keeps the alarms' NGSI entities up to date, off the lanes' path.
-    /// Every change is written (subscriptions see each one), in order per
-    /// alarm; the changes of different alarms queued together are written
-    /// concurrently, so their store writes share commits.
-    async fn entity_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Alarm>) {
-        while let Some(first) = rx.recv().await {
-            let mut queued = vec![first];
-            while let Ok(more) = rx.try_recv() {
-                queued.push(more);
-            }
-            // Round r writes the r-th queued change of every alarm.
-            let mut rounds: Vec<Vec<Alarm>> = Vec::new();
-            let mut seen: HashMap<String, usize> = HashMap::new();
-            for alarm in queued {
-                let round = seen.entry(alarm.id.clone()).or_insert(0);
-                if rounds.len() <= *round {
-                    rounds.push(Vec::new());
-                }
-                rounds[*round].push(alarm);
-                *round += 1;
-            }
-            for round in rounds {
-                let updates = round.iter().map(|a| alarm_entity::upsert(&self.context, a));
-                for result in futures::future::join_all(updates).await {
-                    if let Err(e) = result {
-                        tracing::warn!(error = ?e, "updating an alarm's NGSI entity failed");
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -977,20 +528,6 @@ async fn load_state(store: &dyn Store) -> Result<LoadedState, StoreError> {
         active.insert((alarm.device.id.clone(), alarm.alarm_type.clone()), alarm);
     }
     Ok((states, active))
-}
-
-fn record(a: &Alarm) -> AlarmRecord {
-    AlarmRecord {
-        id: a.id.clone(),
-        device: a.device.id.clone(),
-        alarm_type: a.alarm_type.clone(),
-        state: a.state.as_str().to_string(),
-        acked: a.acked,
-        severity: a.severity.as_str().to_string(),
-        raised_at: a.raised_at,
-        version: a.version,
-        json: serde_json::to_string(a).expect("alarms serialise"),
-    }
 }
 
 impl Follower for RuleEngine {
@@ -1019,7 +556,7 @@ impl Follower for RuleEngine {
             .collect();
         for id in gone {
             inner.rules.remove(&id);
-            inner.states.retain(|(rule, _), _| *rule != id);
+            inner.states.retain_rules(|rule| rule != id);
         }
         for (id, spec) in stored {
             if inner.rules.get(&id).is_some_and(|c| c.rule.spec == spec) {
@@ -1048,203 +585,4 @@ fn compile(rule: Rule) -> Compiled {
         ))
     });
     Compiled { rule, script }
-}
-
-fn condition_verdict(rule: &Rule, unit: &DataUnit) -> Verdict {
-    let lookup = |p: &str| unit.attribute(p);
-    let fire = rule.condition.as_ref().is_some_and(|q| q.matches(lookup));
-    let clear = !fire && rule.clear.as_ref().is_some_and(|q| q.matches(lookup));
-    Verdict {
-        fire,
-        clear,
-        ..Verdict::default()
-    }
-}
-
-impl Inner {
-    /// Applies one rule's verdict on one unit: state, then the alarm.
-    fn apply(
-        &mut self,
-        rule: &Rule,
-        unit: &DataUnit,
-        verdict: &Verdict,
-        script_state: Option<Value>,
-        now: i64,
-        changes: &mut Changes,
-    ) {
-        let action = if is_stateless(rule) {
-            match (verdict.fire, verdict.clear) {
-                (true, _) => Action::Fire,
-                (false, true) => Action::Clear,
-                _ => Action::None,
-            }
-        } else {
-            let key = (rule.id.clone(), unit.device.id.clone());
-            let state = self.states.entry(key.clone()).or_default();
-            let before = state.clone();
-            if script_state.is_some() {
-                state.script = script_state;
-            }
-            let action = step(rule, state, verdict, unit.reported_at);
-            if *state != before {
-                changes.dirty.insert(key);
-            }
-            action
-        };
-        match action {
-            Action::Fire => self.fire(rule, unit, verdict, now, changes),
-            Action::Clear => self.clear(&unit.device.id, &rule.spec.alarm.alarm_type, now, changes),
-            Action::None => {}
-        }
-    }
-
-    /// Raises the device's alarm of the rule's type, or updates the active one.
-    fn fire(
-        &mut self,
-        rule: &Rule,
-        unit: &DataUnit,
-        verdict: &Verdict,
-        now: i64,
-        changes: &mut Changes,
-    ) {
-        let template = &rule.spec.alarm;
-        let description = verdict
-            .description
-            .clone()
-            .unwrap_or_else(|| render_description(&template.description, unit));
-        let severity = verdict.severity.unwrap_or(template.severity);
-        let key = (unit.device.id.clone(), template.alarm_type.clone());
-        if let Some(alarm) = self.active.get_mut(&key) {
-            alarm.count += 1;
-            alarm.updated_at = now;
-            alarm.description = description;
-            alarm.severity = severity;
-            alarm.push_data_id(&unit.data_id);
-            alarm.version += 1;
-            changes.record(AlarmChange::Updated, alarm);
-            return;
-        }
-        let alarm = Alarm {
-            id: new_alarm_id(),
-            alarm_type: template.alarm_type.clone(),
-            category: template.category.clone(),
-            sub_category: template.sub_category.clone(),
-            severity,
-            state: AlarmState::Active,
-            acked: false,
-            device: AlarmDevice {
-                id: unit.device.id.clone(),
-                name: unit.device.name.clone(),
-            },
-            rule: rule.id.clone(),
-            description,
-            data_ids: vec![unit.data_id.clone()],
-            raised_at: now,
-            updated_at: now,
-            cleared_at: None,
-            acked_at: None,
-            count: 1,
-            version: 1,
-        };
-        changes.record(AlarmChange::Raised, &alarm);
-        self.active.insert(key, alarm);
-    }
-
-    /// Clears the device's active alarm of `alarm_type`, if there is one.
-    fn clear(&mut self, device: &str, alarm_type: &str, now: i64, changes: &mut Changes) {
-        let key = (device.to_string(), alarm_type.to_string());
-        if let Some(mut alarm) = self.active.remove(&key) {
-            alarm.state = AlarmState::Cleared;
-            alarm.cleared_at = Some(now);
-            alarm.updated_at = now;
-            alarm.version += 1;
-            changes.record(AlarmChange::Cleared, &alarm);
-        }
-    }
-
-    /// An inactivity rule heard from a device: note when, and clear the
-    /// alarm its silence raised.
-    fn heard_from(
-        &mut self,
-        rule: &Rule,
-        unit: &DataUnit,
-        partition: u16,
-        now: i64,
-        changes: &mut Changes,
-    ) {
-        let key = (rule.id.clone(), unit.device.id.clone());
-        let state = self.states.entry(key.clone()).or_default();
-        state.partition = partition;
-        let was_alarmed = state.alarmed;
-        state.last_seen = Some(unit.received_at.max(state.last_seen.unwrap_or(0)));
-        state.name = unit.device.name.clone();
-        state.alarmed = false;
-        changes.dirty.insert(key);
-        if was_alarmed {
-            self.clear(&unit.device.id, &rule.spec.alarm.alarm_type, now, changes);
-        }
-    }
-
-    /// Raises an alarm for every device an inactivity rule has not heard
-    /// from for its duration (once per silence).
-    fn silent_devices(&mut self, now: i64, changes: &mut Changes) {
-        let rules: Vec<Arc<Compiled>> = self
-            .rules
-            .values()
-            .filter(|c| c.rule.spec.enabled && c.rule.inactivity.is_some())
-            .cloned()
-            .collect();
-        for c in rules {
-            let rule = &c.rule;
-            let after = rule.inactivity.expect("filtered").as_millis() as i64;
-            let silent: Vec<(String, String, i64)> = self
-                .states
-                .iter_mut()
-                .filter(|((r, _), s)| {
-                    r == &rule.id
-                        && self
-                            .partitions
-                            .as_ref()
-                            .is_none_or(|held| held.contains(&s.partition))
-                        && !s.alarmed
-                        && s.last_seen.is_some_and(|t| now.saturating_sub(t) >= after)
-                })
-                .map(|((_, d), s)| {
-                    s.alarmed = true;
-                    (d.clone(), s.name.clone(), s.last_seen.unwrap_or(0))
-                })
-                .collect();
-            for (device, name, last_seen) in silent {
-                changes.dirty.insert((rule.id.clone(), device.clone()));
-                let unit = DataUnit {
-                    data_id: String::new(),
-                    reported_at: last_seen,
-                    received_at: last_seen,
-                    channel: String::new(),
-                    device: weft_model::DeviceInfo {
-                        id: device,
-                        name,
-                        ..Default::default()
-                    },
-                    measures: Default::default(),
-                };
-                self.fire(rule, &unit, &Verdict::default(), now, changes);
-                if let Some(a) = self
-                    .active
-                    .get_mut(&(unit.device.id.clone(), rule.spec.alarm.alarm_type.clone()))
-                {
-                    a.data_ids.retain(|d| !d.is_empty());
-                }
-                if let Some(e) = changes.events.last_mut() {
-                    e.alarm.data_ids.retain(|d| !d.is_empty());
-                }
-            }
-        }
-    }
-}
-
-/// A new alarm id: 32 random lowercase hex digits (usable as a channel
-/// message id and an NGSI entity id).
-fn new_alarm_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }

@@ -169,6 +169,7 @@ mod tests {
             correlator: "c".into(),
             service: None,
             auth_token: Some("tok".into()),
+            custom_notification: false,
         };
         let ctx = Source {
             entity: &e,

@@ -21,8 +21,13 @@
 //! counted to the stored counters in one transaction
 //! ([`NotificationStats::merged`]), so the counters of every node add up
 //! and an edit made meanwhile on another node is kept.
+//!
+//! A change made by a notification weft (or another broker) sent can
+//! trigger notifications in turn; [`loops`] stops that from becoming a
+//! loop, as Orion does.
 
 pub mod expressions;
+pub mod loops;
 pub mod mqtt;
 pub mod payload;
 pub mod sender;
@@ -170,6 +175,8 @@ pub struct Subscriptions {
     sender: Arc<Sender>,
     /// Entries whose counters or status changed since the last flush.
     dirty: Arc<Dirty>,
+    /// Self-notification loop protection ([`loops`]).
+    loops: loops::LoopGuard,
 }
 
 /// (tenant, subscription id) of the entries whose counters or status
@@ -218,6 +225,7 @@ impl Subscriptions {
             next_created: AtomicU64::new(max + 1),
             sender: Arc::new(Sender::new(config, dirty.clone())),
             dirty,
+            loops: loops::LoopGuard::default(),
         }))
     }
 
@@ -608,6 +616,11 @@ impl ChangeListener for Subscriptions {
             Some(t) => t.candidates(&change.entity.id),
             None => return None,
         };
+        // Every change is noted (the entity's last correlator), also
+        // those no subscription is about.
+        if self.loops.check(change).is_some() {
+            return None;
+        }
         let now = weft_model::now_ms();
         let mut sequence = 0;
         let mut full = Vec::new();

@@ -37,7 +37,7 @@ use crate::context::Origin;
 
 /// The `User-Agent` of notifications: Orion's form (`orion/<version>`),
 /// which receivers written for Orion may check.
-pub const USER_AGENT: &str = concat!("orion/3.10.1 weft/", env!("CARGO_PKG_VERSION"));
+pub use crate::outbound::NGSI_USER_AGENT as USER_AGENT;
 
 /// What a notification is about.
 pub struct Trigger<'a> {
@@ -537,6 +537,7 @@ mod tests {
                 correlator: "c-1".into(),
                 service: None,
                 auth_token: Some("tok".into()),
+                custom_notification: false,
             }),
             sequence: 1,
         })

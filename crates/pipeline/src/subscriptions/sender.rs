@@ -25,15 +25,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
-use tokio_rustls::rustls::{crypto::ring, ClientConfig, RootCertStore};
 
 use super::{Dirty, Entry};
+
+/// The most of a notification's answer read (and dropped) so the
+/// connection can be reused; a longer answer closes it.
+const MAX_ANSWER_BYTES: usize = 64 << 10;
 
 /// How notifications are sent.
 #[derive(Debug, Clone)]
@@ -117,38 +116,8 @@ pub enum Enqueued {
     Refused(String),
 }
 
-/// The HTTP client of notifications: hyper's pooled HTTP/1.1 client, plain
-/// or over TLS (the web's and the system's root certificates). Not
-/// reqwest: a notification carries exactly the headers Orion's would,
-/// and a subscription can remove one (`Accept`) that reqwest always adds.
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// Builds the notification client, keeping up to `idle_per_host`
-/// keep-alive connections per endpoint (one per lane).
-fn http_client(idle_per_host: usize) -> HttpClient {
-    let mut roots = RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    for cert in rustls_native_certs::load_native_certs().certs {
-        // A system certificate rustls cannot read is one root less.
-        let _ = roots.add(cert);
-    }
-    let tls = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let https = HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(idle_per_host)
-        .build(https)
-}
+/// The HTTP client of notifications (see [`crate::outbound`]).
+type HttpClient = crate::outbound::NotificationClient;
 
 /// The lanes of all endpoints.
 pub struct Sender {
@@ -164,7 +133,7 @@ pub struct Sender {
 impl Sender {
     /// A sender whose lane tasks run on the current runtime.
     pub(crate) fn new(config: SenderConfig, dirty: Arc<Dirty>) -> Sender {
-        let client = http_client(config.lanes.max(1));
+        let client = crate::outbound::notification_client(config.lanes.max(1));
         Sender {
             config,
             client,
@@ -328,8 +297,11 @@ async fn send(client: &HttpClient, request: Request, timeout: Duration) -> Outco
     let exchange = async {
         let resp = client.request(req).await?;
         let code = resp.status().as_u16();
-        // Read the body so the connection can be reused.
-        let _ = resp.into_body().collect().await;
+        // Read the body so the connection can be reused; one longer than
+        // weft reads of an answer nobody looks at ends the connection.
+        let _ = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await;
         Ok::<u16, hyper_util::client::legacy::Error>(code)
     };
     match tokio::time::timeout(timeout, exchange).await {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
-use weft_model::{NewUplink, Uplink, UplinkFormat};
+use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 use super::schema::db;
 use super::writer::param;
@@ -88,8 +88,8 @@ impl IngestLogStore for PostgresStore {
                     let row = c
                         .query_one(
                             "INSERT INTO ingest_log \
-                                 (received_at, format, channel, device_type, body, event, device_id, source, part) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING seq",
+                                 (received_at, format, channel, device_type, body, event, device_id, source, part, pins) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING seq",
                             &[
                                 &uplink.received_at,
                                 &uplink.format.as_str(),
@@ -100,6 +100,7 @@ impl IngestLogStore for PostgresStore {
                                 &uplink.device_id,
                                 &uplink.source,
                                 &(uplink.partition as i16),
+                                &uplink.pins.to_stored(),
                             ],
                         )
                         .await
@@ -132,7 +133,7 @@ impl IngestLogStore for PostgresStore {
             .map(|p| p.iter().map(|&p| p as i16).collect());
         let rows = client
             .query(
-                "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source, part \
+                "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source, part, pins \
                  FROM ingest_log \
                  WHERE seq >= $1 AND ($3::SMALLINT[] IS NULL OR part = ANY($3)) \
                  ORDER BY seq LIMIT $2",
@@ -149,9 +150,13 @@ impl IngestLogStore for PostgresStore {
                         "ingest log entry {seq}: unknown format {format:?}"
                     ))
                 })?;
+                let pins: Option<String> = row.get(10);
+                let pins = UplinkPins::from_stored(pins.as_deref())
+                    .map_err(|e| StoreError::Corrupt(format!("ingest log entry {seq}: {e}")))?;
                 Ok(Uplink {
                     seq,
                     uplink: NewUplink {
+                        pins,
                         received_at: row.get(1),
                         format,
                         channel: row.get(3),

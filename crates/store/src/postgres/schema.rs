@@ -274,6 +274,11 @@ ALTER TABLE channel_subscribers
     ADD COLUMN active_at BIGINT NOT NULL DEFAULT (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT;
 CREATE INDEX channel_subscribers_active ON channel_subscribers (active_at);
 "#,
+    // Step 10: the pins of the ingest key an uplink came with (see the
+    // SQLite schema's `ingest_log.pins`).
+    r#"
+ALTER TABLE ingest_log ADD COLUMN pins TEXT;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is
@@ -303,7 +308,15 @@ pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
     }
     for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
         tx.batch_execute(step).await.map_err(db)?;
-        tracing::info!(version = index + 1, "applied PostgreSQL migration");
+        tracing::debug!(version = index + 1, "applied PostgreSQL migration");
+    }
+    if current < MIGRATIONS.len() {
+        // One line for the whole run: a fresh database takes every step.
+        tracing::info!(
+            from = current,
+            to = MIGRATIONS.len(),
+            "migrated the PostgreSQL schema"
+        );
     }
     let version = i32::try_from(MIGRATIONS.len()).expect("a handful of steps");
     tx.execute("DELETE FROM weft_schema", &[])

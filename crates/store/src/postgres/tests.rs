@@ -111,10 +111,10 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [9],
-        "nine steps: the first schema, device events, the API keys, history instances, \
+        [10],
+        "ten steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
-         the pipeline's partitions, channel subscribers' activity"
+         the pipeline's partitions, channel subscribers' activity, uplinks' pins"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

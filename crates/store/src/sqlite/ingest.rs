@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use rusqlite::Connection;
 use tokio::sync::watch;
-use weft_model::{NewUplink, Uplink, UplinkFormat};
+use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 use super::reader::{corrupt, position};
 use super::{to_i64, Db, SqliteStore};
@@ -46,8 +46,8 @@ impl IngestLogStore for SqliteStore {
 fn append(conn: &Connection, uplink: &NewUplink) -> rusqlite::Result<u64> {
     let mut stmt = conn.prepare_cached(
         "INSERT INTO ingest_log \
-         (received_at, format, channel, device_type, body, event, device_id, source) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+         (received_at, format, channel, device_type, body, event, device_id, source, pins) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
     let seq = stmt.insert((
         uplink.received_at,
@@ -58,6 +58,7 @@ fn append(conn: &Connection, uplink: &NewUplink) -> rusqlite::Result<u64> {
         uplink.event.as_deref(),
         uplink.device_id.as_deref(),
         uplink.source.as_deref(),
+        uplink.pins.to_stored(),
     ))?;
     Ok(seq as u64)
 }
@@ -86,7 +87,7 @@ const PRUNE_CHUNK: i64 = 50_000;
 fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Result<Vec<Uplink>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source \
+            "SELECT seq, received_at, format, channel, device_type, body, event, device_id, source, pins \
              FROM ingest_log \
              WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
         )
@@ -104,9 +105,13 @@ fn read_uplinks(conn: &Connection, from_seq: u64, max: usize) -> Result<Vec<Upli
                 format!("unknown format {format:?}"),
             )
         })?;
+        let pins: Option<String> = row.get(9).db()?;
+        let pins = UplinkPins::from_stored(pins.as_deref())
+            .map_err(|e| corrupt(&format!("ingest log entry {seq}"), e))?;
         out.push(Uplink {
             seq,
             uplink: NewUplink {
+                pins,
                 partition: 0,
                 received_at: row.get(1).db()?,
                 format,

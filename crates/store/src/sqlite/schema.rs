@@ -111,6 +111,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `ingest_log.device_id`, `ingest_log.source` (step 14, log file): the
 ///   device an MQTT topic (or an embedded-broker login) named, which wins
 ///   over the body's, and the MQTT source a message arrived on.
+/// - `ingest_log.pins` (step 15, log file): the channel and device type
+///   the ingest key an uplink came with is limited to (JSON, NULL for
+///   none), which the pipeline holds the decoded device to.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE ingest_log (
@@ -397,6 +400,10 @@ CREATE TABLE downlink_routes (
 ALTER TABLE ingest_log ADD COLUMN device_id TEXT;
 ALTER TABLE ingest_log ADD COLUMN source TEXT;
 "#,
+    // the pins of the ingest key an uplink came with
+    r#"
+ALTER TABLE ingest_log ADD COLUMN pins TEXT;
+"#,
 ];
 
 /// Settings for the write connection: WAL (readers never block the writer
@@ -488,7 +495,15 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<usize, MigrateError> {
     }
     for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
         tx.execute_batch(step)?;
-        tracing::info!(version = index + 1, "applied storage migration");
+        tracing::debug!(version = index + 1, "applied storage migration");
+    }
+    if current < MIGRATIONS.len() {
+        // One line for the whole run: a fresh database takes every step.
+        tracing::info!(
+            from = current,
+            to = MIGRATIONS.len(),
+            "migrated the storage schema"
+        );
     }
     if current < MIGRATIONS.len() {
         tx.pragma_update(None, "user_version", MIGRATIONS.len() as i64)?;

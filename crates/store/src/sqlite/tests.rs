@@ -492,6 +492,7 @@ async fn throughput() {
                             event: None,
                             device_id: None,
                             source: None,
+                            pins: Default::default(),
                         })
                         .await
                         .unwrap();
