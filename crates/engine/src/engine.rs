@@ -23,9 +23,12 @@ pub struct EngineConfig {
     /// One saturates a core; scripts are CPU-bound, so more than the cores
     /// left over by the rest of weft only adds contention. At least 1.
     pub workers: usize,
-    /// How long one call may run before it is interrupted (ChirpStack's
-    /// default is 100 ms). A decoder needs microseconds; the limit exists
-    /// for broken ones, so one stuck codec costs at most this per uplink.
+    /// How long one call may run before it is stopped (ChirpStack's
+    /// default is 100 ms), built-in functions included: one stuck in a
+    /// native loop is given up a quarter of the limit later and its worker
+    /// thread replaced. A decoder needs microseconds; the limit exists for
+    /// broken ones, so one stuck codec costs a batch about this once: its
+    /// later calls in the batch are not run ([`CodecError::Skipped`]).
     pub time_limit: Duration,
     /// Heap, in bytes, that scripts may allocate on a worker on top of what
     /// its cached compiled scripts hold. Stops a runaway script before it
@@ -142,7 +145,10 @@ impl Engine {
     /// The outer error is only about the engine: [`CodecError::Busy`] when
     /// every worker's queue is full, [`CodecError::Stopped`] when no worker
     /// runs. Each call's own failure (exception, timeout, …) is its inner
-    /// result and does not affect the other calls in the batch.
+    /// result and does not affect the other scripts' calls in the batch;
+    /// once a script has spent its time limit on calls that hit a limit,
+    /// its own later calls in the batch fail at once with
+    /// [`CodecError::Skipped`].
     pub async fn run(
         &self,
         calls: Vec<Call>,

@@ -33,12 +33,11 @@
 //! about one time limit, however many of its own uplinks the batch holds.
 //!
 //! The job in progress lives here, in the slot, not on the worker thread's
-//! stack, so a replacement can finish it: the thread takes one call at a
-//! time from it and puts the result back, both under the slot's lock (two
-//! uncontended lock round trips per call, nanoseconds against a decode's
-//! microseconds).
+//! stack, so a replacement can finish it: the thread puts each call's
+//! result back and takes the next call in one round trip of the slot's
+//! (uncontended) lock, nanoseconds against a decode's microseconds.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -114,8 +113,13 @@ enum Reply {
 
 /// A job in progress.
 struct Work {
-    pending: VecDeque<Item>,
-    results: Vec<Result<Answer, CodecError>>,
+    /// A check job's script, until it is taken.
+    check: Option<Script>,
+    /// A run job's calls not taken yet.
+    calls: std::vec::IntoIter<Call>,
+    results: Vec<Result<serde_json::Value, CodecError>>,
+    /// What a check found.
+    kind: Option<ScriptKind>,
     /// The script of the item a thread is running now.
     running: Option<Script>,
     /// Per script id, what its calls that hit a limit cost in this job;
@@ -135,43 +139,60 @@ struct Strike {
 impl Work {
     /// `None` when the caller has gone already.
     fn new(job: Job) -> Option<Work> {
-        let (pending, reply) = match job {
+        let (check, calls, reply) = match job {
             Job::Check { script, reply } => {
                 if reply.is_closed() {
                     return None;
                 }
-                (VecDeque::from([Item::Check(script)]), Reply::Check(reply))
+                (Some(script), Vec::new(), Reply::Check(reply))
             }
             Job::Run { calls, reply } => {
                 if reply.is_closed() {
                     return None;
                 }
-                (
-                    calls.into_iter().map(Item::Call).collect(),
-                    Reply::Run(reply),
-                )
+                (None, calls, Reply::Run(reply))
             }
         };
         Some(Work {
-            results: Vec::with_capacity(pending.len()),
-            pending,
+            results: Vec::with_capacity(calls.len().max(1)),
+            check,
+            calls: calls.into_iter(),
+            kind: None,
             running: None,
             strikes: HashMap::new(),
             reply,
         })
     }
 
+    fn take(&mut self) -> Option<Item> {
+        match self.check.take() {
+            Some(script) => Some(Item::Check(script)),
+            None => self.calls.next().map(Item::Call),
+        }
+    }
+
     /// Records an item's result; a limit it hit counts against its script.
     fn record(&mut self, result: Result<Answer, CodecError>, took: Duration, limit: Duration) {
-        if let (Some(script), Err(error)) = (self.running.take(), &result) {
-            if matches!(error, CodecError::Timeout(_) | CodecError::OutOfMemory) {
-                let strike = self.strikes.entry(script.id).or_default();
-                strike.spent = strike.spent.saturating_add(took);
-                if strike.spent >= limit && strike.tripped.is_none() {
-                    strike.tripped = Some(error.clone());
-                }
+        let running = self.running.take();
+        let result = match result {
+            Ok(Answer::Value(value)) => Ok(value),
+            Ok(Answer::Kind(kind)) => {
+                self.kind = Some(kind);
+                Ok(serde_json::Value::Null)
             }
-        }
+            Err(error) => {
+                if let (Some(script), CodecError::Timeout(_) | CodecError::OutOfMemory) =
+                    (running, &error)
+                {
+                    let strike = self.strikes.entry(script.id).or_default();
+                    strike.spent = strike.spent.saturating_add(took);
+                    if strike.spent >= limit && strike.tripped.is_none() {
+                        strike.tripped = Some(error.clone());
+                    }
+                }
+                Err(error)
+            }
+        };
         self.results.push(result);
     }
 
@@ -189,28 +210,15 @@ impl Work {
     fn answer(self) {
         match self.reply {
             Reply::Check(reply) => {
-                let result = self
-                    .results
-                    .into_iter()
-                    .next()
-                    .unwrap_or(Err(CodecError::Stopped));
-                let _ = reply.send(result.and_then(|answer| match answer {
-                    Answer::Kind(kind) => Ok(kind),
-                    Answer::Value(_) => Err(CodecError::Stopped),
-                }));
+                let result = match (self.results.into_iter().next(), self.kind) {
+                    (Some(Err(error)), _) => Err(error),
+                    (Some(Ok(_)), Some(kind)) => Ok(kind),
+                    _ => Err(CodecError::Stopped),
+                };
+                let _ = reply.send(result);
             }
             Reply::Run(reply) => {
-                let results = self
-                    .results
-                    .into_iter()
-                    .map(|result| {
-                        result.and_then(|answer| match answer {
-                            Answer::Value(value) => Ok(value),
-                            Answer::Kind(_) => Err(CodecError::Stopped),
-                        })
-                    })
-                    .collect();
-                let _ = reply.send(results);
+                let _ = reply.send(self.results);
             }
         }
     }
@@ -404,24 +412,36 @@ impl Slot {
         Ok(slot)
     }
 
-    /// The next item for thread `generation`: from the job in progress,
-    /// else from the queue (waiting for one). Answers a finished job.
-    pub(crate) fn next(&self, generation: u64, supervision: &Supervision) -> Next {
+    /// Records the result of the item thread `generation` ran last, if
+    /// any, and hands it the next: from the job in progress, else from the
+    /// queue (waiting for one). Answers a finished job. One lock round
+    /// trip per item.
+    pub(crate) fn next(
+        &self,
+        generation: u64,
+        done: Option<Done>,
+        supervision: &Supervision,
+    ) -> Next {
+        let mut done = done;
         loop {
             let mut state = lock(&self.state);
             if state.generation != generation {
+                // Abandoned: the watchdog answered the item already.
                 return Next::Abandoned;
             }
             if let Some(work) = state.work.as_mut() {
-                if let Some(item) = work.pending.pop_front() {
+                if let Some(done) = done.take() {
+                    work.record(done.result, done.took, supervision.limits.time);
+                }
+                if let Some(item) = work.take() {
                     let script = item.script();
                     let skip = work.skip(script).or_else(|| supervision.held_back(script));
                     work.running = skip.is_none().then(|| script.clone());
                     return Next::Item(item, skip);
                 }
-                let done = state.work.take().expect("checked above");
+                let finished = state.work.take().expect("checked above");
                 drop(state);
-                done.answer();
+                finished.answer();
                 continue;
             }
             drop(state);
@@ -440,24 +460,21 @@ impl Slot {
         }
     }
 
-    /// Puts an item's result back; false when thread `generation` was
-    /// abandoned meanwhile (the watchdog answered the item already).
-    pub(crate) fn finish(
-        &self,
-        generation: u64,
-        result: Result<Answer, CodecError>,
-        took: Duration,
-        limit: Duration,
-    ) -> bool {
+    /// Thread `generation` cannot go on (it could not create a runtime):
+    /// the job in progress and everything queued are answered `Stopped`
+    /// (their answers dropped), and new work goes to the other workers.
+    pub(crate) fn close(&self, generation: u64) {
         let mut state = lock(&self.state);
-        if state.generation != generation {
-            return false;
+        if state.generation == generation {
+            close(self, &mut state);
         }
-        if let Some(work) = state.work.as_mut() {
-            work.record(result, took, limit);
-        }
-        true
     }
+}
+
+/// What a thread's last item produced, and the time it ran scripts for.
+pub(crate) struct Done {
+    pub(crate) result: Result<Answer, CodecError>,
+    pub(crate) took: Duration,
 }
 
 /// The watchdog: wakes when the earliest running call's grace ends (at
@@ -545,12 +562,16 @@ fn abandon(
         fresh,
     ) {
         tracing::error!(%error, worker = slot.index, "could not start a replacement script worker; this worker is stopped");
-        state.closed = true;
-        // Its queue's callers get `Stopped` (their answers are dropped),
-        // and new work goes to the other workers.
-        state.work = None;
-        lock(&slot.jobs).take();
+        close(slot, state);
     }
+}
+
+/// Stops serving `slot`: its callers get `Stopped` (their answers are
+/// dropped), and new work goes to the other workers.
+fn close(slot: &Slot, state: &mut SlotState) {
+    state.closed = true;
+    state.work = None;
+    lock(&slot.jobs).take();
 }
 
 /// Locks `mutex`, whose data stays consistent even if a holder panicked

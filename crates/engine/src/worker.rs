@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::convert::{self, Undefined};
 use crate::meter::{Meter, MeteredAllocator};
-use crate::watchdog::{Answer, Item, Next, Slot, Supervision, Watch};
+use crate::watchdog::{Answer, Done, Item, Next, Slot, Supervision, Watch};
 use crate::{Call, CodecError, Script, ScriptKind};
 use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
@@ -177,16 +177,17 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
         Ok(sandbox) => sandbox,
         Err(error) => {
             tracing::error!(%error, "could not create a QuickJS runtime; script worker not started");
+            slot.close(generation);
             return;
         }
     };
+    let mut done = None;
     let abandoned = loop {
-        let (item, skip) = match slot.next(generation, supervision) {
+        let (item, skip) = match slot.next(generation, done.take(), supervision) {
             Next::Item(item, skip) => (item, skip),
             Next::Abandoned => break true,
             Next::Closed => break false,
         };
-        let started = Instant::now();
         let result = match skip {
             Some(error) => Err(error),
             None => match panic::catch_unwind(AssertUnwindSafe(|| sandbox.run(item))) {
@@ -201,6 +202,7 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
                         Err(error) => {
                             tracing::error!(%error, "could not recreate a QuickJS runtime; script worker stopped");
                             std::mem::forget(sandbox);
+                            slot.close(generation);
                             return;
                         }
                     }
@@ -208,9 +210,10 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
                 }
             },
         };
-        if !slot.finish(generation, result, started.elapsed(), limits.time) {
-            break true;
-        }
+        done = Some(Done {
+            result,
+            took: sandbox.clock.take_spent(),
+        });
     };
     if abandoned {
         // The watchdog answered the stuck call and gave the slot a new
@@ -231,6 +234,10 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
 /// watchdog.
 struct Clock {
     deadline: Cell<Option<Instant>>,
+    /// When the running call's timing started.
+    started: Cell<Option<Instant>>,
+    /// Time scripts ran since [`Clock::take_spent`] was last called.
+    spent: Cell<Duration>,
     /// Set when the handler interrupted the script, so the resulting
     /// exception is reported as a timeout rather than as an error.
     fired: Cell<bool>,
@@ -241,6 +248,8 @@ impl Clock {
     fn new(watch: Arc<Watch>) -> Clock {
         Clock {
             deadline: Cell::new(None),
+            started: Cell::new(None),
+            spent: Cell::new(Duration::ZERO),
             fired: Cell::new(false),
             watch,
         }
@@ -248,7 +257,9 @@ impl Clock {
 
     fn arm(&self, limit: Duration) {
         self.fired.set(false);
-        let deadline = Instant::now().checked_add(limit);
+        let now = Instant::now();
+        let deadline = now.checked_add(limit);
+        self.started.set(Some(now));
         self.deadline.set(deadline);
         self.watch.arm(deadline);
     }
@@ -258,9 +269,18 @@ impl Clock {
     /// ran in a built-in that does not poll the interrupt handler.
     fn disarm(&self) -> bool {
         self.watch.disarm();
-        self.deadline
-            .take()
-            .is_some_and(|deadline| Instant::now() > deadline)
+        let now = Instant::now();
+        if let Some(started) = self.started.take() {
+            self.spent
+                .set(self.spent.get() + now.saturating_duration_since(started));
+        }
+        self.deadline.take().is_some_and(|deadline| now > deadline)
+    }
+
+    /// The time scripts ran since the last call of this (the items of a
+    /// job are charged with it when they hit a limit).
+    fn take_spent(&self) -> Duration {
+        self.spent.replace(Duration::ZERO)
     }
 
     /// The interrupt handler: QuickJS polls it every few thousand
