@@ -160,90 +160,61 @@ pub fn is_header_name(s: &str) -> bool {
 
 // --- the checks --------------------------------------------------------------
 
-/// An HTTP header's name ([`is_header_name`]).
-pub fn header_name(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_header_name(s) {
+/// `Ok` when `holds`; else the refusal of `s` in `field`: the value as
+/// shown, then `what` it fails to be.
+fn require(field: &str, s: &str, holds: bool, what: &str) -> Result<(), Invalid> {
+    if holds {
         Ok(())
     } else {
-        Err(Invalid::new(
-            field,
-            format!("{} is not an HTTP header name", shown(s)),
-        ))
+        Err(Invalid::new(field, format!("{} {what}", shown(s))))
     }
+}
+
+/// An HTTP header's name ([`is_header_name`]).
+pub fn header_name(field: &str, s: &str) -> Result<(), Invalid> {
+    require(field, s, is_header_name(s), "is not an HTTP header name")
 }
 
 /// A device type's name ([`is_device_type_name`]).
 pub fn device_type_name(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_device_type_name(s) {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            field,
-            format!(
-                "{} is not a device type name: 1 to 64 of A-Z a-z 0-9 _ . -, starting with a letter or digit",
-                shown(s)
-            ),
-        ))
-    }
+    require(
+        field,
+        s,
+        is_device_type_name(s),
+        "is not a device type name: 1 to 64 of A-Z a-z 0-9 _ . -, starting with a letter or digit",
+    )
 }
 
 /// An uplink channel ([`is_object_id`]), as devices, rules and ingest keys
 /// name it.
 pub fn channel(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_object_id(s) {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            field,
-            format!(
-                "{} is not a channel name: 1 to 256 printable ASCII characters without spaces, quotes, / ? # % or \\",
-                shown(s)
-            ),
-        ))
-    }
+    require(field, s, is_object_id(s), "is not a channel name: 1 to 256 printable ASCII characters without spaces, quotes, / ? # % or \\")
 }
 
 /// A weft object's id ([`is_object_id`]).
 pub fn object_id(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_object_id(s) {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            field,
-            format!(
-                "{} is not an id: 1 to 256 printable ASCII characters without spaces, quotes, / ? # % or \\",
-                shown(s)
-            ),
-        ))
-    }
+    require(
+        field,
+        s,
+        is_object_id(s),
+        "is not an id: 1 to 256 printable ASCII characters without spaces, quotes, / ? # % or \\",
+    )
 }
 
 /// A durable channel's, subscriber's, message's or bridge's id
 /// ([`is_dsps_id`]).
 pub fn dsps_id(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_dsps_id(s) {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            field,
-            format!("{} must match ^[0-9a-z][0-9a-z_-]{{0,62}}$", shown(s)),
-        ))
-    }
+    require(
+        field,
+        s,
+        is_dsps_id(s),
+        "must match ^[0-9a-z][0-9a-z_-]{0,62}$",
+    )
 }
 
 /// A page's name ([`is_page_name`]).
 pub fn page_name(field: &str, s: &str) -> Result<(), Invalid> {
-    if is_page_name(s) {
-        Ok(())
-    } else {
-        Err(Invalid::new(
-            field,
-            format!(
-                "{} is not a page name: 1 to 256 characters of /-separated segments, none empty, . or .., without spaces, quotes, ? # % or \\",
-                shown(s)
-            ),
-        ))
-    }
+    require(field, s, is_page_name(s), "is not a page name: 1 to 256 characters of /-separated segments, none empty, . or .., without spaces, quotes, ? # % or \\")
 }
 
 /// A human name or label: not empty (or only spaces), at most [`MAX_NAME`]
