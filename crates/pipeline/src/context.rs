@@ -22,7 +22,7 @@ use parking_lot::RwLock;
 use regex::Regex;
 use std::borrow::Cow;
 use weft_model::geo::{GeoQuery, Shape};
-use weft_model::ngsi::{AttrChange, ChangeKind, Entity, NgsiError, UpdateOutcome};
+use weft_model::ngsi::{AttrChange, AttrMap, ChangeKind, Entity, NgsiError, UpdateOutcome};
 
 use serde_json::Value;
 use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
@@ -61,6 +61,44 @@ impl Touched for AttrChange {
     fn touched(&self) -> &[AttrChange] {
         std::slice::from_ref(self)
     }
+}
+
+/// Where an NGSI request looks, and what a forward of it repeats: its
+/// tenant and its service paths.
+#[derive(Debug, Clone, Default)]
+pub struct Tenancy {
+    /// The tenant (`Fiware-Service`, lowercased; empty for the default).
+    pub tenant: String,
+    /// `Fiware-ServicePath` as received (its paths, normalized, joined by
+    /// `,`), which forwarded requests repeat; `None` when absent.
+    pub received: Option<String>,
+    /// The service paths a read covers (`/x/#` a subtree; empty: all).
+    pub read_paths: Vec<String>,
+}
+
+/// The entity a write addresses: where it looks (its tenancy), the one
+/// service path written (`/` when the request named none: only entities
+/// and registrations there are reached), its id and, when the request
+/// gave it, its type.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    /// The tenant and the service paths as received.
+    pub tenancy: Tenancy,
+    /// The one service path written to.
+    pub path: String,
+    /// The entity id.
+    pub id: String,
+    /// The entity type, when the request gave it.
+    pub entity_type: Option<String>,
+}
+
+/// What [`Context::upsert`] did.
+#[derive(Debug)]
+pub enum Upserted<T> {
+    /// There was no such entity: the new one was stored.
+    Created,
+    /// The entity existed: the change was applied, with this result.
+    Modified(T),
 }
 
 /// An entity with where it lives and when it was created (its position in
@@ -492,40 +530,18 @@ impl Context {
         &self,
         tenant: &str,
         service_path: &str,
-        mut entity: Entity,
+        entity: Entity,
     ) -> Result<(), NgsiError> {
-        entity.check_locations()?;
-        entity.refresh_expiration();
-        let key = (
-            service_path.to_string(),
-            entity.id.clone(),
-            entity.entity_type.clone(),
-        );
         // Not while the sweep deletes expired entities: it could delete
         // this one's row after it is stored (see `expiry`).
         let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
-            if t.entities
-                .get(&key)
-                .is_some_and(|e| e.is_live(weft_model::now_ms()))
-            {
-                return Err(NgsiError::already_exists());
-            }
-            let stored = StoredEntity {
-                service_path: service_path.to_string(),
-                entity,
-                created: self.next_created.fetch_add(1, Ordering::Relaxed),
-            };
-            t.insert(key, stored.clone());
-            (stored, self.ticket(tenant))
+            self.insert_new(t, tenant, service_path, entity)?
         };
-        let history = self.history_states(tenant, &stored, stored.entity.attrs.keys());
-        self.persist(tenant, &stored, history).await?;
+        self.commit_created(tenant, stored, ticket).await?;
         drop(sweep);
-        let attrs = created_attrs(&stored.entity);
-        Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
         Ok(())
     }
 
@@ -548,21 +564,140 @@ impl Context {
             let key = t
                 .find(service_paths, id, entity_type, weft_model::now_ms())?
                 .clone();
-            let slot = t
-                .entities
-                .get_mut(&key)
-                .ok_or_else(NgsiError::entity_not_found)?;
-            let mut next = slot.entity.clone();
-            let result = change(&mut next)?;
-            next.check_locations()?;
-            slot.entity = next;
-            let ticket = if result.touched().is_empty() {
-                None
-            } else {
-                self.ticket(tenant)
-            };
-            (result, slot.clone(), ticket)
+            self.change_existing(t, tenant, &key, change)?
         };
+        self.commit_modified(tenant, &result, stored, ticket)
+            .await?;
+        Ok(result)
+    }
+
+    /// Merges `new` into the one entity matching (its id, `entity_type`)
+    /// in `service_path`, or, when there is none, stores `new` itself
+    /// there after `create` has prepared it — under one lock, so a
+    /// concurrent create or delete cannot come between the lookup and the
+    /// write (an upsert never answers 404 or 422 `Already Exists`).
+    /// `merge` gets the existing entity (a copy, kept if it succeeds) and
+    /// `new`'s attributes. Errors are `modify`'s and `create`'s.
+    pub async fn upsert<T: Touched>(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        entity_type: Option<&str>,
+        mut new: Entity,
+        create: impl FnOnce(&mut Entity) -> Result<(), NgsiError>,
+        merge: impl FnOnce(&mut Entity, AttrMap) -> Result<T, NgsiError>,
+    ) -> Result<Upserted<T>, NgsiError> {
+        let sweep = self.sweeping.read().await;
+        let paths = [service_path.to_string()];
+        let done = {
+            let mut tenants = self.tenants.write();
+            let t = tenants.entry(tenant.to_string()).or_default();
+            match t.find(&paths, &new.id, entity_type, weft_model::now_ms()) {
+                Ok(key) => {
+                    let key = key.clone();
+                    let attrs = std::mem::take(&mut new.attrs);
+                    Ok(self.change_existing(t, tenant, &key, |e| merge(e, attrs))?)
+                }
+                Err(e) if e.status == 404 => {
+                    create(&mut new)?;
+                    Err(self.insert_new(t, tenant, service_path, new)?)
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        match done {
+            Ok((result, stored, ticket)) => {
+                drop(sweep);
+                self.commit_modified(tenant, &result, stored, ticket)
+                    .await?;
+                Ok(Upserted::Modified(result))
+            }
+            Err((stored, ticket)) => {
+                self.commit_created(tenant, stored, ticket).await?;
+                drop(sweep);
+                Ok(Upserted::Created)
+            }
+        }
+    }
+
+    /// Puts a new entity in `t` (under the tenants' lock): 422 if a live
+    /// one has its key.
+    fn insert_new(
+        &self,
+        t: &mut Tenant,
+        tenant: &str,
+        service_path: &str,
+        mut entity: Entity,
+    ) -> Result<(StoredEntity, Option<Ticket>), NgsiError> {
+        entity.check_locations()?;
+        entity.refresh_expiration();
+        let key = (
+            service_path.to_string(),
+            entity.id.clone(),
+            entity.entity_type.clone(),
+        );
+        if t.entities
+            .get(&key)
+            .is_some_and(|e| e.is_live(weft_model::now_ms()))
+        {
+            return Err(NgsiError::already_exists());
+        }
+        let stored = StoredEntity {
+            service_path: service_path.to_string(),
+            entity,
+            created: self.next_created.fetch_add(1, Ordering::Relaxed),
+        };
+        t.insert(key, stored.clone());
+        Ok((stored, self.ticket(tenant)))
+    }
+
+    /// Stores a new entity and announces it.
+    async fn commit_created(
+        &self,
+        tenant: &str,
+        stored: StoredEntity,
+        ticket: Option<Ticket>,
+    ) -> Result<(), NgsiError> {
+        let history = self.history_states(tenant, &stored, stored.entity.attrs.keys());
+        self.persist(tenant, &stored, history).await?;
+        let attrs = created_attrs(&stored.entity);
+        Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
+        Ok(())
+    }
+
+    /// Runs `change` on a copy of the entity at `key` (under the tenants'
+    /// lock) and keeps the copy if it succeeds and passes the checks.
+    fn change_existing<T: Touched>(
+        &self,
+        t: &mut Tenant,
+        tenant: &str,
+        key: &Key,
+        change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
+    ) -> Result<(T, StoredEntity, Option<Ticket>), NgsiError> {
+        let slot = t
+            .entities
+            .get_mut(key)
+            .ok_or_else(NgsiError::entity_not_found)?;
+        let mut next = slot.entity.clone();
+        let result = change(&mut next)?;
+        next.check_locations()?;
+        slot.entity = next;
+        let ticket = if result.touched().is_empty() {
+            None
+        } else {
+            self.ticket(tenant)
+        };
+        Ok((result, slot.clone(), ticket))
+    }
+
+    /// Stores a changed entity and announces the change.
+    async fn commit_modified<T: Touched>(
+        &self,
+        tenant: &str,
+        result: &T,
+        stored: StoredEntity,
+        ticket: Option<Ticket>,
+    ) -> Result<(), NgsiError> {
         let history = self.history_states(
             tenant,
             &stored,
@@ -571,10 +706,11 @@ impl Context {
         self.persist(tenant, &stored, history).await?;
         let touched = result.touched().to_vec();
         Self::announce(ticket, tenant, stored, Alteration::Updated, touched).await;
-        Ok(result)
+        Ok(())
     }
 
-    /// Deletes the one entity matching (`id`, `entity_type`).
+    /// Deletes the one entity matching (`id`, `entity_type`): found and
+    /// removed under one lock.
     pub async fn delete(
         &self,
         tenant: &str,
@@ -582,17 +718,21 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
-        let current = self.get(tenant, service_paths, id, entity_type)?;
-        let ticket = {
+        let (current, ticket) = {
             let mut tenants = self.tenants.write();
-            if let Some(t) = tenants.get_mut(tenant) {
-                t.remove(&(
-                    current.service_path.clone(),
-                    current.entity.id.clone(),
-                    current.entity.entity_type.clone(),
-                ));
-            }
-            self.ticket(tenant)
+            let t = tenants
+                .get_mut(tenant)
+                .ok_or_else(NgsiError::entity_not_found)?;
+            let key = t
+                .find(service_paths, id, entity_type, weft_model::now_ms())?
+                .clone();
+            let current = t
+                .entities
+                .get(&key)
+                .cloned()
+                .ok_or_else(NgsiError::entity_not_found)?;
+            t.remove(&key);
+            (current, self.ticket(tenant))
         };
         self.store
             .delete_entity(

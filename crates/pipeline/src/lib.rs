@@ -7,8 +7,13 @@
 //! - [`catalog`]: device types and devices, cached for the hot path.
 //! - [`context`]: every tenant's NGSI entities; [`entity`] says how device
 //!   data becomes an entity.
+//! - [`ngsi_write`]: the NGSI write, every change clients make to
+//!   entities as one typed operation (commands, forwarding, operators,
+//!   stamps, the atomic write).
 //! - [`subscriptions`] and [`registrations`]: NGSI subscriptions (and the
-//!   notifications they send) and registrations.
+//!   notifications they send) and registrations; [`forwarding`]: what
+//!   goes to registered context providers, and how their answers merge;
+//!   [`orion_metrics`]: Orion's request counters.
 //! - [`history`]: entity changes and notifications recorded as time series.
 //! - [`rules`]: alarm rules evaluated on stored units, and their alarms.
 //! - [`channels`]: durable pull channels and the bridges feeding them.
@@ -52,12 +57,16 @@ pub mod history;
 pub mod ingest;
 pub mod keys;
 pub mod mqtt;
+pub mod ngsi_write;
+pub mod orion_metrics;
 pub mod outbound;
 pub mod partitions;
 pub mod registrations;
 pub mod rules;
 pub mod services;
 pub mod subscriptions;
+#[cfg(test)]
+mod testkit;
 pub mod uplink;
 
 pub use catalog::{Catalog, CatalogError, TypeEntry};

@@ -23,8 +23,10 @@ use crate::cluster::{work, Cluster, ClusterConfig};
 use crate::context::{self, Context};
 use crate::definitions::follow;
 use crate::downlinks::{Downlinks, DownlinksConfig};
+use crate::forwarding::{Forwarder, Providers};
 use crate::history::{History, RetentionPolicy};
 use crate::ingest::{Ingest, IngestConfig};
+use crate::ngsi_write::NgsiWriter;
 use crate::registrations::Registrations;
 use crate::rules::{RuleEngine, RulesConfig};
 use crate::subscriptions::sender::SenderConfig;
@@ -85,8 +87,11 @@ pub struct Services {
     pub context: Arc<Context>,
     /// The NGSI registrations of every tenant.
     pub registrations: Arc<Registrations>,
-    /// Sends queries and updates to registered context providers.
-    pub forwarder: Arc<crate::forwarding::Forwarder>,
+    /// Which context providers a query reaches, and what their answers
+    /// add to the local entities.
+    pub providers: Arc<Providers>,
+    /// The NGSI write: every change clients make to entities.
+    pub ngsi_writer: Arc<NgsiWriter>,
     /// The NGSI subscriptions of every tenant, and their notifications.
     pub subscriptions: Arc<Subscriptions>,
     /// The history recorder and its retention.
@@ -241,12 +246,23 @@ impl Services {
                 },
             );
         }
+        let providers = Arc::new(Providers::new(
+            context.clone(),
+            registrations.clone(),
+            Arc::new(Forwarder::new(config.forward_timeout)),
+        ));
+        let ngsi_writer = Arc::new(NgsiWriter::new(
+            context.clone(),
+            downlinks.clone(),
+            providers.clone(),
+        ));
         Ok(Services {
             ingest,
             catalog,
             context,
             registrations,
-            forwarder: Arc::new(crate::forwarding::Forwarder::new(config.forward_timeout)),
+            providers,
+            ngsi_writer,
             subscriptions,
             history,
             rules,

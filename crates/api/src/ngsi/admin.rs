@@ -1,7 +1,7 @@
 //! Orion's operational endpoints beside `/v2`: `/statistics` and
 //! `/cache/statistics` (read, and reset with DELETE), `/admin/log` (the
 //! log level), `/log/trace`, `/admin/sem` and `/admin/metrics` (counted
-//! in [`super::metrics`]). Monitoring scripts written
+//! in [`weft_pipeline::orion_metrics`]). Monitoring scripts written
 //! for Orion poll these; weft answers them in Orion's shapes.
 //!
 //! What weft has no equivalent for is answered as an Orion started without
@@ -142,16 +142,16 @@ pub async fn delete_trace() -> Response {
 }
 
 /// `GET /admin/metrics[?reset=true]`: Orion's metrics per service and
-/// subservice (see [`super::metrics`]); `reset=true` reads and resets in
+/// subservice (see [`weft_pipeline::orion_metrics`]); `reset=true` reads and resets in
 /// one step.
 pub async fn get_metrics(params: Params) -> Response {
     let reset = params.get("reset") == Some("true");
-    axum::Json(super::metrics::render(reset)).into_response()
+    axum::Json(weft_pipeline::orion_metrics::render(reset)).into_response()
 }
 
 /// `DELETE /admin/metrics`: every counter back to zero; 204.
 pub async fn reset_metrics() -> Response {
-    super::metrics::reset();
+    weft_pipeline::orion_metrics::reset();
     axum::http::StatusCode::NO_CONTENT.into_response()
 }
 

@@ -1,10 +1,8 @@
 //! `/v2/entities/{id}/attrs`, `/attrs/{attr}` and `/attrs/{attr}/value`:
 //! reading and changing the attributes of one entity.
 //!
-//! Writes run inside [`Context::modify`](weft_pipeline::context::Context::modify):
-//! the model's update functions change a copy of the entity, and the
-//! outcome (which attributes failed) is turned into Orion's 422 texts
-//! after the successful part was stored, as Orion does.
+//! Writes are parsed here and made by the NGSI write
+//! ([`weft_pipeline::ngsi_write`]), which answers with Orion's texts.
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -14,12 +12,12 @@ use serde_json::Value;
 use weft_model::ngsi::{self, render_attr, NgsiError};
 
 use super::entities::render_entity;
-use super::forward::Target;
+use weft_pipeline::ngsi_write::Write;
 
 use super::error::{Error, Result};
 use super::params::{content_type, json_attrs_body, json_body, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
-use super::{check_segment, json_response, now_ms};
+use super::{check_segment, json_response};
 use crate::AppState;
 
 /// Orion's "Retrieve Entity Attributes" (`GET /v2/entities/{id}/attrs`):
@@ -35,16 +33,17 @@ pub async fn get_attrs(
     let options = params.options()?;
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
-    let entity = super::forward::retrieve(
-        &state,
-        &tenant,
-        &sp,
-        &id,
-        params.get("type"),
-        attrs.as_deref(),
-        options.skip_forwarding,
-    )
-    .await?;
+    let entity = state
+        .services
+        .providers
+        .retrieve(
+            &sp.tenancy(tenant),
+            &id,
+            params.get("type"),
+            attrs.as_deref(),
+            options.skip_forwarding,
+        )
+        .await?;
     let mut body = render_entity(
         &entity,
         options.format(),
@@ -58,26 +57,9 @@ pub async fn get_attrs(
     Ok(json_response(&body))
 }
 
-/// One of the three whole-attribute-set writes.
-type AttrsWrite =
-    fn(&mut ngsi::Entity, ngsi::AttrMap, ngsi::UpdateOptions, i64) -> ngsi::UpdateOutcome;
-
-/// What update operators (`{"$inc": 1}`) in a write are resolved against:
-/// the attributes' current values (append, update), or the reference
-/// values of a creation (replace: the entity's attributes start afresh).
-#[derive(Clone, Copy, PartialEq)]
-enum Operands {
-    Current,
-    Reference,
-}
-
-/// What makes an attribute-set write fail as a whole (attributes that
-/// already exist for a strict append, missing ones for an update).
-type AttrsCheck = fn(&ngsi::UpdateOutcome, &str, Option<&str>) -> Option<NgsiError>;
-
 /// The shared body of POST, PATCH and PUT `/v2/entities/{id}/attrs`:
-/// validate, parse the attributes, apply `write` to the entity (stored
-/// before the 204), and answer `check`'s error if it has one.
+/// validate, parse the attributes, and hand them to the NGSI write as
+/// `write` makes them.
 #[allow(clippy::too_many_arguments)]
 async fn write_attrs(
     state: AppState,
@@ -88,158 +70,19 @@ async fn write_attrs(
     headers: HeaderMap,
     body: Bytes,
     op: WriteOp,
-    write: AttrsWrite,
-    operands: Operands,
-    check: Option<AttrsCheck>,
+    write: fn(ngsi::AttrMap) -> Write,
 ) -> Result<Response> {
     check_segment(&id)?;
-    let path = sp.for_write(op)?;
+    let target = sp.target(tenant, op, id, params.get("type"))?;
     let options = params.options()?;
     let value = json_attrs_body(&headers, &body)?;
-    let mut attrs = ngsi::parse_attrs(&value, options.key_values)?;
-    let opts = options.update();
-    let now = now_ms();
-    let etype = params.get("type");
-    // Command attributes of a device's entity (the IoT Agents' command
-    // pattern) become downlinks rather than attribute values; a replace
-    // of all attributes is no command.
-    let commands = if operands == Operands::Current {
-        state
-            .services
-            .downlinks
-            .take_commands(&tenant, &path, &id, etype, &mut attrs)
-    } else {
-        Vec::new()
-    };
-    if !commands.is_empty() && attrs.is_empty() {
-        local_entity(&state, &tenant, &path, &id, etype)?
-            .ok_or_else(NgsiError::entity_not_found)?;
-        send_commands(&state, &id, commands).await?;
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    }
-    // An update (not an append or a replace) of attributes the entity
-    // lacks goes to the providers registered for them.
-    let target = Target {
-        tenant: &tenant,
-        sp: &sp,
-        path: &path,
-        id: &id,
-        entity_type: etype,
-    };
-    let forwarded = if op == WriteOp::Patch && super::forward::may_forward_update(&state, &target) {
-        let local = local_entity(&state, &tenant, &path, &id, etype)?;
-        let fwd = super::forward::update(&state, &target, &mut attrs, local.as_ref()).await;
-        if fwd.any() && attrs.is_empty() {
-            return match fwd.error(&id, etype, false) {
-                Some(e) => Err(e.into()),
-                None => Ok(StatusCode::NO_CONTENT.into_response()),
-            };
-        }
-        fwd
-    } else {
-        super::forward::ForwardedUpdate::default()
-    };
-    let outcome = state
-        .services
-        .context
-        .modify(&tenant, &[path], &id, etype, move |e| {
-            let current = (operands == Operands::Current).then_some(&*e);
-            ngsi::operators::resolve_operators(current, &mut attrs)?;
-            Ok(write(e, attrs, opts, now))
-        })
-        .await?;
-    if let Some(err) = check.and_then(|check| check(&outcome, &id, etype)) {
-        return Err(err.into());
-    }
-    if !commands.is_empty() {
-        send_commands(&state, &id, commands).await?;
-    }
-    if let Some(err) = forwarded.error(&id, etype, true) {
-        return Err(err.into());
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// Queues the commands taken from an update as downlinks to the device
-/// (`<command>_status` becomes `PENDING`); a command the device type's
-/// codec cannot encode is a 422 with the codec's words.
-async fn send_commands(
-    state: &AppState,
-    device_id: &str,
-    commands: Vec<(String, Value)>,
-) -> Result<()> {
-    use weft_pipeline::downlinks::DownlinkError;
+    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
     state
         .services
-        .downlinks
-        .send_commands(device_id, commands)
-        .await
-        .map_err(|e| {
-            let error = match e {
-                DownlinkError::UnknownDevice(_) => NgsiError::entity_not_found(),
-                DownlinkError::Encode { description, .. } => {
-                    NgsiError::new(422, "Unprocessable", description)
-                }
-                DownlinkError::Busy => NgsiError::new(
-                    503,
-                    "ServiceUnavailable",
-                    "the script engine is busy, retry later",
-                ),
-                DownlinkError::Store(e) => {
-                    NgsiError::new(500, "InternalServerError", e.to_string())
-                }
-            };
-            error.into()
-        })
-}
-
-/// The entity an update addresses, if it exists locally (409 and other
-/// errors than 404 are returned as they are).
-fn local_entity(
-    state: &AppState,
-    tenant: &str,
-    path: &str,
-    id: &str,
-    etype: Option<&str>,
-) -> Result<Option<ngsi::Entity>> {
-    match state
-        .services
-        .context
-        .get(tenant, &[path.to_string()], id, etype)
-    {
-        Ok(found) => Ok(Some(found.entity)),
-        Err(e) if e.status == 404 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Forwards a single-attribute write (`PUT …/attrs/{a}`, `…/value`) when
-/// the attribute is not local and a registration provides it: `Some` with
-/// the answer to give, `None` to apply it locally.
-async fn forward_single(
-    state: &AppState,
-    at: &Target<'_>,
-    name: &str,
-    attr: ngsi::Attribute,
-) -> Result<Option<Response>> {
-    if !super::forward::may_forward_update(state, at) {
-        return Ok(None);
-    }
-    let (tenant, path, id, etype) = (at.tenant, at.path, at.id, at.entity_type);
-    let local = local_entity(state, tenant, path, id, etype)?;
-    if local.as_ref().is_some_and(|e| e.attrs.contains_key(name)) {
-        return Ok(None);
-    }
-    let mut attrs = ngsi::AttrMap::new();
-    attrs.insert(name, attr);
-    let fwd = super::forward::update(state, at, &mut attrs, local.as_ref()).await;
-    if !fwd.any() {
-        return Ok(None);
-    }
-    match fwd.error(id, etype, false) {
-        Some(e) => Err(e.into()),
-        None => Ok(Some(StatusCode::NO_CONTENT.into_response())),
-    }
+        .ngsi_writer
+        .write(&target, write(attrs), options.update())
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// Orion's "Update or Append Entity Attributes" (`POST
@@ -253,7 +96,6 @@ pub async fn append_attrs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    let check: AttrsCheck = |o, id, t| o.existing_error(id, t);
     write_attrs(
         state,
         tenant,
@@ -263,9 +105,7 @@ pub async fn append_attrs(
         headers,
         body,
         WriteOp::Update,
-        ngsi::append,
-        Operands::Current,
-        Some(check),
+        Write::Append,
     )
     .await
 }
@@ -281,7 +121,6 @@ pub async fn update_attrs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    let check: AttrsCheck = |o, id, t| o.missing_error(id, t);
     write_attrs(
         state,
         tenant,
@@ -291,9 +130,7 @@ pub async fn update_attrs(
         headers,
         body,
         WriteOp::Patch,
-        ngsi::update,
-        Operands::Current,
-        Some(check),
+        Write::Update,
     )
     .await
 }
@@ -317,9 +154,7 @@ pub async fn replace_attrs(
         headers,
         body,
         WriteOp::Update,
-        ngsi::replace,
-        Operands::Reference,
-        None,
+        Write::Replace,
     )
     .await
 }
@@ -335,16 +170,17 @@ pub async fn get_attr(
     check_segment(&id)?;
     check_segment(&name)?;
     let options = params.options()?;
-    let entity = super::forward::retrieve(
-        &state,
-        &tenant,
-        &sp,
-        &id,
-        params.get("type"),
-        Some(std::slice::from_ref(&name)),
-        options.skip_forwarding,
-    )
-    .await?;
+    let entity = state
+        .services
+        .providers
+        .retrieve(
+            &sp.tenancy(tenant),
+            &id,
+            params.get("type"),
+            Some(std::slice::from_ref(&name)),
+            options.skip_forwarding,
+        )
+        .await?;
     let attr = entity
         .entity
         .attrs
@@ -366,38 +202,14 @@ pub async fn put_attr(
 ) -> Result<Response> {
     check_segment(&id)?;
     check_segment(&name)?;
-    let path = sp.for_write(WriteOp::Update)?;
+    let target = sp.target(tenant, WriteOp::Update, id, params.get("type"))?;
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
-    let mut attr = ngsi::parse_attr(&name, &value)?;
-    let etype = params.get("type");
-    if let Some(answer) = forward_single(
-        &state,
-        &Target {
-            tenant: &tenant,
-            sp: &sp,
-            path: &path,
-            id: &id,
-            entity_type: etype,
-        },
-        &name,
-        attr.clone(),
-    )
-    .await?
-    {
-        return Ok(answer);
-    }
-    let opts = options.update();
-    let now = now_ms();
+    let attr = ngsi::parse_attr(&name, &value)?;
     state
         .services
-        .context
-        .modify(&tenant, &[path], &id, params.get("type"), move |e| {
-            if !ngsi::operators::resolve_attr(e.attrs.get(&name), &mut attr)? {
-                return Err(NgsiError::attribute_not_found());
-            }
-            ngsi::update_attr(e, &name, attr, opts, now)
-        })
+        .ngsi_writer
+        .write(&target, Write::UpdateAttr { name, attr }, options.update())
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -413,14 +225,11 @@ pub async fn delete_attr(
 ) -> Result<Response> {
     check_segment(&id)?;
     check_segment(&name)?;
-    let path = sp.for_write(WriteOp::Delete)?;
-    let now = now_ms();
+    let target = sp.target(tenant, WriteOp::Delete, id, params.get("type"))?;
     state
         .services
-        .context
-        .modify(&tenant, &[path], &id, params.get("type"), move |e| {
-            ngsi::delete_attr(e, &name, now)
-        })
+        .ngsi_writer
+        .write(&target, Write::DeleteAttr(name), Default::default())
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -445,16 +254,17 @@ pub async fn get_value(
         check_segment(&id)?;
         check_segment(&name)?;
         let options = params.options()?;
-        let entity = super::forward::retrieve(
-            &state,
-            &tenant,
-            &sp,
-            &id,
-            params.get("type"),
-            Some(std::slice::from_ref(&name)),
-            options.skip_forwarding,
-        )
-        .await?;
+        let entity = state
+            .services
+            .providers
+            .retrieve(
+                &sp.tenancy(tenant.clone()),
+                &id,
+                params.get("type"),
+                Some(std::slice::from_ref(&name)),
+                options.skip_forwarding,
+            )
+            .await?;
         let attr = entity.entity.attrs.get(&name).cloned();
         Ok::<_, Error>(attr.ok_or_else(NgsiError::attribute_not_found)?)
     };
@@ -536,7 +346,7 @@ pub async fn put_value(
 ) -> Result<Response> {
     check_segment(&id)?;
     check_segment(&name)?;
-    let path = sp.for_write(WriteOp::Update)?;
+    let target = sp.target(tenant, WriteOp::Update, id, params.get("type"))?;
     let options = params.options()?;
     let value = match content_type(&headers).as_deref() {
         Some("text/plain") => {
@@ -549,43 +359,10 @@ pub async fn put_value(
         }
         _ => json_body(&headers, &body)?,
     };
-    let etype = params.get("type");
-    // The provider gets the value with the type a new attribute of it
-    // would have.
-    let as_attr = ngsi::parse_attr(&name, &serde_json::json!({ "value": value.clone() }))?;
-    if let Some(answer) = forward_single(
-        &state,
-        &Target {
-            tenant: &tenant,
-            sp: &sp,
-            path: &path,
-            id: &id,
-            entity_type: etype,
-        },
-        &name,
-        as_attr,
-    )
-    .await?
-    {
-        return Ok(answer);
-    }
-    let opts = options.update();
-    let now = now_ms();
     state
         .services
-        .context
-        .modify(&tenant, &[path], &id, params.get("type"), move |e| {
-            let value = if ngsi::operators::is_operator(&value) {
-                let current = e.attrs.get(&name).map(|a| &a.value);
-                match ngsi::operators::apply(current, &value)? {
-                    ngsi::operators::Resolved::Value(v) => v,
-                    ngsi::operators::Resolved::Skip => return Err(NgsiError::attribute_not_found()),
-                }
-            } else {
-                value
-            };
-            ngsi::set_attr_value(e, &name, value, opts, now)
-        })
+        .ngsi_writer
+        .write(&target, Write::SetValue { name, value }, options.update())
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -1,54 +1,24 @@
 //! `/v2/op/update` and `/v2/op/query`: batch operations.
 //!
-//! An update applies its action to each entity in turn; what failed is
-//! gathered into one Orion text (`do not exist: E1/T - [ B ], E2/T
-//! [entity itself]`): 404 when no entity existed, 422 Unprocessable when
-//! nothing at all was applied, 422 PartialUpdate otherwise. The payload is
-//! validated completely before anything is applied.
+//! An update's payload is validated completely here, then applied by the
+//! NGSI write ([`weft_pipeline::ngsi_write::NgsiWriter::batch`]), which
+//! gathers what failed into Orion's one text.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
-use weft_model::ngsi::{self, Entity, NgsiError, UpdateOptions};
+use weft_model::ngsi::{self, NgsiError};
 use weft_pipeline::context::EntityFilter;
 
 use super::entities::{listing_response, Listing};
 use super::error::{Error, Result};
-use super::now_ms;
 use super::params::{json_body, order_by, Params};
 use super::query_body;
 use super::tenant::{ServicePath, Tenant, WriteOp};
 use crate::AppState;
-
-/// The `actionType` of a batch update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Append,
-    AppendStrict,
-    Update,
-    Delete,
-    Replace,
-}
-
-impl Action {
-    fn parse(s: &str) -> Result<Action> {
-        // The upper-case names are NGSIv1's, still accepted (deprecated).
-        Ok(match s {
-            "append" | "APPEND" => Action::Append,
-            "appendStrict" | "APPEND_STRICT" => Action::AppendStrict,
-            "update" | "UPDATE" => Action::Update,
-            "delete" | "DELETE" => Action::Delete,
-            "replace" | "REPLACE" => Action::Replace,
-            _ => {
-                return Err(Error::bad_request(
-                    "invalid update action type: right ones are: append, appendStric, delete, replace, update",
-                ))
-            }
-        })
-    }
-}
+use weft_pipeline::ngsi_write::{BatchAction, BatchItem};
 
 /// Orion's "Notify" operation (`POST /v2/op/notify`): a notification
 /// from another broker, `{"subscriptionId", "data": [entities]}`, applied
@@ -65,17 +35,24 @@ pub async fn notify(
     let options = params.options()?;
     let value = json_body(&headers, &body)?;
     let items = notification_items(&value, options.key_values)?;
-    let opts = options.update();
-    for item in items {
-        apply(&state, &tenant, &sp, &path, Action::Append, item, opts).await?;
-    }
+    state
+        .services
+        .ngsi_writer
+        .batch(
+            &sp.tenancy(tenant),
+            &path,
+            BatchAction::Append,
+            items,
+            options.update(),
+        )
+        .await?;
     Ok(StatusCode::OK.into_response())
 }
 
 /// The entities of an Orion notification, checked as Orion's
 /// `parseNotification` checks them (both fields present, then each field
 /// in the order written), with its texts.
-fn notification_items(value: &Value, key_values: bool) -> Result<Vec<Item>> {
+fn notification_items(value: &Value, key_values: bool) -> Result<Vec<BatchItem>> {
     let Value::Object(obj) = value else {
         return Err(NgsiError::parse_error().into());
     };
@@ -103,7 +80,7 @@ fn notification_items(value: &Value, key_values: bool) -> Result<Vec<Item>> {
                             "notification data vector item must be a JSON Object",
                         ));
                     }
-                    items.push(parse_item(e, Action::Append, key_values)?);
+                    items.push(parse_item(e, BatchAction::Append, key_values)?);
                 }
             }
             ("data", _) => return Err(Error::bad_request("/data/ must be a JSON Array")),
@@ -115,25 +92,6 @@ fn notification_items(value: &Value, key_values: bool) -> Result<Vec<Item>> {
         }
     }
     Ok(items)
-}
-
-/// One entity of the payload, parsed.
-struct Item {
-    /// The entity as given (type `Thing` when none was).
-    entity: Entity,
-    /// Whether the payload named the type (lookups then use it).
-    typed: bool,
-    /// Attribute names given (for `delete`).
-    names: Vec<String>,
-}
-
-/// What failed for one entity.
-enum Failure {
-    /// The entity does not exist.
-    Entity,
-    /// These attributes were refused; the flag says whether others of
-    /// the entity were applied.
-    Attrs(Vec<String>, bool),
 }
 
 /// Orion's "Update" batch operation (`POST /v2/op/update`).
@@ -167,7 +125,7 @@ pub async fn update(
                 "Invalid JSON payload, mandatory field /actionType/ not found",
             ))
         }
-        Some(Value::String(s)) => Action::parse(s)?,
+        Some(Value::String(s)) => BatchAction::parse(s)?,
         Some(_) => return Err(NgsiError::parse_error().into()),
     };
     let entities = match obj.get("entities") {
@@ -186,61 +144,15 @@ pub async fn update(
     for e in entities {
         items.push(parse_item(e, action, options.key_values)?);
     }
-    let opts = options.update();
-    let mut failures: Vec<(String, Option<String>, Failure)> = Vec::new();
-    let mut applied = false;
-    let mut all_missing = !items.is_empty();
-    for item in items {
-        let label_type = item.typed.then(|| item.entity.entity_type.clone());
-        let id = item.entity.id.clone();
-        match apply(&state, &tenant, &sp, &path, action, item, opts).await? {
-            None => {
-                applied = true;
-                all_missing = false;
-            }
-            Some(Failure::Entity) => failures.push((id, label_type, Failure::Entity)),
-            Some(Failure::Attrs(names, some_applied)) => {
-                all_missing = false;
-                applied |= some_applied;
-                failures.push((id, label_type, Failure::Attrs(names, some_applied)));
-            }
-        }
-    }
-    if failures.is_empty() {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    }
-    let prefix = if action == Action::AppendStrict {
-        "one or more of the attributes in the request already exist: "
-    } else {
-        "do not exist: "
-    };
-    let mut text = String::from(prefix);
-    for (i, (id, t, f)) in failures.iter().enumerate() {
-        if i > 0 {
-            text.push_str(", ");
-        }
-        let label = match t {
-            Some(t) => format!("{id}/{t}"),
-            None => id.clone(),
-        };
-        match f {
-            Failure::Entity if i == 0 => text.push_str(&format!("{label} - [entity itself]")),
-            Failure::Entity => text.push_str(&format!("{label} [entity itself]")),
-            Failure::Attrs(names, _) => {
-                text.push_str(&format!("{label} - [ {} ]", names.join(", ")))
-            }
-        }
-    }
-    Err(Error(if all_missing {
-        NgsiError::new(404, "NotFound", text)
-    } else if applied {
-        NgsiError::partial_update(text)
-    } else {
-        NgsiError::unprocessable(text)
-    }))
+    state
+        .services
+        .ngsi_writer
+        .batch(&sp.tenancy(tenant), &path, action, items, options.update())
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-fn parse_item(e: &Value, action: Action, key_values: bool) -> Result<Item> {
+fn parse_item(e: &Value, action: BatchAction, key_values: bool) -> Result<BatchItem> {
     let Value::Object(obj) = e else {
         return Err(NgsiError::parse_error().into());
     };
@@ -255,7 +167,7 @@ fn parse_item(e: &Value, action: Action, key_values: bool) -> Result<Item> {
         .filter(|k| *k != "id" && *k != "type")
         .cloned()
         .collect();
-    let entity = if action == Action::Delete {
+    let entity = if action == BatchAction::Delete {
         // Attribute values of a delete are ignored (Orion accepts nulls).
         let mut head = Map::new();
         for k in ["id", "type"] {
@@ -267,138 +179,11 @@ fn parse_item(e: &Value, action: Action, key_values: bool) -> Result<Item> {
     } else {
         ngsi::parse_entity(e, key_values)?
     };
-    Ok(Item {
+    Ok(BatchItem {
         entity,
         typed: obj.contains_key("type"),
         names,
     })
-}
-
-/// Applies the action to one entity: `None` when it fully succeeded. An
-/// `update` of attributes the entity lacks locally goes to the context
-/// providers registered for them (see [`super::forward::update`]).
-async fn apply(
-    state: &AppState,
-    tenant: &str,
-    sp: &ServicePath,
-    path: &str,
-    action: Action,
-    mut item: Item,
-    opts: UpdateOptions,
-) -> Result<Option<Failure>> {
-    let context = &state.services.context;
-    let paths = vec![path.to_string()];
-    let id = item.entity.id.clone();
-    let etype = item.typed.then(|| item.entity.entity_type.clone());
-    let now = now_ms();
-    let local = match context.get(tenant, &paths, &id, etype.as_deref()) {
-        Ok(found) => Some(found.entity),
-        Err(e) if e.status == 404 => None,
-        Err(e) => return Err(e.into()),
-    };
-    let exists = local.is_some();
-    let forwarded = if action == Action::Update {
-        let target = super::forward::Target {
-            tenant,
-            sp,
-            path,
-            id: &id,
-            entity_type: etype.as_deref(),
-        };
-        super::forward::update(state, &target, &mut item.entity.attrs, local.as_ref()).await
-    } else {
-        super::forward::ForwardedUpdate::default()
-    };
-    if forwarded.any() && item.entity.attrs.is_empty() {
-        let applied = forwarded.failed.len() < forwarded.sent.len();
-        return Ok(
-            (!forwarded.failed.is_empty()).then_some(Failure::Attrs(forwarded.failed, applied))
-        );
-    }
-    if !exists {
-        return match action {
-            Action::Append | Action::AppendStrict => {
-                let mut entity = item.entity;
-                ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
-                entity.stamp_created(now);
-                context.create(tenant, path, entity).await?;
-                Ok(None)
-            }
-            _ => Ok(Some(Failure::Entity)),
-        };
-    }
-    let mut attrs = item.entity.attrs;
-    let requested = if action == Action::Delete {
-        item.names.len()
-    } else {
-        attrs.len()
-    };
-    let expires = item.entity.date_expires;
-    let failed = match action {
-        Action::Append | Action::AppendStrict => {
-            let opts = UpdateOptions {
-                append_strict: action == Action::AppendStrict,
-                ..opts
-            };
-            let outcome = context
-                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
-                    ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
-                    let out = ngsi::append(e, attrs, opts, now);
-                    if expires.is_some() {
-                        e.date_expires = expires;
-                    }
-                    Ok(out)
-                })
-                .await?;
-            outcome.failed
-        }
-        Action::Update => {
-            let outcome = context
-                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
-                    ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
-                    Ok(ngsi::update(e, attrs, opts, now))
-                })
-                .await?;
-            outcome.failed
-        }
-        Action::Replace => {
-            context
-                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
-                    ngsi::operators::resolve_operators(None, &mut attrs)?;
-                    let out = ngsi::replace(e, attrs, opts, now);
-                    e.date_expires = expires;
-                    Ok(out)
-                })
-                .await?;
-            Vec::new()
-        }
-        Action::Delete if item.names.is_empty() => {
-            context
-                .delete(tenant, &paths, &id, etype.as_deref())
-                .await?;
-            Vec::new()
-        }
-        Action::Delete => {
-            let names = item.names;
-            context
-                .modify(tenant, &paths, &id, etype.as_deref(), move |e| {
-                    let mut outcome = ngsi::UpdateOutcome::default();
-                    for n in names {
-                        match ngsi::delete_attr(e, &n, now) {
-                            Ok(change) => outcome.changes.push(change),
-                            Err(_) => outcome.failed.push(n),
-                        }
-                    }
-                    Ok(outcome)
-                })
-                .await?
-                .failed
-        }
-    };
-    let some_applied = failed.len() < requested || forwarded.failed.len() < forwarded.sent.len();
-    let mut failed = failed;
-    failed.extend(forwarded.failed);
-    Ok((!failed.is_empty()).then_some(Failure::Attrs(failed, some_applied)))
 }
 
 /// Orion's "Query" batch operation (`POST /v2/op/query`): the entities

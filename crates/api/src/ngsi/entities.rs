@@ -21,8 +21,9 @@ use weft_pipeline::context::{location, EntityFilter, StoredEntity};
 use super::error::{Error, Result};
 use super::params::{json_body, order_by, Options, OrderKey, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
-use super::{check_segment, json_response, now_ms};
+use super::{check_segment, json_response};
 use crate::AppState;
+use weft_pipeline::ngsi_write::Write;
 
 /// What a listing selects and how it shows it; built from URI parameters
 /// (`GET /v2/entities`) or from a query body (`POST /v2/op/query`).
@@ -111,7 +112,7 @@ impl Listing {
 
     /// What the registered context providers give for this listing
     /// (nothing with `options=skipForwarding`); see
-    /// [`super::forward::listing_entities`].
+    /// [`weft_pipeline::forwarding::Providers::listing_entities`].
     pub async fn forwarded(
         &self,
         state: &AppState,
@@ -122,15 +123,16 @@ impl Listing {
             return Vec::new();
         }
         let (limit, offset) = self.page;
-        super::forward::listing_entities(
-            state,
-            tenant,
-            sp,
-            &self.filters,
-            self.attrs.as_deref(),
-            limit.saturating_add(offset),
-        )
-        .await
+        state
+            .services
+            .providers
+            .listing_entities(
+                &sp.tenancy(tenant.to_string()),
+                &self.filters,
+                self.attrs.as_deref(),
+                limit.saturating_add(offset),
+            )
+            .await
     }
 
     /// Runs the listing: the page rendered, and the total count.
@@ -351,7 +353,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response> {
-    let path = sp.for_write(WriteOp::Update)?;
+    // The id and type come from the body, read after the paths.
+    let mut target = sp.target(tenant, WriteOp::Update, String::new(), None)?;
     let options = params.options()?;
     let value = match json_body(&headers, &body) {
         // `id` and `type` are not attributes: Orion takes the last one
@@ -364,37 +367,21 @@ pub async fn create(
         }
         other => other?,
     };
-    let mut entity = ngsi::parse_entity(&value, options.key_values)?;
-    let now = now_ms();
-    entity.stamp_created(now);
+    let entity = ngsi::parse_entity(&value, options.key_values)?;
     let location = format!("/v2/entities/{}?type={}", entity.id, entity.entity_type);
-    let context = &state.services.context;
-    if options.upsert {
-        let paths = vec![path.clone()];
-        let id = entity.id.clone();
-        let etype = entity.entity_type.clone();
-        match context.get(&tenant, &paths, &id, Some(&etype)) {
-            Ok(_) => {
-                let mut attrs = entity.attrs.clone();
-                let opts = options.update();
-                context
-                    .modify(&tenant, &paths, &id, Some(&etype), move |e| {
-                        ngsi::operators::resolve_operators(Some(e), &mut attrs)?;
-                        Ok(ngsi::append(e, attrs, opts, now))
-                    })
-                    .await?;
-            }
-            Err(e) if e.status == 404 => {
-                ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
-                context.create(&tenant, &path, entity).await?
-            }
-            Err(e) => return Err(e.into()),
-        }
-        return Ok((StatusCode::NO_CONTENT, [("location", location)]).into_response());
-    }
-    ngsi::operators::resolve_operators(None, &mut entity.attrs)?;
-    context.create(&tenant, &path, entity).await?;
-    Ok((StatusCode::CREATED, [("location", location)]).into_response())
+    target.id = entity.id.clone();
+    target.entity_type = Some(entity.entity_type.clone());
+    let (write, status) = if options.upsert {
+        (Write::Upsert(entity), StatusCode::NO_CONTENT)
+    } else {
+        (Write::Create(entity), StatusCode::CREATED)
+    };
+    state
+        .services
+        .ngsi_writer
+        .write(&target, write, options.update())
+        .await?;
+    Ok((status, [("location", location)]).into_response())
 }
 
 /// Orion's "Retrieve Entity" (`GET /v2/entities/{id}`).
@@ -409,16 +396,17 @@ pub async fn retrieve(
     let options = params.options()?;
     let attrs = params.list("attrs");
     let metadata = params.list("metadata");
-    let entity = super::forward::retrieve(
-        &state,
-        &tenant,
-        &sp,
-        &id,
-        params.get("type"),
-        attrs.as_deref(),
-        options.skip_forwarding,
-    )
-    .await?;
+    let entity = state
+        .services
+        .providers
+        .retrieve(
+            &sp.tenancy(tenant),
+            &id,
+            params.get("type"),
+            attrs.as_deref(),
+            options.skip_forwarding,
+        )
+        .await?;
     let body = render_entity(
         &entity,
         options.format(),
@@ -437,11 +425,11 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_segment(&id)?;
-    let path = sp.for_write(WriteOp::Delete)?;
+    let target = sp.target(tenant, WriteOp::Delete, id, params.get("type"))?;
     state
         .services
-        .context
-        .delete(&tenant, &[path], &id, params.get("type"))
+        .ngsi_writer
+        .write(&target, Write::Delete, Default::default())
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

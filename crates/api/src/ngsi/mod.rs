@@ -17,8 +17,6 @@ pub mod attrs;
 pub mod batch;
 pub mod entities;
 pub mod error;
-pub mod forward;
-pub mod metrics;
 pub mod params;
 pub mod query_body;
 pub mod registrations;
@@ -40,6 +38,7 @@ use bytes::Bytes;
 use serde_json::json;
 use tower::{Service, ServiceExt};
 use weft_pipeline::context::{Origin, ORIGIN};
+use weft_pipeline::orion_metrics as metrics;
 
 use crate::routes::{get, post, put, Access, Methods, Routes, Scope};
 use crate::{AppState, MAX_BODY_BYTES};
@@ -520,14 +519,6 @@ pub fn check_segment(s: &str) -> Result<(), Error> {
         return Err(Error::bad_request("invalid character in URI"));
     }
     Ok(())
-}
-
-/// Now, in epoch milliseconds (entity and attribute dates).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

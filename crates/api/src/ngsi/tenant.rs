@@ -8,19 +8,11 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use weft_pipeline::context::DEFAULT_TENANT;
+use weft_model::ngsi::{tenancy, NgsiError};
+use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
 
 use super::error::Error;
 use crate::AppState;
-
-/// Longest tenant name Orion accepts.
-const MAX_TENANT_LEN: usize = 50;
-/// Most service paths a read may list.
-const MAX_SERVICE_PATHS: usize = 10;
-/// Most levels one service path may have.
-const MAX_COMPONENTS: usize = 10;
-/// Longest level name.
-const MAX_COMPONENT_LEN: usize = 50;
 
 /// The tenant of a request (`Fiware-Service`, lowercased;
 /// [`DEFAULT_TENANT`] when absent).
@@ -34,8 +26,10 @@ impl FromRequestParts<AppState> for Tenant {
         let Some(raw) = parts.headers.get(&super::FIWARE_SERVICE) else {
             return Ok(Tenant(DEFAULT_TENANT.to_string()));
         };
-        let name = raw.to_str().map_err(|_| bad_tenant_char())?;
-        let tenant = check_tenant(name)?;
+        let name = raw
+            .to_str()
+            .map_err(|_| NgsiError::bad_request(tenancy::BAD_TENANT_CHAR))?;
+        let tenant = tenancy::check_tenant(name)?;
         if !state.ngsi_multiservice {
             // Orion without `-multiservice`: the header is checked, but
             // there is one tenant; it is only passed on to notifications.
@@ -43,25 +37,6 @@ impl FromRequestParts<AppState> for Tenant {
         }
         Ok(Tenant(tenant))
     }
-}
-
-fn bad_tenant_char() -> Error {
-    Error::bad_request(
-        "bad character in tenant name - only underscore and alphanumeric characters are allowed",
-    )
-}
-
-/// Validates a tenant name and returns it lowercased.
-pub fn check_tenant(name: &str) -> Result<String, Error> {
-    if name.len() > MAX_TENANT_LEN {
-        return Err(Error::bad_request(
-            "bad length - a tenant name can be max 50 characters long",
-        ));
-    }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-        return Err(bad_tenant_char());
-    }
-    Ok(name.to_ascii_lowercase())
 }
 
 /// The validated `Fiware-ServicePath` header: `None` when absent.
@@ -87,61 +62,42 @@ impl<S: Send + Sync> FromRequestParts<S> for ServicePath {
         let Some(raw) = parts.headers.get(&super::FIWARE_SERVICEPATH) else {
             return Ok(ServicePath(None));
         };
-        let raw = raw.to_str().map_err(|_| illegal_char())?;
-        parse_service_paths(raw).map(|p| ServicePath(Some(p)))
+        let raw = raw
+            .to_str()
+            .map_err(|_| NgsiError::bad_request(tenancy::ILLEGAL_CHAR))?;
+        Ok(ServicePath(Some(tenancy::parse_service_paths(raw)?)))
     }
-}
-
-fn illegal_char() -> Error {
-    Error::bad_request("a component of ServicePath contains an illegal character")
-}
-
-/// Parses a `Fiware-ServicePath` value into normalized paths (no trailing
-/// `/` except for the root).
-pub fn parse_service_paths(raw: &str) -> Result<Vec<String>, Error> {
-    let paths: Vec<&str> = raw.split(',').map(str::trim).collect();
-    if paths.len() > MAX_SERVICE_PATHS {
-        return Err(Error::bad_request(
-            "too many service paths - a maximum of ten service paths is allowed",
-        ));
-    }
-    paths.into_iter().map(parse_one).collect()
-}
-
-fn parse_one(path: &str) -> Result<String, Error> {
-    if path.is_empty() {
-        return Ok("/".to_string());
-    }
-    let Some(rest) = path.strip_prefix('/') else {
-        return Err(Error::bad_request(
-            "Only /absolute/ Service Paths allowed [a service path must begin with /]",
-        ));
-    };
-    if rest.is_empty() {
-        return Ok("/".to_string());
-    }
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    let components: Vec<&str> = rest.split('/').collect();
-    if components.len() > MAX_COMPONENTS {
-        return Err(Error::bad_request("too many components in ServicePath"));
-    }
-    let last = components.len() - 1;
-    for (i, c) in components.iter().enumerate() {
-        if c.is_empty() {
-            return Err(Error::bad_request("empty component in ServicePath"));
-        }
-        if c.len() > MAX_COMPONENT_LEN {
-            return Err(Error::bad_request("component-name too long in ServicePath"));
-        }
-        let wildcard = i == last && *c == "#";
-        if !wildcard && !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(illegal_char());
-        }
-    }
-    Ok(format!("/{rest}"))
 }
 
 impl ServicePath {
+    /// Where a request of `tenant` with these paths looks, and what its
+    /// forwards repeat.
+    pub fn tenancy(&self, tenant: String) -> Tenancy {
+        Tenancy {
+            tenant,
+            received: self.received(),
+            read_paths: self.for_read(),
+        }
+    }
+
+    /// The entity a write addresses: `id` (and `entity_type`) in the one
+    /// path the write goes to (refused as [`ServicePath::for_write`]
+    /// refuses).
+    pub fn target(
+        &self,
+        tenant: String,
+        op: WriteOp,
+        id: String,
+        entity_type: Option<&str>,
+    ) -> Result<Target, Error> {
+        Ok(Target {
+            path: self.for_write(op)?,
+            tenancy: self.tenancy(tenant),
+            id,
+            entity_type: entity_type.map(str::to_string),
+        })
+    }
+
     /// The header as received (its paths joined by `,`), which forwarded
     /// requests repeat; `None` when the request had none.
     pub fn received(&self) -> Option<String> {
@@ -184,32 +140,5 @@ impl ServicePath {
             }));
         }
         Ok(path)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn service_paths_follow_orions_rules() {
-        assert_eq!(parse_service_paths("/a/b/").unwrap(), ["/a/b"]);
-        assert_eq!(parse_service_paths("/a, /b/#").unwrap(), ["/a", "/b/#"]);
-        assert_eq!(parse_service_paths("/").unwrap(), ["/"]);
-        let err = |s: &str| parse_service_paths(s).unwrap_err().0.description;
-        assert_eq!(err("//a"), "empty component in ServicePath");
-        assert_eq!(err("/a/b//"), "empty component in ServicePath");
-        assert_eq!(
-            err("/test.2"),
-            "a component of ServicePath contains an illegal character"
-        );
-        assert!(err("a").starts_with("Only /absolute/"));
-    }
-
-    #[test]
-    fn tenant_names() {
-        assert_eq!(check_tenant("Tenant_1").unwrap(), "tenant_1");
-        assert!(check_tenant("a-b").is_err());
-        assert!(check_tenant(&"x".repeat(51)).is_err());
     }
 }

@@ -38,6 +38,7 @@ pub mod parse;
 pub mod registration;
 pub mod render;
 pub mod subscription;
+pub mod tenancy;
 pub mod update;
 
 pub use change::{Alteration, EntityChange, Origin};

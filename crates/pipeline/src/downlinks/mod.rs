@@ -573,8 +573,8 @@ impl Downlinks {
     }
 
     /// Sets `<command>_status` (and `<command>_info` when given) on the
-    /// device's entity, creating the attributes if missing. A device
-    /// without an entity yet (it never sent an uplink) is skipped.
+    /// device's entity, creating the attributes, or the entity itself for
+    /// a device that never sent an uplink.
     async fn set_command_attrs(
         &self,
         device_id: &str,
@@ -602,34 +602,26 @@ impl Downlinks {
             );
         }
         let now = now_ms();
+        let mut entity = ngsi::Entity::new(device_id.to_string(), &entity_type);
+        entity.attrs = attrs;
+        // No entity yet: it is created with the status, as the IoT Agents
+        // provision the entity before any measure.
         let result = self
             .context
-            .modify(
+            .upsert(
                 DEFAULT_TENANT,
-                &["/".to_string()],
-                device_id,
+                "/",
                 Some(&entity_type),
-                move |e| Ok(ngsi::append(e, attrs, Default::default(), now)),
+                entity,
+                |new| {
+                    new.stamp_created(now);
+                    Ok(())
+                },
+                |e, attrs| Ok(ngsi::append(e, attrs, Default::default(), now)),
             )
             .await;
         if let Err(error) = result {
-            if error.status == 404 {
-                // No entity yet: create it with the status, as the IoT
-                // Agents provision the entity before any measure.
-                let mut entity = ngsi::Entity::new(device_id.to_string(), &entity_type);
-                let mut attrs = AttrMap::new();
-                attrs.insert(
-                    format!("{command}_status"),
-                    Attribute::new(json!(status), "commandStatus"),
-                );
-                ngsi::append(&mut entity, attrs, Default::default(), now);
-                entity.stamp_created(now);
-                if let Err(error) = self.context.create(DEFAULT_TENANT, "/", entity).await {
-                    tracing::debug!(device = device_id, command, error = %error.description, "command status not set");
-                }
-            } else {
-                tracing::warn!(device = device_id, command, error = %error.description, "command status not set");
-            }
+            tracing::warn!(device = device_id, command, error = %error.description, "command status not set");
         }
     }
 }

@@ -43,31 +43,19 @@ fn attributes(a: &Alarm) -> AttrMap {
 /// Creates or updates the alarm's entity.
 pub(super) async fn upsert(context: &Context, alarm: &Alarm) -> Result<(), NgsiError> {
     let now = weft_model::now_ms();
-    match update(context, alarm, now).await {
-        Err(e) if e.status == 404 => {
-            let mut entity = Entity::new(alarm.id.clone(), ALARM_ENTITY_TYPE);
-            entity.attrs = attributes(alarm);
-            entity.stamp_created(now);
-            match context.create(DEFAULT_TENANT, "/", entity).await {
-                // Created meanwhile by a concurrent change: update it.
-                Err(e) if e.status == 422 => update(context, alarm, now).await,
-                other => other,
-            }
-        }
-        other => other,
-    }
-}
-
-/// Writes the alarm's attributes into its existing entity.
-async fn update(context: &Context, alarm: &Alarm, now: i64) -> Result<(), NgsiError> {
-    let paths = ["/".to_string()];
+    let mut entity = Entity::new(alarm.id.clone(), ALARM_ENTITY_TYPE);
+    entity.attrs = attributes(alarm);
     context
-        .modify(
+        .upsert(
             DEFAULT_TENANT,
-            &paths,
-            &alarm.id,
+            "/",
             Some(ALARM_ENTITY_TYPE),
-            |e| Ok(append(e, attributes(alarm), Default::default(), now)),
+            entity,
+            |new| {
+                new.stamp_created(now);
+                Ok(())
+            },
+            |e, attrs| Ok(append(e, attrs, Default::default(), now)),
         )
         .await
         .map(|_| ())

@@ -319,8 +319,6 @@ mod tests {
 
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
-    use tokio_util::task::TaskTracker;
-    use weft_engine::{Engine, EngineConfig};
     use weft_model::{Device, DeviceType, UplinkFormat};
     use weft_store::Store;
 
@@ -329,26 +327,7 @@ mod tests {
 
     /// The services on a temporary SQLite store and the in-process bus.
     async fn services(dir: &std::path::Path) -> (Services, Arc<dyn Store>, CancellationToken) {
-        let store: Arc<dyn Store> = Arc::new(
-            weft_store::sqlite::SqliteStore::open(weft_store::sqlite::SqliteConfig {
-                path: dir.join("weft.db"),
-                ..Default::default()
-            })
-            .unwrap(),
-        );
-        let bus = Arc::new(weft_bus::in_process::InProcessBus::default());
-        let shutdown = CancellationToken::new();
-        let services = Services::start(
-            store.clone(),
-            bus,
-            Engine::start(EngineConfig::default()),
-            ServicesConfig::default(),
-            shutdown.clone(),
-            &TaskTracker::new(),
-        )
-        .await
-        .unwrap();
-        (services, store, shutdown)
+        crate::testkit::start_in(dir, ServicesConfig::default()).await
     }
 
     fn uplink(format: UplinkFormat, body: Value, pins: UplinkPins) -> NewUplink {

@@ -3,13 +3,17 @@
 //! [`crate::registrations::Registrations::providers`]) is sent to the
 //! provider as NGSIv2 (`POST <url>/op/query`, `POST <url>/op/update`) by a
 //! [`Forwarder`], and the answer is read back into entities or an update
-//! outcome. Deciding what to forward and merging the answers is the NGSI
-//! surface's job; this module only talks to providers.
+//! outcome. Deciding what to forward and merging the answers is
+//! [`providers`]'s job; this file only talks to providers.
 //!
 //! A provider is someone else's server: every request has a deadline
 //! ([`Forwarder::timeout`]), an answer is read up to
 //! [`MAX_ANSWER_BYTES`], and whatever comes back that is not what NGSIv2
 //! promises is a [`ForwardError`], never a panic.
+
+mod providers;
+
+pub use providers::{ForwardedUpdate, Providers, MAX_FORWARDS};
 
 use std::time::Duration;
 

@@ -3,11 +3,12 @@
 //! requests the NGSI surface served, their sizes, errors and average
 //! service time, and how many requests it sent to context providers.
 //!
-//! The counters are process-wide, as Orion's are: the surface records
-//! every request it answers ([`record_incoming`]) and forwarding records
-//! what it sends ([`record_outgoing`]), both from places that hold no
-//! shared state of their own, so the table is one static behind a mutex
-//! (one short lock per request). weft's Prometheus metrics at `/metrics`
+//! The counters are process-wide, as Orion's are: the NGSI surface
+//! records every request it answers ([`record_incoming`]) and forwarding
+//! ([`crate::forwarding`]) what it sends ([`record_outgoing`]), both from
+//! places that hold no shared state of their own, so the table is one
+//! static behind a mutex (one short lock per request). weft's Prometheus
+//! metrics at `/metrics`
 //! are the richer view; this one exists for Orion's tooling.
 //!
 //! Outgoing transactions count forwards to context providers;
@@ -127,12 +128,12 @@ fn table() -> MutexGuard<'static, Table> {
 pub fn keys(service: Option<&str>, service_path: Option<&str>) -> Option<Keys> {
     let service = match service {
         None | Some("") => Cow::Borrowed(DEFAULT_SERVICE),
-        Some(s) => Cow::Owned(super::tenant::check_tenant(s).ok()?),
+        Some(s) => Cow::Owned(weft_model::ngsi::tenancy::check_tenant(s).ok()?),
     };
     let subservice = match service_path {
         None => Cow::Borrowed(ROOT_SUBSERVICE),
         Some(raw) => {
-            let first = super::tenant::parse_service_paths(raw)
+            let first = weft_model::ngsi::tenancy::parse_service_paths(raw)
                 .ok()?
                 .into_iter()
                 .next()?;
