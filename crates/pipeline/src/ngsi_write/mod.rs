@@ -211,10 +211,8 @@ impl NgsiWriter {
                 Ok(locally(UpdateOutcome::default()))
             }
             Write::DeleteAttr(name) => {
-                let change = context
-                    .modify(tenant, paths, id, etype, |e| {
-                        ngsi::delete_attr(e, &name, now)
-                    })
+                let change = self
+                    .modify(target, |e| ngsi::delete_attr(e, &name, now))
                     .await?;
                 Ok(locally(UpdateOutcome {
                     changes: vec![change],
@@ -223,8 +221,8 @@ impl NgsiWriter {
                 }))
             }
             Write::DeleteAttrs(names) => {
-                let outcome = context
-                    .modify(tenant, paths, id, etype, |e| {
+                let outcome = self
+                    .modify(target, |e| {
                         let mut outcome = UpdateOutcome {
                             requested: names.len(),
                             ..UpdateOutcome::default()
@@ -241,8 +239,8 @@ impl NgsiWriter {
                 Ok(locally(outcome))
             }
             Write::Replace(mut attrs) => {
-                let outcome = context
-                    .modify(tenant, paths, id, etype, |e| {
+                let outcome = self
+                    .modify(target, |e| {
                         operators::resolve_operators(None, &mut attrs)?;
                         Ok(ngsi::replace(e, attrs, opts, now))
                     })
@@ -314,21 +312,14 @@ impl NgsiWriter {
         }
         let now = now_ms();
         written.outcome = self
-            .context
-            .modify(
-                &target.tenancy.tenant,
-                std::slice::from_ref(&target.path),
-                &target.id,
-                target.entity_type.as_deref(),
-                |e| {
-                    operators::resolve_operators(Some(e), &mut attrs)?;
-                    Ok(if update {
-                        ngsi::update(e, attrs, opts, now)
-                    } else {
-                        ngsi::append(e, attrs, opts, now)
-                    })
-                },
-            )
+            .modify(target, |e| {
+                operators::resolve_operators(Some(e), &mut attrs)?;
+                Ok(if update {
+                    ngsi::update(e, attrs, opts, now)
+                } else {
+                    ngsi::append(e, attrs, opts, now)
+                })
+            })
             .await?;
         written.applied_locally = true;
         self.send_commands(&target.id, commands).await?;
@@ -377,35 +368,28 @@ impl NgsiWriter {
         }
         let now = now_ms();
         let change = self
-            .context
-            .modify(
-                &target.tenancy.tenant,
-                std::slice::from_ref(&target.path),
-                &target.id,
-                target.entity_type.as_deref(),
-                |e| match one {
-                    One::Attr(mut attr) => {
-                        if !operators::resolve_attr(e.attrs.get(&name), &mut attr)? {
-                            return Err(NgsiError::attribute_not_found());
-                        }
-                        ngsi::update_attr(e, &name, attr, opts, now)
+            .modify(target, |e| match one {
+                One::Attr(mut attr) => {
+                    if !operators::resolve_attr(e.attrs.get(&name), &mut attr)? {
+                        return Err(NgsiError::attribute_not_found());
                     }
-                    One::Value(value) => {
-                        let value = if operators::is_operator(&value) {
-                            let current = e.attrs.get(&name).map(|a| &a.value);
-                            match operators::apply(current, &value)? {
-                                operators::Resolved::Value(v) => v,
-                                operators::Resolved::Skip => {
-                                    return Err(NgsiError::attribute_not_found())
-                                }
+                    ngsi::update_attr(e, &name, attr, opts, now)
+                }
+                One::Value(value) => {
+                    let value = if operators::is_operator(&value) {
+                        let current = e.attrs.get(&name).map(|a| &a.value);
+                        match operators::apply(current, &value)? {
+                            operators::Resolved::Value(v) => v,
+                            operators::Resolved::Skip => {
+                                return Err(NgsiError::attribute_not_found())
                             }
-                        } else {
-                            value
-                        };
-                        ngsi::set_attr_value(e, &name, value, opts, now)
-                    }
-                },
-            )
+                        }
+                    } else {
+                        value
+                    };
+                    ngsi::set_attr_value(e, &name, value, opts, now)
+                }
+            })
             .await?;
         Ok(Written {
             applied_locally: true,
@@ -416,6 +400,23 @@ impl NgsiWriter {
             },
             ..Written::default()
         })
+    }
+
+    /// Changes the entity `target` names ([`Context::modify`]).
+    async fn modify<T: crate::context::Touched>(
+        &self,
+        target: &Target,
+        change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
+    ) -> Result<T, NgsiError> {
+        self.context
+            .modify(
+                &target.tenancy.tenant,
+                std::slice::from_ref(&target.path),
+                &target.id,
+                target.entity_type.as_deref(),
+                change,
+            )
+            .await
     }
 
     /// The command attributes of a device's entity, taken out of `attrs`.
