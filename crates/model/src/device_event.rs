@@ -16,7 +16,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::mapping::get_path;
 use crate::UplinkFormat;
 
 /// One event a network server reported about a device, as kept: its kind,
@@ -41,6 +40,13 @@ pub struct DeviceEvent {
     /// TTN `received_at`), epoch ms; absent when the body has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<i64>,
+    /// The fields a user looks for in an event of its kind, named as
+    /// ChirpStack names them whichever server sent the event (a join's
+    /// `devAddr`, a status's `batteryLevel`, …): read from the body by the
+    /// network server's module in the pipeline, which knows where its
+    /// messages keep them.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub fields: Map<String, Value>,
     /// The body as received.
     pub body: Value,
 }
@@ -71,6 +77,7 @@ impl DeviceEvent {
             source: format.as_str().to_string(),
             received_at,
             time: time.and_then(|t| crate::ngsi::parse_datetime(&t)),
+            fields: Map::new(),
             body,
         })
     }
@@ -91,14 +98,8 @@ impl DeviceEvent {
         }
     }
 
-    /// The device-state entry of this event: its name and times, and the
-    /// fields a user looks for in that kind (a join's `devAddr`; a
-    /// status's `batteryLevel`, `batteryLevelUnavailable`, `margin`,
-    /// `externalPowerSource`; a location's `latitude`, `longitude`,
-    /// `altitude`, `accuracy`, `source`; an ack's `acknowledged` and
-    /// `fCntDown`; a txack's `fCntDown` and `gatewayId`; a log's `level`,
-    /// `code`, `description`), in ChirpStack's names whichever server sent
-    /// it. Fields the body lacks are left out.
+    /// The device-state entry of this event: its name and times, and its
+    /// [`fields`](DeviceEvent::fields).
     pub fn summary(&self) -> Value {
         let mut out = Map::new();
         out.insert("event".into(), self.event.clone().into());
@@ -106,63 +107,7 @@ impl DeviceEvent {
             out.insert("time".into(), t.into());
         }
         out.insert("receivedAt".into(), self.received_at.into());
-        let ttn = self.source == UplinkFormat::Ttn.as_str();
-        let b = &self.body;
-        let copy = |out: &mut Map<String, Value>, name: &str, path: &str| {
-            if let Some(v) = get_path(b, path).filter(|v| !v.is_null()) {
-                out.insert(name.to_string(), v.clone());
-            }
-        };
-        match (self.kind(), ttn) {
-            ("join", false) => copy(&mut out, "devAddr", "devAddr"),
-            ("join", true) => copy(&mut out, "devAddr", "end_device_ids.dev_addr"),
-            ("status", _) => {
-                for f in [
-                    "batteryLevel",
-                    "batteryLevelUnavailable",
-                    "margin",
-                    "externalPowerSource",
-                ] {
-                    copy(&mut out, f, f);
-                }
-            }
-            ("location", _) => {
-                let base = if ttn {
-                    "location_solved.location"
-                } else {
-                    "location"
-                };
-                for f in ["latitude", "longitude", "altitude", "accuracy", "source"] {
-                    copy(&mut out, f, &format!("{base}.{f}"));
-                }
-            }
-            ("ack", false) => {
-                copy(&mut out, "acknowledged", "acknowledged");
-                copy(&mut out, "fCntDown", "fCntDown");
-                copy(&mut out, "queueItemId", "queueItemId");
-            }
-            ("ack", true) => {
-                let (field, acked) = if self.event == "downlink_nack" {
-                    ("downlink_nack", false)
-                } else {
-                    ("downlink_ack", true)
-                };
-                out.insert("acknowledged".into(), acked.into());
-                copy(&mut out, "fCntDown", &format!("{field}.f_cnt"));
-            }
-            ("txack", false) => {
-                copy(&mut out, "fCntDown", "fCntDown");
-                copy(&mut out, "gatewayId", "gatewayId");
-                copy(&mut out, "queueItemId", "queueItemId");
-            }
-            ("txack", true) => copy(&mut out, "fCntDown", "downlink_sent.f_cnt"),
-            ("log", _) => {
-                for f in ["level", "code", "description"] {
-                    copy(&mut out, f, f);
-                }
-            }
-            _ => {}
-        }
+        out.extend(self.fields.clone());
         Value::Object(out)
     }
 }
@@ -182,37 +127,34 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn summaries_use_chirpstacks_names_for_both_servers() {
-        let cs = DeviceEvent::of(
+    fn summaries_hold_the_times_and_the_fields() {
+        let mut cs = DeviceEvent::of(
             UplinkFormat::ChirpStack,
             "status",
             Some("0101".into()),
             Some("2026-03-01T10:00:00Z".into()),
-            json!({"time": "2026-03-01T10:00:00Z", "deviceInfo": {"devEui": "0101"},
-                   "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false}),
+            json!({"time": "2026-03-01T10:00:00Z", "deviceInfo": {"devEui": "0101"}, "margin": 7}),
             3,
             5,
         )
         .unwrap();
         assert_eq!(cs.kind(), "status");
+        cs.fields.insert("margin".into(), json!(7));
         assert_eq!(
             cs.summary(),
-            json!({"event": "status", "time": 1_772_359_200_000i64, "receivedAt": 5,
-                   "margin": 7, "batteryLevel": 75.5, "externalPowerSource": false})
+            json!({"event": "status", "time": 1_772_359_200_000i64, "receivedAt": 5, "margin": 7})
         );
         let ttn = DeviceEvent::of(
             UplinkFormat::Ttn,
             "join_accept",
             Some("eui-1".into()),
             None,
-            json!({"end_device_ids": {"device_id": "eui-1", "dev_addr": "260B1234"},
-                   "join_accept": {"session_key_id": "AX"}}),
+            json!({}),
             4,
             6,
         )
         .unwrap();
         assert_eq!(ttn.kind(), "join");
-        assert_eq!(ttn.summary()["devAddr"], "260B1234");
         assert!(DeviceEvent::of(
             UplinkFormat::Ttn,
             "join_accept",

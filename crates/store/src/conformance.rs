@@ -1072,16 +1072,20 @@ where
 pub(crate) fn device_event(seq: u64, device: &str, event: &str, body: Value) -> DeviceEvent {
     let mut body = body;
     body["deviceInfo"] = json!({"devEui": device});
-    DeviceEvent::of(
+    let mut made = DeviceEvent::of(
         UplinkFormat::ChirpStack,
         event,
         Some(device.to_string()),
         None,
-        body,
+        body.clone(),
         seq,
         1_000 + seq as i64,
     )
-    .unwrap()
+    .unwrap();
+    // What the pipeline reads out of the body: here, all of it.
+    made.fields = body.as_object().cloned().unwrap_or_default();
+    made.fields.remove("deviceInfo");
+    made
 }
 
 /// Device events commit with the pipeline's batch: a replay (same log

@@ -6,12 +6,12 @@
 //! uplink, any other a device event. Its REST API, configured in weft, is
 //! the way back to a device whose uplinks came from it.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
 use weft_model::DownlinkRoute;
 
-use super::{Envelope, Header, NetworkServer};
+use super::{copy_fields, Envelope, Header, NetworkServer};
 use crate::decode::base64_bytes;
 
 /// ChirpStack.
@@ -45,6 +45,33 @@ impl NetworkServer for ChirpStack {
 
     fn event_time(&self, body: &Value) -> Option<String> {
         get_path(body, "time").and_then(value_as_id)
+    }
+
+    /// ChirpStack's events carry the fields at the top of the body, under
+    /// the names weft shows.
+    fn event_fields(&self, kind: &str, _event: &str, body: &Value) -> Map<String, Value> {
+        let names: &[&str] = match kind {
+            "join" => &["devAddr"],
+            "status" => &[
+                "batteryLevel",
+                "batteryLevelUnavailable",
+                "margin",
+                "externalPowerSource",
+            ],
+            "location" => {
+                let mut out = Map::new();
+                let fields = ["latitude", "longitude", "altitude", "accuracy", "source"];
+                copy_fields(&mut out, body, fields.map(|f| (f, format!("location.{f}"))));
+                return out;
+            }
+            "ack" => &["acknowledged", "fCntDown", "queueItemId"],
+            "txack" => &["fCntDown", "gatewayId", "queueItemId"],
+            "log" => &["level", "code", "description"],
+            _ => &[],
+        };
+        let mut out = Map::new();
+        copy_fields(&mut out, body, names.iter().map(|f| (*f, f.to_string())));
+        out
     }
 
     /// `application/{id}/device/{devEui}/event/up`, answered on
@@ -129,5 +156,31 @@ mod tests {
             ChirpStack.mqtt_route("s", "application/a1/device/0102/event/join", Some(&cs)),
             None
         );
+    }
+
+    /// ChirpStack's events keep their fields where weft shows them from;
+    /// null ones are left out.
+    #[test]
+    fn event_fields_are_read_where_chirpstack_keeps_them() {
+        let status = json!({"deviceInfo": {"devEui": "0101"}, "margin": 7, "batteryLevel": 75.5,
+                            "externalPowerSource": false, "batteryLevelUnavailable": null});
+        assert_eq!(
+            ChirpStack.event_fields("status", "status", &status),
+            json!({"margin": 7, "batteryLevel": 75.5, "externalPowerSource": false})
+                .as_object()
+                .cloned()
+                .unwrap()
+        );
+        let location = json!({"location": {"latitude": 1.5, "longitude": 2.5}});
+        assert_eq!(
+            ChirpStack.event_fields("location", "location", &location),
+            json!({"latitude": 1.5, "longitude": 2.5})
+                .as_object()
+                .cloned()
+                .unwrap()
+        );
+        assert!(ChirpStack
+            .event_fields("integration", "integration", &status)
+            .is_empty());
     }
 }

@@ -65,6 +65,19 @@ pub trait NetworkServer: Sync {
         None
     }
 
+    /// The fields a user looks for in an event of `kind` (see
+    /// [`DeviceEvent::kind`]; `event` is its name as sent), named as
+    /// ChirpStack names them whichever server sent it: a join's
+    /// `devAddr`; a status's `batteryLevel`, `batteryLevelUnavailable`,
+    /// `margin`, `externalPowerSource`; a location's `latitude`,
+    /// `longitude`, `altitude`, `accuracy`, `source`; an ack's
+    /// `acknowledged` and `fCntDown`; a txack's `fCntDown` and
+    /// `gatewayId`; a log's `level`, `code`, `description`. Fields the
+    /// body lacks are left out.
+    fn event_fields(&self, _kind: &str, _event: &str, _body: &Value) -> Map<String, Value> {
+        Map::new()
+    }
+
     /// The device an uplink received on MQTT `topic` (through source
     /// `source`, or the embedded broker) is from and the way back to it
     /// over the same connection; `body` is the message's JSON body, when
@@ -157,7 +170,7 @@ pub(crate) fn device_event(
     let u = &uplink.uplink;
     let server = server(u.format);
     let event = server.event(u.event.as_deref(), body)?;
-    Some(DeviceEvent::of(
+    let made = DeviceEvent::of(
         u.format,
         &event,
         server.device(body),
@@ -165,7 +178,25 @@ pub(crate) fn device_event(
         body.clone(),
         uplink.seq,
         u.received_at,
-    ))
+    );
+    Some(made.map(|mut e| {
+        e.fields = server.event_fields(e.kind(), &e.event, &e.body);
+        e
+    }))
+}
+
+/// Copies the values of `body` at each (name, path) of `wanted` into
+/// `out` under their names; missing and null values are left out.
+fn copy_fields<'a>(
+    out: &mut Map<String, Value>,
+    body: &Value,
+    wanted: impl IntoIterator<Item = (&'a str, String)>,
+) {
+    for (name, path) in wanted {
+        if let Some(v) = weft_model::mapping::get_path(body, &path).filter(|v| !v.is_null()) {
+            out.insert(name.to_string(), v.clone());
+        }
+    }
 }
 
 /// The device an uplink names before it is decoded — the one its

@@ -8,12 +8,12 @@
 //! message field. The webhook's `X-Downlink-Push`, `X-Downlink-Replace`
 //! and `X-Downlink-Apikey` headers are the way back.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
 use weft_model::DownlinkRoute;
 
-use super::{is_url, Envelope, Header, NetworkServer};
+use super::{copy_fields, is_url, Envelope, Header, NetworkServer};
 use crate::decode::base64_bytes;
 
 /// The fields of a message that say which device and when, not what
@@ -93,6 +93,40 @@ impl NetworkServer for Ttn {
 
     fn event_time(&self, body: &Value) -> Option<String> {
         get_path(body, "received_at").and_then(value_as_id)
+    }
+
+    /// The Things Stack keeps a join's address with the device's ids, a
+    /// solved location under `location_solved.location`, and a downlink's
+    /// counter in its ack, nack or sent message; whether it was
+    /// acknowledged is the message's name.
+    fn event_fields(&self, kind: &str, event: &str, body: &Value) -> Map<String, Value> {
+        let mut out = Map::new();
+        match kind {
+            "join" => copy_fields(
+                &mut out,
+                body,
+                [("devAddr", "end_device_ids.dev_addr".to_string())],
+            ),
+            "location" => {
+                let fields = ["latitude", "longitude", "altitude", "accuracy", "source"];
+                copy_fields(
+                    &mut out,
+                    body,
+                    fields.map(|f| (f, format!("location_solved.location.{f}"))),
+                );
+            }
+            "ack" => {
+                out.insert("acknowledged".into(), (event != "downlink_nack").into());
+                copy_fields(&mut out, body, [("fCntDown", format!("{event}.f_cnt"))]);
+            }
+            "txack" => copy_fields(
+                &mut out,
+                body,
+                [("fCntDown", "downlink_sent.f_cnt".to_string())],
+            ),
+            _ => {}
+        }
+        out
     }
 
     /// `v3/{app}@{tenant}/devices/{dev}/up`, answered on `…/down/push`;
@@ -223,6 +257,33 @@ mod tests {
                     api_key: Some("NNSXS.K".into())
                 }
             ))
+        );
+    }
+
+    /// TTN's events show their fields under ChirpStack's names.
+    #[test]
+    fn event_fields_use_chirpstacks_names() {
+        let join = json!({"end_device_ids": {"device_id": "eui-1", "dev_addr": "260B1234"},
+                          "join_accept": {"session_key_id": "AX"}});
+        assert_eq!(
+            Ttn.event_fields("join", "join_accept", &join),
+            json!({"devAddr": "260B1234"}).as_object().cloned().unwrap()
+        );
+        let nack = json!({"end_device_ids": {"device_id": "eui-1"}, "downlink_nack": {"f_cnt": 9}});
+        assert_eq!(
+            Ttn.event_fields("ack", "downlink_nack", &nack),
+            json!({"acknowledged": false, "fCntDown": 9})
+                .as_object()
+                .cloned()
+                .unwrap()
+        );
+        let solved = json!({"location_solved": {"location": {"latitude": 41.1, "longitude": -8.6, "source": "SOURCE_GPS"}}});
+        assert_eq!(
+            Ttn.event_fields("location", "location_solved", &solved),
+            json!({"latitude": 41.1, "longitude": -8.6, "source": "SOURCE_GPS"})
+                .as_object()
+                .cloned()
+                .unwrap()
         );
     }
 }
