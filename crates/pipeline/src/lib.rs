@@ -64,3 +64,6 @@ pub use catalog::{Catalog, CatalogError, TypeEntry};
 pub use decode::Produced;
 pub use ingest::{AcceptError, Ingest, IngestConfig, CONSUMER, ENTITY_FLUSH_INTERVAL};
 pub use services::{Services, ServicesConfig};
+
+#[cfg(test)]
+mod testkit;

@@ -777,3 +777,6 @@ fn store_error(e: weft_store::StoreError) -> NgsiError {
         _ => NgsiError::new(500, "InternalServerError", "internal error"),
     }
 }
+
+#[cfg(test)]
+mod tests;
