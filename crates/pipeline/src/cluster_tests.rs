@@ -218,3 +218,54 @@ async fn leased_work_runs_on_one_node_and_moves_when_it_leaves() {
     let ledger = ledger.lock();
     assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
 }
+
+/// A partition whose holder died (its lease is no longer renewed and it
+/// sends no heartbeat) is taken over once the lease has expired, not
+/// before.
+#[tokio::test]
+async fn a_dead_nodes_partition_is_taken_once_its_lease_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let ledger: Arc<Mutex<Ledger>> = Arc::default();
+    // A node that claimed partition 0 and died at once.
+    let ttl = Duration::from_secs(2);
+    let claimed_at = weft_model::now_ms();
+    assert!(store.claim_lease("work", "ghost", ttl).await.unwrap());
+    let expired_at = claimed_at + ttl.as_millis() as i64;
+
+    let a = Member::join(&store, "node-a");
+    let started: Arc<Mutex<Option<i64>>> = Arc::default();
+    {
+        let started = started.clone();
+        let ledger = ledger.clone();
+        a.cluster.run_partitioned(
+            "work",
+            4,
+            a.shutdown.clone(),
+            &a.tracker,
+            move |held, stop| {
+                let started = started.clone();
+                let ledger = ledger.clone();
+                async move {
+                    if held.contains(&0) {
+                        started.lock().get_or_insert(weft_model::now_ms());
+                    }
+                    ledger.lock().start("node-a", &held);
+                    stop.cancelled().await;
+                    ledger.lock().end("node-a", &held);
+                }
+            },
+        );
+    }
+    eventually("node-a holding every partition", || async {
+        (a.partitions() == [0, 1, 2, 3]).then_some(())
+    })
+    .await;
+    let took = started.lock().expect("partition 0 was worked on");
+    assert!(
+        took > expired_at,
+        "partition 0 taken at {took}, before the dead holder's lease ended at {expired_at}"
+    );
+    a.leave().await;
+    assert!(ledger.lock().overlaps.is_empty());
+}

@@ -11,7 +11,7 @@ use weft_model::ngsi::{self, parse_attrs, parse_entity, Entity, UpdateOptions};
 use weft_store::{AggrMethod, AggrPeriod, HistoryQuery, HistoryRow};
 
 use super::{Retention, RetentionPolicy};
-use crate::testkit::{config, eventually, Node};
+use crate::testkit::{accept, config, decoded_uplink, eventually, plain_type, Node};
 use crate::ServicesConfig;
 
 fn recording() -> ServicesConfig {
@@ -304,5 +304,35 @@ async fn retention_downsamples_and_expires_per_tenant() {
         "the default tenant keeps everything"
     );
     assert_eq!(hourly_sum("").await, 17.0);
+    node.stop().await;
+}
+
+/// With recording on, device data is recorded too: each unit's measures
+/// on its device's entity, under the unit's reported time.
+#[tokio::test]
+async fn device_data_is_recorded_as_history() {
+    let node = Node::start(recording()).await;
+    plain_type(&node, "thermo").await;
+    let reported = [1_772_359_200_000_i64, 1_772_359_260_000];
+    for (i, (at, t)) in reported.iter().zip([20, 21]).enumerate() {
+        accept(
+            &node,
+            decoded_uplink(
+                "thermo",
+                json!({"uuid": format!("u-{i}"), "id": "t1", "temperature": t,
+                       "reported_at": ngsi::format_datetime(*at)}),
+            ),
+        )
+        .await;
+    }
+    eventually("both units stored", || async {
+        node.store.get_data("u-1").await.unwrap().map(|_| ())
+    })
+    .await;
+    let rows = history(&node, "", "t1", "temperature").await;
+    assert_eq!(values(&rows), [json!(20), json!(21)]);
+    let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
+    assert_eq!(times, reported);
+    assert_eq!(rows[0].entity_type, "thermo");
     node.stop().await;
 }

@@ -235,3 +235,43 @@ async fn the_consumer_resumes_from_its_cursor_after_a_restart() {
     assert_eq!(entity.entity.attrs.get("humidity").unwrap().value, 40);
     node.stop().await;
 }
+
+/// The same `dataId` sent again (a network server's retry) is stored and
+/// published once, keeps its first content and does not touch the
+/// entity; the backlog drains to nothing.
+#[tokio::test]
+async fn a_resent_uplink_is_stored_once() {
+    let node = Node::start(config()).await;
+    thermo(&node).await;
+    let mut data = node.bus.subscribe(Stream::Data);
+    send(&node, encoded("thermo", "t1", "u-1", &[21])).await;
+    send(&node, encoded("thermo", "t1", "u-1", &[22])).await;
+    send(&node, encoded("thermo", "t2", "u-2", &[23])).await;
+
+    stored_unit(&*node.store, "u-2").await;
+    assert_eq!(stored_ids(&*node.store).await, ["u-1", "u-2"]);
+    let first = stored_unit(&*node.store, "u-1").await;
+    assert_eq!(first.measures["temperature"], json!({"celsius": 21}));
+    let entity = node
+        .services
+        .context
+        .get("", &[], "t1", Some("thermo"))
+        .unwrap();
+    assert_eq!(entity.entity.attrs.get("temperature").unwrap().value, 21);
+    let mut published = Vec::new();
+    for _ in 0..2 {
+        let event = tokio::time::timeout(crate::testkit::DEADLINE, data.recv())
+            .await
+            .expect("a unit is published")
+            .expect("the bus is open");
+        if let Payload::Data(unit) = &event.payload {
+            published.push(unit.data_id.clone());
+        }
+    }
+    assert_eq!(published, ["u-1", "u-2"], "u-1 published once");
+    eventually("the backlog drained", || async {
+        (node.services.ingest.backlog() == 0).then_some(())
+    })
+    .await;
+    node.stop().await;
+}

@@ -133,6 +133,46 @@ impl Node {
     }
 }
 
+/// A decoded sensae uplink (no codec runs) of `device_type`, its body
+/// `body` (which names the device and the `uuid`).
+pub fn decoded_uplink(device_type: &str, body: Value) -> weft_model::NewUplink {
+    weft_model::NewUplink {
+        partition: 0,
+        received_at: weft_model::now_ms(),
+        format: weft_model::UplinkFormat::SensaeDecoded,
+        channel: Some("farm".into()),
+        device_type: Some(device_type.into()),
+        event: None,
+        device_id: None,
+        source: None,
+        pins: Default::default(),
+        body: serde_json::to_vec(&body).expect("JSON"),
+    }
+}
+
+/// Accepts `uplink` as the HTTP surface does ([`crate::uplink::accept`],
+/// no retries); fails the test if it is refused.
+pub async fn accept(node: &Node, uplink: weft_model::NewUplink) {
+    let arrival = crate::uplink::Arrival {
+        uplinks: vec![uplink],
+        parsed: None,
+        route: None,
+    };
+    crate::uplink::accept(&node.services, arrival, &crate::uplink::Patience::Once)
+        .await
+        .expect("the uplink is accepted");
+}
+
+/// Creates device type `name` without a codec (for decoded uplinks).
+pub async fn plain_type(node: &Node, name: &str) {
+    let def = serde_json::from_value(serde_json::json!({})).expect("a device type");
+    node.services
+        .catalog
+        .put_device_type(name, def)
+        .await
+        .expect("the type is stored");
+}
+
 /// Polls `check` every 20 ms until it answers `Some`, and answers that;
 /// fails the test, saying `what` was waited for, after [`DEADLINE`].
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T

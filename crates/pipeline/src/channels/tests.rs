@@ -5,13 +5,12 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use weft_model::{NewUplink, UplinkFormat};
 
 use super::bridge::BridgeSpec;
 use super::rules::{ChannelRule, RetryRule, WebhookRule};
 use super::{ChannelError, Channels, Fetched};
 use crate::filter::FilterSpec;
-use crate::testkit::{config, eventually, Node, Receiver};
+use crate::testkit::{accept, config, decoded_uplink, eventually, plain_type, Node, Receiver};
 use crate::ServicesConfig;
 
 /// Everything waiting for `subscriber`, without waiting.
@@ -290,32 +289,16 @@ async fn webhooks_are_called_for_new_messages_and_retried_after_a_failure() {
     node.stop().await;
 }
 
-fn uplink(device: &str, uuid: &str, temperature: i64) -> NewUplink {
-    NewUplink {
-        partition: 0,
-        received_at: weft_model::now_ms(),
-        format: UplinkFormat::SensaeDecoded,
-        channel: Some("farm".into()),
-        device_type: Some("thermo".into()),
-        event: None,
-        device_id: None,
-        source: None,
-        pins: Default::default(),
-        body: serde_json::to_vec(&json!({"uuid": uuid, "id": device, "temperature": temperature}))
-            .unwrap(),
-    }
+fn uplink(device: &str, uuid: &str, temperature: i64) -> weft_model::NewUplink {
+    decoded_uplink(
+        "thermo",
+        json!({"uuid": uuid, "id": device, "temperature": temperature}),
+    )
 }
 
-async fn send(node: &Node, uplinks: Vec<NewUplink>) {
+async fn send(node: &Node, uplinks: Vec<weft_model::NewUplink>) {
     for u in uplinks {
-        let arrival = crate::uplink::Arrival {
-            uplinks: vec![u],
-            parsed: None,
-            route: None,
-        };
-        crate::uplink::accept(&node.services, arrival, &crate::uplink::Patience::Once)
-            .await
-            .unwrap();
+        accept(node, u).await;
     }
 }
 
@@ -332,12 +315,7 @@ async fn a_bridge_publishes_stored_units_once_into_its_channel() {
         format!("{}/units", receiver.url),
     )]))
     .await;
-    let def = serde_json::from_value(json!({})).unwrap();
-    node.services
-        .catalog
-        .put_device_type("thermo", def)
-        .await
-        .unwrap();
+    plain_type(&node, "thermo").await;
     eventually("the bridges' lease", || async {
         node.services
             .cluster
@@ -411,5 +389,52 @@ async fn a_bridge_publishes_stored_units_once_into_its_channel() {
         "t1-out",
         "the bridge is stored"
     );
+    node.stop().await;
+}
+
+/// A subscriber idle longer than `expire_after` is removed (its fetch then
+/// answers not found) while an active one stays; messages every remaining
+/// subscriber acknowledged are deleted from the store.
+#[tokio::test]
+async fn idle_subscribers_expire_and_acknowledged_messages_are_deleted() {
+    let mut config = config();
+    config.channels.expire_after = Duration::from_millis(400);
+    let node = Node::start(config).await;
+    let channels = &*node.services.channels;
+    channels.subscribe("news", "idle").await.unwrap();
+    channels.subscribe("news", "busy").await.unwrap();
+    for n in 1..=3 {
+        publish(channels, "news", &format!("m{n}"), json!(n)).await;
+    }
+    let seqs: Vec<u64> = fetch(channels, "news", "busy")
+        .await
+        .messages
+        .iter()
+        .map(|m| m.seq)
+        .collect();
+    channels.ack("news", "busy", seqs[2]).await.unwrap();
+
+    // "busy" keeps fetching; "idle" does nothing.
+    eventually("the idle subscriber expired", || async {
+        assert!(fetch(channels, "news", "busy").await.messages.is_empty());
+        let view = channels.describe("news").await.unwrap()?;
+        let left: Vec<&str> = view.subscribers.iter().map(|s| s.id.as_str()).collect();
+        (left == ["busy"]).then_some(())
+    })
+    .await;
+    assert!(matches!(
+        channels.fetch("news", "idle", Duration::ZERO, 64).await,
+        Err(ChannelError::SubscriberNotFound)
+    ));
+    eventually("the acknowledged messages deleted", || async {
+        assert!(fetch(channels, "news", "busy").await.messages.is_empty());
+        node.store
+            .channel_messages("news", 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
     node.stop().await;
 }

@@ -11,7 +11,9 @@
 use serde_json::{json, Value};
 use weft_model::ngsi::{self, parse_attrs, parse_entity, UpdateOptions};
 
-use crate::testkit::{config, dead_url, eventually, Node, Receiver};
+use crate::testkit::{
+    accept, config, dead_url, decoded_uplink, eventually, plain_type, Node, Receiver,
+};
 
 async fn subscribe(node: &Node, body: Value) -> String {
     node.services
@@ -392,5 +394,65 @@ async fn subscriptions_and_counters_survive_a_restart() {
     let got = receiver.wait_for("/notify", 2).await;
     assert_eq!(notified(&got[1], "temperature"), 26);
     assert_eq!(times_sent(&node, &id), 2);
+    node.stop().await;
+}
+
+/// Device data changes its device's entity, and that change is notified
+/// as one made through `/v2` is; a deleted subscription notifies nothing
+/// more.
+#[tokio::test]
+async fn device_data_is_notified_until_the_subscription_is_deleted() {
+    let node = Node::start(config()).await;
+    let receiver = Receiver::start().await;
+    plain_type(&node, "thermo").await;
+    let id = subscribe(
+        &node,
+        json!({"subject": {"entities": [{"id": "t1", "type": "thermo"}],
+                           "condition": {"attrs": ["temperature"]}},
+               "notification": {"http": {"url": format!("{}/device", receiver.url)},
+                                "attrs": ["temperature"]}}),
+    )
+    .await;
+    for (uuid, t) in [("u-1", 20), ("u-2", 21)] {
+        accept(
+            &node,
+            decoded_uplink(
+                "thermo",
+                json!({"uuid": uuid, "id": "t1", "temperature": t}),
+            ),
+        )
+        .await;
+    }
+    let got = receiver.wait_for("/device", 2).await;
+    assert_eq!(notified(&got[0], "temperature"), 20);
+    assert_eq!(notified(&got[1], "temperature"), 21);
+    let entity = &got[1].json()["data"][0];
+    assert_eq!(entity["id"], "t1");
+    assert_eq!(entity["type"], "thermo");
+    assert!(
+        entity.get("dateObserved").is_none(),
+        "only the attributes asked for: {entity}"
+    );
+
+    node.services.subscriptions.delete("", &id).await.unwrap();
+    assert!(node.services.subscriptions.get("", &id).is_err());
+    accept(
+        &node,
+        decoded_uplink(
+            "thermo",
+            json!({"uuid": "u-3", "id": "t1", "temperature": 22}),
+        ),
+    )
+    .await;
+    eventually("the third unit applied", || async {
+        let e = node
+            .services
+            .context
+            .get("", &[], "t1", Some("thermo"))
+            .ok()?;
+        (e.entity.attrs.get("temperature")?.value == 22).then_some(())
+    })
+    .await;
+    assert!(node.services.subscriptions.list("").is_empty());
     node.stop().await;
 }
