@@ -273,6 +273,8 @@ impl Subscriptions {
             (s.sub.clone(), entry.stored.lock().clone())
         };
         let local = local_sub.notification.stats.clone();
+        // A `oneshot` that fired here became inactive in memory only.
+        let went_inactive = local_sub.status == Status::Inactive;
         let id = local_sub.id.clone();
         let tenant = entry.tenant.clone();
         let service_path = entry.service_paths.join(",");
@@ -295,6 +297,13 @@ impl Subscriptions {
                     } else {
                         stored_sub.clone()?
                     };
+                    // The stored definition is kept, but a stored `oneshot`
+                    // that fired here is inactive from then on, also after
+                    // a restart (one re-armed since was reloaded here, so
+                    // is `oneshot` in memory again).
+                    if went_inactive && sub.status == Status::Oneshot {
+                        sub.status = Status::Inactive;
+                    }
                     let now = stored_sub.map(|s| s.notification.stats).unwrap_or_default();
                     sub.notification.stats = now.merged(&merge_base, &merge_local);
                     if sub

@@ -456,3 +456,44 @@ async fn device_data_is_notified_until_the_subscription_is_deleted() {
     assert!(node.services.subscriptions.list("").is_empty());
     node.stop().await;
 }
+
+/// A `oneshot` subscription that fired is `inactive` for good: after a
+/// restart it is still inactive and a change notifies nothing.
+#[tokio::test]
+async fn a_fired_oneshot_stays_inactive_after_a_restart() {
+    let node = Node::start(config()).await;
+    let receiver = Receiver::start().await;
+    let id = subscribe(
+        &node,
+        rooms(
+            &format!("{}/oneshot", receiver.url),
+            json!({"status": "oneshot"}),
+            json!({}),
+        ),
+    )
+    .await;
+    create(&node, "Room1", "Room", 20.0).await;
+    assert_eq!(rendered(&node, &id)["status"], "inactive");
+    receiver.wait_for("/oneshot", 1).await;
+    eventually("the answer recorded", || async {
+        rendered(&node, &id)["notification"]
+            .get("lastSuccessCode")
+            .map(|_| ())
+    })
+    .await;
+
+    let node = node.restart().await;
+    assert_eq!(
+        rendered(&node, &id)["status"],
+        "inactive",
+        "the status it took when it fired is kept"
+    );
+    update(
+        &node,
+        "Room1",
+        json!({"temperature": {"value": 26, "type": "Number"}}),
+    )
+    .await;
+    assert_eq!(times_sent(&node, &id), 1, "a oneshot fires once");
+    node.stop().await;
+}
