@@ -138,24 +138,41 @@ async fn an_accepted_uplink_becomes_a_stored_unit_and_its_entity() {
     node.stop().await;
 }
 
-/// An uplink naming a type that does not exist, or one whose codec throws,
-/// is kept as failed with its reason and description and its body, and
+/// An uplink naming a type that does not exist, one whose codec throws,
+/// or one giving a registered device another type, is kept as failed with its reason and description and its body, and
 /// stores no unit; the uplinks after it are processed as usual.
 #[tokio::test]
 async fn a_failed_uplink_is_kept_with_its_reason() {
     let node = Node::start(config()).await;
     thermo(&node).await;
+    crate::testkit::plain_type(&node, "other").await;
+    node.services
+        .catalog
+        .put_device(weft_model::Device {
+            id: "t9".into(),
+            device_type: "thermo".into(),
+            ..weft_model::Device::default()
+        })
+        .await
+        .unwrap();
     send(&node, encoded("nosuchtype", "t1", "u-1", &[21])).await;
     send(&node, encoded("thermo", "t2", "u-2", &[255])).await;
+    // A registered device keeps its type.
+    send(
+        &node,
+        crate::testkit::decoded_uplink("other", json!({"uuid": "u-9", "id": "t9", "x": 1})),
+    )
+    .await;
     send(&node, encoded("thermo", "t3", "u-3", &[19])).await;
 
     stored_unit(&*node.store, "u-3").await;
-    let failed = eventually("two failed uplinks", || async {
+    let failed = eventually("three failed uplinks", || async {
         let f = failures(&*node.store).await;
-        (f.len() >= 2).then_some(f)
+        (f.len() >= 3).then_some(f)
     })
     .await;
-    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert_eq!(failed.len(), 3, "{failed:?}");
+    assert_eq!(failed[2].reason, FailureReason::TypeMismatch);
     let (unknown, thrown) = (&failed[0], &failed[1]);
     assert_eq!(unknown.reason, FailureReason::UnknownType);
     assert!(
@@ -273,5 +290,33 @@ async fn a_resent_uplink_is_stored_once() {
         (node.services.ingest.backlog() == 0).then_some(())
     })
     .await;
+    node.stop().await;
+}
+
+/// A network server's message that is a device event (ChirpStack's
+/// `?event=join`) is kept as the device's event: neither a unit nor a
+/// failure.
+#[tokio::test]
+async fn a_device_event_is_kept_as_an_event() {
+    let node = Node::start(config()).await;
+    thermo(&node).await;
+    let join = NewUplink {
+        format: UplinkFormat::ChirpStack,
+        event: Some("join".into()),
+        device_type: None,
+        body: serde_json::to_vec(&json!({"deviceInfo": {"devEui": "0102"},
+                                         "time": "2026-03-01T10:00:00Z"}))
+        .unwrap(),
+        ..encoded("thermo", "", "", &[])
+    };
+    send(&node, join).await;
+    send(&node, encoded("thermo", "t1", "u-1", &[21])).await;
+    stored_unit(&*node.store, "u-1").await;
+    let events = node.store.device_events("0102", None, 10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].event, "join");
+    assert_eq!(events[0].time, Some(1_772_359_200_000));
+    assert_eq!(stored_ids(&*node.store).await, ["u-1"]);
+    assert!(failures(&*node.store).await.is_empty());
     node.stop().await;
 }

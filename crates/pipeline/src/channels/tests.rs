@@ -438,3 +438,62 @@ async fn idle_subscribers_expire_and_acknowledged_messages_are_deleted() {
     .await;
     node.stop().await;
 }
+
+/// Subscribing again is idempotent: the subscriber keeps its cursor, also
+/// after a restart.
+#[tokio::test]
+async fn subscribing_again_keeps_the_cursor() {
+    let node = Node::start(config()).await;
+    let channels = &*node.services.channels;
+    channels.subscribe("news", "reader").await.unwrap();
+    publish(channels, "news", "m1", json!(1)).await;
+    channels.subscribe("news", "reader").await.unwrap();
+    assert_eq!(ids(&fetch(channels, "news", "reader").await), ["m1"]);
+    let node = node.restart().await;
+    let channels = &*node.services.channels;
+    channels.subscribe("news", "reader").await.unwrap();
+    assert_eq!(ids(&fetch(channels, "news", "reader").await), ["m1"]);
+    node.stop().await;
+}
+
+/// A bridge definition is checked (stream, channel id); one made through
+/// the API is stored, and once deleted is gone, also after a restart.
+#[tokio::test]
+async fn bridges_are_checked_stored_and_deleted() {
+    let node = Node::start(config()).await;
+    let bridges = &node.services.bridges;
+    let spec = |stream: &str, channel: &str| BridgeSpec {
+        stream: stream.into(),
+        channel: channel.into(),
+        filter: FilterSpec::default(),
+    };
+    let refused = bridges
+        .put("changes", spec("entities", "feed"))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("stream"), "{refused}");
+    assert!(bridges.put("bad", spec("data", "Not Valid")).await.is_err());
+    assert!(bridges.list().is_empty());
+
+    assert!(bridges.put("out", spec("alarms", "feed")).await.unwrap());
+    assert!(
+        !bridges.put("out", spec("data", "feed")).await.unwrap(),
+        "replaced, not new"
+    );
+    let node = node.restart().await;
+    let listed = node.services.bridges.list();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (
+            listed[0].0.as_str(),
+            listed[0].1.stream.as_str(),
+            listed[0].2
+        ),
+        ("out", "data", true)
+    );
+    assert!(node.services.bridges.delete("out").await.unwrap());
+    assert!(!node.services.bridges.delete("out").await.unwrap());
+    let node = node.restart().await;
+    assert!(node.services.bridges.list().is_empty());
+    node.stop().await;
+}

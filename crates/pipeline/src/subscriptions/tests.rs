@@ -497,3 +497,56 @@ async fn a_fired_oneshot_stays_inactive_after_a_restart() {
     assert_eq!(times_sent(&node, &id), 1, "a oneshot fires once");
     node.stop().await;
 }
+
+/// A subscription asking for `entityDelete` is notified of a deletion
+/// (with the entity as it was), whatever its `condition.attrs`; one in a
+/// service path sees only the entities under it.
+#[tokio::test]
+async fn deletions_and_service_paths() {
+    let node = Node::start(config()).await;
+    let receiver = Receiver::start().await;
+    let deleted = subscribe(
+        &node,
+        rooms(
+            &format!("{}/deleted", receiver.url),
+            json!({"subject": {"condition": {"attrs": ["pressure"],
+                                             "alterationTypes": ["entityDelete"]}}}),
+            json!({}),
+        ),
+    )
+    .await;
+    let under_a = node
+        .services
+        .subscriptions
+        .create(
+            "",
+            vec!["/a/#".into()],
+            &rooms(&format!("{}/a", receiver.url), json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    create(&node, "Room1", "Room", 20.0).await;
+    let in_b = parse_entity(&json!({"id": "Room2", "type": "Room"}), false).unwrap();
+    node.services.context.create("", "/b", in_b).await.unwrap();
+    let in_a = parse_entity(&json!({"id": "Room3", "type": "Room"}), false).unwrap();
+    node.services
+        .context
+        .create("", "/a/x", in_a)
+        .await
+        .unwrap();
+    assert_eq!(times_sent(&node, &deleted), 0, "no creation asked for");
+    assert_eq!(times_sent(&node, &under_a), 1, "only /a/x is under /a");
+
+    node.services
+        .context
+        .delete("", &[], "Room1", None)
+        .await
+        .unwrap();
+    let got = receiver.wait_for("/deleted", 1).await;
+    assert_eq!(got[0].json()["data"][0]["id"], "Room1");
+    assert_eq!(notified(&got[0], "temperature"), 20);
+    let got = receiver.wait_for("/a", 1).await;
+    assert_eq!(got[0].json()["data"][0]["id"], "Room3");
+    assert_eq!(got[0].header("fiware-servicepath"), Some("/a/x"));
+    node.stop().await;
+}
