@@ -74,7 +74,9 @@ impl Node {
         Node::start_in(dir, config).await
     }
 
-    async fn start_in(dir: Arc<tempfile::TempDir>, config: ServicesConfig) -> Node {
+    /// Starts the services with `config` on the data directory `dir`
+    /// (one a stopped node left, see [`Node::stop`]).
+    pub async fn start_in(dir: Arc<tempfile::TempDir>, config: ServicesConfig) -> Node {
         let store = open_store(dir.path());
         let bus: Arc<dyn Bus> = Arc::new(InProcessBus::default());
         let shutdown = CancellationToken::new();

@@ -497,3 +497,135 @@ async fn bridges_are_checked_stored_and_deleted() {
     assert!(node.services.bridges.list().is_empty());
     node.stop().await;
 }
+
+/// Units committed by the pipeline just before weft stopped (killed before
+/// the bridge read them) are published by the bridge after the restart,
+/// also when the bridge had published nothing yet: it was made before
+/// them, so they are its events.
+#[tokio::test]
+async fn a_bridge_publishes_what_was_stored_before_a_crash_after_the_restart() {
+    let node = Node::start(config()).await;
+    eventually("the bridges' lease", || async {
+        node.services
+            .cluster
+            .held()
+            .contains(&crate::cluster::work::BRIDGES)
+            .then_some(())
+    })
+    .await;
+    let spec = BridgeSpec {
+        stream: "data".into(),
+        channel: "unit-feed".into(),
+        filter: FilterSpec::default(),
+    };
+    node.services.bridges.put("all-out", spec).await.unwrap();
+    node.services
+        .channels
+        .subscribe("unit-feed", "ops")
+        .await
+        .unwrap();
+    let dir = node.stop().await;
+
+    // What the pipeline committed right before the crash.
+    {
+        let store = crate::testkit::open_store(dir.path());
+        let now = weft_model::now_ms();
+        let unit = weft_model::DataUnit {
+            data_id: "u-1".into(),
+            reported_at: now,
+            received_at: now,
+            channel: "farm".into(),
+            device: weft_model::DeviceInfo {
+                id: "t1".into(),
+                device_type: "thermo".into(),
+                ..Default::default()
+            },
+            measures: serde_json::Map::from_iter([("temperature".to_string(), json!(20))]),
+        };
+        let json = serde_json::to_string(&unit).unwrap();
+        store
+            .commit_processed(std::sync::Arc::new(weft_store::ProcessedBatch {
+                units: vec![weft_store::UnitRecord {
+                    unit: std::sync::Arc::new(unit),
+                    partition: 0,
+                    json: json.into(),
+                }],
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        store.close().await;
+    }
+
+    let node = Node::start_in(dir, config()).await;
+    plain_type(&node, "thermo").await;
+    send(&node, vec![uplink("t1", "u-2", 21)]).await;
+    let got = eventually("the units in the channel", || async {
+        let f = fetch(&node.services.channels, "unit-feed", "ops").await;
+        f.messages
+            .iter()
+            .any(|m| m.message_id == "u-2")
+            .then_some(f)
+    })
+    .await;
+    assert_eq!(ids(&got), ["u-1", "u-2"]);
+    node.stop().await;
+}
+
+/// A bridge deleted and made again under the same name is a new bridge:
+/// it starts with the events stored after it, not from where the deleted
+/// one stopped.
+#[tokio::test]
+async fn a_bridge_made_again_after_its_deletion_starts_anew() {
+    let node = Node::start(config()).await;
+    plain_type(&node, "thermo").await;
+    eventually("the bridges' lease", || async {
+        node.services
+            .cluster
+            .held()
+            .contains(&crate::cluster::work::BRIDGES)
+            .then_some(())
+    })
+    .await;
+    let spec = || BridgeSpec {
+        stream: "data".into(),
+        channel: "unit-feed".into(),
+        filter: FilterSpec::default(),
+    };
+    let channels = &node.services.channels;
+    channels.subscribe("unit-feed", "ops").await.unwrap();
+    let bridges = &node.services.bridges;
+    assert!(bridges.put("out", spec()).await.unwrap());
+    send(&node, vec![uplink("t1", "u-1", 20)]).await;
+    eventually("u-1 bridged", || async {
+        (!fetch(channels, "unit-feed", "ops")
+            .await
+            .messages
+            .is_empty())
+        .then_some(())
+    })
+    .await;
+
+    assert!(bridges.delete("out").await.unwrap());
+    send(&node, vec![uplink("t1", "u-2", 21)]).await;
+    eventually("u-2 stored", || async {
+        node.store.get_data("u-2").await.unwrap().map(|_| ())
+    })
+    .await;
+    assert!(bridges.put("out", spec()).await.unwrap(), "a new bridge");
+    send(&node, vec![uplink("t1", "u-3", 22)]).await;
+    let got = eventually("u-3 bridged", || async {
+        let f = fetch(channels, "unit-feed", "ops").await;
+        f.messages
+            .iter()
+            .any(|m| m.message_id == "u-3")
+            .then_some(f)
+    })
+    .await;
+    assert_eq!(
+        ids(&got),
+        ["u-1", "u-3"],
+        "u-2 was stored while there was no bridge"
+    );
+    node.stop().await;
+}
