@@ -320,3 +320,51 @@ async fn a_device_event_is_kept_as_an_event() {
     assert!(failures(&*node.store).await.is_empty());
     node.stop().await;
 }
+
+/// The decode dry run runs a sample through a type's codec and answers
+/// the units it makes, or the failure with the codec's own words,
+/// storing nothing; a candidate type decodes instead of the saved one.
+#[tokio::test]
+async fn a_dry_run_decodes_without_storing() {
+    let node = Node::start(config()).await;
+    thermo(&node).await;
+    let ingest = &node.services.ingest;
+    let produced = ingest
+        .dry_run("thermo", Some("lab".into()), &json!({"bytes": [21]}), None)
+        .await
+        .expect("decoded");
+    assert_eq!(produced.units.len(), 1);
+    assert_eq!(
+        produced.units[0].measures["temperature"],
+        json!({"celsius": 21})
+    );
+    assert_eq!(produced.units[0].channel, "lab");
+
+    let (failed, _) = ingest
+        .dry_run("thermo", None, &json!({"bytes": [255]}), None)
+        .await
+        .unwrap_err();
+    assert_eq!(failed.reason, FailureReason::DecodeError);
+    assert!(failed.description.contains("sensor fault"), "{failed:?}");
+
+    let def: DeviceType = serde_json::from_value(json!({"decoder": {"script":
+        "function decodeUplink(input) { return { data: { kelvin: input.bytes[0] + 273 } }; }"}}))
+    .unwrap();
+    let candidate = std::sync::Arc::new(
+        node.services
+            .catalog
+            .candidate("thermo", def)
+            .await
+            .unwrap(),
+    );
+    let produced = ingest
+        .dry_run("thermo", None, &json!({"bytes": [21]}), Some(&candidate))
+        .await
+        .expect("decoded");
+    assert_eq!(produced.units[0].measures["kelvin"], 294);
+
+    assert!(stored_ids(&*node.store).await.is_empty());
+    assert!(failures(&*node.store).await.is_empty());
+    assert_eq!(*node.store.committed_seq().borrow(), 0, "nothing logged");
+    node.stop().await;
+}
