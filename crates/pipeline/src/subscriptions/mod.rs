@@ -209,8 +209,8 @@ impl Subscriptions {
                 created: d.created,
                 stored: Mutex::new(sub.notification.stats.clone()),
                 state: Mutex::new(EntryState {
+                    last_fired: fired_at(&sub.notification.stats),
                     sub,
-                    last_fired: None,
                 }),
             });
             let t = tenants.entry(d.tenant).or_default();
@@ -726,8 +726,8 @@ impl Follower for Subscriptions {
                     created: d.created,
                     stored: Mutex::new(sub.notification.stats.clone()),
                     state: Mutex::new(EntryState {
+                        last_fired: fired_at(&sub.notification.stats),
                         sub,
-                        last_fired: None,
                     }),
                 }),
             };
@@ -758,6 +758,15 @@ impl Follower for Subscriptions {
         }
         Ok(())
     }
+}
+
+/// When a stored subscription last notified (its `lastNotification`), as
+/// the `Instant` throttling counts from, so a restart (or another node's
+/// notification, on a node loading it anew) does not reopen the window.
+fn fired_at(stats: &NotificationStats) -> Option<Instant> {
+    let last = stats.last_notification?;
+    let ago = weft_model::now_ms().saturating_sub(last).max(0);
+    Instant::now().checked_sub(Duration::from_millis(u64::try_from(ago).ok()?))
 }
 
 fn split_paths(s: &str) -> Vec<String> {

@@ -550,3 +550,33 @@ async fn deletions_and_service_paths() {
     assert_eq!(got[0].header("fiware-servicepath"), Some("/a/x"));
     node.stop().await;
 }
+
+/// Throttling holds across a restart: a change inside the window of the
+/// last notification (stored as `lastNotification`) is not notified.
+#[tokio::test]
+async fn throttling_holds_across_a_restart() {
+    let node = Node::start(config()).await;
+    let receiver = Receiver::start().await;
+    let id = subscribe(
+        &node,
+        rooms(
+            &format!("{}/throttled", receiver.url),
+            json!({"throttling": 3600}),
+            json!({}),
+        ),
+    )
+    .await;
+    create(&node, "Room1", "Room", 20.0).await;
+    assert_eq!(times_sent(&node, &id), 1);
+    receiver.wait_for("/throttled", 1).await;
+
+    let node = node.restart().await;
+    update(
+        &node,
+        "Room1",
+        json!({"temperature": {"value": 26, "type": "Number"}}),
+    )
+    .await;
+    assert_eq!(times_sent(&node, &id), 1, "still inside the window");
+    node.stop().await;
+}
