@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,12 +100,6 @@ impl Node {
             shutdown,
             tracker,
         }
-    }
-
-    /// The data directory.
-    #[allow(dead_code)]
-    pub fn path(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
     }
 
     /// Stops the services as the binary does (shutdown, then waits for
@@ -228,7 +222,6 @@ impl Received {
     }
 
     /// A header's value.
-    #[allow(dead_code)]
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
