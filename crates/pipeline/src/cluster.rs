@@ -367,3 +367,7 @@ impl Cluster {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

@@ -514,3 +514,7 @@ where
         }
     }
 }
+
+#[cfg(test)]
+#[path = "history_tests.rs"]
+mod tests;

@@ -794,3 +794,7 @@ impl Ingest {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "ingest_tests.rs"]
+mod tests;

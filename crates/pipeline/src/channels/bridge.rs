@@ -180,6 +180,17 @@ impl Bridges {
                 }
             }
         }
+        if existed {
+            // One made again under this name is a new bridge: it starts
+            // with the events stored after it, not where this one stopped.
+            let cursor = cursor_name(name);
+            self.store
+                .commit_alarms(AlarmBatch {
+                    cursors: vec![(started_name(&cursor), 1), (cursor, 1)],
+                    ..AlarmBatch::default()
+                })
+                .await?;
+        }
         self.announce(name);
         Ok(existed)
     }
@@ -241,7 +252,7 @@ impl Bridges {
             return Ok(());
         }
         let task = BridgeTask {
-            cursor_name: format!("bridge:{name}"),
+            cursor_name: cursor_name(name),
             source,
             filter,
             channel: spec.channel,
@@ -314,6 +325,17 @@ impl Follower for Bridges {
     }
 }
 
+/// The name of bridge `name`'s cursor: the next event it publishes.
+fn cursor_name(name: &str) -> String {
+    format!("bridge:{name}")
+}
+
+/// The name of the cursor set to 2 once the bridge's cursor `cursor` is
+/// stored (see [`BridgeTask::start_cursor`]).
+fn started_name(cursor: &str) -> String {
+    format!("{cursor}:started")
+}
+
 /// One bridge's loop.
 struct BridgeTask {
     cursor_name: String,
@@ -328,16 +350,28 @@ struct BridgeTask {
 impl BridgeTask {
     /// The stored cursor, or (for a new bridge) just past the newest event,
     /// stored at once so a restart does not go back further.
+    ///
+    /// A cursor nobody stored reads as 1, the same as the cursor of a
+    /// bridge made while nothing was stored yet: a second cursor, set to 2
+    /// when the bridge's is first stored, tells them apart, so such a
+    /// bridge still publishes, after a restart, the events stored before it
+    /// read them.
     async fn start_cursor(&self) -> Result<u64, StoreError> {
         let stored = self.store.cursor(&self.cursor_name).await?;
-        if stored > 1 {
+        let started = started_name(&self.cursor_name);
+        if stored > 1 || self.store.cursor(&started).await? > 1 {
             return Ok(stored);
         }
         let head = match self.source {
             Source::Data => self.store.data_head().await?,
             Source::Alarms => self.store.alarm_events_head().await?,
         };
-        self.save(head + 1).await?;
+        self.store
+            .commit_alarms(AlarmBatch {
+                cursors: vec![(self.cursor_name.clone(), head + 1), (started, 2)],
+                ..AlarmBatch::default()
+            })
+            .await?;
         Ok(head + 1)
     }
 

@@ -652,3 +652,6 @@ impl Follower for Channels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

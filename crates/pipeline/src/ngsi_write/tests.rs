@@ -7,8 +7,7 @@ use weft_model::{Device, DeviceType};
 
 use super::*;
 use crate::context::Tenancy;
-use crate::testkit::{self, Running};
-use crate::ServicesConfig;
+use crate::testkit::{self, Node};
 
 fn target(id: &str, entity_type: Option<&str>) -> Target {
     Target {
@@ -43,12 +42,12 @@ fn item(v: Value) -> BatchItem {
 }
 
 /// The value of `attr` on entity `id` (None: no such attribute).
-fn value_of(run: &Running, id: &str, attr: &str) -> Option<Value> {
+fn value_of(run: &Node, id: &str, attr: &str) -> Option<Value> {
     let found = run.services.context.get("", &[], id, None).unwrap();
     found.entity.attrs.get(attr).map(|a| a.value.clone())
 }
 
-async fn write(run: &Running, target: &Target, w: Write) -> Result<Written, NgsiError> {
+async fn write(run: &Node, target: &Target, w: Write) -> Result<Written, NgsiError> {
     run.services
         .ngsi_writer
         .write(target, w, UpdateOptions::default())
@@ -57,7 +56,7 @@ async fn write(run: &Running, target: &Target, w: Write) -> Result<Written, Ngsi
 
 /// A device `door1` whose type `bell` takes the command `ring`, and its
 /// entity.
-async fn bell(run: &Running) {
+async fn bell(run: &Node) {
     let catalog = &run.services.catalog;
     let def = DeviceType {
         commands: vec!["ring".into()],
@@ -85,7 +84,7 @@ async fn bell(run: &Running) {
 /// batch actions doing these. A replace of all attributes is no command.
 #[tokio::test]
 async fn commands_are_taken_on_every_path_that_writes_them() {
-    let run = testkit::start(ServicesConfig::default()).await;
+    let run = Node::start(testkit::config()).await;
     bell(&run).await;
     let door = target("door1", None);
     let ring = || attrs(json!({"ring": {"value": "once"}}));
@@ -163,7 +162,7 @@ async fn commands_are_taken_on_every_path_that_writes_them() {
 /// and nothing is queued.
 #[tokio::test]
 async fn commands_alone_need_the_entity() {
-    let run = testkit::start(ServicesConfig::default()).await;
+    let run = Node::start(testkit::config()).await;
     bell(&run).await;
     write(&run, &target("door1", None), Write::Delete)
         .await
@@ -186,7 +185,7 @@ async fn commands_alone_need_the_entity() {
 /// paths and against nothing on a creation.
 #[tokio::test]
 async fn operators_resolve_against_the_current_value() {
-    let run = testkit::start(ServicesConfig::default()).await;
+    let run = Node::start(testkit::config()).await;
     let counter = || target("C", Some("T"));
     let created = entity(json!({"id": "C", "type": "T", "n": {"value": {"$inc": 2}}}));
     write(&run, &counter(), Write::Create(created))
@@ -226,7 +225,7 @@ async fn operators_resolve_against_the_current_value() {
 /// 404 or 422 (the lookup and the write are one step).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upserts_never_lose_to_a_concurrent_delete() {
-    let run = testkit::start(ServicesConfig::default()).await;
+    let run = Node::start(testkit::config()).await;
     let writer = run.services.ngsi_writer.clone();
     let upsert = || Write::Upsert(entity(json!({"id": "U", "type": "T", "a": {"value": 1}})));
     let first = write(&run, &target("U", Some("T")), upsert())
@@ -266,7 +265,7 @@ async fn upserts_never_lose_to_a_concurrent_delete() {
 /// when no entity existed; appends create what is missing.
 #[tokio::test]
 async fn batches_report_what_failed_in_one_text() {
-    let run = testkit::start(ServicesConfig::default()).await;
+    let run = Node::start(testkit::config()).await;
     let writer = &run.services.ngsi_writer;
     let everywhere = Tenancy::default();
     let batch = |action, items: Vec<Value>| {

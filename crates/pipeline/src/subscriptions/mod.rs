@@ -209,8 +209,8 @@ impl Subscriptions {
                 created: d.created,
                 stored: Mutex::new(sub.notification.stats.clone()),
                 state: Mutex::new(EntryState {
+                    last_fired: fired_at(&sub.notification.stats),
                     sub,
-                    last_fired: None,
                 }),
             });
             let t = tenants.entry(d.tenant).or_default();
@@ -273,6 +273,8 @@ impl Subscriptions {
             (s.sub.clone(), entry.stored.lock().clone())
         };
         let local = local_sub.notification.stats.clone();
+        // A `oneshot` that fired here became inactive in memory only.
+        let went_inactive = local_sub.status == Status::Inactive;
         let id = local_sub.id.clone();
         let tenant = entry.tenant.clone();
         let service_path = entry.service_paths.join(",");
@@ -295,6 +297,13 @@ impl Subscriptions {
                     } else {
                         stored_sub.clone()?
                     };
+                    // The stored definition is kept, but a stored `oneshot`
+                    // that fired here is inactive from then on, also after
+                    // a restart (one re-armed since was reloaded here, so
+                    // is `oneshot` in memory again).
+                    if went_inactive && sub.status == Status::Oneshot {
+                        sub.status = Status::Inactive;
+                    }
                     let now = stored_sub.map(|s| s.notification.stats).unwrap_or_default();
                     sub.notification.stats = now.merged(&merge_base, &merge_local);
                     if sub
@@ -717,8 +726,8 @@ impl Follower for Subscriptions {
                     created: d.created,
                     stored: Mutex::new(sub.notification.stats.clone()),
                     state: Mutex::new(EntryState {
+                        last_fired: fired_at(&sub.notification.stats),
                         sub,
-                        last_fired: None,
                     }),
                 }),
             };
@@ -751,6 +760,15 @@ impl Follower for Subscriptions {
     }
 }
 
+/// When a stored subscription last notified (its `lastNotification`), as
+/// the `Instant` throttling counts from, so a restart (or another node's
+/// notification, on a node loading it anew) does not reopen the window.
+fn fired_at(stats: &NotificationStats) -> Option<Instant> {
+    let last = stats.last_notification?;
+    let ago = weft_model::now_ms().saturating_sub(last).max(0);
+    Instant::now().checked_sub(Duration::from_millis(u64::try_from(ago).ok()?))
+}
+
 fn split_paths(s: &str) -> Vec<String> {
     s.split(',')
         .filter(|p| !p.is_empty())
@@ -777,3 +795,6 @@ fn store_error(e: weft_store::StoreError) -> NgsiError {
         _ => NgsiError::new(500, "InternalServerError", "internal error"),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -345,21 +345,13 @@ pub async fn accept(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use serde_json::json;
-    use tokio_util::sync::CancellationToken;
     use weft_model::{Device, DeviceType, UplinkFormat};
-    use weft_store::Store;
 
     use super::*;
-    use crate::ServicesConfig;
-
-    /// The services on a temporary SQLite store and the in-process bus.
-    async fn services(dir: &std::path::Path) -> (Services, Arc<dyn Store>, CancellationToken) {
-        crate::testkit::start_in(dir, ServicesConfig::default()).await
-    }
+    use crate::testkit::{self, Node};
 
     fn uplink(format: UplinkFormat, body: Value, pins: UplinkPins) -> NewUplink {
         NewUplink {
@@ -402,9 +394,9 @@ mod tests {
     /// learnt. Refusals are not retried, whatever the patience.
     #[tokio::test]
     async fn accept_holds_the_named_device_to_the_pins_then_learns_the_route() {
-        let dir = tempfile::tempdir().unwrap();
-        let (services, store, shutdown) = services(dir.path()).await;
-        register(&services, "vault", "thermo", "secret").await;
+        let node = Node::start(testkit::config()).await;
+        let (services, store, shutdown) = (&node.services, &node.store, node.shutdown.clone());
+        register(services, "vault", "thermo", "secret").await;
         let helium = |id: &str| json!({"id": id, "downlink_url": "https://console/down"});
         let patience = Patience::Retry {
             stop: shutdown.clone(),
@@ -421,7 +413,7 @@ mod tests {
                 },
             )),
         };
-        match accept(&services, attack, &patience).await {
+        match accept(services, attack, &patience).await {
             Err(AcceptError::Forbidden(why)) => assert!(why.contains("'secret'"), "{why}"),
             other => panic!("not refused: {other:?}"),
         }
@@ -436,7 +428,7 @@ mod tests {
             route: None,
         };
         assert!(matches!(
-            accept(&services, arrival, &Patience::Once).await,
+            accept(services, arrival, &Patience::Once).await,
             Err(AcceptError::Forbidden(_))
         ));
 
@@ -452,7 +444,7 @@ mod tests {
             parsed: None,
             route: Some(("newcomer".into(), route.clone())),
         };
-        accept(&services, welcome, &Patience::Once).await.unwrap();
+        accept(services, welcome, &Patience::Once).await.unwrap();
         assert_eq!(*store.committed_seq().borrow(), 1);
         assert_eq!(
             services.downlinks.route("newcomer").await.unwrap(),
@@ -465,22 +457,22 @@ mod tests {
     /// credential's pins.
     #[tokio::test]
     async fn command_results_are_held_to_the_pins() {
-        let dir = tempfile::tempdir().unwrap();
-        let (services, _store, shutdown) = services(dir.path()).await;
+        let node = Node::start(testkit::config()).await;
+        let (services, shutdown) = (&node.services, node.shutdown.clone());
         let lamp: DeviceType = serde_json::from_value(json!({"commands": ["ring"]})).unwrap();
         services
             .catalog
             .put_device_type("lamp", lamp)
             .await
             .unwrap();
-        register(&services, "lamp1", "lamp", "secret").await;
+        register(services, "lamp1", "lamp", "secret").await;
         let answers = Map::from_iter([("ring".to_string(), json!("rang"))]);
-        match command_result(&services, "lamp1", &answers, &farm()).await {
+        match command_result(services, "lamp1", &answers, &farm()).await {
             Err(CommandResultRefused::Forbidden(why)) => assert!(why.contains("'secret'"), "{why}"),
             other => panic!("not refused: {other:?}"),
         }
         assert!(matches!(
-            command_result(&services, "nobody", &answers, &UplinkPins::default()).await,
+            command_result(services, "nobody", &answers, &UplinkPins::default()).await,
             Err(CommandResultRefused::Downlink(
                 DownlinkError::UnknownDevice(_)
             ))
@@ -489,7 +481,7 @@ mod tests {
             channel: Some("secret".into()),
             device_type: Some("lamp".into()),
         };
-        let answered = command_result(&services, "lamp1", &answers, &secret)
+        let answered = command_result(services, "lamp1", &answers, &secret)
             .await
             .unwrap();
         assert_eq!(answered, ["ring"]);
