@@ -9,7 +9,7 @@
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 /// Largest LoRaWAN application payload (242 bytes at the fastest data
 /// rates of most regions); a longer one could never be sent.
@@ -473,187 +473,14 @@ pub struct ChirpStackApi {
     pub token: String,
 }
 
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// The Things Stack's downlink message (`{frm_payload, f_port, confirmed,
-/// priority}`), shared by its webhook and MQTT APIs.
-fn ttn_downlink(d: &Downlink) -> Value {
-    json!({
-        "frm_payload": b64(&d.frm_payload),
-        "f_port": d.f_port,
-        "confirmed": d.confirmed,
-        "priority": d.priority,
-    })
-}
-
-/// What an IoT Agent device is sent for a command: `{"<command>": value}`,
-/// the value being what the command attribute was set to (the downlink's
-/// `data` under the command's name); a downlink that is no command sends
-/// its `data`, or its bytes as base64 under `payload`.
-pub fn iot_agent_command(d: &Downlink) -> Value {
-    match (&d.command, &d.data) {
-        (Some(command), Some(Value::Object(data))) => {
-            let value = data.get(command).cloned().unwrap_or(Value::Null);
-            let mut out = Map::new();
-            out.insert(command.clone(), value);
-            Value::Object(out)
-        }
-        (_, Some(data)) => data.clone(),
-        _ => json!({ "payload": b64(&d.frm_payload), "fPort": d.f_port }),
-    }
-}
-
-/// What an UltraLight 2.0 device is sent for a command:
-/// `<device>@<command>|<value>`, the value as text (a string as it is, an
-/// object as `key=value` pairs joined by `|`, anything else its JSON); a
-/// downlink that is no command sends each field of its `data` the same
-/// way, or its bytes as base64 under the command name `payload`.
-pub fn ultralight_command(device_id: &str, d: &Downlink) -> String {
-    let text = |value: &Value| match value {
-        Value::String(s) => s.clone(),
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => format!("{k}={s}"),
-                other => format!("{k}={other}"),
-            })
-            .collect::<Vec<_>>()
-            .join("|"),
-        other => other.to_string(),
-    };
-    if d.data.is_none() {
-        return format!("{device_id}@payload|{}", b64(&d.frm_payload));
-    }
-    match iot_agent_command(d) {
-        Value::Object(commands) if !commands.is_empty() => commands
-            .iter()
-            .map(|(command, value)| format!("{device_id}@{command}|{}", text(value)))
-            .collect::<Vec<_>>()
-            .join("#"),
-        _ => format!("{device_id}@payload|{}", b64(&d.frm_payload)),
-    }
-}
-
-/// Builds the request or message that sends `d` through `route`.
-/// `chirpstack` is the configured ChirpStack API for the device's type;
-/// without one a ChirpStack REST route cannot be used (the error says
-/// so). `replace` asks The Things Stack to replace its queue rather than
-/// append (when the webhook gave a replace URL).
-pub fn delivery(
-    route: &DownlinkRoute,
-    d: &Downlink,
-    chirpstack: Option<&ChirpStackApi>,
-    replace: bool,
-) -> Result<Delivery, String> {
-    Ok(match route {
-        DownlinkRoute::TtnWebhook {
-            push_url,
-            replace_url,
-            api_key,
-        } => {
-            let url = match (replace, replace_url) {
-                (true, Some(r)) => r.clone(),
-                _ => push_url.clone(),
-            };
-            let headers = api_key
-                .iter()
-                .map(|k| ("Authorization".to_string(), format!("Bearer {k}")))
-                .collect();
-            Delivery::Http(HttpDelivery {
-                url,
-                headers,
-                body: json!({ "downlinks": [ttn_downlink(d)] }),
-            })
-        }
-        DownlinkRoute::TtnMqtt {
-            source,
-            application,
-            device_id,
-        } => Delivery::Mqtt(MqttDelivery {
-            source: source.clone(),
-            topic: format!(
-                "v3/{application}/devices/{device_id}/down/{}",
-                if replace { "replace" } else { "push" }
-            ),
-            payload: json!({ "downlinks": [ttn_downlink(d)] })
-                .to_string()
-                .into_bytes(),
-        }),
-        DownlinkRoute::ChirpStackRest { dev_eui } => {
-            let api = chirpstack.ok_or_else(|| {
-                "no ChirpStack API is configured for this device ([downlinks.chirpstack])"
-                    .to_string()
-            })?;
-            Delivery::Http(HttpDelivery {
-                url: format!(
-                    "{}/api/devices/{dev_eui}/queue",
-                    api.url.trim_end_matches('/')
-                ),
-                headers: vec![
-                    (
-                        "Grpc-Metadata-Authorization".to_string(),
-                        format!("Bearer {}", api.token),
-                    ),
-                    ("Authorization".to_string(), format!("Bearer {}", api.token)),
-                ],
-                body: json!({ "queueItem": {
-                    "confirmed": d.confirmed,
-                    "fPort": d.f_port,
-                    "data": b64(&d.frm_payload),
-                }}),
-            })
-        }
-        DownlinkRoute::ChirpStackMqtt {
-            source,
-            application_id,
-            dev_eui,
-        } => Delivery::Mqtt(MqttDelivery {
-            source: source.clone(),
-            topic: format!("application/{application_id}/device/{dev_eui}/command/down"),
-            payload: json!({
-                "devEui": dev_eui,
-                "confirmed": d.confirmed,
-                "fPort": d.f_port,
-                "data": b64(&d.frm_payload),
-            })
-            .to_string()
-            .into_bytes(),
-        }),
-        DownlinkRoute::Helium { url } => Delivery::Http(HttpDelivery {
-            url: url.clone(),
-            headers: Vec::new(),
-            body: json!({
-                "payload_raw": b64(&d.frm_payload),
-                "port": d.f_port,
-                "confirmed": d.confirmed,
-            }),
-        }),
-        DownlinkRoute::IotAgentHttp { endpoint } => Delivery::Http(HttpDelivery {
-            url: endpoint.clone(),
-            headers: Vec::new(),
-            body: iot_agent_command(d),
-        }),
-        DownlinkRoute::IotAgentMqtt {
-            source,
-            apikey,
-            device_id,
-            protocol,
-        } => Delivery::Mqtt(MqttDelivery {
-            source: source.clone(),
-            topic: format!("/{apikey}/{device_id}/cmd"),
-            payload: match protocol {
-                IotaProtocol::Json => iot_agent_command(d).to_string().into_bytes(),
-                IotaProtocol::Ul => ultralight_command(device_id, d).into_bytes(),
-            },
-        }),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
 
     const NOW: i64 = 1_700_000_000_000;
 
@@ -732,119 +559,9 @@ mod tests {
         assert!(err(json!({"fPort": 1, "bytes": long})).contains("at most 242"));
     }
 
-    /// TTN's webhook route: push (or replace) URL, the API key as bearer,
-    /// TTN's queue body.
+    /// Stored routes written before the protocol existed read as JSON.
     #[test]
-    fn ttn_webhook_delivery() {
-        let route = DownlinkRoute::TtnWebhook {
-            push_url: "https://eu1.cloud.thethings.network/api/v3/as/applications/app/webhooks/weft/devices/dev/down/push".into(),
-            replace_url: Some("https://x/down/replace".into()),
-            api_key: Some("NNSXS.KEY".into()),
-        };
-        let Delivery::Http(http) = delivery(&route, &downlink(), None, false).unwrap() else {
-            panic!("http")
-        };
-        assert!(http.url.ends_with("/down/push"));
-        assert_eq!(
-            http.headers,
-            vec![("Authorization".into(), "Bearer NNSXS.KEY".into())]
-        );
-        assert_eq!(
-            http.body,
-            json!({"downlinks": [{"frm_payload": "AQU=", "f_port": 10, "confirmed": true, "priority": "HIGH"}]})
-        );
-        let Delivery::Http(http) = delivery(&route, &downlink(), None, true).unwrap() else {
-            panic!("http")
-        };
-        assert_eq!(http.url, "https://x/down/replace");
-    }
-
-    /// ChirpStack REST needs a configured API; the body is v4's queue item.
-    #[test]
-    fn chirpstack_rest_delivery() {
-        let route = DownlinkRoute::ChirpStackRest {
-            dev_eui: "0102030405060708".into(),
-        };
-        assert!(delivery(&route, &downlink(), None, false).is_err());
-        let api = ChirpStackApi {
-            url: "http://cs:8090/".into(),
-            token: "tok".into(),
-        };
-        let Delivery::Http(http) = delivery(&route, &downlink(), Some(&api), false).unwrap() else {
-            panic!("http")
-        };
-        assert_eq!(
-            http.url,
-            "http://cs:8090/api/devices/0102030405060708/queue"
-        );
-        assert!(http
-            .headers
-            .contains(&("Grpc-Metadata-Authorization".into(), "Bearer tok".into())));
-        assert_eq!(
-            http.body,
-            json!({"queueItem": {"confirmed": true, "fPort": 10, "data": "AQU="}})
-        );
-    }
-
-    /// The MQTT routes' topics and payloads, ready for the MQTT module.
-    #[test]
-    fn mqtt_deliveries() {
-        let d = downlink();
-        let ttn = DownlinkRoute::TtnMqtt {
-            source: "ttn".into(),
-            application: "app@ttn".into(),
-            device_id: "dev".into(),
-        };
-        let Delivery::Mqtt(m) = delivery(&ttn, &d, None, false).unwrap() else {
-            panic!("mqtt")
-        };
-        assert_eq!(m.topic, "v3/app@ttn/devices/dev/down/push");
-        let body: Value = serde_json::from_slice(&m.payload).unwrap();
-        assert_eq!(body["downlinks"][0]["frm_payload"], "AQU=");
-        let cs = DownlinkRoute::ChirpStackMqtt {
-            source: "cs".into(),
-            application_id: "a1".into(),
-            dev_eui: "0102".into(),
-        };
-        let Delivery::Mqtt(m) = delivery(&cs, &d, None, false).unwrap() else {
-            panic!("mqtt")
-        };
-        assert_eq!(m.topic, "application/a1/device/0102/command/down");
-        let body: Value = serde_json::from_slice(&m.payload).unwrap();
-        assert_eq!(
-            body,
-            json!({"devEui": "0102", "confirmed": true, "fPort": 10, "data": "AQU="})
-        );
-        let iota = DownlinkRoute::IotAgentMqtt {
-            source: "local".into(),
-            apikey: "k1".into(),
-            device_id: "lamp1".into(),
-            protocol: IotaProtocol::Json,
-        };
-        let Delivery::Mqtt(m) = delivery(&iota, &d, None, false).unwrap() else {
-            panic!("mqtt")
-        };
-        assert_eq!(m.topic, "/k1/lamp1/cmd");
-        assert_eq!(m.payload, br#"{"ring":5}"#);
-        assert_eq!(iota.mqtt_source(), Some("local"));
-        let ul = DownlinkRoute::IotAgentMqtt {
-            source: "local".into(),
-            apikey: "k1".into(),
-            device_id: "lamp1".into(),
-            protocol: IotaProtocol::Ul,
-        };
-        let Delivery::Mqtt(m) = delivery(&ul, &d, None, false).unwrap() else {
-            panic!("mqtt")
-        };
-        assert_eq!(
-            (m.topic.as_str(), m.payload.as_slice()),
-            ("/k1/lamp1/cmd", &b"lamp1@ring|5"[..])
-        );
-        let Delivery::Mqtt(m) = delivery(&ttn, &d, None, true).unwrap() else {
-            panic!("mqtt")
-        };
-        assert_eq!(m.topic, "v3/app@ttn/devices/dev/down/replace");
-        // Stored routes written before the protocol existed read as JSON.
+    fn old_iot_agent_routes_read_as_json() {
         let old: DownlinkRoute = serde_json::from_str(
             r#"{"kind":"iot-agent-mqtt","source":"s","apikey":"k","deviceId":"d"}"#,
         )
@@ -856,30 +573,6 @@ mod tests {
                 ..
             }
         ));
-    }
-
-    /// Helium gets its HTTP integration's downlink body; IoT Agent HTTP
-    /// devices their command object.
-    #[test]
-    fn helium_and_iot_agent_deliveries() {
-        let d = downlink();
-        let helium = DownlinkRoute::Helium {
-            url: "https://console.helium.com/api/v1/down/x/y".into(),
-        };
-        let Delivery::Http(h) = delivery(&helium, &d, None, false).unwrap() else {
-            panic!("http")
-        };
-        assert_eq!(
-            h.body,
-            json!({"payload_raw": "AQU=", "port": 10, "confirmed": true})
-        );
-        let device = DownlinkRoute::IotAgentHttp {
-            endpoint: "http://lamp/cmd".into(),
-        };
-        let Delivery::Http(h) = delivery(&device, &d, None, false).unwrap() else {
-            panic!("http")
-        };
-        assert_eq!(h.body, json!({"ring": 5}));
     }
 
     /// Records and routes survive a JSON round trip (how they are stored).

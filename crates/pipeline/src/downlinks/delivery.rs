@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
-use weft_model::downlink::{delivery, Delivery, HttpDelivery};
+use weft_model::downlink::{Delivery, HttpDelivery};
 use weft_model::{now_ms, Downlink, DownlinkRoute, DownlinkStatus};
 
 use super::Downlinks;
@@ -186,7 +186,7 @@ impl Downlinks {
     /// Sends `d` through `route`.
     async fn send(&self, route: &DownlinkRoute, d: &Downlink) -> Outcome {
         let chirpstack = self.chirpstack_for(&d.device_id);
-        let outcome = match delivery(route, d, chirpstack, false) {
+        let outcome = match crate::uplink::delivery(route, d, chirpstack, false) {
             Err(reason) => Outcome::Pending(reason),
             Ok(Delivery::Mqtt(message)) => {
                 match self

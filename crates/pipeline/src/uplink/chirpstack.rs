@@ -6,16 +6,69 @@
 //! uplink, any other a device event. Its REST API, configured in weft, is
 //! the way back to a device whose uplinks came from it.
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
+use weft_model::downlink::{ChirpStackApi, Delivery, HttpDelivery, MqttDelivery};
 use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
-use weft_model::DownlinkRoute;
+use weft_model::{Downlink, DownlinkRoute};
 
-use super::{copy_fields, Envelope, Header, NetworkServer};
+use super::{b64, copy_fields, Envelope, Header, NetworkServer};
 use crate::decode::base64_bytes;
 
 /// ChirpStack.
 pub struct ChirpStack;
+
+/// A downlink queued through ChirpStack's REST API
+/// (`POST {api}/api/devices/{devEui}/queue`), which must be configured.
+pub(super) fn rest_delivery(
+    dev_eui: &str,
+    d: &Downlink,
+    api: Option<&ChirpStackApi>,
+) -> Result<Delivery, String> {
+    let api = api.ok_or_else(|| {
+        "no ChirpStack API is configured for this device ([downlinks.chirpstack])".to_string()
+    })?;
+    Ok(Delivery::Http(HttpDelivery {
+        url: format!(
+            "{}/api/devices/{dev_eui}/queue",
+            api.url.trim_end_matches('/')
+        ),
+        headers: vec![
+            (
+                "Grpc-Metadata-Authorization".to_string(),
+                format!("Bearer {}", api.token),
+            ),
+            ("Authorization".to_string(), format!("Bearer {}", api.token)),
+        ],
+        body: json!({ "queueItem": {
+            "confirmed": d.confirmed,
+            "fPort": d.f_port,
+            "data": b64(&d.frm_payload),
+        }}),
+    }))
+}
+
+/// A downlink published on `application/{id}/device/{devEui}/command/down`
+/// through the MQTT source the uplinks came by.
+pub(super) fn mqtt_delivery(
+    source: &str,
+    application_id: &str,
+    dev_eui: &str,
+    d: &Downlink,
+) -> Delivery {
+    Delivery::Mqtt(MqttDelivery {
+        source: source.to_string(),
+        topic: format!("application/{application_id}/device/{dev_eui}/command/down"),
+        payload: json!({
+            "devEui": dev_eui,
+            "confirmed": d.confirmed,
+            "fPort": d.f_port,
+            "data": b64(&d.frm_payload),
+        })
+        .to_string()
+        .into_bytes(),
+    })
+}
 
 impl NetworkServer for ChirpStack {
     fn device(&self, body: &Value) -> Option<String> {

@@ -33,7 +33,8 @@ pub mod sensae;
 pub mod ttn;
 
 use serde_json::{Map, Value};
-use weft_model::{DeviceEvent, DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
+use weft_model::downlink::{ChirpStackApi, Delivery};
+use weft_model::{DeviceEvent, Downlink, DownlinkRoute, NewUplink, UplinkFormat, UplinkPins};
 
 use crate::downlinks::DownlinkError;
 use crate::{AcceptError, Services};
@@ -183,6 +184,59 @@ pub(crate) fn device_event(
         e.fields = server.event_fields(e.kind(), &e.event, &e.body);
         e
     }))
+}
+
+/// The request or message that sends `d` back through `route`, built by
+/// the module of the network server the route leads to. `chirpstack` is
+/// the configured ChirpStack API for the device's type (a ChirpStack REST
+/// route cannot be used without one: the error says so); `replace` asks
+/// The Things Stack to replace its queue rather than append.
+pub(crate) fn delivery(
+    route: &DownlinkRoute,
+    d: &Downlink,
+    chirpstack: Option<&ChirpStackApi>,
+    replace: bool,
+) -> Result<Delivery, String> {
+    Ok(match route {
+        DownlinkRoute::TtnWebhook {
+            push_url,
+            replace_url,
+            api_key,
+        } => ttn::webhook_delivery(
+            push_url,
+            replace_url.as_deref(),
+            api_key.as_deref(),
+            d,
+            replace,
+        ),
+        DownlinkRoute::TtnMqtt {
+            source,
+            application,
+            device_id,
+        } => ttn::mqtt_delivery(source, application, device_id, d, replace),
+        DownlinkRoute::ChirpStackRest { dev_eui } => {
+            chirpstack::rest_delivery(dev_eui, d, chirpstack)?
+        }
+        DownlinkRoute::ChirpStackMqtt {
+            source,
+            application_id,
+            dev_eui,
+        } => chirpstack::mqtt_delivery(source, application_id, dev_eui, d),
+        DownlinkRoute::Helium { url } => sensae::helium_delivery(url, d),
+        DownlinkRoute::IotAgentHttp { endpoint } => iota::http_delivery(endpoint, d),
+        DownlinkRoute::IotAgentMqtt {
+            source,
+            apikey,
+            device_id,
+            protocol,
+        } => iota::mqtt_delivery(source, apikey, device_id, *protocol, d),
+    })
+}
+
+/// Bytes as standard base64, as every network server's API takes them.
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// Copies the values of `body` at each (name, path) of `wanted` into
@@ -558,5 +612,154 @@ mod tests {
             &sensae
         )
         .is_none());
+    }
+
+    fn downlink() -> Downlink {
+        Downlink {
+            id: "d1".into(),
+            device_id: "eui-1".into(),
+            f_port: 10,
+            confirmed: true,
+            priority: "HIGH".into(),
+            frm_payload: vec![1, 5],
+            data: Some(json!({"ring": 5})),
+            command: Some("ring".into()),
+            status: weft_model::DownlinkStatus::Queued,
+            reason: None,
+            attempts: 0,
+            route: None,
+            created_at: 1,
+            updated_at: 1,
+            sent_at: None,
+            expires_at: None,
+            next_attempt_at: 1,
+        }
+    }
+
+    fn http(
+        route: &DownlinkRoute,
+        api: Option<&ChirpStackApi>,
+        replace: bool,
+    ) -> weft_model::downlink::HttpDelivery {
+        match delivery(route, &downlink(), api, replace).unwrap() {
+            Delivery::Http(http) => http,
+            other => panic!("not http: {other:?}"),
+        }
+    }
+
+    fn mqtt(route: &DownlinkRoute, replace: bool) -> weft_model::downlink::MqttDelivery {
+        match delivery(route, &downlink(), None, replace).unwrap() {
+            Delivery::Mqtt(m) => m,
+            other => panic!("not mqtt: {other:?}"),
+        }
+    }
+
+    /// TTN: the webhook's push (or replace) URL with the API key as
+    /// bearer, or the MQTT `down/push` (`down/replace`) topic; TTN's queue
+    /// body either way.
+    #[test]
+    fn ttn_deliveries() {
+        let route = DownlinkRoute::TtnWebhook {
+            push_url: "https://eu1.cloud.thethings.network/api/v3/as/applications/app/webhooks/weft/devices/dev/down/push".into(),
+            replace_url: Some("https://x/down/replace".into()),
+            api_key: Some("NNSXS.KEY".into()),
+        };
+        let push = http(&route, None, false);
+        assert!(push.url.ends_with("/down/push"));
+        assert_eq!(
+            push.headers,
+            vec![("Authorization".into(), "Bearer NNSXS.KEY".into())]
+        );
+        assert_eq!(
+            push.body,
+            json!({"downlinks": [{"frm_payload": "AQU=", "f_port": 10, "confirmed": true, "priority": "HIGH"}]})
+        );
+        assert_eq!(http(&route, None, true).url, "https://x/down/replace");
+        let ttn = DownlinkRoute::TtnMqtt {
+            source: "ttn".into(),
+            application: "app@ttn".into(),
+            device_id: "dev".into(),
+        };
+        let m = mqtt(&ttn, false);
+        assert_eq!(m.topic, "v3/app@ttn/devices/dev/down/push");
+        let body: Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(body["downlinks"][0]["frm_payload"], "AQU=");
+        assert_eq!(
+            mqtt(&ttn, true).topic,
+            "v3/app@ttn/devices/dev/down/replace"
+        );
+    }
+
+    /// ChirpStack: REST needs a configured API and takes v4's queue item;
+    /// MQTT takes its command topic.
+    #[test]
+    fn chirpstack_deliveries() {
+        let route = DownlinkRoute::ChirpStackRest {
+            dev_eui: "0102030405060708".into(),
+        };
+        assert!(delivery(&route, &downlink(), None, false).is_err());
+        let api = ChirpStackApi {
+            url: "http://cs:8090/".into(),
+            token: "tok".into(),
+        };
+        let rest = http(&route, Some(&api), false);
+        assert_eq!(
+            rest.url,
+            "http://cs:8090/api/devices/0102030405060708/queue"
+        );
+        assert!(rest
+            .headers
+            .contains(&("Grpc-Metadata-Authorization".into(), "Bearer tok".into())));
+        assert_eq!(
+            rest.body,
+            json!({"queueItem": {"confirmed": true, "fPort": 10, "data": "AQU="}})
+        );
+        let cs = DownlinkRoute::ChirpStackMqtt {
+            source: "cs".into(),
+            application_id: "a1".into(),
+            dev_eui: "0102".into(),
+        };
+        let m = mqtt(&cs, false);
+        assert_eq!(m.topic, "application/a1/device/0102/command/down");
+        let body: Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(
+            body,
+            json!({"devEui": "0102", "confirmed": true, "fPort": 10, "data": "AQU="})
+        );
+    }
+
+    /// Helium gets its HTTP integration's downlink body; IoT Agent devices
+    /// their command, as JSON or UltraLight, over HTTP or MQTT.
+    #[test]
+    fn helium_and_iot_agent_deliveries() {
+        let helium = DownlinkRoute::Helium {
+            url: "https://console.helium.com/api/v1/down/x/y".into(),
+        };
+        assert_eq!(
+            http(&helium, None, false).body,
+            json!({"payload_raw": "AQU=", "port": 10, "confirmed": true})
+        );
+        let device = DownlinkRoute::IotAgentHttp {
+            endpoint: "http://lamp/cmd".into(),
+        };
+        assert_eq!(http(&device, None, false).body, json!({"ring": 5}));
+        let iota = |protocol| DownlinkRoute::IotAgentMqtt {
+            source: "local".into(),
+            apikey: "k1".into(),
+            device_id: "lamp1".into(),
+            protocol,
+        };
+        let json_route = iota(weft_model::downlink::IotaProtocol::Json);
+        let m = mqtt(&json_route, false);
+        assert_eq!(
+            (m.topic.as_str(), m.payload.as_slice()),
+            ("/k1/lamp1/cmd", &br#"{"ring":5}"#[..])
+        );
+        assert_eq!(json_route.mqtt_source(), Some("local"));
+        let m = mqtt(&iota(weft_model::downlink::IotaProtocol::Ul), false);
+        assert_eq!(
+            (m.topic.as_str(), m.payload.as_slice()),
+            ("/k1/lamp1/cmd", &b"lamp1@ring|5"[..])
+        );
     }
 }

@@ -6,13 +6,28 @@
 //! array, hex or base64) with its port in `port`/`fPort`/`f_port`.
 //! Helium's `downlink_url` is the way back.
 
-use serde_json::Value;
+use serde_json::{json, Value};
+use weft_model::downlink::{Delivery, HttpDelivery};
 use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
-use weft_model::DownlinkRoute;
+use weft_model::{Downlink, DownlinkRoute};
 
-use super::{is_url, Envelope, Header, NetworkServer};
+use super::{b64, is_url, Envelope, Header, NetworkServer};
 use crate::decode::{base64_bytes, hex_or_base64};
+
+/// A downlink POSTed to the `downlink_url` a Helium uplink gave, in the
+/// body Helium's HTTP integration takes.
+pub(super) fn helium_delivery(url: &str, d: &Downlink) -> Delivery {
+    Delivery::Http(HttpDelivery {
+        url: url.to_string(),
+        headers: Vec::new(),
+        body: json!({
+            "payload_raw": b64(&d.frm_payload),
+            "port": d.f_port,
+            "confirmed": d.confirmed,
+        }),
+    })
+}
 
 /// Body fields that identify a sensae/Helium uplink rather than measure
 /// anything; left out of `measures` when no processor says otherwise.

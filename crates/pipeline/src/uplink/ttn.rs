@@ -8,13 +8,70 @@
 //! message field. The webhook's `X-Downlink-Push`, `X-Downlink-Replace`
 //! and `X-Downlink-Apikey` headers are the way back.
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
+use weft_model::downlink::{Delivery, HttpDelivery, MqttDelivery};
 use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
-use weft_model::DownlinkRoute;
+use weft_model::{Downlink, DownlinkRoute};
 
-use super::{copy_fields, is_url, Envelope, Header, NetworkServer};
+use super::{b64, copy_fields, is_url, Envelope, Header, NetworkServer};
 use crate::decode::base64_bytes;
+
+/// The Things Stack's downlink message (`{frm_payload, f_port, confirmed,
+/// priority}`), shared by its webhook and MQTT APIs.
+fn downlink_message(d: &Downlink) -> Value {
+    json!({
+        "frm_payload": b64(&d.frm_payload),
+        "f_port": d.f_port,
+        "confirmed": d.confirmed,
+        "priority": d.priority,
+    })
+}
+
+/// A downlink through the webhook's `X-Downlink-Push` (or, with
+/// `replace`, `X-Downlink-Replace`) URL, with its API key as bearer.
+pub(super) fn webhook_delivery(
+    push_url: &str,
+    replace_url: Option<&str>,
+    api_key: Option<&str>,
+    d: &Downlink,
+    replace: bool,
+) -> Delivery {
+    let url = match (replace, replace_url) {
+        (true, Some(r)) => r,
+        _ => push_url,
+    };
+    let headers = api_key
+        .iter()
+        .map(|k| ("Authorization".to_string(), format!("Bearer {k}")))
+        .collect();
+    Delivery::Http(HttpDelivery {
+        url: url.to_string(),
+        headers,
+        body: json!({ "downlinks": [downlink_message(d)] }),
+    })
+}
+
+/// A downlink published on `v3/{application}/devices/{device}/down/push`
+/// (or `…/replace`) through the MQTT source the uplinks came by.
+pub(super) fn mqtt_delivery(
+    source: &str,
+    application: &str,
+    device_id: &str,
+    d: &Downlink,
+    replace: bool,
+) -> Delivery {
+    Delivery::Mqtt(MqttDelivery {
+        source: source.to_string(),
+        topic: format!(
+            "v3/{application}/devices/{device_id}/down/{}",
+            if replace { "replace" } else { "push" }
+        ),
+        payload: json!({ "downlinks": [downlink_message(d)] })
+            .to_string()
+            .into_bytes(),
+    })
+}
 
 /// The fields of a message that say which device and when, not what
 /// happened: the message's kind is the other top-level object field.
