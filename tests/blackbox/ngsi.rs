@@ -347,9 +347,11 @@ async fn update_operators_compute_from_the_current_value() {
             e[attr].clone()
         }
     };
+    // Sent without a type, an operator leaves a StructuredValue, as the
+    // real Orion 4.7.0 stores it.
     assert_eq!(
         get("c").await,
-        json!({"type":"Number","value":4,"metadata":{}})
+        json!({"type":"StructuredValue","value":4,"metadata":{}})
     );
 
     let patch = |body: Value| {
@@ -362,7 +364,7 @@ async fn update_operators_compute_from_the_current_value() {
     };
     assert_eq!(patch(json!({"n":{"value":{"$inc":2}}})).await.0, 204);
     assert_eq!(get("n").await["value"], 7);
-    assert_eq!(get("n").await["type"], "Number");
+    assert_eq!(get("n").await["type"], "StructuredValue");
     patch(json!({"A":{"value":{"$push":{"$each":[2,3]}},"type":"StructuredValue"}})).await;
     patch(json!({"A":{"value":{"$addToSet":3},"type":"StructuredValue"}})).await;
     assert_eq!(get("A").await["value"], json!([1, 2, 3]));
@@ -388,6 +390,22 @@ async fn update_operators_compute_from_the_current_value() {
     .await;
     assert_eq!(status, 204);
     assert_eq!(get("n").await["value"], 21);
+    // `…/value` sets the value alone: with an operator too, the type
+    // stays (as the real Orion 4.7.0 keeps it).
+    patch(json!({"n":{"value":21,"type":"Number"}})).await;
+    let (status, _, _) = call(
+        &c,
+        "PUT",
+        "/v2/entities/E/attrs/n/value",
+        None,
+        Some(&json!({"$inc": 1})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        get("n").await,
+        json!({"type":"Number","value":22,"metadata":{}})
+    );
 }
 
 // ---------------------------------------------------------------------

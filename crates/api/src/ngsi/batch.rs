@@ -135,7 +135,7 @@ pub async fn update(
             ))
         }
         Some(Value::Array(a)) => a,
-        Some(_) => return Err(NgsiError::parse_error().into()),
+        Some(_) => return Err(Error::bad_request("not a JSON array")),
     };
     if entities.is_empty() {
         return Err(Error::bad_request("empty entities vector"));

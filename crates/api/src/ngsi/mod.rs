@@ -452,7 +452,44 @@ fn guard(req: &Request) -> Option<Response> {
     if let Some(n) = length.filter(|n| *n > MAX_BODY_BYTES as u64) {
         return Some(Error::too_large(n, MAX_BODY_BYTES).into_response());
     }
-    None
+    let accept = req.headers().get(header::ACCEPT)?.to_str().ok()?;
+    let value_path = req.uri().path().trim_end_matches('/').ends_with("/value");
+    unacceptable(accept, value_path).map(IntoResponse::into_response)
+}
+
+/// Orion's 406 for an `Accept` that takes nothing it answers, checked on
+/// every request as Orion checks it (asked of the real Orion 4.7.0): JSON
+/// is always acceptable (`application/json`, `application/*`, `*/*`,
+/// whatever their `q`), text too on an attribute's `/value` (which then
+/// picks between them itself). Refused, a header naming text gets
+/// "acceptable MIME types: application/json", anything else "no
+/// acceptable mime-type in accept header".
+fn unacceptable(accept: &str, value_path: bool) -> Option<Error> {
+    let mut names_text = false;
+    for entry in accept.split(',') {
+        let media = entry
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match media.as_str() {
+            "application/json" | "application/*" | "*/*" => return None,
+            "text/plain" | "text/*" if value_path => return None,
+            "text/plain" | "text/*" => names_text = true,
+            _ => {}
+        }
+    }
+    let description = if names_text {
+        "acceptable MIME types: application/json"
+    } else {
+        "no acceptable mime-type in accept header"
+    };
+    Some(Error(weft_model::ngsi::NgsiError::new(
+        406,
+        "NotAcceptable",
+        description,
+    )))
 }
 
 /// Unknown paths. Orion ignores one trailing `/`, so `/v2/entities/` is

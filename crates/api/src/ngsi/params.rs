@@ -112,6 +112,17 @@ impl Params {
                 _ => return Err(Error::bad_request("Invalid value for URI param /options/")),
             }
         }
+        // Two of the representations at once is no representation (as
+        // the real Orion 4.7.0 answers; `normalized` beside one is not
+        // counted).
+        if [o.key_values, o.values, o.unique]
+            .iter()
+            .filter(|on| **on)
+            .count()
+            > 1
+        {
+            return Err(Error::bad_request("Invalid value for URI param /options/"));
+        }
         Ok(o)
     }
 

@@ -132,7 +132,9 @@ impl ServicePath {
         let path = paths[0].clone();
         if path.ends_with('#') {
             return Err(Error::bad_request(match op {
-                WriteOp::Update => "servicepath with wildcard # is not allowed in update request",
+                // As the real Orion 4.7.0 answers creations, appends,
+                // replaces and batch updates with a `#`.
+                WriteOp::Update => "Bad Character in Service-Path",
                 WriteOp::Patch => {
                     "servicepath with wildcard # is not allowed in patch update request"
                 }

@@ -21,7 +21,7 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::{default_type, AttrMap, Attribute, Entity, NgsiError};
+use super::{AttrMap, Attribute, Entity, NgsiError};
 
 /// What an operator value resolves to.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,8 +62,7 @@ const OPERATORS: [&str; 10] = [
 /// Resolves the operators in `attrs` against `entity`'s current values
 /// (none: the entity is being created), in place. Attributes whose
 /// operator creates nothing are removed from `attrs`. An operator value
-/// sent without a type keeps the current attribute's type (or takes the
-/// result's default type).
+/// sent without a type is a `StructuredValue`, as in Orion.
 pub fn resolve_operators(entity: Option<&Entity>, attrs: &mut AttrMap) -> Result<(), NgsiError> {
     let mut skipped = Vec::new();
     for (name, attr) in attrs.iter_mut() {
@@ -87,14 +86,9 @@ pub fn resolve_attr(current: Option<&Attribute>, attr: &mut Attribute) -> Result
     match apply(current.map(|a| &a.value), &attr.value)? {
         Resolved::Skip => Ok(false),
         Resolved::Value(value) => {
-            // `parse_attr` gave an operator without a type the default
-            // type of an object; the result's own type is what was meant.
-            if attr.attr_type == default_type(&attr.value) {
-                attr.attr_type = match current {
-                    Some(c) => c.attr_type.clone(),
-                    None => default_type(&value).to_string(),
-                };
-            }
+            // An operator sent without a type keeps the type `parse_attr`
+            // gave its object, `StructuredValue`, whatever it results in,
+            // as the real Orion 4.7.0 stores it.
             attr.value = value;
             Ok(true)
         }
@@ -231,8 +225,9 @@ pub fn apply(current: Option<&Value>, op: &Value) -> Result<Resolved, NgsiError>
             Some(Value::Object(o)) => {
                 let mut object = o.clone();
                 if let Value::Object(fields) = operand {
+                    // The other fields keep their places.
                     for k in fields.keys() {
-                        object.remove(k);
+                        object.shift_remove(k);
                     }
                 }
                 Ok(Resolved::Value(Value::Object(object)))
@@ -341,6 +336,7 @@ fn store_error(message: String) -> NgsiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ngsi::default_type;
     use serde_json::json;
 
     fn value(current: Option<Value>, op: Value) -> Value {
@@ -449,14 +445,60 @@ mod tests {
         assert!(!is_operator(&json!(1)));
     }
 
+    /// As the real Orion 4.7.0 stores it: an operator sent without a type
+    /// leaves a `StructuredValue`, whatever it results in; one sent with
+    /// a type keeps that type. `$unset` leaves the other fields in place.
     #[test]
-    fn an_operator_without_a_type_keeps_the_attributes_type() {
+    fn an_operator_without_a_type_is_a_structured_value() {
         let current = Attribute::new(json!(1), "Number");
         let mut attr = Attribute::new(json!({"$inc": 2}), default_type(&json!({})));
         assert!(resolve_attr(Some(&current), &mut attr).unwrap());
-        assert_eq!((attr.value, attr.attr_type.as_str()), (json!(3), "Number"));
+        assert_eq!(
+            (attr.value, attr.attr_type.as_str()),
+            (json!(3), "StructuredValue")
+        );
+        let mut typed = Attribute::new(json!({"$inc": 2}), "Number");
+        assert!(resolve_attr(Some(&current), &mut typed).unwrap());
+        assert_eq!(typed.attr_type, "Number");
         let mut new = Attribute::new(json!({"$push": "x"}), default_type(&json!({})));
         assert!(resolve_attr(None, &mut new).unwrap());
         assert_eq!(new.value, json!(["x"]));
+        let object = json!({"a": 1, "b": 2, "c": 3});
+        let Resolved::Value(left) = apply(Some(&object), &json!({"$unset": {"a": 1}})).unwrap()
+        else {
+            panic!("skipped")
+        };
+        let keys: Vec<&String> = left.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["b", "c"]);
+    }
+
+    /// `$min`/`$max` on a `DateTime` compare instants, whatever the
+    /// spelling of the dates (as the real Orion 4.7.0 does).
+    #[test]
+    fn min_and_max_compare_dates() {
+        let current = crate::ngsi::parse_attr(
+            "t",
+            &json!({"value": "2024-05-01T00:00:00Z", "type": "DateTime"}),
+        )
+        .unwrap();
+        let mut min = crate::ngsi::parse_attr(
+            "t",
+            &json!({"value": {"$min": "2024-01-01T00:00:00Z"}, "type": "DateTime"}),
+        )
+        .unwrap();
+        assert!(resolve_attr(Some(&current), &mut min).unwrap());
+        assert_eq!(min.value, json!("2024-01-01T00:00:00.000Z"));
+        let mut max = crate::ngsi::parse_attr(
+            "t",
+            &json!({"value": {"$max": "2024-01-01T00:00:00Z"}, "type": "DateTime"}),
+        )
+        .unwrap();
+        assert!(resolve_attr(Some(&current), &mut max).unwrap());
+        assert_eq!(max.value, json!("2024-05-01T00:00:00.000Z"));
+        assert!(crate::ngsi::parse_attr(
+            "t",
+            &json!({"value": {"$min": "soon"}, "type": "DateTime"})
+        )
+        .is_err());
     }
 }

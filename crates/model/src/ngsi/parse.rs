@@ -411,6 +411,21 @@ pub(crate) fn check_value(
         ));
     }
     if is_date_type(attr_type) {
+        // `{"$min": date}` and `{"$max": date}` compare instants (the
+        // date normalised, so normalised dates compare as text); other
+        // operators go as they are, as Orion takes them.
+        if super::operators::is_operator(&value) {
+            let Value::Object(mut op) = value else {
+                return Ok(value);
+            };
+            for name in ["$min", "$max"] {
+                if let Some(date) = op.get_mut(name) {
+                    let given = std::mem::take(date);
+                    *date = normalise_date(given, "date has invalid format in attribute value")?;
+                }
+            }
+            return Ok(Value::Object(op));
+        }
         return normalise_date(value, "date has invalid format in attribute value");
     }
     // A location is checked as Orion indexes it; `ignoreType` makes it

@@ -1,9 +1,11 @@
 //! The model into Orion's representations.
 //!
-//! Order (from `1049_values_mode/attrs_order.test`, whose raw bodies are
-//! compared byte for byte): `id`, `type`, then the attributes in creation
-//! order, or in the order of the `attrs` filter when one is given; each
-//! attribute renders `type`, `value`, `metadata`. Object key order reaches
+//! Order, as Orion renders (asked of the real Orion 4.7.0; also
+//! `1049_values_mode/attrs_order.test`, compared byte for byte): `id`,
+//! `type`, then the attributes sorted by name whatever order they were
+//! created in, or in the order of the `attrs` filter when one without `*`
+//! is given; each attribute renders `type`, `value`, `metadata`, and its
+//! metadata sorted by name the same way. Object key order reaches
 //! the wire only if serde_json keeps insertion order (its
 //! `preserve_order` feature); `values`/`unique` arrays are ordered anyway.
 //!
@@ -180,36 +182,39 @@ fn builtin_attr(entity: &Entity, name: &str, service_path: Option<&str>) -> Opti
     ))
 }
 
-/// The attributes to render, in order: every user attribute when there is
-/// no filter; otherwise the named ones (user attributes first, builtins
-/// when no user attribute has the name) with `*` standing for every user
-/// attribute. `dateExpires` is a builtin even though it is kept as an
-/// attribute: only its name brings it, never the default or `*`.
+/// The attributes to render, in order: every user attribute, sorted by
+/// name (as Orion renders them, whatever order they were created in), when
+/// there is no filter or the filter has `*` (then followed by the builtins
+/// it names); otherwise the named ones in the filter's order (a user
+/// attribute, or the builtin when no user attribute has the name).
+/// `dateExpires` is a builtin even though it is kept as an attribute: only
+/// its name brings it, never the default or `*`.
 fn select_attrs<'a>(
     entity: &'a Entity,
     filter: Option<&'a [String]>,
     service_path: Option<&str>,
 ) -> Vec<Selected<'a>> {
-    let shown = || {
-        entity
+    let all_sorted = || {
+        let mut all: Vec<Selected<'a>> = entity
             .attrs
             .iter()
             .filter(|(n, _)| *n != EXPIRATION_ATTR)
             .map(|(n, a)| (n, Cow::Borrowed(a)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        all
     };
     let Some(list) = filter.filter(|l| !l.is_empty()) else {
-        return shown().collect();
+        return all_sorted();
     };
-    let mut seen: HashSet<&str> = HashSet::new();
-    let mut out = Vec::new();
+    let star = list.iter().any(|n| n == "*");
+    let mut out = if star { all_sorted() } else { Vec::new() };
+    let mut seen: HashSet<&str> = out.iter().map(|(n, _)| *n).collect();
     for name in list {
-        if name == "*" {
-            for (n, a) in shown() {
-                if seen.insert(n) {
-                    out.push((n, a));
-                }
-            }
-        } else if let Some(a) = entity.attrs.get(name) {
+        if name == "*" || (star && entity.attrs.contains_key(name) && name != EXPIRATION_ATTR) {
+            continue;
+        }
+        if let Some(a) = entity.attrs.get(name) {
             if seen.insert(name) {
                 out.push((name.as_str(), Cow::Borrowed(a)));
             }
@@ -230,23 +235,25 @@ fn attr_object(
 ) -> Value {
     let mut md = Map::new();
     let datetime = |ms: i64| serde_json::json!({"type": "DateTime", "value": format_datetime(ms)});
-    match metadata_filter.filter(|l| !l.is_empty()) {
-        None => {
-            for (n, m) in attr.metadata.iter() {
+    // User metadata are rendered sorted by name, as Orion renders them,
+    // unless a list without `*` orders them.
+    let all_sorted = |md: &mut Map<String, Value>| {
+        let mut names: Vec<&str> = attr.metadata.iter().map(|(n, _)| n).collect();
+        names.sort_unstable();
+        for n in names {
+            if let Some(m) = attr.metadata.get(n) {
                 md.insert(n.to_string(), md_object(&m.md_type, &m.value));
             }
         }
+    };
+    match metadata_filter.filter(|l| !l.is_empty()) {
+        None => all_sorted(&mut md),
         Some(list) => {
+            if list.iter().any(|n| n == "*") {
+                all_sorted(&mut md);
+            }
             for name in list {
-                if md.contains_key(name) {
-                    continue;
-                }
-                if name == "*" {
-                    for (n, m) in attr.metadata.iter() {
-                        if !md.contains_key(n) {
-                            md.insert(n.to_string(), md_object(&m.md_type, &m.value));
-                        }
-                    }
+                if name == "*" || md.contains_key(name) {
                     continue;
                 }
                 let item = if let Some(m) = attr.metadata.get(name) {
@@ -405,8 +412,19 @@ mod tests {
                 "dateCreated":{"type":"DateTime","value":"2017-07-14T02:40:00.123Z","metadata":{}},
                 "dateModified":{"type":"DateTime","value":"2017-07-14T02:40:00.123Z","metadata":{}}})
         );
+        // With `*`, the user attributes first (as the real Orion 4.7.0
+        // answers); without it, the list's order (step 02c).
         assert_eq!(
             render(&e, Format::Values, Some(&f), None),
+            json!([
+                "foo",
+                "2017-07-14T02:40:00.123Z",
+                "2017-07-14T02:40:00.123Z"
+            ])
+        );
+        let listed = s(&["dateCreated", "dateModified", "A"]);
+        assert_eq!(
+            render(&e, Format::Values, Some(&listed), None),
             json!([
                 "2017-07-14T02:40:00.123Z",
                 "2017-07-14T02:40:00.123Z",
@@ -515,5 +533,49 @@ mod tests {
             Some(Format::SimplifiedNormalized)
         );
         assert_eq!(Format::from_name("x"), None);
+    }
+
+    /// Attributes and metadata come sorted by name, as Orion renders them,
+    /// unless a list without `*` orders them; builtins named beside `*`
+    /// follow the user attributes.
+    #[test]
+    fn attributes_and_metadata_are_sorted_by_name() {
+        let e = parse_entity(
+            &json!({"id": "Z", "type": "T", "zeta": {"value": 1}, "B": {"value": 2},
+                    "_c": {"value": 3},
+                    "alpha": {"value": 4, "metadata": {"zz": {"value": 1}, "aa": {"value": 2}}}}),
+            false,
+        )
+        .unwrap();
+        let keys = |v: Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+        assert_eq!(
+            keys(render(&e, Format::KeyValues, None, None)),
+            ["id", "type", "B", "_c", "alpha", "zeta"]
+        );
+        assert_eq!(
+            keys(render(
+                &e,
+                Format::KeyValues,
+                Some(&s(&["zeta", "alpha"])),
+                None
+            )),
+            ["id", "type", "zeta", "alpha"]
+        );
+        assert_eq!(
+            keys(render(
+                &e,
+                Format::KeyValues,
+                Some(&s(&["dateModified", "zeta", "*"])),
+                None
+            )),
+            ["id", "type", "B", "_c", "alpha", "zeta", "dateModified"]
+        );
+        assert_eq!(render(&e, Format::Values, None, None), json!([2, 3, 4, 1]));
+        let alpha = |md: Option<&[String]>| {
+            keys(render(&e, Format::Normalized, None, md)["alpha"]["metadata"].clone())
+        };
+        assert_eq!(alpha(None), ["aa", "zz"]);
+        assert_eq!(alpha(Some(&s(&["zz", "aa"]))), ["zz", "aa"]);
+        assert_eq!(alpha(Some(&s(&["*", "zz"]))), ["aa", "zz"]);
     }
 }

@@ -430,17 +430,15 @@ impl Subscription {
         self.render_with(now, false)
     }
 
+    /// Orion's rendering, field for field in its order (asked of the
+    /// real Orion 4.7.0): `id`, `description`, `expires`, `status`,
+    /// `subject`, `notification`, `throttling`.
     fn render_with(&self, now: i64, secrets: bool) -> Value {
         let mut out = Map::new();
         out.insert("id".into(), self.id.clone().into());
         if let Some(d) = &self.description {
             out.insert("description".into(), d.clone().into());
         }
-        out.insert("subject".into(), render_subject(&self.subject));
-        out.insert(
-            "notification".into(),
-            render_notification(&self.notification, secrets),
-        );
         if let Some(e) = self.expires {
             out.insert("expires".into(), format_datetime(e).into());
         }
@@ -450,6 +448,11 @@ impl Subscription {
             self.status.as_str()
         };
         out.insert("status".into(), status.into());
+        out.insert("subject".into(), render_subject(&self.subject));
+        out.insert(
+            "notification".into(),
+            render_notification(&self.notification, secrets),
+        );
         if let Some(t) = self.throttling.filter(|t| *t > 0.0) {
             out.insert("throttling".into(), number(t));
         }
@@ -537,14 +540,9 @@ fn parse_status(v: Option<&Value>) -> Result<Option<Status>, NgsiError> {
 fn parse_throttling(v: Option<&Value>) -> Result<Option<f64>, NgsiError> {
     match v {
         None => Ok(None),
-        Some(Value::Number(n)) => {
-            let n = n.as_f64().unwrap_or(0.0);
-            if n < 0.0 {
-                Err(bad("Negative Number not allowed in throttling"))
-            } else {
-                Ok(Some(n))
-            }
-        }
+        // A negative throttling is taken as none, as the real Orion 4.7.0
+        // takes it (201, and not shown).
+        Some(Value::Number(n)) => Ok(Some(n.as_f64().unwrap_or(0.0).max(0.0))),
         Some(_) => Err(bad("throttling is not a number")),
     }
 }
@@ -794,7 +792,9 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
                 | Format::SimplifiedNormalized
                 | Format::SimplifiedKeyValues),
             ) => f,
-            _ => return Err(bad("invalid attrsFormat")),
+            _ => return Err(bad(
+                "invalid attrsFormat, accepted values: normalized, simplifiedNormalized, keyValues, simplifiedkeyValues, values",
+            )),
         },
         Some(_) => return Err(bad("attrsFormat is not a string")),
     };
@@ -1088,7 +1088,7 @@ fn parse_custom_payload(obj: &Map<String, Value>) -> Result<CustomPayload, NgsiE
             match n {
                 Value::Object(m) => {
                     check_ngsi_patch(m)?;
-                    CustomPayload::Ngsi(m.clone())
+                    CustomPayload::Ngsi(ngsi_patch_form(m))
                 }
                 _ => return Err(bad("ngsi field must be an object")),
             }
@@ -1096,6 +1096,54 @@ fn parse_custom_payload(obj: &Map<String, Value>) -> Result<CustomPayload, NgsiE
             CustomPayload::Standard
         };
     Ok(payload)
+}
+
+/// An `ngsi` patch as Orion keeps and shows it (asked of the real Orion
+/// 4.7.0): `id` and `type` first, then the attributes sorted by name, each
+/// `{"type", "value"}` with its type given or inferred from the value, and
+/// its metadata (when it has any) the same way.
+fn ngsi_patch_form(patch: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for key in ["id", "type"] {
+        if let Some(v) = patch.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    let mut names: Vec<&String> = patch
+        .keys()
+        .filter(|k| *k != "id" && *k != "type")
+        .collect();
+    names.sort();
+    for name in names {
+        let attr = &patch[name];
+        let mut rendered = typed_item(attr);
+        if let Some(Value::Object(md)) = attr
+            .get("metadata")
+            .filter(|m| m.as_object().is_some_and(|m| !m.is_empty()))
+        {
+            let md: Map<String, Value> = md
+                .iter()
+                .map(|(k, m)| (k.clone(), Value::Object(typed_item(m))))
+                .collect();
+            rendered.insert("metadata".into(), Value::Object(md));
+        }
+        out.insert(name.clone(), Value::Object(rendered));
+    }
+    out
+}
+
+/// `{"type", "value"}` of an attribute or a metadata item, the type given
+/// or inferred from the value.
+fn typed_item(item: &Value) -> Map<String, Value> {
+    let value = item.get("value").cloned().unwrap_or(Value::Null);
+    let t = match item.get("type") {
+        Some(t) => t.clone(),
+        None => Value::from(super::default_type(&value)),
+    };
+    let mut out = Map::new();
+    out.insert("type".into(), t);
+    out.insert("value".into(), value);
+    out
 }
 
 /// Lowest `evalPriority` of an `ngsi` attribute: evaluated first.
@@ -1326,9 +1374,6 @@ fn render_notification(n: &Notification, secrets: bool) -> Value {
     }
     out.insert("onlyChangedAttrs".into(), n.only_changed_attrs.into());
     out.insert("attrsFormat".into(), format_name(n.attrs_format).into());
-    if !n.metadata.is_empty() {
-        out.insert("metadata".into(), strings(&n.metadata));
-    }
     match &n.endpoint {
         Endpoint::Http { url, timeout } => {
             let mut h = Map::new();
@@ -1341,18 +1386,18 @@ fn render_notification(n: &Notification, secrets: bool) -> Value {
         Endpoint::HttpCustom(c) => {
             let mut h = Map::new();
             h.insert("url".into(), c.url.clone().into());
-            if !c.headers.is_empty() {
-                h.insert("headers".into(), pairs(&c.headers));
+            if let Some(t) = c.timeout {
+                h.insert("timeout".into(), t.into());
+            }
+            render_payload(&c.payload, &mut h);
+            if let Some(m) = &c.method {
+                h.insert("method".into(), m.clone().into());
             }
             if !c.qs.is_empty() {
                 h.insert("qs".into(), pairs(&c.qs));
             }
-            if let Some(m) = &c.method {
-                h.insert("method".into(), m.clone().into());
-            }
-            render_payload(&c.payload, &mut h);
-            if let Some(t) = c.timeout {
-                h.insert("timeout".into(), t.into());
+            if !c.headers.is_empty() {
+                h.insert("headers".into(), pairs(&c.headers));
             }
             out.insert("httpCustom".into(), Value::Object(h));
         }
@@ -1365,13 +1410,18 @@ fn render_notification(n: &Notification, secrets: bool) -> Value {
             if let Some(user) = &m.user {
                 h.insert("user".into(), user.clone().into());
             }
-            if let (true, Some(passwd)) = (secrets, &m.passwd) {
-                h.insert("passwd".into(), passwd.clone().into());
+            // Shown masked, as Orion shows it; kept whole in the store.
+            if let Some(passwd) = &m.passwd {
+                let shown = if secrets { passwd.as_str() } else { "*****" };
+                h.insert("passwd".into(), shown.into());
             }
             render_payload(&m.payload, &mut h);
             let key = if m.custom { "mqttCustom" } else { "mqtt" };
             out.insert(key.into(), Value::Object(h));
         }
+    }
+    if !n.metadata.is_empty() {
+        out.insert("metadata".into(), strings(&n.metadata));
     }
     if let Some(t) = st.last_failure {
         out.insert("lastFailure".into(), format_datetime(t).into());
@@ -1385,11 +1435,11 @@ fn render_notification(n: &Notification, secrets: bool) -> Value {
     if let Some(c) = st.last_success_code {
         out.insert("lastSuccessCode".into(), c.into());
     }
-    if st.fails_counter > 0 {
-        out.insert("failsCounter".into(), st.fails_counter.into());
-    }
     if let Some(m) = n.max_fails_limit {
         out.insert("maxFailsLimit".into(), m.into());
+    }
+    if st.fails_counter > 0 {
+        out.insert("failsCounter".into(), st.fails_counter.into());
     }
     out.insert("covered".into(), n.covered.into());
     Value::Object(out)
@@ -1446,7 +1496,7 @@ mod tests {
     }
 
     #[test]
-    fn mqtt_passwords_are_stored_but_never_shown() {
+    fn mqtt_passwords_are_stored_but_shown_masked() {
         let s = sub(json!({"subject": {"entities": [{"id": "E"}]},
                            "notification": {"mqttCustom": {"url": "mqtt://b:1883", "topic": "t/${id}",
                                                            "qos": 2, "user": "u", "passwd": "p",
@@ -1458,7 +1508,10 @@ mod tests {
             (m["topic"].as_str(), m["qos"].as_u64()),
             (Some("t/${id}"), Some(2))
         );
-        assert_eq!((m["user"].as_str(), m.get("passwd")), (Some("u"), None));
+        assert_eq!(
+            (m["user"].as_str(), m["passwd"].as_str()),
+            (Some("u"), Some("*****"))
+        );
         let stored = Subscription::from_storage(&s.to_storage()).unwrap();
         let Endpoint::Mqtt(e) = &stored.notification.endpoint else {
             panic!("an mqtt endpoint");
@@ -1604,10 +1657,12 @@ mod tests {
         };
         assert_eq!(eval_priority(&patch["S"]), 7.0);
         assert_eq!(eval_priority(&json!({"value": 1})), MAX_EVAL_PRIORITY);
-        // Rendered back as sent.
+        // Rendered as the real Orion 4.7.0 renders it: typed, the
+        // metadata too.
         assert_eq!(
             s.render(0)["notification"]["httpCustom"]["ngsi"]["S"],
-            md(json!(7))
+            json!({"type": "Text", "value": "${A}",
+                   "metadata": {"evalPriority": {"type": "Number", "value": 7}}})
         );
     }
 

@@ -27,15 +27,21 @@ pub enum BatchAction {
 }
 
 impl BatchAction {
-    /// Reads Orion's `actionType` (its NGSIv1 upper-case names are still
-    /// accepted, deprecated), with its 400 text.
+    /// Reads Orion's `actionType`, with its 400 text, as Orion reads it
+    /// (asked of the real Orion 4.7.0): the NGSIv2 names exactly
+    /// (`appendStrict`), and the NGSIv1 names in any case (`APPEND_STRICT`,
+    /// `append_strict`, `Append`) — the FIWARE tutorials and ngsi-go write
+    /// `append_strict`.
     pub fn parse(s: &str) -> Result<BatchAction, NgsiError> {
-        Ok(match s {
-            "append" | "APPEND" => BatchAction::Append,
-            "appendStrict" | "APPEND_STRICT" => BatchAction::AppendStrict,
-            "update" | "UPDATE" => BatchAction::Update,
-            "delete" | "DELETE" => BatchAction::Delete,
-            "replace" | "REPLACE" => BatchAction::Replace,
+        if s == "appendStrict" {
+            return Ok(BatchAction::AppendStrict);
+        }
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "append" => BatchAction::Append,
+            "append_strict" => BatchAction::AppendStrict,
+            "update" => BatchAction::Update,
+            "delete" => BatchAction::Delete,
+            "replace" => BatchAction::Replace,
             _ => {
                 return Err(NgsiError::bad_request(
                     "invalid update action type: right ones are: append, appendStric, delete, replace, update",
@@ -164,5 +170,34 @@ impl NgsiWriter {
         } else {
             NgsiError::unprocessable(text)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spellings the real Orion 4.7.0 takes, and some it refuses.
+    #[test]
+    fn action_types_are_read_as_orion_reads_them() {
+        for (given, action) in [
+            ("appendStrict", BatchAction::AppendStrict),
+            ("append_strict", BatchAction::AppendStrict),
+            ("APPEND_STRICT", BatchAction::AppendStrict),
+            ("Append", BatchAction::Append),
+            ("UPDATE", BatchAction::Update),
+            ("Update", BatchAction::Update),
+            ("REPLACE", BatchAction::Replace),
+            ("DELETE", BatchAction::Delete),
+        ] {
+            assert_eq!(BatchAction::parse(given).unwrap(), action, "{given}");
+        }
+        for refused in ["appendstrict", "APPENDSTRICT", "upsert", ""] {
+            assert_eq!(
+                BatchAction::parse(refused).unwrap_err().status,
+                400,
+                "{refused}"
+            );
+        }
     }
 }
