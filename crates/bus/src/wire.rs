@@ -435,11 +435,14 @@ mod tests {
                 md_type: "Text".into(),
             },
         );
-        entity.attrs.insert("temperature", temp);
+        // In name order: the change travels rendered, and rendering sorts
+        // attributes by name (as Orion does), so that is the order the
+        // receiving node rebuilds them in.
         entity.attrs.insert(
             "location",
             Attribute::new(json!({"type": "Point", "coordinates": [1, 2]}), "geo:json"),
         );
+        entity.attrs.insert("temperature", temp);
         entity.date_created = 1_700_000_000_000;
         entity.date_modified = 1_700_000_000_500;
         entity.date_expires = Some(1_800_000_000_000);
