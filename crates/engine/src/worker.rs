@@ -71,6 +71,11 @@ const PRELUDE: &str = "globalThis.console = (function () {
   return { log: ignore, info: ignore, warn: ignore, error: ignore, debug: ignore, trace: ignore };
 })();";
 
+/// Defines the `Buffer` global (see `buffer.js`): a function taking the
+/// global object, run once per context before the script's top level, so
+/// every call of every script has it, under the call's own limits.
+const BUFFER: &str = include_str!("buffer.js");
+
 /// Opens the function a codec's source becomes the body of (see the module
 /// doc). On the source's first line, so error positions keep their lines.
 const FRESH_OPEN: &str = "(function () {";
@@ -131,12 +136,15 @@ const GLOBALS_RESET: &str = "(function (g) {
   };
 })";
 
-/// Builds TTN's `{bytes, fPort, recvTime}` in JavaScript: an object literal
+/// Builds TTN's `{bytes, fPort, recvTime}` (plus ChirpStack's
+/// `variables`) in JavaScript: an object literal
 /// of fixed shape is cheaper to make there than property by property from
 /// Rust. It closes over the context's own `Date`, taken before the script
 /// runs, so a script that shadows `Date` still gets a real Date.
 const INPUT_MAKER: &str = "(function (RealDate) {
-  return function (bytes, fPort, ms) { return { bytes: bytes, fPort: fPort, recvTime: new RealDate(ms) }; };
+  return function (bytes, fPort, ms, variables) {
+    return { bytes: bytes, fPort: fPort, recvTime: new RealDate(ms), variables: variables };
+  };
 })";
 
 /// The limits a worker's runtime enforces, copied from `EngineConfig`.
@@ -552,6 +560,8 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
     let object: Object = globals.get("Object")?;
     let object_prototype: Object = object.get("prototype")?;
     ctx.eval::<(), _>(PRELUDE)?;
+    ctx.eval::<Function, _>(BUFFER)?
+        .call::<_, ()>((globals.clone(),))?;
     let mut options = EvalOptions::default();
     // Vendor codecs are written for sloppy mode (undeclared variables,
     // `arguments.callee`); TTN's and ChirpStack's runners accept them.
@@ -626,6 +636,16 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
         })
     };
     let codec = |returned| result(returned, Undefined::Null);
+    let (call, variables) = call.into_parts();
+    // ChirpStack's `input.variables`: the device's, or an empty object.
+    let variables = || -> serde_json::Value {
+        let map = variables
+            .iter()
+            .flat_map(|variables| variables.iter())
+            .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
+            .collect();
+        serde_json::Value::Object(map)
+    };
     match call {
         Call::DecodeUplink {
             bytes,
@@ -635,7 +655,9 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
         } => {
             let defined = fresh_entry_points(ctx, handles)?;
             let make_input = handles.make_input.clone().restore(ctx)?;
-            let input = convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, &make_input)?;
+            let variables = convert::to_js(ctx, &variables())?;
+            let input =
+                convert::uplink_input(ctx, &bytes, f_port, recv_time_ms, variables, &make_input)?;
             if let Some(decode) = entry(&defined, EntryPoint::DecodeUplink)? {
                 return codec(decode.call((input,))?);
             }
@@ -651,7 +673,7 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
         Call::EncodeDownlink { data, f_port, .. } => {
             let defined = fresh_entry_points(ctx, handles)?;
             if let Some(encode) = entry(&defined, EntryPoint::EncodeDownlink)? {
-                let mut input = serde_json::json!({ "data": data });
+                let mut input = serde_json::json!({ "data": data, "variables": variables() });
                 if let Some(port) = f_port {
                     input["fPort"] = port.into();
                 }
@@ -670,7 +692,8 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
                 EntryPoint::DecodeDownlink,
                 EntryPoint::DecodeDownlink,
             )?;
-            let input = serde_json::json!({ "bytes": bytes, "fPort": f_port });
+            let input =
+                serde_json::json!({ "bytes": bytes, "fPort": f_port, "variables": variables() });
             codec(decode.call((convert::to_js(ctx, &input)?,))?)
         }
         Call::Convert { input, .. } => {
@@ -683,6 +706,8 @@ fn invoke<'js>(ctx: &Ctx<'js>, handles: &Handles, call: Call) -> Result<serde_js
                 Undefined::Omit,
             )
         }
+        // `into_parts` above unwrapped it.
+        Call::WithVariables { .. } => Err(Fault::Codec(CodecError::Stopped)),
         Call::Function { name, args, .. } => {
             let value: Value = ctx.globals().get(name.as_str())?;
             let Some(function) = value.into_function() else {
