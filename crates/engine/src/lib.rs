@@ -42,6 +42,7 @@
 //! - `error`: [`CodecError`], whose texts users see.
 #![deny(missing_docs)]
 
+// `buffer.js`, the `Buffer` global every script gets, is included by `worker`.
 mod convert;
 mod decoded;
 mod engine;
@@ -51,6 +52,8 @@ mod script;
 mod watchdog;
 mod worker;
 
+#[cfg(test)]
+mod chirpstack_codecs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -123,11 +123,15 @@ const LEGACY_DEFAULT_PORT: u32 = 1;
 
 /// Deletes the globals codec calls added: `Object.keys` lists only
 /// enumerable own properties, which the builtins are not, so the check is
-/// a short array and a length comparison in the common case.
+/// a short array and a length comparison in the common case. It also puts
+/// `Buffer` back (as it was after the script's top level ran) if a call
+/// replaced or deleted it.
 const GLOBALS_RESET: &str = "(function (g) {
   var kept = Object.keys(g);
   var known = new Set(kept);
+  var buffer = Object.getOwnPropertyDescriptor(g, 'Buffer');
   return function () {
+    if (buffer && g.Buffer !== buffer.value) Object.defineProperty(g, 'Buffer', buffer);
     var now = Object.keys(g);
     if (now.length === kept.length) return;
     for (var i = 0; i < now.length; i++) {
