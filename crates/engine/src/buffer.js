@@ -1,10 +1,10 @@
 // weft's `Buffer` global: the part of the Node.js Buffer API that device
 // codecs written for ChirpStack use, written in plain JavaScript over
 // Uint8Array so that it runs under the same time and memory limits as the
-// codec that calls it. Installed once per context, before the script's top
-// level runs, as a non-enumerable global (so the per-call global reset
-// keeps it). Evaluated as an expression: a function taking the global object.
-(function (g) {
+// codec that calls it. Evaluated as an expression: a function that builds
+// and returns `Buffer`. The engine runs it in a context the first time a
+// script there reads the global `Buffer` (see `LAZY_BUFFER` in worker.rs).
+(function () {
   'use strict';
   var U8 = Uint8Array;
   var HEX = '0123456789abcdef';
@@ -583,5 +583,5 @@
     });
   });
 
-  Object.defineProperty(g, 'Buffer', { value: Buffer, writable: true, configurable: true, enumerable: false });
+  return Buffer;
 })

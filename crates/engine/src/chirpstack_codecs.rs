@@ -492,18 +492,19 @@ async fn buffer_everywhere_and_shadowable() {
         run_one(&engine, uplink(&own, &[])).await.unwrap()["data"],
         json!({"mine": 4})
     );
-    // A script that assigns Buffer cannot take it from the next call.
+    // Buffer is built once per context and stays the same object; a
+    // script that assigns it cannot take it from its next call.
     let clobber = Script::new(
         "function decodeUplink(input) {
-           var had = typeof Buffer;
+           var had = typeof Buffer, same = Buffer === Buffer;
            Buffer = undefined;
-           return {data: {had: had}};
+           return {data: {had: had, same: same, gone: Buffer === undefined}};
          }",
     );
     for _ in 0..2 {
         assert_eq!(
             run_one(&engine, uplink(&clobber, &[])).await.unwrap()["data"],
-            json!({"had": "function"})
+            json!({"had": "function", "same": true, "gone": true})
         );
     }
 }

@@ -71,10 +71,27 @@ const PRELUDE: &str = "globalThis.console = (function () {
   return { log: ignore, info: ignore, warn: ignore, error: ignore, debug: ignore, trace: ignore };
 })();";
 
-/// Defines the `Buffer` global (see `buffer.js`): a function taking the
-/// global object, run once per context before the script's top level, so
-/// every call of every script has it, under the call's own limits.
+/// Builds the `Buffer` global (see `buffer.js`): a function returning it.
+/// About 75 KB of heap once built, so it is built only in the contexts of
+/// scripts that use it, by [`LAZY_BUFFER`].
 const BUFFER: &str = include_str!("buffer.js");
+
+/// Defines the global `Buffer` as a non-enumerable accessor that builds
+/// the real one (`install`, which evaluates [`BUFFER`]) the first time it
+/// is read, in the call that reads it and so under that call's limits, and
+/// returns the same one from then on. Assigning `Buffer` replaces the
+/// accessor with the value (the codec calls' reset puts it back).
+const LAZY_BUFFER: &str = "(function (g, install) {
+  var real;
+  Object.defineProperty(g, 'Buffer', {
+    get: function () { if (real === undefined) real = install(); return real; },
+    set: function (value) {
+      Object.defineProperty(g, 'Buffer', { value: value, writable: true, configurable: true, enumerable: false });
+    },
+    configurable: true,
+    enumerable: false
+  });
+})";
 
 /// Opens the function a codec's source becomes the body of (see the module
 /// doc). On the source's first line, so error positions keep their lines.
@@ -124,14 +141,20 @@ const LEGACY_DEFAULT_PORT: u32 = 1;
 /// Deletes the globals codec calls added: `Object.keys` lists only
 /// enumerable own properties, which the builtins are not, so the check is
 /// a short array and a length comparison in the common case. It also puts
-/// `Buffer` back (as it was after the script's top level ran) if a call
-/// replaced or deleted it.
+/// `Buffer` back as it was after the script's top level ran (weft's lazy
+/// accessor, or the script's own) if a call replaced or deleted it; this
+/// reads the property's descriptor, so it never builds the real `Buffer`.
 const GLOBALS_RESET: &str = "(function (g) {
   var kept = Object.keys(g);
   var known = new Set(kept);
   var buffer = Object.getOwnPropertyDescriptor(g, 'Buffer');
   return function () {
-    if (buffer && g.Buffer !== buffer.value) Object.defineProperty(g, 'Buffer', buffer);
+    if (buffer) {
+      var now = Object.getOwnPropertyDescriptor(g, 'Buffer');
+      if (!now || now.get !== buffer.get || now.value !== buffer.value) {
+        try { Object.defineProperty(g, 'Buffer', buffer); } catch (e) {}
+      }
+    }
     var now = Object.keys(g);
     if (now.length === kept.length) return;
     for (var i = 0; i < now.length; i++) {
@@ -564,8 +587,14 @@ fn load<'js>(ctx: &Ctx<'js>, source: &str) -> Result<(Handles, ScriptKind), Faul
     let object: Object = globals.get("Object")?;
     let object_prototype: Object = object.get("prototype")?;
     ctx.eval::<(), _>(PRELUDE)?;
-    ctx.eval::<Function, _>(BUFFER)?
-        .call::<_, ()>((globals.clone(),))?;
+    let install = Function::new(
+        ctx.clone(),
+        |ctx: Ctx<'js>| -> rquickjs::Result<Value<'js>> {
+            ctx.eval::<Function, _>(BUFFER)?.call(())
+        },
+    )?;
+    ctx.eval::<Function, _>(LAZY_BUFFER)?
+        .call::<_, ()>((globals.clone(), install))?;
     let mut options = EvalOptions::default();
     // Vendor codecs are written for sloppy mode (undeclared variables,
     // `arguments.callee`); TTN's and ChirpStack's runners accept them.
