@@ -36,6 +36,8 @@
 //!   keeps a script that hit a limit from costing the rest of its batch.
 //! - `meter`: the allocator that lets a worker read its heap size cheaply.
 //! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
+//! - `buffer.js`: the Node-style `Buffer` global ChirpStack codecs use,
+//!   plain JavaScript built in a context on its first use.
 //! - `script`: the plain-data [`Script`] and [`Call`] callers build.
 //! - `decoded`: reading a codec's result (`decodeUplink`, `encodeDownlink`)
 //!   the TTN/ChirpStack way.
