@@ -493,7 +493,8 @@ async fn buffer_everywhere_and_shadowable() {
         json!({"mine": 4})
     );
     // Buffer is built once per context and stays the same object; a
-    // script that assigns it cannot take it from its next call.
+    // script that assigns it changes it for its own later calls (as with
+    // any builtin), not for other scripts.
     let clobber = Script::new(
         "function decodeUplink(input) {
            var had = typeof Buffer, same = Buffer === Buffer;
@@ -501,10 +502,17 @@ async fn buffer_everywhere_and_shadowable() {
            return {data: {had: had, same: same, gone: Buffer === undefined}};
          }",
     );
-    for _ in 0..2 {
-        assert_eq!(
-            run_one(&engine, uplink(&clobber, &[])).await.unwrap()["data"],
-            json!({"had": "function", "same": true, "gone": true})
-        );
-    }
+    assert_eq!(
+        run_one(&engine, uplink(&clobber, &[])).await.unwrap()["data"],
+        json!({"had": "function", "same": true, "gone": true})
+    );
+    assert_eq!(
+        run_one(&engine, uplink(&clobber, &[])).await.unwrap()["data"],
+        json!({"had": "undefined", "same": true, "gone": true})
+    );
+    let other = Script::new("function decodeUplink(input) { return {data: {t: typeof Buffer}}; }");
+    assert_eq!(
+        run_one(&engine, uplink(&other, &[])).await.unwrap()["data"],
+        json!({"t": "function"})
+    );
 }
