@@ -15,20 +15,22 @@ use serde_json::Value as Json;
 use crate::worker::Fault;
 use crate::CodecError;
 
-/// Builds TTN's `{bytes: number[], fPort: number, recvTime: Date}`; the
-/// object itself is made by the context's `make_input` helper.
+/// Builds TTN's `{bytes: number[], fPort: number, recvTime: Date}` plus
+/// ChirpStack's `variables`; the object itself is made by the context's
+/// `make_input` helper.
 pub(crate) fn uplink_input<'js>(
     ctx: &Ctx<'js>,
     bytes: &[u8],
     f_port: u32,
     recv_time_ms: i64,
+    variables: Value<'js>,
     make_input: &Function<'js>,
 ) -> rquickjs::Result<Value<'js>> {
     let array = Array::new(ctx.clone())?;
     for (index, byte) in bytes.iter().enumerate() {
         array.set(index, i32::from(*byte))?;
     }
-    make_input.call((array, f_port, recv_time_ms as f64))
+    make_input.call((array, f_port, recv_time_ms as f64, variables))
 }
 
 /// Builds the JS value of a JSON value.

@@ -67,8 +67,15 @@ pub struct Encoded {
 /// errors?}`) into [`Encoded`], or the error that refuses the downlink.
 ///
 /// A non-empty `errors` array gives [`CodecError::Reported`]; `bytes` that
-/// is not an array of integers 0–255, or an `fPort` outside 1–223 (the
-/// LoRaWAN application ports), gives [`CodecError::InvalidOutput`].
+/// is not an array of numbers, or an `fPort` outside 1–223 (the LoRaWAN
+/// application ports), gives [`CodecError::InvalidOutput`].
+///
+/// Each number in `bytes` becomes a byte as ChirpStack makes it (it reads
+/// them as 64-bit floats and casts each to `u8`, Rust's saturating
+/// conversion): the fraction is dropped and the value clamped to 0–255,
+/// so `256` and `1000` give 255, `-1` gives 0 and `1.9` gives 1. A
+/// `Buffer` returned as `bytes` (which arrives as its `toJSON` form,
+/// `{type: "Buffer", data: [...]}`) is taken as its bytes.
 pub fn interpret_encode_downlink(returned: Value) -> Result<Encoded, CodecError> {
     let Value::Object(mut out) = returned else {
         return Err(no_bytes());
@@ -79,15 +86,15 @@ pub fn interpret_encode_downlink(returned: Value) -> Result<Encoded, CodecError>
     }
     let warnings = texts(out.remove("warnings"));
     let bytes = match out.remove("bytes") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| match v.as_f64() {
-                Some(n) if n.fract() == 0.0 && (0.0..=255.0).contains(&n) => Ok(n as u8),
-                _ => Err(CodecError::InvalidOutput(format!(
-                    "encodeDownlink returned {v} in bytes, which must be integers 0-255"
-                ))),
-            })
-            .collect::<Result<Vec<u8>, _>>()?,
+        Some(Value::Array(items)) => to_bytes(&items)?,
+        Some(Value::Object(buffer))
+            if buffer.get("type").and_then(Value::as_str) == Some("Buffer") =>
+        {
+            match buffer.get("data") {
+                Some(Value::Array(items)) => to_bytes(items)?,
+                _ => return Err(no_bytes()),
+            }
+        }
         _ => return Err(no_bytes()),
     };
     let f_port = match out.remove("fPort") {
@@ -106,6 +113,21 @@ pub fn interpret_encode_downlink(returned: Value) -> Result<Encoded, CodecError>
         f_port,
         warnings,
     })
+}
+
+/// The bytes of an encoder's `bytes` array: numbers only, each cast to a
+/// byte the saturating way (see [`interpret_encode_downlink`]).
+fn to_bytes(items: &[Value]) -> Result<Vec<u8>, CodecError> {
+    items
+        .iter()
+        .map(|v| match v.as_f64() {
+            // `as` from a float truncates and saturates: 256.0 → 255, -1.0 → 0.
+            Some(n) => Ok(n as u8),
+            None => Err(CodecError::InvalidOutput(format!(
+                "encodeDownlink returned {v} in bytes, which must be numbers"
+            ))),
+        })
+        .collect()
 }
 
 fn no_bytes() -> CodecError {
@@ -173,12 +195,31 @@ mod tests {
                 .f_port,
             None
         );
+        // Out-of-range numbers are clamped as ChirpStack clamps them.
+        assert_eq!(
+            interpret_encode_downlink(json!({"bytes": [256, 1000, -1, -300, 1.5, 254.9, 0x1FF]}))
+                .unwrap()
+                .bytes,
+            vec![255, 255, 0, 0, 1, 254, 255]
+        );
+        // Non-numbers are still refused.
+        for bad in [json!("1"), json!(null), json!(true), json!([1]), json!({})] {
+            assert_eq!(
+                interpret_encode_downlink(json!({"bytes": [1, bad]})),
+                Err(CodecError::InvalidOutput(format!(
+                    "encodeDownlink returned {bad} in bytes, which must be numbers"
+                )))
+            );
+        }
+        // A Buffer's toJSON form is its bytes.
+        assert_eq!(
+            interpret_encode_downlink(json!({"bytes": {"type": "Buffer", "data": [1, 2]}}))
+                .unwrap()
+                .bytes,
+            vec![1, 2]
+        );
         assert!(matches!(
-            interpret_encode_downlink(json!({"bytes": [256]})),
-            Err(CodecError::InvalidOutput(_))
-        ));
-        assert!(matches!(
-            interpret_encode_downlink(json!({"bytes": [1.5]})),
+            interpret_encode_downlink(json!({"bytes": {"type": "Other", "data": [1]}})),
             Err(CodecError::InvalidOutput(_))
         ));
         assert!(matches!(

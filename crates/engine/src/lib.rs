@@ -36,12 +36,15 @@
 //!   keeps a script that hit a limit from costing the rest of its batch.
 //! - `meter`: the allocator that lets a worker read its heap size cheaply.
 //! - `convert`: JSON into JS values, results back to JSON, thrown values to errors.
+//! - `buffer.js`: the Node-style `Buffer` global ChirpStack codecs use,
+//!   plain JavaScript built in a context on its first use.
 //! - `script`: the plain-data [`Script`] and [`Call`] callers build.
 //! - `decoded`: reading a codec's result (`decodeUplink`, `encodeDownlink`)
 //!   the TTN/ChirpStack way.
 //! - `error`: [`CodecError`], whose texts users see.
 #![deny(missing_docs)]
 
+// `buffer.js`, the `Buffer` global every script gets, is included by `worker`.
 mod convert;
 mod decoded;
 mod engine;
@@ -51,6 +54,8 @@ mod script;
 mod watchdog;
 mod worker;
 
+#[cfg(test)]
+mod chirpstack_codecs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! pipeline and the rule engine can build and keep them without knowing
 //! anything about QuickJS.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A script's source together with the key its compiled form is cached under.
@@ -77,9 +78,10 @@ pub enum ScriptKind {
 /// One invocation of a script, the unit of work inside a batch.
 #[derive(Clone, Debug)]
 pub enum Call {
-    /// Runs `decodeUplink({bytes, fPort, recvTime})` where `bytes` is a plain
-    /// array of numbers and `recvTime` a JS `Date`, as TTN and ChirpStack
-    /// codecs expect. The raw return value comes back; see
+    /// Runs `decodeUplink({bytes, fPort, recvTime, variables})` where `bytes`
+    /// is a plain array of numbers, `recvTime` a JS `Date` and `variables`
+    /// the device's variables (`{}` unless given with
+    /// [`Call::with_variables`]), as TTN and ChirpStack codecs expect. The raw return value comes back; see
     /// [`interpret_decode_uplink`](crate::interpret_decode_uplink).
     DecodeUplink {
         /// The codec.
@@ -91,8 +93,9 @@ pub enum Call {
         /// When the network server received the uplink, epoch milliseconds.
         recv_time_ms: i64,
     },
-    /// Runs `encodeDownlink({data, fPort})` (The Things Stack's downlink
-    /// encoder API) or, when the script defines only TTN v2's
+    /// Runs `encodeDownlink({data, fPort, variables})` (The Things Stack's
+    /// and ChirpStack's downlink encoder API; `variables` as for
+    /// [`Call::DecodeUplink`]) or, when the script defines only TTN v2's
     /// `Encoder(object, port)`, that; the raw return value comes back, with
     /// a legacy encoder's byte array wrapped as `{bytes, fPort}`. See
     /// [`interpret_encode_downlink`](crate::interpret_encode_downlink).
@@ -105,7 +108,7 @@ pub enum Call {
         /// (TTN passes none; the codec may choose one).
         f_port: Option<u32>,
     },
-    /// Runs `decodeDownlink({bytes, fPort})`, The Things Stack's way of
+    /// Runs `decodeDownlink({bytes, fPort, variables})`, The Things Stack's way of
     /// showing what a queued downlink's bytes mean.
     DecodeDownlink {
         /// The codec.
@@ -122,6 +125,18 @@ pub enum Call {
         /// The uplink body.
         input: serde_json::Value,
     },
+    /// A codec call together with the device's variables (ChirpStack's
+    /// device variables: names to text), passed to the codec as
+    /// `input.variables`. Build it with [`Call::with_variables`]; a codec
+    /// call without it gets an empty `variables` object.
+    WithVariables {
+        /// The device's variables.
+        variables: Arc<BTreeMap<String, String>>,
+        /// The call they are for: [`Call::DecodeUplink`],
+        /// [`Call::EncodeDownlink`] or [`Call::DecodeDownlink`] (other
+        /// calls run as they would without them).
+        call: Box<Call>,
+    },
     /// Runs any global function by name, each argument passed as a JS value
     /// built from JSON (e.g. a rule's `evaluate(unit, state)`).
     Function {
@@ -135,9 +150,31 @@ pub enum Call {
 }
 
 impl Call {
+    /// This call with the device's `variables`, which the codec sees as
+    /// `input.variables` (replacing any the call already had).
+    pub fn with_variables(self, variables: Arc<BTreeMap<String, String>>) -> Call {
+        let call = match self {
+            Call::WithVariables { call, .. } => call,
+            other => Box::new(other),
+        };
+        Call::WithVariables { variables, call }
+    }
+
+    /// The call itself and the variables it carries, if any.
+    pub(crate) fn into_parts(self) -> (Call, Option<Arc<BTreeMap<String, String>>>) {
+        match self {
+            Call::WithVariables { variables, call } => {
+                let (call, _) = call.into_parts();
+                (call, Some(variables))
+            }
+            other => (other, None),
+        }
+    }
+
     /// The script this call runs.
     pub(crate) fn script(&self) -> &Script {
         match self {
+            Call::WithVariables { call, .. } => call.script(),
             Call::DecodeUplink { script, .. }
             | Call::EncodeDownlink { script, .. }
             | Call::DecodeDownlink { script, .. }

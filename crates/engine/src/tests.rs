@@ -285,7 +285,7 @@ async fn decode_uplink_input_shape() {
         Ok(json!({
             "isArray": true, "bytes": [0, 255, 7], "port": 85, "isDate": true,
             "ms": 1_700_000_000_123_i64, "iso": "2023-11-14T22:13:20.123Z",
-            "keys": ["bytes", "fPort", "recvTime"]
+            "keys": ["bytes", "fPort", "recvTime", "variables"]
         }))
     );
 }
@@ -567,10 +567,12 @@ async fn top_level_exception() {
         Err(error)
     );
     let script = Script::new("var buffer = Buffer.from([1]);\nfunction decodeUplink() {}");
+    assert_eq!(engine.check(&script).await, Ok(ScriptKind::DecodeUplink));
+    let script = Script::new("var buffer = Bufer.from([1]);\nfunction decodeUplink() {}");
     assert_eq!(
         engine.check(&script).await,
         Err(CodecError::Exception {
-            message: "ReferenceError: Buffer is not defined".into(),
+            message: "ReferenceError: Bufer is not defined".into(),
             stack: Some("    at <eval> (script.js:1:14)\n".into()),
         })
     );
