@@ -5,7 +5,8 @@
 //! `type`, then the attributes sorted by name whatever order they were
 //! created in, or in the order of the `attrs` filter when one without `*`
 //! is given; each attribute renders `type`, `value`, `metadata`, and its
-//! metadata sorted by name the same way. Object key order reaches
+//! metadata sorted by name the same way — but in notifications, which
+//! list their attributes themselves, the metadata keep their own order. Object key order reaches
 //! the wire only if serde_json keeps insertion order (its
 //! `preserve_order` feature); `values`/`unique` arrays are ordered anyway.
 //!
@@ -139,7 +140,9 @@ pub fn render_with(
                 };
                 obj.insert(
                     name.to_string(),
-                    attr_object(&attr, md_filter, previous, action),
+                    // Notifications keep the metadata's own order, as
+                    // Orion's do; responses sort them.
+                    attr_object(&attr, md_filter, previous, action, ctx.previous.is_none()),
                 );
             }
             Value::Object(obj)
@@ -150,7 +153,7 @@ pub fn render_with(
 /// Renders one attribute in normalized form (`GET
 /// /v2/entities/{id}/attrs/{name}`): `{"type","value","metadata"}`.
 pub fn render_attr(attr: &Attribute, metadata_filter: Option<&[String]>) -> Value {
-    attr_object(attr, metadata_filter, None, None)
+    attr_object(attr, metadata_filter, None, None, true)
 }
 
 fn entity_head(entity: &Entity) -> Map<String, Value> {
@@ -232,6 +235,7 @@ fn attr_object(
     metadata_filter: Option<&[String]>,
     previous: Option<(&String, &Value)>,
     action_type: Option<&str>,
+    sorted: bool,
 ) -> Value {
     let mut md = Map::new();
     let datetime = |ms: i64| serde_json::json!({"type": "DateTime", "value": format_datetime(ms)});
@@ -239,7 +243,9 @@ fn attr_object(
     // unless a list without `*` orders them.
     let all_sorted = |md: &mut Map<String, Value>| {
         let mut names: Vec<&str> = attr.metadata.iter().map(|(n, _)| n).collect();
-        names.sort_unstable();
+        if sorted {
+            names.sort_unstable();
+        }
         for n in names {
             if let Some(m) = attr.metadata.get(n) {
                 md.insert(n.to_string(), md_object(&m.md_type, &m.value));
@@ -575,6 +581,18 @@ mod tests {
             keys(render(&e, Format::Normalized, None, md)["alpha"]["metadata"].clone())
         };
         assert_eq!(alpha(None), ["aa", "zz"]);
+        // A notification keeps them as created, as Orion's do.
+        let notified = render_with(
+            &e,
+            Format::Normalized,
+            Some(&s(&["alpha"])),
+            None,
+            &RenderContext {
+                previous: Some(&[]),
+                ..RenderContext::default()
+            },
+        );
+        assert_eq!(keys(notified["alpha"]["metadata"].clone()), ["zz", "aa"]);
         assert_eq!(alpha(Some(&s(&["zz", "aa"]))), ["zz", "aa"]);
         assert_eq!(alpha(Some(&s(&["*", "zz"]))), ["aa", "zz"]);
     }
