@@ -96,13 +96,15 @@ impl NgsiWriter {
         let mut failures: Vec<(String, Option<String>, Failure)> = Vec::new();
         let mut applied = false;
         let mut all_missing = !items.is_empty();
+        // One target for the batch, pointed at each entity in turn.
+        let mut target = Target {
+            tenancy: tenancy.clone(),
+            path: path.to_string(),
+            ..Target::default()
+        };
         for item in items {
-            let target = Target {
-                tenancy: tenancy.clone(),
-                path: path.to_string(),
-                id: item.entity.id.clone(),
-                entity_type: item.typed.then(|| item.entity.entity_type.clone()),
-            };
+            target.id = item.entity.id.clone();
+            target.entity_type = item.typed.then(|| item.entity.entity_type.clone());
             let write = match action {
                 BatchAction::Append | BatchAction::AppendStrict => Write::Upsert(item.entity),
                 BatchAction::Update => Write::Update(item.entity.attrs),
@@ -124,15 +126,17 @@ impl NgsiWriter {
                     applied = true;
                     all_missing = false;
                 }
-                Some(Failure::Entity) => {
-                    failures.push((target.id, target.entity_type, Failure::Entity))
-                }
+                Some(Failure::Entity) => failures.push((
+                    target.id.clone(),
+                    target.entity_type.clone(),
+                    Failure::Entity,
+                )),
                 Some(Failure::Attrs(names, some_applied)) => {
                     all_missing = false;
                     applied |= some_applied;
                     failures.push((
-                        target.id,
-                        target.entity_type,
+                        target.id.clone(),
+                        target.entity_type.clone(),
                         Failure::Attrs(names, some_applied),
                     ));
                 }

@@ -12,7 +12,7 @@ use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
 use weft_model::{Downlink, DownlinkRoute};
 
-use super::{b64, copy_fields, Envelope, Header, NetworkServer};
+use super::{b64, copy_fields, Envelope, Header, NetworkServer, LOCATION_FIELDS};
 use crate::decode::base64_bytes;
 
 /// ChirpStack.
@@ -113,8 +113,11 @@ impl NetworkServer for ChirpStack {
             ],
             "location" => {
                 let mut out = Map::new();
-                let fields = ["latitude", "longitude", "altitude", "accuracy", "source"];
-                copy_fields(&mut out, body, fields.map(|f| (f, format!("location.{f}"))));
+                copy_fields(
+                    &mut out,
+                    body,
+                    LOCATION_FIELDS.map(|f| (f, format!("location.{f}"))),
+                );
                 return out;
             }
             "ack" => &["acknowledged", "fCntDown", "queueItemId"],

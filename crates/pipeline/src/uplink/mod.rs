@@ -239,6 +239,10 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// The fields of a location event, under the names weft shows them by;
+/// each server's module says where its messages keep them.
+const LOCATION_FIELDS: [&str; 5] = ["latitude", "longitude", "altitude", "accuracy", "source"];
+
 /// Copies the values of `body` at each (name, path) of `wanted` into
 /// `out` under their names; missing and null values are left out.
 fn copy_fields<'a>(

@@ -14,7 +14,7 @@ use weft_model::mapping::{get_path, value_as_id};
 use weft_model::uplink::read_optional_time;
 use weft_model::{Downlink, DownlinkRoute};
 
-use super::{b64, copy_fields, is_url, Envelope, Header, NetworkServer};
+use super::{b64, copy_fields, is_url, Envelope, Header, NetworkServer, LOCATION_FIELDS};
 use crate::decode::base64_bytes;
 
 /// The Things Stack's downlink message (`{frm_payload, f_port, confirmed,
@@ -165,11 +165,10 @@ impl NetworkServer for Ttn {
                 [("devAddr", "end_device_ids.dev_addr".to_string())],
             ),
             "location" => {
-                let fields = ["latitude", "longitude", "altitude", "accuracy", "source"];
                 copy_fields(
                     &mut out,
                     body,
-                    fields.map(|f| (f, format!("location_solved.location.{f}"))),
+                    LOCATION_FIELDS.map(|f| (f, format!("location_solved.location.{f}"))),
                 );
             }
             "ack" => {
