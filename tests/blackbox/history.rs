@@ -387,6 +387,18 @@ async fn quantumleap_paths_on_a_second_listener() {
     assert_eq!(body["values"], json!([19.5]));
     let (status, body) = get(&ql, None, "/version").await;
     assert_eq!((status, body), (200, json!({"version": "1.0.0"})));
+    // As QuantumLeap writes its answers: Python's indented JSON with
+    // sorted keys and a final newline.
+    let resp = ql
+        .http
+        .get(format!("{}/v2/entities/nothing", ql.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "{\n  \"description\": \"No records were found for such query.\",\n  \"error\": \"Not Found\"\n}\n"
+    );
     let resp = ql
         .http
         .get(format!("{}/health", ql.url))

@@ -2,7 +2,8 @@
 """Differential harness: the same requests to weft and to a real peer.
 
 Starts weft and the peer (the real Orion, built from ../shared/peers/orion,
-or any NGSIv2 server given with --peer-url), runs every case of the case
+the real QuantumLeap, built from ../shared/peers/quantumleap, or a server
+given with --peer-url), runs every case of the case
 files against both, and compares what each answered: the status, the
 headers that matter, and the body, after normalising only what must differ
 (dates, generated ids, correlators). Notifications a case asks for are
@@ -11,6 +12,13 @@ caught by one local listener per server and compared the same way.
     python3 tests/peers/diff.py orion                  # build what is missing, run, report
     python3 tests/peers/diff.py orion --filter upsert  # only cases whose name matches
     python3 tests/peers/diff.py orion --weft-url http://127.0.0.1:8080 --peer-url http://127.0.0.1:1026
+    python3 tests/peers/diff.py quantumleap            # weft's QuantumLeap listener against QuantumLeap
+    python3 tests/peers/diff.py quantumleap --prefix /ql   # the same API under /ql of weft's listener
+
+QuantumLeap answers are compared byte for byte (after dates): its JSON is
+indented with sorted keys, and weft's QuantumLeap listener answers the same
+way. Under `--prefix /ql` (weft's own listener, compact JSON) bodies are
+compared as JSON values.
 
 A case file (tests/peers/<peer>/*.json) is a JSON array of cases:
 
@@ -32,6 +40,7 @@ report (default target/peers/<peer>-diff.json).
 """
 
 import argparse
+import difflib
 import http.client
 import http.server
 import json
@@ -80,7 +89,9 @@ def request(base, method, path, headers, body):
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         data = resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        headers[":reason"] = resp.reason
+        return resp.status, headers, data
     finally:
         conn.close()
 
@@ -135,9 +146,10 @@ class Listener:
 class Target:
     """One server under comparison, with its listener and the ids it made."""
 
-    def __init__(self, name, url):
+    def __init__(self, name, url, prefix=""):
         self.name = name
         self.url = url
+        self.prefix = prefix
         self.listener = Listener()
         self.ids = []
 
@@ -180,6 +192,14 @@ def unordered(value):
 def compare_bodies(a, b, ta, tb):
     """None when alike; else what differs ("order" when only key order does)."""
     ja, jb = parse_json(a), parse_json(b)
+    if BYTE_EXACT:
+        na = DATE.sub("<date>", a.decode("utf-8", "replace"))
+        nb = DATE.sub("<date>", b.decode("utf-8", "replace"))
+        if na == nb:
+            return None
+        if ja is not None and jb is not None and normalise(ja, ta) == normalise(jb, tb):
+            return ("format", na, nb)
+        return ("body", na, nb)
     if ja is None or jb is None:
         na = DATE.sub("<date>", a.decode("utf-8", "replace"))
         nb = DATE.sub("<date>", b.decode("utf-8", "replace"))
@@ -243,7 +263,7 @@ def run_step(step, targets, tenant):
         elif "raw" in step:
             body = t.substitute(step["raw"]).encode()
         try:
-            status, rh, data = request(t.url, method, t.substitute(path), headers, body)
+            status, rh, data = request(t.url, method, t.prefix + t.substitute(path), headers, body)
         except OSError as e:
             # No answer is an answer too (Orion closes the connection on
             # some bodies); the next step finds out whether it still runs.
@@ -257,6 +277,8 @@ def run_step(step, targets, tenant):
     diffs = []
     if sa != sb:
         diffs.append(("status", sa, sb))
+    elif BYTE_EXACT and ha.get(":reason") != hb.get(":reason"):
+        diffs.append(("reason", ha.get(":reason"), hb.get(":reason")))
     for h in HEADERS_COMPARED:
         va, vb = header_value(h, ha, targets[0]), header_value(h, hb, targets[1])
         if va != vb:
@@ -268,6 +290,9 @@ def run_step(step, targets, tenant):
 
 
 RUN = "%04x" % (os.getpid() % 65536)
+
+# Bodies compared as text, not as JSON values (QuantumLeap's own listener).
+BYTE_EXACT = False
 
 
 def run_case(n, case, targets):
@@ -284,11 +309,14 @@ def run_case(n, case, targets):
 
 
 def start_weft(args, tmp):
+    """weft, built and started; the URL of the listener under comparison."""
     if args.weft_url:
         return None, args.weft_url
     subprocess.run(["cargo", "build", "--locked", "-p", "weft"], cwd=ROOT, check=True)
     port = free_port()
     env = dict(os.environ, WEFT_AUTH="off", WEFT_NGSI__MULTISERVICE="true")
+    ql_port = free_port()
+    env["WEFT_HISTORY__QUANTUMLEAP_LISTEN"] = f"127.0.0.1:{ql_port}"
     log = open(os.path.join(tmp, "weft.log"), "w")
     proc = subprocess.Popen(
         [os.path.join(ROOT, "target", "debug", "weft"), "serve",
@@ -296,6 +324,8 @@ def start_weft(args, tmp):
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(url, "/version")
+    if args.peer == "quantumleap" and not args.prefix:
+        url = f"http://127.0.0.1:{ql_port}"
     return proc, url
 
 
@@ -331,9 +361,38 @@ class Orion:
         self.start()
 
 
+class QuantumLeap:
+    """The real QuantumLeap 1.0.0 on TimescaleDB, started by its run.sh."""
+
+    def __init__(self, args):
+        self.peers = os.path.abspath(os.path.join(ROOT, args.peers, "quantumleap"))
+        self.out = os.path.join(ROOT, "target", "peers", "quantumleap")
+        if not os.path.exists(os.path.join(self.out, "venv")):
+            subprocess.run([os.path.join(self.peers, "build.sh"), self.out], cwd=ROOT, check=True)
+        self.env = dict(os.environ, OUT=self.out, RUN_DIR=os.path.join(self.out, "run-diff"))
+        port, pg, redis = free_port(), 54300 + (os.getpid() + 45) % 90, free_port()
+        subprocess.run([os.path.join(self.peers, "run.sh"), "start", str(port), str(pg), str(redis)],
+                       cwd=ROOT, env=self.env, check=True)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self):
+        subprocess.run([os.path.join(self.peers, "run.sh"), "stop"], cwd=ROOT, env=self.env)
+
+
+def describe(what, targets):
+    """One difference, readable: multi-line texts as a unified diff."""
+    kind, rest = what[0], what[1:]
+    if len(rest) == 2 and all(isinstance(x, str) and "\n" in x for x in rest):
+        lines = difflib.unified_diff(rest[0].splitlines(), rest[1].splitlines(),
+                                     targets[0].name, targets[1].name, lineterm="", n=1)
+        return kind + "\n        " + "\n        ".join(list(lines)[2:])[:2000]
+    return " | ".join(json.dumps(x) if not isinstance(x, str) else x for x in what)[:600]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("peer", choices=["orion"])
+    p.add_argument("peer", choices=["orion", "quantumleap"])
+    p.add_argument("--prefix", default="", help="prefix of weft's paths (/ql: QuantumLeap's API on weft's own listener)")
     p.add_argument("--cases", help="a case file or a folder of them (default tests/peers/<peer>)")
     p.add_argument("--filter", help="only cases whose name matches this regex")
     p.add_argument("--weft-url", help="a running weft (auth off, multiservice on) instead of one started here")
@@ -354,15 +413,17 @@ def main():
     if args.filter:
         cases = [c for c in cases if re.search(args.filter, c["name"])]
 
+    global BYTE_EXACT
+    BYTE_EXACT = args.peer == "quantumleap" and not args.prefix
     tmp = tempfile.mkdtemp(prefix="peer-diff-")
     weft, weft_url = start_weft(args, tmp)
-    peer = None if args.peer_url else Orion(args)
-    targets = [Target("weft", weft_url), Target(args.peer, args.peer_url or peer.url)]
+    peer = None if args.peer_url else (Orion if args.peer == "orion" else QuantumLeap)(args)
+    targets = [Target("weft", weft_url, args.prefix), Target(args.peer, args.peer_url or peer.url)]
     results = []
     try:
         for n, case in enumerate(cases, 1):
             diffs = run_case(n, case, targets)
-            if peer and any("no answer" in json.dumps(d) for d in diffs):
+            if isinstance(peer, Orion) and any("no answer" in json.dumps(d) for d in diffs):
                 # It died on something this case sent: the next case
                 # gets a fresh one (its data are gone with it).
                 peer.restart()
@@ -374,8 +435,7 @@ def main():
             for d in diffs:
                 print(f"    step {d['step']} {d['request']}")
                 for what in d["differences"]:
-                    print("      " + " | ".join(
-                        json.dumps(x) if not isinstance(x, str) else x for x in what)[:600])
+                    print("      " + describe(what, targets))
     finally:
         if weft:
             os.killpg(weft.pid, signal.SIGTERM)

@@ -13,7 +13,9 @@
 //! - [`op`]: `POST /v2/op/query`;
 //! - [`delete`]: `DELETE /v2/entities/{id}` and `DELETE /v2/types/{type}`;
 //! - [`meta`]: `/version`, `/health`, `/v2/`, `/management/config`, and
-//!   the 404 of a path QuantumLeap does not have.
+//!   the 404 of a path QuantumLeap does not have;
+//! - [`render`]: answers on QuantumLeap's own listener rendered as
+//!   QuantumLeap renders them (Python's indented JSON, werkzeug's reasons).
 //!
 //! Errors use QuantumLeap's own mixed shapes ([`QlError`]): `{"error",
 //! "description"}` objects, bare JSON strings, and the problem JSON its
@@ -38,6 +40,7 @@ mod op;
 mod params;
 mod query;
 mod records;
+mod render;
 mod variant;
 
 pub use params::DEFAULT_LIMIT;
@@ -62,6 +65,7 @@ pub fn quantumleap_routes() -> Routes {
 pub fn quantumleap_router(state: AppState) -> Router {
     quantumleap_routes()
         .build(&state)
+        .layer(axum::middleware::from_fn(render::as_quantumleap))
         .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
         .with_state(state)
 }
