@@ -193,8 +193,8 @@ def compare_bodies(a, b, ta, tb):
     """None when alike; else what differs ("order" when only key order does)."""
     ja, jb = parse_json(a), parse_json(b)
     if BYTE_EXACT:
-        na = DATE.sub("<date>", a.decode("utf-8", "replace"))
-        nb = DATE.sub("<date>", b.decode("utf-8", "replace"))
+        na = DATE.sub("<date>", a.decode("utf-8", "replace").replace(ta.url, "<server>"))
+        nb = DATE.sub("<date>", b.decode("utf-8", "replace").replace(tb.url, "<server>"))
         if na == nb:
             return None
         if ja is not None and jb is not None and normalise(ja, ta) == normalise(jb, tb):
@@ -217,6 +217,7 @@ def header_value(name, headers, target):
     if v is None:
         return None
     if name == "location":
+        v = v.replace(target.url, "<server>")
         for i, ident in enumerate(target.ids):
             v = v.replace(ident, f"<id{i}>")
     if name == "content-type":

@@ -964,6 +964,11 @@ pub trait HistoryStore: Send + Sync {
         entity_type: Option<&str>,
         service_path: Option<&str>,
     ) -> Result<Vec<HistoryEntity>>;
+    /// Every attribute name recorded for entities of `entity_type` in
+    /// `tenant` (whichever entity, whenever), sorted: QuantumLeap's columns
+    /// of the type's table, which its answers list for every record (null
+    /// where a record has none). Kept as long as the attribute's rollups.
+    async fn history_attributes(&self, tenant: &str, entity_type: &str) -> Result<Vec<String>>;
     /// Deletes the history `target` names: the rows of the matching
     /// entities in its time range (all of them without one), and their
     /// rollups — buckets the range covers whole go, buckets it cuts

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use weft_store::HistoryDelete;
 
 use super::params::{Attrs, Params};
@@ -66,7 +66,7 @@ pub(super) async fn delete_entity(
     if store.delete_history(&target).await? == 0 {
         return Err(QlError::no_records());
     }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(deleted())
 }
 
 /// `DELETE /v2/types/{type}` (QuantumLeap's `delete_entities`): the
@@ -79,7 +79,18 @@ pub(super) async fn delete_type(
     Path(entity_type): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> QlResult {
-    let drop_table = q.get("dropTable").is_some_and(|v| v == "true");
+    // A boolean as QuantumLeap's request validation reads one: `true` or
+    // `false` in any case.
+    let drop_table = match q.get("dropTable").map(|v| v.to_ascii_lowercase()) {
+        None => false,
+        Some(v) if v == "true" => true,
+        Some(v) if v == "false" => false,
+        Some(_) => {
+            return Err(QlError::bad_parameter(
+                "Wrong type, expected 'boolean' for query parameter 'dropTable'",
+            ))
+        }
+    };
     let root = header(&headers, "fiware-servicepath").is_none_or(|p| p == "/");
     let scope = scope(&headers)?;
     let store = settled_store(&state).await;
@@ -97,11 +108,21 @@ pub(super) async fn delete_type(
                 ..HistoryDelete::default()
             })
             .await?;
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        return Ok(deleted());
     }
     let target = target(scope, &q, None, Some(entity_type))?;
     if store.delete_history(&target).await? == 0 {
         return Err(QlError::no_records());
     }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(deleted())
+}
+
+/// QuantumLeap's answer to a delete that removed something: 204, labelled
+/// JSON as all its answers are.
+fn deleted() -> Response {
+    (
+        StatusCode::NO_CONTENT,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+    )
+        .into_response()
 }

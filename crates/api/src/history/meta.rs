@@ -77,3 +77,37 @@ pub(super) async fn not_found() -> Response {
     }
     .into_response()
 }
+
+/// `GET /v2` (no slash): QuantumLeap's web framework redirects it to
+/// `/v2/` with a 308 and a small HTML page naming the absolute URL (from
+/// the request's `Host`), as it does every path missing its final slash.
+pub(super) async fn to_slash(
+    axum::extract::OriginalUri(uri): axum::extract::OriginalUri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let target = format!("http://{host}{}/{query}", uri.path());
+    let page = format!(
+        "<!doctype html>\n<html lang=en>\n<title>Redirecting...</title>\n<h1>Redirecting...</h1>\n\
+         <p>You should be redirected automatically to the target URL: <a href=\"{target}\">{target}</a>. \
+         If not, click the link.\n"
+    );
+    let location = axum::http::HeaderValue::from_str(&target)
+        .unwrap_or_else(|_| axum::http::HeaderValue::from_static("/v2/"));
+    (
+        StatusCode::PERMANENT_REDIRECT,
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (axum::http::header::LOCATION, location),
+        ],
+        page,
+    )
+        .into_response()
+}

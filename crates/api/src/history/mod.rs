@@ -89,7 +89,7 @@ fn api_routes() -> Routes {
         }))
         .route("/version", get(READ, meta::version))
         .route("/health", get(Access::Open, meta::health))
-        .route("/v2", get(READ, meta::root))
+        .route("/v2", get(READ, meta::to_slash))
         .route("/v2/", get(READ, meta::root))
         .route("/management/config", post(WRITE, meta::config))
         .route("/v2/notify", post(WRITE, notify::notify))

@@ -208,9 +208,11 @@ fn aggr_period(p: &str) -> AggrPeriod {
 }
 
 /// `fromDate`/`toDate`: an ISO-8601 date-time (a date alone means its
-/// midnight UTC), else QuantumLeap's 422.
+/// midnight UTC), else QuantumLeap's 422. Double quotes around it are
+/// dropped, as QuantumLeap drops them (clients quote dates in URLs).
 fn date(v: Option<&str>) -> Result<Option<(String, i64)>, QlError> {
-    let Some(raw) = v else { return Ok(None) };
+    let Some(quoted) = v else { return Ok(None) };
+    let raw = quoted.trim_matches('"');
     let parsed = parse_datetime(raw).or_else(|| {
         // A date alone, or a time without a zone (taken as UTC).
         parse_datetime(&format!("{raw}T00:00:00Z")).or_else(|| parse_datetime(&format!("{raw}Z")))
@@ -220,7 +222,7 @@ fn date(v: Option<&str>) -> Result<Option<(String, i64)>, QlError> {
         None => Err(QlError::api(
             StatusCode::UNPROCESSABLE_ENTITY,
             "<class 'exceptions.exceptions.InvalidParameterValue'>",
-            format!("The parameter value '{raw}' for parameter **fromDate** or **toDate** is not valid."),
+            format!("The parameter value '{quoted}' for parameter **fromDate** or **toDate** is not valid."),
         )),
     }
 }

@@ -62,15 +62,34 @@ impl EntityRecords {
     /// The values of `attr` along the records (`null` where a record has
     /// none).
     pub fn values(&self, attr: &str) -> Vec<Value> {
+        let name = self.name_of(attr);
         self.records
             .iter()
-            .map(|r| r.values.get(attr).cloned().unwrap_or(Value::Null))
+            .map(|r| r.values.get(name).cloned().unwrap_or(Value::Null))
             .collect()
     }
 
-    /// Whether any record holds `attr`.
+    /// Whether the records have `attr` (a column, even if null).
     pub fn has(&self, attr: &str) -> bool {
-        self.records.iter().any(|r| r.values.contains_key(attr))
+        let name = self.name_of(attr);
+        self.records.iter().any(|r| r.values.contains_key(name))
+    }
+
+    /// The name `attr` is stored under in the records: itself, or the one
+    /// equal to it but for ASCII case (names asked in a path match stored
+    /// ones whatever their case).
+    fn name_of<'a>(&'a self, attr: &'a str) -> &'a str {
+        let Some(first) = self.records.first() else {
+            return attr;
+        };
+        if first.values.contains_key(attr) {
+            return attr;
+        }
+        first
+            .values
+            .keys()
+            .find(|k| k.eq_ignore_ascii_case(attr))
+            .map_or(attr, String::as_str)
     }
 }
 
@@ -125,12 +144,20 @@ pub(crate) async fn fetch(
             return Ok(Found::new());
         }
     }
+    let mut columns = Columns::default();
+    let mut asked = selection.attrs;
+    if let (Some(ty), false) = (&selection.entity_type, asked.is_empty()) {
+        // Asked names match stored ones whatever their case, as
+        // QuantumLeap's lower-cased columns do.
+        let known = columns.of(store, &scope.tenant, ty).await?;
+        asked = asked.iter().map(|a| resolve(known, a)).collect();
+    }
     let base = HistoryQuery {
         tenant: scope.tenant.clone(),
         service_path: scope.service_path.clone(),
         entity_ids: ids,
         entity_type: selection.entity_type,
-        attrs: selection.attrs,
+        attrs: Vec::new(),
         from: params.from.as_ref().map(|d| d.1),
         to: params.to.as_ref().map(|d| d.1),
         last_n: None,
@@ -138,43 +165,91 @@ pub(crate) async fn fetch(
         limit: DEFAULT_LIMIT,
     };
     if let Some((method, period)) = params.aggregate {
-        return aggregate(store, &base, method, period).await;
+        let q = HistoryQuery {
+            attrs: asked,
+            ..base
+        };
+        return aggregate(store, &q, method, period).await;
     }
     let take = params.last_n.map_or(params.limit, |n| n.min(params.limit));
     let newest_first = params.last_n.is_some();
-    let mut found = if let Some(geo) = &params.geo {
-        records(geo_rows(store, &base, geo).await?)
-    } else if selection.grouping == Grouping::Entity {
-        // Each series cut on its own as the entity's rows are: exact when
-        // a record holds every attribute, as a notified entity's do.
-        let q = if newest_first {
-            HistoryQuery {
-                last_n: Some(params.offset.saturating_add(take)),
-                limit: take,
-                ..base
-            }
-        } else {
-            HistoryQuery {
-                offset: params.offset,
-                limit: take,
-                ..base
-            }
-        };
-        let found = records(store.query_history(&q).await?);
-        return Ok(cut(found, selection.grouping, newest_first, 0, take));
+    // Every attribute of each state is read, so that a record without the
+    // attributes asked is still a record (QuantumLeap's row, its columns
+    // null), and then projected on what was asked.
+    let rows = if let Some(geo) = &params.geo {
+        geo_rows(store, &base, geo).await?
     } else {
-        records(
-            leading_rows(
-                store,
-                &base,
-                newest_first,
-                params.offset.saturating_add(take),
-            )
-            .await?,
+        leading_rows(
+            store,
+            &base,
+            newest_first,
+            params.offset.saturating_add(take),
         )
+        .await?
     };
-    found = cut(found, selection.grouping, newest_first, params.offset, take);
-    Ok(found)
+    let found = cut(
+        records(rows),
+        selection.grouping,
+        newest_first,
+        params.offset,
+        take,
+    );
+    let mut out = Found::new();
+    for ((ty, id), mut e) in found {
+        let known = columns.of(store, &scope.tenant, &ty).await?;
+        let shown: Vec<String> = if asked.is_empty() {
+            known.to_vec()
+        } else {
+            asked.iter().map(|a| resolve(known, a)).collect()
+        };
+        if shown.is_empty() || shown.iter().any(|a| !known.contains(a)) {
+            // A type without one of the columns asked: QuantumLeap's
+            // SELECT of its table fails, and the type is left out.
+            continue;
+        }
+        for r in &mut e.records {
+            let mut values = std::mem::take(&mut r.values);
+            r.values = shown
+                .iter()
+                .map(|name| (name.clone(), values.remove(name).unwrap_or(Value::Null)))
+                .collect();
+        }
+        out.insert((ty, id), e);
+    }
+    Ok(out)
+}
+
+/// The attribute names of each type met in one query
+/// ([`Store::history_attributes`], QuantumLeap's columns), read once.
+#[derive(Default)]
+struct Columns(BTreeMap<String, Vec<String>>);
+
+impl Columns {
+    async fn of(
+        &mut self,
+        store: &Arc<dyn Store>,
+        tenant: &str,
+        entity_type: &str,
+    ) -> Result<&[String], QlError> {
+        if !self.0.contains_key(entity_type) {
+            let names = store.history_attributes(tenant, entity_type).await?;
+            self.0.insert(entity_type.to_string(), names);
+        }
+        Ok(&self.0[entity_type])
+    }
+}
+
+/// The stored name `asked` stands for: itself when stored, else the
+/// stored name equal to it but for ASCII case, else itself.
+fn resolve(known: &[String], asked: &str) -> String {
+    if known.iter().any(|k| k == asked) {
+        return asked.to_string();
+    }
+    known
+        .iter()
+        .find(|k| k.eq_ignore_ascii_case(asked))
+        .cloned()
+        .unwrap_or_else(|| asked.to_string())
 }
 
 /// Most rows one history query returns per series (the store's cap).
@@ -289,9 +364,14 @@ async fn aggregate(
                 time: bucket,
                 ..Record::default()
             });
-        record
-            .values
-            .insert(a.attr, a.value.map(number).unwrap_or(Value::Null));
+        let value = match (method, a.value) {
+            (_, None) => Value::Null,
+            // A count is a whole number; every other aggregate of
+            // QuantumLeap's float columns a float (`20.0`).
+            (AggrMethod::Count, Some(n)) => Value::from(n as i64),
+            (_, Some(n)) => Value::from(n),
+        };
+        record.values.insert(a.attr, value);
     }
     Ok(by_entity
         .into_iter()
@@ -448,15 +528,6 @@ fn python_text(v: &Value) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    }
-}
-
-/// An aggregate as JSON: integral values without a fraction.
-fn number(n: f64) -> Value {
-    if n.fract() == 0.0 && n.abs() < 9e15 {
-        Value::from(n as i64)
-    } else {
-        Value::from(n)
     }
 }
 

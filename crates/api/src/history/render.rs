@@ -72,6 +72,7 @@ fn reason_phrase(status: StatusCode) -> Option<&'static [u8]> {
         201 => b"CREATED",
         204 => b"NO CONTENT",
         207 => b"MULTI-STATUS",
+        308 => b"PERMANENT REDIRECT",
         400 => b"BAD REQUEST",
         401 => b"UNAUTHORIZED",
         403 => b"FORBIDDEN",

@@ -1235,6 +1235,22 @@ impl HistoryStore for PostgresStore {
         history_entities(&**client, tenant, entity_type, service_path).await
     }
 
+    async fn history_attributes(&self, tenant: &str, entity_type: &str) -> Result<Vec<String>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT DISTINCT attr FROM history_rollups \
+                 WHERE tenant = $1 AND entity_type = $2",
+                &[&tenant, &entity_type],
+            )
+            .await
+            .map_err(db)?;
+        // Sorted here, by bytes, whatever the database's collation.
+        let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        names.sort_unstable();
+        Ok(names)
+    }
+
     async fn delete_history(&self, target: &HistoryDelete) -> Result<u64> {
         // Step by step, each its own transaction.
         delete_in_steps(|| {

@@ -164,6 +164,14 @@ impl HistoryStore for SqliteStore {
             .await
     }
 
+    async fn history_attributes(&self, tenant: &str, entity_type: &str) -> Result<Vec<String>> {
+        let tenant = tenant.to_string();
+        let entity_type = entity_type.to_string();
+        self.history
+            .read(move |c| history_attributes(c, &tenant, &entity_type))
+            .await
+    }
+
     async fn delete_history(&self, target: &HistoryDelete) -> Result<u64> {
         let target = target.clone();
         delete_in_steps(|| {
@@ -1156,6 +1164,24 @@ fn entity_attrs(conn: &Connection, key: i64) -> rusqlite::Result<Vec<String>> {
         out.push(attr);
     }
     Ok(out)
+}
+
+/// The attributes of every entity of a type ([`entity_attrs`] of each of
+/// its series), sorted.
+fn history_attributes(conn: &Connection, tenant: &str, entity_type: &str) -> Result<Vec<String>> {
+    let mut series = conn
+        .prepare_cached("SELECT key FROM history_series WHERE tenant = ?1 AND entity_type = ?2")
+        .db()?;
+    let keys: Vec<i64> = series
+        .query_map((tenant, entity_type), |r| r.get(0))
+        .db()?
+        .collect::<rusqlite::Result<_>>()
+        .db()?;
+    let mut names = std::collections::BTreeSet::new();
+    for key in keys {
+        names.extend(entity_attrs(conn, key).db()?);
+    }
+    Ok(names.into_iter().collect())
 }
 
 /// The attributes of `e` a query covers, in order.
