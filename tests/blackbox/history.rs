@@ -1365,3 +1365,43 @@ async fn the_master_variant_names_entities_id_and_type() {
     let (status, body) = delete(&c, "/ql/v2/entities/Room:9", None).await;
     assert_eq!((status, body), (200, json!([])));
 }
+
+/// QuantumLeap keeps the service path of every record: a query under a
+/// path answers the records notified under it, whatever path the entity
+/// was first recorded under.
+#[tokio::test]
+async fn the_service_path_filters_each_record() {
+    let server = Server::start();
+    let c = server.client();
+    for (path, minute, temperature) in [("/a", 0, 20.0), ("/b", 1, 21.0)] {
+        let resp = c
+            .http
+            .post(format!("{}/v2/notify", c.url))
+            .header("Fiware-ServicePath", path)
+            .json(&json!({"data": [room("Room:p", &at(minute, 0), temperature, 700)]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    }
+    let values = |path: Option<&'static str>| {
+        let c = c.clone();
+        async move {
+            let mut req = c.http.get(format!(
+                "{}/ql/v2/entities/Room:p/attrs/temperature/value",
+                c.url
+            ));
+            if let Some(p) = path {
+                req = req.header("Fiware-ServicePath", p);
+            }
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            (status, body["values"].clone())
+        }
+    };
+    assert_eq!(values(Some("/a")).await, (200, json!([20.0])));
+    assert_eq!(values(Some("/b")).await, (200, json!([21.0])));
+    assert_eq!(values(None).await, (200, json!([20.0, 21.0])));
+    assert_eq!(values(Some("/c")).await.0, 404);
+}

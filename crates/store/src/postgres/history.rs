@@ -763,6 +763,12 @@ const SERIES_SQL: &str = "UNNEST($2::text[], $3::text[], $4::text[]) \
 const IN_SERIES: &str =
     "tenant = $1 AND entity_id = s.s_id AND entity_type = s.s_ty AND attr = s.s_attr";
 
+/// The rows under the service-path prefix `$9` (none: every row), `$10`
+/// being the prefix without its final slashes: the rule of
+/// [`path_matches`], segment-wise and with no `LIKE` patterns.
+const IN_PATH: &str = "($9::text IS NULL OR service_path = $9 \
+     OR starts_with(service_path, $10::text || '/') OR (service_path = $10 AND $10 <> ''))";
+
 /// Index into the series of an `s.n` a statement returned.
 fn series_index(row: &Row, column: usize) -> usize {
     (row.get::<_, i64>(column) - 1) as usize
@@ -787,11 +793,20 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
         .start()
         .await
         .map_err(db)?;
-    let series = query_series(&tx, q).await?;
+    // The service path filters each row by its own path (QuantumLeap
+    // keeps one per row), so every entity is looked at whatever path it
+    // was first recorded under.
+    let every_path = HistoryQuery {
+        service_path: None,
+        ..q.clone()
+    };
+    let series = query_series(&tx, &every_path).await?;
     if series.is_empty() {
         return Ok(Vec::new());
     }
     let [ids, types, attrs] = series_arrays(&series);
+    let prefix: Option<&str> = q.service_path.as_deref();
+    let base: Option<&str> = prefix.map(|p| p.trim_end_matches('/'));
     let skip = q.last_n.map(|n| i64::try_from(n - 1).unwrap_or(i64::MAX));
     // The start is computed in a lateral of its own, so the rows' scan
     // takes it as a parameter: an index range, not a filter.
@@ -802,8 +817,8 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
             "SELECT COALESCE(n.time, $5) AS start, COALESCE(n.instance, {min}::int8) AS start_instance \
              FROM (SELECT 1) one LEFT JOIN LATERAL ( \
                  SELECT time, instance FROM history \
-                 WHERE {IN_SERIES} AND time >= $5 AND time <= $6 \
-                 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET $9) n ON true",
+                 WHERE {IN_SERIES} AND {IN_PATH} AND time >= $5 AND time <= $6 \
+                 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET $11) n ON true",
             min = i64::MIN + 1
         ),
         None => format!(
@@ -817,7 +832,7 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
          CROSS JOIN LATERAL ({start}) b \
          CROSS JOIN LATERAL ( \
              SELECT time, instance, service_path, attr_type, value, number FROM history \
-             WHERE {IN_SERIES} AND time >= b.start AND time <= $6 \
+             WHERE {IN_SERIES} AND {IN_PATH} AND time >= b.start AND time <= $6 \
              AND (time > b.start OR instance >= b.start_instance) \
              ORDER BY time, instance LIMIT $7 OFFSET $8) h \
          ORDER BY s.n, h.time, h.instance"
@@ -831,6 +846,8 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
         &to,
         &per_series,
         &offset,
+        &prefix,
+        &base,
     ];
     if let Some(skip) = &skip {
         params.push(skip);

@@ -1224,7 +1224,15 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
              ORDER BY time DESC, instance DESC",
         )
         .db()?;
-    for e in query_entities(conn, q)? {
+    // The service path filters each state by its own path (QuantumLeap
+    // keeps one per row), so every entity is looked at whatever path it
+    // was first recorded under.
+    let prefix = q.service_path.as_deref();
+    let every_path = HistoryQuery {
+        service_path: None,
+        ..q.clone()
+    };
+    for e in query_entities(conn, &every_path)? {
         let attrs = query_attrs(conn, q, &e)?;
         if attrs.is_empty() {
             continue;
@@ -1243,10 +1251,13 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
         let mut open = attrs.len();
         while open > 0 {
             let Some(row) = rows.next().db()? else { break };
+            let path: Option<String> = row.get(2).db()?;
+            if prefix.is_some_and(|p| !path_matches(p, path.as_deref().unwrap_or(&e.path))) {
+                continue;
+            }
             let picked = pick_attrs(row, 3, &attrs, |i| series[i].len() < need).db()?;
             let time: i64 = row.get(0).db()?;
             let instance: i64 = row.get(1).db()?;
-            let path: Option<String> = row.get(2).db()?;
             for ((attr, rows), picked) in attrs.iter().zip(series.iter_mut()).zip(picked) {
                 let Some(StoredAttr(attr_type, value, number)) = picked else {
                     continue;
