@@ -123,9 +123,11 @@ async fn one_entity(
         attrs: attr.map_or_else(|| params.attrs.clone(), |a| vec![a]),
         grouping: Grouping::Entity,
     };
-    let mut found = fetch(store, &scope, &params, selection).await?;
-    let records = found
-        .remove(&(entity_type.clone(), id.clone()))
+    let found = fetch(store, &scope, &params, selection).await?;
+    // The type as stored (the one asked may differ in case).
+    let ((entity_type, _), records) = found
+        .into_iter()
+        .find(|((_, found_id), _)| *found_id == id)
         .ok_or_else(QlError::no_records)?;
     Ok((params, id, entity_type, records))
 }

@@ -146,7 +146,17 @@ pub(crate) async fn fetch(
     }
     let mut columns = Columns::default();
     let mut asked = selection.attrs;
-    if let (Some(ty), false) = (&selection.entity_type, asked.is_empty()) {
+    let mut selection_type = selection.entity_type;
+    if let Some(ty) = &selection_type {
+        if columns.of(store, &scope.tenant, ty).await?.is_empty() {
+            // A type matches whatever its case, as QuantumLeap's
+            // lower-cased table names do.
+            if let Some(stored) = type_in_other_case(store, scope, ty).await? {
+                selection_type = Some(stored);
+            }
+        }
+    }
+    if let (Some(ty), false) = (&selection_type, asked.is_empty()) {
         // Asked names match stored ones whatever their case, as
         // QuantumLeap's lower-cased columns do.
         let known = columns.of(store, &scope.tenant, ty).await?;
@@ -156,7 +166,7 @@ pub(crate) async fn fetch(
         tenant: scope.tenant.clone(),
         service_path: scope.service_path.clone(),
         entity_ids: ids,
-        entity_type: selection.entity_type,
+        entity_type: selection_type,
         attrs: Vec::new(),
         from: params.from.as_ref().map(|d| d.1),
         to: params.to.as_ref().map(|d| d.1),
@@ -217,6 +227,21 @@ pub(crate) async fn fetch(
         out.insert((ty, id), e);
     }
     Ok(out)
+}
+
+/// The stored type equal to `entity_type` but for ASCII case, if the
+/// tenant has history of one.
+async fn type_in_other_case(
+    store: &Arc<dyn Store>,
+    scope: &Scope,
+    entity_type: &str,
+) -> Result<Option<String>, QlError> {
+    Ok(store
+        .history_entities(&scope.tenant, None, None)
+        .await?
+        .into_iter()
+        .map(|e| e.entity_type)
+        .find(|t| t.eq_ignore_ascii_case(entity_type)))
 }
 
 /// The attribute names of each type met in one query
