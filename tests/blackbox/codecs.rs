@@ -1,7 +1,8 @@
 //! Decoders: the em300th codec written from the payload table decodes the
 //! spec's example and vectors derived from the table; a script that does
 //! not compile is refused; a runaway script is interrupted and recorded as
-//! failed while other uplinks keep flowing.
+//! failed while other uplinks keep flowing; the encode dry run runs a
+//! type's encoder, saved or not; a device's variables reach its codec.
 
 use std::time::Duration;
 
@@ -340,4 +341,348 @@ async fn the_dry_run_tests_an_unsaved_decoder() {
     )
     .await;
     assert_eq!(status, 404);
+}
+
+/// A ChirpStack-form codec for a valve: its encoder builds the bytes in a
+/// `Buffer` (command 1, then the setpoint in tenths, big-endian, plus the
+/// device's `offset` variable), answers on the port asked for or 20, and
+/// returns the codec's own `errors` and `warnings`; its decoder shows the
+/// variables it got.
+const VALVE_JS: &str = r#"
+function decodeUplink(input) {
+  return {data: {setpoint: input.bytes[0], variables: input.variables}};
+}
+function encodeDownlink(input) {
+  if (typeof input.data.setpoint !== "number") {
+    return {errors: ["setpoint must be a number"], warnings: ["got " + Object.keys(input.data).join(",")]};
+  }
+  if (input.data.setpoint < 0) throw new RangeError("below zero");
+  var b = Buffer.alloc(3);
+  b.writeUInt8(1, 0);
+  b.writeInt16BE(Math.round(input.data.setpoint * 10) + Number(input.variables.offset || 0), 1);
+  var out = {bytes: b, fPort: input.fPort || 20};
+  if (input.data.setpoint > 30) out.warnings = ["setpoint above 30"];
+  return out;
+}
+"#;
+
+async fn encode_dry_run(c: &Client, ty: &str, body: Value) -> Reply {
+    c.send(
+        "POST",
+        &format!("/api/v1/device-types/{ty}/encode"),
+        Some(&body),
+        Some(KEY),
+    )
+    .await
+}
+
+/// The encode dry run of a saved encoder: the bytes as base64 and hex,
+/// the codec's port (or the one asked for, which the codec reads), its
+/// warnings; `variables` in the body reach `input.variables`; nothing is
+/// queued or stored.
+#[tokio::test]
+async fn the_encode_dry_run_runs_the_saved_encoder() {
+    let server = Server::start();
+    let c = server.client();
+    let valve = json!({"decoder": {"script": VALVE_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/valve", Some(&valve))
+        .await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/valve-1",
+        Some(&json!({"type": "valve"})),
+    )
+    .await;
+    // 21.5 → 215 = 0x00d7.
+    let (status, reply) = encode_dry_run(&c, "valve", json!({"data": {"setpoint": 21.5}})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply,
+        json!({"bytes": "AQDX", "hex": "0100d7", "fPort": 20, "warnings": []})
+    );
+    // The port asked for reaches the codec as `input.fPort`.
+    let (status, reply) =
+        encode_dry_run(&c, "valve", json!({"data": {"setpoint": 21.5}, "fPort": 7})).await;
+    assert_eq!((status, &reply["fPort"]), (200, &json!(7)), "{reply}");
+    // Variables from the body: 215 + 5 = 220 = 0x00dc.
+    let (status, reply) = encode_dry_run(
+        &c,
+        "valve",
+        json!({"data": {"setpoint": 21.5}, "variables": {"offset": "5"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["hex"], "0100dc", "{reply}");
+    // Warnings come back with the bytes: 31 → 310 = 0x0136.
+    let (status, reply) = encode_dry_run(&c, "valve", json!({"data": {"setpoint": 31}})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["hex"], "010136");
+    assert_eq!(reply["warnings"], json!(["setpoint above 30"]));
+    // Nothing was queued for the type's device.
+    let listed = c
+        .expect(200, "GET", "/api/v1/devices/valve-1/downlinks", None)
+        .await;
+    assert_eq!(listed["downlinks"], json!([]), "{listed}");
+}
+
+/// A codec that cannot encode: its returned `errors` and `warnings` in a
+/// 422 `EncodeFailed`, as the decode dry run's `DecodeFailed`; a thrown
+/// error is weft's one error; a codec without `encodeDownlink`, or a
+/// type without a codec, is a 422 saying so; a body that is not
+/// `{"data": {…}}` with a port 1–223 and text variables is a 400; an
+/// unknown type a 404; no key a 401, a read key a 403.
+#[tokio::test]
+async fn the_encode_dry_run_refuses_with_the_codecs_errors() {
+    let server = Server::start();
+    let c = server.client();
+    let valve = json!({"decoder": {"script": VALVE_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/valve", Some(&valve))
+        .await;
+    let (status, reply) = encode_dry_run(&c, "valve", json!({"data": {"setpoint": "hot"}})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["error"], "EncodeFailed");
+    assert_eq!(reply["errors"], json!(["setpoint must be a number"]));
+    assert_eq!(reply["warnings"], json!(["got setpoint"]));
+    let (status, reply) = encode_dry_run(&c, "valve", json!({"data": {"setpoint": -1}})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["errors"].as_array().map(Vec::len), Some(1), "{reply}");
+    assert!(
+        reply["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("RangeError: below zero")),
+        "{reply}"
+    );
+
+    c.create_em300th().await;
+    let (status, reply) = encode_dry_run(&c, "em300th", json!({"data": {"a": 1}})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert!(
+        reply["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("encodeDownlink")),
+        "{reply}"
+    );
+    c.expect(201, "PUT", "/api/v1/device-types/bare", Some(&json!({})))
+        .await;
+    let (status, reply) = encode_dry_run(&c, "bare", json!({"data": {"a": 1}})).await;
+    assert_eq!(status, 422, "{reply}");
+    assert!(
+        reply["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("has no codec")),
+        "{reply}"
+    );
+
+    for bad in [
+        json!([]),
+        json!({}),
+        json!({"data": 5}),
+        json!({"data": {}, "fPort": 0}),
+        json!({"data": {}, "fPort": 224}),
+        json!({"data": {}, "variables": {"offset": 5}}),
+        json!({"data": {}, "variables": ["offset"]}),
+        json!({"data": {}, "variables": {"": "x"}}),
+        json!({"data": {}, "port": 1}),
+    ] {
+        let (status, reply) = encode_dry_run(&c, "valve", bad.clone()).await;
+        assert_eq!(
+            (status, reply["error"].as_str()),
+            (400, Some("BadRequest")),
+            "{bad}: {reply}"
+        );
+    }
+    let (status, _) = encode_dry_run(&c, "nope", json!({"data": {}})).await;
+    assert_eq!(status, 404);
+
+    let path = "/api/v1/device-types/valve/encode";
+    let body = json!({"data": {"setpoint": 1}});
+    let (status, _) = server
+        .client_with(None)
+        .send("POST", path, Some(&body), None)
+        .await;
+    assert_eq!(status, 401);
+    let made = c
+        .expect(
+            201,
+            "POST",
+            "/api/v1/keys",
+            Some(&json!({"name": "reader", "role": "read"})),
+        )
+        .await;
+    let reader = server.client_with(made["key"].as_str());
+    let (status, reply) = reader.send("POST", path, Some(&body), None).await;
+    assert_eq!(status, 403, "{reply}");
+    let writer = c
+        .expect(
+            201,
+            "POST",
+            "/api/v1/keys",
+            Some(&json!({"name": "writer", "role": "write"})),
+        )
+        .await;
+    let writer = server.client_with(writer["key"].as_str());
+    let (status, reply) = writer.send("POST", path, Some(&body), None).await;
+    assert_eq!(status, 200, "{reply}");
+}
+
+/// The encode dry run of an encoder not saved yet: an `encoder` in the
+/// body runs instead of the type's, even for a type without a codec, and
+/// the saved type is unchanged; one that does not compile is a 400
+/// `InvalidScript` as on save; an `encoder` that is not `{"script"}` is a
+/// 400.
+#[tokio::test]
+async fn the_encode_dry_run_tests_an_unsaved_encoder() {
+    let server = Server::start();
+    let c = server.client();
+    let valve = json!({"decoder": {"script": VALVE_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/valve", Some(&valve))
+        .await;
+    let before = c
+        .expect(200, "GET", "/api/v1/device-types/valve", None)
+        .await;
+    let unsaved = "function encodeDownlink(input) {\n  var b = Buffer.from([9, input.data.setpoint]);\n  return {bytes: b, fPort: Number(input.variables.port)};\n}";
+    let (status, reply) = encode_dry_run(
+        &c,
+        "valve",
+        json!({"data": {"setpoint": 21}, "variables": {"port": "3"},
+               "encoder": {"script": unsaved, "language": "javascript"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply,
+        json!({"bytes": "CRU=", "hex": "0915", "fPort": 3, "warnings": []})
+    );
+    assert_eq!(
+        c.expect(200, "GET", "/api/v1/device-types/valve", None)
+            .await,
+        before,
+        "the dry run changed nothing"
+    );
+    // The saved encoder runs again without one.
+    let (status, reply) = encode_dry_run(&c, "valve", json!({"data": {"setpoint": 21}})).await;
+    assert_eq!((status, &reply["hex"]), (200, &json!("0100d2")), "{reply}");
+    // A type without a codec can test one.
+    c.expect(201, "PUT", "/api/v1/device-types/bare", Some(&json!({})))
+        .await;
+    let (status, reply) = encode_dry_run(
+        &c,
+        "bare",
+        json!({"data": {"setpoint": 1}, "fPort": 5, "encoder": {"script": "function encodeDownlink(i) { return {bytes: [i.fPort]}; }"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!((&reply["hex"], &reply["fPort"]), (&json!("05"), &json!(5)));
+
+    let broken = json!({"data": {}, "encoder": {"script": "function encodeDownlink(input) { return {bytes: "}});
+    let (status, reply) = encode_dry_run(&c, "valve", broken).await;
+    assert_eq!(
+        (status, reply["error"].as_str()),
+        (400, Some("InvalidScript")),
+        "{reply}"
+    );
+    for bad in [
+        json!(5),
+        json!({"source": "x"}),
+        json!({"script": "x", "language": "lua"}),
+    ] {
+        let (status, reply) =
+            encode_dry_run(&c, "valve", json!({"data": {}, "encoder": bad})).await;
+        assert_eq!(status, 400, "{bad}: {reply}");
+    }
+    let (status, _) = encode_dry_run(
+        &c,
+        "nope",
+        json!({"data": {}, "encoder": {"script": unsaved}}),
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+/// A device's `variables` are kept with it and reach its codec as
+/// `input.variables`: on its uplinks (a device without any gets `{}`)
+/// and on the downlinks queued for it; a variable that is not text is
+/// refused naming it.
+#[tokio::test]
+async fn device_variables_reach_the_codec_on_uplinks_and_downlinks() {
+    let server = Server::start();
+    let c = server.client();
+    let valve = json!({"decoder": {"script": VALVE_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/valve", Some(&valve))
+        .await;
+    let device = json!({"type": "valve", "channel": "farm",
+                        "variables": {"offset": "5", "serial": "A-7"}});
+    c.expect(201, "PUT", "/api/v1/devices/valve-1", Some(&device))
+        .await;
+    c.expect(
+        201,
+        "PUT",
+        "/api/v1/devices/valve-2",
+        Some(&json!({"type": "valve", "channel": "farm"})),
+    )
+    .await;
+    let shown = c.expect(200, "GET", "/api/v1/devices/valve-1", None).await;
+    assert_eq!(shown["variables"], json!({"offset": "5", "serial": "A-7"}));
+    let plain = c.expect(200, "GET", "/api/v1/devices/valve-2", None).await;
+    assert!(plain.get("variables").is_none(), "{plain}");
+    let (status, reply) = c
+        .send(
+            "PUT",
+            "/api/v1/devices/valve-3",
+            Some(&json!({"type": "valve", "variables": {"offset": 5}})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("variables.offset")),
+        "{reply}"
+    );
+
+    c.uplink(
+        "farm",
+        "encoded",
+        "valve",
+        &encoded_body("var-1", "valve-1", &[21], now_ms()),
+    )
+    .await;
+    c.uplink(
+        "farm",
+        "encoded",
+        "valve",
+        &encoded_body("var-2", "valve-2", &[22], now_ms()),
+    )
+    .await;
+    let unit = c.unit_eventually("var-1").await;
+    assert_eq!(
+        unit["measures"]["variables"],
+        json!({"offset": "5", "serial": "A-7"}),
+        "{unit}"
+    );
+    let unit = c.unit_eventually("var-2").await;
+    assert_eq!(unit["measures"]["variables"], json!({}), "{unit}");
+
+    // A downlink queued for the device is encoded with its variables:
+    // 21.5 → 215 + 5 = 220 = 0x00dc; without them, 0x00d7.
+    let queued = c
+        .expect(
+            202,
+            "POST",
+            "/api/v1/devices/valve-1/downlinks",
+            Some(&json!({"data": {"setpoint": 21.5}})),
+        )
+        .await;
+    assert_eq!(queued["downlinks"][0]["frmPayload"], "AQDc", "{queued}");
+    let queued = c
+        .expect(
+            202,
+            "POST",
+            "/api/v1/devices/valve-2/downlinks",
+            Some(&json!({"data": {"setpoint": 21.5}})),
+        )
+        .await;
+    assert_eq!(queued["downlinks"][0]["frmPayload"], "AQDX", "{queued}");
 }

@@ -6,6 +6,7 @@
 //! - sign in with an API key (a wrong one is refused where it was typed);
 //! - create a device type with a codec, see a bad codec refused next to
 //!   the form, and test the codec on a hex payload;
+//! - test a type's encoder (saved or in the editor) on a downlink object;
 //! - send an uplink and see it arrive live on the device page, in its
 //!   latest values and in its chart;
 //! - queue a downlink through the type's encodeDownlink and see it listed;
@@ -354,6 +355,68 @@ async fn creates_a_device_type_and_tests_its_codec() {
                 .await;
             if stored["decoder"]["script"] != json!(EM300TH_JS) {
                 return Err(format!("testing saved the editor's decoder: {stored}"));
+            }
+            Ok(())
+        })
+    })
+    .await;
+}
+
+/// A device type's encoder tested from its editor: a downlink object
+/// encodes to the bytes (hex and base64) and port of the saved
+/// `encodeDownlink`; an object it refuses shows its own errors; and the
+/// editor's encoder runs before it is saved, with the variables typed,
+/// saving nothing.
+#[tokio::test]
+async fn the_type_editor_tests_its_encoder() {
+    let server = Server::start();
+    let c = server.client();
+    let actuator = json!({"decoder": {"script": ACTUATOR_JS}});
+    c.expect(201, "PUT", "/api/v1/device-types/actuator", Some(&actuator))
+        .await;
+    run("the_type_editor_tests_its_encoder", |b| {
+        Box::pin(async move {
+            sign_in(b, &server).await?;
+            open(b, &server, "#/types/actuator").await?;
+            wait_for(b, "#enc-form").await?;
+            paste(b, "#enc-data", r#"{"command": "ring", "duration": 7}"#).await?;
+            click(b, "#enc-run").await?;
+            wait_text(b, "#enc-hex", |t| t == "0107").await?;
+            wait_text(b, "#enc-base64", |t| t == "AQc=").await?;
+            wait_text(b, "#enc-fport", |t| t == "10").await?;
+            // The codec's own errors for an object it refuses.
+            paste(b, "#enc-data", r#"{"command": "explode"}"#).await?;
+            click(b, "#enc-run").await?;
+            wait_text(b, "#enc-errors", |t| {
+                t.contains("EncodeFailed") && t.contains("unknown command explode")
+            })
+            .await?;
+            // The editor's encoder, not saved, with the variables typed.
+            paste(
+                b,
+                "#type-script",
+                "function encodeDownlink(input) { return {bytes: [9, Number(input.variables.level)], fPort: 3}; }",
+            )
+            .await?;
+            paste(b, "#enc-data", r#"{"command": "level"}"#).await?;
+            paste(b, "#enc-variables", r#"{"level": "66"}"#).await?;
+            click(b, "#enc-run").await?;
+            wait_text(b, "#enc-hex", |t| t == "0942").await?;
+            wait_text(b, "#enc-fport", |t| t == "3").await?;
+            wait_for(b, "#enc-unsaved").await?;
+            b.execute(
+                "document.querySelector('#enc-form').scrollIntoView()",
+                vec![],
+            )
+            .await
+            .map_err(fail("scroll"))?;
+            doc_shot(b, "device-type-encode").await;
+            let (_, stored) = server
+                .client()
+                .send("GET", "/api/v1/device-types/actuator", None, None)
+                .await;
+            if stored["decoder"]["script"] != json!(ACTUATOR_JS) {
+                return Err(format!("testing saved the editor's encoder: {stored}"));
             }
             Ok(())
         })

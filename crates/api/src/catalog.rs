@@ -1,24 +1,27 @@
 //! `/api/v1/device-types` and `/api/v1/devices`: the configuration the
-//! pipeline decodes and enriches with, plus the `decode` dry run. Changes
-//! go through the pipeline's catalog so the next uplink sees them.
+//! pipeline decodes and enriches with, plus the `decode` and `encode` dry
+//! runs. Changes go through the pipeline's catalog so the next uplink sees
+//! them.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::Engine as _;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use weft_model::{Device, DeviceType};
+use weft_pipeline::downlinks::DownlinkError;
 use weft_pipeline::TypeEntry;
 use weft_store::{DeviceFilter, DevicePageQuery};
 
 use crate::routes::{get, post, Access, Routes, Scope::Own};
 use crate::{ApiError, ApiResult, AppState};
 
-/// The catalog routes: definitions are admin's; the decode dry run
-/// defines nothing (write).
+/// The catalog routes: definitions are admin's; the decode and encode dry
+/// runs define nothing (write).
 pub fn routes() -> Routes {
     Routes::new()
         .route("/api/v1/device-types", get(Access::read(Own), list_types))
@@ -31,6 +34,10 @@ pub fn routes() -> Routes {
         .route(
             "/api/v1/device-types/{name}/decode",
             post(Access::write(Own), decode),
+        )
+        .route(
+            "/api/v1/device-types/{name}/encode",
+            post(Access::write(Own), encode),
         )
         .route("/api/v1/devices", get(Access::read(Own), list_devices))
         .route(
@@ -220,6 +227,136 @@ async fn decode(
             .with_extra(json!({"reason": failed.reason, "errors": errors, "warnings": warnings})))
         }
     }
+}
+
+/// The fields an encode dry run's body may have.
+const ENCODE_FIELDS: &[&str] = &["data", "fPort", "variables", "encoder"];
+
+/// `POST /api/v1/device-types/{name}/encode`: runs the type's
+/// `encodeDownlink` on `{"data": {…}, "fPort"?, "variables"?}` and answers
+/// what a downlink queued with that `data` would carry, storing and
+/// sending nothing: `{"bytes": "<base64>", "hex", "fPort", "warnings"}`
+/// (`bytes` and `fPort` as `encodeDownlink` names them; base64 because
+/// JSON has no bytes, as The Things Stack's and ChirpStack's APIs write
+/// payloads). `variables` are the codec's `input.variables` (`{}` when
+/// not given). An `encoder` (`{"script", "language"}`, as a type's
+/// `decoder`) is a codec not saved yet, run instead of the type's (what
+/// a codec editor tests); one that does not compile is a 400
+/// `InvalidScript`, as on save. A codec that cannot encode (it returned
+/// `errors`, threw, defines no encoder, or the type has none) is a 422
+/// `EncodeFailed` with the codec's own `errors` and `warnings`, as the
+/// decode dry run's `DecodeFailed`.
+async fn encode(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let Some(saved) = state.services.catalog.device_type(&name) else {
+        return Err(ApiError::not_found(format!(
+            "device type '{name}' does not exist"
+        )));
+    };
+    let body: Value = parse_body(&body)?;
+    let Value::Object(mut fields) = body else {
+        return Err(ApiError::bad_request(
+            "body must be a JSON object {\"data\": {…}}",
+        ));
+    };
+    if let Some(unknown) = fields.keys().find(|k| !ENCODE_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown field '{unknown}' (expected data, fPort, variables, encoder)"
+        )));
+    }
+    let data = match fields.remove("data") {
+        Some(Value::Object(data)) => Value::Object(data),
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_request(
+                "data is required: the object a downlink would carry, for encodeDownlink",
+            ))
+        }
+        Some(_) => return Err(ApiError::bad_request("data must be a JSON object")),
+    };
+    let f_port = match fields.remove("fPort") {
+        None | Some(Value::Null) => None,
+        Some(port) => Some(weft_model::downlink::check_port(&port).map_err(ApiError::bad_request)?),
+    };
+    let variables: weft_model::device::Variables = match fields.remove("variables") {
+        None | Some(Value::Null) => Default::default(),
+        Some(given) => {
+            let variables = variables_from(given)?;
+            weft_model::device::check_variables(&variables)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            std::sync::Arc::new(variables)
+        }
+    };
+    let candidate = match fields.remove("encoder") {
+        None => None,
+        Some(encoder) => {
+            let encoder: weft_model::device::Decoder =
+                serde_json::from_value(encoder).map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "encoder must be {{\"script\": \"<JavaScript>\"}}: {e}"
+                    ))
+                })?;
+            let mut def = saved.def.clone();
+            def.decoder = Some(encoder);
+            Some(state.services.catalog.candidate(&name, def).await?)
+        }
+    };
+    let device_type = candidate.as_ref().unwrap_or(&saved);
+    match state
+        .services
+        .downlinks
+        .encode_dry_run(device_type, data, f_port, &variables)
+        .await
+    {
+        Ok(encoded) => Ok(Json(json!({
+            "bytes": base64::engine::general_purpose::STANDARD.encode(&encoded.bytes),
+            "hex": hex::encode(&encoded.bytes),
+            "fPort": encoded.f_port,
+            "warnings": encoded.warnings,
+        }))),
+        Err(DownlinkError::Encode {
+            description,
+            errors,
+            warnings,
+            ..
+        }) => {
+            // The codec's own `errors` when it returned them; otherwise
+            // the one error weft met, as the decode dry run answers.
+            let errors = if errors.is_empty() {
+                vec![description.clone()]
+            } else {
+                errors
+            };
+            Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "EncodeFailed",
+                description,
+            )
+            .with_extra(json!({"errors": errors, "warnings": warnings})))
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// An encode dry run's `variables`: an object of text, as a device's; a
+/// value of another type is refused naming the variable.
+fn variables_from(given: Value) -> ApiResult<std::collections::BTreeMap<String, String>> {
+    let Value::Object(given) = given else {
+        return Err(ApiError::bad_request(format!(
+            "variables must be an object of names to text, not {given}"
+        )));
+    };
+    given
+        .into_iter()
+        .map(|(name, value)| match value {
+            Value::String(text) => Ok((name, text)),
+            other => Err(ApiError::bad_request(format!(
+                "variables.{name} must be text (a JSON string), not {other}"
+            ))),
+        })
+        .collect()
 }
 
 /// Most devices on one page of `GET /api/v1/devices?limit=`.

@@ -43,13 +43,14 @@ impl From<DownlinkError> for ApiError {
             DownlinkError::Encode {
                 description,
                 errors,
+                warnings,
                 ..
             } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "EncodeFailed",
                 description,
             )
-            .with_extra(json!({ "errors": errors })),
+            .with_extra(json!({ "errors": errors, "warnings": warnings })),
             DownlinkError::Busy => ApiError::overloaded(),
             DownlinkError::Store(e) => e.into(),
         }

@@ -392,6 +392,79 @@ async fn variables_reach_the_codec() {
     );
 }
 
+/// A ChirpStack-form encoder that builds its bytes in a `Buffer` from the
+/// data and the device's variables, as the encode dry run and a queued
+/// downlink run it: the returned `Buffer` is its bytes, its `fPort` and
+/// `warnings` come through, and its `errors` (with `warnings`) refuse it.
+#[tokio::test]
+async fn a_buffer_encoder_reads_the_devices_variables() {
+    let engine = engine();
+    let script = Script::new(
+        "function encodeDownlink(input) {
+           if (typeof input.data.setpoint !== 'number') {
+             return {errors: ['setpoint must be a number'], warnings: ['checked']};
+           }
+           var b = Buffer.alloc(4);
+           b.writeUInt8(Number(input.variables.command || 1), 0);
+           b.writeInt16BE(Math.round(input.data.setpoint * 10), 1);
+           b.writeUInt8(input.variables.serial ? input.variables.serial.length : 0, 3);
+           return {bytes: b, fPort: Number(input.variables.port || 20),
+                   warnings: input.data.setpoint > 30 ? ['hot'] : []};
+         }",
+    );
+    let vars = variables(&[("command", "7"), ("port", "9"), ("serial", "A-77")]);
+    // 21.5 → 215 = 0x00d7; "A-77" is 4 characters.
+    let returned = run_one(
+        &engine,
+        downlink(&script, json!({"setpoint": 21.5})).with_variables(Arc::clone(&vars)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        interpret_encode_downlink(returned),
+        Ok(crate::Encoded {
+            bytes: vec![7, 0x00, 0xd7, 4],
+            f_port: Some(9),
+            warnings: Vec::new(),
+        })
+    );
+    // Without variables: command 1, port 20, no serial; -3.2 → -32 = 0xffe0.
+    let returned = run_one(&engine, downlink(&script, json!({"setpoint": -3.2})))
+        .await
+        .unwrap();
+    assert_eq!(
+        interpret_encode_downlink(returned),
+        Ok(crate::Encoded {
+            bytes: vec![1, 0xff, 0xe0, 0],
+            f_port: Some(20),
+            warnings: Vec::new(),
+        })
+    );
+    let returned = run_one(&engine, downlink(&script, json!({"setpoint": 31})))
+        .await
+        .unwrap();
+    assert_eq!(
+        interpret_encode_downlink(returned).unwrap().warnings,
+        vec!["hot".to_string()]
+    );
+    let returned = run_one(&engine, downlink(&script, json!({"setpoint": "x"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::reported_problems(&returned),
+        Some((
+            vec!["setpoint must be a number".to_string()],
+            vec!["checked".to_string()]
+        ))
+    );
+    assert_eq!(
+        interpret_encode_downlink(returned),
+        Err(CodecError::Reported(vec![
+            "setpoint must be a number".into()
+        ]))
+    );
+}
+
 /// Encoder bytes outside 0–255 are converted as ChirpStack converts them
 /// (saturating: 256 → 255, -1 → 0, fraction dropped); non-numbers are
 /// still refused.

@@ -1,6 +1,9 @@
 //! Device types and devices, as configured through `/api/v1/device-types`
 //! and `/api/v1/devices`.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -166,11 +169,76 @@ pub struct Device {
     /// came through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// ChirpStack's device variables: names to text that the type's codec
+    /// reads as `input.variables` (a calibration offset, a serial number,
+    /// a key), so one codec serves devices that differ in such settings.
+    /// Shared behind an `Arc` so each codec call of the device takes a
+    /// reference, not a copy; text values only, as in ChirpStack (a number
+    /// is refused with a 400 naming the variable).
+    #[serde(
+        default,
+        skip_serializing_if = "no_variables",
+        with = "shared_variables"
+    )]
+    pub variables: Variables,
     /// SHA-256 (hex) of the device's key, its password on weft's embedded
     /// MQTT broker; the key itself is shown once, when made, and never
     /// kept. Stored with the device; the API never shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_hash: Option<String>,
+}
+
+/// A device's variables (names to text), shared between the cached device
+/// and every codec call made for it.
+pub type Variables = Arc<BTreeMap<String, String>>;
+
+/// Most variables one device may have.
+pub const MAX_VARIABLES: usize = 256;
+
+fn no_variables(variables: &Variables) -> bool {
+    variables.is_empty()
+}
+
+/// Variables as a plain JSON object of strings, in and out: serde's own
+/// `Arc` support needs its `rc` feature, and this is the only `Arc` a
+/// definition holds.
+mod shared_variables {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Variables, s: S) -> Result<S::Ok, S::Error> {
+        v.as_ref().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Variables, D::Error> {
+        BTreeMap::deserialize(d).map(Arc::new)
+    }
+}
+
+/// Checks a device's variables (those of a device, or those an encode dry
+/// run is given): at most [`MAX_VARIABLES`], each name a label (not empty,
+/// no control characters, at most 256 characters), each value text of at
+/// most [`validate::MAX_TEXT`] characters. The refusal names the variable.
+pub fn check_variables(variables: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    if variables.len() > MAX_VARIABLES {
+        return Err(Invalid::new(
+            "variables",
+            format!(
+                "has {} variables; a device may have at most {MAX_VARIABLES}",
+                variables.len()
+            ),
+        ));
+    }
+    for (name, value) in variables {
+        validate::label("variables", name).map_err(|e| {
+            Invalid::new(
+                "variables",
+                format!("name {}: {}", validate::shown(name), e.problem),
+            )
+        })?;
+        validate::text(&format!("variables.{name}"), value)?;
+    }
+    Ok(())
 }
 
 /// The prefix of device keys, so one is recognisable in a configuration.
@@ -220,7 +288,9 @@ impl Device {
     /// a `type` that cannot name a device type, a `channel` that cannot name
     /// an uplink's channel; an empty or unprintable record label; a static
     /// `location` that is not `{lat, lon}` on the globe; an `endpoint` that
-    /// is not an http(s) URL; a sub-device at index 0 (the device itself)
+    /// is not an http(s) URL; more than [`MAX_VARIABLES`] variables, an
+    /// empty or unprintable variable name, or a value longer than
+    /// [`validate::MAX_TEXT`] characters; a sub-device at index 0 (the device itself)
     /// or an index used twice, and a sub-device that is the device itself
     /// or appears twice (either would give one uplink two units for one
     /// entity). The refusal names the field.
@@ -272,6 +342,7 @@ impl Device {
         if let Some(endpoint) = &self.endpoint {
             validate::http_url("endpoint", endpoint)?;
         }
+        check_variables(&self.variables)?;
         let mut indexes = std::collections::HashSet::new();
         let mut ids = std::collections::HashSet::from([self.id.as_str()]);
         let sub = |i: usize, problem: String| Invalid::new(format!("subDevices[{i}]"), problem);
@@ -408,6 +479,54 @@ mod tests {
             let e = refused(body.clone());
             assert!(e.starts_with(start), "{body}: {e}");
         }
+    }
+
+    /// Variables are text, kept as given and left out of the JSON when
+    /// there are none; a value of another JSON type is refused naming the
+    /// variable, and names and values are held to their limits.
+    #[test]
+    fn variables_are_text_named_in_refusals() {
+        let parse = |v: Value| crate::validate::from_value::<Device>(v);
+        let d =
+            parse(serde_json::json!({"id": "d", "variables": {"offset": "1.5", "serial": "A7"}}))
+                .unwrap();
+        assert_eq!(d.variables.get("offset").map(String::as_str), Some("1.5"));
+        assert_eq!(d.check(), Ok(()));
+        let back = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            back["variables"],
+            serde_json::json!({"offset": "1.5", "serial": "A7"})
+        );
+        let none = serde_json::to_value(parse(serde_json::json!({"id": "d"})).unwrap()).unwrap();
+        assert!(none.get("variables").is_none(), "{none}");
+
+        for bad in [
+            serde_json::json!(5),
+            serde_json::json!(true),
+            serde_json::json!({"a": "b"}),
+        ] {
+            let e = parse(serde_json::json!({"id": "d", "variables": {"offset": bad}}))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("variables.offset: invalid type"), "{e}");
+        }
+        let e = parse(serde_json::json!({"id": "d", "variables": ["a"]}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("variables: invalid type"), "{e}");
+
+        let e = refused(serde_json::json!({"id": "d", "variables": {"": "x"}}));
+        assert!(e.starts_with("variables name '': must not be empty"), "{e}");
+        let e = refused(serde_json::json!({"id": "d", "variables": {"k": "a\u{1}b"}}));
+        assert!(e.starts_with("variables.k "), "{e}");
+        let long = "x".repeat(crate::validate::MAX_TEXT + 1);
+        let e = refused(serde_json::json!({"id": "d", "variables": {"k": long}}));
+        assert!(e.starts_with("variables.k is longer than"), "{e}");
+        let many: Map<String, Value> = (0..=MAX_VARIABLES)
+            .map(|i| (format!("v{i}"), Value::from("x")))
+            .collect();
+        let e = refused(serde_json::json!({"id": "d", "variables": many}));
+        assert!(e.starts_with("variables has 257 variables"), "{e}");
     }
 
     #[test]

@@ -231,8 +231,11 @@ fn prepare(
     // that only the decoded payload names is checked in `finish`.
     // The dry run (`register` false) decodes a sample as the type asked,
     // whatever device it names.
-    if let Some(id) = envelope.device_id.as_ref().filter(|_| register) {
-        let known = catalog.device(id);
+    let known = envelope
+        .device_id
+        .as_deref()
+        .and_then(|id| catalog.device(id));
+    if register && envelope.device_id.is_some() {
         within_pins(u, known.as_deref())?;
         if let Some(named) = &u.device_type {
             keeps_its_type(known.as_deref(), named)?;
@@ -243,9 +246,8 @@ fn prepare(
         .device_type
         .clone()
         .or_else(|| {
-            let id = envelope.device_id.as_deref()?;
-            catalog
-                .device(id)
+            known
+                .as_ref()
                 .map(|d| d.device_type.clone())
                 .filter(|t| !t.is_empty())
         })
@@ -267,7 +269,16 @@ fn prepare(
         )
     })?;
 
-    let call = codec_call(u.format, &body, &envelope, &device_type, u.received_at)?;
+    let mut call = codec_call(u.format, &body, &envelope, &device_type, u.received_at)?;
+    // The device's variables reach its codec as `input.variables`, as
+    // ChirpStack's do; shared, not copied. A device that only the decoded
+    // payload names is not known yet here: its codec gets `{}`.
+    if let Some(variables) = known.map(|d| d.variables.clone()).filter(|v| !v.is_empty()) {
+        call = call.map(|c| match c {
+            c @ Call::DecodeUplink { .. } => c.with_variables(variables),
+            other => other,
+        });
+    }
     Ok(Step::Uplink(Prepared {
         body,
         envelope,

@@ -63,6 +63,7 @@ macro_rules! conformance_tests {
             query_data_filters_and_get_data,
             query_failed_filters_and_overwrites,
             devices_crud_and_filters,
+            devices_keep_their_variables_across_reopen,
             device_pages_search_count_and_show_last_seen,
             device_events_are_kept_once_with_the_latest_state_per_kind,
             device_types_crud,
@@ -962,6 +963,60 @@ where
     assert!(store.delete_device("a").await.unwrap());
     assert!(!store.delete_device("a").await.unwrap());
     assert_eq!(ids(DeviceFilter::default()).await, ["b", "c"]);
+}
+
+/// A device's variables (ChirpStack's, which its codec reads) are kept
+/// with it: read back by id, in a page, after a reopen; a replace without
+/// them leaves it none.
+pub(crate) async fn devices_keep_their_variables_across_reopen<B: Backend>()
+where
+    B::Store: CatalogStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let variables: std::collections::BTreeMap<String, String> =
+        [("offset", "-0.5"), ("serial", "A7-\"quoted\" ü")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let with = Device {
+        variables: Arc::new(variables.clone()),
+        ..device("v", "thermo", "north", json!({}))
+    };
+    let without = device("w", "thermo", "north", json!({}));
+    assert!(store.put_device(&with).await.unwrap());
+    assert!(store.put_device(&without).await.unwrap());
+    assert_eq!(device_by_id(&*store, "v").await, Some(with.clone()));
+    let page = store
+        .page_devices(&DevicePageQuery {
+            filter: DeviceFilter::default(),
+            search: Some("v".into()),
+            limit: 10,
+            offset: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(*page.devices[0].device.variables, variables);
+    B::close(&store).await;
+    drop(store);
+
+    let store = backend.open().await;
+    assert_eq!(device_by_id(&*store, "v").await, Some(with.clone()));
+    assert!(device_by_id(&*store, "w")
+        .await
+        .unwrap()
+        .variables
+        .is_empty());
+    let cleared = Device {
+        variables: Default::default(),
+        ..with
+    };
+    assert!(!store.put_device(&cleared).await.unwrap());
+    assert!(device_by_id(&*store, "v")
+        .await
+        .unwrap()
+        .variables
+        .is_empty());
 }
 
 /// Device pages: cut in id order with the count of all that match, the

@@ -22,7 +22,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
-use weft_engine::{interpret_decode_uplink, interpret_encode_downlink, Call, CodecError, Engine};
+use weft_engine::{
+    interpret_decode_uplink, interpret_encode_downlink, reported_problems, Call, CodecError, Engine,
+};
+use weft_model::device::Variables;
 use weft_model::downlink::{check_length, ChirpStackApi, DownlinkPayload, DownlinkRequest};
 use weft_model::ngsi::{self, AttrMap, Attribute};
 use weft_model::{now_ms, Downlink, DownlinkRoute, DownlinkStatus};
@@ -100,6 +103,9 @@ pub enum DownlinkError {
         description: String,
         /// The codec's own errors, as it returned them.
         errors: Vec<String>,
+        /// The warnings the codec returned with its errors, so a user
+        /// sees everything it said (empty when it said nothing).
+        warnings: Vec<String>,
         /// The device type has no codec, or its codec no encoder: commands
         /// then send their value as it is.
         no_encoder: bool,
@@ -110,6 +116,18 @@ pub enum DownlinkError {
     /// The store failed (or is overloaded).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What a downlink's `data` encoded to (or its raw bytes, as given).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedDownlink {
+    /// The payload to send.
+    pub bytes: Vec<u8>,
+    /// The port: the codec's when it chose one, else the request's.
+    pub f_port: u32,
+    /// Problems the codec noticed but encoded through, for the encode dry
+    /// run to show (a queued downlink does not keep them).
+    pub warnings: Vec<String>,
 }
 
 /// The downlink service: queues, routes, commands, and the worker's wake-up.
@@ -173,13 +191,15 @@ impl Downlinks {
             .device(device_id)
             .ok_or_else(|| DownlinkError::UnknownDevice(device_id.to_string()))?;
         let device_type = self.catalog.device_type(&device.device_type);
-        let encoded = self.encode(device_type.as_deref(), &requests).await?;
+        let encoded = self
+            .encode(device_type.as_deref(), &device.variables, &requests)
+            .await?;
         let now = now_ms();
         let downlinks = requests
             .into_iter()
             .zip(encoded)
-            .map(|(request, (bytes, f_port))| {
-                new_downlink(device_id, request, bytes, f_port, None, now)
+            .map(|(request, encoded)| {
+                new_downlink(device_id, request, encoded.bytes, encoded.f_port, None, now)
             })
             .collect();
         self.store_queued(device_id, downlinks, replace).await
@@ -210,13 +230,55 @@ impl Downlinks {
         Ok(downlinks)
     }
 
+    /// Encodes `data` as a downlink of a device of `device_type` would be
+    /// encoded, with `variables` as the codec's `input.variables`, storing
+    /// and sending nothing: the encode dry run, what a codec editor tests
+    /// (`device_type` may be a candidate not saved yet, see
+    /// [`Catalog::candidate`]). It goes through the same steps as
+    /// [`Downlinks::queue`], so it answers what a queued downlink would
+    /// be, or the same refusal (a type without a codec is refused with a
+    /// text that says how to test one).
+    pub async fn encode_dry_run(
+        &self,
+        device_type: &TypeEntry,
+        data: Value,
+        f_port: Option<u32>,
+        variables: &Variables,
+    ) -> Result<EncodedDownlink, DownlinkError> {
+        if device_type.codec.is_none() {
+            return Err(DownlinkError::Encode {
+                description: format!(
+                    "device type '{}' has no codec: save one that defines encodeDownlink, \
+                     or send it as `encoder` to test it unsaved",
+                    device_type.name
+                ),
+                errors: Vec::new(),
+                warnings: Vec::new(),
+                no_encoder: true,
+            });
+        }
+        let request = DownlinkRequest {
+            f_port,
+            confirmed: false,
+            priority: "NORMAL".to_string(),
+            payload: DownlinkPayload::Data(data),
+            expires_at: None,
+        };
+        let mut encoded = self
+            .encode(Some(device_type), variables, std::slice::from_ref(&request))
+            .await?;
+        Ok(encoded.remove(0))
+    }
+
     /// Encodes each request: raw bytes as they are, `data` through the
-    /// codec (one engine round trip for all). Answers (bytes, port) each.
+    /// codec (one engine round trip for all), which gets the device's
+    /// `variables` (none: `{}`).
     async fn encode(
         &self,
         device_type: Option<&TypeEntry>,
+        variables: &Variables,
         requests: &[DownlinkRequest],
-    ) -> Result<Vec<(Vec<u8>, u32)>, DownlinkError> {
+    ) -> Result<Vec<EncodedDownlink>, DownlinkError> {
         let mut calls = Vec::new();
         for request in requests {
             if let DownlinkPayload::Data(data) = &request.payload {
@@ -227,13 +289,19 @@ impl Downlinks {
                             device_type.map(|t| t.name.as_str()).unwrap_or_default()
                         ),
                         errors: Vec::new(),
+                        warnings: Vec::new(),
                         no_encoder: true,
                     });
                 };
-                calls.push(Call::EncodeDownlink {
+                let call = Call::EncodeDownlink {
                     script: script.clone(),
                     data: data.clone(),
                     f_port: request.f_port,
+                };
+                calls.push(if variables.is_empty() {
+                    call
+                } else {
+                    call.with_variables(variables.clone())
                 });
             }
         }
@@ -244,6 +312,7 @@ impl Downlinks {
                 return Err(DownlinkError::Encode {
                     description: other.to_string(),
                     errors: Vec::new(),
+                    warnings: Vec::new(),
                     no_encoder: false,
                 })
             }
@@ -259,11 +328,14 @@ impl Downlinks {
             };
             match &request.payload {
                 DownlinkPayload::Raw(bytes) => {
-                    out.push((bytes.clone(), request.f_port.unwrap_or(1)));
+                    out.push(EncodedDownlink {
+                        bytes: bytes.clone(),
+                        f_port: request.f_port.unwrap_or(1),
+                        warnings: Vec::new(),
+                    });
                 }
                 DownlinkPayload::Data(_) => {
-                    let result = results.next().expect("one result per call");
-                    let encoded = result.and_then(interpret_encode_downlink).map_err(|e| {
+                    let refused = |e: CodecError, warnings: Vec<String>| {
                         let errors = match &e {
                             CodecError::Reported(errors) => errors.clone(),
                             _ => Vec::new(),
@@ -272,11 +344,24 @@ impl Downlinks {
                             no_encoder: matches!(&e, CodecError::MissingFunction(_)),
                             description: at(e.to_string()),
                             errors,
+                            warnings,
                         }
-                    })?;
+                    };
+                    let returned = results
+                        .next()
+                        .expect("one result per call")
+                        .map_err(|e| refused(e, Vec::new()))?;
+                    // Read before the result is consumed: a refusal shows
+                    // the warnings the codec gave with its errors.
+                    let warnings = reported_problems(&returned)
+                        .map(|(_, warnings)| warnings)
+                        .unwrap_or_default();
+                    let encoded =
+                        interpret_encode_downlink(returned).map_err(|e| refused(e, warnings))?;
                     check_length(&encoded.bytes).map_err(|e| DownlinkError::Encode {
                         description: at(e),
                         errors: Vec::new(),
+                        warnings: encoded.warnings.clone(),
                         no_encoder: false,
                     })?;
                     // The codec's port wins, as on The Things Stack.
@@ -289,9 +374,14 @@ impl Downlinks {
                                     "the codec chose no fPort and the request gave none".into(),
                                 ),
                                 errors: Vec::new(),
+                                warnings: encoded.warnings.clone(),
                                 no_encoder: false,
                             })?;
-                    out.push((encoded.bytes, port));
+                    out.push(EncodedDownlink {
+                        bytes: encoded.bytes,
+                        f_port: port,
+                        warnings: encoded.warnings,
+                    });
                 }
             }
         }
@@ -492,10 +582,17 @@ impl Downlinks {
                 (Vec::new(), 1)
             } else {
                 match self
-                    .encode(device_type.as_deref(), std::slice::from_ref(&request))
+                    .encode(
+                        device_type.as_deref(),
+                        &device.variables,
+                        std::slice::from_ref(&request),
+                    )
                     .await
                 {
-                    Ok(mut encoded) => encoded.remove(0),
+                    Ok(mut encoded) => {
+                        let encoded = encoded.remove(0);
+                        (encoded.bytes, encoded.f_port)
+                    }
                     Err(DownlinkError::Encode {
                         no_encoder: true, ..
                     }) => {
@@ -506,6 +603,7 @@ impl Downlinks {
                         check_length(&bytes).map_err(|description| DownlinkError::Encode {
                             description,
                             errors: Vec::new(),
+                            warnings: Vec::new(),
                             no_encoder: true,
                         })?;
                         (bytes, 1)

@@ -1,6 +1,7 @@
 // Device types: the list, and an editor per type with a highlighted codec
 // editor, the server's validation on save, the dry-run decode of the
-// editor's decoder (saved or not) on hex or base64 input, and TTN
+// editor's decoder (saved or not) on hex or base64 input, the dry-run
+// encode of a downlink object by the editor's encodeDownlink, and TTN
 // device-repository examples run against it.
 import { get, call } from "../api.js";
 import { h, fill, title, errorBox, showError, table, json, parseBytes, toHex, measureValue, show } from "../ui.js";
@@ -38,7 +39,7 @@ async function editor(main, name, justSaved) {
     h("div", { class: "row" },
       h("label", { for: "type-name" }, "Name", nameInput),
       h("label", { for: "type-entity" }, "NGSI entity type (default: the name)", entityType)),
-    h("label", { for: "type-script" }, "Decoder (decodeUplink(input) or convert(object))"), code.element,
+    h("label", { for: "type-script" }, "Decoder (decodeUplink(input) or convert(object); encodeDownlink(input) for downlinks)"), code.element,
     h("label", { for: "type-mappings" }, "Processor mappings (JSON array of {from, to})", mappings),
     saveErr,
     h("p", {}, h("button", { class: "primary", type: "submit", id: "type-save" }, "Save"), " ", saved,
@@ -103,6 +104,44 @@ async function editor(main, name, justSaved) {
     fill(result, await dryRun(name, { bytes: toHex(bytes), fPort: Number(port.value), id: deviceId.value.trim() || "console-test", ...editorDecoder() }), unsaved ? h("p", { class: "muted", id: "test-unsaved" }, "This ran the editor's unsaved decoder; Save to keep it.") : null);
   });
 
+  // The encode dry run: a downlink object through the editor's
+  // encodeDownlink (the saved type's when the editor is empty).
+  const editorEncoder = () => (code.get().trim() ? { encoder: { language: "javascript", script: code.get() } } : {});
+  const encData = h("textarea", { id: "enc-data", rows: 3, class: "code", placeholder: '{"command": "ring", "duration": 5}' });
+  const encPort = h("input", { id: "enc-port", type: "number", min: 1, max: 223, placeholder: "codec's" });
+  const encVars = h("input", { id: "enc-variables", size: 30, placeholder: '{"offset": "5"}' });
+  const encResult = h("div", { id: "enc-result", "aria-live": "polite" });
+  const encForm = h("form", { class: "card", id: "enc-form" },
+    h("label", { for: "enc-data" }, "Downlink data (a JSON object, as queued)", encData),
+    h("div", { class: "row" },
+      h("label", { for: "enc-port" }, "fPort (optional)", encPort),
+      h("label", { for: "enc-variables" }, "Device variables (optional JSON object of text)", encVars),
+      h("button", { type: "submit", id: "enc-run" }, "Encode")),
+    h("p", { class: "muted" }, "Runs the encodeDownlink in the editor, saved or not; nothing is queued or sent."),
+    encResult);
+  encForm.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    if (!name) { fill(encResult, errorBox(new Error("Save the type first."))); return; }
+    const body = { ...editorEncoder() };
+    try {
+      body.data = JSON.parse(encData.value || "{}");
+    } catch (x) {
+      fill(encResult, errorBox(new Error(`The data is not valid JSON: ${x.message}`)));
+      return;
+    }
+    if (encVars.value.trim()) {
+      try {
+        body.variables = JSON.parse(encVars.value);
+      } catch (x) {
+        fill(encResult, errorBox(new Error(`The variables are not valid JSON: ${x.message}`)));
+        return;
+      }
+    }
+    if (encPort.value.trim()) body.fPort = Number(encPort.value);
+    const unsaved = code.get() !== (savedScript ?? "");
+    fill(encResult, await encodeRun(name, body), unsaved ? h("p", { class: "muted", id: "enc-unsaved" }, "This ran the editor's unsaved encoder; Save to keep it.") : null);
+  });
+
   // TTN examples.
   const imported = h("textarea", { id: "ttn-import", rows: 5, class: "code", placeholder: '{"uplinkDecoder":{"examples":[{"description":"…","input":{"fPort":1,"bytes":[1,117,92]},"output":{"data":{"battery":92}}}]}}' });
   const examplesOut = h("div", { id: "ttn-results" });
@@ -149,6 +188,7 @@ async function editor(main, name, justSaved) {
 
   fill(main, title(name ? `Device type ${name}` : "New device type"), form,
     h("h2", {}, "Test the decoder"), testForm,
+    h("h2", {}, "Test the encoder"), encForm,
     h("h2", {}, "Import a TTN codec with examples"), importForm);
 }
 
@@ -172,6 +212,27 @@ async function dryRun(name, sample) {
     const errors = x.body?.errors || [];
     return h("div", { class: "error", role: "alert", id: "test-errors" },
       h("strong", {}, x.body?.reason || x.message), errors.length ? h("ul", {}, errors.map((e) => h("li", {}, show(e)))) : null);
+  }
+}
+
+/** Runs the encode dry run on `body` and shows the bytes (hex and base64), the port and warnings, or the codec's errors. */
+async function encodeRun(name, body) {
+  try {
+    const r = await call("POST", `/api/v1/device-types/${encodeURIComponent(name)}/encode`, body);
+    const warnings = r.body.warnings || [];
+    return h("div", {},
+      h("dl", { class: "encoded" },
+        h("dt", {}, "Hex"), h("dd", {}, h("code", { id: "enc-hex" }, r.body.hex.toUpperCase() || "(no bytes)")),
+        h("dt", {}, "Base64"), h("dd", {}, h("code", { id: "enc-base64" }, r.body.bytes || "(no bytes)")),
+        h("dt", {}, "fPort"), h("dd", { id: "enc-fport" }, String(r.body.fPort))),
+      warnings.length ? h("div", { class: "warn", id: "enc-warnings" }, h("strong", {}, "Warnings"), h("ul", {}, warnings.map((w) => h("li", {}, show(w))))) : null);
+  } catch (x) {
+    const errors = x.body?.errors || [];
+    const warnings = x.body?.warnings || [];
+    return h("div", { class: "error", role: "alert", id: "enc-errors" },
+      h("strong", {}, x.message),
+      errors.length ? h("ul", {}, errors.map((e) => h("li", {}, show(e)))) : null,
+      warnings.length ? [h("p", {}, "Warnings"), h("ul", {}, warnings.map((w) => h("li", {}, show(w))))] : null);
   }
 }
 
