@@ -230,24 +230,51 @@ async fn context_changes_are_recorded_per_tenant() {
 }
 
 /// One invalid entity refuses its whole notification with QuantumLeap's
-/// text, and nothing of it is stored; so does a body without `data`.
+/// answer, and nothing of it is stored; so does a body that breaks
+/// QuantumLeap's schema of a notification, with its request validation's
+/// problem JSON (values as Python prints them) or a 415 for a body that
+/// is not JSON.
 #[tokio::test]
 async fn an_invalid_entity_refuses_the_whole_notification() {
     let server = Server::start();
     let c = server.client();
-    for (bad, message) in [
+    for (bad, detail) in [
         (
             json!({"type": "Room"}),
-            "Entity id is required in notifications",
+            "'id' is a required property - 'data.1'",
         ),
         (
             json!({"id": "X"}),
-            "Entity type is required in notifications",
+            "'type' is a required property - 'data.1'",
         ),
+        (
+            json!({"id": 7, "type": "Room"}),
+            "7 is not of type 'string' - 'data.1.id'",
+        ),
+        (json!("it's"), "\"it's\" is not of type 'object' - 'data.1'"),
     ] {
         let (status, body) = notify(&c, None, vec![room("Room:7", &at(1, 0), 20.0, 1), bad]).await;
-        assert_eq!((status, body), (400, json!(message)));
+        assert_eq!((status, body), (400, problem(detail)));
     }
+    let (status, body) = notify(
+        &c,
+        None,
+        vec![
+            room("Room:7", &at(1, 0), 20.0, 1),
+            json!({"id": "X", "type": "Room", "t": 5}),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            400,
+            json!(
+                "Notification not processed or not updated: attribute t of entity X is not in \
+                   normalized form (keyValues notifications are not supported)"
+            )
+        )
+    );
     let (status, body) = get(&c, None, "/ql/v2/entities/Room:7/attrs/temperature/value").await;
     assert_eq!((status, body), (404, no_records()), "nothing stored");
     let (status, body) = notify(&c, None, vec![]).await;
@@ -255,26 +282,122 @@ async fn an_invalid_entity_refuses_the_whole_notification() {
         (status, body),
         (200, json!("Notification successfully processed"))
     );
-    for (body, message) in [
+    for (body, content_type, status, detail) in [
         (
-            json!({"x": 1}),
-            "Discarding notification due to lack of request body content.",
+            r#"{"x": 1}"#,
+            "application/json",
+            400,
+            "'data' is a required property",
         ),
         (
-            json!("not an object"),
-            "Discarding notification due to lack of request body. Lost in a redirect maybe?",
+            r#""it's""#,
+            "application/json",
+            400,
+            "\"it's\" is not of type 'object'",
+        ),
+        (
+            r#"{"data": "x"}"#,
+            "application/json",
+            400,
+            "'x' is not of type 'array' - 'data'",
+        ),
+        (
+            r#"{"data": [], "subscriptionId": 5}"#,
+            "application/json",
+            400,
+            "5 is not of type 'string' - 'subscriptionId'",
+        ),
+        (
+            "not json",
+            "application/json",
+            400,
+            "Request body is not valid JSON",
+        ),
+        ("", "application/json", 400, "None is not of type 'object'"),
+        (
+            r#"{"data": []}"#,
+            "text/plain",
+            415,
+            "Invalid Content-type (text/plain), expected JSON data",
         ),
     ] {
         let resp = c
             .http
             .post(format!("{}/ql/v2/notify", c.url))
-            .json(&body)
+            .header("Content-Type", content_type)
+            .body(body)
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status().as_u16(), 400);
-        assert_eq!(resp.json::<Value>().await.unwrap(), json!(message));
+        assert_eq!(resp.status().as_u16(), status, "{body}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/problem+json",
+            "{body}"
+        );
+        let answer = resp.json::<Value>().await.unwrap();
+        assert_eq!(answer["detail"], json!(detail), "{body}");
+        assert_eq!(answer["status"], json!(status), "{body}");
     }
+}
+
+/// NGSI-LD entities, NGSIv2 attributes with NGSI-LD keys, dates that are
+/// not dates and locations are stored as QuantumLeap 1.0 stores them, and
+/// read back as it answers them: properties typed by their values,
+/// relationships by their object, `location` as GeoJSON with a
+/// `location_centroid`, the entity filed under its `observedAt`.
+#[tokio::test]
+async fn notified_entities_are_stored_as_quantumleap_stores_them() {
+    let server = Server::start();
+    let c = server.client();
+    let (status, _) = notify(
+        &c,
+        None,
+        vec![json!({
+            "id": "urn:ngsi-ld:Room:1", "type": "Room",
+            "@context": "https://uri.etsi.org/ngsi-ld/v1/ngsi-ld-core-context.jsonld",
+            "temperature": {"type": "Property", "value": 20, "unitCode": "CEL",
+                            "observedAt": "2026-01-01T00:00:00Z"},
+            "name": {"type": "Property", "value": "hall"},
+            "since": {"type": "Property", "value": "2025-06-01T00:00:00Z"},
+            "owner": {"type": "Relationship", "object": "urn:ngsi-ld:Person:1"},
+            "pressure": {"type": "Number", "value": 700, "unitCode": "HPA"},
+            "checked": {"type": "DateTime", "value": "not a date"},
+            "location": {"type": "geo:point", "value": "40.4168, -3.7038"},
+            "path": {"type": "geo:line", "value": ["1,2", "3,4"]},
+        })],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body) = get(&c, None, "/ql/v2/entities/urn:ngsi-ld:Room:1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["index"], json!(["2026-01-01T00:00:00.000+00:00"]));
+    let values: std::collections::BTreeMap<&str, &Value> = body["attributes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["attrName"].as_str().unwrap(), &a["values"][0]))
+        .collect();
+    assert_eq!(
+        values,
+        [
+            ("checked", json!(null)),
+            (
+                "location",
+                json!({"type": "Point", "coordinates": [-3.7038, 40.4168]})
+            ),
+            ("location_centroid", json!("40.4168, -3.7038")),
+            ("name", json!("hall")),
+            ("owner", json!("urn:ngsi-ld:Person:1")),
+            ("path", json!(["1.0, 2.0", "3.0, 4.0"])),
+            ("pressure", json!(700.0)),
+            ("since", json!("2025-06-01T00:00:00.000+00:00")),
+            ("temperature", json!(20)),
+        ]
+        .iter()
+        .map(|(k, v)| (*k, v))
+        .collect()
+    );
 }
 
 /// kill -9 in the middle of a burst of notifications: every one answered
@@ -559,10 +682,6 @@ async fn attrs_endpoints_and_op_query() {
     );
     for (request, message) in [
         (
-            json!({"attrs": ["x"]}),
-            "Discarding query due to lack of request body content.",
-        ),
-        (
             json!({"entities": [{"id": "Room:1"}]}),
             "Entity type is required",
         ),
@@ -582,6 +701,16 @@ async fn attrs_endpoints_and_op_query() {
         let (status, body) = query(request).await;
         assert_eq!((status, body), (400, json!(message)));
     }
+    let (status, body) = query(json!({"attrs": ["x"]})).await;
+    assert_eq!(
+        (status, body),
+        (400, problem("'entities' is a required property"))
+    );
+}
+
+/// QuantumLeap's request validation's answer: a problem JSON.
+fn problem(detail: &str) -> Value {
+    json!({"detail": detail, "status": 400, "title": "Bad Request", "type": "about:blank"})
 }
 
 /// Retention per tenant: with `downsample_after`, rows leave but the

@@ -8,21 +8,51 @@
 //!    the newest metadata of that name across the attributes;
 //! 2. the attribute `TimeInstant`, then the newest `TimeInstant` metadata;
 //! 3. the attribute `timestamp`, then the newest `timestamp` metadata;
-//! 4. the newest `observedAt` metadata, then the newest `modifiedAt`;
-//! 5. the attributes `observedAt`, then `modifiedAt`;
-//! 6. the attribute `dateObserved` (what a device's data unit carries:
-//!    when the device measured, see data-units.md);
-//! 7. the entity's `dateModified` (its attribute), then the newest
-//!    `dateModified` metadata;
-//! 8. the arrival time.
+//! 4. the newest `observedAt` metadata, then the newest `modifiedAt`
+//!    (where a notified NGSI-LD attribute's `observedAt` and `modifiedAt`
+//!    go, [`notified`]);
+//! 5. the entity's own observation and modification times: the attributes
+//!    `observedAt`, then `modifiedAt`, then `dateObserved` (what a
+//!    device's data unit carries: when the device measured, see
+//!    data-units.md); for a notified entity, its NGSI-LD `observedAt` and
+//!    `modifiedAt` keys instead ([`notified::NotifiedEntity::time_index`]);
+//! 6. the entity's `dateModified`, then the newest `dateModified`
+//!    metadata;
+//! 7. the arrival time.
 
 use serde_json::Value;
 
 use crate::ngsi::{parse_datetime, Entity};
 
+pub mod notified;
+pub mod python;
+
 /// The time index of `entity` in epoch milliseconds; `header_attr` is the
 /// `Fiware-TimeIndex-Attribute` header, `arrival` the time it came in.
 pub fn time_index(entity: &Entity, header_attr: Option<&str>, arrival: i64) -> i64 {
+    let attr_time = |name: &str| {
+        entity
+            .attrs
+            .get(name)
+            .and_then(|a| a.value.as_str())
+            .and_then(parse_datetime)
+    };
+    let own = [
+        attr_time("observedAt"),
+        attr_time("modifiedAt"),
+        attr_time("dateObserved"),
+    ];
+    filed_under(entity, header_attr, &own, arrival)
+}
+
+/// The order of the module's doc, with `own` (rule 5) the entity's own
+/// observation and modification times, first found first taken.
+fn filed_under(
+    entity: &Entity,
+    header_attr: Option<&str>,
+    own: &[Option<i64>],
+    arrival: i64,
+) -> i64 {
     let attr_time = |name: &str| {
         entity
             .attrs
@@ -45,9 +75,7 @@ pub fn time_index(entity: &Entity, header_attr: Option<&str>, arrival: i64) -> i
         .or_else(|| named("timestamp"))
         .or_else(|| newest_metadata("observedAt"))
         .or_else(|| newest_metadata("modifiedAt"))
-        .or_else(|| attr_time("observedAt"))
-        .or_else(|| attr_time("modifiedAt"))
-        .or_else(|| attr_time("dateObserved"))
+        .or_else(|| own.iter().flatten().next().copied())
         .or_else(|| (entity.date_modified > 0).then_some(entity.date_modified))
         .or_else(|| newest_metadata("dateModified"))
         .unwrap_or(arrival)

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
-use weft_model::history::{numeric, time_index};
+use weft_model::history::notified::NotifiedEntity;
+use weft_model::history::numeric;
 use weft_model::ngsi::Entity;
 use weft_store::{FeedStateRef, HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
 
@@ -417,7 +418,8 @@ impl History {
     }
 
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),
-    /// each under its own time index: durable in the notifications feed on
+    /// read as QuantumLeap reads them, each under its own time index
+    /// ([`NotifiedEntity::time_index`]): durable in the notifications feed on
     /// return, in the history at the feed loop's next move (within the
     /// store's pacing, [`weft_store::FeedMove::pause`], or at the next
     /// query). Returns how many rows were queued.
@@ -425,13 +427,14 @@ impl History {
         &self,
         tenant: &str,
         service_path: &str,
-        entities: &[Entity],
+        entities: &[NotifiedEntity],
         time_index_attr: Option<&str>,
         arrival: i64,
     ) -> Result<u64, StoreError> {
         let mut rows = Vec::new();
-        for e in entities {
-            let time = time_index(e, time_index_attr, arrival);
+        for n in entities {
+            let time = n.time_index(time_index_attr, arrival);
+            let e = &n.entity;
             rows.extend(rows_of(tenant, service_path, e, e.attrs.keys(), time));
         }
         let count = rows.len() as u64;

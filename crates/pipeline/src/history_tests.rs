@@ -174,12 +174,12 @@ async fn notified_entities_are_recorded_and_kept() {
     };
     let history_svc = &node.services.history;
     let queued = history_svc
-        .record_entities("", "/", &[reading(20)], Some("TimeInstant"), 0)
+        .record_entities("", "/", &[reading(20).into()], Some("TimeInstant"), 0)
         .await
         .unwrap();
     assert_eq!(queued, 2, "one row per attribute");
     history_svc
-        .record_entities("", "/", &[reading(21)], Some("TimeInstant"), 0)
+        .record_entities("", "/", &[reading(21).into()], Some("TimeInstant"), 0)
         .await
         .unwrap();
 
@@ -240,13 +240,13 @@ async fn retention_downsamples_and_expires_per_tenant() {
     .unwrap();
     for tenant in ["", "gone"] {
         history_svc
-            .record_entities(tenant, "/", std::slice::from_ref(&two_hours_ago), None, now)
+            .record_entities(tenant, "/", &[two_hours_ago.clone().into()], None, now)
             .await
             .unwrap();
     }
     for tenant in ["", "thin", "gone"] {
         history_svc
-            .record_entities(tenant, "/", &[room("Room1", 10)], None, now)
+            .record_entities(tenant, "/", &[room("Room1", 10).into()], None, now)
             .await
             .unwrap();
     }

@@ -6,6 +6,8 @@
 //!
 //! The files, one job each:
 //! - [`notify`]: `POST /v2/notify`, notifications into the history;
+//! - [`body`]: the JSON bodies of the `POST` endpoints, checked as
+//!   QuantumLeap's request validation checks them;
 //! - [`params`]: the query parameters, checked as QuantumLeap checks them;
 //! - [`records`]: stored rows put back together as QuantumLeap's rows (one
 //!   per recorded entity state) and cut as its SQL `LIMIT` cuts them;
@@ -33,6 +35,7 @@ use crate::error::ApiError;
 use crate::routes::{self, get, post, Access, Routes};
 use crate::AppState;
 
+mod body;
 mod delete;
 mod meta;
 mod notify;

@@ -1,8 +1,9 @@
 //! `POST /v2/notify`: an Orion notification (`{"subscriptionId"?,
-//! "data":[entity…]}`, normalized entities) into the history, one record
-//! per entity, as QuantumLeap stores it. The whole notification is checked
-//! before anything is stored: one bad entity refuses it all, with
-//! QuantumLeap's text.
+//! "data":[entity…]}`, NGSIv2 or NGSI-LD shaped entities) into the
+//! history, one record per entity, as QuantumLeap stores it. The body is
+//! checked as QuantumLeap's request validation checks it ([`super::body`]),
+//! and every entity read ([`NotifiedEntity::read`]) before anything is
+//! stored: one bad entity refuses it all.
 
 use std::collections::BTreeMap;
 
@@ -12,12 +13,13 @@ use axum::response::IntoResponse;
 use axum::Json;
 use bytes::Bytes;
 use serde_json::Value;
-use weft_model::ngsi::{parse_entity, Entity};
+use weft_model::history::notified::NotifiedEntity;
 
+use super::body::{json_body, not_of_type, required};
 use super::{header, scope, QlError, QlResult};
 use crate::AppState;
 
-/// A 400 with QuantumLeap's text as a JSON string.
+/// A 400 with weft's text as a JSON string, in QuantumLeap's words.
 fn refused(text: impl Into<String>) -> QlError {
     QlError::Text(StatusCode::BAD_REQUEST, text.into())
 }
@@ -39,21 +41,8 @@ pub(super) async fn notify(
         }
     }
     let scope = scope(&headers)?;
-    let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(&body) else {
-        return Err(refused(
-            "Discarding notification due to lack of request body. Lost in a redirect maybe?",
-        ));
-    };
-    let Some(data) = body.get("data") else {
-        return Err(refused(
-            "Discarding notification due to lack of request body content.",
-        ));
-    };
-    let Some(data) = data.as_array() else {
-        return Err(QlError::bad_parameter(format!(
-            "{data} is not of type 'array' - 'data'"
-        )));
-    };
+    let body = json_body(&headers, &body)?;
+    let data = notified_data(&body)?;
     let paths: Vec<String> = match header(&headers, "fiware-servicepath") {
         None => vec!["/".to_string()],
         Some(p) => p.split(',').map(|s| s.trim().to_string()).collect(),
@@ -66,9 +55,10 @@ pub(super) async fn notify(
             data.len()
         )));
     }
-    let mut entities: Vec<(Entity, &str)> = Vec::with_capacity(data.len());
-    for (i, item) in data.iter().enumerate() {
-        let entity = notified_entity(item)?;
+    let mut entities: Vec<(NotifiedEntity, &str)> = Vec::with_capacity(data.len());
+    for (i, (id, entity_type, obj)) in data.into_iter().enumerate() {
+        let entity = NotifiedEntity::read(id, entity_type, obj)
+            .map_err(|e| refused(format!("Notification not processed or not updated: {e}")))?;
         let path = paths.get(i).unwrap_or(&paths[0]);
         if let Some(entity) = entity {
             entities.push((entity, path.as_str()));
@@ -76,7 +66,7 @@ pub(super) async fn notify(
     }
     let time_attr = header(&headers, "fiware-timeindex-attribute");
     let arrival = weft_model::now_ms();
-    let mut by_path: BTreeMap<&str, Vec<Entity>> = BTreeMap::new();
+    let mut by_path: BTreeMap<&str, Vec<NotifiedEntity>> = BTreeMap::new();
     for (entity, path) in entities {
         by_path.entry(path).or_default().push(entity);
     }
@@ -97,65 +87,45 @@ pub(super) async fn notify(
         .into_response())
 }
 
-/// One entity of a notification, as QuantumLeap takes it: `type` and `id`
-/// required; an attribute without a value, or with a blank one where text
-/// is not expected, is stored as `null`; an entity left without any
-/// attribute that has a value (a number, a boolean, or anything not empty)
-/// is dropped (`None`), as QuantumLeap's filter drops it.
-fn notified_entity(item: &Value) -> Result<Option<Entity>, QlError> {
-    let Some(obj) = item.as_object() else {
-        return Err(QlError::bad_parameter(format!(
-            "{item} is not of type 'object' - 'data'"
-        )));
-    };
-    if !obj.get("type").is_some_and(Value::is_string) {
-        return Err(refused("Entity type is required in notifications"));
-    }
-    if !obj.get("id").is_some_and(Value::is_string) {
-        return Err(refused("Entity id is required in notifications"));
-    }
-    let mut normalized = obj.clone();
-    let mut any_value = false;
-    for (name, attr) in normalized.iter_mut() {
-        if name == "id" || name == "type" {
-            continue;
-        }
-        let Some(attr) = attr.as_object_mut() else {
-            return Err(refused(format!(
-                "Notification not processed or not updated: attribute {name} of entity {} is \
-                 not in normalized form (keyValues notifications are not supported)",
-                obj["id"].as_str().unwrap_or_default()
-            )));
-        };
-        let text = attr.get("type").and_then(Value::as_str) == Some("Text");
-        let value = attr.entry("value").or_insert(Value::Null);
-        if value.as_str() == Some("") && !text {
-            *value = Value::Null;
-        }
-        any_value |= has_value(value);
-    }
-    if !any_value {
-        return Ok(None);
-    }
-    parse_entity(&Value::Object(normalized), false)
-        .map(Some)
-        .map_err(|e| {
-            refused(format!(
-                "Notification not processed or not updated: {}",
-                e.description
-            ))
-        })
-}
+/// A notified entity's id, type and keys.
+type Notified<'a> = (&'a str, &'a str, &'a serde_json::Map<String, Value>);
 
-/// Whether a value counts as one for QuantumLeap's filter: an integer or
-/// a boolean, or anything truthy.
-fn has_value(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(_) => true,
-        Value::Number(n) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f != 0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
+/// The entities of a notification body, checked against QuantumLeap's
+/// schema of it in its order: the body an object requiring `data`; then
+/// `subscriptionId` a string and `data` an array; then each entity, in
+/// order, an object requiring `id` and `type`, its `type` then its `id`
+/// strings. Anything else an entity holds is [`NotifiedEntity::read`]'s.
+fn notified_data(body: &Value) -> Result<Vec<Notified<'_>>, QlError> {
+    let Value::Object(body) = body else {
+        return Err(not_of_type(body, "object", ""));
+    };
+    let Some(data) = body.get("data") else {
+        return Err(required("data", ""));
+    };
+    if let Some(id) = body.get("subscriptionId").filter(|v| !v.is_string()) {
+        return Err(not_of_type(id, "string", "subscriptionId"));
     }
+    let Value::Array(items) = data else {
+        return Err(not_of_type(data, "array", "data"));
+    };
+    let mut entities = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("data.{i}");
+        let Value::Object(obj) = item else {
+            return Err(not_of_type(item, "object", &path));
+        };
+        for key in ["id", "type"] {
+            if !obj.contains_key(key) {
+                return Err(required(key, &path));
+            }
+        }
+        let text = |key: &str| match &obj[key] {
+            Value::String(s) => Ok(s.as_str()),
+            other => Err(not_of_type(other, "string", &format!("{path}.{key}"))),
+        };
+        let entity_type = text("type")?;
+        let id = text("id")?;
+        entities.push((id, entity_type, obj));
+    }
+    Ok(entities)
 }

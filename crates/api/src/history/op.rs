@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use weft_model::history::format_index;
 use weft_store::HistoryQuery;
 
+use super::body::{json_body, not_of_type, required};
 use super::{scope, settled_store, QlError, QlResult};
 use crate::AppState;
 
@@ -23,23 +24,33 @@ fn refused(text: &str) -> QlError {
 /// (`attrs`, or every attribute) as `{"id","type",attr:{"type","value"},
 /// …,"dateModified":{"type":"DateTime","value":<its time index>}}`. An
 /// entity without history makes the whole answer QuantumLeap 1.0's 404.
-/// `expression`, `metadata` and `idPattern` are refused as QuantumLeap
-/// refuses them.
+/// The body is checked as QuantumLeap's request validation checks it
+/// ([`super::body`]); `expression`, `metadata` and `idPattern` are
+/// refused as QuantumLeap refuses them.
 pub(super) async fn op_query(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> QlResult {
     let scope = scope(&headers)?;
-    let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(&body) else {
-        return Err(refused(
-            "Discarding query due to lack of request body. Lost in a redirect maybe?",
-        ));
+    let body = json_body(&headers, &body)?;
+    let Value::Object(body) = &body else {
+        return Err(not_of_type(&body, "object", ""));
     };
     let Some(entities) = body.get("entities") else {
-        return Err(refused(
-            "Discarding query due to lack of request body content.",
-        ));
+        return Err(required("entities", ""));
+    };
+    let Some(entities) = entities.as_array() else {
+        return Err(not_of_type(entities, "array", "entities"));
+    };
+    let attrs: Vec<String> = match body.get("attrs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+        Some(other) => return Err(not_of_type(other, "array", "attrs")),
     };
     if body.contains_key("expression") {
         return Err(refused("expression is Not Supported"));
@@ -47,11 +58,6 @@ pub(super) async fn op_query(
     if body.contains_key("metadata") {
         return Err(refused("metadata is Not Supported"));
     }
-    let Some(entities) = entities.as_array() else {
-        return Err(QlError::bad_parameter(format!(
-            "{entities} is not of type 'array' - 'entities'"
-        )));
-    };
     let mut wanted = Vec::with_capacity(entities.len());
     for e in entities {
         let text = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
@@ -66,19 +72,6 @@ pub(super) async fn op_query(
         };
         wanted.push((id, entity_type));
     }
-    let attrs: Vec<String> = match body.get("attrs") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect(),
-        Some(other) => {
-            return Err(QlError::bad_parameter(format!(
-                "{other} is not of type 'array' - 'attrs'"
-            )))
-        }
-    };
     let store = settled_store(&state).await;
     let mut out = Vec::with_capacity(wanted.len());
     for (id, entity_type) in wanted {
