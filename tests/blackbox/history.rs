@@ -674,7 +674,8 @@ async fn attrs_endpoints_and_op_query() {
              "dateModified": {"type": "DateTime", "value": i2}}
         ])
     );
-    let (status, body) = query(json!({"entities": [{"id": "Room:9", "type": "Room"}]})).await;
+    let (status, body) =
+        query(json!({"entities": [{"id": "Room:9", "type": "Room"}], "attrs": []})).await;
     assert_eq!(status, 404);
     assert_eq!(
         body,
@@ -682,19 +683,19 @@ async fn attrs_endpoints_and_op_query() {
     );
     for (request, message) in [
         (
-            json!({"entities": [{"id": "Room:1"}]}),
+            json!({"entities": [{"id": "Room:1"}], "attrs": []}),
             "Entity type is required",
         ),
         (
-            json!({"entities": [{"type": "Room"}]}),
+            json!({"entities": [{"type": "Room"}], "attrs": []}),
             "Entity id is required",
         ),
         (
-            json!({"entities": [{"id": ".*", "type": "Room", "idPattern": "True"}]}),
+            json!({"entities": [{"id": ".*", "type": "Room", "idPattern": "True"}], "attrs": []}),
             "idPattern is Not Supported",
         ),
         (
-            json!({"entities": [{"id": "Room:1", "type": "Room"}], "expression": {"q": "a>1"}}),
+            json!({"entities": [{"id": "Room:1", "type": "Room"}], "attrs": [], "expression": {"q": "a>1"}}),
             "expression is Not Supported",
         ),
     ] {
@@ -705,6 +706,42 @@ async fn attrs_endpoints_and_op_query() {
     assert_eq!(
         (status, body),
         (400, problem("'entities' is a required property"))
+    );
+    // QuantumLeap's schema requires `attrs` too, and of several breaches
+    // refuses the one nearest the top.
+    for (request, detail) in [
+        (json!({"entities": "x"}), "'attrs' is a required property"),
+        (
+            json!({"entities": [], "attrs": null}),
+            "None is not of type 'array' - 'attrs'",
+        ),
+        (
+            json!({"entities": [1], "attrs": [2]}),
+            "1 is not of type 'object' - 'entities.0'",
+        ),
+        (
+            json!({"entities": [{"id": 1, "type": "Room"}], "attrs": ["a"]}),
+            "1 is not of type 'string' - 'entities.0.id'",
+        ),
+    ] {
+        let (status, body) = query(request).await;
+        assert_eq!((status, body), (400, problem(detail)));
+    }
+    // The latest record of the entity, whichever attributes it holds: an
+    // attribute asked that it lacks is null there.
+    let only_pressure = json!({"id": "Room:2", "type": "Room",
+        "TimeInstant": {"type": "DateTime", "value": at(3, 0)},
+        "pressure": {"type": "Integer", "value": 730}});
+    let (status, _) = notify(&c, None, vec![only_pressure]).await;
+    assert_eq!(status, 200);
+    let (status, body) = query(json!({
+        "entities": [{"id": "Room:2", "type": "Room"}], "attrs": ["temperature"]
+    }))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body[0]["temperature"],
+        json!({"type": "Number", "value": null})
     );
 }
 
