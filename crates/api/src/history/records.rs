@@ -398,6 +398,38 @@ async fn aggregate(
         };
         record.values.insert(a.attr, value);
     }
+    if !q.attrs.is_empty() {
+        // QuantumLeap groups the rows of the type's table: an entity with
+        // rows in range but no value of an attribute asked aggregates to
+        // null (a count 0) for it. Which entities (and buckets) have rows comes from
+        // counting every attribute.
+        let every = HistoryQuery {
+            attrs: Vec::new(),
+            ..q.clone()
+        };
+        for a in store
+            .aggregate_history(&every, AggrMethod::Count, period)
+            .await?
+        {
+            let bucket = if period.is_some() { a.bucket } else { 0 };
+            let record = by_entity
+                .entry((a.entity_type, a.entity_id))
+                .or_default()
+                .entry(bucket)
+                .or_insert_with(|| Record {
+                    time: bucket,
+                    ..Record::default()
+                });
+            for attr in &q.attrs {
+                // SQL's COUNT of nulls is 0; its other aggregates null.
+                let none = match method {
+                    AggrMethod::Count => Value::from(0),
+                    _ => Value::Null,
+                };
+                record.values.entry(attr.clone()).or_insert(none);
+            }
+        }
+    }
     Ok(by_entity
         .into_iter()
         .map(|(key, records)| {
