@@ -9,8 +9,11 @@
 //!   shapes against it.
 //! - [`sphere`]: the spherical maths both rely on: edges are great-circle
 //!   arcs, distances are great-circle distances in meters.
+//! - [`plane`]: the relations on the plane of longitude and latitude, as
+//!   QuantumLeap's PostGIS computes them, for history queries.
 
 mod location;
+mod plane;
 mod query;
 mod sphere;
 #[cfg(test)]

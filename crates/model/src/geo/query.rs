@@ -138,6 +138,17 @@ pub struct GeoQuery {
     shape: Shape,
     parts: Parts,
     region: Option<Ring>,
+    surface: Surface,
+}
+
+/// Where a query's relations are computed: on the sphere, as Orion's
+/// MongoDB does, or on the plane of longitude and latitude, as
+/// QuantumLeap's PostGIS does ([`super::plane`]). Distances (`near`) are
+/// on the sphere either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    Sphere,
+    Plane,
 }
 
 impl PartialEq for GeoQuery {
@@ -162,6 +173,7 @@ impl GeoQuery {
             shape,
             parts,
             region,
+            surface: Surface::Sphere,
         }
     }
 
@@ -181,7 +193,7 @@ impl GeoQuery {
     /// relation (`maxDistance`/`minDistance` aside) is refused here; the
     /// URI form accepts it and filters nothing.
     pub fn parse(georel: &str, geometry: &str, coords: &str) -> Result<GeoQuery, GeoError> {
-        match parse(georel, geometry, coords)? {
+        match parse(georel, geometry, coords, Surface::Sphere)? {
             Some(q) => Ok(q),
             None => fail("georel without a relation"),
         }
@@ -201,20 +213,26 @@ impl GeoQuery {
             (_, Some(_), None) => fail("URI param /geometry/ used without /coords/"),
             (_, None, Some(_)) => fail("URI param /coords/ used without /geometry/"),
             (Some(_), None, None) => fail("URI param /georel/ used without /geometry/"),
-            (rel, Some(g), Some(c)) => parse(rel.unwrap_or(""), g, c),
+            (rel, Some(g), Some(c)) => parse(rel.unwrap_or(""), g, c, Surface::Sphere),
         }
     }
 
     /// The query from optional URI parameters where a geo-query needs all
     /// three (QuantumLeap's history queries): as
     /// [`GeoQuery::from_ngsi_params`], except that `geometry` and `coords`
-    /// without a relation are refused.
+    /// without a relation are refused, and that relations are computed on
+    /// the plane, as QuantumLeap's PostGIS computes them (so `coveredBy`
+    /// a line or a point is a question with an answer).
     pub fn from_params(
         georel: Option<&str>,
         geometry: Option<&str>,
         coords: Option<&str>,
     ) -> Result<Option<GeoQuery>, GeoError> {
-        match GeoQuery::from_ngsi_params(georel, geometry, coords)? {
+        let found = match (georel, geometry, coords) {
+            (Some(r), Some(g), Some(c)) => parse(r, g, c, Surface::Plane)?,
+            _ => GeoQuery::from_ngsi_params(georel, geometry, coords)?,
+        };
+        match found {
             None if geometry.is_some() => fail("georel without a relation"),
             found => Ok(found),
         }
@@ -230,13 +248,23 @@ impl GeoQuery {
     ) -> Result<Option<GeoQuery>, GeoError> {
         match (georel, geometry, coords) {
             (None, None, None) => Ok(None),
-            (Some(r), Some(g), Some(c)) => parse(r, g, c).map_err(GeoError::into_expression),
+            (Some(r), Some(g), Some(c)) => {
+                parse(r, g, c, Surface::Sphere).map_err(GeoError::into_expression)
+            }
             _ => Err(GeoError::PartialExpression),
         }
     }
 
     /// Whether `shape` stands in the query's relation to its geometry.
     pub fn matches(&self, shape: &Shape) -> bool {
+        if self.surface == Surface::Plane {
+            match self.rel {
+                GeoRel::Intersects => return super::plane::intersects(shape, &self.shape),
+                GeoRel::Disjoint => return !super::plane::intersects(shape, &self.shape),
+                GeoRel::CoveredBy => return super::plane::covered_by(shape, &self.shape),
+                GeoRel::Near { .. } | GeoRel::Equals => {}
+            }
+        }
         match self.rel {
             GeoRel::Near { min, max } => {
                 // Orion passes only non-negative bounds on to its
@@ -270,7 +298,12 @@ impl GeoQuery {
 
 /// Parses a geo-query in Orion's order; `None` when `georel` names no
 /// relation (Orion accepts that, checks the rest, and filters nothing).
-fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Option<GeoQuery>, GeoError> {
+fn parse(
+    georel: &str,
+    geometry: &str,
+    coords: &str,
+    surface: Surface,
+) -> Result<Option<GeoQuery>, GeoError> {
     let selector = parse_selector(geometry)?;
     let rel = if georel.is_empty() {
         None
@@ -278,7 +311,7 @@ fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Option<GeoQuery>,
         parse_georel(georel)?
     };
     match (rel, selector) {
-        (Some(GeoRel::CoveredBy), "line" | "point") => {
+        (Some(GeoRel::CoveredBy), "line" | "point") if surface == Surface::Sphere => {
             return fail(format!(
                 "{selector} geometry cannot be used with coveredBy georel"
             ))
@@ -308,7 +341,10 @@ fn parse(georel: &str, geometry: &str, coords: &str) -> Result<Option<GeoQuery>,
         (_, [p]) => Geometry::Point(*p),
         (_, _) => return fail("invalid number of coordinates for /point/"),
     };
-    Ok(rel.map(|rel| GeoQuery::new(rel, geometry)))
+    Ok(rel.map(|rel| GeoQuery {
+        surface,
+        ..GeoQuery::new(rel, geometry)
+    }))
 }
 
 fn parse_selector(geometry: &str) -> Result<&'static str, GeoError> {
