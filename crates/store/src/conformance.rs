@@ -74,6 +74,7 @@ macro_rules! conformance_tests {
             history_states_sharing_a_time_are_rows_of_their_own,
             history_queries_filter_and_order,
             history_entities_are_listed_and_filtered,
+            history_columns_are_kept_per_type_until_it_has_no_entity,
             history_aggregates_per_method_and_period,
             history_aggregates_by_month_and_year,
             history_delete_by_id_and_type,
@@ -1973,6 +1974,56 @@ where
         .await
         .unwrap()
         .is_empty());
+}
+
+/// The attributes recorded per type (QuantumLeap's columns): of every
+/// entity of the type, per tenant, sorted by bytes, across reopen; kept
+/// while an entity of the type has history, forgotten after.
+pub(crate) async fn history_columns_are_kept_per_type_until_it_has_no_entity<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    B::append_history(
+        &store,
+        vec![hrow("t", "/", "Room:3", "Room", "Pressure", 9_000, 1.0)],
+    )
+    .await
+    .unwrap();
+    let columns = |store: &Arc<B::Store>, tenant: &'static str, ty: &'static str| {
+        let store = Arc::clone(store);
+        async move { store.history_attributes(tenant, ty).await.unwrap() }
+    };
+    assert_eq!(
+        columns(&store, "t", "Room").await,
+        ["Pressure", "name", "temperature"]
+    );
+    assert_eq!(columns(&store, "t", "Car").await, ["speed"]);
+    assert_eq!(columns(&store, "u", "Room").await, ["temperature"]);
+    assert!(columns(&store, "t", "Nope").await.is_empty());
+    B::close(&store).await;
+    let store = backend.open().await;
+    assert_eq!(
+        columns(&store, "t", "Car").await,
+        ["speed"],
+        "kept across reopen"
+    );
+    // Deleting one entity keeps the type's columns (Room:1's `name` too).
+    store
+        .delete_history(&hdelete(Some("Room:1"), Some("Room")))
+        .await
+        .unwrap();
+    assert_eq!(
+        columns(&store, "t", "Room").await,
+        ["Pressure", "name", "temperature"]
+    );
+    store
+        .delete_history(&hdelete(None, Some("Car")))
+        .await
+        .unwrap();
+    assert!(columns(&store, "t", "Car").await.is_empty(), "no Car left");
 }
 
 /// Every method over every fixed-length period (and none) matches the

@@ -167,6 +167,12 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
              FROM batch ORDER BY tenant, entity_type, entity_id, n
              ON CONFLICT DO NOTHING
          ),
+         columns AS (
+             INSERT INTO history_columns (tenant, entity_type, attr)
+             SELECT DISTINCT tenant, entity_type, attr FROM batch
+             ORDER BY tenant, entity_type, attr
+             ON CONFLICT DO NOTHING
+         ),
          added AS (
              INSERT INTO history (tenant, entity_id, entity_type, attr, time, instance,
                                   service_path, attr_type, value, number)
@@ -408,7 +414,8 @@ async fn delete_targets(c: &Conn, d: &HistoryDelete) -> Result<Vec<(String, Stri
 }
 
 /// Removes an entity from `history_entities` once it has neither rows nor
-/// rollups.
+/// rollups, and its type's `history_columns` once no entity of the type is
+/// left.
 async fn forget_if_empty(c: &Conn, tenant: &str, id: &str, ty: &str) -> Result<()> {
     let left: bool = c
         .query_one(
@@ -426,6 +433,14 @@ async fn forget_if_empty(c: &Conn, tenant: &str, id: &str, ty: &str) -> Result<(
             "DELETE FROM history_entities \
              WHERE tenant = $1 AND entity_type = $2 AND entity_id = $3",
             &[&tenant, &ty, &id],
+        )
+        .await
+        .map_err(db)?;
+        c.execute(
+            "DELETE FROM history_columns WHERE tenant = $1 AND entity_type = $2 \
+             AND NOT EXISTS (SELECT 1 FROM history_entities \
+                 WHERE tenant = $1 AND entity_type = $2)",
+            &[&tenant, &ty],
         )
         .await
         .map_err(db)?;
@@ -1256,8 +1271,7 @@ impl HistoryStore for PostgresStore {
         let client = self.reader().await?;
         let rows = client
             .query(
-                "SELECT DISTINCT attr FROM history_rollups \
-                 WHERE tenant = $1 AND entity_type = $2",
+                "SELECT attr FROM history_columns WHERE tenant = $1 AND entity_type = $2",
                 &[&tenant, &entity_type],
             )
             .await

@@ -279,6 +279,19 @@ CREATE INDEX channel_subscribers_active ON channel_subscribers (active_at);
     r#"
 ALTER TABLE ingest_log ADD COLUMN pins TEXT;
 "#,
+    // Step 11: the attributes recorded per entity type, QuantumLeap's
+    // columns (see the SQLite schema's `history_columns`).
+    r#"
+CREATE TABLE history_columns (
+    tenant      TEXT NOT NULL,
+    entity_type TEXT NOT NULL,
+    attr        TEXT NOT NULL,
+    PRIMARY KEY (tenant, entity_type, attr)
+);
+INSERT INTO history_columns
+SELECT DISTINCT tenant, entity_type, attr FROM history_rollups
+ON CONFLICT DO NOTHING;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

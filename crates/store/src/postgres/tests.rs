@@ -111,10 +111,11 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [10],
-        "ten steps: the first schema, device events, the API keys, history instances, \
+        [11],
+        "eleven steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
-         the pipeline's partitions, channel subscribers' activity, uplinks' pins"
+         the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
+         history columns"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

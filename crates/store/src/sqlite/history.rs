@@ -600,9 +600,16 @@ fn append_states(conn: &Connection, states: &[FeedState<'_>]) -> rusqlite::Resul
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     let mut rollups = Rollups::default();
+    let mut columns: std::collections::BTreeSet<(&str, &str, &str)> = Default::default();
     let mut new = 0u64;
     let mut entity: Option<(StateKey<'_>, i64, String)> = None;
     for state in states {
+        columns.extend(
+            state
+                .attrs
+                .iter()
+                .map(|a| (state.tenant, state.entity_type, a.name)),
+        );
         let key = state_key(state);
         let same = entity
             .as_ref()
@@ -641,6 +648,12 @@ fn append_states(conn: &Connection, states: &[FeedState<'_>]) -> rusqlite::Resul
         }
     }
     rollups.store(conn)?;
+    let mut column = conn.prepare_cached(
+        "INSERT OR IGNORE INTO history_columns (tenant, entity_type, attr) VALUES (?1, ?2, ?3)",
+    )?;
+    for key in columns {
+        column.execute(key)?;
+    }
     Ok(new)
 }
 
@@ -955,7 +968,8 @@ fn delete_targets(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Vec<
 }
 
 /// Removes an entity from `history_series` once it has neither states nor
-/// rollups.
+/// rollups, and its type's `history_columns` once no entity of the type
+/// is left.
 fn forget_if_empty(conn: &Connection, key: i64) -> rusqlite::Result<()> {
     let left: bool = conn
         .prepare_cached(
@@ -964,8 +978,16 @@ fn forget_if_empty(conn: &Connection, key: i64) -> rusqlite::Result<()> {
         )?
         .query_row([key], |r| r.get(0))?;
     if !left {
+        let (tenant, entity_type): (String, String) = conn
+            .prepare_cached("SELECT tenant, entity_type FROM history_series WHERE key = ?1")?
+            .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))?;
         conn.prepare_cached("DELETE FROM history_series WHERE key = ?1")?
             .execute([key])?;
+        conn.prepare_cached(
+            "DELETE FROM history_columns WHERE tenant = ?1 AND entity_type = ?2 \
+             AND NOT EXISTS (SELECT 1 FROM history_series WHERE tenant = ?1 AND entity_type = ?2)",
+        )?
+        .execute((&tenant, &entity_type))?;
     }
     Ok(())
 }
@@ -1166,22 +1188,19 @@ fn entity_attrs(conn: &Connection, key: i64) -> rusqlite::Result<Vec<String>> {
     Ok(out)
 }
 
-/// The attributes of every entity of a type ([`entity_attrs`] of each of
-/// its series), sorted.
+/// The attributes recorded for a type (`history_columns`), sorted.
 fn history_attributes(conn: &Connection, tenant: &str, entity_type: &str) -> Result<Vec<String>> {
-    let mut series = conn
-        .prepare_cached("SELECT key FROM history_series WHERE tenant = ?1 AND entity_type = ?2")
-        .db()?;
-    let keys: Vec<i64> = series
+    let mut names: Vec<String> = conn
+        .prepare_cached("SELECT attr FROM history_columns WHERE tenant = ?1 AND entity_type = ?2")
+        .db()?
         .query_map((tenant, entity_type), |r| r.get(0))
         .db()?
         .collect::<rusqlite::Result<_>>()
         .db()?;
-    let mut names = std::collections::BTreeSet::new();
-    for key in keys {
-        names.extend(entity_attrs(conn, key).db()?);
-    }
-    Ok(names.into_iter().collect())
+    // By bytes, as Rust orders strings (SQLite's BINARY collation agrees,
+    // but the order is part of the answer).
+    names.sort_unstable();
+    Ok(names)
 }
 
 /// The attributes of `e` a query covers, in order.

@@ -111,6 +111,11 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `ingest_log.device_id`, `ingest_log.source` (step 14, log file): the
 ///   device an MQTT topic (or an embedded-broker login) named, which wins
 ///   over the body's, and the MQTT source a message arrived on.
+/// - `history_columns` (step 16, history file): every attribute name
+///   recorded for an entity type of a tenant, QuantumLeap's columns of the
+///   type's table, which its answers list for every record; added to as
+///   states are appended, filled from the rollups on upgrade, forgotten
+///   when no entity of the type has history left.
 /// - `ingest_log.pins` (step 15, log file): the channel and device type
 ///   the ingest key an uplink came with is limited to (JSON, NULL for
 ///   none), which the pipeline holds the decoded device to.
@@ -403,6 +408,18 @@ ALTER TABLE ingest_log ADD COLUMN source TEXT;
     // the pins of the ingest key an uplink came with
     r#"
 ALTER TABLE ingest_log ADD COLUMN pins TEXT;
+"#,
+    // the attributes recorded per entity type (QuantumLeap's columns)
+    r#"
+CREATE TABLE history_columns (
+    tenant      TEXT NOT NULL,
+    entity_type TEXT NOT NULL,
+    attr        TEXT NOT NULL,
+    PRIMARY KEY (tenant, entity_type, attr)
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO history_columns
+SELECT DISTINCT s.tenant, s.entity_type, r.attr
+FROM history_rollups r JOIN history_series s ON s.key = r.entity;
 "#,
 ];
 
