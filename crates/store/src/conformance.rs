@@ -75,6 +75,7 @@ macro_rules! conformance_tests {
             history_queries_filter_and_order,
             history_entities_are_listed_and_filtered,
             history_columns_are_kept_per_type_until_it_has_no_entity,
+            history_queries_mark_every_state_without_the_attributes_asked,
             history_aggregates_per_method_and_period,
             history_aggregates_by_month_and_year,
             history_delete_by_id_and_type,
@@ -1974,6 +1975,72 @@ where
         .await
         .unwrap()
         .is_empty());
+}
+
+/// With `every_state`, a query of some attributes also answers a marker
+/// row for each state in range holding none of them (counted as a series
+/// of its own); without it, only the attributes' rows.
+pub(crate) async fn history_queries_mark_every_state_without_the_attributes_asked<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    B::append_history(&store, query_fixture()).await.unwrap();
+    B::append_history(
+        &store,
+        vec![
+            hrow_text("t", "/a", "Room:1", "Room", "name", 20_000, "r2"),
+            hrow_text("t", "/a", "Room:1", "Room", "name", 30_000, "r3"),
+        ],
+    )
+    .await
+    .unwrap();
+    let q = HistoryQuery {
+        tenant: "t".into(),
+        entity_ids: vec!["Room:1".into()],
+        entity_type: Some("Room".into()),
+        attrs: vec!["temperature".into()],
+        limit: 100,
+        ..HistoryQuery::default()
+    };
+    let rows = |q: HistoryQuery| {
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .query_history(&q)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.attr, r.time))
+                .collect::<Vec<_>>()
+        }
+    };
+    let plain = rows(q.clone()).await;
+    assert_eq!(plain.len(), 10);
+    assert!(plain.iter().all(|(a, _)| a == "temperature"));
+    let every = rows(HistoryQuery {
+        every_state: true,
+        ..q.clone()
+    })
+    .await;
+    let markers: Vec<i64> = every
+        .iter()
+        .filter(|(a, _)| a == crate::STATE_MARKER)
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(markers, [20_000, 30_000]);
+    assert_eq!(every.len(), 12);
+    // The newest of each series, the markers' too.
+    let newest = rows(HistoryQuery {
+        every_state: true,
+        last_n: Some(1),
+        ..q
+    })
+    .await;
+    let mut newest_times: Vec<i64> = newest.iter().map(|(_, t)| *t).collect();
+    newest_times.sort_unstable();
+    assert_eq!(newest_times, [10_000, 30_000]);
 }
 
 /// The attributes recorded per type (QuantumLeap's columns): of every

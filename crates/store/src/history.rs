@@ -239,10 +239,12 @@ fn by_state(entries: &[Vec<HistoryRow>], keep: &FeedFilter<'_>) -> Vec<RowOrder>
 pub struct HistoryQuery {
     /// Tenant.
     pub tenant: String,
-    /// Only entities under this service path: the path itself or a
-    /// sub-path, segment-wise (`/a` matches `/a` and `/a/b`, not `/ab`; `/`
-    /// matches all), compared exactly. An entity's path is the one its
-    /// first stored row came with. `None`: every path.
+    /// Only rows under this service path: the path itself or a sub-path,
+    /// segment-wise (`/a` matches `/a` and `/a/b`, not `/ab`; `/` matches
+    /// all), compared exactly. Queries compare each row's own path (as
+    /// QuantumLeap keeps one per row); aggregates, the entity listing and
+    /// deletes the path an entity's first stored row came with. `None`:
+    /// every path.
     pub service_path: Option<String>,
     /// Only these entity ids (any of); empty: all.
     pub entity_ids: Vec<String>,
@@ -250,6 +252,16 @@ pub struct HistoryQuery {
     pub entity_type: Option<String>,
     /// Only these attributes (any of); empty: all.
     pub attrs: Vec<String>,
+    /// With `attrs`: also, for every recorded state in range holding none
+    /// of them, one row of attribute [`STATE_MARKER`] (no value) — so a
+    /// reader sees every state (QuantumLeap's rows, whose other columns are
+    /// null). SQLite reads only the attributes asked and counts the markers
+    /// as one more series; PostgreSQL, storing rows per attribute, reads
+    /// every attribute with the query's cuts and keeps the markers of what
+    /// it read. Either holds every state among the first (or, with
+    /// `last_n`, newest) `offset + limit` states of the entity, which is
+    /// what a reader cutting records needs. Ignored without `attrs`.
+    pub every_state: bool,
     /// Only rows at or after this time (epoch ms).
     pub from: Option<i64>,
     /// Only rows at or before this time (epoch ms).
@@ -264,6 +276,11 @@ pub struct HistoryQuery {
     /// `limit` (default 10,000).
     pub limit: usize,
 }
+
+/// The attribute of the rows [`HistoryQuery::every_state`] adds for states
+/// holding none of the attributes asked (no NGSI attribute has an empty
+/// name).
+pub const STATE_MARKER: &str = "";
 
 impl HistoryQuery {
     /// The query's time range as inclusive bounds (unbounded ends as the

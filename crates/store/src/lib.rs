@@ -63,7 +63,7 @@ pub use downlinks::{DownlinkStore, FINISHED_DOWNLINKS_KEPT};
 pub use history::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
     HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,
-    HistoryStore, HISTORY_FEED_CURSOR,
+    HistoryStore, HISTORY_FEED_CURSOR, STATE_MARKER,
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;

@@ -162,12 +162,23 @@ pub(crate) async fn fetch(
         let known = columns.of(store, &scope.tenant, ty).await?;
         asked = asked.iter().map(|a| resolve(known, a)).collect();
     }
+    // Every recorded state in range is a record (QuantumLeap's row, null
+    // in the columns it lacks): the store reads the attributes asked and
+    // marks the states holding none of them. Without a type the names
+    // asked may stand for others in another case: every attribute is
+    // read then, and the records projected on what was asked below.
+    let read = if selection_type.is_some() {
+        asked.clone()
+    } else {
+        Vec::new()
+    };
     let base = HistoryQuery {
         tenant: scope.tenant.clone(),
         service_path: scope.service_path.clone(),
         entity_ids: ids,
         entity_type: selection_type,
-        attrs: Vec::new(),
+        attrs: read,
+        every_state: true,
         from: params.from.as_ref().map(|d| d.1),
         to: params.to.as_ref().map(|d| d.1),
         last_n: None,
@@ -175,17 +186,28 @@ pub(crate) async fn fetch(
         limit: DEFAULT_LIMIT,
     };
     if let Some((method, period)) = params.aggregate {
+        // The type's other attributes: where states hold only those, the
+        // attributes asked aggregate to null (`None`: not known, any).
+        let others = match &base.entity_type {
+            Some(ty) if !asked.is_empty() => Some(
+                columns
+                    .of(store, &scope.tenant, ty)
+                    .await?
+                    .iter()
+                    .filter(|c| !asked.contains(c))
+                    .cloned()
+                    .collect(),
+            ),
+            _ => None,
+        };
         let q = HistoryQuery {
             attrs: asked,
             ..base
         };
-        return aggregate(store, &q, method, period).await;
+        return aggregate(store, &q, method, period, others).await;
     }
     let take = params.last_n.map_or(params.limit, |n| n.min(params.limit));
     let newest_first = params.last_n.is_some();
-    // Every attribute of each state is read, so that a record without the
-    // attributes asked is still a record (QuantumLeap's row, its columns
-    // null), and then projected on what was asked.
     let rows = if let Some(geo) = &params.geo {
         geo_rows(store, &base, geo).await?
     } else {
@@ -329,6 +351,7 @@ async fn geo_rows(
     let locations = store
         .query_history(&HistoryQuery {
             attrs: vec!["location".to_string()],
+            every_state: false,
             ..q.clone()
         })
         .await?;
@@ -365,6 +388,7 @@ async fn aggregate(
     q: &HistoryQuery,
     method: AggrMethod,
     period: Option<weft_store::AggrPeriod>,
+    others: Option<Vec<String>>,
 ) -> Result<Found, QlError> {
     let aggs = store.aggregate_history(q, method, period).await?;
     if method != AggrMethod::Count && !aggs.is_empty() && aggs.iter().all(|a| a.value.is_none()) {
@@ -398,21 +422,42 @@ async fn aggregate(
         };
         record.values.insert(a.attr, value);
     }
-    if !q.attrs.is_empty() {
-        // QuantumLeap groups the rows of the type's table: an entity with
-        // rows in range but no value of an attribute asked aggregates to
-        // null (a count 0) for it. Which entities (and buckets) have rows comes from
-        // counting every attribute.
-        let every = HistoryQuery {
-            attrs: Vec::new(),
-            ..q.clone()
-        };
-        for a in store
-            .aggregate_history(&every, AggrMethod::Count, period)
-            .await?
-        {
+    // QuantumLeap groups the rows of the type's table: an entity with rows
+    // in range but no value of an attribute asked aggregates to null (a
+    // count 0) for it. The buckets with rows of the other attributes are
+    // counted for that (none when the type has no other attribute).
+    let fill = match others {
+        _ if q.attrs.is_empty() => None,
+        Some(others) if others.is_empty() => Some(Vec::new()),
+        Some(others) => Some(
+            store
+                .aggregate_history(
+                    &HistoryQuery {
+                        attrs: others,
+                        ..q.clone()
+                    },
+                    AggrMethod::Count,
+                    period,
+                )
+                .await?,
+        ),
+        None => Some(
+            store
+                .aggregate_history(
+                    &HistoryQuery {
+                        attrs: Vec::new(),
+                        ..q.clone()
+                    },
+                    AggrMethod::Count,
+                    period,
+                )
+                .await?,
+        ),
+    };
+    if let Some(fill) = fill {
+        for a in fill {
             let bucket = if period.is_some() { a.bucket } else { 0 };
-            let record = by_entity
+            by_entity
                 .entry((a.entity_type, a.entity_id))
                 .or_default()
                 .entry(bucket)
@@ -420,13 +465,16 @@ async fn aggregate(
                     time: bucket,
                     ..Record::default()
                 });
+        }
+        // Every record answers every attribute asked: SQL's COUNT of
+        // nulls is 0, its other aggregates null.
+        let none = match method {
+            AggrMethod::Count => Value::from(0),
+            _ => Value::Null,
+        };
+        for record in by_entity.values_mut().flat_map(|r| r.values_mut()) {
             for attr in &q.attrs {
-                // SQL's COUNT of nulls is 0; its other aggregates null.
-                let none = match method {
-                    AggrMethod::Count => Value::from(0),
-                    _ => Value::Null,
-                };
-                record.values.entry(attr.clone()).or_insert(none);
+                record.values.entry(attr.clone()).or_insert(none.clone());
             }
         }
     }

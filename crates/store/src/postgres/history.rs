@@ -811,8 +811,15 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
     // The service path filters each row by its own path (QuantumLeap
     // keeps one per row), so every entity is looked at whatever path it
     // was first recorded under.
+    // Rows are stored per attribute here: a query wanting every state
+    // reads every attribute (the reader picks out the ones asked).
     let every_path = HistoryQuery {
         service_path: None,
+        attrs: if q.every_state {
+            Vec::new()
+        } else {
+            q.attrs.clone()
+        },
         ..q.clone()
     };
     let series = query_series(&tx, &every_path).await?;
@@ -868,7 +875,7 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
         params.push(skip);
     }
     let rows = tx.query(&sql, &params).await.map_err(db)?;
-    let out = rows
+    let out: Vec<HistoryRow> = rows
         .iter()
         .map(|row| {
             let (id, ty, attr) = &series[series_index(row, 0)];
@@ -887,7 +894,54 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
         })
         .collect();
     tx.commit().await.map_err(db)?;
+    if q.every_state && !q.attrs.is_empty() {
+        return Ok(asked_and_markers(out, &q.attrs));
+    }
     Ok(out)
+}
+
+/// Rows of every attribute turned into what [`HistoryQuery::every_state`]
+/// answers: the rows of the attributes asked, and one marker row per
+/// state holding none of them (cut as the rows of every attribute were,
+/// so a reader cutting records afterwards finds the same records).
+fn asked_and_markers(rows: Vec<HistoryRow>, asked: &[String]) -> Vec<HistoryRow> {
+    use std::collections::HashSet;
+    let with_asked: HashSet<(String, String, i64, i64)> = rows
+        .iter()
+        .filter(|r| asked.contains(&r.attr))
+        .map(|r| {
+            (
+                r.entity_id.clone(),
+                r.entity_type.clone(),
+                r.time,
+                r.instance,
+            )
+        })
+        .collect();
+    let mut marked: HashSet<(String, String, i64, i64)> = HashSet::new();
+    let mut out = Vec::new();
+    for r in rows {
+        if asked.contains(&r.attr) {
+            out.push(r);
+            continue;
+        }
+        let key = (
+            r.entity_id.clone(),
+            r.entity_type.clone(),
+            r.time,
+            r.instance,
+        );
+        if !with_asked.contains(&key) && marked.insert(key) {
+            out.push(HistoryRow {
+                attr: crate::STATE_MARKER.to_string(),
+                attr_type: String::new(),
+                value: "null".to_string(),
+                number: None,
+                ..r
+            });
+        }
+    }
+    out
 }
 
 /// Aggregates per series and bucket, as the SQLite backend computes them:

@@ -386,12 +386,14 @@ fn encode_attrs<'a>(
 /// is split into its attributes without reading their values, and only
 /// the wanted ones are read (a query of one attribute of an entity with
 /// many reads one value per state).
+/// The attributes of a state's JSON (column `index`) that are `wanted`
+/// among `attrs`, and whether it holds any of `attrs` at all.
 fn pick_attrs(
     row: &rusqlite::Row<'_>,
     index: usize,
     attrs: &[String],
     wanted: impl Fn(usize) -> bool,
-) -> rusqlite::Result<Vec<Option<StoredAttr>>> {
+) -> rusqlite::Result<(Vec<Option<StoredAttr>>, bool)> {
     let text = row.get_ref(index)?.as_str()?;
     let fail = |e: serde_json::Error| {
         rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
@@ -401,20 +403,24 @@ fn pick_attrs(
         std::collections::BTreeMap<&str, &serde_json::value::RawValue>,
     >(text) else {
         let mut all = state_attrs(row, index)?;
-        return Ok(attrs
+        let any = attrs.iter().any(|a| all.contains_key(a));
+        let picked = attrs
             .iter()
             .enumerate()
             .map(|(i, a)| if wanted(i) { all.remove(a) } else { None })
-            .collect());
+            .collect();
+        return Ok((picked, any));
     };
-    attrs
+    let any = attrs.iter().any(|a| raw.contains_key(a.as_str()));
+    let picked = attrs
         .iter()
         .enumerate()
         .map(|(i, a)| match raw.get(a.as_str()) {
             Some(value) if wanted(i) => serde_json::from_str(value.get()).map(Some).map_err(fail),
             _ => Ok(None),
         })
-        .collect()
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((picked, any))
 }
 
 /// A state's attributes, read from column `index` of a result row (a
@@ -1261,22 +1267,45 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
             Some(n) => n,
             None => q.offset.saturating_add(per_series),
         };
-        let mut series: Vec<Vec<HistoryRow>> = attrs.iter().map(|_| Vec::new()).collect();
+        // With `every_state`, one more series: the states holding none
+        // of the attributes asked.
+        let marker = q.every_state && !q.attrs.is_empty();
+        let mut series: Vec<Vec<HistoryRow>> = (0..attrs.len() + usize::from(marker))
+            .map(|_| Vec::new())
+            .collect();
         let mut rows = match q.last_n {
             Some(_) => backward.query((e.key, from, to)),
             None => forward.query((e.key, from, to)),
         }
         .db()?;
-        let mut open = attrs.len();
+        let mut open = series.len();
         while open > 0 {
             let Some(row) = rows.next().db()? else { break };
             let path: Option<String> = row.get(2).db()?;
             if prefix.is_some_and(|p| !path_matches(p, path.as_deref().unwrap_or(&e.path))) {
                 continue;
             }
-            let picked = pick_attrs(row, 3, &attrs, |i| series[i].len() < need).db()?;
+            let (picked, any) = pick_attrs(row, 3, &attrs, |i| series[i].len() < need).db()?;
             let time: i64 = row.get(0).db()?;
             let instance: i64 = row.get(1).db()?;
+            if marker && !any && series[attrs.len()].len() < need {
+                let rows = &mut series[attrs.len()];
+                rows.push(HistoryRow {
+                    tenant: q.tenant.clone(),
+                    service_path: path.clone().unwrap_or_else(|| e.path.clone()),
+                    entity_id: e.id.clone(),
+                    entity_type: e.ty.clone(),
+                    attr: crate::STATE_MARKER.to_string(),
+                    attr_type: String::new(),
+                    time,
+                    instance,
+                    value: "null".to_string(),
+                    number: None,
+                });
+                if rows.len() == need {
+                    open -= 1;
+                }
+            }
             for ((attr, rows), picked) in attrs.iter().zip(series.iter_mut()).zip(picked) {
                 let Some(StoredAttr(attr_type, value, number)) = picked else {
                     continue;
@@ -1389,7 +1418,7 @@ fn aggregate_history(
                     let mut rows = from_states.query((e.key, a, b)).db()?;
                     while let Some(row) = rows.next().db()? {
                         let bucket: i64 = row.get(0).db()?;
-                        let picked = pick_attrs(row, 1, &attrs, |_| true).db()?;
+                        let (picked, _) = pick_attrs(row, 1, &attrs, |_| true).db()?;
                         for (series, picked) in buckets.iter_mut().zip(picked) {
                             if let Some(StoredAttr(_, _, number)) = picked {
                                 series.entry(bucket).or_default().add(number);
@@ -1456,7 +1485,7 @@ fn first_time(conn: &Connection, key: i64, attr: &str, from: i64, to: i64) -> Re
         let mut rows = stmt.query((key, from, to)).db()?;
         while let Some(row) = rows.next().db()? {
             let attrs = [attr.to_string()];
-            if pick_attrs(row, 1, &attrs, |_| true).db()?[0].is_some() {
+            if pick_attrs(row, 1, &attrs, |_| true).db()?.1 {
                 return row.get(0).db();
             }
         }
