@@ -255,12 +255,12 @@ pub struct HistoryQuery {
     /// With `attrs`: also, for every recorded state in range holding none
     /// of them, one row of attribute [`STATE_MARKER`] (no value) — so a
     /// reader sees every state (QuantumLeap's rows, whose other columns are
-    /// null). SQLite reads only the attributes asked and counts the markers
-    /// as one more series; PostgreSQL, storing rows per attribute, reads
-    /// every attribute with the query's cuts and keeps the markers of what
-    /// it read. Either holds every state among the first (or, with
-    /// `last_n`, newest) `offset + limit` states of the entity, which is
-    /// what a reader cutting records needs. Ignored without `attrs`.
+    /// null). SQLite reads only the attributes asked, of the first (with
+    /// `last_n`, newest) `offset + limit` states of each entity;
+    /// PostgreSQL, storing rows per attribute, reads every attribute with
+    /// the query's cuts and keeps the markers of what it read. Either
+    /// holds every state among those first states, which is what a reader
+    /// cutting records needs. Ignored without `attrs`.
     pub every_state: bool,
     /// Only rows at or after this time (epoch ms).
     pub from: Option<i64>,

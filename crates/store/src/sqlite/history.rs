@@ -1279,11 +1279,17 @@ fn query_history(conn: &Connection, q: &HistoryQuery) -> Result<Vec<HistoryRow>>
         }
         .db()?;
         let mut open = series.len();
-        while open > 0 {
+        // With markers the scan covers the first `need` states: every
+        // state after them lies beyond the first `need` records.
+        let mut states_left = need;
+        while open > 0 && states_left > 0 {
             let Some(row) = rows.next().db()? else { break };
             let path: Option<String> = row.get(2).db()?;
             if prefix.is_some_and(|p| !path_matches(p, path.as_deref().unwrap_or(&e.path))) {
                 continue;
+            }
+            if marker {
+                states_left -= 1;
             }
             let (picked, any) = pick_attrs(row, 3, &attrs, |i| series[i].len() < need).db()?;
             let time: i64 = row.get(0).db()?;
