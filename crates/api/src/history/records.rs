@@ -390,7 +390,29 @@ async fn aggregate(
     period: Option<weft_store::AggrPeriod>,
     others: Option<Vec<String>>,
 ) -> Result<Found, QlError> {
-    let aggs = store.aggregate_history(q, method, period).await?;
+    // QuantumLeap groups the rows of the type's table: an entity with rows
+    // in range but no value of an attribute asked aggregates to null (a
+    // count 0) for it. The buckets where the type's other attributes have
+    // rows show that; they are aggregated in the same call (every
+    // attribute when the type, and so its other attributes, is unknown).
+    let asked = &q.attrs;
+    let fill = !asked.is_empty();
+    let read = match &others {
+        _ if !fill => q.clone(),
+        Some(others) => HistoryQuery {
+            attrs: asked.iter().chain(others).cloned().collect(),
+            ..q.clone()
+        },
+        None => HistoryQuery {
+            attrs: Vec::new(),
+            ..q.clone()
+        },
+    };
+    let (aggs, elsewhere): (Vec<_>, Vec<_>) = store
+        .aggregate_history(&read, method, period)
+        .await?
+        .into_iter()
+        .partition(|a| !fill || asked.contains(&a.attr));
     if method != AggrMethod::Count && !aggs.is_empty() && aggs.iter().all(|a| a.value.is_none()) {
         return Err(QlError::api(
             StatusCode::NOT_FOUND,
@@ -398,13 +420,25 @@ async fn aggregate(
             "AggrMethod cannot be applied on type TEXT and BOOLEAN.",
         ));
     }
+    let bucket_of = |a: &weft_store::HistoryAggregate| match period {
+        Some(_) => a.bucket,
+        // One value per entity: every attribute's in one record.
+        None => 0,
+    };
     let mut by_entity: BTreeMap<(String, String), BTreeMap<i64, Record>> = BTreeMap::new();
+    for a in &elsewhere {
+        let bucket = bucket_of(a);
+        by_entity
+            .entry((a.entity_type.clone(), a.entity_id.clone()))
+            .or_default()
+            .entry(bucket)
+            .or_insert_with(|| Record {
+                time: bucket,
+                ..Record::default()
+            });
+    }
     for a in aggs {
-        let bucket = match period {
-            Some(_) => a.bucket,
-            // One value per entity: every attribute's in one record.
-            None => 0,
-        };
+        let bucket = bucket_of(&a);
         let record = by_entity
             .entry((a.entity_type, a.entity_id))
             .or_default()
@@ -422,50 +456,7 @@ async fn aggregate(
         };
         record.values.insert(a.attr, value);
     }
-    // QuantumLeap groups the rows of the type's table: an entity with rows
-    // in range but no value of an attribute asked aggregates to null (a
-    // count 0) for it. The buckets with rows of the other attributes are
-    // counted for that (none when the type has no other attribute).
-    let fill = match others {
-        _ if q.attrs.is_empty() => None,
-        Some(others) if others.is_empty() => Some(Vec::new()),
-        Some(others) => Some(
-            store
-                .aggregate_history(
-                    &HistoryQuery {
-                        attrs: others,
-                        ..q.clone()
-                    },
-                    AggrMethod::Count,
-                    period,
-                )
-                .await?,
-        ),
-        None => Some(
-            store
-                .aggregate_history(
-                    &HistoryQuery {
-                        attrs: Vec::new(),
-                        ..q.clone()
-                    },
-                    AggrMethod::Count,
-                    period,
-                )
-                .await?,
-        ),
-    };
-    if let Some(fill) = fill {
-        for a in fill {
-            let bucket = if period.is_some() { a.bucket } else { 0 };
-            by_entity
-                .entry((a.entity_type, a.entity_id))
-                .or_default()
-                .entry(bucket)
-                .or_insert_with(|| Record {
-                    time: bucket,
-                    ..Record::default()
-                });
-        }
+    if fill {
         // Every record answers every attribute asked: SQL's COUNT of
         // nulls is 0, its other aggregates null.
         let none = match method {
@@ -473,7 +464,7 @@ async fn aggregate(
             _ => Value::Null,
         };
         for record in by_entity.values_mut().flat_map(|r| r.values_mut()) {
-            for attr in &q.attrs {
+            for attr in asked {
                 record.values.entry(attr.clone()).or_insert(none.clone());
             }
         }
