@@ -41,9 +41,10 @@ pub enum CodecError {
     /// stack limit while allocating) and was stopped.
     #[error("script ran out of memory: it allocated more than its memory limit and was stopped")]
     OutOfMemory,
-    /// A `decodeUplink` codec returned a non-empty `errors` array: the codec
-    /// itself says the payload cannot be decoded.
-    #[error("decoder reported errors: {}", .0.join("; "))]
+    /// A `decodeUplink` or `encodeDownlink` codec returned a non-empty
+    /// `errors` array: the codec itself says the payload cannot be decoded
+    /// (or the downlink encoded).
+    #[error("codec reported errors: {}", .0.join("; "))]
     Reported(Vec<String>),
     /// The script returned something that is not the expected shape, or not
     /// representable as JSON (a cycle, a BigInt).

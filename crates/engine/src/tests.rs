@@ -105,7 +105,7 @@ async fn em300th_reported_errors() {
     let error = decode(&engine, &script, &[0x01]).await.unwrap_err();
     assert_eq!(
         error.to_string(),
-        "decoder reported errors: truncated record at byte 0"
+        "codec reported errors: truncated record at byte 0"
     );
 }
 
