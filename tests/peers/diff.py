@@ -402,6 +402,8 @@ def main():
     p.add_argument("--peer-url", help="a running peer instead of one started here")
     p.add_argument("--peers", default="../shared/peers", help="where the peers' build scripts are")
     p.add_argument("--report", help="JSON report (default target/peers/<peer>-diff.json)")
+    p.add_argument("--min-agree", type=int, default=0,
+                   help="exit 1 when fewer cases agree (a floor for CI)")
     args = p.parse_args()
 
     cases_path = args.cases or os.path.join(ROOT, "tests", "peers", args.peer)
@@ -453,6 +455,9 @@ def main():
     with open(report, "w") as f:
         json.dump({"peer": args.peer, "cases": len(results), "agree": agree,
                    "results": results}, f, indent=2)
+    if agree < args.min_agree:
+        print(f"fewer than {args.min_agree} cases agree")
+        return 1
     return 0
 
 
