@@ -30,19 +30,22 @@ pub mod python;
 /// The time index of `entity` in epoch milliseconds; `header_attr` is the
 /// `Fiware-TimeIndex-Attribute` header, `arrival` the time it came in.
 pub fn time_index(entity: &Entity, header_attr: Option<&str>, arrival: i64) -> i64 {
-    let attr_time = |name: &str| {
-        entity
-            .attrs
-            .get(name)
-            .and_then(|a| a.value.as_str())
-            .and_then(parse_datetime)
-    };
+    let attr_time = |name: &str| attr_time(entity, name);
     let own = [
         attr_time("observedAt"),
         attr_time("modifiedAt"),
         attr_time("dateObserved"),
     ];
     filed_under(entity, header_attr, &own, arrival)
+}
+
+/// The date-time of attribute `name` of `entity`, if it holds one.
+fn attr_time(entity: &Entity, name: &str) -> Option<i64> {
+    entity
+        .attrs
+        .get(name)
+        .and_then(|a| a.value.as_str())
+        .and_then(parse_datetime)
 }
 
 /// The order of the module's doc, with `own` (rule 5) the entity's own
@@ -53,13 +56,7 @@ fn filed_under(
     own: &[Option<i64>],
     arrival: i64,
 ) -> i64 {
-    let attr_time = |name: &str| {
-        entity
-            .attrs
-            .get(name)
-            .and_then(|a| a.value.as_str())
-            .and_then(parse_datetime)
-    };
+    let attr_time = |name: &str| attr_time(entity, name);
     let newest_metadata = |name: &str| {
         entity
             .attrs

@@ -15,6 +15,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::Value;
+use weft_model::history::python;
 
 /// Largest JSON answer re-rendered (a query answers at most 10,000 records
 /// per series); a bigger one passes through compact.
@@ -182,60 +183,16 @@ fn write_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// A float as Python's `repr`: the shortest digits that read back the same,
-/// positional for decimal exponents -4 to 15 (always with a fraction),
-/// scientific otherwise with a signed exponent of at least two digits.
+/// A float as Python's JSON writes it: its `repr` (one home:
+/// [`python::float_repr`]), infinities and NaN as Python's `json` spells
+/// them (QuantumLeap never stores them).
 fn write_float(out: &mut String, f: f64) {
-    if !f.is_finite() {
-        // Python writes these, though they are not JSON; QuantumLeap
-        // never stores them.
-        out.push_str(if f.is_nan() {
-            "NaN"
-        } else if f > 0.0 {
-            "Infinity"
-        } else {
-            "-Infinity"
-        });
-        return;
-    }
-    // Rust's `{:e}` gives the shortest round-tripping digits: "-1.25e-7".
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    out.push_str(sign);
-    if (-4..16).contains(&exp) {
-        if exp < 0 {
-            out.push_str("0.");
-            for _ in 0..(-exp - 1) {
-                out.push('0');
-            }
-            out.push_str(&digits);
-        } else {
-            let int_len = exp as usize + 1;
-            if digits.len() <= int_len {
-                out.push_str(&digits);
-                for _ in digits.len()..int_len {
-                    out.push('0');
-                }
-                out.push_str(".0");
-            } else {
-                out.push_str(&digits[..int_len]);
-                out.push('.');
-                out.push_str(&digits[int_len..]);
-            }
-        }
+    if f.is_nan() {
+        out.push_str("NaN");
+    } else if f.is_infinite() {
+        out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
     } else {
-        out.push_str(&digits[..1]);
-        if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let _ = write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+        out.push_str(&python::float_repr(f));
     }
 }
 
