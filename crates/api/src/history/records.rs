@@ -604,26 +604,9 @@ pub(super) fn render_value(attr_type: &str, json: &str) -> Value {
 /// A value as QuantumLeap's text column holds it: Python's `str()` of the
 /// value (`True`, `1.0`, `['a', 'b']`, `{'k': 'v'}`).
 fn python_text(v: &Value) -> String {
-    fn repr(v: &Value) -> String {
-        match v {
-            Value::String(s) => format!("'{s}'"),
-            other => python_text(other),
-        }
-    }
     match v {
-        Value::Null => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Number(n) => n.to_string(),
         Value::String(s) => s.clone(),
-        Value::Array(a) => format!("[{}]", a.iter().map(repr).collect::<Vec<_>>().join(", ")),
-        Value::Object(o) => format!(
-            "{{{}}}",
-            o.iter()
-                .map(|(k, v)| format!("'{k}': {}", repr(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        other => weft_model::history::python::repr(other),
     }
 }
 
