@@ -740,6 +740,7 @@ impl Context {
                 &current.service_path,
                 &current.entity.id,
                 &current.entity.entity_type,
+                None,
             )
             .await
             .map_err(internal)?;
@@ -858,7 +859,7 @@ impl Context {
         history: HistoryStates,
     ) -> Result<(), NgsiError> {
         self.store
-            .put_entity(record(tenant, e), history)
+            .put_entity(record(tenant, e), history, None)
             .await
             .map_err(internal)
     }

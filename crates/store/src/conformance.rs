@@ -674,6 +674,7 @@ where
         entity_cursors: vec![crate::ENTITIES_CURSOR.into()],
         history: Vec::new(),
         events: Vec::new(),
+        changes: Vec::new(),
     };
     let out = store
         .commit_processed(Arc::new(first.clone()))
@@ -1347,21 +1348,34 @@ where
     let backend = B::fresh().await;
     let store = backend.open().await;
     store
-        .put_entity(entity("t1", "/", "E", "T", 2, "{}"), Default::default())
+        .put_entity(
+            entity("t1", "/", "E", "T", 2, "{}"),
+            Default::default(),
+            None,
+        )
         .await
         .unwrap();
     store
-        .put_entity(entity("t1", "/a", "E", "T", 3, "{}"), Default::default())
+        .put_entity(
+            entity("t1", "/a", "E", "T", 3, "{}"),
+            Default::default(),
+            None,
+        )
         .await
         .unwrap();
     store
-        .put_entity(entity("t2", "/", "E", "T", 1, "{}"), Default::default())
+        .put_entity(
+            entity("t2", "/", "E", "T", 1, "{}"),
+            Default::default(),
+            None,
+        )
         .await
         .unwrap();
     store
         .put_entity(
             entity("t1", "/", "E", "T", 2, "{\"new\":true}"),
             Default::default(),
+            None,
         )
         .await
         .unwrap();
@@ -1374,8 +1388,14 @@ where
         }))
         .await
         .unwrap();
-    assert!(store.delete_entity("t2", "/", "E", "T").await.unwrap());
-    assert!(!store.delete_entity("t2", "/", "E", "T").await.unwrap());
+    assert!(store
+        .delete_entity("t2", "/", "E", "T", None)
+        .await
+        .unwrap());
+    assert!(!store
+        .delete_entity("t2", "/", "E", "T", None)
+        .await
+        .unwrap());
     B::close(&store).await;
     drop(store);
 
@@ -2654,6 +2674,7 @@ where
         .put_entity(
             entity("", "/", "E", "T", 1, "{}"),
             vec![feed_row("E", 1), feed_row("E", 2)].into(),
+            None,
         )
         .await
         .unwrap();
@@ -2667,7 +2688,7 @@ where
         .await
         .unwrap();
     store
-        .put_entity(entity("", "/", "F", "T", 2, "{}"), Default::default())
+        .put_entity(entity("", "/", "F", "T", 2, "{}"), Default::default(), None)
         .await
         .unwrap();
     let feed = store
@@ -2807,13 +2828,14 @@ where
     // 3 of F, 2 of G.
     let big: Vec<HistoryRow> = (0..6_000).map(|t| feed_row("E", t)).collect();
     store
-        .put_entity(entity("", "/", "E", "T", 1, "{}"), big.into())
+        .put_entity(entity("", "/", "E", "T", 1, "{}"), big.into(), None)
         .await
         .unwrap();
     store
         .put_entity(
             entity("", "/", "F", "T", 2, "{}"),
             (0..3).map(|t| feed_row("F", t)).collect::<Vec<_>>().into(),
+            None,
         )
         .await
         .unwrap();
@@ -2821,6 +2843,7 @@ where
         .put_entity(
             entity("", "/", "G", "T", 3, "{}"),
             (0..2).map(|t| feed_row("G", t)).collect::<Vec<_>>().into(),
+            None,
         )
         .await
         .unwrap();

@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 
-use crate::{HistoryStates, Result};
+use crate::{HistoryStates, LoggedChange, Result};
 
 /// An NGSI entity as stored: where it lives, its key, its creation order
 /// and its JSON (the model's storage form, opaque to the store).
@@ -86,16 +86,25 @@ pub trait ContextStore: Send + Sync {
     // --- NGSI entities -----------------------------------------------------
 
     /// Creates or replaces an entity (keyed by tenant, service path, id,
-    /// type) and queues the history rows of the change in the history feed,
-    /// in one transaction: a change is never stored without its history.
-    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()>;
-    /// Deletes an entity; `true` if it existed.
+    /// type), queues the history rows of the change in the history feed
+    /// and logs the change for the subscriptions (when given), in one
+    /// transaction: a change is never stored without its history, nor
+    /// without what it owes the subscriptions.
+    async fn put_entity(
+        &self,
+        record: EntityRecord,
+        history: HistoryStates,
+        change: Option<LoggedChange>,
+    ) -> Result<()>;
+    /// Deletes an entity and logs the deletion (when given) in one
+    /// transaction; `true` if it existed.
     async fn delete_entity(
         &self,
         tenant: &str,
         service_path: &str,
         id: &str,
         entity_type: &str,
+        change: Option<LoggedChange>,
     ) -> Result<bool>;
     /// Every stored entity of every tenant, in creation order (loaded once
     /// at start into the in-memory context).

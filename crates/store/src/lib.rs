@@ -17,6 +17,8 @@
 //! - [`ClusterStore`]: the nodes of a cluster and the leases on the work
 //!   done once.
 //! - [`DownlinkStore`]: downlink queues and the routes to devices.
+//! - [`OutboxStore`]: the change log subscriptions are notified from, and
+//!   how far each has been served.
 //!
 //! A domain's methods need its trait in scope: callers holding a
 //! `dyn Store` write `use weft_store::prelude::*;`.
@@ -46,6 +48,7 @@ mod downlinks;
 mod history;
 mod ingest;
 mod keys;
+mod outbox;
 pub mod postgres;
 mod rollup;
 pub mod sqlite;
@@ -67,6 +70,7 @@ pub use history::{
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;
+pub use outbox::{LoggedChange, NotificationCursor, OutboxStore, CHANGE_LOG_PRUNE_CHUNK};
 pub use units::{
     partition_cursor, CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, StoredUnit,
     UnitRecord, UnitStore, ENTITIES_CURSOR,
@@ -102,7 +106,7 @@ pub(crate) fn to_i64(n: u64) -> i64 {
 pub mod prelude {
     pub use crate::{
         CatalogStore, ChannelStore, ClusterStore, ContextStore, DownlinkStore, HistoryStore,
-        IngestLogStore, KeyStore, RuleStore, Store, UnitStore,
+        IngestLogStore, KeyStore, OutboxStore, RuleStore, Store, UnitStore,
     };
 }
 
@@ -142,6 +146,7 @@ pub trait Store:
     + KeyStore
     + ClusterStore
     + DownlinkStore
+    + OutboxStore
     + 'static
 {
     /// Commits an empty write through the writer: `Ok` means the store is

@@ -32,6 +32,7 @@ mod downlinks;
 mod history;
 mod ingest;
 mod keys;
+mod outbox;
 mod schema;
 mod units;
 mod writer;

@@ -47,6 +47,7 @@ mod downlinks;
 mod history;
 mod ingest;
 mod keys;
+mod outbox;
 mod reader;
 mod schema;
 mod units;

@@ -90,6 +90,9 @@ pub struct ProcessedBatch {
     /// history feed in the same transaction (see
     /// [`HistoryStore::read_history_feed`](crate::HistoryStore::read_history_feed)).
     pub history: Vec<HistoryRow>,
+    /// The entity changes this batch made, logged for the subscriptions
+    /// in the same transaction (see [`OutboxStore`](crate::OutboxStore)).
+    pub changes: Vec<crate::LoggedChange>,
 }
 
 /// What [`UnitStore::commit_processed`] did.

@@ -74,7 +74,13 @@ impl Context {
         };
         for (tenant, e) in &removed {
             self.store
-                .delete_entity(tenant, &e.service_path, &e.entity.id, &e.entity.entity_type)
+                .delete_entity(
+                    tenant,
+                    &e.service_path,
+                    &e.entity.id,
+                    &e.entity.entity_type,
+                    None,
+                )
                 .await?;
         }
         // Device data may have created a new entity at a swept key while
@@ -98,7 +104,7 @@ impl Context {
                 .collect()
         };
         for r in recreated {
-            self.store.put_entity(r, Default::default()).await?;
+            self.store.put_entity(r, Default::default(), None).await?;
         }
         if !removed.is_empty() {
             metrics::counter!("weft_ngsi_entities_expired_total").increment(removed.len() as u64);

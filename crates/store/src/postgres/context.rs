@@ -18,13 +18,18 @@ use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{
-    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, HistoryStates, NgsiDocument,
-    Result,
+    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, HistoryStates, LoggedChange,
+    NgsiDocument, Result,
 };
 
 #[async_trait]
 impl ContextStore for PostgresStore {
-    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()> {
+    async fn put_entity(
+        &self,
+        record: EntityRecord,
+        history: HistoryStates,
+        _change: Option<LoggedChange>,
+    ) -> Result<()> {
         let history = history.rows();
         self.main
             .write(move |c| {
@@ -42,6 +47,7 @@ impl ContextStore for PostgresStore {
         service_path: &str,
         id: &str,
         entity_type: &str,
+        _change: Option<LoggedChange>,
     ) -> Result<bool> {
         let key = [tenant, service_path, id, entity_type].map(|k| param(k.to_string()));
         let n = self

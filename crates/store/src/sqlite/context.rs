@@ -6,15 +6,28 @@ use async_trait::async_trait;
 use rusqlite::Connection;
 
 use super::history::queue_feed_states;
+use super::outbox::log_changes;
 use super::reader::position;
 use super::{to_i64, Db, SqliteStore};
-use crate::{ContextStore, DocumentKind, EntityRecord, HistoryStates, NgsiDocument, Result};
+use crate::{
+    ContextStore, DocumentKind, EntityRecord, HistoryStates, LoggedChange, NgsiDocument, Result,
+};
 
 #[async_trait]
 impl ContextStore for SqliteStore {
-    async fn put_entity(&self, record: EntityRecord, history: HistoryStates) -> Result<()> {
+    async fn put_entity(
+        &self,
+        record: EntityRecord,
+        history: HistoryStates,
+        change: Option<LoggedChange>,
+    ) -> Result<()> {
         self.main
-            .write(move |c| put_entity(c, &record).map(|()| queue_feed_states(history.as_bytes())))
+            .write(move |c| {
+                put_entity(c, &record)?;
+                log_changes(c, &change)?;
+                queue_feed_states(history.as_bytes());
+                Ok::<(), rusqlite::Error>(())
+            })
             .await
     }
 
@@ -24,9 +37,16 @@ impl ContextStore for SqliteStore {
         service_path: &str,
         id: &str,
         entity_type: &str,
+        change: Option<LoggedChange>,
     ) -> Result<bool> {
         let key = [tenant, service_path, id, entity_type].map(str::to_string);
-        self.main.write(move |c| delete_entity(c, &key)).await
+        self.main
+            .write(move |c| {
+                let existed = delete_entity(c, &key)?;
+                log_changes(c, &change)?;
+                Ok::<bool, rusqlite::Error>(existed)
+            })
+            .await
     }
 
     async fn load_entities(&self) -> Result<Vec<EntityRecord>> {

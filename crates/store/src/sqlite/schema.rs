@@ -116,6 +116,12 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   type's table, which its answers list for every record; added to as
 ///   states are appended, filled from the rollups on upgrade, forgotten
 ///   when no entity of the type has history left.
+/// - `change_log`, `notification_cursors` (step 17, main file): every
+///   entity change some subscription may owe a notification for, logged
+///   per node in the transaction that makes it, keyed by the node's order
+///   of changes, with its tenant, commit time and the model's JSON of the
+///   change; and per node and subscription how far it has been served
+///   ([`OutboxStore`](crate::OutboxStore)).
 /// - `ingest_log.pins` (step 15, log file): the channel and device type
 ///   the ingest key an uplink came with is limited to (JSON, NULL for
 ///   none), which the pipeline holds the decoded device to.
@@ -420,6 +426,24 @@ CREATE TABLE history_columns (
 INSERT OR IGNORE INTO history_columns
 SELECT DISTINCT s.tenant, s.entity_type, r.attr
 FROM history_rollups r JOIN history_series s ON s.key = r.entity;
+"#,
+    // the notification outbox: the change log and the subscriptions' cursors
+    r#"
+CREATE TABLE change_log (
+    node   TEXT    NOT NULL,
+    seq    INTEGER NOT NULL,
+    tenant TEXT    NOT NULL,
+    at     INTEGER NOT NULL,
+    json   TEXT    NOT NULL,
+    PRIMARY KEY (node, seq)
+) WITHOUT ROWID;
+CREATE TABLE notification_cursors (
+    node         TEXT    NOT NULL,
+    tenant       TEXT    NOT NULL,
+    subscription TEXT    NOT NULL,
+    through      INTEGER NOT NULL,
+    PRIMARY KEY (node, tenant, subscription)
+) WITHOUT ROWID;
 "#,
 ];
 

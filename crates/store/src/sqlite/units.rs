@@ -13,6 +13,7 @@ use weft_model::{FailedUplink, FailureReason};
 use super::catalog::store_events;
 use super::context::put_entity;
 use super::history::queue_history;
+use super::outbox::log_changes;
 use super::reader::{corrupt, cursor, limit, max_seq, position};
 use super::writer::in_savepoint;
 use super::{to_i64, Db, SqliteStore};
@@ -126,6 +127,7 @@ fn processed(conn: &Connection, batch: &ProcessedBatch) -> rusqlite::Result<Comm
         .execute((consumer, to_i64(batch.next_seq)))?;
     }
     queue_history(conn, &batch.history)?;
+    log_changes(conn, &batch.changes)?;
     if !batch.entities.is_empty() {
         for record in &batch.entities {
             put_entity(conn, record)?;
