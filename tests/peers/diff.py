@@ -317,7 +317,8 @@ def start_weft(args, tmp):
         return None, args.weft_url
     subprocess.run(["cargo", "build", "--locked", "-p", "weft"], cwd=ROOT, check=True)
     port = free_port()
-    env = dict(os.environ, WEFT_AUTH="off", WEFT_NGSI__MULTISERVICE="true")
+    env = dict(os.environ, WEFT_AUTH="off", WEFT_NGSI__MULTISERVICE="true",
+               WEFT_NOTIFICATIONS__ID_HEADER="false")
     ql_port = free_port()
     env["WEFT_HISTORY__QUANTUMLEAP_LISTEN"] = f"127.0.0.1:{ql_port}"
     log = open(os.path.join(tmp, "weft.log"), "w")

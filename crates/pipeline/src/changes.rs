@@ -15,6 +15,13 @@
 //! change synchronously and may ask its writer to slow down; the bus's
 //! `entities` stream (the live socket, later other nodes) gets each change
 //! with its JSON, built only while someone subscribes.
+//!
+//! A ticket's number is the change's place in this node's change log
+//! ([`weft_store::OutboxStore`]): when a listener must be able to come
+//! back to a change later ([`ChangeListener::durable`], subscriptions),
+//! the writer logs it ([`Ticket::log`]) in the transaction that commits
+//! it. Numbers go on from the log's head after a restart
+//! ([`Changes::resume_after`]), so they never repeat on one node.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +30,7 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use weft_bus::{Bus, Event, Payload, Stream};
 use weft_model::ngsi::EntityChange;
+use weft_store::LoggedChange;
 
 /// A wait a [`ChangeListener`] asks of the writer of a change it could
 /// not take in at once (its queues are full), so writers slow down to
@@ -36,13 +44,22 @@ pub trait ChangeListener: Send + Sync {
     /// Whether `tenant` has anyone listening, so changes nobody watches
     /// cost nothing.
     fn interested(&self, tenant: &str) -> bool;
-    /// Sees one change; may ask the writer to wait before going on.
-    fn on_change(&self, change: &EntityChange) -> Option<Backpressure>;
+    /// Whether changes in `tenant` must be logged for this listener, so
+    /// it can come back to them after a restart or an outage (the log is
+    /// read by the listener itself).
+    fn durable(&self, _tenant: &str) -> bool {
+        false
+    }
+    /// Sees change number `seq` (its ticket); may ask the writer to wait
+    /// before going on.
+    fn on_change(&self, seq: u64, change: &EntityChange) -> Option<Backpressure>;
 }
 
 /// Orders committed entity changes and hands them to their consumers.
 pub struct Changes {
     bus: Arc<dyn Bus>,
+    /// The node whose change log the tickets number (empty alone).
+    node: String,
     listeners: RwLock<Vec<Arc<dyn ChangeListener>>>,
     order: Mutex<Order>,
 }
@@ -63,18 +80,47 @@ struct Order {
 
 /// A change with its bus JSON, built before delivery (outside any lock).
 struct Announced {
+    seq: u64,
     change: Arc<EntityChange>,
     json: Option<Bytes>,
 }
 
 impl Changes {
     /// Announces on `bus`; listeners are added with [`Changes::add_listener`].
-    pub fn new(bus: Arc<dyn Bus>) -> Arc<Changes> {
+    /// Tickets number `node`'s change log (empty alone), from 1 until
+    /// [`Changes::resume_after`].
+    pub fn new(bus: Arc<dyn Bus>, node: impl Into<String>) -> Arc<Changes> {
         Arc::new(Changes {
             bus,
+            node: node.into(),
             listeners: RwLock::new(Vec::new()),
-            order: Mutex::new(Order::default()),
+            order: Mutex::new(Order {
+                next_ticket: 1,
+                next_delivery: 1,
+                ..Order::default()
+            }),
         })
+    }
+
+    /// Numbers the next tickets after `head`, the last change of this
+    /// node's log, before any ticket is taken.
+    pub fn resume_after(&self, head: u64) {
+        let mut order = self.order.lock();
+        if order.next_ticket <= head {
+            order.next_ticket = head + 1;
+            order.next_delivery = head + 1;
+        }
+    }
+
+    /// The node whose change log the tickets number.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Whether a change in `tenant` must be logged: a listener may come
+    /// back to it.
+    pub fn logged(&self, tenant: &str) -> bool {
+        self.listeners.read().iter().any(|l| l.durable(tenant))
     }
 
     /// Adds a listener that sees every change delivered from now on.
@@ -137,10 +183,10 @@ impl Changes {
     /// Hands changes, in order, to the listeners and the bus.
     fn deliver(&self, ready: Vec<Announced>, waits: &mut Vec<Backpressure>) {
         let listeners = self.listeners.read().clone();
-        for Announced { change, json } in ready {
+        for Announced { seq, change, json } in ready {
             for listener in &listeners {
                 if listener.interested(&change.tenant) {
-                    waits.extend(listener.on_change(&change));
+                    waits.extend(listener.on_change(seq, &change));
                 }
             }
             if let Some(json) = json {
@@ -164,6 +210,24 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// The change's place in the order of changes (and in the log).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The log entry of `change` (to commit with it) if a listener may
+    /// come back to it, stamped with the time now.
+    pub fn log(&self, change: &EntityChange) -> Option<LoggedChange> {
+        let changes = self.changes.as_ref()?;
+        changes.logged(&change.tenant).then(|| LoggedChange {
+            node: changes.node.clone(),
+            seq: self.seq,
+            tenant: change.tenant.clone(),
+            at: weft_model::now_ms(),
+            json: change.to_log(),
+        })
+    }
+
     /// Announces `change`, which the store has committed. It reaches the
     /// consumers once every earlier ticket is settled; the returned waits
     /// are what listeners ask of this writer (await them).
@@ -176,6 +240,7 @@ impl Ticket {
         changes.settle(
             self.seq,
             Some(Announced {
+                seq: self.seq,
                 change: Arc::new(change),
                 json,
             }),
@@ -225,7 +290,7 @@ mod tests {
         fn interested(&self, tenant: &str) -> bool {
             tenant.is_empty()
         }
-        fn on_change(&self, change: &EntityChange) -> Option<Backpressure> {
+        fn on_change(&self, _seq: u64, change: &EntityChange) -> Option<Backpressure> {
             self.0.lock().push(change.entity.id.clone());
             None
         }
@@ -234,7 +299,7 @@ mod tests {
     fn setup() -> (Arc<Changes>, Arc<Seen>, weft_bus::Subscription) {
         let bus = Arc::new(InProcessBus::default());
         let sub = bus.subscribe(Stream::Entities);
-        let changes = Changes::new(bus);
+        let changes = Changes::new(bus, "");
         let seen = Arc::new(Seen::default());
         changes.add_listener(seen.clone());
         (changes, seen, sub)
@@ -273,7 +338,7 @@ mod tests {
     #[test]
     fn nobody_listening_means_no_change_is_wanted() {
         let bus = Arc::new(InProcessBus::default());
-        let changes = Changes::new(bus.clone());
+        let changes = Changes::new(bus.clone(), "");
         assert!(!changes.wanted(""));
         let _sub = bus.subscribe(Stream::Entities);
         assert!(changes.wanted(""));

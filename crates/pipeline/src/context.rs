@@ -26,7 +26,7 @@ use weft_model::ngsi::{AttrChange, AttrMap, ChangeKind, Entity, NgsiError, Updat
 
 use serde_json::Value;
 use weft_model::query::{descend, parse_datetime, Operand, Query, Resolver};
-use weft_store::{EntityRecord, HistoryRow, HistoryStates, Store};
+use weft_store::{EntityRecord, HistoryRow, HistoryStates, LoggedChange, Store};
 
 tokio::task_local! {
     /// Where the request being served came from, so the changes it makes
@@ -439,27 +439,35 @@ impl Context {
         self.changes.wanted(tenant).then(|| self.changes.ticket())
     }
 
-    /// Announces a committed change through its ticket and waits as long
-    /// as the listeners ask.
-    async fn announce(
-        ticket: Option<Ticket>,
+    /// Stores an entity's new state with its history and (when its ticket
+    /// is wanted) its log entry, in one transaction, then announces the
+    /// change through its ticket and waits as long as the listeners ask.
+    async fn commit(
+        &self,
         tenant: &str,
-        e: StoredEntity,
+        stored: StoredEntity,
+        history: HistoryStates,
+        ticket: Option<Ticket>,
         alteration: Alteration,
         attrs: Vec<AttrChange>,
-    ) {
-        let Some(ticket) = ticket else { return };
-        let waits = ticket.announce(EntityChange {
-            tenant: tenant.to_string(),
-            service_path: e.service_path,
-            entity: e.entity,
-            alteration,
-            attrs,
-            origin: current_origin(),
-        });
-        for wait in waits {
-            wait.await;
+    ) -> Result<(), NgsiError> {
+        let record = record(tenant, &stored);
+        let pending =
+            ticket.map(|ticket| PendingChange::new(ticket, tenant, stored, alteration, attrs));
+        self.store
+            .put_entity(
+                record,
+                history,
+                pending.as_ref().and_then(PendingChange::log),
+            )
+            .await
+            .map_err(internal)?;
+        if let Some(pending) = pending {
+            for wait in pending.announce() {
+                wait.await;
+            }
         }
+        Ok(())
     }
 
     /// Entities of `tenant` passing `filter`, in creation order.
@@ -659,10 +667,9 @@ impl Context {
         ticket: Option<Ticket>,
     ) -> Result<(), NgsiError> {
         let history = self.history_states(tenant, &stored, stored.entity.attrs.keys());
-        self.persist(tenant, &stored, history).await?;
         let attrs = created_attrs(&stored.entity);
-        Self::announce(ticket, tenant, stored, Alteration::Created, attrs).await;
-        Ok(())
+        self.commit(tenant, stored, history, ticket, Alteration::Created, attrs)
+            .await
     }
 
     /// Runs `change` on a copy of the entity at `key` (under the tenants'
@@ -703,10 +710,16 @@ impl Context {
             &stored,
             result.touched().iter().map(|c| c.name.as_str()),
         );
-        self.persist(tenant, &stored, history).await?;
         let touched = result.touched().to_vec();
-        Self::announce(ticket, tenant, stored, Alteration::Updated, touched).await;
-        Ok(())
+        self.commit(
+            tenant,
+            stored,
+            history,
+            ticket,
+            Alteration::Updated,
+            touched,
+        )
+        .await
     }
 
     /// Deletes the one entity matching (`id`, `entity_type`): found and
@@ -734,24 +747,30 @@ impl Context {
             t.remove(&key);
             (current, self.ticket(tenant))
         };
+        let pending = ticket.map(|ticket| {
+            PendingChange::new(
+                ticket,
+                tenant,
+                current.clone(),
+                Alteration::Deleted,
+                Vec::new(),
+            )
+        });
         self.store
             .delete_entity(
                 tenant,
                 &current.service_path,
                 &current.entity.id,
                 &current.entity.entity_type,
-                None,
+                pending.as_ref().and_then(PendingChange::log),
             )
             .await
             .map_err(internal)?;
-        Self::announce(
-            ticket,
-            tenant,
-            current.clone(),
-            Alteration::Deleted,
-            Vec::new(),
-        )
-        .await;
+        if let Some(pending) = pending {
+            for wait in pending.announce() {
+                wait.await;
+            }
+        }
         Ok(current)
     }
 
@@ -851,18 +870,6 @@ impl Context {
             .map(|e| record(DEFAULT_TENANT, e))
             .collect()
     }
-
-    async fn persist(
-        &self,
-        tenant: &str,
-        e: &StoredEntity,
-        history: HistoryStates,
-    ) -> Result<(), NgsiError> {
-        self.store
-            .put_entity(record(tenant, e), history, None)
-            .await
-            .map_err(internal)
-    }
 }
 
 /// What [`Context::apply_units`] leaves the caller to do.
@@ -882,6 +889,34 @@ pub struct PendingChange {
 }
 
 impl PendingChange {
+    /// The change a write is making to `stored` (the entity after it),
+    /// with the origin of the request being served.
+    fn new(
+        ticket: Ticket,
+        tenant: &str,
+        stored: StoredEntity,
+        alteration: Alteration,
+        attrs: Vec<AttrChange>,
+    ) -> PendingChange {
+        PendingChange {
+            ticket,
+            change: EntityChange {
+                tenant: tenant.to_string(),
+                service_path: stored.service_path,
+                entity: stored.entity,
+                alteration,
+                attrs,
+                origin: current_origin(),
+            },
+        }
+    }
+
+    /// The change's log entry, to commit with it, if a listener may come
+    /// back to it ([`Ticket::log`]).
+    pub fn log(&self) -> Option<LoggedChange> {
+        self.ticket.log(&self.change)
+    }
+
     /// Announces the change, which the store has now committed; returns
     /// the waits the listeners ask for.
     pub fn announce(self) -> Vec<Backpressure> {

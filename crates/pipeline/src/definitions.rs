@@ -206,10 +206,10 @@ mod tests {
         let store = store(dir.path());
         let (bus_a, bus_b) = pair();
         let config = crate::subscriptions::sender::SenderConfig::default();
-        let a = Subscriptions::load(store.clone(), config.clone(), bus_a)
+        let a = Subscriptions::load(store.clone(), config.clone(), bus_a, "a", 0)
             .await
             .unwrap();
-        let b = Subscriptions::load(store.clone(), config, bus_b.clone())
+        let b = Subscriptions::load(store.clone(), config, bus_b.clone(), "b", 0)
             .await
             .unwrap();
         let (stop, tracker) = (CancellationToken::new(), TaskTracker::new());

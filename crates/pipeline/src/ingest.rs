@@ -618,6 +618,7 @@ impl Ingest {
             now,
         );
         batch.history = applied.history;
+        batch.changes = applied.changes.iter().filter_map(|c| c.log()).collect();
         let mut last_flush = self.entities_flushed.lock();
         if last_flush.elapsed() >= ENTITY_FLUSH_INTERVAL {
             batch.entities = self.context.take_dirty();

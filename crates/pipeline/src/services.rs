@@ -141,7 +141,16 @@ impl Services {
         let cluster = Cluster::new(store.clone(), node, config.cluster.clone());
         tracker.spawn(cluster.clone().heartbeat_loop(shutdown.clone()));
         let catalog = Arc::new(Catalog::load(store.clone(), engine.clone(), bus.clone()).await?);
-        let changes = crate::changes::Changes::new(bus.clone());
+        // Alone, the change log is the one node's; in a cluster each node
+        // logs (and serves its subscriptions from) its own.
+        let log_node = if bus.node().is_some() {
+            cluster.node().to_string()
+        } else {
+            String::new()
+        };
+        let changes = crate::changes::Changes::new(bus.clone(), log_node.clone());
+        let log_head = store.change_log_head(&log_node).await?;
+        changes.resume_after(log_head);
         let context = Arc::new(context::Context::load(store.clone(), changes).await?);
         let all: Vec<u16> = (0..store.partitions().max(1)).collect();
         crate::partitions::replay_units_into_context(&store, &catalog, &context, &all).await?;
@@ -153,8 +162,14 @@ impl Services {
             });
         }
         let registrations = Arc::new(Registrations::load(store.clone(), bus.clone()).await?);
-        let subscriptions =
-            Subscriptions::load(store.clone(), config.notifications.clone(), bus.clone()).await?;
+        let subscriptions = Subscriptions::load(
+            store.clone(),
+            config.notifications.clone(),
+            bus.clone(),
+            &log_node,
+            log_head,
+        )
+        .await?;
         context.set_record_history(config.record_history);
         let history = History::new(store.clone(), config.history_retention.clone());
         history.set_clustered(bus.node().is_some());

@@ -536,8 +536,16 @@ pub struct NotificationsSection {
     pub timeout: Duration,
     /// Parallel connections per notification endpoint.
     pub connections_per_endpoint: usize,
-    /// Notifications queued per connection before new ones fail.
+    /// Notifications queued per connection before the subscription is
+    /// served from the change log instead.
     pub queue_per_connection: usize,
+    /// Whether HTTP notifications carry the `Weft-Notification-Id` header
+    /// (the same on every attempt, for receivers to drop duplicates).
+    pub id_header: bool,
+    /// How long a committed change is kept for a subscription that has
+    /// not been served it yet (a receiver down for longer misses it).
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
 }
 
 impl Default for NotificationsSection {
@@ -547,6 +555,8 @@ impl Default for NotificationsSection {
             timeout: d.timeout,
             connections_per_endpoint: d.lanes,
             queue_per_connection: d.lane_capacity,
+            id_header: d.id_header,
+            retention: d.retention,
         }
     }
 }

@@ -326,6 +326,8 @@ fn services_config(config: &Config) -> ServicesConfig {
             timeout: config.notifications.timeout,
             lanes: config.notifications.connections_per_endpoint.max(1),
             lane_capacity: config.notifications.queue_per_connection.max(1),
+            id_header: config.notifications.id_header,
+            retention: config.notifications.retention,
         },
         record_history: config.history.record_changes,
         history_retention: config.history.retention_policy(),

@@ -6,9 +6,10 @@
 //! outlives the write that made it: it is announced only once the store
 //! has committed that write, after the context's lock is released.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{render, AttrChange, Entity, Format};
+use super::{render, AttrChange, Attribute, ChangeKind, Entity, Format};
 
 /// What happened to an entity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +123,139 @@ impl EntityChange {
         );
         Value::Object(out)
     }
+
+    /// The change as the notification outbox logs it (compact JSON), to
+    /// be read back by [`EntityChange::from_log`] when a subscription is
+    /// served from the log instead of live. The request's token is left
+    /// out: it is a credential, never kept at rest, so a notification
+    /// replayed from the log carries no `X-Auth-Token`.
+    pub fn to_log(&self) -> String {
+        let logged = Logged {
+            tenant: &self.tenant,
+            service_path: &self.service_path,
+            entity: &self.entity,
+            alteration: match self.alteration {
+                Alteration::Created => 'c',
+                Alteration::Updated => 'u',
+                Alteration::Deleted => 'd',
+            },
+            attrs: self
+                .attrs
+                .iter()
+                .map(|a| LoggedAttr {
+                    name: a.name.clone(),
+                    kind: match a.kind {
+                        ChangeKind::Created => 'c',
+                        ChangeKind::Updated => 'u',
+                        ChangeKind::Deleted => 'd',
+                    },
+                    previous: a.previous.clone(),
+                    modified: a.modified,
+                })
+                .collect(),
+            origin: self.origin.as_ref().map(|o| LoggedOrigin {
+                correlator: o.correlator.clone(),
+                service: o.service.clone(),
+                custom_notification: o.custom_notification,
+            }),
+        };
+        serde_json::to_string(&logged).unwrap_or_default()
+    }
+
+    /// Reads a change written by [`EntityChange::to_log`].
+    pub fn from_log(text: &str) -> Result<EntityChange, serde_json::Error> {
+        let logged: LoggedOwned = serde_json::from_str(text)?;
+        let kind = |c: char| match c {
+            'c' => ChangeKind::Created,
+            'd' => ChangeKind::Deleted,
+            _ => ChangeKind::Updated,
+        };
+        Ok(EntityChange {
+            tenant: logged.tenant,
+            service_path: logged.service_path,
+            entity: logged.entity,
+            alteration: match logged.alteration {
+                'c' => Alteration::Created,
+                'd' => Alteration::Deleted,
+                _ => Alteration::Updated,
+            },
+            attrs: logged
+                .attrs
+                .into_iter()
+                .map(|a| AttrChange {
+                    name: a.name,
+                    kind: kind(a.kind),
+                    previous: a.previous,
+                    modified: a.modified,
+                })
+                .collect(),
+            origin: logged.origin.map(|o| Origin {
+                correlator: o.correlator,
+                service: o.service,
+                auth_token: None,
+                custom_notification: o.custom_notification,
+            }),
+        })
+    }
+}
+
+/// The log form of a change ([`EntityChange::to_log`]), borrowing what it
+/// can.
+#[derive(Serialize)]
+struct Logged<'a> {
+    #[serde(rename = "t")]
+    tenant: &'a str,
+    #[serde(rename = "p")]
+    service_path: &'a str,
+    #[serde(rename = "e")]
+    entity: &'a Entity,
+    #[serde(rename = "k")]
+    alteration: char,
+    #[serde(rename = "a")]
+    attrs: Vec<LoggedAttr>,
+    #[serde(rename = "o", skip_serializing_if = "Option::is_none")]
+    origin: Option<LoggedOrigin>,
+}
+
+/// [`Logged`] read back.
+#[derive(Deserialize)]
+struct LoggedOwned {
+    #[serde(rename = "t")]
+    tenant: String,
+    #[serde(rename = "p")]
+    service_path: String,
+    #[serde(rename = "e")]
+    entity: Entity,
+    #[serde(rename = "k")]
+    alteration: char,
+    #[serde(rename = "a", default)]
+    attrs: Vec<LoggedAttr>,
+    #[serde(rename = "o", default)]
+    origin: Option<LoggedOrigin>,
+}
+
+/// One touched attribute of a logged change.
+#[derive(Serialize, Deserialize)]
+struct LoggedAttr {
+    #[serde(rename = "n")]
+    name: String,
+    #[serde(rename = "k")]
+    kind: char,
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    previous: Option<Attribute>,
+    #[serde(rename = "m")]
+    modified: bool,
+}
+
+/// The origin of a logged change, without its token.
+#[derive(Serialize, Deserialize)]
+struct LoggedOrigin {
+    #[serde(rename = "c")]
+    correlator: String,
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+    service: Option<String>,
+    #[serde(rename = "x", default)]
+    custom_notification: bool,
 }
 
 #[cfg(test)]
@@ -191,5 +325,29 @@ mod tests {
         assert_eq!(json["entity"]["t"]["value"], 3);
         assert_eq!(json["entity"]["h"]["value"], 2);
         assert!(!json.to_string().contains("secret"));
+
+        // The log keeps everything a notification needs but the token.
+        let logged = change.to_log();
+        assert!(!logged.contains("secret"));
+        let back = EntityChange::from_log(&logged).unwrap();
+        assert_eq!(back.tenant, "acme");
+        assert_eq!(back.service_path, "/a");
+        assert_eq!(back.entity, change.entity);
+        assert_eq!(back.alteration, Alteration::Updated);
+        assert_eq!(back.attrs, change.attrs);
+        let origin = back.origin.unwrap();
+        assert_eq!(origin.correlator, "c");
+        assert_eq!(origin.service.as_deref(), Some("acme"));
+        assert_eq!(origin.auth_token, None);
+        for alteration in [Alteration::Created, Alteration::Deleted] {
+            let c = EntityChange {
+                alteration,
+                origin: None,
+                ..change.clone()
+            };
+            let back = EntityChange::from_log(&c.to_log()).unwrap();
+            assert_eq!(back.alteration, alteration);
+            assert!(back.origin.is_none());
+        }
     }
 }

@@ -29,7 +29,7 @@ async fn setup(limits: StateLimits) -> Setup {
     );
     let bus: Arc<dyn Bus> = Arc::new(InProcessBus::default());
     let context = Arc::new(
-        Context::load(store.clone(), ContextChanges::new(bus.clone()))
+        Context::load(store.clone(), ContextChanges::new(bus.clone(), ""))
             .await
             .unwrap(),
     );

@@ -29,6 +29,7 @@
 pub mod expressions;
 pub mod loops;
 pub mod mqtt;
+pub mod outbox;
 pub mod payload;
 pub mod sender;
 
@@ -51,8 +52,10 @@ use crate::context::{
 use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use sender::{Enqueued, Outcome, Sender};
 
-/// How often changed counters are stored.
+/// How often changed counters and cursors are stored.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Every how many flushes the change log is pruned.
+const PRUNE_EVERY: u64 = 10;
 
 /// One subscription with where it belongs and what the notifier keeps.
 pub struct Entry {
@@ -72,9 +75,33 @@ struct EntryState {
     sub: Subscription,
     /// When it last notified, for throttling.
     last_fired: Option<Instant>,
+    /// How its notifications are being delivered ([`outbox`]).
+    delivery: outbox::Delivery,
 }
 
 impl Entry {
+    /// An entry for `sub`, delivered as `delivery` says.
+    fn new(
+        tenant: String,
+        service_paths: Vec<String>,
+        created: u64,
+        last_fired: Option<Instant>,
+        sub: Subscription,
+        delivery: outbox::Delivery,
+    ) -> Arc<Entry> {
+        Arc::new(Entry {
+            tenant,
+            service_paths,
+            created,
+            stored: Mutex::new(sub.notification.stats.clone()),
+            state: Mutex::new(EntryState {
+                sub,
+                last_fired,
+                delivery,
+            }),
+        })
+    }
+
     fn id(&self) -> String {
         self.state.lock().sub.id.clone()
     }
@@ -177,6 +204,15 @@ pub struct Subscriptions {
     dirty: Arc<Dirty>,
     /// Self-notification loop protection ([`loops`]).
     loops: loops::LoopGuard,
+    /// The node whose change log this node serves its subscriptions from.
+    node: String,
+    /// The last change the matcher started on (every change up to it has
+    /// been announced).
+    entered: AtomicU64,
+    /// The last change the matcher finished with.
+    finished: AtomicU64,
+    /// Itself, for the tasks it starts.
+    me: std::sync::Weak<Subscriptions>,
 }
 
 /// (tenant, subscription id) of the entries whose counters or status
@@ -184,14 +220,25 @@ pub struct Subscriptions {
 pub(crate) type Dirty = Mutex<HashSet<(String, String)>>;
 
 impl Subscriptions {
-    /// Loads the stored subscriptions; notifications go out on the
+    /// Loads the stored subscriptions and their cursors over `node`'s
+    /// change log, whose last change is `head`; a subscription whose cursor
+    /// is behind is served from the log first. Notifications go out on the
     /// current runtime.
     pub async fn load(
         store: Arc<dyn Store>,
         config: sender::SenderConfig,
         bus: Arc<dyn Bus>,
+        node: &str,
+        head: u64,
     ) -> Result<Arc<Subscriptions>, weft_store::StoreError> {
         let docs = store.load_documents(DocumentKind::Subscription).await?;
+        let cursors: HashMap<(String, String), u64> = store
+            .load_notification_cursors(node)
+            .await?
+            .into_iter()
+            .map(|c| ((c.tenant, c.subscription), c.through))
+            .collect();
+        let mut behind = Vec::new();
         let mut tenants: HashMap<String, TenantSubs> = HashMap::new();
         let mut max = 0;
         for d in docs {
@@ -203,44 +250,70 @@ impl Subscriptions {
                 }
             };
             max = max.max(d.created);
-            let entry = Arc::new(Entry {
-                tenant: d.tenant.clone(),
-                service_paths: split_paths(&d.service_path),
-                created: d.created,
-                stored: Mutex::new(sub.notification.stats.clone()),
-                state: Mutex::new(EntryState {
-                    last_fired: fired_at(&sub.notification.stats),
-                    sub,
-                }),
-            });
+            let cursor = cursors.get(&(d.tenant.clone(), d.id.clone())).copied();
+            let delivery = match cursor {
+                Some(through) if through < head => outbox::Delivery::from_log(through),
+                // Stored before the outbox existed: nothing is known owed.
+                _ => outbox::Delivery::live(head),
+            };
+            let from_log = matches!(delivery.mode, outbox::Mode::FromLog { .. });
+            let entry = Entry::new(
+                d.tenant.clone(),
+                split_paths(&d.service_path),
+                d.created,
+                fired_at(&sub.notification.stats),
+                sub,
+                delivery,
+            );
+            if from_log {
+                behind.push(entry.clone());
+            }
             let t = tenants.entry(d.tenant).or_default();
             t.by_id.insert(d.id, entry.clone());
             t.index(&entry);
         }
-        let dirty: Arc<Dirty> = Arc::default();
-        Ok(Arc::new(Subscriptions {
+        let subscriptions = Arc::new_cyclic(|me| Subscriptions {
             store,
             bus,
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
-            sender: Arc::new(Sender::new(config, dirty.clone())),
-            dirty,
+            sender: Arc::new(Sender::new(config, me.clone())),
+            dirty: Arc::default(),
             loops: loops::LoopGuard::default(),
-        }))
+            node: node.to_string(),
+            entered: AtomicU64::new(head),
+            finished: AtomicU64::new(head),
+            me: me.clone(),
+        });
+        if !behind.is_empty() {
+            tracing::info!(
+                subscriptions = behind.len(),
+                "serving subscriptions the notifications they are owed from the change log"
+            );
+        }
+        for entry in behind {
+            tokio::spawn(subscriptions.clone().serve_from_log(entry));
+        }
+        Ok(subscriptions)
     }
 
-    /// Stores changed counters every second until `shutdown`, then once
-    /// more.
+    /// Stores changed counters and moved cursors every second until
+    /// `shutdown`, then once more; prunes the change log every
+    /// [`PRUNE_EVERY`] flushes.
     pub async fn flush_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut flushes = 0u64;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(FLUSH_INTERVAL) => {}
                 _ = shutdown.cancelled() => {
                     self.flush().await;
+                    self.save_cursors(false).await;
                     return;
                 }
             }
             self.flush().await;
+            flushes += 1;
+            self.save_cursors(flushes.is_multiple_of(PRUNE_EVERY)).await;
         }
     }
 
@@ -351,16 +424,30 @@ impl Subscriptions {
     ) -> Result<String, NgsiError> {
         let sub = Subscription::parse(body, new_document_id())?;
         let id = sub.id.clone();
-        let entry = Arc::new(Entry {
-            tenant: tenant.to_string(),
+        // Owed every change announced from now on, also across a crash
+        // before its cursor is first stored.
+        let from = self.entered.load(Ordering::SeqCst);
+        let mut delivery = outbox::Delivery::live(from);
+        delivery.saved = Some(from);
+        let entry = Entry::new(
+            tenant.to_string(),
             service_paths,
-            created: self.next_created.fetch_add(1, Ordering::Relaxed),
-            stored: Mutex::new(NotificationStats::default()),
-            state: Mutex::new(EntryState {
-                sub,
-                last_fired: None,
-            }),
-        });
+            self.next_created.fetch_add(1, Ordering::Relaxed),
+            None,
+            sub,
+            delivery,
+        );
+        self.store
+            .save_notification_cursors(
+                &self.node,
+                vec![weft_store::NotificationCursor {
+                    tenant: tenant.to_string(),
+                    subscription: id.clone(),
+                    through: from,
+                }],
+            )
+            .await
+            .map_err(store_error)?;
         self.persist(&entry, true).await?;
         {
             let mut tenants = self.tenants.write();
@@ -467,6 +554,9 @@ impl Subscriptions {
             .delete_document(DocumentKind::Subscription, tenant, id)
             .await
             .map_err(store_error)?;
+        if let Err(e) = self.store.forget_notification_cursors(tenant, id).await {
+            tracing::warn!(error = %e, "forgetting a deleted subscription's cursors failed");
+        }
         self.announce(tenant, id);
         Ok(())
     }
@@ -480,19 +570,46 @@ impl Subscriptions {
         ));
     }
 
-    /// Decides whether `entry` fires for `change`; if so, updates its
+    /// Decides whether `entry` fires for change `seq`; if so, updates its
     /// counters and returns the request to send.
+    ///
+    /// Live (`replay` `None`), a subscription served live fires for the
+    /// changes after those it was served from the log. One served from
+    /// the log while its receiver fails sends nothing live, but each
+    /// change it would fire for counts as sent and failed, as each would
+    /// on Orion (so `maxFailsLimit` means what it means there); the log
+    /// sends it later without counting it again.
+    ///
+    /// Replaying in generation `Some(g)`, only a subscription still served
+    /// from the log in that generation fires; a change counted already
+    /// (it failed live, or was counted while the receiver failed) is not
+    /// counted again, nor held back by throttling.
     fn fire(
         &self,
         entry: &Arc<Entry>,
+        seq: u64,
         change: &EntityChange,
         now: i64,
         sequence: &mut u32,
+        replay: Option<u64>,
     ) -> Option<sender::Job> {
         if !path_matches(&entry.service_paths, &change.service_path) {
             return None;
         }
         let mut state = entry.state.lock();
+        let delivery = &state.delivery;
+        let counted = seq <= delivery.counted_through;
+        let firing = match (replay, delivery.mode) {
+            (None, outbox::Mode::Live { from }) if seq > from => outbox::Firing::Live,
+            (None, outbox::Mode::FromLog { .. }) => match &delivery.failing {
+                Some(reason) if !counted => outbox::Firing::Behind(reason.clone()),
+                _ => return None,
+            },
+            (Some(g), outbox::Mode::FromLog { .. }) if g == delivery.generation => {
+                outbox::Firing::Replay { counted }
+            }
+            _ => return None,
+        };
         let sub = &state.sub;
         if sub.status == Status::Inactive || sub.expired(now) {
             return None;
@@ -576,26 +693,53 @@ impl Subscriptions {
                 return None;
             }
         }
-        if let (Some(t), Some(last)) = (sub.throttling, state.last_fired) {
+        let counted = matches!(firing, outbox::Firing::Replay { counted: true });
+        if let (Some(t), Some(last), false) = (sub.throttling, state.last_fired, counted) {
             if t > 0.0 && last.elapsed() < Duration::from_secs_f64(t) {
                 return None;
             }
         }
+        if let outbox::Firing::Behind(reason) = firing {
+            *sequence += 1;
+            state.last_fired = Some(Instant::now());
+            state.delivery.counted_through = seq;
+            let stats = &mut state.sub.notification.stats;
+            stats.times_sent += 1;
+            stats.last_notification = Some(now);
+            drop(state);
+            entry.record(Outcome::Failed(reason));
+            return None;
+        }
         let request = match payload::build(&trigger) {
             Err(payload::NotSent::Skipped) => return None,
             Err(payload::NotSent::Failed(reason)) => Err(reason),
-            Ok(request) => Ok(request),
+            Ok(mut request) => {
+                if self.sender.config().id_header && request.mqtt.is_none() {
+                    request.headers.push((
+                        sender::NOTIFICATION_ID_HEADER.to_string(),
+                        self.notification_id(&sub.id, seq),
+                    ));
+                }
+                Ok(request)
+            }
         };
         *sequence += 1;
-        state.last_fired = Some(Instant::now());
-        let sub = &mut state.sub;
-        sub.notification.stats.times_sent += 1;
-        sub.notification.stats.last_notification = Some(now);
-        if sub.status == Status::Oneshot {
-            sub.status = Status::Inactive;
+        if !counted {
+            state.last_fired = Some(Instant::now());
+            let sub = &mut state.sub;
+            sub.notification.stats.times_sent += 1;
+            sub.notification.stats.last_notification = Some(now);
+            if sub.status == Status::Oneshot {
+                sub.status = Status::Inactive;
+            }
         }
+        let sub = &state.sub;
         let timeout = sub.notification.endpoint.timeout();
         let lane_key = sub.id.clone();
+        let generation = state.delivery.generation;
+        if request.is_ok() && replay.is_none() {
+            state.delivery.in_flight.push_back(seq);
+        }
         drop(state);
         match request {
             Ok(request) => Some(sender::Job {
@@ -603,12 +747,59 @@ impl Subscriptions {
                 timeout,
                 lane_key,
                 entry: entry.clone(),
+                seq,
+                generation,
             }),
             Err(reason) => {
                 entry.record(Outcome::Failed(reason));
                 None
             }
         }
+    }
+}
+
+impl Subscriptions {
+    /// The id of the notification of change `seq` for subscription `id`
+    /// ([`sender::NOTIFICATION_ID_HEADER`]).
+    fn notification_id(&self, id: &str, seq: u64) -> String {
+        if self.node.is_empty() {
+            format!("{id}-{seq}")
+        } else {
+            format!("{id}-{}-{seq}", self.node)
+        }
+    }
+
+    /// Fires the candidates of change `seq` and queues their
+    /// notifications; answers the jobs that must wait for room.
+    fn match_change(&self, seq: u64, change: &EntityChange) -> Vec<sender::Job> {
+        let candidates = match self.tenants.read().get(change.tenant.as_str()) {
+            Some(t) => t.candidates(&change.entity.id),
+            None => return Vec::new(),
+        };
+        // Every change is noted (the entity's last correlator), also
+        // those no subscription is about.
+        if self.loops.check(change).is_some() {
+            return Vec::new();
+        }
+        let now = weft_model::now_ms();
+        let mut sequence = 0;
+        let mut full = Vec::new();
+        for entry in &candidates {
+            let Some(job) = self.fire(entry, seq, change, now, &mut sequence, None) else {
+                continue;
+            };
+            let key = (entry.tenant.clone(), job.lane_key.clone());
+            let (seq, generation) = (job.seq, job.generation);
+            match self.sender.enqueue(job) {
+                Enqueued::Queued => {}
+                Enqueued::Full(job) => full.push(job),
+                Enqueued::Refused(reason) => {
+                    self.settled(entry, seq, generation, Outcome::Failed(reason));
+                }
+            }
+            self.dirty.lock().insert(key);
+        }
+        full
     }
 }
 
@@ -620,34 +811,14 @@ impl ChangeListener for Subscriptions {
             .is_some_and(|t| !t.by_id.is_empty())
     }
 
-    fn on_change(&self, change: &EntityChange) -> Option<Backpressure> {
-        let candidates = match self.tenants.read().get(change.tenant.as_str()) {
-            Some(t) => t.candidates(&change.entity.id),
-            None => return None,
-        };
-        // Every change is noted (the entity's last correlator), also
-        // those no subscription is about.
-        if self.loops.check(change).is_some() {
-            return None;
-        }
-        let now = weft_model::now_ms();
-        let mut sequence = 0;
-        let mut full = Vec::new();
-        for entry in &candidates {
-            let Some(job) = self.fire(entry, change, now, &mut sequence) else {
-                continue;
-            };
-            let key = (entry.tenant.clone(), job.lane_key.clone());
-            match self.sender.enqueue(job) {
-                Enqueued::Queued => {}
-                Enqueued::Full(job) => full.push(job),
-                Enqueued::Refused(reason) => {
-                    metrics::counter!("weft_notifications_dropped_total").increment(1);
-                    entry.record(Outcome::Failed(reason));
-                }
-            }
-            self.dirty.lock().insert(key);
-        }
+    fn durable(&self, tenant: &str) -> bool {
+        self.interested(tenant)
+    }
+
+    fn on_change(&self, seq: u64, change: &EntityChange) -> Option<Backpressure> {
+        self.entered.fetch_max(seq, Ordering::SeqCst);
+        let full = self.match_change(seq, change);
+        self.finished.fetch_max(seq, Ordering::SeqCst);
         if full.is_empty() {
             return None;
         }
@@ -720,16 +891,14 @@ impl Follower for Subscriptions {
                     drop(state);
                     entry
                 }
-                None => Arc::new(Entry {
-                    tenant: d.tenant.clone(),
-                    service_paths: split_paths(&d.service_path),
-                    created: d.created,
-                    stored: Mutex::new(sub.notification.stats.clone()),
-                    state: Mutex::new(EntryState {
-                        last_fired: fired_at(&sub.notification.stats),
-                        sub,
-                    }),
-                }),
+                None => Entry::new(
+                    d.tenant.clone(),
+                    split_paths(&d.service_path),
+                    d.created,
+                    fired_at(&sub.notification.stats),
+                    sub,
+                    outbox::Delivery::live(self.entered.load(Ordering::SeqCst)),
+                ),
             };
             let mut tenants = self.tenants.write();
             let t = tenants.entry(d.tenant).or_default();

@@ -16,11 +16,17 @@
 //! such wait: the notification fails at once (counted on the subscription
 //! as `lastFailureReason`), so a dead endpoint never holds anything up and
 //! memory stays bounded.
+//!
+//! Nothing is lost either way: a notification that fails, or finds no
+//! room, hands its subscription over to the outbox ([`super::outbox`]),
+//! which serves it from the change log, in order, retrying with backoff,
+//! until it has caught up; the subscription's notifications still queued
+//! here are then dropped unsent (they belong to an older generation).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,7 +34,7 @@ use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use super::{Dirty, Entry};
+use super::{Entry, Subscriptions};
 
 /// The most of a notification's answer read (and dropped) so the
 /// connection can be reused; a longer answer closes it.
@@ -43,7 +49,18 @@ pub struct SenderConfig {
     pub lanes: usize,
     /// Notifications queued per lane before new ones fail.
     pub lane_capacity: usize,
+    /// Whether HTTP notifications carry [`NOTIFICATION_ID_HEADER`].
+    pub id_header: bool,
+    /// How long a change stays in the change log for subscriptions that
+    /// have not been served it (a receiver down for longer misses it).
+    pub retention: Duration,
 }
+
+/// The header that names a notification: the same for every attempt and
+/// every replay of it, so a receiver can drop the duplicates that
+/// at-least-once delivery may bring (`<subscription id>-<seq>`, with the
+/// node between them in a cluster).
+pub const NOTIFICATION_ID_HEADER: &str = "Weft-Notification-Id";
 
 impl Default for SenderConfig {
     fn default() -> Self {
@@ -51,6 +68,8 @@ impl Default for SenderConfig {
             timeout: Duration::from_secs(5),
             lanes: 8,
             lane_capacity: 512,
+            id_header: true,
+            retention: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -83,6 +102,12 @@ pub struct Job {
     pub lane_key: String,
     /// Where the outcome is recorded.
     pub entry: Arc<Entry>,
+    /// The change it notifies (its place in the change log).
+    pub seq: u64,
+    /// The subscription's delivery generation when it was triggered: a
+    /// job of an older one (the subscription went to the outbox since) is
+    /// dropped unsent.
+    pub generation: u64,
 }
 
 /// How a notification ended.
@@ -126,20 +151,21 @@ pub struct Sender {
     /// Connections to the brokers of MQTT subscriptions.
     mqtt: Arc<super::mqtt::Pool>,
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
-    dirty: Arc<Dirty>,
+    /// Where outcomes go.
+    owner: Weak<Subscriptions>,
     runtime: tokio::runtime::Handle,
 }
 
 impl Sender {
     /// A sender whose lane tasks run on the current runtime.
-    pub(crate) fn new(config: SenderConfig, dirty: Arc<Dirty>) -> Sender {
+    pub(crate) fn new(config: SenderConfig, owner: Weak<Subscriptions>) -> Sender {
         let client = crate::outbound::notification_client(config.lanes.max(1));
         Sender {
             config,
             client,
             mqtt: Arc::default(),
             endpoints: Mutex::new(HashMap::new()),
-            dirty,
+            owner,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -183,9 +209,10 @@ impl Sender {
     }
 
     /// Queues a notification, waiting for room up to the notification
-    /// timeout; records the failure if there is none by then.
+    /// timeout; if there is none by then, the subscription goes to the
+    /// outbox.
     pub async fn enqueue_wait(&self, job: Job) {
-        let entry = job.entry.clone();
+        let (entry, seq, generation) = (job.entry.clone(), job.seq, job.generation);
         let outcome = match self.lane(&job) {
             Ok((_, lane)) => {
                 match tokio::time::timeout(self.config.timeout, lane.send(job)).await {
@@ -196,9 +223,23 @@ impl Sender {
             }
             Err(_) => "Invalid URL parsing notification url",
         };
-        metrics::counter!("weft_notifications_dropped_total").increment(1);
-        let key = entry.record(Outcome::Failed(outcome.into()));
-        self.dirty.lock().insert(key);
+        if let Some(owner) = self.owner.upgrade() {
+            owner.settled(&entry, seq, generation, Outcome::Failed(outcome.into()));
+        }
+    }
+
+    /// Sends one notification now, outside the lanes (the outbox's
+    /// replays, one at a time per subscription), and answers how it went.
+    pub(crate) async fn send_now(&self, request: Request, timeout: Option<u64>) -> Outcome {
+        let timeout = timeout
+            .map(Duration::from_millis)
+            .unwrap_or(self.config.timeout);
+        transmit(&self.client, &self.mqtt, request, timeout).await
+    }
+
+    /// How the sender was configured.
+    pub(crate) fn config(&self) -> &SenderConfig {
+        &self.config
     }
 
     fn start_endpoint(&self) -> Arc<Endpoint> {
@@ -220,7 +261,7 @@ impl Sender {
                 self.client.clone(),
                 self.mqtt.clone(),
                 self.config.timeout,
-                self.dirty.clone(),
+                self.owner.clone(),
                 Arc::downgrade(&endpoint),
             ));
         }
@@ -235,27 +276,19 @@ async fn lane(
     client: HttpClient,
     mqtt: Arc<super::mqtt::Pool>,
     default_timeout: Duration,
-    dirty: Arc<Dirty>,
+    owner: Weak<Subscriptions>,
     endpoint: std::sync::Weak<Endpoint>,
 ) {
     while let Some(job) = rx.recv().await {
+        if !job.entry.in_generation(job.generation) {
+            // The subscription went to the outbox since: it sends this.
+            continue;
+        }
         let timeout = job
             .timeout
             .map(Duration::from_millis)
             .unwrap_or(default_timeout);
-        let outcome = match &job.request.mqtt {
-            Some(publish) => {
-                let payload = job.request.body.clone().unwrap_or_default().to_vec();
-                match mqtt
-                    .publish(&job.request.url, publish, payload, timeout)
-                    .await
-                {
-                    Ok(()) => Outcome::Published,
-                    Err(reason) => Outcome::Failed(reason),
-                }
-            }
-            None => send(&client, job.request, timeout).await,
-        };
+        let outcome = transmit(&client, &mqtt, job.request, timeout).await;
         let failed = matches!(outcome, Outcome::Failed(_));
         if let Some(endpoint) = endpoint.upgrade() {
             if failed {
@@ -269,8 +302,28 @@ async fn lane(
         } else {
             metrics::counter!("weft_notifications_sent_total").increment(1);
         }
-        let key = job.entry.record(outcome);
-        dirty.lock().insert(key);
+        if let Some(owner) = owner.upgrade() {
+            owner.settled(&job.entry, job.seq, job.generation, outcome);
+        }
+    }
+}
+
+/// Sends one request, over MQTT or HTTP as it says.
+async fn transmit(
+    client: &HttpClient,
+    mqtt: &super::mqtt::Pool,
+    request: Request,
+    timeout: Duration,
+) -> Outcome {
+    match &request.mqtt {
+        Some(publish) => {
+            let payload = request.body.clone().unwrap_or_default().to_vec();
+            match mqtt.publish(&request.url, publish, payload, timeout).await {
+                Ok(()) => Outcome::Published,
+                Err(reason) => Outcome::Failed(reason),
+            }
+        }
+        None => send(client, request, timeout).await,
     }
 }
 

@@ -1,0 +1,428 @@
+//! The outbox: what makes notifications at-least-once.
+//!
+//! Every change some subscription of its tenant may owe a notification for
+//! is logged in the transaction that commits it (the change log,
+//! [`weft_store::OutboxStore`]), numbered by its ticket. A subscription is
+//! served in one of two ways:
+//!
+//! - **live** (the usual way): the matcher fires it as changes are
+//!   announced and the sender's lanes carry its notifications, in order;
+//!   the changes whose notifications are still on their way are its
+//!   `in_flight`;
+//! - **from the log**: after a notification failed or found no room, and
+//!   at start for a subscription whose stored cursor is behind the log, a
+//!   task of its own reads the log from the cursor, fires the subscription
+//!   for each change as the matcher would, and sends each notification
+//!   until the receiver answers (retrying with backoff). Changes announced
+//!   meanwhile are left to it. Once it has read everything announced, the
+//!   subscription goes live again.
+//!
+//! A subscription's cursor (every change up to it is done with) is stored
+//! every second ([`Subscriptions::save_cursors`]); the log is pruned up to
+//! the lowest cursor, and of whatever is older than the retention. After a
+//! crash, the notifications sent since the last stored cursor are sent
+//! again: duplicates, never gaps. Each carries the same
+//! [`NOTIFICATION_ID_HEADER`](super::sender::NOTIFICATION_ID_HEADER) every
+//! time, so a receiver can drop them.
+//!
+//! A subscription that becomes `inactive` (`maxFailsLimit`, a fired
+//! `oneshot`) or expires owes nothing more: its cursor follows the log.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_model::ngsi::subscription::Status;
+use weft_model::ngsi::EntityChange;
+use weft_store::{NotificationCursor, CHANGE_LOG_PRUNE_CHUNK};
+
+use super::loops::MAX_NOTIFICATION_DEPTH;
+use super::sender::Outcome;
+use super::{Entry, Subscriptions};
+
+/// Changes read from the log at a time while serving from it.
+const REPLAY_BATCH: usize = 256;
+/// The first wait before retrying a receiver that failed; it doubles on
+/// every failure, up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(250);
+/// The longest wait between two tries of a failing receiver.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The reason an invalid URL fails with: no retry can mend it.
+const INVALID_URL: &str = "Invalid URL parsing notification url";
+
+/// How a subscription is being served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Fired as changes are announced, for changes after `from` (the
+    /// changes up to it were served from the log, or came before it).
+    Live {
+        /// The last change not served live.
+        from: u64,
+    },
+    /// Served from the log by its own task; every change up to `through`
+    /// is done with.
+    FromLog {
+        /// The last change done with.
+        through: u64,
+    },
+}
+
+/// How the matcher fires a subscription for one change
+/// ([`Subscriptions::fire`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Firing {
+    /// Live: sent through the lanes.
+    Live,
+    /// Live while the receiver fails (for this reason): counted as sent
+    /// and failed, sent later from the log.
+    Behind(String),
+    /// From the log; `counted`: counted already.
+    Replay {
+        /// Counted already (sent and failed once).
+        counted: bool,
+    },
+}
+
+/// A subscription's delivery state (under its entry's lock).
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    /// How it is being served.
+    pub mode: Mode,
+    /// Changes whose live notifications are on their way, in order.
+    pub in_flight: VecDeque<u64>,
+    /// Bumped each time it goes to the log: live notifications of an
+    /// older generation are dropped unsent.
+    pub generation: u64,
+    /// The cursor as last stored.
+    pub saved: Option<u64>,
+    /// While served from the log: why its receiver last failed, until it
+    /// answers again.
+    pub failing: Option<String>,
+    /// The last change whose notification was counted (sent and failed)
+    /// but not yet delivered: retries of these are not counted again.
+    pub counted_through: u64,
+}
+
+impl Delivery {
+    /// Served live, from after change `from`.
+    pub fn live(from: u64) -> Delivery {
+        Delivery {
+            mode: Mode::Live { from },
+            in_flight: VecDeque::new(),
+            generation: 0,
+            saved: None,
+            failing: None,
+            counted_through: 0,
+        }
+    }
+
+    /// Served from the log, after change `through`.
+    pub fn from_log(through: u64) -> Delivery {
+        Delivery {
+            mode: Mode::FromLog { through },
+            saved: Some(through),
+            ..Delivery::live(0)
+        }
+    }
+
+    /// Every change up to the answer is done with; `finished` is the last
+    /// change the matcher has finished with.
+    fn cursor(&self, finished: u64) -> u64 {
+        match self.mode {
+            Mode::FromLog { through } => through,
+            Mode::Live { from } => match self.in_flight.front() {
+                // Live notifications are only for changes after `from`.
+                Some(&first) => first.saturating_sub(1),
+                None => finished.max(from),
+            },
+        }
+    }
+}
+
+impl Entry {
+    /// Whether the subscription is still in delivery generation
+    /// `generation` (its queued notifications are still to be sent).
+    pub(crate) fn in_generation(&self, generation: u64) -> bool {
+        self.state.lock().delivery.generation == generation
+    }
+}
+
+impl Subscriptions {
+    /// Takes the outcome of notification `seq` of `entry`, sent live in
+    /// `generation`: counted on the subscription; on a failure the
+    /// subscription goes to the log from that change on.
+    pub(crate) fn settled(&self, entry: &Arc<Entry>, seq: u64, generation: u64, outcome: Outcome) {
+        let retry = match &outcome {
+            Outcome::Failed(reason) if reason != INVALID_URL => Some(reason.clone()),
+            _ => None,
+        };
+        let key = entry.record(outcome);
+        self.dirty.lock().insert(key);
+        let mut state = entry.state.lock();
+        if state.delivery.generation != generation {
+            return;
+        }
+        if let (Some(reason), false) = (retry, state.sub.status == Status::Inactive) {
+            let delivery = &mut state.delivery;
+            delivery.generation += 1;
+            delivery.in_flight.clear();
+            delivery.mode = Mode::FromLog {
+                through: seq.saturating_sub(1),
+            };
+            delivery.failing = Some(reason);
+            delivery.counted_through = delivery.counted_through.max(seq);
+            drop(state);
+            metrics::counter!("weft_notifications_to_outbox_total").increment(1);
+            if let Some(me) = self.me.upgrade() {
+                tokio::spawn(me.serve_from_log(entry.clone()));
+            }
+            return;
+        }
+        let in_flight = &mut state.delivery.in_flight;
+        if let Some(i) = in_flight.iter().position(|&s| s == seq) {
+            in_flight.remove(i);
+        }
+    }
+
+    /// Whether `entry` is still the subscription registered under its id.
+    fn registered(&self, entry: &Arc<Entry>) -> bool {
+        let id = entry.id();
+        self.tenants
+            .read()
+            .get(&entry.tenant)
+            .and_then(|t| t.by_id.get(&id))
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+    }
+
+    /// Serves `entry` from the log until it has caught up with what was
+    /// announced, then hands it back to the live matcher. Ends early when
+    /// the subscription is deleted, becomes inactive, or is handed over
+    /// again meanwhile.
+    pub(crate) async fn serve_from_log(self: Arc<Self>, entry: Arc<Entry>) {
+        let generation = entry.state.lock().delivery.generation;
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            if !self.registered(&entry) {
+                return;
+            }
+            let from = {
+                let state = entry.state.lock();
+                match state.delivery.mode {
+                    Mode::FromLog { through } if state.delivery.generation == generation => through,
+                    _ => return,
+                }
+            };
+            // Every change up to `head` has been announced, so every one of
+            // them that was committed is in the log.
+            let head = self.entered.load(Ordering::SeqCst);
+            let rows = match self
+                .store
+                .read_change_log(&self.node, Some(&entry.tenant), from, head, REPLAY_BATCH)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the change log failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let complete = rows.len() < REPLAY_BATCH;
+            for row in rows {
+                match EntityChange::from_log(&row.json) {
+                    Ok(change) => {
+                        if !self
+                            .replay_one(&entry, generation, row.seq, &change, &mut backoff)
+                            .await
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(seq = row.seq, error = %e, "a logged change could not be read; skipped");
+                    }
+                }
+                let mut state = entry.state.lock();
+                if state.delivery.generation != generation {
+                    return;
+                }
+                state.delivery.mode = Mode::FromLog { through: row.seq };
+            }
+            if complete {
+                let mut state = entry.state.lock();
+                if state.delivery.generation != generation {
+                    return;
+                }
+                // Nothing announced since `head` was read: every later
+                // change reaches the matcher after this, so it is live.
+                if self.entered.load(Ordering::SeqCst) <= head {
+                    state.delivery.mode = Mode::Live { from: head };
+                    return;
+                }
+                state.delivery.mode = Mode::FromLog { through: head };
+            }
+        }
+    }
+
+    /// Fires `entry` for logged change `seq` and, if it fires, sends the
+    /// notification until the receiver takes it. Answers whether to go
+    /// on (false: the subscription is gone, inactive or handed over).
+    async fn replay_one(
+        &self,
+        entry: &Arc<Entry>,
+        generation: u64,
+        seq: u64,
+        change: &EntityChange,
+        backoff: &mut Duration,
+    ) -> bool {
+        if change
+            .origin
+            .as_ref()
+            .is_some_and(|o| o.notification_depth() >= MAX_NOTIFICATION_DEPTH)
+        {
+            return true;
+        }
+        let now = weft_model::now_ms();
+        let Some(job) = self.fire(entry, seq, change, now, &mut 0, Some(generation)) else {
+            return true;
+        };
+        let mut counted = seq <= entry.state.lock().delivery.counted_through;
+        loop {
+            let outcome = self.sender.send_now(job.request.clone(), job.timeout).await;
+            let failed = match &outcome {
+                Outcome::Failed(reason) => Some(reason.clone()),
+                _ => None,
+            };
+            if failed.is_some() {
+                metrics::counter!("weft_notifications_failed_total").increment(1);
+            } else {
+                metrics::counter!("weft_notifications_sent_total").increment(1);
+            }
+            // A notification's failure counts once, however often it is
+            // retried (a retry is not a notification Orion would send).
+            if failed.is_none() || !counted {
+                let key = entry.record(outcome);
+                self.dirty.lock().insert(key);
+            }
+            {
+                let mut state = entry.state.lock();
+                if state.delivery.generation != generation {
+                    return false;
+                }
+                match &failed {
+                    None => {
+                        state.delivery.failing = None;
+                        *backoff = MIN_BACKOFF;
+                        return true;
+                    }
+                    Some(reason) if reason == INVALID_URL => return true,
+                    Some(reason) => {
+                        state.delivery.failing = Some(reason.clone());
+                        state.delivery.counted_through = state.delivery.counted_through.max(seq);
+                        counted = true;
+                    }
+                }
+                if state.sub.status == Status::Inactive {
+                    // It owes nothing more; served live (that is: not at
+                    // all, while inactive) from the changes to come.
+                    let head = self.entered.load(Ordering::SeqCst);
+                    state.delivery.mode = Mode::Live { from: head };
+                    return false;
+                }
+            }
+            if !self.registered(entry) {
+                return false;
+            }
+            tokio::time::sleep(*backoff).await;
+            *backoff = (*backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Stores the cursors that moved since they were last stored, then,
+    /// every `prune_every`-th call, prunes the log up to the lowest one.
+    pub(crate) async fn save_cursors(&self, prune: bool) {
+        // Read before the entries: a cursor is never ahead of what the
+        // matcher had finished with.
+        let finished = self.finished.load(Ordering::SeqCst);
+        let entries: Vec<Arc<Entry>> = self
+            .tenants
+            .read()
+            .values()
+            .flat_map(|t| t.by_id.values().cloned())
+            .collect();
+        let mut moved = Vec::new();
+        let mut lowest = finished;
+        for entry in &entries {
+            let state = entry.state.lock();
+            let cursor = state.delivery.cursor(finished);
+            lowest = lowest.min(cursor);
+            if state.delivery.saved != Some(cursor) {
+                moved.push((
+                    entry.clone(),
+                    NotificationCursor {
+                        tenant: entry.tenant.clone(),
+                        subscription: state.sub.id.clone(),
+                        through: cursor,
+                    },
+                ));
+            }
+        }
+        if !moved.is_empty() {
+            let cursors = moved.iter().map(|(_, c)| c.clone()).collect();
+            match self
+                .store
+                .save_notification_cursors(&self.node, cursors)
+                .await
+            {
+                Ok(()) => {
+                    for (entry, cursor) in moved {
+                        entry.state.lock().delivery.saved = Some(cursor.through);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "storing notification cursors failed"),
+            }
+        }
+        if prune {
+            let before = weft_model::now_ms()
+                - i64::try_from(self.sender.config().retention.as_millis()).unwrap_or(i64::MAX);
+            loop {
+                match self
+                    .store
+                    .prune_change_log(&self.node, lowest, before)
+                    .await
+                {
+                    Ok(n) if n as usize >= CHANGE_LOG_PRUNE_CHUNK => continue,
+                    Ok(n) => {
+                        if n > 0 {
+                            metrics::counter!("weft_change_log_pruned_total").increment(n);
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pruning the change log failed");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_stops_before_the_first_change_in_flight() {
+        let mut d = Delivery::live(10);
+        assert_eq!(d.cursor(12), 12);
+        assert_eq!(d.cursor(5), 10, "never behind where it went live");
+        d.in_flight.extend([14, 17]);
+        assert_eq!(d.cursor(20), 13);
+        d.in_flight.pop_front();
+        assert_eq!(d.cursor(20), 16);
+        d.mode = Mode::FromLog { through: 8 };
+        assert_eq!(d.cursor(20), 8);
+    }
+}
