@@ -89,6 +89,7 @@ mod ngsi_geo;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod notification_loop;
+mod notify_outbox;
 mod ops;
 mod pages;
 mod routes;

@@ -185,6 +185,28 @@ impl Subscriptions {
         }
     }
 
+    /// Takes notification `seq` of `entry`, triggered live but left
+    /// unsent because the subscription went to the log since: while its
+    /// receiver fails, it counts as failed, as it would have (the log
+    /// sends it later without counting it again).
+    pub(crate) fn superseded(&self, entry: &Arc<Entry>, seq: u64) {
+        let mut state = entry.state.lock();
+        if state.sub.status == Status::Inactive {
+            return;
+        }
+        let delivery = &mut state.delivery;
+        let Some(reason) = delivery.failing.clone() else {
+            return;
+        };
+        if seq <= delivery.counted_through {
+            return;
+        }
+        delivery.counted_through = seq;
+        drop(state);
+        let key = entry.record(Outcome::Failed(reason));
+        self.dirty.lock().insert(key);
+    }
+
     /// Whether `entry` is still the subscription registered under its id.
     fn registered(&self, entry: &Arc<Entry>) -> bool {
         let id = entry.id();

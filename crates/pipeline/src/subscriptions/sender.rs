@@ -282,6 +282,9 @@ async fn lane(
     while let Some(job) = rx.recv().await {
         if !job.entry.in_generation(job.generation) {
             // The subscription went to the outbox since: it sends this.
+            if let Some(owner) = owner.upgrade() {
+                owner.superseded(&job.entry, job.seq);
+            }
             continue;
         }
         let timeout = job

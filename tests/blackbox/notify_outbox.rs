@@ -1,0 +1,494 @@
+//! Notifications are at least once: every change weft acknowledged reaches
+//! every subscription that matches it, in order per entity, across a
+//! kill -9 and across a receiver that is down for a while.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+/// One notification as a receiver got it.
+#[derive(Debug, Clone)]
+struct Got {
+    /// The path it was sent to (`/s<i>`: which subscription).
+    path: String,
+    /// The entity it is about.
+    entity: String,
+    /// The value it reports (`seq` of a room, `temperature` of a device).
+    value: i64,
+    /// `Weft-Notification-Id`.
+    id: String,
+}
+
+/// A notification receiver on a fixed port that records what it gets and
+/// can be taken down and brought back.
+struct Sink {
+    port: u16,
+    got: Arc<Mutex<Vec<Got>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Sink {
+    async fn start() -> Sink {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut sink = Sink {
+            port,
+            got: Arc::default(),
+            task: None,
+        };
+        sink.up().await;
+        sink
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Listens (again) on its port.
+    async fn up(&mut self) {
+        let got = self.got.clone();
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let got = got.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                let json: Value = serde_json::from_slice(&body).unwrap();
+                let id = parts
+                    .headers
+                    .get("weft-notification-id")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .expect("every notification carries its id");
+                let mut got = got.lock().unwrap();
+                for entity in json["data"].as_array().unwrap() {
+                    let value = entity
+                        .get("seq")
+                        .or_else(|| entity.get("temperature"))
+                        .map(|a| a["value"].as_f64().unwrap() as i64)
+                        .expect("the watched attribute");
+                    got.push(Got {
+                        path: parts.uri.path().to_string(),
+                        entity: entity["id"].as_str().unwrap().to_string(),
+                        value,
+                        id: id.clone(),
+                    });
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        });
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        self.task = Some(tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }));
+    }
+
+    /// Stops listening: connections are refused until [`Sink::up`].
+    async fn down(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// What one subscription received, checked against what it is owed: every
+/// owed value at least once, and values in order per entity (duplicates
+/// — the same notification id again — aside). Answers the duplicates.
+fn check_subscription(path: &str, got: &[&Got], owed: &BTreeMap<String, Vec<i64>>) -> usize {
+    let mut seen_ids = HashSet::new();
+    let mut duplicates = 0;
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    let mut values: HashMap<&str, HashSet<i64>> = HashMap::new();
+    for g in got {
+        if !seen_ids.insert(g.id.as_str()) {
+            duplicates += 1;
+            continue;
+        }
+        if let Some(&before) = last.get(g.entity.as_str()) {
+            assert!(
+                g.value > before,
+                "{path}: {} went from {before} to {} (out of order)",
+                g.entity,
+                g.value
+            );
+        }
+        last.insert(&g.entity, g.value);
+        values.entry(&g.entity).or_default().insert(g.value);
+    }
+    for (entity, owed) in owed {
+        let received = values.get(entity.as_str());
+        let missing: Vec<i64> = owed
+            .iter()
+            .filter(|v| !received.is_some_and(|r| r.contains(v)))
+            .copied()
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{path}: {} acknowledged changes of {entity} never notified: {:?}…",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        );
+    }
+    duplicates
+}
+
+/// Sends `method path body` to whatever URL the server has now; the
+/// status, or 0 when the server could not be reached.
+async fn send_to(
+    http: &reqwest::Client,
+    base: &Mutex<String>,
+    method: &str,
+    path: &str,
+    body: &Value,
+    auth: Option<&str>,
+) -> u16 {
+    let url = format!("{}{path}", base.lock().unwrap());
+    let mut req = http
+        .request(method.parse().unwrap(), url)
+        .header("X-Auth-Token", ADMIN_KEY)
+        .json(body);
+    if let Some(auth) = auth {
+        req = req.header("Authorization", auth);
+    }
+    match req.send().await {
+        Ok(resp) => resp.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+const ROOMS: usize = 50;
+const DEVICES: usize = 10;
+
+/// 100 subscriptions (90 on rooms changed through NGSI, two per room but
+/// ten, 10 on devices changed by their uplinks), 10,000 NGSI updates and
+/// 1,000 uplinks from 40 concurrent clients, weft killed with kill -9 when
+/// half of them have been answered, then restarted: every change weft
+/// acknowledged reaches every subscription that matches it, in order per
+/// entity; the duplicates (notifications sent again after the restart)
+/// are few.
+#[tokio::test]
+async fn kill_9_in_the_middle_loses_no_notification() {
+    let mut server = Server::start();
+    let c = server.client();
+    c.create_em300th().await;
+    let sink = Sink::start().await;
+    for r in 0..ROOMS {
+        let (status, body) = c
+            .send(
+                "POST",
+                "/v2/entities",
+                Some(&json!({"id": format!("Room{r}"), "type": "Room",
+                             "seq": {"value": 0, "type": "Number"}})),
+                None,
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // Subscription i watches Room(i mod 50) for i < 90, device i - 90 after.
+    for i in 0..100 {
+        let (subject, attr) = if i < 90 {
+            (
+                json!({"entities": [{"id": format!("Room{}", i % ROOMS), "type": "Room"}],
+                    "condition": {"attrs": ["seq"]}}),
+                "seq",
+            )
+        } else {
+            (
+                json!({"entities": [{"id": format!("ob-dev-{}", i - 90)}],
+                    "condition": {"attrs": ["temperature"]}}),
+                "temperature",
+            )
+        };
+        let (status, body) = c
+            .send(
+                "POST",
+                "/v2/subscriptions",
+                Some(&json!({"subject": subject,
+                             "notification": {"http": {"url": sink.url(&format!("/s{i}"))},
+                                              "attrs": [attr]}})),
+                None,
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    let base = Arc::new(Mutex::new(server.url.clone()));
+    let http = reqwest::Client::new();
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Acknowledged values per entity.
+    let acked: Arc<Mutex<BTreeMap<String, Vec<i64>>>> = Arc::default();
+    let updates_per_room = 10_000 / ROOMS;
+    let uplinks_per_device = 1_000 / DEVICES;
+    // Each client owns its entities, so their values rise in order.
+    let clients = (0..ROOMS + DEVICES).map(|k| {
+        let (base, http, answered, acked) =
+            (base.clone(), http.clone(), answered.clone(), acked.clone());
+        async move {
+            if k < ROOMS {
+                let room = format!("Room{k}");
+                for v in 1..=updates_per_room as i64 {
+                    let body = json!({"seq": {"value": v, "type": "Number"}});
+                    let path = format!("/v2/entities/{room}/attrs");
+                    let status = send_to(&http, &base, "PATCH", &path, &body, None).await;
+                    if status == 204 {
+                        acked
+                            .lock()
+                            .unwrap()
+                            .entry(room.clone())
+                            .or_default()
+                            .push(v);
+                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            } else {
+                let device = format!("ob-dev-{}", k - ROOMS);
+                for v in 1..=uplinks_per_device as i64 {
+                    let body = decoded_body(&format!("{device}-{v}"), &device, v, 40, now_ms());
+                    let status = send_to(
+                        &http,
+                        &base,
+                        "POST",
+                        "/sensor-data/outbox/decoded/em300th",
+                        &body,
+                        Some(KEY),
+                    )
+                    .await;
+                    if status == 202 {
+                        acked
+                            .lock()
+                            .unwrap()
+                            .entry(device.clone())
+                            .or_default()
+                            .push(v);
+                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+    });
+    let load = tokio::spawn(
+        futures::stream::iter(clients)
+            .buffer_unordered(40)
+            .collect::<Vec<()>>(),
+    );
+    eventually(Duration::from_secs(120), || async {
+        (answered.load(std::sync::atomic::Ordering::Relaxed) >= 5_500).then_some(())
+    })
+    .await;
+    server.kill9();
+    server.restart();
+    *base.lock().unwrap() = server.url.clone();
+    load.await.unwrap();
+    let acked = acked.lock().unwrap().clone();
+    let total: usize = acked.values().map(Vec::len).sum();
+    assert!(total > 9_000, "most requests were acknowledged ({total})");
+
+    // What each subscription is owed: the acknowledged values of its entity.
+    let owed_to = |i: usize| -> BTreeMap<String, Vec<i64>> {
+        let entity = if i < 90 {
+            format!("Room{}", i % ROOMS)
+        } else {
+            format!("ob-dev-{}", i - 90)
+        };
+        acked
+            .get(&entity)
+            .map(|v| (entity, v.clone()))
+            .into_iter()
+            .collect()
+    };
+    let all_there = |got: &[Got]| {
+        (0..100).all(|i| {
+            let path = format!("/s{i}");
+            owed_to(i).iter().all(|(entity, values)| {
+                let have: HashSet<i64> = got
+                    .iter()
+                    .filter(|g| g.path == path && &g.entity == entity)
+                    .map(|g| g.value)
+                    .collect();
+                values.iter().all(|v| have.contains(v))
+            })
+        })
+    };
+    let got = eventually(Duration::from_secs(90), || async {
+        let got = sink.got();
+        all_there(&got).then_some(got)
+    })
+    .await;
+    let mut duplicates = 0;
+    for i in 0..100 {
+        let path = format!("/s{i}");
+        let mine: Vec<&Got> = got.iter().filter(|g| g.path == path).collect();
+        duplicates += check_subscription(&path, &mine, &owed_to(i));
+    }
+    let notifications = got.len();
+    eprintln!(
+        "{notifications} notifications for {total} acknowledged changes, {duplicates} duplicates"
+    );
+    assert!(
+        duplicates * 10 < notifications,
+        "duplicates are few: {duplicates} of {notifications}"
+    );
+}
+
+/// A receiver that is down for a while gets, once back, every
+/// notification it was owed, in order, each once; the subscription stays
+/// active and counts one failure per notification that failed, as Orion
+/// counts them.
+#[tokio::test]
+async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
+    let server = Server::start();
+    let c = server.client();
+    let mut sink = Sink::start().await;
+    let (status, _) = c
+        .send(
+            "POST",
+            "/v2/entities",
+            Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, _, _) = call(
+        &c,
+        "POST",
+        "/v2/subscriptions",
+        &[],
+        Some(
+            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201);
+    sink.down().await;
+    for v in 1..=50 {
+        let (status, body) = c
+            .send(
+                "PATCH",
+                "/v2/entities/Room1/attrs",
+                Some(&json!({"seq": {"value": v, "type": "Number"}})),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204, "{body}");
+    }
+    // Each notification fails on its own (the first live, the others
+    // counted behind it as they come).
+    let subs = eventually(Duration::from_secs(5), || async {
+        let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
+        (subs[0]["notification"]["failsCounter"] == 50).then_some(subs)
+    })
+    .await;
+    let n = &subs[0]["notification"];
+    assert_eq!(subs[0]["status"], "active", "{subs}");
+    assert_eq!(n["timesSent"], 50, "{n}");
+    assert_eq!(n["lastFailureReason"], "Couldn't connect to server", "{n}");
+    assert!(sink.got().is_empty());
+
+    // Down long enough for the retries to back off to their longest wait.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    sink.up().await;
+    let got = eventually(Duration::from_secs(30), || async {
+        let got = sink.got();
+        (got.len() >= 50).then_some(got)
+    })
+    .await;
+    let values: Vec<i64> = got.iter().map(|g| g.value).collect();
+    assert_eq!(
+        values,
+        (1..=50).collect::<Vec<i64>>(),
+        "every one, once, in order"
+    );
+    let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
+    let n = &subs[0]["notification"];
+    assert_eq!(subs[0]["status"], "active", "{subs}");
+    assert!(n.get("lastSuccess").is_some(), "{n}");
+    assert!(n.get("failsCounter").is_none_or(|f| f == 0), "{n}");
+
+    // Back live: the next change goes out at once.
+    let (status, _) = c
+        .send(
+            "PATCH",
+            "/v2/entities/Room1/attrs",
+            Some(&json!({"seq": {"value": 51, "type": "Number"}})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    eventually(Duration::from_secs(5), || async {
+        sink.got()
+            .last()
+            .is_some_and(|g| g.value == 51)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(sink.got().len(), 51);
+}
+
+/// A receiver down past `maxFailsLimit` makes its subscription inactive,
+/// as on Orion; what it was owed is dropped, and nothing more is sent.
+#[tokio::test]
+async fn a_receiver_down_past_max_fails_limit_deactivates_the_subscription() {
+    let server = Server::start();
+    let c = server.client();
+    let mut sink = Sink::start().await;
+    c.send(
+        "POST",
+        "/v2/entities",
+        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
+        None,
+    )
+    .await;
+    c.send(
+        "POST",
+        "/v2/subscriptions",
+        Some(
+            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"],
+                                      "maxFailsLimit": 3}}),
+        ),
+        None,
+    )
+    .await;
+    sink.down().await;
+    for v in 1..=5 {
+        c.send(
+            "PATCH",
+            "/v2/entities/Room1/attrs",
+            Some(&json!({"seq": {"value": v, "type": "Number"}})),
+            None,
+        )
+        .await;
+    }
+    let subs = eventually(Duration::from_secs(5), || async {
+        let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
+        (subs[0]["status"] == "inactive").then_some(subs)
+    })
+    .await;
+    assert_eq!(subs[0]["notification"]["failsCounter"], 3, "{subs}");
+    sink.up().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        sink.got().is_empty(),
+        "an inactive subscription sends nothing"
+    );
+}
