@@ -96,6 +96,10 @@ macro_rules! conformance_tests {
             downlink_queues_are_pushed_replaced_flushed_and_kept_across_reopen,
             downlinks_are_claimed_once_and_finished_ones_are_bounded,
             downlink_routes_are_kept_per_device,
+            change_log_is_written_with_the_change_and_read_in_order,
+            change_log_head_survives_pruning_everything,
+            change_log_prunes_by_seq_and_by_time_in_chunks,
+            notification_cursors_are_saved_per_node_and_forgotten_everywhere,
         );
     };
     ($backend:ty: $($test:ident),+ $(,)?) => {
@@ -3542,5 +3546,469 @@ where
         ["a2", "a4"]
     );
     assert!(ids(AlarmQuery::default()).await.is_empty(), "limit 0");
+    B::close(&store).await;
+}
+
+/// A change of the change log, for the outbox tests.
+fn logged(node: &str, seq: u64, tenant: &str, at: i64, json: &str) -> crate::LoggedChange {
+    crate::LoggedChange {
+        node: node.into(),
+        seq,
+        tenant: tenant.into(),
+        at,
+        json: json.into(),
+    }
+}
+
+/// The `(node, seq)` of changes read back, to compare in order.
+fn seqs(changes: &[crate::LoggedChange]) -> Vec<(&str, u64)> {
+    changes.iter().map(|c| (c.node.as_str(), c.seq)).collect()
+}
+
+/// Every write that makes an entity change logs it (when given) with the
+/// change: `put_entity`, `delete_entity`, `commit_processed`. The log is
+/// per node, read in `seq` order whatever order the changes were logged
+/// in, of one tenant when asked, within `after < seq <= through` and at
+/// most `limit`; a change logged again under its `(node, seq)` replaces
+/// it (the later of two in one batch); and it survives a reopen.
+pub(crate) async fn change_log_is_written_with_the_change_and_read_in_order<B: Backend>()
+where
+    B::Store: OutboxStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert!(store
+        .read_change_log("a", None, 0, u64::MAX, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    store
+        .put_entity(
+            entity("t1", "/", "E", "T", 1, "{}"),
+            Default::default(),
+            Some(logged("a", 1, "t1", 1_000, r#"{"put":"E"}"#)),
+        )
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("t1", "/", "F", "T", 2, "{}"),
+            Default::default(),
+            None,
+        )
+        .await
+        .unwrap();
+    store
+        .put_entity(
+            entity("t2", "/", "G", "T", 3, "{}"),
+            Default::default(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        seqs(
+            &store
+                .read_change_log("a", None, 0, u64::MAX, 100)
+                .await
+                .unwrap()
+        ),
+        [("a", 1)],
+        "a put without a change logs nothing"
+    );
+    assert!(store
+        .delete_entity(
+            "t2",
+            "/",
+            "G",
+            "T",
+            Some(logged("a", 5, "t2", 5_000, r#"{"deleted":"G"}"#)),
+        )
+        .await
+        .unwrap());
+    assert!(store
+        .delete_entity("t1", "/", "F", "T", None)
+        .await
+        .unwrap());
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumers: vec!["pipeline".into()],
+            next_seq: 2,
+            entities: vec![entity("t1", "/", "H", "T", 4, "{}")],
+            entity_cursors: vec![crate::ENTITIES_CURSOR.into()],
+            changes: vec![
+                logged("a", 3, "t1", 3_000, r#"{"put":"H"}"#),
+                logged("b", 1, "t1", 3_000, r#"{"on":"b"}"#),
+                logged("a", 2, "t1", 2_000, r#"{"first":true}"#),
+                logged("a", 2, "t1", 2_000, r#"{"second":true}"#),
+            ],
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    let entities: Vec<String> = store
+        .load_entities()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        entities,
+        ["E", "H"],
+        "the entity writes themselves are done"
+    );
+
+    let all = store
+        .read_change_log("a", None, 0, u64::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        all,
+        vec![
+            logged("a", 1, "t1", 1_000, r#"{"put":"E"}"#),
+            logged("a", 2, "t1", 2_000, r#"{"second":true}"#),
+            logged("a", 3, "t1", 3_000, r#"{"put":"H"}"#),
+            logged("a", 5, "t2", 5_000, r#"{"deleted":"G"}"#),
+        ],
+        "in seq order, the later of a batch's two for one seq"
+    );
+    assert_eq!(
+        seqs(
+            &store
+                .read_change_log("a", Some("t1"), 0, u64::MAX, 100)
+                .await
+                .unwrap()
+        ),
+        [("a", 1), ("a", 2), ("a", 3)]
+    );
+    assert_eq!(
+        seqs(
+            &store
+                .read_change_log("a", Some("t2"), 0, u64::MAX, 100)
+                .await
+                .unwrap()
+        ),
+        [("a", 5)]
+    );
+    assert!(store
+        .read_change_log("a", Some("t3"), 0, u64::MAX, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        seqs(&store.read_change_log("a", None, 1, 3, 100).await.unwrap()),
+        [("a", 2), ("a", 3)],
+        "after is exclusive, through inclusive"
+    );
+    assert_eq!(
+        seqs(&store.read_change_log("a", None, 0, 100, 2).await.unwrap()),
+        [("a", 1), ("a", 2)],
+        "the first `limit`"
+    );
+    assert_eq!(
+        seqs(
+            &store
+                .read_change_log("a", Some("t1"), 1, 5, 1)
+                .await
+                .unwrap()
+        ),
+        [("a", 2)],
+        "tenant, bounds and limit together"
+    );
+    assert!(store
+        .read_change_log("a", None, 0, 100, 0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .read_change_log("a", None, 5, u64::MAX, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .read_change_log("b", None, 0, u64::MAX, 100)
+            .await
+            .unwrap(),
+        vec![logged("b", 1, "t1", 3_000, r#"{"on":"b"}"#)],
+        "each node reads its own log"
+    );
+    assert!(store
+        .read_change_log("", None, 0, u64::MAX, 100)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Logged again under its (node, seq): replaced.
+    store
+        .put_entity(
+            entity("t1", "/", "E", "T", 1, "{}"),
+            Default::default(),
+            Some(logged("a", 1, "t2", 1_500, r#"{"again":"E"}"#)),
+        )
+        .await
+        .unwrap();
+    B::close(&store).await;
+    drop(store);
+    let store = backend.open().await;
+    let all = store
+        .read_change_log("a", None, 0, u64::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(seqs(&all), [("a", 1), ("a", 2), ("a", 3), ("a", 5)]);
+    assert_eq!(all[0], logged("a", 1, "t2", 1_500, r#"{"again":"E"}"#));
+    assert_eq!(store.change_log_head("a").await.unwrap(), 5);
+    assert_eq!(store.change_log_head("b").await.unwrap(), 1);
+    B::close(&store).await;
+}
+
+/// The head is the node's highest `seq` (0 for an empty log, its own per
+/// node), and pruning everything keeps the last change, so the head
+/// survives it (and a reopen).
+pub(crate) async fn change_log_head_survives_pruning_everything<B: Backend>()
+where
+    B::Store: OutboxStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    assert_eq!(store.change_log_head("a").await.unwrap(), 0);
+    assert_eq!(
+        store
+            .prune_change_log("a", u64::MAX, i64::MAX)
+            .await
+            .unwrap(),
+        0
+    );
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            changes: [2, 4, 7, 9]
+                .into_iter()
+                .map(|seq| logged("a", seq, "", seq as i64, "{}"))
+                .chain([logged("b", 3, "", 3, "{}")])
+                .collect(),
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    assert_eq!(store.change_log_head("a").await.unwrap(), 9);
+    assert_eq!(store.change_log_head("b").await.unwrap(), 3);
+    assert_eq!(store.change_log_head("c").await.unwrap(), 0);
+    assert_eq!(
+        store
+            .prune_change_log("a", u64::MAX, i64::MAX)
+            .await
+            .unwrap(),
+        3,
+        "all but the last"
+    );
+    assert_eq!(
+        seqs(
+            &store
+                .read_change_log("a", None, 0, u64::MAX, 100)
+                .await
+                .unwrap()
+        ),
+        [("a", 9)]
+    );
+    assert_eq!(store.change_log_head("a").await.unwrap(), 9);
+    assert_eq!(
+        store
+            .prune_change_log("a", u64::MAX, i64::MAX)
+            .await
+            .unwrap(),
+        0,
+        "the last change stays"
+    );
+    assert_eq!(
+        store
+            .prune_change_log("b", u64::MAX, i64::MAX)
+            .await
+            .unwrap(),
+        0,
+        "a log of one change keeps it"
+    );
+    B::close(&store).await;
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(store.change_log_head("a").await.unwrap(), 9);
+    assert_eq!(store.change_log_head("b").await.unwrap(), 3);
+    B::close(&store).await;
+}
+
+/// Pruning deletes the changes through a `seq`, or committed before a
+/// time, or either, of one node only, oldest first, at most a chunk per
+/// call, and answers how many.
+pub(crate) async fn change_log_prunes_by_seq_and_by_time_in_chunks<B: Backend>()
+where
+    B::Store: OutboxStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let log = |node: &'static str, seqs: std::ops::RangeInclusive<u64>| ProcessedBatch {
+        changes: seqs
+            .map(|seq| logged(node, seq, "", seq as i64 * 1_000, "{}"))
+            .collect(),
+        ..ProcessedBatch::default()
+    };
+    store
+        .commit_processed(Arc::new(log("a", 1..=10)))
+        .await
+        .unwrap();
+    store
+        .commit_processed(Arc::new(log("b", 1..=10)))
+        .await
+        .unwrap();
+    let left = |node: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .read_change_log(node, None, 0, u64::MAX, 100_000)
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| c.seq)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        store.prune_change_log("a", 3, 0).await.unwrap(),
+        3,
+        "by seq"
+    );
+    assert_eq!(left("a").await, (4..=10).collect::<Vec<_>>());
+    assert_eq!(
+        store.prune_change_log("a", 0, 6_000).await.unwrap(),
+        2,
+        "by time: before is exclusive"
+    );
+    assert_eq!(left("a").await, (6..=10).collect::<Vec<_>>());
+    assert_eq!(
+        store.prune_change_log("a", 7, 9_000).await.unwrap(),
+        3,
+        "either"
+    );
+    assert_eq!(left("a").await, [9, 10]);
+    assert_eq!(store.prune_change_log("a", 8, 0).await.unwrap(), 0);
+    assert_eq!(left("b").await, (1..=10).collect::<Vec<_>>(), "b untouched");
+
+    // More than a chunk: the oldest chunk goes first, then the rest but
+    // the last.
+    let n = crate::CHANGE_LOG_PRUNE_CHUNK as u64 + 3;
+    store
+        .commit_processed(Arc::new(log("c", 1..=n)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.prune_change_log("c", u64::MAX, 0).await.unwrap(),
+        crate::CHANGE_LOG_PRUNE_CHUNK as u64
+    );
+    assert_eq!(
+        left("c").await,
+        (crate::CHANGE_LOG_PRUNE_CHUNK as u64 + 1..=n).collect::<Vec<_>>()
+    );
+    assert_eq!(store.prune_change_log("c", u64::MAX, 0).await.unwrap(), 2);
+    assert_eq!(left("c").await, [n]);
+    assert_eq!(left("b").await.len(), 10);
+    B::close(&store).await;
+}
+
+/// Cursors are created and moved per node and subscription (the later of
+/// two for one subscription in one save), loaded per node, kept across a
+/// reopen, and forgetting a subscription removes its cursors on every
+/// node, and only its.
+pub(crate) async fn notification_cursors_are_saved_per_node_and_forgotten_everywhere<B: Backend>()
+where
+    B::Store: OutboxStore,
+{
+    use crate::NotificationCursor;
+    let cursor = |tenant: &str, subscription: &str, through: u64| NotificationCursor {
+        tenant: tenant.into(),
+        subscription: subscription.into(),
+        through,
+    };
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let load = |node: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut cursors = store.load_notification_cursors(node).await.unwrap();
+            cursors.sort_by(|x, y| (&x.tenant, &x.subscription).cmp(&(&y.tenant, &y.subscription)));
+            cursors
+        }
+    };
+    assert!(load("a").await.is_empty());
+    store
+        .save_notification_cursors("a", Vec::new())
+        .await
+        .unwrap();
+    store
+        .save_notification_cursors("a", vec![cursor("t1", "s1", 5), cursor("t1", "s2", 7)])
+        .await
+        .unwrap();
+    store
+        .save_notification_cursors("b", vec![cursor("t1", "s1", 3), cursor("t2", "s1", 9)])
+        .await
+        .unwrap();
+    assert_eq!(
+        load("a").await,
+        [cursor("t1", "s1", 5), cursor("t1", "s2", 7)]
+    );
+    assert_eq!(
+        load("b").await,
+        [cursor("t1", "s1", 3), cursor("t2", "s1", 9)]
+    );
+    assert!(load("c").await.is_empty());
+
+    // Moved (one of a node's cursors; the other node's stays).
+    store
+        .save_notification_cursors("a", vec![cursor("t1", "s1", 8)])
+        .await
+        .unwrap();
+    store
+        .save_notification_cursors("b", vec![cursor("t1", "s2", 10), cursor("t1", "s2", 11)])
+        .await
+        .unwrap();
+    assert_eq!(
+        load("a").await,
+        [cursor("t1", "s1", 8), cursor("t1", "s2", 7)]
+    );
+    assert_eq!(
+        load("b").await,
+        [
+            cursor("t1", "s1", 3),
+            cursor("t1", "s2", 11),
+            cursor("t2", "s1", 9)
+        ]
+    );
+    B::close(&store).await;
+    drop(store);
+
+    let store = backend.open().await;
+    let load = |node: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut cursors = store.load_notification_cursors(node).await.unwrap();
+            cursors.sort_by(|x, y| (&x.tenant, &x.subscription).cmp(&(&y.tenant, &y.subscription)));
+            cursors
+        }
+    };
+    assert_eq!(
+        load("a").await,
+        [cursor("t1", "s1", 8), cursor("t1", "s2", 7)],
+        "kept across a reopen"
+    );
+    store.forget_notification_cursors("t1", "s1").await.unwrap();
+    assert_eq!(load("a").await, [cursor("t1", "s2", 7)]);
+    assert_eq!(
+        load("b").await,
+        [cursor("t1", "s2", 11), cursor("t2", "s1", 9)],
+        "on every node, and only t1's s1"
+    );
+    store
+        .forget_notification_cursors("t1", "missing")
+        .await
+        .unwrap();
+    assert_eq!(load("a").await.len(), 1);
     B::close(&store).await;
 }

@@ -5,10 +5,10 @@
 //!
 //! - **Writes** go through four writers (`postgres/writer.rs`), one per
 //!   log whose `seq` order consumers rely on — the ingest log, the main
-//!   state (data units, entities, alarms, the changes feed), the history
-//!   (its notifications feed and rows) and the channels — each one task on
-//!   one connection committing what is queued as one transaction, and
-//!   answering after the commit.
+//!   state (data units, entities, alarms, the changes feed, the change
+//!   log), the history (its notifications feed and rows) and the channels
+//!   — each one task on one connection committing what is queued as one
+//!   transaction, and answering after the commit.
 //! - **Reads** go through a connection pool (`deadpool-postgres`) of
 //!   `pool_size` connections.
 //! - **Schema**: versioned migrations applied at open under an advisory

@@ -1,7 +1,9 @@
 //! NGSI entities and the documents kept beside them (subscriptions,
 //! registrations) on PostgreSQL, written through the main writer. An
-//! entity change queues its history rows in the changes feed in the same
-//! transaction, so a change is never stored without its history.
+//! entity change queues its history rows in the changes feed and logs
+//! itself in the change log (when given) in the same transaction, so a
+//! change is never stored without its history, nor without what it owes
+//! the subscriptions.
 
 use async_trait::async_trait;
 
@@ -14,6 +16,7 @@ pub(super) const SERIAL_CHANGES: &str = "SELECT pg_advisory_xact_lock(8603115516
 
 use super::conn::Conn;
 use super::history::feed_name;
+use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
@@ -28,13 +31,14 @@ impl ContextStore for PostgresStore {
         &self,
         record: EntityRecord,
         history: HistoryStates,
-        _change: Option<LoggedChange>,
+        change: Option<LoggedChange>,
     ) -> Result<()> {
         let history = history.rows();
         self.main
             .write(move |c| {
                 Box::pin(async move {
                     put_entities(c, std::slice::from_ref(&record)).await?;
+                    log_changes(c, change.as_slice()).await?;
                     queue_changes(c, &history).await
                 })
             })
@@ -47,18 +51,26 @@ impl ContextStore for PostgresStore {
         service_path: &str,
         id: &str,
         entity_type: &str,
-        _change: Option<LoggedChange>,
+        change: Option<LoggedChange>,
     ) -> Result<bool> {
-        let key = [tenant, service_path, id, entity_type].map(|k| param(k.to_string()));
-        let n = self
-            .main
-            .execute(
-                "DELETE FROM entities \
-                 WHERE tenant = $1 AND service_path = $2 AND id = $3 AND type = $4",
-                key.into(),
-            )
-            .await?;
-        Ok(n > 0)
+        let key = [tenant, service_path, id, entity_type].map(str::to_string);
+        self.main
+            .write(move |c| {
+                Box::pin(async move {
+                    let [tenant, service_path, id, entity_type] = &key;
+                    let n = c
+                        .execute(
+                            "DELETE FROM entities \
+                             WHERE tenant = $1 AND service_path = $2 AND id = $3 AND type = $4",
+                            &[tenant, service_path, id, entity_type],
+                        )
+                        .await
+                        .map_err(db)?;
+                    log_changes(c, change.as_slice()).await?;
+                    Ok(n > 0)
+                })
+            })
+            .await
     }
 
     async fn load_entities(&self) -> Result<Vec<EntityRecord>> {

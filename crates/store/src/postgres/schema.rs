@@ -292,6 +292,27 @@ INSERT INTO history_columns
 SELECT DISTINCT tenant, entity_type, attr FROM history_rollups
 ON CONFLICT DO NOTHING;
 "#,
+    // Step 12: the notification outbox, the change log per node and the
+    // subscriptions' cursors over it (see the SQLite schema's `change_log`
+    // and `crate::OutboxStore`). Changes are logged by the main writer in
+    // the transaction of the entity write that makes them.
+    r#"
+CREATE TABLE change_log (
+    node   TEXT   NOT NULL,
+    seq    BIGINT NOT NULL,
+    tenant TEXT   NOT NULL,
+    at     BIGINT NOT NULL,
+    json   TEXT   NOT NULL,
+    PRIMARY KEY (node, seq)
+);
+CREATE TABLE notification_cursors (
+    node         TEXT   NOT NULL,
+    tenant       TEXT   NOT NULL,
+    subscription TEXT   NOT NULL,
+    through      BIGINT NOT NULL,
+    PRIMARY KEY (node, tenant, subscription)
+);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

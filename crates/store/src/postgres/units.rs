@@ -1,7 +1,8 @@
 //! What the pipeline made of uplinks, on PostgreSQL: a processed batch is
 //! one write of the main writer (units, failures, new devices, the
-//! consumer's cursor, entity states and their history rows together), so
-//! after a crash either all of it is stored or the pipeline does it again.
+//! consumer's cursor, entity states, their history rows and their logged
+//! changes together), so after a crash either all of it is stored or the
+//! pipeline does it again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use weft_model::{FailedUplink, FailureReason};
 use super::catalog::store_events;
 use super::conn::Conn;
 use super::context::{put_entities, queue_changes};
+use super::outbox::log_changes;
 use super::schema::db;
 use super::{position, to_i64, PostgresStore, MAX_QUERY_ROWS};
 use crate::{
@@ -271,6 +273,7 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         .map_err(db)?;
     }
     queue_changes(c, &batch.history).await?;
+    log_changes(c, &batch.changes).await?;
     if !batch.entities.is_empty() {
         put_entities(c, &batch.entities).await?;
         c.execute(
