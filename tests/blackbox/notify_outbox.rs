@@ -122,9 +122,13 @@ fn check_subscription(path: &str, got: &[&Got], owed: &BTreeMap<String, Vec<i64>
         if let Some(&before) = last.get(g.entity.as_str()) {
             assert!(
                 g.value > before,
-                "{path}: {} went from {before} to {} (out of order)",
+                "{path}: {} went from {before} to {} (out of order): {:?}",
                 g.entity,
-                g.value
+                g.value,
+                got.iter()
+                    .filter(|o| o.entity == g.entity)
+                    .map(|o| (o.value, o.id.as_str()))
+                    .collect::<Vec<_>>()
             );
         }
         last.insert(&g.entity, g.value);
@@ -235,56 +239,58 @@ async fn kill_9_in_the_middle_loses_no_notification() {
     let updates_per_room = 10_000 / ROOMS;
     let uplinks_per_device = 1_000 / DEVICES;
     // Each client owns its entities, so their values rise in order.
-    let clients = (0..ROOMS + DEVICES).map(|k| {
-        let (base, http, answered, acked) =
-            (base.clone(), http.clone(), answered.clone(), acked.clone());
-        async move {
-            if k < ROOMS {
-                let room = format!("Room{k}");
-                for v in 1..=updates_per_room as i64 {
-                    let body = json!({"seq": {"value": v, "type": "Number"}});
-                    let path = format!("/v2/entities/{room}/attrs");
-                    let status = send_to(&http, &base, "PATCH", &path, &body, None).await;
-                    if status == 204 {
-                        acked
-                            .lock()
-                            .unwrap()
-                            .entry(room.clone())
-                            .or_default()
-                            .push(v);
-                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+    let clients: Vec<_> = (0..ROOMS + DEVICES)
+        .map(|k| {
+            let (base, http, answered, acked) =
+                (base.clone(), http.clone(), answered.clone(), acked.clone());
+            async move {
+                if k < ROOMS {
+                    let room = format!("Room{k}");
+                    for v in 1..=updates_per_room as i64 {
+                        let body = json!({"seq": {"value": v, "type": "Number"}});
+                        let path = format!("/v2/entities/{room}/attrs");
+                        let status = send_to(&http, &base, "PATCH", &path, &body, None).await;
+                        if status == 204 {
+                            acked
+                                .lock()
+                                .unwrap()
+                                .entry(room.clone())
+                                .or_default()
+                                .push(v);
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
-                }
-            } else {
-                let device = format!("ob-dev-{}", k - ROOMS);
-                for v in 1..=uplinks_per_device as i64 {
-                    let body = decoded_body(&format!("{device}-{v}"), &device, v, 40, now_ms());
-                    let status = send_to(
-                        &http,
-                        &base,
-                        "POST",
-                        "/sensor-data/outbox/decoded/em300th",
-                        &body,
-                        Some(KEY),
-                    )
-                    .await;
-                    if status == 202 {
-                        acked
-                            .lock()
-                            .unwrap()
-                            .entry(device.clone())
-                            .or_default()
-                            .push(v);
-                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                } else {
+                    let device = format!("ob-dev-{}", k - ROOMS);
+                    for v in 1..=uplinks_per_device as i64 {
+                        let body = decoded_body(&format!("{device}-{v}"), &device, v, 40, now_ms());
+                        let status = send_to(
+                            &http,
+                            &base,
+                            "POST",
+                            "/sensor-data/outbox/decoded/em300th",
+                            &body,
+                            Some(KEY),
+                        )
+                        .await;
+                        if status == 202 {
+                            acked
+                                .lock()
+                                .unwrap()
+                                .entry(device.clone())
+                                .or_default()
+                                .push(v);
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
                 }
             }
-        }
-    });
+        })
+        .collect();
     let load = tokio::spawn(
         futures::stream::iter(clients)
             .buffer_unordered(40)
@@ -300,7 +306,10 @@ async fn kill_9_in_the_middle_loses_no_notification() {
     load.await.unwrap();
     let acked = acked.lock().unwrap().clone();
     let total: usize = acked.values().map(Vec::len).sum();
-    assert!(total > 9_000, "most requests were acknowledged ({total})");
+    assert!(
+        total > 6_000,
+        "requests after the restart were acknowledged too ({total})"
+    );
 
     // What each subscription is owed: the acknowledged values of its entity.
     let owed_to = |i: usize| -> BTreeMap<String, Vec<i64>> {

@@ -69,6 +69,11 @@ pub struct Entry {
     /// them: what it counted since is the difference to the live ones,
     /// added to the stored counters by the next flush.
     stored: Mutex<NotificationStats>,
+    /// Notifications waiting for room on the subscription's full lane, in
+    /// order; later ones wait behind them ([`Sender::drain`]).
+    parked: Mutex<std::collections::VecDeque<sender::Job>>,
+    /// Held while the parked notifications are moved onto the lane.
+    draining: tokio::sync::Mutex<()>,
 }
 
 struct EntryState {
@@ -99,6 +104,8 @@ impl Entry {
                 last_fired,
                 delivery,
             }),
+            parked: Mutex::default(),
+            draining: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -770,8 +777,9 @@ impl Subscriptions {
     }
 
     /// Fires the candidates of change `seq` and queues their
-    /// notifications; answers the jobs that must wait for room.
-    fn match_change(&self, seq: u64, change: &EntityChange) -> Vec<sender::Job> {
+    /// notifications; answers the subscriptions whose notifications wait
+    /// for room.
+    fn match_change(&self, seq: u64, change: &EntityChange) -> Vec<Arc<Entry>> {
         let candidates = match self.tenants.read().get(change.tenant.as_str()) {
             Some(t) => t.candidates(&change.entity.id),
             None => return Vec::new(),
@@ -783,23 +791,24 @@ impl Subscriptions {
         }
         let now = weft_model::now_ms();
         let mut sequence = 0;
-        let mut full = Vec::new();
+        let mut parked = Vec::new();
         for entry in &candidates {
             let Some(job) = self.fire(entry, seq, change, now, &mut sequence, None) else {
                 continue;
             };
             let key = (entry.tenant.clone(), job.lane_key.clone());
-            let (seq, generation) = (job.seq, job.generation);
             match self.sender.enqueue(job) {
                 Enqueued::Queued => {}
-                Enqueued::Full(job) => full.push(job),
-                Enqueued::Refused(reason) => {
-                    self.settled(entry, seq, generation, Outcome::Failed(reason));
+                Enqueued::Parked => parked.push(entry.clone()),
+                Enqueued::Refused(job, reason) if reason == outbox::INVALID_URL => {
+                    self.settled(entry, job.seq, job.generation, Outcome::Failed(reason));
                 }
+                // Not attempted: the log sends it (and counts it then).
+                Enqueued::Refused(job, _) => self.to_log(entry, job.seq, job.generation, None),
             }
             self.dirty.lock().insert(key);
         }
-        full
+        parked
     }
 }
 
@@ -824,8 +833,8 @@ impl ChangeListener for Subscriptions {
         }
         let sender = self.sender.clone();
         Some(Box::pin(async move {
-            for job in full {
-                sender.enqueue_wait(job).await;
+            for entry in full {
+                sender.drain(&entry).await;
             }
         }))
     }

@@ -49,7 +49,7 @@ const MIN_BACKOFF: Duration = Duration::from_millis(250);
 /// The longest wait between two tries of a failing receiver.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// The reason an invalid URL fails with: no retry can mend it.
-const INVALID_URL: &str = "Invalid URL parsing notification url";
+pub(crate) const INVALID_URL: &str = "Invalid URL parsing notification url";
 
 /// How a subscription is being served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,29 +159,50 @@ impl Subscriptions {
         };
         let key = entry.record(outcome);
         self.dirty.lock().insert(key);
-        let mut state = entry.state.lock();
-        if state.delivery.generation != generation {
+        if retry.is_some() {
+            self.to_log(entry, seq, generation, retry);
             return;
         }
-        if let (Some(reason), false) = (retry, state.sub.status == Status::Inactive) {
-            let delivery = &mut state.delivery;
-            delivery.generation += 1;
-            delivery.in_flight.clear();
-            delivery.mode = Mode::FromLog {
-                through: seq.saturating_sub(1),
-            };
-            delivery.failing = Some(reason);
-            delivery.counted_through = delivery.counted_through.max(seq);
-            drop(state);
-            metrics::counter!("weft_notifications_to_outbox_total").increment(1);
-            if let Some(me) = self.me.upgrade() {
-                tokio::spawn(me.serve_from_log(entry.clone()));
-            }
+        let mut state = entry.state.lock();
+        if state.delivery.generation != generation {
             return;
         }
         let in_flight = &mut state.delivery.in_flight;
         if let Some(i) = in_flight.iter().position(|&s| s == seq) {
             in_flight.remove(i);
+        }
+    }
+
+    /// Hands `entry`, served live in `generation`, to the log from change
+    /// `seq` on (its notification was not delivered): `failing` says why
+    /// its receiver failed (that notification was counted as failed), none
+    /// when it was not attempted (no room for it). An inactive
+    /// subscription owes nothing and is left alone.
+    pub(crate) fn to_log(
+        &self,
+        entry: &Arc<Entry>,
+        seq: u64,
+        generation: u64,
+        failing: Option<String>,
+    ) {
+        let mut state = entry.state.lock();
+        if state.delivery.generation != generation || state.sub.status == Status::Inactive {
+            return;
+        }
+        let delivery = &mut state.delivery;
+        delivery.generation += 1;
+        delivery.in_flight.clear();
+        delivery.mode = Mode::FromLog {
+            through: seq.saturating_sub(1),
+        };
+        if failing.is_some() {
+            delivery.counted_through = delivery.counted_through.max(seq);
+        }
+        delivery.failing = failing;
+        drop(state);
+        metrics::counter!("weft_notifications_to_outbox_total").increment(1);
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(me.serve_from_log(entry.clone()));
         }
     }
 

@@ -134,11 +134,12 @@ struct Endpoint {
 pub enum Enqueued {
     /// Queued on its lane.
     Queued,
-    /// The lane of a healthy endpoint is full: the caller should wait for
-    /// room ([`Sender::enqueue_wait`]).
-    Full(Job),
-    /// Not queued, for this reason.
-    Refused(String),
+    /// Parked behind the subscription's earlier notifications waiting for
+    /// room (its lane is full, its endpoint healthy): the caller should
+    /// wait until they are queued ([`Sender::drain`]).
+    Parked,
+    /// Not queued (the job is handed back), for this reason.
+    Refused(Box<Job>, String),
 }
 
 /// The HTTP client of notifications (see [`crate::outbound`]).
@@ -187,44 +188,74 @@ impl Sender {
         Ok((endpoint, lane))
     }
 
-    /// Queues a notification on its endpoint's lane without waiting.
+    /// Queues a notification on its endpoint's lane without waiting, or
+    /// parks it behind the subscription's notifications already waiting
+    /// for room, so they stay in order.
     pub fn enqueue(&self, job: Job) -> Enqueued {
         let (endpoint, lane) = match self.lane(&job) {
             Ok(l) => l,
-            Err(reason) => return Enqueued::Refused(reason),
+            Err(reason) => return Enqueued::Refused(Box::new(job), reason),
         };
+        let entry = job.entry.clone();
+        let mut parked = entry.parked.lock();
+        if !parked.is_empty() {
+            parked.push_back(job);
+            return Enqueued::Parked;
+        }
         match lane.try_send(job) {
             Ok(()) => Enqueued::Queued,
             Err(mpsc::error::TrySendError::Full(job)) => {
                 if endpoint.failures.load(Ordering::Relaxed) == 0 {
-                    Enqueued::Full(job)
+                    parked.push_back(job);
+                    Enqueued::Parked
                 } else {
-                    Enqueued::Refused("notification queue full".into())
+                    Enqueued::Refused(Box::new(job), "notification queue full".into())
                 }
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                Enqueued::Refused("notification sender stopped".into())
+            Err(mpsc::error::TrySendError::Closed(job)) => {
+                Enqueued::Refused(Box::new(job), "notification sender stopped".into())
             }
         }
     }
 
-    /// Queues a notification, waiting for room up to the notification
-    /// timeout; if there is none by then, the subscription goes to the
-    /// outbox.
-    pub async fn enqueue_wait(&self, job: Job) {
-        let (entry, seq, generation) = (job.entry.clone(), job.seq, job.generation);
-        let outcome = match self.lane(&job) {
-            Ok((_, lane)) => {
-                match tokio::time::timeout(self.config.timeout, lane.send(job)).await {
-                    Ok(Ok(())) => return,
-                    Ok(Err(_)) => "notification sender stopped",
-                    Err(_) => "notification queue full",
+    /// Moves `entry`'s parked notifications onto their lane, in order,
+    /// waiting for room up to the notification timeout each; if there is
+    /// none by then, the subscription is served from the log instead and
+    /// the parked notifications are dropped (the log sends them).
+    pub async fn drain(&self, entry: &Arc<Entry>) {
+        // One drainer at a time per subscription: the order of the lane is
+        // the order of the parked queue.
+        let _draining = entry.draining.lock().await;
+        loop {
+            let Some(lane) = entry
+                .parked
+                .lock()
+                .front()
+                .map(|job| self.lane(job).map(|(_, lane)| lane))
+            else {
+                return;
+            };
+            let permit = match lane {
+                Ok(lane) => tokio::time::timeout(self.config.timeout, lane.reserve_owned()).await,
+                Err(_) => Ok(Err(mpsc::error::SendError(()))),
+            };
+            let mut parked = entry.parked.lock();
+            match permit {
+                Ok(Ok(permit)) => {
+                    if let Some(job) = parked.pop_front() {
+                        permit.send(job);
+                    }
+                }
+                _ => {
+                    let first = parked.pop_front();
+                    parked.clear();
+                    drop(parked);
+                    if let (Some(job), Some(owner)) = (first, self.owner.upgrade()) {
+                        owner.to_log(&job.entry, job.seq, job.generation, None);
+                    }
+                    return;
                 }
             }
-            Err(_) => "Invalid URL parsing notification url",
-        };
-        if let Some(owner) = self.owner.upgrade() {
-            owner.settled(&entry, seq, generation, Outcome::Failed(outcome.into()));
         }
     }
 
