@@ -352,8 +352,10 @@ async fn kill_9_in_the_middle_loses_no_notification() {
     eprintln!(
         "{notifications} notifications for {total} acknowledged changes, {duplicates} duplicates"
     );
+    // Resent are the notifications sent after the last stored cursors
+    // (stored every second): about a second's worth.
     assert!(
-        duplicates * 10 < notifications,
+        duplicates * 5 < notifications,
         "duplicates are few: {duplicates} of {notifications}"
     );
 }

@@ -228,6 +228,23 @@ impl Subscriptions {
         self.dirty.lock().insert(key);
     }
 
+    /// Whether `entry` is still served from the log in `generation` and
+    /// owes anything (active); if it became inactive, it is served live
+    /// from the changes to come (that is: not at all, while inactive).
+    fn still_from_log(&self, entry: &Arc<Entry>, generation: u64) -> bool {
+        let mut state = entry.state.lock();
+        if state.delivery.generation != generation {
+            return false;
+        }
+        if state.sub.status == Status::Inactive {
+            let head = self.entered.load(Ordering::SeqCst);
+            state.delivery.mode = Mode::Live { from: head };
+            state.delivery.failing = None;
+            return false;
+        }
+        true
+    }
+
     /// Whether `entry` is still the subscription registered under its id.
     fn registered(&self, entry: &Arc<Entry>) -> bool {
         let id = entry.id();
@@ -332,6 +349,11 @@ impl Subscriptions {
         };
         let mut counted = seq <= entry.state.lock().delivery.counted_through;
         loop {
+            // It may have become inactive (the live matcher counting the
+            // changes behind this one), or been handed over, meanwhile.
+            if !self.still_from_log(entry, generation) {
+                return false;
+            }
             let outcome = self.sender.send_now(job.request.clone(), job.timeout).await;
             let failed = match &outcome {
                 Outcome::Failed(reason) => Some(reason.clone()),
@@ -365,13 +387,6 @@ impl Subscriptions {
                         state.delivery.counted_through = state.delivery.counted_through.max(seq);
                         counted = true;
                     }
-                }
-                if state.sub.status == Status::Inactive {
-                    // It owes nothing more; served live (that is: not at
-                    // all, while inactive) from the changes to come.
-                    let head = self.entered.load(Ordering::SeqCst);
-                    state.delivery.mode = Mode::Live { from: head };
-                    return false;
                 }
             }
             if !self.registered(entry) {
