@@ -3794,6 +3794,22 @@ where
     assert_eq!(store.change_log_head("a").await.unwrap(), 9);
     assert_eq!(store.change_log_head("b").await.unwrap(), 3);
     assert_eq!(store.change_log_head("c").await.unwrap(), 0);
+    // What is left after a cursor, per node and tenant.
+    assert_eq!(
+        store.change_log_backlog("a", "", 4).await.unwrap(),
+        crate::Backlog {
+            changes: 2,
+            oldest: Some(7)
+        }
+    );
+    assert_eq!(
+        store.change_log_backlog("a", "other", 0).await.unwrap(),
+        crate::Backlog::default()
+    );
+    assert_eq!(
+        store.change_log_backlog("b", "", 0).await.unwrap().changes,
+        1
+    );
     assert_eq!(
         store
             .prune_change_log("a", u64::MAX, i64::MAX)

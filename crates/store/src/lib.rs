@@ -70,7 +70,7 @@ pub use history::{
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;
-pub use outbox::{LoggedChange, NotificationCursor, OutboxStore, CHANGE_LOG_PRUNE_CHUNK};
+pub use outbox::{Backlog, LoggedChange, NotificationCursor, OutboxStore, CHANGE_LOG_PRUNE_CHUNK};
 pub use units::{
     partition_cursor, CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, StoredUnit,
     UnitRecord, UnitStore, ENTITIES_CURSOR,

@@ -40,6 +40,15 @@ pub struct NotificationCursor {
     pub through: u64,
 }
 
+/// What [`OutboxStore::change_log_backlog`] answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Changes still to go through.
+    pub changes: u64,
+    /// When the oldest of them was committed, epoch ms.
+    pub oldest: Option<i64>,
+}
+
 /// Most rows one [`OutboxStore::prune_change_log`] deletes, in every
 /// backend: the caller repeats while a chunk comes back full, so the
 /// writer is never held for long.
@@ -67,6 +76,10 @@ pub trait OutboxStore: Send + Sync {
         through: u64,
         limit: usize,
     ) -> Result<Vec<LoggedChange>>;
+    /// How many changes of `tenant` in `node`'s log come after `after`, and
+    /// when the first of them was committed: what a subscription served
+    /// from the log has still to go through.
+    async fn change_log_backlog(&self, node: &str, tenant: &str, after: u64) -> Result<Backlog>;
     /// Deletes changes of `node`'s log with `seq <= through`, or committed
     /// before `before` (epoch ms: the retention), except the log's last
     /// change; at most [`CHANGE_LOG_PRUNE_CHUNK`] per call. Answers how

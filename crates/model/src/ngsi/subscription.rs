@@ -205,8 +205,34 @@ pub struct Notification {
     pub endpoint: Endpoint,
     /// After this many consecutive failures the subscription goes inactive.
     pub max_fails_limit: Option<u64>,
+    /// How hard weft tries to deliver (`delivery`, weft's own field).
+    pub delivery: Guarantee,
     /// Counters kept by the sender.
     pub stats: NotificationStats,
+}
+
+/// How a subscription's notifications are delivered: weft's
+/// `notification.delivery`, which Orion does not have (it always sends
+/// once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Guarantee {
+    /// `atLeastOnce` (the default): every notification a committed change
+    /// owes is sent until the receiver answers, across restarts.
+    #[default]
+    AtLeastOnce,
+    /// `atMostOnce`: Orion's fire-and-forget; a notification that gets no
+    /// answer is counted as failed and not sent again.
+    AtMostOnce,
+}
+
+impl Guarantee {
+    /// The field's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Guarantee::AtLeastOnce => "atLeastOnce",
+            Guarantee::AtMostOnce => "atMostOnce",
+        }
+    }
 }
 
 /// A notification endpoint.
@@ -819,6 +845,12 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         },
         Some(_) => return Err(bad("maxFailsLimit is not a number")),
     };
+    let delivery = match obj.get("delivery") {
+        None => Guarantee::AtLeastOnce,
+        Some(Value::String(s)) if s == "atLeastOnce" => Guarantee::AtLeastOnce,
+        Some(Value::String(s)) if s == "atMostOnce" => Guarantee::AtMostOnce,
+        Some(_) => return Err(bad("delivery must be atLeastOnce or atMostOnce")),
+    };
     let given: Vec<&str> = ["http", "httpCustom", "mqtt", "mqttCustom"]
         .into_iter()
         .filter(|k| obj.contains_key(*k))
@@ -853,6 +885,7 @@ fn parse_notification(v: &Value) -> Result<Notification, NgsiError> {
         covered,
         endpoint,
         max_fails_limit,
+        delivery,
         stats: NotificationStats::default(),
     })
 }
@@ -1441,8 +1474,43 @@ fn render_notification(n: &Notification, secrets: bool) -> Value {
     if st.fails_counter > 0 {
         out.insert("failsCounter".into(), st.fails_counter.into());
     }
+    // Shown only when asked for: the default renders as Orion's.
+    if n.delivery != Guarantee::AtLeastOnce {
+        out.insert("delivery".into(), n.delivery.as_str().into());
+    }
     out.insert("covered".into(), n.covered.into());
     Value::Object(out)
+}
+
+#[cfg(test)]
+mod delivery_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn delivery_is_at_least_once_unless_asked_and_shown_only_then() {
+        let parse = |n: Value| {
+            Subscription::parse(
+                &json!({
+                    "subject": {"entities": [{"idPattern": ".*"}]},
+                    "notification": n,
+                }),
+                "1".into(),
+            )
+        };
+        let default = parse(json!({"http": {"url": "http://a:1"}})).unwrap();
+        assert_eq!(default.notification.delivery, Guarantee::AtLeastOnce);
+        assert!(default.render(0)["notification"].get("delivery").is_none());
+        let once = parse(json!({"http": {"url": "http://a:1"}, "delivery": "atMostOnce"})).unwrap();
+        assert_eq!(once.notification.delivery, Guarantee::AtMostOnce);
+        assert_eq!(once.render(0)["notification"]["delivery"], "atMostOnce");
+        let back = Subscription::from_storage(&once.to_storage()).unwrap();
+        assert_eq!(back.notification.delivery, Guarantee::AtMostOnce);
+        for wrong in [json!("always"), json!(true)] {
+            let e = parse(json!({"http": {"url": "http://a:1"}, "delivery": wrong})).unwrap_err();
+            assert_eq!(e.status, 400);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,9 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use weft_bus::Bus;
-use weft_model::ngsi::subscription::{AlterationType, NotificationStats, Status, Subscription};
+use weft_model::ngsi::subscription::{
+    AlterationType, Guarantee, NotificationStats, Status, Subscription,
+};
 use weft_model::ngsi::{new_document_id, NgsiError};
 use weft_store::{DocumentKind, NgsiDocument, Store, StoreError};
 
@@ -52,10 +54,13 @@ use crate::context::{
 use crate::definitions::{DefinitionChange, DefinitionKind, Follower, Reload};
 use sender::{Enqueued, Outcome, Sender};
 
-/// How often changed counters and cursors are stored.
-const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// Every how many flushes the change log is pruned.
-const PRUNE_EVERY: u64 = 10;
+/// How often moved cursors are stored: what a crash may send again is
+/// what was delivered since.
+const CURSOR_INTERVAL: Duration = Duration::from_millis(200);
+/// Every how many cursor saves changed counters are stored (every second).
+const FLUSH_EVERY: u64 = 5;
+/// Every how many cursor saves the change log is pruned (every 10 s).
+const PRUNE_EVERY: u64 = 50;
 
 /// One subscription with where it belongs and what the notifier keeps.
 pub struct Entry {
@@ -259,7 +264,11 @@ impl Subscriptions {
             max = max.max(d.created);
             let cursor = cursors.get(&(d.tenant.clone(), d.id.clone())).copied();
             let delivery = match cursor {
-                Some(through) if through < head => outbox::Delivery::from_log(through),
+                Some(through)
+                    if through < head && sub.notification.delivery == Guarantee::AtLeastOnce =>
+                {
+                    outbox::Delivery::from_log(through)
+                }
                 // Stored before the outbox existed: nothing is known owed.
                 _ => outbox::Delivery::live(head),
             };
@@ -304,23 +313,25 @@ impl Subscriptions {
         Ok(subscriptions)
     }
 
-    /// Stores changed counters and moved cursors every second until
-    /// `shutdown`, then once more; prunes the change log every
-    /// [`PRUNE_EVERY`] flushes.
+    /// Stores moved cursors every [`CURSOR_INTERVAL`] and changed
+    /// counters every second until `shutdown`, then once more; prunes the
+    /// change log every 10 s.
     pub async fn flush_loop(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut flushes = 0u64;
+        let mut ticks = 0u64;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(FLUSH_INTERVAL) => {}
+                _ = tokio::time::sleep(CURSOR_INTERVAL) => {}
                 _ = shutdown.cancelled() => {
-                    self.flush().await;
                     self.save_cursors(false).await;
+                    self.flush().await;
                     return;
                 }
             }
-            self.flush().await;
-            flushes += 1;
-            self.save_cursors(flushes.is_multiple_of(PRUNE_EVERY)).await;
+            ticks += 1;
+            self.save_cursors(ticks.is_multiple_of(PRUNE_EVERY)).await;
+            if ticks.is_multiple_of(FLUSH_EVERY) {
+                self.flush().await;
+            }
         }
     }
 
@@ -744,7 +755,11 @@ impl Subscriptions {
         let timeout = sub.notification.endpoint.timeout();
         let lane_key = sub.id.clone();
         let generation = state.delivery.generation;
-        if request.is_ok() && replay.is_none() {
+        // At most once, nothing is tracked: a failure is only counted.
+        if request.is_ok()
+            && replay.is_none()
+            && sub.notification.delivery == Guarantee::AtLeastOnce
+        {
             state.delivery.in_flight.push_back(seq);
         }
         drop(state);
@@ -800,11 +815,7 @@ impl Subscriptions {
             match self.sender.enqueue(job) {
                 Enqueued::Queued => {}
                 Enqueued::Parked => parked.push(entry.clone()),
-                Enqueued::Refused(job, reason) if reason == outbox::INVALID_URL => {
-                    self.settled(entry, job.seq, job.generation, Outcome::Failed(reason));
-                }
-                // Not attempted: the log sends it (and counts it then).
-                Enqueued::Refused(job, _) => self.to_log(entry, job.seq, job.generation, None),
+                Enqueued::Refused(job, reason) => self.refused(entry, &job, reason),
             }
             self.dirty.lock().insert(key);
         }

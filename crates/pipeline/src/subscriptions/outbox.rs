@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weft_model::ngsi::subscription::Status;
+use weft_model::ngsi::subscription::{Guarantee, Status};
 use weft_model::ngsi::EntityChange;
 use weft_store::{NotificationCursor, CHANGE_LOG_PRUNE_CHUNK};
 
@@ -159,8 +159,7 @@ impl Subscriptions {
         };
         let key = entry.record(outcome);
         self.dirty.lock().insert(key);
-        if retry.is_some() {
-            self.to_log(entry, seq, generation, retry);
+        if retry.is_some() && self.to_log(entry, seq, generation, retry) {
             return;
         }
         let mut state = entry.state.lock();
@@ -173,21 +172,37 @@ impl Subscriptions {
         }
     }
 
+    /// Takes a live notification the sender refused (`reason`): with an
+    /// invalid URL, or for a subscription delivered at most once, a
+    /// failure; otherwise the log sends it (and counts it then).
+    pub(crate) fn refused(&self, entry: &Arc<Entry>, job: &super::sender::Job, reason: String) {
+        if reason == INVALID_URL || !self.to_log(entry, job.seq, job.generation, None) {
+            self.settled(entry, job.seq, job.generation, Outcome::Failed(reason));
+        }
+    }
+
     /// Hands `entry`, served live in `generation`, to the log from change
     /// `seq` on (its notification was not delivered): `failing` says why
     /// its receiver failed (that notification was counted as failed), none
-    /// when it was not attempted (no room for it). An inactive
-    /// subscription owes nothing and is left alone.
+    /// when it was not attempted (no room for it). Answers whether it was
+    /// handed over: an inactive subscription owes nothing, one delivered
+    /// at most once is never owed anything, and one handed over since is
+    /// the log's already.
     pub(crate) fn to_log(
         &self,
         entry: &Arc<Entry>,
         seq: u64,
         generation: u64,
         failing: Option<String>,
-    ) {
+    ) -> bool {
         let mut state = entry.state.lock();
-        if state.delivery.generation != generation || state.sub.status == Status::Inactive {
-            return;
+        if state.sub.notification.delivery == Guarantee::AtMostOnce
+            || state.sub.status == Status::Inactive
+        {
+            return false;
+        }
+        if state.delivery.generation != generation {
+            return true;
         }
         let delivery = &mut state.delivery;
         delivery.generation += 1;
@@ -204,6 +219,7 @@ impl Subscriptions {
         if let Some(me) = self.me.upgrade() {
             tokio::spawn(me.serve_from_log(entry.clone()));
         }
+        true
     }
 
     /// Takes notification `seq` of `entry`, triggered live but left

@@ -251,7 +251,7 @@ impl Sender {
                     parked.clear();
                     drop(parked);
                     if let (Some(job), Some(owner)) = (first, self.owner.upgrade()) {
-                        owner.to_log(&job.entry, job.seq, job.generation, None);
+                        owner.refused(&job.entry, &job, "notification queue full".into());
                     }
                     return;
                 }

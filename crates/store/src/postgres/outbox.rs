@@ -10,7 +10,9 @@ use super::conn::Conn;
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
-use crate::{LoggedChange, NotificationCursor, OutboxStore, Result, CHANGE_LOG_PRUNE_CHUNK};
+use crate::{
+    Backlog, LoggedChange, NotificationCursor, OutboxStore, Result, CHANGE_LOG_PRUNE_CHUNK,
+};
 
 #[async_trait]
 impl OutboxStore for PostgresStore {
@@ -57,6 +59,22 @@ impl OutboxStore for PostgresStore {
                 })
             })
             .collect()
+    }
+
+    async fn change_log_backlog(&self, node: &str, tenant: &str, after: u64) -> Result<Backlog> {
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT COUNT(*), MIN(at) FROM change_log \
+                 WHERE node = $1 AND seq > $2 AND tenant = $3",
+                &[&node, &to_i64(after), &tenant],
+            )
+            .await
+            .map_err(db)?;
+        Ok(Backlog {
+            changes: row.get::<_, i64>(0).max(0) as u64,
+            oldest: row.get(1),
+        })
     }
 
     async fn prune_change_log(&self, node: &str, through: u64, before: i64) -> Result<u64> {

@@ -7,7 +7,9 @@ use rusqlite::Connection;
 
 use super::reader::{corrupt, position};
 use super::{to_i64, Db, SqliteStore};
-use crate::{LoggedChange, NotificationCursor, OutboxStore, Result, CHANGE_LOG_PRUNE_CHUNK};
+use crate::{
+    Backlog, LoggedChange, NotificationCursor, OutboxStore, Result, CHANGE_LOG_PRUNE_CHUNK,
+};
 
 #[async_trait]
 impl OutboxStore for SqliteStore {
@@ -36,6 +38,25 @@ impl OutboxStore for SqliteStore {
         let tenant = tenant.map(str::to_string);
         self.main
             .read(move |c| read_change_log(c, &node, tenant.as_deref(), after, through, limit))
+            .await
+    }
+
+    async fn change_log_backlog(&self, node: &str, tenant: &str, after: u64) -> Result<Backlog> {
+        let (node, tenant) = (node.to_string(), tenant.to_string());
+        self.main
+            .read(move |c| {
+                c.prepare_cached(
+                    "SELECT COUNT(*), MIN(at) FROM change_log                      WHERE node = ?1 AND seq > ?2 AND tenant = ?3",
+                )
+                .db()?
+                .query_row((&node, to_i64(after), &tenant), |r| {
+                    Ok(Backlog {
+                        changes: r.get::<_, i64>(0)?.max(0) as u64,
+                        oldest: r.get(1)?,
+                    })
+                })
+                .db()
+            })
             .await
     }
 
