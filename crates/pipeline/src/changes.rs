@@ -224,7 +224,7 @@ impl Ticket {
             seq: self.seq,
             tenant: change.tenant.clone(),
             at: weft_model::now_ms(),
-            json: change.to_log(),
+            body: change.to_log(),
         })
     }
 

@@ -3550,13 +3550,13 @@ where
 }
 
 /// A change of the change log, for the outbox tests.
-fn logged(node: &str, seq: u64, tenant: &str, at: i64, json: &str) -> crate::LoggedChange {
+fn logged(node: &str, seq: u64, tenant: &str, at: i64, body: &str) -> crate::LoggedChange {
     crate::LoggedChange {
         node: node.into(),
         seq,
         tenant: tenant.into(),
         at,
-        json: json.into(),
+        body: body.as_bytes().to_vec(),
     }
 }
 

@@ -25,8 +25,9 @@ pub struct LoggedChange {
     pub tenant: String,
     /// When it was committed, epoch milliseconds.
     pub at: i64,
-    /// The change itself, in the model's log form (opaque to the store).
-    pub json: String,
+    /// The change itself, in the model's log form (opaque bytes to the
+    /// store: compressed, so the log costs the writer few pages).
+    pub body: Vec<u8>,
 }
 
 /// How far one subscription has been served from one node's change log.

@@ -306,7 +306,7 @@ impl Subscriptions {
             };
             let complete = rows.len() < REPLAY_BATCH;
             for row in rows {
-                match EntityChange::from_log(&row.json) {
+                match EntityChange::from_log(&row.body) {
                     Ok(change) => {
                         if !self
                             .replay_one(&entry, generation, row.seq, &change, &mut backoff)

@@ -40,7 +40,7 @@ impl OutboxStore for PostgresStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
             .query(
-                "SELECT seq, tenant, at, json FROM change_log \
+                "SELECT seq, tenant, at, body FROM change_log \
                  WHERE node = $1 AND seq > $2 AND seq <= $3 \
                    AND ($5::TEXT IS NULL OR tenant = $5) \
                  ORDER BY seq LIMIT $4",
@@ -55,7 +55,7 @@ impl OutboxStore for PostgresStore {
                     seq: position(row, 0)?,
                     tenant: row.get(1),
                     at: row.get(2),
-                    json: row.get(3),
+                    body: row.get(3),
                 })
             })
             .collect()
@@ -176,22 +176,23 @@ pub(super) async fn log_changes(c: &Conn, changes: &[LoggedChange]) -> Result<()
         return Ok(());
     }
     let column = |f: fn(&LoggedChange) -> &str| changes.iter().map(f).collect::<Vec<&str>>();
+    let bodies: Vec<&[u8]> = changes.iter().map(|k| k.body.as_slice()).collect();
     let seqs: Vec<i64> = changes.iter().map(|k| to_i64(k.seq)).collect();
     let ats: Vec<i64> = changes.iter().map(|k| k.at).collect();
     c.execute(
-        "INSERT INTO change_log (node, seq, tenant, at, json) \
-         SELECT DISTINCT ON (node, seq) node, seq, tenant, at, json \
-         FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[]) \
-              WITH ORDINALITY AS u(node, seq, tenant, at, json, i) \
+        "INSERT INTO change_log (node, seq, tenant, at, body) \
+         SELECT DISTINCT ON (node, seq) node, seq, tenant, at, body \
+         FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::BYTEA[]) \
+              WITH ORDINALITY AS u(node, seq, tenant, at, body, i) \
          ORDER BY node, seq, i DESC \
          ON CONFLICT (node, seq) DO UPDATE SET \
-           tenant = excluded.tenant, at = excluded.at, json = excluded.json",
+           tenant = excluded.tenant, at = excluded.at, body = excluded.body",
         &[
             &column(|k| &k.node),
             &seqs,
             &column(|k| &k.tenant),
             &ats,
-            &column(|k| &k.json),
+            &bodies,
         ],
     )
     .await

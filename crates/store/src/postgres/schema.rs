@@ -302,7 +302,7 @@ CREATE TABLE change_log (
     seq    BIGINT NOT NULL,
     tenant TEXT   NOT NULL,
     at     BIGINT NOT NULL,
-    json   TEXT   NOT NULL,
+    body   BYTEA  NOT NULL,
     PRIMARY KEY (node, seq)
 );
 CREATE TABLE notification_cursors (

@@ -162,10 +162,10 @@ fn read_change_log(
 ) -> Result<Vec<LoggedChange>> {
     // One statement per filter, so neither has to plan for the other.
     let sql = if tenant.is_some() {
-        "SELECT seq, tenant, at, json FROM change_log \
+        "SELECT seq, tenant, at, body FROM change_log \
          WHERE node = ?1 AND seq > ?2 AND seq <= ?3 AND tenant = ?5 ORDER BY seq LIMIT ?4"
     } else {
-        "SELECT seq, tenant, at, json FROM change_log \
+        "SELECT seq, tenant, at, body FROM change_log \
          WHERE node = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4"
     };
     let mut stmt = conn.prepare_cached(sql).db()?;
@@ -182,7 +182,7 @@ fn read_change_log(
             seq: position(row, 0)?,
             tenant: row.get(1).db()?,
             at: row.get(2).db()?,
-            json: row.get(3).db()?,
+            body: row.get(3).db()?,
         });
     }
     Ok(out)
@@ -197,7 +197,7 @@ pub(super) fn log_changes<'a>(
     for change in changes {
         if stmt.is_none() {
             stmt = Some(conn.prepare_cached(
-                "INSERT OR REPLACE INTO change_log (node, seq, tenant, at, json) \
+                "INSERT OR REPLACE INTO change_log (node, seq, tenant, at, body) \
                  VALUES (?1, ?2, ?3, ?4, ?5)",
             )?);
         }
@@ -207,7 +207,7 @@ pub(super) fn log_changes<'a>(
                 to_i64(change.seq),
                 &change.tenant,
                 change.at,
-                &change.json,
+                &change.body,
             ))?;
         }
     }

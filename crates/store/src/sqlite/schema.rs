@@ -119,8 +119,8 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `change_log`, `notification_cursors` (step 17, main file): every
 ///   entity change some subscription may owe a notification for, logged
 ///   per node in the transaction that makes it, keyed by the node's order
-///   of changes, with its tenant, commit time and the model's JSON of the
-///   change; and per node and subscription how far it has been served
+///   of changes, with its tenant, commit time and the model's (compressed)
+///   form of the change; and per node and subscription how far it has been served
 ///   ([`OutboxStore`](crate::OutboxStore)).
 /// - `ingest_log.pins` (step 15, log file): the channel and device type
 ///   the ingest key an uplink came with is limited to (JSON, NULL for
@@ -434,9 +434,9 @@ CREATE TABLE change_log (
     seq    INTEGER NOT NULL,
     tenant TEXT    NOT NULL,
     at     INTEGER NOT NULL,
-    json   TEXT    NOT NULL,
+    body   BLOB    NOT NULL,
     PRIMARY KEY (node, seq)
-) WITHOUT ROWID;
+);
 CREATE TABLE notification_cursors (
     node         TEXT    NOT NULL,
     tenant       TEXT    NOT NULL,
