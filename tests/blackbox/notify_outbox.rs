@@ -414,6 +414,17 @@ async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
     assert_eq!(n["timesSent"], 50, "{n}");
     assert_eq!(n["lastFailureReason"], "Couldn't connect to server", "{n}");
     assert!(sink.got().is_empty());
+    // What it owes shows: served from the log, the oldest change waiting.
+    let (status, deliveries) = c
+        .send("GET", "/api/v1/subscriptions/delivery", None, None)
+        .await;
+    assert_eq!(status, 200, "{deliveries}");
+    let d = &deliveries[0];
+    assert_eq!(d["id"], subs[0]["id"], "{d}");
+    assert_eq!(d["fromLog"], true, "{d}");
+    assert_eq!(d["owed"], 50, "{d}");
+    assert!(d["oldestOwed"].is_string(), "{d}");
+    assert_eq!(d["failing"], "Couldn't connect to server", "{d}");
 
     // Down long enough for the retries to back off to their longest wait.
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -434,6 +445,15 @@ async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
     assert_eq!(subs[0]["status"], "active", "{subs}");
     assert!(n.get("lastSuccess").is_some(), "{n}");
     assert!(n.get("failsCounter").is_none_or(|f| f == 0), "{n}");
+    let deliveries = eventually(Duration::from_secs(5), || async {
+        let (_, d) = c
+            .send("GET", "/api/v1/subscriptions/delivery", None, None)
+            .await;
+        (d[0]["fromLog"] == false).then_some(d)
+    })
+    .await;
+    assert_eq!(deliveries[0]["owed"], 0, "{deliveries}");
+    assert!(deliveries[0].get("failing").is_none(), "{deliveries}");
 
     // Back live: the next change goes out at once.
     let (status, _) = c

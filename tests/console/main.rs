@@ -692,6 +692,7 @@ async fn every_screen_opens_without_errors() {
             let screens = [
                 ("#/entities?q=temperature%3E20", "NGSI entities", "Room2"),
                 ("#/subscriptions", "Subscriptions", "rooms"),
+                ("#/subscriptions", "Subscriptions", "live"),
                 ("#/rules", "Rules", "temperature>30"),
                 ("#/rules/hot", "Rule hot", "temperature>30"),
                 ("#/channels", "Channels", "Bridges"),

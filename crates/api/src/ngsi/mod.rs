@@ -271,6 +271,10 @@ pub fn routes() -> Routes {
             ),
         )
         .route(
+            "/api/v1/subscriptions/delivery",
+            get(READ, subscriptions::deliveries),
+        )
+        .route(
             "/v2/subscriptions/{id}",
             others(
                 get(READ, subscriptions::retrieve)

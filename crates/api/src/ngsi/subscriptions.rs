@@ -77,6 +77,28 @@ pub async fn list(
     ))
 }
 
+/// `GET /api/v1/subscriptions/delivery`: how each subscription of the
+/// tenant is being delivered (weft's own: Orion has no such thing), in
+/// creation order: `{"id", "fromLog", "owed", "oldestOwed", "failing"}`
+/// (the last two only when there is something to say).
+pub async fn deliveries(State(state): State<AppState>, Tenant(tenant): Tenant) -> Result<Response> {
+    let reports = state.services.subscriptions.deliveries(Some(&tenant)).await;
+    let body: Vec<Value> = reports
+        .into_iter()
+        .map(|d| {
+            let mut v = serde_json::json!({"id": d.id, "fromLog": d.from_log, "owed": d.owed});
+            if let Some(at) = d.oldest_owed {
+                v["oldestOwed"] = weft_model::ngsi::format_datetime(at).into();
+            }
+            if let Some(reason) = d.failing {
+                v["failing"] = reason.into();
+            }
+            v
+        })
+        .collect();
+    Ok(axum::Json(body).into_response())
+}
+
 /// `GET /v2/subscriptions/{id}`.
 pub async fn retrieve(
     State(state): State<AppState>,

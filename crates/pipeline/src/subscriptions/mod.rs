@@ -331,6 +331,7 @@ impl Subscriptions {
             self.save_cursors(ticks.is_multiple_of(PRUNE_EVERY)).await;
             if ticks.is_multiple_of(FLUSH_EVERY) {
                 self.flush().await;
+                self.report_metrics().await;
             }
         }
     }
@@ -760,7 +761,7 @@ impl Subscriptions {
             && replay.is_none()
             && sub.notification.delivery == Guarantee::AtLeastOnce
         {
-            state.delivery.in_flight.push_back(seq);
+            state.delivery.in_flight.push_back((seq, now));
         }
         drop(state);
         match request {

@@ -51,6 +51,29 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// The reason an invalid URL fails with: no retry can mend it.
 pub(crate) const INVALID_URL: &str = "Invalid URL parsing notification url";
 
+/// How one subscription is being delivered, as
+/// [`Subscriptions::deliveries`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryReport {
+    /// The subscription's id.
+    pub id: String,
+    /// Its tenant.
+    #[serde(skip)]
+    pub tenant: String,
+    /// Served from the change log (catching up after a failure, a full
+    /// queue or a restart) rather than live.
+    pub from_log: bool,
+    /// Notifications owed: those on their way when live; from the log,
+    /// the changes of its tenant it has still to go through (an upper
+    /// bound: not every one concerns it).
+    pub owed: u64,
+    /// When the oldest of them was committed (epoch ms).
+    pub oldest_owed: Option<i64>,
+    /// Why its receiver last failed, while it does.
+    pub failing: Option<String>,
+}
+
 /// How a subscription is being served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -89,8 +112,9 @@ pub(crate) enum Firing {
 pub(crate) struct Delivery {
     /// How it is being served.
     pub mode: Mode,
-    /// Changes whose live notifications are on their way, in order.
-    pub in_flight: VecDeque<u64>,
+    /// Changes whose live notifications are on their way, in order, with
+    /// when each was triggered (epoch ms).
+    pub in_flight: VecDeque<(u64, i64)>,
     /// Bumped each time it goes to the log: live notifications of an
     /// older generation are dropped unsent.
     pub generation: u64,
@@ -133,7 +157,7 @@ impl Delivery {
             Mode::FromLog { through } => through,
             Mode::Live { from } => match self.in_flight.front() {
                 // Live notifications are only for changes after `from`.
-                Some(&first) => first.saturating_sub(1),
+                Some(&(first, _)) => first.saturating_sub(1),
                 None => finished.max(from),
             },
         }
@@ -167,7 +191,7 @@ impl Subscriptions {
             return;
         }
         let in_flight = &mut state.delivery.in_flight;
-        if let Some(i) = in_flight.iter().position(|&s| s == seq) {
+        if let Some(i) = in_flight.iter().position(|&(s, _)| s == seq) {
             in_flight.remove(i);
         }
     }
@@ -413,6 +437,76 @@ impl Subscriptions {
         }
     }
 
+    /// Every subscription of `tenant` (all tenants: `None`) with how it is
+    /// being delivered, in creation order: what the API and the console
+    /// show, and the metrics sum up.
+    pub async fn deliveries(&self, tenant: Option<&str>) -> Vec<DeliveryReport> {
+        let mut entries: Vec<Arc<Entry>> = self
+            .tenants
+            .read()
+            .iter()
+            .filter(|(t, _)| tenant.is_none_or(|want| want == t.as_str()))
+            .flat_map(|(_, t)| t.by_id.values().cloned())
+            .collect();
+        entries.sort_by_key(|e| e.created);
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let (id, mode, in_flight, failing) = {
+                let state = entry.state.lock();
+                (
+                    state.sub.id.clone(),
+                    state.delivery.mode,
+                    (
+                        state.delivery.in_flight.len(),
+                        state.delivery.in_flight.front().map(|&(_, at)| at),
+                    ),
+                    state.delivery.failing.clone(),
+                )
+            };
+            let (from_log, owed, oldest) = match mode {
+                Mode::Live { .. } => (false, in_flight.0 as u64, in_flight.1),
+                Mode::FromLog { through } => {
+                    match self
+                        .store
+                        .change_log_backlog(&self.node, &entry.tenant, through)
+                        .await
+                    {
+                        Ok(b) => (true, b.changes, b.oldest),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading a subscription's backlog failed");
+                            (true, 0, None)
+                        }
+                    }
+                }
+            };
+            out.push(DeliveryReport {
+                id,
+                tenant: entry.tenant.clone(),
+                from_log,
+                owed,
+                oldest_owed: oldest,
+                failing,
+            });
+        }
+        out
+    }
+
+    /// Sets the outbox's gauges from [`Subscriptions::deliveries`].
+    pub(crate) async fn report_metrics(&self) {
+        let all = self.deliveries(None).await;
+        let now = weft_model::now_ms();
+        let owed: u64 = all.iter().map(|d| d.owed).sum();
+        let oldest = all
+            .iter()
+            .filter_map(|d| d.oldest_owed)
+            .min()
+            .map_or(0.0, |at| (now - at).max(0) as f64 / 1000.0);
+        let from_log = all.iter().filter(|d| d.from_log).count();
+        metrics::gauge!("weft_notifications_owed").set(owed as f64);
+        metrics::gauge!("weft_notifications_oldest_owed_seconds").set(oldest);
+        metrics::gauge!("weft_subscriptions_served_from_log").set(from_log as f64);
+    }
+
     /// Stores the cursors that moved since they were last stored, then,
     /// every `prune_every`-th call, prunes the log up to the lowest one.
     pub(crate) async fn save_cursors(&self, prune: bool) {
@@ -492,7 +586,7 @@ mod tests {
         let mut d = Delivery::live(10);
         assert_eq!(d.cursor(12), 12);
         assert_eq!(d.cursor(5), 10, "never behind where it went live");
-        d.in_flight.extend([14, 17]);
+        d.in_flight.extend([(14, 0), (17, 0)]);
         assert_eq!(d.cursor(20), 13);
         d.in_flight.pop_front();
         assert_eq!(d.cursor(20), 16);
