@@ -845,3 +845,97 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
     assert!(!again.admitted(Duration::from_secs(3)).await);
     let _ = KEY;
 }
+
+/// MQTT notifications are at least once too: a broker that is down when
+/// an entity changes gets every notification once it is up, and a QoS 1
+/// notification counts as sent only once the broker acknowledged it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up() {
+    let bin =
+        std::env::var("WEFT_TEST_MOSQUITTO").expect("WEFT_TEST_MOSQUITTO (scripts/test-services)");
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("mosquitto.conf");
+    let mut text = format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n");
+    if is_root() {
+        text.push_str("user root\n");
+    }
+    std::fs::write(&conf, text).unwrap();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let server = Server::start();
+    let c = server.client();
+    let base = unique("owed/");
+    // One retained topic per value: a subscriber that comes after the
+    // broker gets every one that reached it.
+    let (status, reply) = c
+        .send(
+            "POST",
+            "/v2/subscriptions",
+            Some(&json!({
+                "subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                "notification": {"mqttCustom": {"url": url, "topic": format!("{base}/${{seq}}"),
+                                                "qos": 1, "retain": true,
+                                                "payload": "${seq}"}}
+            })),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{reply}");
+    c.send(
+        "POST",
+        "/v2/entities",
+        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
+        None,
+    )
+    .await;
+    for v in 1..=5 {
+        c.send(
+            "PATCH",
+            "/v2/entities/Room1/attrs",
+            Some(&json!({"seq": {"value": v, "type": "Number"}})),
+            None,
+        )
+        .await;
+    }
+    let failing = eventually(Duration::from_secs(10), || async {
+        let (_, d) = c
+            .send("GET", "/api/v1/subscriptions/delivery", None, None)
+            .await;
+        d[0]["failing"].is_string().then_some(d)
+    })
+    .await;
+    assert_eq!(failing[0]["fromLog"], true, "{failing}");
+
+    let mut broker = std::process::Command::new(&bin)
+        .arg("-c")
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("mosquitto starts");
+    wait_port(port).await;
+    eventually(Duration::from_secs(30), || async {
+        let (_, d) = c
+            .send("GET", "/api/v1/subscriptions/delivery", None, None)
+            .await;
+        (d[0]["fromLog"] == false).then_some(())
+    })
+    .await;
+    let mut subscriber = Mqtt::connect(&url, &unique("sub-"), None).await;
+    subscriber.subscribe(&format!("{base}/#")).await;
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < 6 {
+        let (topic, payload) = subscriber.next().await;
+        assert_eq!(
+            topic,
+            format!("{base}/{}", String::from_utf8_lossy(&payload))
+        );
+        got.insert(String::from_utf8_lossy(&payload).into_owned());
+    }
+    let want: std::collections::BTreeSet<String> = (0..=5).map(|v| v.to_string()).collect();
+    assert_eq!(got, want, "the creation and every update");
+    let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
+    assert!(subs[0]["notification"]["lastSuccess"].is_string(), "{subs}");
+    let _ = broker.kill();
+    let _ = broker.wait();
+}

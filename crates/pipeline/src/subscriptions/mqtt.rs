@@ -3,11 +3,16 @@
 //!
 //! A connection is opened on the first notification to its broker and
 //! kept while it is used: one idle for [`MAX_IDLE`] is closed (Orion's
-//! `-mqttMaxAge`, an hour by default). A publish succeeds once the
-//! connection is up and the message is handed to it; a broker that cannot
-//! be reached within the notification timeout fails the notification, with
-//! the connection error as its reason, like an HTTP endpoint that does not
-//! answer.
+//! `-mqttMaxAge`, an hour by default). Publishes on one connection go one
+//! at a time: a QoS 0 publish succeeds once it is written to the
+//! connection, a QoS 1 or 2 one once the broker has acknowledged it
+//! (PUBACK, PUBCOMP), so a notification counts as delivered only when the
+//! broker has it. A broker that cannot be reached, or does not
+//! acknowledge, within the notification timeout fails the notification,
+//! with the connection error as its reason, like an HTTP endpoint that
+//! does not answer; the connection is then dropped (a new one is opened
+//! for the next publish, so nothing retransmitted on the old one is taken
+//! for a later publish's acknowledgement), and the outbox sends it again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,11 +48,23 @@ enum State {
     Down(String),
 }
 
+/// What the event loop reports of publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ack {
+    /// A publish was written, with this packet id (0 for QoS 0).
+    Sent(u16),
+    /// The broker acknowledged packet id (PUBACK for QoS 1, PUBCOMP for 2).
+    Acked(u16),
+}
+
 /// One broker connection.
 struct Connection {
     client: AsyncClient,
     state: watch::Receiver<State>,
     last_used: Mutex<Instant>,
+    /// The event loop's reports; the lock makes publishes go one at a
+    /// time, so the reports after a publish are its own.
+    acks: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Ack>>,
 }
 
 impl Drop for Connection {
@@ -99,16 +116,57 @@ impl Pool {
             };
             return Err(reason);
         }
-        connection
-            .client
-            .publish(
-                publish.topic.clone(),
-                qos(publish.qos),
-                publish.retain,
-                payload,
-            )
-            .await
-            .map_err(|e| e.to_string())
+        let outcome = tokio::time::timeout(timeout, async {
+            let mut acks = connection.acks.lock().await;
+            while acks.try_recv().is_ok() {}
+            connection
+                .client
+                .publish(
+                    publish.topic.clone(),
+                    qos(publish.qos),
+                    publish.retain,
+                    payload,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut sent = None;
+            loop {
+                match acks.recv().await {
+                    Some(Ack::Sent(pkid)) if sent.is_none() => {
+                        if publish.qos == 0 {
+                            return Ok(());
+                        }
+                        sent = Some(pkid);
+                    }
+                    Some(Ack::Acked(pkid)) if sent == Some(pkid) => return Ok(()),
+                    Some(_) => {}
+                    None => return Err("the connection to the broker closed".to_string()),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err("Timeout was reached".to_string()));
+        if outcome.is_err() {
+            self.forget(url, &publish.credentials, &connection);
+        }
+        outcome
+    }
+
+    /// Drops `connection` from the pool (if it is still the one there).
+    fn forget(
+        &self,
+        url: &str,
+        credentials: &Option<(String, String)>,
+        connection: &Arc<Connection>,
+    ) {
+        let key = (url.to_string(), credentials.clone());
+        let mut connections = self.connections.lock();
+        if connections
+            .get(&key)
+            .is_some_and(|c| Arc::ptr_eq(c, connection))
+        {
+            connections.remove(&key);
+        }
     }
 
     /// The connection for a URL and credentials, opened on first use;
@@ -137,6 +195,7 @@ impl Pool {
         let options = client_options(&settings)?;
         let (client, mut events) = AsyncClient::new(options, 256);
         let (tx, rx) = watch::channel(State::Connecting);
+        let (acks_tx, acks_rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
             loop {
@@ -144,6 +203,15 @@ impl Pool {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         delay = Duration::from_millis(100);
                         let _ = tx.send(State::Up);
+                    }
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) => {
+                        let _ = acks_tx.send(Ack::Sent(pkid));
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                        let _ = acks_tx.send(Ack::Acked(ack.pkid));
+                    }
+                    Ok(Event::Incoming(Packet::PubComp(comp))) => {
+                        let _ = acks_tx.send(Ack::Acked(comp.pkid));
                     }
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                     Ok(_) => {}
@@ -162,6 +230,7 @@ impl Pool {
             client,
             state: rx,
             last_used: Mutex::new(Instant::now()),
+            acks: tokio::sync::Mutex::new(acks_rx),
         });
         connections.insert(key, connection.clone());
         Ok(connection)
