@@ -13,27 +13,27 @@ use crate::util::*;
 
 /// One notification as a receiver got it.
 #[derive(Debug, Clone)]
-struct Got {
+pub(crate) struct Got {
     /// The path it was sent to (`/s<i>`: which subscription).
-    path: String,
+    pub(crate) path: String,
     /// The entity it is about.
-    entity: String,
+    pub(crate) entity: String,
     /// The value it reports (`seq` of a room, `temperature` of a device).
-    value: i64,
+    pub(crate) value: i64,
     /// `Weft-Notification-Id`.
-    id: String,
+    pub(crate) id: String,
 }
 
 /// A notification receiver on a fixed port that records what it gets and
 /// can be taken down and brought back.
-struct Sink {
+pub(crate) struct Sink {
     port: u16,
     got: Arc<Mutex<Vec<Got>>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Sink {
-    async fn start() -> Sink {
+    pub(crate) async fn start() -> Sink {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
@@ -47,12 +47,12 @@ impl Sink {
         sink
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// Listens (again) on its port.
-    async fn up(&mut self) {
+    pub(crate) async fn up(&mut self) {
         let got = self.got.clone();
         let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
             let got = got.clone();
@@ -94,14 +94,14 @@ impl Sink {
     }
 
     /// Stops listening: connections are refused until [`Sink::up`].
-    async fn down(&mut self) {
+    pub(crate) async fn down(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
             let _ = task.await;
         }
     }
 
-    fn got(&self) -> Vec<Got> {
+    pub(crate) fn got(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
     }
 }

@@ -1087,3 +1087,64 @@ async fn a_channel_is_shared_by_both_nodes() {
     let (status, body) = on_a.send("GET", path, None, None).await;
     assert_eq!(status, 404, "{body}");
 }
+
+/// A node killed while its subscription's receiver is down leaves
+/// notifications owed in its change log: once it is gone, the surviving
+/// node sends every one of them, in order, under the ids the dead node
+/// would have used.
+#[tokio::test]
+async fn notifications_a_killed_node_owed_are_sent_by_the_survivor() {
+    use crate::notify_outbox::Sink;
+    let Pair { mut a, b, .. } = Pair::start_with(&[("WEFT_CLUSTER__LEASE_TTL", "2s")]).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    let mut sink = Sink::start().await;
+    let (status, body) = on_a
+        .send(
+            "POST",
+            "/v2/entities",
+            Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let sub = json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}});
+    let (status, headers, body) = call(&on_a, "POST", "/v2/subscriptions", None, Some(&sub)).await;
+    assert_eq!(status, 201, "{body}");
+    known_on(&on_b, headers["location"].to_str().unwrap()).await;
+    sink.down().await;
+    for v in 1..=20 {
+        let (status, body) = on_a
+            .send(
+                "PATCH",
+                "/v2/entities/Room1/attrs",
+                Some(&json!({"seq": {"value": v, "type": "Number"}})),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204, "{body}");
+    }
+    eventually(Duration::from_secs(10), || async {
+        let (_, d) = on_a
+            .send("GET", "/api/v1/subscriptions/delivery", None, None)
+            .await;
+        d[0]["failing"].is_string().then_some(())
+    })
+    .await;
+    a.kill9();
+    sink.up().await;
+    let got = eventually(Duration::from_secs(60), || async {
+        let got = sink.got();
+        let values: std::collections::BTreeSet<i64> = got.iter().map(|g| g.value).collect();
+        ((1..=20).all(|v| values.contains(&v))).then_some(got)
+    })
+    .await;
+    let mut ids = std::collections::HashSet::new();
+    let mut last = 0;
+    for g in &got {
+        if ids.insert(g.id.clone()) {
+            assert!(g.value > last, "out of order: {got:?}");
+            last = g.value;
+        }
+    }
+}

@@ -21,7 +21,7 @@
 //! judges expiry for every node alike, and a node that cannot reach the
 //! database could not do the work anyway.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +43,8 @@ pub mod work {
     pub const EXPIRY: &str = "expiry";
     /// The channel bridges (weft's events published into channels).
     pub const BRIDGES: &str = "bridges";
+    /// Serving the notifications a dead node owed from its change log.
+    pub const OUTBOX: &str = "outbox";
 }
 
 /// How leases and heartbeats are timed.
@@ -111,6 +113,25 @@ impl Cluster {
     /// This node's id.
     pub fn node(&self) -> &str {
         &self.info.node
+    }
+
+    /// The other nodes heard from within a lease's time: a node missing
+    /// from the answer is dead (or gone), and its work is free.
+    pub async fn others_alive(&self) -> Result<HashSet<String>, weft_store::StoreError> {
+        let view = self.store.cluster_view().await?;
+        Ok(view
+            .nodes
+            .into_iter()
+            .filter(|n| {
+                n.info.node != self.info.node && view.now - n.last_seen <= ms(self.config.lease_ttl)
+            })
+            .map(|n| n.info.node)
+            .collect())
+    }
+
+    /// How long a claimed lease lasts unless renewed.
+    pub fn lease_ttl(&self) -> Duration {
+        self.config.lease_ttl
     }
 
     /// The work this node does right now (the leases it holds): a piece

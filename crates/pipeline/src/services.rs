@@ -180,6 +180,12 @@ impl Services {
             });
         }
         context.changes().add_listener(subscriptions.clone());
+        if bus.node().is_some() {
+            let (subscriptions, serving) = (subscriptions.clone(), cluster.clone());
+            cluster.run_leased(work::OUTBOX, shutdown.clone(), tracker, move |stop| {
+                subscriptions.clone().serve_orphans(serving.clone(), stop)
+            });
+        }
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
         let rules = RuleEngine::start(
             store.clone(),

@@ -3810,6 +3810,9 @@ where
         store.change_log_backlog("b", "", 0).await.unwrap().changes,
         1
     );
+    let mut nodes = store.change_log_nodes().await.unwrap();
+    nodes.sort();
+    assert_eq!(nodes, ["a", "b"]);
     assert_eq!(
         store
             .prune_change_log("a", u64::MAX, i64::MAX)

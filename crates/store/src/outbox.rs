@@ -77,6 +77,9 @@ pub trait OutboxStore: Send + Sync {
         through: u64,
         limit: usize,
     ) -> Result<Vec<LoggedChange>>;
+    /// Every node with changes in the log (a dead node's log is served by
+    /// another until it comes back).
+    async fn change_log_nodes(&self) -> Result<Vec<String>>;
     /// How many changes of `tenant` in `node`'s log come after `after`, and
     /// when the first of them was committed: what a subscription served
     /// from the log has still to go through.

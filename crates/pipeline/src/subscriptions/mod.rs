@@ -610,7 +610,7 @@ impl Subscriptions {
         change: &EntityChange,
         now: i64,
         sequence: &mut u32,
-        replay: Option<u64>,
+        serving: outbox::Serving<'_>,
     ) -> Option<sender::Job> {
         if !path_matches(&entry.service_paths, &change.service_path) {
             return None;
@@ -618,13 +618,17 @@ impl Subscriptions {
         let mut state = entry.state.lock();
         let delivery = &state.delivery;
         let counted = seq <= delivery.counted_through;
-        let firing = match (replay, delivery.mode) {
-            (None, outbox::Mode::Live { from }) if seq > from => outbox::Firing::Live,
-            (None, outbox::Mode::FromLog { .. }) => match &delivery.failing {
+        let firing = match (serving, delivery.mode) {
+            // Another node's log: as that node would have fired it.
+            (outbox::Serving::Orphan(_), _) => outbox::Firing::Replay { counted: false },
+            (outbox::Serving::Live, outbox::Mode::Live { from }) if seq > from => {
+                outbox::Firing::Live
+            }
+            (outbox::Serving::Live, outbox::Mode::FromLog { .. }) => match &delivery.failing {
                 Some(reason) if !counted => outbox::Firing::Behind(reason.clone()),
                 _ => return None,
             },
-            (Some(g), outbox::Mode::FromLog { .. }) if g == delivery.generation => {
+            (outbox::Serving::Log(g), outbox::Mode::FromLog { .. }) if g == delivery.generation => {
                 outbox::Firing::Replay { counted }
             }
             _ => return None,
@@ -734,9 +738,13 @@ impl Subscriptions {
             Err(payload::NotSent::Failed(reason)) => Err(reason),
             Ok(mut request) => {
                 if self.sender.config().id_header && request.mqtt.is_none() {
+                    let node = match serving {
+                        outbox::Serving::Orphan(node) => node,
+                        _ => self.node.as_str(),
+                    };
                     request.headers.push((
                         sender::NOTIFICATION_ID_HEADER.to_string(),
-                        self.notification_id(&sub.id, seq),
+                        notification_id(&sub.id, node, seq),
                     ));
                 }
                 Ok(request)
@@ -758,7 +766,7 @@ impl Subscriptions {
         let generation = state.delivery.generation;
         // At most once, nothing is tracked: a failure is only counted.
         if request.is_ok()
-            && replay.is_none()
+            && serving == outbox::Serving::Live
             && sub.notification.delivery == Guarantee::AtLeastOnce
         {
             state.delivery.in_flight.push_back((seq, now));
@@ -782,16 +790,6 @@ impl Subscriptions {
 }
 
 impl Subscriptions {
-    /// The id of the notification of change `seq` for subscription `id`
-    /// ([`sender::NOTIFICATION_ID_HEADER`]).
-    fn notification_id(&self, id: &str, seq: u64) -> String {
-        if self.node.is_empty() {
-            format!("{id}-{seq}")
-        } else {
-            format!("{id}-{}-{seq}", self.node)
-        }
-    }
-
     /// Fires the candidates of change `seq` and queues their
     /// notifications; answers the subscriptions whose notifications wait
     /// for room.
@@ -809,7 +807,14 @@ impl Subscriptions {
         let mut sequence = 0;
         let mut parked = Vec::new();
         for entry in &candidates {
-            let Some(job) = self.fire(entry, seq, change, now, &mut sequence, None) else {
+            let Some(job) = self.fire(
+                entry,
+                seq,
+                change,
+                now,
+                &mut sequence,
+                outbox::Serving::Live,
+            ) else {
                 continue;
             };
             let key = (entry.tenant.clone(), job.lane_key.clone());
@@ -947,6 +952,16 @@ impl Follower for Subscriptions {
             }
         }
         Ok(())
+    }
+}
+
+/// The id of the notification of change `seq` of `node`'s log for
+/// subscription `id` ([`sender::NOTIFICATION_ID_HEADER`]).
+fn notification_id(id: &str, node: &str, seq: u64) -> String {
+    if node.is_empty() {
+        format!("{id}-{seq}")
+    } else {
+        format!("{id}-{node}-{seq}")
     }
 }
 

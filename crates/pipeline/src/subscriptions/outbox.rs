@@ -28,7 +28,7 @@
 //! A subscription that becomes `inactive` (`maxFailsLimit`, a fired
 //! `oneshot`) or expires owes nothing more: its cursor follows the log.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +40,8 @@ use weft_store::{NotificationCursor, CHANGE_LOG_PRUNE_CHUNK};
 use super::loops::MAX_NOTIFICATION_DEPTH;
 use super::sender::Outcome;
 use super::{Entry, Subscriptions};
+use crate::cluster::Cluster;
+use tokio_util::sync::CancellationToken;
 
 /// Changes read from the log at a time while serving from it.
 const REPLAY_BATCH: usize = 256;
@@ -72,6 +74,27 @@ pub struct DeliveryReport {
     pub oldest_owed: Option<i64>,
     /// Why its receiver last failed, while it does.
     pub failing: Option<String>,
+}
+
+/// Whether a change was made by a request too many notifications deep to
+/// notify anyone (see [`super::loops`]).
+fn too_deep(change: &EntityChange) -> bool {
+    change
+        .origin
+        .as_ref()
+        .is_some_and(|o| o.notification_depth() >= MAX_NOTIFICATION_DEPTH)
+}
+
+/// Who fires a subscription for a change ([`Subscriptions::fire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serving<'a> {
+    /// The live matcher, as changes are announced.
+    Live,
+    /// The subscription's own task serving it from this node's log, in
+    /// this delivery generation.
+    Log(u64),
+    /// This node serving a dead node's log (named).
+    Orphan(&'a str),
 }
 
 /// How a subscription is being served.
@@ -376,22 +399,54 @@ impl Subscriptions {
         change: &EntityChange,
         backoff: &mut Duration,
     ) -> bool {
-        if change
-            .origin
-            .as_ref()
-            .is_some_and(|o| o.notification_depth() >= MAX_NOTIFICATION_DEPTH)
-        {
+        if too_deep(change) {
             return true;
         }
         let now = weft_model::now_ms();
-        let Some(job) = self.fire(entry, seq, change, now, &mut 0, Some(generation)) else {
+        let Some(job) = self.fire(entry, seq, change, now, &mut 0, Serving::Log(generation)) else {
             return true;
         };
-        let mut counted = seq <= entry.state.lock().delivery.counted_through;
-        loop {
+        let counted = seq <= entry.state.lock().delivery.counted_through;
+        self.deliver(
+            entry,
+            job,
+            counted,
+            backoff,
             // It may have become inactive (the live matcher counting the
             // changes behind this one), or been handed over, meanwhile.
-            if !self.still_from_log(entry, generation) {
+            || self.still_from_log(entry, generation),
+            |failing| {
+                let mut state = entry.state.lock();
+                if state.delivery.generation == generation {
+                    if failing.is_none() {
+                        state.delivery.failing = None;
+                    } else {
+                        state.delivery.failing = failing.map(str::to_string);
+                        state.delivery.counted_through = state.delivery.counted_through.max(seq);
+                    }
+                }
+            },
+        )
+        .await
+    }
+
+    /// Sends `job` until its receiver takes it (answers whether it did, or
+    /// the URL can never work: go on), retrying with backoff while
+    /// `wanted` holds; `noted` hears of each outcome (the reason of a
+    /// failure, none for a success). Its failure counts once on the
+    /// subscription, and not at all when `counted` already, however often
+    /// it is retried (a retry is not a notification Orion would send).
+    async fn deliver(
+        &self,
+        entry: &Arc<Entry>,
+        job: super::sender::Job,
+        mut counted: bool,
+        backoff: &mut Duration,
+        wanted: impl Fn() -> bool,
+        noted: impl Fn(Option<&str>),
+    ) -> bool {
+        loop {
+            if !wanted() {
                 return false;
             }
             let outcome = self.sender.send_now(job.request.clone(), job.timeout).await;
@@ -404,32 +459,20 @@ impl Subscriptions {
             } else {
                 metrics::counter!("weft_notifications_sent_total").increment(1);
             }
-            // A notification's failure counts once, however often it is
-            // retried (a retry is not a notification Orion would send).
             if failed.is_none() || !counted {
                 let key = entry.record(outcome);
                 self.dirty.lock().insert(key);
             }
-            {
-                let mut state = entry.state.lock();
-                if state.delivery.generation != generation {
-                    return false;
+            noted(failed.as_deref());
+            match &failed {
+                None => {
+                    *backoff = MIN_BACKOFF;
+                    return true;
                 }
-                match &failed {
-                    None => {
-                        state.delivery.failing = None;
-                        *backoff = MIN_BACKOFF;
-                        return true;
-                    }
-                    Some(reason) if reason == INVALID_URL => return true,
-                    Some(reason) => {
-                        state.delivery.failing = Some(reason.clone());
-                        state.delivery.counted_through = state.delivery.counted_through.max(seq);
-                        counted = true;
-                    }
-                }
+                Some(reason) if reason == INVALID_URL => return true,
+                Some(_) => counted = true,
             }
-            if !self.registered(entry) {
+            if !self.registered(entry) || !wanted() {
                 return false;
             }
             tokio::time::sleep(*backoff).await;
@@ -437,6 +480,134 @@ impl Subscriptions {
         }
     }
 
+    /// Serves, while this node holds the outbox lease (until `stop`), what
+    /// nodes that are gone still owe from their change logs: each of their
+    /// subscriptions' notifications, from its cursor over the dead node's
+    /// log, as the dead node would have. A node that comes back serves its
+    /// log itself again, from the cursors moved here.
+    pub async fn serve_orphans(self: Arc<Self>, cluster: Arc<Cluster>, stop: CancellationToken) {
+        let pause = cluster.lease_ttl() / 3;
+        loop {
+            if let Err(e) = self.serve_orphans_once(&cluster, &stop).await {
+                tracing::warn!(error = %e, "serving a dead node's notifications failed; retrying");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One round of [`Subscriptions::serve_orphans`].
+    async fn serve_orphans_once(
+        &self,
+        cluster: &Cluster,
+        stop: &CancellationToken,
+    ) -> Result<(), weft_store::StoreError> {
+        let nodes = self.store.change_log_nodes().await?;
+        let alive = cluster.others_alive().await?;
+        for node in nodes {
+            if node == self.node || node.is_empty() || alive.contains(&node) {
+                continue;
+            }
+            let cursors: HashMap<(String, String), u64> = self
+                .store
+                .load_notification_cursors(&node)
+                .await?
+                .into_iter()
+                .map(|c| ((c.tenant, c.subscription), c.through))
+                .collect();
+            let mut entries: Vec<Arc<Entry>> = self
+                .tenants
+                .read()
+                .values()
+                .flat_map(|t| t.by_id.values().cloned())
+                .collect();
+            entries.sort_by_key(|e| e.created);
+            for entry in entries {
+                let id = entry.id();
+                let Some(&from) = cursors.get(&(entry.tenant.clone(), id.clone())) else {
+                    continue;
+                };
+                if !self
+                    .serve_orphan(&node, &entry, from, cluster, stop)
+                    .await?
+                {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves `entry` from dead `node`'s log after change `from`; answers
+    /// whether to go on with the others (false: stopped, or the node came
+    /// back).
+    async fn serve_orphan(
+        &self,
+        node: &str,
+        entry: &Arc<Entry>,
+        mut from: u64,
+        cluster: &Cluster,
+        stop: &CancellationToken,
+    ) -> Result<bool, weft_store::StoreError> {
+        let mut backoff = MIN_BACKOFF;
+        let wanted = || {
+            !stop.is_cancelled()
+                && self.registered(entry)
+                && entry.state.lock().sub.status != Status::Inactive
+        };
+        loop {
+            let rows = self
+                .store
+                .read_change_log(node, Some(&entry.tenant), from, u64::MAX, REPLAY_BATCH)
+                .await?;
+            let Some(last) = rows.last().map(|r| r.seq) else {
+                return Ok(true);
+            };
+            let mut served = true;
+            for row in &rows {
+                let Ok(change) = EntityChange::from_log(&row.body) else {
+                    continue;
+                };
+                if too_deep(&change) {
+                    continue;
+                }
+                let now = weft_model::now_ms();
+                let fired = self.fire(entry, row.seq, &change, now, &mut 0, Serving::Orphan(node));
+                if let Some(job) = fired {
+                    if !self
+                        .deliver(entry, job, false, &mut backoff, wanted, |_| {})
+                        .await
+                    {
+                        served = false;
+                        break;
+                    }
+                }
+                from = row.seq;
+            }
+            let cursor = NotificationCursor {
+                tenant: entry.tenant.clone(),
+                subscription: entry.id(),
+                // Nothing more is owed to one gone or inactive.
+                through: if served || !stop.is_cancelled() && !wanted() {
+                    last.max(from)
+                } else {
+                    from
+                },
+            };
+            self.store
+                .save_notification_cursors(node, vec![cursor])
+                .await?;
+            if stop.is_cancelled() || cluster.others_alive().await?.contains(node) {
+                return Ok(false);
+            }
+            if !served {
+                return Ok(true);
+            }
+            from = last;
+        }
+    }
     /// Every subscription of `tenant` (all tenants: `None`) with how it is
     /// being delivered, in creation order: what the API and the console
     /// show, and the metrics sum up.

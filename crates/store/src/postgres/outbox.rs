@@ -61,6 +61,15 @@ impl OutboxStore for PostgresStore {
             .collect()
     }
 
+    async fn change_log_nodes(&self) -> Result<Vec<String>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query("SELECT DISTINCT node FROM change_log", &[])
+            .await
+            .map_err(db)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn change_log_backlog(&self, node: &str, tenant: &str, after: u64) -> Result<Backlog> {
         let client = self.reader().await?;
         let row = client

@@ -41,6 +41,22 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
+    async fn change_log_nodes(&self) -> Result<Vec<String>> {
+        self.main
+            .read(|c| {
+                let mut stmt = c
+                    .prepare_cached("SELECT DISTINCT node FROM change_log")
+                    .db()?;
+                let mut rows = stmt.query([]).db()?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().db()? {
+                    out.push(row.get(0).db()?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
     async fn change_log_backlog(&self, node: &str, tenant: &str, after: u64) -> Result<Backlog> {
         let (node, tenant) = (node.to_string(), tenant.to_string());
         self.main
