@@ -478,7 +478,7 @@ fn a_node_that_cannot_reach_nats_fails_at_start() {
 
 /// The work done once across the cluster by one node, as a node's
 /// `/health` lists it (the pipeline is split into partitions instead).
-const SINGULAR_WORK: [&str; 3] = ["bridges", "expiry", "history"];
+const SINGULAR_WORK: [&str; 4] = ["bridges", "expiry", "history", "outbox"];
 
 /// How many partitions the pipeline is split into on PostgreSQL.
 const PARTITIONS: u16 = 16;
