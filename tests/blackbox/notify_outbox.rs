@@ -585,3 +585,64 @@ async fn at_most_once_is_fire_and_forget() {
     .await;
     assert_eq!(got.iter().map(|g| g.value).collect::<Vec<_>>(), [4]);
 }
+
+/// A subscription may owe at most `notifications.max_owed` changes: one
+/// whose receiver stays down longer skips the oldest, counts them, and
+/// gets the newest once its receiver is back.
+#[tokio::test]
+async fn a_subscription_owes_at_most_max_owed_changes() {
+    let server = Server::start_with_env(&[("WEFT_NOTIFICATIONS__MAX_OWED", "10")]);
+    let c = server.client();
+    let mut sink = Sink::start().await;
+    c.send(
+        "POST",
+        "/v2/entities",
+        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
+        None,
+    )
+    .await;
+    c.send(
+        "POST",
+        "/v2/subscriptions",
+        Some(
+            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}}),
+        ),
+        None,
+    )
+    .await;
+    sink.down().await;
+    for v in 1..=30 {
+        c.send(
+            "PATCH",
+            "/v2/entities/Room1/attrs",
+            Some(&json!({"seq": {"value": v, "type": "Number"}})),
+            None,
+        )
+        .await;
+    }
+    let dropped = eventually(Duration::from_secs(15), || async {
+        let (_, d) = c
+            .send("GET", "/api/v1/subscriptions/delivery", None, None)
+            .await;
+        d[0]["dropped"].as_u64().filter(|&n| n > 0)
+    })
+    .await;
+    sink.up().await;
+    let got = eventually(Duration::from_secs(30), || async {
+        let got = sink.got();
+        got.last().is_some_and(|g| g.value == 30).then_some(got)
+    })
+    .await;
+    let values: Vec<i64> = got.iter().map(|g| g.value).collect();
+    assert!(values.len() <= 11, "at most max_owed resent: {values:?}");
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "in order: {values:?}"
+    );
+    assert_eq!(
+        dropped as usize + values.len(),
+        30,
+        "every change either skipped and counted or sent: {values:?}, {dropped} dropped"
+    );
+}

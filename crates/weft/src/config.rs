@@ -546,6 +546,9 @@ pub struct NotificationsSection {
     /// not been served it yet (a receiver down for longer misses it).
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
+    /// The most changes (of the node's change log) a subscription may be
+    /// behind its receiver; the older ones are skipped and counted.
+    pub max_owed: u64,
 }
 
 impl Default for NotificationsSection {
@@ -557,6 +560,7 @@ impl Default for NotificationsSection {
             queue_per_connection: d.lane_capacity,
             id_header: d.id_header,
             retention: d.retention,
+            max_owed: d.max_owed,
         }
     }
 }

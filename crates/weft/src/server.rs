@@ -328,6 +328,7 @@ fn services_config(config: &Config) -> ServicesConfig {
             lane_capacity: config.notifications.queue_per_connection.max(1),
             id_header: config.notifications.id_header,
             retention: config.notifications.retention,
+            max_owed: config.notifications.max_owed.max(1),
         },
         record_history: config.history.record_changes,
         history_retention: config.history.retention_policy(),

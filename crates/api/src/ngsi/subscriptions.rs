@@ -93,6 +93,9 @@ pub async fn deliveries(State(state): State<AppState>, Tenant(tenant): Tenant) -
             if let Some(reason) = d.failing {
                 v["failing"] = reason.into();
             }
+            if d.dropped > 0 {
+                v["dropped"] = d.dropped.into();
+            }
             v
         })
         .collect();

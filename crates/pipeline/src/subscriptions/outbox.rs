@@ -74,6 +74,9 @@ pub struct DeliveryReport {
     pub oldest_owed: Option<i64>,
     /// Why its receiver last failed, while it does.
     pub failing: Option<String>,
+    /// Changes of its tenant skipped since weft started because it fell
+    /// more than `notifications.max_owed` behind.
+    pub dropped: u64,
 }
 
 /// Whether a change was made by a request too many notifications deep to
@@ -83,6 +86,17 @@ fn too_deep(change: &EntityChange) -> bool {
         .origin
         .as_ref()
         .is_some_and(|o| o.notification_depth() >= MAX_NOTIFICATION_DEPTH)
+}
+
+/// How one replayed change went ([`Subscriptions::replay_one`]).
+enum Replayed {
+    /// Done with (delivered, or nothing to send): on to the next.
+    Next,
+    /// The subscription is gone, inactive or handed over: stop serving it.
+    Stop,
+    /// Its receiver failed until the subscription fell more than
+    /// `max_owed` changes behind: skip ahead.
+    TooFarBehind,
 }
 
 /// Who fires a subscription for a change ([`Subscriptions::fire`]).
@@ -149,6 +163,9 @@ pub(crate) struct Delivery {
     /// The last change whose notification was counted (sent and failed)
     /// but not yet delivered: retries of these are not counted again.
     pub counted_through: u64,
+    /// Changes skipped since the start because it fell more than
+    /// `max_owed` behind.
+    pub dropped: u64,
 }
 
 impl Delivery {
@@ -161,6 +178,7 @@ impl Delivery {
             saved: None,
             failing: None,
             counted_through: 0,
+            dropped: 0,
         }
     }
 
@@ -339,6 +357,7 @@ impl Subscriptions {
             // Every change up to `head` has been announced, so every one of
             // them that was committed is in the log.
             let head = self.entered.load(Ordering::SeqCst);
+            let from = self.cap(&entry, generation, from, head).await;
             let rows = match self
                 .store
                 .read_change_log(&self.node, Some(&entry.tenant), from, head, REPLAY_BATCH)
@@ -351,15 +370,21 @@ impl Subscriptions {
                     continue;
                 }
             };
-            let complete = rows.len() < REPLAY_BATCH;
+            let mut complete = rows.len() < REPLAY_BATCH;
             for row in rows {
                 match EntityChange::from_log(&row.body) {
                     Ok(change) => {
-                        if !self
+                        match self
                             .replay_one(&entry, generation, row.seq, &change, &mut backoff)
                             .await
                         {
-                            return;
+                            Replayed::Next => {}
+                            Replayed::Stop => return,
+                            // Fallen too far behind: skip to the newest.
+                            Replayed::TooFarBehind => {
+                                complete = false;
+                                break;
+                            }
                         }
                     }
                     Err(e) => {
@@ -388,9 +413,47 @@ impl Subscriptions {
         }
     }
 
+    /// Keeps `entry`, served from the log after change `from`, at most
+    /// [`SenderConfig::max_owed`](super::sender::SenderConfig::max_owed)
+    /// changes of the log behind `head`: the older ones are skipped,
+    /// counted (those of its tenant) on the subscription and in
+    /// `weft_notifications_dropped_total`. Answers where to go on from.
+    async fn cap(&self, entry: &Arc<Entry>, generation: u64, from: u64, head: u64) -> u64 {
+        let floor = head.saturating_sub(self.sender.config().max_owed);
+        if from >= floor {
+            return from;
+        }
+        let node = &self.node;
+        let skipped = match (
+            self.store
+                .change_log_backlog(node, &entry.tenant, from)
+                .await,
+            self.store
+                .change_log_backlog(node, &entry.tenant, floor)
+                .await,
+        ) {
+            (Ok(all), Ok(kept)) => all.changes.saturating_sub(kept.changes),
+            _ => 0,
+        };
+        let mut state = entry.state.lock();
+        if state.delivery.generation != generation {
+            return from;
+        }
+        state.delivery.mode = Mode::FromLog { through: floor };
+        state.delivery.dropped += skipped;
+        tracing::warn!(
+            subscription = %state.sub.id,
+            skipped,
+            "a subscription fell too far behind its receiver; its oldest owed changes were skipped"
+        );
+        metrics::counter!("weft_notifications_dropped_total").increment(skipped);
+        floor
+    }
+
     /// Fires `entry` for logged change `seq` and, if it fires, sends the
-    /// notification until the receiver takes it. Answers whether to go
-    /// on (false: the subscription is gone, inactive or handed over).
+    /// notification until the receiver takes it, the subscription is
+    /// gone, inactive or handed over (stop), or it falls more than
+    /// `max_owed` changes behind (skip ahead).
     async fn replay_one(
         &self,
         entry: &Arc<Entry>,
@@ -398,36 +461,48 @@ impl Subscriptions {
         seq: u64,
         change: &EntityChange,
         backoff: &mut Duration,
-    ) -> bool {
+    ) -> Replayed {
         if too_deep(change) {
-            return true;
+            return Replayed::Next;
         }
         let now = weft_model::now_ms();
         let Some(job) = self.fire(entry, seq, change, now, &mut 0, Serving::Log(generation)) else {
-            return true;
+            return Replayed::Next;
         };
         let counted = seq <= entry.state.lock().delivery.counted_through;
-        self.deliver(
-            entry,
-            job,
-            counted,
-            backoff,
-            // It may have become inactive (the live matcher counting the
-            // changes behind this one), or been handed over, meanwhile.
-            || self.still_from_log(entry, generation),
-            |failing| {
-                let mut state = entry.state.lock();
-                if state.delivery.generation == generation {
-                    if failing.is_none() {
-                        state.delivery.failing = None;
-                    } else {
-                        state.delivery.failing = failing.map(str::to_string);
-                        state.delivery.counted_through = state.delivery.counted_through.max(seq);
+        let max_owed = self.sender.config().max_owed;
+        let behind = || self.entered.load(Ordering::SeqCst).saturating_sub(seq) > max_owed;
+        let delivered = self
+            .deliver(
+                entry,
+                job,
+                counted,
+                backoff,
+                // It may have become inactive (the live matcher counting
+                // the changes behind this one), or been handed over, or
+                // fallen too far behind, meanwhile.
+                || self.still_from_log(entry, generation) && !behind(),
+                |failing| {
+                    let mut state = entry.state.lock();
+                    if state.delivery.generation == generation {
+                        if failing.is_none() {
+                            state.delivery.failing = None;
+                        } else {
+                            state.delivery.failing = failing.map(str::to_string);
+                            state.delivery.counted_through =
+                                state.delivery.counted_through.max(seq);
+                        }
                     }
-                }
-            },
-        )
-        .await
+                },
+            )
+            .await;
+        if delivered {
+            Replayed::Next
+        } else if behind() && self.still_from_log(entry, generation) {
+            Replayed::TooFarBehind
+        } else {
+            Replayed::Stop
+        }
     }
 
     /// Sends `job` until its receiver takes it (answers whether it did, or
@@ -622,7 +697,7 @@ impl Subscriptions {
         entries.sort_by_key(|e| e.created);
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
-            let (id, mode, in_flight, failing) = {
+            let (id, mode, in_flight, failing, dropped) = {
                 let state = entry.state.lock();
                 (
                     state.sub.id.clone(),
@@ -632,6 +707,7 @@ impl Subscriptions {
                         state.delivery.in_flight.front().map(|&(_, at)| at),
                     ),
                     state.delivery.failing.clone(),
+                    state.delivery.dropped,
                 )
             };
             let (from_log, owed, oldest) = match mode {
@@ -657,6 +733,7 @@ impl Subscriptions {
                 owed,
                 oldest_owed: oldest,
                 failing,
+                dropped,
             });
         }
         out

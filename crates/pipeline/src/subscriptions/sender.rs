@@ -54,6 +54,9 @@ pub struct SenderConfig {
     /// How long a change stays in the change log for subscriptions that
     /// have not been served it (a receiver down for longer misses it).
     pub retention: Duration,
+    /// The most changes of the log a subscription served from it may be
+    /// behind; the older ones are skipped (and counted).
+    pub max_owed: u64,
 }
 
 /// The header that names a notification: the same for every attempt and
@@ -70,6 +73,7 @@ impl Default for SenderConfig {
             lane_capacity: 512,
             id_header: true,
             retention: Duration::from_secs(24 * 3600),
+            max_owed: 1_000_000,
         }
     }
 }
