@@ -851,6 +851,7 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
 /// notification counts as sent only once the broker acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up() {
+    use crate::notify_outbox::first_delivery;
     let bin =
         std::env::var("WEFT_TEST_MOSQUITTO").expect("WEFT_TEST_MOSQUITTO (scripts/test-services)");
     let port = free_port();
@@ -898,13 +899,11 @@ async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up()
         .await;
     }
     let failing = eventually(Duration::from_secs(10), || async {
-        let (_, d) = c
-            .send("GET", "/api/v1/subscriptions/delivery", None, None)
-            .await;
-        d[0]["failing"].is_string().then_some(d)
+        let d = first_delivery(&c).await;
+        d["failing"].is_string().then_some(d)
     })
     .await;
-    assert_eq!(failing[0]["fromLog"], true, "{failing}");
+    assert_eq!(failing["fromLog"], true, "{failing}");
 
     let mut broker = std::process::Command::new(&bin)
         .arg("-c")
@@ -915,10 +914,7 @@ async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up()
         .expect("mosquitto starts");
     wait_port(port).await;
     eventually(Duration::from_secs(30), || async {
-        let (_, d) = c
-            .send("GET", "/api/v1/subscriptions/delivery", None, None)
-            .await;
-        (d[0]["fromLog"] == false).then_some(())
+        (first_delivery(&c).await["fromLog"] == false).then_some(())
     })
     .await;
     let mut subscriber = Mqtt::connect(&url, &unique("sub-"), None).await;

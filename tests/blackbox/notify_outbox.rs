@@ -175,6 +175,47 @@ async fn send_to(
     }
 }
 
+/// Creates `Room1` with `seq` 0 through `c`.
+pub(crate) async fn create_room(c: &Client) {
+    let room = json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}});
+    let (status, body) = c.send("POST", "/v2/entities", Some(&room), None).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// Subscribes through `c` to `Room1`'s `seq`, notifying `url`, with
+/// `extra` added to the notification; answers the subscription's path.
+pub(crate) async fn subscribe_to_room(c: &Client, url: &str, extra: Value) -> String {
+    let mut notification = json!({"http": {"url": url}, "attrs": ["seq"]});
+    for (k, v) in extra.as_object().unwrap() {
+        notification[k] = v.clone();
+    }
+    let sub = json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
+                     "notification": notification});
+    let (status, headers, body) = call(c, "POST", "/v2/subscriptions", &[], Some(&sub)).await;
+    assert_eq!(status, 201, "{body}");
+    headers["location"].to_str().unwrap().to_string()
+}
+
+/// Sets `Room1`'s `seq` to each of `values` in turn through `c`.
+pub(crate) async fn set_seq(c: &Client, values: impl IntoIterator<Item = i64>) {
+    for v in values {
+        let body = json!({"seq": {"value": v, "type": "Number"}});
+        let (status, reply) = c
+            .send("PATCH", "/v2/entities/Room1/attrs", Some(&body), None)
+            .await;
+        assert_eq!(status, 204, "{reply}");
+    }
+}
+
+/// The delivery of `c`'s first subscription (`GET /api/v1/subscriptions/delivery`).
+pub(crate) async fn first_delivery(c: &Client) -> Value {
+    let (status, d) = c
+        .send("GET", "/api/v1/subscriptions/delivery", None, None)
+        .await;
+    assert_eq!(status, 200, "{d}");
+    d[0].clone()
+}
+
 const ROOMS: usize = 50;
 const DEVICES: usize = 10;
 
@@ -369,39 +410,10 @@ async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
     let server = Server::start();
     let c = server.client();
     let mut sink = Sink::start().await;
-    let (status, _) = c
-        .send(
-            "POST",
-            "/v2/entities",
-            Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-            None,
-        )
-        .await;
-    assert_eq!(status, 201);
-    let (status, _, _) = call(
-        &c,
-        "POST",
-        "/v2/subscriptions",
-        &[],
-        Some(
-            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
-                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}}),
-        ),
-    )
-    .await;
-    assert_eq!(status, 201);
+    create_room(&c).await;
+    subscribe_to_room(&c, &sink.url("/s0"), json!({})).await;
     sink.down().await;
-    for v in 1..=50 {
-        let (status, body) = c
-            .send(
-                "PATCH",
-                "/v2/entities/Room1/attrs",
-                Some(&json!({"seq": {"value": v, "type": "Number"}})),
-                None,
-            )
-            .await;
-        assert_eq!(status, 204, "{body}");
-    }
+    set_seq(&c, 1..=50).await;
     // Each notification fails on its own (the first live, the others
     // counted behind it as they come).
     let subs = eventually(Duration::from_secs(5), || async {
@@ -415,11 +427,7 @@ async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
     assert_eq!(n["lastFailureReason"], "Couldn't connect to server", "{n}");
     assert!(sink.got().is_empty());
     // What it owes shows: served from the log, the oldest change waiting.
-    let (status, deliveries) = c
-        .send("GET", "/api/v1/subscriptions/delivery", None, None)
-        .await;
-    assert_eq!(status, 200, "{deliveries}");
-    let d = &deliveries[0];
+    let d = &first_delivery(&c).await;
     assert_eq!(d["id"], subs[0]["id"], "{d}");
     assert_eq!(d["fromLog"], true, "{d}");
     assert_eq!(d["owed"], 50, "{d}");
@@ -445,26 +453,16 @@ async fn a_receiver_down_then_back_gets_everything_owed_in_order() {
     assert_eq!(subs[0]["status"], "active", "{subs}");
     assert!(n.get("lastSuccess").is_some(), "{n}");
     assert!(n.get("failsCounter").is_none_or(|f| f == 0), "{n}");
-    let deliveries = eventually(Duration::from_secs(5), || async {
-        let (_, d) = c
-            .send("GET", "/api/v1/subscriptions/delivery", None, None)
-            .await;
-        (d[0]["fromLog"] == false).then_some(d)
+    let d = eventually(Duration::from_secs(5), || async {
+        let d = first_delivery(&c).await;
+        (d["fromLog"] == false).then_some(d)
     })
     .await;
-    assert_eq!(deliveries[0]["owed"], 0, "{deliveries}");
-    assert!(deliveries[0].get("failing").is_none(), "{deliveries}");
+    assert_eq!(d["owed"], 0, "{d}");
+    assert!(d.get("failing").is_none(), "{d}");
 
     // Back live: the next change goes out at once.
-    let (status, _) = c
-        .send(
-            "PATCH",
-            "/v2/entities/Room1/attrs",
-            Some(&json!({"seq": {"value": 51, "type": "Number"}})),
-            None,
-        )
-        .await;
-    assert_eq!(status, 204);
+    set_seq(&c, [51]).await;
     eventually(Duration::from_secs(5), || async {
         sink.got()
             .last()
@@ -482,34 +480,10 @@ async fn a_receiver_down_past_max_fails_limit_deactivates_the_subscription() {
     let server = Server::start();
     let c = server.client();
     let mut sink = Sink::start().await;
-    c.send(
-        "POST",
-        "/v2/entities",
-        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-        None,
-    )
-    .await;
-    c.send(
-        "POST",
-        "/v2/subscriptions",
-        Some(
-            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
-                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"],
-                                      "maxFailsLimit": 3}}),
-        ),
-        None,
-    )
-    .await;
+    create_room(&c).await;
+    subscribe_to_room(&c, &sink.url("/s0"), json!({"maxFailsLimit": 3})).await;
     sink.down().await;
-    for v in 1..=5 {
-        c.send(
-            "PATCH",
-            "/v2/entities/Room1/attrs",
-            Some(&json!({"seq": {"value": v, "type": "Number"}})),
-            None,
-        )
-        .await;
-    }
+    set_seq(&c, 1..=5).await;
     let subs = eventually(Duration::from_secs(5), || async {
         let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
         (subs[0]["status"] == "inactive").then_some(subs)
@@ -532,36 +506,10 @@ async fn at_most_once_is_fire_and_forget() {
     let server = Server::start();
     let c = server.client();
     let mut sink = Sink::start().await;
-    c.send(
-        "POST",
-        "/v2/entities",
-        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-        None,
-    )
-    .await;
-    let (status, body) = c
-        .send(
-            "POST",
-            "/v2/subscriptions",
-            Some(
-                &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
-                         "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"],
-                                          "delivery": "atMostOnce"}}),
-            ),
-            None,
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    create_room(&c).await;
+    subscribe_to_room(&c, &sink.url("/s0"), json!({"delivery": "atMostOnce"})).await;
     sink.down().await;
-    for v in 1..=3 {
-        c.send(
-            "PATCH",
-            "/v2/entities/Room1/attrs",
-            Some(&json!({"seq": {"value": v, "type": "Number"}})),
-            None,
-        )
-        .await;
-    }
+    set_seq(&c, 1..=3).await;
     let subs = eventually(Duration::from_secs(5), || async {
         let (_, subs) = c.send("GET", "/v2/subscriptions", None, None).await;
         (subs[0]["notification"]["failsCounter"] == 3).then_some(subs)
@@ -571,13 +519,7 @@ async fn at_most_once_is_fire_and_forget() {
     sink.up().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(sink.got().is_empty(), "nothing missed is sent again");
-    c.send(
-        "PATCH",
-        "/v2/entities/Room1/attrs",
-        Some(&json!({"seq": {"value": 4, "type": "Number"}})),
-        None,
-    )
-    .await;
+    set_seq(&c, [4]).await;
     let got = eventually(Duration::from_secs(5), || async {
         let got = sink.got();
         (!got.is_empty()).then_some(got)
@@ -594,38 +536,14 @@ async fn a_subscription_owes_at_most_max_owed_changes() {
     let server = Server::start_with_env(&[("WEFT_NOTIFICATIONS__MAX_OWED", "10")]);
     let c = server.client();
     let mut sink = Sink::start().await;
-    c.send(
-        "POST",
-        "/v2/entities",
-        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-        None,
-    )
-    .await;
-    c.send(
-        "POST",
-        "/v2/subscriptions",
-        Some(
-            &json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
-                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}}),
-        ),
-        None,
-    )
-    .await;
+    create_room(&c).await;
+    subscribe_to_room(&c, &sink.url("/s0"), json!({})).await;
     sink.down().await;
-    for v in 1..=30 {
-        c.send(
-            "PATCH",
-            "/v2/entities/Room1/attrs",
-            Some(&json!({"seq": {"value": v, "type": "Number"}})),
-            None,
-        )
-        .await;
-    }
+    set_seq(&c, 1..=30).await;
     let dropped = eventually(Duration::from_secs(15), || async {
-        let (_, d) = c
-            .send("GET", "/api/v1/subscriptions/delivery", None, None)
-            .await;
-        d[0]["dropped"].as_u64().filter(|&n| n > 0)
+        first_delivery(&c).await["dropped"]
+            .as_u64()
+            .filter(|&n| n > 0)
     })
     .await;
     sink.up().await;

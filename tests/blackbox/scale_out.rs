@@ -1094,41 +1094,19 @@ async fn a_channel_is_shared_by_both_nodes() {
 /// would have used.
 #[tokio::test]
 async fn notifications_a_killed_node_owed_are_sent_by_the_survivor() {
-    use crate::notify_outbox::Sink;
+    use crate::notify_outbox::{create_room, first_delivery, set_seq, subscribe_to_room, Sink};
     let Pair { mut a, b, .. } = Pair::start_with(&[("WEFT_CLUSTER__LEASE_TTL", "2s")]).await;
     let (on_a, on_b) = (a.client(), b.client());
     let mut sink = Sink::start().await;
-    let (status, body) = on_a
-        .send(
-            "POST",
-            "/v2/entities",
-            Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-            None,
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let sub = json!({"subject": {"entities": [{"id": "Room1", "type": "Room"}]},
-                     "notification": {"http": {"url": sink.url("/s0")}, "attrs": ["seq"]}});
-    let (status, headers, body) = call(&on_a, "POST", "/v2/subscriptions", None, Some(&sub)).await;
-    assert_eq!(status, 201, "{body}");
-    known_on(&on_b, headers["location"].to_str().unwrap()).await;
+    create_room(&on_a).await;
+    let location = subscribe_to_room(&on_a, &sink.url("/s0"), json!({})).await;
+    known_on(&on_b, &location).await;
     sink.down().await;
-    for v in 1..=20 {
-        let (status, body) = on_a
-            .send(
-                "PATCH",
-                "/v2/entities/Room1/attrs",
-                Some(&json!({"seq": {"value": v, "type": "Number"}})),
-                None,
-            )
-            .await;
-        assert_eq!(status, 204, "{body}");
-    }
+    set_seq(&on_a, 1..=20).await;
     eventually(Duration::from_secs(10), || async {
-        let (_, d) = on_a
-            .send("GET", "/api/v1/subscriptions/delivery", None, None)
-            .await;
-        d[0]["failing"].is_string().then_some(())
+        first_delivery(&on_a).await["failing"]
+            .is_string()
+            .then_some(())
     })
     .await;
     a.kill9();
