@@ -851,7 +851,7 @@ async fn the_embedded_broker_admits_devices_by_their_key() {
 /// notification counts as sent only once the broker acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up() {
-    use crate::notify_outbox::first_delivery;
+    use crate::notify_outbox::{create_room, first_delivery, set_seq};
     let bin =
         std::env::var("WEFT_TEST_MOSQUITTO").expect("WEFT_TEST_MOSQUITTO (scripts/test-services)");
     let port = free_port();
@@ -882,22 +882,8 @@ async fn mqtt_notifications_owed_while_the_broker_is_down_arrive_once_it_is_up()
         )
         .await;
     assert_eq!(status, 201, "{reply}");
-    c.send(
-        "POST",
-        "/v2/entities",
-        Some(&json!({"id": "Room1", "type": "Room", "seq": {"value": 0, "type": "Number"}})),
-        None,
-    )
-    .await;
-    for v in 1..=5 {
-        c.send(
-            "PATCH",
-            "/v2/entities/Room1/attrs",
-            Some(&json!({"seq": {"value": v, "type": "Number"}})),
-            None,
-        )
-        .await;
-    }
+    create_room(&c).await;
+    set_seq(&c, 1..=5).await;
     let failing = eventually(Duration::from_secs(10), || async {
         let d = first_delivery(&c).await;
         d["failing"].is_string().then_some(d)

@@ -462,11 +462,7 @@ impl Context {
             )
             .await
             .map_err(internal)?;
-        if let Some(pending) = pending {
-            for wait in pending.announce() {
-                wait.await;
-            }
-        }
+        PendingChange::announce_and_wait(pending).await;
         Ok(())
     }
 
@@ -766,11 +762,7 @@ impl Context {
             )
             .await
             .map_err(internal)?;
-        if let Some(pending) = pending {
-            for wait in pending.announce() {
-                wait.await;
-            }
-        }
+        PendingChange::announce_and_wait(pending).await;
         Ok(current)
     }
 
@@ -915,6 +907,16 @@ impl PendingChange {
     /// back to it ([`Ticket::log`]).
     pub fn log(&self) -> Option<LoggedChange> {
         self.ticket.log(&self.change)
+    }
+
+    /// Announces `pending` (if any), which the store has now committed,
+    /// and waits as long as the listeners ask.
+    async fn announce_and_wait(pending: Option<PendingChange>) {
+        if let Some(pending) = pending {
+            for wait in pending.announce() {
+                wait.await;
+            }
+        }
     }
 
     /// Announces the change, which the store has now committed; returns
