@@ -766,3 +766,59 @@ async fn the_channel_listing_shows_subscribers_and_backlogs() {
     })
     .await;
 }
+
+/// Webhook calls are queued with their messages: weft killed with kill -9
+/// while most calls of a burst are still waiting for a slow receiver
+/// makes them after the restart, every message's call at least once.
+#[tokio::test]
+async fn webhook_calls_survive_kill_9() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::put(move |body: String| {
+            let tx = tx.clone();
+            async move {
+                // A slow receiver: the burst outlives the first process.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let body: Value = serde_json::from_str(&body).unwrap();
+                let _ = tx.send(body["messageID"].as_str().unwrap().to_string());
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (mut server, _dir) = server_with_config(&format!(
+        r#"
+[[channels.rules]]
+regex = 'burst'
+[[channels.rules.webhooks]]
+url = "http://127.0.0.1:{port}/hook"
+retry = {{ count = 3, interval = "100ms", interval_multiplier = 1.0, interval_jitter = "0s" }}
+"#
+    ));
+    let c = server.client();
+    let total = 300;
+    for i in 0..total {
+        let (status, body) = put(&c, &format!("/channel/burst/message/m{i}"), Some("{}")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    server.kill9();
+    let mut seen: std::collections::HashSet<String> =
+        std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    let before = seen.len();
+    assert!(
+        before < total,
+        "the kill came before every call was made ({before})"
+    );
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < total {
+        let id = tokio::time::timeout(deadline - Instant::now(), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {total} calls within 60 s", seen.len()))
+            .unwrap();
+        seen.insert(id);
+    }
+}

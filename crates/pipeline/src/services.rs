@@ -199,6 +199,7 @@ impl Services {
             store.clone(),
             config.channels.clone(),
             bus.clone(),
+            &log_node,
             shutdown.clone(),
         )
         .await?;

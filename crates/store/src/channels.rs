@@ -44,8 +44,21 @@ pub struct ChannelBacklog {
     pub oldest_published_at: Option<i64>,
 }
 
+/// The webhook calls a message owes when it is new, queued in the
+/// transaction that stores it so none is lost across a crash: the node
+/// that sends them, and each call in the sender's form (opaque to the
+/// store).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookCalls {
+    /// The node that queued them and sends them (empty alone).
+    pub node: String,
+    /// The calls.
+    pub calls: Vec<String>,
+}
+
 /// Durable pull channels: messages kept until every subscriber has
-/// acknowledged them, and the subscribers' cursors.
+/// acknowledged them, the subscribers' cursors, and the webhook calls
+/// new messages owe.
 #[async_trait]
 pub trait ChannelStore: Send + Sync {
     /// Stores a message in a channel unless its id is already there;
@@ -56,7 +69,19 @@ pub trait ChannelStore: Send + Sync {
         channel: &str,
         message_id: &str,
         content: String,
+        webhooks: WebhookCalls,
     ) -> Result<Option<u64>>;
+    /// The webhook calls `node` queued with messages (in
+    /// [`ChannelStore::publish_message`]) that are not finished, after
+    /// `after`, in order, at most `limit`: `(seq, call)`.
+    async fn pending_webhook_calls(
+        &self,
+        node: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>>;
+    /// Forgets webhook call `seq`: it was delivered, or gave up.
+    async fn finish_webhook_call(&self, seq: u64) -> Result<()>;
     /// Creates a polling subscriber at `cursor` (it receives messages after
     /// it) unless it exists; answers its stored cursor.
     async fn put_channel_subscriber(

@@ -89,6 +89,7 @@ macro_rules! conformance_tests {
             channel_publish_dedupes_and_pages,
             channel_subscribers_ack_prune_and_heads,
             channel_backlog_counts_after_a_cursor_within_its_channel,
+            webhook_calls_are_queued_with_new_messages_only,
             rules_are_put_listed_and_deleted_with_their_state,
             alarm_batches_commit_versions_events_states_and_cursor,
             alarms_are_queried_newest_first_with_filters,
@@ -3081,6 +3082,57 @@ where
 
 // --- channels ------------------------------------------------------------
 
+/// A new message queues its webhook calls in the same transaction (a
+/// duplicate queues none); pending calls are read per node in order,
+/// after a position, and a finished one is gone, also after a reopen.
+pub(crate) async fn webhook_calls_are_queued_with_new_messages_only<B: Backend>()
+where
+    B::Store: ChannelStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let calls = |node: &str, calls: &[&str]| crate::WebhookCalls {
+        node: node.into(),
+        calls: calls.iter().map(|c| c.to_string()).collect(),
+    };
+    store
+        .publish_message("c", "m1", "1".into(), calls("a", &["a1", "a2"]))
+        .await
+        .unwrap();
+    // A duplicate: no calls.
+    store
+        .publish_message("c", "m1", "1".into(), calls("a", &["dup"]))
+        .await
+        .unwrap();
+    store
+        .publish_message("c", "m2", "2".into(), calls("b", &["b1"]))
+        .await
+        .unwrap();
+    store
+        .publish_message("c", "m3", "3".into(), calls("a", &["a3"]))
+        .await
+        .unwrap();
+    let texts = |rows: &[(u64, String)]| rows.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>();
+    let a = store.pending_webhook_calls("a", 0, 100).await.unwrap();
+    assert_eq!(texts(&a), ["a1", "a2", "a3"]);
+    assert!(a.windows(2).all(|w| w[0].0 < w[1].0), "in order: {a:?}");
+    assert_eq!(
+        texts(&store.pending_webhook_calls("b", 0, 100).await.unwrap()),
+        ["b1"]
+    );
+    assert_eq!(
+        texts(&store.pending_webhook_calls("a", a[0].0, 1).await.unwrap()),
+        ["a2"]
+    );
+    store.finish_webhook_call(a[1].0).await.unwrap();
+    drop(store);
+    let store = backend.open().await;
+    assert_eq!(
+        texts(&store.pending_webhook_calls("a", 0, 100).await.unwrap()),
+        ["a1", "a3"]
+    );
+}
+
 /// A message id is stored once per channel (the first content stays) and
 /// draws no `seq` when it is a duplicate; `seq`s grow across channels in
 /// publish order; messages page by `seq`.
@@ -3091,24 +3143,24 @@ where
     let backend = B::fresh().await;
     let store = backend.open().await;
     let s1 = store
-        .publish_message("c", "m1", "1".into())
+        .publish_message("c", "m1", "1".into(), Default::default())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
         store
-            .publish_message("c", "m1", "other".into())
+            .publish_message("c", "m1", "other".into(), Default::default())
             .await
             .unwrap(),
         None
     );
     let s2 = store
-        .publish_message("c", "m2", "2".into())
+        .publish_message("c", "m2", "2".into(), Default::default())
         .await
         .unwrap()
         .unwrap();
     let s3 = store
-        .publish_message("d", "m1", "3".into())
+        .publish_message("d", "m1", "3".into(), Default::default())
         .await
         .unwrap()
         .unwrap();
@@ -3162,13 +3214,13 @@ where
     let mut seqs = Vec::new();
     for i in 0..3 {
         let seq = store
-            .publish_message("c", &format!("m{i}"), "{}".into())
+            .publish_message("c", &format!("m{i}"), "{}".into(), Default::default())
             .await
             .unwrap()
             .unwrap();
         seqs.push(seq);
         store
-            .publish_message("other", &format!("m{i}"), "{}".into())
+            .publish_message("other", &format!("m{i}"), "{}".into(), Default::default())
             .await
             .unwrap();
     }
@@ -3237,14 +3289,14 @@ where
     let mut seqs = Vec::new();
     for i in 0..3 {
         let seq = store
-            .publish_message("c", &format!("m{i}"), "{}".into())
+            .publish_message("c", &format!("m{i}"), "{}".into(), Default::default())
             .await
             .unwrap()
             .unwrap();
         seqs.push(seq);
     }
     let d = store
-        .publish_message("d", "m", "{}".into())
+        .publish_message("d", "m", "{}".into(), Default::default())
         .await
         .unwrap()
         .unwrap();
@@ -3282,7 +3334,7 @@ where
     assert_eq!(store.channel_heads().await.unwrap(), (Vec::new(), d));
     assert_eq!(store.channel_subscribers().await.unwrap().len(), 1);
     let next = store
-        .publish_message("c", "again", "{}".into())
+        .publish_message("c", "again", "{}".into(), Default::default())
         .await
         .unwrap()
         .unwrap();

@@ -59,7 +59,7 @@ pub use catalog::{
     device_matches, record_text, search_in_json_text, CatalogStore, DeviceFilter, DevicePage,
     DevicePageQuery, DeviceSummary, DEVICE_EVENTS_KEPT, DEVICE_STATE_KINDS,
 };
-pub use channels::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber};
+pub use channels::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, WebhookCalls};
 pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};
 pub use context::{ContextStore, DocumentKind, DocumentMerge, EntityRecord, NgsiDocument};
 pub use downlinks::{DownlinkStore, FINISHED_DOWNLINKS_KEPT};

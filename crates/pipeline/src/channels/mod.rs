@@ -169,6 +169,9 @@ pub struct Channels {
     bus: Arc<dyn Bus>,
     config: ChannelsConfig,
     rules: rules::ChannelRules,
+    /// Sends the webhook calls new messages queue, when any rule has
+    /// webhooks.
+    webhooks: Option<Arc<rules::WebhookSender>>,
     channels: parking_lot::Mutex<HashMap<String, Arc<Channel>>>,
     /// Whether other nodes serve the same channels (see the module doc).
     clustered: bool,
@@ -184,6 +187,7 @@ impl Channels {
         store: Arc<dyn Store>,
         config: ChannelsConfig,
         bus: Arc<dyn Bus>,
+        node: &str,
         shutdown: CancellationToken,
     ) -> Result<Arc<Channels>, StoreError> {
         let (heads, _) = store.channel_heads().await?;
@@ -207,11 +211,15 @@ impl Channels {
         let rules = rules::ChannelRules::new(&config.rules).map_err(StoreError::Database)?;
         load_revocations(&store, &rules).await?;
         let clustered = bus.node().is_some();
+        let webhooks = rules
+            .has_webhooks()
+            .then(|| rules::WebhookSender::start(store.clone(), node.to_string()));
         let channels = Arc::new(Channels {
             store,
             bus,
             config,
             rules,
+            webhooks,
             channels: parking_lot::Mutex::new(map),
             clustered,
             touched: Default::default(),
@@ -244,10 +252,17 @@ impl Channels {
         message_id: &str,
         content: String,
     ) -> Result<bool, StoreError> {
-        let webhook_content = self.rules.has_webhooks().then(|| content.clone());
+        let webhooks = match &self.webhooks {
+            Some(sender) => weft_store::WebhookCalls {
+                node: sender.node().to_string(),
+                calls: self.rules.webhook_calls(channel, message_id, &content),
+            },
+            None => weft_store::WebhookCalls::default(),
+        };
+        let queued = !webhooks.calls.is_empty();
         let stored = self
             .store
-            .publish_message(channel, message_id, content)
+            .publish_message(channel, message_id, content, webhooks)
             .await?;
         let c = self.channel(channel);
         c.subscribers.lock().last_active = Instant::now();
@@ -259,8 +274,8 @@ impl Channels {
                     channel,
                 ));
             }
-            if let Some(content) = &webhook_content {
-                self.rules.message_published(channel, message_id, content);
+            if let (Some(sender), true) = (&self.webhooks, queued) {
+                sender.wake();
             }
             metrics::counter!("weft_channel_messages_published_total").increment(1);
         }

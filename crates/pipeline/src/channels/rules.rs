@@ -10,10 +10,13 @@
 //! with `clock_skew_leeway`, each configured claim equal to its template
 //! (or one of a list), and its `jti` not revoked.
 //!
-//! Webhooks never hold up a publish: deliveries are queued (bounded; a
-//! full queue drops the delivery, counted) and sent by a background task
-//! with DSPS's retry policy (count, interval × multiplier^n ± jitter, each
-//! wait at most five minutes), on weft's outbound client (no redirects).
+//! Webhooks never hold up a publish: a new message's calls are queued in
+//! the store with it, in the same transaction ([`WebhookSender`]), and
+//! sent by a background task with DSPS's retry policy (count, interval ×
+//! multiplier^n ± jitter, each wait at most five minutes), on weft's
+//! outbound client (no redirects). A call is forgotten once delivered or
+//! given up, so the calls a crash interrupts are sent after the restart
+//! (at least once: a call under way at the crash is sent again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -23,7 +26,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{Notify, Semaphore};
+use weft_store::Store;
 
 /// One `[[channels.rules]]` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,7 +162,8 @@ struct Compiled {
     webhooks: Vec<WebhookRule>,
 }
 
-/// One webhook call to make.
+/// One webhook call to make, as queued in the store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Delivery {
     hook: WebhookRule,
     url: String,
@@ -166,8 +171,8 @@ struct Delivery {
     body: String,
 }
 
-/// Deliveries waiting for the sender before new ones are dropped.
-const WEBHOOK_QUEUE: usize = 10_000;
+/// Queued calls read from the store at a time.
+const WEBHOOK_BATCH: usize = 256;
 
 /// Webhook calls in flight at once.
 const WEBHOOK_CONCURRENCY: usize = 64;
@@ -176,12 +181,12 @@ const WEBHOOK_CONCURRENCY: usize = 64;
 pub struct ChannelRules {
     rules: Vec<Compiled>,
     revoked: parking_lot::RwLock<HashMap<String, i64>>,
-    webhooks: Option<mpsc::Sender<Delivery>>,
+    /// Whether any rule has webhooks.
+    webhooks: bool,
 }
 
 impl ChannelRules {
-    /// Compiles `rules` (a bad regex or key is an error naming it) and,
-    /// when any rule has webhooks, starts their sender.
+    /// Compiles `rules` (a bad regex or key is an error naming it).
     pub fn new(rules: &[ChannelRule]) -> Result<ChannelRules, String> {
         let mut compiled = Vec::new();
         for r in rules {
@@ -199,11 +204,7 @@ impl ChannelRules {
                 webhooks: r.webhooks.clone(),
             });
         }
-        let webhooks = compiled.iter().any(|c| !c.webhooks.is_empty()).then(|| {
-            let (tx, rx) = mpsc::channel(WEBHOOK_QUEUE);
-            tokio::spawn(send_loop(rx));
-            tx
-        });
+        let webhooks = compiled.iter().any(|c| !c.webhooks.is_empty());
         Ok(ChannelRules {
             rules: compiled,
             revoked: parking_lot::RwLock::new(HashMap::new()),
@@ -213,7 +214,7 @@ impl ChannelRules {
 
     /// Whether any rule has webhooks (publishes then keep their content).
     pub fn has_webhooks(&self) -> bool {
-        self.webhooks.is_some()
+        self.webhooks
     }
 
     /// Marks `jti` revoked until `exp` (epoch seconds).
@@ -288,9 +289,14 @@ impl ChannelRules {
         Err(last)
     }
 
-    /// Queues the webhooks of the rules matching `channel` for a new message.
-    pub fn message_published(&self, channel: &str, message_id: &str, content: &str) {
-        let Some(tx) = &self.webhooks else { return };
+    /// The webhook calls a new message `message_id` of `channel` owes (the
+    /// webhooks of the rules matching the channel), in the form
+    /// [`WebhookSender`] reads back, to queue with the message.
+    pub fn webhook_calls(&self, channel: &str, message_id: &str, content: &str) -> Vec<String> {
+        let mut calls = Vec::new();
+        if !self.webhooks {
+            return calls;
+        }
         for rule in &self.rules {
             if rule.webhooks.is_empty() {
                 continue;
@@ -315,12 +321,10 @@ impl ChannelRules {
                     hook: hook.clone(),
                     body: body.clone(),
                 };
-                if tx.try_send(delivery).is_err() {
-                    metrics::counter!("weft_channel_webhooks_dropped_total").increment(1);
-                    tracing::warn!(channel, "webhook queue full; delivery dropped");
-                }
+                calls.push(serde_json::to_string(&delivery).expect("a call serialises"));
             }
         }
+        calls
     }
 }
 
@@ -376,21 +380,91 @@ fn compile_jwt(rule: &JwtRule) -> Result<CompiledJwt, String> {
     })
 }
 
-/// Sends queued deliveries, at most [`WEBHOOK_CONCURRENCY`] at once, each
-/// retried per its policy, on weft's outbound client
-/// ([`crate::outbound::http`]).
-async fn send_loop(mut rx: mpsc::Receiver<Delivery>) {
-    let client = crate::outbound::http();
-    let permits = Arc::new(Semaphore::new(WEBHOOK_CONCURRENCY));
-    while let Some(d) = rx.recv().await {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let client = client.clone();
-        tokio::spawn(async move {
-            deliver(&client, &d).await;
-            drop(permit);
+/// Sends the webhook calls this node queued with new messages, in queue
+/// order, at most [`WEBHOOK_CONCURRENCY`] at once, each retried per its
+/// policy on weft's outbound client ([`crate::outbound::http`]), and
+/// forgets each once delivered or given up. It reads the queue from its
+/// start when it starts, so the calls a crash interrupted are sent then.
+pub struct WebhookSender {
+    store: Arc<dyn Store>,
+    node: String,
+    wake: Notify,
+}
+
+impl WebhookSender {
+    /// Starts sending `node`'s queued calls on the current runtime.
+    pub fn start(store: Arc<dyn Store>, node: String) -> Arc<WebhookSender> {
+        let sender = Arc::new(WebhookSender {
+            store,
+            node,
+            wake: Notify::new(),
         });
+        tokio::spawn(sender.clone().run());
+        sender
+    }
+
+    /// The node whose queued calls it sends.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Calls were queued: look now rather than at the next second.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    async fn run(self: Arc<Self>) {
+        let client = crate::outbound::http();
+        let permits = Arc::new(Semaphore::new(WEBHOOK_CONCURRENCY));
+        let mut after = 0;
+        loop {
+            let calls = match self
+                .store
+                .pending_webhook_calls(&self.node, after, WEBHOOK_BATCH)
+                .await
+            {
+                Ok(calls) => calls,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the queued webhook calls failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if calls.is_empty() {
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            for (seq, text) in calls {
+                after = seq;
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (client, me) = (client.clone(), self.clone());
+                tokio::spawn(async move {
+                    match serde_json::from_str::<Delivery>(&text) {
+                        Ok(d) => deliver(&client, &d).await,
+                        Err(e) => {
+                            tracing::error!(seq, error = %e, "a queued webhook call could not be read; dropped")
+                        }
+                    }
+                    me.finish(seq).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+
+    /// Forgets call `seq`, retrying while the store fails.
+    async fn finish(&self, seq: u64) {
+        let mut wait = Duration::from_millis(100);
+        while let Err(e) = self.store.finish_webhook_call(seq).await {
+            tracing::warn!(error = %e, "forgetting a finished webhook call failed; retrying");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
     }
 }
 

@@ -16,7 +16,9 @@ pub(super) const SERIAL_PUBLISHES: &str = "SELECT pg_advisory_xact_lock(86031155
 use super::schema::db;
 use super::writer::param;
 use super::{to_i64, PostgresStore};
-use crate::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+use crate::{
+    ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result, WebhookCalls,
+};
 
 #[async_trait]
 impl ChannelStore for PostgresStore {
@@ -25,6 +27,7 @@ impl ChannelStore for PostgresStore {
         channel: &str,
         message_id: &str,
         content: String,
+        webhooks: WebhookCalls,
     ) -> Result<Option<u64>> {
         let (channel, message_id) = (channel.to_string(), message_id.to_string());
         let now = weft_model::now_ms();
@@ -46,10 +49,53 @@ impl ChannelStore for PostgresStore {
                         )
                         .await
                         .map_err(db)?;
-                    Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+                    let seq = row.map(|r| r.get::<_, i64>(0) as u64);
+                    if seq.is_some() && !webhooks.calls.is_empty() {
+                        c.execute(
+                            "INSERT INTO channel_webhooks (node, call) \
+                             SELECT $1, call FROM UNNEST($2::TEXT[]) WITH ORDINALITY AS u(call, i) \
+                             ORDER BY i",
+                            &[&webhooks.node, &webhooks.calls],
+                        )
+                        .await
+                        .map_err(db)?;
+                    }
+                    Ok(seq)
                 })
             })
             .await
+    }
+
+    async fn pending_webhook_calls(
+        &self,
+        node: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>> {
+        let client = self.reader().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT seq, call FROM channel_webhooks WHERE node = $1 AND seq > $2 \
+                 ORDER BY seq LIMIT $3",
+                &[&node, &to_i64(after), &limit],
+            )
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+            .collect())
+    }
+
+    async fn finish_webhook_call(&self, seq: u64) -> Result<()> {
+        self.channels
+            .execute(
+                "DELETE FROM channel_webhooks WHERE seq = $1",
+                vec![param(to_i64(seq))],
+            )
+            .await
+            .map(|_| ())
     }
 
     async fn put_channel_subscriber(

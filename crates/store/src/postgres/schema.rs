@@ -313,6 +313,15 @@ CREATE TABLE notification_cursors (
     PRIMARY KEY (node, tenant, subscription)
 );
 "#,
+    // Step 13: the channel webhook calls owed, queued with their messages
+    // (see the SQLite schema's `channel_webhooks`).
+    r#"
+CREATE TABLE channel_webhooks (
+    seq  BIGSERIAL PRIMARY KEY,
+    node TEXT NOT NULL,
+    call TEXT NOT NULL
+);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

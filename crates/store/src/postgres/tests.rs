@@ -111,11 +111,11 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [12],
-        "twelve steps: the first schema, device events, the API keys, history instances, \
+        [13],
+        "thirteen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
-         history columns, the notification outbox"
+         history columns, the notification outbox, channel webhook calls"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")

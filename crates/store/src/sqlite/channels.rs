@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::{to_i64, Db, SqliteStore};
-use crate::{ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result};
+use crate::{
+    ChannelBacklog, ChannelMessage, ChannelStore, ChannelSubscriber, Result, WebhookCalls,
+};
 
 #[async_trait]
 impl ChannelStore for SqliteStore {
@@ -15,10 +17,63 @@ impl ChannelStore for SqliteStore {
         channel: &str,
         message_id: &str,
         content: String,
+        webhooks: WebhookCalls,
     ) -> Result<Option<u64>> {
         let (channel, message_id) = (channel.to_string(), message_id.to_string());
         self.channels
-            .write(move |c| publish(c, &channel, &message_id, &content, weft_model::now_ms()))
+            .write(move |c| {
+                let seq = publish(c, &channel, &message_id, &content, weft_model::now_ms())?;
+                if seq.is_some() {
+                    let mut stmt = c.prepare_cached(
+                        "INSERT INTO channel_webhooks (node, call) VALUES (?1, ?2)",
+                    )?;
+                    for call in &webhooks.calls {
+                        stmt.execute((&webhooks.node, call))?;
+                    }
+                }
+                Ok::<_, rusqlite::Error>(seq)
+            })
+            .await
+    }
+
+    async fn pending_webhook_calls(
+        &self,
+        node: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, String)>> {
+        let node = node.to_string();
+        self.channels
+            .read(move |c| {
+                let mut stmt = c
+                    .prepare_cached(
+                        "SELECT seq, call FROM channel_webhooks WHERE node = ?1 AND seq > ?2 \
+                         ORDER BY seq LIMIT ?3",
+                    )
+                    .db()?;
+                let mut rows = stmt
+                    .query((
+                        &node,
+                        to_i64(after),
+                        i64::try_from(limit).unwrap_or(i64::MAX),
+                    ))
+                    .db()?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().db()? {
+                    out.push((row.get::<_, i64>(0).db()? as u64, row.get(1).db()?));
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn finish_webhook_call(&self, seq: u64) -> Result<()> {
+        self.channels
+            .write(move |c| {
+                c.prepare_cached("DELETE FROM channel_webhooks WHERE seq = ?1")
+                    .and_then(|mut st| st.execute([to_i64(seq)]))
+                    .map(|_| ())
+            })
             .await
     }
 

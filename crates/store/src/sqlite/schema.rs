@@ -122,6 +122,9 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   of changes, with its tenant, commit time and the model's (compressed)
 ///   form of the change; and per node and subscription how far it has been served
 ///   ([`OutboxStore`](crate::OutboxStore)).
+/// - `channel_webhooks` (step 18, channels file): the outgoing webhook
+///   calls a new message owes, queued in the transaction that stores it,
+///   per sending node, deleted once delivered or given up.
 /// - `ingest_log.pins` (step 15, log file): the channel and device type
 ///   the ingest key an uplink came with is limited to (JSON, NULL for
 ///   none), which the pipeline holds the decoded device to.
@@ -444,6 +447,14 @@ CREATE TABLE notification_cursors (
     through      INTEGER NOT NULL,
     PRIMARY KEY (node, tenant, subscription)
 ) WITHOUT ROWID;
+"#,
+    // the channel webhook calls owed, queued with their messages
+    r#"
+CREATE TABLE channel_webhooks (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    node TEXT    NOT NULL,
+    call TEXT    NOT NULL
+);
 "#,
 ];
 
