@@ -37,9 +37,14 @@ impl ContextStore for PostgresStore {
         self.main
             .write(move |c| {
                 Box::pin(async move {
-                    put_entities(c, std::slice::from_ref(&record)).await?;
-                    log_changes(c, change.as_slice()).await?;
-                    queue_changes(c, &history).await
+                    // Sent together on the one connection (pipelined): one
+                    // round trip for the three instead of one each.
+                    let (entity, logged, queued) = tokio::join!(
+                        put_entities(c, std::slice::from_ref(&record)),
+                        log_changes(c, change.as_slice()),
+                        queue_changes(c, &history),
+                    );
+                    entity.and(logged).and(queued)
                 })
             })
             .await
