@@ -213,7 +213,7 @@ pub struct Subscriptions {
     next_created: AtomicU64,
     sender: Arc<Sender>,
     /// Entries whose counters or status changed since the last flush.
-    dirty: Arc<Dirty>,
+    dirty: Dirty,
     /// Self-notification loop protection ([`loops`]).
     loops: loops::LoopGuard,
     /// The node whose change log this node serves its subscriptions from.
@@ -228,10 +228,17 @@ pub struct Subscriptions {
 }
 
 /// (tenant, subscription id) of the entries whose counters or status
-/// changed since they were last stored; shared with the sender.
+/// changed since they were last stored.
 pub(crate) type Dirty = Mutex<HashSet<(String, String)>>;
 
 impl Subscriptions {
+    /// Records `outcome` on `entry`'s counters and marks them to be
+    /// stored by the next flush: the one way a notification is counted.
+    pub(crate) fn count(&self, entry: &Entry, outcome: Outcome) {
+        let key = entry.record(outcome);
+        self.dirty.lock().insert(key);
+    }
+
     /// Loads the stored subscriptions and their cursors over `node`'s
     /// change log, whose last change is `head`; a subscription whose cursor
     /// is behind is served from the log first. Notifications go out on the
@@ -294,7 +301,7 @@ impl Subscriptions {
             tenants: RwLock::new(tenants),
             next_created: AtomicU64::new(max + 1),
             sender: Arc::new(Sender::new(config, me.clone())),
-            dirty: Arc::default(),
+            dirty: Dirty::default(),
             loops: loops::LoopGuard::default(),
             node: node.to_string(),
             entered: AtomicU64::new(head),
@@ -730,7 +737,7 @@ impl Subscriptions {
             stats.times_sent += 1;
             stats.last_notification = Some(now);
             drop(state);
-            entry.record(Outcome::Failed(reason));
+            self.count(entry, Outcome::Failed(reason));
             return None;
         }
         let request = match payload::build(&trigger) {
@@ -782,7 +789,7 @@ impl Subscriptions {
                 generation,
             }),
             Err(reason) => {
-                entry.record(Outcome::Failed(reason));
+                self.count(entry, Outcome::Failed(reason));
                 None
             }
         }

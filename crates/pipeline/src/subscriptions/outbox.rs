@@ -222,8 +222,7 @@ impl Subscriptions {
             Outcome::Failed(reason) if reason != INVALID_URL => Some(reason.clone()),
             _ => None,
         };
-        let key = entry.record(outcome);
-        self.dirty.lock().insert(key);
+        self.count(entry, outcome);
         if retry.is_some() && self.to_log(entry, seq, generation, retry) {
             return;
         }
@@ -305,8 +304,7 @@ impl Subscriptions {
         }
         delivery.counted_through = seq;
         drop(state);
-        let key = entry.record(Outcome::Failed(reason));
-        self.dirty.lock().insert(key);
+        self.count(entry, Outcome::Failed(reason));
     }
 
     /// Whether `entry` is still served from the log in `generation` and
@@ -535,8 +533,7 @@ impl Subscriptions {
                 metrics::counter!("weft_notifications_sent_total").increment(1);
             }
             if failed.is_none() || !counted {
-                let key = entry.record(outcome);
-                self.dirty.lock().insert(key);
+                self.count(entry, outcome);
             }
             noted(failed.as_deref());
             match &failed {
