@@ -112,7 +112,7 @@ pub mod prelude {
 
 /// Errors a store reports. Callers map `Overloaded` to 503 + Retry-After
 /// and everything else to 500.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The writer's queue is full: the caller should shed load, not wait.
     #[error("the store's write queue is full")]

@@ -124,6 +124,8 @@ impl Connector {
 pub struct PostgresStore {
     pool: Pool,
     log: Writer,
+    /// The ingest log's appends waiting to go to `log` together.
+    appends: ingest::Appends,
     main: Writer,
     history: Writer,
     channels: Writer,
@@ -221,6 +223,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             log,
+            appends: ingest::Appends::new(config.queue_capacity),
             main,
             history,
             channels,

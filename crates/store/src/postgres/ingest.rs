@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use tokio::sync::watch;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, watch};
 use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
+use super::conn::Conn;
 use super::schema::db;
-use super::writer::param;
+use super::writer::{param, Pending, QueuedWrite, Writer};
 use super::{position, to_i64, PostgresStore};
 use crate::{IngestLogStore, Result, StoreError};
 
@@ -75,6 +78,223 @@ pub(super) async fn follow_appends(pool: Pool, committed: Arc<watch::Sender<u64>
     }
 }
 
+/// The appends waiting for the log's writer, written together: one
+/// `INSERT` of many rows per transaction instead of one statement (and one
+/// round trip) per uplink, which is what kept the log's transactions, and
+/// the lock they hold across the cluster ([`SERIAL_APPENDS`]), long.
+///
+/// The first append to find the buffer empty queues one write on the
+/// writer; that write takes whatever the buffer holds when the writer runs
+/// it, so appends arriving while the writer is busy ride along with it.
+/// Each caller is answered by the write itself, after the commit, whether
+/// or not the caller that queued it is still waiting.
+#[derive(Default)]
+pub(super) struct Appends {
+    waiting: Arc<Mutex<Vec<Waiting>>>,
+    /// Most appends waiting; more are refused as overloaded (as a full
+    /// writer queue refuses writes).
+    capacity: usize,
+}
+
+/// One caller's append and where its `seq` goes.
+struct Waiting {
+    uplink: NewUplink,
+    reply: oneshot::Sender<Result<u64>>,
+}
+
+impl Appends {
+    /// Buffers of at most `capacity` waiting appends.
+    pub(super) fn new(capacity: usize) -> Appends {
+        Appends {
+            waiting: Arc::default(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Appends `uplink` through `log`; its `seq`, once committed.
+    pub(super) async fn append(&self, log: &Writer, uplink: NewUplink) -> Result<u64> {
+        let (reply, answer) = oneshot::channel();
+        let first = {
+            let mut waiting = self.waiting.lock();
+            if waiting.len() >= self.capacity {
+                return Err(StoreError::Overloaded);
+            }
+            waiting.push(Waiting { uplink, reply });
+            waiting.len() == 1
+        };
+        if first {
+            let group = AppendGroup {
+                waiting: self.waiting.clone(),
+            };
+            if let Err(e) = log.queue_job(Box::new(group)) {
+                // Nobody else queues a write for what waits now.
+                for w in std::mem::take(&mut *self.waiting.lock()) {
+                    let _ = w.reply.send(Err(e.clone()));
+                }
+            }
+        }
+        answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+/// The log writer's write for the appends waiting when it runs.
+struct AppendGroup {
+    waiting: Arc<Mutex<Vec<Waiting>>>,
+}
+
+impl QueuedWrite for AppendGroup {
+    fn run<'c>(self: Box<Self>, client: &'c Conn) -> BoxFuture<'c, Pending> {
+        let group = std::mem::take(&mut *self.waiting.lock());
+        Box::pin(async move {
+            let (uplinks, replies): (Vec<_>, Vec<_>) =
+                group.into_iter().map(|w| (w.uplink, w.reply)).unzip();
+            let results = insert_uplinks(client, &uplinks).await;
+            let newest = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .max()
+                .copied();
+            let failed = results.iter().all(|r| r.is_err());
+            Pending::answered(
+                failed,
+                newest,
+                Box::new(move |error| {
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(match error {
+                            None => result,
+                            Some(e) => Err(StoreError::Database(e.to_string())),
+                        });
+                    }
+                }),
+            )
+        })
+    }
+
+    fn fail(self: Box<Self>, error: &str) {
+        for w in std::mem::take(&mut *self.waiting.lock()) {
+            let _ = w.reply.send(Err(StoreError::Database(error.to_string())));
+        }
+    }
+}
+
+/// Inserts `uplinks` in order, answering each one's `seq`: all in one
+/// statement, or, when that fails (a value PostgreSQL refuses, such as a
+/// NUL in a text), one at a time, so only the bad ones fail.
+async fn insert_uplinks(c: &Conn, uplinks: &[NewUplink]) -> Vec<Result<u64>> {
+    if uplinks.len() > 1 {
+        let (saved, inserted) = futures::future::join(
+            c.batch_execute("SAVEPOINT appends"),
+            insert_many(c, uplinks),
+        )
+        .await;
+        match saved.map_err(db).and(inserted) {
+            Ok(seqs) => {
+                return seqs.into_iter().map(Ok).collect();
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, appends = uplinks.len(), "appending together failed; appending one at a time");
+                if let Err(e) = c.batch_execute("ROLLBACK TO SAVEPOINT appends").await {
+                    let e = db(e);
+                    return uplinks.iter().map(|_| Err(e.clone())).collect();
+                }
+            }
+        }
+    }
+    let mut results = Vec::with_capacity(uplinks.len());
+    for uplink in uplinks {
+        let (saved, inserted) =
+            futures::future::join(c.batch_execute("SAVEPOINT append"), insert_one(c, uplink)).await;
+        let result = saved.map_err(db).and(inserted);
+        let closed = if result.is_ok() {
+            c.batch_execute("RELEASE SAVEPOINT append").await
+        } else {
+            c.batch_execute("ROLLBACK TO SAVEPOINT append").await
+        };
+        results.push(closed.map_err(db).and(result));
+    }
+    results
+}
+
+/// Every row in one `INSERT`; the `seq`s in the order of `uplinks` (the
+/// rows are inserted, and so numbered, in that order).
+async fn insert_many(c: &Conn, uplinks: &[NewUplink]) -> Result<Vec<u64>> {
+    let received_at: Vec<i64> = uplinks.iter().map(|u| u.received_at).collect();
+    let format: Vec<&str> = uplinks.iter().map(|u| u.format.as_str()).collect();
+    let channel: Vec<Option<&str>> = uplinks.iter().map(|u| u.channel.as_deref()).collect();
+    let device_type: Vec<Option<&str>> = uplinks.iter().map(|u| u.device_type.as_deref()).collect();
+    let body: Vec<&[u8]> = uplinks.iter().map(|u| u.body.as_slice()).collect();
+    let event: Vec<Option<&str>> = uplinks.iter().map(|u| u.event.as_deref()).collect();
+    let device_id: Vec<Option<&str>> = uplinks.iter().map(|u| u.device_id.as_deref()).collect();
+    let source: Vec<Option<&str>> = uplinks.iter().map(|u| u.source.as_deref()).collect();
+    let part: Vec<i16> = uplinks.iter().map(|u| u.partition as i16).collect();
+    let pins: Vec<Option<String>> = uplinks.iter().map(|u| u.pins.to_stored()).collect();
+    let rows = c
+        .query(
+            "INSERT INTO ingest_log \
+                 (received_at, format, channel, device_type, body, event, device_id, source, part, pins) \
+             SELECT r, f, c, t, b, e, d, s, p, n \
+             FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BYTEA[], \
+                         $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::SMALLINT[], $10::TEXT[]) \
+                  WITH ORDINALITY AS u(r, f, c, t, b, e, d, s, p, n, o) \
+             ORDER BY o \
+             RETURNING seq",
+            &[
+                &received_at,
+                &format,
+                &channel,
+                &device_type,
+                &body,
+                &event,
+                &device_id,
+                &source,
+                &part,
+                &pins,
+            ],
+        )
+        .await
+        .map_err(db)?;
+    let mut seqs = rows
+        .iter()
+        .map(|row| position(row, 0))
+        .collect::<Result<Vec<u64>>>()?;
+    if seqs.len() != uplinks.len() {
+        return Err(StoreError::Database(format!(
+            "{} uplinks appended as {} rows",
+            uplinks.len(),
+            seqs.len()
+        )));
+    }
+    // Numbered in insertion order; sorted, they line up with `uplinks`
+    // whatever order `RETURNING` lists them in.
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// One row, the way every row went before appends were grouped.
+async fn insert_one(c: &Conn, uplink: &NewUplink) -> Result<u64> {
+    let row = c
+        .query_one(
+            "INSERT INTO ingest_log \
+                 (received_at, format, channel, device_type, body, event, device_id, source, part, pins) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING seq",
+            &[
+                &uplink.received_at,
+                &uplink.format.as_str(),
+                &uplink.channel,
+                &uplink.device_type,
+                &uplink.body,
+                &uplink.event,
+                &uplink.device_id,
+                &uplink.source,
+                &(uplink.partition as i16),
+                &uplink.pins.to_stored(),
+            ],
+        )
+        .await
+        .map_err(db)?;
+    position(&row, 0)
+}
+
 /// Most log entries one prune deletes, so a prune never holds the log's
 /// writer (and the 202s waiting on it) for long.
 const PRUNE_CHUNK: i64 = 50_000;
@@ -82,33 +302,7 @@ const PRUNE_CHUNK: i64 = 50_000;
 #[async_trait]
 impl IngestLogStore for PostgresStore {
     async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
-        self.log
-            .append(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_one(
-                            "INSERT INTO ingest_log \
-                                 (received_at, format, channel, device_type, body, event, device_id, source, part, pins) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING seq",
-                            &[
-                                &uplink.received_at,
-                                &uplink.format.as_str(),
-                                &uplink.channel,
-                                &uplink.device_type,
-                                &uplink.body,
-                                &uplink.event,
-                                &uplink.device_id,
-                                &uplink.source,
-                                &(uplink.partition as i16),
-                                &uplink.pins.to_stored(),
-                            ],
-                        )
-                        .await
-                        .map_err(db)?;
-                    position(&row, 0)
-                })
-            })
-            .await
+        self.appends.append(&self.log, uplink).await
     }
 
     fn committed_seq(&self) -> watch::Receiver<u64> {

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::conformance::{cutoffs, hquery, hrow, times, Backend};
-use crate::{ChannelStore, Store};
+use crate::conformance::{cutoffs, hquery, hrow, times, uplink, Backend};
+use crate::{ChannelStore, IngestLogStore, Store};
 
 /// PostgreSQL under the conformance suite: a database per test.
 struct Postgres(String);
@@ -214,24 +214,8 @@ async fn an_append_is_committed_before_its_seq_is_answered() {
     let mut committed = store.committed.clone();
     assert_eq!(*committed.borrow_and_update(), 0);
     let mut seqs = Vec::new();
-    for n in 0..3i64 {
-        let seq = store
-            .log
-            .append(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_one(
-                            "INSERT INTO ingest_log (received_at, format, body) \
-                             VALUES ($1, 'decoded', '\\x00') RETURNING seq",
-                            &[&n],
-                        )
-                        .await
-                        .map_err(db)?;
-                    Ok(row.get::<_, i64>(0) as u64)
-                })
-            })
-            .await
-            .unwrap();
+    for n in 0..3 {
+        let seq = store.append_uplink(uplink(n)).await.unwrap();
         assert!(*committed.borrow() >= seq, "published before answered");
         seqs.push(seq);
     }
@@ -240,6 +224,49 @@ async fn an_append_is_committed_before_its_seq_is_answered() {
     // A reopened store starts from the highest seq.
     let store = open(&url).await;
     assert_eq!(*store.committed.borrow(), seqs[2]);
+    store.close().await;
+}
+
+/// Appends arriving together go out as one statement; they are numbered,
+/// and read back, in the order they were made, each with what it carried,
+/// and one PostgreSQL refuses (a NUL in a text) fails alone.
+#[tokio::test]
+async fn appends_made_together_keep_their_order_and_a_bad_one_fails_alone() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let made: Vec<_> = (0..300)
+        .map(|i| {
+            let mut u = uplink(i);
+            if i == 150 {
+                u.channel = Some("bad\0channel".to_string());
+            }
+            u
+        })
+        .collect();
+    // `join_all` polls in order, so the appends queue in order.
+    let answers =
+        futures::future::join_all(made.iter().cloned().map(|u| store.append_uplink(u))).await;
+    let bad = answers[150].as_ref().unwrap_err();
+    assert!(matches!(bad, StoreError::Database(_)), "{bad:?}");
+    let seqs: Vec<u64> = answers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 150)
+        .map(|(_, a)| *a.as_ref().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "numbered in order");
+    let read = store.read_uplinks(0, 1_000, None).await.unwrap();
+    assert_eq!(read.iter().map(|u| u.seq).collect::<Vec<_>>(), seqs);
+    let expected: Vec<_> = made
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 150)
+        .map(|(_, u)| u)
+        .collect();
+    assert_eq!(
+        read.into_iter().map(|u| u.uplink).collect::<Vec<_>>(),
+        expected
+    );
     store.close().await;
 }
 

@@ -70,8 +70,6 @@ pub(super) trait QueuedWrite: Send {
 struct Queued<T, F> {
     write: F,
     reply: oneshot::Sender<Result<T>>,
-    /// Which answers are ingest-log appends, and their `seq`.
-    appended: fn(&T) -> Option<u64>,
 }
 
 impl<T, F> QueuedWrite for Queued<T, F>
@@ -80,18 +78,8 @@ where
     F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
 {
     fn run<'c>(self: Box<Self>, client: &'c Conn) -> BoxFuture<'c, Pending> {
-        let Queued {
-            write,
-            reply,
-            appended,
-        } = *self;
-        Box::pin(async move {
-            let result = write(client).await;
-            let seq = result.as_ref().ok().and_then(appended);
-            let mut pending = Pending::new(result, reply);
-            pending.appended = seq;
-            pending
-        })
+        let Queued { write, reply } = *self;
+        Box::pin(async move { Pending::new(write(client).await, reply) })
     }
 
     fn fail(self: Box<Self>, error: &str) {
@@ -102,7 +90,7 @@ where
 }
 
 /// Sends a write's result (`None`) or an error that replaced it.
-type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
+pub(super) type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 
 /// A write that ran, waiting for its transaction's outcome.
 pub(super) struct Pending {
@@ -116,6 +104,17 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    /// A write that answers its callers itself, through `answer`: a write
+    /// made of several callers' writes (the ingest log's appends).
+    /// `appended` is the newest ingest-log `seq` it wrote.
+    pub(super) fn answered(failed: bool, appended: Option<u64>, answer: Answer) -> Pending {
+        Pending {
+            failed,
+            appended,
+            answer,
+        }
+    }
+
     fn new<T: Send + 'static>(result: Result<T>, reply: oneshot::Sender<Result<T>>) -> Pending {
         Pending {
             failed: result.is_err(),
@@ -197,7 +196,7 @@ impl Writer {
         T: Send + 'static,
         F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
     {
-        self.queue(write, |_| None).await
+        self.queue(write).await
     }
 
     /// One statement as a write of its own (most writes are one): the
@@ -218,31 +217,25 @@ impl Writer {
         .await
     }
 
-    /// Like [`Writer::write`] for an append to the ingest log: the `seq` it
-    /// answers is published as committed before the answer goes out.
-    pub(super) async fn append<F>(&self, write: F) -> Result<u64>
-    where
-        F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<u64>> + Send + 'static,
-    {
-        self.queue(write, |seq| Some(*seq)).await
+    /// Queues a write that answers its callers itself (see
+    /// [`Pending::answered`]); refused, without running, when the queue is
+    /// full or the writer stopped.
+    pub(super) fn queue_job(&self, job: Job) -> Result<()> {
+        match self.ops.try_send(Op::Run(job)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(StoreError::Overloaded),
+            Err(TrySendError::Closed(_)) => Err(StoreError::Closed),
+        }
     }
 
-    async fn queue<T, F>(&self, write: F, appended: fn(&T) -> Option<u64>) -> Result<T>
+    async fn queue<T, F>(&self, write: F) -> Result<T>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c Conn) -> BoxFuture<'c, Result<T>> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let job: Job = Box::new(Queued {
-            write,
-            reply,
-            appended,
-        });
-        match self.ops.try_send(Op::Run(job)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(StoreError::Overloaded),
-            Err(TrySendError::Closed(_)) => return Err(StoreError::Closed),
-        }
+        let job: Job = Box::new(Queued { write, reply });
+        self.queue_job(job)?;
         answer.await.unwrap_or(Err(StoreError::Closed))
     }
 
