@@ -180,54 +180,98 @@ pub(super) async fn cursor(client: &Client, name: &str) -> Result<u64> {
 /// in as one statement over arrays; a unit whose `dataId` is stored (or
 /// earlier in the batch) is skipped and answered as not inserted.
 async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
+    // Sent together on the writer's connection (pipelined): one round
+    // trip for all of them instead of one each. They touch different
+    // tables, so the order PostgreSQL runs them in does not matter.
+    let (units, failures, devices, events, cursors, queued, logged) = tokio::join!(
+        insert_units(c, batch),
+        store_failures(c, batch),
+        store_new_devices(c, batch),
+        store_events(c, &batch.events),
+        move_cursors(c, batch),
+        queue_changes(c, &batch.history),
+        log_changes(c, &batch.changes),
+    );
+    let (inserted, seqs) = units?;
+    failures
+        .and(devices)
+        .and(events)
+        .and(cursors)
+        .and(queued)
+        .and(logged)?;
+    if !batch.entities.is_empty() {
+        // After the units: the cursor is the newest unit stored (a
+        // partition changing hands, seldom).
+        put_entities(c, &batch.entities).await?;
+        c.execute(
+            "INSERT INTO cursors (name, next_seq) \
+             SELECT UNNEST($1::TEXT[]), COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1 \
+             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+            &[&batch.entity_cursors],
+        )
+        .await
+        .map_err(db)?;
+    }
+    Ok(CommitOutcome { inserted, seqs })
+}
+
+/// The batch's data units, each stored once by its id: which were new,
+/// and their `seq`s.
+async fn insert_units(c: &Conn, batch: &ProcessedBatch) -> Result<(Vec<bool>, Vec<u64>)> {
     let mut inserted = vec![false; batch.units.len()];
     let mut seqs = vec![0; batch.units.len()];
-    if !batch.units.is_empty() {
-        let n = batch.units.len();
-        let mut parts: Vec<i16> = Vec::with_capacity(n);
-        let (mut ids, mut devices, mut channels, mut types, mut times, mut jsons) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
+    if batch.units.is_empty() {
+        return Ok((inserted, seqs));
+    }
+    let n = batch.units.len();
+    let mut parts: Vec<i16> = Vec::with_capacity(n);
+    let (mut ids, mut devices, mut channels, mut types, mut times, mut jsons) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for record in &batch.units {
+        let unit = &record.unit;
+        ids.push(unit.data_id.as_str());
+        parts.push(record.partition as i16);
+        devices.push(unit.device.id.as_str());
+        channels.push(unit.channel.as_str());
+        types.push(unit.device.device_type.as_str());
+        times.push(unit.reported_at);
+        jsons.push(
+            std::str::from_utf8(&record.json)
+                .map_err(|e| StoreError::Database(format!("a unit's JSON: {e}")))?,
         );
-        for record in &batch.units {
-            let unit = &record.unit;
-            ids.push(unit.data_id.as_str());
-            parts.push(record.partition as i16);
-            devices.push(unit.device.id.as_str());
-            channels.push(unit.channel.as_str());
-            types.push(unit.device.device_type.as_str());
-            times.push(unit.reported_at);
-            jsons.push(
-                std::str::from_utf8(&record.json)
-                    .map_err(|e| StoreError::Database(format!("a unit's JSON: {e}")))?,
-            );
-        }
-        let rows = c
-            .query(
-                "INSERT INTO data_units (data_id, device_id, channel, device_type, reported_at, json, part) \
-                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-                                      $5::BIGINT[], $6::TEXT[], $7::SMALLINT[]) \
-                 ON CONFLICT (data_id) DO NOTHING RETURNING data_id, seq",
-                &[&ids, &devices, &channels, &types, &times, &jsons, &parts],
-            )
-            .await
-            .map_err(db)?;
-        let mut stored: HashMap<&str, u64> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            stored.insert(row.get(0), position(row, 1)?);
-        }
-        for (i, id) in ids.iter().enumerate() {
-            // The first of several units with one id is the one stored.
-            if let Some(seq) = stored.remove(id) {
-                inserted[i] = true;
-                seqs[i] = seq;
-            }
+    }
+    let rows = c
+        .query(
+            "INSERT INTO data_units (data_id, device_id, channel, device_type, reported_at, json, part) \
+             SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
+                                  $5::BIGINT[], $6::TEXT[], $7::SMALLINT[]) \
+             ON CONFLICT (data_id) DO NOTHING RETURNING data_id, seq",
+            &[&ids, &devices, &channels, &types, &times, &jsons, &parts],
+        )
+        .await
+        .map_err(db)?;
+    let mut stored: HashMap<&str, u64> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        stored.insert(row.get(0), position(row, 1)?);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        // The first of several units with one id is the one stored.
+        if let Some(seq) = stored.remove(id) {
+            inserted[i] = true;
+            seqs[i] = seq;
         }
     }
+    Ok((inserted, seqs))
+}
+
+/// The batch's failed uplinks, each kept under its log `seq`.
+async fn store_failures(c: &Conn, batch: &ProcessedBatch) -> Result<()> {
     for failure in &batch.failures {
         c.execute(
             "INSERT INTO failed_uplinks \
@@ -251,6 +295,11 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         .await
         .map_err(db)?;
     }
+    Ok(())
+}
+
+/// The devices the batch registered on their first uplink.
+async fn store_new_devices(c: &Conn, batch: &ProcessedBatch) -> Result<()> {
     for device in &batch.new_devices {
         let json = serde_json::to_string(device)
             .map_err(|e| StoreError::Database(format!("device: {e}")))?;
@@ -262,28 +311,20 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         .await
         .map_err(db)?;
     }
-    store_events(c, &batch.events).await?;
-    if !batch.consumers.is_empty() {
-        c.execute(
-            "INSERT INTO cursors (name, next_seq) SELECT UNNEST($1::TEXT[]), $2 \
-             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-            &[&batch.consumers, &to_i64(batch.next_seq)],
-        )
-        .await
-        .map_err(db)?;
+    Ok(())
+}
+
+/// The pipeline's cursors, moved past the batch.
+async fn move_cursors(c: &Conn, batch: &ProcessedBatch) -> Result<()> {
+    if batch.consumers.is_empty() {
+        return Ok(());
     }
-    queue_changes(c, &batch.history).await?;
-    log_changes(c, &batch.changes).await?;
-    if !batch.entities.is_empty() {
-        put_entities(c, &batch.entities).await?;
-        c.execute(
-            "INSERT INTO cursors (name, next_seq) \
-             SELECT UNNEST($1::TEXT[]), COALESCE((SELECT MAX(seq) FROM data_units), 0) + 1 \
-             ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-            &[&batch.entity_cursors],
-        )
-        .await
-        .map_err(db)?;
-    }
-    Ok(CommitOutcome { inserted, seqs })
+    c.execute(
+        "INSERT INTO cursors (name, next_seq) SELECT UNNEST($1::TEXT[]), $2 \
+         ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
+        &[&batch.consumers, &to_i64(batch.next_seq)],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
 }
