@@ -310,10 +310,15 @@ impl NatsBus {
 
     /// Hands another node's event to this node's subscribers.
     fn on_event(&self, stream: Stream, message: &jetstream::Message) {
+        metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str()).increment(1);
+        if !self.local.has_subscribers(stream) && !self.remote.has_subscribers(stream) {
+            // Nobody here listens (no live socket, no bridge on this
+            // stream): every node receives every event, and reading one
+            // nobody wants is most of what it costs.
+            return;
+        }
         match wire::decode_event(stream, message.headers.as_ref(), &message.payload) {
             Ok(event) => {
-                metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
-                    .increment(1);
                 let event = Arc::new(event);
                 self.remote.deliver(event.clone());
                 self.local.deliver(event);
