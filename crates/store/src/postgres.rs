@@ -148,16 +148,8 @@ impl PostgresStore {
         let connector = Arc::new(Connector::new(&config.url)?);
         let mut client = connector.connect_patiently(config.connect_timeout).await?;
         let version = schema::migrate(&mut client).await?;
-        // The log's sequence, not its highest row: a pruned log is empty,
-        // and `seq`s are never handed out twice.
-        let last_seq: i64 = client
-            .query_one(
-                "SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('ingest_log', 'seq')), 0)",
-                &[],
-            )
-            .await
-            .map_err(db)?
-            .get(0);
+        // Where readers of the log may read up to (see `postgres/ingest.rs`).
+        let horizon = ingest::settle(&client).await?;
         drop(client);
 
         let manager = Manager::from_config(
@@ -172,27 +164,38 @@ impl PostgresStore {
             .build()
             .map_err(|e| StoreError::Database(format!("building the connection pool: {e}")))?;
 
-        let (committed_tx, committed) = watch::channel(u64::try_from(last_seq).unwrap_or(0));
-        let committed_tx = Arc::new(committed_tx);
+        let last_seq = horizon.through;
+        let (committed_tx, committed) = watch::channel(horizon.through);
+        let appended = Arc::new(tokio::sync::Notify::new());
         let writer = |name| WriterConfig {
             name,
             queue_capacity: config.queue_capacity,
             max_batch: config.max_batch,
             opening: None,
+            session: None,
         };
+        // The log's writers of several nodes append side by side: see
+        // `postgres/ingest.rs` for how readers never pass an entry that
+        // commits late.
         let log = Writer::start(
             connector.clone(),
             WriterConfig {
-                opening: Some(ingest::SERIAL_APPENDS),
+                opening: Some(ingest::OPENING),
+                session: Some(ingest::SESSION),
                 ..writer("log")
             },
-            Some(committed_tx.clone()),
+            Some(appended.clone()),
         )
         .await?;
-        tokio::spawn(ingest::follow_appends(pool.clone(), committed_tx));
+        tokio::spawn(ingest::follow_appends(
+            pool.clone(),
+            horizon,
+            Arc::new(committed_tx),
+            appended,
+        ));
         // The main writer queues the changes feed of history, read forward
-        // from a cursor like the ingest log: its transactions too commit
-        // one at a time across nodes.
+        // from a cursor like the ingest log: its transactions commit one at
+        // a time across nodes.
         let main = Writer::start(
             connector.clone(),
             WriterConfig {
@@ -223,7 +226,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             log,
-            appends: ingest::Appends::new(config.queue_capacity),
+            appends: ingest::Appends::new(config.queue_capacity, committed.clone()),
             main,
             history,
             channels,

@@ -2,7 +2,9 @@
 //! `scripts/test-services start` runs (its URL in
 //! `WEFT_TEST_POSTGRES_URL`). Each test gets a database of its own.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
 use crate::conformance::{cutoffs, hquery, hrow, times, uplink, Backend};
@@ -207,24 +209,250 @@ async fn a_write_is_answered_after_its_commit_and_a_failing_one_fails_alone() {
     assert!(matches!(after, StoreError::Closed), "{after:?}");
 }
 
+/// Waits (up to 10 s) for the log's horizon to reach `seq`.
+async fn horizon_reaches(store: &PostgresStore, seq: u64) {
+    let mut committed = store.committed_seq();
+    tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|&c| c >= seq))
+        .await
+        .expect("the horizon moves past a committed append")
+        .unwrap();
+}
+
 #[tokio::test]
-async fn an_append_is_committed_before_its_seq_is_answered() {
+async fn an_append_is_committed_when_answered_and_the_horizon_follows() {
     let url = test_database().await;
     let store = open(&url).await;
-    let mut committed = store.committed.clone();
-    assert_eq!(*committed.borrow_and_update(), 0);
+    assert_eq!(*store.committed_seq().borrow(), 0);
     let mut seqs = Vec::new();
     for n in 0..3 {
         let seq = store.append_uplink(uplink(n)).await.unwrap();
-        assert!(*committed.borrow() >= seq, "published before answered");
+        // Answered means committed: another connection sees it.
+        let seen: i64 = raw(&url)
+            .await
+            .query_one(
+                "SELECT COUNT(*) FROM ingest_log WHERE seq = $1",
+                &[&(seq as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, 1);
+        horizon_reaches(&store, seq).await;
         seqs.push(seq);
     }
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     store.close().await;
     // A reopened store starts from the highest seq.
     let store = open(&url).await;
-    assert_eq!(*store.committed.borrow(), seqs[2]);
+    assert_eq!(*store.committed_seq().borrow(), seqs[2]);
     store.close().await;
+}
+
+/// Another node's append holding a lower `seq` in a transaction still open
+/// keeps the horizon, and so every reader, below it; once it commits, a
+/// reader finds it, and everything after, in order.
+#[tokio::test]
+async fn the_horizon_waits_for_an_append_that_commits_late() {
+    let url = test_database().await;
+    let store = Arc::new(open(&url).await);
+    let first = store.append_uplink(uplink(0)).await.unwrap();
+    horizon_reaches(&store, first).await;
+
+    // "Node B": a log writer's session and transaction, left open.
+    let late = raw(&url).await;
+    late.batch_execute(ingest::SESSION).await.unwrap();
+    late.batch_execute("BEGIN").await.unwrap();
+    late.execute(ingest::OPENING, &[]).await.unwrap();
+    let held: i64 = late
+        .query_one(
+            "INSERT INTO ingest_log (received_at, format, body) \
+             VALUES (1, 'decoded', '\\x00') RETURNING seq",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let held = held as u64;
+
+    // This node's appends after it commit first, but are answered only
+    // once the horizon passes them.
+    let appending = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut after = Vec::new();
+            for n in 1..=5 {
+                after.push(store.append_uplink(uplink(n)).await.unwrap());
+            }
+            after
+        })
+    };
+    let committed_after: i64 = loop {
+        let n: i64 = raw(&url)
+            .await
+            .query_one(
+                "SELECT COUNT(*) FROM ingest_log WHERE seq > $1",
+                &[&(held as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(committed_after, 1, "the first of them committed, and waits");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !appending.is_finished(),
+        "answered before readers could see it"
+    );
+    let horizon = *store.committed_seq().borrow();
+    assert!(
+        horizon < held,
+        "horizon {horizon} passed {held}, still in flight"
+    );
+    let read = store.read_uplinks(first + 1, 100, None).await.unwrap();
+    assert!(
+        read.is_empty(),
+        "read past the horizon: {:?}",
+        read.iter().map(|u| u.seq).collect::<Vec<_>>()
+    );
+
+    late.batch_execute("COMMIT").await.unwrap();
+    let after = tokio::time::timeout(Duration::from_secs(10), appending)
+        .await
+        .expect("answered once the late append committed")
+        .unwrap();
+    assert!(after.iter().all(|&s| s > held));
+    horizon_reaches(&store, *after.last().unwrap()).await;
+    let read: Vec<u64> = store
+        .read_uplinks(first + 1, 100, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|u| u.seq)
+        .collect();
+    let mut expected = vec![held];
+    expected.extend(&after);
+    assert_eq!(read, expected);
+    store.close().await;
+}
+
+/// Two nodes appending at once to the same partitions: a reader following
+/// the horizon, as the pipeline does, sees every acknowledged append of
+/// both, once, in `seq` order, and each node's own appends in the order
+/// they were acknowledged.
+#[tokio::test]
+async fn two_nodes_appending_at_once_lose_and_reorder_nothing_a_reader_sees() {
+    let url = test_database().await;
+    let a = Arc::new(open(&url).await);
+    let b = Arc::new(open(&url).await);
+    const EACH: usize = 1_500;
+    let append = |store: Arc<PostgresStore>, node: usize| {
+        tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            // Ten clients per node, each waiting for its answer before the
+            // next: appends of both nodes interleave in every transaction.
+            let clients: Vec<_> = (0..10)
+                .map(|c| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        let mut mine = Vec::new();
+                        for i in (c..EACH).step_by(10) {
+                            let mut u = uplink(i);
+                            u.partition = (i % 16) as u16;
+                            u.device_id = Some(format!("node{node}-{i}"));
+                            mine.push(store.append_uplink(u).await.unwrap());
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            for client in clients {
+                let mine = client.await.unwrap();
+                assert!(
+                    mine.windows(2).all(|w| w[0] < w[1]),
+                    "one client's appends in order"
+                );
+                seqs.extend(mine);
+            }
+            seqs
+        })
+    };
+    let (wa, wb) = (append(a.clone(), 0), append(b.clone(), 1));
+    // The reader: on node A, small batches, from where it stopped, up to
+    // the horizon, until both nodes are done and it has caught up.
+    let reader = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let mut next = 1;
+            let mut seen = Vec::new();
+            let mut idle = 0;
+            while idle < 50 {
+                let batch = a.read_uplinks(next, 37, None).await.unwrap();
+                match batch.last() {
+                    Some(last) => {
+                        next = last.seq + 1;
+                        seen.extend(batch.iter().map(|u| u.seq));
+                        idle = 0;
+                    }
+                    None => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            seen
+        })
+    };
+    let mut acknowledged = wa.await.unwrap();
+    acknowledged.extend(wb.await.unwrap());
+    let seen = reader.await.unwrap();
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "read in seq order, once each"
+    );
+    acknowledged.sort_unstable();
+    assert_eq!(acknowledged.len(), 2 * EACH);
+    let read: HashSet<u64> = seen.iter().copied().collect();
+    let missed: Vec<u64> = acknowledged
+        .iter()
+        .filter(|s| !read.contains(s))
+        .copied()
+        .collect();
+    assert!(missed.is_empty(), "acknowledged, never read: {missed:?}");
+    assert_eq!(
+        seen.len(),
+        acknowledged.len(),
+        "nothing read that was not acknowledged"
+    );
+    a.close().await;
+    b.close().await;
+}
+
+#[test]
+fn the_horizon_moves_once_the_writers_seen_in_flight_are_gone() {
+    let writers = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
+    let mut h = ingest::Horizon::default();
+    // Nobody in flight: the last seq handed out is final.
+    assert!(h.look(10, writers(&[])));
+    assert_eq!(h.through, 10);
+    // Writers in flight: 20 waits for them.
+    assert!(!h.look(20, writers(&["1:100", "2:101"])));
+    assert_eq!(h.through, 10);
+    assert!(h.waiting());
+    // One of them still there (others new): still waiting on 20.
+    assert!(!h.look(30, writers(&["2:101", "3:102"])));
+    assert_eq!(h.through, 10);
+    // Both gone (another, newer one in flight): 20 is final, 40 waits.
+    assert!(h.look(40, writers(&["3:102", "4:103"])));
+    assert_eq!(h.through, 20);
+    assert!(h.waiting());
+    // Nobody in flight: everything handed out is final.
+    assert!(h.look(41, writers(&[])));
+    assert_eq!(h.through, 41);
+    assert!(!h.waiting());
 }
 
 /// Appends arriving together go out as one statement; they are numbered,

@@ -8,9 +8,11 @@
 //! from a `seq`. With concurrent writers, a transaction holding `seq` 9
 //! can commit after the one holding 10, and a reader that already moved
 //! past 10 would never see 9. One writer per log commits its `seq`s in
-//! order. Group commit then makes durable writes cheap: one commit (one
-//! WAL flush) answers every write of the batch, and a write is answered
-//! only after that commit returned.
+//! order on one node; across nodes, the ingest log is read up to its
+//! horizon (`postgres/ingest.rs`) and the other logs' writers take a lock
+//! ([`WriterConfig::opening`]). Group commit then makes durable writes
+//! cheap: one commit (one WAL flush) answers every write of the batch, and
+//! a write is answered only after that commit returned.
 //!
 //! Failure isolation: every write runs inside its own `SAVEPOINT`, so a
 //! failing write (a constraint, a bad value) is rolled back alone and the
@@ -29,7 +31,7 @@ use super::conn::Conn;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -95,9 +97,9 @@ pub(super) type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 /// A write that ran, waiting for its transaction's outcome.
 pub(super) struct Pending {
     failed: bool,
-    /// The ingest-log `seq` it appended, published as committed before
-    /// any answer of its batch goes out.
-    appended: Option<u64>,
+    /// Whether it appended to the ingest log (the log's horizon is looked
+    /// at again once its batch commits).
+    appended: bool,
     /// Sends the write's own result (`None`) or an error that replaced it
     /// because the transaction did not commit.
     answer: Answer,
@@ -106,8 +108,8 @@ pub(super) struct Pending {
 impl Pending {
     /// A write that answers its callers itself, through `answer`: a write
     /// made of several callers' writes (the ingest log's appends).
-    /// `appended` is the newest ingest-log `seq` it wrote.
-    pub(super) fn answered(failed: bool, appended: Option<u64>, answer: Answer) -> Pending {
+    /// `appended`: whether it wrote to the ingest log.
+    pub(super) fn answered(failed: bool, appended: bool, answer: Answer) -> Pending {
         Pending {
             failed,
             appended,
@@ -118,7 +120,7 @@ impl Pending {
     fn new<T: Send + 'static>(result: Result<T>, reply: oneshot::Sender<Result<T>>) -> Pending {
         Pending {
             failed: result.is_err(),
-            appended: None,
+            appended: false,
             answer: Box::new(move |error| {
                 let _ = reply.send(match error {
                     None => result,
@@ -150,32 +152,34 @@ pub(super) struct WriterConfig {
     pub queue_capacity: usize,
     /// Most writes per transaction.
     pub max_batch: usize,
-    /// Run at the start of every transaction, after `BEGIN`: the ingest
-    /// log's writer takes a transaction-scoped advisory lock there, so
-    /// the appends of several nodes commit one transaction at a time and
-    /// `seq`s become visible in order (a reader that saw `seq` N never
-    /// meets a smaller one committing later).
+    /// Run at the start of every transaction, after `BEGIN`: the writers
+    /// whose `seq`s readers follow take their log's lock there (see
+    /// `postgres/ingest.rs` and `postgres/context.rs`).
     pub opening: Option<&'static str>,
+    /// Run on every new connection before its first transaction (the
+    /// ingest log's writer names itself there, for its log's horizon).
+    pub session: Option<&'static str>,
 }
 
 impl Writer {
     /// Connects and starts the writer's task. `committed`, for the ingest
-    /// log's writer, is advanced to every appended `seq` once committed.
+    /// log's writer, is told of every commit of appends.
     pub(super) async fn start(
         connector: Arc<Connector>,
         config: WriterConfig,
-        committed: Option<Arc<watch::Sender<u64>>>,
+        committed: Option<Arc<Notify>>,
     ) -> Result<Writer> {
-        let client = connector.connect().await?;
+        let client = connect(&connector, config.session).await?;
         let (ops_tx, ops_rx) = mpsc::channel(config.queue_capacity.max(1));
         let (stopped_tx, stopped) = watch::channel(false);
         let task = WriterTask {
             connector,
-            client: Some(Conn::new(client)),
+            client: Some(client),
             ops: ops_rx,
             name: config.name,
             max_batch: config.max_batch.max(1),
             opening: config.opening,
+            session: config.session,
             committed,
         };
         let handle = tokio::spawn(async move {
@@ -265,7 +269,8 @@ struct WriterTask {
     name: &'static str,
     max_batch: usize,
     opening: Option<&'static str>,
-    committed: Option<Arc<watch::Sender<u64>>>,
+    session: Option<&'static str>,
+    committed: Option<Arc<Notify>>,
 }
 
 impl WriterTask {
@@ -306,8 +311,8 @@ impl WriterTask {
             self.client = None;
         }
         if self.client.is_none() {
-            match self.connector.connect().await {
-                Ok(client) => self.client = Some(Conn::new(client)),
+            match connect(&self.connector, self.session).await {
+                Ok(client) => self.client = Some(client),
                 Err(e) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     return Err(e);
@@ -392,19 +397,10 @@ impl WriterTask {
         };
         match outcome {
             Ok(()) => {
-                // Publish before answering: whoever holds a `seq` answer
-                // finds `committed_seq()` at least that high.
-                if let (Some(committed), Some(seq)) = (
-                    &self.committed,
-                    done.iter().filter_map(|p| p.appended).max(),
-                ) {
-                    committed.send_if_modified(|current| {
-                        let newer = seq > *current;
-                        if newer {
-                            *current = seq;
-                        }
-                        newer
-                    });
+                if let Some(committed) = &self.committed {
+                    if done.iter().any(|p| p.appended) {
+                        committed.notify_one();
+                    }
                 }
                 for pending in done {
                     (pending.answer)(None);
@@ -426,6 +422,15 @@ impl WriterTask {
             }
         }
     }
+}
+
+/// A new connection of a writer, its session set up.
+async fn connect(connector: &Connector, session: Option<&str>) -> Result<Conn> {
+    let client = connector.connect().await?;
+    if let Some(session) = session {
+        client.batch_execute(session).await.map_err(db)?;
+    }
+    Ok(Conn::new(client))
 }
 
 /// Answers a write that never ran (its batch could not start, or was
