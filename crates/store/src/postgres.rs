@@ -30,6 +30,7 @@ mod conn;
 mod context;
 mod downlinks;
 mod history;
+mod horizon;
 mod ingest;
 mod keys;
 mod outbox;
@@ -148,8 +149,9 @@ impl PostgresStore {
         let connector = Arc::new(Connector::new(&config.url)?);
         let mut client = connector.connect_patiently(config.connect_timeout).await?;
         let version = schema::migrate(&mut client).await?;
-        // Where readers of the log may read up to (see `postgres/ingest.rs`).
-        let horizon = ingest::settle(&client).await?;
+        // Where readers of the ingest log may read up to (see
+        // `postgres/horizon.rs`).
+        let horizon = horizon::settle(&client, &ingest::LOG).await?;
         drop(client);
 
         let manager = Manager::from_config(
@@ -166,7 +168,7 @@ impl PostgresStore {
 
         let last_seq = horizon.through;
         let (committed_tx, committed) = watch::channel(horizon.through);
-        let appended = Arc::new(tokio::sync::Notify::new());
+        let log_committed = Arc::new(tokio::sync::Notify::new());
         let writer = |name| WriterConfig {
             name,
             queue_capacity: config.queue_capacity,
@@ -175,23 +177,24 @@ impl PostgresStore {
             session: None,
         };
         // The log's writers of several nodes append side by side: see
-        // `postgres/ingest.rs` for how readers never pass an entry that
+        // `postgres/horizon.rs` for how readers never pass an entry that
         // commits late.
         let log = Writer::start(
             connector.clone(),
             WriterConfig {
-                opening: Some(ingest::OPENING),
-                session: Some(ingest::SESSION),
+                opening: Some(ingest::LOG.opening),
+                session: Some(ingest::LOG.session),
                 ..writer("log")
             },
-            Some(appended.clone()),
+            Some(log_committed.clone()),
         )
         .await?;
-        tokio::spawn(ingest::follow_appends(
+        tokio::spawn(horizon::follow(
             pool.clone(),
+            &ingest::LOG,
             horizon,
             Arc::new(committed_tx),
-            appended,
+            log_committed,
         ));
         // The main writer queues the changes feed of history, read forward
         // from a cursor like the ingest log: its transactions commit one at

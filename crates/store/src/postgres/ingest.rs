@@ -1,67 +1,38 @@
-//! The ingest log on PostgreSQL: appends through each node's log writer,
-//! and the log's horizon, below which a reader following `seq`s finds
-//! every entry it will ever find.
-//!
-//! Several nodes append at once, each through its own writer, with no
-//! lock between them: `seq`s are handed out in order but can commit out of
-//! order (node A's 9 after node B's 10), and a reader that moved past 10
-//! would never see 9. So readers read only up to the horizon
-//! ([`follow_appends`]), the highest `seq` whose entries, and every one
-//! below, are committed or never will be:
-//!
-//! 1. every log transaction gets its transaction id first ([`OPENING`]),
-//!    before it takes any `seq`;
-//! 2. the horizon reader takes the sequence's last value `L`, then, later,
-//!    the transaction ids of the log writers in flight ([`SESSION`] names
-//!    their connections);
-//! 3. a `seq` at or below `L` was taken by a transaction that had its id
-//!    then: if none of the writers seen in step 2 is still in flight on a
-//!    later look, every such transaction has ended, so `L` is the horizon.
-//!
-//! With no writer in flight, `L` is the horizon at once; under load it
-//! trails the newest append by one look (a few milliseconds).
+//! The ingest log on PostgreSQL: every node appends through its own log
+//! writer, with no lock between nodes, and readers read up to the log's
+//! horizon (`postgres/horizon.rs`), below which a reader following `seq`s
+//! finds every entry it will ever find. An append is answered once under
+//! the horizon, so whoever holds its `seq` can read it.
 
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch, Notify};
-use tokio_postgres::SimpleQueryMessage;
+use tokio::sync::{oneshot, watch};
 use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 use super::conn::Conn;
+use super::horizon::Followed;
 use super::schema::db;
 use super::writer::{param, Pending, QueuedWrite, Writer};
 use super::{position, to_i64, PostgresStore};
 use crate::{IngestLogStore, Result, StoreError};
 
-/// Opens every transaction of a log writer: its transaction id, taken
-/// before any `seq` (see the module's documentation), and the log's lock,
-/// shared. Writers of this version do not exclude each other; the lock is
-/// for nodes of an older version, which take it exclusively and so never
-/// commit alongside these (any constant unique to weft: "weft_log").
-pub(super) const OPENING: &str =
-    "SELECT pg_advisory_xact_lock_shared(8603115516733482855), pg_current_xact_id()";
-
-/// Names a log writer's connection, so the horizon finds the log's
-/// transactions in flight among every other.
-pub(super) const SESSION: &str = "SET application_name = 'weft ingest log'";
-
-/// One look at the log: the last `seq` handed out, then the log writers'
-/// transactions in flight (as `pid:xid`). Under the log's lock, shared, so
-/// an older node's appends (which hold it exclusively) are never in flight
-/// while it looks.
-const LOOK: &str = "BEGIN; \
-    SELECT pg_advisory_xact_lock_shared(8603115516733482855); \
-    SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('ingest_log', 'seq')), 0)::TEXT; \
-    SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-     WHERE datname = current_database() AND application_name = 'weft ingest log' \
-       AND backend_xid IS NOT NULL; \
-    COMMIT";
+/// The ingest log as its horizon follows it (any lock key unique to weft:
+/// "weft_log", the key older versions took exclusively).
+pub(super) const LOG: Followed = Followed {
+    name: "ingest log",
+    opening: "SELECT pg_advisory_xact_lock_shared(8603115516733482855), pg_current_xact_id()",
+    session: "SET application_name = 'weft ingest log'",
+    look: "BEGIN; \
+        SELECT pg_advisory_xact_lock_shared(8603115516733482855); \
+        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('ingest_log', 'seq')), 0)::TEXT; \
+        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'weft ingest log' \
+           AND backend_xid IS NOT NULL; \
+        COMMIT",
+};
 
 /// How many partitions the pipeline is split into on PostgreSQL, where
 /// several nodes share it: enough for a few nodes to share them evenly
@@ -70,139 +41,11 @@ const LOOK: &str = "BEGIN; \
 /// while its uplinks are in the log.
 pub const PARTITIONS: u16 = 16;
 
-/// How often [`follow_appends`] looks when nothing is waiting on a writer
-/// (this node's own commits make it look at once).
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
-
-/// How soon it looks again while writers seen in flight may still be.
-const SETTLE_INTERVAL: Duration = Duration::from_millis(2);
-
-/// The log's horizon as the looks establish it.
-#[derive(Debug, Default)]
-pub(super) struct Horizon {
-    /// The highest `seq` known final, with all below it.
-    pub through: u64,
-    /// A `seq` final once the writers then in flight have ended.
-    waiting: Option<(u64, HashSet<String>)>,
-}
-
-impl Horizon {
-    /// Takes one look: `last` the sequence's last value, then `writers`
-    /// in flight. Answers whether the horizon moved.
-    pub(super) fn look(&mut self, last: u64, writers: HashSet<String>) -> bool {
-        let before = self.through;
-        if let Some((through, seen)) = &self.waiting {
-            if seen.is_disjoint(&writers) {
-                self.through = self.through.max(*through);
-                self.waiting = None;
-            }
-        }
-        if writers.is_empty() {
-            self.through = self.through.max(last);
-            self.waiting = None;
-        } else if self.waiting.is_none() && last > self.through {
-            self.waiting = Some((last, writers));
-        }
-        self.through > before
-    }
-
-    /// Whether a look soon could move it.
-    pub(super) fn waiting(&self) -> bool {
-        self.waiting.is_some()
-    }
-}
-
-/// One look at the log (see [`LOOK`]).
-async fn look(client: &tokio_postgres::Client) -> Result<(u64, HashSet<String>)> {
-    let mut last = 0;
-    let mut writers = HashSet::new();
-    let mut statement = 0;
-    for message in client.simple_query(LOOK).await.map_err(db)? {
-        match message {
-            SimpleQueryMessage::CommandComplete(_) => statement += 1,
-            SimpleQueryMessage::Row(row) => match statement {
-                2 => {
-                    last = row
-                        .get(0)
-                        .and_then(|v| v.parse().ok())
-                        .ok_or_else(|| StoreError::Corrupt("the ingest log's sequence".into()))?;
-                }
-                3 => {
-                    if let Some(writer) = row.get(0) {
-                        writers.insert(writer.to_string());
-                    }
-                }
-                _ => {}
-            },
-            _ => {}
-        }
-    }
-    Ok((last, writers))
-}
-
-/// The horizon when the store opens: looks until no writer seen is still
-/// in flight (at once, unless other nodes are appending), for at most a
-/// second, and answers what it then knows.
-pub(super) async fn settle(client: &tokio_postgres::Client) -> Result<Horizon> {
-    let mut horizon = Horizon::default();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-    loop {
-        let (last, writers) = look(client).await?;
-        horizon.look(last, writers);
-        if !horizon.waiting() || tokio::time::Instant::now() >= deadline {
-            return Ok(horizon);
-        }
-        tokio::time::sleep(SETTLE_INTERVAL).await;
-    }
-}
-
-/// Moves the horizon (`committed`) until the store is dropped: after each
-/// of this node's commits of appends (`appended`), every
-/// [`FOLLOW_INTERVAL`] for other nodes' appends, and every
-/// [`SETTLE_INTERVAL`] while writers seen in flight may still be.
-pub(super) async fn follow_appends(
-    pool: Pool,
-    mut horizon: Horizon,
-    committed: Arc<watch::Sender<u64>>,
-    appended: Arc<Notify>,
-) {
-    let mut failing = false;
-    while !committed.is_closed() {
-        let wait = if horizon.waiting() {
-            SETTLE_INTERVAL
-        } else {
-            FOLLOW_INTERVAL
-        };
-        tokio::select! {
-            _ = appended.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
-        }
-        let looked = match pool.get().await {
-            Ok(client) => look(&client).await,
-            Err(e) => Err(StoreError::Database(e.to_string())),
-        };
-        match looked {
-            Ok((last, writers)) => {
-                failing = false;
-                if horizon.look(last, writers) {
-                    committed.send_replace(horizon.through);
-                }
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(error = %e, "looking at the ingest log's horizon failed; retrying");
-                }
-                failing = true;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
 /// The appends waiting for the log's writer, written together: one
 /// `INSERT` of many rows per transaction instead of one statement (and one
-/// round trip) per uplink, which is what kept the log's transactions, and
-/// the lock they hold across the cluster ([`SERIAL_APPENDS`]), long.
+/// round trip) per uplink, which is what kept the log's transactions long
+/// (and, when they committed one at a time across the cluster, every other
+/// node's appends waiting).
 ///
 /// The first append to find the buffer empty queues one write on the
 /// writer; that write takes whatever the buffer holds when the writer runs
@@ -212,7 +55,7 @@ pub(super) async fn follow_appends(
 /// queued it is still waiting.
 pub(super) struct Appends {
     waiting: Arc<Mutex<Vec<Waiting>>>,
-    /// The log's horizon (see the module's documentation).
+    /// The log's horizon (see `postgres/horizon.rs`).
     horizon: watch::Receiver<u64>,
     /// Most appends waiting; more are refused as overloaded (as a full
     /// writer queue refuses writes).

@@ -260,9 +260,9 @@ async fn the_horizon_waits_for_an_append_that_commits_late() {
 
     // "Node B": a log writer's session and transaction, left open.
     let late = raw(&url).await;
-    late.batch_execute(ingest::SESSION).await.unwrap();
+    late.batch_execute(ingest::LOG.session).await.unwrap();
     late.batch_execute("BEGIN").await.unwrap();
-    late.execute(ingest::OPENING, &[]).await.unwrap();
+    late.execute(ingest::LOG.opening, &[]).await.unwrap();
     let held: i64 = late
         .query_one(
             "INSERT INTO ingest_log (received_at, format, body) \
@@ -434,7 +434,7 @@ async fn two_nodes_appending_at_once_lose_and_reorder_nothing_a_reader_sees() {
 #[test]
 fn the_horizon_moves_once_the_writers_seen_in_flight_are_gone() {
     let writers = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
-    let mut h = ingest::Horizon::default();
+    let mut h = horizon::Horizon::default();
     // Nobody in flight: the last seq handed out is final.
     assert!(h.look(10, writers(&[])));
     assert_eq!(h.through, 10);

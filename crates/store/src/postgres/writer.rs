@@ -9,7 +9,7 @@
 //! can commit after the one holding 10, and a reader that already moved
 //! past 10 would never see 9. One writer per log commits its `seq`s in
 //! order on one node; across nodes, the ingest log is read up to its
-//! horizon (`postgres/ingest.rs`) and the other logs' writers take a lock
+//! horizon (`postgres/horizon.rs`) and the other logs' writers take a lock
 //! ([`WriterConfig::opening`]). Group commit then makes durable writes
 //! cheap: one commit (one WAL flush) answers every write of the batch, and
 //! a write is answered only after that commit returned.
@@ -98,7 +98,7 @@ pub(super) type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 pub(super) struct Pending {
     failed: bool,
     /// Whether it appended to the ingest log (the log's horizon is looked
-    /// at again once its batch commits).
+    /// at again once its batch commits, see `postgres/horizon.rs`).
     appended: bool,
     /// Sends the write's own result (`None`) or an error that replaced it
     /// because the transaction did not commit.
@@ -154,7 +154,7 @@ pub(super) struct WriterConfig {
     pub max_batch: usize,
     /// Run at the start of every transaction, after `BEGIN`: the writers
     /// whose `seq`s readers follow take their log's lock there (see
-    /// `postgres/ingest.rs` and `postgres/context.rs`).
+    /// `postgres/horizon.rs` and `postgres/context.rs`).
     pub opening: Option<&'static str>,
     /// Run on every new connection before its first transaction (the
     /// ingest log's writer names itself there, for its log's horizon).
