@@ -26,6 +26,7 @@ mod alarms;
 mod catalog;
 mod channels;
 mod cluster;
+mod combine;
 mod conn;
 mod context;
 mod downlinks;
@@ -126,7 +127,9 @@ pub struct PostgresStore {
     pool: Pool,
     log: Writer,
     /// The ingest log's appends waiting to go to `log` together.
-    appends: ingest::Appends,
+    appends: combine::Combined<ingest::Append>,
+    /// The NGSI entity writes waiting to go to `main` together.
+    entity_puts: combine::Combined<context::EntityPut>,
     main: Writer,
     history: Writer,
     channels: Writer,
@@ -229,7 +232,8 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             log,
-            appends: ingest::Appends::new(config.queue_capacity, committed.clone()),
+            appends: combine::Combined::new(config.queue_capacity, Some(committed.clone())),
+            entity_puts: combine::Combined::new(config.queue_capacity, None),
             main,
             history,
             channels,

@@ -14,6 +14,11 @@ use async_trait::async_trait;
 /// that commits later (any constant unique to weft: "weft_chg").
 pub(super) const SERIAL_CHANGES: &str = "SELECT pg_advisory_xact_lock(8603115516262213735)";
 
+use std::collections::HashMap;
+
+use futures::future::BoxFuture;
+
+use super::combine::Combine;
 use super::conn::Conn;
 use super::history::feed_name;
 use super::outbox::log_changes;
@@ -25,6 +30,59 @@ use crate::{
     NgsiDocument, Result,
 };
 
+/// An NGSI entity write (`put_entity`): the entity, the history rows it
+/// queues and its change-log entry. Writes that wait together go out as
+/// three statements for all of them (`postgres/combine.rs`), instead of a
+/// round trip each.
+pub(super) struct EntityPut {
+    record: EntityRecord,
+    history: Vec<HistoryRow>,
+    change: Option<LoggedChange>,
+}
+
+impl Combine for EntityPut {
+    type Item = EntityPut;
+    type Answer = ();
+
+    fn write_many<'c>(c: &'c Conn, puts: &'c [EntityPut]) -> BoxFuture<'c, Result<Vec<()>>> {
+        Box::pin(async move {
+            // One row per entity, its last state: an upsert may not touch a
+            // row twice, and the last write of an entity is what it is
+            // after all of them, as if they had gone one by one.
+            let mut last: HashMap<(&str, &str, &str, &str), &EntityRecord> = HashMap::new();
+            for put in puts {
+                let r = &put.record;
+                last.insert((&r.tenant, &r.service_path, &r.id, &r.entity_type), r);
+            }
+            let records: Vec<EntityRecord> = last.into_values().cloned().collect();
+            let changes: Vec<LoggedChange> = puts.iter().filter_map(|p| p.change.clone()).collect();
+            let history: Vec<HistoryRow> = puts
+                .iter()
+                .flat_map(|p| p.history.iter().cloned())
+                .collect();
+            // Sent together on the one connection (pipelined).
+            let (entities, logged, queued) = tokio::join!(
+                put_entities(c, &records),
+                log_changes(c, &changes),
+                queue_changes(c, &history),
+            );
+            entities.and(logged).and(queued)?;
+            Ok(vec![(); puts.len()])
+        })
+    }
+
+    fn write_one<'c>(c: &'c Conn, put: &'c EntityPut) -> BoxFuture<'c, Result<()>> {
+        Box::pin(async move {
+            let (entity, logged, queued) = tokio::join!(
+                put_entities(c, std::slice::from_ref(&put.record)),
+                log_changes(c, put.change.as_slice()),
+                queue_changes(c, &put.history),
+            );
+            entity.and(logged).and(queued)
+        })
+    }
+}
+
 #[async_trait]
 impl ContextStore for PostgresStore {
     async fn put_entity(
@@ -33,21 +91,12 @@ impl ContextStore for PostgresStore {
         history: HistoryStates,
         change: Option<LoggedChange>,
     ) -> Result<()> {
-        let history = history.rows();
-        self.main
-            .write(move |c| {
-                Box::pin(async move {
-                    // Sent together on the one connection (pipelined): one
-                    // round trip for the three instead of one each.
-                    let (entity, logged, queued) = tokio::join!(
-                        put_entities(c, std::slice::from_ref(&record)),
-                        log_changes(c, change.as_slice()),
-                        queue_changes(c, &history),
-                    );
-                    entity.and(logged).and(queued)
-                })
-            })
-            .await
+        let put = EntityPut {
+            record,
+            history: history.rows(),
+            change,
+        };
+        self.entity_puts.write(&self.main, put).await
     }
 
     async fn delete_entity(
@@ -59,6 +108,8 @@ impl ContextStore for PostgresStore {
         change: Option<LoggedChange>,
     ) -> Result<bool> {
         let key = [tenant, service_path, id, entity_type].map(str::to_string);
+        // After the entity writes waiting now, before any later one.
+        self.entity_puts.seal();
         self.main
             .write(move |c| {
                 Box::pin(async move {

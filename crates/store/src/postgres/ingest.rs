@@ -4,18 +4,16 @@
 //! finds every entry it will ever find. An append is answered once under
 //! the horizon, so whoever holds its `seq` can read it.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
+use super::combine::Combine;
 use super::conn::Conn;
 use super::horizon::Followed;
 use super::schema::db;
-use super::writer::{param, Pending, QueuedWrite, Writer};
+use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::{IngestLogStore, Result, StoreError};
 
@@ -41,166 +39,28 @@ pub(super) const LOG: Followed = Followed {
 /// while its uplinks are in the log.
 pub const PARTITIONS: u16 = 16;
 
-/// The appends waiting for the log's writer, written together: one
-/// `INSERT` of many rows per transaction instead of one statement (and one
-/// round trip) per uplink, which is what kept the log's transactions long
-/// (and, when they committed one at a time across the cluster, every other
-/// node's appends waiting).
-///
-/// The first append to find the buffer empty queues one write on the
-/// writer; that write takes whatever the buffer holds when the writer runs
-/// it, so appends arriving while the writer is busy ride along with it.
-/// Each caller is answered by the write itself, after the commit and once
-/// the log's horizon has passed its `seq`, whether or not the caller that
-/// queued it is still waiting.
-pub(super) struct Appends {
-    waiting: Arc<Mutex<Vec<Waiting>>>,
-    /// The log's horizon (see `postgres/horizon.rs`).
-    horizon: watch::Receiver<u64>,
-    /// Most appends waiting; more are refused as overloaded (as a full
-    /// writer queue refuses writes).
-    capacity: usize,
-}
+/// An append to the ingest log, as written together with the others that
+/// wait with it (`postgres/combine.rs`): one multi-row `INSERT` per
+/// transaction instead of a statement and a round trip per uplink. Its
+/// answer (the `seq`) waits for the log's horizon, so whoever holds a
+/// `seq` can read it.
+pub(super) struct Append;
 
-/// One caller's append and where its `seq` goes.
-struct Waiting {
-    uplink: NewUplink,
-    reply: oneshot::Sender<Result<u64>>,
-}
+impl Combine for Append {
+    type Item = NewUplink;
+    type Answer = u64;
 
-impl Appends {
-    /// Buffers of at most `capacity` waiting appends, answered once
-    /// `horizon` passes them.
-    pub(super) fn new(capacity: usize, horizon: watch::Receiver<u64>) -> Appends {
-        Appends {
-            waiting: Arc::default(),
-            horizon,
-            capacity: capacity.max(1),
-        }
+    fn write_many<'c>(c: &'c Conn, items: &'c [NewUplink]) -> BoxFuture<'c, Result<Vec<u64>>> {
+        Box::pin(insert_many(c, items))
     }
 
-    /// Appends `uplink` through `log`; its `seq`, once committed.
-    pub(super) async fn append(&self, log: &Writer, uplink: NewUplink) -> Result<u64> {
-        let (reply, answer) = oneshot::channel();
-        let first = {
-            let mut waiting = self.waiting.lock();
-            if waiting.len() >= self.capacity {
-                return Err(StoreError::Overloaded);
-            }
-            waiting.push(Waiting { uplink, reply });
-            waiting.len() == 1
-        };
-        if first {
-            let group = AppendGroup {
-                waiting: self.waiting.clone(),
-                horizon: self.horizon.clone(),
-            };
-            if let Err(e) = log.queue_job(Box::new(group)) {
-                // Nobody else queues a write for what waits now.
-                for w in std::mem::take(&mut *self.waiting.lock()) {
-                    let _ = w.reply.send(Err(e.clone()));
-                }
-            }
-        }
-        answer.await.unwrap_or(Err(StoreError::Closed))
-    }
-}
-
-/// The log writer's write for the appends waiting when it runs.
-struct AppendGroup {
-    waiting: Arc<Mutex<Vec<Waiting>>>,
-    /// The log's horizon, which the answers wait for.
-    horizon: watch::Receiver<u64>,
-}
-
-impl QueuedWrite for AppendGroup {
-    fn run<'c>(self: Box<Self>, client: &'c Conn) -> BoxFuture<'c, Pending> {
-        let group = std::mem::take(&mut *self.waiting.lock());
-        Box::pin(async move {
-            let (uplinks, replies): (Vec<_>, Vec<_>) =
-                group.into_iter().map(|w| (w.uplink, w.reply)).unzip();
-            let results = insert_uplinks(client, &uplinks).await;
-            let failed = results.iter().all(|r| r.is_err());
-            let newest = results
-                .iter()
-                .filter_map(|r| r.as_ref().ok())
-                .max()
-                .copied();
-            let mut horizon = self.horizon;
-            Pending::answered(
-                failed,
-                !failed,
-                Box::new(move |error| {
-                    let committed = error.is_none();
-                    let error = error.map(str::to_string);
-                    let answer = move || {
-                        for (reply, result) in replies.into_iter().zip(results) {
-                            let _ = reply.send(match &error {
-                                None => result,
-                                Some(e) => Err(StoreError::Database(e.clone())),
-                            });
-                        }
-                    };
-                    match newest {
-                        // Committed: answered once readers can see them
-                        // (whoever holds a `seq` finds `committed_seq()`
-                        // at least that high), without holding the writer.
-                        Some(seq) if committed => {
-                            tokio::spawn(async move {
-                                let _ = horizon.wait_for(|&through| through >= seq).await;
-                                answer();
-                            });
-                        }
-                        _ => answer(),
-                    }
-                }),
-            )
-        })
+    fn write_one<'c>(c: &'c Conn, item: &'c NewUplink) -> BoxFuture<'c, Result<u64>> {
+        Box::pin(insert_one(c, item))
     }
 
-    fn fail(self: Box<Self>, error: &str) {
-        for w in std::mem::take(&mut *self.waiting.lock()) {
-            let _ = w.reply.send(Err(StoreError::Database(error.to_string())));
-        }
+    fn seq(answer: &u64) -> Option<u64> {
+        Some(*answer)
     }
-}
-
-/// Inserts `uplinks` in order, answering each one's `seq`: all in one
-/// statement, or, when that fails (a value PostgreSQL refuses, such as a
-/// NUL in a text), one at a time, so only the bad ones fail.
-async fn insert_uplinks(c: &Conn, uplinks: &[NewUplink]) -> Vec<Result<u64>> {
-    if uplinks.len() > 1 {
-        let (saved, inserted) = futures::future::join(
-            c.batch_execute("SAVEPOINT appends"),
-            insert_many(c, uplinks),
-        )
-        .await;
-        match saved.map_err(db).and(inserted) {
-            Ok(seqs) => {
-                return seqs.into_iter().map(Ok).collect();
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, appends = uplinks.len(), "appending together failed; appending one at a time");
-                if let Err(e) = c.batch_execute("ROLLBACK TO SAVEPOINT appends").await {
-                    let e = db(e);
-                    return uplinks.iter().map(|_| Err(e.clone())).collect();
-                }
-            }
-        }
-    }
-    let mut results = Vec::with_capacity(uplinks.len());
-    for uplink in uplinks {
-        let (saved, inserted) =
-            futures::future::join(c.batch_execute("SAVEPOINT append"), insert_one(c, uplink)).await;
-        let result = saved.map_err(db).and(inserted);
-        let closed = if result.is_ok() {
-            c.batch_execute("RELEASE SAVEPOINT append").await
-        } else {
-            c.batch_execute("ROLLBACK TO SAVEPOINT append").await
-        };
-        results.push(closed.map_err(db).and(result));
-    }
-    results
 }
 
 /// Every row in one `INSERT`; the `seq`s in the order of `uplinks` (the
@@ -290,7 +150,7 @@ const PRUNE_CHUNK: i64 = 50_000;
 #[async_trait]
 impl IngestLogStore for PostgresStore {
     async fn append_uplink(&self, uplink: NewUplink) -> Result<u64> {
-        self.appends.append(&self.log, uplink).await
+        self.appends.write(&self.log, uplink).await
     }
 
     fn committed_seq(&self) -> watch::Receiver<u64> {

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::conformance::{cutoffs, hquery, hrow, times, uplink, Backend};
-use crate::{ChannelStore, IngestLogStore, Store};
+use crate::{
+    ChannelStore, ContextStore, HistoryFeed, HistoryStates, IngestLogStore, OutboxStore, Store,
+};
 
 /// PostgreSQL under the conformance suite: a database per test.
 struct Postgres(String);
@@ -495,6 +497,145 @@ async fn appends_made_together_keep_their_order_and_a_bad_one_fails_alone() {
         read.into_iter().map(|u| u.uplink).collect::<Vec<_>>(),
         expected
     );
+    store.close().await;
+}
+
+/// NGSI entity writes made together: each entity ends in the state of its
+/// last write, every write's history rows and change-log entry are kept,
+/// and one PostgreSQL refuses (a NUL in the JSON) fails alone.
+#[tokio::test]
+async fn entity_writes_made_together_keep_the_last_state_and_a_bad_one_fails_alone() {
+    let url = test_database().await;
+    let store = Arc::new(open(&url).await);
+    let writes: Vec<_> = (0..100u64)
+        .map(|i| {
+            let id = format!("Room{}", i % 10);
+            let json = if i == 55 {
+                "{\"bad\":\"\0\"}".to_string()
+            } else {
+                format!("{{\"n\":{i}}}")
+            };
+            let mut history = HistoryStates::default();
+            let value = serde_json::json!(i);
+            history.push_state(
+                "",
+                "/",
+                &id,
+                "Room",
+                1_000 + i as i64,
+                i as i64,
+                [("n", "Number", &value)],
+            );
+            let change = crate::LoggedChange {
+                node: String::new(),
+                seq: i + 1,
+                tenant: String::new(),
+                at: 1_000 + i as i64,
+                body: vec![i as u8],
+            };
+            (
+                crate::conformance::entity("", "/", &id, "Room", i % 10, &json),
+                history,
+                change,
+            )
+        })
+        .collect();
+    let write = |i: usize| {
+        let (record, history, change) = writes[i].clone();
+        store.put_entity(record, history, Some(change))
+    };
+    // All but 50..60 together: one group, written together.
+    let answers =
+        futures::future::join_all((0..100).filter(|i| !(50..60).contains(i)).map(write)).await;
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    // 50..60 together, 55 refused: written again one at a time.
+    let answers = futures::future::join_all((50..60).map(write)).await;
+    for (i, answer) in (50..60).zip(&answers) {
+        assert_eq!(answer.is_ok(), i != 55, "write {i}: {answer:?}");
+    }
+    let mut stored: Vec<(String, String)> = store
+        .load_entities()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.id, r.json))
+        .collect();
+    stored.sort();
+    // The second round (50..60) came last; room 5's write there failed.
+    let expected: Vec<(String, String)> = (0..10)
+        .map(|room| {
+            let last = if room == 5 { 95 } else { 50 + room };
+            (format!("Room{room}"), format!("{{\"n\":{last}}}"))
+        })
+        .collect();
+    assert_eq!(stored, expected, "each entity in its last state");
+    let logged: Vec<u64> = store
+        .read_change_log("", None, 0, u64::MAX, 1_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.seq)
+        .collect();
+    let mut logged = logged;
+    logged.sort_unstable();
+    let all_but_bad: Vec<u64> = (1..=100).filter(|&s| s != 56).collect();
+    assert_eq!(logged, all_but_bad, "every good write's change logged");
+    let mut queued: Vec<i64> = store
+        .read_history_feed(HistoryFeed::Changes, 0, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, rows)| rows.into_iter().map(|r| r.instance))
+        .collect();
+    queued.sort_unstable();
+    let all_but_bad: Vec<i64> = (0..100).filter(|&i| i != 55).collect();
+    assert_eq!(queued, all_but_bad, "every good write's history queued");
+    store.close().await;
+}
+
+/// A delete between two writes of one entity, all made at once, keeps its
+/// place: the entity exists afterwards with the second write's state (the
+/// second write does not join the first one's group ahead of the delete).
+#[tokio::test]
+async fn a_delete_between_two_entity_writes_keeps_its_place() {
+    let url = test_database().await;
+    let store = Arc::new(open(&url).await);
+    // Something ahead in the writer's queue, so the three wait together.
+    let blockers: Vec<_> = (0..20)
+        .map(|i| {
+            store.put_entity(
+                crate::conformance::entity("", "/", &format!("Other{i}"), "T", i, "{}"),
+                HistoryStates::default(),
+                None,
+            )
+        })
+        .collect();
+    let first = store.put_entity(
+        crate::conformance::entity("", "/", "Room", "T", 1, "{\"v\":1}"),
+        HistoryStates::default(),
+        None,
+    );
+    let delete = store.delete_entity("", "/", "Room", "T", None);
+    let second = store.put_entity(
+        crate::conformance::entity("", "/", "Room", "T", 1, "{\"v\":2}"),
+        HistoryStates::default(),
+        None,
+    );
+    let (blocked, first, deleted, second) =
+        tokio::join!(futures::future::join_all(blockers), first, delete, second);
+    assert!(blocked.iter().all(|b| b.is_ok()));
+    first.unwrap();
+    assert!(deleted.unwrap(), "the delete found the first write");
+    second.unwrap();
+    let room: Vec<String> = store
+        .load_entities()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.id == "Room")
+        .map(|r| r.json)
+        .collect();
+    assert_eq!(room, ["{\"v\":2}"]);
     store.close().await;
 }
 

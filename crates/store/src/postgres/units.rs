@@ -30,6 +30,10 @@ impl UnitStore for PostgresStore {
     }
 
     async fn commit_processed(&self, batch: Arc<ProcessedBatch>) -> Result<CommitOutcome> {
+        if !batch.entities.is_empty() {
+            // After the NGSI entity writes waiting now, before any later one.
+            self.entity_puts.seal();
+        }
         self.main
             .write(move |c| Box::pin(async move { processed(c, &batch).await }))
             .await
