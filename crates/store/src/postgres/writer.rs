@@ -107,7 +107,7 @@ pub(super) struct Pending {
 
 impl Pending {
     /// A write that answers its callers itself, through `answer`: a write
-    /// made of several callers' writes (the ingest log's appends).
+    /// made of several callers' writes (`postgres/combine.rs`).
     /// `appended`: whether it wrote to the ingest log.
     pub(super) fn answered(failed: bool, appended: bool, answer: Answer) -> Pending {
         Pending {
@@ -157,7 +157,7 @@ pub(super) struct WriterConfig {
     /// `postgres/horizon.rs` and `postgres/context.rs`).
     pub opening: Option<&'static str>,
     /// Run on every new connection before its first transaction (the
-    /// ingest log's writer names itself there, for its log's horizon).
+    /// ingest log's writer names itself there, for the log's horizon).
     pub session: Option<&'static str>,
 }
 
