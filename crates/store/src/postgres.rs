@@ -130,6 +130,8 @@ pub struct PostgresStore {
     appends: combine::Combined<ingest::Append>,
     /// The NGSI entity writes waiting to go to `main` together.
     entity_puts: combine::Combined<context::EntityPut>,
+    /// The QuantumLeap notifications waiting to go to `history` together.
+    notifications: combine::Combined<history::QueuedNotification>,
     main: Writer,
     history: Writer,
     channels: Writer,
@@ -234,6 +236,7 @@ impl PostgresStore {
             log,
             appends: combine::Combined::new(config.queue_capacity, Some(committed.clone())),
             entity_puts: combine::Combined::new(config.queue_capacity, None),
+            notifications: combine::Combined::new(config.queue_capacity, None),
             main,
             history,
             channels,

@@ -639,6 +639,43 @@ async fn a_delete_between_two_entity_writes_keeps_its_place() {
     store.close().await;
 }
 
+/// QuantumLeap notifications queued together: numbered in the order they
+/// were queued, and read back from the feed in that order with their rows.
+#[tokio::test]
+async fn notifications_queued_together_keep_their_order() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let queued = futures::future::join_all((0..50).map(|i| {
+        store.queue_history(vec![hrow(
+            "",
+            "/",
+            &format!("E{i}"),
+            "T",
+            "a",
+            1_000 + i,
+            i as f64,
+        )])
+    }))
+    .await;
+    let seqs: Vec<u64> = queued.into_iter().map(|q| q.unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "numbered in order: {seqs:?}"
+    );
+    let feed = store
+        .read_history_feed(HistoryFeed::Notifications, 0, 1_000)
+        .await
+        .unwrap();
+    assert_eq!(feed.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), seqs);
+    let ids: Vec<String> = feed
+        .into_iter()
+        .flat_map(|(_, rows)| rows.into_iter().map(|r| r.entity_id))
+        .collect();
+    let expected: Vec<String> = (0..50).map(|i| format!("E{i}")).collect();
+    assert_eq!(ids, expected);
+    store.close().await;
+}
+
 #[tokio::test]
 async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
     let url = test_database().await;
