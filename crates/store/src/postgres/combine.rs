@@ -16,7 +16,10 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
+use tokio_postgres::Row;
+
 use super::conn::Conn;
+use super::position;
 use super::schema::db;
 use super::writer::{Pending, QueuedWrite, Writer};
 use crate::{Result, StoreError};
@@ -172,6 +175,19 @@ impl<W: Combine> QueuedWrite for Job<W> {
             let _ = w.reply.send(Err(StoreError::Database(error.to_string())));
         }
     }
+}
+
+/// The `seq`s a multi-row `INSERT … ORDER BY <input order> RETURNING seq`
+/// answers (column 0), in the order of its input: rows are numbered in
+/// insertion order, so sorted they line up with the input whatever order
+/// `RETURNING` lists them in.
+pub(super) fn seqs_in_order(rows: &[Row]) -> Result<Vec<u64>> {
+    let mut seqs = rows
+        .iter()
+        .map(|row| position(row, 0))
+        .collect::<Result<Vec<u64>>>()?;
+    seqs.sort_unstable();
+    Ok(seqs)
 }
 
 /// Writes `items` together, or, when that fails, one at a time in

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
-use super::combine::Combine;
+use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
 use super::schema::{self, db};
 use super::writer::param;
@@ -72,14 +72,7 @@ impl Combine for QueuedNotification {
                 )
                 .await
                 .map_err(db)?;
-            let mut seqs = rows
-                .iter()
-                .map(|row| position(row, 0))
-                .collect::<Result<Vec<u64>>>()?;
-            // Numbered in insertion order; sorted, they line up with
-            // `entries` whatever order `RETURNING` lists them in.
-            seqs.sort_unstable();
-            Ok(seqs)
+            seqs_in_order(&rows)
         })
     }
 

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
-use super::combine::Combine;
+use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
 use super::horizon::Followed;
 use super::schema::db;
@@ -101,21 +101,7 @@ async fn insert_many(c: &Conn, uplinks: &[NewUplink]) -> Result<Vec<u64>> {
         )
         .await
         .map_err(db)?;
-    let mut seqs = rows
-        .iter()
-        .map(|row| position(row, 0))
-        .collect::<Result<Vec<u64>>>()?;
-    if seqs.len() != uplinks.len() {
-        return Err(StoreError::Database(format!(
-            "{} uplinks appended as {} rows",
-            uplinks.len(),
-            seqs.len()
-        )));
-    }
-    // Numbered in insertion order; sorted, they line up with `uplinks`
-    // whatever order `RETURNING` lists them in.
-    seqs.sort_unstable();
-    Ok(seqs)
+    seqs_in_order(&rows)
 }
 
 /// One row, the way every row went before appends were grouped.
