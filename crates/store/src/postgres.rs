@@ -138,6 +138,8 @@ pub struct PostgresStore {
     committed: watch::Receiver<u64>,
     /// The weekly history partitions known to exist.
     partitions: history::Partitions,
+    /// The history series ids known (committed).
+    series: history::SeriesIds,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -242,6 +244,7 @@ impl PostgresStore {
             channels,
             committed,
             partitions: history::Partitions::default(),
+            series: history::SeriesIds::default(),
         })
     }
 

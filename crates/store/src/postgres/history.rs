@@ -142,7 +142,132 @@ impl Partitions {
     }
 }
 
+/// A series' key: tenant, entity id, entity type and attribute.
+type SeriesKey = (String, String, String, String);
+
+/// The same key borrowed from a row.
+type SeriesRef<'r> = (&'r str, &'r str, &'r str, &'r str);
+
+/// The ids of the series (`history_series`) this store has seen, so that
+/// an append numbers its rows without asking the database, except for a
+/// series it has not met yet. Ids are never deleted or reused (see
+/// schema step 14), so a cached one stays right whatever other nodes do.
+/// Past [`SERIES_CACHED`] entries the cache starts over rather than grow
+/// without bound.
+#[derive(Debug, Default)]
+pub(super) struct SeriesIds {
+    known: Mutex<HashMap<SeriesKey, i64>>,
+}
+
+/// Most series ids a store keeps in memory (about 100 bytes each).
+const SERIES_CACHED: usize = 1 << 20;
+
+fn series_ref(r: &HistoryRow) -> SeriesRef<'_> {
+    (&r.tenant, &r.entity_id, &r.entity_type, &r.attr)
+}
+
+fn owned((tenant, id, ty, attr): SeriesRef<'_>) -> SeriesKey {
+    (tenant.into(), id.into(), ty.into(), attr.into())
+}
+
+impl SeriesIds {
+    /// The ids of the distinct series in `wanted` that are cached, and
+    /// those that are not.
+    fn split<'r>(&self, wanted: &[SeriesRef<'r>]) -> (HashMap<SeriesRef<'r>, i64>, Vec<SeriesRef<'r>>) {
+        let known = self.known.lock();
+        let mut found = HashMap::new();
+        let mut missing = Vec::new();
+        for &key in wanted {
+            match known.get(&owned(key)) {
+                Some(&id) => {
+                    found.insert(key, id);
+                }
+                None => missing.push(key),
+            }
+        }
+        (found, missing)
+    }
+
+    /// Records committed ids.
+    fn add(&self, ids: impl IntoIterator<Item = (SeriesKey, i64)>) {
+        let mut known = self.known.lock();
+        if known.len() >= SERIES_CACHED {
+            known.clear();
+        }
+        known.extend(ids);
+    }
+}
+
+/// Numbers the series `keys` (inserting those not numbered yet) and
+/// answers `(key, id)` for each: two statements, the second seeing what
+/// other nodes committed meanwhile (read committed), so two nodes meeting
+/// a new series together both get the one id.
+async fn number_series(c: &Conn, keys: &[SeriesKey]) -> Result<Vec<(SeriesKey, i64)>> {
+    let column = |pick: fn(&SeriesKey) -> &str| keys.iter().map(pick).collect::<Vec<&str>>();
+    let (tenants, ids, types, attrs) = (
+        column(|k| &k.0),
+        column(|k| &k.1),
+        column(|k| &k.2),
+        column(|k| &k.3),
+    );
+    let params: [&(dyn ToSql + Sync); 4] = [&tenants, &ids, &types, &attrs];
+    c.execute(
+        "INSERT INTO history_series (tenant, entity_id, entity_type, attr) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[]) \
+         ORDER BY 1, 2, 3, 4 ON CONFLICT DO NOTHING",
+        &params,
+    )
+    .await
+    .map_err(db)?;
+    let rows = c
+        .query(
+            "SELECT k.n, s.id FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[]) \
+                 WITH ORDINALITY AS k(tenant, entity_id, entity_type, attr, n) \
+             JOIN history_series s ON s.tenant = k.tenant AND s.entity_id = k.entity_id \
+                 AND s.entity_type = k.entity_type AND s.attr = k.attr",
+            &params,
+        )
+        .await
+        .map_err(db)?;
+    if rows.len() != keys.len() {
+        return Err(StoreError::Database(format!(
+            "numbered {} history series of {}",
+            rows.len(),
+            keys.len()
+        )));
+    }
+    Ok(rows
+        .iter()
+        .map(|r| (keys[(r.get::<_, i64>(0) - 1) as usize].clone(), r.get(1)))
+        .collect())
+}
+
 impl PostgresStore {
+    /// The series id of each of `rows`, numbering the series this store
+    /// has not met yet in one write of the history writer (usually none,
+    /// and then no write at all).
+    pub(super) async fn series_of(&self, rows: &[HistoryRow]) -> Result<Vec<i64>> {
+        let mut distinct: Vec<SeriesRef<'_>> = rows.iter().map(series_ref).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (mut found, missing) = self.series.split(&distinct);
+        if !missing.is_empty() {
+            let keys: Vec<SeriesKey> = missing.iter().copied().map(owned).collect();
+            let numbered = self
+                .history
+                .write(move |c| Box::pin(async move { number_series(c, &keys).await }))
+                .await?;
+            for (key, id) in &numbered {
+                let at = missing
+                    .binary_search(&(&*key.0, &*key.1, &*key.2, &*key.3))
+                    .map_err(|_| StoreError::Database("a series numbered unasked".into()))?;
+                found.insert(missing[at], *id);
+            }
+            self.series.add(numbered);
+        }
+        Ok(rows.iter().map(|r| found[&series_ref(r)]).collect())
+    }
+
     /// Makes sure the weekly partitions `rows` fall in exist before they
     /// are appended: one write of the history writer creating those not
     /// known yet (usually none, and then no write at all).
@@ -167,21 +292,40 @@ impl PostgresStore {
     }
 }
 
-/// Stores `rows` (skipping those whose key is stored, or came earlier in
-/// `rows`), records entities seen for the first time with the service
-/// path of their first row, and adds the new rows to their series' minute
-/// and hour rollups — all in one statement. The weekly partitions the
-/// rows fall in are created beforehand ([`PostgresStore::ensure_partitions`]);
-/// a row whose partition is missing lands in the default one. Answers how
-/// many rows were new.
-pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64> {
+/// Stores `rows`, whose series ids are `series` (skipping rows whose key
+/// is stored, or came earlier in `rows`), records entities seen for the
+/// first time with the service path of their first row and the types'
+/// attributes, and adds the new rows to their series' minute and hour
+/// rollups — all in one statement. The weekly partitions the rows fall in
+/// are created beforehand ([`PostgresStore::ensure_partitions`]); a row
+/// whose partition is missing lands in the default one. Answers how many
+/// rows were new.
+pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow], series: &[i64]) -> Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
-    let tenants: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
-    let ids: Vec<&str> = rows.iter().map(|r| r.entity_id.as_str()).collect();
-    let types: Vec<&str> = rows.iter().map(|r| r.entity_type.as_str()).collect();
-    let attrs: Vec<&str> = rows.iter().map(|r| r.attr.as_str()).collect();
+    debug_assert_eq!(rows.len(), series.len());
+    // The entities (with their first row's path) and the types'
+    // attributes, each once: a handful per batch, which the statement
+    // only has to look up, in key order like every insert two nodes may
+    // make together.
+    let mut seen = HashSet::new();
+    let firsts: Vec<&HistoryRow> = rows
+        .iter()
+        .filter(|r| seen.insert((&r.tenant, &r.entity_type, &r.entity_id)))
+        .collect();
+    let mut seen = HashSet::new();
+    let columns: Vec<&HistoryRow> = rows
+        .iter()
+        .filter(|r| seen.insert((&r.tenant, &r.entity_type, &r.attr)))
+        .collect();
+    let e_tenants: Vec<&str> = firsts.iter().map(|r| r.tenant.as_str()).collect();
+    let e_types: Vec<&str> = firsts.iter().map(|r| r.entity_type.as_str()).collect();
+    let e_ids: Vec<&str> = firsts.iter().map(|r| r.entity_id.as_str()).collect();
+    let e_paths: Vec<&str> = firsts.iter().map(|r| r.service_path.as_str()).collect();
+    let c_tenants: Vec<&str> = columns.iter().map(|r| r.tenant.as_str()).collect();
+    let c_types: Vec<&str> = columns.iter().map(|r| r.entity_type.as_str()).collect();
+    let c_attrs: Vec<&str> = columns.iter().map(|r| r.attr.as_str()).collect();
     let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
     let instances: Vec<i64> = rows.iter().map(|r| r.instance).collect();
     let paths: Vec<&str> = rows.iter().map(|r| r.service_path.as_str()).collect();
@@ -196,41 +340,38 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
     // Rows go in their input order, so of two with one key the first stays.
     let sql = format!(
         "WITH batch AS (
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[],
-                                  $6::text[], $7::text[], $8::text[], $9::float8[], $10::int8[])
-                 WITH ORDINALITY AS u(tenant, entity_id, entity_type, attr, time,
-                                      service_path, attr_type, value, number, instance, n)
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::text[], $5::text[],
+                                  $6::text[], $7::float8[])
+                 WITH ORDINALITY AS u(series, time, instance, service_path, attr_type, value,
+                                      number, n)
          ),
          entities AS (
              INSERT INTO history_entities (tenant, entity_type, entity_id, service_path)
-             SELECT DISTINCT ON (tenant, entity_type, entity_id)
-                    tenant, entity_type, entity_id, service_path
-             FROM batch ORDER BY tenant, entity_type, entity_id, n
+             SELECT * FROM UNNEST($8::text[], $9::text[], $10::text[], $11::text[])
+             ORDER BY 1, 2, 3
              ON CONFLICT DO NOTHING
          ),
          columns AS (
              INSERT INTO history_columns (tenant, entity_type, attr)
-             SELECT DISTINCT tenant, entity_type, attr FROM batch
-             ORDER BY tenant, entity_type, attr
+             SELECT * FROM UNNEST($12::text[], $13::text[], $14::text[])
+             ORDER BY 1, 2, 3
              ON CONFLICT DO NOTHING
          ),
          added AS (
-             INSERT INTO history (tenant, entity_id, entity_type, attr, time, instance,
-                                  service_path, attr_type, value, number)
-             SELECT tenant, entity_id, entity_type, attr, time, instance, service_path,
-                    attr_type, value, number
+             INSERT INTO history (series, time, instance, service_path, attr_type, value, number)
+             SELECT series, time, instance, service_path, attr_type, value, number
              FROM batch ORDER BY n
              ON CONFLICT DO NOTHING
-             RETURNING tenant, entity_id, entity_type, attr, time, number
+             RETURNING series, time, number
          ),
          rolled AS (
-             INSERT INTO history_rollups AS r (tenant, entity_id, entity_type, attr, period,
-                 bucket, rows, numbers, sum_value, min_value, max_value)
-             SELECT tenant, entity_id, entity_type, attr, p.period, {bucket},
+             INSERT INTO history_rollups AS r (series, period, bucket, rows, numbers,
+                 sum_value, min_value, max_value)
+             SELECT series, p.period, {bucket},
                     COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number)
              FROM added CROSS JOIN (VALUES ({MINUTE_MS}::int8), ({HOUR_MS}::int8)) AS p(period)
-             GROUP BY 1, 2, 3, 4, 5, 6
-             ON CONFLICT (tenant, entity_id, entity_type, attr, period, bucket) DO UPDATE SET
+             GROUP BY 1, 2, 3
+             ON CONFLICT (series, period, bucket) DO UPDATE SET
                  rows = r.rows + excluded.rows,
                  numbers = r.numbers + excluded.numbers,
                  sum_value = CASE WHEN r.sum_value IS NULL THEN excluded.sum_value
@@ -243,17 +384,21 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow]) -> Result<u64>
         bucket = floor_sql("time", "p.period"),
     );
     debug_assert_eq!(ROLLUP_PERIODS, [MINUTE_MS, HOUR_MS]);
-    let params: [&(dyn ToSql + Sync); 10] = [
-        &tenants,
-        &ids,
-        &types,
-        &attrs,
+    let params: [&(dyn ToSql + Sync); 14] = [
+        &series,
         &times,
+        &instances,
         &paths,
         &attr_types,
         &values,
         &numbers,
-        &instances,
+        &e_tenants,
+        &e_types,
+        &e_ids,
+        &e_paths,
+        &c_tenants,
+        &c_types,
+        &c_attrs,
     ];
     let row = c.query_one(&sql, &params).await.map_err(db)?;
     Ok(row.get::<_, i64>(0) as u64)
@@ -303,27 +448,25 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
     let mut budget = HISTORY_DELETE_CHUNK;
     let mut step = DeleteStep::default();
     for (id, ty) in &entities {
-        for attr in entity_attrs(&**c, tenant, id, ty).await? {
+        for (_, series) in entity_attrs(&**c, tenant, id, ty).await? {
             if budget == 0 {
                 return Ok(step);
             }
             for period in ROLLUP_PERIODS {
                 let (first, last) = covered_buckets(d.from, d.to, period);
                 c.execute(
-                    "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
-                     AND entity_type = $3 AND attr = $4 AND period = $5 \
-                     AND bucket >= $6 AND bucket <= $7",
-                    &[&tenant, id, ty, &attr, &period, &first, &last],
+                    "DELETE FROM history_rollups WHERE series = $1 AND period = $2 \
+                     AND bucket >= $3 AND bucket <= $4",
+                    &[&series, &period, &first, &last],
                 )
                 .await
                 .map_err(db)?;
             }
             let doomed: Vec<(i64, i64, Option<f64>)> = c
                 .query(
-                    "SELECT time, instance, number FROM history WHERE tenant = $1 \
-                     AND entity_id = $2 AND entity_type = $3 AND attr = $4 \
-                     AND time >= $5 AND time <= $6 ORDER BY time, instance LIMIT $7",
-                    &[&tenant, id, ty, &attr, &from, &to, &(budget as i64)],
+                    "SELECT time, instance, number FROM history WHERE series = $1 \
+                     AND time >= $2 AND time <= $3 ORDER BY time, instance LIMIT $4",
+                    &[&series, &from, &to, &(budget as i64)],
                 )
                 .await
                 .map_err(db)?
@@ -335,10 +478,9 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
             };
             // Exactly the rows read: up to the last one's (time, instance).
             c.execute(
-                "DELETE FROM history WHERE tenant = $1 AND entity_id = $2 \
-                 AND entity_type = $3 AND attr = $4 AND time >= $5 AND time <= $6 \
-                 AND (time < $6 OR instance <= $7)",
-                &[&tenant, id, ty, &attr, &from, &last, &last_instance],
+                "DELETE FROM history WHERE series = $1 AND time >= $2 AND time <= $3 \
+                 AND (time < $3 OR instance <= $4)",
+                &[&series, &from, &last, &last_instance],
             )
             .await
             .map_err(db)?;
@@ -355,9 +497,8 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
                 let stored = c
                     .query_opt(
                         "SELECT rows, numbers, sum_value, min_value, max_value \
-                         FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
-                         AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket = $6",
-                        &[&tenant, id, ty, &attr, &period, &bucket],
+                         FROM history_rollups WHERE series = $1 AND period = $2 AND bucket = $3",
+                        &[&series, &period, &bucket],
                     )
                     .await
                     .map_err(db)?
@@ -366,9 +507,8 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
                 let remaining = partial_of(
                     &c.query_one(
                         "SELECT COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
-                         FROM history WHERE tenant = $1 AND entity_id = $2 \
-                         AND entity_type = $3 AND attr = $4 AND time >= $5 AND time < $6",
-                        &[&tenant, id, ty, &attr, &bucket, &(bucket + period)],
+                         FROM history WHERE series = $1 AND time >= $2 AND time < $3",
+                        &[&series, &bucket, &(bucket + period)],
                     )
                     .await
                     .map_err(db)?,
@@ -376,23 +516,19 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
                 match after_delete(&stored, &deleted, &remaining) {
                     None => c
                         .execute(
-                            "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
-                             AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket = $6",
-                            &[&tenant, id, ty, &attr, &period, &bucket],
+                            "DELETE FROM history_rollups \
+                             WHERE series = $1 AND period = $2 AND bucket = $3",
+                            &[&series, &period, &bucket],
                         )
                         .await
                         .map_err(db)?,
                     Some(p) => c
                         .execute(
-                            "UPDATE history_rollups SET rows = $7, numbers = $8, \
-                                 sum_value = $9, min_value = $10, max_value = $11 \
-                             WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
-                             AND attr = $4 AND period = $5 AND bucket = $6",
+                            "UPDATE history_rollups SET rows = $4, numbers = $5, \
+                                 sum_value = $6, min_value = $7, max_value = $8 \
+                             WHERE series = $1 AND period = $2 AND bucket = $3",
                             &[
-                                &tenant,
-                                id,
-                                ty,
-                                &attr,
+                                &series,
                                 &period,
                                 &bucket,
                                 &(p.rows as i64),
@@ -460,10 +596,10 @@ async fn delete_targets(c: &Conn, d: &HistoryDelete) -> Result<Vec<(String, Stri
 async fn forget_if_empty(c: &Conn, tenant: &str, id: &str, ty: &str) -> Result<()> {
     let left: bool = c
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM history \
-                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3) \
-             OR EXISTS (SELECT 1 FROM history_rollups \
-                 WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3)",
+            "SELECT EXISTS (SELECT 1 FROM history_series s \
+                 WHERE s.tenant = $1 AND s.entity_id = $2 AND s.entity_type = $3 \
+                 AND (EXISTS (SELECT 1 FROM history h WHERE h.series = s.id) \
+                      OR EXISTS (SELECT 1 FROM history_rollups r WHERE r.series = s.id)))",
             &[&tenant, &id, &ty],
         )
         .await
@@ -516,7 +652,7 @@ async fn expire_history(
     let mut budget = HISTORY_DELETE_CHUNK;
     let mut deleted = 0u64;
     for (id, ty) in &entities {
-        for attr in entity_attrs(&**c, tenant, id, ty).await? {
+        for (_, series) in entity_attrs(&**c, tenant, id, ty).await? {
             if budget == 0 {
                 return Ok(deleted);
             }
@@ -524,19 +660,17 @@ async fn expire_history(
                 // Never more than the budget: stop at the budget-th row.
                 let boundary: Option<i64> = c
                     .query_opt(
-                        "SELECT time FROM history WHERE tenant = $1 AND entity_id = $2 \
-                         AND entity_type = $3 AND attr = $4 AND time < $5 \
-                         ORDER BY time LIMIT 1 OFFSET $6",
-                        &[&tenant, id, ty, &attr, &before, &(budget as i64)],
+                        "SELECT time FROM history WHERE series = $1 AND time < $2 \
+                         ORDER BY time LIMIT 1 OFFSET $3",
+                        &[&series, &before, &(budget as i64)],
                     )
                     .await
                     .map_err(db)?
                     .map(|r| r.get(0));
                 let n = c
                     .execute(
-                        "DELETE FROM history WHERE tenant = $1 AND entity_id = $2 \
-                         AND entity_type = $3 AND attr = $4 AND time < $5",
-                        &[&tenant, id, ty, &attr, &boundary.unwrap_or(before)],
+                        "DELETE FROM history WHERE series = $1 AND time < $2",
+                        &[&series, &boundary.unwrap_or(before)],
                     )
                     .await
                     .map_err(db)?;
@@ -547,9 +681,9 @@ async fn expire_history(
                 for period in ROLLUP_PERIODS {
                     let n = c
                         .execute(
-                            "DELETE FROM history_rollups WHERE tenant = $1 AND entity_id = $2 \
-                             AND entity_type = $3 AND attr = $4 AND period = $5 AND bucket <= $6",
-                            &[&tenant, id, ty, &attr, &period, &(before - period)],
+                            "DELETE FROM history_rollups \
+                             WHERE series = $1 AND period = $2 AND bucket <= $3",
+                            &[&series, &period, &(before - period)],
                         )
                         .await
                         .map_err(db)?;
@@ -615,7 +749,10 @@ async fn drop_expired_partitions(c: &Conn, cutoffs: &[HistoryCutoffs]) -> Result
             if !expires
                 && client
                     .query_opt(
-                        &format!("SELECT 1 FROM {name} WHERE tenant = $1 LIMIT 1"),
+                        &format!(
+                            "SELECT 1 FROM {name} WHERE series IN \
+                                 (SELECT id FROM history_series WHERE tenant = $1) LIMIT 1"
+                        ),
                         &[tenant],
                     )
                     .await
@@ -733,97 +870,114 @@ async fn query_entities<C: GenericClient + Sync>(
     Ok(out)
 }
 
-/// The attributes of an entity that has rows or rollups, in byte order.
-/// Each is found by a seek past the previous one (a recursive skip-scan of
-/// the primary keys), so an entity with millions of rows costs a few index
-/// lookups per attribute; rollups count too, since a tenant's retention
-/// may have downsampled the rows away.
+/// The attributes of an entity that have rows or rollups, in byte order,
+/// with their series' ids. Rollups count too, since a tenant's retention
+/// may have downsampled the rows away; a series left with neither is not
+/// one of them (its id stays numbered, see schema step 14).
 async fn entity_attrs<C: GenericClient + Sync>(
     c: &C,
     tenant: &str,
     id: &str,
     ty: &str,
-) -> Result<Vec<String>> {
-    // `cte` is the recursive CTE's name: each step seeks the least
-    // attribute past the one before.
-    let skip_scan = |cte: &str, table: &str| {
-        format!(
-            "{cte}(attr) AS ( \
-                 SELECT MIN(attr) FROM {table} \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
-                 UNION ALL \
-                 SELECT (SELECT MIN(attr) FROM {table} \
-                     WHERE tenant = $1 AND entity_id = $2 AND entity_type = $3 \
-                     AND attr > {cte}.attr) \
-                 FROM {cte} WHERE {cte}.attr IS NOT NULL)"
+) -> Result<Vec<(String, i64)>> {
+    let rows = c
+        .query(
+            "SELECT s.attr, s.id FROM history_series s \
+             WHERE s.tenant = $1 AND s.entity_id = $2 AND s.entity_type = $3 \
+             AND (EXISTS (SELECT 1 FROM history h WHERE h.series = s.id) \
+                  OR EXISTS (SELECT 1 FROM history_rollups r WHERE r.series = s.id))",
+            &[&tenant, &id, &ty],
         )
-    };
-    let sql = format!(
-        "WITH RECURSIVE {}, {} \
-         SELECT attr FROM a WHERE attr IS NOT NULL \
-         UNION SELECT attr FROM b WHERE attr IS NOT NULL",
-        skip_scan("a", "history"),
-        skip_scan("b", "history_rollups"),
-    );
-    let rows = c.query(&sql, &[&tenant, &id, &ty]).await.map_err(db)?;
-    let attrs: BTreeSet<String> = rows.iter().map(|r| r.get(0)).collect();
-    Ok(attrs.into_iter().collect())
+        .await
+        .map_err(db)?;
+    let mut attrs: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    attrs.sort_unstable();
+    Ok(attrs)
 }
 
-/// Every (entity id, entity type, attribute) series a query covers, in
-/// result order.
-async fn query_series<C: GenericClient + Sync>(
-    c: &C,
-    q: &HistoryQuery,
-) -> Result<Vec<(String, String, String)>> {
+/// One series a query covers: its entity, its attribute and its id.
+#[derive(Debug, Clone)]
+struct Series {
+    entity_id: String,
+    entity_type: String,
+    attr: String,
+    id: i64,
+}
+
+/// Every series a query covers that was ever numbered, in result order.
+async fn query_series<C: GenericClient + Sync>(c: &C, q: &HistoryQuery) -> Result<Vec<Series>> {
     let mut wanted = q.attrs.clone();
     wanted.sort_unstable();
     wanted.dedup();
     let entities = query_entities(c, q).await?;
-    // The entities' attributes are looked up together: the statements
-    // are pipelined on the one connection.
-    let attrs: Vec<Vec<String>> = if wanted.is_empty() {
-        try_join_all(
+    let series = |id: &str, ty: &str, attr: String, sid: i64| Series {
+        entity_id: id.to_string(),
+        entity_type: ty.to_string(),
+        attr,
+        id: sid,
+    };
+    let mut out = Vec::new();
+    if wanted.is_empty() {
+        // The entities' attributes are looked up together: the statements
+        // are pipelined on the one connection.
+        let attrs = try_join_all(
             entities
                 .iter()
                 .map(|(id, ty)| entity_attrs(c, &q.tenant, id, ty)),
         )
-        .await?
-    } else {
-        vec![wanted; entities.len()]
-    };
-    let mut out = Vec::new();
-    for ((id, ty), attrs) in entities.into_iter().zip(attrs) {
-        for attr in attrs {
-            out.push((id.clone(), ty.clone(), attr));
+        .await?;
+        for ((id, ty), attrs) in entities.iter().zip(attrs) {
+            out.extend(attrs.into_iter().map(|(attr, sid)| series(id, ty, attr, sid)));
         }
+        return Ok(out);
+    }
+    // Every entity's wanted attributes, in result order, numbered in one
+    // statement; those never recorded have no id and no rows.
+    let pairs: Vec<(&str, &str, &str)> = entities
+        .iter()
+        .flat_map(|(id, ty)| wanted.iter().map(move |a| (id.as_str(), ty.as_str(), a.as_str())))
+        .collect();
+    let ids: Vec<&str> = pairs.iter().map(|p| p.0).collect();
+    let types: Vec<&str> = pairs.iter().map(|p| p.1).collect();
+    let attrs: Vec<&str> = pairs.iter().map(|p| p.2).collect();
+    let mut numbered: Vec<(i64, i64)> = c
+        .query(
+            "SELECT k.n, s.id FROM UNNEST($2::text[], $3::text[], $4::text[]) \
+                 WITH ORDINALITY AS k(entity_id, entity_type, attr, n) \
+             JOIN history_series s ON s.tenant = $1 AND s.entity_id = k.entity_id \
+                 AND s.entity_type = k.entity_type AND s.attr = k.attr",
+            &[&q.tenant, &ids, &types, &attrs],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    numbered.sort_unstable();
+    for (n, sid) in numbered {
+        let (id, ty, attr) = pairs[(n - 1) as usize];
+        out.push(series(id, ty, attr.to_string(), sid));
     }
     Ok(out)
 }
 
-/// The series of a query as three column arrays, for `UNNEST`.
-fn series_arrays(series: &[(String, String, String)]) -> [Vec<&str>; 3] {
-    [
-        series.iter().map(|s| s.0.as_str()).collect(),
-        series.iter().map(|s| s.1.as_str()).collect(),
-        series.iter().map(|s| s.2.as_str()).collect(),
-    ]
+/// The ids of a query's series, for `UNNEST` ([`SERIES_SQL`]).
+fn series_ids(series: &[Series]) -> Vec<i64> {
+    series.iter().map(|s| s.id).collect()
 }
 
 /// The series of a query, numbered from 1 in result order (`s.n`), as
-/// `s(s_id, s_ty, s_attr, n)`: parameters `$2`, `$3`, `$4`.
-const SERIES_SQL: &str = "UNNEST($2::text[], $3::text[], $4::text[]) \
-     WITH ORDINALITY AS s(s_id, s_ty, s_attr, n)";
+/// `s(sid, n)`: their ids, parameter `$1`.
+const SERIES_SQL: &str = "UNNEST($1::int8[]) WITH ORDINALITY AS s(sid, n)";
 
-/// The rows of series `s` (see [`SERIES_SQL`]) of tenant `$1`.
-const IN_SERIES: &str =
-    "tenant = $1 AND entity_id = s.s_id AND entity_type = s.s_ty AND attr = s.s_attr";
+/// The rows (or rollups) of series `s` (see [`SERIES_SQL`]).
+const IN_SERIES: &str = "series = s.sid";
 
-/// The rows under the service-path prefix `$9` (none: every row), `$10`
+/// The rows under the service-path prefix `$6` (none: every row), `$7`
 /// being the prefix without its final slashes: the rule of
 /// [`path_matches`], segment-wise and with no `LIKE` patterns.
-const IN_PATH: &str = "($9::text IS NULL OR service_path = $9 \
-     OR starts_with(service_path, $10::text || '/') OR (service_path = $10 AND $10 <> ''))";
+const IN_PATH: &str = "($6::text IS NULL OR service_path = $6 \
+     OR starts_with(service_path, $7::text || '/') OR (service_path = $7 AND $7 <> ''))";
 
 /// Index into the series of an `s.n` a statement returned.
 fn series_index(row: &Row, column: usize) -> usize {
@@ -867,7 +1021,7 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
     if series.is_empty() {
         return Ok(Vec::new());
     }
-    let [ids, types, attrs] = series_arrays(&series);
+    let ids = series_ids(&series);
     let prefix: Option<&str> = q.service_path.as_deref();
     let base: Option<&str> = prefix.map(|p| p.trim_end_matches('/'));
     let skip = q.last_n.map(|n| i64::try_from(n - 1).unwrap_or(i64::MAX));
@@ -877,15 +1031,15 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
     // bound.
     let start = match skip {
         Some(_) => format!(
-            "SELECT COALESCE(n.time, $5) AS start, COALESCE(n.instance, {min}::int8) AS start_instance \
+            "SELECT COALESCE(n.time, $2) AS start, COALESCE(n.instance, {min}::int8) AS start_instance \
              FROM (SELECT 1) one LEFT JOIN LATERAL ( \
                  SELECT time, instance FROM history \
-                 WHERE {IN_SERIES} AND {IN_PATH} AND time >= $5 AND time <= $6 \
-                 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET $11) n ON true",
+                 WHERE {IN_SERIES} AND {IN_PATH} AND time >= $2 AND time <= $3 \
+                 ORDER BY time DESC, instance DESC LIMIT 1 OFFSET $8) n ON true",
             min = i64::MIN + 1
         ),
         None => format!(
-            "SELECT $5::int8 AS start, {min}::int8 AS start_instance",
+            "SELECT $2::int8 AS start, {min}::int8 AS start_instance",
             min = i64::MIN + 1
         ),
     };
@@ -895,16 +1049,13 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
          CROSS JOIN LATERAL ({start}) b \
          CROSS JOIN LATERAL ( \
              SELECT time, instance, service_path, attr_type, value, number FROM history \
-             WHERE {IN_SERIES} AND {IN_PATH} AND time >= b.start AND time <= $6 \
+             WHERE {IN_SERIES} AND {IN_PATH} AND time >= b.start AND time <= $3 \
              AND (time > b.start OR instance >= b.start_instance) \
-             ORDER BY time, instance LIMIT $7 OFFSET $8) h \
+             ORDER BY time, instance LIMIT $4 OFFSET $5) h \
          ORDER BY s.n, h.time, h.instance"
     );
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-        &q.tenant,
         &ids,
-        &types,
-        &attrs,
         &from,
         &to,
         &per_series,
@@ -919,13 +1070,13 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
     let out: Vec<HistoryRow> = rows
         .iter()
         .map(|row| {
-            let (id, ty, attr) = &series[series_index(row, 0)];
+            let series = &series[series_index(row, 0)];
             HistoryRow {
                 tenant: q.tenant.clone(),
                 service_path: row.get(2),
-                entity_id: id.clone(),
-                entity_type: ty.clone(),
-                attr: attr.clone(),
+                entity_id: series.entity_id.clone(),
+                entity_type: series.entity_type.clone(),
+                attr: series.attr.clone(),
                 attr_type: row.get(3),
                 time: row.get(1),
                 instance: row.get(6),
@@ -1002,15 +1153,15 @@ async fn aggregate_history(
     let rows_sql = format!(
         "SELECT s.n, x.* FROM {SERIES_SQL} CROSS JOIN LATERAL ( \
              SELECT {bucket}, COUNT(*), COUNT(number), SUM(number), MIN(number), MAX(number) \
-             FROM history WHERE {IN_SERIES} AND time >= $5 AND time < $6 GROUP BY 1) x",
+             FROM history WHERE {IN_SERIES} AND time >= $2 AND time < $3 GROUP BY 1) x",
         bucket = bucket_sql(period, "time")
     );
     let rollups_sql = format!(
         "SELECT s.n, x.* FROM {SERIES_SQL} CROSS JOIN LATERAL ( \
              SELECT {bucket}, SUM(rows)::int8, SUM(numbers)::int8, SUM(sum_value), \
                     MIN(min_value), MAX(max_value) \
-             FROM history_rollups WHERE {IN_SERIES} AND period = $7 \
-             AND bucket >= $5 AND bucket < $6 GROUP BY 1) x",
+             FROM history_rollups WHERE {IN_SERIES} AND period = $4 \
+             AND bucket >= $2 AND bucket < $3 GROUP BY 1) x",
         bucket = bucket_sql(period, "bucket")
     );
     let coarsest = match period {
@@ -1033,19 +1184,14 @@ async fn aggregate_history(
     if series.is_empty() {
         return Ok(Vec::new());
     }
-    let [ids, types, attrs] = series_arrays(&series);
-    let (ids, types, attrs) = (&ids, &types, &attrs);
-    let tenant = &q.tenant;
+    let ids = &series_ids(&series);
     let results = try_join_all(pieces.iter().map(|(level, a, b)| {
         let tx = &tx;
         let (rows_sql, rollups_sql) = (&rows_sql, &rollups_sql);
         async move {
             match level {
-                Level::Rows => tx.query(rows_sql, &[tenant, ids, types, attrs, a, b]).await,
-                Level::Rollup(unit) => {
-                    tx.query(rollups_sql, &[tenant, ids, types, attrs, a, b, unit])
-                        .await
-                }
+                Level::Rows => tx.query(rows_sql, &[ids, a, b]).await,
+                Level::Rollup(unit) => tx.query(rollups_sql, &[ids, a, b, unit]).await,
             }
         }
     }))
@@ -1076,20 +1222,20 @@ async fn aggregate_history(
     }
     let firsts = match period {
         Some(_) => Vec::new(),
-        None => first_times(&tx, q, &series, &buckets, from, to).await?,
+        None => first_times(&tx, &series, &buckets, from, to).await?,
     };
     tx.commit().await.map_err(db)?;
     let mut out = Vec::new();
-    for (i, ((id, ty, attr), buckets)) in series.iter().zip(buckets).enumerate() {
+    for (i, (series, buckets)) in series.iter().zip(buckets).enumerate() {
         for (bucket, partial) in buckets {
             let bucket = match period {
                 Some(_) => bucket,
                 None => firsts[i],
             };
             out.push(HistoryAggregate {
-                entity_id: id.clone(),
-                entity_type: ty.clone(),
-                attr: attr.clone(),
+                entity_id: series.entity_id.clone(),
+                entity_type: series.entity_type.clone(),
+                attr: series.attr.clone(),
                 bucket,
                 value: partial.value(method),
             });
@@ -1104,8 +1250,7 @@ async fn aggregate_history(
 /// before `from`.
 async fn first_times<C: GenericClient + Sync>(
     c: &C,
-    q: &HistoryQuery,
-    series: &[(String, String, String)],
+    series: &[Series],
     buckets: &[BTreeMap<i64, RollupPartial>],
     from: i64,
     to: i64,
@@ -1117,30 +1262,20 @@ async fn first_times<C: GenericClient + Sync>(
     if wanted.is_empty() {
         return Ok(firsts);
     }
-    let subset: Vec<(String, String, String)> = wanted.iter().map(|&i| series[i].clone()).collect();
-    let [ids, types, attrs] = series_arrays(&subset);
+    let ids: Vec<i64> = wanted.iter().map(|&i| series[i].id).collect();
     let minute_from = crate::rollup::floor_to(from, MINUTE_MS);
     let rows = c
         .query(
             &format!(
                 "SELECT s.n, COALESCE( \
                      (SELECT MIN(time) FROM history \
-                      WHERE {IN_SERIES} AND time >= $5 AND time < $6), \
+                      WHERE {IN_SERIES} AND time >= $2 AND time < $3), \
                      GREATEST((SELECT MIN(bucket) FROM history_rollups \
-                               WHERE {IN_SERIES} AND period = $7 \
-                               AND bucket >= $8 AND bucket < $6), $5)) \
+                               WHERE {IN_SERIES} AND period = $4 \
+                               AND bucket >= $5 AND bucket < $3), $2)) \
                  FROM {SERIES_SQL}"
             ),
-            &[
-                &q.tenant,
-                &ids,
-                &types,
-                &attrs,
-                &from,
-                &to,
-                &MINUTE_MS,
-                &minute_from,
-            ],
+            &[&ids, &from, &to, &MINUTE_MS, &minute_from],
         )
         .await
         .map_err(db)?;
@@ -1227,10 +1362,11 @@ impl HistoryStore for PostgresStore {
         through: Option<u64>,
     ) -> Result<u64> {
         self.ensure_partitions(&rows).await?;
+        let series = self.series_of(&rows).await?;
         self.history
             .write(move |c| {
                 Box::pin(async move {
-                    let n = append_history(c, &rows).await?;
+                    let n = append_history(c, &rows, &series).await?;
                     let Some(through) = through else {
                         return Ok(n);
                     };

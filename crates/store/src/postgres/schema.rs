@@ -322,12 +322,58 @@ CREATE TABLE channel_webhooks (
     call TEXT NOT NULL
 );
 "#,
+    // Step 14: history rows and rollups keyed by an integer series id
+    // (`history_series`: one per tenant, entity id, entity type and
+    // attribute) instead of those four texts. The keys every append
+    // inserts and every query seeks shrink from four texts to an integer,
+    // which is most of an append's cost (`postgres/history.rs`). A series,
+    // once numbered, keeps its id for good: nodes cache ids, so one is
+    // never deleted or reused.
+    r#"
+CREATE TABLE history_series (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant      TEXT NOT NULL,
+    entity_id   TEXT NOT NULL,
+    entity_type TEXT NOT NULL,
+    attr        TEXT NOT NULL,
+    UNIQUE (tenant, entity_id, entity_type, attr)
+);
+INSERT INTO history_series (tenant, entity_id, entity_type, attr)
+SELECT tenant, entity_id, entity_type, attr FROM history
+UNION SELECT tenant, entity_id, entity_type, attr FROM history_rollups
+ORDER BY 1, 2, 3, 4;
+ALTER TABLE history ADD COLUMN series BIGINT;
+UPDATE history h SET series = s.id FROM history_series s
+WHERE s.tenant = h.tenant AND s.entity_id = h.entity_id
+  AND s.entity_type = h.entity_type AND s.attr = h.attr;
+ALTER TABLE history DROP CONSTRAINT history_pkey;
+ALTER TABLE history DROP COLUMN tenant, DROP COLUMN entity_id,
+    DROP COLUMN entity_type, DROP COLUMN attr;
+ALTER TABLE history ALTER COLUMN series SET NOT NULL;
+ALTER TABLE history ADD PRIMARY KEY (series, time, instance);
+ALTER TABLE history_rollups ADD COLUMN series BIGINT;
+UPDATE history_rollups r SET series = s.id FROM history_series s
+WHERE s.tenant = r.tenant AND s.entity_id = r.entity_id
+  AND s.entity_type = r.entity_type AND s.attr = r.attr;
+ALTER TABLE history_rollups DROP CONSTRAINT history_rollups_pkey;
+ALTER TABLE history_rollups DROP COLUMN tenant, DROP COLUMN entity_id,
+    DROP COLUMN entity_type, DROP COLUMN attr;
+ALTER TABLE history_rollups ALTER COLUMN series SET NOT NULL;
+ALTER TABLE history_rollups ADD PRIMARY KEY (series, period, bucket);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is
 /// at afterwards. A database migrated by a newer weft (more steps than
 /// this build knows) is refused rather than misread.
 pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
+    migrate_through(client, MIGRATIONS.len()).await
+}
+
+/// [`migrate`], stopping after the first `steps` steps: what a database
+/// an older weft migrated looks like, for the tests of the steps after.
+pub(super) async fn migrate_through(client: &mut Client, through: usize) -> Result<usize> {
+    let steps = &MIGRATIONS[..through.min(MIGRATIONS.len())];
     let tx = client.transaction().await.map_err(db)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -342,26 +388,26 @@ pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
         .map(|row| row.get(0));
     let current = usize::try_from(current.unwrap_or(0))
         .map_err(|_| StoreError::Corrupt("weft_schema holds a negative version".into()))?;
-    if current > MIGRATIONS.len() {
+    if current > steps.len() {
         return Err(StoreError::Database(format!(
             "the database's schema is at version {current}, newer than this weft knows ({}); \
              run a newer weft",
-            MIGRATIONS.len()
+            steps.len()
         )));
     }
-    for (index, step) in MIGRATIONS.iter().enumerate().skip(current) {
+    for (index, step) in steps.iter().enumerate().skip(current) {
         tx.batch_execute(step).await.map_err(db)?;
         tracing::debug!(version = index + 1, "applied PostgreSQL migration");
     }
-    if current < MIGRATIONS.len() {
+    if current < steps.len() {
         // One line for the whole run: a fresh database takes every step.
         tracing::info!(
             from = current,
-            to = MIGRATIONS.len(),
+            to = steps.len(),
             "migrated the PostgreSQL schema"
         );
     }
-    let version = i32::try_from(MIGRATIONS.len()).expect("a handful of steps");
+    let version = i32::try_from(steps.len()).expect("a handful of steps");
     tx.execute("DELETE FROM weft_schema", &[])
         .await
         .map_err(db)?;
@@ -369,7 +415,7 @@ pub(super) async fn migrate(client: &mut Client) -> Result<usize> {
         .await
         .map_err(db)?;
     tx.commit().await.map_err(db)?;
-    Ok(MIGRATIONS.len())
+    Ok(steps.len())
 }
 
 /// The name and bounds (`[from, to)`, epoch ms) of the history partition

@@ -56,8 +56,11 @@ impl PostgresStore {
             return Ok(0);
         }
         self.ensure_partitions(&rows).await?;
+        let series = self.series_of(&rows).await?;
         self.history
-            .write(move |c| Box::pin(async move { history::append_history(c, &rows).await }))
+            .write(move |c| {
+                Box::pin(async move { history::append_history(c, &rows, &series).await })
+            })
             .await
     }
 }
@@ -115,11 +118,11 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [13],
-        "thirteen steps: the first schema, device events, the API keys, history instances, \
+        [14],
+        "fourteen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
-         history columns, the notification outbox, channel webhook calls"
+         history columns, the notification outbox, channel webhook calls, history series"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -685,8 +688,10 @@ async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
     let t = 1_700_000_000_000i64;
     client
         .execute(
-            "INSERT INTO history (tenant, entity_id, entity_type, attr, time, service_path, \
-             attr_type, value, number) VALUES ('', 'e', 'T', 'a', $1, '/', 'Number', '1', 1)",
+            "WITH s AS (INSERT INTO history_series (tenant, entity_id, entity_type, attr) \
+                 VALUES ('', 'e', 'T', 'a') RETURNING id) \
+             INSERT INTO history (series, time, service_path, attr_type, value, number) \
+             SELECT id, $1, '/', 'Number', '1', 1 FROM s",
             &[&t],
         )
         .await
@@ -707,6 +712,104 @@ async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
         .unwrap()
         .get(0);
     assert_eq!((in_partition, in_default), (1, 0));
+}
+
+/// A database an older weft wrote (history keyed by four texts, before
+/// step 14) keeps its rows and rollups when a newer one numbers its
+/// series: queries and aggregates answer as before, and appends go on.
+#[tokio::test]
+async fn history_written_before_series_ids_is_kept_when_they_are_numbered() {
+    let url = test_database().await;
+    let mut client = raw(&url).await;
+    schema::migrate_through(&mut client, 13).await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO history (tenant, entity_id, entity_type, attr, time, instance, \
+                 service_path, attr_type, value, number) VALUES \
+             ('t', 'R1', 'T', 'x', 60000, 0, '/', 'Number', '1', 1), \
+             ('t', 'R1', 'T', 'x', 60001, 0, '/', 'Number', '2', 2), \
+             ('t', 'R1', 'T', 'y', 60000, 0, '/', 'Text', '\"a\"', NULL), \
+             ('t', 'R2', 'T', 'x', 120000, 0, '/a', 'Number', '5', 5), \
+             ('u', 'R1', 'T', 'x', 60000, 0, '/', 'Number', '9', 9); \
+             INSERT INTO history_rollups (tenant, entity_id, entity_type, attr, period, bucket, \
+                 rows, numbers, sum_value, min_value, max_value) VALUES \
+             ('t', 'R1', 'T', 'x', 60000, 60000, 2, 2, 3, 1, 2), \
+             ('t', 'R1', 'T', 'x', 3600000, 0, 2, 2, 3, 1, 2), \
+             ('t', 'R1', 'T', 'y', 60000, 60000, 1, 0, NULL, NULL, NULL), \
+             ('t', 'R1', 'T', 'y', 3600000, 0, 1, 0, NULL, NULL, NULL), \
+             ('t', 'R2', 'T', 'x', 60000, 120000, 1, 1, 5, 5, 5), \
+             ('t', 'R2', 'T', 'x', 3600000, 0, 1, 1, 5, 5, 5), \
+             ('u', 'R1', 'T', 'x', 60000, 60000, 1, 1, 9, 9, 9), \
+             ('u', 'R1', 'T', 'x', 3600000, 0, 1, 1, 9, 9, 9); \
+             INSERT INTO history_entities VALUES ('t', 'T', 'R1', '/'), ('t', 'T', 'R2', '/a'), \
+                 ('u', 'T', 'R1', '/'); \
+             INSERT INTO history_columns VALUES ('t', 'T', 'x'), ('t', 'T', 'y'), ('u', 'T', 'x');",
+        )
+        .await
+        .unwrap();
+    drop(client);
+    let store = open(&url).await;
+    let rows = store.query_history(&hquery()).await.unwrap();
+    let got: Vec<(&str, &str, i64, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.entity_id.as_str(),
+                r.attr.as_str(),
+                r.time,
+                r.value.as_str(),
+                r.service_path.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("R1", "x", 60000, "1", "/"),
+            ("R1", "x", 60001, "2", "/"),
+            ("R1", "y", 60000, "\"a\"", "/"),
+            ("R2", "x", 120000, "5", "/a"),
+        ]
+    );
+    // The minute and hour rollups went along: an hour's sum reads them.
+    let hourly = store
+        .aggregate_history(
+            &HistoryQuery {
+                attrs: vec!["x".into()],
+                ..hquery()
+            },
+            crate::AggrMethod::Sum,
+            Some(crate::AggrPeriod::Hour),
+        )
+        .await
+        .unwrap();
+    let sums: Vec<(&str, i64, Option<f64>)> = hourly
+        .iter()
+        .map(|a| (a.entity_id.as_str(), a.bucket, a.value))
+        .collect();
+    assert_eq!(sums, [("R1", 0, Some(3.0)), ("R2", 0, Some(5.0))]);
+    // Another tenant's series stayed its own.
+    let other = HistoryQuery {
+        tenant: "u".into(),
+        ..hquery()
+    };
+    assert_eq!(times(&store.query_history(&other).await.unwrap()), [60000]);
+    // New rows join the old series, and a repeated one is still refused.
+    let more = vec![
+        hrow("t", "/", "R1", "T", "x", 60002, 4.0),
+        hrow("t", "/", "R1", "T", "x", 60000, 1.0),
+    ];
+    assert_eq!(store.append_history(more).await.unwrap(), 1);
+    let x = HistoryQuery {
+        entity_ids: vec!["R1".into()],
+        attrs: vec!["x".into()],
+        ..hquery()
+    };
+    assert_eq!(
+        times(&store.query_history(&x).await.unwrap()),
+        [60000, 60001, 60002]
+    );
+    store.close().await;
 }
 
 // --- history --------------------------------------------------------------
