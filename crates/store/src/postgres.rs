@@ -134,6 +134,10 @@ pub struct PostgresStore {
     notifications: combine::Combined<history::QueuedNotification>,
     main: Writer,
     history: Writer,
+    /// Queues QuantumLeap notifications in the notifications feed.
+    notified: Writer,
+    /// The notifications feed's horizon (see `postgres/horizon.rs`).
+    notified_through: watch::Receiver<u64>,
     channels: Writer,
     committed: watch::Receiver<u64>,
     /// The weekly history partitions known to exist.
@@ -159,6 +163,7 @@ impl PostgresStore {
         // Where readers of the ingest log may read up to (see
         // `postgres/horizon.rs`).
         let horizon = horizon::settle(&client, &ingest::LOG).await?;
+        let notified_horizon = horizon::settle(&client, &history::NOTIFIED).await?;
         drop(client);
 
         let manager = Manager::from_config(
@@ -216,6 +221,28 @@ impl PostgresStore {
         )
         .await?;
         let history = Writer::start(connector.clone(), writer("history"), None).await?;
+        // QuantumLeap notifications are queued on a writer of their own,
+        // so that their answers never wait behind the history's moves; the
+        // feed has a horizon like the ingest log's.
+        let notified_committed = Arc::new(tokio::sync::Notify::new());
+        let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
+        let notified = Writer::start(
+            connector.clone(),
+            WriterConfig {
+                opening: Some(history::NOTIFIED.opening),
+                session: Some(history::NOTIFIED.session),
+                ..writer("notified")
+            },
+            Some(notified_committed.clone()),
+        )
+        .await?;
+        tokio::spawn(horizon::follow(
+            pool.clone(),
+            &history::NOTIFIED,
+            notified_horizon,
+            Arc::new(notified_tx),
+            notified_committed,
+        ));
         // Channel messages too are read forward from a cursor (a
         // subscriber's): with several nodes publishing, their
         // transactions commit one at a time.
@@ -238,9 +265,14 @@ impl PostgresStore {
             log,
             appends: combine::Combined::new(config.queue_capacity, Some(committed.clone())),
             entity_puts: combine::Combined::new(config.queue_capacity, None),
-            notifications: combine::Combined::new(config.queue_capacity, None),
+            notifications: combine::Combined::new(
+                config.queue_capacity,
+                Some(notified_through.clone()),
+            ),
             main,
             history,
+            notified,
+            notified_through,
             channels,
             committed,
             partitions: history::Partitions::default(),
@@ -279,6 +311,7 @@ impl crate::Store for PostgresStore {
         self.log.close().await;
         self.main.close().await;
         self.history.close().await;
+        self.notified.close().await;
         self.channels.close().await;
         self.pool.close();
     }

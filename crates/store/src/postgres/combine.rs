@@ -41,9 +41,9 @@ pub(super) trait Combine: Send + Sync + 'static {
     /// Writes one item alone.
     fn write_one<'c>(c: &'c Conn, item: &'c Self::Item) -> BoxFuture<'c, Result<Self::Answer>>;
 
-    /// The ingest-log `seq` an answer holds: answers wait until the log's
-    /// horizon has passed the newest of their job's (see
-    /// `postgres/horizon.rs`).
+    /// The `seq` an answer holds in a log with a horizon (the ingest log,
+    /// the notifications feed): answers wait until the log's horizon has
+    /// passed the newest of their job's (see `postgres/horizon.rs`).
     fn seq(_answer: &Self::Answer) -> Option<u64> {
         None
     }
@@ -62,7 +62,8 @@ type Buffer<W> = Arc<Mutex<Vec<Waiting<W>>>>;
 pub(super) struct Combined<W: Combine> {
     /// Where new writes wait; replaced by [`Combined::seal`].
     current: Mutex<Buffer<W>>,
-    /// The ingest log's horizon, for kinds whose answers hold a `seq`.
+    /// The horizon of the log written, for kinds whose answers hold a
+    /// `seq` in it.
     horizon: Option<watch::Receiver<u64>>,
     /// Most writes waiting; more are refused as overloaded (as a full
     /// writer queue refuses writes).

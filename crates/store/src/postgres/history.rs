@@ -27,6 +27,7 @@ use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
 use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
+use super::horizon::Followed;
 use super::schema::{self, db};
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
@@ -88,7 +89,32 @@ impl Combine for QueuedNotification {
             position(&row, 0)
         })
     }
+
+    /// Answered once the feed's horizon has passed it: whoever was told
+    /// a `seq` finds the entry when reading the feed.
+    fn seq(answer: &u64) -> Option<u64> {
+        Some(*answer)
+    }
 }
+
+/// The notifications feed as its writers of several nodes append to it
+/// side by side (see `postgres/horizon.rs`): the history mover reads it
+/// only up to its horizon, so it never moves, and deletes, past an entry
+/// another node has yet to commit. Its entries share `history_feed`'s
+/// sequence with the changes feed, whose `seq`s only make the horizon
+/// trail a little more.
+pub(super) const NOTIFIED: Followed = Followed {
+    name: "notifications feed",
+    opening: "SELECT pg_current_xact_id()",
+    session: "SET application_name = 'weft notifications feed'",
+    look: "BEGIN; \
+        SELECT 1; \
+        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
+        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'weft notifications feed' \
+           AND backend_xid IS NOT NULL; \
+        COMMIT",
+};
 
 /// Feed entries read per round trip by [`HistoryStore::read_history_feed`].
 const FEED_PAGE: i64 = 256;
@@ -173,7 +199,10 @@ fn owned((tenant, id, ty, attr): SeriesRef<'_>) -> SeriesKey {
 impl SeriesIds {
     /// The ids of the distinct series in `wanted` that are cached, and
     /// those that are not.
-    fn split<'r>(&self, wanted: &[SeriesRef<'r>]) -> (HashMap<SeriesRef<'r>, i64>, Vec<SeriesRef<'r>>) {
+    fn split<'r>(
+        &self,
+        wanted: &[SeriesRef<'r>],
+    ) -> (HashMap<SeriesRef<'r>, i64>, Vec<SeriesRef<'r>>) {
         let known = self.known.lock();
         let mut found = HashMap::new();
         let mut missing = Vec::new();
@@ -927,7 +956,11 @@ async fn query_series<C: GenericClient + Sync>(c: &C, q: &HistoryQuery) -> Resul
         )
         .await?;
         for ((id, ty), attrs) in entities.iter().zip(attrs) {
-            out.extend(attrs.into_iter().map(|(attr, sid)| series(id, ty, attr, sid)));
+            out.extend(
+                attrs
+                    .into_iter()
+                    .map(|(attr, sid)| series(id, ty, attr, sid)),
+            );
         }
         return Ok(out);
     }
@@ -935,7 +968,11 @@ async fn query_series<C: GenericClient + Sync>(c: &C, q: &HistoryQuery) -> Resul
     // statement; those never recorded have no id and no rows.
     let pairs: Vec<(&str, &str, &str)> = entities
         .iter()
-        .flat_map(|(id, ty)| wanted.iter().map(move |a| (id.as_str(), ty.as_str(), a.as_str())))
+        .flat_map(|(id, ty)| {
+            wanted
+                .iter()
+                .map(move |a| (id.as_str(), ty.as_str(), a.as_str()))
+        })
         .collect();
     let ids: Vec<&str> = pairs.iter().map(|p| p.0).collect();
     let types: Vec<&str> = pairs.iter().map(|p| p.1).collect();
@@ -1054,15 +1091,8 @@ async fn query_history(c: &mut Client, q: &HistoryQuery) -> Result<Vec<HistoryRo
              ORDER BY time, instance LIMIT $4 OFFSET $5) h \
          ORDER BY s.n, h.time, h.instance"
     );
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-        &ids,
-        &from,
-        &to,
-        &per_series,
-        &offset,
-        &prefix,
-        &base,
-    ];
+    let mut params: Vec<&(dyn ToSql + Sync)> =
+        vec![&ids, &from, &to, &per_series, &offset, &prefix, &base];
     if let Some(skip) = &skip {
         params.push(skip);
     }
@@ -1285,24 +1315,26 @@ async fn first_times<C: GenericClient + Sync>(
     Ok(firsts)
 }
 
-/// The entries of `feed` after `after`, oldest first, until about
-/// `max_rows` rows (whole entries), read page by page so a long backlog
-/// is not fetched whole.
+/// The entries of `feed` after `after` and up to `through`, oldest first,
+/// until about `max_rows` rows (whole entries), read page by page so a
+/// long backlog is not fetched whole.
 async fn read_history_feed(
     c: &Client,
     feed: HistoryFeed,
     after: u64,
+    through: u64,
     max_rows: usize,
 ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
     let mut out = Vec::new();
     let mut total = 0;
     let mut after = to_i64(after);
+    let through = to_i64(through);
     loop {
         let rows = c
             .query(
                 "SELECT seq, rows FROM history_feed WHERE feed = $1 AND seq > $2 \
-                 ORDER BY seq LIMIT $3",
-                &[&feed_name(feed), &after, &FEED_PAGE],
+                 AND seq <= $4 ORDER BY seq LIMIT $3",
+                &[&feed_name(feed), &after, &FEED_PAGE, &through],
             )
             .await
             .map_err(db)?;
@@ -1351,8 +1383,14 @@ impl HistoryStore for PostgresStore {
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
+        // The changes feed's writers commit one at a time across nodes
+        // (the main writer's lock); the notifications feed's do not.
+        let through = match feed {
+            HistoryFeed::Changes => u64::MAX >> 1,
+            HistoryFeed::Notifications => *self.notified_through.borrow(),
+        };
         let client = self.reader().await?;
-        read_history_feed(&client, feed, after, max_rows).await
+        read_history_feed(&client, feed, after, through, max_rows).await
     }
 
     async fn append_history_from_feed(
@@ -1427,7 +1465,7 @@ impl HistoryStore for PostgresStore {
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
         let json = crate::encode("history rows", &rows)?;
-        self.notifications.write(&self.history, json).await
+        self.notifications.write(&self.notified, json).await
     }
 
     async fn newest_queued_notification(&self) -> Result<Option<u64>> {

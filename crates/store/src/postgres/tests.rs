@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::*;
 use crate::conformance::{cutoffs, hquery, hrow, times, uplink, Backend};
 use crate::{
-    ChannelStore, ContextStore, HistoryFeed, HistoryStates, IngestLogStore, OutboxStore, Store,
+    ChannelStore, ContextStore, FeedFilter, HistoryFeed, HistoryStates, IngestLogStore,
+    OutboxStore, Store,
 };
 
 /// PostgreSQL under the conformance suite: a database per test.
@@ -639,6 +640,97 @@ async fn a_delete_between_two_entity_writes_keeps_its_place() {
         .map(|r| r.json)
         .collect();
     assert_eq!(room, ["{\"v\":2}"]);
+    store.close().await;
+}
+
+/// Another node's QuantumLeap notification that commits late, below this
+/// node's: the history mover neither moves nor deletes past it while it
+/// is in flight, and moves every entry once it commits, none lost.
+#[tokio::test]
+async fn a_notification_another_node_commits_late_is_moved_not_lost() {
+    let url = test_database().await;
+    let store = Arc::new(open(&url).await);
+    let row = |id: &str, t: i64| hrow("", "/", id, "T", "a", t, t as f64);
+    let keep: &FeedFilter = &|_| true;
+    let first = store.queue_history(vec![row("A", 1)]).await.unwrap();
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .await
+        .unwrap();
+    assert_eq!((moved.through, moved.rows), (Some(first), 1));
+
+    // "Node B": a notifications writer's session and transaction, left
+    // open with an entry numbered before this node's next ones.
+    let late = raw(&url).await;
+    late.batch_execute(history::NOTIFIED.session).await.unwrap();
+    late.batch_execute("BEGIN").await.unwrap();
+    late.execute(history::NOTIFIED.opening, &[]).await.unwrap();
+    let entry = serde_json::to_string(&vec![row("B", 2)]).unwrap();
+    let held: i64 = late
+        .query_one(
+            "INSERT INTO history_feed (feed, rows) VALUES ('notifications', $1) RETURNING seq",
+            &[&entry],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    // This node's notifications after it commit, but are answered only
+    // once the feed's horizon passes them; the mover takes none of them.
+    let queuing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.queue_history(vec![row("C", 3)]).await.unwrap() })
+    };
+    let committed_after = loop {
+        let n: i64 = raw(&url)
+            .await
+            .query_one(
+                "SELECT COUNT(*) FROM history_feed WHERE feed = 'notifications' AND seq > $1",
+                &[&held],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(committed_after, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !queuing.is_finished(),
+        "answered before the mover could see it"
+    );
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows, 0, "moved past an entry still in flight");
+
+    late.batch_execute("COMMIT").await.unwrap();
+    let mine = tokio::time::timeout(Duration::from_secs(10), queuing)
+        .await
+        .expect("answered once the late entry committed")
+        .unwrap();
+    assert!(mine > held as u64);
+    let moved = store
+        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .await
+        .unwrap();
+    assert_eq!((moved.through, moved.rows), (Some(mine), 2));
+    let ids: Vec<String> = store
+        .query_history(&HistoryQuery {
+            tenant: String::new(),
+            ..hquery()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entity_id)
+        .collect();
+    assert_eq!(ids, ["A", "B", "C"]);
+    assert!(!store.notifications_queued_through(mine).await.unwrap());
     store.close().await;
 }
 
