@@ -134,8 +134,6 @@ pub struct PostgresStore {
     notifications: combine::Combined<history::QueuedNotification>,
     main: Writer,
     history: Writer,
-    /// Queues QuantumLeap notifications in the notifications feed.
-    notified: Writer,
     /// The notifications feed's horizon (see `postgres/horizon.rs`).
     notified_through: watch::Receiver<u64>,
     channels: Writer,
@@ -220,18 +218,19 @@ impl PostgresStore {
             None,
         )
         .await?;
-        let history = Writer::start(connector.clone(), writer("history"), None).await?;
-        // QuantumLeap notifications are queued on a writer of their own,
-        // so that their answers never wait behind the history's moves; the
-        // feed has a horizon like the ingest log's.
+        // The history writer queues QuantumLeap notifications, which
+        // several nodes append side by side: the notifications feed has a
+        // horizon like the ingest log's. The same writer moves the feeds
+        // into the history, so a node acknowledges notifications no
+        // faster than it moves them.
         let notified_committed = Arc::new(tokio::sync::Notify::new());
         let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
-        let notified = Writer::start(
+        let history = Writer::start(
             connector.clone(),
             WriterConfig {
                 opening: Some(history::NOTIFIED.opening),
                 session: Some(history::NOTIFIED.session),
-                ..writer("notified")
+                ..writer("history")
             },
             Some(notified_committed.clone()),
         )
@@ -271,7 +270,6 @@ impl PostgresStore {
             ),
             main,
             history,
-            notified,
             notified_through,
             channels,
             committed,
@@ -311,7 +309,6 @@ impl crate::Store for PostgresStore {
         self.log.close().await;
         self.main.close().await;
         self.history.close().await;
-        self.notified.close().await;
         self.channels.close().await;
         self.pool.close();
     }

@@ -97,12 +97,13 @@ impl Combine for QueuedNotification {
     }
 }
 
-/// The notifications feed as its writers of several nodes append to it
-/// side by side (see `postgres/horizon.rs`): the history mover reads it
-/// only up to its horizon, so it never moves, and deletes, past an entry
-/// another node has yet to commit. Its entries share `history_feed`'s
-/// sequence with the changes feed, whose `seq`s only make the horizon
-/// trail a little more.
+/// The notifications feed as the history writers of several nodes append
+/// to it side by side (see `postgres/horizon.rs`): the history mover reads
+/// it only up to its horizon, so it never moves, and deletes, past an
+/// entry another node has yet to commit. Its entries share
+/// `history_feed`'s sequence with the changes feed, whose `seq`s only make
+/// the horizon trail a little more; the history writer's other
+/// transactions (moves, deletes) are followed too, and only delay it.
 pub(super) const NOTIFIED: Followed = Followed {
     name: "notifications feed",
     opening: "SELECT pg_current_xact_id()",
@@ -1465,7 +1466,7 @@ impl HistoryStore for PostgresStore {
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
         let json = crate::encode("history rows", &rows)?;
-        self.notifications.write(&self.notified, json).await
+        self.notifications.write(&self.history, json).await
     }
 
     async fn newest_queued_notification(&self) -> Result<Option<u64>> {
