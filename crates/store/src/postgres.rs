@@ -136,6 +136,8 @@ pub struct PostgresStore {
     history: Writer,
     /// The notifications feed's horizon (see `postgres/horizon.rs`).
     notified_through: watch::Receiver<u64>,
+    /// The newest notification this store queued (committed).
+    notified_last: std::sync::atomic::AtomicU64,
     channels: Writer,
     committed: watch::Receiver<u64>,
     /// The weekly history partitions known to exist.
@@ -220,15 +222,15 @@ impl PostgresStore {
         .await?;
         // The history writer queues QuantumLeap notifications, which
         // several nodes append side by side: the notifications feed has a
-        // horizon like the ingest log's. The same writer moves the feeds
-        // into the history, so a node acknowledges notifications no
-        // faster than it moves them.
+        // horizon like the ingest log's, its writers the transactions that
+        // queue notifications (`history::NOTIFIED`). The same writer moves
+        // the feeds into the history, so a node acknowledges notifications
+        // no faster than it moves them.
         let notified_committed = Arc::new(tokio::sync::Notify::new());
         let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
         let history = Writer::start(
             connector.clone(),
             WriterConfig {
-                opening: Some(history::NOTIFIED.opening),
                 session: Some(history::NOTIFIED.session),
                 ..writer("history")
             },
@@ -264,13 +266,11 @@ impl PostgresStore {
             log,
             appends: combine::Combined::new(config.queue_capacity, Some(committed.clone())),
             entity_puts: combine::Combined::new(config.queue_capacity, None),
-            notifications: combine::Combined::new(
-                config.queue_capacity,
-                Some(notified_through.clone()),
-            ),
+            notifications: combine::Combined::new(config.queue_capacity, None),
             main,
             history,
             notified_through,
+            notified_last: std::sync::atomic::AtomicU64::new(0),
             channels,
             committed,
             partitions: history::Partitions::default(),

@@ -62,6 +62,11 @@ impl Combine for QueuedNotification {
     type Item = String;
     type Answer = u64;
 
+    /// The transaction becomes one of the feed's writers before it takes
+    /// a `seq`: named for the feed's looks (until it ends, whatever else
+    /// the history writer does in it) and with its id taken.
+    const OPENING: Option<&'static str> = Some(NOTIFIED.opening);
+
     fn write_many<'c>(c: &'c Conn, entries: &'c [String]) -> BoxFuture<'c, Result<Vec<u64>>> {
         Box::pin(async move {
             let rows = c
@@ -89,12 +94,6 @@ impl Combine for QueuedNotification {
             position(&row, 0)
         })
     }
-
-    /// Answered once the feed's horizon has passed it: whoever was told
-    /// a `seq` finds the entry when reading the feed.
-    fn seq(answer: &u64) -> Option<u64> {
-        Some(*answer)
-    }
 }
 
 /// The notifications feed as the history writers of several nodes append
@@ -102,12 +101,17 @@ impl Combine for QueuedNotification {
 /// it only up to its horizon, so it never moves, and deletes, past an
 /// entry another node has yet to commit. Its entries share
 /// `history_feed`'s sequence with the changes feed, whose `seq`s only make
-/// the horizon trail a little more; the history writer's other
-/// transactions (moves, deletes) are followed too, and only delay it.
+/// the horizon trail a little more.
+///
+/// The history writer's other transactions (the moves, which take tens of
+/// milliseconds) are none of the horizon's business: only a transaction
+/// that queues notifications names itself a writer of the feed, with
+/// `SET LOCAL`, from its first notification to its end.
 pub(super) const NOTIFIED: Followed = Followed {
     name: "notifications feed",
-    opening: "SELECT pg_current_xact_id()",
-    session: "SET application_name = 'weft notifications feed'",
+    opening: "SET LOCAL application_name = 'weft notifications feed'; \
+              SELECT pg_current_xact_id()",
+    session: "SET application_name = 'weft history'",
     look: "BEGIN; \
         SELECT 1; \
         SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
@@ -272,7 +276,27 @@ async fn number_series(c: &Conn, keys: &[SeriesKey]) -> Result<Vec<(SeriesKey, i
         .collect())
 }
 
+/// Longest a read of the notifications feed waits for its horizon to
+/// pass what this node queued (another node's entry in flight below it
+/// holds the horizon back; the read then stops below that entry).
+const OWN_NOTIFICATIONS_WAIT: Duration = Duration::from_secs(1);
+
 impl PostgresStore {
+    /// How far the notifications feed may be read: its horizon, once it
+    /// has passed every notification this node has queued (answered at
+    /// commit, before the horizon's next look), so that what a node was
+    /// told is queued is what its reads find.
+    async fn notified_horizon(&self) -> u64 {
+        let mine = self
+            .notified_last
+            .load(std::sync::atomic::Ordering::Acquire);
+        let mut through = self.notified_through.clone();
+        let passed = through.wait_for(|&t| t >= mine);
+        let _ = tokio::time::timeout(OWN_NOTIFICATIONS_WAIT, passed).await;
+        let horizon = *through.borrow();
+        horizon
+    }
+
     /// The series id of each of `rows`, numbering the series this store
     /// has not met yet in one write of the history writer (usually none,
     /// and then no write at all).
@@ -1388,7 +1412,7 @@ impl HistoryStore for PostgresStore {
         // (the main writer's lock); the notifications feed's do not.
         let through = match feed {
             HistoryFeed::Changes => u64::MAX >> 1,
-            HistoryFeed::Notifications => *self.notified_through.borrow(),
+            HistoryFeed::Notifications => self.notified_horizon().await,
         };
         let client = self.reader().await?;
         read_history_feed(&client, feed, after, through, max_rows).await
@@ -1466,7 +1490,10 @@ impl HistoryStore for PostgresStore {
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
         let json = crate::encode("history rows", &rows)?;
-        self.notifications.write(&self.history, json).await
+        let seq = self.notifications.write(&self.history, json).await?;
+        self.notified_last
+            .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        Ok(seq)
     }
 
     async fn newest_queued_notification(&self) -> Result<Option<u64>> {

@@ -10,8 +10,10 @@
 //! 1. every transaction of the log's writers takes its transaction id
 //!    first, before it takes any `seq` ([`Followed::opening`]);
 //! 2. a look reads the log sequence's last value `L`, then, later, the
-//!    transaction ids of the log's writers in flight (their connections
-//!    are named, [`Followed::session`], and found in `pg_stat_activity`);
+//!    transaction ids of the log's writers in flight, found by name in
+//!    `pg_stat_activity` (the ingest log's connections are named,
+//!    [`Followed::session`]; the notifications feed's transactions name
+//!    themselves in their opening);
 //! 3. a `seq` at or below `L` was taken by a transaction that had its id
 //!    by then: once none of the writers seen is in flight any more (at
 //!    once, when none was), every such transaction has ended, so `L` is
@@ -38,15 +40,15 @@ use crate::{Result, StoreError};
 pub(super) struct Followed {
     /// Names the log in logs.
     pub name: &'static str,
-    /// Opens every transaction of the log's writers: the log's lock,
-    /// shared, and the transaction's id.
+    /// Opens every transaction of the log's writers before its first
+    /// `seq`: the transaction's id (and the log's lock, shared, or the
+    /// writer's name for this transaction).
     pub opening: &'static str,
-    /// Names a writer's connection, so a look finds the log's transactions
-    /// in flight among every other.
+    /// Names a writer's connection: for the ingest log, so a look finds
+    /// the log's transactions in flight among every other.
     pub session: &'static str,
-    /// One look, as one transaction under the log's lock (shared): the
-    /// sequence's last value (statement 2), then the writers in flight as
-    /// `pid:xid` (statement 3).
+    /// One look, as one transaction: the sequence's last value (statement
+    /// 2), then the writers in flight as `pid:xid` (statement 3).
     pub look: &'static str,
 }
 
