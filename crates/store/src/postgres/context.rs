@@ -25,8 +25,9 @@ use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
+use crate::history::FEED_FORMAT_BYTE;
 use crate::{
-    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryRow, HistoryStates, LoggedChange,
+    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryStates, LoggedChange,
     NgsiDocument, Result,
 };
 
@@ -36,7 +37,7 @@ use crate::{
 /// round trip each.
 pub(super) struct EntityPut {
     record: EntityRecord,
-    history: Vec<HistoryRow>,
+    history: HistoryStates,
     change: Option<LoggedChange>,
 }
 
@@ -56,10 +57,12 @@ impl Combine for EntityPut {
             }
             let records: Vec<EntityRecord> = last.into_values().cloned().collect();
             let changes: Vec<LoggedChange> = puts.iter().filter_map(|p| p.change.clone()).collect();
-            let history: Vec<HistoryRow> = puts
-                .iter()
-                .flat_map(|p| p.history.iter().cloned())
-                .collect();
+            // The puts' states, already in the feed's compact form: one
+            // entry is the format byte and the states one after another.
+            let mut history = vec![FEED_FORMAT_BYTE];
+            for put in puts {
+                history.extend_from_slice(put.history.as_bytes());
+            }
             // Sent together on the one connection (pipelined).
             let (entities, logged, queued) = tokio::join!(
                 put_entities(c, &records),
@@ -73,10 +76,11 @@ impl Combine for EntityPut {
 
     fn write_one<'c>(c: &'c Conn, put: &'c EntityPut) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
+            let entry = states_entry(&put.history);
             let (entity, logged, queued) = tokio::join!(
                 put_entities(c, std::slice::from_ref(&put.record)),
                 log_changes(c, put.change.as_slice()),
-                queue_changes(c, &put.history),
+                queue_changes(c, &entry),
             );
             entity.and(logged).and(queued)
         })
@@ -93,7 +97,7 @@ impl ContextStore for PostgresStore {
     ) -> Result<()> {
         let put = EntityPut {
             record,
-            history: history.rows(),
+            history,
             change,
         };
         self.entity_puts.write(&self.main, put).await
@@ -297,18 +301,26 @@ pub(super) async fn put_entities(c: &Conn, records: &[EntityRecord]) -> Result<(
     Ok(())
 }
 
-/// Queues the history rows of entity changes in the changes feed (nothing
-/// for none), as one JSON array per change set.
-pub(super) async fn queue_changes(c: &Conn, rows: &[HistoryRow]) -> Result<()> {
-    if rows.is_empty() {
+/// Queues the history states of entity changes in the changes feed, one
+/// entry in the compact form ([`crate::history::encode_feed_entry`]) per
+/// change set (nothing for an entry without states).
+pub(super) async fn queue_changes(c: &Conn, entry: &[u8]) -> Result<()> {
+    if entry.len() <= 1 {
         return Ok(());
     }
-    let json = crate::encode("history rows", rows)?;
     c.execute(
-        "INSERT INTO history_feed (feed, rows) VALUES ($1, $2)",
-        &[&feed_name(HistoryFeed::Changes), &json],
+        "INSERT INTO history_feed (feed, states) VALUES ($1, $2)",
+        &[&feed_name(HistoryFeed::Changes), &entry],
     )
     .await
     .map_err(db)?;
     Ok(())
+}
+
+/// One put's states as a feed entry of their own.
+fn states_entry(states: &HistoryStates) -> Vec<u8> {
+    let mut entry = Vec::with_capacity(states.as_bytes().len() + 1);
+    entry.push(FEED_FORMAT_BYTE);
+    entry.extend_from_slice(states.as_bytes());
+    entry
 }

@@ -32,8 +32,8 @@ use super::schema::{self, db};
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::history::{
-    decode_feed_entry, delete_in_chunks, delete_in_steps, move_feed, path_matches, DeleteStep,
-    MoveTuning,
+    decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
+    move_feed, path_matches, DeleteStep, MoveTuning,
 };
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
@@ -52,14 +52,14 @@ pub(super) use crate::HISTORY_DELETE_CHUNK;
 const AGGREGATE_BOUND: i64 = 1 << 52;
 
 /// A QuantumLeap notification's rows queued in the notifications feed
-/// (their JSON), as written together with the others that wait with it
+/// (an entry in the compact form), as written together with the others that wait with it
 /// (`postgres/combine.rs`): one multi-row `INSERT` per transaction of the
 /// history writer instead of a statement and a round trip each. Answers
 /// the entry's `seq`.
 pub(super) struct QueuedNotification;
 
 impl Combine for QueuedNotification {
-    type Item = String;
+    type Item = Vec<u8>;
     type Answer = u64;
 
     /// The transaction becomes one of the feed's writers before it takes
@@ -67,12 +67,12 @@ impl Combine for QueuedNotification {
     /// the history writer does in it) and with its id taken.
     const OPENING: Option<&'static str> = Some(NOTIFIED.opening);
 
-    fn write_many<'c>(c: &'c Conn, entries: &'c [String]) -> BoxFuture<'c, Result<Vec<u64>>> {
+    fn write_many<'c>(c: &'c Conn, entries: &'c [Vec<u8>]) -> BoxFuture<'c, Result<Vec<u64>>> {
         Box::pin(async move {
             let rows = c
                 .query(
-                    "INSERT INTO history_feed (feed, rows) \
-                     SELECT $1, r FROM UNNEST($2::TEXT[]) WITH ORDINALITY AS u(r, o) \
+                    "INSERT INTO history_feed (feed, states) \
+                     SELECT $1, r FROM UNNEST($2::BYTEA[]) WITH ORDINALITY AS u(r, o) \
                      ORDER BY o RETURNING seq",
                     &[&feed_name(HistoryFeed::Notifications), &entries],
                 )
@@ -82,11 +82,11 @@ impl Combine for QueuedNotification {
         })
     }
 
-    fn write_one<'c>(c: &'c Conn, entry: &'c String) -> BoxFuture<'c, Result<u64>> {
+    fn write_one<'c>(c: &'c Conn, entry: &'c Vec<u8>) -> BoxFuture<'c, Result<u64>> {
         Box::pin(async move {
             let row = c
                 .query_one(
-                    "INSERT INTO history_feed (feed, rows) VALUES ($1, $2) RETURNING seq",
+                    "INSERT INTO history_feed (feed, states) VALUES ($1, $2) RETURNING seq",
                     &[&feed_name(HistoryFeed::Notifications), entry],
                 )
                 .await
@@ -1357,7 +1357,7 @@ async fn read_history_feed(
     loop {
         let rows = c
             .query(
-                "SELECT seq, rows FROM history_feed WHERE feed = $1 AND seq > $2 \
+                "SELECT seq, rows, states FROM history_feed WHERE feed = $1 AND seq > $2 \
                  AND seq <= $4 ORDER BY seq LIMIT $3",
                 &[&feed_name(feed), &after, &FEED_PAGE, &through],
             )
@@ -1366,8 +1366,19 @@ async fn read_history_feed(
         let full = rows.len() as i64 == FEED_PAGE;
         for row in rows {
             let seq: i64 = row.get(0);
-            let text: &str = row.get(1);
-            let batch = decode_feed_entry(seq as u64, text)?;
+            let batch = match (
+                row.get::<_, Option<&[u8]>>(2),
+                row.get::<_, Option<&str>>(1),
+            ) {
+                (Some(states), _) => decode_feed_blob(seq as u64, states)?,
+                // Queued before schema step 15.
+                (None, Some(json)) => decode_feed_entry(seq as u64, json)?,
+                (None, None) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "history feed entry {seq} is empty"
+                    )))
+                }
+            };
             total += batch.len();
             out.push((seq as u64, batch));
             after = seq;
@@ -1489,8 +1500,8 @@ impl HistoryStore for PostgresStore {
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let json = crate::encode("history rows", &rows)?;
-        let seq = self.notifications.write(&self.history, json).await?;
+        let entry = encode_feed_entry(&rows);
+        let seq = self.notifications.write(&self.history, entry).await?;
         self.notified_last
             .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
         Ok(seq)

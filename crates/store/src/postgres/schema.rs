@@ -361,6 +361,16 @@ ALTER TABLE history_rollups DROP COLUMN tenant, DROP COLUMN entity_id,
 ALTER TABLE history_rollups ALTER COLUMN series SET NOT NULL;
 ALTER TABLE history_rollups ADD PRIMARY KEY (series, period, bucket);
 "#,
+    // Step 15: history feed entries in the compact form the SQLite
+    // backend queues (`crate::history::encode_feed_entry`) instead of
+    // JSON, stored as they are: an entry lives until the next move, so
+    // compressing it is CPU spent for nothing. Entries queued before keep
+    // their JSON (`rows`) and are read as before.
+    r#"
+ALTER TABLE history_feed ADD COLUMN states BYTEA;
+ALTER TABLE history_feed ALTER COLUMN states SET STORAGE EXTERNAL;
+ALTER TABLE history_feed ALTER COLUMN rows DROP NOT NULL;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -119,11 +119,12 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [14],
-        "fourteen steps: the first schema, device events, the API keys, history instances, \
+        [15],
+        "fifteen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
-         history columns, the notification outbox, channel webhook calls, history series"
+         history columns, the notification outbox, channel webhook calls, history series, \
+         compact history feed entries"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -660,7 +661,8 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
     assert_eq!((moved.through, moved.rows), (Some(first), 1));
 
     // "Node B": a notifications writer's session and transaction, left
-    // open with an entry numbered before this node's next ones.
+    // open with an entry numbered before this node's next ones (queued as
+    // JSON, as before schema step 15: read all the same).
     let late = raw(&url).await;
     late.batch_execute(history::NOTIFIED.session).await.unwrap();
     late.batch_execute("BEGIN").await.unwrap();

@@ -17,6 +17,7 @@ use super::context::{put_entities, queue_changes};
 use super::outbox::log_changes;
 use super::schema::db;
 use super::{position, to_i64, PostgresStore, MAX_QUERY_ROWS};
+use crate::history::encode_feed_entry;
 use crate::{
     CommitOutcome, DataQuery, FailedQuery, ProcessedBatch, Result, StoreError, StoredUnit,
     UnitStore,
@@ -187,13 +188,14 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
     // Sent together on the writer's connection (pipelined): one round
     // trip for all of them instead of one each. They touch different
     // tables, so the order PostgreSQL runs them in does not matter.
+    let history = encode_feed_entry(&batch.history);
     let (units, failures, devices, events, cursors, queued, logged) = tokio::join!(
         insert_units(c, batch),
         store_failures(c, batch),
         store_new_devices(c, batch),
         store_events(c, &batch.events),
         move_cursors(c, batch),
-        queue_changes(c, &batch.history),
+        queue_changes(c, &history),
         log_changes(c, &batch.changes),
     );
     let (inserted, seqs) = units?;
