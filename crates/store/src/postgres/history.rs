@@ -22,6 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::{try_join_all, BoxFuture};
 use parking_lot::Mutex;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
@@ -392,8 +393,15 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow], series: &[i64]
     // `Rollups` (a bucket's partial merged into the stored one: counts and
     // sums add, NULL meaning "no number", LEAST/GREATEST ignoring NULLs).
     // Rows go in their input order, so of two with one key the first stays.
-    let sql = format!(
-        "WITH batch AS (
+    //
+    // A row already stored (a move made again after a crash, a notification
+    // sent twice) is rare, and skipping conflicts costs the insert a second
+    // look into the key for every row: the rows go in plainly first, and
+    // only when one is refused as a duplicate are they written again,
+    // skipping those stored.
+    let sql = |skip: &str| {
+        format!(
+            "WITH batch AS (
              SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::text[], $5::text[],
                                   $6::text[], $7::float8[])
                  WITH ORDINALITY AS u(series, time, instance, service_path, attr_type, value,
@@ -415,7 +423,7 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow], series: &[i64]
              INSERT INTO history (series, time, instance, service_path, attr_type, value, number)
              SELECT series, time, instance, service_path, attr_type, value, number
              FROM batch ORDER BY n
-             ON CONFLICT DO NOTHING
+             {skip}
              RETURNING series, time, number
          ),
          rolled AS (
@@ -435,8 +443,9 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow], series: &[i64]
                  max_value = GREATEST(r.max_value, excluded.max_value)
          )
          SELECT COUNT(*) FROM added",
-        bucket = floor_sql("time", "p.period"),
-    );
+            bucket = floor_sql("time", "p.period"),
+        )
+    };
     debug_assert_eq!(ROLLUP_PERIODS, [MINUTE_MS, HOUR_MS]);
     let params: [&(dyn ToSql + Sync); 14] = [
         &series,
@@ -454,7 +463,26 @@ pub(super) async fn append_history(c: &Conn, rows: &[HistoryRow], series: &[i64]
         &c_types,
         &c_attrs,
     ];
-    let row = c.query_one(&sql, &params).await.map_err(db)?;
+    let plain = sql("");
+    let (saved, tried) = futures::future::join(
+        c.batch_execute("SAVEPOINT plain"),
+        c.query_one(&plain, &params),
+    )
+    .await;
+    saved.map_err(db)?;
+    match tried {
+        Ok(row) => return Ok(row.get::<_, i64>(0) as u64),
+        Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            c.batch_execute("ROLLBACK TO SAVEPOINT plain")
+                .await
+                .map_err(db)?;
+        }
+        Err(e) => return Err(db(e)),
+    }
+    let row = c
+        .query_one(&sql("ON CONFLICT DO NOTHING"), &params)
+        .await
+        .map_err(db)?;
     Ok(row.get::<_, i64>(0) as u64)
 }
 
