@@ -138,6 +138,8 @@ pub struct PostgresStore {
     notified_through: watch::Receiver<u64>,
     /// The newest notification this store queued (committed).
     notified_last: std::sync::atomic::AtomicU64,
+    /// How far this store moved the notifications feed.
+    notified_moved: std::sync::atomic::AtomicU64,
     channels: Writer,
     committed: watch::Receiver<u64>,
     /// The weekly history partitions known to exist.
@@ -271,6 +273,7 @@ impl PostgresStore {
             history,
             notified_through,
             notified_last: std::sync::atomic::AtomicU64::new(0),
+            notified_moved: std::sync::atomic::AtomicU64::new(0),
             channels,
             committed,
             partitions: history::Partitions::default(),

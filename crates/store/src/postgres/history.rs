@@ -17,6 +17,7 @@
 //! database's collation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -288,9 +289,7 @@ impl PostgresStore {
     /// commit, before the horizon's next look), so that what a node was
     /// told is queued is what its reads find.
     async fn notified_horizon(&self) -> u64 {
-        let mine = self
-            .notified_last
-            .load(std::sync::atomic::Ordering::Acquire);
+        let mine = self.notified_last.load(Ordering::Acquire);
         let mut through = self.notified_through.clone();
         let passed = through.wait_for(|&t| t >= mine);
         let _ = tokio::time::timeout(OWN_NOTIFICATIONS_WAIT, passed).await;
@@ -1449,9 +1448,16 @@ impl HistoryStore for PostgresStore {
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
         // The changes feed's writers commit one at a time across nodes
         // (the main writer's lock); the notifications feed's do not.
-        let through = match feed {
-            HistoryFeed::Changes => u64::MAX >> 1,
-            HistoryFeed::Notifications => self.notified_horizon().await,
+        let (after, through) = match feed {
+            HistoryFeed::Changes => (after, u64::MAX >> 1),
+            // Moved entries are deleted, and none can commit below the
+            // horizon later: past what this node moved last there are
+            // the same entries, without the dead index entries of the
+            // moved ones to step over.
+            HistoryFeed::Notifications => (
+                after.max(self.notified_moved.load(Ordering::Acquire)),
+                self.notified_horizon().await,
+            ),
         };
         let client = self.reader().await?;
         read_history_feed(&client, feed, after, through, max_rows).await
@@ -1465,7 +1471,8 @@ impl HistoryStore for PostgresStore {
     ) -> Result<u64> {
         self.ensure_partitions(&rows).await?;
         let series = self.series_of(&rows).await?;
-        self.history
+        let n = self
+            .history
             .write(move |c| {
                 Box::pin(async move {
                     let n = append_history(c, &rows, &series).await?;
@@ -1494,7 +1501,11 @@ impl HistoryStore for PostgresStore {
                     Ok(n)
                 })
             })
-            .await
+            .await?;
+        if let (HistoryFeed::Notifications, Some(through)) = (feed, through) {
+            self.notified_moved.fetch_max(through, Ordering::AcqRel);
+        }
+        Ok(n)
     }
 
     async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64> {
@@ -1530,8 +1541,7 @@ impl HistoryStore for PostgresStore {
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
         let entry = encode_feed_entry(&rows);
         let seq = self.notifications.write(&self.history, entry).await?;
-        self.notified_last
-            .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        self.notified_last.fetch_max(seq, Ordering::AcqRel);
         Ok(seq)
     }
 
