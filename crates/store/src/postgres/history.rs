@@ -123,7 +123,8 @@ pub(super) const NOTIFIED: Followed = Followed {
         COMMIT",
 };
 
-/// Feed entries read per round trip by [`HistoryStore::read_history_feed`].
+/// The span of `seq`s one round trip of [`HistoryStore::read_history_feed`]
+/// reads (a page).
 const FEED_PAGE: i64 = 256;
 
 /// The `history_feed.feed` value of each feed (both share the table):
@@ -1370,6 +1371,12 @@ async fn first_times<C: GenericClient + Sync>(
 /// The entries of `feed` after `after` and up to `through`, oldest first,
 /// until about `max_rows` rows (whole entries), read page by page so a
 /// long backlog is not fetched whole.
+///
+/// A page is the entries among the [`FEED_PAGE`] `seq`s from the first one
+/// left, not the first [`FEED_PAGE`] entries: the feed fills and drains
+/// faster than PostgreSQL's statistics follow, and with "a couple of
+/// rows" in mind the planner would fetch and sort every entry in range
+/// to return the first few. A range bounds that work whatever the plan.
 async fn read_history_feed(
     c: &Client,
     feed: HistoryFeed,
@@ -1385,12 +1392,16 @@ async fn read_history_feed(
         let rows = c
             .query(
                 "SELECT seq, rows, states FROM history_feed WHERE feed = $1 AND seq > $2 \
-                 AND seq <= $4 ORDER BY seq LIMIT $3",
+                 AND seq <= LEAST($4, (SELECT MIN(seq) FROM history_feed \
+                                       WHERE feed = $1 AND seq > $2) + $3 - 1) \
+                 ORDER BY seq",
                 &[&feed_name(feed), &after, &FEED_PAGE, &through],
             )
             .await
             .map_err(db)?;
-        let full = rows.len() as i64 == FEED_PAGE;
+        if rows.is_empty() {
+            return Ok(out);
+        }
         for row in rows {
             let seq: i64 = row.get(0);
             let batch = match (
@@ -1412,9 +1423,6 @@ async fn read_history_feed(
             if total >= max_rows {
                 return Ok(out);
             }
-        }
-        if !full {
-            return Ok(out);
         }
     }
 }
