@@ -751,15 +751,7 @@ async fn the_channel_listing_shows_subscribers_and_backlogs() {
     // The total backlog reaches /metrics with the sweeper's next round:
     // 3 waiting in `feed` for `slow` (`archive` has no subscriber).
     eventually(Duration::from_secs(30), || async {
-        let text = c
-            .http
-            .get(format!("{}/metrics", c.url))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = c.metrics().await?;
         text.lines()
             .any(|l| l == "weft_channel_backlog_messages 3")
             .then_some(())

@@ -250,15 +250,7 @@ async fn ttn_webhook_downlinks_are_pushed_and_retried() {
     assert_eq!(sent["attempts"], 2);
     assert_eq!(sent["route"], "ttn");
     ttn.nothing_more().await;
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics().await.expect("metrics");
     assert!(
         metrics.contains("weft_downlinks_sent_total{route=\"ttn\"} 1"),
         "sent counted"

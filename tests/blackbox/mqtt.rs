@@ -155,15 +155,7 @@ pub(crate) async fn drive(
 
 /// The value of the Prometheus sample `name{…labels…}` (0 when absent).
 pub(crate) async fn metric(c: &Client, name: &str, labels: &[&str]) -> f64 {
-    let text = c
-        .http
-        .get(format!("{}/metrics", c.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .unwrap_or_default();
+    let text = c.metrics().await.expect("metrics");
     text.lines()
         .filter(|l| l.starts_with(name) && labels.iter().all(|lab| l.contains(lab)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

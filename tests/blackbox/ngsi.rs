@@ -888,15 +888,7 @@ async fn transient_entities_expire() {
 
     // The sweep deletes it for good (counted in the metrics).
     eventually(std::time::Duration::from_secs(15), || async {
-        let metrics = c
-            .http
-            .get(format!("{}/metrics", c.url))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let metrics = c.metrics().await?;
         metrics
             .lines()
             .any(|l| l.starts_with("weft_ngsi_entities_expired_total") && l.ends_with(" 1"))

@@ -588,6 +588,23 @@ async fn entities_written_on_one_node_are_read_on_the_other() {
         })
         .await;
     }
+
+    // Node B says how far behind node A's changes it reads: nothing left
+    // to read, and the age of the last change it read.
+    eventually(PROPAGATION, || async {
+        let text = on_b.metrics().await?;
+        let gauge = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name) && l.contains(".events.entities\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        let (pending, lag) = (
+            gauge("weft_bus_remote_pending{")?,
+            gauge("weft_bus_remote_lag_seconds{")?,
+        );
+        (pending == 0.0 && (0.0..60.0).contains(&lag)).then_some(())
+    })
+    .await;
 }
 
 /// Each piece of singular work runs on exactly one of two nodes

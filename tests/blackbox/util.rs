@@ -252,6 +252,19 @@ pub struct Client {
 pub type Reply = (u16, Value);
 
 impl Client {
+    /// The server's `/metrics` text (Prometheus exposition), or `None`
+    /// when it does not answer; for polling with `eventually`.
+    pub async fn metrics(&self) -> Option<String> {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    }
+
     /// Sends a request and returns status and JSON body.
     pub async fn send(
         &self,

@@ -288,6 +288,12 @@ impl NatsBus {
         mut messages: consumer::push::Ordered,
         handler: Handler,
     ) {
+        // How far behind the other nodes this node reads: what NATS still
+        // holds for the consumer, and how long ago the message in hand was
+        // published. A node that cannot keep up shows it here before its
+        // readers notice stale answers.
+        let pending = metrics::gauge!("weft_bus_remote_pending", "subject" => filter.clone());
+        let lag = metrics::gauge!("weft_bus_remote_lag_seconds", "subject" => filter.clone());
         loop {
             let message = tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -302,6 +308,14 @@ impl NatsBus {
                     None => return,
                 },
             };
+            if let Ok(info) = message.info() {
+                pending.set(info.pending as f64);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as i128);
+                let age = now - info.published.unix_timestamp_nanos();
+                lag.set(age.max(0) as f64 / 1e9);
+            }
             if wire::origin(message.headers.as_ref()) != Some(&*self.node) {
                 handler(&self, &message);
             }
