@@ -46,9 +46,11 @@ use std::sync::Arc;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use weft_model::ngsi::{
-    Alteration, AttrChange, Attribute, ChangeKind, Entity, EntityChange, Metadata, MetadataMap,
+    Alteration, AttrChange, Attribute, ChangeKind, Entity, EntityChange, Metadata, OrderedMap,
 };
 use weft_model::{AlarmEvent, DataUnit};
 
@@ -222,9 +224,9 @@ pub fn decode_event(
                 .and_then(|h| h.get(DATES_HEADER))
                 .map(|v| v.as_str())
                 .ok_or_else(|| bad(format!("an entity change without {DATES_HEADER}")))?;
-            let json: Value =
+            let wire: WireChange =
                 serde_json::from_slice(payload).map_err(|e| payload_of("entity change", e))?;
-            Payload::Entity(Arc::new(entity_change(&json, dates)?))
+            Payload::Entity(Arc::new(entity_change(wire, dates)?))
         }
     };
     Ok(Event {
@@ -234,22 +236,85 @@ pub fn decode_event(
     })
 }
 
-/// An entity change from its live JSON (`EntityChange::to_json`) and its
-/// dates header.
-fn entity_change(json: &Value, dates: &str) -> Result<EntityChange, WireError> {
-    let text = |key: &str| {
-        json[key]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| bad(format!("entity change: no '{key}'")))
-    };
-    let alteration = match json["change"].as_str() {
-        Some("created") => Alteration::Created,
-        Some("updated") => Alteration::Updated,
-        Some("deleted") => Alteration::Deleted,
+/// An entity change as its live JSON (`EntityChange::to_json`) carries
+/// it, read straight into the parts the receiving node rebuilds: no tree
+/// of `Value`s for the whole change, and each attribute's value moved
+/// into its attribute rather than copied out of one. Every node reads
+/// every other node's changes, so this is most of what replication costs
+/// a node.
+#[derive(Deserialize)]
+struct WireChange {
+    change: String,
+    service: String,
+    #[serde(rename = "servicePath")]
+    service_path: String,
+    id: String,
+    #[serde(rename = "type")]
+    entity_type: String,
+    #[serde(default)]
+    attrs: Vec<String>,
+    entity: WireAttrs,
+}
+
+/// The attributes of the change's normalized entity, in its order (its
+/// `id` and `type` skipped: the change carries them).
+struct WireAttrs(Vec<(String, WireAttr)>);
+
+impl<'de> Deserialize<'de> for WireAttrs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Attrs;
+        impl<'de> Visitor<'de> for Attrs {
+            type Value = WireAttrs;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an entity object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WireAttrs, A::Error> {
+                let mut attrs = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(name) = map.next_key::<String>()? {
+                    if name == "id" || name == "type" {
+                        map.next_value::<IgnoredAny>()?;
+                    } else {
+                        attrs.push((name, map.next_value()?));
+                    }
+                }
+                Ok(WireAttrs(attrs))
+            }
+        }
+        deserializer.deserialize_map(Attrs)
+    }
+}
+
+/// One attribute in its normalized rendering (`{"type","value","metadata"}`).
+#[derive(Deserialize)]
+struct WireAttr {
+    #[serde(rename = "type")]
+    attr_type: String,
+    #[serde(default)]
+    value: Value,
+    #[serde(default)]
+    metadata: OrderedMap<WireMetadata>,
+}
+
+/// One metadata item in its normalized rendering.
+#[derive(Deserialize)]
+struct WireMetadata {
+    #[serde(rename = "type", default)]
+    md_type: Option<String>,
+    #[serde(default)]
+    value: Value,
+}
+
+/// The entity change a [`WireChange`] and its dates header make.
+fn entity_change(wire: WireChange, dates: &str) -> Result<EntityChange, WireError> {
+    let alteration = match wire.change.as_str() {
+        "created" => Alteration::Created,
+        "updated" => Alteration::Updated,
+        "deleted" => Alteration::Deleted,
         other => return Err(bad(format!("entity change: unknown change {other:?}"))),
     };
-    let mut entity = Entity::new(text("id")?, text("type")?);
+    let mut entity = Entity::new(wire.id, wire.entity_type);
     let mut parts = dates.split(',').map(|d| {
         d.trim().parse::<i64>().map_err(|_| {
             bad(format!(
@@ -260,62 +325,42 @@ fn entity_change(json: &Value, dates: &str) -> Result<EntityChange, WireError> {
     entity.date_created = parts.next().transpose()?.unwrap_or_default();
     entity.date_modified = parts.next().transpose()?.unwrap_or_default();
     entity.date_expires = parts.next().transpose()?;
-    let Some(body) = json["entity"].as_object() else {
-        return Err(bad("entity change: no 'entity' object"));
-    };
-    for (name, attr) in body.iter().filter(|(k, _)| *k != "id" && *k != "type") {
-        entity.attrs.insert(name.clone(), attribute(name, attr)?);
+    for (name, attr) in wire.entity.0 {
+        let mut built = Attribute::new(attr.value, attr.attr_type);
+        for (md_name, md) in attr.metadata {
+            built.metadata.insert(
+                md_name,
+                Metadata {
+                    value: md.value,
+                    md_type: md.md_type.unwrap_or_default(),
+                },
+            );
+        }
+        entity.attrs.insert(name, built);
     }
     let kind = match alteration {
         Alteration::Created => ChangeKind::Created,
         Alteration::Updated => ChangeKind::Updated,
         Alteration::Deleted => ChangeKind::Deleted,
     };
-    let attrs = json["attrs"]
-        .as_array()
-        .map(|names| {
-            names
-                .iter()
-                .filter_map(Value::as_str)
-                .map(|name| AttrChange {
-                    name: name.to_string(),
-                    kind,
-                    previous: None,
-                    modified: true,
-                })
-                .collect()
+    let attrs = wire
+        .attrs
+        .into_iter()
+        .map(|name| AttrChange {
+            name,
+            kind,
+            previous: None,
+            modified: true,
         })
-        .unwrap_or_default();
+        .collect();
     Ok(EntityChange {
-        tenant: text("service")?,
-        service_path: text("servicePath")?,
+        tenant: wire.service,
+        service_path: wire.service_path,
         entity,
         alteration,
         attrs,
         origin: None,
     })
-}
-
-/// One attribute from its normalized rendering (`{"type","value","metadata"}`).
-fn attribute(name: &str, json: &Value) -> Result<Attribute, WireError> {
-    let attr_type = json["type"]
-        .as_str()
-        .ok_or_else(|| bad(format!("entity change: attribute '{name}' has no type")))?;
-    let mut attr = Attribute::new(json["value"].clone(), attr_type);
-    if let Some(md) = json["metadata"].as_object() {
-        let mut metadata = MetadataMap::new();
-        for (n, m) in md {
-            metadata.insert(
-                n.clone(),
-                Metadata {
-                    value: m["value"].clone(),
-                    md_type: m["type"].as_str().unwrap_or_default().to_string(),
-                },
-            );
-        }
-        attr.metadata = metadata;
-    }
-    Ok(attr)
 }
 
 /// `change`, made by `node`, as a message on its kind's subject.
@@ -526,6 +571,57 @@ mod tests {
             decode_event(Stream::Entities, Some(&h), &entity).is_err(),
             "an entity change needs its dates"
         );
+        let mut h = headers("n");
+        h.insert(DATES_HEADER, "1,2");
+        let with = |edit: fn(&mut Value)| {
+            let mut json = change().to_json();
+            edit(&mut json);
+            Bytes::from(json.to_string())
+        };
+        for (bad, why) in [
+            (
+                with(|j| j["change"] = json!("renamed")),
+                "an unknown change",
+            ),
+            (
+                with(|j| {
+                    j["entity"]["temperature"]["type"].take();
+                }),
+                "an attribute without a type",
+            ),
+            (
+                with(|j| j["entity"] = json!([])),
+                "an entity that is not an object",
+            ),
+            (
+                with(|j| {
+                    j["service"].take();
+                }),
+                "no tenant",
+            ),
+        ] {
+            assert!(
+                decode_event(Stream::Entities, Some(&h), &bad).is_err(),
+                "{why}"
+            );
+        }
+        // What the JSON may add or leave out is read as the sender meant.
+        let lenient = with(|j| {
+            j["notifiedBy"] = json!("someone");
+            j["entity"]["temperature"]["metadata"]["unit"]["type"].take();
+        });
+        let got = decode_event(Stream::Entities, Some(&h), &lenient).unwrap();
+        let Payload::Entity(r) = &got.payload else {
+            panic!("an entity change")
+        };
+        let unit = r
+            .entity
+            .attrs
+            .get("temperature")
+            .unwrap()
+            .metadata
+            .get("unit");
+        assert_eq!(unit.map(|m| m.md_type.as_str()), Some(""));
     }
 
     #[test]
