@@ -386,11 +386,19 @@ impl HistoryStates {
         if self.bytes.is_empty() {
             return Vec::new();
         }
-        let mut entry = Vec::with_capacity(self.bytes.len() + 1);
-        entry.push(FEED_FORMAT);
-        entry.extend_from_slice(&self.bytes);
         // Only `push_state` and `From` write the bytes: always decodable.
-        decode_feed_blob(0, &entry).unwrap_or_default()
+        decode_feed_blob(0, &HistoryStates::entry([self])).unwrap_or_default()
+    }
+
+    /// One feed entry in the compact form holding every state of
+    /// `states`, in order: the format byte, then their bytes one after
+    /// another (just the format byte for none).
+    pub(crate) fn entry<'a>(states: impl IntoIterator<Item = &'a HistoryStates>) -> Vec<u8> {
+        let mut entry = vec![FEED_FORMAT];
+        for s in states {
+            entry.extend_from_slice(&s.bytes);
+        }
+        entry
     }
 }
 

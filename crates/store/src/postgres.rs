@@ -227,8 +227,9 @@ impl PostgresStore {
         // horizon like the ingest log's, its writers the transactions that
         // queue notifications (`history::NOTIFIED`). The same writer moves
         // the feeds into the history, so a node acknowledges notifications
-        // no faster than it moves them.
-        let notified_committed = Arc::new(tokio::sync::Notify::new());
+        // no faster than it moves them. Nobody waits on this horizon but
+        // the mover's read (answers go at commit), so it is looked at on
+        // its interval only, not after every commit.
         let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
         let history = Writer::start(
             connector.clone(),
@@ -236,7 +237,7 @@ impl PostgresStore {
                 session: Some(history::NOTIFIED.session),
                 ..writer("history")
             },
-            Some(notified_committed.clone()),
+            None,
         )
         .await?;
         tokio::spawn(horizon::follow(
@@ -244,7 +245,7 @@ impl PostgresStore {
             &history::NOTIFIED,
             notified_horizon,
             Arc::new(notified_tx),
-            notified_committed,
+            Arc::new(tokio::sync::Notify::new()),
         ));
         // Channel messages too are read forward from a cursor (a
         // subscriber's): with several nodes publishing, their

@@ -25,7 +25,6 @@ use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
-use crate::history::FEED_FORMAT_BYTE;
 use crate::{
     ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryStates, LoggedChange,
     NgsiDocument, Result,
@@ -57,12 +56,8 @@ impl Combine for EntityPut {
             }
             let records: Vec<EntityRecord> = last.into_values().cloned().collect();
             let changes: Vec<LoggedChange> = puts.iter().filter_map(|p| p.change.clone()).collect();
-            // The puts' states, already in the feed's compact form: one
-            // entry is the format byte and the states one after another.
-            let mut history = vec![FEED_FORMAT_BYTE];
-            for put in puts {
-                history.extend_from_slice(put.history.as_bytes());
-            }
+            // The puts' states, already in the feed's compact form.
+            let history = HistoryStates::entry(puts.iter().map(|p| &p.history));
             // Sent together on the one connection (pipelined).
             let (entities, logged, queued) = tokio::join!(
                 put_entities(c, &records),
@@ -76,7 +71,7 @@ impl Combine for EntityPut {
 
     fn write_one<'c>(c: &'c Conn, put: &'c EntityPut) -> BoxFuture<'c, Result<()>> {
         Box::pin(async move {
-            let entry = states_entry(&put.history);
+            let entry = HistoryStates::entry([&put.history]);
             let (entity, logged, queued) = tokio::join!(
                 put_entities(c, std::slice::from_ref(&put.record)),
                 log_changes(c, put.change.as_slice()),
@@ -315,12 +310,4 @@ pub(super) async fn queue_changes(c: &Conn, entry: &[u8]) -> Result<()> {
     .await
     .map_err(db)?;
     Ok(())
-}
-
-/// One put's states as a feed entry of their own.
-fn states_entry(states: &HistoryStates) -> Vec<u8> {
-    let mut entry = Vec::with_capacity(states.as_bytes().len() + 1);
-    entry.push(FEED_FORMAT_BYTE);
-    entry.extend_from_slice(states.as_bytes());
-    entry
 }
