@@ -4,13 +4,15 @@
 //!
 //! Writes go through the history writer (rows, rollups, the notifications
 //! feed and the changes feed's cursor), except pruning the changes feed,
-//! which goes through the main writer that queues its entries. Where
-//! SQLite runs one statement per row or per series, this sends arrays:
-//! an append is one statement whatever its number of rows (`UNNEST` of
-//! column arrays, the new rows' rollups folded in by the same statement),
-//! and a query or an aggregate is one statement per stored level, joining
-//! the series it covers (`UNNEST … WITH ORDINALITY`) laterally to their
-//! rows.
+//! which goes through the main writer that queues its entries. Rows and
+//! rollups are keyed by an integer series id (`history_series`, numbered
+//! once per tenant, entity and attribute, [`SeriesIds`]). Where SQLite
+//! runs one statement per row or per series, this sends arrays: an append
+//! is one statement whatever its number of rows (`UNNEST` of column
+//! arrays, the new rows' rollups folded in by the same statement; a
+//! second one when a row was already stored), and a query or an aggregate
+//! is one statement per stored level, joining the series it covers
+//! (`UNNEST … WITH ORDINALITY`) laterally to their rows.
 //!
 //! Result orders that callers see (entities, attributes) are decided in
 //! Rust, in byte order like SQLite's `BINARY` collation, whatever the
