@@ -189,10 +189,11 @@ type SeriesRef<'r> = (&'r str, &'r str, &'r str, &'r str);
 /// series it has not met yet. Ids are never deleted or reused (see
 /// schema step 14), so a cached one stays right whatever other nodes do.
 /// Past [`SERIES_CACHED`] entries the cache starts over rather than grow
-/// without bound.
+/// without bound. Keyed by the series' four parts in one string
+/// ([`cache_key`]), so that looking a row's series up allocates nothing.
 #[derive(Debug, Default)]
 pub(super) struct SeriesIds {
-    known: Mutex<HashMap<SeriesKey, i64>>,
+    known: Mutex<HashMap<String, i64>>,
 }
 
 /// Most series ids a store keeps in memory (about 100 bytes each).
@@ -206,6 +207,16 @@ fn owned((tenant, id, ty, attr): SeriesRef<'_>) -> SeriesKey {
     (tenant.into(), id.into(), ty.into(), attr.into())
 }
 
+/// Writes the cache's key of a series into `out` (cleared first): each
+/// part preceded by its length, so no two series share a key.
+fn cache_key(out: &mut String, (tenant, id, ty, attr): SeriesRef<'_>) {
+    use std::fmt::Write;
+    out.clear();
+    for part in [tenant, id, ty, attr] {
+        let _ = write!(out, "{}:{part}", part.len());
+    }
+}
+
 impl SeriesIds {
     /// The ids of the distinct series in `wanted` that are cached, and
     /// those that are not.
@@ -216,8 +227,10 @@ impl SeriesIds {
         let known = self.known.lock();
         let mut found = HashMap::new();
         let mut missing = Vec::new();
+        let mut buffer = String::new();
         for &key in wanted {
-            match known.get(&owned(key)) {
+            cache_key(&mut buffer, key);
+            match known.get(buffer.as_str()) {
                 Some(&id) => {
                     found.insert(key, id);
                 }
@@ -228,12 +241,16 @@ impl SeriesIds {
     }
 
     /// Records committed ids.
-    fn add(&self, ids: impl IntoIterator<Item = (SeriesKey, i64)>) {
+    fn add(&self, ids: &[(SeriesKey, i64)]) {
         let mut known = self.known.lock();
         if known.len() >= SERIES_CACHED {
             known.clear();
         }
-        known.extend(ids);
+        for ((tenant, id, ty, attr), series) in ids {
+            let mut key = String::new();
+            cache_key(&mut key, (tenant, id, ty, attr));
+            known.insert(key, *series);
+        }
     }
 }
 
@@ -320,7 +337,7 @@ impl PostgresStore {
                     .map_err(|_| StoreError::Database("a series numbered unasked".into()))?;
                 found.insert(missing[at], *id);
             }
-            self.series.add(numbered);
+            self.series.add(&numbered);
         }
         Ok(rows.iter().map(|r| found[&series_ref(r)]).collect())
     }
@@ -1696,5 +1713,35 @@ impl HistoryStore for PostgresStore {
             .collect();
         tenants.sort_unstable();
         Ok(tenants)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Series whose parts join to the same text still get keys of their
+    /// own, and a series finds its id again.
+    #[test]
+    fn every_series_has_a_cache_key_of_its_own() {
+        let cut = [
+            ("t", "a:1", "T", "x"),
+            ("t", "a", ":1T", "x"),
+            ("t:a", "1", "T", "x"),
+        ];
+        let keys: HashSet<String> = cut
+            .iter()
+            .map(|&s| {
+                let mut key = String::new();
+                cache_key(&mut key, s);
+                key
+            })
+            .collect();
+        assert_eq!(keys.len(), cut.len());
+        let ids = SeriesIds::default();
+        ids.add(&[(owned(cut[0]), 7)]);
+        let (found, missing) = ids.split(&cut);
+        assert_eq!(found.get(&cut[0]), Some(&7));
+        assert_eq!(missing, cut[1..]);
     }
 }
