@@ -39,6 +39,18 @@ const OVERLOADED_RETRIES: u32 = 50;
 /// at once); the store decides how they are committed.
 const FEED_BATCH_ROWS: usize = 200_000;
 
+/// Most notification feed positions a node that moves the feed
+/// acknowledges ahead of its mover (about two seconds of notifications at
+/// full speed): past them, new notifications wait for the mover before
+/// they are queued, so a backend that queues them apart from the moves
+/// (PostgreSQL) does not let the feed, and the time until a query sees
+/// them, grow without bound.
+const MAX_UNMOVED: u64 = 50_000;
+
+/// Longest a notification waits for the mover to catch up before it is
+/// queued anyway (reached only when moves keep failing).
+const UNMOVED_WAIT: Duration = Duration::from_secs(10);
+
 /// How long a feed loop sleeps when its feed is empty.
 const FEED_IDLE: Duration = Duration::from_millis(20);
 
@@ -417,6 +429,30 @@ impl History {
         self.moving.store(false, Ordering::Release);
     }
 
+    /// On the node that moves the notifications feed, waits while it holds
+    /// more than [`MAX_UNMOVED`] positions not yet moved (waking the
+    /// mover): acknowledgements go no faster than the history takes them,
+    /// give or take that much.
+    async fn keep_up(&self) {
+        if !self.moving.load(Ordering::Acquire) {
+            return;
+        }
+        let caught_up = |moved: &u64| {
+            self.notified.load(Ordering::Acquire).saturating_sub(*moved) <= MAX_UNMOVED
+        };
+        if caught_up(&self.moved.borrow()) {
+            return;
+        }
+        self.wake.notify_one();
+        let mut moved = self.moved.subscribe();
+        if tokio::time::timeout(UNMOVED_WAIT, moved.wait_for(caught_up))
+            .await
+            .is_err()
+        {
+            tracing::warn!("the history mover is behind; queueing a notification anyway");
+        }
+    }
+
     /// Stores the entities of a notification (QuantumLeap's `/v2/notify`),
     /// read as QuantumLeap reads them, each under its own time index
     /// ([`NotifiedEntity::time_index`]): durable in the notifications feed on
@@ -441,6 +477,7 @@ impl History {
         if count == 0 {
             return Ok(0);
         }
+        self.keep_up().await;
         let seq = retry_overloaded(|| self.store.queue_history(rows.clone())).await?;
         self.notified.fetch_max(seq, Ordering::AcqRel);
         Ok(count)

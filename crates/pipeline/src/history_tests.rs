@@ -338,3 +338,43 @@ async fn device_data_is_recorded_as_history() {
     assert_eq!(rows[0].entity_type, "thermo");
     node.stop().await;
 }
+
+/// The node that moves the notifications feed acknowledges no more than
+/// [`super::MAX_UNMOVED`] feed positions ahead of its mover: past that, a
+/// notification waits, waking the mover, until the mover catches up, and
+/// is queued then.
+#[tokio::test]
+async fn notifications_wait_for_a_mover_that_fell_behind() {
+    use std::sync::atomic::Ordering;
+    let node = Node::start(config()).await;
+    // A recorder whose mover is not running: its positions are set by hand.
+    let recorder = super::History::new(node.store.clone(), RetentionPolicy::default());
+    recorder.moving.store(true, Ordering::Release);
+    recorder
+        .notified
+        .store(super::MAX_UNMOVED + 100, Ordering::Release);
+    let reading = parse_entity(
+        &json!({"id": "Room1", "type": "Room", "temperature": {"value": 1, "type": "Number"}}),
+        false,
+    )
+    .unwrap();
+    let entities = [reading.into()];
+    let queued = recorder.record_entities("", "/", &entities, None, 0);
+    tokio::pin!(queued);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut queued)
+            .await
+            .is_err(),
+        "acknowledged with the mover a whole backlog behind"
+    );
+    tokio::time::timeout(Duration::from_secs(1), recorder.wake.notified())
+        .await
+        .expect("the mover was woken");
+    recorder.moved.send_replace(100);
+    let rows = tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("queued once the mover caught up")
+        .unwrap();
+    assert_eq!(rows, 1);
+    node.stop().await;
+}

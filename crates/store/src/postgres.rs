@@ -3,11 +3,11 @@
 //!
 //! Shape, mirroring the SQLite backend so both keep the same promises:
 //!
-//! - **Writes** go through four writers (`postgres/writer.rs`), one per
+//! - **Writes** go through five writers (`postgres/writer.rs`), one per
 //!   log whose `seq` order consumers rely on — the ingest log, the main
 //!   state (data units, entities, alarms, the changes feed, the change
-//!   log), the history (its notifications feed and rows) and the channels
-//!   — each one task on one connection committing what is queued as one
+//!   log), the notifications feed, the history's rows and the channels —
+//!   each one task on one connection committing what is queued as one
 //!   transaction, and answering after the commit.
 //! - **Reads** go through a connection pool (`deadpool-postgres`) of
 //!   `pool_size` connections.
@@ -59,7 +59,7 @@ use writer::{Writer, WriterConfig};
 pub struct PostgresConfig {
     /// A libpq-style URL, e.g. `postgres://weft:secret@db:5432/weft`.
     pub url: String,
-    /// Connections of the read pool (the four writers have one each).
+    /// Connections of the read pool (the five writers have one each).
     pub pool_size: usize,
     /// Writes waiting per writer before new ones are refused as overloaded.
     pub queue_capacity: usize,
@@ -122,7 +122,7 @@ impl Connector {
     }
 }
 
-/// The PostgreSQL store: the read pool and the four writers.
+/// The PostgreSQL store: the read pool and the five writers.
 pub struct PostgresStore {
     pool: Pool,
     log: Writer,
@@ -130,9 +130,12 @@ pub struct PostgresStore {
     appends: combine::Combined<ingest::Append>,
     /// The NGSI entity writes waiting to go to `main` together.
     entity_puts: combine::Combined<context::EntityPut>,
-    /// The QuantumLeap notifications waiting to go to `history` together.
+    /// The QuantumLeap notifications waiting to go to `notified` together.
     notifications: combine::Combined<history::QueuedNotification>,
     main: Writer,
+    /// Queues QuantumLeap notifications in their feed.
+    notified: Writer,
+    /// Moves the feeds into the history, and deletes and expires it.
     history: Writer,
     /// The notifications feed's horizon (see `postgres/horizon.rs`).
     notified_through: watch::Receiver<u64>,
@@ -222,20 +225,23 @@ impl PostgresStore {
             None,
         )
         .await?;
-        // The history writer queues QuantumLeap notifications, which
-        // several nodes append side by side: the notifications feed has a
-        // horizon like the ingest log's, its writers the transactions that
-        // queue notifications (`history::NOTIFIED`). The same writer moves
-        // the feeds into the history, so a node acknowledges notifications
-        // no faster than it moves them. Nobody waits on this horizon but
-        // the mover's read (answers go at commit), so it is looked at on
-        // its interval only, not after every commit.
+        // Each node's notifications writer queues QuantumLeap
+        // notifications, which several nodes append side by side: the
+        // notifications feed has a horizon like the ingest log's, its
+        // writers these (`history::NOTIFIED`). Nobody waits on it but the
+        // mover's read (answers go at commit), so it is looked at on its
+        // interval only, not after every commit. The history writer moves
+        // the feeds into the history on a connection of its own, so
+        // notifications are not held up by a move; the history recorder
+        // holds a node's acknowledgements back when its mover falls
+        // behind (`weft_pipeline::History`).
         let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
-        let history = Writer::start(
+        let notified = Writer::start(
             connector.clone(),
             WriterConfig {
+                opening: Some(history::NOTIFIED.opening),
                 session: Some(history::NOTIFIED.session),
-                ..writer("history")
+                ..writer("notifications")
             },
             None,
         )
@@ -247,6 +253,7 @@ impl PostgresStore {
             Arc::new(notified_tx),
             Arc::new(tokio::sync::Notify::new()),
         ));
+        let history = Writer::start(connector.clone(), writer("history"), None).await?;
         // Channel messages too are read forward from a cursor (a
         // subscriber's): with several nodes publishing, their
         // transactions commit one at a time.
@@ -271,6 +278,7 @@ impl PostgresStore {
             entity_puts: combine::Combined::new(config.queue_capacity, None),
             notifications: combine::Combined::new(config.queue_capacity, None),
             main,
+            notified,
             history,
             notified_through,
             notified_last: std::sync::atomic::AtomicU64::new(0),
@@ -312,6 +320,7 @@ impl crate::Store for PostgresStore {
     async fn close(&self) {
         self.log.close().await;
         self.main.close().await;
+        self.notified.close().await;
         self.history.close().await;
         self.channels.close().await;
         self.pool.close();

@@ -212,6 +212,20 @@ pub async fn check_big(
     }
 }
 
+/// Waits, as a client would, until what was acknowledged is stored: one
+/// query, which weft answers only once every notification acknowledged
+/// before it is in the history (QuantumLeap stores before it answers).
+/// Returns how long that took: a history that acknowledges ahead of
+/// storing owes this time to the notify phase's rate.
+pub async fn settle(session: &Session, tenant: &str, root: &str) -> Duration {
+    let started = std::time::Instant::now();
+    let mut caller = Caller::new(&session.base.connect, TIMEOUT);
+    let mut tally = Tally::default();
+    let id = entity_id(0);
+    let _ = count_rows(&mut caller, &mut tally, &session.base, tenant, root, &id).await;
+    started.elapsed()
+}
+
 /// Rows per attribute of entity `id`, by `aggrMethod=count`.
 async fn count_rows(
     caller: &mut Caller,

@@ -41,11 +41,6 @@ pub(super) trait Combine: Send + Sync + 'static {
     /// Writes one item alone.
     fn write_one<'c>(c: &'c Conn, item: &'c Self::Item) -> BoxFuture<'c, Result<Self::Answer>>;
 
-    /// Statements a job of these writes runs first, outside the
-    /// savepoints its writes are tried in, so they hold whenever one of
-    /// the writes does (a log's horizon opening, see `postgres/horizon.rs`).
-    const OPENING: Option<&'static str> = None;
-
     /// The `seq` an answer holds in a log with a horizon (the ingest log,
     /// the notifications feed): answers wait until the log's horizon has
     /// passed the newest of their job's (see `postgres/horizon.rs`).
@@ -138,25 +133,7 @@ impl<W: Combine> QueuedWrite for Job<W> {
         Box::pin(async move {
             let (items, replies): (Vec<_>, Vec<_>) =
                 waiting.into_iter().map(|w| (w.item, w.reply)).unzip();
-            let results = match W::OPENING {
-                // Pipelined: the opening goes out just ahead of the writes'
-                // first statement, which fails too when it does.
-                Some(opening) => {
-                    let (opened, results) = futures::future::join(
-                        client.batch_execute(opening),
-                        write_together::<W>(client, &items),
-                    )
-                    .await;
-                    match opened {
-                        Ok(()) => results,
-                        Err(e) => {
-                            let e = db(e);
-                            items.iter().map(|_| Err(e.clone())).collect()
-                        }
-                    }
-                }
-                None => write_together::<W>(client, &items).await,
-            };
+            let results = write_together::<W>(client, &items).await;
             let failed = results.iter().all(|r| r.is_err());
             let newest = results
                 .iter()

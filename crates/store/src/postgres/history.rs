@@ -2,9 +2,11 @@
 //! (`sqlite/writer.rs`'s appends, rollups and deletes, `sqlite/reader.rs`'s
 //! queries and aggregates) in PostgreSQL's dialect, with the same answers.
 //!
-//! Writes go through the history writer (rows, rollups, the notifications
-//! feed and the changes feed's cursor), except pruning the changes feed,
-//! which goes through the main writer that queues its entries. Rows and
+//! Writes go through the history writer (rows, rollups, the changes feed's
+//! cursor and the moved notifications' deletion), except queueing
+//! notifications, which goes through a notifications writer of its own so
+//! that no move holds it up, and pruning the changes feed, which goes
+//! through the main writer that queues its entries. Rows and
 //! rollups are keyed by an integer series id (`history_series`, numbered
 //! once per tenant, entity and attribute, [`SeriesIds`]). Where SQLite
 //! runs one statement per row or per series, this sends arrays: an append
@@ -56,20 +58,15 @@ pub(super) use crate::HISTORY_DELETE_CHUNK;
 const AGGREGATE_BOUND: i64 = 1 << 52;
 
 /// A QuantumLeap notification's rows queued in the notifications feed
-/// (an entry in the compact form), as written together with the others that wait with it
-/// (`postgres/combine.rs`): one multi-row `INSERT` per transaction of the
-/// history writer instead of a statement and a round trip each. Answers
-/// the entry's `seq`.
+/// (an entry in the compact form), as written together with the others
+/// that wait with it (`postgres/combine.rs`): one multi-row `INSERT` per
+/// transaction of the notifications writer instead of a statement and a
+/// round trip each. Answers the entry's `seq`.
 pub(super) struct QueuedNotification;
 
 impl Combine for QueuedNotification {
     type Item = Vec<u8>;
     type Answer = u64;
-
-    /// The transaction becomes one of the feed's writers before it takes
-    /// a `seq`: named for the feed's looks (until it ends, whatever else
-    /// the history writer does in it) and with its id taken.
-    const OPENING: Option<&'static str> = Some(NOTIFIED.opening);
 
     fn write_many<'c>(c: &'c Conn, entries: &'c [Vec<u8>]) -> BoxFuture<'c, Result<Vec<u64>>> {
         Box::pin(async move {
@@ -100,22 +97,21 @@ impl Combine for QueuedNotification {
     }
 }
 
-/// The notifications feed as the history writers of several nodes append
-/// to it side by side (see `postgres/horizon.rs`): the history mover reads
-/// it only up to its horizon, so it never moves, and deletes, past an
-/// entry another node has yet to commit. Its entries share
+/// The notifications feed as the notification writers of several nodes
+/// append to it side by side (see `postgres/horizon.rs`): the history
+/// mover reads it only up to its horizon, so it never moves, and deletes,
+/// past an entry another node has yet to commit. Its entries share
 /// `history_feed`'s sequence with the changes feed, whose `seq`s only make
 /// the horizon trail a little more.
 ///
-/// The history writer's other transactions (the moves, which take tens of
-/// milliseconds) are none of the horizon's business: only a transaction
-/// that queues notifications names itself a writer of the feed, with
-/// `SET LOCAL`, from its first notification to its end.
+/// A node's notifications writer does nothing else, so its connection is
+/// named the feed's writer for good, like the ingest log's; the history
+/// writer's moves (tens of milliseconds each) are none of the horizon's
+/// business.
 pub(super) const NOTIFIED: Followed = Followed {
     name: "notifications feed",
-    opening: "SET LOCAL application_name = 'weft notifications feed'; \
-              SELECT pg_current_xact_id()",
-    session: "SET application_name = 'weft history'",
+    opening: "SELECT pg_current_xact_id()",
+    session: "SET application_name = 'weft notifications feed'",
     look: "BEGIN; \
         SELECT 1; \
         SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
@@ -1448,9 +1444,8 @@ async fn read_history_feed(
 
 /// How the history feed's moves are batched and paced on PostgreSQL: the
 /// SQLite backend's values (not measured apart here). A chunk is one
-/// `UNNEST` insert and one commit of the history writer, which the
-/// notifications' appends wait behind; fewer, larger commits share their
-/// WAL flushes and index pages the same way.
+/// `UNNEST` insert and one commit of the history writer; fewer, larger
+/// commits share their WAL flushes and index pages the same way.
 const MOVE_TUNING: MoveTuning = MoveTuning {
     chunk_rows: 4_096,
     interval: Duration::from_millis(500),
@@ -1567,7 +1562,7 @@ impl HistoryStore for PostgresStore {
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
         let entry = encode_feed_entry(&rows);
-        let seq = self.notifications.write(&self.history, entry).await?;
+        let seq = self.notifications.write(&self.notified, entry).await?;
         self.notified_last.fetch_max(seq, Ordering::AcqRel);
         Ok(seq)
     }

@@ -19,8 +19,9 @@
 //!   its end, instead of deleting its rows one by one
 //!   (`postgres/history.rs`).
 //! - There is one database for everything: the SQLite backend's four
-//!   files (log, main, history, channels) are four writers here, each
-//!   keeping its own commit order (see `postgres/writer.rs`).
+//!   files (log, main, history, channels) are writers here (the history's
+//!   two: one queues notifications, one moves them), each keeping its own
+//!   commit order (see `postgres/writer.rs`).
 
 use tokio_postgres::Client;
 
