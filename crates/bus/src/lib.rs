@@ -128,6 +128,18 @@ impl Subscription {
         })
     }
 
+    /// The next event if one is buffered now, without waiting: `Ok(None)`
+    /// when none is. Lagging and closing are reported as by
+    /// [`Subscription::recv`].
+    pub fn try_recv(&mut self) -> Result<Option<Arc<Event>>, RecvError> {
+        match self.rx.try_recv() {
+            Ok(event) => Ok(Some(event)),
+            Err(broadcast::error::TryRecvError::Empty) => Ok(None),
+            Err(broadcast::error::TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(broadcast::error::TryRecvError::Closed) => Err(RecvError::Closed),
+        }
+    }
+
     /// How many events are buffered for this subscriber right now; lets a
     /// consumer notice it is falling behind before it lags.
     pub fn backlog(&self) -> usize {

@@ -11,6 +11,7 @@
 //! later modification date wins in memory, as the later commit does in
 //! the store (see docs/scale-out.md).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -18,17 +19,70 @@ use tokio_util::sync::CancellationToken;
 use weft_bus::{Bus, Payload, RecvError, Stream};
 use weft_model::ngsi::{Alteration, Entity, EntityChange};
 
-use super::{Context, StoredEntity};
+use super::{Context, StoredEntity, Tenant};
+
+/// Most of other nodes' changes applied together, under one lock.
+const REMOTE_BATCH: usize = 1024;
+
+/// An entity as changes name it: tenant, service path, id, type.
+type ChangeKey<'a> = (&'a str, &'a str, &'a str, &'a str);
+
+fn change_key(change: &EntityChange) -> ChangeKey<'_> {
+    (
+        &change.tenant,
+        &change.service_path,
+        &change.entity.id,
+        &change.entity.entity_type,
+    )
+}
 
 impl Context {
     /// Applies another node's committed change to this node's copy.
     pub fn apply_remote(&self, change: &EntityChange) {
+        self.apply_remote_changes(&[change]);
+    }
+
+    /// Applies other nodes' committed changes, in order, under one write
+    /// lock, with the same outcome as applying them one by one. Where an
+    /// entity's changes in `changes` are all creations and updates, each
+    /// as new as the one before, only the last can stick: it alone is
+    /// applied, at the place of the entity's first change (so entities
+    /// created here keep their order). A node that fell behind catches up
+    /// by the entity, not by the change.
+    pub fn apply_remote_changes(&self, changes: &[&EntityChange]) {
+        // Per entity: its last change, and whether that one alone does.
+        let mut plan: HashMap<ChangeKey<'_>, (usize, bool)> = HashMap::with_capacity(changes.len());
+        for (i, c) in changes.iter().enumerate() {
+            let lasting = c.alteration != Alteration::Deleted;
+            plan.entry(change_key(c))
+                .and_modify(|(last, alone)| {
+                    let newer = c.entity.date_modified >= changes[*last].entity.date_modified;
+                    *alone = *alone && lasting && newer;
+                    *last = i;
+                })
+                .or_insert((i, lasting));
+        }
+        let mut tenants = self.tenants.write();
+        let mut applied: HashSet<ChangeKey<'_>> = HashSet::new();
+        for c in changes {
+            let key = change_key(c);
+            let (last, alone) = plan[&key];
+            if !alone {
+                self.apply_one(&mut tenants, c);
+            } else if applied.insert(key) {
+                self.apply_one(&mut tenants, changes[last]);
+            }
+        }
+    }
+
+    /// Applies one change to this node's copy (the later modification
+    /// date wins, see the module's doc).
+    fn apply_one(&self, tenants: &mut HashMap<String, Tenant>, change: &EntityChange) {
         let key = (
             change.service_path.clone(),
             change.entity.id.clone(),
             change.entity.entity_type.clone(),
         );
-        let mut tenants = self.tenants.write();
         let t = tenants.entry(change.tenant.clone()).or_default();
         match change.alteration {
             Alteration::Deleted => {
@@ -113,16 +167,36 @@ impl Context {
                 },
                 event = remote.recv() => match event {
                     Ok(event) => {
-                        if let Payload::Entity(change) = &event.payload {
-                            self.apply_remote(change);
-                            metrics::counter!("weft_context_remote_changes_total").increment(1);
+                        // What else is buffered goes with it.
+                        let mut batch = vec![event];
+                        let mut ended = Ok(());
+                        while batch.len() < REMOTE_BATCH {
+                            match remote.try_recv() {
+                                Ok(Some(event)) => batch.push(event),
+                                Ok(None) => break,
+                                Err(e) => {
+                                    ended = Err(e);
+                                    break;
+                                }
+                            }
                         }
-                        false
+                        let changes: Vec<&EntityChange> = batch
+                            .iter()
+                            .filter_map(|e| match &e.payload {
+                                Payload::Entity(change) => Some(&**change),
+                                _ => None,
+                            })
+                            .collect();
+                        self.apply_remote_changes(&changes);
+                        metrics::counter!("weft_context_remote_changes_total")
+                            .increment(changes.len() as u64);
+                        match ended {
+                            Ok(()) => false,
+                            Err(RecvError::Lagged(n)) => lagged(n),
+                            Err(RecvError::Closed) => return,
+                        }
                     }
-                    Err(RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "fell behind other nodes' entity changes; merging the stored entities");
-                        true
-                    }
+                    Err(RecvError::Lagged(n)) => lagged(n),
                     Err(RecvError::Closed) => return,
                 },
             };
@@ -133,5 +207,91 @@ impl Context {
                 }
             }
         }
+    }
+}
+
+/// Says that this node missed `n` of other nodes' changes (it then merges
+/// the stored entities).
+fn lagged(n: u64) -> bool {
+    tracing::warn!(
+        missed = n,
+        "fell behind other nodes' entity changes; merging the stored entities"
+    );
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use weft_model::ngsi::{parse_entity, Alteration, EntityChange};
+
+    use crate::context::EntityFilter;
+    use crate::testkit::{config, Node};
+
+    /// What a node holds: every entity in creation order, with its
+    /// modification date and the number of the change it came from.
+    fn held(node: &Node) -> Vec<(String, i64, serde_json::Value)> {
+        node.services
+            .context
+            .query("", &EntityFilter::default())
+            .into_iter()
+            .map(|e| {
+                let n = e.entity.attrs.get("n").map(|a| a.value.clone());
+                (e.entity.id, e.entity.date_modified, n.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// Changes applied together end as they do applied one by one,
+    /// whatever their mix: updates in and out of date order (clocks of
+    /// two nodes apart), deletions, re-creations after a deletion (which
+    /// go to the end of the creation order).
+    #[tokio::test]
+    async fn changes_applied_together_end_as_one_by_one() {
+        let one_by_one = Node::start(config()).await;
+        let together = Node::start(config()).await;
+        let mut seed: u64 = 0x5eed;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        for round in 0..200 {
+            let changes: Vec<EntityChange> = (0..1 + next(12))
+                .map(|i| {
+                    let id = format!("E{}", next(3));
+                    let mut entity =
+                        parse_entity(&json!({"id": id, "type": "T", "n": {"value": i}}), false)
+                            .unwrap();
+                    entity.date_modified = (round * 100 + next(20)) as i64;
+                    let alteration = match next(5) {
+                        0 => Alteration::Deleted,
+                        1 => Alteration::Created,
+                        _ => Alteration::Updated,
+                    };
+                    EntityChange {
+                        tenant: String::new(),
+                        service_path: "/".into(),
+                        entity,
+                        alteration,
+                        attrs: Vec::new(),
+                        origin: None,
+                    }
+                })
+                .collect();
+            for c in &changes {
+                one_by_one.services.context.apply_remote(c);
+            }
+            let refs: Vec<&EntityChange> = changes.iter().collect();
+            together.services.context.apply_remote_changes(&refs);
+            assert_eq!(
+                held(&together),
+                held(&one_by_one),
+                "round {round}: {changes:?}"
+            );
+        }
+        one_by_one.stop().await;
+        together.stop().await;
     }
 }
