@@ -607,6 +607,115 @@ async fn entities_written_on_one_node_are_read_on_the_other() {
     .await;
 }
 
+/// A node that has not yet heard of another node's change to an entity
+/// reads the store before it answers 404 or creates the entity: it reads,
+/// updates and deletes an entity created a moment ago through the other
+/// node, refuses to create it again (422), and an upsert merges into it
+/// instead of replacing it. The two nodes here share the database but not
+/// the bus (two cluster names), so nothing reaches B but through the store.
+#[tokio::test]
+async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
+    let env = cluster_env(&[]);
+    let a = start_node(&env).await;
+    let mut deaf = env.clone();
+    for (k, v) in &mut deaf {
+        if k == "WEFT_BUS__CLUSTER" {
+            v.push_str("deaf");
+        }
+    }
+    let b = start_node(&deaf).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    let create = |id: &str| json!({"id": id, "type": "Room", "temperature": {"value": 21, "type": "Number"}});
+    for id in ["Room1", "Room2", "Room3", "Room4"] {
+        let (status, _, body) = call(&on_a, "POST", "/v2/entities", None, Some(&create(id))).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    let (status, _, body) = call(
+        &on_b,
+        "GET",
+        "/v2/entities/Room1?options=keyValues",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!((status, &body["temperature"]), (200, &json!(21)), "{body}");
+
+    let pressure = json!({"pressure": {"value": 1000, "type": "Number"}});
+    let (status, _, body) = call(
+        &on_b,
+        "POST",
+        "/v2/entities/Room2/attrs",
+        None,
+        Some(&pressure),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (_, _, body) = call(
+        &on_b,
+        "GET",
+        "/v2/entities/Room2?options=keyValues",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&body["temperature"], &body["pressure"]),
+        (&json!(21), &json!(1000)),
+        "{body}"
+    );
+
+    let (status, _, body) = call(&on_b, "POST", "/v2/entities", None, Some(&create("Room3"))).await;
+    assert_eq!(status, 422, "{body}");
+
+    let upsert =
+        json!({"id": "Room4", "type": "Room", "pressure": {"value": 990, "type": "Number"}});
+    let (status, _, body) = call(
+        &on_b,
+        "POST",
+        "/v2/entities?options=upsert",
+        None,
+        Some(&upsert),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    // Merged into A's entity, not in place of it.
+    let (_, _, body) = call(
+        &on_b,
+        "GET",
+        "/v2/entities/Room4?options=keyValues",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&body["temperature"], &body["pressure"]),
+        (&json!(21), &json!(990)),
+        "{body}"
+    );
+
+    let (status, _, body) = call(&on_b, "DELETE", "/v2/entities/Room1", None, None).await;
+    assert_eq!(status, 204, "{body}");
+    drop(a);
+    let a = start_node(&env).await;
+    let on_a = a.client();
+    let (status, _, _) = call(&on_a, "GET", "/v2/entities/Room1", None, None).await;
+    assert_eq!(status, 404, "deleted through B");
+    let (_, _, body) = call(
+        &on_a,
+        "GET",
+        "/v2/entities/Room4?options=keyValues",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&body["temperature"], &body["pressure"]),
+        (&json!(21), &json!(990)),
+        "{body}"
+    );
+}
+
 /// Each piece of singular work runs on exactly one of two nodes
 /// (`/health`), `weft cluster status` lists both nodes up with their
 /// work, and a rule raises one alarm per hot device however the uplinks

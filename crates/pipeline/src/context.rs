@@ -337,6 +337,9 @@ pub struct Context {
     /// lies, and its row must not be deleted by a sweep under way. Creates
     /// share it, so they never wait for each other.
     sweeping: tokio::sync::RwLock<()>,
+    /// Whether other nodes write entities too (set once this node
+    /// follows their changes, see `context/remote.rs`).
+    clustered: std::sync::atomic::AtomicBool,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -377,6 +380,7 @@ impl Context {
             record_history: std::sync::atomic::AtomicBool::new(false),
             changes,
             sweeping: tokio::sync::RwLock::new(()),
+            clustered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -538,6 +542,9 @@ impl Context {
     ) -> Result<(), NgsiError> {
         // Not while the sweep deletes expired entities: it could delete
         // this one's row after it is stored (see `expiry`).
+        let paths = [service_path.to_string()];
+        self.catch_up(tenant, &paths, &entity.id, Some(&entity.entity_type))
+            .await;
         let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
@@ -560,6 +567,7 @@ impl Context {
         entity_type: Option<&str>,
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
+        self.catch_up(tenant, service_paths, id, entity_type).await;
         let (result, stored, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants
@@ -591,8 +599,9 @@ impl Context {
         create: impl FnOnce(&mut Entity) -> Result<(), NgsiError>,
         merge: impl FnOnce(&mut Entity, AttrMap) -> Result<T, NgsiError>,
     ) -> Result<Upserted<T>, NgsiError> {
-        let sweep = self.sweeping.read().await;
         let paths = [service_path.to_string()];
+        self.catch_up(tenant, &paths, &new.id, entity_type).await;
+        let sweep = self.sweeping.read().await;
         let done = {
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
@@ -727,6 +736,7 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
+        self.catch_up(tenant, service_paths, id, entity_type).await;
         let (current, ticket) = {
             let mut tenants = self.tenants.write();
             let t = tenants

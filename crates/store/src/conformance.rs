@@ -1344,8 +1344,8 @@ where
 }
 
 /// Entities are keyed by tenant, service path, id and type, replaced on
-/// put, loaded in creation order, and survive a reopen; a processed batch
-/// stores its entities with its units.
+/// put, loaded in creation order (all, or those of one id), and survive a
+/// reopen; a processed batch stores its entities with its units.
 pub(crate) async fn entities_are_keyed_replaced_deleted_and_kept_across_reopen<B: Backend>()
 where
     B::Store: ContextStore + UnitStore,
@@ -1413,6 +1413,23 @@ where
             entity("t1", "/a", "E", "T", 3, "{}"),
             entity("", "/", "dev", "Sensor", 4, "{\"t\":1}"),
         ]
+    );
+
+    // By id alone: every path and type of that tenant's id, nothing else.
+    assert_eq!(
+        store.load_entities_with_id("t1", "E").await.unwrap(),
+        vec![
+            entity("t1", "/", "E", "T", 2, "{\"new\":true}"),
+            entity("t1", "/a", "E", "T", 3, "{}"),
+        ]
+    );
+    assert_eq!(
+        store.load_entities_with_id("t2", "E").await.unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        store.load_entities_with_id("t1", "dev").await.unwrap(),
+        vec![]
     );
 }
 

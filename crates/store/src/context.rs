@@ -109,6 +109,10 @@ pub trait ContextStore: Send + Sync {
     /// Every stored entity of every tenant, in creation order (loaded once
     /// at start into the in-memory context).
     async fn load_entities(&self) -> Result<Vec<EntityRecord>>;
+    /// The stored entities of `tenant` with `id` (any service path and
+    /// type), in creation order: what a node of a cluster reads when it
+    /// does not hold an entity that another node may have just written.
+    async fn load_entities_with_id(&self, tenant: &str, id: &str) -> Result<Vec<EntityRecord>>;
 
     // --- NGSI subscriptions and registrations -------------------------------
 

@@ -117,6 +117,44 @@ impl Context {
     /// behind, or the bus was away).
     pub async fn merge_stored(&self) -> Result<usize, weft_store::StoreError> {
         let records = self.store.load_entities().await?;
+        Ok(self.merge_records(records))
+    }
+
+    /// On a node of a cluster, when it holds no entity `id` matching
+    /// (`service_paths`, `entity_type`) — about to answer 404, or to
+    /// create one — reads the stored entities with that id and takes those
+    /// newer than its copies: another node may have written it a moment
+    /// ago, its change still on the way here. Nothing on a node alone, or
+    /// when the entity is held.
+    pub async fn catch_up(
+        &self,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+    ) {
+        if !self.clustered.load(Ordering::Relaxed) {
+            return;
+        }
+        let held = self.tenants.read().get(tenant).is_some_and(|t| {
+            t.find(service_paths, id, entity_type, weft_model::now_ms())
+                .is_ok()
+        });
+        if held {
+            return;
+        }
+        match self.store.load_entities_with_id(tenant, id).await {
+            Ok(records) => {
+                let taken = self.merge_records(records);
+                metrics::counter!("weft_context_caught_up_total").increment(taken as u64);
+            }
+            Err(e) => tracing::warn!(error = %e, "reading a stored entity this node lacks failed"),
+        }
+    }
+
+    /// Takes the stored `records` newer than this node's copies (or that
+    /// it lacks); answers how many it took.
+    fn merge_records(&self, records: Vec<weft_store::EntityRecord>) -> usize {
         let mut taken = 0;
         let mut tenants = self.tenants.write();
         for r in records {
@@ -144,7 +182,7 @@ impl Context {
                 }
             }
         }
-        Ok(taken)
+        taken
     }
 
     /// Applies other nodes' entity changes until `shutdown`; after
@@ -154,6 +192,7 @@ impl Context {
         let Some(mut remote) = bus.subscribe_remote(Stream::Entities) else {
             return;
         };
+        self.clustered.store(true, Ordering::Relaxed);
         let mut notices = bus.follow_definitions();
         loop {
             let missed = tokio::select! {

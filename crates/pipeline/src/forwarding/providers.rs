@@ -355,6 +355,9 @@ impl Providers {
         wanted: Option<&[String]>,
         skip: bool,
     ) -> Result<StoredEntity, NgsiError> {
+        self.context
+            .catch_up(&tenancy.tenant, &tenancy.read_paths, id, entity_type)
+            .await;
         let (local, missing) =
             match self
                 .context

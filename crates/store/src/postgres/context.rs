@@ -138,18 +138,20 @@ impl ContextStore for PostgresStore {
             )
             .await
             .map_err(db)?;
-        rows.iter()
-            .map(|row| {
-                Ok(EntityRecord {
-                    tenant: row.get(0),
-                    service_path: row.get(1),
-                    id: row.get(2),
-                    entity_type: row.get(3),
-                    created: position(row, 4)?,
-                    json: row.get(5),
-                })
-            })
-            .collect()
+        rows.iter().map(entity_record).collect()
+    }
+
+    async fn load_entities_with_id(&self, tenant: &str, id: &str) -> Result<Vec<EntityRecord>> {
+        let client = self.reader().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, service_path, id, type, created, json FROM entities \
+                 WHERE tenant = $1 AND id = $2 ORDER BY created",
+                &[&tenant, &id],
+            )
+            .await
+            .map_err(db)?;
+        rows.iter().map(entity_record).collect()
     }
 
     async fn put_document(&self, document: NgsiDocument) -> Result<()> {
@@ -310,4 +312,17 @@ pub(super) async fn queue_changes(c: &Conn, entry: &[u8]) -> Result<()> {
     .await
     .map_err(db)?;
     Ok(())
+}
+
+/// An entity's record from a `tenant, service_path, id, type, created,
+/// json` row.
+fn entity_record(row: &tokio_postgres::Row) -> Result<EntityRecord> {
+    Ok(EntityRecord {
+        tenant: row.get(0),
+        service_path: row.get(1),
+        id: row.get(2),
+        entity_type: row.get(3),
+        created: position(row, 4)?,
+        json: row.get(5),
+    })
 }

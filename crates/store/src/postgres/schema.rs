@@ -372,6 +372,11 @@ ALTER TABLE history_feed ADD COLUMN states BYTEA;
 ALTER TABLE history_feed ALTER COLUMN states SET STORAGE EXTERNAL;
 ALTER TABLE history_feed ALTER COLUMN rows DROP NOT NULL;
 "#,
+    // Step 16: an entity found by its id alone, for a node that missed
+    // another node's change to it (`ContextStore::load_entities_with_id`).
+    r#"
+CREATE INDEX entities_id ON entities (tenant, id);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

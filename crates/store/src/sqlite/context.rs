@@ -53,6 +53,13 @@ impl ContextStore for SqliteStore {
         self.main.read(load_entities).await
     }
 
+    async fn load_entities_with_id(&self, tenant: &str, id: &str) -> Result<Vec<EntityRecord>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.main
+            .read(move |c| load_entities_with_id(c, &tenant, &id))
+            .await
+    }
+
     async fn put_document(&self, document: NgsiDocument) -> Result<()> {
         self.main.write(move |c| put_document(c, &document)).await
     }
@@ -180,7 +187,24 @@ fn load_entities(conn: &Connection) -> Result<Vec<EntityRecord>> {
             "SELECT tenant, service_path, id, type, created, json FROM entities ORDER BY created",
         )
         .db()?;
-    let mut rows = stmt.query([]).db()?;
+    let rows = stmt.query([]).db()?;
+    entity_records(rows)
+}
+
+/// The entities of `tenant` with `id`, in creation order.
+fn load_entities_with_id(conn: &Connection, tenant: &str, id: &str) -> Result<Vec<EntityRecord>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, service_path, id, type, created, json FROM entities \
+             WHERE tenant = ?1 AND id = ?2 ORDER BY created",
+        )
+        .db()?;
+    let rows = stmt.query(rusqlite::params![tenant, id]).db()?;
+    entity_records(rows)
+}
+
+/// The records of `tenant, service_path, id, type, created, json` rows.
+fn entity_records(mut rows: rusqlite::Rows<'_>) -> Result<Vec<EntityRecord>> {
     let mut out = Vec::new();
     while let Some(row) = rows.next().db()? {
         out.push(EntityRecord {
