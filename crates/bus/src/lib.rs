@@ -32,6 +32,7 @@ pub use in_process::InProcessBus;
 pub use nats::{NatsBus, NatsConfig, NatsError};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::broadcast;
@@ -183,5 +184,11 @@ pub trait Bus: Send + Sync + 'static {
     /// This node's id among the others, when there are others.
     fn node(&self) -> Option<&str> {
         None
+    }
+    /// How far behind other nodes' entity changes this node reads: how
+    /// long ago the one it handled last was published, while more wait;
+    /// zero once none waits (and with no other nodes).
+    fn remote_entities_behind(&self) -> Duration {
+        Duration::ZERO
     }
 }

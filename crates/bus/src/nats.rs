@@ -28,11 +28,12 @@
 //! lost them) and every follower of definitions reloads everything, since
 //! notices may have been lost meanwhile.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -140,6 +141,8 @@ pub struct NatsBus {
     /// Stops the tasks.
     stop: CancellationToken,
     tasks: TaskTracker,
+    /// [`Bus::remote_entities_behind`], in milliseconds.
+    entities_behind_ms: AtomicU64,
 }
 
 /// What a receiving task does with one message from another node.
@@ -197,6 +200,7 @@ impl NatsBus {
             client,
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            entities_behind_ms: AtomicU64::new(0),
         });
         // Every consumer is listening before `connect` returns, so a node
         // receives whatever is published once it serves.
@@ -294,27 +298,47 @@ impl NatsBus {
         // readers notice stale answers.
         let pending = metrics::gauge!("weft_bus_remote_pending", "subject" => filter.clone());
         let lag = metrics::gauge!("weft_bus_remote_lag_seconds", "subject" => filter.clone());
+        // For entity changes, also how far behind this node reads them
+        // (`Bus::remote_entities_behind`).
+        let behind =
+            (filter == self.subjects.event(Stream::Entities)).then_some(&self.entities_behind_ms);
         loop {
-            let message = tokio::select! {
-                _ = self.stop.cancelled() => return,
-                next = messages.next() => match next {
-                    Some(Ok(message)) => message,
-                    Some(Err(e)) => {
-                        // Missing heartbeats while NATS is away: the
-                        // consumer recreates itself once it is back.
-                        tracing::debug!(%stream, %filter, error = %e, "NATS consumer");
-                        continue;
+            if self.stop.is_cancelled() {
+                return;
+            }
+            let next = match messages.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    // Nothing more waits here: caught up with the others.
+                    if let Some(behind) = behind {
+                        behind.store(0, Ordering::Relaxed);
                     }
-                    None => return,
-                },
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return,
+                        next = messages.next() => next,
+                    }
+                }
+            };
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    // Missing heartbeats while NATS is away: the consumer
+                    // recreates itself once it is back.
+                    tracing::debug!(%stream, %filter, error = %e, "NATS consumer");
+                    continue;
+                }
+                None => return,
             };
             if let Ok(info) = message.info() {
                 pending.set(info.pending as f64);
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as i128);
-                let age = now - info.published.unix_timestamp_nanos();
-                lag.set(age.max(0) as f64 / 1e9);
+                let age = (now - info.published.unix_timestamp_nanos()).max(0);
+                lag.set(age as f64 / 1e9);
+                if let Some(behind) = behind {
+                    behind.store((age / 1_000_000) as u64, Ordering::Relaxed);
+                }
             }
             if wire::origin(message.headers.as_ref()) != Some(&*self.node) {
                 handler(&self, &message);
@@ -521,6 +545,10 @@ impl Bus for NatsBus {
 
     fn node(&self) -> Option<&str> {
         Some(&self.node)
+    }
+
+    fn remote_entities_behind(&self) -> Duration {
+        Duration::from_millis(self.entities_behind_ms.load(Ordering::Relaxed))
     }
 }
 

@@ -340,6 +340,9 @@ pub struct Context {
     /// Whether other nodes write entities too (set once this node
     /// follows their changes, see `context/remote.rs`).
     clustered: std::sync::atomic::AtomicBool,
+    /// The bus other nodes' changes come on, once followed: how far behind
+    /// them this node is paces its own writes.
+    remote: std::sync::OnceLock<Arc<dyn weft_bus::Bus>>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -381,6 +384,7 @@ impl Context {
             changes,
             sweeping: tokio::sync::RwLock::new(()),
             clustered: std::sync::atomic::AtomicBool::new(false),
+            remote: std::sync::OnceLock::new(),
         })
     }
 
@@ -542,6 +546,7 @@ impl Context {
     ) -> Result<(), NgsiError> {
         // Not while the sweep deletes expired entities: it could delete
         // this one's row after it is stored (see `expiry`).
+        self.keep_pace().await;
         let paths = [service_path.to_string()];
         self.catch_up(tenant, &paths, &entity.id, Some(&entity.entity_type))
             .await;
@@ -567,6 +572,7 @@ impl Context {
         entity_type: Option<&str>,
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
+        self.keep_pace().await;
         self.catch_up(tenant, service_paths, id, entity_type).await;
         let (result, stored, ticket) = {
             let mut tenants = self.tenants.write();
@@ -599,6 +605,7 @@ impl Context {
         create: impl FnOnce(&mut Entity) -> Result<(), NgsiError>,
         merge: impl FnOnce(&mut Entity, AttrMap) -> Result<T, NgsiError>,
     ) -> Result<Upserted<T>, NgsiError> {
+        self.keep_pace().await;
         let paths = [service_path.to_string()];
         self.catch_up(tenant, &paths, &new.id, entity_type).await;
         let sweep = self.sweeping.read().await;
@@ -736,6 +743,7 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
+        self.keep_pace().await;
         self.catch_up(tenant, service_paths, id, entity_type).await;
         let (current, ticket) = {
             let mut tenants = self.tenants.write();

@@ -14,12 +14,23 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use weft_bus::{Bus, Payload, RecvError, Stream};
 use weft_model::ngsi::{Alteration, Entity, EntityChange};
 
 use super::{Context, StoredEntity, Tenant};
+
+/// How far behind other nodes' changes a node may fall before its own
+/// entity writes wait for it to catch up.
+const MAX_BEHIND: Duration = Duration::from_secs(1);
+
+/// How far behind a waiting write lets the node be when it goes on.
+const CAUGHT_UP: Duration = Duration::from_millis(250);
+
+/// Longest a write waits for the node to catch up (then it goes on).
+const MAX_PACE_WAIT: Duration = Duration::from_secs(5);
 
 /// Most of other nodes' changes applied together, under one lock.
 const REMOTE_BATCH: usize = 1024;
@@ -120,6 +131,26 @@ impl Context {
         Ok(self.merge_records(records))
     }
 
+    /// On a node of a cluster that reads other nodes' changes more than
+    /// [`MAX_BEHIND`] after they were made, waits (up to
+    /// [`MAX_PACE_WAIT`]) until it is within [`CAUGHT_UP`] of them: a node
+    /// whose own writes leave it too little time to apply the others'
+    /// would otherwise answer from copies further and further behind.
+    /// Its writes then go at the pace it can follow the cluster.
+    pub async fn keep_pace(&self) {
+        let Some(bus) = self.remote.get() else {
+            return;
+        };
+        if bus.remote_entities_behind() <= MAX_BEHIND {
+            return;
+        }
+        metrics::counter!("weft_context_paced_writes_total").increment(1);
+        let started = tokio::time::Instant::now();
+        while bus.remote_entities_behind() > CAUGHT_UP && started.elapsed() < MAX_PACE_WAIT {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// On a node of a cluster, when it holds no entity `id` matching
     /// (`service_paths`, `entity_type`) — about to answer 404, or to
     /// create one — reads the stored entities with that id and takes those
@@ -193,6 +224,7 @@ impl Context {
             return;
         };
         self.clustered.store(true, Ordering::Relaxed);
+        let _ = self.remote.set(bus.clone());
         let mut notices = bus.follow_definitions();
         loop {
             let missed = tokio::select! {
@@ -279,6 +311,74 @@ mod tests {
                 (e.entity.id, e.entity.date_modified, n.unwrap_or_default())
             })
             .collect()
+    }
+
+    /// A bus of other nodes that says this node is as far behind them as
+    /// a test sets.
+    #[derive(Default)]
+    struct Behind {
+        events: weft_bus::InProcessBus,
+        ms: std::sync::atomic::AtomicU64,
+    }
+
+    impl weft_bus::Bus for Behind {
+        fn publish(&self, event: weft_bus::Event) {
+            self.events.publish(event)
+        }
+        fn subscribe(&self, stream: weft_bus::Stream) -> weft_bus::Subscription {
+            self.events.subscribe(stream)
+        }
+        fn subscribe_remote(&self, stream: weft_bus::Stream) -> Option<weft_bus::Subscription> {
+            Some(self.events.subscribe(stream))
+        }
+        fn remote_entities_behind(&self) -> std::time::Duration {
+            std::time::Duration::from_millis(self.ms.load(std::sync::atomic::Ordering::Relaxed))
+        }
+    }
+
+    /// A node of a cluster that reads other nodes' changes more than a
+    /// second late holds its own entity writes until it is back within a
+    /// quarter of a second of them.
+    #[tokio::test]
+    async fn writes_wait_while_the_node_is_behind_the_others() {
+        use std::sync::atomic::Ordering;
+        use std::sync::Arc;
+        use std::time::Duration;
+        let node = Node::start(config()).await;
+        let bus = Arc::new(Behind::default());
+        let context = node.services.context.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(context.clone().follow_remote(bus.clone(), stop.clone()));
+        let room = |n: i64| {
+            parse_entity(
+                &json!({"id": "Room1", "type": "Room", "n": {"value": n}}),
+                false,
+            )
+            .unwrap()
+        };
+        // Following, on time: writes go at once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::timeout(Duration::from_secs(1), context.create("", "/", room(1)))
+            .await
+            .expect("a write waited with the node on time")
+            .unwrap();
+
+        bus.ms.store(3_000, Ordering::Relaxed);
+        let delete = context.delete("", &[], "Room1", None);
+        tokio::pin!(delete);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut delete)
+                .await
+                .is_err(),
+            "a write went on with the node 3 s behind"
+        );
+        bus.ms.store(100, Ordering::Relaxed);
+        tokio::time::timeout(Duration::from_secs(1), delete)
+            .await
+            .expect("the write went on once the node caught up")
+            .unwrap();
+        stop.cancel();
+        node.stop().await;
     }
 
     /// Changes applied together end as they do applied one by one,
