@@ -224,6 +224,15 @@ impl Work {
     }
 }
 
+/// How long past its deadline, by the wall clock, a call may still be
+/// running however little CPU time it got, before the watchdog gives up on
+/// its thread: a call is timed by the CPU time its thread runs (a thread
+/// the OS leaves waiting on a loaded machine is not stuck), and this
+/// bounds one that waits without running.
+fn wall_ceiling(limit: Duration) -> Duration {
+    (limit * 20).max(Duration::from_secs(10))
+}
+
 /// What one worker thread shares with the watchdog. A new one per thread,
 /// so an abandoned thread's last writes never touch its replacement's.
 pub(crate) struct Watch {
@@ -231,6 +240,12 @@ pub(crate) struct Watch {
     /// Deadline of the running call, in nanoseconds since `epoch` plus
     /// one; 0 while no script runs.
     deadline: AtomicU64,
+    /// The thread's CPU time when the running call started, in
+    /// nanoseconds plus one; 0 while no script runs.
+    cpu_started: AtomicU64,
+    /// The thread's CPU-time clock ([`NO_CLOCK`] until the thread records
+    /// it, or where there is none).
+    cpu_clock: AtomicI64,
     /// The thread's OS id, to lower an abandoned thread's priority.
     tid: AtomicI64,
     /// Set when the thread is abandoned: its runtime's allocations fail.
@@ -240,28 +255,49 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    fn new(epoch: Instant) -> Arc<Watch> {
+    pub(crate) fn new(epoch: Instant) -> Arc<Watch> {
         Arc::new(Watch {
             epoch,
             deadline: AtomicU64::new(0),
+            cpu_started: AtomicU64::new(0),
+            cpu_clock: AtomicI64::new(NO_CLOCK),
             tid: AtomicI64::new(0),
             poisoned: AtomicBool::new(false),
             holding: Mutex::new(None),
         })
     }
 
-    /// Publishes the running call's deadline (one relaxed store).
-    pub(crate) fn arm(&self, deadline: Option<Instant>) {
+    /// Publishes the running call's deadline and the thread's CPU time
+    /// when it started (two relaxed stores).
+    pub(crate) fn arm(&self, deadline: Option<Instant>, cpu_started: Duration) {
         let nanos = deadline.map_or(u64::MAX, |d| {
             u64::try_from(d.saturating_duration_since(self.epoch).as_nanos())
                 .unwrap_or(u64::MAX - 1)
                 .saturating_add(1)
         });
+        let cpu = u64::try_from(cpu_started.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.cpu_started
+            .store(cpu.saturating_add(1), Ordering::Relaxed);
         self.deadline.store(nanos, Ordering::Relaxed);
     }
 
     pub(crate) fn disarm(&self) {
         self.deadline.store(0, Ordering::Relaxed);
+        self.cpu_started.store(0, Ordering::Relaxed);
+    }
+
+    /// The CPU time the running call's thread has run since the call
+    /// started; `None` when no call runs or the thread's clock is unknown.
+    fn cpu_spent(&self) -> Option<Duration> {
+        let started = match self.cpu_started.load(Ordering::Relaxed) {
+            0 => return None,
+            nanos => Duration::from_nanos(nanos - 1),
+        };
+        let clock = self.cpu_clock.load(Ordering::Relaxed);
+        if clock == NO_CLOCK {
+            return None;
+        }
+        Some(cpu_time(clock as libc::clockid_t)?.saturating_sub(started))
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -284,6 +320,8 @@ impl Watch {
     /// Called on the worker thread itself when it starts.
     pub(crate) fn record_thread(&self) {
         self.tid.store(os_thread_id(), Ordering::Relaxed);
+        self.cpu_clock
+            .store(this_thread_cpu_clock(), Ordering::Relaxed);
     }
 }
 
@@ -496,11 +534,21 @@ pub(crate) fn run(slots: Vec<Arc<Slot>>, supervision: Arc<Supervision>) {
             let Some(deadline) = state.watch.deadline() else {
                 continue;
             };
-            let due = deadline + supervision.grace;
-            if now >= due {
+            // Past its limit and the grace in CPU time (by the wall clock
+            // where the thread's CPU time is unknown), or past the wall
+            // clock's ceiling however little it ran.
+            let allowed = supervision.limits.time + supervision.grace;
+            let ceiling = deadline + wall_ceiling(supervision.limits.time);
+            let due = match state.watch.cpu_spent() {
+                // CPU time never runs faster than the wall clock: not due
+                // before the rest of its allowance has passed.
+                Some(spent) => now + allowed.saturating_sub(spent),
+                None => deadline + supervision.grace,
+            };
+            if now >= due.min(ceiling) {
                 abandon(slot, &mut state, &supervision);
             } else {
-                wake = wake.min(due);
+                wake = wake.min(due).min(ceiling);
             }
         }
         if !open {
@@ -580,6 +628,44 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// [`Watch::cpu_clock`] when the thread's CPU-time clock is unknown.
+const NO_CLOCK: i64 = i64::MIN;
+
+/// The CPU time the thread of CPU-time clock `clock` has run; `None` if
+/// the clock cannot be read (the thread has exited).
+fn cpu_time(clock: libc::clockid_t) -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write into; a clock id that is
+    // no longer valid makes the call fail, not misbehave.
+    let read = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (read == 0).then(|| Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.max(0) as u32))
+}
+
+/// The CPU time the calling thread has run (zero if it cannot be read).
+pub(crate) fn this_thread_cpu() -> Duration {
+    cpu_time(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
+}
+
+/// The calling thread's CPU-time clock, which another thread can read.
+#[cfg(target_os = "linux")]
+fn this_thread_cpu_clock() -> i64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `pthread_self` is always a valid thread; `clock` is a valid
+    // place to write its clock id.
+    match unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } {
+        0 => i64::from(clock),
+        _ => NO_CLOCK,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn this_thread_cpu_clock() -> i64 {
+    NO_CLOCK
 }
 
 #[cfg(target_os = "linux")]

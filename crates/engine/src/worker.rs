@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use crate::convert::{self, Undefined};
 use crate::meter::{Meter, MeteredAllocator};
-use crate::watchdog::{Answer, Done, Item, Next, Slot, Supervision, Watch};
+use crate::watchdog::{this_thread_cpu, Answer, Done, Item, Next, Slot, Supervision, Watch};
 use crate::{Call, CodecError, Script, ScriptKind};
 use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime, Value};
@@ -264,9 +264,17 @@ fn serve(slot: &Slot, supervision: &Supervision, generation: u64, watch: Arc<Wat
 
 /// The deadline of the call that is running, shared with the runtime's
 /// interrupt handler and, through the thread's [`Watch`], with the
-/// watchdog.
+/// watchdog. A call's time is the CPU time its thread runs, not the wall
+/// clock's: on a loaded machine (or under a CPU quota) the OS may leave
+/// the thread waiting, and that is not the script's doing. The wall clock
+/// answers first, cheaply: the thread's CPU time is read only once the
+/// wall deadline has passed, and it is never ahead of the wall clock.
 struct Clock {
     deadline: Cell<Option<Instant>>,
+    /// The thread's CPU time when the running call started.
+    cpu_started: Cell<Duration>,
+    /// The running call's time limit.
+    limit: Cell<Duration>,
     /// When the running call's timing started.
     started: Cell<Option<Instant>>,
     /// Time scripts ran since [`Clock::take_spent`] was last called.
@@ -281,6 +289,8 @@ impl Clock {
     fn new(watch: Arc<Watch>) -> Clock {
         Clock {
             deadline: Cell::new(None),
+            cpu_started: Cell::new(Duration::ZERO),
+            limit: Cell::new(Duration::ZERO),
             started: Cell::new(None),
             spent: Cell::new(Duration::ZERO),
             fired: Cell::new(false),
@@ -291,15 +301,18 @@ impl Clock {
     fn arm(&self, limit: Duration) {
         self.fired.set(false);
         let now = Instant::now();
+        let cpu = this_thread_cpu();
         let deadline = now.checked_add(limit);
         self.started.set(Some(now));
+        self.cpu_started.set(cpu);
+        self.limit.set(limit);
         self.deadline.set(deadline);
-        self.watch.arm(deadline);
+        self.watch.arm(deadline, cpu);
     }
 
-    /// Ends the call's timing; true when it ran past its deadline, which
-    /// a call can only do without being interrupted when its last steps
-    /// ran in a built-in that does not poll the interrupt handler.
+    /// Ends the call's timing; true when it ran past its limit, which a
+    /// call can only do without being interrupted when its last steps ran
+    /// in a built-in that does not poll the interrupt handler.
     fn disarm(&self) -> bool {
         self.watch.disarm();
         let now = Instant::now();
@@ -307,7 +320,14 @@ impl Clock {
             self.spent
                 .set(self.spent.get() + now.saturating_duration_since(started));
         }
-        self.deadline.take().is_some_and(|deadline| now > deadline)
+        self.deadline
+            .take()
+            .is_some_and(|deadline| now > deadline && self.ran_past_limit())
+    }
+
+    /// Whether the running call's thread has run longer than its limit.
+    fn ran_past_limit(&self) -> bool {
+        this_thread_cpu().saturating_sub(self.cpu_started.get()) >= self.limit.get()
     }
 
     /// The time scripts ran since the last call of this (the items of a
@@ -320,7 +340,7 @@ impl Clock {
     /// instructions, so the check must stay this cheap.
     fn expired(&self) -> bool {
         match self.deadline.get() {
-            Some(deadline) if Instant::now() >= deadline => {
+            Some(deadline) if Instant::now() >= deadline && self.ran_past_limit() => {
                 self.fired.set(true);
                 true
             }
@@ -905,4 +925,38 @@ fn parser_position(stack: &str) -> Option<u32> {
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().ok()
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    /// Spins this thread for `d` of CPU time.
+    fn spin(d: Duration) {
+        let started = this_thread_cpu();
+        let mut x = 0u64;
+        while this_thread_cpu().saturating_sub(started) < d {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    }
+
+    /// A call is timed by the CPU time its thread runs: a thread that
+    /// waits past the wall deadline (a loaded machine, a CPU quota) has
+    /// not run out of time; one that runs past its limit has.
+    #[test]
+    fn a_call_is_timed_by_the_cpu_time_it_runs() {
+        let clock = Clock::new(Watch::new(Instant::now()));
+        let limit = Duration::from_millis(40);
+        clock.arm(limit);
+        std::thread::sleep(limit * 2);
+        assert!(!clock.expired(), "expired while waiting, not running");
+        spin(limit / 4);
+        assert!(!clock.disarm(), "over its limit after a quarter of it");
+
+        clock.arm(limit);
+        std::thread::sleep(limit);
+        spin(limit + Duration::from_millis(5));
+        assert!(clock.expired(), "ran past its limit, not interrupted");
+        assert!(clock.disarm());
+    }
 }
