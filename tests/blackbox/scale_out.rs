@@ -510,18 +510,68 @@ async fn work_of(server: &Server) -> (Vec<String>, Vec<u16>) {
 /// work, each piece on one node, and hold half the pipeline's
 /// partitions each; answers (A's, B's) work.
 async fn shared_work(a: &Server, b: &Server) -> (Vec<String>, Vec<String>) {
+    shared_work_of(a, b, PARTITIONS).await
+}
+
+/// [`shared_work`] for a cluster whose pipeline is split into
+/// `partitions`.
+async fn shared_work_of(a: &Server, b: &Server, partitions: u16) -> (Vec<String>, Vec<String>) {
     eventually(Duration::from_secs(30), || async {
         let ((on_a, parts_a), (on_b, parts_b)) = (work_of(a).await, work_of(b).await);
         let mut all: Vec<&str> = on_a.iter().chain(&on_b).map(String::as_str).collect();
         all.sort();
         let mut parts: Vec<u16> = parts_a.iter().chain(&parts_b).copied().collect();
         parts.sort();
-        let halves = parts_a.len() == usize::from(PARTITIONS / 2)
-            && parts_b.len() == usize::from(PARTITIONS / 2);
-        (all == SINGULAR_WORK && halves && parts == (0..PARTITIONS).collect::<Vec<_>>())
+        let halves = parts_a.len() == usize::from(partitions / 2)
+            && parts_b.len() == usize::from(partitions / 2);
+        (all == SINGULAR_WORK && halves && parts == (0..partitions).collect::<Vec<_>>())
             .then_some((on_a, on_b))
     })
     .await
+}
+
+/// A cluster created with more partitions than the 16 of the default
+/// (`[store] partitions`) shares all of them between its nodes, and
+/// processes uplinks taken by either; a node configured otherwise later
+/// keeps the number the database was created with.
+#[tokio::test]
+async fn a_cluster_split_into_more_partitions_shares_them_all() {
+    let Pair { a, b, env } = Pair::start_with(&[("WEFT_STORE__PARTITIONS", "40")]).await;
+    shared_work_of(&a, &b, 40).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    on_a.create_em300th().await;
+    known_on(&on_b, "/api/v1/device-types/em300th").await;
+    for (i, c) in [&on_a, &on_b].into_iter().enumerate() {
+        for d in 0..10 {
+            let device = format!("dev-{i}-{d}");
+            let id = format!("p-{i}-{d}");
+            c.uplink(
+                "parts",
+                "decoded",
+                "em300th",
+                &decoded_body(&id, &device, 23, 40, now_ms()),
+            )
+            .await;
+        }
+    }
+    for i in 0..2 {
+        for d in 0..10 {
+            let path = format!("/v2/entities/dev-{i}-{d}");
+            eventually(Duration::from_secs(10), || async {
+                (call(&on_a, "GET", &path, None, None).await.0 == 200).then_some(())
+            })
+            .await;
+        }
+    }
+    drop(b);
+    let mut other = env.clone();
+    for (k, v) in &mut other {
+        if k == "WEFT_STORE__PARTITIONS" {
+            *v = "8".into();
+        }
+    }
+    let b = start_node(&other).await;
+    shared_work_of(&a, &b, 40).await;
 }
 
 /// An entity made through one node is read through the other, an update

@@ -68,6 +68,9 @@ pub struct PostgresConfig {
     /// How long opening waits for the database to accept connections
     /// (a database started together with weft may need a few seconds).
     pub connect_timeout: Duration,
+    /// How many partitions the pipeline is split into, for a new database
+    /// (see [`ingest::settle_partitions`]).
+    pub partitions: u16,
 }
 
 impl Default for PostgresConfig {
@@ -78,6 +81,7 @@ impl Default for PostgresConfig {
             queue_capacity: 65_536,
             max_batch: 4_096,
             connect_timeout: Duration::from_secs(30),
+            partitions: ingest::DEFAULT_PARTITIONS,
         }
     }
 }
@@ -147,6 +151,9 @@ pub struct PostgresStore {
     committed: watch::Receiver<u64>,
     /// The weekly history partitions known to exist.
     partitions: history::Partitions,
+    /// How many partitions the pipeline is split into (fixed in the
+    /// database when it was created).
+    pipeline_partitions: u16,
     /// The history series ids known (committed).
     series: history::SeriesIds,
 }
@@ -165,6 +172,7 @@ impl PostgresStore {
         let connector = Arc::new(Connector::new(&config.url)?);
         let mut client = connector.connect_patiently(config.connect_timeout).await?;
         let version = schema::migrate(&mut client).await?;
+        let partitions = ingest::settle_partitions(&client, config.partitions).await?;
         // Where readers of the ingest log may read up to (see
         // `postgres/horizon.rs`).
         let horizon = horizon::settle(&client, &ingest::LOG).await?;
@@ -286,6 +294,7 @@ impl PostgresStore {
             channels,
             committed,
             partitions: history::Partitions::default(),
+            pipeline_partitions: partitions,
             series: history::SeriesIds::default(),
         })
     }

@@ -225,6 +225,10 @@ pub struct StoreSection {
     pub url: String,
     /// PostgreSQL read connections (each writer has one more of its own).
     pub pool_size: usize,
+    /// PostgreSQL: how many partitions the pipeline is split into, for a
+    /// new database (one created before keeps its number, 16 before this
+    /// setting): at most this many nodes share the pipeline's work.
+    pub partitions: u16,
     /// SQLite: `full`: fsync every commit (an acknowledged write survives
     /// power loss); `normal`: survives a crash of weft, not of the machine.
     pub synchronous: String,
@@ -238,6 +242,7 @@ impl Default for StoreSection {
             backend: "sqlite".into(),
             url: String::new(),
             pool_size: 16,
+            partitions: 16,
             synchronous: "full".into(),
             read_connections: 4,
         }
@@ -664,10 +669,12 @@ mod tests {
             jail.set_env("WEFT_STORE__BACKEND", "postgres");
             jail.set_env("WEFT_STORE__URL", "postgres://weft@db/weft");
             jail.set_env("WEFT_STORE__POOL_SIZE", "4");
+            jail.set_env("WEFT_STORE__PARTITIONS", "64");
             let c = Config::load(Some("weft.toml".as_ref()), Overrides::default())?;
             assert_eq!(c.store.backend, "postgres");
             assert_eq!(c.store.url, "postgres://weft@db/weft");
             assert_eq!(c.store.pool_size, 4);
+            assert_eq!(c.store.partitions, 64);
 
             assert_eq!(
                 c.bus.backend, "in-process",

@@ -467,6 +467,7 @@ pub(crate) async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>
             let store = PostgresStore::open(PostgresConfig {
                 url: config.store.url.clone(),
                 pool_size: config.store.pool_size.max(1),
+                partitions: config.store.partitions,
                 ..PostgresConfig::default()
             })
             .await

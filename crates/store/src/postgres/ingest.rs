@@ -32,12 +32,54 @@ pub(super) const LOG: Followed = Followed {
         COMMIT",
 };
 
-/// How many partitions the pipeline is split into on PostgreSQL, where
-/// several nodes share it: enough for a few nodes to share them evenly
-/// (16 is 8+8, 6+5+5, 4×4), few enough that a node's cursors are one short
-/// write per batch. Fixed, because a device's partition must not change
-/// while its uplinks are in the log.
-pub const PARTITIONS: u16 = 16;
+/// How many partitions the pipeline is split into on PostgreSQL by
+/// default, where several nodes share it: enough for a few nodes to share
+/// them evenly (16 is 8+8, 6+5+5, 4×4), few enough that a node's cursors
+/// are one short write per batch. What a database was created with is
+/// kept (see [`settle_partitions`]).
+pub const DEFAULT_PARTITIONS: u16 = 16;
+
+/// The most partitions a database may be split into.
+pub const MAX_PARTITIONS: u16 = 1024;
+
+/// How many partitions the pipeline of the database `client` is on is
+/// split into: the number it was created with (`store_settings`), or, for
+/// a new database, `wanted` (clamped to 1..=[`MAX_PARTITIONS`]), stored
+/// now. Fixed once stored, because a device's partition must not change
+/// while its uplinks are in the log; a `wanted` that differs is warned
+/// about and ignored.
+pub(super) async fn settle_partitions(client: &tokio_postgres::Client, wanted: u16) -> Result<u16> {
+    let wanted = wanted.clamp(1, MAX_PARTITIONS);
+    client
+        .execute(
+            "INSERT INTO store_settings (name, value) VALUES ('partitions', $1) \
+             ON CONFLICT (name) DO NOTHING",
+            &[&i64::from(wanted)],
+        )
+        .await
+        .map_err(db)?;
+    let stored: i64 = client
+        .query_one(
+            "SELECT value FROM store_settings WHERE name = 'partitions'",
+            &[],
+        )
+        .await
+        .map_err(db)?
+        .get(0);
+    let stored = u16::try_from(stored)
+        .ok()
+        .filter(|n| (1..=MAX_PARTITIONS).contains(n))
+        .ok_or_else(|| StoreError::Corrupt(format!("store_settings holds {stored} partitions")))?;
+    if stored != wanted {
+        tracing::warn!(
+            configured = wanted,
+            partitions = stored,
+            "the database's pipeline is split into the partitions it was created with; \
+             store.partitions is ignored"
+        );
+    }
+    Ok(stored)
+}
 
 /// An append to the ingest log, as written together with the others that
 /// wait with it (`postgres/combine.rs`): one multi-row `INSERT` per
@@ -144,7 +186,7 @@ impl IngestLogStore for PostgresStore {
     }
 
     fn partitions(&self) -> u16 {
-        PARTITIONS
+        self.pipeline_partitions
     }
 
     async fn read_uplinks(
@@ -160,7 +202,7 @@ impl IngestLogStore for PostgresStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         // Every partition: no filter (the common case on one node).
         let partitions: Option<Vec<i16>> = partitions
-            .filter(|p| p.len() < usize::from(PARTITIONS))
+            .filter(|p| p.len() < usize::from(self.pipeline_partitions))
             .map(|p| p.iter().map(|&p| p as i16).collect());
         let rows = client
             .query(

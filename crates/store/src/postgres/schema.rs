@@ -377,6 +377,20 @@ ALTER TABLE history_feed ALTER COLUMN rows DROP NOT NULL;
     r#"
 CREATE INDEX entities_id ON entities (tenant, id);
 "#,
+    // Step 17: settings fixed when the database is created: how many
+    // partitions the pipeline is split into (`ingest::settle_partitions`).
+    // A database that already holds uplinks, units or cursors was split
+    // into 16, the number every version before this one used.
+    r#"
+CREATE TABLE store_settings (
+    name  TEXT PRIMARY KEY,
+    value BIGINT NOT NULL
+);
+INSERT INTO store_settings (name, value)
+SELECT 'partitions', 16
+WHERE EXISTS (SELECT 1 FROM ingest_log) OR EXISTS (SELECT 1 FROM data_units)
+   OR EXISTS (SELECT 1 FROM cursors);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

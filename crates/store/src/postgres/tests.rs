@@ -96,6 +96,50 @@ async fn open(url: &str) -> PostgresStore {
     .unwrap()
 }
 
+/// The store on `url` as a node configured with `partitions` opens it.
+async fn open_split(url: &str, partitions: u16) -> PostgresStore {
+    PostgresStore::open(PostgresConfig {
+        url: url.to_string(),
+        partitions,
+        ..PostgresConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// A new database is split into the partitions configured when it is
+/// created, and keeps that number whatever a later node is configured
+/// with; a database an older weft wrote to keeps the 16 every older
+/// version used, while one it only created takes the configured number.
+#[tokio::test]
+async fn the_pipeline_keeps_the_partitions_its_database_was_created_with() {
+    let url = test_database().await;
+    let store = open_split(&url, 64).await;
+    assert_eq!(store.partitions(), 64);
+    store.close().await;
+    let store = open_split(&url, 8).await;
+    assert_eq!(store.partitions(), 64, "fixed at creation");
+    store.close().await;
+
+    let written = test_database().await;
+    let mut client = raw(&written).await;
+    schema::migrate_through(&mut client, 16).await.unwrap();
+    client
+        .batch_execute("INSERT INTO cursors (name, next_seq) VALUES ('pipeline/3', 7)")
+        .await
+        .unwrap();
+    let store = open_split(&written, 64).await;
+    assert_eq!(store.partitions(), 16, "what older versions split it into");
+    store.close().await;
+
+    let created = test_database().await;
+    let mut client = raw(&created).await;
+    schema::migrate_through(&mut client, 16).await.unwrap();
+    let store = open_split(&created, 64).await;
+    assert_eq!(store.partitions(), 64, "nothing written yet");
+    store.close().await;
+}
+
 async fn raw(url: &str) -> Client {
     Connector::new(url).unwrap().connect().await.unwrap()
 }
@@ -119,12 +163,12 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [15],
-        "fifteen steps: the first schema, device events, the API keys, history instances, \
+        [17],
+        "seventeen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
          history columns, the notification outbox, channel webhook calls, history series, \
-         compact history feed entries"
+         compact history feed entries, entities by id, store settings"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
