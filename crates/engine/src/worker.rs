@@ -5,9 +5,9 @@
 //!
 //! The runtime carries the three limits (ChirpStack's shape, minus its
 //! gaps): a memory limit, a stack limit, and an interrupt handler that stops
-//! a call once its `Instant` deadline has passed; a result a call produced
-//! after its deadline (the interrupt handler is not polled inside
-//! built-ins) counts as a timeout too. Each script is compiled
+//! a call once its thread has run for its time limit (CPU time, see
+//! [`Clock`]); a result a call produced past its limit (the interrupt
+//! handler is not polled inside built-ins) counts as a timeout too. Each script is compiled
 //! once into a context of its own (so scripts never see each other's
 //! globals) and kept in a bounded cache keyed by the script id.
 //!

@@ -337,11 +337,10 @@ pub struct Context {
     /// lies, and its row must not be deleted by a sweep under way. Creates
     /// share it, so they never wait for each other.
     sweeping: tokio::sync::RwLock<()>,
-    /// Whether other nodes write entities too (set once this node
-    /// follows their changes, see `context/remote.rs`).
-    clustered: std::sync::atomic::AtomicBool,
-    /// The bus other nodes' changes come on, once followed: how far behind
-    /// them this node is paces its own writes.
+    /// The bus other nodes' changes come on, set once this node follows
+    /// them (see `context/remote.rs`): whether other nodes write entities
+    /// too, and how far behind them this node is, which paces its own
+    /// writes.
     remote: std::sync::OnceLock<Arc<dyn weft_bus::Bus>>,
 }
 
@@ -383,7 +382,6 @@ impl Context {
             record_history: std::sync::atomic::AtomicBool::new(false),
             changes,
             sweeping: tokio::sync::RwLock::new(()),
-            clustered: std::sync::atomic::AtomicBool::new(false),
             remote: std::sync::OnceLock::new(),
         })
     }
@@ -544,12 +542,12 @@ impl Context {
         service_path: &str,
         entity: Entity,
     ) -> Result<(), NgsiError> {
-        // Not while the sweep deletes expired entities: it could delete
-        // this one's row after it is stored (see `expiry`).
         self.keep_pace().await;
         let paths = [service_path.to_string()];
         self.catch_up(tenant, &paths, &entity.id, Some(&entity.entity_type))
             .await;
+        // Not while the sweep deletes expired entities: it could delete
+        // this one's row after it is stored (see `expiry`).
         let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();

@@ -10,6 +10,12 @@
 //! Two nodes changing one entity at the same moment: the copy with the
 //! later modification date wins in memory, as the later commit does in
 //! the store (see docs/scale-out.md).
+//!
+//! A change may still be on its way when a client turns to this node: one
+//! that holds no entity of an id reads the store before it answers 404 or
+//! creates one ([`Context::catch_up`]), and one that has fallen behind the
+//! others holds its own writes until it catches up
+//! ([`Context::keep_pace`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -164,7 +170,7 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) {
-        if !self.clustered.load(Ordering::Relaxed) {
+        if self.remote.get().is_none() {
             return;
         }
         let held = self.tenants.read().get(tenant).is_some_and(|t| {
@@ -223,7 +229,6 @@ impl Context {
         let Some(mut remote) = bus.subscribe_remote(Stream::Entities) else {
             return;
         };
-        self.clustered.store(true, Ordering::Relaxed);
         let _ = self.remote.set(bus.clone());
         let mut notices = bus.follow_definitions();
         loop {
