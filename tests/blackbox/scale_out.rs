@@ -71,6 +71,37 @@ fn cluster_env(extra: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The value of setting `key` in `env`.
+fn setting(env: &[(String, String)], key: &str) -> String {
+    env.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("{key} is not set"))
+}
+
+/// `env` with setting `key` (which it holds) set to `value`.
+fn with_setting(env: &[(String, String)], key: &str, value: &str) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                if k == key {
+                    value.to_string()
+                } else {
+                    v.clone()
+                },
+            )
+        })
+        .collect()
+}
+
+/// The status and `keyValues` body of entity `id` as `c`'s node reads it.
+async fn key_values(c: &Client, id: &str) -> (u16, Value) {
+    let path = format!("/v2/entities/{id}?options=keyValues");
+    let (status, _, body) = call(c, "GET", &path, None, None).await;
+    (status, body)
+}
+
 /// A node of the cluster `env` describes, once it serves.
 async fn start_node(env: &[(String, String)]) -> Server {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -564,13 +595,7 @@ async fn a_cluster_split_into_more_partitions_shares_them_all() {
         }
     }
     drop(b);
-    let mut other = env.clone();
-    for (k, v) in &mut other {
-        if k == "WEFT_STORE__PARTITIONS" {
-            *v = "8".into();
-        }
-    }
-    let b = start_node(&other).await;
+    let b = start_node(&with_setting(&env, "WEFT_STORE__PARTITIONS", "8")).await;
     shared_work_of(&a, &b, 40).await;
 }
 
@@ -667,13 +692,13 @@ async fn entities_written_on_one_node_are_read_on_the_other() {
 async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
     let env = cluster_env(&[]);
     let a = start_node(&env).await;
-    let mut deaf = env.clone();
-    for (k, v) in &mut deaf {
-        if k == "WEFT_BUS__CLUSTER" {
-            v.push_str("deaf");
-        }
-    }
-    let b = start_node(&deaf).await;
+    let cluster = setting(&env, "WEFT_BUS__CLUSTER");
+    let b = start_node(&with_setting(
+        &env,
+        "WEFT_BUS__CLUSTER",
+        &format!("{cluster}deaf"),
+    ))
+    .await;
     let (on_a, on_b) = (a.client(), b.client());
     let create = |id: &str| json!({"id": id, "type": "Room", "temperature": {"value": 21, "type": "Number"}});
     for id in ["Room1", "Room2", "Room3", "Room4"] {
@@ -681,14 +706,7 @@ async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
         assert_eq!(status, 201, "{body}");
     }
 
-    let (status, _, body) = call(
-        &on_b,
-        "GET",
-        "/v2/entities/Room1?options=keyValues",
-        None,
-        None,
-    )
-    .await;
+    let (status, body) = key_values(&on_b, "Room1").await;
     assert_eq!((status, &body["temperature"]), (200, &json!(21)), "{body}");
 
     let pressure = json!({"pressure": {"value": 1000, "type": "Number"}});
@@ -701,14 +719,7 @@ async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
     )
     .await;
     assert_eq!(status, 204, "{body}");
-    let (_, _, body) = call(
-        &on_b,
-        "GET",
-        "/v2/entities/Room2?options=keyValues",
-        None,
-        None,
-    )
-    .await;
+    let (_, body) = key_values(&on_b, "Room2").await;
     assert_eq!(
         (&body["temperature"], &body["pressure"]),
         (&json!(21), &json!(1000)),
@@ -730,14 +741,7 @@ async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
     .await;
     assert_eq!(status, 204, "{body}");
     // Merged into A's entity, not in place of it.
-    let (_, _, body) = call(
-        &on_b,
-        "GET",
-        "/v2/entities/Room4?options=keyValues",
-        None,
-        None,
-    )
-    .await;
+    let (_, body) = key_values(&on_b, "Room4").await;
     assert_eq!(
         (&body["temperature"], &body["pressure"]),
         (&json!(21), &json!(990)),
@@ -751,14 +755,7 @@ async fn a_node_behind_on_an_entity_reads_it_from_the_store() {
     let on_a = a.client();
     let (status, _, _) = call(&on_a, "GET", "/v2/entities/Room1", None, None).await;
     assert_eq!(status, 404, "deleted through B");
-    let (_, _, body) = call(
-        &on_a,
-        "GET",
-        "/v2/entities/Room4?options=keyValues",
-        None,
-        None,
-    )
-    .await;
+    let (_, body) = key_values(&on_a, "Room4").await;
     assert_eq!(
         (&body["temperature"], &body["pressure"]),
         (&json!(21), &json!(990)),

@@ -88,12 +88,7 @@ pub(crate) async fn test_database() -> String {
 }
 
 async fn open(url: &str) -> PostgresStore {
-    PostgresStore::open(PostgresConfig {
-        url: url.to_string(),
-        ..PostgresConfig::default()
-    })
-    .await
-    .unwrap()
+    open_split(url, PostgresConfig::default().partitions).await
 }
 
 /// The store on `url` as a node configured with `partitions` opens it.
