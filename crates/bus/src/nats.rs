@@ -19,10 +19,11 @@
 //! bridges, history) read the store, never the bus, so nothing depends on
 //! the bus keeping anything.
 //!
-//! Publishing never waits for NATS: messages go through a bounded outbox
-//! ([`OUTBOX_CAPACITY`]) to one publishing task; when NATS is slow or away
-//! and the outbox is full, further messages are dropped and counted
-//! (`weft_bus_dropped_total`). NATS unreachable at start is an error (the
+//! Publishing never waits for NATS: events and notices go through a
+//! bounded outbox ([`OUTBOX_CAPACITY`]) to one publishing task, which
+//! sends the events waiting there together, a message per stream (see
+//! [`crate::wire`]); when NATS is slow or away and the outbox is full,
+//! further ones are dropped and counted (`weft_bus_dropped_total`). NATS unreachable at start is an error (the
 //! node refuses to start); lost later, it is logged, the client reconnects
 //! on its own, the streams are declared again (a restarted NATS may have
 //! lost them) and every follower of definitions reloads everything, since
@@ -134,7 +135,7 @@ pub struct NatsBus {
     subjects: Subjects,
     js: jetstream::Context,
     /// To the publishing task.
-    outbox: mpsc::Sender<Outgoing>,
+    outbox: mpsc::Sender<Queued>,
     /// Definition changes made by other nodes, to this node's followers.
     definitions: broadcast::Sender<Reload>,
     client: async_nats::Client,
@@ -143,6 +144,15 @@ pub struct NatsBus {
     tasks: TaskTracker,
     /// [`Bus::remote_entities_behind`], in milliseconds.
     entities_behind_ms: AtomicU64,
+}
+
+/// What waits in the outbox for the publishing task.
+enum Queued {
+    /// An event, sent together with the events of its stream waiting
+    /// beside it.
+    Event(Event),
+    /// A definition change's notice, ready to send.
+    Notice(Outgoing),
 }
 
 /// What a receiving task does with one message from another node.
@@ -346,25 +356,28 @@ impl NatsBus {
         }
     }
 
-    /// Hands another node's event to this node's subscribers.
+    /// Hands another node's events to this node's subscribers.
     fn on_event(&self, stream: Stream, message: &jetstream::Message) {
-        metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str()).increment(1);
         if !self.local.has_subscribers(stream) && !self.remote.has_subscribers(stream) {
             // Nobody here listens (no live socket, no bridge on this
             // stream): every node receives every event, and reading one
             // nobody wants is most of what it costs.
             return;
         }
-        match wire::decode_event(stream, message.headers.as_ref(), &message.payload) {
-            Ok(event) => {
-                let event = Arc::new(event);
-                self.remote.deliver(event.clone());
-                self.local.deliver(event);
+        match wire::decode_events(stream, message.headers.as_ref(), &message.payload) {
+            Ok(events) => {
+                metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
+                    .increment(events.len() as u64);
+                for event in events {
+                    let event = Arc::new(event);
+                    self.remote.deliver(event.clone());
+                    self.local.deliver(event);
+                }
             }
             Err(e) => {
                 metrics::counter!("weft_bus_unreadable_total", "stream" => stream.as_str())
                     .increment(1);
-                tracing::warn!(stream = stream.as_str(), error = %e, "an event from another node could not be read; skipped");
+                tracing::warn!(stream = stream.as_str(), error = %e, "events from another node could not be read; skipped");
             }
         }
     }
@@ -390,23 +403,63 @@ impl NatsBus {
         }
     }
 
-    /// Sends the outbox to NATS until stopped, then what is left.
-    async fn publish_loop(self: Arc<Self>, mut outbox: mpsc::Receiver<Outgoing>) {
+    /// Sends the outbox to NATS until stopped, then what is left: each
+    /// time, everything waiting there (up to [`OUTBOX_CAPACITY`]), the
+    /// events of a stream together.
+    async fn publish_loop(self: Arc<Self>, mut outbox: mpsc::Receiver<Queued>) {
+        let mut waiting = Vec::new();
         loop {
-            let message = tokio::select! {
+            tokio::select! {
                 _ = self.stop.cancelled() => break,
-                next = outbox.recv() => match next {
-                    Some(m) => m,
-                    None => break,
-                },
-            };
-            self.send(message).await;
+                n = outbox.recv_many(&mut waiting, OUTBOX_CAPACITY) => {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+            self.send_waiting(&mut waiting).await;
         }
-        while let Ok(message) = outbox.try_recv() {
-            self.send(message).await;
+        while outbox
+            .recv_many(&mut waiting, OUTBOX_CAPACITY)
+            .now_or_never()
+            .unwrap_or(0)
+            > 0
+        {
+            self.send_waiting(&mut waiting).await;
         }
         if let Err(e) = self.client.flush().await {
             tracing::warn!(error = %e, "flushing the last events to NATS failed");
+        }
+    }
+
+    /// Sends `waiting` (emptied): notices one by one, each stream's
+    /// events in their order in as few messages as [`wire::batches`]
+    /// allows. Streams are separate subjects read separately, so only the
+    /// order within a stream is kept.
+    async fn send_waiting(&self, waiting: &mut Vec<Queued>) {
+        let mut events: [Vec<Event>; Stream::ALL.len()] = Default::default();
+        for queued in waiting.drain(..) {
+            match queued {
+                Queued::Notice(notice) => self.send(notice).await,
+                Queued::Event(event) => {
+                    let i = Stream::ALL
+                        .iter()
+                        .position(|&s| s == event.stream)
+                        .expect("every stream is in Stream::ALL");
+                    events[i].push(event);
+                }
+            }
+        }
+        for (stream, events) in Stream::ALL.into_iter().zip(&events) {
+            for batch in wire::batches(events) {
+                self.send(wire::encode_events(
+                    &self.subjects,
+                    &self.node,
+                    stream,
+                    batch,
+                ))
+                .await;
+            }
         }
     }
 
@@ -469,8 +522,8 @@ impl NatsBus {
         }
     }
 
-    fn enqueue(&self, message: Outgoing) {
-        if self.outbox.try_send(message).is_err() {
+    fn enqueue(&self, queued: Queued) {
+        if self.outbox.try_send(queued).is_err() {
             metrics::counter!("weft_bus_dropped_total", "reason" => "outbox_full").increment(1);
         }
     }
@@ -517,9 +570,8 @@ async fn declare_streams(
 
 impl Bus for NatsBus {
     fn publish(&self, event: Event) {
-        let message = wire::encode_event(&self.subjects, &self.node, &event);
+        self.enqueue(Queued::Event(event.clone()));
         self.local.publish(event);
-        self.enqueue(message);
     }
 
     fn subscribe(&self, stream: Stream) -> Subscription {
@@ -532,7 +584,11 @@ impl Bus for NatsBus {
     }
 
     fn definition_changed(&self, change: DefinitionChange) {
-        self.enqueue(wire::encode_definition(&self.subjects, &self.node, &change));
+        self.enqueue(Queued::Notice(wire::encode_definition(
+            &self.subjects,
+            &self.node,
+            &change,
+        )));
     }
 
     fn follow_definitions(&self) -> DefinitionFollower {

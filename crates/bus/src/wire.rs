@@ -14,10 +14,15 @@
 //!
 //! # Messages
 //!
-//! An event's payload is exactly the JSON the event carries in this
-//! process (what the live socket sends), so anything else listening on
-//! NATS reads the same documents as a websocket client. Headers say what
-//! the JSON leaves out:
+//! An event message carries one or more events of one stream, in the
+//! order they were published: their payloads are exactly the JSON each
+//! event carries in this process (what the live socket sends), one
+//! document per line, so anything else listening on NATS reads the same
+//! documents as a websocket client. A node sends what its outbox holds
+//! together (up to [`MAX_BATCH_EVENTS`] and about [`MAX_BATCH_BYTES`]):
+//! under load most of what crossing a node costs is per message, on the
+//! sender, on NATS and on every receiver. Headers say what the JSON
+//! leaves out:
 //!
 //! - `Weft-Wire`: the format's version ([`WIRE_VERSION`]); a message of
 //!   another version is refused, so nodes of two incompatible versions
@@ -25,9 +30,10 @@
 //!   misreading them.
 //! - `Weft-Node`: the node that published it, so that node skips its own
 //!   events (it delivered them to its own subscribers already).
-//! - `Weft-Entity-Dates` (entity events only): the entity's builtin
+//! - `Weft-Entity-Dates` (entity events only): each entity's builtin
 //!   `dateCreated`, `dateModified` and, for a transient entity,
-//!   `dateExpires`, as epoch milliseconds separated by commas; the rest of
+//!   `dateExpires`, as epoch milliseconds separated by commas, one entity
+//!   after another separated by `;`, in the documents' order; the rest of
 //!   the entity (id, type, attributes with their types and user metadata,
 //!   tenant, service path, what changed) is in the JSON.
 //!
@@ -57,14 +63,24 @@ use weft_model::{AlarmEvent, DataUnit};
 use crate::definitions::{DefinitionChange, DefinitionKind};
 use crate::{Event, Payload, Stream};
 
-/// The version of this format, sent in [`VERSION_HEADER`].
-pub const WIRE_VERSION: &str = "1";
+/// The version of this format, sent in [`VERSION_HEADER`] (2: several
+/// events to a message).
+pub const WIRE_VERSION: &str = "2";
 /// Header naming the format's version.
 pub const VERSION_HEADER: &str = "Weft-Wire";
 /// Header naming the node that published a message.
 pub const NODE_HEADER: &str = "Weft-Node";
-/// Header carrying an entity's builtin dates (`created,modified[,expires]`).
+/// Header carrying each entity's builtin dates (`created,modified[,expires]`,
+/// entities separated by `;`).
 pub const DATES_HEADER: &str = "Weft-Entity-Dates";
+
+/// Most events sent in one message.
+pub const MAX_BATCH_EVENTS: usize = 512;
+
+/// Once a message's documents reach this many bytes, no further event
+/// joins it: well under NATS's default largest payload (1 MiB), so a
+/// message of many events is never refused where each alone would pass.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// Longest cluster name: subjects and stream names stay short.
 pub const MAX_CLUSTER_LEN: usize = 32;
@@ -185,55 +201,140 @@ fn check_version(headers: Option<&HeaderMap>) -> Result<(), WireError> {
     }
 }
 
-/// `event`, published by `node`, as a message on its stream's subject.
-pub fn encode_event(subjects: &Subjects, node: &str, event: &Event) -> Outgoing {
+/// `events` of `stream`, published by `node`, in this order, as one
+/// message on the stream's subject ([`batches`] says which go together).
+pub fn encode_events(
+    subjects: &Subjects,
+    node: &str,
+    stream: Stream,
+    events: &[Event],
+) -> Outgoing {
+    debug_assert!(events.iter().all(|e| e.stream == stream));
     let mut h = headers(node);
-    if let Payload::Entity(change) = &event.payload {
-        let e = &change.entity;
-        let dates = match e.date_expires {
-            Some(x) => format!("{},{},{x}", e.date_created, e.date_modified),
-            None => format!("{},{}", e.date_created, e.date_modified),
-        };
+    let mut dates = String::new();
+    let mut payload = Vec::with_capacity(events.iter().map(|e| e.json.len() + 1).sum());
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            payload.push(b'\n');
+            dates.push(';');
+        }
+        payload.extend_from_slice(&event.json);
+        if let Payload::Entity(change) = &event.payload {
+            use std::fmt::Write;
+            let e = &change.entity;
+            let _ = write!(dates, "{},{}", e.date_created, e.date_modified);
+            if let Some(x) = e.date_expires {
+                let _ = write!(dates, ",{x}");
+            }
+        }
+    }
+    if stream == Stream::Entities {
         h.insert(DATES_HEADER, dates.as_str());
     }
     Outgoing {
-        subject: subjects.event(event.stream),
+        subject: subjects.event(stream),
         headers: h,
-        payload: event.json.clone(),
+        payload: Bytes::from(payload),
     }
 }
 
-/// Rebuilds an event of `stream` from a message's headers and payload.
-pub fn decode_event(
+/// How `events` (of one stream, in order) go out as messages: runs of at
+/// most [`MAX_BATCH_EVENTS`], each closed once its documents reach
+/// [`MAX_BATCH_BYTES`].
+pub fn batches(events: &[Event]) -> impl Iterator<Item = &[Event]> {
+    let mut rest = events;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len() && n < MAX_BATCH_EVENTS && bytes < MAX_BATCH_BYTES {
+            bytes += rest[n].json.len() + 1;
+            n += 1;
+        }
+        let (batch, after) = rest.split_at(n);
+        rest = after;
+        Some(batch)
+    })
+}
+
+/// Rebuilds the events of `stream` a message carries, in order, from its
+/// headers and payload. A message one of whose events cannot be read is
+/// refused whole: its sender is not a node of this version.
+pub fn decode_events(
     stream: Stream,
     headers: Option<&HeaderMap>,
     payload: &Bytes,
-) -> Result<Event, WireError> {
+) -> Result<Vec<Event>, WireError> {
     check_version(headers)?;
-    let payload_of = |what: &str, e: serde_json::Error| bad(format!("{what}: {e}"));
-    let typed = match stream {
-        Stream::Data => Payload::Data(Arc::new(
-            serde_json::from_slice::<DataUnit>(payload).map_err(|e| payload_of("data unit", e))?,
-        )),
-        Stream::Alarms => Payload::Alarm(Arc::new(
-            serde_json::from_slice::<AlarmEvent>(payload)
-                .map_err(|e| payload_of("alarm event", e))?,
-        )),
-        Stream::Entities => {
-            let dates = headers
+    let mut dates = match stream {
+        Stream::Entities => Some(
+            headers
                 .and_then(|h| h.get(DATES_HEADER))
                 .map(|v| v.as_str())
-                .ok_or_else(|| bad(format!("an entity change without {DATES_HEADER}")))?;
-            let wire: WireChange =
-                serde_json::from_slice(payload).map_err(|e| payload_of("entity change", e))?;
-            Payload::Entity(Arc::new(entity_change(wire, dates)?))
-        }
+                .ok_or_else(|| bad(format!("an entity change without {DATES_HEADER}")))?
+                .split(';'),
+        ),
+        Stream::Data | Stream::Alarms => None,
     };
-    Ok(Event {
-        stream,
-        payload: typed,
-        json: payload.clone(),
-    })
+    let mut events = Vec::new();
+    let mut push = |payload: Payload, json: Bytes| {
+        events.push(Event {
+            stream,
+            payload,
+            json,
+        })
+    };
+    match stream {
+        Stream::Data => each_document(payload, "data unit", |unit: DataUnit, json| {
+            push(Payload::Data(Arc::new(unit)), json);
+            Ok(())
+        })?,
+        Stream::Alarms => each_document(payload, "alarm event", |alarm: AlarmEvent, json| {
+            push(Payload::Alarm(Arc::new(alarm)), json);
+            Ok(())
+        })?,
+        Stream::Entities => each_document(payload, "entity change", |wire: WireChange, json| {
+            let dates = dates
+                .as_mut()
+                .and_then(Iterator::next)
+                .ok_or_else(|| bad(format!("fewer {DATES_HEADER} than entity changes")))?;
+            push(Payload::Entity(Arc::new(entity_change(wire, dates)?)), json);
+            Ok(())
+        })?,
+    }
+    if events.is_empty() {
+        return Err(bad("a message without an event"));
+    }
+    if dates.is_some_and(|mut rest| rest.next().is_some()) {
+        return Err(bad(format!("more {DATES_HEADER} than entity changes")));
+    }
+    Ok(events)
+}
+
+/// Reads the JSON documents of `payload` one after another as `T`s,
+/// handing each to `take` with its own bytes (a slice of `payload`, no
+/// copy).
+fn each_document<T: serde::de::DeserializeOwned>(
+    payload: &Bytes,
+    what: &str,
+    mut take: impl FnMut(T, Bytes) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    let mut documents = serde_json::Deserializer::from_slice(payload).into_iter::<T>();
+    loop {
+        let start = documents.byte_offset();
+        let document = match documents.next() {
+            None => return Ok(()),
+            Some(document) => document.map_err(|e| bad(format!("{what}: {e}")))?,
+        };
+        let end = documents.byte_offset();
+        let separator = payload[start..end]
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count();
+        take(document, payload.slice(start + separator..end))?;
+    }
 }
 
 /// An entity change as its live JSON (`EntityChange::to_json`) carries
@@ -404,6 +505,22 @@ mod tests {
         Subjects::new("weft").unwrap()
     }
 
+    /// A message of `event` alone.
+    fn encode_event(subjects: &Subjects, node: &str, event: &Event) -> Outgoing {
+        encode_events(subjects, node, event.stream, std::slice::from_ref(event))
+    }
+
+    /// The one event a message carries.
+    fn decode_event(
+        stream: Stream,
+        headers: Option<&HeaderMap>,
+        payload: &Bytes,
+    ) -> Result<Event, WireError> {
+        let mut events = decode_events(stream, headers, payload)?;
+        assert_eq!(events.len(), 1, "one event");
+        Ok(events.remove(0))
+    }
+
     fn unit() -> DataUnit {
         serde_json::from_value(json!({
             "dataId": "u-1", "reportedAt": 1700000000123i64, "receivedAt": 1700000000456i64,
@@ -552,6 +669,121 @@ mod tests {
         assert!(matches!(&got.payload, Payload::Entity(r) if r.entity.date_expires.is_none()));
     }
 
+    fn entity_event(change: EntityChange) -> Event {
+        let json = change.to_json().to_string().into_bytes();
+        event(Stream::Entities, Payload::Entity(Arc::new(change)), json)
+    }
+
+    /// Events sent together arrive as they were published, one by one,
+    /// each with its own dates and its own JSON.
+    #[test]
+    fn events_sent_together_arrive_in_order_each_whole() {
+        let changes: Vec<EntityChange> = (0..5)
+            .map(|i| {
+                let mut c = change();
+                c.entity.id = format!("Room{i}");
+                c.entity.date_modified += i;
+                // Every other one transient, one deleted.
+                if i % 2 == 1 {
+                    c.entity.date_expires = None;
+                }
+                if i == 3 {
+                    c.alteration = Alteration::Deleted;
+                    c.attrs[0].kind = ChangeKind::Deleted;
+                }
+                c
+            })
+            .collect();
+        let events: Vec<Event> = changes.iter().cloned().map(entity_event).collect();
+        let sent = encode_events(&subjects(), "n", Stream::Entities, &events);
+        assert_eq!(sent.subject, "weft.events.entities");
+        let got = decode_events(Stream::Entities, Some(&sent.headers), &sent.payload).unwrap();
+        assert_eq!(got.len(), changes.len());
+        for ((got, sent), change) in got.iter().zip(&events).zip(&changes) {
+            let Payload::Entity(r) = &got.payload else {
+                panic!("an entity change")
+            };
+            assert_eq!(r.entity, change.entity, "attributes and dates");
+            assert_eq!(r.alteration, change.alteration);
+            assert_eq!(&got.json[..], &sent.json[..], "its own JSON, as it came");
+        }
+        // Data units too; and a message of many is read line by line.
+        let units: Vec<Event> = (0..3)
+            .map(|i| {
+                let mut u = unit();
+                u.data_id = format!("u-{i}");
+                let json = serde_json::to_vec(&u).unwrap();
+                event(Stream::Data, Payload::Data(Arc::new(u)), json)
+            })
+            .collect();
+        let sent = encode_events(&subjects(), "n", Stream::Data, &units);
+        assert_eq!(sent.payload.iter().filter(|&&b| b == b'\n').count(), 2);
+        let got = decode_events(Stream::Data, Some(&sent.headers), &sent.payload).unwrap();
+        let ids: Vec<&str> = got
+            .iter()
+            .map(|e| match &e.payload {
+                Payload::Data(u) => u.data_id.as_str(),
+                _ => panic!("a data unit"),
+            })
+            .collect();
+        assert_eq!(ids, ["u-0", "u-1", "u-2"]);
+        // Dates that do not match the changes refuse the message whole.
+        for dates in ["1,2", "1,2;1,2;1,2;1,2;1,2;1,2"] {
+            let mut h = sent_headers(&events);
+            h.insert(DATES_HEADER, dates);
+            let payload = encode_events(&subjects(), "n", Stream::Entities, &events).payload;
+            assert!(
+                decode_events(Stream::Entities, Some(&h), &payload).is_err(),
+                "{dates}"
+            );
+        }
+        assert!(
+            decode_events(Stream::Data, Some(&headers("n")), &Bytes::new()).is_err(),
+            "a message without an event"
+        );
+    }
+
+    fn sent_headers(events: &[Event]) -> HeaderMap {
+        encode_events(&subjects(), "n", Stream::Entities, events).headers
+    }
+
+    /// A message closes at [`MAX_BATCH_EVENTS`] events or once it reaches
+    /// [`MAX_BATCH_BYTES`]; none is empty and all are sent, in order.
+    #[test]
+    fn batches_are_bounded_in_count_and_bytes() {
+        let small = |i: usize| {
+            event(
+                Stream::Data,
+                Payload::Data(Arc::new(unit())),
+                vec![b'x'; i % 7 + 1],
+            )
+        };
+        let many: Vec<Event> = (0..MAX_BATCH_EVENTS * 2 + 3).map(small).collect();
+        let sizes: Vec<usize> = batches(&many).map(<[Event]>::len).collect();
+        assert_eq!(sizes, [MAX_BATCH_EVENTS, MAX_BATCH_EVENTS, 3]);
+        let big = |_| {
+            event(
+                Stream::Data,
+                Payload::Data(Arc::new(unit())),
+                vec![b'x'; MAX_BATCH_BYTES / 3],
+            )
+        };
+        let large: Vec<Event> = (0..7).map(big).collect();
+        let sizes: Vec<usize> = batches(&large).map(<[Event]>::len).collect();
+        assert_eq!(sizes, [3, 3, 1]);
+        let huge = vec![event(
+            Stream::Data,
+            Payload::Data(Arc::new(unit())),
+            vec![b'x'; MAX_BATCH_BYTES * 2],
+        )];
+        assert_eq!(
+            batches(&huge).count(),
+            1,
+            "an event larger than the bound goes alone"
+        );
+        assert_eq!(batches(&[]).count(), 0);
+    }
+
     #[test]
     fn unreadable_messages_are_refused_not_guessed() {
         let u = unit();
@@ -562,9 +794,9 @@ mod tests {
             decode_event(Stream::Data, None, &json).is_err(),
             "no version"
         );
-        h.insert(VERSION_HEADER, "2");
+        h.insert(VERSION_HEADER, "1");
         let err = decode_event(Stream::Data, Some(&h), &json).unwrap_err();
-        assert!(err.0.contains("wire version 2"), "{err}");
+        assert!(err.0.contains("wire version 1"), "{err}");
         let h = headers("n");
         let entity = Bytes::from(change().to_json().to_string());
         assert!(
