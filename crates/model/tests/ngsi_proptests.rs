@@ -1,7 +1,9 @@
 //! Property tests of NGSI payload parsing: whatever bytes a client sends
 //! as a body, and whatever JSON they hold — deeply nested included —
 //! parsing answers an entity, attributes or an error, and never panics;
-//! values nested deeper than the NGSI limit are refused. The cases per
+//! values nested deeper than the NGSI limit are refused. And of
+//! rendering: the normalized form streamed for entity changes is,
+//! byte for byte, what `render` makes. The cases per
 //! property are bounded so `cargo test` takes seconds;
 //! `PROPTEST_CASES=100000 cargo test -p weft-model proptest` runs longer.
 
@@ -9,7 +11,10 @@ mod proptests {
     use proptest::prelude::*;
     use serde_json::{json, Map, Value};
     use weft_model::ngsi::parse::MAX_NESTING;
-    use weft_model::ngsi::{parse_attrs, parse_body, parse_entity};
+    use weft_model::ngsi::render::Normalized;
+    use weft_model::ngsi::{
+        parse_attrs, parse_body, parse_entity, render, Attribute, Entity, Format, Metadata,
+    };
 
     /// Names NGSI gives meaning to, so generated objects look like
     /// entities and attributes often enough to get past the first check.
@@ -66,6 +71,33 @@ mod proptests {
         v
     }
 
+    /// Entities as the store holds them: attributes and metadata in any
+    /// order, any values, `dateExpires` among them now and then.
+    fn entity() -> impl Strategy<Value = Entity> {
+        let name = prop_oneof![key(), Just("dateExpires".to_string())];
+        let metadata = prop::collection::vec((key(), json(), "\\PC{0,4}"), 0..4);
+        prop::collection::vec((name, json(), "\\PC{0,4}", metadata), 0..7).prop_map(|attrs| {
+            let mut e = Entity::new("E", "T");
+            for (name, value, attr_type, metadata) in attrs {
+                if name == "id" || name == "type" {
+                    continue;
+                }
+                let mut a = Attribute::new(value, attr_type);
+                for (md_name, md_value, md_type) in metadata {
+                    a.metadata.insert(
+                        md_name,
+                        Metadata {
+                            value: md_value,
+                            md_type,
+                        },
+                    );
+                }
+                e.attrs.insert(name, a);
+            }
+            e
+        })
+    }
+
     /// `cases` cases per property, unless `PROPTEST_CASES` asks for another
     /// number (a longer run: `PROPTEST_CASES=100000`).
     fn config(cases: u32) -> ProptestConfig {
@@ -116,6 +148,14 @@ mod proptests {
             if depth > 128 {
                 prop_assert!(parsed.is_err(), "depth {}", depth);
             }
+        }
+
+        /// An entity change's normalized entity, written straight from the
+        /// entity, is byte for byte what `render` makes of it.
+        #[test]
+        fn the_streamed_normalized_form_is_renders(e in entity()) {
+            let streamed = serde_json::to_string(&Normalized(&e)).unwrap();
+            prop_assert_eq!(streamed, render(&e, Format::Normalized, None, None).to_string());
         }
 
         /// An attribute value nested deeper than the NGSI limit is refused;

@@ -236,7 +236,7 @@ impl Ticket {
         let json = changes
             .bus
             .has_subscribers(Stream::Entities)
-            .then(|| Bytes::from(change.to_json().to_string()));
+            .then(|| Bytes::from(change.to_json_bytes()));
         changes.settle(
             self.seq,
             Some(Announced {

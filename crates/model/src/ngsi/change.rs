@@ -7,9 +7,10 @@
 //! has committed that write, after the context's lock is released.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
-use super::{render, AttrChange, Attribute, ChangeKind, Entity, Format};
+use super::render::Normalized;
+use super::{AttrChange, Attribute, ChangeKind, Entity};
 
 /// What happened to an entity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,27 +102,42 @@ pub struct EntityChange {
     pub origin: Option<Origin>,
 }
 
+/// An entity change as the live `entities` stream sends it.
+struct Live<'a>(&'a EntityChange);
+
+impl Serialize for Live<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let c = self.0;
+        let attrs: Vec<&str> = match c.alteration {
+            Alteration::Updated => c.attrs.iter().map(|a| a.name.as_str()).collect(),
+            Alteration::Created | Alteration::Deleted => c.entity.attrs.keys().collect(),
+        };
+        let mut map = serializer.serialize_map(Some(7))?;
+        map.serialize_entry("change", c.alteration.as_str())?;
+        map.serialize_entry("service", &c.tenant)?;
+        map.serialize_entry("servicePath", &c.service_path)?;
+        map.serialize_entry("id", &c.entity.id)?;
+        map.serialize_entry("type", &c.entity.entity_type)?;
+        map.serialize_entry("attrs", &attrs)?;
+        map.serialize_entry("entity", &Normalized(&c.entity))?;
+        map.end()
+    }
+}
+
 impl EntityChange {
     /// The change as the live `entities` stream sends it:
     /// `{"change","service","servicePath","id","type","attrs":[names],
     /// "entity":{normalized}}`. The request's token is never included.
     pub fn to_json(&self) -> Value {
-        let mut out = Map::with_capacity(7);
-        out.insert("change".into(), json!(self.alteration.as_str()));
-        out.insert("service".into(), json!(self.tenant));
-        out.insert("servicePath".into(), json!(self.service_path));
-        out.insert("id".into(), json!(self.entity.id));
-        out.insert("type".into(), json!(self.entity.entity_type));
-        let attrs: Vec<&str> = match self.alteration {
-            Alteration::Updated => self.attrs.iter().map(|c| c.name.as_str()).collect(),
-            Alteration::Created | Alteration::Deleted => self.entity.attrs.keys().collect(),
-        };
-        out.insert("attrs".into(), json!(attrs));
-        out.insert(
-            "entity".into(),
-            render(&self.entity, Format::Normalized, None, None),
-        );
-        Value::Object(out)
+        serde_json::to_value(Live(self)).expect("an entity change serialises")
+    }
+
+    /// [`EntityChange::to_json`] as compact JSON bytes, written straight
+    /// from the change: every change committed on a node of a cluster is
+    /// sent to the others in this form.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&Live(self)).expect("an entity change serialises")
     }
 
     /// The change as the notification outbox logs it, to be read back by
@@ -287,6 +303,7 @@ struct LoggedOrigin {
 mod tests {
     use super::*;
     use crate::ngsi::{append, parse_attrs};
+    use serde_json::json;
 
     /// Roots and depths of the correlators Orion and weft send.
     #[test]

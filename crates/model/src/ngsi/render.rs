@@ -16,6 +16,7 @@
 //! `dateCreated`, `dateModified`, `previousValue`, `actionType` appear only
 //! when named in `metadata`. `*` in either list means all user items.
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -147,6 +148,75 @@ pub fn render_with(
             }
             Value::Object(obj)
         }
+    }
+}
+
+/// An entity in its default normalized rendering (no filter, no
+/// builtins: what `render(entity, Format::Normalized, None, None)` makes),
+/// serialised straight from the entity without a tree of values: the
+/// form every entity change takes on the live stream and between nodes,
+/// made once per change. Tested against [`render`], the one definition of
+/// the rendering.
+pub struct Normalized<'a>(pub &'a Entity);
+
+impl Serialize for Normalized<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let entity = self.0;
+        let mut attrs: Vec<(&str, &Attribute)> = entity
+            .attrs
+            .iter()
+            .filter(|(n, _)| *n != EXPIRATION_ATTR)
+            .collect();
+        attrs.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut map = serializer.serialize_map(Some(2 + attrs.len()))?;
+        map.serialize_entry("id", &entity.id)?;
+        map.serialize_entry("type", &entity.entity_type)?;
+        for (name, attr) in attrs {
+            map.serialize_entry(name, &NormalizedAttr(attr))?;
+        }
+        map.end()
+    }
+}
+
+/// An attribute as [`Normalized`] renders it: `type`, `value`, and its
+/// user metadata sorted by name.
+struct NormalizedAttr<'a>(&'a Attribute);
+
+impl Serialize for NormalizedAttr<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let attr = self.0;
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("type", &attr.attr_type)?;
+        map.serialize_entry("value", &attr.value)?;
+        map.serialize_entry("metadata", &SortedMetadata(attr))?;
+        map.end()
+    }
+}
+
+/// An attribute's user metadata, sorted by name, each `{"type","value"}`.
+struct SortedMetadata<'a>(&'a Attribute);
+
+impl Serialize for SortedMetadata<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut items: Vec<(&str, &super::Metadata)> = self.0.metadata.iter().collect();
+        items.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut map = serializer.serialize_map(Some(items.len()))?;
+        for (name, md) in items {
+            map.serialize_entry(name, &TypedValue(&md.md_type, &md.value))?;
+        }
+        map.end()
+    }
+}
+
+/// `{"type","value"}`.
+struct TypedValue<'a>(&'a str, &'a Value);
+
+impl Serialize for TypedValue<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("type", self.0)?;
+        map.serialize_entry("value", self.1)?;
+        map.end()
     }
 }
 
