@@ -23,11 +23,12 @@
 //! bounded outbox ([`OUTBOX_CAPACITY`]) to one publishing task, which
 //! sends the events waiting there together, a message per stream (see
 //! [`crate::wire`]); when NATS is slow or away and the outbox is full,
-//! further ones are dropped and counted (`weft_bus_dropped_total`). NATS unreachable at start is an error (the
-//! node refuses to start); lost later, it is logged, the client reconnects
-//! on its own, the streams are declared again (a restarted NATS may have
-//! lost them) and every follower of definitions reloads everything, since
-//! notices may have been lost meanwhile.
+//! further ones are dropped and counted (`weft_bus_dropped_total`). NATS
+//! unreachable at start is an error (the node refuses to start); lost
+//! later, it is logged, the client reconnects on its own, the streams are
+//! declared again (a restarted NATS may have lost them) and every follower
+//! of definitions reloads everything, since notices may have been lost
+//! meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +48,13 @@ use crate::{Bus, Event, Stream, Subscription};
 /// Messages waiting for the publishing task before new ones are dropped:
 /// about a second of the target ingest rate, as the in-process streams.
 pub const OUTBOX_CAPACITY: usize = crate::STREAM_CAPACITY;
+
+/// While events keep coming, how long the publishing task lets them
+/// gather before it sends them as one message a stream: a node under load
+/// sends a few large messages instead of many small ones (most of what an
+/// event costs every node is per message), and an event reaches the other
+/// nodes at most this much later.
+pub const PUBLISH_LINGER: Duration = Duration::from_millis(1);
 
 /// How long the events stream keeps a message: long enough for a node
 /// whose connection dropped for a moment to catch up, short enough that
@@ -405,9 +413,12 @@ impl NatsBus {
 
     /// Sends the outbox to NATS until stopped, then what is left: each
     /// time, everything waiting there (up to [`OUTBOX_CAPACITY`]), the
-    /// events of a stream together.
+    /// events of a stream together. While events keep coming, at most one
+    /// message a stream goes out per [`PUBLISH_LINGER`]: what comes meanwhile
+    /// joins it. An event after a quiet moment goes at once.
     async fn publish_loop(self: Arc<Self>, mut outbox: mpsc::Receiver<Queued>) {
         let mut waiting = Vec::new();
+        let mut last_sent = tokio::time::Instant::now() - PUBLISH_LINGER;
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => break,
@@ -417,7 +428,21 @@ impl NatsBus {
                     }
                 }
             }
+            let since = last_sent.elapsed();
+            if since < PUBLISH_LINGER {
+                tokio::select! {
+                    _ = self.stop.cancelled() => {}
+                    _ = tokio::time::sleep(PUBLISH_LINGER - since) => {}
+                }
+                while waiting.len() < OUTBOX_CAPACITY {
+                    match outbox.try_recv() {
+                        Ok(queued) => waiting.push(queued),
+                        Err(_) => break,
+                    }
+                }
+            }
             self.send_waiting(&mut waiting).await;
+            last_sent = tokio::time::Instant::now();
         }
         while outbox
             .recv_many(&mut waiting, OUTBOX_CAPACITY)
@@ -452,6 +477,8 @@ impl NatsBus {
         }
         for (stream, events) in Stream::ALL.into_iter().zip(&events) {
             for batch in wire::batches(events) {
+                metrics::counter!("weft_bus_messages_total", "stream" => stream.as_str())
+                    .increment(1);
                 self.send(wire::encode_events(
                     &self.subjects,
                     &self.node,
