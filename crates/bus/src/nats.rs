@@ -366,6 +366,8 @@ impl NatsBus {
 
     /// Hands another node's events to this node's subscribers.
     fn on_event(&self, stream: Stream, message: &jetstream::Message) {
+        metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
+            .increment(wire::events_in(&message.payload) as u64);
         if !self.local.has_subscribers(stream) && !self.remote.has_subscribers(stream) {
             // Nobody here listens (no live socket, no bridge on this
             // stream): every node receives every event, and reading one
@@ -374,8 +376,6 @@ impl NatsBus {
         }
         match wire::decode_events(stream, message.headers.as_ref(), &message.payload) {
             Ok(events) => {
-                metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
-                    .increment(events.len() as u64);
                 for event in events {
                     let event = Arc::new(event);
                     self.remote.deliver(event.clone());

@@ -259,6 +259,15 @@ pub fn batches(events: &[Event]) -> impl Iterator<Item = &[Event]> {
     })
 }
 
+/// How many events a message's payload carries, counted without reading
+/// them (a document per line: compact JSON has no raw line break).
+pub fn events_in(payload: &[u8]) -> usize {
+    if payload.is_empty() {
+        return 0;
+    }
+    1 + payload.iter().filter(|&&b| b == b'\n').count()
+}
+
 /// Rebuilds the events of `stream` a message carries, in order, from its
 /// headers and payload. A message one of whose events cannot be read is
 /// refused whole: its sender is not a node of this version.
@@ -717,7 +726,7 @@ mod tests {
             })
             .collect();
         let sent = encode_events(&subjects(), "n", Stream::Data, &units);
-        assert_eq!(sent.payload.iter().filter(|&&b| b == b'\n').count(), 2);
+        assert_eq!(events_in(&sent.payload), 3, "counted without reading them");
         let got = decode_events(Stream::Data, Some(&sent.headers), &sent.payload).unwrap();
         let ids: Vec<&str> = got
             .iter()
@@ -741,6 +750,7 @@ mod tests {
             decode_events(Stream::Data, Some(&headers("n")), &Bytes::new()).is_err(),
             "a message without an event"
         );
+        assert_eq!(events_in(b""), 0);
     }
 
     fn sent_headers(events: &[Event]) -> HeaderMap {
