@@ -190,6 +190,15 @@ where
     }
 }
 
+/// Whether `future` is still waiting after 300 ms (it is polled, not
+/// dropped, so a test can let it go on afterwards): for a write that must
+/// be held back.
+pub async fn still_waiting<F: Future + Unpin>(future: &mut F) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), future)
+        .await
+        .is_err()
+}
+
 /// A local port nobody listens on (bound, then let go).
 pub fn dead_url() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
