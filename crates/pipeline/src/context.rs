@@ -559,6 +559,37 @@ impl Context {
         Ok(())
     }
 
+    /// The key of the one entity matching (`id`, `entity_type`) in the
+    /// service paths, looked up under the caller's lock; `None` when there
+    /// is none but the store may have it: on a node of a cluster that has
+    /// not yet read the store for it ([`Context::catch_up`], which the
+    /// caller runs before looking again). Otherwise what finding it fails
+    /// with (404 among them). The common case, an entity held, costs one
+    /// lookup.
+    fn held_key(
+        &self,
+        tenants: &HashMap<String, Tenant>,
+        tenant: &str,
+        service_paths: &[String],
+        id: &str,
+        entity_type: Option<&str>,
+        caught_up: bool,
+    ) -> Result<Option<Key>, NgsiError> {
+        let may_be_behind = !caught_up && self.remote.get().is_some();
+        let found = tenants
+            .get(tenant)
+            .ok_or_else(NgsiError::entity_not_found)
+            .and_then(|t| {
+                t.find(service_paths, id, entity_type, weft_model::now_ms())
+                    .cloned()
+            });
+        match found {
+            Ok(key) => Ok(Some(key)),
+            Err(e) if e.status == 404 && may_be_behind => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Applies `change` to the one entity matching (`id`, `entity_type`)
     /// in the service paths, then persists it. `change` runs under the
     /// lock on a copy; an error leaves the entity untouched.
@@ -571,16 +602,21 @@ impl Context {
         change: impl FnOnce(&mut Entity) -> Result<T, NgsiError>,
     ) -> Result<T, NgsiError> {
         self.keep_pace().await;
-        self.catch_up(tenant, service_paths, id, entity_type).await;
-        let (result, stored, ticket) = {
-            let mut tenants = self.tenants.write();
-            let t = tenants
-                .get_mut(tenant)
-                .ok_or_else(NgsiError::entity_not_found)?;
-            let key = t
-                .find(service_paths, id, entity_type, weft_model::now_ms())?
-                .clone();
-            self.change_existing(t, tenant, &key, change)?
+        let mut change = Some(change);
+        let mut caught_up = false;
+        let (result, stored, ticket) = loop {
+            {
+                let mut tenants = self.tenants.write();
+                if let Some(key) =
+                    self.held_key(&tenants, tenant, service_paths, id, entity_type, caught_up)?
+                {
+                    let t = tenants.get_mut(tenant).expect("the tenant holds the key");
+                    let change = change.take().expect("changed once, when found");
+                    break self.change_existing(t, tenant, &key, change)?;
+                }
+            }
+            self.catch_up(tenant, service_paths, id, entity_type).await;
+            caught_up = true;
         };
         self.commit_modified(tenant, &result, stored, ticket)
             .await?;
@@ -742,22 +778,25 @@ impl Context {
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
         self.keep_pace().await;
-        self.catch_up(tenant, service_paths, id, entity_type).await;
-        let (current, ticket) = {
-            let mut tenants = self.tenants.write();
-            let t = tenants
-                .get_mut(tenant)
-                .ok_or_else(NgsiError::entity_not_found)?;
-            let key = t
-                .find(service_paths, id, entity_type, weft_model::now_ms())?
-                .clone();
-            let current = t
-                .entities
-                .get(&key)
-                .cloned()
-                .ok_or_else(NgsiError::entity_not_found)?;
-            t.remove(&key);
-            (current, self.ticket(tenant))
+        let mut caught_up = false;
+        let (current, ticket) = loop {
+            {
+                let mut tenants = self.tenants.write();
+                if let Some(key) =
+                    self.held_key(&tenants, tenant, service_paths, id, entity_type, caught_up)?
+                {
+                    let t = tenants.get_mut(tenant).expect("the tenant holds the key");
+                    let current = t
+                        .entities
+                        .get(&key)
+                        .cloned()
+                        .ok_or_else(NgsiError::entity_not_found)?;
+                    t.remove(&key);
+                    break (current, self.ticket(tenant));
+                }
+            }
+            self.catch_up(tenant, service_paths, id, entity_type).await;
+            caught_up = true;
         };
         let pending = ticket.map(|ticket| {
             PendingChange::new(
