@@ -30,6 +30,7 @@ pub mod wire;
 pub use definitions::{DefinitionChange, DefinitionFollower, DefinitionKind, Reload};
 pub use in_process::InProcessBus;
 pub use nats::{NatsBus, NatsConfig, NatsError};
+pub use wire::RemoteEntityChange;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +99,9 @@ pub struct Event {
     pub json: Bytes,
 }
 
+/// The entity changes of one message from another node, in order.
+pub type RemoteEntityChanges = Arc<[wire::RemoteEntityChange]>;
+
 /// Why [`Subscription::recv`] returned no event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecvError {
@@ -107,22 +111,22 @@ pub enum RecvError {
     Closed,
 }
 
-/// A subscriber's handle on one stream.
-pub struct Subscription {
-    rx: broadcast::Receiver<Arc<Event>>,
+/// A subscriber's handle on one stream: its events, or, for the entities
+/// other nodes changed, what [`Bus::follow_remote_entities`] hands out.
+pub struct Subscription<T = Arc<Event>> {
+    rx: broadcast::Receiver<T>,
 }
 
-impl Subscription {
-    /// A subscription reading from a backend's broadcast channel.
-    pub(crate) fn new(rx: broadcast::Receiver<Arc<Event>>) -> Subscription {
+impl<T: Clone> Subscription<T> {
+    /// A subscription reading from a backend's broadcast channel (public
+    /// for a backend outside this crate, a test's among them).
+    pub fn new(rx: broadcast::Receiver<T>) -> Subscription<T> {
         Subscription { rx }
     }
-}
 
-impl Subscription {
     /// The next event. Lagging is reported once, then reception continues
     /// with the oldest event still buffered.
-    pub async fn recv(&mut self) -> Result<Arc<Event>, RecvError> {
+    pub async fn recv(&mut self) -> Result<T, RecvError> {
         self.rx.recv().await.map_err(|e| match e {
             broadcast::error::RecvError::Lagged(n) => RecvError::Lagged(n),
             broadcast::error::RecvError::Closed => RecvError::Closed,
@@ -132,7 +136,7 @@ impl Subscription {
     /// The next event if one is buffered now, without waiting: `Ok(None)`
     /// when none is. Lagging and closing are reported as by
     /// [`Subscription::recv`].
-    pub fn try_recv(&mut self) -> Result<Option<Arc<Event>>, RecvError> {
+    pub fn try_recv(&mut self) -> Result<Option<T>, RecvError> {
         match self.rx.try_recv() {
             Ok(event) => Ok(Some(event)),
             Err(broadcast::error::TryRecvError::Empty) => Ok(None),
@@ -175,10 +179,18 @@ pub trait Bus: Send + Sync + 'static {
         DefinitionFollower::none()
     }
     /// Only the events other nodes published on `stream`, for a service
-    /// that keeps in memory what they change (entities, active alarms).
-    /// `None` when there are no other nodes.
+    /// that keeps in memory what they change (active alarms). `None` when
+    /// there are no other nodes.
     fn subscribe_remote(&self, stream: Stream) -> Option<Subscription> {
         let _ = stream;
+        None
+    }
+    /// The entity changes other nodes published, a message's worth at a
+    /// time, each read only as far as which entity it changes: for the
+    /// service that keeps every entity in memory and reads a change whole
+    /// only when it needs that entity. `None` when there are no other
+    /// nodes.
+    fn follow_remote_entities(&self) -> Option<Subscription<RemoteEntityChanges>> {
         None
     }
     /// This node's id among the others, when there are others.

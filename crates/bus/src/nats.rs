@@ -43,7 +43,7 @@ use tokio_util::task::TaskTracker;
 use crate::definitions::{DefinitionChange, DefinitionFollower, Reload, FOLLOWER_CAPACITY};
 use crate::in_process::InProcessBus;
 use crate::wire::{self, Outgoing, Subjects};
-use crate::{Bus, Event, Stream, Subscription};
+use crate::{Bus, Event, RemoteEntityChanges, Stream, Subscription};
 
 /// Messages waiting for the publishing task before new ones are dropped:
 /// about a second of the target ingest rate, as the in-process streams.
@@ -152,7 +152,13 @@ pub struct NatsBus {
     tasks: TaskTracker,
     /// [`Bus::remote_entities_behind`], in milliseconds.
     entities_behind_ms: AtomicU64,
+    /// Other nodes' entity changes, to [`Bus::follow_remote_entities`].
+    remote_entities: broadcast::Sender<RemoteEntityChanges>,
 }
+
+/// Messages of other nodes' entity changes buffered for their follower
+/// before it lags (each up to [`wire::MAX_BATCH_EVENTS`] changes).
+const REMOTE_ENTITY_MESSAGES: usize = 1024;
 
 /// What waits in the outbox for the publishing task.
 enum Queued {
@@ -219,6 +225,7 @@ impl NatsBus {
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
             entities_behind_ms: AtomicU64::new(0),
+            remote_entities: broadcast::channel(REMOTE_ENTITY_MESSAGES).0,
         });
         // Every consumer is listening before `connect` returns, so a node
         // receives whatever is published once it serves.
@@ -368,6 +375,18 @@ impl NatsBus {
     fn on_event(&self, stream: Stream, message: &jetstream::Message) {
         metrics::counter!("weft_bus_remote_events_total", "stream" => stream.as_str())
             .increment(wire::events_in(&message.payload) as u64);
+        if stream == Stream::Entities && self.remote_entities.receiver_count() > 0 {
+            match wire::read_entity_changes(message.headers.as_ref(), &message.payload) {
+                Ok(changes) => {
+                    let _ = self.remote_entities.send(changes.into());
+                }
+                Err(e) => {
+                    metrics::counter!("weft_bus_unreadable_total", "stream" => stream.as_str())
+                        .increment(1);
+                    tracing::warn!(stream = stream.as_str(), error = %e, "entity changes from another node could not be read; skipped");
+                }
+            }
+        }
         if !self.local.has_subscribers(stream) && !self.remote.has_subscribers(stream) {
             // Nobody here listens (no live socket, no bridge on this
             // stream): every node receives every event, and reading one
@@ -624,6 +643,10 @@ impl Bus for NatsBus {
 
     fn subscribe_remote(&self, stream: Stream) -> Option<Subscription> {
         Some(self.remote.subscribe(stream))
+    }
+
+    fn follow_remote_entities(&self) -> Option<Subscription<RemoteEntityChanges>> {
+        Some(Subscription::new(self.remote_entities.subscribe()))
     }
 
     fn node(&self) -> Option<&str> {

@@ -48,6 +48,7 @@
 //! A definition change's payload is `{"tenant":…,"id":…}`; its kind is the
 //! subject's last token.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_nats::HeaderMap;
@@ -278,13 +279,7 @@ pub fn decode_events(
 ) -> Result<Vec<Event>, WireError> {
     check_version(headers)?;
     let mut dates = match stream {
-        Stream::Entities => Some(
-            headers
-                .and_then(|h| h.get(DATES_HEADER))
-                .map(|v| v.as_str())
-                .ok_or_else(|| bad(format!("an entity change without {DATES_HEADER}")))?
-                .split(';'),
-        ),
+        Stream::Entities => Some(dates_header(headers)?.split(';')),
         Stream::Data | Stream::Alarms => None,
     };
     let mut events = Vec::new();
@@ -322,11 +317,109 @@ pub fn decode_events(
     Ok(events)
 }
 
+/// An entity message's [`DATES_HEADER`].
+fn dates_header(headers: Option<&HeaderMap>) -> Result<&str, WireError> {
+    headers
+        .and_then(|h| h.get(DATES_HEADER))
+        .map(|v| v.as_str())
+        .ok_or_else(|| bad(format!("an entity change without {DATES_HEADER}")))
+}
+
+/// Another node's entity change as it arrived: which entity it changes,
+/// how and when, read at once; the rest (the entity's attributes) kept as
+/// it came and read only when this node needs the entity
+/// ([`RemoteEntityChange::read`]). Every node receives every other node's
+/// changes, and most of them are overtaken by the next change of the same
+/// entity before anyone here reads it: reading a change whole costs
+/// several times what reading which entity it is costs.
+#[derive(Debug, Clone)]
+pub struct RemoteEntityChange {
+    /// The tenant (`Fiware-Service`) of the entity.
+    pub tenant: String,
+    /// The entity's service path.
+    pub service_path: String,
+    /// The entity's id.
+    pub id: String,
+    /// The entity's type.
+    pub entity_type: String,
+    /// Created, updated or deleted.
+    pub alteration: Alteration,
+    /// The entity's `dateModified` after the change (epoch ms): of two
+    /// changes of one entity, the later wins.
+    pub date_modified: i64,
+    /// The change's live JSON, a copy of its line of the message (so a
+    /// change kept does not keep the whole message).
+    document: Bytes,
+    /// Its entry of [`DATES_HEADER`].
+    dates: Box<str>,
+}
+
+impl RemoteEntityChange {
+    /// The whole change, read from what arrived.
+    pub fn read(&self) -> Result<EntityChange, WireError> {
+        let wire: WireChange = serde_json::from_slice(&self.document)
+            .map_err(|e| bad(format!("entity change: {e}")))?;
+        entity_change(wire, &self.dates)
+    }
+}
+
+/// What [`read_entity_changes`] reads of a change at once; serde skips
+/// the rest of the document without building anything from it.
+#[derive(Deserialize)]
+struct WireHead<'a> {
+    #[serde(borrow)]
+    change: Cow<'a, str>,
+    #[serde(borrow)]
+    service: Cow<'a, str>,
+    #[serde(borrow, rename = "servicePath")]
+    service_path: Cow<'a, str>,
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow, rename = "type")]
+    entity_type: Cow<'a, str>,
+}
+
+/// The entity changes a message carries, in order, each read only as far
+/// as [`RemoteEntityChange`] says. A message one of whose changes cannot
+/// be read that far is refused whole, as by [`decode_events`].
+pub fn read_entity_changes(
+    headers: Option<&HeaderMap>,
+    payload: &Bytes,
+) -> Result<Vec<RemoteEntityChange>, WireError> {
+    check_version(headers)?;
+    let mut dates = dates_header(headers)?.split(';');
+    let mut changes = Vec::new();
+    each_document(payload, "entity change", |head: WireHead<'_>, json| {
+        let these = dates
+            .next()
+            .ok_or_else(|| bad(format!("fewer {DATES_HEADER} than entity changes")))?;
+        let (_, date_modified, _) = entity_dates(these)?;
+        changes.push(RemoteEntityChange {
+            tenant: head.service.into_owned(),
+            service_path: head.service_path.into_owned(),
+            id: head.id.into_owned(),
+            entity_type: head.entity_type.into_owned(),
+            alteration: alteration_of(&head.change)?,
+            date_modified,
+            document: Bytes::copy_from_slice(&json),
+            dates: these.into(),
+        });
+        Ok(())
+    })?;
+    if changes.is_empty() {
+        return Err(bad("a message without an event"));
+    }
+    if dates.next().is_some() {
+        return Err(bad(format!("more {DATES_HEADER} than entity changes")));
+    }
+    Ok(changes)
+}
+
 /// Reads the JSON documents of `payload` one after another as `T`s,
 /// handing each to `take` with its own bytes (a slice of `payload`, no
 /// copy).
-fn each_document<T: serde::de::DeserializeOwned>(
-    payload: &Bytes,
+fn each_document<'a, T: Deserialize<'a>>(
+    payload: &'a Bytes,
     what: &str,
     mut take: impl FnMut(T, Bytes) -> Result<(), WireError>,
 ) -> Result<(), WireError> {
@@ -416,15 +509,18 @@ struct WireMetadata {
     value: Value,
 }
 
-/// The entity change a [`WireChange`] and its dates header make.
-fn entity_change(wire: WireChange, dates: &str) -> Result<EntityChange, WireError> {
-    let alteration = match wire.change.as_str() {
-        "created" => Alteration::Created,
-        "updated" => Alteration::Updated,
-        "deleted" => Alteration::Deleted,
-        other => return Err(bad(format!("entity change: unknown change {other:?}"))),
-    };
-    let mut entity = Entity::new(wire.id, wire.entity_type);
+/// What a change's `change` field names.
+fn alteration_of(change: &str) -> Result<Alteration, WireError> {
+    match change {
+        "created" => Ok(Alteration::Created),
+        "updated" => Ok(Alteration::Updated),
+        "deleted" => Ok(Alteration::Deleted),
+        other => Err(bad(format!("entity change: unknown change {other:?}"))),
+    }
+}
+
+/// One entity's `created,modified[,expires]` from [`DATES_HEADER`].
+fn entity_dates(dates: &str) -> Result<(i64, i64, Option<i64>), WireError> {
     let mut parts = dates.split(',').map(|d| {
         d.trim().parse::<i64>().map_err(|_| {
             bad(format!(
@@ -432,9 +528,19 @@ fn entity_change(wire: WireChange, dates: &str) -> Result<EntityChange, WireErro
             ))
         })
     });
-    entity.date_created = parts.next().transpose()?.unwrap_or_default();
-    entity.date_modified = parts.next().transpose()?.unwrap_or_default();
-    entity.date_expires = parts.next().transpose()?;
+    let created = parts.next().transpose()?.unwrap_or_default();
+    let modified = parts.next().transpose()?.unwrap_or_default();
+    Ok((created, modified, parts.next().transpose()?))
+}
+
+/// The entity change a [`WireChange`] and its dates header make.
+fn entity_change(wire: WireChange, dates: &str) -> Result<EntityChange, WireError> {
+    let alteration = alteration_of(&wire.change)?;
+    let mut entity = Entity::new(wire.id, wire.entity_type);
+    let (created, modified, expires) = entity_dates(dates)?;
+    entity.date_created = created;
+    entity.date_modified = modified;
+    entity.date_expires = expires;
     for (name, attr) in wire.entity.0 {
         let mut built = Attribute::new(attr.value, attr.attr_type);
         for (md_name, md) in attr.metadata {
@@ -751,6 +857,74 @@ mod tests {
             "a message without an event"
         );
         assert_eq!(events_in(b""), 0);
+    }
+
+    /// Read as far as which entity it changes, a change says exactly
+    /// what its sender's did (ids that need escaping in JSON too), and
+    /// read whole later it is what [`decode_events`] makes of it.
+    #[test]
+    fn entity_changes_read_as_far_as_their_entity_then_whole() {
+        let changes: Vec<EntityChange> = ["Room1", "Ro\"om\\2", "Zimmer\u{e9}3"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut c = change();
+                c.entity.id = id.to_string();
+                c.tenant = format!("t{i}");
+                c.service_path = format!("/b{i}");
+                c.entity.date_modified += i as i64;
+                if i == 1 {
+                    c.alteration = Alteration::Deleted;
+                    c.entity.date_expires = None;
+                }
+                c
+            })
+            .collect();
+        let events: Vec<Event> = changes.iter().cloned().map(entity_event).collect();
+        let sent = encode_events(&subjects(), "n", Stream::Entities, &events);
+        let heads = read_entity_changes(Some(&sent.headers), &sent.payload).unwrap();
+        let whole = decode_events(Stream::Entities, Some(&sent.headers), &sent.payload).unwrap();
+        assert_eq!(heads.len(), changes.len());
+        for ((head, change), whole) in heads.iter().zip(&changes).zip(&whole) {
+            assert_eq!(head.tenant, change.tenant);
+            assert_eq!(head.service_path, change.service_path);
+            assert_eq!(head.id, change.entity.id);
+            assert_eq!(head.entity_type, change.entity.entity_type);
+            assert_eq!(head.alteration, change.alteration);
+            assert_eq!(head.date_modified, change.entity.date_modified);
+            let read = head.read().unwrap();
+            let Payload::Entity(decoded) = &whole.payload else {
+                panic!("an entity change")
+            };
+            assert_eq!(read.entity, decoded.entity, "attributes and dates");
+            assert_eq!(read.entity, change.entity);
+            assert_eq!(read.alteration, decoded.alteration);
+            assert_eq!(read.tenant, decoded.tenant);
+        }
+        // What refuses a message decoded whole refuses it read this far.
+        let mut h = sent.headers.clone();
+        h.insert(DATES_HEADER, "1,2;1,2");
+        assert!(
+            read_entity_changes(Some(&h), &sent.payload).is_err(),
+            "too few dates"
+        );
+        assert!(
+            read_entity_changes(Some(&headers("n")), &sent.payload).is_err(),
+            "no dates"
+        );
+        let mut h = headers("n");
+        h.insert(DATES_HEADER, "1,2");
+        for (bad, why) in [
+            (json!({"change": "renamed"}), "an unknown change"),
+            (json!({"id": null}), "no id"),
+        ] {
+            let mut json = change().to_json();
+            for (k, v) in bad.as_object().unwrap() {
+                json[k] = v.clone();
+            }
+            let payload = Bytes::from(json.to_string());
+            assert!(read_entity_changes(Some(&h), &payload).is_err(), "{why}");
+        }
     }
 
     fn sent_headers(events: &[Event]) -> HeaderMap {

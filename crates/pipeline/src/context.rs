@@ -38,6 +38,7 @@ tokio::task_local! {
 
 pub use crate::changes::{Backpressure, ChangeListener};
 use crate::changes::{Changes, Ticket};
+use remote::Wanted;
 pub use weft_model::ngsi::{Alteration, EntityChange, Origin};
 
 fn current_origin() -> Option<Origin> {
@@ -342,6 +343,8 @@ pub struct Context {
     /// too, and how far behind them this node is, which paces its own
     /// writes.
     remote: std::sync::OnceLock<Arc<dyn weft_bus::Bus>>,
+    /// Other nodes' changes not read yet (see `context/remote.rs`).
+    arrivals: parking_lot::Mutex<remote::Arrivals>,
 }
 
 /// The tenant name of requests without `Fiware-Service`.
@@ -383,6 +386,7 @@ impl Context {
             changes,
             sweeping: tokio::sync::RwLock::new(()),
             remote: std::sync::OnceLock::new(),
+            arrivals: parking_lot::Mutex::default(),
         })
     }
 
@@ -474,6 +478,13 @@ impl Context {
 
     /// Entities of `tenant` passing `filter`, in creation order.
     pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
+        if filter.ids.is_empty() {
+            self.take_arrived_now(Wanted::Tenant(tenant));
+        } else {
+            for id in &filter.ids {
+                self.take_arrived_now(Wanted::Entity { tenant, id });
+            }
+        }
         let now = weft_model::now_ms();
         let tenants = self.tenants.read();
         let Some(t) = tenants.get(tenant) else {
@@ -511,6 +522,7 @@ impl Context {
         id: &str,
         entity_type: Option<&str>,
     ) -> Result<StoredEntity, NgsiError> {
+        self.take_arrived_now(Wanted::Entity { tenant, id });
         let tenants = self.tenants.read();
         let t = tenants
             .get(tenant)
@@ -551,6 +563,13 @@ impl Context {
         let sweep = self.sweeping.read().await;
         let (stored, ticket) = {
             let mut tenants = self.tenants.write();
+            self.take_arrived(
+                &mut tenants,
+                Wanted::Entity {
+                    tenant,
+                    id: &entity.id,
+                },
+            );
             let t = tenants.entry(tenant.to_string()).or_default();
             self.insert_new(t, tenant, service_path, entity)?
         };
@@ -607,6 +626,7 @@ impl Context {
         let (result, stored, ticket) = loop {
             {
                 let mut tenants = self.tenants.write();
+                self.take_arrived(&mut tenants, Wanted::Entity { tenant, id });
                 if let Some(key) =
                     self.held_key(&tenants, tenant, service_paths, id, entity_type, caught_up)?
                 {
@@ -645,6 +665,13 @@ impl Context {
         let sweep = self.sweeping.read().await;
         let done = {
             let mut tenants = self.tenants.write();
+            self.take_arrived(
+                &mut tenants,
+                Wanted::Entity {
+                    tenant,
+                    id: &new.id,
+                },
+            );
             let t = tenants.entry(tenant.to_string()).or_default();
             match t.find(&paths, &new.id, entity_type, weft_model::now_ms()) {
                 Ok(key) => {
@@ -782,6 +809,7 @@ impl Context {
         let (current, ticket) = loop {
             {
                 let mut tenants = self.tenants.write();
+                self.take_arrived(&mut tenants, Wanted::Entity { tenant, id });
                 if let Some(key) =
                     self.held_key(&tenants, tenant, service_paths, id, entity_type, caught_up)?
                 {
@@ -839,8 +867,19 @@ impl Context {
         let mut changes = Vec::new();
         let mut history = Vec::new();
         let mut tenants = self.tenants.write();
-        let t = tenants.entry(DEFAULT_TENANT.to_string()).or_default();
         for (unit, entity_type) in units {
+            let id = &unit.device.id;
+            self.take_arrived(
+                &mut tenants,
+                Wanted::Entity {
+                    tenant: DEFAULT_TENANT,
+                    id,
+                },
+            );
+            let t = match tenants.get_mut(DEFAULT_TENANT) {
+                Some(t) => t,
+                None => tenants.entry(DEFAULT_TENANT.to_string()).or_default(),
+            };
             let key = (
                 "/".to_string(),
                 unit.device.id.clone(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, Key, StoredEntity};
+use super::{Context, Key, StoredEntity, Wanted};
 
 /// How often expired entities are deleted. Orion's TTL monitor wakes up
 /// every 60 s; a scan of the entities in memory is cheap enough to run
@@ -58,6 +58,15 @@ impl Context {
             let mut tenants = self.tenants.write();
             let mut removed = Vec::new();
             for found in self.find_expired_in(&tenants, now) {
+                // Another node may have renewed it, its change not read yet.
+                let id = &found.key.1;
+                self.take_arrived(
+                    &mut tenants,
+                    Wanted::Entity {
+                        tenant: &found.tenant,
+                        id,
+                    },
+                );
                 let Some(t) = tenants.get_mut(&found.tenant) else {
                     continue;
                 };

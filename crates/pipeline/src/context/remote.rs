@@ -1,4 +1,4 @@
-//! Other nodes' entity changes, applied to this node's entities.
+//! Other nodes' entity changes, taken into this node's entities.
 //!
 //! Each node keeps every entity in memory and serves NGSI reads from it.
 //! A change committed on another node reaches this one on the bus (the
@@ -6,6 +6,16 @@
 //! on any node shows what any node wrote. Only memory changes here: the
 //! node that made the change stored it, notified its subscriptions and
 //! recorded its history.
+//!
+//! A change is read whole only when this node needs its entity. On
+//! arrival only which entity it changes, how and when is read
+//! ([`RemoteEntityChange`]), and it waits, unread, beside this node's
+//! copy ([`Arrivals`]); a later change of the same entity replaces it
+//! there. Whatever asks for the entity (a read, a write, a query over its
+//! tenant, the expiry sweep) first reads and applies what waits for it
+//! ([`Context::take_arrived`]), in the order it came. A node of a cluster
+//! thus reads, of the changes other nodes make, those of the entities
+//! its own clients use, once per use, not every change of every entity.
 //!
 //! Two nodes changing one entity at the same moment: the copy with the
 //! later modification date wins in memory, as the later commit does in
@@ -17,13 +27,13 @@
 //! others holds its own writes until it catches up
 //! ([`Context::keep_pace`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use weft_bus::{Bus, Payload, RecvError, Stream};
+use weft_bus::{Bus, RecvError, RemoteEntityChange};
 use weft_model::ngsi::{Alteration, Entity, EntityChange};
 
 use super::{Context, StoredEntity, Tenant};
@@ -38,63 +48,156 @@ const CAUGHT_UP: Duration = Duration::from_millis(250);
 /// Longest a write waits for the node to catch up (then it goes on).
 const MAX_PACE_WAIT: Duration = Duration::from_secs(5);
 
-/// Most of other nodes' changes applied together, under one lock.
-const REMOTE_BATCH: usize = 1024;
+/// Other nodes' changes that arrived and are not read yet: by tenant, then
+/// entity id, each entity's in the order they came.
+#[derive(Default)]
+pub(super) struct Arrivals {
+    by_tenant: HashMap<String, HashMap<String, Vec<Arrived>>>,
+}
 
-/// An entity as changes name it: tenant, service path, id, type.
-type ChangeKey<'a> = (&'a str, &'a str, &'a str, &'a str);
+/// One change waiting in [`Arrivals`].
+struct Arrived {
+    change: RemoteEntityChange,
+    /// Its place among every change this node takes in: an entity it
+    /// creates here goes there in the creation order.
+    order: u64,
+}
 
-fn change_key(change: &EntityChange) -> ChangeKey<'_> {
-    (
-        &change.tenant,
-        &change.service_path,
-        &change.entity.id,
-        &change.entity.entity_type,
-    )
+/// Which waiting changes [`Context::take_arrived`] reads.
+#[derive(Clone, Copy)]
+pub(super) enum Wanted<'a> {
+    /// Those of one tenant's entities with one id.
+    Entity { tenant: &'a str, id: &'a str },
+    /// Those of one tenant.
+    Tenant(&'a str),
+}
+
+impl Arrivals {
+    /// Keeps `change` (whose place is `order`) until its entity is wanted.
+    /// Of two creations or updates of one entity only the later can stick
+    /// (the one with the later modification date; of equal dates, the one
+    /// that came last), so it alone is kept, in the place of the first;
+    /// a deletion, and what follows it, are kept in turn.
+    fn keep(&mut self, change: &RemoteEntityChange, order: u64) {
+        let ids = match self.by_tenant.get_mut(&change.tenant) {
+            Some(ids) => ids,
+            None => self.by_tenant.entry(change.tenant.clone()).or_default(),
+        };
+        let waiting = match ids.get_mut(&change.id) {
+            Some(waiting) => waiting,
+            None => ids.entry(change.id.clone()).or_default(),
+        };
+        let lasting = |c: &RemoteEntityChange| c.alteration != Alteration::Deleted;
+        let same = waiting.iter_mut().rev().find(|a| {
+            a.change.service_path == change.service_path
+                && a.change.entity_type == change.entity_type
+        });
+        match same {
+            Some(earlier) if lasting(&earlier.change) && lasting(change) => {
+                if change.date_modified >= earlier.change.date_modified {
+                    earlier.change = change.clone();
+                }
+            }
+            _ => waiting.push(Arrived {
+                change: change.clone(),
+                order,
+            }),
+        }
+    }
+
+    /// Takes the changes `wanted` names out, each entity's in the order
+    /// they came (the order among entities does not matter: each change
+    /// carries its place in the creation order).
+    fn take(&mut self, wanted: Wanted<'_>) -> Vec<Arrived> {
+        match wanted {
+            Wanted::Entity { tenant, id } => {
+                let Some(ids) = self.by_tenant.get_mut(tenant) else {
+                    return Vec::new();
+                };
+                let taken = ids.remove(id).unwrap_or_default();
+                if ids.is_empty() {
+                    self.by_tenant.remove(tenant);
+                }
+                taken
+            }
+            Wanted::Tenant(tenant) => self
+                .by_tenant
+                .remove(tenant)
+                .into_iter()
+                .flat_map(HashMap::into_values)
+                .flatten()
+                .collect(),
+        }
+    }
+
+    /// How many changes wait.
+    fn len(&self) -> usize {
+        self.by_tenant
+            .values()
+            .flat_map(HashMap::values)
+            .map(Vec::len)
+            .sum()
+    }
 }
 
 impl Context {
-    /// Applies another node's committed change to this node's copy.
-    pub fn apply_remote(&self, change: &EntityChange) {
-        self.apply_remote_changes(&[change]);
+    /// Keeps other nodes' `changes` (in the order they came) until their
+    /// entities are wanted.
+    fn arrive(&self, changes: &[RemoteEntityChange]) {
+        let mut arrivals = self.arrivals.lock();
+        for change in changes {
+            let order = self.next_created.fetch_add(1, Ordering::Relaxed);
+            arrivals.keep(change, order);
+        }
     }
 
-    /// Applies other nodes' committed changes, in order, under one write
-    /// lock, with the same outcome as applying them one by one. Where an
-    /// entity's changes in `changes` are all creations and updates, each
-    /// as new as the one before, only the last can stick: it alone is
-    /// applied, at the place of the entity's first change (so entities
-    /// created here keep their order). A node that fell behind catches up
-    /// by the entity, not by the change.
-    pub fn apply_remote_changes(&self, changes: &[&EntityChange]) {
-        // Per entity: its last change, and whether that one alone does.
-        let mut plan: HashMap<ChangeKey<'_>, (usize, bool)> = HashMap::with_capacity(changes.len());
-        for (i, c) in changes.iter().enumerate() {
-            let lasting = c.alteration != Alteration::Deleted;
-            plan.entry(change_key(c))
-                .and_modify(|(last, alone)| {
-                    let newer = c.entity.date_modified >= changes[*last].entity.date_modified;
-                    *alone = *alone && lasting && newer;
-                    *last = i;
-                })
-                .or_insert((i, lasting));
+    /// Reads and applies, under the caller's write lock on the entities,
+    /// the changes of other nodes that wait for what `wanted` names. Every
+    /// path that reads or writes entities calls this (or
+    /// [`Context::take_arrived_now`]) first.
+    pub(super) fn take_arrived(&self, tenants: &mut HashMap<String, Tenant>, wanted: Wanted<'_>) {
+        let taken = {
+            let mut arrivals = self.arrivals.lock();
+            if arrivals.by_tenant.is_empty() {
+                return;
+            }
+            arrivals.take(wanted)
+        };
+        if taken.is_empty() {
+            return;
         }
-        let mut tenants = self.tenants.write();
-        let mut applied: HashSet<ChangeKey<'_>> = HashSet::new();
-        for c in changes {
-            let key = change_key(c);
-            let (last, alone) = plan[&key];
-            if !alone {
-                self.apply_one(&mut tenants, c);
-            } else if applied.insert(key) {
-                self.apply_one(&mut tenants, changes[last]);
+        metrics::counter!("weft_context_remote_changes_read_total").increment(taken.len() as u64);
+        for arrived in taken {
+            match arrived.change.read() {
+                Ok(change) => self.apply_one(tenants, &change, arrived.order),
+                Err(e) => {
+                    metrics::counter!("weft_bus_unreadable_total", "stream" => "entities")
+                        .increment(1);
+                    tracing::warn!(id = %arrived.change.id, error = %e, "an entity change from another node could not be read; skipped");
+                }
             }
         }
     }
 
+    /// [`Context::take_arrived`] for a caller that holds no lock: takes
+    /// the write lock only when something waits.
+    pub(super) fn take_arrived_now(&self, wanted: Wanted<'_>) {
+        if self.arrivals.lock().by_tenant.is_empty() {
+            return;
+        }
+        let mut tenants = self.tenants.write();
+        self.take_arrived(&mut tenants, wanted);
+    }
+
+    /// How many of other nodes' changes wait unread.
+    pub fn arrived_unread(&self) -> usize {
+        self.arrivals.lock().len()
+    }
+
     /// Applies one change to this node's copy (the later modification
-    /// date wins, see the module's doc).
-    fn apply_one(&self, tenants: &mut HashMap<String, Tenant>, change: &EntityChange) {
+    /// date wins, see the module's doc); an entity it creates here takes
+    /// `order` in the creation order.
+    fn apply_one(&self, tenants: &mut HashMap<String, Tenant>, change: &EntityChange, order: u64) {
         let key = (
             change.service_path.clone(),
             change.entity.id.clone(),
@@ -115,13 +218,12 @@ impl Context {
                 Some(held) if held.entity.date_modified > change.entity.date_modified => {}
                 Some(held) => held.entity = change.entity.clone(),
                 None => {
-                    let created = self.next_created.fetch_add(1, Ordering::Relaxed);
                     t.insert(
                         key,
                         StoredEntity {
                             service_path: change.service_path.clone(),
                             entity: change.entity.clone(),
-                            created,
+                            created: order,
                         },
                     );
                 }
@@ -173,6 +275,7 @@ impl Context {
         if self.remote.get().is_none() {
             return;
         }
+        self.take_arrived_now(Wanted::Entity { tenant, id });
         let held = self.tenants.read().get(tenant).is_some_and(|t| {
             t.find(service_paths, id, entity_type, weft_model::now_ms())
                 .is_ok()
@@ -226,7 +329,7 @@ impl Context {
     /// missing some (falling behind, or the bus reconnecting) merges the
     /// stored entities. Ends at once with no other nodes.
     pub async fn follow_remote(self: Arc<Self>, bus: Arc<dyn Bus>, shutdown: CancellationToken) {
-        let Some(mut remote) = bus.subscribe_remote(Stream::Entities) else {
+        let Some(mut remote) = bus.follow_remote_entities() else {
             return;
         };
         let _ = self.remote.set(bus.clone());
@@ -241,36 +344,12 @@ impl Context {
                     Some(_) => false,
                     None => return,
                 },
-                event = remote.recv() => match event {
-                    Ok(event) => {
-                        // What else is buffered goes with it.
-                        let mut batch = vec![event];
-                        let mut ended = Ok(());
-                        while batch.len() < REMOTE_BATCH {
-                            match remote.try_recv() {
-                                Ok(Some(event)) => batch.push(event),
-                                Ok(None) => break,
-                                Err(e) => {
-                                    ended = Err(e);
-                                    break;
-                                }
-                            }
-                        }
-                        let changes: Vec<&EntityChange> = batch
-                            .iter()
-                            .filter_map(|e| match &e.payload {
-                                Payload::Entity(change) => Some(&**change),
-                                _ => None,
-                            })
-                            .collect();
-                        self.apply_remote_changes(&changes);
+                changes = remote.recv() => match changes {
+                    Ok(changes) => {
+                        self.arrive(&changes);
                         metrics::counter!("weft_context_remote_changes_total")
                             .increment(changes.len() as u64);
-                        match ended {
-                            Ok(()) => false,
-                            Err(RecvError::Lagged(n)) => lagged(n),
-                            Err(RecvError::Closed) => return,
-                        }
+                        false
                     }
                     Err(RecvError::Lagged(n)) => lagged(n),
                     Err(RecvError::Closed) => return,
@@ -298,7 +377,11 @@ fn lagged(n: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::json;
+    use weft_bus::wire::{encode_events, read_entity_changes, Subjects};
+    use weft_bus::{Event, Payload, RemoteEntityChange, RemoteEntityChanges, Stream};
     use weft_model::ngsi::{parse_entity, Alteration, EntityChange};
 
     use crate::context::EntityFilter;
@@ -318,12 +401,58 @@ mod tests {
             .collect()
     }
 
+    /// `changes` as another node sends them and this one receives them:
+    /// through the wire format, as one message.
+    fn arriving(changes: &[EntityChange]) -> Vec<RemoteEntityChange> {
+        let events: Vec<Event> = changes
+            .iter()
+            .map(|c| Event {
+                stream: Stream::Entities,
+                json: c.to_json_bytes().into(),
+                payload: Payload::Entity(Arc::new(c.clone())),
+            })
+            .collect();
+        let sent = encode_events(
+            &Subjects::new("t").unwrap(),
+            "other",
+            Stream::Entities,
+            &events,
+        );
+        read_entity_changes(Some(&sent.headers), &sent.payload).unwrap()
+    }
+
+    /// A change of entity `id` (type `T`, service path `/`) whose `n` is
+    /// `n`, as of `modified`.
+    fn change(id: &str, n: i64, modified: i64, alteration: Alteration) -> EntityChange {
+        let mut entity =
+            parse_entity(&json!({"id": id, "type": "T", "n": {"value": n}}), false).unwrap();
+        entity.date_modified = modified;
+        EntityChange {
+            tenant: String::new(),
+            service_path: "/".into(),
+            entity,
+            alteration,
+            attrs: Vec::new(),
+            origin: None,
+        }
+    }
+
     /// A bus of other nodes that says this node is as far behind them as
     /// a test sets.
-    #[derive(Default)]
     struct Behind {
         events: weft_bus::InProcessBus,
+        remote: tokio::sync::broadcast::Sender<RemoteEntityChanges>,
         ms: std::sync::atomic::AtomicU64,
+    }
+
+    impl Default for Behind {
+        fn default() -> Self {
+            Behind {
+                events: weft_bus::InProcessBus::default(),
+                remote: tokio::sync::broadcast::channel(16).0,
+                ms: std::sync::atomic::AtomicU64::new(0),
+            }
+        }
     }
 
     impl weft_bus::Bus for Behind {
@@ -333,8 +462,8 @@ mod tests {
         fn subscribe(&self, stream: weft_bus::Stream) -> weft_bus::Subscription {
             self.events.subscribe(stream)
         }
-        fn subscribe_remote(&self, stream: weft_bus::Stream) -> Option<weft_bus::Subscription> {
-            Some(self.events.subscribe(stream))
+        fn follow_remote_entities(&self) -> Option<weft_bus::Subscription<RemoteEntityChanges>> {
+            Some(weft_bus::Subscription::new(self.remote.subscribe()))
         }
         fn remote_entities_behind(&self) -> std::time::Duration {
             std::time::Duration::from_millis(self.ms.load(std::sync::atomic::Ordering::Relaxed))
@@ -384,14 +513,15 @@ mod tests {
         node.stop().await;
     }
 
-    /// Changes applied together end as they do applied one by one,
-    /// whatever their mix: updates in and out of date order (clocks of
-    /// two nodes apart), deletions, re-creations after a deletion (which
-    /// go to the end of the creation order).
+    /// Changes kept unread as they arrive, some entities' read in
+    /// between, end as they do read and applied one by one, whatever their
+    /// mix: updates in and out of date order (clocks of two nodes apart),
+    /// deletions, re-creations after a deletion (which go to the end of
+    /// the creation order).
     #[tokio::test]
-    async fn changes_applied_together_end_as_one_by_one() {
+    async fn changes_read_when_wanted_end_as_applied_one_by_one() {
         let one_by_one = Node::start(config()).await;
-        let together = Node::start(config()).await;
+        let kept = Node::start(config()).await;
         let mut seed: u64 = 0x5eed;
         let mut next = |m: u64| {
             seed = seed
@@ -402,38 +532,87 @@ mod tests {
         for round in 0..200 {
             let changes: Vec<EntityChange> = (0..1 + next(12))
                 .map(|i| {
-                    let id = format!("E{}", next(3));
-                    let mut entity =
-                        parse_entity(&json!({"id": id, "type": "T", "n": {"value": i}}), false)
-                            .unwrap();
-                    entity.date_modified = (round * 100 + next(20)) as i64;
                     let alteration = match next(5) {
                         0 => Alteration::Deleted,
                         1 => Alteration::Created,
                         _ => Alteration::Updated,
                     };
-                    EntityChange {
-                        tenant: String::new(),
-                        service_path: "/".into(),
-                        entity,
-                        alteration,
-                        attrs: Vec::new(),
-                        origin: None,
-                    }
+                    let modified = (round * 100 + next(20)) as i64;
+                    change(&format!("E{}", next(3)), i as i64, modified, alteration)
                 })
                 .collect();
-            for c in &changes {
-                one_by_one.services.context.apply_remote(c);
+            let arrived = arriving(&changes);
+            {
+                let context = &one_by_one.services.context;
+                let mut tenants = context.tenants.write();
+                for c in &arrived {
+                    let order = context.next_created.fetch_add(1, super::Ordering::Relaxed);
+                    context.apply_one(&mut tenants, &c.read().unwrap(), order);
+                }
             }
-            let refs: Vec<&EntityChange> = changes.iter().collect();
-            together.services.context.apply_remote_changes(&refs);
-            assert_eq!(
-                held(&together),
-                held(&one_by_one),
-                "round {round}: {changes:?}"
-            );
+            kept.services.context.arrive(&arrived);
+            // Now and then one entity is wanted before the rest.
+            if next(3) == 0 {
+                let id = format!("E{}", next(3));
+                let _ = kept.services.context.get("", &[], &id, None);
+            }
+            if next(2) == 0 {
+                assert_eq!(held(&kept), held(&one_by_one), "round {round}: {changes:?}");
+            }
         }
+        assert_eq!(held(&kept), held(&one_by_one));
         one_by_one.stop().await;
-        together.stop().await;
+        kept.stop().await;
+    }
+
+    /// Another node's changes wait unread, the last of each entity's
+    /// alone, until their entity is wanted: a read takes that entity's
+    /// and no other's, an update starts from the waiting state, and a
+    /// waiting deletion makes the entity gone.
+    #[tokio::test]
+    async fn a_change_is_read_when_its_entity_is_wanted() {
+        let node = Node::start(config()).await;
+        let context = &node.services.context;
+        context.arrive(&arriving(&[
+            change("A", 1, 100, Alteration::Created),
+            change("B", 1, 100, Alteration::Created),
+            change("A", 2, 200, Alteration::Updated),
+            change("C", 1, 100, Alteration::Created),
+            change("A", 3, 300, Alteration::Updated),
+            change("B", 2, 150, Alteration::Updated),
+            change("C", 1, 200, Alteration::Deleted),
+        ]));
+        // A's three are one; B's two are one; C's creation and deletion two.
+        assert_eq!(context.arrived_unread(), 4);
+
+        let a = context.get("", &[], "A", None).unwrap();
+        assert_eq!(a.entity.attrs.get("n").unwrap().value, json!(3));
+        assert_eq!(context.arrived_unread(), 3, "reading A read only A's");
+
+        let mut before = None;
+        context
+            .modify("", &[], "B", None, |e| {
+                before = Some(e.attrs.get("n").unwrap().value.clone());
+                e.attrs.get_mut("n").unwrap().value = json!(20);
+                Ok(weft_model::ngsi::UpdateOutcome::default())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            before,
+            Some(json!(2)),
+            "the update started from B's waiting state"
+        );
+        assert_eq!(
+            context.get("", &[], "C", None).unwrap_err().status,
+            404,
+            "C's waiting deletion made it gone"
+        );
+        assert_eq!(context.arrived_unread(), 0);
+        assert_eq!(
+            held(&node),
+            vec![("A".into(), 300, json!(3)), ("B".into(), 150, json!(20))]
+        );
+        node.stop().await;
     }
 }
