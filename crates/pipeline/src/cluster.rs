@@ -30,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weft_store::{NodeInfo, Store};
 
+use crate::balance::{self, Meter, WorkCounts};
+
 /// The leases: each names one piece of work done once across the cluster.
 pub mod work {
     /// The ingest consumer (decode, store, entities) and the rule engine,
@@ -201,7 +203,7 @@ impl Cluster {
                 if shutdown.is_cancelled() {
                     return;
                 }
-                if !cluster.claim(work).await {
+                if !cluster.claim(work, 0.0).await {
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(renew) => continue,
@@ -217,7 +219,7 @@ impl Cluster {
                     tokio::select! {
                         _ = &mut running => break,
                         _ = tokio::time::sleep(renew), if !stop.is_cancelled() => {
-                            if cluster.claim(work).await {
+                            if cluster.claim(work, 0.0).await {
                                 renewed = Instant::now();
                             } else if renewed.elapsed() >= renew * 2 {
                                 // Stop before the lease can have expired
@@ -243,10 +245,13 @@ impl Cluster {
     /// Runs `run` on `tracker` with the partitions of `work` this node
     /// holds, until `shutdown`. The work is split into `count` partitions,
     /// each a lease of its own (`work` for partition 0, `work/<n>` for the
-    /// others); every node takes its share, `count` divided by the nodes
-    /// alive (rounded up), so two nodes hold 8 of 16 each. A node above
-    /// its share (another node joined) gives the surplus up; a node below
-    /// it takes free or expired partitions (a node left or died). Each
+    /// others); every node takes its share, by the load each partition's
+    /// holder measures (`counts`, recorded with each lease's renewal) once
+    /// there is load, by count when idle (`count` divided by the nodes
+    /// alive, rounded up, so two idle nodes hold 8 of 16 each); see
+    /// [`crate::balance`]. A node above its share (another node joined,
+    /// or its partitions got busier) gives partitions up; a node below it
+    /// takes free or expired ones (a node left or died). Each
     /// time the partitions held change, `run` is stopped (its token is
     /// cancelled; it must return soon after, having committed what it
     /// did) and started again with the new set, and only then are given-up
@@ -256,6 +261,7 @@ impl Cluster {
         self: &Arc<Self>,
         work: &'static str,
         count: u16,
+        counts: Arc<WorkCounts>,
         shutdown: CancellationToken,
         tracker: &TaskTracker,
         run: F,
@@ -270,14 +276,16 @@ impl Cluster {
             let lease = |p: u16| weft_store::partition_cursor(work, p);
             // Partition → when it was last renewed.
             let mut held: BTreeMap<u16, Instant> = BTreeMap::new();
+            let mut meter = Meter::default();
             let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
             let mut release: Vec<u16> = Vec::new();
             loop {
                 // Renew what is held; drop what could not be renewed in
                 // time (another node may take it once it expires).
                 let mut changed = false;
+                let loads = meter.read(&counts, held.keys().copied());
                 for (p, renewed) in held.iter_mut() {
-                    if cluster.claim(&lease(*p)).await {
+                    if cluster.claim(&lease(*p), loads[p]).await {
                         *renewed = Instant::now();
                     }
                 }
@@ -292,41 +300,44 @@ impl Cluster {
                 changed |= held.len() != before;
                 if !shutdown.is_cancelled() {
                     if let Ok(view) = cluster.store.cluster_view().await {
-                        // This node, and the others heard from within a
-                        // lease's time (a dead node's partitions are free
-                        // by then).
-                        let alive = 1 + view
+                        // The other nodes heard from within a lease's time
+                        // (a dead node's partitions are free by then).
+                        let others: BTreeSet<String> = view
                             .nodes
                             .iter()
                             .filter(|n| {
                                 n.info.node != cluster.info.node
                                     && view.now - n.last_seen <= ms(cluster.config.lease_ttl)
                             })
-                            .count();
-                        let share = usize::from(count).div_ceil(alive);
-                        // Above the share: give up the highest partitions.
-                        while held.len() > share {
-                            let (p, _) = held.pop_last().expect("more than the share");
+                            .map(|n| n.info.node.clone())
+                            .collect();
+                        let partition_of: BTreeMap<String, u16> =
+                            (0..count).map(|p| (lease(p), p)).collect();
+                        let held_by_others: BTreeMap<u16, (String, f64)> = view
+                            .leases
+                            .iter()
+                            .filter(|l| l.holder != cluster.info.node && l.expires_at >= view.now)
+                            .filter_map(|l| {
+                                let p = *partition_of.get(&l.work)?;
+                                Some((p, (l.holder.clone(), l.load)))
+                            })
+                            .collect();
+                        let mine: BTreeMap<u16, f64> =
+                            held.keys().map(|p| (*p, loads.get(p).copied().unwrap_or(0.0))).collect();
+                        let moves = balance::plan(&balance::View {
+                            me: &cluster.info.node,
+                            others: &others,
+                            count,
+                            held_by_others: &held_by_others,
+                            mine: &mine,
+                        });
+                        for p in moves.give_up {
+                            held.remove(&p);
                             release.push(p);
                             changed = true;
                         }
-                        // Below it: take partitions nobody holds.
-                        let taken: BTreeMap<String, (&str, i64)> = view
-                            .leases
-                            .iter()
-                            .map(|l| (l.work.clone(), (l.holder.as_str(), l.expires_at)))
-                            .collect();
-                        for p in 0..count {
-                            if held.len() >= share {
-                                break;
-                            }
-                            if held.contains_key(&p) || release.contains(&p) {
-                                continue;
-                            }
-                            let free = taken.get(&lease(p)).is_none_or(|(holder, until)| {
-                                *holder == cluster.info.node || *until < view.now
-                            });
-                            if free && cluster.claim(&lease(p)).await {
+                        for p in moves.take {
+                            if !release.contains(&p) && cluster.claim(&lease(p), 0.0).await {
                                 held.insert(p, Instant::now());
                                 changed = true;
                             }
@@ -373,11 +384,12 @@ impl Cluster {
         });
     }
 
-    /// Claims or renews `work`; a store error counts as not held.
-    async fn claim(&self, work: &str) -> bool {
+    /// Claims or renews `work`, with the `load` measured on it; a store
+    /// error counts as not held.
+    async fn claim(&self, work: &str, load: f64) -> bool {
         match self
             .store
-            .claim_lease(work, &self.info.node, self.config.lease_ttl)
+            .claim_lease(work, &self.info.node, self.config.lease_ttl, load)
             .await
         {
             Ok(held) => held,

@@ -76,19 +76,37 @@ impl Member {
     /// Works on its share of `count` partitions of "work", noting in
     /// `ledger` what it works on while it does.
     fn run_partitioned(&self, count: u16, ledger: &Arc<Mutex<Ledger>>) {
+        self.run_partitioned_busy(count, ledger, |_| 0);
+    }
+
+    /// [`Member::run_partitioned`], doing `busy(p)` units of work on each
+    /// partition `p` it holds every 100 ms (counted as the pipeline counts
+    /// uplinks).
+    fn run_partitioned_busy(&self, count: u16, ledger: &Arc<Mutex<Ledger>>, busy: fn(u16) -> u64) {
         let node = self.cluster.node().to_string();
         let ledger = ledger.clone();
+        let counts = crate::balance::WorkCounts::new(count);
         self.cluster.run_partitioned(
             "work",
             count,
+            counts.clone(),
             self.shutdown.clone(),
             &self.tracker,
             move |held, stop| {
                 let node = node.clone();
                 let ledger = ledger.clone();
+                let counts = counts.clone();
                 async move {
                     ledger.lock().start(&node, &held);
-                    stop.cancelled().await;
+                    loop {
+                        for &p in held.iter() {
+                            counts.add(p, busy(p));
+                        }
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
                     ledger.lock().end(&node, &held);
                 }
             },
@@ -230,7 +248,7 @@ async fn a_dead_nodes_partition_is_taken_once_its_lease_expires() {
     // A node that claimed partition 0 and died at once.
     let ttl = Duration::from_secs(2);
     let claimed_at = weft_model::now_ms();
-    assert!(store.claim_lease("work", "ghost", ttl).await.unwrap());
+    assert!(store.claim_lease("work", "ghost", ttl, 0.0).await.unwrap());
     let expired_at = claimed_at + ttl.as_millis() as i64;
 
     let a = Member::join(&store, "node-a");
@@ -241,6 +259,7 @@ async fn a_dead_nodes_partition_is_taken_once_its_lease_expires() {
         a.cluster.run_partitioned(
             "work",
             4,
+            crate::balance::WorkCounts::new(4),
             a.shutdown.clone(),
             &a.tracker,
             move |held, stop| {
@@ -268,4 +287,37 @@ async fn a_dead_nodes_partition_is_taken_once_its_lease_expires() {
     );
     a.leave().await;
     assert!(ledger.lock().overlaps.is_empty());
+}
+
+/// Partitions go by load once there is load: the node holding a partition
+/// far busier than the rest together gives its other partitions up to the
+/// other node and keeps the busy one; never two nodes on one partition.
+#[tokio::test]
+async fn a_busy_partitions_node_gives_the_others_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    // 2,000 a second on partition 0, 50 on each of the others.
+    let busy = |p: u16| if p == 0 { 200 } else { 5 };
+    let a = Member::join(&store, "node-a");
+    let b = Member::join(&store, "node-b");
+    a.run_partitioned_busy(4, &ledger, busy);
+    b.run_partitioned_busy(4, &ledger, busy);
+    let (busy_node, other) = eventually("the busy partition's node holding it alone", || async {
+        let (pa, pb) = (a.partitions(), b.partitions());
+        match (pa.as_slice(), pb.as_slice()) {
+            ([0], [1, 2, 3]) => Some(("node-a", "node-b")),
+            ([1, 2, 3], [0]) => Some(("node-b", "node-a")),
+            _ => None,
+        }
+    })
+    .await;
+    assert_ne!(busy_node, other);
+    assert!(
+        ledger.lock().overlaps.is_empty(),
+        "{:?}",
+        ledger.lock().overlaps
+    );
+    a.leave().await;
+    b.leave().await;
 }

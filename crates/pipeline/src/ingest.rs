@@ -24,6 +24,7 @@ use weft_engine::Engine;
 use weft_model::{FailedUplink, NewUplink, Uplink, UplinkFormat};
 use weft_store::{ProcessedBatch, Store, StoreError, UnitRecord};
 
+use crate::balance::WorkCounts;
 use crate::catalog::Catalog;
 use crate::decode::{self, Produced};
 use crate::partitions::partition_cursors;
@@ -108,6 +109,9 @@ pub struct Ingest {
     /// How many times the consumer was started here: every start after
     /// the first is a takeover.
     runs: AtomicU64,
+    /// Uplinks read here, by partition: the load the cluster shares the
+    /// partitions by ([`crate::balance`]).
+    work_counts: Arc<WorkCounts>,
 }
 
 /// A decoded batch on its way from the reader to the committer.
@@ -206,7 +210,13 @@ impl Ingest {
             runs_all: Default::default(),
             partitions,
             runs: AtomicU64::new(0),
+            work_counts: WorkCounts::new(partitions),
         }))
+    }
+
+    /// The uplinks read here so far, by partition.
+    pub fn work_counts(&self) -> Arc<WorkCounts> {
+        self.work_counts.clone()
     }
 
     /// How many partitions the pipeline is split into.
@@ -527,6 +537,9 @@ impl Ingest {
                         .is_none_or(|floor| u.seq >= *floor)
                 });
                 reading.floors.retain(|_, floor| *floor > last + 1);
+            }
+            for u in &uplinks {
+                self.work_counts.add(u.uplink.partition, 1);
             }
             metrics::histogram!("weft_pipeline_batch_size").record(uplinks.len() as f64);
             let started = std::time::Instant::now();

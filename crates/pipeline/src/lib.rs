@@ -42,6 +42,7 @@
 //! (`weft-pages`).
 #![deny(missing_docs)]
 
+pub mod balance;
 pub mod catalog;
 pub mod changes;
 pub mod channels;

@@ -253,6 +253,7 @@ impl Services {
             cluster.run_partitioned(
                 work::PIPELINE,
                 count,
+                ingest.work_counts(),
                 shutdown,
                 tracker,
                 move |held, stop| {

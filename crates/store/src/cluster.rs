@@ -47,7 +47,7 @@ pub struct NodeRecord {
 }
 
 /// One lease: a piece of work done by one node at a time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeaseRecord {
     /// The work's name (`ingest`, `rules`, …).
     pub work: String,
@@ -56,6 +56,10 @@ pub struct LeaseRecord {
     /// Until when (epoch ms, the store's clock); past that, any node may
     /// take it.
     pub expires_at: i64,
+    /// How much work a second the holder measured on it when it last
+    /// renewed it (0: not measured), so the nodes share split work by
+    /// load (`weft_pipeline::balance`).
+    pub load: f64,
 }
 
 /// The cluster as the store sees it, for `/health` and `weft cluster status`.
@@ -79,9 +83,10 @@ pub trait ClusterStore: Send + Sync {
     async fn heartbeat(&self, node: &NodeInfo, forget_after: Duration) -> Result<()>;
 
     /// Takes lease `work` for `node` (if free, expired or already
-    /// `node`'s) until `ttl` from now; answers whether `node` holds it
+    /// `node`'s) until `ttl` from now, recording the `load` (work a
+    /// second) `node` measured on it; answers whether `node` holds it
     /// afterwards.
-    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration) -> Result<bool>;
+    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration, load: f64) -> Result<bool>;
 
     /// Gives up lease `work` if `node` holds it, so another node takes it
     /// at once rather than when it expires.
@@ -125,7 +130,7 @@ impl ClusterStore for LocalCluster {
         Ok(())
     }
 
-    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration) -> Result<bool> {
+    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration, load: f64) -> Result<bool> {
         let now = weft_model::now_ms();
         let mut s = self.state.lock();
         let lease = s
@@ -135,10 +140,12 @@ impl ClusterStore for LocalCluster {
                 work: work.to_string(),
                 holder: node.to_string(),
                 expires_at: 0,
+                load: 0.0,
             });
         if lease.holder == node || lease.expires_at < now {
             lease.holder = node.to_string();
             lease.expires_at = now.saturating_add(ms(ttl));
+            lease.load = load;
             Ok(true)
         } else {
             Ok(false)
@@ -188,34 +195,34 @@ mod tests {
     async fn a_lease_is_held_by_one_node_until_it_expires_or_is_released() {
         let c = LocalCluster::default();
         assert!(c
-            .claim_lease("ingest", "a", Duration::from_millis(80))
+            .claim_lease("ingest", "a", Duration::from_millis(80), 0.0)
             .await
             .unwrap());
         assert!(!c
-            .claim_lease("ingest", "b", Duration::from_secs(5))
+            .claim_lease("ingest", "b", Duration::from_secs(5), 0.0)
             .await
             .unwrap());
         assert!(c
-            .claim_lease("ingest", "a", Duration::from_millis(80))
+            .claim_lease("ingest", "a", Duration::from_millis(80), 0.0)
             .await
             .unwrap());
         tokio::time::sleep(Duration::from_millis(120)).await;
         assert!(c
-            .claim_lease("ingest", "b", Duration::from_secs(5))
+            .claim_lease("ingest", "b", Duration::from_secs(5), 0.0)
             .await
             .unwrap());
         assert!(!c
-            .claim_lease("ingest", "a", Duration::from_secs(5))
+            .claim_lease("ingest", "a", Duration::from_secs(5), 0.0)
             .await
             .unwrap());
         c.release_lease("ingest", "a").await.unwrap();
         assert!(!c
-            .claim_lease("ingest", "a", Duration::from_secs(5))
+            .claim_lease("ingest", "a", Duration::from_secs(5), 0.0)
             .await
             .unwrap());
         c.release_lease("ingest", "b").await.unwrap();
         assert!(c
-            .claim_lease("ingest", "a", Duration::from_secs(5))
+            .claim_lease("ingest", "a", Duration::from_secs(5), 0.0)
             .await
             .unwrap());
         c.heartbeat(&node("a"), Duration::from_secs(60))

@@ -448,8 +448,14 @@ impl crate::ClusterStore for SqliteStore {
         self.cluster.heartbeat(node, forget_after).await
     }
 
-    async fn claim_lease(&self, work: &str, node: &str, ttl: std::time::Duration) -> Result<bool> {
-        self.cluster.claim_lease(work, node, ttl).await
+    async fn claim_lease(
+        &self,
+        work: &str,
+        node: &str,
+        ttl: std::time::Duration,
+        load: f64,
+    ) -> Result<bool> {
+        self.cluster.claim_lease(work, node, ttl, load).await
     }
 
     async fn release_lease(&self, work: &str, node: &str) -> Result<()> {

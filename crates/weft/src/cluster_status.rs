@@ -151,11 +151,13 @@ mod tests {
                     work: "pipeline".into(),
                     holder: "a".into(),
                     expires_at: 104_000,
+                    load: 0.0,
                 },
                 LeaseRecord {
                     work: "history".into(),
                     holder: "b".into(),
                     expires_at: 60_000,
+                    load: 0.0,
                 },
             ]
             .into_iter()
@@ -163,11 +165,13 @@ mod tests {
                 work: format!("pipeline/{p}"),
                 holder: "a".into(),
                 expires_at: 104_000,
+                load: 0.0,
             }))
             .chain([LeaseRecord {
                 work: "expiry".into(),
                 holder: "a".into(),
                 expires_at: 104_000,
+                load: 0.0,
             }])
             .collect(),
         };

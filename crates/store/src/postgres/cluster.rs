@@ -44,21 +44,21 @@ impl ClusterStore for PostgresStore {
         Ok(())
     }
 
-    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration) -> Result<bool> {
+    async fn claim_lease(&self, work: &str, node: &str, ttl: Duration, load: f64) -> Result<bool> {
         let client = self.reader().await?;
         // One statement: the row lock of the upsert orders concurrent
         // claims, and the loser's `WHERE` sees the winner's row.
         let row = client
             .query_opt(
                 &format!(
-                    "INSERT INTO cluster_leases AS l (work, holder, expires_at) \
-                     VALUES ($1, $2, {NOW_MS} + $3) \
+                    "INSERT INTO cluster_leases AS l (work, holder, expires_at, load) \
+                     VALUES ($1, $2, {NOW_MS} + $3, $4) \
                      ON CONFLICT (work) DO UPDATE SET holder = EXCLUDED.holder, \
-                       expires_at = EXCLUDED.expires_at \
+                       expires_at = EXCLUDED.expires_at, load = EXCLUDED.load \
                      WHERE l.holder = EXCLUDED.holder OR l.expires_at < {NOW_MS} \
                      RETURNING holder"
                 ),
-                &[&work, &node, &ms(ttl)],
+                &[&work, &node, &ms(ttl), &load],
             )
             .await
             .map_err(db)?;
@@ -105,7 +105,7 @@ impl ClusterStore for PostgresStore {
             .collect();
         let leases = client
             .query(
-                "SELECT work, holder, expires_at FROM cluster_leases ORDER BY work",
+                "SELECT work, holder, expires_at, load FROM cluster_leases ORDER BY work",
                 &[],
             )
             .await
@@ -115,6 +115,7 @@ impl ClusterStore for PostgresStore {
                 work: r.get(0),
                 holder: r.get(1),
                 expires_at: r.get(2),
+                load: r.get(3),
             })
             .collect();
         Ok(ClusterView { now, nodes, leases })

@@ -391,6 +391,11 @@ SELECT 'partitions', 16
 WHERE EXISTS (SELECT 1 FROM ingest_log) OR EXISTS (SELECT 1 FROM data_units)
    OR EXISTS (SELECT 1 FROM cursors);
 "#,
+    // Step 18: the load a lease's holder measured on it (work a second),
+    // so nodes share split work by load (`weft_pipeline::balance`).
+    r#"
+ALTER TABLE cluster_leases ADD COLUMN load DOUBLE PRECISION NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is

@@ -158,12 +158,12 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [17],
-        "seventeen steps: the first schema, device events, the API keys, history instances, \
+        [18],
+        "eighteen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
          history columns, the notification outbox, channel webhook calls, history series, \
-         compact history feed entries, entities by id, store settings"
+         compact history feed entries, entities by id, store settings, leases' loads"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -1200,16 +1200,22 @@ async fn a_lease_is_one_nodes_until_it_expires_or_is_released() {
     let store = open(&url).await;
     let short = Duration::from_millis(300);
     let long = Duration::from_secs(30);
-    assert!(store.claim_lease("pipeline", "a", short).await.unwrap());
-    assert!(!store.claim_lease("pipeline", "b", long).await.unwrap());
-    assert!(store.claim_lease("pipeline", "a", short).await.unwrap());
+    assert!(store
+        .claim_lease("pipeline", "a", short, 0.0)
+        .await
+        .unwrap());
+    assert!(!store.claim_lease("pipeline", "b", long, 0.0).await.unwrap());
+    assert!(store
+        .claim_lease("pipeline", "a", short, 0.0)
+        .await
+        .unwrap());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(store.claim_lease("pipeline", "b", long).await.unwrap());
-    assert!(!store.claim_lease("pipeline", "a", long).await.unwrap());
+    assert!(store.claim_lease("pipeline", "b", long, 0.0).await.unwrap());
+    assert!(!store.claim_lease("pipeline", "a", long, 0.0).await.unwrap());
     store.release_lease("pipeline", "a").await.unwrap();
-    assert!(!store.claim_lease("pipeline", "a", long).await.unwrap());
+    assert!(!store.claim_lease("pipeline", "a", long, 0.0).await.unwrap());
     store.release_lease("pipeline", "b").await.unwrap();
-    assert!(store.claim_lease("pipeline", "a", long).await.unwrap());
+    assert!(store.claim_lease("pipeline", "a", long, 0.0).await.unwrap());
     for node in ["a", "b"] {
         let info = NodeInfo {
             node: node.into(),
