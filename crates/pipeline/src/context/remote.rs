@@ -130,6 +130,17 @@ impl Arrivals {
         }
     }
 
+    /// Whether any change waits for what `wanted` names.
+    fn any(&self, wanted: Wanted<'_>) -> bool {
+        match wanted {
+            Wanted::Entity { tenant, id } => self
+                .by_tenant
+                .get(tenant)
+                .is_some_and(|ids| ids.contains_key(id)),
+            Wanted::Tenant(tenant) => self.by_tenant.contains_key(tenant),
+        }
+    }
+
     /// How many changes wait.
     fn len(&self) -> usize {
         self.by_tenant
@@ -180,9 +191,10 @@ impl Context {
     }
 
     /// [`Context::take_arrived`] for a caller that holds no lock: takes
-    /// the write lock only when something waits.
+    /// the write lock only when something waits for what `wanted` names
+    /// (reads of entities nothing waits for share the read lock).
     pub(super) fn take_arrived_now(&self, wanted: Wanted<'_>) {
-        if self.arrivals.lock().by_tenant.is_empty() {
+        if !self.arrivals.lock().any(wanted) {
             return;
         }
         let mut tenants = self.tenants.write();
