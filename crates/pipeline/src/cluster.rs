@@ -277,6 +277,8 @@ impl Cluster {
             // Partition → when it was last renewed.
             let mut held: BTreeMap<u16, Instant> = BTreeMap::new();
             let mut meter = Meter::default();
+            // Rounds the held partitions have stayed the same.
+            let mut steady_rounds = 0;
             let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
             let mut release: Vec<u16> = Vec::new();
             loop {
@@ -330,6 +332,7 @@ impl Cluster {
                             count,
                             held_by_others: &held_by_others,
                             mine: &mine,
+                            steady: steady_rounds >= balance::STEADY_ROUNDS,
                         });
                         for p in moves.give_up {
                             held.remove(&p);
@@ -344,6 +347,7 @@ impl Cluster {
                         }
                     }
                 }
+                steady_rounds = if changed { 0 } else { steady_rounds.saturating_add(1) };
                 let finished = running.as_ref().is_some_and(|(_, task)| task.is_finished());
                 if changed || finished || shutdown.is_cancelled() {
                     if let Some((stop, task)) = running.take() {
