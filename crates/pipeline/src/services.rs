@@ -155,6 +155,9 @@ impl Services {
         let all: Vec<u16> = (0..store.partitions().max(1)).collect();
         crate::partitions::replay_units_into_context(&store, &catalog, &context, &all).await?;
         tracker.spawn(context.clone().follow_remote(bus.clone(), shutdown.clone()));
+        if bus.node().is_some() {
+            tracker.spawn(context.clone().forget_expired_loop(shutdown.clone()));
+        }
         {
             let context = context.clone();
             cluster.run_leased(work::EXPIRY, shutdown.clone(), tracker, move |stop| {

@@ -28,7 +28,67 @@ struct Expired {
     created: u64,
 }
 
+/// How long after it expired an entity is dropped from a node's memory by
+/// [`Context::forget_expired`]: long after the node that sweeps (the
+/// expiry lease's) deleted its stored row.
+pub const FORGET_AFTER: Duration = Duration::from_secs(60);
+
 impl Context {
+    /// On a node of a cluster, every half [`FORGET_AFTER`] until
+    /// `shutdown`: [`Context::forget_expired`].
+    pub async fn forget_expired_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(FORGET_AFTER / 2) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let n = self.forget_expired(weft_model::now_ms());
+            if n > 0 {
+                tracing::debug!(forgotten = n, "dropped long-expired entities from memory");
+            }
+        }
+    }
+
+    /// Drops from memory, not from the store, the entities expired more
+    /// than [`FORGET_AFTER`] before `now`; returns how many. Only one node
+    /// of a cluster sweeps expired entities, and expiry announces no
+    /// change, so the other nodes' copies would otherwise stay in memory
+    /// for good (gone for readers, but held). The sweeping node deleted
+    /// their rows long before.
+    pub fn forget_expired(&self, now: i64) -> usize {
+        let before = now.saturating_sub(i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(0));
+        let found = self.find_expired(before);
+        if found.is_empty() {
+            return 0;
+        }
+        let mut tenants = self.tenants.write();
+        let mut forgotten = 0;
+        for found in found {
+            // Another node may have renewed it, its change not read yet.
+            let id = &found.key.1;
+            self.take_arrived(
+                &mut tenants,
+                Wanted::Entity {
+                    tenant: &found.tenant,
+                    id,
+                },
+            );
+            let Some(t) = tenants.get_mut(&found.tenant) else {
+                continue;
+            };
+            let gone = t
+                .entities
+                .get(&found.key)
+                .is_some_and(|e| e.created == found.created && !e.is_live(before));
+            if gone {
+                t.remove(&found.key);
+                t.dirty.remove(&found.key);
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
     /// Deletes expired entities every [`SWEEP_INTERVAL`] until `shutdown`.
     pub async fn expiry_loop(self: Arc<Self>, shutdown: CancellationToken) {
         loop {

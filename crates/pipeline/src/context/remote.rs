@@ -482,6 +482,43 @@ mod tests {
         }
     }
 
+    /// A node drops from memory the entities expired more than a minute
+    /// ago (the node that sweeps deleted their rows), keeps those expired
+    /// a moment ago and the live ones, and first reads a waiting change
+    /// that renewed one.
+    #[tokio::test]
+    async fn long_expired_entities_are_forgotten() {
+        let node = Node::start(config()).await;
+        let context = &node.services.context;
+        let now = weft_model::now_ms();
+        let expiring = |id: &str, expires: i64| {
+            let mut c = change(id, 1, now - 200_000, Alteration::Created);
+            c.entity.date_expires = Some(expires);
+            c
+        };
+        context.arrive(&arriving(&[
+            expiring("Old", now - 120_000),
+            expiring("Recent", now - 10_000),
+            change("Live", 1, now, Alteration::Created),
+            expiring("Renewed", now - 120_000),
+        ]));
+        assert_eq!(held(&node).len(), 1, "read, and only Live is live");
+        let mut renewal = expiring("Renewed", now + 600_000);
+        renewal.alteration = Alteration::Updated;
+        renewal.entity.date_modified = now;
+        context.arrive(&arriving(&[renewal]));
+
+        assert_eq!(context.forget_expired(now), 1);
+        let mut kept: Vec<String> = context.tenants.read()[""]
+            .entities
+            .keys()
+            .map(|k| k.1.clone())
+            .collect();
+        kept.sort();
+        assert_eq!(kept, ["Live", "Recent", "Renewed"]);
+        node.stop().await;
+    }
+
     /// A node of a cluster that reads other nodes' changes more than a
     /// second late holds its own entity writes until it is back within a
     /// quarter of a second of them.
