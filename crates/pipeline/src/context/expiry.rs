@@ -62,31 +62,8 @@ impl Context {
             return 0;
         }
         let mut tenants = self.tenants.write();
-        let mut forgotten = 0;
-        for found in found {
-            // Another node may have renewed it, its change not read yet.
-            let id = &found.key.1;
-            self.take_arrived(
-                &mut tenants,
-                Wanted::Entity {
-                    tenant: &found.tenant,
-                    id,
-                },
-            );
-            let Some(t) = tenants.get_mut(&found.tenant) else {
-                continue;
-            };
-            let gone = t
-                .entities
-                .get(&found.key)
-                .is_some_and(|e| e.created == found.created && !e.is_live(before));
-            if gone {
-                t.remove(&found.key);
-                t.dirty.remove(&found.key);
-                forgotten += 1;
-            }
-        }
-        forgotten
+        let found = self.find_expired_in(&tenants, before);
+        self.remove_expired(&mut tenants, found, before).len()
     }
 
     /// Deletes expired entities every [`SWEEP_INTERVAL`] until `shutdown`.
@@ -116,30 +93,8 @@ impl Context {
         let _sweep = self.sweeping.write().await;
         let removed: Vec<(String, StoredEntity)> = {
             let mut tenants = self.tenants.write();
-            let mut removed = Vec::new();
-            for found in self.find_expired_in(&tenants, now) {
-                // Another node may have renewed it, its change not read yet.
-                let id = &found.key.1;
-                self.take_arrived(
-                    &mut tenants,
-                    Wanted::Entity {
-                        tenant: &found.tenant,
-                        id,
-                    },
-                );
-                let Some(t) = tenants.get_mut(&found.tenant) else {
-                    continue;
-                };
-                if let Some(e) = t.entities.get(&found.key) {
-                    if e.created == found.created && !e.is_live(now) {
-                        let e = e.clone();
-                        t.remove(&found.key);
-                        t.dirty.remove(&found.key);
-                        removed.push((found.tenant, e));
-                    }
-                }
-            }
-            removed
+            let found = self.find_expired_in(&tenants, now);
+            self.remove_expired(&mut tenants, found, now)
         };
         for (tenant, e) in &removed {
             self.store
@@ -179,6 +134,40 @@ impl Context {
             metrics::counter!("weft_ngsi_entities_expired_total").increment(removed.len() as u64);
         }
         Ok(removed.len())
+    }
+
+    /// Removes from memory the entities `found` that are still the ones
+    /// found and still expired at `now`, after reading any change of them
+    /// another node made (it may have renewed one); answers them.
+    fn remove_expired(
+        &self,
+        tenants: &mut std::collections::HashMap<String, super::Tenant>,
+        found: Vec<Expired>,
+        now: i64,
+    ) -> Vec<(String, StoredEntity)> {
+        let mut removed = Vec::new();
+        for found in found {
+            let id = &found.key.1;
+            self.take_arrived(
+                tenants,
+                Wanted::Entity {
+                    tenant: &found.tenant,
+                    id,
+                },
+            );
+            let Some(t) = tenants.get_mut(&found.tenant) else {
+                continue;
+            };
+            if let Some(e) = t.entities.get(&found.key) {
+                if e.created == found.created && !e.is_live(now) {
+                    let e = e.clone();
+                    t.remove(&found.key);
+                    t.dirty.remove(&found.key);
+                    removed.push((found.tenant, e));
+                }
+            }
+        }
+        removed
     }
 
     /// The entities expired at `now`, under a read lock.
