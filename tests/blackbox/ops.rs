@@ -24,7 +24,7 @@ async fn health_and_metrics() {
     // One node alone does every piece of the work done once, and says so.
     let health = eventually(Duration::from_secs(10), || async {
         let health = c.expect(200, "GET", "/health", None).await;
-        (health["work"].as_array().map(Vec::len) == Some(4)).then_some(health)
+        (health["work"].as_array().map(Vec::len) == Some(5)).then_some(health)
     })
     .await;
     let node = health["node"].as_str().expect("a node id").to_string();
@@ -41,7 +41,13 @@ async fn health_and_metrics() {
     work.sort_unstable();
     assert_eq!(
         work,
-        ["bridges", "expiry", "history", "pipeline"],
+        [
+            "bridges",
+            "expiry",
+            "history",
+            "history-changes",
+            "pipeline"
+        ],
         "{health}"
     );
     let metrics = metrics_text(&server).await;

@@ -514,9 +514,10 @@ const SINGULAR_WORK: [&str; 4] = ["bridges", "expiry", "history", "outbox"];
 /// How many partitions the pipeline is split into on PostgreSQL.
 const PARTITIONS: u16 = 16;
 
-/// The singular work `server` does now and the pipeline partitions it
-/// holds, from its `/health`.
-async fn work_of(server: &Server) -> (Vec<String>, Vec<u16>) {
+/// The singular work `server` does now and the partitions of the
+/// pipeline and of the history's changes feed it holds, from its
+/// `/health`.
+async fn work_of(server: &Server) -> (Vec<String>, Vec<u16>, Vec<u16>) {
     let (status, health) = server.client().send("GET", "/health", None, None).await;
     assert_eq!(status, 200, "{health}");
     let mut work: Vec<String> = health["work"]
@@ -524,22 +525,30 @@ async fn work_of(server: &Server) -> (Vec<String>, Vec<u16>) {
         .unwrap_or_else(|| panic!("no work in {health}"))
         .iter()
         .map(|w| w.as_str().unwrap().to_string())
-        .filter(|w| w != "pipeline")
+        .filter(|w| w != "pipeline" && w != "history-changes")
         .collect();
     work.sort();
-    let mut partitions: Vec<u16> = health["partitions"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no partitions in {health}"))
-        .iter()
-        .map(|p| p.as_u64().unwrap() as u16)
-        .collect();
-    partitions.sort();
-    (work, partitions)
+    let partitions = |key: &str| {
+        let mut held: Vec<u16> = health[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {health}"))
+            .iter()
+            .map(|p| p.as_u64().unwrap() as u16)
+            .collect();
+        held.sort();
+        held
+    };
+    (
+        work,
+        partitions("partitions"),
+        partitions("historyPartitions"),
+    )
 }
 
 /// Waits until the two nodes between them do every piece of singular
 /// work, each piece on one node, and hold half the pipeline's
-/// partitions each; answers (A's, B's) work.
+/// partitions each, and half the history changes feed's; answers (A's,
+/// B's) work.
 async fn shared_work(a: &Server, b: &Server) -> (Vec<String>, Vec<String>) {
     shared_work_of(a, b, PARTITIONS).await
 }
@@ -547,15 +556,19 @@ async fn shared_work(a: &Server, b: &Server) -> (Vec<String>, Vec<String>) {
 /// [`shared_work`] for a cluster whose pipeline is split into
 /// `partitions`.
 async fn shared_work_of(a: &Server, b: &Server, partitions: u16) -> (Vec<String>, Vec<String>) {
+    let halved = |a: &[u16], b: &[u16]| {
+        let mut both: Vec<u16> = a.iter().chain(b).copied().collect();
+        both.sort();
+        a.len() == usize::from(partitions / 2)
+            && b.len() == usize::from(partitions / 2)
+            && both == (0..partitions).collect::<Vec<_>>()
+    };
     eventually(Duration::from_secs(30), || async {
-        let ((on_a, parts_a), (on_b, parts_b)) = (work_of(a).await, work_of(b).await);
+        let ((on_a, parts_a, hist_a), (on_b, parts_b, hist_b)) =
+            (work_of(a).await, work_of(b).await);
         let mut all: Vec<&str> = on_a.iter().chain(&on_b).map(String::as_str).collect();
         all.sort();
-        let mut parts: Vec<u16> = parts_a.iter().chain(&parts_b).copied().collect();
-        parts.sort();
-        let halves = parts_a.len() == usize::from(partitions / 2)
-            && parts_b.len() == usize::from(partitions / 2);
-        (all == SINGULAR_WORK && halves && parts == (0..partitions).collect::<Vec<_>>())
+        (all == SINGULAR_WORK && halved(&parts_a, &parts_b) && halved(&hist_a, &hist_b))
             .then_some((on_a, on_b))
     })
     .await
@@ -1026,8 +1039,10 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     acked.extend(before);
     acked.extend(sent(on_survivor.clone(), "after", 50).await);
     assert_eq!(acked.len(), 600, "every uplink acknowledged");
+    let all: Vec<u16> = (0..PARTITIONS).collect();
     eventually(Duration::from_secs(20), || async {
-        (work_of(survivor).await.1 == (0..PARTITIONS).collect::<Vec<_>>()).then_some(())
+        let (_, pipeline, history) = work_of(survivor).await;
+        (pipeline == all && history == all).then_some(())
     })
     .await;
     let units = eventually(Duration::from_secs(30), || async {
@@ -1049,6 +1064,20 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
             "acknowledged uplink {id} lost"
         );
     }
+    // The history of the devices' entities, whose changes feed the killed
+    // node was moving in part: every unit's state recorded once.
+    let recorded = eventually(Duration::from_secs(30), || async {
+        let mut recorded = 0;
+        for d in 0..7 {
+            let path = format!("/ql/v2/entities/fail-{d}/attrs/temperature?lastN=10000");
+            let (status, _, body) = call(&on_survivor, "GET", &path, None, None).await;
+            assert!(status == 200 || status == 404, "{status} {body}");
+            recorded += body["values"].as_array().map_or(0, Vec::len);
+        }
+        (recorded >= acked.len()).then_some(recorded)
+    })
+    .await;
+    assert_eq!(recorded, acked.len(), "a state recorded twice");
 }
 
 /// The `n` of every unit of `channel`, sorted (with repeats).

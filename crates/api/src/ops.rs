@@ -22,7 +22,9 @@ pub fn routes() -> Routes {
 /// `GET /health`: 200 `{"status":"pass"}` when a write round-trips through
 /// the store, 503 `{"status":"fail"}` otherwise. Also says which node
 /// answered (`node`) and the work it does for the cluster now (`work`:
-/// the leases it holds, see docs/scale-out.md). With MQTT sources
+/// the leases it holds, see docs/scale-out.md), and on a split pipeline
+/// the partitions of the pipeline and of the history's changes feed it
+/// holds (`partitions`, `historyPartitions`). With MQTT sources
 /// configured, `mqtt` shows each one's connection (`connected`,
 /// `lastError`, `reconnections`); a source that is down does not fail
 /// the check, since weft keeps serving everything else.
@@ -42,6 +44,10 @@ async fn health(State(state): State<AppState>) -> impl IntoResponse {
             if state.services.ingest.partition_count() > 1 {
                 body["partitions"] =
                     json!(cluster.partitions(weft_pipeline::cluster::work::PIPELINE));
+            }
+            if state.services.store.change_feed_partitions() > 1 {
+                body["historyPartitions"] =
+                    json!(cluster.partitions(weft_pipeline::cluster::work::HISTORY_CHANGES));
             }
             let broker = state.services.mqtt.broker();
             if !sources.is_empty() || broker.is_some() {

@@ -213,13 +213,24 @@ pub fn read_reported_time(field: &str, value: &serde_json::Value) -> Result<i64,
 /// device's uplinks always land in one partition whichever node takes
 /// them in. An uplink that names no device is keyed by the empty string.
 pub fn partition_of(key: &str, partitions: u16) -> u16 {
+    partition_of_parts(&[key.as_bytes()], partitions)
+}
+
+/// [`partition_of`] of a key made of several parts (a tenant, an entity
+/// id and type: the history feed's partition of an entity), hashed as
+/// the parts joined by a 0 byte, without joining them. One part hashes
+/// exactly as [`partition_of`] does.
+pub fn partition_of_parts(parts: &[&[u8]], partitions: u16) -> u16 {
     if partitions <= 1 {
         return 0;
     }
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.as_bytes() {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    for (i, part) in parts.iter().enumerate() {
+        let separator = (i > 0).then_some(&0u8);
+        for byte in separator.into_iter().chain(part.iter()) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
     }
     (hash % u64::from(partitions)) as u16
 }
@@ -237,7 +248,7 @@ pub struct Uplink {
 
 #[cfg(test)]
 mod tests {
-    use super::{partition_of, read_reported_time, UplinkPins};
+    use super::{partition_of, partition_of_parts, read_reported_time, UplinkPins};
     use serde_json::json;
 
     #[test]
@@ -314,4 +325,23 @@ mod tests {
     }
 
     const PINNED: [u16; 4] = [6, 3, 10, 5];
+
+    /// A key of several parts hashes as its parts joined by a 0 byte, so
+    /// moving bytes from one part to the next changes the partition.
+    #[test]
+    fn keys_of_parts_hash_as_joined_by_a_zero_byte() {
+        for (parts, joined) in [
+            (vec![&b"t"[..], b"urn:a", b"Room"], "t\0urn:a\0Room"),
+            (vec![&b""[..], b"x", b""], "\0x\0"),
+            (vec![&b"one"[..]], "one"),
+        ] {
+            for n in [7, 16, 1024] {
+                assert_eq!(partition_of_parts(&parts, n), partition_of(joined, n));
+            }
+        }
+        let spread: std::collections::BTreeSet<u16> = (0..64)
+            .map(|i| partition_of_parts(&[b"t", format!("e{i}").as_bytes(), b"T"], 16))
+            .collect();
+        assert!(spread.len() > 8, "{spread:?}");
+    }
 }

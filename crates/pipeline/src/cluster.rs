@@ -39,8 +39,12 @@ pub mod work {
     ///
     /// [`Cluster::run_partitioned`]: super::Cluster::run_partitioned
     pub const PIPELINE: &str = "pipeline";
-    /// History: moving the feeds into the history and retention.
+    /// History: moving the notifications feed into the history, and
+    /// retention.
     pub const HISTORY: &str = "history";
+    /// History: moving the entity changes feed into the history, split
+    /// into partitions by entity ([`weft_store::history_partition`]).
+    pub const HISTORY_CHANGES: &str = "history-changes";
     /// Deleting transient entities once they expire.
     pub const EXPIRY: &str = "expiry";
     /// The channel bridges (weft's events published into channels).

@@ -150,11 +150,21 @@ pub struct History {
     moved: watch::Sender<u64>,
     /// Wakes the notifications feed loop before its interval is over.
     wake: Notify,
-    /// Position through which the changes feed has been moved (as far as
-    /// this node's loop knows).
+    /// Position through which the changes feed has been moved, every
+    /// partition of it, as far as this node's loop knows: kept only while
+    /// this node moves every partition ([`History::move_changes`]).
     changes_moved: watch::Sender<u64>,
     /// Wakes the changes feed loop before its interval is over.
     wake_changes: Notify,
+    /// Whether this node moves every partition of the changes feed now:
+    /// then [`History::settle`] waits on [`History::changes_moved`], else
+    /// it asks the store.
+    moving_all_changes: std::sync::atomic::AtomicBool,
+    /// Set by a query waiting on [`History::changes_moved`]: the next move
+    /// first reads the newest queued change, so entries moved before this
+    /// node took every partition (by another node, or before a restart)
+    /// count as moved once the move finds nothing older waiting.
+    changes_probe: std::sync::atomic::AtomicBool,
     /// Whether the notifications left in the feed by the previous run
     /// (queued, acknowledged, not yet moved when it stopped) are moved.
     recovered: watch::Sender<bool>,
@@ -177,6 +187,8 @@ impl History {
             wake: Notify::new(),
             changes_moved: watch::Sender::new(0),
             wake_changes: Notify::new(),
+            moving_all_changes: std::sync::atomic::AtomicBool::new(false),
+            changes_probe: std::sync::atomic::AtomicBool::new(false),
             recovered: watch::Sender::new(false),
             moving: std::sync::atomic::AtomicBool::new(false),
             clustered: std::sync::atomic::AtomicBool::new(false),
@@ -189,31 +201,42 @@ impl History {
         self.clustered.store(clustered, Ordering::Relaxed);
     }
 
-    /// Moves `feed` into the history until `shutdown`: one store move after
-    /// another ([`HistoryStore::move_history_feed`], which decides how a
-    /// move is committed and how long to wait before the next), pruning
-    /// consumed changes-feed entries now and then.
-    pub async fn feed_loop(self: Arc<Self>, feed: HistoryFeed, shutdown: CancellationToken) {
+    /// Moves `feed` (of the changes feed, partitions `parts`) into the
+    /// history until `shutdown`: one store move after another
+    /// ([`HistoryStore::move_history_feed`], which decides how a move is
+    /// committed and how long to wait before the next), pruning consumed
+    /// changes-feed entries now and then.
+    ///
+    /// [`HistoryStore::move_history_feed`]: weft_store::HistoryStore::move_history_feed
+    async fn feed_loop(
+        self: Arc<Self>,
+        feed: HistoryFeed,
+        parts: &[u16],
+        shutdown: CancellationToken,
+    ) {
         let mut pruned = 0;
+        // Changes-feed partitions moved since the last pruning, and how far.
+        let mut unpruned: std::collections::BTreeMap<u16, u64> = Default::default();
         let expires = self.retention.expires();
-        if feed == HistoryFeed::Changes {
-            // What earlier runs moved, so a query does not wait for a move
-            // of changes that are already in the history.
-            match self.store.history_feed_cursor(feed).await {
-                Ok(cursor) => {
-                    self.changes_moved.send_if_modified(|m| {
-                        let newer = cursor > *m;
-                        *m = (*m).max(cursor);
-                        newer
-                    });
-                }
-                Err(e) => tracing::warn!(error = %e, "reading the changes feed's cursor failed"),
-            }
-        }
+        let all_changes =
+            feed == HistoryFeed::Changes && self.moving_all_changes.load(Ordering::Acquire);
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
+            // Asked for by a query: the newest change queued before this
+            // move reads the feed (`None`: not asked, or nothing queued).
+            let newest_before = if all_changes && self.changes_probe.swap(false, Ordering::AcqRel) {
+                match self.store.newest_queued_change().await {
+                    Ok(newest) => newest,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "asking the store for queued changes failed");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             // Rows already past their tenant's raw retention would be
             // deleted at once, and a replay of them would count twice in
             // the rollups: they are consumed, not stored.
@@ -226,7 +249,7 @@ impl History {
             };
             let moved = match self
                 .store
-                .move_history_feed(feed, FEED_BATCH_ROWS, &keep)
+                .move_history_feed(feed, parts, FEED_BATCH_ROWS, &keep)
                 .await
             {
                 Ok(moved) => moved,
@@ -242,6 +265,17 @@ impl History {
                     continue;
                 }
             };
+            if all_changes && !moved.more {
+                // Everything queued before the move was read has been moved.
+                let through = moved.through.max(newest_before);
+                if let Some(through) = through {
+                    self.changes_moved.send_if_modified(|m| {
+                        let newer = through > *m;
+                        *m = (*m).max(through);
+                        newer
+                    });
+                }
+            }
             let Some(through) = moved.through else {
                 if feed == HistoryFeed::Notifications {
                     self.recovered.send_replace(true);
@@ -252,8 +286,8 @@ impl History {
                 continue;
             };
             metrics::counter!("weft_history_rows_recorded_total").increment(moved.rows);
-            if feed == HistoryFeed::Changes {
-                self.changes_moved.send_replace(through);
+            for (part, seq) in &moved.consumed {
+                unpruned.insert(*part, *seq);
             }
             if feed == HistoryFeed::Notifications {
                 self.moved.send_replace(through);
@@ -262,8 +296,12 @@ impl History {
                 }
             }
             if feed == HistoryFeed::Changes && through.saturating_sub(pruned) >= FEED_PRUNE_EVERY {
-                match self.store.prune_history_feed(through).await {
-                    Ok(_) => pruned = through,
+                let consumed: Vec<(u16, u64)> = unpruned.iter().map(|(p, s)| (*p, *s)).collect();
+                match self.store.prune_history_feed(&consumed).await {
+                    Ok(_) => {
+                        pruned = through;
+                        unpruned.clear();
+                    }
                     Err(e) => tracing::warn!(error = %e, "pruning the history feed failed"),
                 }
             }
@@ -343,9 +381,9 @@ impl History {
     }
 
     /// Waits until the changes feed is moved through its newest entry
-    /// (queued by any node): the changes mover pauses between moves to
-    /// make them large, and a query wakes it instead of waiting the pause
-    /// out.
+    /// (queued by any node), every partition of it: the changes mover
+    /// pauses between moves to make them large, and a query wakes it
+    /// instead of waiting the pause out.
     async fn settle_changes(&self) {
         let newest = match self.store.newest_queued_change().await {
             Ok(Some(seq)) => seq,
@@ -355,11 +393,15 @@ impl History {
                 return;
             }
         };
-        if *self.changes_moved.borrow() >= newest {
+        let all_here = self.moving_all_changes.load(Ordering::Acquire);
+        if all_here && *self.changes_moved.borrow() >= newest {
             return;
         }
+        if all_here {
+            self.changes_probe.store(true, Ordering::Release);
+        }
         self.wake_changes.notify_one();
-        if self.moving.load(Ordering::Acquire) {
+        if all_here {
             let mut moved = self.changes_moved.subscribe();
             let settled = moved.wait_for(|m| *m >= newest);
             if tokio::time::timeout(SETTLE_TIMEOUT, settled).await.is_err() {
@@ -367,10 +409,10 @@ impl History {
             }
             return;
         }
-        // Another node moves the feed: its cursor in the store says how far.
+        // Other nodes move (some of) the partitions: their cursors in the
+        // store say how far.
         wait_in_store("changes", || async {
-            let cursor = self.store.history_feed_cursor(HistoryFeed::Changes).await?;
-            Ok(cursor >= newest)
+            self.store.changes_moved_through(newest).await
         })
         .await;
     }
@@ -417,16 +459,35 @@ impl History {
         .await;
     }
 
-    /// Runs what history's lease holder does until `stop`: moving both
-    /// feeds into the history, and retention.
+    /// Runs what history's lease holder does until `stop`: moving the
+    /// notifications feed into the history, and retention.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         self.moving.store(true, Ordering::Release);
         tokio::join!(
             self.clone().retention_loop(stop.clone()),
-            self.clone().feed_loop(HistoryFeed::Changes, stop.clone()),
-            self.clone().feed_loop(HistoryFeed::Notifications, stop),
+            self.clone()
+                .feed_loop(HistoryFeed::Notifications, &[], stop),
         );
         self.moving.store(false, Ordering::Release);
+    }
+
+    /// Moves partitions `parts` of the changes feed into the history until
+    /// `stop`: what a node does with the changes-feed partitions it holds
+    /// (each partition's entities are no other node's, so nodes move
+    /// theirs side by side). Holding every partition (one node, or the
+    /// only one left), it follows how far the whole feed is moved itself,
+    /// and queries wait on it without asking the store.
+    pub async fn move_changes(self: Arc<Self>, parts: Arc<[u16]>, stop: CancellationToken) {
+        let all = parts.len() >= usize::from(self.store.change_feed_partitions().max(1));
+        self.moving_all_changes.store(all, Ordering::Release);
+        if all {
+            // What was moved before is known again only from the store.
+            self.changes_probe.store(true, Ordering::Release);
+        }
+        self.clone()
+            .feed_loop(HistoryFeed::Changes, &parts, stop)
+            .await;
+        self.moving_all_changes.store(false, Ordering::Release);
     }
 
     /// On the node that moves the notifications feed, waits while it holds

@@ -182,6 +182,18 @@ impl Services {
                 history.clone().run(stop)
             });
         }
+        {
+            let history = history.clone();
+            let count = store.change_feed_partitions();
+            cluster.run_partitioned(
+                work::HISTORY_CHANGES,
+                count,
+                crate::balance::WorkCounts::new(count),
+                shutdown.clone(),
+                tracker,
+                move |held, stop| history.clone().move_changes(held, stop),
+            );
+        }
         context.changes().add_listener(subscriptions.clone());
         if bus.node().is_some() {
             let (subscriptions, serving) = (subscriptions.clone(), cluster.clone());

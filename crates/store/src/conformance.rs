@@ -84,6 +84,7 @@ macro_rules! conformance_tests {
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
             feed_moves_store_what_is_kept_and_consume_the_rest,
+            change_feed_partitions_are_moved_apart_each_once,
             rollups_count_each_row_once,
             expiry_deletes_rows_then_whole_buckets,
             channel_publish_dedupes_and_pages,
@@ -2685,9 +2686,10 @@ where
 {
     let backend = B::fresh().await;
     let store = backend.open().await;
+    let (e, d) = (part_of(&*store, "E"), part_of(&*store, "D"));
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Changes)
+            .history_feed_cursor(HistoryFeed::Changes, d)
             .await
             .unwrap(),
         0
@@ -2721,17 +2723,18 @@ where
     assert_eq!(feed[0].1, vec![feed_row("E", 1), feed_row("E", 2)]);
     assert_eq!(feed[1].1, vec![feed_row("D", 3)]);
     let through = feed[1].0;
+    let consumed = crate::history::consumed_through([(e, feed[0].0), (d, through)].into_iter());
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), Some(through))
+            .append_history_from_feed(HistoryFeed::Changes, rows.clone(), &consumed)
             .await
             .unwrap(),
         3
     );
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Changes, rows, Some(through))
+            .append_history_from_feed(HistoryFeed::Changes, rows, &consumed)
             .await
             .unwrap(),
         0,
@@ -2739,12 +2742,13 @@ where
     );
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Changes)
+            .history_feed_cursor(HistoryFeed::Changes, d)
             .await
             .unwrap(),
         through
     );
-    assert_eq!(store.prune_history_feed(through).await.unwrap(), 2);
+    assert!(store.changes_moved_through(through).await.unwrap());
+    assert_eq!(store.prune_history_feed(&consumed).await.unwrap(), 2);
     assert!(store
         .read_history_feed(HistoryFeed::Changes, 0, 100)
         .await
@@ -2755,11 +2759,22 @@ where
     let store = backend.open().await;
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Changes)
+            .history_feed_cursor(HistoryFeed::Changes, d)
             .await
             .unwrap(),
         through
     );
+}
+
+/// The changes-feed partition of the default tenant's entity `id` of type
+/// `T` (what [`feed_row`] queues) in `store`.
+fn part_of(store: &impl HistoryStore, id: &str) -> u16 {
+    crate::history_partition("", id, "T", store.change_feed_partitions())
+}
+
+/// Every partition of the changes feed of `store`.
+fn all_parts(store: &impl HistoryStore) -> Vec<u16> {
+    (0..store.change_feed_partitions()).collect()
 }
 
 /// Notified rows wait in the history file's own feed: durable once queued
@@ -2787,7 +2802,7 @@ where
     let rows: Vec<_> = feed.into_iter().flat_map(|(_, r)| r).collect();
     assert_eq!(
         store
-            .append_history_from_feed(HistoryFeed::Notifications, rows, Some(second))
+            .append_history_from_feed(HistoryFeed::Notifications, rows, &[(0, second)])
             .await
             .unwrap(),
         3
@@ -2799,7 +2814,7 @@ where
         .is_empty());
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Notifications)
+            .history_feed_cursor(HistoryFeed::Notifications, 0)
             .await
             .unwrap(),
         0
@@ -2838,9 +2853,10 @@ where
     let backend = B::fresh().await;
     let store = backend.open().await;
     let keep_all: &FeedFilter<'_> = &|_| true;
+    let all = all_parts(&*store);
     assert_eq!(
         store
-            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .move_history_feed(HistoryFeed::Changes, &all, 100, keep_all)
             .await
             .unwrap(),
         FeedMove::default(),
@@ -2879,7 +2895,7 @@ where
     // time 1 refused by the filter.
     let not_f1: &FeedFilter<'_> = &|r| !(r.entity_id == "F" && r.time == 1);
     let first = store
-        .move_history_feed(HistoryFeed::Changes, 6_001, not_f1)
+        .move_history_feed(HistoryFeed::Changes, &all, 6_001, not_f1)
         .await
         .unwrap();
     assert_eq!(
@@ -2888,13 +2904,14 @@ where
     );
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Changes)
+            .history_feed_cursor(HistoryFeed::Changes, part_of(&*store, "F"))
             .await
             .unwrap(),
         seqs[1]
     );
+    assert!(!store.changes_moved_through(seqs[2]).await.unwrap());
     let second = store
-        .move_history_feed(HistoryFeed::Changes, 6_001, keep_all)
+        .move_history_feed(HistoryFeed::Changes, &all, 6_001, keep_all)
         .await
         .unwrap();
     assert_eq!(
@@ -2917,14 +2934,15 @@ where
     let store = backend.open().await;
     assert_eq!(
         store
-            .history_feed_cursor(HistoryFeed::Changes)
+            .history_feed_cursor(HistoryFeed::Changes, part_of(&*store, "G"))
             .await
             .unwrap(),
         seqs[2]
     );
+    assert!(store.changes_moved_through(seqs[2]).await.unwrap());
     assert_eq!(
         store
-            .move_history_feed(HistoryFeed::Changes, 100, keep_all)
+            .move_history_feed(HistoryFeed::Changes, &all, 100, keep_all)
             .await
             .unwrap()
             .through,
@@ -2938,7 +2956,7 @@ where
         .await
         .unwrap();
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 100, keep_all)
+        .move_history_feed(HistoryFeed::Notifications, &[], 100, keep_all)
         .await
         .unwrap();
     assert_eq!(
@@ -2951,6 +2969,73 @@ where
         .unwrap()
         .is_empty());
     assert_eq!(entity_times(&*store, "G").await, [0, 1, 2]);
+}
+
+/// The changes feed's partitions are moved apart (as nodes each holding
+/// some of them move them): one batch's states of many entities are
+/// queued by entity partition, a move of some partitions stores the rows
+/// of their entities only and leaves the others waiting (a query still
+/// waits for them), and moving the rest stores those, each row once.
+pub(crate) async fn change_feed_partitions_are_moved_apart_each_once<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let backend = B::fresh().await;
+    let store = backend.open().await;
+    let keep_all: &FeedFilter<'_> = &|_| true;
+    let ids: Vec<String> = (0..40).map(|i| format!("e{i}")).collect();
+    store
+        .commit_processed(Arc::new(ProcessedBatch {
+            consumers: vec!["pipeline".into()],
+            next_seq: 2,
+            history: ids.iter().map(|id| feed_row(id, 7)).collect(),
+            ..ProcessedBatch::default()
+        }))
+        .await
+        .unwrap();
+    let newest = store.newest_queued_change().await.unwrap().unwrap();
+    let all = all_parts(&*store);
+    let (first, rest) = all.split_at(all.len() / 2);
+    let moved = store
+        .move_history_feed(HistoryFeed::Changes, first, 100, keep_all)
+        .await
+        .unwrap();
+    let in_first = |id: &String| first.contains(&part_of(&*store, id));
+    let expected = ids.iter().filter(|id| in_first(id)).count() as u64;
+    assert_eq!(moved.rows, expected);
+    assert!(moved.consumed.iter().all(|(p, _)| first.contains(p)));
+    for id in &ids {
+        let stored = entity_times(&*store, id).await;
+        if in_first(id) {
+            assert_eq!(stored, [7], "{id} is in a moved partition");
+        } else {
+            assert!(stored.is_empty(), "{id} waits in an unmoved partition");
+        }
+    }
+    assert_eq!(
+        store.changes_moved_through(newest).await.unwrap(),
+        rest.is_empty(),
+        "entries of partitions nobody moved yet still wait"
+    );
+    let again = store
+        .move_history_feed(HistoryFeed::Changes, first, 100, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(again.through, None, "a partition is consumed once");
+    let moved = store
+        .move_history_feed(HistoryFeed::Changes, rest, 100, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows, ids.len() as u64 - expected);
+    assert!(store.changes_moved_through(newest).await.unwrap());
+    for id in &ids {
+        assert_eq!(entity_times(&*store, id).await, [7], "{id}");
+    }
+    let moved = store
+        .move_history_feed(HistoryFeed::Changes, &all, 100, keep_all)
+        .await
+        .unwrap();
+    assert_eq!(moved.through, None);
 }
 
 /// Rollups count each stored row once: overlapping (replayed) appends add

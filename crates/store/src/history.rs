@@ -9,8 +9,25 @@ use async_trait::async_trait;
 use crate::{Result, StoreError, HISTORY_DELETE_CHUNK};
 
 /// Name of the cursor (in the history's file) recording how far the
-/// history feed has been moved into the history.
+/// changes feed has been moved into the history: partition 0's, and with
+/// `/<n>` appended partition `n`'s ([`crate::partition_cursor`]).
 pub const HISTORY_FEED_CURSOR: &str = "history_feed";
+
+/// The changes-feed partition of an entity's states among `partitions`:
+/// the changes feed is split by entity, so each partition can be moved by
+/// a node of its own (no two nodes then touch the same series or rollup
+/// buckets), and the hash is fixed (it decides which cursor covers a
+/// queued entry).
+pub fn history_partition(tenant: &str, entity_id: &str, entity_type: &str, partitions: u16) -> u16 {
+    weft_model::uplink::partition_of_parts(
+        &[
+            tenant.as_bytes(),
+            entity_id.as_bytes(),
+            entity_type.as_bytes(),
+        ],
+        partitions,
+    )
+}
 
 /// One recorded value of one attribute of one entity at one time index:
 /// a row of the history (QuantumLeap's table, narrowed).
@@ -61,11 +78,14 @@ pub enum HistoryFeed {
 
 /// What one [`HistoryStore::move_history_feed`] did, and when the mover
 /// should come back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FeedMove {
-    /// The position of the last feed entry moved (the feed is consumed
-    /// through it); `None` when nothing was waiting.
+    /// The position of the last feed entry moved (the partitions moved are
+    /// consumed through it); `None` when nothing was waiting.
     pub through: Option<u64>,
+    /// For the changes feed, each partition moved and the position of its
+    /// last entry moved (what [`HistoryStore::prune_history_feed`] takes).
+    pub consumed: Vec<(u16, u64)>,
     /// Rows taken from the feed and stored (replays of stored rows
     /// included, rows the filter refused not).
     pub rows: u64,
@@ -108,9 +128,13 @@ pub(crate) struct MoveTuning {
     pub interval: Duration,
 }
 
-/// [`HistoryStore::move_history_feed`] from a backend's feed primitives
-/// and its tuning, the same logic for every backend: the entries after the
-/// feed's cursor (about `max_rows` rows), their rows that `keep` accepts
+/// A feed entry a move read: its position, its changes-feed partition (0
+/// for notifications) and its rows.
+pub(crate) type ReadEntry = (u64, u16, Vec<HistoryRow>);
+
+/// [`HistoryStore::move_history_feed`] from the entries a backend read
+/// after the feed's cursors (`max_rows` asked for) and its tuning:
+/// their rows that `keep` accepts
 /// grouped by entity, then by recorded state in time order ([`by_state`]:
 /// consecutive inserts then land on the same index pages, far fewer page
 /// visits than arrival order), stored in chunks of about
@@ -121,20 +145,20 @@ pub(crate) struct MoveTuning {
 pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
     store: &S,
     feed: HistoryFeed,
+    entries: Vec<ReadEntry>,
     max_rows: usize,
     keep: &FeedFilter<'_>,
     tuning: MoveTuning,
 ) -> Result<FeedMove> {
-    let after = store.history_feed_cursor(feed).await?;
-    let entries = store.read_history_feed(feed, after, max_rows).await?;
     let started = Instant::now();
-    let Some(&(through, _)) = entries.last() else {
+    let Some(&(through, ..)) = entries.last() else {
         return Ok(FeedMove::default());
     };
-    let read: usize = entries.iter().map(|(_, rows)| rows.len()).sum();
+    let consumed = consumed_through(entries.iter().map(|(seq, part, _)| (*part, *seq)));
+    let read: usize = entries.iter().map(|(.., rows)| rows.len()).sum();
     // The entries' rows stay where they were decoded; the order refers to
     // them, and each is moved once, into the chunk that stores it.
-    let mut entries: Vec<Vec<HistoryRow>> = entries.into_iter().map(|(_, rows)| rows).collect();
+    let mut entries: Vec<Vec<HistoryRow>> = entries.into_iter().map(|(.., rows)| rows).collect();
     let order = by_state(&entries, keep);
     let count = order.len() as u64;
     let chunk = tuning.chunk_rows.max(1);
@@ -150,18 +174,18 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
             .map(|k| std::mem::take(&mut entries[k.entry as usize][k.row as usize]))
             .collect();
         let last = end == order.len();
-        store
-            .append_history_from_feed(feed, part, last.then_some(through))
-            .await?;
+        let marks: &[(u16, u64)] = if last { &consumed } else { &[] };
+        store.append_history_from_feed(feed, part, marks).await?;
         start = end;
     }
     if order.is_empty() {
         store
-            .append_history_from_feed(feed, Vec::new(), Some(through))
+            .append_history_from_feed(feed, Vec::new(), &consumed)
             .await?;
     }
     Ok(FeedMove {
         through: Some(through),
+        consumed,
         rows: count,
         more: read >= max_rows,
         // Behind by a whole move or more: no pause until caught up.
@@ -171,6 +195,35 @@ pub(crate) async fn move_feed<S: HistoryStore + ?Sized>(
             tuning.interval.saturating_sub(started.elapsed())
         },
     })
+}
+
+/// Each partition among `(partition, position)` pairs with its last
+/// position, by partition: how far a move consumed each.
+pub(crate) fn consumed_through(entries: impl Iterator<Item = (u16, u64)>) -> Vec<(u16, u64)> {
+    let mut last = std::collections::BTreeMap::new();
+    for (part, seq) in entries {
+        let at = last.entry(part).or_insert(seq);
+        *at = (*at).max(seq);
+    }
+    last.into_iter().collect()
+}
+
+/// Splits a compact feed entry ([`encode_feed_entry`]) into one entry per
+/// changes-feed partition its states fall in ([`history_partition`]
+/// among `partitions`), each state's bytes copied as they are; `None`
+/// when the entry is not decodable. An entry without states gives none.
+pub(crate) fn split_feed_entry(entry: &[u8], partitions: u16) -> Option<Vec<(u16, Vec<u8>)>> {
+    let mut parts: std::collections::BTreeMap<u16, Vec<u8>> = std::collections::BTreeMap::new();
+    for span in FeedSpans::of(entry)? {
+        let span = span?;
+        let h = &span.head;
+        let part = history_partition(h.tenant, h.entity_id, h.entity_type, partitions);
+        parts
+            .entry(part)
+            .or_insert_with(|| vec![FEED_FORMAT])
+            .extend_from_slice(span.bytes);
+    }
+    Some(parts.into_iter().collect())
 }
 
 /// Where one row goes in a feed move's order ([`by_state`]).
@@ -923,14 +976,24 @@ pub trait HistoryStore: Send + Sync {
     /// is batched into commits, and answers how long to wait before the
     /// next ([`FeedMove::pause`]); a move that fails midway is repeated
     /// whole, storing nothing twice.
+    ///
+    /// For the changes feed, only the entries of partitions `parts` (of
+    /// [`HistoryStore::change_feed_partitions`]) are moved, each
+    /// partition's cursor moving on its own: nodes move partitions side by
+    /// side. `parts` means nothing to the notifications feed.
     async fn move_history_feed(
         &self,
         feed: HistoryFeed,
+        parts: &[u16],
         max_rows: usize,
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove>;
+    /// How many partitions the changes feed is split into (by entity,
+    /// [`history_partition`]): fixed when the store was created, 1 for a
+    /// store only one node uses.
+    fn change_feed_partitions(&self) -> u16;
     /// The entries of `feed` after `after` (exclusive), oldest first, at
-    /// most about `max_rows` rows (whole entries): what a move reads, for
+    /// most about `max_rows` rows (whole entries), every partition's: for
     /// looking into a feed without moving it.
     async fn read_history_feed(
         &self,
@@ -938,23 +1001,31 @@ pub trait HistoryStore: Send + Sync {
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>>;
-    /// Stores history rows taken from `feed` and, with `through`, marks the
-    /// feed consumed that far, in one commit of the history's file: one
-    /// commit of a move. A large move goes in several calls (only the last
-    /// with `through`), so notifications waiting for the same writer are
-    /// not held up behind it; a crash between them only repeats idempotent
-    /// inserts. Answers how many rows were new.
+    /// Stores history rows taken from `feed` and marks the feed consumed
+    /// as far as `through` says (each partition through its position; the
+    /// notifications feed, partition 0, through its one), in one commit of
+    /// the history's file: one commit of a move. A large move goes in
+    /// several calls (only the last with `through`), so notifications
+    /// waiting for the same writer are not held up behind it; a crash
+    /// between them only repeats idempotent inserts. Answers how many rows
+    /// were new.
     async fn append_history_from_feed(
         &self,
         feed: HistoryFeed,
         rows: Vec<HistoryRow>,
-        through: Option<u64>,
+        through: &[(u16, u64)],
     ) -> Result<u64>;
-    /// How far `feed` has been moved into the history (0: nothing yet, or,
-    /// for the notifications feed, whose moved entries are deleted, always).
-    async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64>;
-    /// Drops changes-feed entries up to `through` (already moved).
-    async fn prune_history_feed(&self, through: u64) -> Result<u64>;
+    /// How far partition `part` of `feed` has been moved into the history
+    /// (0: nothing yet, or, for the notifications feed, whose moved
+    /// entries are deleted, always).
+    async fn history_feed_cursor(&self, feed: HistoryFeed, part: u16) -> Result<u64>;
+    /// Drops changes-feed entries already moved: of each partition, those
+    /// up to its position.
+    async fn prune_history_feed(&self, through: &[(u16, u64)]) -> Result<u64>;
+    /// Whether every changes-feed entry up to `seq`, whichever partition,
+    /// has been moved: what a query waits for on a node that does not
+    /// move every partition itself.
+    async fn changes_moved_through(&self, seq: u64) -> Result<bool>;
     /// Queues notified history rows in the notifications feed; answers the
     /// entry's position once it is durable.
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;

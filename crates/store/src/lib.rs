@@ -64,9 +64,9 @@ pub use cluster::{ClusterStore, ClusterView, LeaseRecord, NodeInfo, NodeRecord};
 pub use context::{ContextStore, DocumentKind, DocumentMerge, EntityRecord, NgsiDocument};
 pub use downlinks::{DownlinkStore, FINISHED_DOWNLINKS_KEPT};
 pub use history::{
-    AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef, HistoryAggregate, HistoryCutoffs,
-    HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates,
-    HistoryStore, HISTORY_FEED_CURSOR, STATE_MARKER,
+    history_partition, AggrMethod, AggrPeriod, FeedFilter, FeedMove, FeedStateRef,
+    HistoryAggregate, HistoryCutoffs, HistoryDelete, HistoryEntity, HistoryFeed, HistoryQuery,
+    HistoryRow, HistoryStates, HistoryStore, HISTORY_FEED_CURSOR, STATE_MARKER,
 };
 pub use ingest::IngestLogStore;
 pub use keys::KeyStore;

@@ -25,9 +25,10 @@ use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
+use crate::history::split_feed_entry;
 use crate::{
-    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryStates, LoggedChange,
-    NgsiDocument, Result,
+    ContextStore, DocumentKind, EntityRecord, HistoryFeed, HistoryStates, HistoryStore,
+    LoggedChange, NgsiDocument, Result,
 };
 
 /// An NGSI entity write (`put_entity`): the entity, the history rows it
@@ -38,6 +39,8 @@ pub(super) struct EntityPut {
     record: EntityRecord,
     history: HistoryStates,
     change: Option<LoggedChange>,
+    /// The changes feed's partitions ([`HistoryStore::change_feed_partitions`]).
+    partitions: u16,
 }
 
 impl Combine for EntityPut {
@@ -62,7 +65,7 @@ impl Combine for EntityPut {
             let (entities, logged, queued) = tokio::join!(
                 put_entities(c, &records),
                 log_changes(c, &changes),
-                queue_changes(c, &history),
+                queue_changes(c, &history, partitions_of(puts)),
             );
             entities.and(logged).and(queued)?;
             Ok(vec![(); puts.len()])
@@ -75,7 +78,7 @@ impl Combine for EntityPut {
             let (entity, logged, queued) = tokio::join!(
                 put_entities(c, std::slice::from_ref(&put.record)),
                 log_changes(c, put.change.as_slice()),
-                queue_changes(c, &entry),
+                queue_changes(c, &entry, put.partitions),
             );
             entity.and(logged).and(queued)
         })
@@ -94,6 +97,7 @@ impl ContextStore for PostgresStore {
             record,
             history,
             change,
+            partitions: self.change_feed_partitions(),
         };
         self.entity_puts.write(&self.main, put).await
     }
@@ -298,16 +302,31 @@ pub(super) async fn put_entities(c: &Conn, records: &[EntityRecord]) -> Result<(
     Ok(())
 }
 
-/// Queues the history states of entity changes in the changes feed, one
-/// entry in the compact form ([`crate::history::encode_feed_entry`]) per
-/// change set (nothing for an entry without states).
-pub(super) async fn queue_changes(c: &Conn, entry: &[u8]) -> Result<()> {
+/// The changes feed's partitions, as the puts written together know them.
+fn partitions_of(puts: &[EntityPut]) -> u16 {
+    puts.first().map_or(1, |p| p.partitions)
+}
+
+/// Queues the history states of entity changes in the changes feed: a
+/// change set's entry in the compact form
+/// ([`crate::history::encode_feed_entry`]) split into one entry per
+/// partition its entities fall in (`partitions`), in one statement
+/// (nothing for an entry without states).
+pub(super) async fn queue_changes(c: &Conn, entry: &[u8], partitions: u16) -> Result<()> {
     if entry.len() <= 1 {
         return Ok(());
     }
+    let split = split_feed_entry(entry, partitions).ok_or_else(|| {
+        crate::StoreError::Corrupt("a history entry to queue is not decodable".into())
+    })?;
+    let (parts, states): (Vec<i16>, Vec<Vec<u8>>) = split
+        .into_iter()
+        .map(|(part, states)| (part as i16, states))
+        .unzip();
     c.execute(
-        "INSERT INTO history_feed (feed, states) VALUES ($1, $2)",
-        &[&feed_name(HistoryFeed::Changes), &entry],
+        "INSERT INTO history_feed (feed, part, states) \
+         SELECT $1, p, s FROM UNNEST($2::SMALLINT[], $3::BYTEA[]) AS u(p, s)",
+        &[&feed_name(HistoryFeed::Changes), &parts, &states],
     )
     .await
     .map_err(db)?;

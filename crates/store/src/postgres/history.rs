@@ -39,7 +39,7 @@ use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::history::{
     decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
-    move_feed, path_matches, DeleteStep, MoveTuning,
+    move_feed, path_matches, DeleteStep, MoveTuning, ReadEntry,
 };
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
@@ -1398,7 +1398,7 @@ async fn read_history_feed(
     after: u64,
     through: u64,
     max_rows: usize,
-) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
+) -> Result<Vec<ReadEntry>> {
     let mut out = Vec::new();
     let mut total = 0;
     let mut after = to_i64(after);
@@ -1418,27 +1418,117 @@ async fn read_history_feed(
             return Ok(out);
         }
         for row in rows {
-            let seq: i64 = row.get(0);
-            let batch = match (
-                row.get::<_, Option<&[u8]>>(2),
-                row.get::<_, Option<&str>>(1),
-            ) {
-                (Some(states), _) => decode_feed_blob(seq as u64, states)?,
-                // Queued before schema step 15.
-                (None, Some(json)) => decode_feed_entry(seq as u64, json)?,
-                (None, None) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "history feed entry {seq} is empty"
-                    )))
-                }
-            };
+            let (seq, batch) = feed_row(&row)?;
             total += batch.len();
-            out.push((seq as u64, batch));
-            after = seq;
+            out.push((seq, 0, batch));
+            after = to_i64(seq);
             if total >= max_rows {
                 return Ok(out);
             }
         }
+    }
+}
+
+/// A `seq, rows, states` row of `history_feed`: the entry's position and
+/// rows, whichever form it was queued in.
+fn feed_row(row: &Row) -> Result<(u64, Vec<HistoryRow>)> {
+    let seq: i64 = row.get(0);
+    let rows = match (
+        row.get::<_, Option<&[u8]>>(2),
+        row.get::<_, Option<&str>>(1),
+    ) {
+        (Some(states), _) => decode_feed_blob(seq as u64, states)?,
+        // Queued before schema step 15.
+        (None, Some(json)) => decode_feed_entry(seq as u64, json)?,
+        (None, None) => {
+            return Err(StoreError::Corrupt(format!(
+                "history feed entry {seq} is empty"
+            )))
+        }
+    };
+    Ok((seq.max(0) as u64, rows))
+}
+
+/// The changes feed's entries of partitions `parts`, each after its own
+/// cursor (`afters`, alike in order), oldest first across them, until
+/// about `max_rows` rows (whole entries), page by page as
+/// [`read_history_feed`] reads (a page spans [`FEED_PAGE`] `seq`s from the
+/// first entry left in any of the partitions).
+async fn read_change_parts(
+    c: &Client,
+    parts: &[u16],
+    afters: &[u64],
+    max_rows: usize,
+) -> Result<Vec<ReadEntry>> {
+    let parts: Vec<i16> = parts.iter().map(|p| *p as i16).collect();
+    let afters: Vec<i64> = afters.iter().map(|a| to_i64(*a)).collect();
+    let mut out = Vec::new();
+    let mut total = 0;
+    let mut after: i64 = 0;
+    loop {
+        let rows = c
+            .query(
+                "WITH c AS (SELECT * FROM UNNEST($2::SMALLINT[], $3::BIGINT[]) AS c(part, after)), \
+                 lo AS (SELECT MIN(n.seq) AS lo FROM c, LATERAL ( \
+                     SELECT seq FROM history_feed f WHERE f.feed = $1 AND f.part = c.part \
+                     AND f.seq > GREATEST(c.after, $4) ORDER BY f.seq LIMIT 1) n) \
+                 SELECT f.seq, f.rows, f.states, f.part FROM c, lo, LATERAL ( \
+                     SELECT seq, rows, states, part FROM history_feed f \
+                     WHERE f.feed = $1 AND f.part = c.part AND f.seq > GREATEST(c.after, $4) \
+                     AND f.seq <= lo.lo + $5 - 1) f \
+                 ORDER BY f.seq",
+                &[
+                    &feed_name(HistoryFeed::Changes),
+                    &parts,
+                    &afters,
+                    &after,
+                    &FEED_PAGE,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        for row in rows {
+            let (seq, batch) = feed_row(&row)?;
+            let part: i16 = row.get(3);
+            total += batch.len();
+            out.push((seq, part.max(0) as u16, batch));
+            after = to_i64(seq);
+            if total >= max_rows {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// The cursor names of the changes feed's partitions `parts`.
+fn change_cursors(parts: impl IntoIterator<Item = u16>) -> Vec<String> {
+    parts
+        .into_iter()
+        .map(|p| crate::partition_cursor(HISTORY_FEED_CURSOR, p))
+        .collect()
+}
+
+impl PostgresStore {
+    /// The notifications feed's entries after `after`, up to about
+    /// `max_rows` rows, no further than its horizon: moved entries are
+    /// deleted, and none can commit below the horizon later, so past what
+    /// this node moved last there are the same entries, without the dead
+    /// index entries of the moved ones to step over.
+    async fn read_notifications(&self, after: u64, max_rows: usize) -> Result<Vec<ReadEntry>> {
+        let after = after.max(self.notified_moved.load(Ordering::Acquire));
+        let through = self.notified_horizon().await;
+        let client = self.reader().await?;
+        read_history_feed(
+            &client,
+            HistoryFeed::Notifications,
+            after,
+            through,
+            max_rows,
+        )
+        .await
     }
 }
 
@@ -1456,10 +1546,43 @@ impl HistoryStore for PostgresStore {
     async fn move_history_feed(
         &self,
         feed: HistoryFeed,
+        parts: &[u16],
         max_rows: usize,
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove> {
-        move_feed(self, feed, max_rows, keep, MOVE_TUNING).await
+        let entries = match feed {
+            HistoryFeed::Changes => {
+                if parts.is_empty() {
+                    return Ok(FeedMove::default());
+                }
+                let client = self.reader().await?;
+                let names = change_cursors(parts.iter().copied());
+                let stored: HashMap<String, i64> = client
+                    .query(
+                        "SELECT name, next_seq FROM cursors WHERE name = ANY($1)",
+                        &[&names],
+                    )
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect();
+                // Stored as the next position to read (1: nothing yet).
+                let afters: Vec<u64> = names
+                    .iter()
+                    .map(|n| (stored.get(n).copied().unwrap_or(1).max(1) - 1) as u64)
+                    .collect();
+                // The changes feed's writers commit one at a time across
+                // nodes (the main writer's lock): no horizon to wait for.
+                read_change_parts(&client, parts, &afters, max_rows).await?
+            }
+            HistoryFeed::Notifications => self.read_notifications(0, max_rows).await?,
+        };
+        move_feed(self, feed, entries, max_rows, keep, MOVE_TUNING).await
+    }
+
+    fn change_feed_partitions(&self) -> u16 {
+        self.pipeline_partitions
     }
 
     async fn read_history_feed(
@@ -1468,54 +1591,59 @@ impl HistoryStore for PostgresStore {
         after: u64,
         max_rows: usize,
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
-        // The changes feed's writers commit one at a time across nodes
-        // (the main writer's lock); the notifications feed's do not.
-        let (after, through) = match feed {
-            HistoryFeed::Changes => (after, u64::MAX >> 1),
-            // Moved entries are deleted, and none can commit below the
-            // horizon later: past what this node moved last there are
-            // the same entries, without the dead index entries of the
-            // moved ones to step over.
-            HistoryFeed::Notifications => (
-                after.max(self.notified_moved.load(Ordering::Acquire)),
-                self.notified_horizon().await,
-            ),
+        let entries = match feed {
+            HistoryFeed::Changes => {
+                let client = self.reader().await?;
+                read_history_feed(&client, feed, after, u64::MAX >> 1, max_rows).await?
+            }
+            HistoryFeed::Notifications => self.read_notifications(after, max_rows).await?,
         };
-        let client = self.reader().await?;
-        read_history_feed(&client, feed, after, through, max_rows).await
+        Ok(entries
+            .into_iter()
+            .map(|(seq, _, rows)| (seq, rows))
+            .collect())
     }
 
     async fn append_history_from_feed(
         &self,
         feed: HistoryFeed,
         rows: Vec<HistoryRow>,
-        through: Option<u64>,
+        through: &[(u16, u64)],
     ) -> Result<u64> {
         self.ensure_partitions(&rows).await?;
         let series = self.series_of(&rows).await?;
+        // Each partition's cursor is stored as the next position to read,
+        // like the pipeline's.
+        let (names, nexts): (Vec<String>, Vec<i64>) = through
+            .iter()
+            .map(|(part, seq)| {
+                let name = crate::partition_cursor(HISTORY_FEED_CURSOR, *part);
+                (name, to_i64(seq.saturating_add(1)))
+            })
+            .unzip();
+        let last = through.iter().map(|(_, seq)| *seq).max();
         let n = self
             .history
             .write(move |c| {
                 Box::pin(async move {
                     let n = append_history(c, &rows, &series).await?;
-                    let Some(through) = through else {
+                    let Some(last) = last else {
                         return Ok(n);
                     };
                     match feed {
-                        // Stored as the next position to read, like the
-                        // pipeline's cursor.
                         HistoryFeed::Changes => c
                             .execute(
-                                "INSERT INTO cursors (name, next_seq) VALUES ($1, $2) \
+                                "INSERT INTO cursors (name, next_seq) \
+                                 SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[]) \
                                  ON CONFLICT (name) DO UPDATE SET next_seq = excluded.next_seq",
-                                &[&HISTORY_FEED_CURSOR, &to_i64(through.saturating_add(1))],
+                                &[&names, &nexts],
                             )
                             .await
                             .map_err(db)?,
                         HistoryFeed::Notifications => c
                             .execute(
                                 "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
-                                &[&feed_name(feed), &to_i64(through)],
+                                &[&feed_name(feed), &to_i64(last)],
                             )
                             .await
                             .map_err(db)?,
@@ -1524,13 +1652,13 @@ impl HistoryStore for PostgresStore {
                 })
             })
             .await?;
-        if let (HistoryFeed::Notifications, Some(through)) = (feed, through) {
-            self.notified_moved.fetch_max(through, Ordering::AcqRel);
+        if let (HistoryFeed::Notifications, Some(last)) = (feed, last) {
+            self.notified_moved.fetch_max(last, Ordering::AcqRel);
         }
         Ok(n)
     }
 
-    async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64> {
+    async fn history_feed_cursor(&self, feed: HistoryFeed, part: u16) -> Result<u64> {
         if feed == HistoryFeed::Notifications {
             return Ok(0);
         }
@@ -1538,7 +1666,7 @@ impl HistoryStore for PostgresStore {
         let next: Option<i64> = client
             .query_opt(
                 "SELECT next_seq FROM cursors WHERE name = $1",
-                &[&HISTORY_FEED_CURSOR],
+                &[&crate::partition_cursor(HISTORY_FEED_CURSOR, part)],
             )
             .await
             .map_err(db)?
@@ -1547,17 +1675,49 @@ impl HistoryStore for PostgresStore {
         Ok((next.unwrap_or(1).max(0) as u64).saturating_sub(1))
     }
 
-    async fn prune_history_feed(&self, through: u64) -> Result<u64> {
+    async fn prune_history_feed(&self, through: &[(u16, u64)]) -> Result<u64> {
+        let (parts, seqs): (Vec<i16>, Vec<i64>) = through
+            .iter()
+            .map(|(part, seq)| (*part as i16, to_i64(*seq)))
+            .unzip();
         // The main writer queues the changes feed; it prunes it too.
         self.main
             .execute(
-                "DELETE FROM history_feed WHERE feed = $1 AND seq <= $2",
+                "DELETE FROM history_feed f \
+                 USING UNNEST($2::SMALLINT[], $3::BIGINT[]) AS t(part, through) \
+                 WHERE f.feed = $1 AND f.part = t.part AND f.seq <= t.through",
                 vec![
                     param(feed_name(HistoryFeed::Changes)),
-                    param(to_i64(through)),
+                    param(parts),
+                    param(seqs),
                 ],
             )
             .await
+    }
+
+    async fn changes_moved_through(&self, seq: u64) -> Result<bool> {
+        let count = self.change_feed_partitions().max(1);
+        let parts: Vec<i16> = (0..count).map(|p| p as i16).collect();
+        let names = change_cursors(0..count);
+        let client = self.reader().await?;
+        let row = client
+            .query_one(
+                "SELECT NOT EXISTS ( \
+                     SELECT 1 FROM UNNEST($2::SMALLINT[], $3::TEXT[]) AS c(part, name) \
+                     LEFT JOIN cursors k ON k.name = c.name \
+                     CROSS JOIN LATERAL (SELECT 1 FROM history_feed f \
+                         WHERE f.feed = $1 AND f.part = c.part \
+                         AND f.seq >= COALESCE(k.next_seq, 1) AND f.seq <= $4 LIMIT 1) w)",
+                &[
+                    &feed_name(HistoryFeed::Changes),
+                    &parts,
+                    &names,
+                    &to_i64(seq),
+                ],
+            )
+            .await
+            .map_err(db)?;
+        Ok(row.get(0))
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {

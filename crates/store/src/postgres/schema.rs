@@ -396,6 +396,14 @@ WHERE EXISTS (SELECT 1 FROM ingest_log) OR EXISTS (SELECT 1 FROM data_units)
     r#"
 ALTER TABLE cluster_leases ADD COLUMN load DOUBLE PRECISION NOT NULL DEFAULT 0;
 "#,
+    // Step 19: the changes feed split by entity into the pipeline's
+    // number of partitions (`crate::history_partition`), each moved by
+    // whichever node holds it, under a cursor of its own. Entries queued
+    // before are partition 0's, under the cursor the feed had.
+    r#"
+ALTER TABLE history_feed ADD COLUMN part SMALLINT NOT NULL DEFAULT 0;
+CREATE INDEX history_feed_parts ON history_feed (feed, part, seq);
+"#,
 ];
 
 /// Brings the database up to the latest schema; returns the version it is
@@ -502,11 +510,24 @@ pub(super) async fn history_partitions(client: &Client) -> Result<Vec<(String, i
     Ok(out)
 }
 
-/// Creates the history partition for `time` unless it exists. Rows already
-/// in the default partition for that range are moved into it (PostgreSQL
-/// refuses to attach a range the default partition holds rows of).
+/// Held (for its transaction) by whoever creates a history partition:
+/// nodes moving the history side by side would otherwise create the same
+/// week's partition at once and deadlock on the locks both take.
+const HISTORY_PARTITION_LOCK: i64 = 0x7765_6674_5f70_6172; // "weft_par"
+
+/// Creates the history partition for `time` unless it exists, one node at
+/// a time. Rows already in the default partition for that range are moved
+/// into it (PostgreSQL refuses to attach a range the default partition
+/// holds rows of).
 pub(super) async fn ensure_partition(client: &Conn, time: i64) -> Result<()> {
     let (name, from, to) = partition_for(time);
+    client
+        .execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&HISTORY_PARTITION_LOCK],
+        )
+        .await
+        .map_err(db)?;
     let exists = client
         .query_opt("SELECT 1 FROM pg_class WHERE relname = $1", &[&name])
         .await

@@ -158,12 +158,13 @@ async fn opening_migrates_once_and_refuses_a_newer_schema() {
         .collect();
     assert_eq!(
         versions,
-        [18],
-        "eighteen steps: the first schema, device events, the API keys, history instances, \
+        [19],
+        "nineteen steps: the first schema, device events, the API keys, history instances, \
          cluster nodes and leases, downlinks, the MQTT device and source of uplinks, \
          the pipeline's partitions, channel subscribers' activity, uplinks' pins, \
          history columns, the notification outbox, channel webhook calls, history series, \
-         compact history feed entries, entities by id, store settings, leases' loads"
+         compact history feed entries, entities by id, store settings, leases' loads, \
+         history feed partitions"
     );
     client
         .batch_execute("UPDATE weft_schema SET version = 99")
@@ -694,7 +695,7 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
     let keep: &FeedFilter = &|_| true;
     let first = store.queue_history(vec![row("A", 1)]).await.unwrap();
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .move_history_feed(HistoryFeed::Notifications, &[], 1_000, keep)
         .await
         .unwrap();
     assert_eq!((moved.through, moved.rows), (Some(first), 1));
@@ -721,14 +722,14 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
     let mine = store.queue_history(vec![row("C", 3)]).await.unwrap();
     assert!(mine > held as u64);
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .move_history_feed(HistoryFeed::Notifications, &[], 1_000, keep)
         .await
         .unwrap();
     assert_eq!(moved.rows, 0, "moved past an entry still in flight");
 
     late.batch_execute("COMMIT").await.unwrap();
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 1_000, keep)
+        .move_history_feed(HistoryFeed::Notifications, &[], 1_000, keep)
         .await
         .unwrap();
     assert_eq!((moved.through, moved.rows), (Some(mine), 2));
@@ -817,6 +818,62 @@ async fn a_new_history_partition_takes_over_its_rows_from_the_default() {
         .unwrap()
         .get(0);
     assert_eq!((in_partition, in_default), (1, 0));
+}
+
+/// Changes queued before the changes feed was split (step 19) are
+/// partition 0's, under the cursor the whole feed had: what was moved
+/// then is not moved again, what waited is moved with partition 0.
+#[tokio::test]
+async fn changes_queued_before_the_feed_was_split_are_moved_once() {
+    let url = test_database().await;
+    let mut client = raw(&url).await;
+    schema::migrate_through(&mut client, 18).await.unwrap();
+    let entry =
+        |id: &str| crate::history::encode_feed_entry(&[crate::conformance::feed_row(id, 5)]);
+    for id in ["moved", "waiting"] {
+        client
+            .execute(
+                "INSERT INTO history_feed (feed, states) VALUES ('changes', $1)",
+                &[&entry(id)],
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute("INSERT INTO cursors (name, next_seq) VALUES ('history_feed', 2)")
+        .await
+        .unwrap();
+    drop(client);
+    let store = open(&url).await;
+    assert!(!store.changes_moved_through(2).await.unwrap());
+    let all: Vec<u16> = (0..store.change_feed_partitions()).collect();
+    let (rest, zero) = (&all[1..], &all[..1]);
+    let moved = store
+        .move_history_feed(HistoryFeed::Changes, rest, 100, &|_| true)
+        .await
+        .unwrap();
+    assert_eq!(
+        moved.through, None,
+        "nothing queued then is in another partition"
+    );
+    let moved = store
+        .move_history_feed(HistoryFeed::Changes, zero, 100, &|_| true)
+        .await
+        .unwrap();
+    assert_eq!((moved.through, moved.rows), (Some(2), 1));
+    assert!(store.changes_moved_through(2).await.unwrap());
+    let ids: Vec<String> = store
+        .query_history(&HistoryQuery {
+            limit: 100,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entity_id)
+        .collect();
+    assert_eq!(ids, ["waiting"]);
+    store.close().await;
 }
 
 /// A database an older weft wrote (history keyed by four texts, before

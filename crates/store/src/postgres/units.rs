@@ -35,8 +35,9 @@ impl UnitStore for PostgresStore {
             // After the NGSI entity writes waiting now, before any later one.
             self.entity_puts.seal();
         }
+        let partitions = crate::HistoryStore::change_feed_partitions(self);
         self.main
-            .write(move |c| Box::pin(async move { processed(c, &batch).await }))
+            .write(move |c| Box::pin(async move { processed(c, &batch, partitions).await }))
             .await
     }
 
@@ -184,7 +185,7 @@ pub(super) async fn cursor(client: &Client, name: &str) -> Result<u64> {
 /// One processed batch, inside the main writer's transaction. The units go
 /// in as one statement over arrays; a unit whose `dataId` is stored (or
 /// earlier in the batch) is skipped and answered as not inserted.
-async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
+async fn processed(c: &Conn, batch: &ProcessedBatch, partitions: u16) -> Result<CommitOutcome> {
     // Sent together on the writer's connection (pipelined): one round
     // trip for all of them instead of one each. They touch different
     // tables, so the order PostgreSQL runs them in does not matter.
@@ -195,7 +196,7 @@ async fn processed(c: &Conn, batch: &ProcessedBatch) -> Result<CommitOutcome> {
         store_new_devices(c, batch),
         store_events(c, &batch.events),
         move_cursors(c, batch),
-        queue_changes(c, &history),
+        queue_changes(c, &history, partitions),
         log_changes(c, &batch.changes),
     );
     let (inserted, seqs) = units?;

@@ -45,10 +45,19 @@ impl HistoryStore for SqliteStore {
     async fn move_history_feed(
         &self,
         feed: HistoryFeed,
+        parts: &[u16],
         max_rows: usize,
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove> {
+        // One node, one partition: the changes feed is not split.
+        if feed == HistoryFeed::Changes && !parts.contains(&0) {
+            return Ok(FeedMove::default());
+        }
         self.move_feed_states(feed, max_rows, keep).await
+    }
+
+    fn change_feed_partitions(&self) -> u16 {
+        1
     }
 
     async fn read_history_feed(
@@ -69,15 +78,16 @@ impl HistoryStore for SqliteStore {
         &self,
         feed: HistoryFeed,
         rows: Vec<HistoryRow>,
-        through: Option<u64>,
+        through: &[(u16, u64)],
     ) -> Result<u64> {
+        let through = through.iter().map(|(_, seq)| *seq).max();
         self.history
             .write(move |c| in_savepoint(c, |c| append_from_feed(c, feed, &rows, through)))
             .await
     }
 
-    async fn history_feed_cursor(&self, feed: HistoryFeed) -> Result<u64> {
-        if feed == HistoryFeed::Notifications {
+    async fn history_feed_cursor(&self, feed: HistoryFeed, part: u16) -> Result<u64> {
+        if feed == HistoryFeed::Notifications || part != 0 {
             return Ok(0);
         }
         // Stored as the next position to read, like the pipeline's (1 when
@@ -89,8 +99,31 @@ impl HistoryStore for SqliteStore {
         Ok(next.saturating_sub(1))
     }
 
-    async fn prune_history_feed(&self, through: u64) -> Result<u64> {
+    async fn prune_history_feed(&self, through: &[(u16, u64)]) -> Result<u64> {
+        let Some(through) = through.iter().find(|(part, _)| *part == 0).map(|(_, s)| *s) else {
+            return Ok(0);
+        };
         self.main.write(move |c| prune_feed(c, through)).await
+    }
+
+    async fn changes_moved_through(&self, seq: u64) -> Result<bool> {
+        let cursor = self.history_feed_cursor(HistoryFeed::Changes, 0).await?;
+        if cursor >= seq {
+            return Ok(true);
+        }
+        // The cursor stops at the last entry moved; entries pruned or
+        // never queued between it and `seq` are not waiting.
+        self.main
+            .read(move |c| {
+                c.prepare_cached(
+                    "SELECT NOT EXISTS (SELECT 1 FROM history_feed WHERE seq > ?1 AND seq <= ?2)",
+                )
+                .and_then(|mut st| {
+                    st.query_row([to_i64(cursor), to_i64(seq)], |r| r.get::<_, bool>(0))
+                })
+                .db()
+            })
+            .await
     }
 
     async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
@@ -222,7 +255,7 @@ impl SqliteStore {
         keep: &FeedFilter<'_>,
     ) -> Result<FeedMove> {
         use std::hash::BuildHasher;
-        let after = self.history_feed_cursor(feed).await?;
+        let after = self.history_feed_cursor(feed, 0).await?;
         let part = match feed {
             HistoryFeed::Changes => &self.main,
             HistoryFeed::Notifications => &self.history,
@@ -288,6 +321,10 @@ impl SqliteStore {
             .await?;
         Ok(FeedMove {
             through: Some(through),
+            consumed: match feed {
+                HistoryFeed::Changes => vec![(0, through)],
+                HistoryFeed::Notifications => Vec::new(),
+            },
             rows,
             more: read >= max_rows,
             // Behind by a whole move or more: no pause until caught up.

@@ -851,7 +851,7 @@ async fn a_move_of_only_refused_states_consumes_the_feed() {
     let store = open(&dir);
     let seq = store.queue_history(vec![feed_row("Old", 1)]).await.unwrap();
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 100, &|_| false)
+        .move_history_feed(HistoryFeed::Notifications, &[], 100, &|_| false)
         .await
         .unwrap();
     assert_eq!((moved.through, moved.rows), (Some(seq), 0));
@@ -862,7 +862,7 @@ async fn a_move_of_only_refused_states_consumes_the_feed() {
         .is_empty());
     store.queue_history(vec![feed_row("New", 2)]).await.unwrap();
     let moved = store
-        .move_history_feed(HistoryFeed::Notifications, 100, &|_| true)
+        .move_history_feed(HistoryFeed::Notifications, &[], 100, &|_| true)
         .await
         .unwrap();
     assert_eq!(moved.rows, 1);
