@@ -1080,6 +1080,35 @@ async fn the_pipeline_moves_to_the_surviving_node_when_its_node_is_killed() {
     assert_eq!(recorded, acked.len(), "a state recorded twice");
 }
 
+/// A history query through either node holds every change acknowledged
+/// before it, whichever node made the change and whichever node moves
+/// its entity's partition of the changes feed (each node moves half).
+#[tokio::test]
+async fn history_read_through_either_node_holds_every_change_acknowledged_before() {
+    let Pair { a, b, .. } = Pair::start().await;
+    shared_work(&a, &b).await;
+    let (on_a, on_b) = (a.client(), b.client());
+    for i in 0..12 {
+        let id = format!("Hist:{i}");
+        let room = json!({"id": id, "type": "Room", "temperature": {"value": 0, "type": "Number"}});
+        let (status, _, body) = call(&on_a, "POST", "/v2/entities", None, Some(&room)).await;
+        assert_eq!(status, 201, "{body}");
+        for v in 1..=3 {
+            let writer = if v % 2 == 0 { &on_a } else { &on_b };
+            let patch = json!({"temperature": {"value": v, "type": "Number"}});
+            let path = format!("/v2/entities/{id}/attrs");
+            let (status, _, body) = call(writer, "PATCH", &path, None, Some(&patch)).await;
+            assert_eq!(status, 204, "{body}");
+        }
+        for reader in [&on_b, &on_a] {
+            let path = format!("/ql/v2/entities/{id}/attrs/temperature");
+            let (status, _, body) = call(reader, "GET", &path, None, None).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["values"], json!([0.0, 1.0, 2.0, 3.0]), "{id}: {body}");
+        }
+    }
+}
+
 /// The `n` of every unit of `channel`, sorted (with repeats).
 async fn numbers_stored(c: &Client, channel: &str) -> Vec<u64> {
     let mut numbers: Vec<u64> = c
