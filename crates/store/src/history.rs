@@ -83,8 +83,9 @@ pub struct FeedMove {
     /// The position of the last feed entry moved (the partitions moved are
     /// consumed through it); `None` when nothing was waiting.
     pub through: Option<u64>,
-    /// For the changes feed, each partition moved and the position of its
-    /// last entry moved (what [`HistoryStore::prune_history_feed`] takes).
+    /// Each partition moved and the position of its last entry moved
+    /// (for the changes feed, what [`HistoryStore::prune_history_feed`]
+    /// takes; the notifications feed is one partition, 0).
     pub consumed: Vec<(u16, u64)>,
     /// Rows taken from the feed and stored (replays of stored rows
     /// included, rows the filter refused not).

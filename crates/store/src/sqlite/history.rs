@@ -321,10 +321,8 @@ impl SqliteStore {
             .await?;
         Ok(FeedMove {
             through: Some(through),
-            consumed: match feed {
-                HistoryFeed::Changes => vec![(0, through)],
-                HistoryFeed::Notifications => Vec::new(),
-            },
+            // One partition here, whichever the feed.
+            consumed: vec![(0, through)],
             rows,
             more: read >= max_rows,
             // Behind by a whole move or more: no pause until caught up.
