@@ -225,9 +225,10 @@ pub struct StoreSection {
     pub url: String,
     /// PostgreSQL read connections (each writer has one more of its own).
     pub pool_size: usize,
-    /// PostgreSQL: how many partitions the pipeline is split into, for a
-    /// new database (one created before keeps its number, 16 before this
-    /// setting): at most this many nodes share the pipeline's work.
+    /// PostgreSQL: how many partitions the pipeline (and the history's
+    /// feed of entity changes) is split into, for a new database (one
+    /// created before keeps its number, 16 before this setting): at most
+    /// this many nodes share the pipeline's work.
     pub partitions: u16,
     /// SQLite: `full`: fsync every commit (an acknowledged write survives
     /// power loss); `normal`: survives a crash of weft, not of the machine.
