@@ -41,11 +41,15 @@ pub enum DefinitionKind {
     /// store, and a node with long polls waiting on the channel reads its
     /// head there and wakes them.
     ChannelMessages,
+    /// A history query waits for the changes feed to be moved (the id is
+    /// empty): not a definition either, but a doorbell — the nodes moving
+    /// partitions of the feed move now instead of waiting out their pause.
+    HistoryWanted,
 }
 
 impl DefinitionKind {
     /// Every kind, for parsing and for tests.
-    pub const ALL: [DefinitionKind; 11] = [
+    pub const ALL: [DefinitionKind; 12] = [
         DefinitionKind::DeviceType,
         DefinitionKind::Device,
         DefinitionKind::Rule,
@@ -57,6 +61,7 @@ impl DefinitionKind {
         DefinitionKind::PageService,
         DefinitionKind::ApiKey,
         DefinitionKind::ChannelMessages,
+        DefinitionKind::HistoryWanted,
     ];
 
     /// The kind's name: the last token of its NATS subject.
@@ -73,6 +78,7 @@ impl DefinitionKind {
             DefinitionKind::PageService => "page-service",
             DefinitionKind::ApiKey => "api-key",
             DefinitionKind::ChannelMessages => "channel-messages",
+            DefinitionKind::HistoryWanted => "history-wanted",
         }
     }
 

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
+use weft_bus::{Bus, DefinitionChange, DefinitionKind};
 use weft_model::history::notified::NotifiedEntity;
 use weft_model::history::numeric;
 use weft_model::ngsi::Entity;
@@ -174,6 +175,11 @@ pub struct History {
     /// Whether other nodes may queue notifications too: then
     /// [`History::settle`] always asks the store.
     clustered: std::sync::atomic::AtomicBool,
+    /// Where a query that waits for other nodes' movers rings them
+    /// ([`DefinitionKind::HistoryWanted`]); unset on one node.
+    movers: std::sync::OnceLock<Arc<dyn Bus>>,
+    /// When this node last rang the other nodes' movers (epoch ms).
+    rang_at: AtomicI64,
 }
 
 impl History {
@@ -192,7 +198,36 @@ impl History {
             recovered: watch::Sender::new(false),
             moving: std::sync::atomic::AtomicBool::new(false),
             clustered: std::sync::atomic::AtomicBool::new(false),
+            movers: std::sync::OnceLock::new(),
+            rang_at: AtomicI64::new(0),
         })
+    }
+
+    /// Lets queries on this node ring the other nodes' movers through
+    /// `bus` when they wait for changes those nodes move.
+    pub fn ring_movers_through(&self, bus: Arc<dyn Bus>) {
+        let _ = self.movers.set(bus);
+    }
+
+    /// Asks the nodes moving partitions of the changes feed to move now
+    /// (at most once per [`FEED_IDLE`] from this node: queries waiting at
+    /// once share the ring).
+    fn ring_movers(&self) {
+        let Some(bus) = self.movers.get() else {
+            return;
+        };
+        let now = weft_model::now_ms();
+        let idle = FEED_IDLE.as_millis() as i64;
+        let last = self.rang_at.load(Ordering::Acquire);
+        if now - last < idle
+            || self
+                .rang_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        bus.definition_changed(DefinitionChange::new(DefinitionKind::HistoryWanted, ""));
     }
 
     /// Says whether other nodes share the store (and queue notifications
@@ -410,7 +445,13 @@ impl History {
             return;
         }
         // Other nodes move (some of) the partitions: their cursors in the
-        // store say how far.
+        // store say how far; unless that is far enough already, they are
+        // rung to move now rather than after their pause.
+        match self.store.changes_moved_through(newest).await {
+            Ok(true) => return,
+            Ok(false) => self.ring_movers(),
+            Err(_) => {}
+        }
         wait_in_store("changes", || async {
             self.store.changes_moved_through(newest).await
         })
@@ -542,6 +583,17 @@ impl History {
         let seq = retry_overloaded(|| self.store.queue_history(rows.clone())).await?;
         self.notified.fetch_max(seq, Ordering::AcqRel);
         Ok(count)
+    }
+}
+
+impl crate::definitions::Follower for History {
+    const KINDS: &'static [DefinitionKind] = &[DefinitionKind::HistoryWanted];
+
+    /// A query on another node waits for the changes feed: the loop moving
+    /// this node's partitions of it (if any) moves now.
+    async fn reload(&self, _: &crate::definitions::Reload) -> Result<(), StoreError> {
+        self.wake_changes.notify_one();
+        Ok(())
     }
 }
 

@@ -176,6 +176,9 @@ impl Services {
         context.set_record_history(config.record_history);
         let history = History::new(store.clone(), config.history_retention.clone());
         history.set_clustered(bus.node().is_some());
+        if bus.node().is_some() {
+            history.ring_movers_through(bus.clone());
+        }
         {
             let history = history.clone();
             cluster.run_leased(work::HISTORY, shutdown.clone(), tracker, move |stop| {
@@ -259,6 +262,7 @@ impl Services {
         follow(registrations.clone(), &*bus, shutdown.clone(), tracker);
         follow(bridges.clone(), &*bus, shutdown.clone(), tracker);
         follow(channels.clone(), &*bus, shutdown.clone(), tracker);
+        follow(history.clone(), &*bus, shutdown.clone(), tracker);
         tracker.spawn(ingest.clone().follow_cursor(shutdown.clone()));
         {
             let ingest = ingest.clone();
