@@ -1503,6 +1503,27 @@ async fn read_change_parts(
     }
 }
 
+/// How far each of the changes feed's partitions `parts` has been moved
+/// (alike in order; 0: nothing yet): their cursors hold the next position
+/// to read, like the pipeline's, and a partition without one starts at 1.
+async fn change_feed_positions(c: &Client, parts: &[u16]) -> Result<Vec<u64>> {
+    let names = change_cursors(parts.iter().copied());
+    let stored: HashMap<String, i64> = c
+        .query(
+            "SELECT name, next_seq FROM cursors WHERE name = ANY($1)",
+            &[&names],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(names
+        .iter()
+        .map(|n| (stored.get(n).copied().unwrap_or(1).max(1) - 1) as u64)
+        .collect())
+}
+
 /// The cursor names of the changes feed's partitions `parts`.
 fn change_cursors(parts: impl IntoIterator<Item = u16>) -> Vec<String> {
     parts
@@ -1556,22 +1577,7 @@ impl HistoryStore for PostgresStore {
                     return Ok(FeedMove::default());
                 }
                 let client = self.reader().await?;
-                let names = change_cursors(parts.iter().copied());
-                let stored: HashMap<String, i64> = client
-                    .query(
-                        "SELECT name, next_seq FROM cursors WHERE name = ANY($1)",
-                        &[&names],
-                    )
-                    .await
-                    .map_err(db)?
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1)))
-                    .collect();
-                // Stored as the next position to read (1: nothing yet).
-                let afters: Vec<u64> = names
-                    .iter()
-                    .map(|n| (stored.get(n).copied().unwrap_or(1).max(1) - 1) as u64)
-                    .collect();
+                let afters = change_feed_positions(&client, parts).await?;
                 // The changes feed's writers commit one at a time across
                 // nodes (the main writer's lock): no horizon to wait for.
                 read_change_parts(&client, parts, &afters, max_rows).await?
@@ -1663,16 +1669,7 @@ impl HistoryStore for PostgresStore {
             return Ok(0);
         }
         let client = self.reader().await?;
-        let next: Option<i64> = client
-            .query_opt(
-                "SELECT next_seq FROM cursors WHERE name = $1",
-                &[&crate::partition_cursor(HISTORY_FEED_CURSOR, part)],
-            )
-            .await
-            .map_err(db)?
-            .map(|r| r.get(0));
-        // 1 (nothing consumed) when absent, like any cursor.
-        Ok((next.unwrap_or(1).max(0) as u64).saturating_sub(1))
+        Ok(change_feed_positions(&client, &[part]).await?[0])
     }
 
     async fn prune_history_feed(&self, through: &[(u16, u64)]) -> Result<u64> {
