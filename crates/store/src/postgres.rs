@@ -149,6 +149,14 @@ pub struct PostgresStore {
     notified_moved: std::sync::atomic::AtomicU64,
     channels: Writer,
     committed: watch::Receiver<u64>,
+    /// The ingest log's horizon (read through `committed`), followed while
+    /// the store lives.
+    _log_horizon: horizon::Tracked,
+    /// The notifications feed's (read through `notified_through`).
+    _notified_horizon: horizon::Tracked,
+    /// The horizon of the logs the main writer appends to
+    /// (`context::MAIN`), read up to by their forward readers.
+    main_horizon: horizon::Tracked,
     /// The weekly history partitions known to exist.
     partitions: history::Partitions,
     /// How many partitions the pipeline is split into (fixed in the
@@ -177,6 +185,7 @@ impl PostgresStore {
         // `postgres/horizon.rs`).
         let horizon = horizon::settle(&client, &ingest::LOG).await?;
         let notified_horizon = horizon::settle(&client, &history::NOTIFIED).await?;
+        let main_horizon = horizon::settle(&client, &context::MAIN).await?;
         drop(client);
 
         let manager = Manager::from_config(
@@ -191,8 +200,8 @@ impl PostgresStore {
             .build()
             .map_err(|e| StoreError::Database(format!("building the connection pool: {e}")))?;
 
-        let last_seq = horizon.through;
-        let (committed_tx, committed) = watch::channel(horizon.through);
+        let last_seq = horizon.through[0];
+        let (committed_tx, committed) = watch::channel(last_seq);
         let log_committed = Arc::new(tokio::sync::Notify::new());
         let writer = |name| WriterConfig {
             name,
@@ -214,25 +223,34 @@ impl PostgresStore {
             Some(log_committed.clone()),
         )
         .await?;
-        tokio::spawn(horizon::follow(
+        let log_horizon = horizon::Tracked::start(
             pool.clone(),
             &ingest::LOG,
             horizon,
-            Arc::new(committed_tx),
             log_committed,
-        ));
-        // The main writer queues the changes feed of history, read forward
-        // from a cursor like the ingest log: its transactions commit one at
-        // a time across nodes.
+            Some(committed_tx),
+        );
+        // The main writer appends to logs read forward from a cursor too
+        // (data units, alarm events, the changes feed of history): every
+        // node's side by side, read up to their horizon like the ingest
+        // log's, looked at when a reader asks (`context::MAIN`).
         let main = Writer::start(
             connector.clone(),
             WriterConfig {
-                opening: Some(context::SERIAL_CHANGES),
+                opening: Some(context::MAIN.opening),
+                session: Some(context::MAIN.session),
                 ..writer("main")
             },
             None,
         )
         .await?;
+        let main_horizon = horizon::Tracked::start(
+            pool.clone(),
+            &context::MAIN,
+            main_horizon,
+            Arc::new(tokio::sync::Notify::new()),
+            None,
+        );
         // Each node's notifications writer queues QuantumLeap
         // notifications, which several nodes append side by side: the
         // notifications feed has a horizon like the ingest log's, its
@@ -243,7 +261,7 @@ impl PostgresStore {
         // notifications are not held up by a move; the history recorder
         // holds a node's acknowledgements back when its mover falls
         // behind (`weft_pipeline::History`).
-        let (notified_tx, notified_through) = watch::channel(notified_horizon.through);
+        let (notified_tx, notified_through) = watch::channel(notified_horizon.through[0]);
         let notified = Writer::start(
             connector.clone(),
             WriterConfig {
@@ -254,13 +272,13 @@ impl PostgresStore {
             None,
         )
         .await?;
-        tokio::spawn(horizon::follow(
+        let notified_horizon = horizon::Tracked::start(
             pool.clone(),
             &history::NOTIFIED,
             notified_horizon,
-            Arc::new(notified_tx),
             Arc::new(tokio::sync::Notify::new()),
-        ));
+            Some(notified_tx),
+        );
         let history = Writer::start(connector.clone(), writer("history"), None).await?;
         // Channel messages too are read forward from a cursor (a
         // subscriber's): with several nodes publishing, their
@@ -293,10 +311,25 @@ impl PostgresStore {
             notified_moved: std::sync::atomic::AtomicU64::new(0),
             channels,
             committed,
+            _log_horizon: log_horizon,
+            _notified_horizon: notified_horizon,
+            main_horizon,
             partitions: history::Partitions::default(),
             pipeline_partitions: partitions,
             series: history::SeriesIds::default(),
         })
+    }
+
+    /// How far `log`, one of those the main writer appends to, may be read
+    /// forward: its horizon, once past everything committed before this
+    /// call (`horizon::Tracked::caught_up`).
+    async fn main_horizon(&self, log: context::MainLog) -> u64 {
+        self.main_horizon
+            .caught_up()
+            .await
+            .get(log as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A connection of the read pool.

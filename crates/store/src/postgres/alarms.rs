@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use tokio_postgres::types::ToSql;
 
+use super::context::MainLog;
 use super::schema::db;
 use super::writer::param;
 use super::MAX_QUERY_ROWS;
@@ -266,22 +267,31 @@ impl RuleStore for PostgresStore {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// The newest event below the horizon (see `alarm_events`).
     async fn alarm_events_head(&self) -> Result<u64> {
+        let through = self.main_horizon(MainLog::AlarmEvents).await;
         let client = self.reader().await?;
         let row = client
-            .query_one("SELECT COALESCE(MAX(seq), 0) FROM alarm_events", &[])
+            .query_one(
+                "SELECT COALESCE(MAX(seq), 0) FROM alarm_events WHERE seq <= $1",
+                &[&to_i64(through)],
+            )
             .await
             .map_err(db)?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 
+    /// Reads no further than the events' horizon: a bridge reading
+    /// forward never passes an event another node commits later.
     async fn alarm_events(&self, after: u64, limit: usize) -> Result<Vec<(u64, String)>> {
+        let through = self.main_horizon(MainLog::AlarmEvents).await;
         let client = self.reader().await?;
         let limit = limit.min(MAX_QUERY_ROWS) as i64;
         let rows = client
             .query(
-                "SELECT seq, json FROM alarm_events WHERE seq > $1 ORDER BY seq LIMIT $2",
-                &[&to_i64(after), &limit],
+                "SELECT seq, json FROM alarm_events WHERE seq > $1 AND seq <= $3 \
+                 ORDER BY seq LIMIT $2",
+                &[&to_i64(after), &limit, &to_i64(through)],
             )
             .await
             .map_err(db)?;

@@ -7,12 +7,45 @@
 
 use async_trait::async_trait;
 
-/// Opens every transaction of the main writer, which queues the changes
-/// feed: a lock held until the commit, taken by every node's main writer,
-/// so feed entries become visible in `seq` order across the cluster and
-/// the history's mover, reading forward from its cursor, never passes one
-/// that commits later (any constant unique to weft: "weft_chg").
-pub(super) const SERIAL_CHANGES: &str = "SELECT pg_advisory_xact_lock(8603115516262213735)";
+/// The logs the main writer appends to that readers follow forward: data
+/// units (rule lanes catching up, bridges), alarm events (bridges) and the
+/// history's changes feed (its movers, per partition). Every node's main
+/// writer appends side by side; readers read each only up to its horizon
+/// (`postgres/horizon.rs`), so none passes an entry that commits late.
+///
+/// A node's main writer connection is named for good, like the ingest
+/// log's writer. Writers and looks take the lock older versions of weft
+/// took exclusively around every transaction of their main writer
+/// (8603115516262213735, "weft_chg"), shared: while a cluster is being
+/// upgraded, an older node's transactions are never in flight beside a
+/// look. Looked at only when a reader asks: nothing follows these logs
+/// closely enough to look every few milliseconds.
+pub(super) const MAIN: Followed = Followed {
+    name: "main writer's logs",
+    opening: "SELECT pg_advisory_xact_lock_shared(8603115516262213735), pg_current_xact_id()",
+    session: "SET application_name = 'weft main writer'",
+    look: "BEGIN; \
+        SELECT pg_advisory_xact_lock_shared(8603115516262213735); \
+        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('data_units', 'seq')), 0)::TEXT, \
+               COALESCE(pg_sequence_last_value(pg_get_serial_sequence('alarm_events', 'seq')), 0)::TEXT, \
+               COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
+        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'weft main writer' \
+           AND backend_xid IS NOT NULL; \
+        COMMIT",
+    on_demand: true,
+};
+
+/// Which of [`MAIN`]'s sequences a horizon's `seq` is of.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum MainLog {
+    /// `data_units.seq`.
+    Units = 0,
+    /// `alarm_events.seq`.
+    AlarmEvents = 1,
+    /// `history_feed.seq` (the changes feed's entries among others).
+    ChangesFeed = 2,
+}
 
 use std::collections::HashMap;
 
@@ -21,6 +54,7 @@ use futures::future::BoxFuture;
 use super::combine::Combine;
 use super::conn::Conn;
 use super::history::feed_name;
+use super::horizon::Followed;
 use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;
@@ -188,8 +222,8 @@ impl ContextStore for PostgresStore {
         merge: crate::DocumentMerge,
     ) -> Result<Option<NgsiDocument>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
-        // The main writer's transactions are serialised across nodes (see
-        // `SERIAL_CHANGES`), and the row is locked besides.
+        // The row is locked until the commit: another node's merge of the
+        // same document waits for this one, then reads what it stored.
         self.main
             .write(move |c| {
                 Box::pin(async move {
@@ -280,7 +314,19 @@ pub(super) async fn put_entities(c: &Conn, records: &[EntityRecord]) -> Result<(
     if records.is_empty() {
         return Ok(());
     }
-    let column = |f: fn(&EntityRecord) -> &str| records.iter().map(f).collect::<Vec<&str>>();
+    // In the order of their keys: every node's writes lock the rows they
+    // upsert in the same order, so two nodes writing the same entities at
+    // once wait for one another instead of deadlocking.
+    let mut records: Vec<&EntityRecord> = records.iter().collect();
+    records.sort_unstable_by(|a, b| {
+        (&a.tenant, &a.service_path, &a.id, &a.entity_type).cmp(&(
+            &b.tenant,
+            &b.service_path,
+            &b.id,
+            &b.entity_type,
+        ))
+    });
+    let column = |f: fn(&EntityRecord) -> &str| records.iter().map(|r| f(r)).collect::<Vec<&str>>();
     let created: Vec<i64> = records.iter().map(|r| to_i64(r.created)).collect();
     c.execute(
         "INSERT INTO entities (tenant, service_path, id, type, created, json) \

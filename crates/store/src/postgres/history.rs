@@ -33,6 +33,7 @@ use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 
 use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
+use super::context::MainLog;
 use super::horizon::Followed;
 use super::schema::{self, db};
 use super::writer::param;
@@ -119,6 +120,7 @@ pub(super) const NOTIFIED: Followed = Followed {
          WHERE datname = current_database() AND application_name = 'weft notifications feed' \
            AND backend_xid IS NOT NULL; \
         COMMIT",
+    on_demand: false,
 };
 
 /// The span of `seq`s one round trip of [`HistoryStore::read_history_feed`]
@@ -1458,6 +1460,7 @@ async fn read_change_parts(
     c: &Client,
     parts: &[u16],
     afters: &[u64],
+    through: u64,
     max_rows: usize,
 ) -> Result<Vec<ReadEntry>> {
     let parts: Vec<i16> = parts.iter().map(|p| *p as i16).collect();
@@ -1471,11 +1474,11 @@ async fn read_change_parts(
                 "WITH c AS (SELECT * FROM UNNEST($2::SMALLINT[], $3::BIGINT[]) AS c(part, after)), \
                  lo AS (SELECT MIN(n.seq) AS lo FROM c, LATERAL ( \
                      SELECT seq FROM history_feed f WHERE f.feed = $1 AND f.part = c.part \
-                     AND f.seq > GREATEST(c.after, $4) ORDER BY f.seq LIMIT 1) n) \
+                     AND f.seq > GREATEST(c.after, $4) AND f.seq <= $6 ORDER BY f.seq LIMIT 1) n) \
                  SELECT f.seq, f.rows, f.states, f.part FROM c, lo, LATERAL ( \
                      SELECT seq, rows, states, part FROM history_feed f \
                      WHERE f.feed = $1 AND f.part = c.part AND f.seq > GREATEST(c.after, $4) \
-                     AND f.seq <= lo.lo + $5 - 1) f \
+                     AND f.seq <= LEAST(lo.lo + $5 - 1, $6)) f \
                  ORDER BY f.seq",
                 &[
                     &feed_name(HistoryFeed::Changes),
@@ -1483,6 +1486,7 @@ async fn read_change_parts(
                     &afters,
                     &after,
                     &FEED_PAGE,
+                    &to_i64(through),
                 ],
             )
             .await
@@ -1576,11 +1580,13 @@ impl HistoryStore for PostgresStore {
                 if parts.is_empty() {
                     return Ok(FeedMove::default());
                 }
+                // Every node's main writer queues changes side by side:
+                // read up to their horizon, so a move never passes (nor
+                // prunes past) an entry that commits late.
+                let through = self.main_horizon(MainLog::ChangesFeed).await;
                 let client = self.reader().await?;
                 let afters = change_feed_positions(&client, parts).await?;
-                // The changes feed's writers commit one at a time across
-                // nodes (the main writer's lock): no horizon to wait for.
-                read_change_parts(&client, parts, &afters, max_rows).await?
+                read_change_parts(&client, parts, &afters, through, max_rows).await?
             }
             HistoryFeed::Notifications => self.read_notifications(0, max_rows).await?,
         };
@@ -1599,8 +1605,9 @@ impl HistoryStore for PostgresStore {
     ) -> Result<Vec<(u64, Vec<HistoryRow>)>> {
         let entries = match feed {
             HistoryFeed::Changes => {
+                let through = self.main_horizon(MainLog::ChangesFeed).await;
                 let client = self.reader().await?;
-                read_history_feed(&client, feed, after, u64::MAX >> 1, max_rows).await?
+                read_history_feed(&client, feed, after, through, max_rows).await?
             }
             HistoryFeed::Notifications => self.read_notifications(after, max_rows).await?,
         };

@@ -26,6 +26,7 @@
 //! are never in flight alongside these while a cluster is being upgraded.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,9 +48,14 @@ pub(super) struct Followed {
     /// Names a writer's connection: for the ingest log, so a look finds
     /// the log's transactions in flight among every other.
     pub session: &'static str,
-    /// One look, as one transaction: the sequence's last value (statement
-    /// 2), then the writers in flight as `pid:xid` (statement 3).
+    /// One look, as one transaction: the last value of each of the log's
+    /// sequences, as one row (statement 2), then the writers in flight as
+    /// `pid:xid` (statement 3).
     pub look: &'static str,
+    /// Looked at only while a reader waits ([`Tracked::caught_up`]), not
+    /// on an interval: for a log nobody follows closely, so its looks cost
+    /// the database nothing while nobody reads it.
+    pub on_demand: bool,
 }
 
 /// How often a log is looked at when nothing is waiting on a writer (this
@@ -59,33 +65,42 @@ const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
 /// How soon it is looked at again while writers seen in flight may still be.
 const SETTLE_INTERVAL: Duration = Duration::from_millis(2);
 
-/// The horizon as the looks establish it.
+/// Longest [`Tracked::caught_up`] waits for writers in flight to end (a
+/// writer stuck longer holds the horizon back; the read then stops below
+/// its entries, which a later read finds).
+const CAUGHT_UP_WAIT: Duration = Duration::from_secs(1);
+
+/// The horizon as the looks establish it, one `seq` per sequence of the
+/// log.
 #[derive(Debug, Default)]
 pub(super) struct Horizon {
-    /// The highest `seq` known final, with all below it.
-    pub through: u64,
-    /// A `seq` final once the writers then in flight have ended.
-    waiting: Option<(u64, HashSet<String>)>,
+    /// The highest `seq` of each sequence known final, with all below it.
+    pub through: Vec<u64>,
+    /// `seq`s final once the writers then in flight have ended.
+    waiting: Option<(Vec<u64>, HashSet<String>)>,
 }
 
 impl Horizon {
-    /// Takes one look: `last` the sequence's last value, then `writers`
+    /// Takes one look: `last` the sequences' last values, then `writers`
     /// in flight. Answers whether the horizon moved.
-    pub(super) fn look(&mut self, last: u64, writers: HashSet<String>) -> bool {
-        let before = self.through;
+    pub(super) fn look(&mut self, last: Vec<u64>, writers: HashSet<String>) -> bool {
+        let before = self.through.clone();
+        if self.through.len() < last.len() {
+            self.through.resize(last.len(), 0);
+        }
         if let Some((through, seen)) = &self.waiting {
             if seen.is_disjoint(&writers) {
-                self.through = self.through.max(*through);
+                raise(&mut self.through, through);
                 self.waiting = None;
             }
         }
         if writers.is_empty() {
-            self.through = self.through.max(last);
+            raise(&mut self.through, &last);
             self.waiting = None;
-        } else if self.waiting.is_none() && last > self.through {
+        } else if self.waiting.is_none() && !covers(&self.through, &last) {
             self.waiting = Some((last, writers));
         }
-        self.through > before
+        self.through != before
     }
 
     /// Whether a look soon could move it.
@@ -94,9 +109,37 @@ impl Horizon {
     }
 }
 
-/// One look at `log`: the sequence's last value and the writers in flight.
-async fn look(client: &tokio_postgres::Client, log: &Followed) -> Result<(u64, HashSet<String>)> {
-    let mut last = 0;
+/// Raises each of `through` to the matching `to`, if higher.
+fn raise(through: &mut [u64], to: &[u64]) {
+    for (t, to) in through.iter_mut().zip(to) {
+        *t = (*t).max(*to);
+    }
+}
+
+/// Whether `through` has reached every one of `last`.
+fn covers(through: &[u64], last: &[u64]) -> bool {
+    last.iter()
+        .enumerate()
+        .all(|(i, l)| through.get(i).is_some_and(|t| t >= l))
+}
+
+/// What the looks at a log have found, as its readers see it.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    /// How many looks had begun when this one did (its number).
+    look: u64,
+    /// The sequences' last values at this look.
+    last: Vec<u64>,
+    /// The horizon after it.
+    through: Vec<u64>,
+}
+
+/// One look at `log`: the sequences' last values and the writers in flight.
+async fn look(
+    client: &tokio_postgres::Client,
+    log: &Followed,
+) -> Result<(Vec<u64>, HashSet<String>)> {
+    let mut last = Vec::new();
     let mut writers = HashSet::new();
     let mut statement = 0;
     for message in client.simple_query(log.look).await.map_err(db)? {
@@ -104,9 +147,11 @@ async fn look(client: &tokio_postgres::Client, log: &Followed) -> Result<(u64, H
             SimpleQueryMessage::CommandComplete(_) => statement += 1,
             SimpleQueryMessage::Row(row) => match statement {
                 2 => {
-                    last = row.get(0).and_then(|v| v.parse().ok()).ok_or_else(|| {
-                        StoreError::Corrupt(format!("the {}'s sequence", log.name))
-                    })?;
+                    for i in 0..row.len() {
+                        last.push(row.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                            StoreError::Corrupt(format!("the {}'s sequence", log.name))
+                        })?);
+                    }
                 }
                 3 => {
                     if let Some(writer) = row.get(0) {
@@ -117,6 +162,9 @@ async fn look(client: &tokio_postgres::Client, log: &Followed) -> Result<(u64, H
             },
             _ => {}
         }
+    }
+    if last.is_empty() {
+        return Err(StoreError::Corrupt(format!("the {}'s sequence", log.name)));
     }
     Ok((last, writers))
 }
@@ -137,28 +185,135 @@ pub(super) async fn settle(client: &tokio_postgres::Client, log: &Followed) -> R
     }
 }
 
-/// Moves `log`'s horizon (`through`) until the store is dropped: after each
-/// of this node's commits to it (`committed`), every [`FOLLOW_INTERVAL`]
-/// for other nodes' appends, and every [`SETTLE_INTERVAL`] while writers
-/// seen in flight may still be.
-pub(super) async fn follow(
-    pool: Pool,
-    log: &'static Followed,
-    mut horizon: Horizon,
-    through: Arc<watch::Sender<u64>>,
-    committed: Arc<Notify>,
-) {
-    let mut failing = false;
-    while !through.is_closed() {
-        let wait = if horizon.waiting() {
-            SETTLE_INTERVAL
-        } else {
-            FOLLOW_INTERVAL
+/// A log's horizon as its readers use it, moved by a task of its own
+/// ([`Tracked::start`]) until the store is dropped.
+pub(super) struct Tracked {
+    seen: watch::Receiver<Seen>,
+    /// Rings the task to look now.
+    wake: Arc<Notify>,
+    /// How many looks have begun.
+    begun: Arc<AtomicU64>,
+    /// How many readers wait in [`Tracked::caught_up`].
+    waiters: Arc<AtomicUsize>,
+}
+
+impl Tracked {
+    /// Starts following `log` from `horizon` (as [`settle`] found it).
+    /// `wake` rings a look at once (this node's writer rings it after each
+    /// commit, for the ingest log); `mirror`, if given, receives the first
+    /// sequence's horizon whenever it moves.
+    pub(super) fn start(
+        pool: Pool,
+        log: &'static Followed,
+        horizon: Horizon,
+        wake: Arc<Notify>,
+        mirror: Option<watch::Sender<u64>>,
+    ) -> Tracked {
+        let (seen_tx, seen) = watch::channel(Seen {
+            look: 0,
+            last: horizon.through.clone(),
+            through: horizon.through.clone(),
+        });
+        let tracked = Tracked {
+            seen,
+            wake,
+            begun: Arc::new(AtomicU64::new(0)),
+            waiters: Arc::new(AtomicUsize::new(0)),
         };
-        tokio::select! {
-            _ = committed.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
+        tokio::spawn(follow(
+            pool,
+            log,
+            horizon,
+            Follow {
+                seen: seen_tx,
+                mirror,
+                wake: tracked.wake.clone(),
+                begun: tracked.begun.clone(),
+                waiters: tracked.waiters.clone(),
+            },
+        ));
+        tracked
+    }
+
+    /// The horizon, once it has passed every `seq` handed out before this
+    /// call (so a read up to it finds everything committed before the
+    /// read began, and nothing can commit below it later), or after
+    /// [`CAUGHT_UP_WAIT`] if a writer seen in flight has not ended by then.
+    pub(super) async fn caught_up(&self) -> Vec<u64> {
+        let _waiting = WaiterGuard::new(&self.waiters);
+        let asked = self.begun.load(Ordering::Acquire);
+        self.wake.notify_one();
+        let mut seen = self.seen.clone();
+        let caught_up = async {
+            let target = seen
+                .wait_for(|s| s.look > asked)
+                .await
+                .map(|s| s.last.clone())
+                .ok()?;
+            seen.wait_for(|s| covers(&s.through, &target)).await.ok()?;
+            Some(())
+        };
+        let _ = tokio::time::timeout(CAUGHT_UP_WAIT, caught_up).await;
+        let through = self.seen.borrow().through.clone();
+        through
+    }
+}
+
+/// Counts a reader waiting while it lives.
+struct WaiterGuard<'a>(&'a AtomicUsize);
+
+impl<'a> WaiterGuard<'a> {
+    fn new(waiters: &'a AtomicUsize) -> Self {
+        waiters.fetch_add(1, Ordering::AcqRel);
+        WaiterGuard(waiters)
+    }
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the following task shares with [`Tracked`].
+struct Follow {
+    seen: watch::Sender<Seen>,
+    mirror: Option<watch::Sender<u64>>,
+    wake: Arc<Notify>,
+    begun: Arc<AtomicU64>,
+    waiters: Arc<AtomicUsize>,
+}
+
+/// Moves `log`'s horizon until the store is dropped: when rung (this
+/// node's commits to it, a reader waiting), every [`FOLLOW_INTERVAL`] for
+/// other nodes' appends (unless the log is looked at on demand), and every
+/// [`SETTLE_INTERVAL`] while writers seen in flight may still be (and, on
+/// demand, a reader waits).
+async fn follow(pool: Pool, log: &'static Followed, mut horizon: Horizon, to: Follow) {
+    let mut failing = false;
+    while !to.seen.is_closed() {
+        let demanded = !log.on_demand || to.waiters.load(Ordering::Acquire) > 0;
+        let wait = match (horizon.waiting() && demanded, log.on_demand) {
+            (true, _) => Some(SETTLE_INTERVAL),
+            (false, false) => Some(FOLLOW_INTERVAL),
+            (false, true) => None,
+        };
+        match wait {
+            Some(wait) => {
+                tokio::select! {
+                    _ = to.wake.notified() => {}
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            None => {
+                // Rechecked now and then: the store's drop closes `seen`.
+                tokio::select! {
+                    _ = to.wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
         }
+        let number = to.begun.fetch_add(1, Ordering::AcqRel) + 1;
         let looked = match pool.get().await {
             Ok(client) => look(&client, log).await,
             Err(e) => Err(StoreError::Database(e.to_string())),
@@ -166,9 +321,16 @@ pub(super) async fn follow(
         match looked {
             Ok((last, writers)) => {
                 failing = false;
-                if horizon.look(last, writers) {
-                    through.send_replace(horizon.through);
+                if horizon.look(last.clone(), writers) {
+                    if let (Some(mirror), Some(first)) = (&to.mirror, horizon.through.first()) {
+                        mirror.send_replace(*first);
+                    }
                 }
+                to.seen.send_replace(Seen {
+                    look: number,
+                    last,
+                    through: horizon.through.clone(),
+                });
             }
             Err(e) => {
                 if !failing {

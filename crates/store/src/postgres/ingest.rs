@@ -30,6 +30,7 @@ pub(super) const LOG: Followed = Followed {
          WHERE datname = current_database() AND application_name = 'weft ingest log' \
            AND backend_xid IS NOT NULL; \
         COMMIT",
+    on_demand: false,
 };
 
 /// How many partitions the pipeline is split into on PostgreSQL by

@@ -10,7 +10,7 @@ use super::*;
 use crate::conformance::{cutoffs, hquery, hrow, times, uplink, Backend};
 use crate::{
     ChannelStore, ContextStore, FeedFilter, HistoryFeed, HistoryStates, IngestLogStore,
-    OutboxStore, Store,
+    OutboxStore, RuleStore, Store, UnitStore,
 };
 
 /// PostgreSQL under the conformance suite: a database per test.
@@ -483,22 +483,227 @@ fn the_horizon_moves_once_the_writers_seen_in_flight_are_gone() {
     let writers = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
     let mut h = horizon::Horizon::default();
     // Nobody in flight: the last seq handed out is final.
-    assert!(h.look(10, writers(&[])));
-    assert_eq!(h.through, 10);
+    assert!(h.look(vec![10], writers(&[])));
+    assert_eq!(h.through, [10]);
     // Writers in flight: 20 waits for them.
-    assert!(!h.look(20, writers(&["1:100", "2:101"])));
-    assert_eq!(h.through, 10);
+    assert!(!h.look(vec![20], writers(&["1:100", "2:101"])));
+    assert_eq!(h.through, [10]);
     assert!(h.waiting());
     // One of them still there (others new): still waiting on 20.
-    assert!(!h.look(30, writers(&["2:101", "3:102"])));
-    assert_eq!(h.through, 10);
+    assert!(!h.look(vec![30], writers(&["2:101", "3:102"])));
+    assert_eq!(h.through, [10]);
     // Both gone (another, newer one in flight): 20 is final, 40 waits.
-    assert!(h.look(40, writers(&["3:102", "4:103"])));
-    assert_eq!(h.through, 20);
+    assert!(h.look(vec![40], writers(&["3:102", "4:103"])));
+    assert_eq!(h.through, [20]);
     assert!(h.waiting());
     // Nobody in flight: everything handed out is final.
-    assert!(h.look(41, writers(&[])));
-    assert_eq!(h.through, 41);
+    assert!(h.look(vec![41], writers(&[])));
+    assert_eq!(h.through, [41]);
+    assert!(!h.waiting());
+}
+
+/// One main-writer transaction as another node's main writer runs it
+/// (named, its id taken first): a data unit, an alarm event and a changes
+/// feed entry, all three named `name`. Left open; answers the client.
+async fn main_write(url: &str, name: &str) -> Client {
+    let client = raw(url).await;
+    client.batch_execute(context::MAIN.session).await.unwrap();
+    client.batch_execute("BEGIN").await.unwrap();
+    client.execute(context::MAIN.opening, &[]).await.unwrap();
+    client
+        .execute(
+            "INSERT INTO data_units (data_id, device_id, channel, device_type, reported_at, json, part) \
+             VALUES ($1, 'd', 'c', 't', 1, $1, 0)",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    client
+        .execute("INSERT INTO alarm_events (json) VALUES ($1)", &[&name])
+        .await
+        .unwrap();
+    let entry = crate::history::encode_feed_entry(&[crate::conformance::feed_row(name, 5)]);
+    client
+        .execute(
+            "INSERT INTO history_feed (feed, part, states) VALUES ('changes', 0, $1)",
+            &[&entry],
+        )
+        .await
+        .unwrap();
+    client
+}
+
+/// What a reader following each of the main writer's logs forward reads
+/// now: the data units' and alarm events' names, and the entities of the
+/// changes a history move takes (moved, so each is read once).
+async fn main_logs_read(store: &PostgresStore) -> [Vec<String>; 3] {
+    let units = store
+        .query_data(&crate::DataQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|u| u.json)
+        .collect();
+    let events = store
+        .alarm_events(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, json)| json)
+        .collect();
+    let all: Vec<u16> = (0..store.change_feed_partitions()).collect();
+    store
+        .move_history_feed(HistoryFeed::Changes, &all, 100, &|_| true)
+        .await
+        .unwrap();
+    let changes = store
+        .query_history(&HistoryQuery {
+            limit: 100,
+            ..HistoryQuery::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entity_id)
+        .collect();
+    [units, events, changes]
+}
+
+/// Another node's main-writer transaction holding lower `seq`s, still
+/// open, keeps every forward reader of the main writer's logs (data
+/// units, alarm events, the changes feed) below them, though entries
+/// after them committed; once it commits, the readers find it, then the
+/// rest, in order.
+#[tokio::test]
+async fn a_main_write_committing_late_holds_its_logs_readers_below_it() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    main_write(&url, "first")
+        .await
+        .batch_execute("COMMIT")
+        .await
+        .unwrap();
+    let first = || vec!["first".to_string()];
+    assert_eq!(main_logs_read(&store).await, [first(), first(), first()]);
+    let late = main_write(&url, "late").await;
+    main_write(&url, "after")
+        .await
+        .batch_execute("COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(main_logs_read(&store).await, [first(), first(), first()]);
+    late.batch_execute("COMMIT").await.unwrap();
+    let all = || ["first", "late", "after"].map(String::from).to_vec();
+    // The history answers by entity.
+    let by_entity = ["after", "first", "late"].map(String::from).to_vec();
+    assert_eq!(main_logs_read(&store).await, [all(), all(), by_entity]);
+    store.close().await;
+}
+
+/// Two nodes committing alarm events at once through their main writers:
+/// a reader following the events forward from one of them, as a bridge
+/// does, sees every acknowledged event of both, once, in `seq` order.
+#[tokio::test]
+async fn two_nodes_committing_events_at_once_lose_and_reorder_nothing_a_reader_sees() {
+    let url = test_database().await;
+    let a = Arc::new(open(&url).await);
+    let b = Arc::new(open(&url).await);
+    const EACH: usize = 600;
+    const PER: usize = 8;
+    let commit = |store: Arc<PostgresStore>, node: usize| {
+        tokio::spawn(async move {
+            // Ten clients per node, each waiting for its answer before the
+            // next: both nodes' transactions are in flight together.
+            let clients: Vec<_> = (0..10)
+                .map(|c| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        for i in (c..EACH).step_by(10) {
+                            store
+                                .commit_alarms(crate::AlarmBatch {
+                                    // Several rows a transaction: longer
+                                    // in flight, more often overtaken.
+                                    events: (0..PER)
+                                        .map(|k| format!("node{node}-{i}-{k}"))
+                                        .collect(),
+                                    ..Default::default()
+                                })
+                                .await
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for client in clients {
+                client.await.unwrap();
+            }
+        })
+    };
+    let (wa, wb) = (commit(a.clone(), 0), commit(b.clone(), 1));
+    let reader = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let mut after = 0;
+            let mut seen = Vec::new();
+            let mut idle = 0;
+            while idle < 30 {
+                let batch = a.alarm_events(after, 29).await.unwrap();
+                match batch.last() {
+                    Some((last, _)) => {
+                        after = *last;
+                        seen.extend(batch);
+                        idle = 0;
+                    }
+                    None => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            seen
+        })
+    };
+    wa.await.unwrap();
+    wb.await.unwrap();
+    let seen = reader.await.unwrap();
+    assert!(
+        seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "read in seq order, once each"
+    );
+    let read: HashSet<String> = seen.into_iter().map(|(_, e)| e).collect();
+    let missed: Vec<String> = (0..2)
+        .flat_map(|n| (0..EACH).map(move |i| (n, i)))
+        .flat_map(|(n, i)| (0..PER).map(move |k| format!("node{n}-{i}-{k}")))
+        .filter(|e| !read.contains(e))
+        .collect();
+    assert!(missed.is_empty(), "acknowledged, never read: {missed:?}");
+    assert_eq!(
+        read.len(),
+        2 * EACH * PER,
+        "nothing read that was not acknowledged"
+    );
+    a.close().await;
+    b.close().await;
+}
+
+#[test]
+fn a_horizon_of_several_sequences_moves_them_together() {
+    let writers = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
+    let mut h = horizon::Horizon::default();
+    assert!(h.look(vec![3, 5, 8], writers(&[])));
+    assert_eq!(h.through, [3, 5, 8]);
+    // Only one sequence moved, a writer in flight: all wait for it.
+    assert!(!h.look(vec![3, 9, 8], writers(&["1:100"])));
+    assert_eq!(h.through, [3, 5, 8]);
+    assert!(h.waiting());
+    // It ended; another began, having moved two others.
+    assert!(h.look(vec![4, 9, 10], writers(&["2:101"])));
+    assert_eq!(h.through, [3, 9, 8]);
+    assert!(h.look(vec![4, 9, 10], writers(&[])));
+    assert_eq!(h.through, [4, 9, 10]);
     assert!(!h.waiting());
 }
 

@@ -13,7 +13,7 @@ use weft_model::{FailedUplink, FailureReason};
 
 use super::catalog::store_events;
 use super::conn::Conn;
-use super::context::{put_entities, queue_changes};
+use super::context::{put_entities, queue_changes, MainLog};
 use super::outbox::log_changes;
 use super::schema::db;
 use super::{position, to_i64, PostgresStore, MAX_QUERY_ROWS};
@@ -41,7 +41,11 @@ impl UnitStore for PostgresStore {
             .await
     }
 
+    /// Reads no further than the data units' horizon: a rule lane or a
+    /// bridge reading forward never passes a unit another node commits
+    /// later.
     async fn query_data(&self, query: &DataQuery) -> Result<Vec<StoredUnit>> {
+        let through = self.main_horizon(MainLog::Units).await;
         let client = self.reader().await?;
         let limit = query.limit.min(MAX_QUERY_ROWS) as i64;
         let partitions: Option<Vec<i16>> = query
@@ -57,6 +61,7 @@ impl UnitStore for PostgresStore {
                    AND ($5::BIGINT IS NULL OR reported_at >= $5) \
                    AND ($6::BIGINT IS NULL OR reported_at <= $6) \
                    AND ($8::SMALLINT[] IS NULL OR part = ANY($8)) \
+                   AND seq <= $9 \
                  ORDER BY seq LIMIT $7",
                 &[
                     &to_i64(query.after.unwrap_or(0)),
@@ -67,6 +72,7 @@ impl UnitStore for PostgresStore {
                     &query.to,
                     &limit,
                     &partitions,
+                    &to_i64(through),
                 ],
             )
             .await
@@ -160,10 +166,16 @@ impl UnitStore for PostgresStore {
             .collect()
     }
 
+    /// The newest unit below the horizon: a bridge starting after it
+    /// never skips one committing late.
     async fn data_head(&self) -> Result<u64> {
+        let through = self.main_horizon(MainLog::Units).await;
         let client = self.reader().await?;
         let row = client
-            .query_one("SELECT COALESCE(MAX(seq), 0) FROM data_units", &[])
+            .query_one(
+                "SELECT COALESCE(MAX(seq), 0) FROM data_units WHERE seq <= $1",
+                &[&to_i64(through)],
+            )
             .await
             .map_err(db)?;
         position(&row, 0)
