@@ -156,7 +156,9 @@ pub struct PostgresStore {
     _notified_horizon: horizon::Tracked,
     /// The horizon of the logs the main writer appends to
     /// (`context::MAIN`), read up to by their forward readers.
-    main_horizon: horizon::Tracked,
+    main_logs: horizon::Tracked,
+    /// The channel messages' horizon (`channels::PUBLISHED`).
+    channel_messages: horizon::Tracked,
     /// The weekly history partitions known to exist.
     partitions: history::Partitions,
     /// How many partitions the pipeline is split into (fixed in the
@@ -186,6 +188,7 @@ impl PostgresStore {
         let horizon = horizon::settle(&client, &ingest::LOG).await?;
         let notified_horizon = horizon::settle(&client, &history::NOTIFIED).await?;
         let main_horizon = horizon::settle(&client, &context::MAIN).await?;
+        let published_horizon = horizon::settle(&client, &channels::PUBLISHED).await?;
         drop(client);
 
         let manager = Manager::from_config(
@@ -281,17 +284,24 @@ impl PostgresStore {
         );
         let history = Writer::start(connector.clone(), writer("history"), None).await?;
         // Channel messages too are read forward from a cursor (a
-        // subscriber's): with several nodes publishing, their
-        // transactions commit one at a time.
+        // subscriber's), up to their horizon (`channels::PUBLISHED`).
         let channels = Writer::start(
             connector,
             WriterConfig {
-                opening: Some(channels::SERIAL_PUBLISHES),
+                opening: Some(channels::PUBLISHED.opening),
+                session: Some(channels::PUBLISHED.session),
                 ..writer("channels")
             },
             None,
         )
         .await?;
+        let published_horizon = horizon::Tracked::start(
+            pool.clone(),
+            &channels::PUBLISHED,
+            published_horizon,
+            Arc::new(tokio::sync::Notify::new()),
+            None,
+        );
         tracing::info!(
             schema_version = version,
             last_seq,
@@ -313,7 +323,8 @@ impl PostgresStore {
             committed,
             _log_horizon: log_horizon,
             _notified_horizon: notified_horizon,
-            main_horizon,
+            main_logs: main_horizon,
+            channel_messages: published_horizon,
             partitions: history::Partitions::default(),
             pipeline_partitions: partitions,
             series: history::SeriesIds::default(),
@@ -324,12 +335,19 @@ impl PostgresStore {
     /// forward: its horizon, once past everything committed before this
     /// call (`horizon::Tracked::caught_up`).
     async fn main_horizon(&self, log: context::MainLog) -> u64 {
-        self.main_horizon
+        self.main_logs
             .caught_up()
             .await
             .get(log as usize)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// How far channel messages may be read forward (as
+    /// [`PostgresStore::main_horizon`]).
+    async fn published_horizon(&self) -> u64 {
+        let through = self.channel_messages.caught_up().await;
+        through.first().copied().unwrap_or(0)
     }
 
     /// A connection of the read pool.

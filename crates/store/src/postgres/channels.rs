@@ -1,17 +1,36 @@
 //! Durable pull channels on PostgreSQL: the SQLite backend's
 //! `sqlite/channels.rs` in PostgreSQL's dialect. Writes go through the
-//! channels writer, the one that hands out message `seq`s, so a channel's
-//! messages commit in `seq` order (a subscriber acknowledging up to a
-//! `seq` never skips one committed later). Several nodes' channels
-//! writers keep that order between them by [`SERIAL_PUBLISHES`].
+//! channels writer, the one that hands out message `seq`s, so a node's
+//! messages commit in `seq` order; every node's channels writer publishes
+//! side by side, and subscribers read up to the messages' horizon
+//! ([`PUBLISHED`]), so one acknowledging up to a `seq` never skips one
+//! another node commits later.
 
 use async_trait::async_trait;
 
-/// Opens every transaction of the channels writer: a lock held until the
-/// commit, taken by every node's channels writer, so publishes commit one
-/// transaction at a time across the cluster and a channel's `seq`s become
-/// visible in order (a constant unique to weft: "weft_chn").
-pub(super) const SERIAL_PUBLISHES: &str = "SELECT pg_advisory_xact_lock(8603115516229119598)";
+use super::horizon::Followed;
+
+/// The channel messages as every node's channels writer appends them
+/// (`postgres/horizon.rs`): a subscriber reads only up to their horizon,
+/// once past every `seq` handed out before it read, so a message published
+/// through one node before a fetch through another is in that fetch.
+/// Writers and looks take, shared, the lock older versions of weft took
+/// exclusively around each publish ("weft_chn"), so an older node's
+/// publishes are never in flight beside a look during an upgrade. Looked
+/// at only when a subscriber reads.
+pub(super) const PUBLISHED: Followed = Followed {
+    name: "channel messages",
+    opening: "SELECT pg_advisory_xact_lock_shared(8603115516229119598), pg_current_xact_id()",
+    session: "SET application_name = 'weft channels writer'",
+    look: "BEGIN; \
+        SELECT pg_advisory_xact_lock_shared(8603115516229119598); \
+        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('channel_messages', 'seq')), 0)::TEXT; \
+        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'weft channels writer' \
+           AND backend_xid IS NOT NULL; \
+        COMMIT",
+    on_demand: true,
+};
 
 use super::schema::db;
 use super::writer::param;
@@ -36,8 +55,8 @@ impl ChannelStore for PostgresStore {
                 Box::pin(async move {
                     // The `NOT EXISTS` keeps a duplicate from drawing a
                     // `seq` (`ON CONFLICT` alone would burn one), as
-                    // SQLite's insert does; the writer is the only one
-                    // inserting, so nothing can slip in between.
+                    // SQLite's insert does; one published through two
+                    // nodes at once may burn one, which no reader misses.
                     let row = c
                         .query_opt(
                             "INSERT INTO channel_messages \
@@ -178,13 +197,14 @@ impl ChannelStore for PostgresStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<ChannelMessage>> {
+        let through = self.published_horizon().await;
         let client = self.reader().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
             .query(
                 "SELECT seq, message_id, content FROM channel_messages \
-                 WHERE channel = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                &[&channel, &to_i64(after), &limit],
+                 WHERE channel = $1 AND seq > $2 AND seq <= $4 ORDER BY seq LIMIT $3",
+                &[&channel, &to_i64(after), &limit, &to_i64(through)],
             )
             .await
             .map_err(db)?;
@@ -238,11 +258,12 @@ impl ChannelStore for PostgresStore {
     }
 
     async fn channel_heads(&self) -> Result<(Vec<(String, u64)>, u64)> {
+        let through = self.published_horizon().await;
         let client = self.reader().await?;
         let heads = client
             .query(
-                "SELECT channel, MAX(seq) FROM channel_messages GROUP BY channel",
-                &[],
+                "SELECT channel, MAX(seq) FROM channel_messages WHERE seq <= $1 GROUP BY channel",
+                &[&to_i64(through)],
             )
             .await
             .map_err(db)?
@@ -278,11 +299,13 @@ impl ChannelStore for PostgresStore {
     }
 
     async fn channel_head(&self, channel: &str) -> Result<u64> {
+        let through = self.published_horizon().await;
         let client = self.reader().await?;
         let row = client
             .query_one(
-                "SELECT COALESCE(MAX(seq), 0) FROM channel_messages WHERE channel = $1",
-                &[&channel],
+                "SELECT COALESCE(MAX(seq), 0) FROM channel_messages \
+                 WHERE channel = $1 AND seq <= $2",
+                &[&channel, &to_i64(through)],
             )
             .await
             .map_err(db)?;

@@ -707,6 +707,50 @@ fn a_horizon_of_several_sequences_moves_them_together() {
     assert!(!h.waiting());
 }
 
+/// A publish through another node's channels writer, still open, keeps
+/// subscribers' reads below it though this node's publish after it
+/// committed; once it commits, a read finds both, in `seq` order.
+#[tokio::test]
+async fn a_publish_committing_late_holds_subscribers_below_it() {
+    let url = test_database().await;
+    let store = open(&url).await;
+    let publish = |id: &'static str| {
+        store.publish_message("c", id, id.to_string(), crate::WebhookCalls::default())
+    };
+    let read = || async {
+        store
+            .channel_messages("c", 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.message_id)
+            .collect::<Vec<_>>()
+    };
+    publish("first").await.unwrap();
+    assert_eq!(read().await, ["first"]);
+    let late = raw(&url).await;
+    late.batch_execute(channels::PUBLISHED.session)
+        .await
+        .unwrap();
+    late.batch_execute("BEGIN").await.unwrap();
+    late.execute(channels::PUBLISHED.opening, &[])
+        .await
+        .unwrap();
+    late.execute(
+        "INSERT INTO channel_messages (channel, message_id, content, published_at) \
+         VALUES ('c', 'late', 'late', 1)",
+        &[],
+    )
+    .await
+    .unwrap();
+    publish("after").await.unwrap();
+    assert_eq!(read().await, ["first"]);
+    assert_eq!(store.channel_head("c").await.unwrap(), 1);
+    late.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(read().await, ["first", "late", "after"]);
+    store.close().await;
+}
+
 /// Appends arriving together go out as one statement; they are numbered,
 /// and read back, in the order they were made, each with what it carried,
 /// and one PostgreSQL refuses (a NUL in a text) fails alone.
