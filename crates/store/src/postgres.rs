@@ -8,7 +8,10 @@
 //!   state (data units, entities, alarms, the changes feed, the change
 //!   log), the notifications feed, the history's rows and the channels —
 //!   each one task on one connection committing what is queued as one
-//!   transaction, and answering after the commit.
+//!   transaction, and answering after the commit. Every node's writers
+//!   commit side by side; readers that follow a log forward read it only
+//!   up to its horizon (`postgres/horizon.rs`), so none passes an entry
+//!   another node commits late.
 //! - **Reads** go through a connection pool (`deadpool-postgres`) of
 //!   `pool_size` connections.
 //! - **Schema**: versioned migrations applied at open under an advisory

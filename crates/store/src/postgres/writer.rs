@@ -8,9 +8,10 @@
 //! from a `seq`. With concurrent writers, a transaction holding `seq` 9
 //! can commit after the one holding 10, and a reader that already moved
 //! past 10 would never see 9. One writer per log commits its `seq`s in
-//! order on one node; across nodes, the ingest log is read up to its
-//! horizon (`postgres/horizon.rs`) and the other logs' writers take a lock
-//! ([`WriterConfig::opening`]). Group commit then makes durable writes
+//! order on one node; across nodes, the logs are read up to their
+//! horizons (`postgres/horizon.rs`), for which every transaction of their
+//! writers takes its id first ([`WriterConfig::opening`]) on a connection
+//! named for the log ([`WriterConfig::session`]). Group commit then makes durable writes
 //! cheap: one commit (one WAL flush) answers every write of the batch, and
 //! a write is answered only after that commit returned.
 //!
@@ -153,11 +154,11 @@ pub(super) struct WriterConfig {
     /// Most writes per transaction.
     pub max_batch: usize,
     /// Run at the start of every transaction, after `BEGIN`: the writers
-    /// whose `seq`s readers follow take their log's lock there (see
-    /// `postgres/horizon.rs` and `postgres/context.rs`).
+    /// whose `seq`s readers follow take their transaction's id there (and
+    /// their log's lock, shared; see `postgres/horizon.rs`).
     pub opening: Option<&'static str>,
-    /// Run on every new connection before its first transaction (the
-    /// ingest log's writer names itself there, for the log's horizon).
+    /// Run on every new connection before its first transaction (a log's
+    /// writer names itself there, for the log's horizon).
     pub session: Option<&'static str>,
 }
 
