@@ -332,6 +332,10 @@ impl ChannelStore for PostgresStore {
         if active.is_empty() {
             return Ok(());
         }
+        // In one order on every node: two nodes' sweepers touching the
+        // same subscribers lock their rows alike, and never deadlock.
+        let mut active = active;
+        active.sort_unstable();
         let (channels, subscribers): (Vec<String>, Vec<String>) = active.into_iter().unzip();
         self.channels
             .execute(

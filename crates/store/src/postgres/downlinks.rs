@@ -9,7 +9,6 @@ use weft_model::{Downlink, DownlinkRoute};
 
 use super::conn::Conn;
 use super::schema::db;
-use super::writer::param;
 use super::PostgresStore;
 use crate::downlinks::FINISHED_DOWNLINKS_KEPT;
 use crate::{encode, DownlinkStore, Result, StoreError};
@@ -154,26 +153,37 @@ impl DownlinkStore for PostgresStore {
             .await
     }
 
+    /// One statement committed on its own (not in a batch of the main
+    /// writer), as [`put_downlink_route`](DownlinkStore::put_downlink_route).
     async fn wake_pending_downlinks(&self, device_id: &str, now: i64) -> Result<u64> {
-        self.main
+        let client = self.reader().await?;
+        client
             .execute(
                 "UPDATE downlinks SET due_at = $2 \
                  WHERE device_id = $1 AND status = 'pending' AND due_at > $2",
-                vec![param(device_id.to_string()), param(now)],
+                &[&device_id, &now],
             )
             .await
+            .map_err(db)
     }
 
+    /// One statement committed on its own, not in a batch of the main
+    /// writer: a route is written by whichever node an uplink came
+    /// through, so two nodes write the same devices' routes at once, and
+    /// in batches, each holding some routes' rows until its commit, they
+    /// would deadlock (one row a transaction cannot). Last write wins.
     async fn put_downlink_route(&self, device_id: &str, route: &DownlinkRoute) -> Result<()> {
         let json = encode("downlink route", route)?;
-        self.main
+        let client = self.reader().await?;
+        client
             .execute(
                 "INSERT INTO downlink_routes (device_id, json) VALUES ($1, $2) \
                  ON CONFLICT (device_id) DO UPDATE SET json = excluded.json",
-                vec![param(device_id.to_string()), param(json)],
+                &[&device_id, &json],
             )
             .await
             .map(|_| ())
+            .map_err(db)
     }
 
     async fn downlink_route(&self, device_id: &str) -> Result<Option<DownlinkRoute>> {

@@ -751,6 +751,94 @@ async fn a_publish_committing_late_holds_subscribers_below_it() {
     store.close().await;
 }
 
+/// Two nodes storing the same devices' downlink routes at once, in
+/// opposite orders (uplinks of the same devices arriving through both):
+/// every write succeeds, none is failed as a deadlock's victim.
+#[tokio::test]
+async fn two_nodes_storing_the_same_routes_at_once_never_deadlock() {
+    use crate::DownlinkStore;
+    let url = test_database().await;
+    let a = Arc::new(open(&url).await);
+    let b = Arc::new(open(&url).await);
+    const DEVICES: usize = 40;
+    let route = |n: usize| weft_model::DownlinkRoute::Helium {
+        url: format!("http://h/{n}"),
+    };
+    let store = |node: Arc<PostgresStore>, reversed: bool| {
+        tokio::spawn(async move {
+            for round in 0..5 {
+                let order: Vec<usize> = if reversed {
+                    (0..DEVICES).rev().collect()
+                } else {
+                    (0..DEVICES).collect()
+                };
+                // All at once, so the writes wait together.
+                let writes = order.into_iter().map(|d| {
+                    let node = node.clone();
+                    async move {
+                        node.put_downlink_route(&format!("dev{d}"), &route(round))
+                            .await
+                    }
+                });
+                for result in futures::future::join_all(writes).await {
+                    result.expect("a route write");
+                }
+            }
+        })
+    };
+    // A deadlock fails one of the writes (`expect` above).
+    let (wa, wb) = (store(a.clone(), false), store(b.clone(), true));
+    wa.await.unwrap();
+    wb.await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+/// Two nodes writing the same entities at once, in opposite orders (NGSI
+/// updates of the same entities through both): every write succeeds,
+/// none is failed as a deadlock's victim.
+#[tokio::test]
+async fn two_nodes_writing_the_same_entities_at_once_never_deadlock() {
+    let url = test_database().await;
+    let a = Arc::new(open(&url).await);
+    let b = Arc::new(open(&url).await);
+    const ENTITIES: usize = 40;
+    let write = |node: Arc<PostgresStore>, reversed: bool| {
+        tokio::spawn(async move {
+            for round in 0..5u64 {
+                let order: Vec<usize> = if reversed {
+                    (0..ENTITIES).rev().collect()
+                } else {
+                    (0..ENTITIES).collect()
+                };
+                let writes = order.into_iter().map(|e| {
+                    let node = node.clone();
+                    async move {
+                        let record = crate::EntityRecord {
+                            tenant: String::new(),
+                            service_path: "/".into(),
+                            id: format!("e{e}"),
+                            entity_type: "T".into(),
+                            created: round,
+                            json: "{}".into(),
+                        };
+                        let history = HistoryStates::default();
+                        node.put_entity(record, history, None).await
+                    }
+                });
+                for result in futures::future::join_all(writes).await {
+                    result.expect("an entity write");
+                }
+            }
+        })
+    };
+    let (wa, wb) = (write(a.clone(), false), write(b.clone(), true));
+    wa.await.unwrap();
+    wb.await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
 /// Appends arriving together go out as one statement; they are numbered,
 /// and read back, in the order they were made, each with what it carried,
 /// and one PostgreSQL refuses (a NUL in a text) fails alone.
