@@ -751,6 +751,41 @@ async fn a_publish_committing_late_holds_subscribers_below_it() {
     store.close().await;
 }
 
+/// Two stores on `url` ("nodes") each writing items `0..ITEMS` at once,
+/// `ROUNDS` times, one node in the opposite order of the other, every item's
+/// writes of a round waiting together (so they share transactions): every
+/// write must succeed. A deadlock fails one of them.
+async fn write_in_opposite_orders<F, Fut>(url: &str, write: F)
+where
+    F: Fn(Arc<PostgresStore>, usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    const ITEMS: usize = 40;
+    const ROUNDS: u64 = 10;
+    let a = Arc::new(open(url).await);
+    let b = Arc::new(open(url).await);
+    let node = |store: Arc<PostgresStore>, reversed: bool| {
+        let write = write.clone();
+        tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let mut order: Vec<usize> = (0..ITEMS).collect();
+                if reversed {
+                    order.reverse();
+                }
+                let writes = order.into_iter().map(|i| write(store.clone(), i, round));
+                for result in futures::future::join_all(writes).await {
+                    result.expect("a write");
+                }
+            }
+        })
+    };
+    let (wa, wb) = (node(a.clone(), false), node(b.clone(), true));
+    wa.await.unwrap();
+    wb.await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
 /// Two nodes storing the same devices' downlink routes at once, in
 /// opposite orders (uplinks of the same devices arriving through both):
 /// every write succeeds, none is failed as a deadlock's victim.
@@ -758,40 +793,14 @@ async fn a_publish_committing_late_holds_subscribers_below_it() {
 async fn two_nodes_storing_the_same_routes_at_once_never_deadlock() {
     use crate::DownlinkStore;
     let url = test_database().await;
-    let a = Arc::new(open(&url).await);
-    let b = Arc::new(open(&url).await);
-    const DEVICES: usize = 40;
-    let route = |n: usize| weft_model::DownlinkRoute::Helium {
-        url: format!("http://h/{n}"),
-    };
-    let store = |node: Arc<PostgresStore>, reversed: bool| {
-        tokio::spawn(async move {
-            for round in 0..5 {
-                let order: Vec<usize> = if reversed {
-                    (0..DEVICES).rev().collect()
-                } else {
-                    (0..DEVICES).collect()
-                };
-                // All at once, so the writes wait together.
-                let writes = order.into_iter().map(|d| {
-                    let node = node.clone();
-                    async move {
-                        node.put_downlink_route(&format!("dev{d}"), &route(round))
-                            .await
-                    }
-                });
-                for result in futures::future::join_all(writes).await {
-                    result.expect("a route write");
-                }
-            }
-        })
-    };
-    // A deadlock fails one of the writes (`expect` above).
-    let (wa, wb) = (store(a.clone(), false), store(b.clone(), true));
-    wa.await.unwrap();
-    wb.await.unwrap();
-    a.close().await;
-    b.close().await;
+    write_in_opposite_orders(&url, |node, device, round| async move {
+        let route = weft_model::DownlinkRoute::Helium {
+            url: format!("http://h/{round}"),
+        };
+        node.put_downlink_route(&format!("dev{device}"), &route)
+            .await
+    })
+    .await;
 }
 
 /// Two nodes writing the same entities at once, in opposite orders (NGSI
@@ -800,43 +809,19 @@ async fn two_nodes_storing_the_same_routes_at_once_never_deadlock() {
 #[tokio::test]
 async fn two_nodes_writing_the_same_entities_at_once_never_deadlock() {
     let url = test_database().await;
-    let a = Arc::new(open(&url).await);
-    let b = Arc::new(open(&url).await);
-    const ENTITIES: usize = 40;
-    let write = |node: Arc<PostgresStore>, reversed: bool| {
-        tokio::spawn(async move {
-            for round in 0..5u64 {
-                let order: Vec<usize> = if reversed {
-                    (0..ENTITIES).rev().collect()
-                } else {
-                    (0..ENTITIES).collect()
-                };
-                let writes = order.into_iter().map(|e| {
-                    let node = node.clone();
-                    async move {
-                        let record = crate::EntityRecord {
-                            tenant: String::new(),
-                            service_path: "/".into(),
-                            id: format!("e{e}"),
-                            entity_type: "T".into(),
-                            created: round,
-                            json: "{}".into(),
-                        };
-                        let history = HistoryStates::default();
-                        node.put_entity(record, history, None).await
-                    }
-                });
-                for result in futures::future::join_all(writes).await {
-                    result.expect("an entity write");
-                }
-            }
-        })
-    };
-    let (wa, wb) = (write(a.clone(), false), write(b.clone(), true));
-    wa.await.unwrap();
-    wb.await.unwrap();
-    a.close().await;
-    b.close().await;
+    write_in_opposite_orders(&url, |node, entity, round| async move {
+        let record = crate::EntityRecord {
+            tenant: String::new(),
+            service_path: "/".into(),
+            id: format!("e{entity}"),
+            entity_type: "T".into(),
+            created: round,
+            json: "{}".into(),
+        };
+        node.put_entity(record, HistoryStates::default(), None)
+            .await
+    })
+    .await;
 }
 
 /// Appends arriving together go out as one statement; they are numbered,
