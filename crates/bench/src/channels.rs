@@ -485,6 +485,7 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
     s.checks.push(Check::new(
         "every request answered as expected",

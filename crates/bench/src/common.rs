@@ -75,6 +75,12 @@ pub struct CommonArgs {
     /// Draw no progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+
+    /// Reports this process's peak memory in the summary, as `NAME=PID`
+    /// (or `PID`): a server started by hand, a peer, its database. Give it
+    /// once per process; a spawned server is reported without it.
+    #[arg(long, value_name = "NAME=PID", value_parser = crate::memory::parse_watched)]
+    pub watch_pid: Vec<crate::memory::Watched>,
 }
 
 /// The server a run drives, ready to take requests.
@@ -158,6 +164,27 @@ impl Session {
         } else {
             crate::ceiling::WEFT_TRIVIAL_PATH
         }
+    }
+
+    /// The peak memory of the spawned server (as `weft`) and of
+    /// `watched`, read now.
+    pub fn peak_memory(
+        &self,
+        watched: &[crate::memory::Watched],
+    ) -> Vec<crate::memory::PeakMemory> {
+        let spawned =
+            self.spawned
+                .as_ref()
+                .and_then(|s| s.pid())
+                .map(|pid| crate::memory::Watched {
+                    name: "weft".to_string(),
+                    pid,
+                });
+        spawned
+            .iter()
+            .chain(watched)
+            .map(crate::memory::PeakMemory::of)
+            .collect()
     }
 
     /// Stops a spawned server; nothing for one given with `--url`.

@@ -226,6 +226,7 @@ pub async fn run(args: &ConsoleArgs, session: &Session) -> anyhow::Result<Summar
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
     s.checks.push(Check::new(
         "devices registered (200/201)",

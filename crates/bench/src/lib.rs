@@ -51,6 +51,7 @@ pub mod console;
 pub mod history;
 pub mod http;
 pub mod ingest;
+pub mod memory;
 pub mod mqtt;
 pub mod ngsi_notify;
 pub mod ngsi_update;
@@ -237,9 +238,12 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<bool> {
             )),
         },
     };
+    // Peaks are read while the processes still live.
+    let memory = session.peak_memory(&common.watch_pid);
     // Stop a spawned server whatever happened, then report.
     session.finish().await;
     let mut summary = outcome?;
+    summary.memory = memory;
     if let Some(c) = calibration {
         let (metric, reference) = cmd.headline();
         if let Some(rate) = summary.rate_of(metric) {

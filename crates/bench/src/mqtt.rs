@@ -179,6 +179,7 @@ pub async fn run(args: &MqttArgs, session: &Session) -> anyhow::Result<Summary> 
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
     // Rates over the publishing time, not the wait for the last PUBACKs.
     let secs = args.load.common.duration.as_secs_f64();

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::ceiling::{Calibration, Throughput};
 use crate::common::Session;
+use crate::memory::PeakMemory;
 
 /// One scenario run, ready to print.
 #[derive(Debug, Clone, Serialize)]
@@ -49,6 +50,10 @@ pub struct Summary {
     /// The scenario's headline throughput as a share of that ceiling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub throughput: Option<Throughput>,
+    /// The peak memory of the processes the run drove: the spawned server,
+    /// and those given with `--watch-pid` (a peer, its database).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<PeakMemory>,
 }
 
 /// A pass/fail tally, printed `✓ name` or `✗ name` with its ratio.
@@ -307,6 +312,7 @@ impl Summary {
             notes: Vec::new(),
             calibration: None,
             throughput: None,
+            memory: Vec::new(),
         }
     }
 
@@ -361,6 +367,9 @@ impl Summary {
                 .map(|(name, secs)| format!("{name} {}", format_duration_us(secs * 1e6)))
                 .collect();
             let _ = writeln!(out, "    phases: {}", phases.join(", "));
+        }
+        for peak in &self.memory {
+            let _ = writeln!(out, "    memory: {}", peak.describe());
         }
         if let Some(c) = &self.calibration {
             let _ = writeln!(out, "   ceiling: {}", c.describe());
@@ -533,6 +542,7 @@ mod tests {
             notes: vec![],
             calibration: None,
             throughput: None,
+            memory: Vec::new(),
         };
         s.metrics
             .insert("http_reqs".into(), Metric::counter(30004, 304.3));
@@ -570,6 +580,42 @@ mod tests {
         assert!(
             text.contains("     http_reqs.........: 30004  98.600066/s\n"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn peak_memory_is_printed_and_carried_in_json() {
+        let mut s = sample();
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("memory").is_none(), "no processes, no key");
+        s.memory = vec![
+            PeakMemory {
+                name: "weft".into(),
+                pid: 42,
+                peak_rss_bytes: Some(96 * 1024 * 1024 + 512 * 1024),
+            },
+            PeakMemory {
+                name: "orion".into(),
+                pid: 7,
+                peak_rss_bytes: None,
+            },
+        ];
+        let text = s.to_text();
+        assert!(
+            text.contains("    memory: weft (pid 42): peak RSS 96.5 MiB\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    memory: orion (pid 7): peak RSS not readable\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["memory"],
+            serde_json::json!([
+                {"name": "weft", "pid": 42, "peak_rss_bytes": 101_187_584},
+                {"name": "orion", "pid": 7}
+            ])
         );
     }
 

@@ -182,6 +182,11 @@ impl SpawnedServer {
         Ok((SpawnedServer { child, dir }, base))
     }
 
+    /// The server's process id (`None` once it has exited).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Kills the server and waits for it to exit (its data is throw-away).
     pub async fn stop(mut self) {
         let _ = self.child.start_kill();

@@ -227,6 +227,7 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
         notes,
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
 
     // Notify and verify. Notifications count as stored at the rate of

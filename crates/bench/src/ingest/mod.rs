@@ -195,6 +195,7 @@ pub async fn run_watching(
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
 
     let load_secs = load.elapsed.as_secs_f64();

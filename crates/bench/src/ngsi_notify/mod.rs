@@ -205,6 +205,7 @@ async fn run_with_sink(
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
     let accounted = account(&tally, &ids, &watched, &owed);
     if !drained {

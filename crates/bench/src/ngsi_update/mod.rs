@@ -132,6 +132,7 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
 
     let load_secs = load.elapsed.as_secs_f64();
@@ -460,6 +461,17 @@ mod tests {
         assert_eq!(a.clients(), 10);
         assert!(describe(&a, "t")[1].contains("1-20 attributes"));
         assert!(crate::try_parse_command(&["ngsi-update", "--attrs", "0-3"]).is_err());
+        let watched = parse(&["--watch-pid", "orion=12", "--watch-pid", "7"])
+            .common
+            .watch_pid;
+        assert_eq!(
+            watched
+                .iter()
+                .map(|w| (w.name.as_str(), w.pid))
+                .collect::<Vec<_>>(),
+            [("orion", 12), ("7", 7)]
+        );
+        assert!(crate::try_parse_command(&["ngsi-update", "--watch-pid", "orion=x"]).is_err());
         assert!(parse(&["--entities", "0"]).validate().is_err());
     }
 

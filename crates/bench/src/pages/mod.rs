@@ -223,6 +223,7 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         notes: Vec::new(),
         calibration: None,
         throughput: None,
+        memory: Vec::new(),
     };
     let m = &mut s.metrics;
     m.insert("http_reqs".into(), Metric::counter(sent, load_secs));
