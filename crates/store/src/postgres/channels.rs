@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 
-use super::horizon::Followed;
+use super::horizon::{followed, Followed};
 
 /// The channel messages as every node's channels writer appends them
 /// (`postgres/horizon.rs`): a subscriber reads only up to their horizon,
@@ -18,18 +18,12 @@ use super::horizon::Followed;
 /// exclusively around each publish ("weft_chn"), so an older node's
 /// publishes are never in flight beside a look during an upgrade. Looked
 /// at only when a subscriber reads.
-pub(super) const PUBLISHED: Followed = Followed {
+pub(super) const PUBLISHED: Followed = followed! {
     name: "channel messages",
-    opening: "SELECT pg_advisory_xact_lock_shared(8603115516229119598), pg_current_xact_id()",
-    session: "SET application_name = 'weft channels writer'",
-    look: "BEGIN; \
-        SELECT pg_advisory_xact_lock_shared(8603115516229119598); \
-        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('channel_messages', 'seq')), 0)::TEXT; \
-        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-         WHERE datname = current_database() AND application_name = 'weft channels writer' \
-           AND backend_xid IS NOT NULL; \
-        COMMIT",
-    on_demand: true,
+    writer: "weft channels writer",
+    lock: 8603115516229119598,
+    tables: ["channel_messages"],
+    on_demand: true
 };
 
 use super::schema::db;

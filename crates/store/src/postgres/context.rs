@@ -20,20 +20,12 @@ use async_trait::async_trait;
 /// upgraded, an older node's transactions are never in flight beside a
 /// look. Looked at only when a reader asks: nothing follows these logs
 /// closely enough to look every few milliseconds.
-pub(super) const MAIN: Followed = Followed {
+pub(super) const MAIN: Followed = followed! {
     name: "main writer's logs",
-    opening: "SELECT pg_advisory_xact_lock_shared(8603115516262213735), pg_current_xact_id()",
-    session: "SET application_name = 'weft main writer'",
-    look: "BEGIN; \
-        SELECT pg_advisory_xact_lock_shared(8603115516262213735); \
-        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('data_units', 'seq')), 0)::TEXT, \
-               COALESCE(pg_sequence_last_value(pg_get_serial_sequence('alarm_events', 'seq')), 0)::TEXT, \
-               COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
-        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-         WHERE datname = current_database() AND application_name = 'weft main writer' \
-           AND backend_xid IS NOT NULL; \
-        COMMIT",
-    on_demand: true,
+    writer: "weft main writer",
+    lock: 8603115516262213735,
+    tables: ["data_units", "alarm_events", "history_feed"],
+    on_demand: true
 };
 
 /// Which of [`MAIN`]'s sequences a horizon's `seq` is of.
@@ -54,7 +46,7 @@ use futures::future::BoxFuture;
 use super::combine::Combine;
 use super::conn::Conn;
 use super::history::feed_name;
-use super::horizon::Followed;
+use super::horizon::{followed, Followed};
 use super::outbox::log_changes;
 use super::schema::db;
 use super::writer::param;

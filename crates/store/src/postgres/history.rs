@@ -34,7 +34,7 @@ use tokio_postgres::{Client, GenericClient, IsolationLevel, Row};
 use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
 use super::context::MainLog;
-use super::horizon::Followed;
+use super::horizon::{followed, Followed};
 use super::schema::{self, db};
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
@@ -109,18 +109,12 @@ impl Combine for QueuedNotification {
 /// named the feed's writer for good, like the ingest log's; the history
 /// writer's moves (tens of milliseconds each) are none of the horizon's
 /// business.
-pub(super) const NOTIFIED: Followed = Followed {
+pub(super) const NOTIFIED: Followed = followed! {
     name: "notifications feed",
-    opening: "SELECT pg_current_xact_id()",
-    session: "SET application_name = 'weft notifications feed'",
-    look: "BEGIN; \
-        SELECT 1; \
-        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('history_feed', 'seq')), 0)::TEXT; \
-        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-         WHERE datname = current_database() AND application_name = 'weft notifications feed' \
-           AND backend_xid IS NOT NULL; \
-        COMMIT",
-    on_demand: false,
+    writer: "weft notifications feed",
+    lock: none,
+    tables: ["history_feed"],
+    on_demand: false
 };
 
 /// The span of `seq`s one round trip of [`HistoryStore::read_history_feed`]

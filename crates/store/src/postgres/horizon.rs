@@ -58,6 +58,50 @@ pub(super) struct Followed {
     pub on_demand: bool,
 }
 
+/// A [`Followed`] log from what tells it apart, so every log's SQL has
+/// one shape: `name`, the `writer` its writers' connections are named
+/// (in `pg_stat_activity`), the advisory `lock` its writers and looks
+/// take shared (`none` for a log no older version locked), the `tables`
+/// whose `seq` sequences it follows (in the order of the horizon's
+/// `seq`s), and whether it is looked at `on_demand`.
+macro_rules! followed {
+    (name: $name:literal, writer: $writer:literal, lock: none,
+     tables: [$first:literal $(, $rest:literal)*], on_demand: $on_demand:expr) => {
+        $crate::postgres::horizon::Followed {
+            name: $name,
+            opening: "SELECT pg_current_xact_id()",
+            session: concat!("SET application_name = '", $writer, "'"),
+            look: concat!(
+                "BEGIN; SELECT 1; SELECT ",
+                "COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $first, "', 'seq')), 0)::TEXT",
+                $(", COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $rest, "', 'seq')), 0)::TEXT",)*
+                "; SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = '", $writer, "' \
+                 AND backend_xid IS NOT NULL; COMMIT"
+            ),
+            on_demand: $on_demand,
+        }
+    };
+    (name: $name:literal, writer: $writer:literal, lock: $lock:literal,
+     tables: [$first:literal $(, $rest:literal)*], on_demand: $on_demand:expr) => {
+        $crate::postgres::horizon::Followed {
+            name: $name,
+            opening: concat!("SELECT pg_advisory_xact_lock_shared(", $lock, "), pg_current_xact_id()"),
+            session: concat!("SET application_name = '", $writer, "'"),
+            look: concat!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared(", $lock, "); SELECT ",
+                "COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $first, "', 'seq')), 0)::TEXT",
+                $(", COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $rest, "', 'seq')), 0)::TEXT",)*
+                "; SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = '", $writer, "' \
+                 AND backend_xid IS NOT NULL; COMMIT"
+            ),
+            on_demand: $on_demand,
+        }
+    };
+}
+pub(super) use followed;
+
 /// How often a log is looked at when nothing is waiting on a writer (this
 /// node's own commits make it look at once).
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);

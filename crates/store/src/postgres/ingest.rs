@@ -11,7 +11,7 @@ use weft_model::{NewUplink, Uplink, UplinkFormat, UplinkPins};
 
 use super::combine::{seqs_in_order, Combine};
 use super::conn::Conn;
-use super::horizon::Followed;
+use super::horizon::{followed, Followed};
 use super::schema::db;
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
@@ -19,18 +19,12 @@ use crate::{IngestLogStore, Result, StoreError};
 
 /// The ingest log as its horizon follows it (any lock key unique to weft:
 /// "weft_log", the key older versions took exclusively).
-pub(super) const LOG: Followed = Followed {
+pub(super) const LOG: Followed = followed! {
     name: "ingest log",
-    opening: "SELECT pg_advisory_xact_lock_shared(8603115516733482855), pg_current_xact_id()",
-    session: "SET application_name = 'weft ingest log'",
-    look: "BEGIN; \
-        SELECT pg_advisory_xact_lock_shared(8603115516733482855); \
-        SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence('ingest_log', 'seq')), 0)::TEXT; \
-        SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-         WHERE datname = current_database() AND application_name = 'weft ingest log' \
-           AND backend_xid IS NOT NULL; \
-        COMMIT",
-    on_demand: false,
+    writer: "weft ingest log",
+    lock: 8603115516733482855,
+    tables: ["ingest_log"],
+    on_demand: false
 };
 
 /// How many partitions the pipeline is split into on PostgreSQL by
