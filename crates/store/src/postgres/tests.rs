@@ -386,6 +386,42 @@ async fn the_horizon_waits_for_an_append_that_commits_late() {
     store.close().await;
 }
 
+/// Ten clients on `node` (0 or 1) of `store`, each doing `op(store,
+/// node, i)` for its share of `0..each` one after the other (waiting for
+/// each answer before the next), started now; answers each client's
+/// results in the order it got them, clients in order.
+fn ten_clients<T, F, Fut>(
+    store: Arc<PostgresStore>,
+    node: usize,
+    each: usize,
+    op: F,
+) -> tokio::task::JoinHandle<Vec<Vec<T>>>
+where
+    T: Send + 'static,
+    F: Fn(Arc<PostgresStore>, usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    tokio::spawn(async move {
+        let clients: Vec<_> = (0..10)
+            .map(|c| {
+                let (store, op) = (store.clone(), op.clone());
+                tokio::spawn(async move {
+                    let mut mine = Vec::new();
+                    for i in (c..each).step_by(10) {
+                        mine.push(op(store.clone(), node, i).await);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for client in clients {
+            all.push(client.await.unwrap());
+        }
+        all
+    })
+}
+
 /// Two nodes appending at once to the same partitions: a reader following
 /// the horizon, as the pipeline does, sees every acknowledged append of
 /// both, once, in `seq` order, and each node's own appends in the order
@@ -396,35 +432,14 @@ async fn two_nodes_appending_at_once_lose_and_reorder_nothing_a_reader_sees() {
     let a = Arc::new(open(&url).await);
     let b = Arc::new(open(&url).await);
     const EACH: usize = 1_500;
-    let append = |store: Arc<PostgresStore>, node: usize| {
-        tokio::spawn(async move {
-            let mut seqs = Vec::new();
-            // Ten clients per node, each waiting for its answer before the
-            // next: appends of both nodes interleave in every transaction.
-            let clients: Vec<_> = (0..10)
-                .map(|c| {
-                    let store = store.clone();
-                    tokio::spawn(async move {
-                        let mut mine = Vec::new();
-                        for i in (c..EACH).step_by(10) {
-                            let mut u = uplink(i);
-                            u.partition = (i % 16) as u16;
-                            u.device_id = Some(format!("node{node}-{i}"));
-                            mine.push(store.append_uplink(u).await.unwrap());
-                        }
-                        mine
-                    })
-                })
-                .collect();
-            for client in clients {
-                let mine = client.await.unwrap();
-                assert!(
-                    mine.windows(2).all(|w| w[0] < w[1]),
-                    "one client's appends in order"
-                );
-                seqs.extend(mine);
-            }
-            seqs
+    // Ten clients per node: appends of both nodes interleave in every
+    // transaction.
+    let append = |store, node| {
+        ten_clients(store, node, EACH, |store, node, i| async move {
+            let mut u = uplink(i);
+            u.partition = (i % 16) as u16;
+            u.device_id = Some(format!("node{node}-{i}"));
+            store.append_uplink(u).await.unwrap()
         })
     };
     let (wa, wb) = (append(a.clone(), 0), append(b.clone(), 1));
@@ -453,8 +468,14 @@ async fn two_nodes_appending_at_once_lose_and_reorder_nothing_a_reader_sees() {
             seen
         })
     };
-    let mut acknowledged = wa.await.unwrap();
-    acknowledged.extend(wb.await.unwrap());
+    let mut acknowledged = Vec::new();
+    for mine in wa.await.unwrap().into_iter().chain(wb.await.unwrap()) {
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "one client's appends in order"
+        );
+        acknowledged.extend(mine);
+    }
     let seen = reader.await.unwrap();
     assert!(
         seen.windows(2).all(|w| w[0] < w[1]),
@@ -613,33 +634,19 @@ async fn two_nodes_committing_events_at_once_lose_and_reorder_nothing_a_reader_s
     let b = Arc::new(open(&url).await);
     const EACH: usize = 600;
     const PER: usize = 8;
-    let commit = |store: Arc<PostgresStore>, node: usize| {
-        tokio::spawn(async move {
-            // Ten clients per node, each waiting for its answer before the
-            // next: both nodes' transactions are in flight together.
-            let clients: Vec<_> = (0..10)
-                .map(|c| {
-                    let store = store.clone();
-                    tokio::spawn(async move {
-                        for i in (c..EACH).step_by(10) {
-                            store
-                                .commit_alarms(crate::AlarmBatch {
-                                    // Several rows a transaction: longer
-                                    // in flight, more often overtaken.
-                                    events: (0..PER)
-                                        .map(|k| format!("node{node}-{i}-{k}"))
-                                        .collect(),
-                                    ..Default::default()
-                                })
-                                .await
-                                .unwrap();
-                        }
-                    })
+    // Ten clients per node: both nodes' transactions are in flight
+    // together.
+    let commit = |store, node| {
+        ten_clients(store, node, EACH, |store, node, i| async move {
+            store
+                .commit_alarms(crate::AlarmBatch {
+                    // Several rows a transaction: longer in flight, more
+                    // often overtaken.
+                    events: (0..PER).map(|k| format!("node{node}-{i}-{k}")).collect(),
+                    ..Default::default()
                 })
-                .collect();
-            for client in clients {
-                client.await.unwrap();
-            }
+                .await
+                .unwrap();
         })
     };
     let (wa, wb) = (commit(a.clone(), 0), commit(b.clone(), 1));
