@@ -273,7 +273,7 @@ impl Part {
         synchronous: Synchronous,
         page_size: i64,
         background: bool,
-        name: &str,
+        name: &'static str,
         read_connections: usize,
         deferred: Option<writer::Deferred>,
     ) -> Result<(Part, watch::Receiver<u64>)> {
@@ -299,6 +299,7 @@ impl Part {
             committed_tx,
             stopped_tx,
             deferred,
+            name,
         );
         // The history's file is written in large batches every half
         // second: checkpointing it less often copies each hot page once per

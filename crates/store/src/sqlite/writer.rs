@@ -154,6 +154,8 @@ pub(super) struct Writer {
     stopped: watch::Sender<bool>,
     /// What this part's writes defer to the end of their transaction.
     deferred: Option<Deferred>,
+    /// The file's name in metrics (`writer` label): `log`, `main`, …
+    name: &'static str,
 }
 
 impl Writer {
@@ -168,6 +170,7 @@ impl Writer {
         committed: watch::Sender<u64>,
         stopped: watch::Sender<bool>,
         deferred: Option<Deferred>,
+        name: &'static str,
     ) -> Writer {
         Writer {
             conn,
@@ -178,6 +181,7 @@ impl Writer {
             committed,
             stopped,
             deferred,
+            name,
         }
     }
 
@@ -295,8 +299,12 @@ impl Writer {
             Some(d) => (d.flush)(&self.conn),
             None => Ok(()),
         };
+        let syncing = Instant::now();
         match flushed.and_then(|()| self.commit()) {
             Ok(()) => {
+                // The COMMIT statement alone: the WAL's write and fsync.
+                metrics::histogram!("weft_store_sync_seconds", "writer" => self.name)
+                    .record(syncing.elapsed().as_secs_f64());
                 // Publish before answering, so that whoever holds a `seq`
                 // answer finds `committed_seq()` at least that high.
                 if let Some(seq) = appended {
@@ -311,9 +319,10 @@ impl Writer {
                 for d in done.drain(..) {
                     d.answer(None);
                 }
-                metrics::counter!("weft_store_commits_total").increment(1);
-                metrics::histogram!("weft_store_batch_size").record(size as f64);
-                metrics::histogram!("weft_store_commit_seconds")
+                let name = self.name;
+                metrics::counter!("weft_store_commits_total", "writer" => name).increment(1);
+                metrics::histogram!("weft_store_batch_size", "writer" => name).record(size as f64);
+                metrics::histogram!("weft_store_commit_seconds", "writer" => name)
                     .record(started.elapsed().as_secs_f64());
                 self.restart_wal_if_asked();
             }
@@ -350,7 +359,7 @@ impl Writer {
             .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
         self.restart_wal
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        metrics::histogram!("weft_store_wal_restart_seconds")
+        metrics::histogram!("weft_store_wal_restart_seconds", "writer" => self.name)
             .record(started.elapsed().as_secs_f64());
         match result {
             Ok(_) => tracing::debug!(took = ?started.elapsed(), "caught up the WAL for a restart"),
