@@ -1,8 +1,9 @@
 //! Reading QuantumLeap's answers: an attribute's series
 //! (`{"index":[…],"values":[…]}`, with `id`, `type`, `attrName` around it
-//! on some endpoints), an entity's per-attribute counts, and the empty
-//! answers: QuantumLeap 1.0's 404 `{"error":"Not Found",…}` (weft's too)
-//! and `[]`, which QuantumLeap's master gives with 200.
+//! on some endpoints), an entity's states read whole (the index and every
+//! attribute's values, [`table`]), an entity's per-attribute counts, and
+//! the empty answers: QuantumLeap 1.0's 404 `{"error":"Not Found",…}`
+//! (weft's too) and `[]`, which QuantumLeap's master gives with 200.
 //!
 //! Answers are decoded into typed structs that skip what the bench does
 //! not read, so the query phase's clients (on the same 2 cores as the
@@ -118,8 +119,11 @@ struct EntityAnswer {
 
 /// Rows per attribute from an `aggrMethod=count` entity answer: the sum of
 /// each attribute's (non-null) counts, whatever buckets they fall in; no
-/// attribute for `[]`.
-pub fn counts(body: &[u8]) -> Result<BTreeMap<String, u64>, String> {
+/// attribute for `[]`. An attribute whose every count is `null` is `None`:
+/// not counted at all, which is what QuantumLeap 1.0 answers for a
+/// `DateTime` attribute such as `TimeInstant` (its `count` is `null`, its
+/// `min` and `max` the earliest and latest time), not zero rows.
+pub fn counts(body: &[u8]) -> Result<BTreeMap<String, Option<u64>>, String> {
     if is_empty_answer(body)? {
         return Ok(BTreeMap::new());
     }
@@ -128,10 +132,70 @@ pub fn counts(body: &[u8]) -> Result<BTreeMap<String, u64>, String> {
     Ok(v.attributes
         .into_iter()
         .map(|a| {
+            let counted = a.values.iter().any(Option::is_some);
             let n = a.values.iter().flatten().map(|c| *c as u64).sum();
-            (a.name, n)
+            (a.name, counted.then_some(n))
         })
         .collect())
+}
+
+/// An entity's states read whole (`GET /entities/{id}?attrs=…` without an
+/// aggregation): the time of each state and, per attribute, its value in
+/// each state as answered (`null` where the state has none). Values stay
+/// JSON: a `DateTime` attribute answers ISO-8601 text, a number a number.
+#[derive(Debug, Default, PartialEq)]
+pub struct Table {
+    /// The time index, epoch ms, in answer order.
+    pub times: Vec<i64>,
+    /// Each attribute's values, one per entry of `times`.
+    pub columns: BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+/// One attribute of an entity answer, values of any type.
+#[derive(Deserialize)]
+struct Column {
+    #[serde(rename = "attrName")]
+    name: String,
+    values: Vec<serde_json::Value>,
+}
+
+/// An entity answer read whole.
+#[derive(Deserialize)]
+struct EntityColumns {
+    index: Vec<String>,
+    attributes: Vec<Column>,
+}
+
+/// Reads an entity answer whole ([`Table`]); an empty table for `[]` or
+/// QuantumLeap 1.0's not-found. Fails on an index entry that is not a
+/// time, an attribute answered twice, or one whose values do not match
+/// the index one for one.
+pub fn table(body: &[u8]) -> Result<Table, String> {
+    if is_empty_answer(body)? {
+        return Ok(Table::default());
+    }
+    let v: EntityColumns =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+    let times = v
+        .index
+        .iter()
+        .map(|t| parse_iso(t).ok_or_else(|| format!("index entry {t:?} is not a time")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut columns = BTreeMap::new();
+    for a in v.attributes {
+        if a.values.len() != times.len() {
+            return Err(format!(
+                "{} values of {} for {} index entries",
+                a.values.len(),
+                a.name,
+                times.len()
+            ));
+        }
+        if let Some(name) = columns.insert(a.name.clone(), a.values).map(|_| a.name) {
+            return Err(format!("{name} answered twice"));
+        }
+    }
+    Ok(Table { times, columns })
 }
 
 #[cfg(test)]
@@ -173,7 +237,7 @@ mod tests {
         assert_eq!(c.len(), 3);
         assert_eq!(
             (c["TimeInstant"], c["pressure"], c["temperature"]),
-            (40, 40, 40)
+            (Some(40), Some(40), Some(40))
         );
         assert!(counts(b"[]").unwrap().is_empty());
         let not_found =
@@ -182,5 +246,58 @@ mod tests {
         assert!(!is_not_found(200, not_found));
         assert!(counts(not_found).unwrap().is_empty());
         assert_eq!(values(not_found), Ok(vec![]));
+    }
+
+    /// QuantumLeap 1.0 (Timescale) counts no `DateTime` attribute: its
+    /// answer to `aggrMethod=count&attrs=TimeInstant,temperature,pressure`
+    /// after three notifications, as sent. `null` is "not counted", not 0.
+    #[test]
+    fn a_null_count_is_not_zero_rows() {
+        let body = br#"{"attributes":[{"attrName":"TimeInstant","values":[null]},
+            {"attrName":"pressure","values":[3]},{"attrName":"temperature","values":[3]}],
+            "entityId":"Room:7","entityType":"Room","index":[]}"#;
+        let c = counts(body).unwrap();
+        assert_eq!(
+            (c["TimeInstant"], c["pressure"], c["temperature"]),
+            (None, Some(3), Some(3))
+        );
+        // Per-minute buckets: every TimeInstant bucket null.
+        let body = br#"{"attributes":[{"attrName":"TimeInstant","values":[null,null]},
+            {"attrName":"temperature","values":[1,null]}],"index":["a","b"]}"#;
+        let c = counts(body).unwrap();
+        assert_eq!((c["TimeInstant"], c["temperature"]), (None, Some(1)));
+    }
+
+    /// An entity read whole, as QuantumLeap 1.0 and weft both answer it
+    /// (QuantumLeap's key order): the notified `TimeInstant` is the time
+    /// index and also an attribute, its values written like the index.
+    #[test]
+    fn reads_an_entity_whole() {
+        let body = br#"{"attributes":[
+            {"attrName":"TimeInstant","values":["2025-01-01T00:01:00.000+00:00","2025-01-01T00:02:00.000+00:00"]},
+            {"attrName":"pressure","values":[720,null]},
+            {"attrName":"temperature","values":[1.0,2.0]}],
+            "entityId":"Room:7","entityType":"Room",
+            "index":["2025-01-01T00:01:00.000+00:00","2025-01-01T00:02:00.000+00:00"]}"#;
+        let t = table(body).unwrap();
+        assert_eq!(t.times, [1_735_689_660_000, 1_735_689_720_000]);
+        assert_eq!(t.columns.len(), 3);
+        assert_eq!(t.columns["TimeInstant"][1], "2025-01-01T00:02:00.000+00:00");
+        assert_eq!(
+            t.columns["pressure"],
+            [serde_json::json!(720), serde_json::Value::Null]
+        );
+        assert_eq!(t.columns["temperature"][0], 1.0);
+        let not_found =
+            br#"{"error":"Not Found","description":"No records were found for such query."}"#;
+        assert_eq!(table(not_found), Ok(Table::default()));
+        assert_eq!(table(b"[]"), Ok(Table::default()));
+        let short = br#"{"index":["2025-01-01T00:01:00Z"],"attributes":[{"attrName":"pressure","values":[]}]}"#;
+        assert!(table(short).unwrap_err().contains("0 values of pressure"));
+        let twice = br#"{"index":[],"attributes":[{"attrName":"a","values":[]},{"attrName":"a","values":[]}]}"#;
+        assert!(table(twice).unwrap_err().contains("twice"));
+        assert!(table(br#"{"index":["x"],"attributes":[]}"#)
+            .unwrap_err()
+            .contains("not a time"));
     }
 }

@@ -2,7 +2,9 @@
 //! Orion-style notifications of a `Room` entity to `/v2/notify`), then the
 //! history queries QuantumLeap exists to answer.
 //!
-//! A run goes through four phases (five with a preload):
+//! A run goes through four phases (five with a preload), after one setup
+//! notification of `Room:setup` that creates the run's tenant and `Room`
+//! type before the clients start ([`notify::setup`]):
 //!
 //! 1. notify: `--concurrency` closed-loop clients, one keep-alive
 //!    connection each, POST QuantumLeap's k6 body to `/v2/notify` back to
@@ -47,7 +49,7 @@ use crate::common::{CommonArgs, Session};
 use crate::ngsi_update::new_tenant;
 use crate::summary::{Check, Metric, Summary, Trend};
 use client::Tally;
-use payload::{NotifyHead, ATTRS_PER_ENTITY, BIG_ENTITY};
+use payload::{NotifyHead, ATTRS_PER_ENTITY, BIG_ENTITY, SETUP_ENTITY};
 use query::{Class, Kind};
 
 /// Time index of notification 0 of every series: 2025-01-01T00:00:00.000Z.
@@ -141,10 +143,21 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
     let mut phases = Vec::new();
     let mut notes = Vec::new();
 
+    let head = NotifyHead::new(&session.base.prefix, &session.base.host, &tenant);
+    let started = Instant::now();
+    let setup = notify::setup(&session.base.connect, &head, ORIGIN_MS).await;
+    phases.push(("setup".to_string(), started.elapsed().as_secs_f64()));
+    if setup != Some(200) {
+        notes.push(format!(
+            "the setup notification of {SETUP_ENTITY} was answered {}",
+            setup.map_or_else(|| "not at all".to_string(), |s| s.to_string())
+        ));
+    }
+
     let notify = notify::generate(
         notify::Plan {
             connect: session.base.connect.clone(),
-            head: NotifyHead::new(&session.base.prefix, &session.base.host, &tenant),
+            head,
             entities: args.entities,
             clients: args.clients(),
             duration: args.common.duration,
@@ -332,8 +345,15 @@ pub async fn run(args: &HistoryArgs, session: &Session) -> anyhow::Result<Summar
             "preload_duration".into(),
             Metric::Trend(Trend::from_micros(&report.tally.latency)),
         );
-        if let Ok(rows) = counted {
-            m.insert("big_rows_stored".into(), Metric::count(*rows));
+        if let Ok(c) = counted {
+            m.insert("big_rows_stored".into(), Metric::count(c.rows));
+            if !c.time_instant_counted {
+                s.notes.push(format!(
+                    "{BIG_ENTITY}: the server counts no TimeInstant (aggrMethod=count of a \
+                     DateTime answered null); its newest {} states were read whole instead",
+                    verify::PAGE
+                ));
+            }
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::client::{Caller, Tally};
-use super::payload::{entity_id, render_notification, NotifyHead};
+use super::payload::{entity_id, render_notification, NotifyHead, SETUP_ENTITY};
 use super::series::Series;
 use crate::http::Head;
 use crate::progress;
@@ -63,6 +63,24 @@ pub struct NotifyReport {
     pub series: Vec<Series>,
     /// From the first send to the last response.
     pub elapsed: Duration,
+}
+
+/// Sends one notification of [`SETUP_ENTITY`] (time index `origin`) and
+/// waits for its answer, before the clients start. A history creates what
+/// a new tenant and entity type need on first use: QuantumLeap makes a
+/// schema per tenant and a table per entity type, and when its two
+/// workers both do so for the load's first notifications one of them fails,
+/// logs an ERROR, and may still answer 200 without storing the
+/// notification (seen on QuantumLeap 1.0.0 with Timescale). A deployment's
+/// tables exist before its sensors report; so do the run's. Returns the
+/// status, `None` when there was no answer.
+pub async fn setup(connect: &str, head: &NotifyHead, origin: i64) -> Option<u16> {
+    let mut caller = Caller::new(connect, REQUEST_TIMEOUT);
+    let (mut body, mut request) = (Vec::new(), Vec::new());
+    render_notification(&mut body, SETUP_ENTITY, [(origin, 0)]);
+    head.render(&mut request, &body);
+    let head = caller.call(&request, None, &mut Tally::default()).await;
+    head.map(|h| h.status)
 }
 
 /// Runs the phase with a progress bar fed from the clients' counters.

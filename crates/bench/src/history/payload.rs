@@ -16,6 +16,11 @@ pub const ENTITY_TYPE: &str = "Room";
 /// The entity `--preload-rows` fills with a long series.
 pub const BIG_ENTITY: &str = "Room:big";
 
+/// The entity of the setup notification sent before the load, so the
+/// tenant and its `Room` type exist before the clients start (see
+/// `notify::setup`); it is never verified or queried.
+pub const SETUP_ENTITY: &str = "Room:setup";
+
 /// The value of `pressure` in every notification, as in QuantumLeap's k6 body.
 pub const PRESSURE: u32 = 720;
 
