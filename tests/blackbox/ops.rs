@@ -21,6 +21,14 @@ async fn health_and_metrics() {
     .await;
     let text = metrics_text(&server).await;
     assert!(text.contains("weft_uplinks_accepted_total 1"), "{text}");
+    // Timings are histograms: every observation since the start is in a
+    // bucket, not only the last minute's in a quantile.
+    assert!(
+        text.contains("# TYPE weft_store_commit_seconds histogram")
+            && text.contains("weft_store_commit_seconds_bucket{writer=\"log\",le=\"+Inf\"}"),
+        "{text}"
+    );
+    assert!(!text.contains("quantile="), "no summaries: {text}");
     // One node alone does every piece of the work done once, and says so.
     let health = eventually(Duration::from_secs(10), || async {
         let health = c.expect(200, "GET", "/health", None).await;

@@ -156,8 +156,34 @@ pub(crate) fn colour_on_stderr() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// Upper bounds of the buckets of every `…_seconds` histogram: from half
+/// a millisecond (a commit) to ten seconds (a stalled request).
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upper bounds of the buckets of every `…_size` histogram (batch sizes,
+/// up to the writers' largest batch).
+const SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
+
+/// The Prometheus recorder. Timings and sizes are exposed as histograms
+/// with fixed buckets, not as the exporter's default summaries: a summary's
+/// quantiles describe only its last minute or so and cannot be added up
+/// over nodes, while buckets count every observation since the start, so a
+/// scrape after a load test, or `histogram_quantile` over a cluster, sees
+/// the whole tail.
+fn metrics_recorder() -> anyhow::Result<metrics_exporter_prometheus::PrometheusBuilder> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS))
+        .context("setting the metrics' buckets")
+}
+
 async fn run_server(config: Config) -> anyhow::Result<()> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+    let handle = metrics_recorder()?
         .install_recorder()
         .context("installing the metrics recorder")?;
     let tls = match (&config.http.tls_cert, &config.http.tls_key) {
