@@ -4,11 +4,14 @@
 //! and again, until it acknowledges them with the `ackHandle` of a fetch,
 //! which works as a cursor ("everything up to here").
 //!
-//! The store holds the messages and the subscribers' cursors; memory holds
-//! only, per channel, the highest committed message position (a watch that
-//! wakes long polls the moment a publish commits) and the subscribers with
-//! their cursors and last activity. So memory grows with channels and
-//! subscribers, never with messages, however slow the subscribers are.
+//! The store holds the messages and the subscribers' cursors; memory holds,
+//! per channel, the highest committed message position (a watch that
+//! wakes long polls the moment a publish commits), the subscribers with
+//! their cursors and last activity, and a bounded copy of the newest
+//! messages ([`recent`]) that answers the fetches of subscribers keeping
+//! up without reading the store. So memory grows with channels and
+//! subscribers, never with the messages waiting, however slow the
+//! subscribers are.
 //!
 //! A sweeper forgets subscribers idle longer than `expire_after` (a fetch
 //! for them then answers 404, as DSPS does) and channels without
@@ -30,6 +33,7 @@
 
 pub mod bridge;
 pub mod listing;
+pub mod recent;
 pub mod rules;
 
 use std::collections::HashMap;
@@ -113,6 +117,8 @@ struct Channel {
     /// The highest committed message position; long polls wait on it.
     head: watch::Sender<u64>,
     subscribers: parking_lot::Mutex<ChannelState>,
+    /// The newest messages (a single node's channels only).
+    recent: parking_lot::Mutex<recent::Recent>,
 }
 
 struct ChannelState {
@@ -123,7 +129,10 @@ struct ChannelState {
 }
 
 impl Channel {
-    fn new(head: u64) -> Channel {
+    /// A channel at `head`; `known`: every message up to `head` is in the
+    /// store and none after it (loaded at start), so the copy of the
+    /// newest messages may claim what comes after it.
+    fn new(head: u64, known: bool, budget: &Arc<recent::Budget>) -> Channel {
         Channel {
             head: watch::Sender::new(head),
             subscribers: parking_lot::Mutex::new(ChannelState {
@@ -131,6 +140,10 @@ impl Channel {
                 last_active: Instant::now(),
                 pruned: 0,
             }),
+            recent: parking_lot::Mutex::new(recent::Recent::new(
+                known.then_some(head),
+                budget.clone(),
+            )),
         }
     }
 
@@ -178,6 +191,10 @@ pub struct Channels {
     /// Subscribers active here since the sweeper last recorded it in the
     /// store (clustered only).
     touched: parking_lot::Mutex<std::collections::HashSet<(String, String)>>,
+    /// The bytes the channels' copies of their newest messages share.
+    budget: Arc<recent::Budget>,
+    /// Fetches answered from those copies, without reading the store.
+    from_memory: std::sync::atomic::AtomicU64,
 }
 
 impl Channels {
@@ -190,15 +207,16 @@ impl Channels {
         node: &str,
         shutdown: CancellationToken,
     ) -> Result<Arc<Channels>, StoreError> {
+        let budget = recent::Budget::new(recent::DEFAULT_BUDGET);
         let (heads, _) = store.channel_heads().await?;
         let mut map: HashMap<String, Arc<Channel>> = heads
             .into_iter()
-            .map(|(name, head)| (name, Arc::new(Channel::new(head))))
+            .map(|(name, head)| (name, Arc::new(Channel::new(head, true, &budget))))
             .collect();
         for s in store.channel_subscribers().await? {
             let channel = map
                 .entry(s.channel.clone())
-                .or_insert_with(|| Arc::new(Channel::new(s.cursor)));
+                .or_insert_with(|| Arc::new(Channel::new(s.cursor, false, &budget)));
             channel.advance(s.cursor);
             channel.subscribers.lock().subscribers.insert(
                 s.subscriber,
@@ -223,6 +241,8 @@ impl Channels {
             channels: parking_lot::Mutex::new(map),
             clustered,
             touched: Default::default(),
+            budget,
+            from_memory: Default::default(),
         });
         tokio::spawn(channels.clone().sweep_loop(shutdown));
         Ok(channels)
@@ -233,7 +253,9 @@ impl Channels {
         if let Some(c) = map.get(name) {
             return c.clone();
         }
-        let c = Arc::new(Channel::new(0));
+        // What an earlier copy of this channel left in the store is not
+        // known here: its copy of the newest messages claims nothing yet.
+        let c = Arc::new(Channel::new(0, false, &self.budget));
         map.insert(name.to_string(), c.clone());
         c
     }
@@ -260,14 +282,22 @@ impl Channels {
             None => weft_store::WebhookCalls::default(),
         };
         let queued = !webhooks.calls.is_empty();
-        let stored = self
-            .store
-            .publish_message(channel, message_id, content, webhooks)
-            .await?;
         let c = self.channel(channel);
+        let stored = if self.clustered {
+            let stored = self
+                .store
+                .publish_message(channel, message_id, content, webhooks)
+                .await?;
+            if let Some(seq) = stored {
+                c.advance(seq);
+            }
+            stored
+        } else {
+            self.publish_here(&c, channel, message_id, content, webhooks)
+                .await?
+        };
         c.subscribers.lock().last_active = Instant::now();
-        if let Some(seq) = stored {
-            c.advance(seq);
+        if stored.is_some() {
             if self.clustered {
                 self.bus.definition_changed(DefinitionChange::new(
                     DefinitionKind::ChannelMessages,
@@ -280,6 +310,44 @@ impl Channels {
             metrics::counter!("weft_channel_messages_published_total").increment(1);
         }
         Ok(stored.is_some())
+    }
+
+    /// A single node's publish: stores the message and adds it to the
+    /// channel's copy of its newest messages, then moves the head. The
+    /// write and the bookkeeping run as a task of their own, so a caller
+    /// that goes away (a client hanging up) cannot leave the copy
+    /// counting a publish that never ends.
+    async fn publish_here(
+        &self,
+        c: &Arc<Channel>,
+        channel: &str,
+        message_id: &str,
+        content: String,
+        webhooks: weft_store::WebhookCalls,
+    ) -> Result<Option<u64>, StoreError> {
+        c.recent.lock().begin();
+        let (store, c) = (self.store.clone(), c.clone());
+        let (channel, message_id) = (channel.to_string(), message_id.to_string());
+        let task = tokio::spawn(async move {
+            let stored = store
+                .publish_message(&channel, &message_id, content.clone(), webhooks)
+                .await;
+            c.recent.lock().end(match &stored {
+                Ok(Some(seq)) => recent::Outcome::Stored(ChannelMessage {
+                    seq: *seq,
+                    message_id,
+                    content,
+                }),
+                Ok(None) => recent::Outcome::Duplicate,
+                Err(_) => recent::Outcome::Failed,
+            });
+            if let Ok(Some(seq)) = stored {
+                c.advance(seq);
+            }
+            stored
+        });
+        task.await
+            .map_err(|e| StoreError::Database(format!("the publish task failed: {e}")))?
     }
 
     /// Admits a call on `channel` naming `other` (`("subscriberID", id)`
@@ -409,7 +477,18 @@ impl Channels {
             };
             // Clustered, messages another node stored may be there before
             // their notice: the store is asked.
-            if *head.borrow_and_update() > cursor || self.clustered {
+            let seen = *head.borrow_and_update();
+            if seen > cursor || self.clustered {
+                if !self.clustered {
+                    if let Some(mut messages) = c.recent.lock().after(cursor, seen, max + 1) {
+                        metrics::counter!("weft_channel_fetches_from_memory_total").increment(1);
+                        self.from_memory
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let more = messages.len() > max;
+                        messages.truncate(max);
+                        return Ok(Fetched { messages, more });
+                    }
+                }
                 let mut messages = self
                     .store
                     .channel_messages(channel, cursor, max + 1)
@@ -429,6 +508,12 @@ impl Channels {
                 _ => return Ok(Fetched::default()),
             }
         }
+    }
+
+    /// Fetches answered from the channels' copies of their newest
+    /// messages, without reading the store, since the start.
+    pub fn fetches_from_memory(&self) -> u64 {
+        self.from_memory.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Acknowledges the subscriber's messages up to `through` (a stale
@@ -607,6 +692,7 @@ impl Channels {
         if let Some(to) = prune_to {
             self.store.prune_channel(name, to).await?;
             c.subscribers.lock().pruned = to;
+            c.recent.lock().prune(to);
         }
         if idle {
             let mut map = self.channels.lock();

@@ -152,6 +152,85 @@ async fn a_long_poll_is_answered_by_the_next_publish() {
     node.stop().await;
 }
 
+/// Publishers racing on one channel, then one alone, while subscribers
+/// fetch and acknowledge: each subscriber receives every message once, in
+/// publish order, though racing publishes end out of order; a lone
+/// publisher's messages are fetched from the channel's copy of its newest
+/// messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_publishes_reach_every_subscriber_once_in_order() {
+    const PUBLISHERS: usize = 4;
+    const EACH: usize = 40;
+    const SUBSCRIBERS: usize = 3;
+    let node = Node::start(config()).await;
+    let channels = node.services.channels.clone();
+    for s in 0..SUBSCRIBERS {
+        channels.subscribe("busy", &format!("s{s}")).await.unwrap();
+    }
+    let readers: Vec<_> = (0..SUBSCRIBERS)
+        .map(|s| {
+            let channels = channels.clone();
+            tokio::spawn(async move {
+                let name = format!("s{s}");
+                let mut got: Vec<(u64, String)> = Vec::new();
+                while got.len() < (PUBLISHERS + 1) * EACH {
+                    let fetched = channels
+                        .fetch("busy", &name, Duration::from_millis(500), 7)
+                        .await
+                        .unwrap();
+                    let Some(last) = fetched.messages.last().map(|m| m.seq) else {
+                        continue;
+                    };
+                    got.extend(fetched.messages.into_iter().map(|m| (m.seq, m.message_id)));
+                    channels.ack("busy", &name, last).await.unwrap();
+                }
+                got
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..PUBLISHERS)
+        .map(|p| {
+            let channels = channels.clone();
+            tokio::spawn(async move {
+                for i in 0..EACH {
+                    publish(&channels, "busy", &format!("p{p}-{i}"), json!(i)).await;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    // Then one publisher alone, as most channels have: its publishes end
+    // with none other in flight.
+    for i in 0..EACH {
+        publish(&channels, "busy", &format!("alone-{i}"), json!(i)).await;
+    }
+    let mut published: Vec<String> = (0..PUBLISHERS)
+        .flat_map(|p| (0..EACH).map(move |i| format!("p{p}-{i}")))
+        .chain((0..EACH).map(|i| format!("alone-{i}")))
+        .collect();
+    published.sort();
+    for r in readers {
+        let got = tokio::time::timeout(crate::testkit::DEADLINE, r)
+            .await
+            .expect("every message arrives")
+            .unwrap();
+        assert!(
+            got.windows(2).all(|w| w[0].0 < w[1].0),
+            "in publish order, none twice"
+        );
+        let mut ids: Vec<String> = got.into_iter().map(|(_, id)| id).collect();
+        ids.sort();
+        assert_eq!(ids, published, "every message, none foreign");
+    }
+    assert!(
+        channels.fetches_from_memory() > 0,
+        "fetches of subscribers keeping up are answered from memory"
+    );
+    node.stop().await;
+}
+
 /// An unknown or deleted subscriber is not found; ids breaking DSPS's rule
 /// are refused naming the parameter.
 #[tokio::test]
