@@ -66,30 +66,27 @@ pub(super) struct Followed {
 /// `seq`s), and whether it is looked at `on_demand`.
 macro_rules! followed {
     (name: $name:literal, writer: $writer:literal, lock: none,
-     tables: [$first:literal $(, $rest:literal)*], on_demand: $on_demand:expr) => {
-        $crate::postgres::horizon::Followed {
-            name: $name,
-            opening: "SELECT pg_current_xact_id()",
-            session: concat!("SET application_name = '", $writer, "'"),
-            look: concat!(
-                "BEGIN; SELECT 1; SELECT ",
-                "COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $first, "', 'seq')), 0)::TEXT",
-                $(", COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $rest, "', 'seq')), 0)::TEXT",)*
-                "; SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
-                 WHERE datname = current_database() AND application_name = '", $writer, "' \
-                 AND backend_xid IS NOT NULL; COMMIT"
-            ),
-            on_demand: $on_demand,
-        }
+     tables: [$($table:literal),+], on_demand: $on_demand:expr) => {
+        $crate::postgres::horizon::followed!(@build $name, $writer,
+            "SELECT pg_current_xact_id()", "SELECT 1", [$($table),+], $on_demand)
     };
     (name: $name:literal, writer: $writer:literal, lock: $lock:literal,
-     tables: [$first:literal $(, $rest:literal)*], on_demand: $on_demand:expr) => {
+     tables: [$($table:literal),+], on_demand: $on_demand:expr) => {
+        $crate::postgres::horizon::followed!(@build $name, $writer,
+            concat!("SELECT pg_advisory_xact_lock_shared(", $lock, "), pg_current_xact_id()"),
+            concat!("SELECT pg_advisory_xact_lock_shared(", $lock, ")"),
+            [$($table),+], $on_demand)
+    };
+    // The one shape: `opening` starts a writer's transaction, `guard` is
+    // the look's first statement.
+    (@build $name:literal, $writer:literal, $opening:expr, $guard:expr,
+     [$first:literal $(, $rest:literal)*], $on_demand:expr) => {
         $crate::postgres::horizon::Followed {
             name: $name,
-            opening: concat!("SELECT pg_advisory_xact_lock_shared(", $lock, "), pg_current_xact_id()"),
+            opening: $opening,
             session: concat!("SET application_name = '", $writer, "'"),
             look: concat!(
-                "BEGIN; SELECT pg_advisory_xact_lock_shared(", $lock, "); SELECT ",
+                "BEGIN; ", $guard, "; SELECT ",
                 "COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $first, "', 'seq')), 0)::TEXT",
                 $(", COALESCE(pg_sequence_last_value(pg_get_serial_sequence('", $rest, "', 'seq')), 0)::TEXT",)*
                 "; SELECT pid::TEXT || ':' || backend_xid::TEXT FROM pg_stat_activity \
