@@ -177,11 +177,19 @@ fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 
 /// Clicks the element `css` matches.
 async fn click(client: &Client, css: &str) -> Outcome {
-    wait_for(client, css)
-        .await?
-        .click()
-        .await
-        .map_err(fail("click"))
+    // Live screens re-render their lists when the server pushes a change,
+    // so the element found can be replaced before the click lands; a user
+    // would click the new one, and so does this, until the deadline.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match wait_for(client, css).await?.click().await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline && e.to_string().contains("stale element") => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(fail("click")(e)),
+        }
+    }
 }
 
 /// Types `text` into the (cleared) field `css`.
