@@ -572,7 +572,7 @@ fn entity_change(wire: WireChange, dates: &str) -> Result<EntityChange, WireErro
     Ok(EntityChange {
         tenant: wire.service,
         service_path: wire.service_path,
-        entity,
+        entity: std::sync::Arc::new(entity),
         alteration,
         attrs,
         origin: None,
@@ -726,7 +726,7 @@ mod tests {
         EntityChange {
             tenant: "smart".into(),
             service_path: "/b1".into(),
-            entity,
+            entity: entity.into(),
             alteration: Alteration::Updated,
             attrs: vec![AttrChange {
                 name: "temperature".into(),
@@ -770,7 +770,7 @@ mod tests {
         assert_eq!(&got.json[..], &json[..], "the JSON is forwarded as it came");
         // A change without an expiry date carries two dates.
         let mut plain = c;
-        plain.entity.date_expires = None;
+        Arc::make_mut(&mut plain.entity).date_expires = None;
         let sent = encode_event(
             &subjects(),
             "n",
@@ -796,11 +796,11 @@ mod tests {
         let changes: Vec<EntityChange> = (0..5)
             .map(|i| {
                 let mut c = change();
-                c.entity.id = format!("Room{i}");
-                c.entity.date_modified += i;
+                Arc::make_mut(&mut c.entity).id = format!("Room{i}");
+                Arc::make_mut(&mut c.entity).date_modified += i;
                 // Every other one transient, one deleted.
                 if i % 2 == 1 {
-                    c.entity.date_expires = None;
+                    Arc::make_mut(&mut c.entity).date_expires = None;
                 }
                 if i == 3 {
                     c.alteration = Alteration::Deleted;
@@ -869,13 +869,13 @@ mod tests {
             .enumerate()
             .map(|(i, id)| {
                 let mut c = change();
-                c.entity.id = id.to_string();
+                Arc::make_mut(&mut c.entity).id = id.to_string();
                 c.tenant = format!("t{i}");
                 c.service_path = format!("/b{i}");
-                c.entity.date_modified += i as i64;
+                Arc::make_mut(&mut c.entity).date_modified += i as i64;
                 if i == 1 {
                     c.alteration = Alteration::Deleted;
-                    c.entity.date_expires = None;
+                    Arc::make_mut(&mut c.entity).date_expires = None;
                 }
                 c
             })

@@ -275,7 +275,7 @@ mod tests {
         EntityChange {
             tenant: String::new(),
             service_path: "/".into(),
-            entity: Entity::new(id, "T"),
+            entity: Entity::new(id, "T").into(),
             alteration: Alteration::Created,
             attrs: Vec::new(),
             origin: None,

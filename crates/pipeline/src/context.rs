@@ -108,8 +108,9 @@ pub enum Upserted<T> {
 pub struct StoredEntity {
     /// Service path (`/` when none was given).
     pub service_path: String,
-    /// The entity.
-    pub entity: Entity,
+    /// The entity, shared: a write replaces it with a changed copy, so
+    /// readers and announced changes hold it without copying.
+    pub entity: Arc<Entity>,
     /// Creation order within the tenant.
     pub created: u64,
 }
@@ -373,7 +374,7 @@ impl Context {
                 (r.service_path.clone(), r.id, r.entity_type),
                 StoredEntity {
                     service_path: r.service_path,
-                    entity,
+                    entity: Arc::new(entity),
                     created: r.created,
                 },
             );
@@ -725,7 +726,7 @@ impl Context {
         }
         let stored = StoredEntity {
             service_path: service_path.to_string(),
-            entity,
+            entity: Arc::new(entity),
             created: self.next_created.fetch_add(1, Ordering::Relaxed),
         };
         t.insert(key, stored.clone());
@@ -758,10 +759,10 @@ impl Context {
             .entities
             .get_mut(key)
             .ok_or_else(NgsiError::entity_not_found)?;
-        let mut next = slot.entity.clone();
+        let mut next = Entity::clone(&slot.entity);
         let result = change(&mut next)?;
         next.check_locations()?;
-        slot.entity = next;
+        slot.entity = Arc::new(next);
         let ticket = if result.touched().is_empty() {
             None
         } else {
@@ -894,15 +895,19 @@ impl Context {
                     key.clone(),
                     StoredEntity {
                         service_path: "/".to_string(),
-                        entity,
+                        entity: Arc::new(entity),
                         created,
                     },
                 );
             }
             let slot = t.entities.get_mut(&key).expect("inserted above");
             let attrs = crate::entity::unit_attributes(unit);
-            let outcome =
-                weft_model::ngsi::append(&mut slot.entity, attrs, Default::default(), now);
+            let outcome = weft_model::ngsi::append(
+                Arc::make_mut(&mut slot.entity),
+                attrs,
+                Default::default(),
+                now,
+            );
             // The measures make the time series; `dateObserved` is the time
             // index itself and the static location matters only when it moves.
             history.extend(
@@ -1095,7 +1100,7 @@ mod tests {
         entity.date_expires = Some(5_000);
         let stored = StoredEntity {
             service_path: "/".into(),
-            entity,
+            entity: Arc::new(entity),
             created: 1,
         };
         assert!(stored.is_live(4_999));

@@ -15,7 +15,7 @@ use super::entities::render_entity;
 use weft_pipeline::ngsi_write::Write;
 
 use super::error::{Error, Result};
-use super::params::{content_type, json_attrs_body, json_body, Params};
+use super::params::{attrs_body, content_type, json_body, Params};
 use super::tenant::{ServicePath, Tenant, WriteOp};
 use super::{check_segment, json_response};
 use crate::AppState;
@@ -75,8 +75,7 @@ async fn write_attrs(
     check_segment(&id)?;
     let target = sp.target(tenant, op, id, params.get("type"))?;
     let options = params.options()?;
-    let value = json_attrs_body(&headers, &body)?;
-    let attrs = ngsi::parse_attrs(&value, options.key_values)?;
+    let attrs = attrs_body(&headers, &body, options.key_values)?;
     state
         .services
         .ngsi_writer

@@ -6,6 +6,7 @@
 //! `POST /v2/op/query` through [`Listing`].
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -174,13 +175,15 @@ impl Listing {
                 Some(local) => {
                     for (name, attr) in entity.attrs.iter() {
                         if !local.entity.attrs.contains_key(name) {
-                            local.entity.attrs.insert(name, attr.clone());
+                            Arc::make_mut(&mut local.entity)
+                                .attrs
+                                .insert(name, attr.clone());
                         }
                     }
                 }
                 None => found.push(StoredEntity {
                     service_path: "/".to_string(),
-                    entity,
+                    entity: Arc::new(entity),
                     created: u64::MAX,
                 }),
             }

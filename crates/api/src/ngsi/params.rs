@@ -8,7 +8,7 @@ use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use serde_json::Value;
 use weft_model::ngsi::parse::MAX_NESTING;
-use weft_model::ngsi::{parse_body, NgsiError};
+use weft_model::ngsi::{parse_body, AttrMap, AttrsBody, NgsiError};
 
 use super::error::{Error, Result};
 
@@ -280,13 +280,23 @@ pub fn content_type(headers: &HeaderMap) -> Option<String> {
 
 /// A JSON body: checks the media type, then parses with Orion's errors.
 pub fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value> {
+    parse_json(headers, body, parse_body)
+}
+
+/// Checks a JSON body's media type and reads its text with `parse`; a
+/// parse error caused by nesting deeper than Orion allows says so.
+fn parse_json<T>(
+    headers: &HeaderMap,
+    body: &Bytes,
+    parse: impl FnOnce(&str) -> std::result::Result<T, NgsiError>,
+) -> Result<T> {
     if let Some(ct) = content_type(headers) {
         if ct != "application/json" {
             return Err(Error::unsupported_media_type(&ct));
         }
     }
     let text = std::str::from_utf8(body).map_err(|_| Error(NgsiError::parse_error()))?;
-    parse_body(text).map_err(|e| {
+    parse(text).map_err(|e| {
         if e.error == "ParseError" && nesting(text) > MAX_NESTING {
             Error(NgsiError::new(
                 400,
@@ -327,13 +337,15 @@ fn nesting(text: &str) -> usize {
     max
 }
 
-/// A JSON object body that must not be `{}` (attribute updates).
-pub fn json_attrs_body(headers: &HeaderMap, body: &Bytes) -> Result<Value> {
-    let v = json_body(headers, body)?;
-    if v.as_object().is_some_and(|o| o.is_empty()) {
+/// The attributes of a `/v2/entities/{id}/attrs` body (POST, PATCH,
+/// PUT), read straight from the text: an empty object is refused before
+/// the attributes are checked, as Orion does.
+pub fn attrs_body(headers: &HeaderMap, body: &Bytes, key_values: bool) -> Result<AttrMap> {
+    let parsed = parse_json(headers, body, |text| AttrsBody::parse(text, key_values))?;
+    if parsed.is_empty_object() {
         return Err(Error::empty_payload());
     }
-    Ok(v)
+    Ok(parsed.into_attrs()?)
 }
 
 #[cfg(test)]

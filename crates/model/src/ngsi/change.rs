@@ -6,6 +6,8 @@
 //! outlives the write that made it: it is announced only once the store
 //! has committed that write, after the context's lock is released.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -92,8 +94,10 @@ pub struct EntityChange {
     pub tenant: String,
     /// Service path of the entity.
     pub service_path: String,
-    /// The entity's state after the change (last state when deleted).
-    pub entity: Entity,
+    /// The entity's state after the change (last state when deleted),
+    /// shared with the context's copy: a change is announced to every
+    /// listener without copying the entity.
+    pub entity: Arc<Entity>,
     /// Kind of change.
     pub alteration: Alteration,
     /// Attributes the operation touched, in request order.
@@ -202,7 +206,7 @@ impl EntityChange {
         Ok(EntityChange {
             tenant: logged.tenant,
             service_path: logged.service_path,
-            entity: logged.entity,
+            entity: Arc::new(logged.entity),
             alteration: match logged.alteration {
                 'c' => Alteration::Created,
                 'd' => Alteration::Deleted,
@@ -347,7 +351,7 @@ mod tests {
         let change = EntityChange {
             tenant: "acme".into(),
             service_path: "/a".into(),
-            entity,
+            entity: entity.into(),
             alteration: Alteration::Updated,
             attrs: outcome.changes,
             origin: Some(Origin {

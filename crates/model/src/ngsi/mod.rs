@@ -44,7 +44,8 @@ pub mod update;
 pub use change::{Alteration, EntityChange, Origin};
 pub use datetime::{format_datetime, parse_datetime};
 pub use parse::{
-    check_name, parse_attr, parse_attr_value_text, parse_attrs, parse_body, parse_entity, NameKind,
+    check_name, parse_attr, parse_attr_value_text, parse_attrs, parse_body, parse_entity,
+    AttrsBody, NameKind,
 };
 pub use render::{render, render_attr, render_with, Format, RenderContext};
 pub use update::{

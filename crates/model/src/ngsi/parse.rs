@@ -6,7 +6,7 @@
 //! serde_json keeps a document's key order only with its `preserve_order`
 //! feature; without it objects iterate alphabetically.
 
-use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -218,6 +218,311 @@ pub fn parse_attrs(body: &Value, key_values: bool) -> Result<AttrMap, NgsiError>
     parse_attr_entries(obj, key_values, false)
 }
 
+/// The body of `POST`, `PATCH` and `PUT /v2/entities/{id}/attrs`, read
+/// from its text straight into the attributes' parts: no JSON object is
+/// built for the body or for each attribute, only for compound values.
+/// It gives the errors of [`parse_body`] then [`parse_attrs`], in the same
+/// order, and the same attributes.
+pub struct AttrsBody {
+    top: Top,
+}
+
+/// What the top level of an attributes body was.
+enum Top {
+    /// An object: its members in order.
+    Object(Vec<(String, AttrJson)>),
+    /// An object repeating this key.
+    Duplicate(String),
+    /// Any other JSON value.
+    NotObject,
+}
+
+impl AttrsBody {
+    /// Reads `text`: a syntax error anywhere is Orion's ParseError, a key
+    /// repeated at the top level "duplicated attribute /<name>/".
+    pub fn parse(text: &str, key_values: bool) -> Result<AttrsBody, NgsiError> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let top = serde::de::DeserializeSeed::deserialize(TopSeed { key_values }, &mut de)
+            .and_then(|top| de.end().map(|()| top))
+            .map_err(|_| NgsiError::parse_error())?;
+        if let Top::Duplicate(name) = top {
+            return Err(NgsiError::bad_request(format!(
+                "duplicated attribute /{name}/"
+            )));
+        }
+        Ok(AttrsBody { top })
+    }
+
+    /// Whether the body is the empty object `{}`.
+    pub fn is_empty_object(&self) -> bool {
+        matches!(&self.top, Top::Object(members) if members.is_empty())
+    }
+
+    /// The attributes, checked as [`parse_attrs`] checks them.
+    pub fn into_attrs(self) -> Result<AttrMap, NgsiError> {
+        let Top::Object(members) = self.top else {
+            return Err(NgsiError::parse_error());
+        };
+        if members.iter().any(|(k, _)| k == "id") {
+            return Err(NgsiError::bad_request("entity id specified in payload"));
+        }
+        if members.iter().any(|(k, _)| k == "type") {
+            return Err(NgsiError::bad_request("entity type specified in payload"));
+        }
+        attrs_from_entries(members, false)
+    }
+}
+
+/// Reads the top level of an attributes body.
+struct TopSeed {
+    key_values: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for TopSeed {
+    type Value = Top;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Top, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed {
+    type Value = Top;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
+        let mut members: Vec<(String, AttrJson)> = Vec::new();
+        // Bodies hold a few attributes; a long one is checked for repeated
+        // keys through a set, so no body costs quadratic time.
+        let mut seen: Option<std::collections::HashSet<String>> = None;
+        while let Some(key) = access.next_key::<String>()? {
+            let repeated = match &mut seen {
+                Some(set) => !set.insert(key.clone()),
+                None => {
+                    let repeated = members.iter().any(|(k, _)| *k == key);
+                    if members.len() >= 32 {
+                        let mut set: std::collections::HashSet<String> =
+                            members.iter().map(|(k, _)| k.clone()).collect();
+                        set.insert(key.clone());
+                        seen = Some(set);
+                    }
+                    repeated
+                }
+            };
+            if repeated {
+                access.next_value::<IgnoredAny>()?;
+                while access.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                return Ok(Top::Duplicate(key));
+            }
+            let json = if self.key_values {
+                AttrJson::Raw(access.next_value()?)
+            } else {
+                access.next_value_seed(NormalizedSeed)?
+            };
+            members.push((key, json));
+        }
+        Ok(Top::Object(members))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Top::NotObject)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Top, E> {
+        Ok(Top::NotObject)
+    }
+}
+
+/// An attribute as a payload writes it, before its checks: what
+/// [`AttrsBody`] reads from the text and [`parse_attrs`] takes from a
+/// parsed [`Value`], so both go through [`attrs_from_entries`].
+enum AttrJson {
+    /// A `keyValues` value: the attribute's value itself.
+    Raw(Value),
+    /// A normalized attribute's object.
+    Parts(AttrParts),
+    /// A normalized attribute that is not an object (refused).
+    NotObject,
+}
+
+impl AttrJson {
+    fn from_value(v: &Value, key_values: bool) -> AttrJson {
+        match v {
+            _ if key_values => AttrJson::Raw(v.clone()),
+            Value::Object(o) => AttrJson::Parts(AttrParts::from_object(o)),
+            _ => AttrJson::NotObject,
+        }
+    }
+
+    /// The attribute, with Orion's checks in Orion's order.
+    fn into_attribute(self) -> Result<Attribute, NgsiError> {
+        match self {
+            AttrJson::Raw(v) => {
+                let attr_type = default_type(&v);
+                let value = check_value(attr_type, &MetadataMap::new(), v)?;
+                Ok(Attribute::new(value, attr_type))
+            }
+            AttrJson::Parts(parts) => parts.into_attribute(),
+            AttrJson::NotObject => Err(NgsiError::bad_request(
+                "attribute must be a JSON object, unless keyValues option is used",
+            )),
+        }
+    }
+}
+
+/// The members of a normalized attribute's object that Orion knows, and
+/// whether there were others; a repeated member keeps its last value, as
+/// in a parsed object.
+#[derive(Default)]
+struct AttrParts {
+    value: Option<Value>,
+    attr_type: Option<Value>,
+    metadata: Option<Value>,
+    unknown: bool,
+}
+
+impl AttrParts {
+    fn from_object(o: &Map<String, Value>) -> AttrParts {
+        AttrParts {
+            value: o.get("value").cloned(),
+            attr_type: o.get("type").cloned(),
+            metadata: o.get("metadata").cloned(),
+            unknown: o
+                .keys()
+                .any(|k| !matches!(k.as_str(), "value" | "type" | "metadata")),
+        }
+    }
+
+    fn into_attribute(self) -> Result<Attribute, NgsiError> {
+        if self.unknown {
+            return Err(NgsiError::bad_request(
+                "unrecognized property for context attribute",
+            ));
+        }
+        let value = self.value.unwrap_or(Value::Null);
+        let attr_type = match self.attr_type {
+            None => default_type(&value).to_string(),
+            Some(Value::String(s)) => {
+                check_name(NameKind::AttrType, &s)?;
+                s
+            }
+            Some(_) => {
+                return Err(NgsiError::bad_request(
+                    "invalid JSON type for attribute type",
+                ))
+            }
+        };
+        let metadata = match self.metadata {
+            None | Some(Value::Null) => MetadataMap::new(),
+            Some(Value::Object(m)) => parse_metadata(&m)?,
+            Some(_) => return Err(NgsiError::bad_request("metadata must be a JSON object")),
+        };
+        let value = check_value(&attr_type, &metadata, value)?;
+        let mut attr = Attribute::new(value, attr_type);
+        attr.metadata = metadata;
+        Ok(attr)
+    }
+}
+
+/// Reads one normalized attribute: its object's members, or that it is
+/// not an object (the rest of the body is still read, so a syntax error
+/// later wins).
+struct NormalizedSeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for NormalizedSeed {
+    type Value = AttrJson;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<AttrJson, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NormalizedSeed {
+    type Value = AttrJson;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an attribute")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<AttrJson, A::Error> {
+        let mut parts = AttrParts::default();
+        while let Some(key) = access.next_key::<PartName>()? {
+            match key {
+                PartName::Value => parts.value = Some(access.next_value()?),
+                PartName::Type => parts.attr_type = Some(access.next_value()?),
+                PartName::Metadata => parts.metadata = Some(access.next_value()?),
+                PartName::Other => {
+                    parts.unknown = true;
+                    access.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(AttrJson::Parts(parts))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AttrJson, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<AttrJson, E> {
+        Ok(AttrJson::NotObject)
+    }
+}
+
+/// A member name of a normalized attribute, read without allocating.
+enum PartName {
+    Value,
+    Type,
+    Metadata,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for PartName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PartName;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<PartName, E> {
+                Ok(match name {
+                    "value" => PartName::Value,
+                    "type" => PartName::Type,
+                    "metadata" => PartName::Metadata,
+                    _ => PartName::Other,
+                })
+            }
+        }
+        deserializer.deserialize_str(V)
+    }
+}
+
 /// Parses the body of `PUT /v2/entities/{id}/attrs/{name}`: one attribute
 /// in normalized form (`{"value","type","metadata"}`).
 pub fn parse_attr(name: &str, body: &Value) -> Result<Attribute, NgsiError> {
@@ -277,20 +582,29 @@ fn parse_attr_entries(
     key_values: bool,
     skip_entity_keys: bool,
 ) -> Result<AttrMap, NgsiError> {
+    attrs_from_entries(
+        obj.iter()
+            .map(|(name, v)| (name.clone(), AttrJson::from_value(v, key_values))),
+        skip_entity_keys,
+    )
+}
+
+/// The one set of checks every attributes payload goes through, in
+/// Orion's order: each attribute's name, then its content, then the
+/// expiration rule, attribute by attribute in the payload's order.
+fn attrs_from_entries(
+    entries: impl IntoIterator<Item = (String, AttrJson)>,
+    skip_entity_keys: bool,
+) -> Result<AttrMap, NgsiError> {
     let mut attrs = AttrMap::new();
-    for (name, v) in obj {
+    for (name, json) in entries {
         if skip_entity_keys && (name == "id" || name == "type") {
             continue;
         }
-        check_attr_name(name)?;
-        let attr = if key_values {
-            let value = check_value(default_type(v), &MetadataMap::new(), v.clone())?;
-            Attribute::new(value, default_type(v))
-        } else {
-            parse_normalized_attr(v)?
-        };
-        check_expiration(name, &attr)?;
-        attrs.insert(name.clone(), attr);
+        check_attr_name(&name)?;
+        let attr = json.into_attribute()?;
+        check_expiration(&name, &attr)?;
+        attrs.insert(name, attr);
     }
     Ok(attrs)
 }
@@ -307,40 +621,7 @@ fn check_expiration(name: &str, attr: &Attribute) -> Result<(), NgsiError> {
 }
 
 fn parse_normalized_attr(v: &Value) -> Result<Attribute, NgsiError> {
-    let Value::Object(o) = v else {
-        return Err(NgsiError::bad_request(
-            "attribute must be a JSON object, unless keyValues option is used",
-        ));
-    };
-    if o.keys()
-        .any(|k| !matches!(k.as_str(), "value" | "type" | "metadata"))
-    {
-        return Err(NgsiError::bad_request(
-            "unrecognized property for context attribute",
-        ));
-    }
-    let value = o.get("value").cloned().unwrap_or(Value::Null);
-    let attr_type = match o.get("type") {
-        None => default_type(&value).to_string(),
-        Some(Value::String(s)) => {
-            check_name(NameKind::AttrType, s)?;
-            s.clone()
-        }
-        Some(_) => {
-            return Err(NgsiError::bad_request(
-                "invalid JSON type for attribute type",
-            ))
-        }
-    };
-    let metadata = match o.get("metadata") {
-        None | Some(Value::Null) => MetadataMap::new(),
-        Some(Value::Object(m)) => parse_metadata(m)?,
-        Some(_) => return Err(NgsiError::bad_request("metadata must be a JSON object")),
-    };
-    let value = check_value(&attr_type, &metadata, value)?;
-    let mut attr = Attribute::new(value, attr_type);
-    attr.metadata = metadata;
-    Ok(attr)
+    AttrJson::from_value(v, false).into_attribute()
 }
 
 fn parse_metadata(m: &Map<String, Value>) -> Result<MetadataMap, NgsiError> {
@@ -967,5 +1248,113 @@ mod tests {
             )),
             bad("date has invalid format in attribute value")
         );
+    }
+
+    /// The old way, the reference: the body parsed into a `Value`, then
+    /// its attributes taken from it.
+    fn via_value(text: &str, key_values: bool) -> Result<Option<AttrMap>, NgsiError> {
+        let v = parse_body(text)?;
+        if v.as_object().is_some_and(|o| o.is_empty()) {
+            return Ok(None);
+        }
+        parse_attrs(&v, key_values).map(Some)
+    }
+
+    fn straight(text: &str, key_values: bool) -> Result<Option<AttrMap>, NgsiError> {
+        let body = AttrsBody::parse(text, key_values)?;
+        if body.is_empty_object() {
+            return Ok(None);
+        }
+        body.into_attrs().map(Some)
+    }
+
+    /// Reading an attributes body straight from its text gives what the
+    /// body parsed as a `Value` gives: the same attributes, or the same
+    /// first error, in both forms.
+    #[test]
+    fn attrs_read_straight_match_attrs_read_from_a_value() {
+        let bodies = [
+            r#"{"a":{"value":1,"type":"Number"},"b":{"value":"x","metadata":{"m":{"value":2}}}}"#,
+            r#"{"a":{"value":1},"a":{"value":2}}"#,
+            r#"{"a":{"value":1},"a":{"value":2},"b":"#,
+            r#"{}"#,
+            r#"[]"#,
+            r#"[{"a":1}]"#,
+            r#""text""#,
+            r#"null"#,
+            r#"{"id":"E","a":{"value":1}}"#,
+            r#"{"a":{"value":1},"type":"T"}"#,
+            r#"{"a":5}"#,
+            r#"{"a":{"value":1,"other":2}}"#,
+            r#"{"a":{"value":1,"type":3}}"#,
+            r#"{"a":{"value":1,"metadata":[]}}"#,
+            r#"{"a":{"value":1,"metadata":null}}"#,
+            r#"{"a":{"value":"<"}}"#,
+            r#"{"a<":{"value":1}}"#,
+            r#"{"a":{"value":1,"value":2,"type":"T","type":"U"}}"#,
+            r#"{"dateExpires":{"value":"2040-01-01","type":"DateTime"}}"#,
+            r#"{"dateExpires":{"value":"2040-01-01"}}"#,
+            r#"{"p":{"value":"1,2","type":"geo:point"},"q":{"value":{"$inc":1}}}"#,
+            r#"{"a":{"value":{"x":[1,{"y":null}]}}} "#,
+            r#"{"a":{"value":1}} x"#,
+            r#"{"a":{"value":1}"#,
+            r#"{"a\u0041":{"value":"\"q\""}}"#,
+        ];
+        for text in bodies {
+            for kv in [false, true] {
+                assert_eq!(
+                    straight(text, kv),
+                    via_value(text, kv),
+                    "{text} keyValues={kv}"
+                );
+            }
+        }
+        // A long body with a repeated key is found through the set.
+        let mut long: Vec<String> = (0..100)
+            .map(|i| format!("\"a{i}\":{{\"value\":{i}}}"))
+            .collect();
+        long.push("\"a7\":{\"value\":0}".into());
+        let text = format!("{{{}}}", long.join(","));
+        assert_eq!(
+            err(straight(&text, false)),
+            bad("duplicated attribute /a7/")
+        );
+        assert_eq!(straight(&text, false), via_value(&text, false));
+    }
+
+    proptest::proptest! {
+        /// The same holds for bodies built at random from the pieces that
+        /// decide the checks, cut short at random to make syntax errors.
+        #[test]
+        fn attrs_read_straight_match_at_random(
+            members in proptest::collection::vec((0usize..7, 0usize..12), 0..6),
+            cut in proptest::option::of(0usize..200),
+            kv in proptest::bool::ANY,
+        ) {
+            const KEYS: [&str; 7] = ["a", "b", "id", "type", "dateExpires", "x y", "a"];
+            const VALUES: [&str; 12] = [
+                r#"{"value":1}"#,
+                r#"{"value":"t","type":"Text"}"#,
+                r#"{"type":"Number"}"#,
+                r#"{"value":1,"bogus":true}"#,
+                r#"{"value":[1,{"k":"v"}],"metadata":{"m":{"value":1,"type":"N"}}}"#,
+                r#"{"value":1,"metadata":7}"#,
+                r#"{"value":"2040-01-01T00:00:00Z","type":"DateTime"}"#,
+                r#"3"#,
+                r#""(bad)""#,
+                r#"[1,2]"#,
+                r#"null"#,
+                r#"{"value":{"$inc":2},"type":7}"#,
+            ];
+            let inner: Vec<String> = members
+                .iter()
+                .map(|&(k, v)| format!("\"{}\":{}", KEYS[k], VALUES[v]))
+                .collect();
+            let mut text = format!("{{{}}}", inner.join(","));
+            if let Some(cut) = cut {
+                text.truncate(cut.min(text.len()));
+            }
+            proptest::prop_assert_eq!(straight(&text, kv), via_value(&text, kv));
+        }
     }
 }

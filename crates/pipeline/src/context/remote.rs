@@ -318,7 +318,7 @@ impl Context {
             match t.entities.get_mut(&key) {
                 Some(held) if held.entity.date_modified >= entity.date_modified => {}
                 Some(held) => {
-                    held.entity = entity;
+                    held.entity = Arc::new(entity);
                     taken += 1;
                 }
                 None => {
@@ -326,7 +326,7 @@ impl Context {
                         key,
                         StoredEntity {
                             service_path: r.service_path,
-                            entity,
+                            entity: Arc::new(entity),
                             created: r.created,
                         },
                     );
@@ -408,7 +408,11 @@ mod tests {
             .into_iter()
             .map(|e| {
                 let n = e.entity.attrs.get("n").map(|a| a.value.clone());
-                (e.entity.id, e.entity.date_modified, n.unwrap_or_default())
+                (
+                    e.entity.id.clone(),
+                    e.entity.date_modified,
+                    n.unwrap_or_default(),
+                )
             })
             .collect()
     }
@@ -442,7 +446,7 @@ mod tests {
         EntityChange {
             tenant: String::new(),
             service_path: "/".into(),
-            entity,
+            entity: entity.into(),
             alteration,
             attrs: Vec::new(),
             origin: None,
@@ -493,7 +497,7 @@ mod tests {
         let now = weft_model::now_ms();
         let expiring = |id: &str, expires: i64| {
             let mut c = change(id, 1, now - 200_000, Alteration::Created);
-            c.entity.date_expires = Some(expires);
+            Arc::make_mut(&mut c.entity).date_expires = Some(expires);
             c
         };
         context.arrive(&arriving(&[
@@ -505,7 +509,7 @@ mod tests {
         assert_eq!(held(&node).len(), 1, "read, and only Live is live");
         let mut renewal = expiring("Renewed", now + 600_000);
         renewal.alteration = Alteration::Updated;
-        renewal.entity.date_modified = now;
+        Arc::make_mut(&mut renewal.entity).date_modified = now;
         context.arrive(&arriving(&[renewal]));
 
         assert_eq!(context.forget_expired(now), 1);

@@ -376,12 +376,12 @@ impl Providers {
                 .as_ref()
                 .map(|l| (l.service_path.clone(), l.created))
                 .unwrap_or_else(|| ("/".to_string(), u64::MAX));
-            let entity = local.map(|l| l.entity);
+            let entity = local.map(|l| Arc::unwrap_or_clone(l.entity));
             self.complete_entity(tenancy, id, entity_type, wanted, entity)
                 .await
                 .map(|entity| StoredEntity {
                     service_path,
-                    entity,
+                    entity: Arc::new(entity),
                     created,
                 })
         };

@@ -481,7 +481,7 @@ impl NgsiWriter {
             &target.id,
             target.entity_type.as_deref(),
         ) {
-            Ok(found) => Ok(Some(found.entity)),
+            Ok(found) => Ok(Some(Arc::unwrap_or_clone(found.entity))),
             Err(e) if e.status == 404 => Ok(None),
             Err(e) => Err(e),
         }

@@ -135,7 +135,7 @@ mod tests {
         EntityChange {
             tenant: String::new(),
             service_path: "/".into(),
-            entity: Entity::new(id, "T"),
+            entity: Entity::new(id, "T").into(),
             alteration,
             attrs: Vec::new(),
             origin,
