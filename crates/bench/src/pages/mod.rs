@@ -206,19 +206,13 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         ],
         description: mix
             .iter()
-            .map(|(weight, f)| {
-                format!(
-                    "{} clients GET /pages/{} ({} B template, {} B page; weight {weight}) back to back; services mocked in the bench",
-                    args.concurrency,
-                    f.page,
-                    f.template.len(),
-                    f.expected.len()
-                )
-            })
+            .map(|(weight, f)| describe(args, *weight, f))
             .collect(),
-        checks: vec![
-            Check::new("page is the expected rendering", matched, mismatched + errors),
-        ],
+        checks: vec![Check::new(
+            "page is the expected rendering",
+            matched,
+            mismatched + errors,
+        )],
         metrics: BTreeMap::new(),
         notes: Vec::new(),
         calibration: None,
@@ -258,6 +252,18 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
     }
     s.seal();
     Ok(s)
+}
+
+/// One line of the summary's description: what the clients GET, at the
+/// path the server renders it (`--page-path`, `/content/{page}` for Knot.x).
+fn describe(args: &PagesArgs, weight: u32, f: &payload::Fixture) -> String {
+    format!(
+        "{} clients GET {} ({} B template, {} B page; weight {weight}) back to back; services mocked in the bench",
+        args.concurrency,
+        args.page_path.replace("{page}", &f.page),
+        f.template.len(),
+        f.expected.len()
+    )
 }
 
 /// Writes the fixtures where a peer can be configured from them. A page
@@ -405,6 +411,24 @@ async fn client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The description names the path the pages are requested at.
+    #[test]
+    fn description_names_the_page_path() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pages: PagesArgs,
+        }
+        let fixture = payload::scenario1("http://127.0.0.1:3091");
+        let default = Cli::parse_from(["bench"]).pages;
+        assert!(describe(&default, 1, &fixture)
+            .starts_with("64 clients GET /pages/bench/scenario1.html ("));
+        let knotx = Cli::parse_from(["bench", "--page-path", "/content/{page}"]).pages;
+        assert!(describe(&knotx, 1, &fixture)
+            .starts_with("64 clients GET /content/bench/scenario1.html ("));
+    }
 
     /// Page names hold `/`: the export makes their subdirectories, and
     /// writes every template, expected page and service URL.
