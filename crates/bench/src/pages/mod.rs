@@ -55,7 +55,7 @@ pub struct PagesArgs {
 
     /// Where the server renders a page: `{page}` is replaced by the
     /// fixture's page name (Knot.x serves templates from its repository,
-    /// e.g. `/content/{page}.html`).
+    /// e.g. `/content/{page}`).
     #[arg(long, default_value = "/pages/{page}")]
     pub page_path: String,
 
@@ -206,19 +206,13 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
         ],
         description: mix
             .iter()
-            .map(|(weight, f)| {
-                format!(
-                    "{} clients GET /pages/{} ({} B template, {} B page; weight {weight}) back to back; services mocked in the bench",
-                    args.concurrency,
-                    f.page,
-                    f.template.len(),
-                    f.expected.len()
-                )
-            })
+            .map(|(weight, f)| describe(args, *weight, f))
             .collect(),
-        checks: vec![
-            Check::new("page is the expected rendering", matched, mismatched + errors),
-        ],
+        checks: vec![Check::new(
+            "page is the expected rendering",
+            matched,
+            mismatched + errors,
+        )],
         metrics: BTreeMap::new(),
         notes: Vec::new(),
         calibration: None,
@@ -260,22 +254,42 @@ pub async fn run(args: &PagesArgs, session: &Session) -> anyhow::Result<Summary>
     Ok(s)
 }
 
-/// Writes the fixtures where a peer can be configured from them.
+/// One line of the summary's description: what the clients GET, at the
+/// path the server renders it (`--page-path`, `/content/{page}` for Knot.x).
+fn describe(args: &PagesArgs, weight: u32, f: &payload::Fixture) -> String {
+    format!(
+        "{} clients GET {} ({} B template, {} B page; weight {weight}) back to back; services mocked in the bench",
+        args.concurrency,
+        args.page_path.replace("{page}", &f.page),
+        f.template.len(),
+        f.expected.len()
+    )
+}
+
+/// Writes the fixtures where a peer can be configured from them. A page
+/// name may hold `/` (`bench/scenario1.html`): its files go in that
+/// subdirectory.
 fn export(dir: &std::path::Path, mix: &[(u32, payload::Fixture)]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    use anyhow::Context;
+    let write = |path: std::path::PathBuf, bytes: &[u8]| -> anyhow::Result<()> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))
+    };
     let mut services = serde_json::Map::new();
     for (_, f) in mix {
-        std::fs::write(dir.join(format!("{}.html", f.page)), &f.template)?;
-        std::fs::write(dir.join(format!("{}.expected.html", f.page)), &f.expected)?;
+        write(dir.join(format!("{}.html", f.page)), f.template.as_bytes())?;
+        write(dir.join(format!("{}.expected.html", f.page)), &f.expected)?;
         for (name, url, _) in &f.services {
             services.insert(name.clone(), url.clone().into());
         }
     }
-    std::fs::write(
+    write(
         dir.join("services.json"),
-        serde_json::to_vec_pretty(&services)?,
-    )?;
-    Ok(())
+        &serde_json::to_vec_pretty(&services)?,
+    )
 }
 
 /// Stores a fixture's services and template in weft (a peer is
@@ -392,4 +406,57 @@ async fn client(
         }
     }
     latency
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The description names the path the pages are requested at.
+    #[test]
+    fn description_names_the_page_path() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            pages: PagesArgs,
+        }
+        let fixture = payload::scenario1("http://127.0.0.1:3091");
+        let default = Cli::parse_from(["bench"]).pages;
+        assert!(describe(&default, 1, &fixture)
+            .starts_with("64 clients GET /pages/bench/scenario1.html ("));
+        let knotx = Cli::parse_from(["bench", "--page-path", "/content/{page}"]).pages;
+        assert!(describe(&knotx, 1, &fixture)
+            .starts_with("64 clients GET /content/bench/scenario1.html ("));
+    }
+
+    /// Page names hold `/`: the export makes their subdirectories, and
+    /// writes every template, expected page and service URL.
+    #[test]
+    fn export_writes_pages_below_their_subdirectories() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("fixtures");
+        let mix = vec![
+            (1, payload::scenario1("http://127.0.0.1:3091")),
+            (1, payload::scenario3("http://127.0.0.1:3091")),
+        ];
+        export(&out, &mix).expect("export");
+        for (_, f) in &mix {
+            assert!(f.page.contains('/'), "{}", f.page);
+            let template = std::fs::read(out.join(format!("{}.html", f.page))).expect("template");
+            assert_eq!(template, f.template.as_bytes());
+            let expected =
+                std::fs::read(out.join(format!("{}.expected.html", f.page))).expect("expected");
+            assert_eq!(expected, f.expected);
+        }
+        let services: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("services.json")).expect("services"))
+                .expect("JSON");
+        assert_eq!(
+            services["s1-mountains"],
+            "http://127.0.0.1:3091/s1/mountains.json"
+        );
+        assert_eq!(services["s3-4"], "http://127.0.0.1:3091/s3/4.json");
+        assert_eq!(services.as_object().expect("object").len(), 6);
+    }
 }
