@@ -123,6 +123,60 @@ async fn concurrent_identical_calls_are_made_once() {
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
 
+/// The services of a page are called all at once, whether one snippet
+/// binds several (under their names) or several snippets bind one each:
+/// the mock answers none of the four calls until all four are under way
+/// (a barrier; a call left waiting 3 s fails and its snippet falls back),
+/// so a page calling them one after the other renders fallbacks.
+#[tokio::test]
+async fn a_pages_services_are_called_concurrently() {
+    let server = Server::start();
+    let c = server.client();
+    let barrier = Arc::new(tokio::sync::Barrier::new(4));
+    let app = axum::Router::new().route(
+        "/together/{name}",
+        axum::routing::get(
+            move |axum::extract::Path(name): axum::extract::Path<String>| {
+                let barrier = barrier.clone();
+                async move {
+                    match tokio::time::timeout(Duration::from_secs(3), barrier.wait()).await {
+                        Ok(_) => Ok(axum::Json(json!({"name": name}))),
+                        Err(_) => Err(axum::http::StatusCode::GATEWAY_TIMEOUT),
+                    }
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for name in ["a", "b", "c", "d"] {
+        let svc = json!({"http": {"url": format!("{mock_url}/together/{name}"), "timeout": "5s"}});
+        c.expect(
+            201,
+            "PUT",
+            &format!("/api/v1/page-services/together-{name}"),
+            Some(&svc),
+        )
+        .await;
+    }
+    let template = "<p><script data-knotx-knots=\"services,handlebars\" \
+                    data-knotx-service-x=\"together-a\" data-knotx-service-y=\"together-b\" \
+                    data-knotx-fallback=\"BLANK\" type=\"text/knotx-snippet\">\
+                    {{x._result.name}}{{y._result.name}}</script>\
+                    <script data-knotx-knots=\"services,handlebars\" \
+                    data-knotx-service=\"together-c\" data-knotx-fallback=\"BLANK\" \
+                    type=\"text/knotx-snippet\">{{_result.name}}</script>\
+                    <script data-knotx-knots=\"services,handlebars\" \
+                    data-knotx-service=\"together-d\" data-knotx-fallback=\"BLANK\" \
+                    type=\"text/knotx-snippet\">{{_result.name}}</script></p>";
+    assert_eq!(put_text(&c, "/api/v1/pages/together", template).await, 201);
+    assert_eq!(
+        get_page(&c, "/pages/together").await,
+        (200, "<p>abcd</p>".to_string())
+    );
+}
+
 /// A Knot.x template renders exactly the expected HTML: markup outside
 /// snippets untouched, root and namespaced bindings, params, each/@index,
 /// if, with, lookups, dashed paths, escaping; a failing service uses its

@@ -130,7 +130,35 @@ fn knotx_handlebars() -> Handlebars<'static> {
     let mut h = Handlebars::new();
     h.set_strict_mode(false);
     h.register_helper("blockHelperMissing", Box::new(nothing));
+    h.register_escape_fn(escape_html);
     h
+}
+
+/// Handlebars' HTML escaping — the same characters to the same entities
+/// as [`handlebars::html_escape`] — without its pushes char by char into
+/// a growing string: the runs between characters to escape are copied
+/// whole into a string sized once. Every value a page shows passes here.
+fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    let mut plain = 0;
+    for (i, byte) in text.bytes().enumerate() {
+        let entity = match byte {
+            b'<' => "&lt;",
+            b'>' => "&gt;",
+            b'"' => "&quot;",
+            b'&' => "&amp;",
+            b'\'' => "&#x27;",
+            b'`' => "&#x60;",
+            b'=' => "&#x3D;",
+            _ => continue,
+        };
+        // Every escaped character is ASCII, so `i` is a char boundary.
+        out.push_str(&text[plain..i]);
+        out.push_str(entity);
+        plain = i + 1;
+    }
+    out.push_str(&text[plain..]);
+    out
 }
 
 /// A saved template, split and compiled.
@@ -140,6 +168,66 @@ struct Compiled {
     /// Per snippet, the name its body is registered under: snippets with
     /// the same body share one compiled template.
     names: Vec<String>,
+    /// Per snippet, its group: snippets binding the same services under
+    /// the same names with the same `data-knotx-params` make the same
+    /// calls in any request, so they share one render context.
+    groups: Vec<usize>,
+    /// Per group, one of its snippets (whose bindings stand for all).
+    group_snippets: Vec<usize>,
+    /// Per snippet rendered with Handlebars, where its rendering is kept
+    /// for the view: snippets with the same body in the same group render
+    /// to the same HTML, so once per view.
+    slots: Vec<Option<usize>>,
+    /// How many distinct renderings a view of the page makes at most.
+    slot_count: usize,
+}
+
+impl Compiled {
+    /// Works out once, when the template is saved, what every view needs:
+    /// which snippets share a render context and which share a rendering.
+    fn new(template: Template, handlebars: Handlebars<'static>, names: Vec<String>) -> Compiled {
+        let mut groups = Vec::with_capacity(template.snippets.len());
+        let mut group_snippets = Vec::new();
+        let mut slots = Vec::with_capacity(template.snippets.len());
+        let mut group_of: HashMap<String, usize> = HashMap::new();
+        let mut slot_of: HashMap<(&str, usize), usize> = HashMap::new();
+        for (i, s) in template.snippets.iter().enumerate() {
+            let calls = s.knots.iter().any(|k| k == "services");
+            let bindings: Vec<(&Option<String>, &str)> = s
+                .services
+                .iter()
+                .filter(|_| calls)
+                .map(|b| (&b.ns, b.service.as_str()))
+                .collect();
+            let key = format!(
+                "{bindings:?}{}",
+                s.params
+                    .as_ref()
+                    .map(|p| Value::Object(p.clone()).to_string())
+                    .unwrap_or_default()
+            );
+            let next = group_snippets.len();
+            let group = *group_of.entry(key).or_insert(next);
+            if group == next {
+                group_snippets.push(i);
+            }
+            groups.push(group);
+            slots.push(s.knots.iter().any(|k| k == "handlebars").then(|| {
+                let next = slot_of.len();
+                *slot_of.entry((names[i].as_str(), group)).or_insert(next)
+            }));
+        }
+        let slot_count = slot_of.len();
+        Compiled {
+            template,
+            handlebars,
+            names,
+            groups,
+            group_snippets,
+            slots,
+            slot_count,
+        }
+    }
 }
 
 /// A page as kept: compiled and checked, or — when it was loaded at start
@@ -187,7 +275,7 @@ pub struct Pages {
     renders: Arc<Semaphore>,
     waiting: std::sync::atomic::AtomicUsize,
     /// Cached results by call (service, params, forwarded headers).
-    cache: parking_lot::Mutex<HashMap<String, (std::time::Instant, Arc<Value>)>>,
+    cache: parking_lot::Mutex<HashMap<String, (std::time::Instant, Bound)>>,
     /// Circuit breakers by service name: failures in a row, open until.
     breakers: parking_lot::Mutex<HashMap<String, (u32, Option<std::time::Instant>)>>,
     /// Calls under way, by what they send ([`flight_key`]): a page request
@@ -197,7 +285,23 @@ pub struct Pages {
 }
 
 /// Where a call under way publishes its outcome (`None` until it ends).
-type CallOutcome = tokio::sync::watch::Sender<Option<Result<Arc<Value>, String>>>;
+type CallOutcome = tokio::sync::watch::Sender<Option<Result<Bound, String>>>;
+
+/// A service's answer bound as Knot.x binds it
+/// (`{"_result": <answer>, "_response": {"statusCode": "200"}}`), kept as
+/// a render context from the moment it is parsed: a snippet binding it
+/// alone at the root renders over it as it is, and the snippets and page
+/// requests sharing the call share it, instead of copying it into a
+/// context of their own per view.
+type Bound = Arc<handlebars::Context>;
+
+/// `answer` as a [`Bound`] result (moved, not copied).
+fn bound(answer: Value) -> Bound {
+    let mut bound = Map::with_capacity(2);
+    bound.insert("_result".to_string(), answer);
+    bound.insert("_response".to_string(), json!({"statusCode": "200"}));
+    Arc::new(handlebars::Context::from(Value::Object(bound)))
+}
 
 /// What identifies a call to its service: the call (`key`: service,
 /// parameters, forwarded headers) and every header of the page request,
@@ -227,7 +331,7 @@ struct Flight<'a> {
 
 impl Flight<'_> {
     /// Takes the entry out and publishes `outcome` to whoever waits on it.
-    fn land(self, outcome: &Result<Arc<Value>, String>) {
+    fn land(self, outcome: &Result<Bound, String>) {
         if let Some(tx) = self.in_flight.lock().remove(&self.key) {
             let _ = tx.send(Some(outcome.clone()));
         }
@@ -290,11 +394,7 @@ fn compile(source: String) -> Result<Compiled, PageError> {
     }
     let registered: Vec<&str> = by_body.values().map(String::as_str).collect();
     limits::check(&handlebars, &registered).map_err(PageError::Invalid)?;
-    Ok(Compiled {
-        template,
-        handlebars,
-        names,
-    })
+    Ok(Compiled::new(template, handlebars, names))
 }
 
 impl Pages {
@@ -424,7 +524,7 @@ impl Pages {
         svc: &PageService,
         params: &Map<String, Value>,
         request: &RequestInfo,
-    ) -> Result<Arc<Value>, String> {
+    ) -> Result<Bound, String> {
         if !self.config.coalesce_calls {
             return self.call_through_cache(key, svc, params, request).await;
         }
@@ -464,7 +564,7 @@ impl Pages {
         svc: &PageService,
         params: &Map<String, Value>,
         request: &RequestInfo,
-    ) -> Result<Arc<Value>, String> {
+    ) -> Result<Bound, String> {
         let service = key.split('\u{0}').next().unwrap_or_default().to_string();
         let now = std::time::Instant::now();
         // The forwarded headers are part of what is called.
@@ -502,7 +602,7 @@ impl Pages {
         }
         match self.sources.call(svc, params, request).await {
             Ok(v) => {
-                let v = Arc::new(v);
+                let v = bound(v);
                 self.breakers.lock().remove(&service);
                 if svc
                     .cache
@@ -568,12 +668,15 @@ impl Pages {
         };
         let t = &page.template;
 
-        // Each distinct call once, all concurrently.
+        // Each distinct call once, all concurrently: the calls of each
+        // group of snippets, as (namespace, call) per binding.
         let mut calls: HashMap<String, (Arc<PageService>, Map<String, Value>)> = HashMap::new();
-        let mut snippet_calls: Vec<Vec<(Option<String>, Option<String>)>> = Vec::new();
+        let mut group_calls: Vec<Vec<(Option<&str>, Option<String>)>> =
+            Vec::with_capacity(page.group_snippets.len());
         {
             let services = self.services.read();
-            for s in &t.snippets {
+            for &i in &page.group_snippets {
+                let s = &t.snippets[i];
                 let mut bound = Vec::new();
                 if s.knots.iter().any(|k| k == "services") {
                     for b in &s.services {
@@ -584,22 +687,22 @@ impl Pages {
                             calls.entry(key.clone()).or_insert((svc.clone(), params));
                             key
                         });
-                        bound.push((b.ns.clone(), key));
+                        bound.push((b.ns.as_deref(), key));
                     }
                 }
-                snippet_calls.push(bound);
+                group_calls.push(bound);
             }
         }
         let keys: Vec<String> = calls.keys().cloned().collect();
-        let results = futures::future::join_all(keys.iter().map(|k| {
+        let outcomes = futures::future::join_all(keys.iter().map(|k| {
             let (svc, params) = &calls[k];
             self.guarded_call(k, svc, params, request)
         }))
         .await;
-        let results: HashMap<&str, Option<Arc<Value>>> = keys
+        let mut results: HashMap<&str, Option<Bound>> = keys
             .iter()
             .map(String::as_str)
-            .zip(results.into_iter().map(|r| match r {
+            .zip(outcomes.into_iter().map(|r| match r {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::debug!(error = %e, "page service failed");
@@ -608,85 +711,110 @@ impl Pages {
             }))
             .collect();
 
-        let mut out = String::with_capacity(t.source.len() * 2);
-        // Snippets binding the same calls share one render context, and a
-        // snippet with the same body over the same context renders to the
-        // same HTML: rendered once per page request.
-        let mut contexts: HashMap<String, Option<handlebars::Context>> = HashMap::new();
-        let mut rendered_once: HashMap<(String, String), Option<Arc<str>>> = HashMap::new();
+        // The render context of each group whose snippets render; the
+        // last context needing a result takes it instead of copying it.
+        let renders: Vec<bool> = {
+            let mut renders = vec![false; page.group_snippets.len()];
+            for (i, slot) in page.slots.iter().enumerate() {
+                if slot.is_some() {
+                    renders[page.groups[i]] = true;
+                }
+            }
+            renders
+        };
+        let mut uses: HashMap<&str, usize> = HashMap::new();
+        for (bound, _) in group_calls.iter().zip(&renders).filter(|(_, r)| **r) {
+            for key in bound.iter().filter_map(|(_, k)| k.as_deref()) {
+                *uses.entry(key).or_default() += 1;
+            }
+        }
+        let contexts: Vec<Option<Bound>> = group_calls
+            .iter()
+            .zip(&renders)
+            .map(|(bound, renders)| {
+                renders
+                    .then(|| context(bound, &mut results, &mut uses))
+                    .flatten()
+            })
+            .collect();
+
+        let mut out: Vec<u8> = Vec::with_capacity(t.source.len() * 2);
+        // Each distinct rendering once per view, straight into the page:
+        // where it stands in `out` (`None`: it failed).
+        let mut rendered: Vec<Option<Option<std::ops::Range<usize>>>> = vec![None; page.slot_count];
         let mut budget = limits::RenderBudget::new();
+        let over_budget = |problem| PageError::OverBudget {
+            name: name.to_string(),
+            problem,
+        };
         for f in &t.fragments {
             match f {
                 Fragment::Static(r) => {
                     let text = &t.source[r.clone()];
-                    budget
-                        .take(text.len())
-                        .map_err(|problem| PageError::OverBudget {
-                            name: name.to_string(),
-                            problem,
-                        })?;
-                    out.push_str(text);
+                    budget.take(text.len()).map_err(over_budget)?;
+                    out.extend_from_slice(text.as_bytes());
                 }
                 Fragment::Snippet(i) => {
                     let s = &t.snippets[*i];
-                    if !s.knots.iter().any(|k| k == "handlebars") {
-                        out.push_str("<!-- SNIPPET UNWRAPED START -->");
-                        out.push_str(&s.body);
-                        out.push_str("<!-- SNIPPET UNWRAPED STOP -->");
+                    let Some(slot) = page.slots[*i] else {
+                        out.extend_from_slice(b"<!-- SNIPPET UNWRAPED START -->");
+                        out.extend_from_slice(s.body.as_bytes());
+                        out.extend_from_slice(b"<!-- SNIPPET UNWRAPED STOP -->");
                         continue;
-                    }
-                    let bound = &snippet_calls[*i];
-                    let ctx_key: String = bound
-                        .iter()
-                        .map(|(ns, k)| format!("{ns:?}={k:?};"))
-                        .collect();
-                    let snippet = &page.names[*i];
-                    let rendered = rendered_once
-                        .entry((snippet.clone(), ctx_key.clone()))
-                        .or_insert_with(|| {
-                            let ctx = contexts
-                                .entry(ctx_key)
-                                .or_insert_with(|| context(bound, &results))
-                                .as_ref()?;
-                            let mut output = limits::BudgetedOutput::new(&mut budget);
-                            page.handlebars
-                                .render_with_context_to_write(snippet, ctx, &mut output)
-                                .map_err(|e| tracing::debug!(error = %e, "snippet render failed"))
-                                .ok()?;
-                            // Handlebars writes only UTF-8 `str`s.
-                            String::from_utf8(output.buffer).ok().map(Arc::from)
-                        })
-                        .clone();
-                    if let Some(problem) = budget.exhausted.take() {
-                        return Err(PageError::OverBudget {
-                            name: name.to_string(),
-                            problem,
-                        });
-                    }
-                    match rendered {
-                        Some(html) => {
-                            budget
-                                .take(html.len())
-                                .map_err(|problem| PageError::OverBudget {
-                                    name: name.to_string(),
-                                    problem,
-                                })?;
-                            out.push_str(&html)
-                        }
-                        None => out.push_str(match s.fallback.as_deref() {
-                            Some("BLANK") => "",
-                            Some(id) => t
-                                .fallbacks
-                                .get(id)
-                                .map(String::as_str)
-                                .unwrap_or(&self.config.default_fallback),
-                            None => &self.config.default_fallback,
+                    };
+                    let html = match &rendered[slot] {
+                        Some(done) => done.clone().map(|earlier| {
+                            budget.take(earlier.len()).map(|()| {
+                                let start = out.len();
+                                out.extend_from_within(earlier);
+                                start..out.len()
+                            })
                         }),
+                        None => {
+                            let html = contexts[page.groups[*i]].as_ref().and_then(|ctx| {
+                                let start = out.len();
+                                let mut output = limits::BudgetedOutput::new(&mut out, &mut budget);
+                                match page.handlebars.render_with_context_to_write(
+                                    &page.names[*i],
+                                    ctx,
+                                    &mut output,
+                                ) {
+                                    Ok(()) => Some(start..out.len()),
+                                    Err(e) => {
+                                        tracing::debug!(error = %e, "snippet render failed");
+                                        budget.give_back(out.len() - start);
+                                        out.truncate(start);
+                                        None
+                                    }
+                                }
+                            });
+                            if let Some(problem) = budget.exhausted.take() {
+                                return Err(over_budget(problem));
+                            }
+                            rendered[slot] = Some(html.clone());
+                            html.map(Ok)
+                        }
+                    };
+                    if html.transpose().map_err(over_budget)?.is_none() {
+                        out.extend_from_slice(
+                            match s.fallback.as_deref() {
+                                Some("BLANK") => "",
+                                Some(id) => t
+                                    .fallbacks
+                                    .get(id)
+                                    .map(String::as_str)
+                                    .unwrap_or(&self.config.default_fallback),
+                                None => &self.config.default_fallback,
+                            }
+                            .as_bytes(),
+                        );
                     }
                 }
             }
         }
-        Ok(out)
+        // Every piece written is a `str`: the static parts, the fallbacks
+        // and what Handlebars renders (it writes only `str`s).
+        Ok(String::from_utf8(out).expect("a page is assembled from UTF-8 pieces"))
     }
 }
 
@@ -729,16 +857,34 @@ fn html_files(dir: &std::path::Path) -> Vec<(String, String)> {
     out
 }
 
-/// A snippet's render context, or `None` if one of its services failed
-/// (or is not defined).
+/// The render context of a group of snippets binding `bound` (namespace,
+/// call), or `None` if one of its services failed (or is not defined).
+/// A result bound alone at the root is the context as it is; otherwise
+/// the results are put together under their names, each taken out of
+/// `results` by the last context that needs it (`uses` counts what is
+/// left), so it is moved rather than copied unless the cache or another
+/// page request shares it too.
 fn context(
-    bound: &[(Option<String>, Option<String>)],
-    results: &HashMap<&str, Option<Arc<Value>>>,
-) -> Option<handlebars::Context> {
+    bound: &[(Option<&str>, Option<String>)],
+    results: &mut HashMap<&str, Option<Bound>>,
+    uses: &mut HashMap<&str, usize>,
+) -> Option<Bound> {
+    if let [(None, Some(key))] = bound {
+        return results.get(key.as_str())?.clone();
+    }
     let mut root = Map::new();
     for (ns, key) in bound {
-        let result = results.get(key.as_deref()?)?.as_ref()?;
-        let value = json!({"_result": &**result, "_response": {"statusCode": "200"}});
+        let key = key.as_deref()?;
+        let left = uses.get_mut(key)?;
+        *left -= 1;
+        let value = if *left == 0 {
+            match Arc::try_unwrap(results.get_mut(key)?.take()?) {
+                Ok(mut only) => std::mem::take(only.data_mut()),
+                Err(shared) => shared.data().clone(),
+            }
+        } else {
+            results.get(key)?.as_ref()?.data().clone()
+        };
         match ns {
             None => {
                 if let Value::Object(m) = value {
@@ -746,11 +892,11 @@ fn context(
                 }
             }
             Some(ns) => {
-                root.insert(ns.clone(), value);
+                root.insert(ns.to_string(), value);
             }
         }
     }
-    handlebars::Context::wraps(Value::Object(root)).ok()
+    Some(Arc::new(handlebars::Context::from(Value::Object(root))))
 }
 
 /// The templates as a start loads them: the directory's files, then the
@@ -845,6 +991,84 @@ mod tests {
         h.register_template_string("t", tpl)
             .map_err(|e| e.to_string())?;
         h.render("t", &data).map_err(|e| e.to_string())
+    }
+
+    fn snippet(attributes: &str, body: &str) -> String {
+        format!("<script data-knotx-knots=\"services,handlebars\" {attributes} type=\"text/knotx-snippet\">{body}</script>")
+    }
+
+    /// Snippets binding the same services under the same names with the
+    /// same params share a render context; those with the same body in
+    /// the same group share a rendering; anything else tells them apart.
+    #[test]
+    fn snippets_are_grouped_once_when_compiled() {
+        let page = [
+            snippet(r#"data-knotx-service="a""#, "{{x}}"),
+            snippet(r#"data-knotx-service="a""#, "{{x}}"),
+            snippet(r#"data-knotx-service="a""#, "{{y}}"),
+            snippet(r#"data-knotx-service="a" data-knotx-params='{"n":"1"}'"#, "{{x}}"),
+            snippet(r#"data-knotx-service-a="a""#, "{{x}}"),
+            snippet(r#"data-knotx-service="b""#, "{{x}}"),
+            "<script data-knotx-knots=\"services\" data-knotx-service=\"a\" type=\"text/knotx-snippet\">{{x}}</script>".to_string(),
+        ]
+        .concat();
+        let c = compile(page).unwrap();
+        assert_eq!(c.groups, [0, 0, 0, 1, 2, 3, 0]);
+        assert_eq!(c.group_snippets, [0, 3, 4, 5]);
+        assert_eq!(
+            c.slots,
+            [Some(0), Some(0), Some(1), Some(2), Some(3), Some(4), None]
+        );
+        assert_eq!(c.slot_count, 5);
+    }
+
+    /// A result bound alone at the root is the context itself; results put
+    /// together are moved out by the last context needing them (the same
+    /// string buffer), and copied while another context still needs them
+    /// or something else (the cache, another page request) holds them.
+    #[test]
+    fn contexts_share_or_take_results_instead_of_copying_them() {
+        let text = |c: &Bound, ns: &str| c.data()[ns]["_result"]["s"].as_str().unwrap().as_ptr();
+        let a = bound(json!({"s": "a"}));
+        let b = bound(json!({"s": "b"}));
+        let (a_text, b_text) = (
+            a.data()["_result"]["s"].as_str().unwrap().as_ptr(),
+            b.data()["_result"]["s"].as_str().unwrap().as_ptr(),
+        );
+        let elsewhere = b.clone();
+        let (ka, kb) = ("a".to_string(), "b".to_string());
+        let mut results: HashMap<&str, Option<Bound>> =
+            HashMap::from([("a", Some(a.clone())), ("b", Some(b))]);
+        let mut uses = HashMap::from([("a", 2), ("b", 1)]);
+
+        let alone = context(&[(None, Some(ka.clone()))], &mut results, &mut uses).unwrap();
+        assert!(Arc::ptr_eq(&alone, &a), "the result itself");
+        drop((alone, a));
+
+        let both = [(Some("x"), Some(ka.clone())), (Some("y"), Some(kb))];
+        let first = context(&both, &mut results, &mut uses).unwrap();
+        assert_eq!(
+            first.data(),
+            &json!({"x": {"_result": {"s": "a"}, "_response": {"statusCode": "200"}},
+                    "y": {"_result": {"s": "b"}, "_response": {"statusCode": "200"}}})
+        );
+        assert_ne!(text(&first, "x"), a_text, "a is still needed: copied");
+        assert!(results["b"].is_none(), "b was needed last here");
+        assert_ne!(text(&first, "y"), b_text, "b is held elsewhere: copied");
+        drop(elsewhere);
+
+        let last = context(&[(Some("x"), Some(ka.clone()))], &mut results, &mut uses).unwrap();
+        assert!(results["a"].is_none());
+        assert_eq!(
+            text(&last, "x"),
+            a_text,
+            "needed last and held nowhere else: moved"
+        );
+
+        // A failed or undefined call fails the context.
+        let mut results: HashMap<&str, Option<Bound>> = HashMap::from([("a", None)]);
+        assert!(context(&[(None, Some(ka))], &mut results, &mut uses).is_none());
+        assert!(context(&[(None, None)], &mut results, &mut uses).is_none());
     }
 
     /// The handlebars.java paths Knot.x templates use render as they do

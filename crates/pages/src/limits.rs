@@ -62,6 +62,11 @@ pub const MAX_RENDER_TIME: Duration = Duration::from_secs(2);
 pub(crate) struct RenderBudget {
     bytes_left: usize,
     deadline: Instant,
+    /// Takes left before the clock is read again: reading it on every
+    /// write was a noticeable share of a render (a big page makes tens of
+    /// thousands of small writes), and a few dozen writes take far less
+    /// than the time limit's precision needs.
+    takes_until_clock: u32,
     /// What ran out, once something did.
     pub(crate) exhausted: Option<String>,
 }
@@ -76,6 +81,7 @@ impl RenderBudget {
         RenderBudget {
             bytes_left: bytes,
             deadline: Instant::now() + time,
+            takes_until_clock: 0,
             exhausted: None,
         }
     }
@@ -88,14 +94,27 @@ impl RenderBudget {
         Ok(())
     }
 
-    /// Whether `n` more bytes would still fit, and time is left.
+    /// Gives back `n` bytes taken for output that was thrown away (a
+    /// snippet that failed half way renders its fallback instead).
+    pub(crate) fn give_back(&mut self, n: usize) {
+        self.bytes_left += n;
+    }
+
+    /// Whether `n` more bytes would still fit, and time is left (the
+    /// clock is read on the first check and every [`CLOCK_EVERY`]th).
     fn check(&mut self, n: usize) -> Result<(), String> {
         if let Some(reason) = &self.exhausted {
             return Err(reason.clone());
         }
+        let read_clock = self.takes_until_clock == 0;
+        self.takes_until_clock = if read_clock {
+            CLOCK_EVERY - 1
+        } else {
+            self.takes_until_clock - 1
+        };
         let reason = if n > self.bytes_left {
             format!("its output passed {MAX_PAGE_BYTES} bytes")
-        } else if Instant::now() > self.deadline {
+        } else if read_clock && Instant::now() > self.deadline {
             format!("rendering took longer than {MAX_RENDER_TIME:?}")
         } else {
             return Ok(());
@@ -105,29 +124,29 @@ impl RenderBudget {
     }
 }
 
-/// Where one snippet renders to: a buffer whose every write must still
-/// fit the page view's [`RenderBudget`] (what is rendered is taken from it
-/// when it goes into the page, as often as it does).
+/// How many budget checks share one reading of the clock.
+const CLOCK_EVERY: u32 = 64;
+
+/// Where a snippet renders to: straight into the page, every write taken
+/// from the page view's [`RenderBudget`] (and given back if the snippet
+/// fails and its output is dropped).
 pub(crate) struct BudgetedOutput<'a> {
-    pub(crate) buffer: Vec<u8>,
+    page: &'a mut Vec<u8>,
     budget: &'a mut RenderBudget,
 }
 
 impl<'a> BudgetedOutput<'a> {
-    pub(crate) fn new(budget: &'a mut RenderBudget) -> Self {
-        BudgetedOutput {
-            buffer: Vec::new(),
-            budget,
-        }
+    pub(crate) fn new(page: &'a mut Vec<u8>, budget: &'a mut RenderBudget) -> Self {
+        BudgetedOutput { page, budget }
     }
 }
 
 impl std::io::Write for BudgetedOutput<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.budget
-            .check(self.buffer.len() + bytes.len())
+            .take(bytes.len())
             .map_err(std::io::Error::other)?;
-        self.buffer.extend_from_slice(bytes);
+        self.page.extend_from_slice(bytes);
         Ok(bytes.len())
     }
 
@@ -447,6 +466,30 @@ mod tests {
         let mut budget = RenderBudget::with(10, Duration::ZERO);
         std::thread::sleep(Duration::from_millis(2));
         assert!(budget.take(1).unwrap_err().contains("longer than"));
+    }
+
+    /// The clock is read once every [`CLOCK_EVERY`] takes, so a deadline
+    /// passed between two readings is seen at the next one at the latest.
+    #[test]
+    fn a_render_budget_reads_the_clock_every_so_many_takes() {
+        let mut budget = RenderBudget::with(1000, Duration::from_millis(1));
+        assert!(
+            budget.take(1).is_ok(),
+            "the first take reads the clock in time"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        let refused = (1..=CLOCK_EVERY).find(|_| budget.take(1).is_err());
+        assert_eq!(refused, Some(CLOCK_EVERY), "refused at the next reading");
+    }
+
+    /// Bytes given back can be taken again.
+    #[test]
+    fn a_render_budget_takes_back_what_is_given_back() {
+        let mut budget = RenderBudget::with(10, Duration::from_secs(60));
+        assert!(budget.take(10).is_ok());
+        budget.give_back(4);
+        assert!(budget.take(4).is_ok());
+        assert!(budget.take(1).is_err());
     }
 
     /// Registers `bodies` as snippets `0`, `1`, … and checks them.

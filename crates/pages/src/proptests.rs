@@ -148,6 +148,12 @@ proptest! {
     fn arbitrary_pages_never_panic(source in "\\PC{0,200}", data in json()) {
         compile_and_render(source, &data)?;
     }
+
+    /// Pages escape values exactly as Handlebars' own escaping does.
+    #[test]
+    fn escaping_is_handlebars_own(text in "(\\PC|[<>\"&'`=]){0,64}") {
+        prop_assert_eq!(escape_html(&text), handlebars::html_escape(&text));
+    }
 }
 
 /// What the checks allow renders: nesting right at the limit compiles and

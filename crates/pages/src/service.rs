@@ -431,12 +431,13 @@ fn stand_in(i: usize) -> String {
 /// placeholder, so the `url` crate decides which part each lands in; a
 /// value that would still change the path (a whole segment `.` or `..`,
 /// which every URL parser resolves), or a URL that does not parse, fails
-/// the call instead.
+/// the call instead. The URL is answered parsed, as the client takes it;
+/// one without placeholders is parsed once.
 fn fill_url(
     template: &str,
     params: &Map<String, Value>,
     request: &RequestInfo,
-) -> Result<String, String> {
+) -> Result<Url, String> {
     let mut values = Vec::new();
     let marked = substitute(template, |name| {
         let value = lookup(name, params, request)?;
@@ -445,6 +446,9 @@ fn fill_url(
     });
     let parsed =
         Url::parse(&marked).map_err(|e| format!("the service URL {template} is not a URL: {e}"))?;
+    if values.is_empty() {
+        return Ok(parsed);
+    }
     let shape = parsed.as_str();
     let path_starts = parsed[..Position::BeforePath].len();
     // Where each stand-in ended up, in order.
@@ -492,7 +496,7 @@ fn fill_url(
             "a parameter would change the path of the service URL {template}"
         ));
     }
-    Ok(out)
+    Ok(sent)
 }
 
 /// The most of an external service's answer read (a longer one is the
@@ -529,7 +533,7 @@ impl Sources {
     ) -> Result<Value, String> {
         if let Some(h) = &svc.http {
             let url = fill_url(&h.url, params, request)?;
-            let mut req = self.client.get(&url).timeout(h.timeout);
+            let mut req = self.client.get(url.clone()).timeout(h.timeout);
             for name in &h.headers {
                 if let Some(v) = request.headers.get(&name.to_ascii_lowercase()) {
                     req = req.header(name.as_str(), v.as_str());
@@ -709,7 +713,7 @@ mod tests {
         }
         params.insert("n".into(), json!(3));
         let req = RequestInfo::default();
-        let url = |t: &str| fill_url(t, &params, &req);
+        let url = |t: &str| fill_url(t, &params, &req).map(String::from);
         assert_eq!(
             url("http://h:8/x/{param.id}.json?l={param.lang}&n={param.n}&m={param.none}").unwrap(),
             "http://h:8/x/..%2Fadmin%3Fx%3D1%23f.json?l=en%26admin%3Dtrue&n=3&m="
