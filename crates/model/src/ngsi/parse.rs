@@ -218,6 +218,32 @@ pub fn parse_attrs(body: &Value, key_values: bool) -> Result<AttrMap, NgsiError>
     parse_attr_entries(obj, key_values, false)
 }
 
+/// The visits of every JSON scalar (booleans, numbers, strings, null),
+/// all answering `$answer`: for the visitors below, a scalar is simply
+/// "not an object".
+macro_rules! scalars_are {
+    ($answer:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok($answer)
+        }
+    };
+}
+
 /// The body of `POST`, `PATCH` and `PUT /v2/entities/{id}/attrs`, read
 /// from its text straight into the attributes' parts: no JSON object is
 /// built for the body or for each attribute, only for compound values.
@@ -327,24 +353,7 @@ impl<'de> Visitor<'de> for TopSeed {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(Top::NotObject)
     }
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Top, E> {
-        Ok(Top::NotObject)
-    }
+    scalars_are!(Top::NotObject);
 }
 
 /// An attribute as a payload writes it, before its checks: what
@@ -474,24 +483,7 @@ impl<'de> Visitor<'de> for NormalizedSeed {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(AttrJson::NotObject)
     }
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
-    fn visit_unit<E: serde::de::Error>(self) -> Result<AttrJson, E> {
-        Ok(AttrJson::NotObject)
-    }
+    scalars_are!(AttrJson::NotObject);
 }
 
 /// A member name of a normalized attribute, read without allocating.
