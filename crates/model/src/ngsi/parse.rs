@@ -108,9 +108,7 @@ pub fn is_valid_url(text: &str, http_only: bool) -> bool {
 pub fn parse_body(text: &str) -> Result<Value, NgsiError> {
     match serde_json::from_str::<TopLevel>(text) {
         Ok(TopLevel::Value(value)) => Ok(value),
-        Ok(TopLevel::Duplicate(name)) => Err(NgsiError::bad_request(format!(
-            "duplicated attribute /{name}/"
-        ))),
+        Ok(TopLevel::Duplicate(name)) => Err(duplicated(&name)),
         Err(_) => Err(NgsiError::parse_error()),
     }
 }
@@ -209,13 +207,25 @@ pub fn parse_attrs(body: &Value, key_values: bool) -> Result<AttrMap, NgsiError>
     let Value::Object(obj) = body else {
         return Err(NgsiError::parse_error());
     };
-    if obj.contains_key("id") {
+    refuse_entity_keys(|key| obj.contains_key(key))?;
+    parse_attr_entries(obj, key_values, false)
+}
+
+/// An attributes payload naming the entity is refused, the id first
+/// (`has` says whether the payload has a top-level key).
+fn refuse_entity_keys(has: impl Fn(&str) -> bool) -> Result<(), NgsiError> {
+    if has("id") {
         return Err(NgsiError::bad_request("entity id specified in payload"));
     }
-    if obj.contains_key("type") {
+    if has("type") {
         return Err(NgsiError::bad_request("entity type specified in payload"));
     }
-    parse_attr_entries(obj, key_values, false)
+    Ok(())
+}
+
+/// Orion's error for a key a payload's top level repeats.
+fn duplicated(name: &str) -> NgsiError {
+    NgsiError::bad_request(format!("duplicated attribute /{name}/"))
 }
 
 /// The visits of every JSON scalar (booleans, numbers, strings, null),
@@ -272,9 +282,7 @@ impl AttrsBody {
             .and_then(|top| de.end().map(|()| top))
             .map_err(|_| NgsiError::parse_error())?;
         if let Top::Duplicate(name) = top {
-            return Err(NgsiError::bad_request(format!(
-                "duplicated attribute /{name}/"
-            )));
+            return Err(duplicated(&name));
         }
         Ok(AttrsBody { top })
     }
@@ -289,12 +297,7 @@ impl AttrsBody {
         let Top::Object(members) = self.top else {
             return Err(NgsiError::parse_error());
         };
-        if members.iter().any(|(k, _)| k == "id") {
-            return Err(NgsiError::bad_request("entity id specified in payload"));
-        }
-        if members.iter().any(|(k, _)| k == "type") {
-            return Err(NgsiError::bad_request("entity type specified in payload"));
-        }
+        refuse_entity_keys(|key| members.iter().any(|(k, _)| k == key))?;
         attrs_from_entries(members, false)
     }
 }
