@@ -125,11 +125,14 @@ fn load_document(
     }
 }
 
-/// Creates or replaces an entity.
+/// Creates or replaces an entity: an existing row is updated in place
+/// (it keeps its place in the table; see the schema's step 19).
 pub(super) fn put_entity(conn: &Connection, r: &EntityRecord) -> rusqlite::Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO entities (tenant, service_path, id, type, created, json) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO entities (tenant, service_path, id, type, created, json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (tenant, service_path, id, type) \
+         DO UPDATE SET created = excluded.created, json = excluded.json",
     )?
     .execute((
         &r.tenant,

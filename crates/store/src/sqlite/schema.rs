@@ -125,6 +125,15 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `channel_webhooks` (step 18, channels file): the outgoing webhook
 ///   calls a new message owes, queued in the transaction that stores it,
 ///   per sending node, deleted once delivered or given up.
+/// - `entities` as a rowid table (step 19, main file): the same columns,
+///   the key (tenant, service path, id, type) a unique index beside the
+///   rows instead of the table's own key. A `WITHOUT ROWID` table keeps
+///   whole rows in its interior pages too, and an entity's JSON is a third
+///   to a half of the main file's 1 KiB page: one or two entities a page,
+///   a deep tree, and every write's seek compared keys page after page.
+///   Rows now sit in a tree of integers, the key in a small index, and an
+///   update is an upsert in place (measured with 450-byte entities: half
+///   the CPU per write of `INSERT OR REPLACE` on the old table).
 /// - `ingest_log.pins` (step 15, log file): the channel and device type
 ///   the ingest key an uplink came with is limited to (JSON, NULL for
 ///   none), which the pipeline holds the decoded device to.
@@ -455,6 +464,22 @@ CREATE TABLE channel_webhooks (
     node TEXT    NOT NULL,
     call TEXT    NOT NULL
 );
+"#,
+    // entities as a rowid table: rows out of the key's tree
+    r#"
+CREATE TABLE entities_by_rowid (
+    tenant       TEXT    NOT NULL,
+    service_path TEXT    NOT NULL,
+    id           TEXT    NOT NULL,
+    type         TEXT    NOT NULL,
+    created      INTEGER NOT NULL,
+    json         TEXT    NOT NULL,
+    UNIQUE (tenant, service_path, id, type)
+);
+INSERT INTO entities_by_rowid (tenant, service_path, id, type, created, json)
+SELECT tenant, service_path, id, type, created, json FROM entities ORDER BY created;
+DROP TABLE entities;
+ALTER TABLE entities_by_rowid RENAME TO entities;
 "#,
 ];
 

@@ -364,6 +364,89 @@ async fn dropping_the_store_stops_the_writer() {
     assert_eq!(store.read_uplinks(1, 10, None).await.unwrap().len(), 1);
 }
 
+/// Entities stored in the `WITHOUT ROWID` table of step 2 survive step
+/// 19's move to a rowid table: read back in creation order, replaced
+/// (still one row), deleted, and created anew, across a reopen.
+#[tokio::test(flavor = "multi_thread")]
+async fn entities_survive_the_move_to_a_rowid_table() {
+    let dir = TempDir::new().unwrap();
+    let path = config(&dir).path;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    for step in &super::schema::MIGRATIONS[..18] {
+        raw.execute_batch(step).unwrap();
+    }
+    raw.execute_batch(
+        "INSERT INTO entities VALUES ('t', '/', 'B', 'T', 2, '{\"b\":1}');
+         INSERT INTO entities VALUES ('t', '/', 'A', 'T', 1, '{\"a\":1}');
+         INSERT INTO entities VALUES ('u', '/x', 'A', 'T', 3, '{\"a\":2}');
+         PRAGMA user_version = 18;",
+    )
+    .unwrap();
+    drop(raw);
+    let store = open(&dir);
+    let key = |r: &crate::EntityRecord| (r.tenant.clone(), r.id.clone(), r.created, r.json.clone());
+    let loaded: Vec<_> = store
+        .load_entities()
+        .await
+        .unwrap()
+        .iter()
+        .map(key)
+        .collect();
+    assert_eq!(
+        loaded,
+        [
+            ("t".into(), "A".into(), 1, r#"{"a":1}"#.into()),
+            ("t".into(), "B".into(), 2, r#"{"b":1}"#.into()),
+            ("u".into(), "A".into(), 3, r#"{"a":2}"#.into()),
+        ]
+    );
+    let record = |id: &str, created: u64, json: &str| crate::EntityRecord {
+        tenant: "t".into(),
+        service_path: "/".into(),
+        id: id.into(),
+        entity_type: "T".into(),
+        created,
+        json: json.into(),
+    };
+    store
+        .put_entity(record("A", 1, r#"{"a":9}"#), Default::default(), None)
+        .await
+        .unwrap();
+    assert!(store.delete_entity("t", "/", "B", "T", None).await.unwrap());
+    assert!(!store.delete_entity("t", "/", "B", "T", None).await.unwrap());
+    store
+        .put_entity(record("B", 4, r#"{"b":2}"#), Default::default(), None)
+        .await
+        .unwrap();
+    store.close().await;
+    let store = open(&dir);
+    let loaded: Vec<_> = store
+        .load_entities()
+        .await
+        .unwrap()
+        .iter()
+        .map(key)
+        .collect();
+    assert_eq!(
+        loaded,
+        [
+            ("t".into(), "A".into(), 1, r#"{"a":9}"#.into()),
+            ("u".into(), "A".into(), 3, r#"{"a":2}"#.into()),
+            ("t".into(), "B".into(), 4, r#"{"b":2}"#.into()),
+        ]
+    );
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let without_rowid: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'entities' AND sql LIKE '%WITHOUT ROWID%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(without_rowid, 0, "entities is a rowid table");
+}
+
 /// History stored before rows had an instance, and before states were
 /// stored whole, survives the migration steps that change its layout: the
 /// old rows read back (instance 0), their rollups still aggregate, and a
