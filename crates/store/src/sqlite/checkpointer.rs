@@ -23,10 +23,10 @@ use tokio::sync::watch;
 use super::schema;
 
 /// Time between passive checkpoints. Longer periods copy a page that
-/// changed many times (a hot index leaf) once instead of many times, at the
-/// price of a longer WAL; half a second keeps the WAL to a few MB at the
-/// target ingest rate.
-pub(super) const PERIOD: Duration = Duration::from_millis(100);
+/// changed many times (a hot index leaf, an entity updated again and
+/// again) once instead of many times, at the price of a longer WAL; half a
+/// second keeps the WAL to a few MB at the target ingest rate.
+pub(super) const PERIOD: Duration = Duration::from_millis(500);
 
 /// Time between passive checkpoints of a file written in large, rare
 /// batches (the history's): its writer commits at most every half
