@@ -541,10 +541,13 @@ pub(super) const HISTORY_PAGE_SIZE: i64 = 4096;
 /// file's end and truncates the page cache by scanning all of its hash
 /// table. That scan costs in proportion to the pages cached: with 64 MiB
 /// (65,536 pages) it was a fifth of the server's CPU at 5,000 uplinks/s
-/// and doubled the live lag (docs/benchmarks.md); 8,192 pages still hold
-/// the indexes' interior pages of a large file, and a miss is a read from
-/// the OS's cache.
-const WRITER_CACHE_PAGES: i64 = 8 * 1024;
+/// and doubled the live lag (docs/benchmarks.md); at 8,192 pages it was
+/// still 28% of the main writer's CPU at 4,000 uplinks/s. 2,048 pages
+/// still hold the indexes' interior pages of a large file and the
+/// entities of the NGSI benchmark, a miss is a read from the OS's cache,
+/// and the main writer's CPU per uplink is 17% lower than at 8,192 (40 s
+/// at 5,000 uplinks/s).
+const WRITER_CACHE_PAGES: i64 = 2 * 1024;
 
 /// Page cache of each read connection: 16 MiB.
 const READER_CACHE_KIB: i64 = -16 * 1024;
