@@ -278,7 +278,14 @@ impl Part {
         deferred: Option<writer::Deferred>,
     ) -> Result<(Part, watch::Receiver<u64>)> {
         let mut conn = Connection::open(path).db()?;
-        schema::configure_writer(&conn, synchronous, page_size).db()?;
+        // The history file (the one written in the background) keeps its
+        // own, larger page cache.
+        let cache_pages = if background {
+            schema::HISTORY_WRITER_CACHE_PAGES
+        } else {
+            schema::WRITER_CACHE_PAGES
+        };
+        schema::configure_writer(&conn, synchronous, page_size, cache_pages).db()?;
         let version =
             schema::migrate(&mut conn).map_err(|e| StoreError::Database(e.to_string()))?;
         // The writer runs a fixed, small set of statements; keep them all.
