@@ -100,6 +100,9 @@ struct Tally {
     ack: Histogram<u64>,
     fetch: Histogram<u64>,
     delay: Histogram<u64>,
+    /// Each message's delay (ms) by the second of the run it was received
+    /// in: where in the run the tail sits (the start's burst, or steady).
+    delay_by_second: Vec<(u32, u32)>,
     requests: u64,
     failed: u64,
     received: u64,
@@ -112,6 +115,7 @@ impl Tally {
             ack: micros_histogram(LATENCY_RANGE),
             fetch: micros_histogram(LATENCY_RANGE),
             delay: micros_histogram(LATENCY_RANGE),
+            delay_by_second: Vec::new(),
             requests: 0,
             failed: 0,
             received: 0,
@@ -123,6 +127,7 @@ impl Tally {
         let _ = self.ack.add(&o.ack);
         let _ = self.fetch.add(&o.fetch);
         let _ = self.delay.add(&o.delay);
+        self.delay_by_second.extend_from_slice(&o.delay_by_second);
         self.requests += o.requests;
         self.failed += o.failed;
         self.received += o.received;
@@ -360,6 +365,8 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
                         if let Some(at) = m.content.get("at").and_then(|a| a.as_i64()) {
                             let ms = (received_at - at).max(0) as u64;
                             tally.delay.saturating_record(ms * 1000);
+                            let second = started.elapsed().as_secs() as u32;
+                            tally.delay_by_second.push((second, ms as u32));
                         }
                     }
                     tally.received += fetched.messages.len() as u64;
@@ -535,8 +542,25 @@ pub async fn run(args: &ChannelsArgs, session: &Session) -> anyhow::Result<Summa
         "fetch_duration".into(),
         Metric::Trend(Trend::from_micros(&tally.fetch)),
     );
+    s.notes.push(delay_by_second(&tally.delay_by_second));
     s.seal();
     Ok(s)
+}
+
+/// The note on where the delay sits in the run: per second of receipt,
+/// the messages received and their delay's p50 / p99 (ms).
+fn delay_by_second(delays: &[(u32, u32)]) -> String {
+    let mut by_second: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for &(second, ms) in delays {
+        by_second.entry(second).or_default().push(ms);
+    }
+    let mut note = "msg_delay by second received (messages: p50/p99 ms):".to_string();
+    for (second, mut ms) in by_second {
+        ms.sort_unstable();
+        let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+        let _ = write!(note, " {second}s {}: {}/{};", ms.len(), at(0.5), at(0.99));
+    }
+    note
 }
 
 #[cfg(test)]
@@ -566,6 +590,18 @@ mod tests {
         assert_eq!((a.channels, a.subscribers, a.messages), (400, 3, 3));
         assert_eq!(a.fetch_timeout, std::time::Duration::from_secs(3));
         assert_eq!(a.sleep, std::time::Duration::from_millis(10));
+    }
+
+    /// The per-second note puts each delay in the second it was received
+    /// in, so a tail from the start shows apart from the steady state.
+    #[test]
+    fn delays_are_told_by_second() {
+        let mut delays = vec![(0, 900), (0, 10), (0, 2000)];
+        delays.extend((0..100).map(|i| (3, if i < 2 { 500 } else { 20 })));
+        assert_eq!(
+            super::delay_by_second(&delays),
+            "msg_delay by second received (messages: p50/p99 ms): 0s 3: 900/2000; 3s 100: 20/500;"
+        );
     }
 
     /// Handles are opaque: anything but unreserved characters is escaped.
