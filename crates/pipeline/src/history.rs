@@ -29,7 +29,9 @@ use weft_bus::{Bus, DefinitionChange, DefinitionKind};
 use weft_model::history::notified::NotifiedEntity;
 use weft_model::history::numeric;
 use weft_model::ngsi::Entity;
-use weft_store::{FeedStateRef, HistoryCutoffs, HistoryFeed, HistoryRow, Store, StoreError};
+use weft_store::{
+    FeedStateRef, HistoryCutoffs, HistoryFeed, HistoryRow, HistoryStates, Store, StoreError,
+};
 
 use tokio_util::sync::CancellationToken;
 
@@ -569,18 +571,32 @@ impl History {
         time_index_attr: Option<&str>,
         arrival: i64,
     ) -> Result<u64, StoreError> {
-        let mut rows = Vec::new();
+        // Encoded here, on the request's task, straight from the entities
+        // (as a change's states are): no row per attribute is built, and
+        // a retry resends the same bytes.
+        let mut states = HistoryStates::default();
+        let mut count = 0;
         for n in entities {
             let time = n.time_index(time_index_attr, arrival);
             let e = &n.entity;
-            rows.extend(rows_of(tenant, service_path, e, e.attrs.keys(), time));
+            count += e.attrs.len() as u64;
+            states.push_state(
+                tenant,
+                service_path,
+                &e.id,
+                &e.entity_type,
+                time,
+                next_instance(),
+                e.attrs
+                    .iter()
+                    .map(|(name, a)| (name, a.attr_type.as_str(), &a.value)),
+            );
         }
-        let count = rows.len() as u64;
         if count == 0 {
             return Ok(0);
         }
         self.keep_up().await;
-        let seq = retry_overloaded(|| self.store.queue_history(rows.clone())).await?;
+        let seq = retry_overloaded(|| self.store.queue_history(&states)).await?;
         self.notified.fetch_max(seq, Ordering::AcqRel);
         Ok(count)
     }

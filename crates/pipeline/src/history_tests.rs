@@ -189,6 +189,11 @@ async fn notified_entities_are_recorded_and_kept() {
     assert_eq!(values(&rows), [json!(20), json!(21)], "in arrival order");
     let time = weft_model::ngsi::parse_datetime(at).unwrap();
     assert!(rows.iter().all(|r| r.time == time), "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r.entity_type == "Room" && r.attr_type == "Number" && r.number.is_some()),
+        "type, attribute type and number as notified: {rows:?}"
+    );
 
     let node = node.restart().await;
     let rows = history(&node, "", "Room1", "temperature").await;

@@ -2785,9 +2785,15 @@ where
 {
     let backend = B::fresh().await;
     let store = backend.open().await;
-    let first = store.queue_history(vec![feed_row("N", 1)]).await.unwrap();
+    let first = store
+        .queue_history(&crate::HistoryStates::from(vec![feed_row("N", 1)]))
+        .await
+        .unwrap();
     let second = store
-        .queue_history(vec![feed_row("N", 2), feed_row("N", 3)])
+        .queue_history(&crate::HistoryStates::from(vec![
+            feed_row("N", 2),
+            feed_row("N", 3),
+        ]))
         .await
         .unwrap();
     assert!(second > first);
@@ -2952,7 +2958,10 @@ where
     // Notifications: a replay of stored rows is stored once and counted,
     // and the moved entries leave the feed.
     let queued = store
-        .queue_history(vec![feed_row("G", 1), feed_row("G", 2)])
+        .queue_history(&crate::HistoryStates::from(vec![
+            feed_row("G", 1),
+            feed_row("G", 2),
+        ]))
         .await
         .unwrap();
     let moved = store

@@ -1027,9 +1027,12 @@ pub trait HistoryStore: Send + Sync {
     /// has been moved: what a query waits for on a node that does not
     /// move every partition itself.
     async fn changes_moved_through(&self, seq: u64) -> Result<bool>;
-    /// Queues notified history rows in the notifications feed; answers the
-    /// entry's position once it is durable.
-    async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64>;
+    /// Queues notified history states in the notifications feed, already
+    /// in the compact form ([`HistoryStates`], built on the request's own
+    /// task straight from the notified entities, so a notification
+    /// allocates no [`HistoryRow`]s and a retry copies nothing); answers
+    /// the entry's position once it is durable.
+    async fn queue_history(&self, states: &HistoryStates) -> Result<u64>;
     /// Whether a notifications-feed entry at or below `seq` is still
     /// waiting to be moved: a node that does not move the feed itself
     /// (another node holds history's lease) waits on this before a query.

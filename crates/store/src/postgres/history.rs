@@ -39,14 +39,14 @@ use super::schema::{self, db};
 use super::writer::param;
 use super::{position, to_i64, PostgresStore};
 use crate::history::{
-    decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, encode_feed_entry,
-    move_feed, path_matches, DeleteStep, MoveTuning, ReadEntry,
+    decode_feed_blob, decode_feed_entry, delete_in_chunks, delete_in_steps, move_feed,
+    path_matches, DeleteStep, MoveTuning, ReadEntry,
 };
 use crate::rollup::{plan, Level, RollupPartial, HOUR_MS, MINUTE_MS, ROLLUP_PERIODS};
 use crate::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
-    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result, StoreError,
-    HISTORY_FEED_CURSOR,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates, HistoryStore, Result,
+    StoreError, HISTORY_FEED_CURSOR,
 };
 
 use super::MAX_QUERY_ROWS;
@@ -1718,8 +1718,8 @@ impl HistoryStore for PostgresStore {
         Ok(row.get(0))
     }
 
-    async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let entry = encode_feed_entry(&rows);
+    async fn queue_history(&self, states: &HistoryStates) -> Result<u64> {
+        let entry = HistoryStates::entry([states]);
         let seq = self.notifications.write(&self.notified, entry).await?;
         self.notified_last.fetch_max(seq, Ordering::AcqRel);
         Ok(seq)

@@ -1022,7 +1022,10 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
     let store = Arc::new(open(&url).await);
     let row = |id: &str, t: i64| hrow("", "/", id, "T", "a", t, t as f64);
     let keep: &FeedFilter = &|_| true;
-    let first = store.queue_history(vec![row("A", 1)]).await.unwrap();
+    let first = store
+        .queue_history(&crate::HistoryStates::from(vec![row("A", 1)]))
+        .await
+        .unwrap();
     let moved = store
         .move_history_feed(HistoryFeed::Notifications, &[], 1_000, keep)
         .await
@@ -1048,7 +1051,10 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
 
     // This node's notification after it commits and is answered, but the
     // mover takes nothing past the one in flight.
-    let mine = store.queue_history(vec![row("C", 3)]).await.unwrap();
+    let mine = store
+        .queue_history(&crate::HistoryStates::from(vec![row("C", 3)]))
+        .await
+        .unwrap();
     assert!(mine > held as u64);
     let moved = store
         .move_history_feed(HistoryFeed::Notifications, &[], 1_000, keep)
@@ -1083,18 +1089,20 @@ async fn a_notification_another_node_commits_late_is_moved_not_lost() {
 async fn notifications_queued_together_keep_their_order() {
     let url = test_database().await;
     let store = open(&url).await;
-    let queued = futures::future::join_all((0..50).map(|i| {
-        store.queue_history(vec![hrow(
-            "",
-            "/",
-            &format!("E{i}"),
-            "T",
-            "a",
-            1_000 + i,
-            i as f64,
-        )])
-    }))
-    .await;
+    let states: Vec<_> = (0..50)
+        .map(|i| {
+            crate::HistoryStates::from(vec![hrow(
+                "",
+                "/",
+                &format!("E{i}"),
+                "T",
+                "a",
+                1_000 + i,
+                i as f64,
+            )])
+        })
+        .collect();
+    let queued = futures::future::join_all(states.iter().map(|s| store.queue_history(s))).await;
     let seqs: Vec<u64> = queued.into_iter().map(|q| q.unwrap()).collect();
     assert!(
         seqs.windows(2).all(|w| w[0] < w[1]),

@@ -21,7 +21,7 @@ use crate::history::{
 use crate::rollup::RollupPartial;
 use crate::{
     AggrMethod, AggrPeriod, FeedFilter, FeedMove, HistoryAggregate, HistoryCutoffs, HistoryDelete,
-    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStore, Result,
+    HistoryEntity, HistoryFeed, HistoryQuery, HistoryRow, HistoryStates, HistoryStore, Result,
     HISTORY_FEED_CURSOR,
 };
 
@@ -126,8 +126,8 @@ impl HistoryStore for SqliteStore {
             .await
     }
 
-    async fn queue_history(&self, rows: Vec<HistoryRow>) -> Result<u64> {
-        let entry = encode_feed_entry(&rows);
+    async fn queue_history(&self, states: &HistoryStates) -> Result<u64> {
+        let entry = HistoryStates::entry([states]);
         self.history.write(move |c| queue_notified(c, &entry)).await
     }
 

@@ -822,7 +822,10 @@ async fn history_throughput() {
 async fn json_feed_entries_queued_before_are_still_read() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    store.queue_history(vec![feed_row("N", 1)]).await.unwrap();
+    store
+        .queue_history(&crate::HistoryStates::from(vec![feed_row("N", 1)]))
+        .await
+        .unwrap();
     store.close().await;
     let json = serde_json::to_string(&vec![feed_row("N", 2), feed_row("M", 3)]).unwrap();
     let raw = rusqlite::Connection::open(super::history_path(&config(&dir).path)).unwrap();
@@ -932,7 +935,10 @@ async fn attribute_names_json_escapes_read_back() {
 async fn a_move_of_only_refused_states_consumes_the_feed() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    let seq = store.queue_history(vec![feed_row("Old", 1)]).await.unwrap();
+    let seq = store
+        .queue_history(&crate::HistoryStates::from(vec![feed_row("Old", 1)]))
+        .await
+        .unwrap();
     let moved = store
         .move_history_feed(HistoryFeed::Notifications, &[], 100, &|_| false)
         .await
@@ -943,7 +949,10 @@ async fn a_move_of_only_refused_states_consumes_the_feed() {
         .await
         .unwrap()
         .is_empty());
-    store.queue_history(vec![feed_row("New", 2)]).await.unwrap();
+    store
+        .queue_history(&crate::HistoryStates::from(vec![feed_row("New", 2)]))
+        .await
+        .unwrap();
     let moved = store
         .move_history_feed(HistoryFeed::Notifications, &[], 100, &|_| true)
         .await
