@@ -385,16 +385,17 @@ async fn entities_survive_the_move_to_a_rowid_table() {
     .unwrap();
     drop(raw);
     let store = open(&dir);
-    let key = |r: &crate::EntityRecord| (r.tenant.clone(), r.id.clone(), r.created, r.json.clone());
-    let loaded: Vec<_> = store
-        .load_entities()
-        .await
-        .unwrap()
-        .iter()
-        .map(key)
-        .collect();
+    let loaded = |store: SqliteStore| async move {
+        let records = store.load_entities().await.unwrap();
+        let loaded: Vec<(String, String, u64, String)> = records
+            .into_iter()
+            .map(|r| (r.tenant, r.id, r.created, r.json))
+            .collect();
+        (store, loaded)
+    };
+    let (store, entities) = loaded(store).await;
     assert_eq!(
-        loaded,
+        entities,
         [
             ("t".into(), "A".into(), 1, r#"{"a":1}"#.into()),
             ("t".into(), "B".into(), 2, r#"{"b":1}"#.into()),
@@ -420,16 +421,9 @@ async fn entities_survive_the_move_to_a_rowid_table() {
         .await
         .unwrap();
     store.close().await;
-    let store = open(&dir);
-    let loaded: Vec<_> = store
-        .load_entities()
-        .await
-        .unwrap()
-        .iter()
-        .map(key)
-        .collect();
+    let (_store, entities) = loaded(open(&dir)).await;
     assert_eq!(
-        loaded,
+        entities,
         [
             ("t".into(), "A".into(), 1, r#"{"a":9}"#.into()),
             ("u".into(), "A".into(), 3, r#"{"a":2}"#.into()),
