@@ -410,17 +410,13 @@ impl Context {
             return states;
         }
         let time = weft_model::history::time_index(&e.entity, None, weft_model::now_ms());
-        states.push_state(
+        crate::history::push_entity_state(
+            &mut states,
             tenant,
             &e.service_path,
-            &e.entity.id,
-            &e.entity.entity_type,
+            &e.entity,
+            names,
             time,
-            crate::history::next_instance(),
-            names.into_iter().filter_map(|name| {
-                let a = e.entity.attrs.get(name)?;
-                Some((name, a.attr_type.as_str(), &a.value))
-            }),
         );
         states
     }

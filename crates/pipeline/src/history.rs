@@ -580,17 +580,7 @@ impl History {
             let time = n.time_index(time_index_attr, arrival);
             let e = &n.entity;
             count += e.attrs.len() as u64;
-            states.push_state(
-                tenant,
-                service_path,
-                &e.id,
-                &e.entity_type,
-                time,
-                next_instance(),
-                e.attrs
-                    .iter()
-                    .map(|(name, a)| (name, a.attr_type.as_str(), &a.value)),
-            );
+            push_entity_state(&mut states, tenant, service_path, e, e.attrs.keys(), time);
         }
         if count == 0 {
             return Ok(0);
@@ -641,6 +631,32 @@ pub fn rows_of<'a>(
             })
         })
         .collect()
+}
+
+/// Adds `entity`'s state of its attributes `names` (those it holds) to
+/// `states`, at `time`, under a new instance: the feed's form of an
+/// entity change and of a notified entity alike, written once on the
+/// caller's task.
+pub fn push_entity_state<'n>(
+    states: &mut HistoryStates,
+    tenant: &str,
+    service_path: &str,
+    entity: &Entity,
+    names: impl IntoIterator<Item = &'n str>,
+    time: i64,
+) {
+    states.push_state(
+        tenant,
+        service_path,
+        &entity.id,
+        &entity.entity_type,
+        time,
+        next_instance(),
+        names.into_iter().filter_map(|name| {
+            let a = entity.attrs.get(name)?;
+            Some((name, a.attr_type.as_str(), &a.value))
+        }),
+    );
 }
 
 /// The last [`next_instance`] handed out.
