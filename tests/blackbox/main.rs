@@ -48,6 +48,10 @@
 //! - `ngsi_geo`: locations (GeoJSON features, the simple-location types,
 //!   `ignoreType`), geo-queries, `POST /v2/op/query` and the other batch
 //!   operations' checks.
+//! - `ngsi_ld`: NGSI-LD at `/ngsi-ld/v1` over the same entities as
+//!   `/v2`: entities and attributes, `@context`s (a `Link` header, the
+//!   body, fetched from a server), representations, tenants, keys,
+//!   problem details.
 //! - `mqtt`: MQTT sources of every format against a real mosquitto,
 //!   kill -9 before the commit, a broker restart; Orion's `mqtt` and
 //!   `mqttCustom` notifications; the embedded broker's device logins.
@@ -86,6 +90,7 @@ mod mqtt_downlinks;
 mod ngsi;
 mod ngsi_forwarding;
 mod ngsi_geo;
+mod ngsi_ld;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod notification_loop;

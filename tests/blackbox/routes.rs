@@ -108,12 +108,13 @@ fn expected(access: &str, caller: Caller) -> Option<u16> {
         Read if rank(role) > 1 => Some(403),
         Write if rank(role) > 2 => Some(403),
         Read | Write | Admin => None,
-        // It names the default tenant (`Fiware-Service` empty), which is
+        // It names the default tenant (`Fiware-Service` and
+        // `NGSILD-Tenant` empty), which is
         // not its own: only the surfaces that hold each request to the
         // key themselves let it in.
         OtherTenantAdmin => match scope {
             "keys" | "live" => None,
-            "own" | "ngsi" | "quantumleap" => Some(403),
+            "own" | "ngsi" | "quantumleap" | "ngsi-ld" => Some(403),
             other => panic!("unknown scope {other}"),
         },
     }
@@ -239,7 +240,7 @@ async fn every_route_answers_each_caller_as_declared() {
                 req = req.header("Authorization", format!("Bearer {secret}"));
             }
             if *caller == Caller::OtherTenantAdmin {
-                req = req.header("Fiware-Service", "");
+                req = req.header("Fiware-Service", "").header("NGSILD-Tenant", "");
             }
             if method != "GET" && method != "DELETE" {
                 req = req.header("Content-Type", "application/json").body("{}");

@@ -194,6 +194,7 @@ pub fn admit<B>(
             ));
         }
         Scope::Ngsi | Scope::QuantumLeap => scope_fiware(key, req, role, scope)?,
+        Scope::NgsiLd => scope_ngsi_ld(key, req)?,
         Scope::Own | Scope::Keys | Scope::Live => {}
     }
     req.extensions_mut().insert(Principal(entry));
@@ -242,24 +243,7 @@ fn scope_fiware<B>(
     if key.is_global() {
         return Ok(());
     }
-    let headers = req.headers();
-    match headers.get(&FIWARE_SERVICE) {
-        Some(v) => {
-            let named = v.to_str().unwrap_or("\u{0}");
-            if !named.eq_ignore_ascii_case(&key.tenant) {
-                return Err(forbidden(&format!(
-                    "this API key is limited to tenant '{}'",
-                    key.tenant
-                )));
-            }
-        }
-        None if !key.tenant.is_empty() => {
-            let value = HeaderValue::from_str(&key.tenant)
-                .map_err(|_| forbidden("this API key's tenant cannot be sent as Fiware-Service"))?;
-            req.headers_mut().insert(FIWARE_SERVICE.clone(), value);
-        }
-        None => {}
-    }
+    hold_tenant(key, req, &FIWARE_SERVICE)?;
     let Some(prefix) = key.service_path.as_deref() else {
         return Ok(());
     };
@@ -287,6 +271,52 @@ fn scope_fiware<B>(
         }
     }
     Ok(())
+}
+
+/// Holds a request to the key's tenant through the header naming the
+/// tenant (`Fiware-Service`, `NGSILD-Tenant`): a request naming another
+/// is refused, one naming none is given the key's.
+#[allow(clippy::result_large_err)]
+fn hold_tenant<B>(
+    key: &ApiKey,
+    req: &mut http::Request<B>,
+    header: &HeaderName,
+) -> Result<(), Response> {
+    match req.headers().get(header) {
+        Some(v) => {
+            let named = v.to_str().unwrap_or("\u{0}");
+            if !named.eq_ignore_ascii_case(&key.tenant) {
+                return Err(forbidden(&format!(
+                    "this API key is limited to tenant '{}'",
+                    key.tenant
+                )));
+            }
+        }
+        None if !key.tenant.is_empty() => {
+            let value = HeaderValue::from_str(&key.tenant).map_err(|_| {
+                forbidden(&format!("this API key's tenant cannot be sent as {header}"))
+            })?;
+            req.headers_mut().insert(header.clone(), value);
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// Holds an NGSI-LD request to the key's tenant (`NGSILD-Tenant`). NGSI-LD
+/// has no service paths and its reads cover all of a tenant, so a key
+/// limited to a service path may not call it.
+#[allow(clippy::result_large_err)]
+fn scope_ngsi_ld<B>(key: &ApiKey, req: &mut http::Request<B>) -> Result<(), Response> {
+    if key.is_global() {
+        return Ok(());
+    }
+    if key.service_path.is_some() {
+        return Err(forbidden(
+            "this API key is limited to a service path; NGSI-LD has none, so it may not call /ngsi-ld",
+        ));
+    }
+    hold_tenant(key, req, &crate::ngsi_ld::NGSILD_TENANT)
 }
 
 /// Whether the request's caller may see secrets stored in definitions

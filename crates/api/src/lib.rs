@@ -16,6 +16,7 @@
 //! - [`console`]: the web console at `/` and its files under `/console/`.
 //! - [`ops`]: `/health`, `/metrics`, `/api/v1/openapi.json`.
 //! - [`ngsi`]: Orion's NGSIv2 API at `/v2` and `/version`.
+//! - [`ngsi_ld`]: NGSI-LD at `/ngsi-ld/v1`, over the same entities.
 //! - [`history`]: QuantumLeap's API (1.0.0): `POST /v2/notify`, and the whole API under `/ql`.
 //! - [`routes`]: every route declares who may call it, and a guard checks
 //!   it before the handler ([`auth`] holds the checks); [`keys`]:
@@ -35,6 +36,7 @@ pub mod ingest;
 pub mod keys;
 pub mod live;
 pub mod ngsi;
+pub mod ngsi_ld;
 pub mod ops;
 pub mod pages;
 pub mod routes;
@@ -115,6 +117,7 @@ fn other_routes() -> Routes {
         .merge(live::routes())
         .merge(ops::routes())
         .merge(history::routes())
+        .merge(ngsi_ld::routes())
         .merge(keys::routes())
         .merge(console::routes())
 }

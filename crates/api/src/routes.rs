@@ -65,6 +65,9 @@ pub enum Scope {
     /// QuantumLeap's API: multi-tenant by `Fiware-Service`, the key's
     /// service path as a prefix.
     QuantumLeap,
+    /// NGSI-LD (`/ngsi-ld/v1`): multi-tenant by `NGSILD-Tenant`; it has
+    /// no service paths, so a key limited to one may not call it.
+    NgsiLd,
     /// `/api/v1/keys`: any tenant's key; the handler shows and manages
     /// only what the key may ([`crate::keys`]).
     Keys,
@@ -112,6 +115,7 @@ impl std::fmt::Display for Access {
                     Scope::Own => "own",
                     Scope::Ngsi => "ngsi",
                     Scope::QuantumLeap => "quantumleap",
+                    Scope::NgsiLd => "ngsi-ld",
                     Scope::Keys => "keys",
                     Scope::Live => "live",
                 };

@@ -13,6 +13,8 @@
 //!   filters, NGSI queries, subscriptions and rules.
 //! - [`ngsi`]: NGSIv2 context entities: attributes, metadata, their
 //!   representations and Orion's validation rules.
+//! - [`ngsi_ld`]: NGSI-LD over the same entities: `@context`s, the
+//!   NGSI-LD representations, its errors.
 //! - [`geo`]: geometry for `geo:json` attributes and geo-queries.
 //! - [`page`]: page templates in Knot.x 1.x markup, split into static parts and snippets.
 //! - [`validate`]: what names, labels and fields of definitions may be, in one place.
@@ -36,6 +38,7 @@ pub mod jexl;
 pub mod json;
 pub mod mapping;
 pub mod ngsi;
+pub mod ngsi_ld;
 pub mod page;
 pub mod query;
 pub mod rule;

@@ -14,6 +14,8 @@
 //!   notifications they send) and registrations; [`forwarding`]: what
 //!   goes to registered context providers, and how their answers merge;
 //!   [`orion_metrics`]: Orion's request counters.
+//! - [`ld_contexts`]: the `@context`s NGSI-LD requests name, fetched
+//!   once and kept.
 //! - [`history`]: entity changes and notifications recorded as time series.
 //! - [`rules`]: alarm rules evaluated on stored units, and their alarms.
 //! - [`channels`]: durable pull channels and the bridges feeding them.
@@ -57,6 +59,7 @@ pub mod forwarding;
 pub mod history;
 pub mod ingest;
 pub mod keys;
+pub mod ld_contexts;
 pub mod mqtt;
 pub mod ngsi_write;
 pub mod orion_metrics;

@@ -26,6 +26,7 @@ use crate::downlinks::{Downlinks, DownlinksConfig};
 use crate::forwarding::{Forwarder, Providers};
 use crate::history::{History, RetentionPolicy};
 use crate::ingest::{Ingest, IngestConfig};
+use crate::ld_contexts::LdContexts;
 use crate::ngsi_write::NgsiWriter;
 use crate::registrations::Registrations;
 use crate::rules::{RuleEngine, RulesConfig};
@@ -114,6 +115,8 @@ pub struct Services {
     /// handle per source to publish back on its connection. Empty until
     /// the MQTT surface registers its sources.
     pub mqtt: Arc<crate::mqtt::Links>,
+    /// The `@context`s NGSI-LD requests name, fetched once and kept.
+    pub ld_contexts: Arc<LdContexts>,
 }
 
 impl Services {
@@ -315,6 +318,7 @@ impl Services {
             bus,
             cluster,
             mqtt,
+            ld_contexts: Arc::new(LdContexts::new()),
         })
     }
 }

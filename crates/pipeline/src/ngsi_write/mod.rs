@@ -181,7 +181,9 @@ impl NgsiWriter {
 
     /// Runs one write and reports everything it did, refusals included,
     /// for the caller to judge: the steps of the module's documentation.
-    async fn apply(
+    /// [`NgsiWriter::write`] turns refusals into Orion's errors; NGSI-LD
+    /// reports them in a 207 instead.
+    pub async fn apply(
         &self,
         target: &Target,
         write: Write,

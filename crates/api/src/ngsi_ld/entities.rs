@@ -1,0 +1,550 @@
+//! `/ngsi-ld/v1/entities` and below: create, retrieve, query and delete
+//! entities (clauses 5.6.1, 5.6.6, 5.7.1, 5.7.2), append, update and
+//! delete their attributes (5.6.2–5.6.5).
+//!
+//! Each handler reads the request with the model ([`entity`]), writes
+//! through the NGSI write ([`weft_pipeline::ngsi_write`], the one NGSIv2
+//! uses) or reads the context, and renders.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use regex::Regex;
+use serde_json::{json, Value};
+use weft_model::ngsi::{AttrMap, UpdateOptions};
+use weft_model::ngsi_ld::entity::{self, Format, Render};
+use weft_model::ngsi_ld::LdError;
+use weft_model::query::Query;
+use weft_pipeline::context::{EntityFilter, StoredEntity, Target};
+use weft_pipeline::ngsi_write::{Write, Written};
+
+use super::{Error, LdParams, LdRequest, Result};
+use crate::AppState;
+
+/// Entities a query answers by default.
+pub const DEFAULT_LIMIT: usize = 20;
+/// The most entities one query answers.
+pub const MAX_LIMIT: usize = 1000;
+
+/// The representation and system attributes `options` asks for.
+fn render_options<'a>(req: &'a LdRequest, params: &LdParams) -> Render<'a> {
+    let format = if params.option("keyValues") || params.option("simplified") {
+        Format::KeyValues
+    } else if params.option("concise") {
+        Format::Concise
+    } else {
+        Format::Normalized
+    };
+    Render {
+        context: &req.context,
+        format,
+        sys_attrs: params.option("sysAttrs"),
+        attrs: None,
+    }
+}
+
+/// `attrs` (and `pick`'s attribute names) as stored names.
+fn stored_attrs(req: &LdRequest, params: &LdParams) -> Option<Vec<String>> {
+    let mut names: Option<Vec<String>> = None;
+    for key in ["attrs", "pick"] {
+        if let Some(list) = params.list(key) {
+            let list = list
+                .iter()
+                .filter(|n| !matches!(n.as_str(), "id" | "type"))
+                .map(|n| req.context.to_stored(n));
+            names.get_or_insert_with(Vec::new).extend(list);
+        }
+    }
+    names
+}
+
+/// "Create Entity" (`POST /ngsi-ld/v1/entities`): 201 with its
+/// `Location`, 409 when an entity of that id exists.
+pub async fn create(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let entity = entity::parse_entity(&value, &req.context)?;
+    let location = format!("/ngsi-ld/v1/entities/{}", encode_segment(&entity.id));
+    create_entity(&state, &req, entity).await?;
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)]).into_response())
+}
+
+/// Creates `entity`; `AlreadyExists` when the tenant has an entity of its
+/// id, whatever its type and service path.
+pub(super) async fn create_entity(
+    state: &AppState,
+    req: &LdRequest,
+    entity: weft_model::ngsi::Entity,
+) -> std::result::Result<(), LdError> {
+    if find(state, &req.tenant, &entity.id).is_some() {
+        return Err(LdError::new(
+            weft_model::ngsi_ld::ErrorKind::AlreadyExists,
+            format!("an entity with id {} exists", entity.id),
+        ));
+    }
+    let target = req.target(&entity.id, Some(entity.entity_type.clone()));
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::Create(entity), UpdateOptions::default())
+        .await
+        .map(drop)
+        .map_err(super::from_ngsi)
+}
+
+/// "Retrieve Entity" (`GET /ngsi-ld/v1/entities/{id}`).
+pub async fn retrieve(
+    State(state): State<AppState>,
+    req: LdRequest,
+    params: LdParams,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    check_id(&id)?;
+    let found = find(&state, &req.tenant, &id)
+        .filter(|e| type_matches(&req, &params, e))
+        .ok_or_else(|| LdError::not_found(format!("no entity with id {id}")))?;
+    let attrs = stored_attrs(&req, &params);
+    let how = Render {
+        attrs: attrs.as_deref(),
+        ..render_options(&req, &params)
+    };
+    Ok(req.answer(Value::Object(entity::render_entity(&found.entity, &how))))
+}
+
+/// "Query Entities" (`GET /ngsi-ld/v1/entities`): by `id`, `idPattern`,
+/// `type`, `attrs` and `q`, paged by `limit` and `offset`, counted with
+/// `count=true` (`NGSILD-Results-Count`).
+pub async fn query(
+    State(state): State<AppState>,
+    req: LdRequest,
+    params: LdParams,
+) -> Result<Response> {
+    let attrs = stored_attrs(&req, &params);
+    let filter = EntityFilter {
+        ids: params.list("id").unwrap_or_default(),
+        id_pattern: params
+            .get("idPattern")
+            .map(|p| Regex::new(p).map_err(|e| LdError::bad_request(format!("idPattern: {e}"))))
+            .transpose()?,
+        types: params
+            .list("type")
+            .unwrap_or_default()
+            .iter()
+            .map(|t| req.context.to_stored(t))
+            .collect(),
+        q: params
+            .get("q")
+            .map(|q| {
+                Query::parse(q).map_err(|e| LdError::bad_request(format!("q: {}", e.description())))
+            })
+            .transpose()?,
+        ..EntityFilter::default()
+    };
+    let unfiltered = filter.ids.is_empty()
+        && filter.id_pattern.is_none()
+        && filter.types.is_empty()
+        && filter.q.is_none()
+        && attrs.is_none();
+    if unfiltered {
+        return Err(Error(LdError::bad_request(
+            "a query names at least one of id, idPattern, type, attrs or q",
+        )));
+    }
+    let (limit, offset) = paging(&params)?;
+    let found: Vec<StoredEntity> = state
+        .services
+        .context
+        .query(&req.tenant, &filter)
+        .into_iter()
+        .filter(|e| {
+            attrs
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| e.entity.attrs.contains_key(n)))
+        })
+        .collect();
+    let how = Render {
+        attrs: attrs.as_deref(),
+        ..render_options(&req, &params)
+    };
+    let page: Vec<Value> = found
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|e| Value::Object(entity::render_entity(&e.entity, &how)))
+        .collect();
+    let mut resp = req.answer(Value::Array(page));
+    if params.get("count") == Some("true") {
+        resp.headers_mut()
+            .insert("ngsild-results-count", found.len().into());
+    }
+    Ok(resp)
+}
+
+/// "Delete Entity" (`DELETE /ngsi-ld/v1/entities/{id}`).
+pub async fn remove(
+    State(state): State<AppState>,
+    req: LdRequest,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    check_id(&id)?;
+    let (_, target) = existing(&state, &req, &id)?;
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::Delete, UpdateOptions::default())
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// "Append Entity Attributes" (`POST …/entities/{id}/attrs`): every
+/// attribute added or replaced; with `options=noOverwrite` those the
+/// entity has are left as they are and reported (207).
+pub async fn append(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    params: LdParams,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let attrs = attrs_body(&mut req, &body).await?;
+    let opts = UpdateOptions {
+        append_strict: params.option("noOverwrite"),
+        override_metadata: true,
+        forced: false,
+    };
+    let written = write_attrs(&state, &req, &id, Write::Append(attrs), opts).await?;
+    Ok(update_result(
+        &req,
+        &written,
+        "attribute exists and noOverwrite was asked",
+    ))
+}
+
+/// "Update Entity Attributes" (`PATCH …/entities/{id}/attrs`): the
+/// attributes the entity has are replaced; the others are reported
+/// (207).
+pub async fn update(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let attrs = attrs_body(&mut req, &body).await?;
+    let opts = UpdateOptions {
+        override_metadata: true,
+        ..UpdateOptions::default()
+    };
+    let written = write_attrs(&state, &req, &id, Write::Update(attrs), opts).await?;
+    Ok(update_result(
+        &req,
+        &written,
+        "the entity has no such attribute",
+    ))
+}
+
+/// "Replace Entity" (`PUT /ngsi-ld/v1/entities/{id}`): every attribute
+/// replaced by the body's.
+pub async fn replace(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let attrs = fragment_attrs(&req, &id, value)?;
+    let (_, target) = existing(&state, &req, &id)?;
+    let opts = UpdateOptions {
+        override_metadata: true,
+        ..UpdateOptions::default()
+    };
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::Replace(attrs), opts)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// "Merge Entity" (`PATCH /ngsi-ld/v1/entities/{id}`): the body's
+/// attributes added, or merged into those the entity has (the members
+/// and sub-attributes given replace theirs, the others stay).
+pub async fn merge(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let attrs = fragment_attrs(&req, &id, value)?;
+    let (_, target) = existing(&state, &req, &id)?;
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::Append(attrs), UpdateOptions::default())
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// "Replace Attribute" (`PUT …/entities/{id}/attrs/{attr}`): the
+/// attribute the entity has replaced whole.
+pub async fn replace_attr(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path((id, attr)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response> {
+    check_id(&id)?;
+    let mut fragment = req.body(&body).await?;
+    if let Value::Object(map) = &mut fragment {
+        map.remove("@context");
+    }
+    let name = req.context.to_stored(&attr);
+    let parsed = entity::parse_attribute(&attr, &fragment, &req.context)?;
+    let (found, target) = existing(&state, &req, &id)?;
+    if !found.entity.attrs.contains_key(&name) {
+        return Err(Error(LdError::not_found(format!(
+            "entity {id} has no attribute {attr}"
+        ))));
+    }
+    let opts = UpdateOptions {
+        override_metadata: true,
+        ..UpdateOptions::default()
+    };
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::UpdateAttr { name, attr: parsed }, opts)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The attributes of an entity fragment addressed to entity `id` (an
+/// `id` in the body must be that one).
+fn fragment_attrs(req: &LdRequest, id: &str, value: Value) -> Result<AttrMap> {
+    check_id(id)?;
+    let Value::Object(map) = value else {
+        return Err(Error(LdError::invalid("an entity is a JSON object")));
+    };
+    if let Some(given) = map.get("id").or_else(|| map.get("@id")) {
+        if given.as_str() != Some(id) {
+            return Err(Error(LdError::bad_request(
+                "the body's id is not the entity's of the path",
+            )));
+        }
+    }
+    Ok(entity::parse_attrs(&map, &req.context)?)
+}
+
+/// "Partial Attribute Update" (`PATCH …/entities/{id}/attrs/{attr}`):
+/// the members given replace the attribute's, the others stay.
+pub async fn update_attr(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path((id, attr)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response> {
+    check_id(&id)?;
+    let mut fragment = req.body(&body).await?;
+    let name = req.context.to_stored(&attr);
+    let (found, target) = existing(&state, &req, &id)?;
+    let current = found
+        .entity
+        .attrs
+        .get(&name)
+        .ok_or_else(|| LdError::not_found(format!("entity {id} has no attribute {attr}")))?;
+    if let Value::Object(map) = &mut fragment {
+        map.remove("@context");
+        // A fragment naming no value keeps the attribute's (and its kind).
+        let kind = entity::AttrKind::of_stored(&current.attr_type);
+        if !map.contains_key("type")
+            && !["value", "object", "languageMap"]
+                .iter()
+                .any(|m| map.contains_key(*m))
+        {
+            map.insert("type".into(), Value::String(kind.name().into()));
+            map.insert(kind_member(kind).into(), current.value.clone());
+        }
+    }
+    let parsed = entity::parse_attribute(&attr, &fragment, &req.context)?;
+    state
+        .services
+        .ngsi_writer
+        .write(
+            &target,
+            Write::UpdateAttr { name, attr: parsed },
+            UpdateOptions::default(),
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// "Delete Entity Attribute" (`DELETE …/entities/{id}/attrs/{attr}`).
+pub async fn remove_attr(
+    State(state): State<AppState>,
+    req: LdRequest,
+    Path((id, attr)): Path<(String, String)>,
+) -> Result<Response> {
+    check_id(&id)?;
+    let (found, target) = existing(&state, &req, &id)?;
+    let name = req.context.to_stored(&attr);
+    if !found.entity.attrs.contains_key(&name) {
+        return Err(Error(LdError::not_found(format!(
+            "entity {id} has no attribute {attr}"
+        ))));
+    }
+    state
+        .services
+        .ngsi_writer
+        .write(&target, Write::DeleteAttr(name), UpdateOptions::default())
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The member holding a kind's value.
+fn kind_member(kind: entity::AttrKind) -> &'static str {
+    match kind {
+        entity::AttrKind::Relationship => "object",
+        entity::AttrKind::LanguageProperty => "languageMap",
+        _ => "value",
+    }
+}
+
+/// The attributes of an append or update body.
+async fn attrs_body(req: &mut LdRequest, body: &Bytes) -> Result<AttrMap> {
+    let value = req.body(body).await?;
+    let Value::Object(map) = value else {
+        return Err(Error(LdError::invalid("the attributes are a JSON object")));
+    };
+    if map.keys().all(|k| k == "@context") {
+        return Err(Error(LdError::bad_request("no attribute given")));
+    }
+    Ok(entity::parse_attrs(&map, &req.context)?)
+}
+
+/// Runs an attribute write on entity `id`, wherever it lives, reporting
+/// what was refused rather than failing on it.
+async fn write_attrs(
+    state: &AppState,
+    req: &LdRequest,
+    id: &str,
+    write: Write,
+    opts: UpdateOptions,
+) -> Result<Written> {
+    check_id(id)?;
+    let (_, target) = existing(state, req, id)?;
+    Ok(state
+        .services
+        .ngsi_writer
+        .apply(&target, write, opts)
+        .await?)
+}
+
+/// 204 when every attribute was written, else 207 with the update
+/// result (`updated`, `notUpdated` with `reason`).
+fn update_result(req: &LdRequest, written: &Written, reason: &str) -> Response {
+    if written.outcome.failed.is_empty() {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let updated: Vec<Value> = written
+        .outcome
+        .changes
+        .iter()
+        .map(|c| Value::String(req.context.from_stored(&c.name)))
+        .collect();
+    let not_updated: Vec<Value> = written
+        .outcome
+        .failed
+        .iter()
+        .map(|name| json!({"attributeName": req.context.from_stored(name), "reason": reason}))
+        .collect();
+    (
+        StatusCode::MULTI_STATUS,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"updated": updated, "notUpdated": not_updated}).to_string(),
+    )
+        .into_response()
+}
+
+/// The entity with `id` and the target a write to it addresses,
+/// wherever it lives; `ResourceNotFound` when there is none.
+pub(super) fn existing(
+    state: &AppState,
+    req: &LdRequest,
+    id: &str,
+) -> std::result::Result<(StoredEntity, Target), LdError> {
+    let found = find(state, &req.tenant, id)
+        .ok_or_else(|| LdError::not_found(format!("no entity with id {id}")))?;
+    let mut target = req.target(id, Some(found.entity.entity_type.clone()));
+    target.path = found.service_path.clone();
+    Ok((found, target))
+}
+
+/// The entity with `id` in the tenant, whatever its type and service
+/// path: NGSI-LD names an entity by its id alone.
+pub(super) fn find(state: &AppState, tenant: &str, id: &str) -> Option<StoredEntity> {
+    let filter = EntityFilter {
+        ids: vec![id.to_string()],
+        ..EntityFilter::default()
+    };
+    state
+        .services
+        .context
+        .query(tenant, &filter)
+        .into_iter()
+        .next()
+}
+
+/// Whether the entity is of the `type` the request names, if it names
+/// one.
+fn type_matches(req: &LdRequest, params: &LdParams, e: &StoredEntity) -> bool {
+    params
+        .get("type")
+        .is_none_or(|t| req.context.to_stored(t) == e.entity.entity_type)
+}
+
+/// An id in a path must be a URI.
+fn check_id(id: &str) -> Result<()> {
+    if entity::is_uri(id) {
+        Ok(())
+    } else {
+        Err(Error(LdError::bad_request(format!(
+            "the entity id is not a URI: {id:?}"
+        ))))
+    }
+}
+
+/// `limit` and `offset`, checked.
+fn paging(params: &LdParams) -> Result<(usize, usize)> {
+    let number = |key: &str, default: usize| -> Result<usize> {
+        match params.get(key) {
+            None => Ok(default),
+            Some(v) => v.parse::<usize>().map_err(|_| {
+                Error(LdError::bad_request(format!(
+                    "{key} is not a non-negative integer: {v}"
+                )))
+            }),
+        }
+    };
+    let limit = number("limit", DEFAULT_LIMIT)?;
+    if limit > MAX_LIMIT {
+        return Err(Error(LdError::new(
+            weft_model::ngsi_ld::ErrorKind::TooManyResults,
+            format!("limit {limit} is over {MAX_LIMIT}"),
+        )));
+    }
+    Ok((limit, number("offset", 0)?))
+}
+
+/// An entity id as a path segment.
+fn encode_segment(id: &str) -> String {
+    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC)
+        .to_string()
+        .replace("%3A", ":")
+        .replace("%2D", "-")
+        .replace("%2E", ".")
+        .replace("%5F", "_")
+}

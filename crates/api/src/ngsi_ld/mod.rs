@@ -1,0 +1,429 @@
+//! The NGSI-LD surface (`/ngsi-ld/v1`, ETSI GS CIM 009) over the same
+//! entities as `/v2`.
+//!
+//! Every request goes: the route's guard (a key, [`Scope::NgsiLd`]) →
+//! [`LdRequest`] (the tenant from `NGSILD-Tenant`, the context from a
+//! `Link` header or the body's `@context`, resolved by the pipeline's
+//! [`weft_pipeline::ld_contexts`]) → the model's reading of the body
+//! ([`weft_model::ngsi_ld::entity`]) → the NGSI write or the context →
+//! an answer in the representation `Accept` asks for ([`Answer`]).
+//! Errors are problem details ([`LdError`]).
+//!
+//! One file per route group: [`entities`] (entities and their
+//! attributes), [`batch`] (the batch operations).
+
+pub mod batch;
+pub mod entities;
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use weft_model::ngsi::{tenancy, NgsiError};
+use weft_model::ngsi_ld::{Context, ErrorKind, LdError};
+use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
+
+use crate::routes::{get, patch, post, Access, Routes, Scope};
+use crate::AppState;
+
+/// The NGSI-LD tenant header.
+pub static NGSILD_TENANT: HeaderName = HeaderName::from_static("ngsild-tenant");
+
+/// The relation of a `Link` header naming a JSON-LD context.
+pub const CONTEXT_REL: &str = "http://www.w3.org/ns/json-ld#context";
+
+/// `Content-Type` of JSON-LD bodies.
+pub const LD_JSON: &str = "application/ld+json";
+
+/// The service path NGSI-LD writes go to: NGSI-LD has none, and NGSIv2
+/// clients see its entities at the root.
+pub const LD_SERVICE_PATH: &str = "/";
+
+/// Reads of the NGSI-LD surface.
+const READ: Access = Access::read(Scope::NgsiLd);
+/// Writes of the NGSI-LD surface.
+const WRITE: Access = Access::write(Scope::NgsiLd);
+
+/// Every route of the NGSI-LD surface with who may call it.
+pub fn routes() -> Routes {
+    use entities::*;
+    Routes::new()
+        .route("/ngsi-ld/v1/entities", get(READ, query).post(WRITE, create))
+        .route(
+            "/ngsi-ld/v1/entities/{id}",
+            get(READ, retrieve)
+                .put(WRITE, replace)
+                .patch(WRITE, merge)
+                .delete(WRITE, remove),
+        )
+        .route(
+            "/ngsi-ld/v1/entities/{id}/attrs",
+            post(WRITE, append).patch(WRITE, update),
+        )
+        .route(
+            "/ngsi-ld/v1/entities/{id}/attrs/{attr}",
+            patch(WRITE, update_attr)
+                .put(WRITE, replace_attr)
+                .delete(WRITE, remove_attr),
+        )
+        .route(
+            "/ngsi-ld/v1/entityOperations/create",
+            post(WRITE, batch::create),
+        )
+        .route(
+            "/ngsi-ld/v1/entityOperations/upsert",
+            post(WRITE, batch::upsert),
+        )
+        .route(
+            "/ngsi-ld/v1/entityOperations/update",
+            post(WRITE, batch::update),
+        )
+        .route(
+            "/ngsi-ld/v1/entityOperations/delete",
+            post(WRITE, batch::delete),
+        )
+}
+
+/// An NGSI-LD error answer: problem details with the kind's status.
+#[derive(Debug)]
+pub struct Error(pub LdError);
+
+/// Result alias of the surface's handlers.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<LdError> for Error {
+    fn from(e: LdError) -> Self {
+        Error(e)
+    }
+}
+
+impl From<NgsiError> for Error {
+    fn from(e: NgsiError) -> Self {
+        Error(from_ngsi(e))
+    }
+}
+
+/// An NGSIv2 error of the shared write, said in NGSI-LD's kinds.
+pub fn from_ngsi(e: NgsiError) -> LdError {
+    let kind = match e.status {
+        404 => ErrorKind::ResourceNotFound,
+        422 if e.description == "Already Exists" => ErrorKind::AlreadyExists,
+        409 => ErrorKind::AlreadyExists,
+        400 | 413 | 422 => ErrorKind::BadRequestData,
+        _ => ErrorKind::InternalError,
+    };
+    LdError::new(kind, e.description)
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.0.to_json().to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// What every NGSI-LD request carries besides its body: the tenant it
+/// addresses, the context its names are read with (from a `Link` header;
+/// a JSON-LD body's own `@context` replaces it, see [`LdRequest::body`])
+/// and the representation its answer is wanted in.
+pub struct LdRequest {
+    /// The tenant (`NGSILD-Tenant`, lowercased; the default when absent).
+    pub tenant: String,
+    /// The context of the `Link` header, or the core context.
+    pub context: Arc<Context>,
+    /// Whether the answer carries its `@context` in the body
+    /// (`Accept: application/ld+json`) rather than in a `Link` header.
+    pub ld_answer: bool,
+    headers: HeaderMap,
+    state: AppState,
+}
+
+impl FromRequestParts<AppState> for LdRequest {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self> {
+        let tenant = tenant(&parts.headers, state)?;
+        let link = link_context(&parts.headers)?;
+        let context = state
+            .services
+            .ld_contexts
+            .resolve(link.map(Value::String).as_ref())
+            .await?;
+        Ok(LdRequest {
+            tenant,
+            context,
+            ld_answer: wants_ld(&parts.headers)?,
+            headers: parts.headers.clone(),
+            state: state.clone(),
+        })
+    }
+}
+
+impl LdRequest {
+    /// The tenancy reads of this request cover: every service path.
+    pub fn tenancy(&self) -> Tenancy {
+        Tenancy {
+            tenant: self.tenant.clone(),
+            received: None,
+            read_paths: Vec::new(),
+        }
+    }
+
+    /// The entity `id` as a write addresses it.
+    pub fn target(&self, id: &str, entity_type: Option<String>) -> Target {
+        Target {
+            tenancy: self.tenancy(),
+            path: LD_SERVICE_PATH.to_string(),
+            id: id.to_string(),
+            entity_type,
+        }
+    }
+
+    /// Reads the request's JSON body, and the context its names are read
+    /// with: with `Content-Type: application/json` the `Link` header's
+    /// (and no `@context` in the body); with `application/ld+json` the
+    /// body's `@context` (and no `Link` header). The context of the answer
+    /// becomes the body's too.
+    pub async fn body(&mut self, body: &Bytes) -> Result<Value> {
+        let ld = match content_type(&self.headers).as_deref() {
+            Some(LD_JSON) => true,
+            Some("application/json" | "application/merge-patch+json") => false,
+            Some(other) => {
+                return Err(Error(LdError::new(
+                    ErrorKind::UnsupportedMediaType,
+                    format!("unsupported Content-Type: {other}"),
+                )))
+            }
+            None => {
+                return Err(Error(LdError::new(
+                    ErrorKind::UnsupportedMediaType,
+                    "a body needs a Content-Type: application/json or application/ld+json",
+                )))
+            }
+        };
+        let value = weft_model::json::parse_within_limits(body)
+            .map_err(|e| LdError::invalid(format!("the body is not JSON NGSI-LD reads: {e}")))?;
+        let inline = value.get("@context");
+        match (ld, inline) {
+            (true, None) if !value.is_array() => {
+                return Err(Error(LdError::bad_request(
+                    "a body of Content-Type application/ld+json carries its @context",
+                )))
+            }
+            (true, _) if link_context(&self.headers)?.is_some() => {
+                return Err(Error(LdError::bad_request(
+                    "a body of Content-Type application/ld+json takes its @context from the body, not a Link header",
+                )))
+            }
+            (true, Some(inline)) => {
+                self.context = self
+                    .state
+                    .services
+                    .ld_contexts
+                    .resolve(Some(inline))
+                    .await?;
+            }
+            (false, Some(_)) => {
+                return Err(Error(LdError::bad_request(
+                    "a body of Content-Type application/json cannot carry an @context: send it in a Link header",
+                )))
+            }
+            _ => {}
+        }
+        Ok(value)
+    }
+
+    /// The answer `body` (an entity or a list of them) in the
+    /// representation asked for.
+    pub fn answer(&self, body: Value) -> Response {
+        self.answer_with(StatusCode::OK, body)
+    }
+
+    /// [`LdRequest::answer`] with another status.
+    pub fn answer_with(&self, status: StatusCode, body: Value) -> Response {
+        if self.ld_answer {
+            let ctx = self.context.answer_context();
+            let body = match body {
+                Value::Object(map) => Value::Object(with_context(map, ctx)),
+                Value::Array(items) => Value::Array(
+                    items
+                        .into_iter()
+                        .map(|item| match item {
+                            Value::Object(map) => Value::Object(with_context(map, ctx.clone())),
+                            other => other,
+                        })
+                        .collect(),
+                ),
+                other => other,
+            };
+            return (status, [(header::CONTENT_TYPE, LD_JSON)], body.to_string()).into_response();
+        }
+        let link = format!(
+            "<{}>; rel=\"{CONTEXT_REL}\"; type=\"{LD_JSON}\"",
+            self.context.link_url()
+        );
+        let mut resp = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+        if let Ok(link) = HeaderValue::from_str(&link) {
+            resp.headers_mut().insert(header::LINK, link);
+        }
+        resp
+    }
+}
+
+/// `map` with `@context` added last.
+fn with_context(mut map: Map<String, Value>, ctx: Value) -> Map<String, Value> {
+    map.insert("@context".into(), ctx);
+    map
+}
+
+/// The request's tenant: `NGSILD-Tenant`, checked as `Fiware-Service`
+/// is (the two name the same tenants).
+fn tenant(headers: &HeaderMap, state: &AppState) -> Result<String> {
+    let Some(raw) = headers.get(&NGSILD_TENANT) else {
+        return Ok(DEFAULT_TENANT.to_string());
+    };
+    let name = raw
+        .to_str()
+        .map_err(|_| LdError::bad_request("the NGSILD-Tenant header is not text"))?;
+    let tenant = tenancy::check_tenant(name)
+        .map_err(|e| LdError::bad_request(format!("NGSILD-Tenant: {}", e.description)))?;
+    Ok(if state.ngsi_multiservice {
+        tenant
+    } else {
+        DEFAULT_TENANT.to_string()
+    })
+}
+
+/// The media type of the body, lowercased, without parameters.
+fn content_type(headers: &HeaderMap) -> Option<String> {
+    let raw = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    Some(
+        raw.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase(),
+    )
+}
+
+/// The URL of the JSON-LD context a `Link` header names, if any; two are
+/// refused.
+pub fn link_context(headers: &HeaderMap) -> Result<Option<String>> {
+    let mut found = None;
+    for value in headers.get_all(header::LINK) {
+        let text = value
+            .to_str()
+            .map_err(|_| LdError::bad_request("the Link header is not text"))?;
+        for link in text.split(',') {
+            let Some((target, params)) = link.trim().split_once('>') else {
+                continue;
+            };
+            let rel = params.split(';').map(str::trim).any(|p| {
+                p.strip_prefix("rel=")
+                    .is_some_and(|r| r.trim_matches('"') == CONTEXT_REL)
+            });
+            if !rel {
+                continue;
+            }
+            let url = target.trim().trim_start_matches('<').trim();
+            if !weft_model::ngsi_ld::entity::is_uri(url) {
+                return Err(Error(LdError::bad_request(format!(
+                    "the Link header's context is not a URL: {url:?}"
+                ))));
+            }
+            if found.replace(url.to_string()).is_some() {
+                return Err(Error(LdError::bad_request(
+                    "only one Link header may name a JSON-LD context",
+                )));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Whether the answer should be JSON-LD (`@context` in the body): the
+/// first media type of `Accept` weft serves decides; none it serves is
+/// 406.
+fn wants_ld(headers: &HeaderMap) -> Result<bool> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return Ok(false);
+    };
+    for item in accept.split(',') {
+        let media = item
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match media.as_str() {
+            LD_JSON => return Ok(true),
+            "application/json" | "application/*" | "*/*" => return Ok(false),
+            _ => {}
+        }
+    }
+    Err(Error(LdError::new(
+        ErrorKind::NotAcceptable,
+        format!("none of the media types accepted is served: {accept}"),
+    )))
+}
+
+/// The decoded query parameters of a request, in order.
+#[derive(Debug, Default)]
+pub struct LdParams(Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequestParts<S> for LdParams {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
+        let query = parts.uri.query().unwrap_or("");
+        Ok(LdParams(
+            form_urlencoded::parse(query.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        ))
+    }
+}
+
+impl LdParams {
+    /// The first value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A comma list, `None` when absent.
+    pub fn list(&self, key: &str) -> Option<Vec<String>> {
+        self.get(key).map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+    }
+
+    /// Whether `options` (or its alias `format`) names `word`.
+    pub fn option(&self, word: &str) -> bool {
+        ["options", "format"].iter().any(|key| {
+            self.list(key)
+                .is_some_and(|words| words.iter().any(|w| w == word))
+        })
+    }
+}

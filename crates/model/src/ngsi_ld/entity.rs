@@ -1,0 +1,689 @@
+//! An NGSI-LD entity read into the [`Entity`] weft stores, and a stored
+//! entity shown as NGSI-LD.
+//!
+//! The mapping (docs/ngsi-ld.md has the table):
+//!
+//! - names (the entity type, attributes, sub-attributes) are stored as
+//!   [`Context::to_stored`] gives them and shown as
+//!   [`Context::from_stored`] gives them;
+//! - a `Property` is an attribute of type `Property` with its value; a
+//!   `Relationship` one of type `Relationship` whose value is its
+//!   `object` (the type NGSIv2 clients already give references); a
+//!   `GeoProperty` one of type `GeoProperty` whose value is the GeoJSON
+//!   geometry; a `LanguageProperty` one of type `LanguageProperty` whose
+//!   value is the language map;
+//! - `observedAt` and `unitCode` are metadata of those names (`DateTime`,
+//!   `Text`); every other sub-attribute is a metadata item whose type is
+//!   its NGSI-LD type and whose value is its value (or object);
+//! - `createdAt` and `modifiedAt` are the entity's and the attributes'
+//!   creation and modification times, which weft keeps anyway.
+//!
+//! Shown the other way, an NGSIv2 attribute of type `Relationship` is a
+//! Relationship, of type `geo:json` or `GeoProperty` a GeoProperty, of
+//! type `LanguageProperty` a LanguageProperty, and any other a Property
+//! (its NGSIv2 type is not shown); its metadata are sub-Properties.
+
+use serde_json::{Map, Value};
+
+use super::context::Context;
+use super::{ErrorKind, LdError};
+use crate::geo::Shape;
+use crate::ngsi::{
+    format_datetime, parse_datetime, AttrMap, Attribute, Entity, Metadata, MetadataMap,
+    EXPIRATION_ATTR,
+};
+
+/// The metadata name `observedAt` is kept under.
+pub const OBSERVED_AT: &str = "observedAt";
+/// The metadata name `unitCode` is kept under.
+pub const UNIT_CODE: &str = "unitCode";
+
+/// The longest name (of an entity type, attribute or sub-attribute, as
+/// stored) weft accepts: IRIs are longer than NGSIv2 names.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The four kinds of NGSI-LD attribute weft keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttrKind {
+    /// A value.
+    Property,
+    /// A link to another entity (`object`).
+    Relationship,
+    /// A GeoJSON geometry.
+    GeoProperty,
+    /// A string per language (`languageMap`).
+    LanguageProperty,
+}
+
+impl AttrKind {
+    /// The kind's name: the NGSI-LD `type` and the stored attribute type.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttrKind::Property => "Property",
+            AttrKind::Relationship => "Relationship",
+            AttrKind::GeoProperty => "GeoProperty",
+            AttrKind::LanguageProperty => "LanguageProperty",
+        }
+    }
+
+    /// The kind an attribute of the stored type `t` is shown as.
+    pub fn of_stored(t: &str) -> AttrKind {
+        match t {
+            "Relationship" => AttrKind::Relationship,
+            "GeoProperty" | "geo:json" => AttrKind::GeoProperty,
+            "LanguageProperty" => AttrKind::LanguageProperty,
+            _ => AttrKind::Property,
+        }
+    }
+
+    /// The kind a `type` member names, read with `ctx` (so `Property` and
+    /// its IRI are the same); `None` for anything else.
+    fn named(t: &str, ctx: &Context) -> Option<AttrKind> {
+        let iri = ctx.expand(t);
+        Some(match iri.strip_prefix("https://uri.etsi.org/ngsi-ld/")? {
+            "Property" => AttrKind::Property,
+            "Relationship" => AttrKind::Relationship,
+            "GeoProperty" => AttrKind::GeoProperty,
+            "LanguageProperty" => AttrKind::LanguageProperty,
+            _ => return None,
+        })
+    }
+
+    /// The member holding the attribute's value in the normalized form.
+    fn value_member(self) -> &'static str {
+        match self {
+            AttrKind::Relationship => "object",
+            AttrKind::LanguageProperty => "languageMap",
+            AttrKind::Property | AttrKind::GeoProperty => "value",
+        }
+    }
+}
+
+/// Members of an attribute that are not sub-attributes.
+const ATTR_MEMBERS: &[&str] = &[
+    "type",
+    "value",
+    "object",
+    "languageMap",
+    "observedAt",
+    "unitCode",
+    "datasetId",
+    "createdAt",
+    "modifiedAt",
+    "instanceId",
+    "objectType",
+    "@context",
+];
+
+/// Members of an entity that are not attributes.
+const ENTITY_MEMBERS: &[&str] = &[
+    "id",
+    "@id",
+    "type",
+    "@type",
+    "@context",
+    "createdAt",
+    "modifiedAt",
+    "deletedAt",
+];
+
+/// GeoJSON geometry types: an object whose `type` is one of them is a
+/// GeoProperty's value written without its wrapper (the concise form).
+const GEOMETRY_TYPES: &[&str] = &[
+    "Point",
+    "MultiPoint",
+    "LineString",
+    "MultiLineString",
+    "Polygon",
+    "MultiPolygon",
+];
+
+/// Whether `id` can name an NGSI-LD entity: a URI (a scheme, `:`, and
+/// no spaces or characters URIs cannot hold).
+pub fn is_uri(id: &str) -> bool {
+    let Some((scheme, rest)) = id.split_once(':') else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !rest.is_empty()
+        && id.len() <= MAX_NAME_LEN
+        && !id
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "<>\"{}|\\^`".contains(c))
+}
+
+/// Checks a name (entity type, attribute, sub-attribute) as a client
+/// wrote it.
+fn check_name(name: &str, what: &str) -> Result<(), LdError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "<>\"'=;()".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(LdError::bad_request(format!(
+            "invalid {what} name: {name:?}"
+        )))
+    }
+}
+
+/// Reads an NGSI-LD entity (normalized or concise) with `ctx`: its id,
+/// its type and its attributes, as weft stores them. The creation stamps
+/// are the writer's.
+pub fn parse_entity(body: &Value, ctx: &Context) -> Result<Entity, LdError> {
+    let Value::Object(map) = body else {
+        return Err(LdError::invalid("an entity is a JSON object"));
+    };
+    let id = match map.get("id").or_else(|| map.get("@id")) {
+        Some(Value::String(id)) => id,
+        Some(_) => return Err(LdError::bad_request("the entity id is not a string")),
+        None => return Err(LdError::bad_request("the entity has no id")),
+    };
+    if !is_uri(id) {
+        return Err(LdError::bad_request(format!(
+            "the entity id is not a URI: {id:?}"
+        )));
+    }
+    let entity_type = match map.get("type").or_else(|| map.get("@type")) {
+        Some(t) => parse_type(t, ctx)?,
+        None => return Err(LdError::bad_request("the entity has no type")),
+    };
+    let mut entity = Entity::new(id.clone(), entity_type);
+    entity.attrs = parse_attrs(map, ctx)?;
+    Ok(entity)
+}
+
+/// Reads an entity type (a name, or an array of one name) with `ctx`,
+/// as stored.
+pub fn parse_type(t: &Value, ctx: &Context) -> Result<String, LdError> {
+    let name = match t {
+        Value::String(t) => t,
+        Value::Array(items) => match items.as_slice() {
+            [Value::String(t)] => t,
+            [] => return Err(LdError::bad_request("the entity type is empty")),
+            _ => {
+                return Err(LdError::new(
+                    ErrorKind::OperationNotSupported,
+                    "an entity of several types is not supported",
+                ))
+            }
+        },
+        _ => return Err(LdError::bad_request("the entity type is not a string")),
+    };
+    check_name(name, "entity type")?;
+    Ok(ctx.to_stored(name))
+}
+
+/// Reads the attributes of an entity fragment (every member that is not
+/// the id, the type, the context or a system attribute) with `ctx`.
+pub fn parse_attrs(map: &Map<String, Value>, ctx: &Context) -> Result<AttrMap, LdError> {
+    let mut attrs = AttrMap::new();
+    for (name, value) in map {
+        if ENTITY_MEMBERS.contains(&name.as_str()) {
+            continue;
+        }
+        check_name(name, "attribute")?;
+        let stored = ctx.to_stored(name);
+        if stored == EXPIRATION_ATTR {
+            return Err(LdError::bad_request(format!(
+                "{EXPIRATION_ATTR} is reserved by the NGSIv2 API"
+            )));
+        }
+        attrs.insert(stored, parse_attribute(name, value, ctx)?);
+    }
+    Ok(attrs)
+}
+
+/// Reads one attribute, normalized (`{"type": "Property", "value": …}`)
+/// or concise (a bare value, `{"value": …}`, `{"object": …}`,
+/// `{"languageMap": …}`, a GeoJSON geometry).
+pub fn parse_attribute(name: &str, value: &Value, ctx: &Context) -> Result<Attribute, LdError> {
+    let map = match value {
+        Value::Object(map) => map,
+        Value::Null => {
+            return Err(LdError::bad_request(format!("attribute {name} is null")));
+        }
+        Value::Array(items) if items.iter().any(is_attribute_instance) => {
+            return Err(LdError::new(
+                ErrorKind::OperationNotSupported,
+                format!("attribute {name}: several instances (datasetId) are not supported"),
+            ));
+        }
+        // A concise Property.
+        other => return Ok(Attribute::new(other.clone(), AttrKind::Property.name())),
+    };
+    let kind = match map.get("type") {
+        Some(Value::String(t)) => match AttrKind::named(t, ctx) {
+            Some(kind) => kind,
+            None if GEOMETRY_TYPES.contains(&t.as_str()) => {
+                // A concise GeoProperty: the geometry itself.
+                return geo_attribute(name, value.clone(), MetadataMap::new());
+            }
+            None => {
+                return Err(LdError::bad_request(format!(
+                    "attribute {name}: unknown attribute type {t:?}"
+                )))
+            }
+        },
+        Some(_) => {
+            return Err(LdError::bad_request(format!(
+                "attribute {name}: its type is not a string"
+            )))
+        }
+        None if map.contains_key("object") => AttrKind::Relationship,
+        None if map.contains_key("languageMap") => AttrKind::LanguageProperty,
+        None if map.contains_key("value") => match map.get("value") {
+            Some(Value::Object(v))
+                if v.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| GEOMETRY_TYPES.contains(&t)) =>
+            {
+                AttrKind::GeoProperty
+            }
+            _ => AttrKind::Property,
+        },
+        // A concise Property whose value is an object.
+        None => return Ok(Attribute::new(value.clone(), AttrKind::Property.name())),
+    };
+    if map.contains_key("datasetId") {
+        return Err(LdError::new(
+            ErrorKind::OperationNotSupported,
+            format!("attribute {name}: several instances (datasetId) are not supported"),
+        ));
+    }
+    let member = kind.value_member();
+    let content = match map.get(member) {
+        None | Some(Value::Null) => {
+            return Err(LdError::bad_request(format!(
+                "attribute {name}: a {} needs a {member}",
+                kind.name()
+            )))
+        }
+        Some(v) => v.clone(),
+    };
+    let metadata = parse_sub_attributes(name, map, ctx)?;
+    match kind {
+        AttrKind::GeoProperty => geo_attribute(name, content, metadata),
+        AttrKind::Relationship => {
+            let valid = match &content {
+                Value::String(s) => is_uri(s),
+                Value::Array(items) => {
+                    !items.is_empty() && items.iter().all(|i| i.as_str().is_some_and(is_uri))
+                }
+                _ => false,
+            };
+            if !valid {
+                return Err(LdError::bad_request(format!(
+                    "attribute {name}: a Relationship's object is a URI"
+                )));
+            }
+            Ok(with_metadata(content, kind, metadata))
+        }
+        AttrKind::LanguageProperty => {
+            if !content.is_object() {
+                return Err(LdError::bad_request(format!(
+                    "attribute {name}: a languageMap is an object"
+                )));
+            }
+            Ok(with_metadata(content, kind, metadata))
+        }
+        AttrKind::Property => Ok(with_metadata(content, kind, metadata)),
+    }
+}
+
+/// Whether an array item is an attribute instance (`{"type":
+/// "Property", …}`), which makes the array a multi-attribute.
+fn is_attribute_instance(item: &Value) -> bool {
+    item.get("type").and_then(Value::as_str).is_some_and(|t| {
+        matches!(
+            t,
+            "Property" | "Relationship" | "GeoProperty" | "LanguageProperty"
+        )
+    })
+}
+
+fn with_metadata(value: Value, kind: AttrKind, metadata: MetadataMap) -> Attribute {
+    let mut attr = Attribute::new(value, kind.name());
+    attr.metadata = metadata;
+    attr
+}
+
+/// A GeoProperty, its geometry checked.
+fn geo_attribute(name: &str, geometry: Value, metadata: MetadataMap) -> Result<Attribute, LdError> {
+    if let Err(e) = Shape::from_attribute("geo:json", &geometry) {
+        return Err(LdError::bad_request(format!(
+            "attribute {name}: not a GeoJSON geometry: {}",
+            e.description()
+        )));
+    }
+    Ok(with_metadata(geometry, AttrKind::GeoProperty, metadata))
+}
+
+/// The sub-attributes of an attribute, as its metadata: `observedAt`
+/// (checked and normalized), `unitCode`, and every member that is not
+/// one of the attribute's own.
+fn parse_sub_attributes(
+    name: &str,
+    map: &Map<String, Value>,
+    ctx: &Context,
+) -> Result<MetadataMap, LdError> {
+    let mut metadata = MetadataMap::new();
+    if let Some(at) = map.get(OBSERVED_AT) {
+        let ms = at.as_str().and_then(parse_datetime).ok_or_else(|| {
+            LdError::bad_request(format!("attribute {name}: observedAt is not a DateTime"))
+        })?;
+        metadata.insert(
+            OBSERVED_AT,
+            Metadata {
+                value: Value::String(format_datetime(ms)),
+                md_type: "DateTime".to_string(),
+            },
+        );
+    }
+    if let Some(unit) = map.get(UNIT_CODE) {
+        if !unit.is_string() {
+            return Err(LdError::bad_request(format!(
+                "attribute {name}: unitCode is not a string"
+            )));
+        }
+        metadata.insert(
+            UNIT_CODE,
+            Metadata {
+                value: unit.clone(),
+                md_type: "Text".to_string(),
+            },
+        );
+    }
+    for (sub, value) in map {
+        if ATTR_MEMBERS.contains(&sub.as_str()) {
+            continue;
+        }
+        check_name(sub, "sub-attribute")?;
+        let attr = parse_attribute(sub, value, ctx)?;
+        metadata.insert(
+            ctx.to_stored(sub),
+            Metadata {
+                value: attr.value,
+                md_type: attr.attr_type,
+            },
+        );
+    }
+    Ok(metadata)
+}
+
+/// How an entity is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// Every attribute with its `type` and members.
+    #[default]
+    Normalized,
+    /// As short as can be read back unambiguously.
+    Concise,
+    /// Attribute values only (`options=keyValues` or `simplified`).
+    KeyValues,
+}
+
+/// What [`render_entity`] shows.
+#[derive(Debug, Clone, Copy)]
+pub struct Render<'a> {
+    /// The context names are compacted with.
+    pub context: &'a Context,
+    /// The representation.
+    pub format: Format,
+    /// Whether `createdAt` and `modifiedAt` are shown.
+    pub sys_attrs: bool,
+    /// Only these attributes (stored names); `None`: all.
+    pub attrs: Option<&'a [String]>,
+}
+
+/// A stored entity as NGSI-LD (without `@context`: the surface adds it or
+/// a `Link` header).
+pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
+    let ctx = how.context;
+    let mut out = Map::new();
+    out.insert("id".into(), Value::String(entity.id.clone()));
+    out.insert(
+        "type".into(),
+        Value::String(ctx.from_stored(&entity.entity_type)),
+    );
+    if how.sys_attrs && how.format != Format::KeyValues {
+        out.insert(
+            "createdAt".into(),
+            Value::String(format_datetime(entity.date_created)),
+        );
+        out.insert(
+            "modifiedAt".into(),
+            Value::String(format_datetime(entity.date_modified)),
+        );
+    }
+    for (name, attr) in entity.attrs.iter() {
+        if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == name)) {
+            continue;
+        }
+        out.insert(ctx.from_stored(name), render_attribute(attr, how));
+    }
+    out
+}
+
+/// One stored attribute as NGSI-LD.
+pub fn render_attribute(attr: &Attribute, how: &Render) -> Value {
+    let kind = AttrKind::of_stored(&attr.attr_type);
+    match how.format {
+        Format::KeyValues => return attr.value.clone(),
+        Format::Concise if attr.metadata.is_empty() && !how.sys_attrs => {
+            return match kind {
+                AttrKind::Property if !attr.value.is_object() => attr.value.clone(),
+                AttrKind::GeoProperty => attr.value.clone(),
+                _ => Value::Object(Map::from_iter([(
+                    kind.value_member().to_string(),
+                    attr.value.clone(),
+                )])),
+            };
+        }
+        _ => {}
+    }
+    let mut out = Map::new();
+    if how.format == Format::Normalized {
+        out.insert("type".into(), Value::String(kind.name().into()));
+    }
+    out.insert(kind.value_member().into(), attr.value.clone());
+    for (name, md) in attr.metadata.iter() {
+        let shown = match name {
+            OBSERVED_AT | UNIT_CODE => md.value.clone(),
+            _ => {
+                let sub = Attribute::new(md.value.clone(), md.md_type.clone());
+                let mut sub_how = *how;
+                sub_how.sys_attrs = false;
+                render_attribute(&sub, &sub_how)
+            }
+        };
+        out.insert(how.context.from_stored(name), shown);
+    }
+    if how.sys_attrs {
+        out.insert(
+            "createdAt".into(),
+            Value::String(format_datetime(attr.date_created)),
+        );
+        out.insert(
+            "modifiedAt".into(),
+            Value::String(format_datetime(attr.date_modified)),
+        );
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn core() -> std::sync::Arc<Context> {
+        Context::core()
+    }
+
+    fn normalized(ctx: &Context) -> Render<'_> {
+        Render {
+            context: ctx,
+            format: Format::Normalized,
+            sys_attrs: false,
+            attrs: None,
+        }
+    }
+
+    #[test]
+    fn a_normalized_entity_round_trips() {
+        let body = json!({
+            "id": "urn:ngsi-ld:Vehicle:A4567",
+            "type": "Vehicle",
+            "brandName": {"type": "Property", "value": "Mercedes"},
+            "speed": {"type": "Property", "value": 55, "observedAt": "2018-08-07T12:00:00Z",
+                      "unitCode": "KMH",
+                      "providedBy": {"type": "Relationship", "object": "urn:ngsi-ld:Person:Bob"}},
+            "isParked": {"type": "Relationship", "object": "urn:ngsi-ld:OffStreetParking:Downtown1"},
+            "location": {"type": "GeoProperty", "value": {"type": "Point", "coordinates": [-8.5, 41.2]}},
+            "name": {"type": "LanguageProperty", "languageMap": {"en": "car", "fr": "voiture"}}
+        });
+        let ctx = core();
+        let entity = parse_entity(&body, &ctx).unwrap();
+        assert_eq!(entity.entity_type, "Vehicle");
+        assert_eq!(entity.attrs.get("speed").unwrap().attr_type, "Property");
+        assert_eq!(
+            entity.attrs.get("isParked").unwrap().attr_type,
+            "Relationship"
+        );
+        let mut expected = body.clone();
+        expected["speed"]["observedAt"] = json!("2018-08-07T12:00:00.000Z");
+        assert_eq!(
+            Value::Object(render_entity(&entity, &normalized(&ctx))),
+            expected
+        );
+    }
+
+    #[test]
+    fn the_concise_form_reads_as_the_normalized_one() {
+        let ctx = core();
+        let concise = json!({
+            "id": "urn:ngsi-ld:Vehicle:A1", "type": "Vehicle",
+            "brandName": "Mercedes",
+            "speed": {"value": 55, "unitCode": "KMH"},
+            "isParked": {"object": "urn:ngsi-ld:OffStreetParking:Downtown1"},
+            "location": {"type": "Point", "coordinates": [-8.5, 41.2]}
+        });
+        let entity = parse_entity(&concise, &ctx).unwrap();
+        assert_eq!(
+            entity.attrs.get("location").unwrap().attr_type,
+            "GeoProperty"
+        );
+        let shown = render_entity(
+            &entity,
+            &Render {
+                format: Format::Concise,
+                ..normalized(&ctx)
+            },
+        );
+        assert_eq!(Value::Object(shown), concise);
+        let kv = render_entity(
+            &entity,
+            &Render {
+                format: Format::KeyValues,
+                ..normalized(&ctx)
+            },
+        );
+        assert_eq!(kv["speed"], json!(55));
+        assert_eq!(
+            kv["isParked"],
+            json!("urn:ngsi-ld:OffStreetParking:Downtown1")
+        );
+    }
+
+    #[test]
+    fn an_ngsiv2_entity_shows_as_properties_and_relationships() {
+        let mut entity = Entity::new("urn:ngsi-ld:Room:1", "Room");
+        let mut temp = Attribute::new(json!(21.5), "Number");
+        temp.metadata.insert(
+            "accuracy",
+            Metadata {
+                value: json!(0.1),
+                md_type: "Number".into(),
+            },
+        );
+        entity.attrs.insert("temperature", temp);
+        entity.attrs.insert(
+            "refBuilding",
+            Attribute::new(json!("urn:ngsi-ld:Building:1"), "Relationship"),
+        );
+        let ctx = core();
+        assert_eq!(
+            Value::Object(render_entity(&entity, &normalized(&ctx))),
+            json!({
+                "id": "urn:ngsi-ld:Room:1", "type": "Room",
+                "temperature": {"type": "Property", "value": 21.5,
+                                "accuracy": {"type": "Property", "value": 0.1}},
+                "refBuilding": {"type": "Relationship", "object": "urn:ngsi-ld:Building:1"}
+            })
+        );
+    }
+
+    #[test]
+    fn names_follow_the_clients_context() {
+        let ctx = Context::build(
+            &json!({"Vehicle": "http://example.org/Vehicle", "speed": "http://example.org/speed"}),
+            &|_: &str| None,
+        )
+        .unwrap();
+        let entity = parse_entity(
+            &json!({"id": "urn:ngsi-ld:Vehicle:1", "type": "Vehicle", "speed": 3}),
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(entity.entity_type, "http://example.org/Vehicle");
+        assert!(entity.attrs.contains_key("http://example.org/speed"));
+        let mine = render_entity(&entity, &normalized(&ctx));
+        assert_eq!(mine["type"], json!("Vehicle"));
+        assert!(mine.contains_key("speed"));
+        let core = core();
+        let theirs = render_entity(&entity, &normalized(&core));
+        assert_eq!(theirs["type"], json!("http://example.org/Vehicle"));
+    }
+
+    #[test]
+    fn bad_entities_are_refused_with_bad_request_data() {
+        let ctx = core();
+        for (body, why) in [
+            (json!({"type": "T"}), "no id"),
+            (json!({"id": "not a uri", "type": "T"}), "id not a URI"),
+            (json!({"id": "urn:a:b"}), "no type"),
+            (
+                json!({"id": "urn:a:b", "type": "T", "a": {"type": "Property"}}),
+                "no value",
+            ),
+            (
+                json!({"id": "urn:a:b", "type": "T", "a": {"type": "Relationship", "object": 3}}),
+                "object not a URI",
+            ),
+            (
+                json!({"id": "urn:a:b", "type": "T", "a": {"type": "Foo", "value": 3}}),
+                "unknown type",
+            ),
+            (
+                json!({"id": "urn:a:b", "type": "T", "a": {"type": "GeoProperty", "value": {"type": "Point"}}}),
+                "bad geometry",
+            ),
+            (
+                json!({"id": "urn:a:b", "type": "T", "a": {"type": "Property", "value": 1, "observedAt": "yesterday"}}),
+                "bad observedAt",
+            ),
+            (json!({"id": "urn:a:b", "type": "T", "a(b)": 1}), "bad name"),
+            (json!({"id": "urn:a:b", "type": "T", "a": null}), "null"),
+        ] {
+            let err = parse_entity(&body, &ctx).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::BadRequestData, "{why}: {err}");
+        }
+        let err = parse_entity(&json!([1]), &ctx).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidRequest);
+    }
+}

@@ -1,0 +1,895 @@
+//! NGSI-LD (`/ngsi-ld/v1`, ETSI GS CIM 009) over the same entities as
+//! `/v2`, section by section of the specification: entities created,
+//! retrieved, queried and deleted (5.6.1, 5.7.1, 5.7.2, 5.6.6), their
+//! attributes appended, updated and deleted (5.6.2–5.6.5), `@context`s
+//! from a `Link` header, from the body and fetched from a server (5.5.7,
+//! 6.3.5), the representations (normalized, concise, keyValues,
+//! sysAttrs), tenants (`NGSILD-Tenant`), and problem details for what is
+//! refused (5.5.2). The same entity is read through both APIs.
+
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+
+use crate::util::*;
+
+const LD: &str = "application/ld+json";
+const CONTEXT_REL: &str = "http://www.w3.org/ns/json-ld#context";
+const CORE: &str = "https://uri.etsi.org/ngsi-ld/v1/ngsi-ld-core-context-v1.8.jsonld";
+
+/// One NGSI-LD call: `body` sent as `content_type`, extra `headers`;
+/// status, headers and the JSON answer (`Null` when empty).
+async fn ld(
+    c: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<(&str, &Value)>,
+) -> (u16, HeaderMap, Value) {
+    let mut req = c
+        .http
+        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some((content_type, body)) = body {
+        req = req
+            .header("content-type", content_type)
+            .body(body.to_string());
+    }
+    let resp = req.send().await.expect("request sent");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// A `Link` header naming `url` as the JSON-LD context.
+fn link(url: &str) -> String {
+    format!("<{url}>; rel=\"{CONTEXT_REL}\"; type=\"{LD}\"")
+}
+
+fn vehicle() -> Value {
+    json!({
+        "id": "urn:ngsi-ld:Vehicle:A4567",
+        "type": "Vehicle",
+        "brandName": {"type": "Property", "value": "Mercedes"},
+        "speed": {"type": "Property", "value": 55, "observedAt": "2018-08-07T12:00:00.000Z",
+                  "unitCode": "KMH"},
+        "isParked": {"type": "Relationship", "object": "urn:ngsi-ld:OffStreetParking:Downtown1",
+                     "providedBy": {"type": "Relationship", "object": "urn:ngsi-ld:Person:Bob"}},
+        "location": {"type": "GeoProperty", "value": {"type": "Point", "coordinates": [-8.5, 41.2]}}
+    })
+}
+
+/// 5.6.1 and 5.7.1: an entity created as JSON reads back as it was sent,
+/// with a `Link` header naming the core context; as JSON-LD it carries
+/// its `@context`; 409 for a second creation.
+#[tokio::test]
+async fn an_entity_created_reads_back_as_sent() {
+    let server = Server::start();
+    let c = server.client();
+    let e = vehicle();
+    let (status, headers, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &e)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        headers["location"],
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567"
+    );
+
+    let (status, headers, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(got, e);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers["link"].to_str().unwrap(), link(CORE));
+
+    let (_, headers, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[("accept", LD)],
+        None,
+    )
+    .await;
+    assert_eq!(headers["content-type"], LD);
+    assert_eq!(got["@context"], json!(CORE));
+    assert_eq!(got["speed"], e["speed"]);
+
+    let (status, _, problem) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &e)),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        problem["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/AlreadyExists"
+    );
+    assert!(problem["title"].is_string() && problem["detail"].is_string());
+}
+
+/// The same entity through both APIs: created through NGSI-LD, NGSIv2
+/// sees its attributes (Relationship and observedAt as NGSIv2 clients
+/// write them); created through NGSIv2, NGSI-LD sees Properties and
+/// Relationships.
+#[tokio::test]
+async fn one_entity_two_apis() {
+    let server = Server::start();
+    let c = server.client();
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &vehicle())),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, _, v2) = call(
+        &c,
+        "GET",
+        "/v2/entities?id=urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v2 = &v2[0];
+    assert_eq!(v2["type"], "Vehicle");
+    assert_eq!(v2["speed"]["value"], 55);
+    assert_eq!(
+        v2["speed"]["metadata"]["observedAt"]["value"],
+        "2018-08-07T12:00:00.000Z"
+    );
+    assert_eq!(v2["speed"]["metadata"]["unitCode"]["value"], "KMH");
+    assert_eq!(v2["isParked"]["type"], "Relationship");
+    assert_eq!(
+        v2["isParked"]["value"],
+        "urn:ngsi-ld:OffStreetParking:Downtown1"
+    );
+
+    let room = json!({"id": "urn:ngsi-ld:Room:1", "type": "Room",
+        "temperature": {"type": "Number", "value": 21.5,
+                        "metadata": {"accuracy": {"type": "Number", "value": 0.1}}},
+        "refBuilding": {"type": "Relationship", "value": "urn:ngsi-ld:Building:1"}});
+    let (status, _, _) = call(&c, "POST", "/v2/entities", &[], Some(&room)).await;
+    assert_eq!(status, 201);
+    let (status, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Room:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        got,
+        json!({"id": "urn:ngsi-ld:Room:1", "type": "Room",
+            "temperature": {"type": "Property", "value": 21.5,
+                            "accuracy": {"type": "Property", "value": 0.1}},
+            "refBuilding": {"type": "Relationship", "object": "urn:ngsi-ld:Building:1"}})
+    );
+}
+
+/// The representations of 4.5: keyValues, concise, and sysAttrs with
+/// the creation and modification times.
+#[tokio::test]
+async fn representations() {
+    let server = Server::start();
+    let c = server.client();
+    ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &vehicle())),
+    )
+    .await;
+    let path = "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567";
+    let (_, _, kv) = ld(&c, "GET", &format!("{path}?options=keyValues"), &[], None).await;
+    assert_eq!(kv["speed"], 55);
+    assert_eq!(kv["isParked"], "urn:ngsi-ld:OffStreetParking:Downtown1");
+    assert_eq!(
+        kv["location"],
+        json!({"type": "Point", "coordinates": [-8.5, 41.2]})
+    );
+    let (_, _, concise) = ld(&c, "GET", &format!("{path}?options=concise"), &[], None).await;
+    assert_eq!(concise["brandName"], "Mercedes");
+    assert_eq!(
+        concise["speed"],
+        json!({"value": 55, "observedAt": "2018-08-07T12:00:00.000Z", "unitCode": "KMH"})
+    );
+    assert_eq!(
+        concise["location"],
+        json!({"type": "Point", "coordinates": [-8.5, 41.2]})
+    );
+    // What concise gives, creation reads as the normalized form.
+    let mut again = concise.clone();
+    again["id"] = json!("urn:ngsi-ld:Vehicle:B1");
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &again)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (_, _, b1) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:B1",
+        &[],
+        None,
+    )
+    .await;
+    let mut expected = vehicle();
+    expected["id"] = json!("urn:ngsi-ld:Vehicle:B1");
+    assert_eq!(b1, expected);
+
+    let (_, _, sys) = ld(
+        &c,
+        "GET",
+        &format!("{path}?options=sysAttrs&attrs=speed"),
+        &[],
+        None,
+    )
+    .await;
+    assert!(sys["createdAt"].as_str().unwrap().ends_with('Z'));
+    assert!(sys["speed"]["modifiedAt"].as_str().unwrap().ends_with('Z'));
+    assert!(
+        sys.get("brandName").is_none(),
+        "attrs=speed shows speed only: {sys}"
+    );
+}
+
+/// 5.5.7 and 6.3.5: a client's own context, given in a `Link` header,
+/// in the body (JSON-LD), or fetched from where its URL points; its
+/// terms name the entity's type and attributes, which other clients see
+/// as full IRIs.
+#[tokio::test]
+async fn a_clients_context_names_its_terms() {
+    let server = Server::start();
+    let c = server.client();
+    let mut host = Receiver::start().await;
+    host.answer(
+        200,
+        &json!({"@context": {"Car": "http://example.org/Car", "speed": "http://example.org/speed"}}).to_string(),
+    );
+    let url = format!("{}/context.jsonld", host.base);
+    let car = json!({"id": "urn:ngsi-ld:Car:1", "type": "Car", "speed": {"type": "Property", "value": 3}});
+    let (status, _, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[("link", &link(&url))],
+        Some(("application/json", &car)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(host.next().await.target, "/context.jsonld");
+
+    // Read with the same context: the client's terms.
+    let (_, headers, mine) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:1",
+        &[("link", &link(&url))],
+        None,
+    )
+    .await;
+    assert_eq!(mine, car);
+    assert_eq!(headers["link"].to_str().unwrap(), link(&url));
+    // Fetched once: the second request did not go to the host.
+    host.nothing_more().await;
+    // Read with the core context alone: full IRIs.
+    let (_, _, theirs) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(theirs["type"], "http://example.org/Car");
+    assert_eq!(theirs["http://example.org/speed"]["value"], 3);
+    // Queried by the client's type term.
+    let (_, _, found) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Car",
+        &[("link", &link(&url))],
+        None,
+    )
+    .await;
+    assert_eq!(found.as_array().unwrap().len(), 1);
+
+    // A JSON-LD body carries its context inline.
+    let inline = json!({"id": "urn:ngsi-ld:Car:2", "type": "Car", "speed": 4,
+        "@context": [{"Car": "http://example.org/Car", "speed": "http://example.org/speed"}, CORE]});
+    let (status, _, _) = ld(&c, "POST", "/ngsi-ld/v1/entities", &[], Some((LD, &inline))).await;
+    assert_eq!(status, 201);
+    let (_, _, two) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=http://example.org/Car&options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(two.as_array().unwrap().len(), 2);
+
+    // A context that cannot be fetched is 503 LdContextNotAvailable.
+    host.answer(404, "");
+    let (status, _, problem) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Car",
+        &[("link", &link(&format!("{}/gone.jsonld", host.base)))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        problem["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/LdContextNotAvailable"
+    );
+}
+
+/// 5.6.2–5.6.5: append (with `noOverwrite`), update, partial update and
+/// delete of attributes; 207 reports what was not done.
+#[tokio::test]
+async fn attributes_appended_updated_and_deleted() {
+    let server = Server::start();
+    let c = server.client();
+    ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &vehicle())),
+    )
+    .await;
+    let attrs = "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567/attrs";
+    let json_ct = "application/json";
+
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        attrs,
+        &[],
+        Some((
+            json_ct,
+            &json!({"color": {"type": "Property", "value": "red"}}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, report) = ld(
+        &c,
+        "POST",
+        &format!("{attrs}?options=noOverwrite"),
+        &[],
+        Some((
+            json_ct,
+            &json!({"color": {"type": "Property", "value": "blue"}, "doors": 4}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 207, "{report}");
+    assert_eq!(report["updated"], json!(["doors"]));
+    assert_eq!(report["notUpdated"][0]["attributeName"], "color");
+
+    let (status, _, report) = ld(
+        &c,
+        "PATCH",
+        attrs,
+        &[],
+        Some((
+            json_ct,
+            &json!({"speed": {"type": "Property", "value": 80}, "wings": 2}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 207, "{report}");
+    assert_eq!(report["notUpdated"][0]["attributeName"], "wings");
+
+    // A partial update changes what it names and keeps the rest.
+    let (status, _, _) = ld(
+        &c,
+        "PATCH",
+        &format!("{attrs}/speed"),
+        &[],
+        Some((json_ct, &json!({"observedAt": "2020-01-01T00:00:00Z"}))),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(got["color"]["value"], "red");
+    assert_eq!(got["doors"], json!({"type": "Property", "value": 4}));
+    assert_eq!(got["speed"]["value"], 80);
+    assert_eq!(got["speed"]["observedAt"], "2020-01-01T00:00:00.000Z");
+
+    let (status, _, _) = ld(&c, "DELETE", &format!("{attrs}/color"), &[], None).await;
+    assert_eq!(status, 204);
+    let (status, _, problem) = ld(&c, "DELETE", &format!("{attrs}/color"), &[], None).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        problem["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/ResourceNotFound"
+    );
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:none/attrs",
+        &[],
+        Some((json_ct, &json!({"a": 1}))),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = call(
+        &c,
+        "GET",
+        "/v2/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+/// 5.7.2: queries by type, id, idPattern, attrs and q; paging and the
+/// count; a query naming nothing is refused; tenants are apart.
+#[tokio::test]
+async fn queries_and_tenants() {
+    let server = Server::start();
+    let c = server.client();
+    for (i, speed) in [(1, 10), (2, 50), (3, 90)] {
+        let e = json!({"id": format!("urn:ngsi-ld:Vehicle:{i}"), "type": "Vehicle", "speed": {"type": "Property", "value": speed}});
+        let (status, _, _) = ld(
+            &c,
+            "POST",
+            "/ngsi-ld/v1/entities",
+            &[],
+            Some(("application/json", &e)),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+    let e = json!({"id": "urn:ngsi-ld:Bike:1", "type": "Bike", "speed": {"type": "Property", "value": 20}});
+    ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[("ngsild-tenant", "fleet")],
+        Some(("application/json", &e)),
+    )
+    .await;
+
+    let ids = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, _, all) = ld(&c, "GET", "/ngsi-ld/v1/entities?type=Vehicle", &[], None).await;
+    assert_eq!(ids(&all).len(), 3);
+    let (_, _, fast) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Vehicle&q=speed>40",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        ids(&fast),
+        ["urn:ngsi-ld:Vehicle:2", "urn:ngsi-ld:Vehicle:3"]
+    );
+    let (_, headers, page) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Vehicle&limit=1&offset=1&count=true",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ids(&page), ["urn:ngsi-ld:Vehicle:2"]);
+    assert_eq!(headers["ngsild-results-count"], "3");
+    let (_, _, by_pattern) = ld(&c, "GET", "/ngsi-ld/v1/entities?idPattern=.*:3$", &[], None).await;
+    assert_eq!(ids(&by_pattern), ["urn:ngsi-ld:Vehicle:3"]);
+    let (_, _, by_attr) = ld(&c, "GET", "/ngsi-ld/v1/entities?attrs=speed", &[], None).await;
+    assert_eq!(ids(&by_attr).len(), 3, "the Bike is another tenant's");
+
+    let (_, _, fleet) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Bike",
+        &[("ngsild-tenant", "fleet")],
+        None,
+    )
+    .await;
+    assert_eq!(ids(&fleet), ["urn:ngsi-ld:Bike:1"]);
+    // The tenant is Fiware-Service's: NGSIv2 sees it there.
+    let (_, _, v2) = call(
+        &c,
+        "GET",
+        "/v2/entities?type=Bike",
+        &[("fiware-service", "fleet")],
+        None,
+    )
+    .await;
+    assert_eq!(v2[0]["id"], "urn:ngsi-ld:Bike:1");
+
+    let (status, _, problem) = ld(&c, "GET", "/ngsi-ld/v1/entities", &[], None).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        problem["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/BadRequestData"
+    );
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Vehicle&limit=5000",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+}
+
+/// What is refused, and how (5.5.2, 6.3.4, 6.3.5): each answer is a
+/// problem details object and nothing is stored.
+#[tokio::test]
+async fn bad_requests_are_problems_and_change_nothing() {
+    let server = Server::start();
+    let c = server.client();
+    let e = vehicle();
+    let mut with_context = e.clone();
+    with_context["@context"] = json!(CORE);
+    for (content_type, body, headers, status, kind) in [
+        ("text/plain", e.clone(), vec![], 415, "InvalidRequest"),
+        (
+            "application/json",
+            with_context.clone(),
+            vec![],
+            400,
+            "BadRequestData",
+        ),
+        (LD, e.clone(), vec![], 400, "BadRequestData"),
+        (
+            LD,
+            with_context.clone(),
+            vec![("link", link(CORE))],
+            400,
+            "BadRequestData",
+        ),
+        (
+            "application/json",
+            json!({"id": "not a uri", "type": "T"}),
+            vec![],
+            400,
+            "BadRequestData",
+        ),
+        (
+            "application/json",
+            json!({"id": "urn:a:b"}),
+            vec![],
+            400,
+            "BadRequestData",
+        ),
+        (
+            "application/json",
+            json!({"id": "urn:a:b", "type": "T", "p": {"type": "Property"}}),
+            vec![],
+            400,
+            "BadRequestData",
+        ),
+    ] {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (got, _, problem) = ld(
+            &c,
+            "POST",
+            "/ngsi-ld/v1/entities",
+            &headers,
+            Some((content_type, &body)),
+        )
+        .await;
+        assert_eq!(got, status, "{content_type} {body}: {problem}");
+        assert_eq!(
+            problem["type"],
+            format!("https://uri.etsi.org/ngsi-ld/errors/{kind}"),
+            "{body}"
+        );
+    }
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "nothing was stored");
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:a:b",
+        &[("accept", "text/html")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 406);
+    let (status, _, _) = ld(&c, "GET", "/ngsi-ld/v1/entities/not-a-uri", &[], None).await;
+    assert_eq!(status, 400);
+}
+
+/// Keys hold NGSI-LD requests to their tenant, by `NGSILD-Tenant`: a
+/// key of tenant A writes and reads A, is refused B, and a read key
+/// cannot write.
+#[tokio::test]
+async fn keys_hold_requests_to_their_tenant() {
+    let server = Server::start();
+    let admin = server.client();
+    let mut keys = Vec::new();
+    for role in ["write", "read"] {
+        let (status, key) = admin
+            .send(
+                "POST",
+                "/api/v1/keys",
+                Some(&json!({"name": role, "role": role, "tenant": "a"})),
+                None,
+            )
+            .await;
+        assert_eq!(status, 201, "{key}");
+        keys.push(key["key"].as_str().unwrap().to_string());
+    }
+    let writer = server.client_with(Some(&keys[0]));
+    let reader = server.client_with(Some(&keys[1]));
+    let e = vehicle();
+    let (status, _, _) = ld(
+        &writer,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &e)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, _, _) = ld(
+        &admin,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[("ngsild-tenant", "a")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "the key's tenant was filled in");
+    let (status, _, _) = ld(
+        &writer,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[("ngsild-tenant", "b")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _, _) = ld(
+        &reader,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = ld(
+        &reader,
+        "DELETE",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let anonymous = server.client_with(None);
+    let (status, _, _) = ld(
+        &anonymous,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Vehicle:A4567",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 401);
+}
+
+/// 5.6.7–5.6.10: batch create, upsert, update and delete; what fails is
+/// reported beside what succeeded (207), and only that is left undone.
+#[tokio::test]
+async fn batch_operations() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let car = |i: u32, speed: u32| json!({"id": format!("urn:ngsi-ld:Car:{i}"), "type": "Car", "speed": speed});
+    let batch = json!([car(1, 10), car(2, 20), {"id": "no uri", "type": "Car"}]);
+    let (status, _, result) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/create",
+        &[],
+        Some((json_ct, &batch)),
+    )
+    .await;
+    assert_eq!(status, 207, "{result}");
+    assert_eq!(
+        result["success"],
+        json!(["urn:ngsi-ld:Car:1", "urn:ngsi-ld:Car:2"])
+    );
+    assert_eq!(
+        result["errors"][0]["error"]["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/BadRequestData"
+    );
+    let (status, _, created) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/create",
+        &[],
+        Some((json_ct, &json!([car(3, 30)]))),
+    )
+    .await;
+    assert_eq!((status, created), (201, json!(["urn:ngsi-ld:Car:3"])));
+
+    // Upsert: Car:1 replaced whole (its color goes), Car:4 created.
+    let mut one = car(1, 11);
+    one.as_object_mut().unwrap().remove("speed");
+    one["color"] = json!("red");
+    let (status, _, created) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/upsert",
+        &[],
+        Some((json_ct, &json!([one, car(4, 40)]))),
+    )
+    .await;
+    assert_eq!((status, created), (201, json!(["urn:ngsi-ld:Car:4"])));
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:1?options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got,
+        json!({"id": "urn:ngsi-ld:Car:1", "type": "Car", "color": "red"})
+    );
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/upsert?options=update",
+        &[],
+        Some((json_ct, &json!([car(1, 12)]))),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:1?options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got,
+        json!({"id": "urn:ngsi-ld:Car:1", "type": "Car", "color": "red", "speed": 12})
+    );
+
+    let (status, _, result) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/update",
+        &[],
+        Some((json_ct, &json!([car(2, 21), car(9, 90)]))),
+    )
+    .await;
+    assert_eq!(status, 207, "{result}");
+    assert_eq!(result["errors"][0]["entityId"], "urn:ngsi-ld:Car:9");
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:2?options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(got["speed"], 21);
+
+    let ids = json!([
+        "urn:ngsi-ld:Car:1",
+        "urn:ngsi-ld:Car:2",
+        "urn:ngsi-ld:Car:9"
+    ]);
+    let (status, _, result) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/delete",
+        &[],
+        Some((json_ct, &ids)),
+    )
+    .await;
+    assert_eq!(status, 207, "{result}");
+    assert_eq!(
+        result["success"],
+        json!(["urn:ngsi-ld:Car:1", "urn:ngsi-ld:Car:2"])
+    );
+    assert_eq!(
+        result["errors"][0]["error"]["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/ResourceNotFound"
+    );
+    let (_, _, left) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Car&options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    let left: Vec<&str> = left
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(left, ["urn:ngsi-ld:Car:3", "urn:ngsi-ld:Car:4"]);
+}
