@@ -893,3 +893,153 @@ async fn batch_operations() {
         .collect();
     assert_eq!(left, ["urn:ngsi-ld:Car:3", "urn:ngsi-ld:Car:4"]);
 }
+
+/// 5.7.3 and 5.7.4: the temporal evolution of an entity, from the same
+/// history QuantumLeap's API reads: every change, through NGSI-LD or
+/// NGSIv2, is an instance; `timerel`, `lastN` and `temporalValues` cut
+/// and shape it.
+#[tokio::test]
+async fn temporal_evolution_from_the_one_history() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let at = |minute: u32| format!("2024-05-01T10:{minute:02}:00.000Z");
+    let sensor = json!({"id": "urn:ngsi-ld:Sensor:1", "type": "Sensor",
+        "temperature": {"type": "Property", "value": 20, "observedAt": at(0)}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some((json_ct, &sensor)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    for (minute, value) in [(1, 21), (2, 22)] {
+        let patch =
+            json!({"temperature": {"type": "Property", "value": value, "observedAt": at(minute)}});
+        let (status, _, _) = ld(
+            &c,
+            "PATCH",
+            "/ngsi-ld/v1/entities/urn:ngsi-ld:Sensor:1/attrs",
+            &[],
+            Some((json_ct, &patch)),
+        )
+        .await;
+        assert_eq!(status, 204);
+    }
+    // An NGSIv2 client's change is an instance too.
+    let v2 = json!({"temperature": {"type": "Property", "value": 23,
+        "metadata": {"observedAt": {"type": "DateTime", "value": at(3)}}}});
+    let (status, _, _) = call(
+        &c,
+        "PATCH",
+        "/v2/entities/urn:ngsi-ld:Sensor:1/attrs",
+        &[],
+        Some(&v2),
+    )
+    .await;
+    assert_eq!(status, 204);
+
+    let path = "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Sensor:1";
+    let (status, _, got) = ld(&c, "GET", path, &[], None).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["type"], "Sensor");
+    let instances = got["temperature"].as_array().expect("instances");
+    let seen: Vec<(i64, &str)> = instances
+        .iter()
+        .map(|i| {
+            (
+                i["value"].as_i64().unwrap(),
+                i["observedAt"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (20, at(0).as_str()),
+            (21, &at(1)),
+            (22, &at(2)),
+            (23, &at(3))
+        ]
+    );
+    assert_eq!(instances[0]["type"], "Property");
+
+    let (_, _, simple) = ld(
+        &c,
+        "GET",
+        &format!("{path}?options=temporalValues&lastN=2"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        simple["temperature"],
+        json!({"type": "Property", "values": [[22, at(2)], [23, at(3)]]})
+    );
+    let (_, _, after) = ld(
+        &c,
+        "GET",
+        &format!(
+            "{path}?timerel=after&timeAt={}&options=temporalValues",
+            at(1)
+        ),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        after["temperature"]["values"],
+        json!([[22, at(2)], [23, at(3)]])
+    );
+    let (_, _, between) = ld(
+        &c,
+        "GET",
+        &format!(
+            "{path}?timerel=between&timeAt={}&endTimeAt={}&options=temporalValues",
+            at(1),
+            at(3)
+        ),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        between["temperature"]["values"],
+        json!([[21, at(1)], [22, at(2)]])
+    );
+
+    // QuantumLeap's API reads the same history.
+    let (status, ql) = c
+        .send(
+            "GET",
+            "/ql/v2/entities/urn:ngsi-ld:Sensor:1/attrs/temperature",
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{ql}");
+    assert_eq!(ql["values"], json!([20, 21, 22, 23]));
+
+    let (_, _, listed) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/temporal/entities?type=Sensor&lastN=1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(listed[0]["temperature"][0]["value"], 23);
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Sensor:none",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = ld(&c, "GET", &format!("{path}?timerel=after"), &[], None).await;
+    assert_eq!(status, 400);
+}

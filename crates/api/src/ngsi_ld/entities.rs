@@ -366,7 +366,7 @@ pub async fn update_attr(
                 .any(|m| map.contains_key(*m))
         {
             map.insert("type".into(), Value::String(kind.name().into()));
-            map.insert(kind_member(kind).into(), current.value.clone());
+            map.insert(kind.value_member().into(), current.value.clone());
         }
     }
     let parsed = entity::parse_attribute(&attr, &fragment, &req.context)?;
@@ -402,15 +402,6 @@ pub async fn remove_attr(
         .write(&target, Write::DeleteAttr(name), UpdateOptions::default())
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// The member holding a kind's value.
-fn kind_member(kind: entity::AttrKind) -> &'static str {
-    match kind {
-        entity::AttrKind::Relationship => "object",
-        entity::AttrKind::LanguageProperty => "languageMap",
-        _ => "value",
-    }
 }
 
 /// The attributes of an append or update body.

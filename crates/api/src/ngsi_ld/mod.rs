@@ -10,10 +10,12 @@
 //! Errors are problem details ([`LdError`]).
 //!
 //! One file per route group: [`entities`] (entities and their
-//! attributes), [`batch`] (the batch operations).
+//! attributes), [`batch`] (the batch operations), [`temporal`] (the
+//! temporal API, over weft's history).
 
 pub mod batch;
 pub mod entities;
+pub mod temporal;
 
 use std::sync::Arc;
 
@@ -69,6 +71,11 @@ pub fn routes() -> Routes {
             patch(WRITE, update_attr)
                 .put(WRITE, replace_attr)
                 .delete(WRITE, remove_attr),
+        )
+        .route("/ngsi-ld/v1/temporal/entities", get(READ, temporal::query))
+        .route(
+            "/ngsi-ld/v1/temporal/entities/{id}",
+            get(READ, temporal::retrieve),
         )
         .route(
             "/ngsi-ld/v1/entityOperations/create",

@@ -90,11 +90,21 @@ impl AttrKind {
     }
 
     /// The member holding the attribute's value in the normalized form.
-    fn value_member(self) -> &'static str {
+    pub fn value_member(self) -> &'static str {
         match self {
             AttrKind::Relationship => "object",
             AttrKind::LanguageProperty => "languageMap",
             AttrKind::Property | AttrKind::GeoProperty => "value",
+        }
+    }
+
+    /// The member holding the attribute's values over time in the
+    /// simplified temporal form (`temporalValues`).
+    pub fn values_member(self) -> &'static str {
+        match self {
+            AttrKind::Relationship => "objects",
+            AttrKind::LanguageProperty => "languageMaps",
+            AttrKind::Property | AttrKind::GeoProperty => "values",
         }
     }
 }
