@@ -1043,3 +1043,84 @@ async fn temporal_evolution_from_the_one_history() {
     let (status, _, _) = ld(&c, "GET", &format!("{path}?timerel=after"), &[], None).await;
     assert_eq!(status, 400);
 }
+
+/// 4.9: NGSI-LD's query language: `;` and `|`, parentheses, quoted
+/// strings, relationships' objects, sub-attributes and parts of values;
+/// names read with the request's context.
+#[tokio::test]
+async fn the_query_language() {
+    let server = Server::start();
+    let c = server.client();
+    let cars = json!([
+        {"id": "urn:ngsi-ld:Car:1", "type": "Car", "speed": {"type": "Property", "value": 10, "observedAt": "2024-01-01T00:00:00Z"},
+         "brand": "Seat", "parkedIn": {"type": "Relationship", "object": "urn:ngsi-ld:Parking:A"},
+         "address": {"type": "Property", "value": {"city": "Porto"}}},
+        {"id": "urn:ngsi-ld:Car:2", "type": "Car", "speed": {"type": "Property", "value": 50, "observedAt": "2024-06-01T00:00:00Z"},
+         "brand": "Mercedes", "address": {"type": "Property", "value": {"city": "Lisboa"}}},
+        {"id": "urn:ngsi-ld:Car:3", "type": "Car", "speed": {"type": "Property", "value": 90, "observedAt": "2024-06-01T00:00:00Z"},
+         "brand": "Mercedes", "parkedIn": {"type": "Relationship", "object": "urn:ngsi-ld:Parking:B"}}
+    ]);
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/create",
+        &[],
+        Some(("application/json", &cars)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let found = |q: &'static str| {
+        let c = c.clone();
+        async move {
+            let path = format!("/ngsi-ld/v1/entities?type=Car&q={}", urlencoding(q));
+            let (status, _, list) = ld(&c, "GET", &path, &[], None).await;
+            assert_eq!(status, 200, "{q}: {list}");
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    e["id"]
+                        .as_str()
+                        .unwrap()
+                        .trim_start_matches("urn:ngsi-ld:Car:")
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(found("speed>40;brand==\"Mercedes\"").await, ["2", "3"]);
+    assert_eq!(found("speed<20|speed>80").await, ["1", "3"]);
+    assert_eq!(
+        found("(speed<20|speed>80);brand==\"Mercedes\"").await,
+        ["3"]
+    );
+    assert_eq!(found("parkedIn==\"urn:ngsi-ld:Parking:A\"").await, ["1"]);
+    assert_eq!(found("parkedIn").await, ["1", "3"]);
+    assert_eq!(
+        found("speed.observedAt>2024-03-01T00:00:00Z").await,
+        ["2", "3"]
+    );
+    assert_eq!(found("address[city]==\"Porto\"").await, ["1"]);
+    assert_eq!(found("brand~=\"^Mer\"").await, ["2", "3"]);
+    let (status, _, problem) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Car&q=speed%3E40%3B",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{problem}");
+}
+
+/// A query-string component, percent-encoded.
+fn urlencoding(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

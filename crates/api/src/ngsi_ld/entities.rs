@@ -14,9 +14,8 @@ use regex::Regex;
 use serde_json::{json, Value};
 use weft_model::ngsi::{AttrMap, UpdateOptions};
 use weft_model::ngsi_ld::entity::{self, Format, Render};
-use weft_model::ngsi_ld::LdError;
-use weft_model::query::Query;
-use weft_pipeline::context::{EntityFilter, StoredEntity, Target};
+use weft_model::ngsi_ld::{LdError, LdQuery};
+use weft_pipeline::context::{EntityFilter, EntityResolver, StoredEntity, Target};
 use weft_pipeline::ngsi_write::{Write, Written};
 
 use super::{Error, LdParams, LdRequest, Result};
@@ -136,18 +135,16 @@ pub async fn query(
             .iter()
             .map(|t| req.context.to_stored(t))
             .collect(),
-        q: params
-            .get("q")
-            .map(|q| {
-                Query::parse(q).map_err(|e| LdError::bad_request(format!("q: {}", e.description())))
-            })
-            .transpose()?,
         ..EntityFilter::default()
     };
+    let q = params
+        .get("q")
+        .map(|q| LdQuery::parse(q, &req.context))
+        .transpose()?;
     let unfiltered = filter.ids.is_empty()
         && filter.id_pattern.is_none()
         && filter.types.is_empty()
-        && filter.q.is_none()
+        && q.is_none()
         && attrs.is_none();
     if unfiltered {
         return Err(Error(LdError::bad_request(
@@ -164,6 +161,8 @@ pub async fn query(
             attrs
                 .as_ref()
                 .is_none_or(|names| names.iter().any(|n| e.entity.attrs.contains_key(n)))
+                && q.as_ref()
+                    .is_none_or(|q| q.matches_with(&EntityResolver(&e.entity, &e.service_path)))
         })
         .collect();
     let how = Render {

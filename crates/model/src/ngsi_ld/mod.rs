@@ -1,6 +1,7 @@
 //! NGSI-LD (ETSI GS CIM 009) over weft's entities: the `@context`s that
 //! give names their meaning ([`context`]), an NGSI-LD entity read into the
-//! entity weft stores and shown back ([`entity`]), and the errors the API
+//! entity weft stores and shown back ([`entity`]), its query language
+//! ([`query`]), and the errors the API
 //! answers with ([`LdError`]).
 //!
 //! There is one entity store: an entity written through `/ngsi-ld/v1` is
@@ -10,8 +11,10 @@
 
 pub mod context;
 pub mod entity;
+pub mod query;
 
 pub use context::Context;
+pub use query::LdQuery;
 
 /// The kinds of error NGSI-LD names (clause 5.5.2), each with its type
 /// URI and HTTP status.
