@@ -1124,3 +1124,58 @@ fn urlencoding(s: &str) -> String {
         })
         .collect()
 }
+
+/// 5.7.5–5.7.10: the types and attributes a tenant holds, NGSIv2's
+/// entities among them, named with the request's context.
+#[tokio::test]
+async fn types_and_attributes() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some((json_ct, &vehicle())),
+    )
+    .await;
+    let room = json!({"id": "urn:ngsi-ld:Room:1", "type": "Room", "temperature": {"type": "Number", "value": 21}});
+    call(&c, "POST", "/v2/entities", &[], Some(&room)).await;
+
+    let (status, _, list) = ld(&c, "GET", "/ngsi-ld/v1/types", &[], None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list["type"], "EntityTypeList");
+    assert_eq!(list["typeList"], json!(["Room", "Vehicle"]));
+    let (_, _, details) = ld(&c, "GET", "/ngsi-ld/v1/types?details=true", &[], None).await;
+    assert_eq!(
+        details[0]["id"],
+        "https://uri.etsi.org/ngsi-ld/default-context/Room"
+    );
+    assert_eq!(details[0]["attributeNames"], json!(["temperature"]));
+    let (_, _, info) = ld(&c, "GET", "/ngsi-ld/v1/types/Vehicle", &[], None).await;
+    assert_eq!(info["type"], "EntityTypeInfo");
+    assert_eq!(info["entityCount"], 1);
+    let parked = info["attributeDetails"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["attributeName"] == "isParked")
+        .expect("isParked listed");
+    assert_eq!(parked["attributeTypes"], json!(["Relationship"]));
+    let (status, _, _) = ld(&c, "GET", "/ngsi-ld/v1/types/Boat", &[], None).await;
+    assert_eq!(status, 404);
+
+    let (_, _, attrs) = ld(&c, "GET", "/ngsi-ld/v1/attributes", &[], None).await;
+    assert_eq!(attrs["type"], "AttributeList");
+    assert_eq!(
+        attrs["attributeList"],
+        json!(["brandName", "isParked", "location", "speed", "temperature"])
+    );
+    let (_, _, speed) = ld(&c, "GET", "/ngsi-ld/v1/attributes/speed", &[], None).await;
+    assert_eq!(speed["attributeCount"], 1);
+    assert_eq!(speed["typeNames"], json!(["Vehicle"]));
+    assert_eq!(speed["attributeTypes"], json!(["Property"]));
+    let (status, _, _) = ld(&c, "GET", "/ngsi-ld/v1/attributes/wings", &[], None).await;
+    assert_eq!(status, 404);
+}

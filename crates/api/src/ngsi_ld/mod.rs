@@ -11,9 +11,11 @@
 //!
 //! One file per route group: [`entities`] (entities and their
 //! attributes), [`batch`] (the batch operations), [`temporal`] (the
-//! temporal API, over weft's history).
+//! temporal API, over weft's history), [`discovery`] (types and
+//! attributes).
 
 pub mod batch;
+pub mod discovery;
 pub mod entities;
 pub mod temporal;
 
@@ -71,6 +73,13 @@ pub fn routes() -> Routes {
             patch(WRITE, update_attr)
                 .put(WRITE, replace_attr)
                 .delete(WRITE, remove_attr),
+        )
+        .route("/ngsi-ld/v1/types", get(READ, discovery::types))
+        .route("/ngsi-ld/v1/types/{type}", get(READ, discovery::type_info))
+        .route("/ngsi-ld/v1/attributes", get(READ, discovery::attributes))
+        .route(
+            "/ngsi-ld/v1/attributes/{attr}",
+            get(READ, discovery::attribute),
         )
         .route("/ngsi-ld/v1/temporal/entities", get(READ, temporal::query))
         .route(

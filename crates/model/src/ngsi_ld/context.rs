@@ -232,12 +232,17 @@ impl Context {
         Context::core().compact(&iri).into_owned()
     }
 
+    /// The full IRI a stored name stands for, whoever asks.
+    pub fn iri_of_stored(name: &str) -> String {
+        Context::core().expand(name).into_owned()
+    }
+
     /// The name a stored name is shown under to a client of this context.
     pub fn from_stored(&self, name: &str) -> String {
         if self.is_core() {
             return name.to_string();
         }
-        let iri = Context::core().expand(name).into_owned();
+        let iri = Context::iri_of_stored(name);
         self.compact(&iri).into_owned()
     }
 
