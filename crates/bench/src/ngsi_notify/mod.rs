@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use crate::common::{CommonArgs, Session};
 use crate::ngsi_update::load::{LoadReport, Plan};
-use crate::ngsi_update::payload::{entity_id, AttrRange, PatchHead, ENTITY_TYPE};
+use crate::ngsi_update::payload::{entity_id, Api, AttrRange, PatchHead, ENTITY_TYPE};
 use crate::ngsi_update::{create_entities, generate, new_tenant, status_tally};
 use crate::progress;
 use crate::summary::{Check, Metric, Summary, Trend};
@@ -143,7 +143,7 @@ async fn run_with_sink(
     let sink_url = args.sink_url.clone().unwrap_or_else(|| sink.default_url());
 
     let create_started = Instant::now();
-    create_entities(session, tenant, entities, args.attrs.max).await?;
+    create_entities(session, tenant, entities, args.attrs.max, Api::V2).await?;
     let create_elapsed = create_started.elapsed();
 
     let subscribe_started = Instant::now();
@@ -164,7 +164,7 @@ async fn run_with_sink(
     sink.set_origin(start.into_std());
     let plan = Plan {
         connects: session.connects(),
-        head: PatchHead::new(&session.base.prefix, &session.base.host, tenant),
+        head: PatchHead::new(&session.base.prefix, &session.base.host, tenant, Api::V2),
         entities,
         clients: args.clients(),
         attrs: args.attrs,

@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::payload::{render_update_body, AttrRange, PatchHead};
+use super::payload::{AttrRange, PatchHead};
 use crate::http::{Conn, Head};
 use crate::summary::micros_histogram;
 
@@ -237,9 +237,10 @@ impl Client {
                 values.push((a, (self.plan.values)(now, seq)));
                 seq += 1;
             }
-            render_update_body(&mut body, &values);
             let entity = self.owned[slot].entity;
-            self.plan.head.render(&mut request, entity, &body);
+            self.plan
+                .head
+                .render(&mut request, &mut body, entity, &values);
             let head = self.send(&request).await;
             let owned = &mut self.owned[slot];
             match head {

@@ -37,7 +37,7 @@ use crate::http::render_request;
 use crate::progress;
 use crate::summary::{Check, Metric, Summary, Trend};
 use load::{Counters, LoadReport, Owned, Plan};
-use payload::{create_body, entity_id, AttrRange, PatchHead};
+use payload::{Api, AttrRange, PatchHead};
 
 /// Entities checked at the end: all of them up to this many, else a
 /// random sample of this size.
@@ -67,6 +67,12 @@ pub struct NgsiUpdateArgs {
     /// 1-20); every entity has attributes `a1..a<max>`.
     #[arg(long, default_value = "1-6", value_parser = AttrRange::parse)]
     pub attrs: AttrRange,
+
+    /// The API the entities are created, updated and read through: `v2`
+    /// (Orion's), or `ld` (NGSI-LD; with `--attrs 1` each update is a
+    /// partial attribute update, Stellio's k6 scenario).
+    #[arg(long, value_enum, default_value_t = Api::V2)]
+    pub api: Api,
 }
 
 impl NgsiUpdateArgs {
@@ -92,12 +98,12 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
     let tenant = new_tenant();
 
     let create_started = Instant::now();
-    create_entities(session, &tenant, args.entities, args.attrs.max).await?;
+    create_entities(session, &tenant, args.entities, args.attrs.max, args.api).await?;
     let create_elapsed = create_started.elapsed();
 
     let plan = Plan {
         connects: session.connects(),
-        head: PatchHead::new(&session.base.prefix, &session.base.host, &tenant),
+        head: PatchHead::new(&session.base.prefix, &session.base.host, &tenant, args.api),
         entities: args.entities,
         clients: args.clients(),
         attrs: args.attrs,
@@ -112,11 +118,15 @@ pub async fn run(args: &NgsiUpdateArgs, session: &Session) -> anyhow::Result<Sum
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
     let verify_started = Instant::now();
-    let verified = verify(session, &tenant, &load.owned).await;
+    let verified = verify(session, &tenant, &load.owned, args.api).await;
     let verify_elapsed = verify_started.elapsed();
 
     let mut s = Summary {
-        scenario: "ngsi-update".to_string(),
+        scenario: match args.api {
+            Api::V2 => "ngsi-update",
+            Api::Ld => "ngsi-update (NGSI-LD)",
+        }
+        .to_string(),
         ok: false,
         target: session.targets(),
         spawned: session.spawned(),
@@ -202,20 +212,25 @@ pub(crate) fn new_tenant() -> String {
     )
 }
 
-/// Phase 1: create entities `Room0..Room{entities-1}` in `tenant`, every
-/// attribute `a1..a{attrs}` at 0.
+/// Phase 1: create entities `Room0..Room{entities-1}` (through NGSI-LD
+/// `urn:ngsi-ld:Room:0…`) in `tenant`, every attribute `a1..a{attrs}` at
+/// 0.
 pub(crate) async fn create_entities(
     session: &Session,
     tenant: &str,
     entities: usize,
     attrs: usize,
+    api: Api,
 ) -> anyhow::Result<()> {
     let base = &session.base;
-    let target = base.path("/v2/entities?options=keyValues");
-    let headers = [("Fiware-Service", tenant)];
+    let target = match api {
+        Api::V2 => base.path("/v2/entities?options=keyValues"),
+        Api::Ld => base.path(api.entities_path()),
+    };
+    let headers = [(api.tenant_header(), tenant)];
     let requests: Vec<Vec<u8>> = (0..entities)
         .map(|i| {
-            let body = create_body(i, attrs);
+            let body = api.create_body(i, attrs);
             render_request("POST", &target, &base.host, &headers, Some(&body))
         })
         .collect();
@@ -228,11 +243,11 @@ pub(crate) async fn create_entities(
             Ok(r) if r.status == 201 => {}
             Ok(r) => bail!(
                 "creating {}: POST {target} answered {}: {}",
-                entity_id(i),
+                api.entity_id(i),
                 r.status,
                 r.text().trim()
             ),
-            Err(e) => bail!("creating {}: POST {target}: {e}", entity_id(i)),
+            Err(e) => bail!("creating {}: POST {target}: {e}", api.entity_id(i)),
         }
     }
     Ok(())
@@ -297,7 +312,7 @@ const MAX_EXAMPLES: usize = 5;
 
 /// Phase 3: read back all entities (or a sample) and compare each with
 /// the last values written.
-async fn verify(session: &Session, tenant: &str, owned: &[Owned]) -> Verified {
+async fn verify(session: &Session, tenant: &str, owned: &[Owned], api: Api) -> Verified {
     let mut v = Verified::default();
     let certain: Vec<&Owned> = owned.iter().filter(|o| !o.uncertain()).collect();
     v.uncertain = (owned.len() - certain.len()) as u64;
@@ -310,13 +325,14 @@ async fn verify(session: &Session, tenant: &str, owned: &[Owned]) -> Verified {
         picks.into_iter().map(|i| certain[i]).collect()
     };
     let base = &session.base;
-    let headers = [("Fiware-Service", tenant)];
+    let headers = [(api.tenant_header(), tenant)];
     let requests: Vec<Vec<u8>> = chosen
         .iter()
         .map(|o| {
             let target = base.path(&format!(
-                "/v2/entities/{}?options=keyValues",
-                entity_id(o.entity)
+                "{}/{}?options=keyValues",
+                api.entities_path(),
+                api.entity_id(o.entity)
             ));
             render_request("GET", &target, &base.host, &headers, None)
         })
@@ -341,7 +357,8 @@ async fn verify(session: &Session, tenant: &str, owned: &[Owned]) -> Verified {
                     v.mismatched += 1;
                 }
                 if v.examples.len() < MAX_EXAMPLES {
-                    v.examples.push(format!("{}: {why}", entity_id(o.entity)));
+                    v.examples
+                        .push(format!("{}: {why}", api.entity_id(o.entity)));
                 }
             }
         }
@@ -393,6 +410,7 @@ fn params(args: &NgsiUpdateArgs, tenant: &str) -> serde_json::Map<String, serde_
         "attrs": args.attrs.to_string(),
         "duration": humantime::format_duration(args.common.duration).to_string(),
         "tenant": tenant,
+        "api": format!("{:?}", args.api).to_lowercase(),
         "verify_sample": VERIFY_SAMPLE,
     });
     match v {
@@ -405,8 +423,14 @@ fn params(args: &NgsiUpdateArgs, tenant: &str) -> serde_json::Map<String, serde_
 fn describe(args: &NgsiUpdateArgs, tenant: &str) -> Vec<String> {
     vec![
         format!(
-            "closed loop: {} clients × PATCH /v2/entities/{{id}}/attrs back to back for {}",
+            "closed loop: {} clients × PATCH {}/{{id}}/attrs{} back to back for {}",
             args.clients(),
+            args.api.entities_path(),
+            if args.api == Api::Ld && args.attrs.max == 1 {
+                "/{attr}"
+            } else {
+                ""
+            },
             humantime::format_duration(args.common.duration)
         ),
         format!(

@@ -71,20 +71,83 @@ impl fmt::Display for AttrRange {
     }
 }
 
-/// The id of entity `i`: `Room<i>`.
+/// The API the updates go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Api {
+    /// NGSIv2 (Orion's): `PATCH /v2/entities/{id}/attrs`, the tenant in
+    /// `Fiware-Service`.
+    #[default]
+    V2,
+    /// NGSI-LD: one attribute per update is a partial attribute update
+    /// (`PATCH /ngsi-ld/v1/entities/{id}/attrs/{attr}`, Stellio's k6
+    /// scenario), more an update of the entity's attributes (`PATCH
+    /// …/attrs`); the tenant in `NGSILD-Tenant`.
+    Ld,
+}
+
+impl Api {
+    /// Where entities are created and read (`{prefix}` before it).
+    pub fn entities_path(self) -> &'static str {
+        match self {
+            Api::V2 => "/v2/entities",
+            Api::Ld => "/ngsi-ld/v1/entities",
+        }
+    }
+
+    /// The header naming the tenant.
+    pub fn tenant_header(self) -> &'static str {
+        match self {
+            Api::V2 => "Fiware-Service",
+            Api::Ld => "NGSILD-Tenant",
+        }
+    }
+
+    /// What comes before an entity's number in its id.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Api::V2 => ENTITY_TYPE,
+            Api::Ld => "urn:ngsi-ld:Room:",
+        }
+    }
+
+    /// The id of entity `i`: `Room<i>`, or `urn:ngsi-ld:Room:<i>`.
+    pub fn entity_id(self, i: usize) -> String {
+        format!("{}{i}", self.id_prefix())
+    }
+
+    /// The creation body of entity `i`, every attribute `a1..a{attrs}` at
+    /// 0: keyValues for NGSIv2 (`POST /v2/entities?options=keyValues`),
+    /// Properties for NGSI-LD.
+    pub fn create_body(self, i: usize, attrs: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(48 + attrs * 32);
+        let _ = write!(
+            out,
+            r#"{{"id":"{}{i}","type":"{ENTITY_TYPE}""#,
+            self.id_prefix()
+        );
+        for a in 1..=attrs {
+            match self {
+                Api::V2 => {
+                    let _ = write!(out, r#","a{a}":0"#);
+                }
+                Api::Ld => {
+                    let _ = write!(out, r#","a{a}":{{"type":"Property","value":0}}"#);
+                }
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// The id of entity `i` through NGSIv2: `Room<i>`.
 pub fn entity_id(i: usize) -> String {
-    format!("{ENTITY_TYPE}{i}")
+    Api::V2.entity_id(i)
 }
 
 /// The creation body (keyValues) of entity `i`: every attribute `a1..a{attrs}` at 0.
 pub fn create_body(i: usize, attrs: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + attrs * 8);
-    let _ = write!(out, r#"{{"id":"{ENTITY_TYPE}{i}","type":"{ENTITY_TYPE}""#);
-    for a in 1..=attrs {
-        let _ = write!(out, r#","a{a}":0"#);
-    }
-    out.push(b'}');
-    out
+    Api::V2.create_body(i, attrs)
 }
 
 /// Renders a normalized update body into `out` (cleared first):
@@ -101,34 +164,74 @@ pub fn render_update_body(out: &mut Vec<u8>, attrs: &[(usize, u64)]) {
     out.push(b'}');
 }
 
+/// Renders an NGSI-LD update body into `out` (cleared first): the
+/// fragment `{"value":7}` of a partial attribute update for one
+/// attribute, `{"a1":{"type":"Property","value":7},…}` for more.
+pub fn render_ld_update_body(out: &mut Vec<u8>, attrs: &[(usize, u64)]) {
+    out.clear();
+    if let [(_, value)] = attrs {
+        let _ = write!(out, r#"{{"value":{value}}}"#);
+        return;
+    }
+    out.push(b'{');
+    for (n, (a, value)) in attrs.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        let _ = write!(out, r#""a{}":{{"type":"Property","value":{value}}}"#, a + 1);
+    }
+    out.push(b'}');
+}
+
 /// The fixed parts of a PATCH request, rendered once per run.
 #[derive(Debug, Clone)]
 pub struct PatchHead {
-    /// `PATCH {prefix}/v2/entities/`.
+    /// The API the updates go through.
+    api: Api,
+    /// `PATCH {prefix}/v2/entities/{id prefix}`.
     start: Vec<u8>,
-    /// `/attrs HTTP/1.1` and the headers up to `Content-Length: `.
+    /// ` HTTP/1.1` and the headers up to `Content-Length: `.
     middle: Vec<u8>,
 }
 
 impl PatchHead {
-    /// The heads for a server under path `prefix`, `Host: host`, in `tenant`.
-    pub fn new(prefix: &str, host: &str, tenant: &str) -> PatchHead {
+    /// The heads for a server under path `prefix`, `Host: host`, in
+    /// `tenant`, through `api`.
+    pub fn new(prefix: &str, host: &str, tenant: &str, api: Api) -> PatchHead {
         PatchHead {
-            start: format!("PATCH {prefix}/v2/entities/").into_bytes(),
+            api,
+            start: format!("PATCH {prefix}{}/{}", api.entities_path(), api.id_prefix())
+                .into_bytes(),
             middle: format!(
-                "/attrs HTTP/1.1\r\nHost: {host}\r\nFiware-Service: {tenant}\r\n{key}\
+                " HTTP/1.1\r\nHost: {host}\r\n{}: {tenant}\r\n{key}\
                  Content-Type: application/json\r\nContent-Length: ",
+                api.tenant_header(),
                 key = crate::http::api_key_line(),
             )
             .into_bytes(),
         }
     }
 
-    /// Renders the complete PATCH of entity `entity` with `body` into `out`.
-    pub fn render(&self, out: &mut Vec<u8>, entity: usize, body: &[u8]) {
+    /// Renders the complete PATCH of `values` (attribute index, value) of
+    /// entity `entity` into `out`, its body into `body`.
+    pub fn render(
+        &self,
+        out: &mut Vec<u8>,
+        body: &mut Vec<u8>,
+        entity: usize,
+        values: &[(usize, u64)],
+    ) {
         out.clear();
         out.extend_from_slice(&self.start);
-        let _ = write!(out, "{ENTITY_TYPE}{entity}");
+        let _ = write!(out, "{entity}/attrs");
+        match (self.api, values) {
+            (Api::V2, _) => render_update_body(body, values),
+            (Api::Ld, [(a, _)]) => {
+                let _ = write!(out, "/a{}", a + 1);
+                render_ld_update_body(body, values);
+            }
+            (Api::Ld, _) => render_ld_update_body(body, values),
+        }
         out.extend_from_slice(&self.middle);
         let _ = write!(out, "{}\r\n\r\n", body.len());
         out.extend_from_slice(body);
@@ -196,14 +299,49 @@ mod tests {
 
     #[test]
     fn renders_patch_requests() {
-        let head = PatchHead::new("/pre", "h:1", "benchabc");
-        let mut out = b"junk".to_vec();
-        head.render(&mut out, 42, b"{}");
+        let head = PatchHead::new("/pre", "h:1", "benchabc", Api::V2);
+        let (mut out, mut body) = (b"junk".to_vec(), Vec::new());
+        head.render(&mut out, &mut body, 42, &[(0, 3)]);
+        let body = r#"{"a1":{"value":3,"type":"Number"}}"#;
         assert_eq!(
-            out,
-            b"PATCH /pre/v2/entities/Room42/attrs HTTP/1.1\r\nHost: h:1\r\nFiware-Service: benchabc\r\n\
-              Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-                .as_slice()
+            String::from_utf8(out).unwrap(),
+            format!(
+                "PATCH /pre/v2/entities/Room42/attrs HTTP/1.1\r\nHost: h:1\r\nFiware-Service: benchabc\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        );
+    }
+
+    #[test]
+    fn renders_ngsi_ld_updates() {
+        let head = PatchHead::new("", "h:1", "t", Api::Ld);
+        let (mut out, mut body) = (Vec::new(), Vec::new());
+        head.render(&mut out, &mut body, 7, &[(2, 5)]);
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert!(
+            text.starts_with("PATCH /ngsi-ld/v1/entities/urn:ngsi-ld:Room:7/attrs/a3 HTTP/1.1\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("NGSILD-Tenant: t\r\n") && text.ends_with("\r\n\r\n{\"value\":5}"),
+            "{text}"
+        );
+        head.render(&mut out, &mut body, 7, &[(0, 1), (1, 2)]);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("PATCH /ngsi-ld/v1/entities/urn:ngsi-ld:Room:7/attrs HTTP/1.1"),
+            "{text}"
+        );
+        assert!(text.ends_with(
+            r#"{"a1":{"type":"Property","value":1},"a2":{"type":"Property","value":2}}"#
+        ));
+        let created: serde_json::Value =
+            serde_json::from_slice(&Api::Ld.create_body(4, 2)).unwrap();
+        assert_eq!(created["id"], "urn:ngsi-ld:Room:4");
+        assert_eq!(
+            created["a2"],
+            serde_json::json!({"type": "Property", "value": 0})
         );
     }
 }
