@@ -1179,3 +1179,103 @@ async fn types_and_attributes() {
     let (status, _, _) = ld(&c, "GET", "/ngsi-ld/v1/attributes/wings", &[], None).await;
     assert_eq!(status, 404);
 }
+
+/// 4.10: geo-queries on a GeoProperty (`location` by default, another
+/// with `geoproperty`), read as NGSIv2's geo-queries are.
+#[tokio::test]
+async fn geo_queries() {
+    let server = Server::start();
+    let c = server.client();
+    let point = |lon: f64, lat: f64| json!({"type": "GeoProperty", "value": {"type": "Point", "coordinates": [lon, lat]}});
+    let shops = json!([
+        {"id": "urn:ngsi-ld:Shop:porto", "type": "Shop", "location": point(-8.61, 41.15), "depot": point(-9.14, 38.72)},
+        {"id": "urn:ngsi-ld:Shop:lisboa", "type": "Shop", "location": point(-9.14, 38.72)},
+        {"id": "urn:ngsi-ld:Shop:madrid", "type": "Shop", "location": point(-3.70, 40.42)}
+    ]);
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/create",
+        &[],
+        Some(("application/json", &shops)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let ids = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                e["id"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches("urn:ngsi-ld:Shop:")
+                    .to_string()
+            })
+            .collect()
+    };
+    let query = |params: &str| format!("/ngsi-ld/v1/entities?type=Shop&{params}");
+    let (status, _, near) = ld(
+        &c,
+        "GET",
+        &query(
+            "georel=near%3BmaxDistance%3D%3D5000&geometry=Point&coordinates=%5B-8.62%2C41.16%5D",
+        ),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{near}");
+    assert_eq!(ids(&near), ["porto"]);
+    let portugal = "%5B%5B%5B-10%2C36.9%5D%2C%5B-6%2C36.9%5D%2C%5B-6%2C42.2%5D%2C%5B-10%2C42.2%5D%2C%5B-10%2C36.9%5D%5D%5D";
+    let (_, _, within) = ld(
+        &c,
+        "GET",
+        &query(&format!(
+            "georel=within&geometry=Polygon&coordinates={portugal}"
+        )),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ids(&within), ["porto", "lisboa"]);
+    let (_, _, outside) = ld(
+        &c,
+        "GET",
+        &query(&format!(
+            "georel=disjoint&geometry=Polygon&coordinates={portugal}"
+        )),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ids(&outside), ["madrid"]);
+    // Another GeoProperty: Porto's depot is in Lisbon.
+    let (_, _, depots) = ld(
+        &c,
+        "GET",
+        &query("georel=near%3BmaxDistance%3D%3D5000&geometry=Point&coordinates=%5B-9.14%2C38.72%5D&geoproperty=depot"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ids(&depots), ["porto"]);
+    let (status, _, problem) = ld(
+        &c,
+        "GET",
+        &query("georel=within&geometry=Polygon"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{problem}");
+    let (status, _, problem) = ld(
+        &c,
+        "GET",
+        &query("georel=contains&geometry=Point&coordinates=%5B1%2C2%5D"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+}

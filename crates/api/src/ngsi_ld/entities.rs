@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use regex::Regex;
 use serde_json::{json, Value};
+use weft_model::geo::Shape;
 use weft_model::ngsi::{AttrMap, UpdateOptions};
 use weft_model::ngsi_ld::entity::{self, Format, Render};
 use weft_model::ngsi_ld::{LdError, LdQuery};
@@ -115,7 +116,8 @@ pub async fn retrieve(
 }
 
 /// "Query Entities" (`GET /ngsi-ld/v1/entities`): by `id`, `idPattern`,
-/// `type`, `attrs` and `q`, paged by `limit` and `offset`, counted with
+/// `type`, `attrs`, `q` and a geo-query on `geoproperty` (`location` by
+/// default), paged by `limit` and `offset`, counted with
 /// `count=true` (`NGSILD-Results-Count`).
 pub async fn query(
     State(state): State<AppState>,
@@ -141,14 +143,23 @@ pub async fn query(
         .get("q")
         .map(|q| LdQuery::parse(q, &req.context))
         .transpose()?;
+    let geo = weft_model::ngsi_ld::geo::geo_query(
+        params.get("georel"),
+        params.get("geometry"),
+        params.get("coordinates"),
+    )?;
+    let geoproperty = req
+        .context
+        .to_stored(params.get("geoproperty").unwrap_or("location"));
     let unfiltered = filter.ids.is_empty()
         && filter.id_pattern.is_none()
         && filter.types.is_empty()
         && q.is_none()
+        && geo.is_none()
         && attrs.is_none();
     if unfiltered {
         return Err(Error(LdError::bad_request(
-            "a query names at least one of id, idPattern, type, attrs or q",
+            "a query names at least one of id, idPattern, type, attrs, q or a geo-query",
         )));
     }
     let (limit, offset) = paging(&params)?;
@@ -163,6 +174,13 @@ pub async fn query(
                 .is_none_or(|names| names.iter().any(|n| e.entity.attrs.contains_key(n)))
                 && q.as_ref()
                     .is_none_or(|q| q.matches_with(&EntityResolver(&e.entity, &e.service_path)))
+                && geo.as_ref().is_none_or(|g| {
+                    e.entity
+                        .attrs
+                        .get(&geoproperty)
+                        .and_then(|a| Shape::of_stored_attribute("geo:json", &a.value))
+                        .is_some_and(|shape| g.matches(&shape))
+                })
         })
         .collect();
     let how = Render {

@@ -1,7 +1,7 @@
 //! NGSI-LD (ETSI GS CIM 009) over weft's entities: the `@context`s that
 //! give names their meaning ([`context`]), an NGSI-LD entity read into the
 //! entity weft stores and shown back ([`entity`]), its query language
-//! ([`query`]), and the errors the API
+//! ([`query`]) and geo-queries ([`geo`]), and the errors the API
 //! answers with ([`LdError`]).
 //!
 //! There is one entity store: an entity written through `/ngsi-ld/v1` is
@@ -11,6 +11,7 @@
 
 pub mod context;
 pub mod entity;
+pub mod geo;
 pub mod query;
 
 pub use context::Context;
