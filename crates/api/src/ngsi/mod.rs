@@ -471,12 +471,7 @@ fn guard(req: &Request) -> Option<Response> {
 fn unacceptable(accept: &str, value_path: bool) -> Option<Error> {
     let mut names_text = false;
     for entry in accept.split(',') {
-        let media = entry
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
+        let media = params::media_type(entry);
         match media.as_str() {
             "application/json" | "application/*" | "*/*" => return None,
             "text/plain" | "text/*" if value_path => return None,

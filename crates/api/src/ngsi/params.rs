@@ -72,6 +72,12 @@ impl Params {
         Ok(Params(out))
     }
 
+    /// Parameters already decoded, taken as they are (NGSI-LD's, which
+    /// Orion's checks do not apply to).
+    pub(crate) fn from_pairs(pairs: Vec<(String, String)>) -> Params {
+        Params(pairs)
+    }
+
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0
@@ -269,13 +275,19 @@ pub fn content_type(headers: &HeaderMap) -> Option<String> {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
+        .map(media_type)
+}
+
+/// A media type without its parameters, lowercased: `Application/JSON;
+/// charset=utf-8` is `application/json` (a `Content-Type`, or one entry
+/// of an `Accept`).
+pub fn media_type(entry: &str) -> String {
+    entry
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// A JSON body: checks the media type, then parses with Orion's errors.

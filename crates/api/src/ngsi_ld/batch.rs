@@ -13,7 +13,7 @@ use weft_model::ngsi_ld::entity;
 use weft_model::ngsi_ld::LdError;
 use weft_pipeline::ngsi_write::Write;
 
-use super::entities::{create_entity, existing};
+use super::entities::{create_entity, existing, write};
 use super::{from_ngsi, Error, LdParams, LdRequest, Result};
 use crate::AppState;
 
@@ -140,7 +140,7 @@ pub async fn upsert(
         let result = async {
             let ctx = item_context(&state, &req, &item).await?;
             let e = entity::parse_entity(&item, &ctx)?;
-            let write = match existing(&state, &req, &e.id) {
+            let (target, change) = match existing(&state, &req, &e.id) {
                 Err(_) => {
                     created.push(e.id.clone());
                     let target = req.target(&e.id, Some(e.entity_type.clone()));
@@ -158,13 +158,7 @@ pub async fn upsert(
                 override_metadata: true,
                 ..UpdateOptions::default()
             };
-            state
-                .services
-                .ngsi_writer
-                .write(&write.0, write.1, opts)
-                .await
-                .map(drop)
-                .map_err(from_ngsi)
+            write(&state, &target, change, opts).await
         }
         .await;
         if result.is_err() {
@@ -235,13 +229,7 @@ pub async fn delete(
                 return Err(LdError::bad_request(format!("not an entity id: {item}")));
             }
             let (_, target) = existing(&state, &req, &id)?;
-            state
-                .services
-                .ngsi_writer
-                .write(&target, Write::Delete, UpdateOptions::default())
-                .await
-                .map(drop)
-                .map_err(from_ngsi)
+            write(&state, &target, Write::Delete, UpdateOptions::default()).await
         }
         .await;
         outcome.record(id, result);

@@ -87,13 +87,41 @@ pub(super) async fn create_entity(
         ));
     }
     let target = req.target(&entity.id, Some(entity.entity_type.clone()));
+    write(
+        state,
+        &target,
+        Write::Create(entity),
+        UpdateOptions::default(),
+    )
+    .await
+}
+
+/// Runs `change` on `target` through the NGSI write, its refusals in
+/// NGSI-LD's kinds.
+pub(super) async fn write(
+    state: &AppState,
+    target: &Target,
+    change: Write,
+    opts: UpdateOptions,
+) -> std::result::Result<(), LdError> {
     state
         .services
         .ngsi_writer
-        .write(&target, Write::Create(entity), UpdateOptions::default())
+        .write(target, change, opts)
         .await
         .map(drop)
         .map_err(super::from_ngsi)
+}
+
+/// [`write`], answered 204.
+async fn write_then_no_content(
+    state: &AppState,
+    target: &Target,
+    change: Write,
+    opts: UpdateOptions,
+) -> Result<Response> {
+    write(state, target, change, opts).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// "Retrieve Entity" (`GET /ngsi-ld/v1/entities/{id}`).
@@ -209,12 +237,7 @@ pub async fn remove(
 ) -> Result<Response> {
     check_id(&id)?;
     let (_, target) = existing(&state, &req, &id)?;
-    state
-        .services
-        .ngsi_writer
-        .write(&target, Write::Delete, UpdateOptions::default())
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(&state, &target, Write::Delete, UpdateOptions::default()).await
 }
 
 /// "Append Entity Attributes" (`POST …/entities/{id}/attrs`): every
@@ -278,12 +301,7 @@ pub async fn replace(
         override_metadata: true,
         ..UpdateOptions::default()
     };
-    state
-        .services
-        .ngsi_writer
-        .write(&target, Write::Replace(attrs), opts)
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(&state, &target, Write::Replace(attrs), opts).await
 }
 
 /// "Merge Entity" (`PATCH /ngsi-ld/v1/entities/{id}`): the body's
@@ -298,12 +316,13 @@ pub async fn merge(
     let value = req.body(&body).await?;
     let attrs = fragment_attrs(&req, &id, value)?;
     let (_, target) = existing(&state, &req, &id)?;
-    state
-        .services
-        .ngsi_writer
-        .write(&target, Write::Append(attrs), UpdateOptions::default())
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(
+        &state,
+        &target,
+        Write::Append(attrs),
+        UpdateOptions::default(),
+    )
+    .await
 }
 
 /// "Replace Attribute" (`PUT …/entities/{id}/attrs/{attr}`): the
@@ -331,12 +350,13 @@ pub async fn replace_attr(
         override_metadata: true,
         ..UpdateOptions::default()
     };
-    state
-        .services
-        .ngsi_writer
-        .write(&target, Write::UpdateAttr { name, attr: parsed }, opts)
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(
+        &state,
+        &target,
+        Write::UpdateAttr { name, attr: parsed },
+        opts,
+    )
+    .await
 }
 
 /// The attributes of an entity fragment addressed to entity `id` (an
@@ -387,16 +407,13 @@ pub async fn update_attr(
         }
     }
     let parsed = entity::parse_attribute(&attr, &fragment, &req.context)?;
-    state
-        .services
-        .ngsi_writer
-        .write(
-            &target,
-            Write::UpdateAttr { name, attr: parsed },
-            UpdateOptions::default(),
-        )
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(
+        &state,
+        &target,
+        Write::UpdateAttr { name, attr: parsed },
+        UpdateOptions::default(),
+    )
+    .await
 }
 
 /// "Delete Entity Attribute" (`DELETE …/entities/{id}/attrs/{attr}`).
@@ -413,12 +430,13 @@ pub async fn remove_attr(
             "entity {id} has no attribute {attr}"
         ))));
     }
-    state
-        .services
-        .ngsi_writer
-        .write(&target, Write::DeleteAttr(name), UpdateOptions::default())
-        .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    write_then_no_content(
+        &state,
+        &target,
+        Write::DeleteAttr(name),
+        UpdateOptions::default(),
+    )
+    .await
 }
 
 /// The attributes of an append or update body.

@@ -31,6 +31,7 @@ use weft_model::ngsi::{tenancy, NgsiError};
 use weft_model::ngsi_ld::{Context, ErrorKind, LdError};
 use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
 
+use crate::ngsi::params::{content_type, media_type, Params};
 use crate::routes::{get, patch, post, Access, Routes, Scope};
 use crate::AppState;
 
@@ -325,18 +326,6 @@ fn tenant(headers: &HeaderMap, state: &AppState) -> Result<String> {
     })
 }
 
-/// The media type of the body, lowercased, without parameters.
-fn content_type(headers: &HeaderMap) -> Option<String> {
-    let raw = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    Some(
-        raw.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase(),
-    )
-}
-
 /// The URL of the JSON-LD context a `Link` header names, if any; two are
 /// refused.
 pub fn link_context(headers: &HeaderMap) -> Result<Option<String>> {
@@ -380,12 +369,7 @@ fn wants_ld(headers: &HeaderMap) -> Result<bool> {
         return Ok(false);
     };
     for item in accept.split(',') {
-        let media = item
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
+        let media = media_type(item);
         match media.as_str() {
             LD_JSON => return Ok(true),
             "application/json" | "application/*" | "*/*" => return Ok(false),
@@ -398,41 +382,33 @@ fn wants_ld(headers: &HeaderMap) -> Result<bool> {
     )))
 }
 
-/// The decoded query parameters of a request, in order.
+/// The decoded query parameters of a request, in order (NGSI-LD's
+/// decoding: `+` is a space), read as NGSIv2's are.
 #[derive(Debug, Default)]
-pub struct LdParams(Vec<(String, String)>);
+pub struct LdParams(Params);
 
 impl<S: Send + Sync> FromRequestParts<S> for LdParams {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
         let query = parts.uri.query().unwrap_or("");
-        Ok(LdParams(
+        Ok(LdParams(Params::from_pairs(
             form_urlencoded::parse(query.as_bytes())
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
-        ))
+        )))
     }
 }
 
 impl LdParams {
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.0.get(key)
     }
 
     /// A comma list, `None` when absent.
     pub fn list(&self, key: &str) -> Option<Vec<String>> {
-        self.get(key).map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
+        self.0.list(key)
     }
 
     /// Whether `options` (or its alias `format`) names `word`.
