@@ -1022,6 +1022,46 @@ async fn temporal_evolution_from_the_one_history() {
     assert_eq!(status, 200, "{ql}");
     assert_eq!(ql["values"], json!([20, 21, 22, 23]));
 
+    // Aggregated, from the history's rollups.
+    let (status, _, aggr) = ld(
+        &c,
+        "GET",
+        &format!("{path}?aggrMethods=avg,max,totalCount&aggrPeriodDuration=PT1H"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{aggr}");
+    let hour = ["2024-05-01T10:00:00.000Z", "2024-05-01T11:00:00.000Z"];
+    assert_eq!(
+        aggr["temperature"]["avg"],
+        json!([[21.5, hour[0], hour[1]]])
+    );
+    assert_eq!(
+        aggr["temperature"]["max"],
+        json!([[23.0, hour[0], hour[1]]])
+    );
+    assert_eq!(
+        aggr["temperature"]["totalCount"],
+        json!([[4, hour[0], hour[1]]])
+    );
+    let (_, _, whole) = ld(
+        &c,
+        "GET",
+        &format!("{path}?aggrMethods=sum&timerel=before&timeAt={}", at(2)),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(whole["temperature"]["sum"][0][0], 41.0, "{whole}");
+    for bad in [
+        "aggrMethods=stddev",
+        "aggrMethods=avg&aggrPeriodDuration=PT2H",
+    ] {
+        let (status, _, problem) = ld(&c, "GET", &format!("{path}?{bad}"), &[], None).await;
+        assert_eq!(status, 422, "{bad}: {problem}");
+    }
+
     let (_, _, listed) = ld(
         &c,
         "GET",

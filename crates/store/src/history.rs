@@ -916,6 +916,27 @@ pub enum AggrPeriod {
     Second,
 }
 
+impl AggrPeriod {
+    /// Where the bucket starting at `start` (epoch ms) ends: the next
+    /// bucket's start, in UTC calendar units.
+    pub fn bucket_end(self, start: i64) -> i64 {
+        use chrono::{DateTime, Months, Utc};
+        let months = |n| {
+            DateTime::<Utc>::from_timestamp_millis(start)
+                .and_then(|t| t.checked_add_months(Months::new(n)))
+                .map_or(start, |t| t.timestamp_millis())
+        };
+        match self {
+            AggrPeriod::Second => start + 1_000,
+            AggrPeriod::Minute => start + 60_000,
+            AggrPeriod::Hour => start + 3_600_000,
+            AggrPeriod::Day => start + 86_400_000,
+            AggrPeriod::Month => months(1),
+            AggrPeriod::Year => months(12),
+        }
+    }
+}
+
 /// One aggregated value: a series' rows in one bucket (or the whole
 /// range when no period was asked).
 #[derive(Debug, Clone, PartialEq)]
@@ -1123,6 +1144,16 @@ mod tests {
 #[cfg(test)]
 mod feed_tests {
     use super::*;
+
+    #[test]
+    fn buckets_end_where_the_next_calendar_unit_starts() {
+        // 2024-01-31T00:00:00Z: a month later is February's end, a year
+        // later 2025-01-31.
+        let jan31 = 1_706_659_200_000;
+        assert_eq!(AggrPeriod::Hour.bucket_end(jan31), jan31 + 3_600_000);
+        assert_eq!(AggrPeriod::Month.bucket_end(jan31), 1_709_164_800_000);
+        assert_eq!(AggrPeriod::Year.bucket_end(jan31), 1_738_281_600_000);
+    }
 
     fn row(id: &str, attr: &str, time: i64, number: Option<f64>) -> HistoryRow {
         HistoryRow {

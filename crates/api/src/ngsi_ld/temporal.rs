@@ -7,7 +7,9 @@
 //! Each attribute is a list of its instances, oldest first: normalized
 //! (`{"type": "Property", "value": …, "observedAt": …}` each) or, with
 //! `options=temporalValues`, simplified (`{"type": "Property", "values":
-//! [[value, time], …]}`).
+//! [[value, time], …]}`). With `aggrMethods`, the aggregated form
+//! (`{"type": "Property", "avg": [[value, startAt, endAt], …]}`), from the
+//! history's rollups.
 
 use std::collections::BTreeMap;
 
@@ -16,8 +18,8 @@ use axum::response::Response;
 use serde_json::{json, Map, Value};
 use weft_model::ngsi::{format_datetime, parse_datetime};
 use weft_model::ngsi_ld::entity::AttrKind;
-use weft_model::ngsi_ld::LdError;
-use weft_store::{HistoryQuery, HistoryRow, StoreError};
+use weft_model::ngsi_ld::{ErrorKind, LdError};
+use weft_store::{AggrMethod, AggrPeriod, HistoryQuery, HistoryRow, StoreError};
 
 use super::{Error, LdParams, LdRequest, Result};
 use crate::AppState;
@@ -99,9 +101,18 @@ pub async fn retrieve(
 ) -> Result<Response> {
     let range = Range::from_params(&params)?;
     let attrs = stored_attrs(&req, &params);
-    let rows = history(&state, &req, vec![id.clone()], None, &attrs, &range).await?;
-    if let Some(entity) = render(&req, &params, rows).pop() {
-        return Ok(req.answer(entity));
+    if let Some(aggregation) = Aggregation::from_params(&params)? {
+        let mut found = aggregation
+            .run(&state, &req, vec![id.clone()], &attrs, &range)
+            .await?;
+        if let Some(entity) = found.pop() {
+            return Ok(req.answer(entity));
+        }
+    } else {
+        let rows = history(&state, &req, vec![id.clone()], None, &attrs, &range).await?;
+        if let Some(entity) = render(&req, &params, rows).pop() {
+            return Ok(req.answer(entity));
+        }
     }
     // An entity with nothing recorded in the range: its id and type.
     let found = super::entities::find(&state, &req.tenant, &id)
@@ -174,8 +185,149 @@ pub async fn query(
     if page.is_empty() {
         return Ok(req.answer(Value::Array(Vec::new())));
     }
+    if let Some(aggregation) = Aggregation::from_params(&params)? {
+        let found = aggregation.run(&state, &req, page, &attrs, &range).await?;
+        return Ok(req.answer(Value::Array(found)));
+    }
     let rows = history(&state, &req, page, None, &attrs, &range).await?;
     Ok(req.answer(Value::Array(render(&req, &params, rows))))
+}
+
+/// An aggregated temporal request (`aggrMethods`, `aggrPeriodDuration`):
+/// the history's own aggregations, which QuantumLeap's API answers from
+/// too.
+struct Aggregation {
+    /// Each method asked, with its NGSI-LD name.
+    methods: Vec<(&'static str, AggrMethod)>,
+    /// The buckets; `None`: the whole range as one.
+    period: Option<AggrPeriod>,
+}
+
+impl Aggregation {
+    /// The aggregation asked for, if any. The methods the history keeps
+    /// are `totalCount`, `sum`, `avg`, `min` and `max`; the periods one
+    /// calendar unit (`PT1S`, `PT1M`, `PT1H`, `P1D`, `P1M`, `P1Y`).
+    fn from_params(params: &LdParams) -> Result<Option<Aggregation>> {
+        let Some(names) = params.list("aggrMethods") else {
+            return Ok(None);
+        };
+        let mut methods = Vec::new();
+        for name in &names {
+            let method = match name.as_str() {
+                "totalCount" => ("totalCount", AggrMethod::Count),
+                "sum" => ("sum", AggrMethod::Sum),
+                "avg" => ("avg", AggrMethod::Avg),
+                "min" => ("min", AggrMethod::Min),
+                "max" => ("max", AggrMethod::Max),
+                "distinctCount" | "stddev" | "sumsq" => {
+                    return Err(Error(LdError::new(
+                        ErrorKind::OperationNotSupported,
+                        format!("aggrMethods {name} is not supported"),
+                    )))
+                }
+                other => {
+                    return Err(Error(LdError::bad_request(format!(
+                        "aggrMethods: unknown method {other}"
+                    ))))
+                }
+            };
+            methods.push(method);
+        }
+        let period = match params.get("aggrPeriodDuration") {
+            None | Some("P0D" | "PT0S") => None,
+            Some("PT1S") => Some(AggrPeriod::Second),
+            Some("PT1M") => Some(AggrPeriod::Minute),
+            Some("PT1H") => Some(AggrPeriod::Hour),
+            Some("P1D") => Some(AggrPeriod::Day),
+            Some("P1M") => Some(AggrPeriod::Month),
+            Some("P1Y") => Some(AggrPeriod::Year),
+            Some(other) => {
+                return Err(Error(LdError::new(
+                    ErrorKind::OperationNotSupported,
+                    format!("aggrPeriodDuration {other}: one calendar unit (PT1S, PT1M, PT1H, P1D, P1M, P1Y) is supported"),
+                )))
+            }
+        };
+        Ok(Some(Aggregation { methods, period }))
+    }
+
+    /// The aggregated temporal entities: each attribute with, per method,
+    /// `[value, startAt, endAt]` per bucket.
+    async fn run(
+        &self,
+        state: &AppState,
+        req: &LdRequest,
+        entity_ids: Vec<String>,
+        attrs: &[String],
+        range: &Range,
+    ) -> Result<Vec<Value>> {
+        state.services.history.settle().await;
+        let query = HistoryQuery {
+            tenant: req.tenant.clone(),
+            entity_ids,
+            attrs: attrs.to_vec(),
+            from: range.from,
+            to: range.to,
+            ..HistoryQuery::default()
+        };
+        let mut order: Vec<String> = Vec::new();
+        let mut entities: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
+        for (name, method) in &self.methods {
+            let found = state
+                .services
+                .store
+                .aggregate_history(&query, *method, self.period)
+                .await
+                .map_err(store_error)?;
+            for a in found {
+                if !entities.contains_key(&a.entity_id) {
+                    order.push(a.entity_id.clone());
+                }
+                let entity = entities.entry(a.entity_id.clone()).or_insert_with(|| {
+                    let mut e = Map::new();
+                    e.insert("id".into(), Value::String(a.entity_id.clone()));
+                    e.insert(
+                        "type".into(),
+                        Value::String(req.context.from_stored(&a.entity_type)),
+                    );
+                    e
+                });
+                let attr = entity
+                    .entry(req.context.from_stored(&a.attr))
+                    .or_insert_with(|| json!({"type": "Property"}));
+                let end = bucket_end(a.bucket, self.period, range);
+                let value = match (a.value, method) {
+                    (None, _) => Value::Null,
+                    (Some(n), AggrMethod::Count) => json!(n as i64),
+                    (Some(v), _) => json!(v),
+                };
+                if let Some(list) = attr
+                    .as_object_mut()
+                    .map(|m| m.entry(*name).or_insert_with(|| json!([])))
+                    .and_then(Value::as_array_mut)
+                {
+                    list.push(json!([
+                        value,
+                        format_datetime(a.bucket),
+                        format_datetime(end)
+                    ]));
+                }
+            }
+        }
+        Ok(order
+            .into_iter()
+            .filter_map(|id| entities.remove(&id).map(Value::Object))
+            .collect())
+    }
+}
+
+/// Where a bucket starting at `start` ends: the next bucket's start, or,
+/// for the whole range, its end (now when it has none).
+fn bucket_end(start: i64, period: Option<AggrPeriod>, range: &Range) -> i64 {
+    match period {
+        Some(period) => period.bucket_end(start),
+        None => range.to.map_or_else(weft_model::now_ms, |to| to + 1),
+    }
 }
 
 /// `attrs` as stored names.
