@@ -1319,3 +1319,71 @@ async fn geo_queries() {
     .await;
     assert_eq!(status, 422, "{problem}");
 }
+
+/// 4.5.16 and 4.5.18: entities as GeoJSON (`Accept: application/geo+json`,
+/// the geometry from `geometryProperty`), and `lang` picking one string of
+/// a LanguageProperty.
+#[tokio::test]
+async fn geojson_and_languages() {
+    let server = Server::start();
+    let c = server.client();
+    let e = json!({"id": "urn:ngsi-ld:Shop:1", "type": "Shop",
+        "location": {"type": "GeoProperty", "value": {"type": "Point", "coordinates": [-8.61, 41.15]}},
+        "name": {"type": "LanguageProperty", "languageMap": {"en": "Bookshop", "pt": "Livraria"}}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &e)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let geo = [("accept", "application/geo+json")];
+    let (status, headers, feature) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Shop:1?options=keyValues",
+        &geo,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{feature}");
+    assert_eq!(headers["content-type"], "application/geo+json");
+    assert_eq!(feature["type"], "Feature");
+    assert_eq!(feature["id"], "urn:ngsi-ld:Shop:1");
+    assert_eq!(
+        feature["geometry"],
+        json!({"type": "Point", "coordinates": [-8.61, 41.15]})
+    );
+    assert_eq!(feature["properties"]["type"], "Shop");
+    let (_, _, collection) = ld(&c, "GET", "/ngsi-ld/v1/entities?type=Shop", &geo, None).await;
+    assert_eq!(collection["type"], "FeatureCollection");
+    assert_eq!(collection["features"][0]["geometry"]["type"], "Point");
+    assert_eq!(
+        collection["features"][0]["properties"]["location"]["type"],
+        "GeoProperty"
+    );
+
+    let (_, _, pt) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Shop:1?lang=pt",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        pt["name"],
+        json!({"type": "Property", "value": "Livraria", "lang": "pt"})
+    );
+    let (_, _, kv) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Shop:1?lang=en&options=keyValues",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(kv["name"], "Bookshop");
+}

@@ -28,7 +28,7 @@ pub const DEFAULT_LIMIT: usize = 20;
 pub const MAX_LIMIT: usize = 1000;
 
 /// The representation and system attributes `options` asks for.
-fn render_options<'a>(req: &'a LdRequest, params: &LdParams) -> Render<'a> {
+fn render_options<'a>(req: &'a LdRequest, params: &'a LdParams) -> Render<'a> {
     let format = if params.option("keyValues") || params.option("simplified") {
         Format::KeyValues
     } else if params.option("concise") {
@@ -41,6 +41,7 @@ fn render_options<'a>(req: &'a LdRequest, params: &LdParams) -> Render<'a> {
         format,
         sys_attrs: params.option("sysAttrs"),
         attrs: None,
+        lang: params.get("lang"),
     }
 }
 
@@ -140,7 +141,10 @@ pub async fn retrieve(
         attrs: attrs.as_deref(),
         ..render_options(&req, &params)
     };
-    Ok(req.answer(Value::Object(entity::render_entity(&found.entity, &how))))
+    Ok(req.answer_entities(
+        Value::Object(entity::render_entity(&found.entity, &how)),
+        params.get("geometryProperty").unwrap_or("location"),
+    ))
 }
 
 /// "Query Entities" (`GET /ngsi-ld/v1/entities`): by `id`, `idPattern`,
@@ -221,7 +225,10 @@ pub async fn query(
         .take(limit)
         .map(|e| Value::Object(entity::render_entity(&e.entity, &how)))
         .collect();
-    let mut resp = req.answer(Value::Array(page));
+    let mut resp = req.answer_entities(
+        Value::Array(page),
+        params.get("geometryProperty").unwrap_or("location"),
+    );
     if params.get("count") == Some("true") {
         resp.headers_mut()
             .insert("ngsild-results-count", found.len().into());

@@ -158,9 +158,8 @@ pub struct LdRequest {
     pub tenant: String,
     /// The context of the `Link` header, or the core context.
     pub context: Arc<Context>,
-    /// Whether the answer carries its `@context` in the body
-    /// (`Accept: application/ld+json`) rather than in a `Link` header.
-    pub ld_answer: bool,
+    /// The media type of the answer `Accept` chose.
+    pub form: AnswerForm,
     headers: HeaderMap,
     state: AppState,
 }
@@ -179,7 +178,7 @@ impl FromRequestParts<AppState> for LdRequest {
         Ok(LdRequest {
             tenant,
             context,
-            ld_answer: wants_ld(&parts.headers)?,
+            form: answer_form(&parts.headers)?,
             headers: parts.headers.clone(),
             state: state.clone(),
         })
@@ -260,15 +259,41 @@ impl LdRequest {
         Ok(value)
     }
 
-    /// The answer `body` (an entity or a list of them) in the
-    /// representation asked for.
+    /// The answer `body` (an entity or a list of them, or another NGSI-LD
+    /// object) in the representation asked for; GeoJSON is answered as
+    /// JSON (only entities have a GeoJSON form, see
+    /// [`LdRequest::answer_entities`]).
     pub fn answer(&self, body: Value) -> Response {
         self.answer_with(StatusCode::OK, body)
     }
 
+    /// Entities (one, or a list) in the representation asked for: with
+    /// `Accept: application/geo+json`, a GeoJSON Feature (or
+    /// FeatureCollection) whose geometry is the GeoProperty
+    /// `geometryProperty` names (`location` by default).
+    pub fn answer_entities(&self, body: Value, geometry_property: &str) -> Response {
+        if self.form != AnswerForm::GeoJson {
+            return self.answer(body);
+        }
+        let name = self
+            .context
+            .from_stored(&self.context.to_stored(geometry_property));
+        let body = match body {
+            Value::Array(items) => serde_json::json!({
+                "type": "FeatureCollection",
+                "features": items.into_iter().map(|e| feature(e, &name)).collect::<Vec<_>>(),
+            }),
+            entity => feature(entity, &name),
+        };
+        let mut resp = self.answer_with(StatusCode::OK, body);
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(GEO_JSON));
+        resp
+    }
+
     /// [`LdRequest::answer`] with another status.
     pub fn answer_with(&self, status: StatusCode, body: Value) -> Response {
-        if self.ld_answer {
+        if self.form == AnswerForm::JsonLd {
             let ctx = self.context.answer_context();
             let body = match body {
                 Value::Object(map) => Value::Object(with_context(map, ctx)),
@@ -300,6 +325,28 @@ impl LdRequest {
         }
         resp
     }
+}
+
+/// An entity as a GeoJSON Feature: its geometry the value of attribute
+/// `geometry_property` (normalized or not), its properties everything
+/// but its id.
+fn feature(entity: Value, geometry_property: &str) -> Value {
+    let Value::Object(mut map) = entity else {
+        return entity;
+    };
+    let id = map.remove("id").unwrap_or(Value::Null);
+    let geometry = map
+        .get(geometry_property)
+        .map(|a| match a.get("value") {
+            Some(v)
+                if a.get("type").is_some_and(|t| t == "GeoProperty") || a.get("type").is_none() =>
+            {
+                v.clone()
+            }
+            _ => a.clone(),
+        })
+        .unwrap_or(Value::Null);
+    serde_json::json!({"id": id, "type": "Feature", "geometry": geometry, "properties": map})
 }
 
 /// `map` with `@context` added last.
@@ -361,18 +408,32 @@ pub fn link_context(headers: &HeaderMap) -> Result<Option<String>> {
     Ok(found)
 }
 
-/// Whether the answer should be JSON-LD (`@context` in the body): the
-/// first media type of `Accept` weft serves decides; none it serves is
-/// 406.
-fn wants_ld(headers: &HeaderMap) -> Result<bool> {
+/// The media types an answer is given in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerForm {
+    /// `application/json`, the context in a `Link` header.
+    Json,
+    /// `application/ld+json`, the context in the body.
+    JsonLd,
+    /// `application/geo+json` (entities), the context in a `Link` header.
+    GeoJson,
+}
+
+/// `Content-Type` of GeoJSON answers.
+pub const GEO_JSON: &str = "application/geo+json";
+
+/// The answer's media type: the first of `Accept` weft serves decides;
+/// none it serves is 406.
+fn answer_form(headers: &HeaderMap) -> Result<AnswerForm> {
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-        return Ok(false);
+        return Ok(AnswerForm::Json);
     };
     for item in accept.split(',') {
         let media = media_type(item);
         match media.as_str() {
-            LD_JSON => return Ok(true),
-            "application/json" | "application/*" | "*/*" => return Ok(false),
+            LD_JSON => return Ok(AnswerForm::JsonLd),
+            GEO_JSON => return Ok(AnswerForm::GeoJson),
+            "application/json" | "application/*" | "*/*" => return Ok(AnswerForm::Json),
             _ => {}
         }
     }

@@ -448,6 +448,10 @@ pub struct Render<'a> {
     pub sys_attrs: bool,
     /// Only these attributes (stored names); `None`: all.
     pub attrs: Option<&'a [String]>,
+    /// `lang`: LanguageProperties shown as Properties holding the string
+    /// of this language (else of `@none`, else the first), with a `lang`
+    /// member naming the one chosen.
+    pub lang: Option<&'a str>,
 }
 
 /// A stored entity as NGSI-LD (without `@context`: the surface adds it or
@@ -479,9 +483,33 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
     out
 }
 
+/// The string of `lang` in a language map (else of `@none`, else the
+/// first), and the language it is in.
+fn pick_language<'v>(map: &'v Value, lang: &str) -> Option<(&'v str, &'v Value)> {
+    let map = map.as_object()?;
+    map.get_key_value(lang)
+        .or_else(|| map.get_key_value("@none"))
+        .or_else(|| map.iter().next())
+        .map(|(k, v)| (k.as_str(), v))
+}
+
 /// One stored attribute as NGSI-LD.
 pub fn render_attribute(attr: &Attribute, how: &Render) -> Value {
     let kind = AttrKind::of_stored(&attr.attr_type);
+    if let (AttrKind::LanguageProperty, Some(lang)) = (kind, how.lang) {
+        if let Some((chosen, text)) = pick_language(&attr.value, lang) {
+            if how.format == Format::KeyValues {
+                return text.clone();
+            }
+            let mut out = Map::new();
+            if how.format == Format::Normalized {
+                out.insert("type".into(), Value::String("Property".into()));
+            }
+            out.insert("value".into(), text.clone());
+            out.insert("lang".into(), Value::String(chosen.to_string()));
+            return Value::Object(out);
+        }
+    }
     match how.format {
         Format::KeyValues => return attr.value.clone(),
         Format::Concise if attr.metadata.is_empty() && !how.sys_attrs => {
@@ -541,6 +569,7 @@ mod tests {
             format: Format::Normalized,
             sys_attrs: false,
             attrs: None,
+            lang: None,
         }
     }
 
@@ -608,6 +637,31 @@ mod tests {
             kv["isParked"],
             json!("urn:ngsi-ld:OffStreetParking:Downtown1")
         );
+    }
+
+    #[test]
+    fn lang_picks_one_string_of_a_language_property() {
+        let ctx = core();
+        let body = json!({"id": "urn:a:1", "type": "T",
+            "name": {"type": "LanguageProperty", "languageMap": {"en": "car", "fr": "voiture"}}});
+        let entity = parse_entity(&body, &ctx).unwrap();
+        let shown = |lang, format| {
+            render_entity(
+                &entity,
+                &Render {
+                    lang: Some(lang),
+                    format,
+                    ..normalized(&ctx)
+                },
+            )["name"]
+                .clone()
+        };
+        assert_eq!(
+            shown("fr", Format::Normalized),
+            json!({"type": "Property", "value": "voiture", "lang": "fr"})
+        );
+        assert_eq!(shown("de", Format::Normalized)["lang"], "en");
+        assert_eq!(shown("fr", Format::KeyValues), json!("voiture"));
     }
 
     #[test]
