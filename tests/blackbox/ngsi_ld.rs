@@ -174,6 +174,17 @@ async fn one_entity_two_apis() {
         "refBuilding": {"type": "Relationship", "value": "urn:ngsi-ld:Building:1"}});
     let (status, _, _) = call(&c, "POST", "/v2/entities", &[], Some(&room)).await;
     assert_eq!(status, 201);
+    // NGSI-LD names an entity by its id alone: another type is no new one.
+    let office = json!({"id": "urn:ngsi-ld:Room:1", "type": "Office"});
+    let (status, _, problem) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &office)),
+    )
+    .await;
+    assert_eq!(status, 409, "{problem}");
     let (status, _, got) = ld(
         &c,
         "GET",

@@ -551,6 +551,19 @@ impl Context {
         service_path: &str,
         entity: Entity,
     ) -> Result<(), NgsiError> {
+        self.create_with(tenant, service_path, entity, false).await
+    }
+
+    /// [`Context::create`]; with `unique_id`, also 422 `Already Exists`
+    /// when the tenant has an entity of that id of any type in any
+    /// service path (NGSI-LD's identity), checked under the same lock.
+    pub async fn create_with(
+        &self,
+        tenant: &str,
+        service_path: &str,
+        entity: Entity,
+        unique_id: bool,
+    ) -> Result<(), NgsiError> {
         self.keep_pace().await;
         let paths = [service_path.to_string()];
         self.catch_up(tenant, &paths, &entity.id, Some(&entity.entity_type))
@@ -568,7 +581,7 @@ impl Context {
                 },
             );
             let t = tenants.entry(tenant.to_string()).or_default();
-            self.insert_new(t, tenant, service_path, entity)?
+            self.insert_new(t, tenant, service_path, entity, unique_id)?
         };
         self.commit_created(tenant, stored, ticket).await?;
         drop(sweep);
@@ -678,7 +691,7 @@ impl Context {
                 }
                 Err(e) if e.status == 404 => {
                     create(&mut new)?;
-                    Err(self.insert_new(t, tenant, service_path, new)?)
+                    Err(self.insert_new(t, tenant, service_path, new, false)?)
                 }
                 Err(e) => return Err(e),
             }
@@ -706,9 +719,22 @@ impl Context {
         tenant: &str,
         service_path: &str,
         mut entity: Entity,
+        unique_id: bool,
     ) -> Result<(StoredEntity, Option<Ticket>), NgsiError> {
         entity.check_locations()?;
         entity.refresh_expiration();
+        let now = weft_model::now_ms();
+        let id_taken = || {
+            t.by_id
+                .get(&entity.id)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| t.entities.get(k))
+                .any(|e| e.is_live(now))
+        };
+        if unique_id && id_taken() {
+            return Err(NgsiError::already_exists());
+        }
         let key = (
             service_path.to_string(),
             entity.id.clone(),

@@ -236,6 +236,7 @@ impl Options {
             append_strict: self.append,
             override_metadata: self.override_metadata,
             forced: self.forced_update,
+            unique_id: false,
         }
     }
 }

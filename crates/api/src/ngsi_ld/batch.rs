@@ -191,7 +191,7 @@ pub async fn update(
     let opts = UpdateOptions {
         append_strict: params.option("noOverwrite"),
         override_metadata: true,
-        forced: false,
+        ..UpdateOptions::default()
     };
     let mut outcome = Outcome::default();
     for item in items(&mut req, &body).await? {

@@ -75,26 +75,19 @@ pub async fn create(
 }
 
 /// Creates `entity`; `AlreadyExists` when the tenant has an entity of its
-/// id, whatever its type and service path.
+/// id, whatever its type and service path (the context checks it with
+/// the creation).
 pub(super) async fn create_entity(
     state: &AppState,
     req: &LdRequest,
     entity: weft_model::ngsi::Entity,
 ) -> std::result::Result<(), LdError> {
-    if find(state, &req.tenant, &entity.id).is_some() {
-        return Err(LdError::new(
-            weft_model::ngsi_ld::ErrorKind::AlreadyExists,
-            format!("an entity with id {} exists", entity.id),
-        ));
-    }
     let target = req.target(&entity.id, Some(entity.entity_type.clone()));
-    write(
-        state,
-        &target,
-        Write::Create(entity),
-        UpdateOptions::default(),
-    )
-    .await
+    let opts = UpdateOptions {
+        unique_id: true,
+        ..UpdateOptions::default()
+    };
+    write(state, &target, Write::Create(entity), opts).await
 }
 
 /// Runs `change` on `target` through the NGSI write, its refusals in
@@ -261,7 +254,7 @@ pub async fn append(
     let opts = UpdateOptions {
         append_strict: params.option("noOverwrite"),
         override_metadata: true,
-        forced: false,
+        ..UpdateOptions::default()
     };
     let written = write_attrs(&state, &req, &id, Write::Append(attrs), opts).await?;
     Ok(update_result(

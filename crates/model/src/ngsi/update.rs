@@ -30,6 +30,10 @@ pub struct UpdateOptions {
     /// `options=forcedUpdate`: count every touched attribute as changed
     /// (dates move, subscriptions fire) even if nothing differs.
     pub forced: bool,
+    /// NGSI-LD's identity: a creation is refused when the tenant has an
+    /// entity of that id, whatever its type and service path (checked
+    /// with the creation, under the context's lock).
+    pub unique_id: bool,
 }
 
 /// What happened to one attribute.

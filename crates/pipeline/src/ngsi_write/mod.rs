@@ -202,7 +202,9 @@ impl NgsiWriter {
         match write {
             Write::Create(mut entity) => {
                 prepare_new(&mut entity, now)?;
-                context.create(tenant, &target.path, entity).await?;
+                context
+                    .create_with(tenant, &target.path, entity, opts.unique_id)
+                    .await?;
                 Ok(Written {
                     created: true,
                     ..locally(UpdateOutcome::default())
