@@ -351,6 +351,67 @@ async fn a_clients_context_names_its_terms() {
     .await;
     assert_eq!(two.as_array().unwrap().len(), 2);
 
+    // The kept contexts, listed and served; forgotten, fetched again.
+    let (_, _, urls) = ld(&c, "GET", "/ngsi-ld/v1/jsonldContexts", &[], None).await;
+    assert_eq!(urls, json!([url]));
+    let (_, _, details) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/jsonldContexts?details=true",
+        &[],
+        None,
+    )
+    .await;
+    let local = details[0]["localId"]
+        .as_str()
+        .expect("a local id")
+        .to_string();
+    let (status, headers, doc) = ld(
+        &c,
+        "GET",
+        &format!("/ngsi-ld/v1/jsonldContexts/{local}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], LD);
+    assert_eq!(doc["@context"]["speed"], "http://example.org/speed");
+    let (_, _, core) = ld(&c, "GET", "/ngsi-ld/v1/jsonldContexts/core", &[], None).await;
+    assert_eq!(core["@context"]["Property"], "ngsi-ld:Property");
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("/ngsi-ld/v1/jsonldContexts/{local}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("/ngsi-ld/v1/jsonldContexts/{local}"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Car:1",
+        &[("link", &link(&url))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        host.next().await.target,
+        "/context.jsonld",
+        "fetched again once forgotten"
+    );
+
     // A context that cannot be fetched is 503 LdContextNotAvailable.
     host.answer(404, "");
     let (status, _, problem) = ld(

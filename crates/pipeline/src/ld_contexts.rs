@@ -9,9 +9,11 @@
 //! timeout, a size limit), and kept in memory: NGSI-LD clients send the
 //! same context URL on every request, and a broker that fetched it each
 //! time would be as slow as that server and down when it is. The
-//! documents kept are what `/ngsi-ld/v1/jsonldContexts` lists.
+//! documents kept are what `/ngsi-ld/v1/jsonldContexts` lists, each under
+//! a local identifier ([`LdContexts::kept`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,8 +43,28 @@ pub struct LdContexts {
     /// Built contexts by the JSON text of what named them.
     built: Mutex<HashMap<String, Arc<Context>>>,
     /// Fetched documents by URL.
-    documents: Mutex<HashMap<String, Arc<Value>>>,
+    documents: Mutex<HashMap<String, Kept>>,
+    /// The next local identifier.
+    next_id: AtomicU64,
     client: reqwest::Client,
+}
+
+/// A fetched document and what `/jsonldContexts` says of it.
+struct Kept {
+    doc: Arc<Value>,
+    local_id: String,
+    fetched_at: i64,
+}
+
+/// A kept remote context, as `/ngsi-ld/v1/jsonldContexts` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptContext {
+    /// Where it was fetched from.
+    pub url: String,
+    /// weft's identifier of it (`/jsonldContexts/{local_id}`).
+    pub local_id: String,
+    /// When it was fetched, epoch milliseconds.
+    pub fetched_at: i64,
 }
 
 impl Default for LdContexts {
@@ -57,6 +79,7 @@ impl LdContexts {
         LdContexts {
             built: Mutex::new(HashMap::new()),
             documents: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
             client: outbound::http(),
         }
     }
@@ -107,31 +130,45 @@ impl LdContexts {
             .lock()
             .expect("contexts lock")
             .get(url)
-            .cloned()
+            .map(|k| k.doc.clone())
     }
 
-    /// The URLs of the documents kept, in order.
-    pub fn urls(&self) -> Vec<String> {
-        let mut urls: Vec<String> = self
+    /// The documents kept, by URL.
+    pub fn kept(&self) -> Vec<KeptContext> {
+        let mut kept: Vec<KeptContext> = self
             .documents
             .lock()
             .expect("contexts lock")
-            .keys()
-            .cloned()
+            .iter()
+            .map(|(url, k)| KeptContext {
+                url: url.clone(),
+                local_id: k.local_id.clone(),
+                fetched_at: k.fetched_at,
+            })
             .collect();
-        urls.sort();
-        urls
+        kept.sort_by(|a, b| a.url.cmp(&b.url));
+        kept
     }
 
-    /// Forgets a kept document and every context built from it (it is
-    /// fetched again when next named); whether it was kept.
-    pub fn forget(&self, url: &str) -> bool {
-        let was = self
-            .documents
+    /// The kept document with identifier `local_id`, and its URL.
+    pub fn by_local_id(&self, local_id: &str) -> Option<(String, Arc<Value>)> {
+        self.documents
             .lock()
             .expect("contexts lock")
-            .remove(url)
-            .is_some();
+            .iter()
+            .find(|(_, k)| k.local_id == local_id)
+            .map(|(url, k)| (url.clone(), k.doc.clone()))
+    }
+
+    /// Forgets the kept document with identifier `local_id` and every
+    /// context built from it (it is fetched again when next named);
+    /// whether it was kept.
+    pub fn forget(&self, local_id: &str) -> bool {
+        let mut documents = self.documents.lock().expect("contexts lock");
+        let before = documents.len();
+        documents.retain(|_, k| k.local_id != local_id);
+        let was = documents.len() < before;
+        drop(documents);
         if was {
             self.built.lock().expect("contexts lock").clear();
         }
@@ -139,11 +176,19 @@ impl LdContexts {
     }
 
     fn keep_document(&self, url: String, doc: Value) {
+        let local_id = format!("{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let mut documents = self.documents.lock().expect("contexts lock");
         if documents.len() >= MAX_KEPT {
             documents.clear();
         }
-        documents.insert(url, Arc::new(doc));
+        documents.insert(
+            url,
+            Kept {
+                doc: Arc::new(doc),
+                local_id,
+                fetched_at: weft_model::now_ms(),
+            },
+        );
     }
 
     /// Fetches one remote context document.

@@ -12,9 +12,10 @@
 //! One file per route group: [`entities`] (entities and their
 //! attributes), [`batch`] (the batch operations), [`temporal`] (the
 //! temporal API, over weft's history), [`discovery`] (types and
-//! attributes).
+//! attributes), [`contexts`] (the `@context`s kept).
 
 pub mod batch;
+pub mod contexts;
 pub mod discovery;
 pub mod entities;
 pub mod temporal;
@@ -74,6 +75,11 @@ pub fn routes() -> Routes {
             patch(WRITE, update_attr)
                 .put(WRITE, replace_attr)
                 .delete(WRITE, remove_attr),
+        )
+        .route("/ngsi-ld/v1/jsonldContexts", get(READ, contexts::list))
+        .route(
+            "/ngsi-ld/v1/jsonldContexts/{id}",
+            get(READ, contexts::serve).delete(WRITE, contexts::forget),
         )
         .route("/ngsi-ld/v1/types", get(READ, discovery::types))
         .route("/ngsi-ld/v1/types/{type}", get(READ, discovery::type_info))
