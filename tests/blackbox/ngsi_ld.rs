@@ -1459,3 +1459,60 @@ async fn geojson_and_languages() {
     .await;
     assert_eq!(kv["name"], "Bookshop");
 }
+
+/// 5.6.20: batch merge adds attributes or merges them into those an
+/// entity has; the attribute kinds of NGSI-LD 1.8 (JSON, vocabulary,
+/// lists) are kept and shown back as written.
+#[tokio::test]
+async fn batch_merge_and_the_newer_attribute_kinds() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let e = json!({"id": "urn:ngsi-ld:Building:1", "type": "Building",
+        "height": {"type": "Property", "value": 30, "unitCode": "MTR"},
+        "config": {"type": "JsonProperty", "json": {"type": "not an NGSI-LD type", "floors": [1, 2]}},
+        "category": {"type": "VocabProperty", "vocab": "office"},
+        "sensors": {"type": "ListRelationship", "objectList": [{"object": "urn:ngsi-ld:Sensor:1"}]}});
+    let (status, _, _) = ld(&c, "POST", "/ngsi-ld/v1/entities", &[], Some((json_ct, &e))).await;
+    assert_eq!(status, 201);
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Building:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(got, e);
+
+    let merge = json!([
+        {"id": "urn:ngsi-ld:Building:1", "type": "Building", "height": {"type": "Property", "value": 31}, "color": "grey"},
+        {"id": "urn:ngsi-ld:Building:9", "type": "Building", "color": "red"}
+    ]);
+    let (status, _, result) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/merge",
+        &[],
+        Some((json_ct, &merge)),
+    )
+    .await;
+    assert_eq!(status, 207, "{result}");
+    assert_eq!(result["success"], json!(["urn:ngsi-ld:Building:1"]));
+    assert_eq!(result["errors"][0]["entityId"], "urn:ngsi-ld:Building:9");
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Building:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got["height"],
+        json!({"type": "Property", "value": 31, "unitCode": "MTR"}),
+        "merged: unitCode kept"
+    );
+    assert_eq!(got["color"], json!({"type": "Property", "value": "grey"}));
+    assert_eq!(got["config"], e["config"]);
+}

@@ -1,5 +1,5 @@
-//! `/ngsi-ld/v1/entityOperations/{create,upsert,update,delete}`: the
-//! batch operations (clauses 5.6.7–5.6.10). Each entity of a batch is
+//! `/ngsi-ld/v1/entityOperations/{create,upsert,update,delete,merge}`:
+//! the batch operations (clauses 5.6.7–5.6.10, 5.6.20). Each entity of a batch is
 //! written on its own through the NGSI write; what fails is reported in a
 //! batch operation result (207) beside what succeeded.
 
@@ -193,13 +193,36 @@ pub async fn update(
         override_metadata: true,
         ..UpdateOptions::default()
     };
+    append_each(&state, &mut req, &body, opts).await
+}
+
+/// "Batch Entity Merge" (`…/entityOperations/merge`): each entity's
+/// attributes added, or merged into those it has (the members and
+/// sub-attributes given replace theirs, the others stay), as Merge Entity
+/// does one. 204, or 207 when some entity failed.
+pub async fn merge(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    body: Bytes,
+) -> Result<Response> {
+    append_each(&state, &mut req, &body, UpdateOptions::default()).await
+}
+
+/// Appends each entity's attributes to the entity of its id with
+/// `opts`, reporting the entities that failed.
+async fn append_each(
+    state: &AppState,
+    req: &mut LdRequest,
+    body: &Bytes,
+    opts: UpdateOptions,
+) -> Result<Response> {
     let mut outcome = Outcome::default();
-    for item in items(&mut req, &body).await? {
+    for item in items(req, body).await? {
         let id = item_id(&item);
         let result = async {
-            let ctx = item_context(&state, &req, &item).await?;
+            let ctx = item_context(state, req, &item).await?;
             let e = entity::parse_entity(&item, &ctx)?;
-            let (_, target) = existing(&state, &req, &e.id)?;
+            let (_, target) = existing(state, req, &e.id)?;
             state
                 .services
                 .ngsi_writer

@@ -106,6 +106,10 @@ pub fn routes() -> Routes {
             post(WRITE, batch::update),
         )
         .route(
+            "/ngsi-ld/v1/entityOperations/merge",
+            post(WRITE, batch::merge),
+        )
+        .route(
             "/ngsi-ld/v1/entityOperations/delete",
             post(WRITE, batch::delete),
         )

@@ -53,7 +53,27 @@ pub enum AttrKind {
     GeoProperty,
     /// A string per language (`languageMap`).
     LanguageProperty,
+    /// A JSON value kept as it is, never expanded (`json`).
+    JsonProperty,
+    /// A term of a vocabulary, or several (`vocab`).
+    VocabProperty,
+    /// An ordered list of values (`valueList`).
+    ListProperty,
+    /// An ordered list of links to entities (`objectList`).
+    ListRelationship,
 }
+
+/// Every kind, for lookups by name.
+const KINDS: [AttrKind; 8] = [
+    AttrKind::Property,
+    AttrKind::Relationship,
+    AttrKind::GeoProperty,
+    AttrKind::LanguageProperty,
+    AttrKind::JsonProperty,
+    AttrKind::VocabProperty,
+    AttrKind::ListProperty,
+    AttrKind::ListRelationship,
+];
 
 impl AttrKind {
     /// The kind's name: the NGSI-LD `type` and the stored attribute type.
@@ -63,30 +83,31 @@ impl AttrKind {
             AttrKind::Relationship => "Relationship",
             AttrKind::GeoProperty => "GeoProperty",
             AttrKind::LanguageProperty => "LanguageProperty",
+            AttrKind::JsonProperty => "JsonProperty",
+            AttrKind::VocabProperty => "VocabProperty",
+            AttrKind::ListProperty => "ListProperty",
+            AttrKind::ListRelationship => "ListRelationship",
         }
     }
 
-    /// The kind an attribute of the stored type `t` is shown as.
+    /// The kind an attribute of the stored type `t` is shown as: its own
+    /// name, `geo:json` a GeoProperty, anything else a Property.
     pub fn of_stored(t: &str) -> AttrKind {
-        match t {
-            "Relationship" => AttrKind::Relationship,
-            "GeoProperty" | "geo:json" => AttrKind::GeoProperty,
-            "LanguageProperty" => AttrKind::LanguageProperty,
-            _ => AttrKind::Property,
+        if t == "geo:json" {
+            return AttrKind::GeoProperty;
         }
+        KINDS
+            .into_iter()
+            .find(|k| k.name() == t)
+            .unwrap_or(AttrKind::Property)
     }
 
     /// The kind a `type` member names, read with `ctx` (so `Property` and
     /// its IRI are the same); `None` for anything else.
     fn named(t: &str, ctx: &Context) -> Option<AttrKind> {
         let iri = ctx.expand(t);
-        Some(match iri.strip_prefix("https://uri.etsi.org/ngsi-ld/")? {
-            "Property" => AttrKind::Property,
-            "Relationship" => AttrKind::Relationship,
-            "GeoProperty" => AttrKind::GeoProperty,
-            "LanguageProperty" => AttrKind::LanguageProperty,
-            _ => return None,
-        })
+        let name = iri.strip_prefix("https://uri.etsi.org/ngsi-ld/")?;
+        KINDS.into_iter().find(|k| k.name() == name)
     }
 
     /// The member holding the attribute's value in the normalized form.
@@ -95,6 +116,10 @@ impl AttrKind {
             AttrKind::Relationship => "object",
             AttrKind::LanguageProperty => "languageMap",
             AttrKind::Property | AttrKind::GeoProperty => "value",
+            AttrKind::JsonProperty => "json",
+            AttrKind::VocabProperty => "vocab",
+            AttrKind::ListProperty => "valueList",
+            AttrKind::ListRelationship => "objectList",
         }
     }
 
@@ -105,6 +130,10 @@ impl AttrKind {
             AttrKind::Relationship => "objects",
             AttrKind::LanguageProperty => "languageMaps",
             AttrKind::Property | AttrKind::GeoProperty => "values",
+            AttrKind::JsonProperty => "jsons",
+            AttrKind::VocabProperty => "vocabs",
+            AttrKind::ListProperty => "valueLists",
+            AttrKind::ListRelationship => "objectLists",
         }
     }
 }
@@ -115,6 +144,10 @@ const ATTR_MEMBERS: &[&str] = &[
     "value",
     "object",
     "languageMap",
+    "json",
+    "vocab",
+    "valueList",
+    "objectList",
     "observedAt",
     "unitCode",
     "datasetId",
@@ -286,6 +319,10 @@ pub fn parse_attribute(name: &str, value: &Value, ctx: &Context) -> Result<Attri
         }
         None if map.contains_key("object") => AttrKind::Relationship,
         None if map.contains_key("languageMap") => AttrKind::LanguageProperty,
+        None if map.contains_key("json") => AttrKind::JsonProperty,
+        None if map.contains_key("vocab") => AttrKind::VocabProperty,
+        None if map.contains_key("valueList") => AttrKind::ListProperty,
+        None if map.contains_key("objectList") => AttrKind::ListRelationship,
         None if map.contains_key("value") => match map.get("value") {
             Some(Value::Object(v))
                 if v.get("type")
@@ -341,19 +378,36 @@ pub fn parse_attribute(name: &str, value: &Value, ctx: &Context) -> Result<Attri
             }
             Ok(with_metadata(content, kind, metadata))
         }
-        AttrKind::Property => Ok(with_metadata(content, kind, metadata)),
+        AttrKind::ListProperty | AttrKind::ListRelationship if !content.is_array() => {
+            Err(LdError::bad_request(format!(
+                "attribute {name}: a {} is a list",
+                kind.value_member()
+            )))
+        }
+        AttrKind::VocabProperty
+            if !(content.is_string()
+                || content
+                    .as_array()
+                    .is_some_and(|terms| terms.iter().all(Value::is_string))) =>
+        {
+            Err(LdError::bad_request(format!(
+                "attribute {name}: a vocab is a term or a list of terms"
+            )))
+        }
+        AttrKind::Property
+        | AttrKind::JsonProperty
+        | AttrKind::VocabProperty
+        | AttrKind::ListProperty
+        | AttrKind::ListRelationship => Ok(with_metadata(content, kind, metadata)),
     }
 }
 
 /// Whether an array item is an attribute instance (`{"type":
 /// "Property", …}`), which makes the array a multi-attribute.
 fn is_attribute_instance(item: &Value) -> bool {
-    item.get("type").and_then(Value::as_str).is_some_and(|t| {
-        matches!(
-            t,
-            "Property" | "Relationship" | "GeoProperty" | "LanguageProperty"
-        )
-    })
+    item.get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| KINDS.iter().any(|k| k.name() == t))
 }
 
 fn with_metadata(value: Value, kind: AttrKind, metadata: MetadataMap) -> Attribute {
@@ -637,6 +691,43 @@ mod tests {
             kv["isParked"],
             json!("urn:ngsi-ld:OffStreetParking:Downtown1")
         );
+    }
+
+    #[test]
+    fn json_vocab_and_list_attributes_round_trip() {
+        let ctx = core();
+        let body = json!({"id": "urn:a:1", "type": "T",
+            "config": {"type": "JsonProperty", "json": {"type": "kept", "@id": "as is"}},
+            "category": {"type": "VocabProperty", "vocab": ["commercial", "office"]},
+            "readings": {"type": "ListProperty", "valueList": [1, 2, 3]},
+            "neighbours": {"type": "ListRelationship", "objectList": [{"object": "urn:a:2"}]}});
+        let entity = parse_entity(&body, &ctx).unwrap();
+        assert_eq!(
+            entity.attrs.get("config").unwrap().attr_type,
+            "JsonProperty"
+        );
+        assert_eq!(
+            Value::Object(render_entity(&entity, &normalized(&ctx))),
+            body
+        );
+        let concise = render_entity(
+            &entity,
+            &Render {
+                format: Format::Concise,
+                ..normalized(&ctx)
+            },
+        );
+        assert_eq!(concise["readings"], json!({"valueList": [1, 2, 3]}));
+        let again = parse_entity(&Value::Object(concise), &ctx).unwrap();
+        assert_eq!(again.attrs, entity.attrs);
+        for bad in [
+            json!({"type": "ListProperty", "valueList": 3}),
+            json!({"type": "VocabProperty", "vocab": 3}),
+            json!({"type": "JsonProperty"}),
+        ] {
+            let e = json!({"id": "urn:a:1", "type": "T", "a": bad});
+            assert!(parse_entity(&e, &ctx).is_err(), "{e}");
+        }
     }
 
     #[test]
