@@ -1516,3 +1516,108 @@ async fn batch_merge_and_the_newer_attribute_kinds() {
     assert_eq!(got["color"], json!({"type": "Property", "value": "grey"}));
     assert_eq!(got["config"], e["config"]);
 }
+
+/// 5.6.11–5.6.13: a temporal representation written directly: its
+/// instances recorded in the history at their `observedAt`, more added
+/// later, all of it deleted; the current entity is not touched.
+#[tokio::test]
+async fn temporal_representations_written_and_deleted() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let at = |minute: u32| format!("2024-07-01T08:{minute:02}:00.000Z");
+    let meter = json!({"id": "urn:ngsi-ld:Meter:1", "type": "Meter",
+        "energy": [{"type": "Property", "value": 1, "observedAt": at(0)},
+                   {"type": "Property", "value": 2, "observedAt": at(1)}]});
+    let (status, headers, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities",
+        &[],
+        Some((json_ct, &meter)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        headers["location"],
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1"
+    );
+    let more = json!({"power": {"type": "Property", "value": 5, "observedAt": at(2)}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1/attrs",
+        &[],
+        Some((json_ct, &more)),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let again = json!({"id": "urn:ngsi-ld:Meter:1", "type": "Meter",
+        "energy": {"type": "Property", "value": 3, "observedAt": at(3)}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities",
+        &[],
+        Some((json_ct, &again)),
+    )
+    .await;
+    assert_eq!(status, 204, "an entity with history is updated");
+
+    let path = "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1?options=temporalValues";
+    let (_, _, got) = ld(&c, "GET", path, &[], None).await;
+    assert_eq!(
+        got["energy"]["values"],
+        json!([[1, at(0)], [2, at(1)], [3, at(3)]])
+    );
+    assert_eq!(got["power"]["values"], json!([[5, at(2)]]));
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Meter:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "history only: no current entity was made");
+
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) = ld(&c, "GET", path, &[], None).await;
+    assert_eq!(status, 404);
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:2/attrs",
+        &[],
+        Some((json_ct, &more)),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let bad = json!({"id": "urn:ngsi-ld:Meter:3", "type": "Meter"});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities",
+        &[],
+        Some((json_ct, &bad)),
+    )
+    .await;
+    assert_eq!(status, 400, "no instance");
+}

@@ -88,10 +88,17 @@ pub fn routes() -> Routes {
             "/ngsi-ld/v1/attributes/{attr}",
             get(READ, discovery::attribute),
         )
-        .route("/ngsi-ld/v1/temporal/entities", get(READ, temporal::query))
+        .route(
+            "/ngsi-ld/v1/temporal/entities",
+            get(READ, temporal::query).post(WRITE, temporal::create),
+        )
         .route(
             "/ngsi-ld/v1/temporal/entities/{id}",
-            get(READ, temporal::retrieve),
+            get(READ, temporal::retrieve).delete(WRITE, temporal::delete),
+        )
+        .route(
+            "/ngsi-ld/v1/temporal/entities/{id}/attrs",
+            post(WRITE, temporal::append),
         )
         .route(
             "/ngsi-ld/v1/entityOperations/create",

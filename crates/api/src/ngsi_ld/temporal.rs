@@ -14,12 +14,16 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
-use axum::response::Response;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
-use weft_model::ngsi::{format_datetime, parse_datetime};
+use weft_model::history::notified::NotifiedEntity;
+use weft_model::ngsi::{format_datetime, parse_datetime, Entity};
+use weft_model::ngsi_ld::entity;
 use weft_model::ngsi_ld::entity::AttrKind;
 use weft_model::ngsi_ld::{ErrorKind, LdError};
-use weft_store::{AggrMethod, AggrPeriod, HistoryQuery, HistoryRow, StoreError};
+use weft_store::{AggrMethod, AggrPeriod, HistoryDelete, HistoryQuery, HistoryRow, StoreError};
 
 use super::{Error, LdParams, LdRequest, Result};
 use crate::AppState;
@@ -39,6 +43,15 @@ struct Range {
 }
 
 impl Range {
+    /// The newest instance of each series, whenever.
+    fn last() -> Range {
+        Range {
+            from: None,
+            to: None,
+            last_n: Some(1),
+        }
+    }
+
     /// `timerel` (`before`, `after`, `between`) with `timeAt` and
     /// `endTimeAt`, and `lastN`. `before` is strictly before `timeAt`,
     /// `after` strictly after, `between` from `timeAt` (included) to
@@ -328,6 +341,152 @@ fn bucket_end(start: i64, period: Option<AggrPeriod>, range: &Range) -> i64 {
         Some(period) => period.bucket_end(start),
         None => range.to.map_or_else(weft_model::now_ms, |to| to + 1),
     }
+}
+
+/// "Create or Update Temporal Representation of an Entity"
+/// (`POST /ngsi-ld/v1/temporal/entities`): each attribute's instances
+/// (a list, or one) recorded in the history at their `observedAt` (at
+/// their arrival without one). 201 when the entity had no history yet,
+/// else 204. The current entity is not changed: this writes history.
+pub async fn create(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let Value::Object(map) = &value else {
+        return Err(Error(LdError::invalid("an entity is a JSON object")));
+    };
+    let id = map
+        .get("id")
+        .or_else(|| map.get("@id"))
+        .and_then(Value::as_str)
+        .filter(|id| entity::is_uri(id))
+        .ok_or_else(|| {
+            Error(LdError::bad_request(
+                "the entity's id is missing or not a URI",
+            ))
+        })?;
+    let entity_type = map
+        .get("type")
+        .or_else(|| map.get("@type"))
+        .ok_or_else(|| Error(LdError::bad_request("the entity has no type")))
+        .and_then(|t| Ok(entity::parse_type(t, &req.context)?))?;
+    let existed = has_history(&state, &req, id).await?;
+    record(&state, &req, id, &entity_type, map).await?;
+    if existed {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let location = format!("/ngsi-ld/v1/temporal/entities/{id}");
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)]).into_response())
+}
+
+/// "Add Attributes to Temporal Representation of an Entity"
+/// (`POST /ngsi-ld/v1/temporal/entities/{id}/attrs`): the instances
+/// recorded, as [`create`] records them; 404 for an entity with neither
+/// history nor current state.
+pub async fn append(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let Value::Object(map) = &value else {
+        return Err(Error(LdError::invalid("the attributes are a JSON object")));
+    };
+    let entity_type = match history(&state, &req, vec![id.clone()], None, &[], &Range::last())
+        .await?
+        .first()
+    {
+        Some(row) => row.entity_type.clone(),
+        None => super::entities::find(&state, &req.tenant, &id)
+            .map(|e| e.entity.entity_type.clone())
+            .ok_or_else(|| Error(LdError::not_found(format!("no entity with id {id}"))))?,
+    };
+    record(&state, &req, &id, &entity_type, map).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// "Delete Temporal Representation of an Entity"
+/// (`DELETE /ngsi-ld/v1/temporal/entities/{id}`): the entity's history,
+/// as QuantumLeap's delete removes it; its current state stays.
+pub async fn delete(
+    State(state): State<AppState>,
+    req: LdRequest,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    state.services.history.settle().await;
+    let deleted = state
+        .services
+        .store
+        .delete_history(&HistoryDelete {
+            tenant: req.tenant.clone(),
+            service_path: None,
+            entity_id: Some(id.clone()),
+            entity_type: None,
+            from: None,
+            to: None,
+        })
+        .await
+        .map_err(store_error)?;
+    if deleted == 0 {
+        return Err(Error(LdError::not_found(format!(
+            "no history of an entity with id {id}"
+        ))));
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Whether entity `id` has any history.
+async fn has_history(state: &AppState, req: &LdRequest, id: &str) -> Result<bool> {
+    let rows = history(state, req, vec![id.to_string()], None, &[], &Range::last()).await?;
+    Ok(!rows.is_empty())
+}
+
+/// Records the attribute instances of `map` (every member but the id, the
+/// type and the context) as history of entity `id`: each instance its
+/// own state, filed at its `observedAt`.
+async fn record(
+    state: &AppState,
+    req: &LdRequest,
+    id: &str,
+    entity_type: &str,
+    map: &Map<String, Value>,
+) -> Result<()> {
+    let mut states = Vec::new();
+    for (name, value) in map {
+        if matches!(name.as_str(), "id" | "@id" | "type" | "@type" | "@context") {
+            continue;
+        }
+        let stored = req.context.to_stored(name);
+        let instances = match value {
+            Value::Array(items) => items.iter().collect(),
+            one => vec![one],
+        };
+        for instance in instances {
+            let attr = entity::parse_attribute(name, instance, &req.context)?;
+            let mut state_of = Entity::new(id, entity_type);
+            state_of.attrs.insert(stored.clone(), attr);
+            states.push(NotifiedEntity::from(state_of));
+        }
+    }
+    if states.is_empty() {
+        return Err(Error(LdError::bad_request("no attribute instance given")));
+    }
+    state
+        .services
+        .history
+        .record_entities(
+            &req.tenant,
+            super::LD_SERVICE_PATH,
+            &states,
+            None,
+            weft_model::now_ms(),
+        )
+        .await
+        .map_err(store_error)?;
+    Ok(())
 }
 
 /// `attrs` as stored names.
