@@ -357,21 +357,8 @@ pub async fn create(
     let Value::Object(map) = &value else {
         return Err(Error(LdError::invalid("an entity is a JSON object")));
     };
-    let id = map
-        .get("id")
-        .or_else(|| map.get("@id"))
-        .and_then(Value::as_str)
-        .filter(|id| entity::is_uri(id))
-        .ok_or_else(|| {
-            Error(LdError::bad_request(
-                "the entity's id is missing or not a URI",
-            ))
-        })?;
-    let entity_type = map
-        .get("type")
-        .or_else(|| map.get("@type"))
-        .ok_or_else(|| Error(LdError::bad_request("the entity has no type")))
-        .and_then(|t| Ok(entity::parse_type(t, &req.context)?))?;
+    let (id, entity_type) = entity::parse_id_and_type(map, &req.context)?;
+    let id = id.as_str();
     let existed = has_history(&state, &req, id).await?;
     record(&state, &req, id, &entity_type, map).await?;
     if existed {

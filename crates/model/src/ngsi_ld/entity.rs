@@ -221,6 +221,18 @@ pub fn parse_entity(body: &Value, ctx: &Context) -> Result<Entity, LdError> {
     let Value::Object(map) = body else {
         return Err(LdError::invalid("an entity is a JSON object"));
     };
+    let (id, entity_type) = parse_id_and_type(map, ctx)?;
+    let mut entity = Entity::new(id, entity_type);
+    entity.attrs = parse_attrs(map, ctx)?;
+    Ok(entity)
+}
+
+/// The id (a URI) and the type (as stored, read with `ctx`) of an entity
+/// body.
+pub fn parse_id_and_type(
+    map: &Map<String, Value>,
+    ctx: &Context,
+) -> Result<(String, String), LdError> {
     let id = match map.get("id").or_else(|| map.get("@id")) {
         Some(Value::String(id)) => id,
         Some(_) => return Err(LdError::bad_request("the entity id is not a string")),
@@ -235,9 +247,7 @@ pub fn parse_entity(body: &Value, ctx: &Context) -> Result<Entity, LdError> {
         Some(t) => parse_type(t, ctx)?,
         None => return Err(LdError::bad_request("the entity has no type")),
     };
-    let mut entity = Entity::new(id.clone(), entity_type);
-    entity.attrs = parse_attrs(map, ctx)?;
-    Ok(entity)
+    Ok((id.clone(), entity_type))
 }
 
 /// Reads an entity type (a name, or an array of one name) with `ctx`,
