@@ -25,26 +25,7 @@ async fn ld(
     headers: &[(&str, &str)],
     body: Option<(&str, &Value)>,
 ) -> (u16, HeaderMap, Value) {
-    let mut req = c
-        .http
-        .request(method.parse().unwrap(), format!("{}{}", c.url, path));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    if let Some((content_type, body)) = body {
-        req = req
-            .header("content-type", content_type)
-            .body(body.to_string());
-    }
-    let resp = req.send().await.expect("request sent");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap_or_default();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
+    call_as(c, method, path, headers, body).await
 }
 
 /// A `Link` header naming `url` as the JSON-LD context.

@@ -482,14 +482,32 @@ pub async fn call(
     headers: &[(&str, &str)],
     body: Option<&Value>,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
+    call_as(
+        c,
+        method,
+        path,
+        headers,
+        body.map(|b| ("application/json", b)),
+    )
+    .await
+}
+
+/// [`call`] with the body sent as the media type given (`application/ld+json`, …).
+pub async fn call_as(
+    c: &Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<(&str, &Value)>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let mut req = c
         .http
         .request(method.parse().unwrap(), format!("{}{}", c.url, path));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    if let Some(b) = body {
-        req = req.json(b);
+    if let Some((content_type, b)) = body {
+        req = req.header("content-type", content_type).body(b.to_string());
     }
     let resp = req.send().await.expect("request sent");
     let status = resp.status().as_u16();

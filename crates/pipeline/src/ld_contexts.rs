@@ -226,3 +226,61 @@ impl LdContexts {
         Ok(doc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use weft_model::ngsi_ld::ErrorKind;
+
+    #[tokio::test]
+    async fn no_context_is_the_core_and_inline_ones_need_no_fetch() {
+        let contexts = LdContexts::new();
+        assert!(contexts.resolve(None).await.unwrap().is_core());
+        let inline = json!({"speed": "http://example.org/speed"});
+        let ctx = contexts.resolve(Some(&inline)).await.unwrap();
+        assert_eq!(ctx.expand("speed"), "http://example.org/speed");
+        // Built once: the same context is handed out again.
+        assert!(Arc::ptr_eq(
+            &ctx,
+            &contexts.resolve(Some(&inline)).await.unwrap()
+        ));
+        assert!(contexts.kept().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_context_that_cannot_be_fetched_is_not_available() {
+        let contexts = LdContexts::new();
+        // Nothing listens on port 1.
+        let url = json!("http://127.0.0.1:1/context.jsonld");
+        let e = contexts.resolve(Some(&url)).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::LdContextNotAvailable);
+        let e = contexts
+            .resolve(Some(&json!("file:///etc/passwd")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BadRequestData);
+    }
+
+    #[tokio::test]
+    async fn kept_documents_are_listed_served_and_forgotten() {
+        let contexts = LdContexts::new();
+        let url = "http://example.org/c.jsonld".to_string();
+        contexts.keep_document(
+            url.clone(),
+            json!({"@context": {"a": "http://example.org/a"}}),
+        );
+        let kept = contexts.kept();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].url, url);
+        let (found, doc) = contexts.by_local_id(&kept[0].local_id).unwrap();
+        assert_eq!(found, url);
+        assert_eq!(doc["@context"]["a"], "http://example.org/a");
+        // A kept document resolves without a fetch.
+        let ctx = contexts.resolve(Some(&json!(url))).await.unwrap();
+        assert_eq!(ctx.expand("a"), "http://example.org/a");
+        assert!(contexts.forget(&kept[0].local_id));
+        assert!(!contexts.forget(&kept[0].local_id));
+        assert!(contexts.kept().is_empty());
+    }
+}

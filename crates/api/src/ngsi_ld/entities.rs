@@ -256,12 +256,8 @@ pub async fn append(
         override_metadata: true,
         ..UpdateOptions::default()
     };
-    let written = write_attrs(&state, &req, &id, Write::Append(attrs), opts).await?;
-    Ok(update_result(
-        &req,
-        &written,
-        "attribute exists and noOverwrite was asked",
-    ))
+    let reason = "attribute exists and noOverwrite was asked";
+    write_reported(&state, &req, &id, Write::Append(attrs), opts, reason).await
 }
 
 /// "Update Entity Attributes" (`PATCH …/entities/{id}/attrs`): the
@@ -278,12 +274,8 @@ pub async fn update(
         override_metadata: true,
         ..UpdateOptions::default()
     };
-    let written = write_attrs(&state, &req, &id, Write::Update(attrs), opts).await?;
-    Ok(update_result(
-        &req,
-        &written,
-        "the entity has no such attribute",
-    ))
+    let reason = "the entity has no such attribute";
+    write_reported(&state, &req, &id, Write::Update(attrs), opts, reason).await
 }
 
 /// "Replace Entity" (`PUT /ngsi-ld/v1/entities/{id}`): every attribute
@@ -451,22 +443,25 @@ async fn attrs_body(req: &mut LdRequest, body: &Bytes) -> Result<AttrMap> {
     Ok(entity::parse_attrs(&map, &req.context)?)
 }
 
-/// Runs an attribute write on entity `id`, wherever it lives, reporting
-/// what was refused rather than failing on it.
-async fn write_attrs(
+/// Runs an attribute write on entity `id`, wherever it lives: 204 when
+/// every attribute was written, else 207 with the update result, each
+/// attribute refused reported with `reason`.
+async fn write_reported(
     state: &AppState,
     req: &LdRequest,
     id: &str,
     write: Write,
     opts: UpdateOptions,
-) -> Result<Written> {
+    reason: &str,
+) -> Result<Response> {
     check_id(id)?;
     let (_, target) = existing(state, req, id)?;
-    Ok(state
+    let written = state
         .services
         .ngsi_writer
         .apply(&target, write, opts)
-        .await?)
+        .await?;
+    Ok(update_result(req, &written, reason))
 }
 
 /// 204 when every attribute was written, else 207 with the update

@@ -31,6 +31,7 @@ use serde_json::{Map, Value};
 use weft_model::ngsi::{tenancy, NgsiError};
 use weft_model::ngsi_ld::{Context, ErrorKind, LdError};
 use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
+use weft_pipeline::ld_contexts::LdContexts;
 
 use crate::ngsi::params::{content_type, media_type, Params};
 use crate::routes::{get, patch, post, Access, Routes, Scope};
@@ -177,8 +178,12 @@ pub struct LdRequest {
     pub context: Arc<Context>,
     /// The media type of the answer `Accept` chose.
     pub form: AnswerForm,
-    headers: HeaderMap,
-    state: AppState,
+    /// The body's media type, read when [`LdRequest::body`] reads it.
+    content_type: Option<String>,
+    /// Whether a `Link` header named a context.
+    link_given: bool,
+    /// Where a JSON-LD body's own context is resolved.
+    contexts: Arc<LdContexts>,
 }
 
 impl FromRequestParts<AppState> for LdRequest {
@@ -187,6 +192,7 @@ impl FromRequestParts<AppState> for LdRequest {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self> {
         let tenant = tenant(&parts.headers, state)?;
         let link = link_context(&parts.headers)?;
+        let link_given = link.is_some();
         let context = state
             .services
             .ld_contexts
@@ -196,8 +202,9 @@ impl FromRequestParts<AppState> for LdRequest {
             tenant,
             context,
             form: answer_form(&parts.headers)?,
-            headers: parts.headers.clone(),
-            state: state.clone(),
+            content_type: content_type(&parts.headers),
+            link_given,
+            contexts: state.services.ld_contexts.clone(),
         })
     }
 }
@@ -228,7 +235,7 @@ impl LdRequest {
     /// body's `@context` (and no `Link` header). The context of the answer
     /// becomes the body's too.
     pub async fn body(&mut self, body: &Bytes) -> Result<Value> {
-        let ld = match content_type(&self.headers).as_deref() {
+        let ld = match self.content_type.as_deref() {
             Some(LD_JSON) => true,
             Some("application/json" | "application/merge-patch+json") => false,
             Some(other) => {
@@ -253,18 +260,13 @@ impl LdRequest {
                     "a body of Content-Type application/ld+json carries its @context",
                 )))
             }
-            (true, _) if link_context(&self.headers)?.is_some() => {
+            (true, _) if self.link_given => {
                 return Err(Error(LdError::bad_request(
                     "a body of Content-Type application/ld+json takes its @context from the body, not a Link header",
                 )))
             }
             (true, Some(inline)) => {
-                self.context = self
-                    .state
-                    .services
-                    .ld_contexts
-                    .resolve(Some(inline))
-                    .await?;
+                self.context = self.contexts.resolve(Some(inline)).await?;
             }
             (false, Some(_)) => {
                 return Err(Error(LdError::bad_request(
@@ -495,5 +497,84 @@ impl LdParams {
             self.list(key)
                 .is_some_and(|words| words.iter().any(|w| w == word))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_link_header_names_one_context() {
+        let ctx = "<http://example.org/c.jsonld>; rel=\"http://www.w3.org/ns/json-ld#context\"; type=\"application/ld+json\"";
+        assert_eq!(link_context(&headers(&[])).unwrap(), None);
+        assert_eq!(
+            link_context(&headers(&[("link", ctx)])).unwrap().as_deref(),
+            Some("http://example.org/c.jsonld")
+        );
+        // Links of other relations are not contexts.
+        let other = "<http://example.org/next>; rel=\"next\"";
+        assert_eq!(link_context(&headers(&[("link", other)])).unwrap(), None);
+        assert!(link_context(&headers(&[("link", ctx), ("link", ctx)])).is_err());
+        let not_url = "<not a url>; rel=\"http://www.w3.org/ns/json-ld#context\"";
+        assert!(link_context(&headers(&[("link", not_url)])).is_err());
+    }
+
+    #[test]
+    fn accept_picks_the_answers_media_type() {
+        let form = |accept: &str| answer_form(&headers(&[("accept", accept)])).ok();
+        assert_eq!(answer_form(&HeaderMap::new()).ok(), Some(AnswerForm::Json));
+        assert_eq!(form("application/ld+json"), Some(AnswerForm::JsonLd));
+        assert_eq!(
+            form("application/geo+json;q=0.9"),
+            Some(AnswerForm::GeoJson)
+        );
+        assert_eq!(form("text/html, */*"), Some(AnswerForm::Json));
+        assert_eq!(form("text/html"), None);
+    }
+
+    #[test]
+    fn ngsiv2_errors_read_as_ngsi_ld_kinds() {
+        assert_eq!(
+            from_ngsi(NgsiError::already_exists()).kind,
+            ErrorKind::AlreadyExists
+        );
+        assert_eq!(
+            from_ngsi(NgsiError::entity_not_found()).kind,
+            ErrorKind::ResourceNotFound
+        );
+        assert_eq!(
+            from_ngsi(NgsiError::bad_request("x")).kind,
+            ErrorKind::BadRequestData
+        );
+        assert_eq!(
+            from_ngsi(NgsiError::new(500, "InternalServerError", "x")).kind,
+            ErrorKind::InternalError
+        );
+    }
+
+    #[test]
+    fn an_entity_is_a_feature_with_its_geometry() {
+        let point = serde_json::json!({"type": "Point", "coordinates": [1, 2]});
+        let normalized = serde_json::json!({"id": "urn:a:1", "type": "T",
+            "location": {"type": "GeoProperty", "value": point}});
+        let f = feature(normalized, "location");
+        assert_eq!(f["type"], "Feature");
+        assert_eq!(f["id"], "urn:a:1");
+        assert_eq!(f["geometry"], point);
+        assert_eq!(f["properties"]["type"], "T");
+        let key_values = serde_json::json!({"id": "urn:a:1", "type": "T", "location": point});
+        assert_eq!(feature(key_values, "location")["geometry"], point);
+        let none = serde_json::json!({"id": "urn:a:1", "type": "T"});
+        assert_eq!(feature(none, "location")["geometry"], Value::Null);
     }
 }
