@@ -52,6 +52,10 @@
 //!   `/v2`: entities and attributes, `@context`s (a `Link` header, the
 //!   body, fetched from a server), representations, tenants, keys,
 //!   problem details.
+//! - `ngsi_ld_subscriptions`: NGSI-LD subscriptions and their
+//!   notifications over HTTP and MQTT (triggers, `q`, `geoQ`, formats,
+//!   `showChanges`), changes through `/v2` notifying them, kept across a
+//!   restart with their context.
 //! - `mqtt`: MQTT sources of every format against a real mosquitto,
 //!   kill -9 before the commit, a broker restart; Orion's `mqtt` and
 //!   `mqttCustom` notifications; the embedded broker's device logins.
@@ -91,6 +95,7 @@ mod ngsi;
 mod ngsi_forwarding;
 mod ngsi_geo;
 mod ngsi_ld;
+mod ngsi_ld_subscriptions;
 mod ngsi_registrations;
 mod ngsi_subscriptions;
 mod notification_loop;

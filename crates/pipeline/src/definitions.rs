@@ -230,7 +230,9 @@ mod tests {
                 .is_ok_and(|s| s["throttling"] == json!(7))
         })
         .await;
-        a.delete("smart", &id).await.unwrap();
+        a.delete("smart", &id, crate::subscriptions::Api::NgsiV2)
+            .await
+            .unwrap();
         eventually("b drops it", || b.get("smart", &id).is_err()).await;
         stop.cancel();
         store.close().await;

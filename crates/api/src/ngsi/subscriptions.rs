@@ -17,6 +17,7 @@ use super::tenant::{ServicePath, Tenant};
 use crate::auth::{sees_secrets, Principal};
 use crate::AppState;
 use weft_model::secret;
+use weft_pipeline::subscriptions::Api;
 
 /// Checks a subscription id in a URL: Orion answers 400 for anything but
 /// 24 characters, and 404 for 24 characters that name nothing.
@@ -143,6 +144,10 @@ pub async fn remove(
     Path(id): Path<String>,
 ) -> Result<Response> {
     check_id(&id)?;
-    state.services.subscriptions.delete(&tenant, &id).await?;
+    state
+        .services
+        .subscriptions
+        .delete(&tenant, &id, Api::NgsiV2)
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

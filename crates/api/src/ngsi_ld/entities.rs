@@ -528,18 +528,18 @@ fn type_matches(req: &LdRequest, params: &LdParams, e: &StoredEntity) -> bool {
 }
 
 /// An id in a path must be a URI.
-fn check_id(id: &str) -> Result<()> {
+pub(super) fn check_id(id: &str) -> Result<()> {
     if entity::is_uri(id) {
         Ok(())
     } else {
         Err(Error(LdError::bad_request(format!(
-            "the entity id is not a URI: {id:?}"
+            "the id is not a URI: {id:?}"
         ))))
     }
 }
 
 /// `limit` and `offset`, checked.
-fn paging(params: &LdParams) -> Result<(usize, usize)> {
+pub(super) fn paging(params: &LdParams) -> Result<(usize, usize)> {
     let number = |key: &str, default: usize| -> Result<usize> {
         match params.get(key) {
             None => Ok(default),
@@ -561,7 +561,7 @@ fn paging(params: &LdParams) -> Result<(usize, usize)> {
 }
 
 /// An entity id as a path segment.
-fn encode_segment(id: &str) -> String {
+pub(super) fn encode_segment(id: &str) -> String {
     percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC)
         .to_string()
         .replace("%3A", ":")

@@ -11,13 +11,15 @@
 //!
 //! One file per route group: [`entities`] (entities and their
 //! attributes), [`batch`] (the batch operations), [`temporal`] (the
-//! temporal API, over weft's history), [`discovery`] (types and
-//! attributes), [`contexts`] (the `@context`s kept).
+//! temporal API, over weft's history), [`subscriptions`] (on the
+//! registry and sender NGSIv2's subscriptions use), [`discovery`] (types
+//! and attributes), [`contexts`] (the `@context`s kept).
 
 pub mod batch;
 pub mod contexts;
 pub mod discovery;
 pub mod entities;
+pub mod subscriptions;
 pub mod temporal;
 
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 use weft_model::ngsi::{tenancy, NgsiError};
-use weft_model::ngsi_ld::{Context, ErrorKind, LdError};
+use weft_model::ngsi_ld::{entity, Context, ErrorKind, LdError};
 use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
 use weft_pipeline::ld_contexts::LdContexts;
 
@@ -40,11 +42,7 @@ use crate::AppState;
 /// The NGSI-LD tenant header.
 pub static NGSILD_TENANT: HeaderName = HeaderName::from_static("ngsild-tenant");
 
-/// The relation of a `Link` header naming a JSON-LD context.
-pub const CONTEXT_REL: &str = "http://www.w3.org/ns/json-ld#context";
-
-/// `Content-Type` of JSON-LD bodies.
-pub const LD_JSON: &str = "application/ld+json";
+pub use weft_model::ngsi_ld::context::{CONTEXT_REL, LD_JSON};
 
 /// The service path NGSI-LD writes go to: NGSI-LD has none, and NGSIv2
 /// clients see its entities at the root.
@@ -76,6 +74,16 @@ pub fn routes() -> Routes {
             patch(WRITE, update_attr)
                 .put(WRITE, replace_attr)
                 .delete(WRITE, remove_attr),
+        )
+        .route(
+            "/ngsi-ld/v1/subscriptions",
+            get(READ, subscriptions::query).post(WRITE, subscriptions::create),
+        )
+        .route(
+            "/ngsi-ld/v1/subscriptions/{id}",
+            get(READ, subscriptions::retrieve)
+                .patch(WRITE, subscriptions::update)
+                .delete(WRITE, subscriptions::remove),
         )
         .route("/ngsi-ld/v1/jsonldContexts", get(READ, contexts::list))
         .route(
@@ -300,9 +308,9 @@ impl LdRequest {
         let body = match body {
             Value::Array(items) => serde_json::json!({
                 "type": "FeatureCollection",
-                "features": items.into_iter().map(|e| feature(e, &name)).collect::<Vec<_>>(),
+                "features": items.into_iter().map(|e| entity::feature(e, &name)).collect::<Vec<_>>(),
             }),
-            entity => feature(entity, &name),
+            one => entity::feature(one, &name),
         };
         let mut resp = self.answer_with(StatusCode::OK, body);
         resp.headers_mut()
@@ -329,10 +337,7 @@ impl LdRequest {
             };
             return (status, [(header::CONTENT_TYPE, LD_JSON)], body.to_string()).into_response();
         }
-        let link = format!(
-            "<{}>; rel=\"{CONTEXT_REL}\"; type=\"{LD_JSON}\"",
-            self.context.link_url()
-        );
+        let link = weft_model::ngsi_ld::context::link_header(self.context.link_url());
         let mut resp = (
             status,
             [(header::CONTENT_TYPE, "application/json")],
@@ -344,28 +349,6 @@ impl LdRequest {
         }
         resp
     }
-}
-
-/// An entity as a GeoJSON Feature: its geometry the value of attribute
-/// `geometry_property` (normalized or not), its properties everything
-/// but its id.
-fn feature(entity: Value, geometry_property: &str) -> Value {
-    let Value::Object(mut map) = entity else {
-        return entity;
-    };
-    let id = map.remove("id").unwrap_or(Value::Null);
-    let geometry = map
-        .get(geometry_property)
-        .map(|a| match a.get("value") {
-            Some(v)
-                if a.get("type").is_some_and(|t| t == "GeoProperty") || a.get("type").is_none() =>
-            {
-                v.clone()
-            }
-            _ => a.clone(),
-        })
-        .unwrap_or(Value::Null);
-    serde_json::json!({"id": id, "type": "Feature", "geometry": geometry, "properties": map})
 }
 
 /// `map` with `@context` added last.
@@ -560,21 +543,5 @@ mod tests {
             from_ngsi(NgsiError::new(500, "InternalServerError", "x")).kind,
             ErrorKind::InternalError
         );
-    }
-
-    #[test]
-    fn an_entity_is_a_feature_with_its_geometry() {
-        let point = serde_json::json!({"type": "Point", "coordinates": [1, 2]});
-        let normalized = serde_json::json!({"id": "urn:a:1", "type": "T",
-            "location": {"type": "GeoProperty", "value": point}});
-        let f = feature(normalized, "location");
-        assert_eq!(f["type"], "Feature");
-        assert_eq!(f["id"], "urn:a:1");
-        assert_eq!(f["geometry"], point);
-        assert_eq!(f["properties"]["type"], "T");
-        let key_values = serde_json::json!({"id": "urn:a:1", "type": "T", "location": point});
-        assert_eq!(feature(key_values, "location")["geometry"], point);
-        let none = serde_json::json!({"id": "urn:a:1", "type": "T"});
-        assert_eq!(feature(none, "location")["geometry"], Value::Null);
     }
 }

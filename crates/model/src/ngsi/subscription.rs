@@ -42,6 +42,10 @@ pub struct Subscription {
     pub status: Status,
     /// Minimum seconds between two notifications.
     pub throttling: Option<f64>,
+    /// What an NGSI-LD subscription has besides (`None`: an NGSIv2 one).
+    /// The two APIs share the registry, the matcher and the sender; each
+    /// lists and changes only its own.
+    pub ld: Option<Box<crate::ngsi_ld::subscription::LdSubscription>>,
 }
 
 /// The status a client can set.
@@ -410,6 +414,7 @@ impl Subscription {
             expires,
             status,
             throttling,
+            ld: None,
         };
         if let Some(stats) = obj.get("notification") {
             sub.notification.stats = parse_stats(stats);
@@ -443,6 +448,11 @@ impl Subscription {
         }
         *self = next;
         Ok(())
+    }
+
+    /// Whether this is an NGSI-LD subscription.
+    pub fn is_ld(&self) -> bool {
+        self.ld.is_some()
     }
 
     /// Whether the subscription is past `expires` at `now`.
@@ -488,6 +498,9 @@ impl Subscription {
     /// The form kept in the store: the rendering, with the status the
     /// client set (not `expired`) and the MQTT password.
     pub fn to_storage(&self) -> String {
+        if self.ld.is_some() {
+            return crate::ngsi_ld::subscription::to_storage(self);
+        }
         let mut v = self.render_with(i64::MIN, true);
         v["status"] = self.status.as_str().into();
         v.to_string()
@@ -496,6 +509,10 @@ impl Subscription {
     /// Reads [`Subscription::to_storage`] back.
     pub fn from_storage(text: &str) -> Result<Subscription, NgsiError> {
         let value: Value = serde_json::from_str(text).map_err(|_| NgsiError::parse_error())?;
+        if crate::ngsi_ld::subscription::is_stored_ld(&value) {
+            return crate::ngsi_ld::subscription::from_storage(&value)
+                .map_err(|e| NgsiError::bad_request(e.detail));
+        }
         let id = value
             .get("id")
             .and_then(Value::as_str)
@@ -510,7 +527,7 @@ fn bad(text: impl Into<String>) -> NgsiError {
 }
 
 /// A JSON number as Orion writes it: integral values without a fraction.
-fn number(n: f64) -> Value {
+pub(crate) fn number(n: f64) -> Value {
     if n.fract() == 0.0 && n.abs() < 1e15 {
         Value::from(n as i64)
     } else {
@@ -1261,7 +1278,8 @@ pub fn eval_priority(attr: &Value) -> f64 {
         .unwrap_or(MAX_EVAL_PRIORITY)
 }
 
-fn parse_stats(v: &Value) -> NotificationStats {
+/// The counters as rendered (also in NGSI-LD's stored form).
+pub(crate) fn parse_stats(v: &Value) -> NotificationStats {
     let int = |k: &str| v.get(k).and_then(Value::as_u64);
     let date = |k: &str| v.get(k).and_then(Value::as_str).and_then(parse_datetime);
     NotificationStats {

@@ -37,6 +37,18 @@ use super::LdError;
 pub const CORE_CONTEXT_URL: &str =
     "https://uri.etsi.org/ngsi-ld/v1/ngsi-ld-core-context-v1.8.jsonld";
 
+/// The relation of a `Link` header naming a JSON-LD context.
+pub const CONTEXT_REL: &str = "http://www.w3.org/ns/json-ld#context";
+
+/// The media type of JSON-LD bodies.
+pub const LD_JSON: &str = "application/ld+json";
+
+/// The `Link` header value naming the context at `url`, as answers and
+/// notifications send it.
+pub fn link_header(url: &str) -> String {
+    format!("<{url}>; rel=\"{CONTEXT_REL}\"; type=\"{LD_JSON}\"")
+}
+
 /// The core context's vocabulary: where a name no context defines
 /// expands to.
 pub const DEFAULT_VOCAB: &str = "https://uri.etsi.org/ngsi-ld/default-context/";
@@ -244,6 +256,44 @@ impl Context {
         }
         let iri = Context::iri_of_stored(name);
         self.compact(&iri).into_owned()
+    }
+
+    /// What the client gave as its context (without the core), if
+    /// anything: a URL, an object or an array of them.
+    pub fn given(&self) -> Option<&Value> {
+        self.given.as_ref()
+    }
+
+    /// The client's term definitions, resolved: one context object
+    /// mapping each term the client defined (and the core does not, or
+    /// defines otherwise) to its absolute IRI. With [`Context::restore`]
+    /// it rebuilds this context without fetching anything, which is what
+    /// a subscription keeps so that it reads and notifies the same after
+    /// a restart, whether or not the client's context can be fetched then.
+    pub fn definitions(&self) -> Value {
+        let core = Context::core();
+        let mut out = Map::new();
+        let mut terms: Vec<(&String, &String)> = self
+            .terms
+            .iter()
+            .filter(|(term, iri)| core.terms.get(*term) != Some(*iri))
+            .collect();
+        terms.sort();
+        for (term, iri) in terms {
+            out.insert(term.clone(), Value::String(iri.clone()));
+        }
+        Value::Object(out)
+    }
+
+    /// The context [`Context::definitions`] describes, answering with
+    /// `given` as the client's own.
+    pub fn restore(given: Option<Value>, definitions: &Value) -> Result<Context, LdError> {
+        let Some(given) = given else {
+            return Ok(Context::core().as_ref().clone());
+        };
+        let mut ctx = Context::build(definitions, &|_: &str| None)?;
+        ctx.given = Some(given);
+        Ok(ctx)
     }
 
     /// Applies an `@context` value to this context, in order.

@@ -547,6 +547,28 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
     out
 }
 
+/// An entity as a GeoJSON Feature: its geometry the value of attribute
+/// `geometry_property` (normalized or not), its properties everything
+/// but its id.
+pub fn feature(entity: Value, geometry_property: &str) -> Value {
+    let Value::Object(mut map) = entity else {
+        return entity;
+    };
+    let id = map.remove("id").unwrap_or(Value::Null);
+    let geometry = map
+        .get(geometry_property)
+        .map(|a| match a.get("value") {
+            Some(v)
+                if a.get("type").is_some_and(|t| t == "GeoProperty") || a.get("type").is_none() =>
+            {
+                v.clone()
+            }
+            _ => a.clone(),
+        })
+        .unwrap_or(Value::Null);
+    serde_json::json!({"id": id, "type": "Feature", "geometry": geometry, "properties": map})
+}
+
 /// The string of `lang` in a language map (else of `@none`, else the
 /// first), and the language it is in.
 fn pick_language<'v>(map: &'v Value, lang: &str) -> Option<(&'v str, &'v Value)> {
@@ -850,5 +872,21 @@ mod tests {
         }
         let err = parse_entity(&json!([1]), &ctx).unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn an_entity_is_a_feature_with_its_geometry() {
+        let point = serde_json::json!({"type": "Point", "coordinates": [1, 2]});
+        let normalized = serde_json::json!({"id": "urn:a:1", "type": "T",
+            "location": {"type": "GeoProperty", "value": point}});
+        let f = feature(normalized, "location");
+        assert_eq!(f["type"], "Feature");
+        assert_eq!(f["id"], "urn:a:1");
+        assert_eq!(f["geometry"], point);
+        assert_eq!(f["properties"]["type"], "T");
+        let key_values = serde_json::json!({"id": "urn:a:1", "type": "T", "location": point});
+        assert_eq!(feature(key_values, "location")["geometry"], point);
+        let none = serde_json::json!({"id": "urn:a:1", "type": "T"});
+        assert_eq!(feature(none, "location")["geometry"], Value::Null);
     }
 }

@@ -13,6 +13,7 @@ pub mod context;
 pub mod entity;
 pub mod geo;
 pub mod query;
+pub mod subscription;
 
 pub use context::Context;
 pub use query::LdQuery;

@@ -27,6 +27,7 @@
 //! loop, as Orion does.
 
 pub mod expressions;
+pub mod ld;
 pub mod loops;
 pub mod mqtt;
 pub mod outbox;
@@ -61,6 +62,23 @@ const CURSOR_INTERVAL: Duration = Duration::from_millis(200);
 const FLUSH_EVERY: u64 = 5;
 /// Every how many cursor saves the change log is pruned (every 10 s).
 const PRUNE_EVERY: u64 = 50;
+
+/// Which API a subscription belongs to: each lists, reads, changes and
+/// deletes only its own, though one registry matches and notifies both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v2/subscriptions`.
+    NgsiV2,
+    /// `/ngsi-ld/v1/subscriptions`.
+    NgsiLd,
+}
+
+impl Api {
+    /// Whether `sub` is this API's.
+    pub fn owns(self, sub: &Subscription) -> bool {
+        sub.is_ld() == (self == Api::NgsiLd)
+    }
+}
 
 /// One subscription with where it belongs and what the notifier keeps.
 pub struct Entry {
@@ -449,6 +467,18 @@ impl Subscriptions {
         body: &Value,
     ) -> Result<String, NgsiError> {
         let sub = Subscription::parse(body, new_document_id())?;
+        self.insert(tenant, service_paths, sub).await
+    }
+
+    /// Adds `sub`, read by either API, to `tenant`: stored, then matched
+    /// against every change from now on. An id the tenant has already is
+    /// refused (409), checked and taken at once on this node.
+    pub async fn insert(
+        &self,
+        tenant: &str,
+        service_paths: Vec<String>,
+        sub: Subscription,
+    ) -> Result<String, NgsiError> {
         let id = sub.id.clone();
         // Owed every change announced from now on, also across a crash
         // before its cursor is first stored.
@@ -463,22 +493,36 @@ impl Subscriptions {
             sub,
             delivery,
         );
-        self.store
-            .save_notification_cursors(
-                &self.node,
-                vec![weft_store::NotificationCursor {
-                    tenant: tenant.to_string(),
-                    subscription: id.clone(),
-                    through: from,
-                }],
-            )
-            .await
-            .map_err(store_error)?;
-        self.persist(&entry, true).await?;
         {
+            // Taken before it is stored; matched only once indexed.
             let mut tenants = self.tenants.write();
             let t = tenants.entry(tenant.to_string()).or_default();
+            if t.by_id.contains_key(&id) {
+                return Err(NgsiError::new(409, "AlreadyExists", "Already Exists"));
+            }
             t.by_id.insert(id.clone(), entry.clone());
+        }
+        let stored = async {
+            self.store
+                .save_notification_cursors(
+                    &self.node,
+                    vec![weft_store::NotificationCursor {
+                        tenant: tenant.to_string(),
+                        subscription: id.clone(),
+                        through: from,
+                    }],
+                )
+                .await
+                .map_err(store_error)?;
+            self.persist(&entry, true).await
+        };
+        if let Err(e) = stored.await {
+            if let Some(t) = self.tenants.write().get_mut(tenant) {
+                t.by_id.remove(&id);
+            }
+            return Err(e);
+        }
+        if let Some(t) = self.tenants.write().get_mut(tenant) {
             t.index(&entry);
         }
         self.announce(tenant, &id);
@@ -504,7 +548,7 @@ impl Subscriptions {
             let Ok(sub) = Subscription::from_storage(&d.json) else {
                 continue;
             };
-            let Ok(entry) = self.entry(tenant, &d.id) else {
+            let Some(entry) = self.held(tenant, &d.id) else {
                 continue;
             };
             let fresh = sub.notification.stats;
@@ -515,8 +559,21 @@ impl Subscriptions {
         }
     }
 
-    /// Every subscription of `tenant`, rendered, in creation order.
+    /// Every NGSIv2 subscription of `tenant`, rendered, in creation
+    /// order.
     pub fn list(&self, tenant: &str) -> Vec<Value> {
+        let now = weft_model::now_ms();
+        self.collect(tenant, Api::NgsiV2, |sub| Some(sub.render(now)))
+    }
+
+    /// What `view` makes of each subscription of `tenant` that `api`
+    /// owns, in creation order (`None`s left out).
+    pub fn collect<T>(
+        &self,
+        tenant: &str,
+        api: Api,
+        view: impl Fn(&Subscription) -> Option<T>,
+    ) -> Vec<T> {
         let mut entries: Vec<Arc<Entry>> = self
             .tenants
             .read()
@@ -524,34 +581,76 @@ impl Subscriptions {
             .map(|t| t.by_id.values().cloned().collect())
             .unwrap_or_default();
         entries.sort_by_key(|e| e.created);
-        let now = weft_model::now_ms();
         entries
             .iter()
-            .map(|e| e.state.lock().sub.render(now))
+            .filter_map(|e| {
+                let state = e.state.lock();
+                api.owns(&state.sub).then(|| view(&state.sub)).flatten()
+            })
             .collect()
     }
 
-    fn entry(&self, tenant: &str, id: &str) -> Result<Arc<Entry>, NgsiError> {
+    /// The subscription `id` of `tenant`, whichever API's.
+    fn held(&self, tenant: &str, id: &str) -> Option<Arc<Entry>> {
         self.tenants
             .read()
             .get(tenant)
             .and_then(|t| t.by_id.get(id).cloned())
+    }
+
+    /// The subscription `id` of `tenant`, if `api` owns it.
+    fn entry(&self, tenant: &str, id: &str, api: Api) -> Result<Arc<Entry>, NgsiError> {
+        self.held(tenant, id)
+            .filter(|e| api.owns(&e.state.lock().sub))
             .ok_or_else(not_found)
     }
 
-    /// One subscription, rendered.
+    /// One NGSIv2 subscription, rendered.
     pub fn get(&self, tenant: &str, id: &str) -> Result<Value, NgsiError> {
-        let entry = self.entry(tenant, id)?;
-        let json = entry.state.lock().sub.render(weft_model::now_ms());
-        Ok(json)
+        let now = weft_model::now_ms();
+        self.read(tenant, id, Api::NgsiV2, |sub| sub.render(now))
     }
 
-    /// Applies a `PATCH` body; nothing changes if it is invalid.
+    /// What `view` makes of subscription `id` of `tenant`, if `api` owns
+    /// it.
+    pub fn read<T>(
+        &self,
+        tenant: &str,
+        id: &str,
+        api: Api,
+        view: impl FnOnce(&Subscription) -> T,
+    ) -> Result<T, NgsiError> {
+        let entry = self.entry(tenant, id, api)?;
+        let state = entry.state.lock();
+        Ok(view(&state.sub))
+    }
+
+    /// Applies an NGSIv2 `PATCH` body; nothing changes if it is invalid.
     pub async fn patch(&self, tenant: &str, id: &str, body: &Value) -> Result<(), NgsiError> {
-        let entry = self.entry(tenant, id)?;
+        self.update(tenant, id, Api::NgsiV2, |sub| {
+            let mut next = sub.clone();
+            next.patch(body)?;
+            Ok(next)
+        })
+        .await
+    }
+
+    /// Replaces subscription `id` of `tenant`, if `api` owns it, by what
+    /// `change` makes of it (its counters as they are then); nothing
+    /// changes when `change` fails. Stored, re-indexed and announced.
+    pub async fn update<E: From<NgsiError>>(
+        &self,
+        tenant: &str,
+        id: &str,
+        api: Api,
+        change: impl FnOnce(&Subscription) -> Result<Subscription, E>,
+    ) -> Result<(), E> {
+        let entry = self.entry(tenant, id, api)?;
         {
             let mut state = entry.state.lock();
-            state.sub.patch(body)?;
+            let mut next = change(&state.sub)?;
+            next.notification.stats = state.sub.notification.stats.clone();
+            state.sub = next;
             state.last_fired = None;
         }
         {
@@ -566,11 +665,18 @@ impl Subscriptions {
         Ok(())
     }
 
-    /// Deletes a subscription.
-    pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), NgsiError> {
+    /// Deletes subscription `id` of `tenant`, if `api` owns it.
+    pub async fn delete(&self, tenant: &str, id: &str, api: Api) -> Result<(), NgsiError> {
         let entry = {
             let mut tenants = self.tenants.write();
             let t = tenants.get_mut(tenant).ok_or_else(not_found)?;
+            let owned = t
+                .by_id
+                .get(id)
+                .is_some_and(|e| api.owns(&e.state.lock().sub));
+            if !owned {
+                return Err(not_found());
+            }
             let entry = t.by_id.remove(id).ok_or_else(not_found)?;
             t.unindex(&entry);
             entry
@@ -654,49 +760,10 @@ impl Subscriptions {
             return None;
         }
         let condition = &sub.subject.condition;
-        // `condition.attrs` (empty: any) must name one of `names`.
-        let attrs_match = |names: &[&str]| {
-            condition.attrs.is_empty()
-                || names.iter().any(|n| condition.attrs.iter().any(|a| a == n))
+        let kind = match &sub.ld {
+            Some(ld) => ld::fires(sub, ld, change)?,
+            None => v2_fires(sub, change)?,
         };
-        let kind = match change.alteration {
-            Alteration::Created => {
-                let names: Vec<&str> = entity.attrs.keys().collect();
-                (condition.wants(AlterationType::EntityCreate) && attrs_match(&names))
-                    .then_some(AlterationType::EntityCreate)
-            }
-            // `condition.attrs` does not apply to deletions.
-            Alteration::Deleted => condition
-                .wants(AlterationType::EntityDelete)
-                .then_some(AlterationType::EntityDelete),
-            Alteration::Updated => {
-                let changed: Vec<&str> = change
-                    .attrs
-                    .iter()
-                    .filter(|c| {
-                        c.modified
-                            && (condition.notify_on_metadata_change
-                                || c.value_changed(entity.attrs.get(&c.name)))
-                    })
-                    .map(|c| c.name.as_str())
-                    .collect();
-                let all: Vec<&str> = change.attrs.iter().map(|c| c.name.as_str()).collect();
-                // What happened: a change if anything changed.
-                let happened = if changed.is_empty() {
-                    AlterationType::EntityUpdate
-                } else {
-                    AlterationType::EntityChange
-                };
-                // `entityChange` looks at the changed attributes;
-                // `entityUpdate` at every attribute of the update.
-                let as_change = happened == AlterationType::EntityChange
-                    && condition.wants(AlterationType::EntityChange)
-                    && attrs_match(&changed);
-                let as_update = condition.wants(AlterationType::EntityUpdate) && attrs_match(&all);
-                (as_change || as_update).then_some(happened)
-            }
-        };
-        let kind = kind?;
         if let Some(e) = &condition.expression {
             let resolver = EntityResolver(entity, &change.service_path);
             if e.q.as_ref().is_some_and(|q| !q.matches_with(&resolver))
@@ -959,6 +1026,55 @@ impl Follower for Subscriptions {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `change` fires the NGSIv2 subscription `sub`, and as what
+/// kind of change: its `alterationTypes` (entity created, updated or
+/// changed, deleted) and `condition.attrs`.
+fn v2_fires(sub: &Subscription, change: &EntityChange) -> Option<AlterationType> {
+    let condition = &sub.subject.condition;
+    let entity = &change.entity;
+    // `condition.attrs` (empty: any) must name one of `names`.
+    let attrs_match = |names: &[&str]| {
+        condition.attrs.is_empty() || names.iter().any(|n| condition.attrs.iter().any(|a| a == n))
+    };
+    match change.alteration {
+        Alteration::Created => {
+            let names: Vec<&str> = entity.attrs.keys().collect();
+            (condition.wants(AlterationType::EntityCreate) && attrs_match(&names))
+                .then_some(AlterationType::EntityCreate)
+        }
+        // `condition.attrs` does not apply to deletions.
+        Alteration::Deleted => condition
+            .wants(AlterationType::EntityDelete)
+            .then_some(AlterationType::EntityDelete),
+        Alteration::Updated => {
+            let changed: Vec<&str> = change
+                .attrs
+                .iter()
+                .filter(|c| {
+                    c.modified
+                        && (condition.notify_on_metadata_change
+                            || c.value_changed(entity.attrs.get(&c.name)))
+                })
+                .map(|c| c.name.as_str())
+                .collect();
+            let all: Vec<&str> = change.attrs.iter().map(|c| c.name.as_str()).collect();
+            // What happened: a change if anything changed.
+            let happened = if changed.is_empty() {
+                AlterationType::EntityUpdate
+            } else {
+                AlterationType::EntityChange
+            };
+            // `entityChange` looks at the changed attributes;
+            // `entityUpdate` at every attribute of the update.
+            let as_change = happened == AlterationType::EntityChange
+                && condition.wants(AlterationType::EntityChange)
+                && attrs_match(&changed);
+            let as_update = condition.wants(AlterationType::EntityUpdate) && attrs_match(&all);
+            (as_change || as_update).then_some(happened)
+        }
     }
 }
 

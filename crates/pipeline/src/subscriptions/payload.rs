@@ -92,6 +92,9 @@ pub fn build(t: &Trigger<'_>) -> Result<Request, NotSent> {
         Some(o) => format!("{}; cbnotif={}", o.correlator, t.sequence),
         None => format!("{}; cbnotif={}", uuid_like(), t.sequence),
     };
+    if let Some(ld) = &t.sub.ld {
+        return super::ld::request(t, ld, &correlator);
+    }
     let source = t.source();
     let service = source.service();
     let auth_token = source.auth_token();

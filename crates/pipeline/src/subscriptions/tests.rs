@@ -434,7 +434,11 @@ async fn device_data_is_notified_until_the_subscription_is_deleted() {
         "only the attributes asked for: {entity}"
     );
 
-    node.services.subscriptions.delete("", &id).await.unwrap();
+    node.services
+        .subscriptions
+        .delete("", &id, super::Api::NgsiV2)
+        .await
+        .unwrap();
     assert!(node.services.subscriptions.get("", &id).is_err());
     accept(
         &node,

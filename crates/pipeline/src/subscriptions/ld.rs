@@ -1,0 +1,222 @@
+//! NGSI-LD subscriptions at work: which changes fire one
+//! (`notificationTrigger`, `watchedAttributes`, `q`, `geoQ`) and the
+//! notification it sends (ETSI GS CIM 009, clause 5.3.1: `{"id", "type":
+//! "Notification", "subscriptionId", "notifiedAt", "data"}`), over HTTP
+//! or MQTT. Everything else (throttling, expiry, counters, the outbox,
+//! the lanes) is the same as for NGSIv2's subscriptions, in
+//! [`super`].
+//!
+//! The triggers, read against one committed change:
+//!
+//! - a created entity fires `entityCreated` (if it has a watched
+//!   attribute, when attributes are watched) and `attributeCreated` (if it
+//!   has a watched attribute, any attribute when none is named);
+//! - an update fires `attributeCreated`, `attributeUpdated` or
+//!   `attributeDeleted` for each watched attribute it added, wrote or
+//!   removed, and `entityUpdated` when it touched a watched attribute;
+//! - a deletion fires `entityDeleted`.
+//!
+//! Then `q` and `geoQ` must hold for the entity after the change (its
+//! last state, for a deletion).
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use weft_model::geo::Shape;
+use weft_model::ngsi::subscription::{AlterationType, Endpoint, Subscription};
+use weft_model::ngsi::{format_datetime, number, ChangeKind, EntityChange};
+use weft_model::ngsi_ld::context::link_header;
+use weft_model::ngsi_ld::entity::{self, AttrKind, Format, Render};
+use weft_model::ngsi_ld::subscription::{Accept, LdSubscription, Trigger as Fires};
+
+use super::payload::{NotSent, Trigger, USER_AGENT};
+use super::sender::Request;
+use crate::context::{Alteration, EntityResolver};
+
+/// The tenant header of NGSI-LD notifications (none for the default
+/// tenant).
+const TENANT_HEADER: &str = "NGSILD-Tenant";
+
+/// Whether `change` fires the NGSI-LD subscription `sub`, and as what
+/// kind of change (its selectors were checked already).
+pub(crate) fn fires(
+    sub: &Subscription,
+    ld: &LdSubscription,
+    change: &EntityChange,
+) -> Option<AlterationType> {
+    let watched = &sub.subject.condition.attrs;
+    let watching = |name: &str| watched.is_empty() || watched.iter().any(|w| w == name);
+    let entity = &change.entity;
+    let kind = match change.alteration {
+        Alteration::Created => {
+            let has_watched = entity.attrs.keys().any(watching);
+            let as_entity = ld.wants(Fires::EntityCreated) && (watched.is_empty() || has_watched);
+            let as_attribute = ld.wants(Fires::AttributeCreated) && has_watched;
+            (as_entity || as_attribute).then_some(AlterationType::EntityCreate)
+        }
+        Alteration::Deleted => ld
+            .wants(Fires::EntityDeleted)
+            .then_some(AlterationType::EntityDelete),
+        Alteration::Updated => {
+            let mut touched = change.attrs.iter().filter(|c| watching(&c.name)).peekable();
+            let as_entity = ld.wants(Fires::EntityUpdated) && touched.peek().is_some();
+            let as_attribute = touched.any(|c| {
+                ld.wants(match c.kind {
+                    ChangeKind::Created => Fires::AttributeCreated,
+                    ChangeKind::Updated => Fires::AttributeUpdated,
+                    ChangeKind::Deleted => Fires::AttributeDeleted,
+                })
+            });
+            let changed = change.attrs.iter().any(|c| c.modified);
+            (as_entity || as_attribute).then_some(if changed {
+                AlterationType::EntityChange
+            } else {
+                AlterationType::EntityUpdate
+            })
+        }
+    }?;
+    if let Some((_, q)) = &ld.q {
+        if !q.matches_with(&EntityResolver(entity, &change.service_path)) {
+            return None;
+        }
+    }
+    if let Some(g) = &ld.geo_q {
+        let inside = entity
+            .attrs
+            .get(&g.stored_property)
+            .and_then(|a| Shape::of_stored_attribute("geo:json", &a.value))
+            .is_some_and(|shape| g.query.matches(&shape));
+        if !inside {
+            return None;
+        }
+    }
+    Some(kind)
+}
+
+/// The request of one NGSI-LD notification: a POST of the notification
+/// to an HTTP endpoint (its context in a `Link` header, or in the body
+/// for `application/ld+json`; `receiverInfo` as headers), or an MQTT
+/// publish of `{"metadata": {…}, "body": notification}` on the URI's
+/// topic (`receiverInfo` in the metadata).
+pub(crate) fn request(
+    t: &Trigger<'_>,
+    ld: &LdSubscription,
+    correlator: &str,
+) -> Result<Request, NotSent> {
+    let ctx = ld.context.as_ref();
+    let entity = if t.alteration == AlterationType::EntityDelete {
+        let mut m = Map::new();
+        m.insert("id".into(), t.entity.id.clone().into());
+        m.insert("type".into(), ctx.from_stored(&t.entity.entity_type).into());
+        m
+    } else {
+        let attrs = &t.sub.notification.attrs;
+        let how = Render {
+            context: ctx,
+            format: ld.format,
+            sys_attrs: ld.sys_attrs,
+            attrs: (!attrs.is_empty()).then_some(attrs.as_slice()),
+            lang: ld.lang.as_deref(),
+        };
+        let mut m = entity::render_entity(t.entity, &how);
+        if ld.show_changes && ld.format != Format::KeyValues {
+            previous_values(t, ld, &mut m);
+        }
+        m
+    };
+    let data = match ld.accept {
+        Accept::GeoJson => {
+            let geometry = ctx.from_stored("location");
+            serde_json::json!({
+                "type": "FeatureCollection",
+                "features": [entity::feature(Value::Object(entity), &geometry)],
+            })
+        }
+        Accept::Json | Accept::JsonLd => Value::Array(vec![Value::Object(entity)]),
+    };
+    let mut notification = Map::new();
+    notification.insert(
+        "id".into(),
+        format!("urn:ngsi-ld:Notification:{}", uuid::Uuid::new_v4()).into(),
+    );
+    notification.insert("type".into(), "Notification".into());
+    notification.insert("subscriptionId".into(), t.sub.id.clone().into());
+    notification.insert(
+        "notifiedAt".into(),
+        format_datetime(weft_model::now_ms()).into(),
+    );
+    notification.insert("data".into(), data);
+    let link = ld.jsonld_context.as_deref().unwrap_or(ctx.link_url());
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(8);
+    headers.push(("Content-Type".into(), ld.accept.media_type().into()));
+    if ld.accept == Accept::JsonLd {
+        let context = match &ld.jsonld_context {
+            Some(url) => Value::String(url.clone()),
+            None => ctx.answer_context(),
+        };
+        notification.insert("@context".into(), context);
+    } else {
+        headers.push(("Link".into(), link_header(link)));
+    }
+    if !t.tenant.is_empty() {
+        headers.push((TENANT_HEADER.into(), t.tenant.to_string()));
+    }
+    headers.extend(ld.receiver_info.iter().cloned());
+    let notification = Value::Object(notification);
+    match &t.sub.notification.endpoint {
+        Endpoint::Mqtt(m) => {
+            let metadata: Map<String, Value> = headers
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect();
+            let message = serde_json::json!({"metadata": metadata, "body": notification});
+            Ok(Request {
+                method: hyper::Method::POST,
+                url: m.url.clone(),
+                headers: Vec::new(),
+                body: Some(Bytes::from(number::to_vec(&message))),
+                mqtt: Some(Box::new(super::mqtt::Publish {
+                    topic: m.topic.clone(),
+                    qos: m.qos,
+                    retain: m.retain,
+                    credentials: m.user.clone().zip(m.passwd.clone()),
+                })),
+            })
+        }
+        Endpoint::Http { url, .. } => {
+            headers.push(("User-Agent".into(), USER_AGENT.into()));
+            headers.push(("Fiware-Correlator".into(), correlator.to_string()));
+            Ok(Request {
+                method: hyper::Method::POST,
+                url: url.clone(),
+                headers,
+                body: Some(Bytes::from(number::to_vec(&notification))),
+                mqtt: None,
+            })
+        }
+        Endpoint::HttpCustom(_) => Err(NotSent::Failed(
+            "an NGSI-LD subscription notifies over http or mqtt".into(),
+        )),
+    }
+}
+
+/// `showChanges`: each attribute the update wrote gets its value before
+/// (`previousValue`, `previousObject`, `previousLanguageMap`, …).
+fn previous_values(t: &Trigger<'_>, ld: &LdSubscription, entity: &mut Map<String, Value>) {
+    for change in t.touched {
+        let (ChangeKind::Updated, Some(previous)) = (change.kind, &change.previous) else {
+            continue;
+        };
+        let name = ld.context.from_stored(&change.name);
+        let Some(Value::Object(shown)) = entity.get_mut(&name) else {
+            continue;
+        };
+        let member = AttrKind::of_stored(&previous.attr_type).value_member();
+        let mut key = String::from("previous");
+        let mut chars = member.chars();
+        if let Some(first) = chars.next() {
+            key.push(first.to_ascii_uppercase());
+            key.push_str(chars.as_str());
+        }
+        shown.insert(key, previous.value.clone());
+    }
+}
