@@ -650,3 +650,78 @@ async fn mqtt_endpoints_receive_the_notification_with_its_metadata() {
     assert_eq!(message["body"]["type"], "Notification");
     assert_eq!(message["body"]["data"][0]["speed"]["value"], 33);
 }
+
+/// A periodic subscription (`timeInterval`) notifies every interval with
+/// every entity it selects as it is then, and nothing on changes; paused,
+/// it sends nothing.
+#[tokio::test]
+async fn a_periodic_subscription_notifies_every_interval_with_what_it_selects() {
+    let server = Server::start();
+    let c = server.client();
+    let mut receiver = Receiver::start().await;
+    for (id, speed) in [
+        ("urn:ngsi-ld:Vehicle:P1", 10),
+        ("urn:ngsi-ld:Vehicle:P2", 90),
+    ] {
+        let (status, _) = post_json(&c, "/ngsi-ld/v1/entities", &[], &vehicle(id, speed)).await;
+        assert_eq!(status, 201);
+    }
+    let (status, body) = post_json(
+        &c,
+        "/ngsi-ld/v1/subscriptions",
+        &[],
+        &json!({
+            "id": "urn:ngsi-ld:Subscription:every-second",
+            "type": "Subscription",
+            "entities": [{"type": "Vehicle"}],
+            "q": "speed>50",
+            "timeInterval": 1,
+            "notification": {"attributes": ["speed"], "format": "keyValues",
+                              "endpoint": {"uri": receiver.base.clone()}}
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let first = receiver.next().await.json();
+    assert_eq!(
+        first["data"],
+        json!([{"id": "urn:ngsi-ld:Vehicle:P2", "type": "Vehicle", "speed": 90}])
+    );
+    // A change is not notified by itself; the next period shows it.
+    patch_speed(&c, "urn:ngsi-ld:Vehicle:P1", 60).await;
+    let started = std::time::Instant::now();
+    let second = receiver.next().await.json();
+    assert!(
+        started.elapsed() > Duration::from_millis(200),
+        "sent on the change"
+    );
+    assert_eq!(second["data"].as_array().unwrap().len(), 2, "{second}");
+
+    let (_, _, got) = call_as(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/subscriptions/urn:ngsi-ld:Subscription:every-second",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(got["timeInterval"], 1);
+    let (status, _, _) = call_as(
+        &c,
+        "PATCH",
+        "/ngsi-ld/v1/subscriptions/urn:ngsi-ld:Subscription:every-second",
+        &[],
+        Some((JSON, &json!({"isActive": false}))),
+    )
+    .await;
+    assert_eq!(status, 204);
+    // One may have been on its way.
+    let _ = receiver.next_within(Duration::from_millis(300)).await;
+    assert!(
+        receiver
+            .next_within(Duration::from_millis(2500))
+            .await
+            .is_none(),
+        "a paused subscription notified"
+    );
+}

@@ -32,7 +32,7 @@ async fn health_and_metrics() {
     // One node alone does every piece of the work done once, and says so.
     let health = eventually(Duration::from_secs(10), || async {
         let health = c.expect(200, "GET", "/health", None).await;
-        (health["work"].as_array().map(Vec::len) == Some(5)).then_some(health)
+        (health["work"].as_array().map(Vec::len) == Some(6)).then_some(health)
     })
     .await;
     let node = health["node"].as_str().expect("a node id").to_string();
@@ -54,6 +54,7 @@ async fn health_and_metrics() {
             "expiry",
             "history",
             "history-changes",
+            "periodic-notifications",
             "pipeline"
         ],
         "{health}"

@@ -509,7 +509,13 @@ fn a_node_that_cannot_reach_nats_fails_at_start() {
 
 /// The work done once across the cluster by one node, as a node's
 /// `/health` lists it (the pipeline is split into partitions instead).
-const SINGULAR_WORK: [&str; 4] = ["bridges", "expiry", "history", "outbox"];
+const SINGULAR_WORK: [&str; 5] = [
+    "bridges",
+    "expiry",
+    "history",
+    "outbox",
+    "periodic-notifications",
+];
 
 /// How many partitions the pipeline is split into on PostgreSQL.
 const PARTITIONS: u16 = 16;

@@ -51,6 +51,8 @@ pub mod work {
     pub const BRIDGES: &str = "bridges";
     /// Serving the notifications a dead node owed from its change log.
     pub const OUTBOX: &str = "outbox";
+    /// The notifications of periodic NGSI-LD subscriptions.
+    pub const PERIODIC: &str = "periodic-notifications";
 }
 
 /// How leases and heartbeats are timed.

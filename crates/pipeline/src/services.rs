@@ -208,6 +208,12 @@ impl Services {
             });
         }
         tracker.spawn(subscriptions.clone().flush_loop(shutdown.clone()));
+        {
+            let (subscriptions, context) = (subscriptions.clone(), context.clone());
+            cluster.run_leased(work::PERIODIC, shutdown.clone(), tracker, move |stop| {
+                subscriptions.clone().periodic_loop(context.clone(), stop)
+            });
+        }
         let rules = RuleEngine::start(
             store.clone(),
             bus.clone(),

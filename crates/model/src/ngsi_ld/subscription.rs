@@ -11,7 +11,8 @@
 //! the client's `@context` (names are compacted with it in notifications
 //! and when the subscription is read back), the notification triggers,
 //! `q` and `geoQ` in NGSI-LD's languages, the notification's format and
-//! media type, `receiverInfo`/`notifierInfo`, and the system times.
+//! media type, `receiverInfo`/`notifierInfo`, `timeInterval` (periodic
+//! notifications) and the system times.
 //!
 //! A subscription is stored as its NGSI-LD rendering with the client's
 //! term definitions resolved ([`Context::definitions`]) and the counters
@@ -27,7 +28,7 @@ use super::context::Context;
 use super::entity::{is_uri, Format};
 use super::geo::geo_query;
 use super::query::LdQuery;
-use super::{ErrorKind, LdError};
+use super::LdError;
 use crate::geo::GeoQuery;
 use crate::ngsi::subscription::{
     parse_stats, Condition, CustomPayload, Endpoint, EntitySelector, Guarantee, MqttEndpoint,
@@ -178,6 +179,9 @@ pub struct LdSubscription {
     /// `jsonldContext`: the context notifications name instead of the
     /// subscription's.
     pub jsonld_context: Option<String>,
+    /// `timeInterval`: a periodic subscription notifies every so many
+    /// seconds with every entity it selects, and never on changes.
+    pub time_interval: Option<f64>,
     /// When it was created (epoch ms).
     pub created_at: i64,
     /// When it was last changed (epoch ms).
@@ -259,10 +263,22 @@ fn parse_with(
             "a subscription names entities, watchedAttributes or both",
         ));
     }
-    if obj.contains_key("timeInterval") {
-        return Err(LdError::new(
-            ErrorKind::OperationNotSupported,
-            "periodic subscriptions (timeInterval) are not supported: weft notifies on changes",
+    let time_interval = match obj.get("timeInterval") {
+        None => None,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(t) if t > 0.0 => Some(t),
+            _ => return Err(LdError::bad_request("timeInterval is a positive number")),
+        },
+        Some(_) => return Err(LdError::bad_request("timeInterval is a positive number")),
+    };
+    if time_interval.is_some() && !watched.is_empty() {
+        return Err(LdError::bad_request(
+            "a periodic subscription (timeInterval) watches no attributes",
+        ));
+    }
+    if time_interval.is_some() && obj.contains_key("throttling") {
+        return Err(LdError::bad_request(
+            "a periodic subscription (timeInterval) is not throttled",
         ));
     }
     let (triggers, triggers_given) = match obj.get("notificationTrigger") {
@@ -341,6 +357,7 @@ fn parse_with(
         notifier_info: params.notifier_info,
         lang,
         jsonld_context,
+        time_interval,
         created_at,
         modified_at,
     };
@@ -361,7 +378,13 @@ fn parse_with(
             covered: false,
             endpoint: params.endpoint,
             max_fails_limit: None,
-            delivery: Guarantee::AtLeastOnce,
+            // A periodic notification is a snapshot: one that fails is
+            // not sent again, the next period's is.
+            delivery: if time_interval.is_some() {
+                Guarantee::AtMostOnce
+            } else {
+                Guarantee::AtLeastOnce
+            },
             stats: NotificationStats::default(),
         },
         expires,
@@ -546,6 +569,9 @@ fn render_with(
     }
     if let Some(t) = sub.throttling {
         out.insert("throttling".into(), crate::ngsi::subscription::number(t));
+    }
+    if let Some(t) = ld.time_interval {
+        out.insert("timeInterval".into(), crate::ngsi::subscription::number(t));
     }
     if let Some(l) = &ld.lang {
         out.insert("lang".into(), l.clone().into());
@@ -1039,6 +1065,7 @@ fn stamp(obj: &Map<String, Value>, key: &str, default: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ngsi_ld::ErrorKind;
     use serde_json::json;
 
     const NOW: i64 = 1_800_000_000_000;
@@ -1103,10 +1130,15 @@ mod tests {
         refused(&|b| b["notification"]["endpoint"]["accept"] = json!("text/plain"));
         refused(&|b| b["notification"]["format"] = json!("values"));
         refused(&|b| b["notification"]["endpoint"]["uri"] = json!("mqtt://broker:1883"));
-        assert_eq!(
-            refused(&|b| b["timeInterval"] = json!(10)).kind,
-            ErrorKind::OperationNotSupported
-        );
+        refused(&|b| b["timeInterval"] = json!(0));
+        refused(&|b| {
+            b["timeInterval"] = json!(10);
+            b["watchedAttributes"] = json!(["speed"]);
+        });
+        refused(&|b| {
+            b["timeInterval"] = json!(10);
+            b["throttling"] = json!(1);
+        });
     }
 
     #[test]

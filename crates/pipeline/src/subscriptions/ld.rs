@@ -18,19 +18,28 @@
 //!
 //! Then `q` and `geoQ` must hold for the entity after the change (its
 //! last state, for a deletion).
+//!
+//! A periodic subscription (`timeInterval`) fires for no change: its
+//! notifications are sent by [`Subscriptions::periodic_loop`], each with
+//! every entity the subscription selects at that moment.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
 use weft_model::geo::Shape;
-use weft_model::ngsi::subscription::{AlterationType, Endpoint, Subscription};
-use weft_model::ngsi::{format_datetime, number, ChangeKind, EntityChange};
+use weft_model::ngsi::subscription::{AlterationType, Endpoint, Status, Subscription};
+use weft_model::ngsi::{format_datetime, number, ChangeKind, Entity, EntityChange};
 use weft_model::ngsi_ld::context::link_header;
 use weft_model::ngsi_ld::entity::{self, AttrKind, Format, Render};
 use weft_model::ngsi_ld::subscription::{Accept, LdSubscription, Trigger as Fires};
 
 use super::payload::{NotSent, Trigger, USER_AGENT};
-use super::sender::Request;
-use crate::context::{Alteration, EntityResolver};
+use super::sender::{Enqueued, Job, Outcome, Request};
+use super::{Entry, Subscriptions};
+use crate::context::{Alteration, Context, EntityFilter, EntityResolver};
 
 /// The tenant header of NGSI-LD notifications (none for the default
 /// tenant).
@@ -43,6 +52,9 @@ pub(crate) fn fires(
     ld: &LdSubscription,
     change: &EntityChange,
 ) -> Option<AlterationType> {
+    if ld.time_interval.is_some() {
+        return None;
+    }
     let watched = &sub.subject.condition.attrs;
     let watching = |name: &str| watched.is_empty() || watched.iter().any(|w| w == name);
     let entity = &change.entity;
@@ -74,22 +86,24 @@ pub(crate) fn fires(
             })
         }
     }?;
+    holds(ld, entity, &change.service_path).then_some(kind)
+}
+
+/// Whether `q` and `geoQ` hold for `entity` (at `service_path`).
+pub(crate) fn holds(ld: &LdSubscription, entity: &Entity, service_path: &str) -> bool {
     if let Some((_, q)) = &ld.q {
-        if !q.matches_with(&EntityResolver(entity, &change.service_path)) {
-            return None;
+        if !q.matches_with(&EntityResolver(entity, service_path)) {
+            return false;
         }
     }
-    if let Some(g) = &ld.geo_q {
-        let inside = entity
+    match &ld.geo_q {
+        None => true,
+        Some(g) => entity
             .attrs
             .get(&g.stored_property)
             .and_then(|a| Shape::of_stored_attribute("geo:json", &a.value))
-            .is_some_and(|shape| g.query.matches(&shape));
-        if !inside {
-            return None;
-        }
+            .is_some_and(|shape| g.query.matches(&shape)),
     }
-    Some(kind)
 }
 
 /// The request of one NGSI-LD notification: a POST of the notification
@@ -109,29 +123,63 @@ pub(crate) fn request(
         m.insert("type".into(), ctx.from_stored(&t.entity.entity_type).into());
         m
     } else {
-        let attrs = &t.sub.notification.attrs;
-        let how = Render {
-            context: ctx,
-            format: ld.format,
-            sys_attrs: ld.sys_attrs,
-            attrs: (!attrs.is_empty()).then_some(attrs.as_slice()),
-            lang: ld.lang.as_deref(),
-        };
-        let mut m = entity::render_entity(t.entity, &how);
+        let mut m = render(t.sub, ld, t.entity);
         if ld.show_changes && ld.format != Format::KeyValues {
             previous_values(t, ld, &mut m);
         }
         m
     };
+    notify(t.sub, ld, t.tenant, vec![entity], correlator)
+}
+
+/// The request of a periodic notification (`timeInterval`): every entity
+/// the subscription selects, as they are now.
+pub(crate) fn periodic_request(
+    sub: &Subscription,
+    ld: &LdSubscription,
+    tenant: &str,
+    entities: &[&Entity],
+) -> Result<Request, NotSent> {
+    let data = entities.iter().map(|e| render(sub, ld, e)).collect();
+    let correlator = uuid::Uuid::new_v4().to_string();
+    notify(sub, ld, tenant, data, &correlator)
+}
+
+/// An entity as the subscription's notifications show it.
+fn render(sub: &Subscription, ld: &LdSubscription, entity: &Entity) -> Map<String, Value> {
+    let attrs = &sub.notification.attrs;
+    let how = Render {
+        context: ld.context.as_ref(),
+        format: ld.format,
+        sys_attrs: ld.sys_attrs,
+        attrs: (!attrs.is_empty()).then_some(attrs.as_slice()),
+        lang: ld.lang.as_deref(),
+    };
+    entity::render_entity(entity, &how)
+}
+
+/// The notification of `entities` (rendered) to the subscription's
+/// endpoint.
+fn notify(
+    sub: &Subscription,
+    ld: &LdSubscription,
+    tenant: &str,
+    entities: Vec<Map<String, Value>>,
+    correlator: &str,
+) -> Result<Request, NotSent> {
+    let ctx = ld.context.as_ref();
     let data = match ld.accept {
         Accept::GeoJson => {
             let geometry = ctx.from_stored("location");
-            serde_json::json!({
-                "type": "FeatureCollection",
-                "features": [entity::feature(Value::Object(entity), &geometry)],
-            })
+            let features: Vec<Value> = entities
+                .into_iter()
+                .map(|e| entity::feature(Value::Object(e), &geometry))
+                .collect();
+            serde_json::json!({"type": "FeatureCollection", "features": features})
         }
-        Accept::Json | Accept::JsonLd => Value::Array(vec![Value::Object(entity)]),
+        Accept::Json | Accept::JsonLd => {
+            Value::Array(entities.into_iter().map(Value::Object).collect())
+        }
     };
     let mut notification = Map::new();
     notification.insert(
@@ -139,7 +187,7 @@ pub(crate) fn request(
         format!("urn:ngsi-ld:Notification:{}", uuid::Uuid::new_v4()).into(),
     );
     notification.insert("type".into(), "Notification".into());
-    notification.insert("subscriptionId".into(), t.sub.id.clone().into());
+    notification.insert("subscriptionId".into(), sub.id.clone().into());
     notification.insert(
         "notifiedAt".into(),
         format_datetime(weft_model::now_ms()).into(),
@@ -157,12 +205,12 @@ pub(crate) fn request(
     } else {
         headers.push(("Link".into(), link_header(link)));
     }
-    if !t.tenant.is_empty() {
-        headers.push((TENANT_HEADER.into(), t.tenant.to_string()));
+    if !tenant.is_empty() {
+        headers.push((TENANT_HEADER.into(), tenant.to_string()));
     }
     headers.extend(ld.receiver_info.iter().cloned());
     let notification = Value::Object(notification);
-    match &t.sub.notification.endpoint {
+    match &sub.notification.endpoint {
         Endpoint::Mqtt(m) => {
             let metadata: Map<String, Value> = headers
                 .into_iter()
@@ -218,5 +266,111 @@ fn previous_values(t: &Trigger<'_>, ld: &LdSubscription, entity: &mut Map<String
             key.push_str(chars.as_str());
         }
         shown.insert(key, previous.value.clone());
+    }
+}
+
+/// How often periodic subscriptions are looked at: the finest
+/// `timeInterval` kept to.
+const PERIODIC_TICK: Duration = Duration::from_millis(500);
+
+impl Subscriptions {
+    /// Sends the notifications of periodic NGSI-LD subscriptions
+    /// (`timeInterval`) until `stop`: each, once per interval, with every
+    /// entity it selects as it is then (when it selects none, nothing is
+    /// sent). Every node holds every entity, so one node of a cluster
+    /// does this for all.
+    pub async fn periodic_loop(self: Arc<Self>, context: Arc<Context>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(PERIODIC_TICK) => {}
+                _ = stop.cancelled() => return,
+            }
+            for entry in self.periodic_due() {
+                self.notify_periodic(&entry, &context).await;
+            }
+        }
+    }
+
+    /// The periodic subscriptions whose interval has passed.
+    fn periodic_due(&self) -> Vec<Arc<Entry>> {
+        let now = weft_model::now_ms();
+        self.tenants
+            .read()
+            .values()
+            .flat_map(|t| t.by_id.values())
+            .filter(|e| {
+                let state = e.state.lock();
+                let sub = &state.sub;
+                let Some(interval) = sub.ld.as_ref().and_then(|ld| ld.time_interval) else {
+                    return false;
+                };
+                sub.status != Status::Inactive
+                    && !sub.expired(now)
+                    && state
+                        .last_fired
+                        .is_none_or(|at| at.elapsed() >= Duration::from_secs_f64(interval))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Sends one periodic notification of `entry`, counted as a change's
+    /// would be.
+    async fn notify_periodic(&self, entry: &Arc<Entry>, context: &Context) {
+        let found = context.query(&entry.tenant, &EntityFilter::default());
+        let job = {
+            let mut state = entry.state.lock();
+            state.last_fired = Some(Instant::now());
+            let sub = &state.sub;
+            let Some(ld) = sub.ld.as_deref() else {
+                return;
+            };
+            let selected: Vec<&Entity> = found
+                .iter()
+                .filter(|e| {
+                    let entity = &e.entity;
+                    sub.subject
+                        .entities
+                        .iter()
+                        .any(|s| s.matches(&entity.id, &entity.entity_type))
+                        && holds(ld, entity, &e.service_path)
+                })
+                .map(|e| e.entity.as_ref())
+                .collect();
+            if selected.is_empty() {
+                return;
+            }
+            let request = periodic_request(sub, ld, &entry.tenant, &selected);
+            let timeout = sub.notification.endpoint.timeout();
+            let lane_key = sub.id.clone();
+            let stats = &mut state.sub.notification.stats;
+            stats.times_sent += 1;
+            stats.last_notification = Some(weft_model::now_ms());
+            match request {
+                Ok(request) => Job {
+                    request,
+                    timeout,
+                    lane_key,
+                    entry: entry.clone(),
+                    // Of no change: nothing in the change log is owed.
+                    seq: 0,
+                    generation: state.delivery.generation,
+                },
+                Err(NotSent::Skipped) => return,
+                Err(NotSent::Failed(reason)) => {
+                    drop(state);
+                    self.count(entry, Outcome::Failed(reason));
+                    return;
+                }
+            }
+        };
+        self.dirty
+            .lock()
+            .insert((entry.tenant.clone(), job.lane_key.clone()));
+        match self.sender.enqueue(job) {
+            Enqueued::Queued => {}
+            Enqueued::Parked => self.sender.drain(entry).await,
+            Enqueued::Refused(job, reason) => self.refused(entry, &job, reason),
+        }
     }
 }
