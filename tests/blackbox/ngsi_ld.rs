@@ -256,6 +256,171 @@ async fn representations() {
     );
 }
 
+/// 5.13.2–5.13.5: a context given to weft to host is served at its
+/// `Location`, names terms when a `Link` names its URL (with any host),
+/// and is kept across a restart, as is a context fetched once, which then
+/// reads while its server is gone; a cached one is fetched again with
+/// `reload=true`; documents without terms are refused.
+#[tokio::test]
+async fn hosted_and_fetched_contexts_are_kept_across_a_restart() {
+    let mut server = Server::start();
+    let c = server.client();
+    let doc =
+        json!({"@context": {"Bike": "http://example.org/Bike", "gear": "http://example.org/gear"}});
+    let (status, headers, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/jsonldContexts",
+        &[],
+        Some((LD, &doc)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let location = headers["location"].to_str().unwrap().to_string();
+    assert!(
+        location.starts_with("/ngsi-ld/v1/jsonldContexts/"),
+        "{location}"
+    );
+    let (status, _, served) = ld(&c, "GET", &location, &[], None).await;
+    assert_eq!((status, &served), (200, &doc));
+    for bad in [
+        json!({"gear": 1}),
+        json!({"@context": "http://x.example/c.jsonld"}),
+    ] {
+        let (status, _, problem) = ld(
+            &c,
+            "POST",
+            "/ngsi-ld/v1/jsonldContexts",
+            &[],
+            Some((LD, &bad)),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {problem}");
+    }
+
+    let mut host = Receiver::start().await;
+    host.answer(
+        200,
+        &json!({"@context": {"cadence": "http://example.org/cadence"}}).to_string(),
+    );
+    let fetched = format!("{}/fetched.jsonld", host.base);
+    let hosted = format!("http://weft.example{location}");
+    let context = json!([hosted, fetched]);
+    let bike = json!({"id": "urn:ngsi-ld:Bike:1", "type": "Bike", "gear": 3, "cadence": 80,
+                      "@context": context});
+    let (status, _, body) = ld(&c, "POST", "/ngsi-ld/v1/entities", &[], Some((LD, &bike))).await;
+    assert_eq!(status, 201, "{body}");
+    host.next().await;
+
+    let (_, _, listed) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/jsonldContexts?details=true",
+        &[],
+        None,
+    )
+    .await;
+    let kinds: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Hosted", "Cached"], "{listed}");
+    assert!(
+        listed[0]["URL"].as_str().unwrap().ends_with(&location),
+        "{listed}"
+    );
+    let (_, _, only) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/jsonldContexts?kind=Cached",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(only, json!([fetched]));
+
+    // The context server gone, weft restarted: both still read.
+    host.answer(503, "");
+    server.restart();
+    let c = server.client();
+    let (status, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Bike:1?options=keyValues",
+        &[("link", &link(&hosted))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["type"], "Bike");
+    assert_eq!(got["gear"], 3);
+    let (status, _, got) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities/urn:ngsi-ld:Bike:1?options=keyValues",
+        &[("link", &link(&fetched))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["cadence"], 80);
+    assert!(host
+        .next_within(std::time::Duration::from_millis(300))
+        .await
+        .is_none());
+
+    // Reloaded: fetched again now, and refused while its server fails.
+    let (_, _, listed) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/jsonldContexts?details=true&kind=Cached",
+        &[],
+        None,
+    )
+    .await;
+    let cached = listed[0]["localId"].as_str().unwrap().to_string();
+    let (status, _, problem) = ld(
+        &c,
+        "DELETE",
+        &format!("/ngsi-ld/v1/jsonldContexts/{cached}?reload=true"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 503, "{problem}");
+    host.next().await;
+    host.answer(
+        200,
+        &json!({"@context": {"cadence": "http://example.org/cadence"}}).to_string(),
+    );
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("/ngsi-ld/v1/jsonldContexts/{cached}?reload=true"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    host.next().await;
+    let hosted_id = location.rsplit('/').next().unwrap();
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("/ngsi-ld/v1/jsonldContexts/{hosted_id}?reload=true"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "a hosted context is not reloaded");
+    let (status, _, _) = ld(&c, "DELETE", &location, &[], None).await;
+    assert_eq!(status, 204);
+    let (status, _, _) = ld(&c, "GET", &location, &[], None).await;
+    assert_eq!(status, 404);
+}
+
 /// 5.5.7 and 6.3.5: a client's own context, given in a `Link` header,
 /// in the body (JSON-LD), or fetched from where its URL points; its
 /// terms name the entity's type and attributes, which other clients see

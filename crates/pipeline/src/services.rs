@@ -168,6 +168,7 @@ impl Services {
             });
         }
         let registrations = Arc::new(Registrations::load(store.clone(), bus.clone()).await?);
+        let ld_contexts = Arc::new(LdContexts::load(store.clone()).await?);
         let subscriptions = Subscriptions::load(
             store.clone(),
             config.notifications.clone(),
@@ -324,7 +325,7 @@ impl Services {
             bus,
             cluster,
             mqtt,
-            ld_contexts: Arc::new(LdContexts::new()),
+            ld_contexts,
         })
     }
 }

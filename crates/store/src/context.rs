@@ -41,6 +41,9 @@ pub enum DocumentKind {
     Page,
     /// A page service (`/api/v1/page-services`), kept with tenant "".
     PageService,
+    /// An NGSI-LD `@context` weft hosts or keeps
+    /// (`/ngsi-ld/v1/jsonldContexts`), kept with tenant "".
+    LdContext,
 }
 
 impl DocumentKind {
@@ -53,6 +56,7 @@ impl DocumentKind {
             DocumentKind::RevokedJwt => "revoked-jwt",
             DocumentKind::Page => "page",
             DocumentKind::PageService => "page-service",
+            DocumentKind::LdContext => "ld-context",
         }
     }
 }

@@ -85,7 +85,10 @@ pub fn routes() -> Routes {
                 .patch(WRITE, subscriptions::update)
                 .delete(WRITE, subscriptions::remove),
         )
-        .route("/ngsi-ld/v1/jsonldContexts", get(READ, contexts::list))
+        .route(
+            "/ngsi-ld/v1/jsonldContexts",
+            get(READ, contexts::list).post(WRITE, contexts::add),
+        )
         .route(
             "/ngsi-ld/v1/jsonldContexts/{id}",
             get(READ, contexts::serve).delete(WRITE, contexts::forget),
