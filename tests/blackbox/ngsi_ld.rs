@@ -786,6 +786,20 @@ async fn queries_and_tenants() {
     )
     .await;
     assert_eq!(v2[0]["id"], "urn:ngsi-ld:Bike:1");
+    // A tenant nothing was ever created in is not there to read from.
+    let (status, _, problem) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Bike",
+        &[("ngsild-tenant", "nobody")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{problem}");
+    assert_eq!(
+        problem["type"],
+        "https://uri.etsi.org/ngsi-ld/errors/NonexistentTenant"
+    );
 
     let (status, _, problem) = ld(&c, "GET", "/ngsi-ld/v1/entities", &[], None).await;
     assert_eq!(status, 400);

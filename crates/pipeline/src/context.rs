@@ -473,6 +473,13 @@ impl Context {
         Ok(())
     }
 
+    /// Whether `tenant` has had an entity on any node (a tenant comes to
+    /// be with its first entity, and stays).
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.take_arrived_now(Wanted::Tenant(tenant));
+        self.tenants.read().contains_key(tenant)
+    }
+
     /// Entities of `tenant` passing `filter`, in creation order.
     pub fn query(&self, tenant: &str, filter: &EntityFilter) -> Vec<StoredEntity> {
         if filter.ids.is_empty() {

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -202,6 +202,13 @@ impl FromRequestParts<AppState> for LdRequest {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self> {
         let tenant = tenant(&parts.headers, state)?;
+        let reads = matches!(parts.method, Method::GET | Method::DELETE);
+        if reads && !tenant_exists(state, &tenant).await {
+            return Err(Error(LdError::new(
+                ErrorKind::NonexistentTenant,
+                format!("there is no tenant {tenant}"),
+            )));
+        }
         let link = link_context(&parts.headers)?;
         let link_given = link.is_some();
         let context = state
@@ -376,6 +383,25 @@ fn tenant(headers: &HeaderMap, state: &AppState) -> Result<String> {
     } else {
         DEFAULT_TENANT.to_string()
     })
+}
+
+/// Whether `tenant` exists: the default one always; another once it has
+/// had an entity, a subscription or a history (NGSI-LD's tenants come to
+/// be with what is created in them; reading or deleting in one that never
+/// had anything is `NonexistentTenant`).
+async fn tenant_exists(state: &AppState, tenant: &str) -> bool {
+    let services = &state.services;
+    if tenant == DEFAULT_TENANT
+        || services.context.has_tenant(tenant)
+        || services.subscriptions.has_tenant(tenant)
+    {
+        return true;
+    }
+    match services.store.history_tenants().await {
+        Ok(tenants) => tenants.iter().any(|t| t == tenant),
+        // Not known to be missing: the read itself will say what it finds.
+        Err(_) => true,
+    }
 }
 
 /// The URL of the JSON-LD context a `Link` header names, if any; two are

@@ -559,6 +559,14 @@ impl Subscriptions {
         }
     }
 
+    /// Whether `tenant` has a subscription of either API.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.tenants
+            .read()
+            .get(tenant)
+            .is_some_and(|t| !t.by_id.is_empty())
+    }
+
     /// Every NGSIv2 subscription of `tenant`, rendered, in creation
     /// order.
     pub fn list(&self, tenant: &str) -> Vec<Value> {
