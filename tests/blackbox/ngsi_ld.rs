@@ -1286,12 +1286,44 @@ async fn temporal_evolution_from_the_one_history() {
     )
     .await;
     assert_eq!(whole["temperature"]["sum"][0][0], 41.0, "{whole}");
-    for bad in [
-        "aggrMethods=stddev",
-        "aggrMethods=avg&aggrPeriodDuration=PT2H",
+    // Computed from the instances: the other methods, any duration.
+    let (status, _, more) = ld(
+        &c,
+        "GET",
+        &format!("{path}?aggrMethods=distinctCount,sumsq,stddev"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{more}");
+    assert_eq!(more["temperature"]["distinctCount"][0][0], 4, "{more}");
+    assert_eq!(more["temperature"]["sumsq"][0][0], 1854.0, "{more}");
+    let stddev = more["temperature"]["stddev"][0][0].as_f64().unwrap();
+    assert!((stddev - (5.0f64 / 3.0).sqrt()).abs() < 1e-9, "{more}");
+    let (status, _, two) = ld(
+        &c,
+        "GET",
+        &format!(
+            "{path}?aggrMethods=sum&aggrPeriodDuration=PT2M&timerel=between&timeAt={}&endTimeAt={}",
+            at(0),
+            at(4)
+        ),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{two}");
+    assert_eq!(
+        two["temperature"]["sum"],
+        json!([[41.0, at(0), at(2)], [45.0, at(2), at(4)]])
+    );
+    for (bad, expected) in [
+        ("aggrMethods=median", 400),
+        ("aggrMethods=avg&aggrPeriodDuration=P1MT1H", 422),
+        ("aggrMethods=avg&aggrPeriodDuration=1H", 400),
     ] {
         let (status, _, problem) = ld(&c, "GET", &format!("{path}?{bad}"), &[], None).await;
-        assert_eq!(status, 422, "{bad}: {problem}");
+        assert_eq!(status, expected, "{bad}: {problem}");
     }
 
     let (_, _, listed) = ld(

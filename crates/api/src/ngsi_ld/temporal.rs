@@ -206,20 +206,55 @@ pub async fn query(
     Ok(req.answer(Value::Array(render(&req, &params, rows))))
 }
 
-/// An aggregated temporal request (`aggrMethods`, `aggrPeriodDuration`):
-/// the history's own aggregations, which QuantumLeap's API answers from
-/// too.
+/// An aggregated temporal request (`aggrMethods`, `aggrPeriodDuration`).
+/// Totals, sums, means, minima and maxima over one calendar unit (or the
+/// whole range) come from the history's rollups, which QuantumLeap's API
+/// answers from too; `distinctCount`, `stddev`, `sumsq` and any other
+/// duration are computed here from the instances.
 struct Aggregation {
     /// Each method asked, with its NGSI-LD name.
-    methods: Vec<(&'static str, AggrMethod)>,
-    /// The buckets; `None`: the whole range as one.
-    period: Option<AggrPeriod>,
+    methods: Vec<(&'static str, Method)>,
+    /// The buckets.
+    period: Period,
+}
+
+/// One aggregation method (clause 4.5.19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// One the history's rollups keep.
+    Rollup(AggrMethod),
+    /// How many distinct values.
+    DistinctCount,
+    /// The sample standard deviation of the numbers.
+    Stddev,
+    /// The sum of the numbers' squares.
+    Sumsq,
+}
+
+/// How instances are bucketed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Period {
+    /// The whole range as one (`P0D`, or none given).
+    Whole,
+    /// One UTC calendar unit, as the rollups keep them.
+    Calendar(AggrPeriod),
+    /// Any other duration: so many months, or so many milliseconds, from
+    /// the range's start (its first instance without `timeAt`).
+    Every { months: u32, millis: i64 },
+}
+
+/// One aggregated value of one series.
+struct Aggregate {
+    entity_id: String,
+    entity_type: String,
+    attr: String,
+    start: i64,
+    end: i64,
+    value: Value,
 }
 
 impl Aggregation {
-    /// The aggregation asked for, if any. The methods the history keeps
-    /// are `totalCount`, `sum`, `avg`, `min` and `max`; the periods one
-    /// calendar unit (`PT1S`, `PT1M`, `PT1H`, `P1D`, `P1M`, `P1Y`).
+    /// The aggregation asked for, if any.
     fn from_params(params: &LdParams) -> Result<Option<Aggregation>> {
         let Some(names) = params.list("aggrMethods") else {
             return Ok(None);
@@ -227,45 +262,33 @@ impl Aggregation {
         let mut methods = Vec::new();
         for name in &names {
             let method = match name.as_str() {
-                "totalCount" => ("totalCount", AggrMethod::Count),
-                "sum" => ("sum", AggrMethod::Sum),
-                "avg" => ("avg", AggrMethod::Avg),
-                "min" => ("min", AggrMethod::Min),
-                "max" => ("max", AggrMethod::Max),
-                "distinctCount" | "stddev" | "sumsq" => {
-                    return Err(Error(LdError::new(
-                        ErrorKind::OperationNotSupported,
-                        format!("aggrMethods {name} is not supported"),
-                    )))
-                }
+                "totalCount" => ("totalCount", Method::Rollup(AggrMethod::Count)),
+                "sum" => ("sum", Method::Rollup(AggrMethod::Sum)),
+                "avg" => ("avg", Method::Rollup(AggrMethod::Avg)),
+                "min" => ("min", Method::Rollup(AggrMethod::Min)),
+                "max" => ("max", Method::Rollup(AggrMethod::Max)),
+                "distinctCount" => ("distinctCount", Method::DistinctCount),
+                "stddev" => ("stddev", Method::Stddev),
+                "sumsq" => ("sumsq", Method::Sumsq),
                 other => {
                     return Err(Error(LdError::bad_request(format!(
                         "aggrMethods: unknown method {other}"
                     ))))
                 }
             };
-            methods.push(method);
+            if !methods.contains(&method) {
+                methods.push(method);
+            }
         }
         let period = match params.get("aggrPeriodDuration") {
-            None | Some("P0D" | "PT0S") => None,
-            Some("PT1S") => Some(AggrPeriod::Second),
-            Some("PT1M") => Some(AggrPeriod::Minute),
-            Some("PT1H") => Some(AggrPeriod::Hour),
-            Some("P1D") => Some(AggrPeriod::Day),
-            Some("P1M") => Some(AggrPeriod::Month),
-            Some("P1Y") => Some(AggrPeriod::Year),
-            Some(other) => {
-                return Err(Error(LdError::new(
-                    ErrorKind::OperationNotSupported,
-                    format!("aggrPeriodDuration {other}: one calendar unit (PT1S, PT1M, PT1H, P1D, P1M, P1Y) is supported"),
-                )))
-            }
+            None => Period::Whole,
+            Some(text) => period(text)?,
         };
         Ok(Some(Aggregation { methods, period }))
     }
 
     /// The aggregated temporal entities: each attribute with, per method,
-    /// `[value, startAt, endAt]` per bucket.
+    /// `[value, startAt, endAt]` per bucket that has instances.
     async fn run(
         &self,
         state: &AppState,
@@ -274,25 +297,26 @@ impl Aggregation {
         attrs: &[String],
         range: &Range,
     ) -> Result<Vec<Value>> {
-        state.services.history.settle().await;
-        let query = HistoryQuery {
-            tenant: req.tenant.clone(),
-            entity_ids,
-            attrs: attrs.to_vec(),
-            from: range.from,
-            to: range.to,
-            ..HistoryQuery::default()
+        let from_rollups = self
+            .methods
+            .iter()
+            .all(|(_, m)| matches!(m, Method::Rollup(_)))
+            && match self.period {
+                Period::Whole => true,
+                Period::Calendar(p) => range.from.is_none_or(|f| aligned(f, p)),
+                Period::Every { .. } => false,
+            };
+        let found = if from_rollups {
+            self.read_rollups(state, req, entity_ids, attrs, range)
+                .await?
+        } else {
+            let rows = history(state, req, entity_ids, None, attrs, range).await?;
+            self.compute_rows(rows, range)
         };
         let mut order: Vec<String> = Vec::new();
         let mut entities: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
-        for (name, method) in &self.methods {
-            let found = state
-                .services
-                .store
-                .aggregate_history(&query, *method, self.period)
-                .await
-                .map_err(store_error)?;
-            for a in found {
+        for (name, aggregates) in found {
+            for a in aggregates {
                 if !entities.contains_key(&a.entity_id) {
                     order.push(a.entity_id.clone());
                 }
@@ -308,21 +332,15 @@ impl Aggregation {
                 let attr = entity
                     .entry(req.context.from_stored(&a.attr))
                     .or_insert_with(|| json!({"type": "Property"}));
-                let end = bucket_end(a.bucket, self.period, range);
-                let value = match (a.value, method) {
-                    (None, _) => Value::Null,
-                    (Some(n), AggrMethod::Count) => json!(n as i64),
-                    (Some(v), _) => json!(v),
-                };
                 if let Some(list) = attr
                     .as_object_mut()
-                    .map(|m| m.entry(*name).or_insert_with(|| json!([])))
+                    .map(|m| m.entry(name).or_insert_with(|| json!([])))
                     .and_then(Value::as_array_mut)
                 {
                     list.push(json!([
-                        value,
-                        format_datetime(a.bucket),
-                        format_datetime(end)
+                        a.value,
+                        format_datetime(a.start),
+                        format_datetime(a.end)
                     ]));
                 }
             }
@@ -332,15 +350,293 @@ impl Aggregation {
             .filter_map(|id| entities.remove(&id).map(Value::Object))
             .collect())
     }
+
+    /// Each method's aggregates from the history's rollups.
+    async fn read_rollups(
+        &self,
+        state: &AppState,
+        req: &LdRequest,
+        entity_ids: Vec<String>,
+        attrs: &[String],
+        range: &Range,
+    ) -> Result<Vec<(&'static str, Vec<Aggregate>)>> {
+        state.services.history.settle().await;
+        let query = HistoryQuery {
+            tenant: req.tenant.clone(),
+            entity_ids,
+            attrs: attrs.to_vec(),
+            from: range.from,
+            to: range.to,
+            ..HistoryQuery::default()
+        };
+        let unit = match self.period {
+            Period::Calendar(p) => Some(p),
+            _ => None,
+        };
+        let mut out = Vec::new();
+        for (name, method) in &self.methods {
+            let Method::Rollup(method) = method else {
+                continue;
+            };
+            let found = state
+                .services
+                .store
+                .aggregate_history(&query, *method, unit)
+                .await
+                .map_err(store_error)?;
+            let aggregates = found
+                .into_iter()
+                .map(|a| Aggregate {
+                    end: match unit {
+                        Some(p) => p.bucket_end(a.bucket),
+                        None => whole_range_end(range),
+                    },
+                    start: a.bucket,
+                    value: match (a.value, method) {
+                        (None, _) => Value::Null,
+                        (Some(n), AggrMethod::Count) => json!(n as i64),
+                        (Some(v), _) => json!(v),
+                    },
+                    entity_id: a.entity_id,
+                    entity_type: a.entity_type,
+                    attr: a.attr,
+                })
+                .collect();
+            out.push((*name, aggregates));
+        }
+        Ok(out)
+    }
+
+    /// Each method's aggregates computed from the instances.
+    fn compute_rows(
+        &self,
+        mut rows: Vec<HistoryRow>,
+        range: &Range,
+    ) -> Vec<(&'static str, Vec<Aggregate>)> {
+        rows.retain(|r| !r.attr.is_empty());
+        // Series by series (first seen first), each oldest first.
+        let mut order: Vec<(String, String)> = Vec::new();
+        let mut series: BTreeMap<(String, String), Vec<HistoryRow>> = BTreeMap::new();
+        for row in rows {
+            let key = (row.entity_id.clone(), row.attr.clone());
+            if !series.contains_key(&key) {
+                order.push(key.clone());
+            }
+            series.entry(key).or_default().push(row);
+        }
+        let mut out: Vec<(&'static str, Vec<Aggregate>)> =
+            self.methods.iter().map(|(n, _)| (*n, Vec::new())).collect();
+        for key in order {
+            let Some(mut instances) = series.remove(&key) else {
+                continue;
+            };
+            instances.sort_by_key(|r| (r.time, r.instance));
+            for (start, end, bucket) in self.buckets(&instances, range) {
+                for ((_, method), (_, list)) in self.methods.iter().zip(out.iter_mut()) {
+                    list.push(Aggregate {
+                        entity_id: bucket[0].entity_id.clone(),
+                        entity_type: bucket[0].entity_type.clone(),
+                        attr: bucket[0].attr.clone(),
+                        start,
+                        end,
+                        value: compute(*method, bucket),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// A series' instances (oldest first) cut into the buckets that hold
+    /// some: (start, end, instances).
+    fn buckets<'r>(
+        &self,
+        instances: &'r [HistoryRow],
+        range: &Range,
+    ) -> Vec<(i64, i64, &'r [HistoryRow])> {
+        let Some(first) = instances.first() else {
+            return Vec::new();
+        };
+        let origin = range.from.unwrap_or(first.time);
+        let next = |start: i64| -> i64 {
+            match self.period {
+                Period::Whole => i64::MAX,
+                Period::Calendar(p) => p.bucket_end(start),
+                Period::Every { months, millis } => add_months(start, months) + millis,
+            }
+        };
+        if self.period == Period::Whole {
+            return vec![(first.time, whole_range_end(range), instances)];
+        }
+        let mut out = Vec::new();
+        let (mut start, mut i) = (origin, 0);
+        while i < instances.len() {
+            let end = next(start);
+            if end <= start {
+                break;
+            }
+            let j = i + instances[i..].iter().take_while(|r| r.time < end).count();
+            if j > i {
+                out.push((start, end, &instances[i..j]));
+            }
+            i = j;
+            start = end;
+        }
+        out
+    }
 }
 
-/// Where a bucket starting at `start` ends: the next bucket's start, or,
-/// for the whole range, its end (now when it has none).
-fn bucket_end(start: i64, period: Option<AggrPeriod>, range: &Range) -> i64 {
-    match period {
-        Some(period) => period.bucket_end(start),
-        None => range.to.map_or_else(weft_model::now_ms, |to| to + 1),
+/// One method over one bucket's instances.
+fn compute(method: Method, rows: &[HistoryRow]) -> Value {
+    let numbers: Vec<f64> = rows.iter().filter_map(|r| r.number).collect();
+    let n = numbers.len() as f64;
+    let number = |v: f64| if v.is_finite() { json!(v) } else { Value::Null };
+    match method {
+        Method::Rollup(AggrMethod::Count) => json!(rows.len()),
+        Method::DistinctCount => {
+            let distinct: std::collections::HashSet<&str> =
+                rows.iter().map(|r| r.value.as_str()).collect();
+            json!(distinct.len())
+        }
+        _ if numbers.is_empty() => Value::Null,
+        Method::Rollup(AggrMethod::Sum) => number(numbers.iter().sum()),
+        Method::Rollup(AggrMethod::Avg) => number(numbers.iter().sum::<f64>() / n),
+        Method::Rollup(AggrMethod::Min) => {
+            number(numbers.iter().copied().fold(f64::INFINITY, f64::min))
+        }
+        Method::Rollup(AggrMethod::Max) => {
+            number(numbers.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+        }
+        Method::Sumsq => number(numbers.iter().map(|v| v * v).sum()),
+        Method::Stddev => {
+            if numbers.len() < 2 {
+                return json!(0.0);
+            }
+            let mean = numbers.iter().sum::<f64>() / n;
+            let squares: f64 = numbers.iter().map(|v| (v - mean) * (v - mean)).sum();
+            number((squares / (n - 1.0)).sqrt())
+        }
     }
+}
+
+/// `aggrPeriodDuration`: an ISO 8601 duration (`P1D`, `PT15M`,
+/// `P1Y2M`, `P2W`). One calendar unit is bucketed as the rollups are;
+/// others from the range's start; months with days or times together are
+/// not supported.
+fn period(text: &str) -> Result<Period> {
+    let bad = || {
+        Error(LdError::bad_request(format!(
+            "aggrPeriodDuration is an ISO 8601 duration: {text}"
+        )))
+    };
+    let rest = text
+        .strip_prefix('P')
+        .filter(|r| !r.is_empty())
+        .ok_or_else(bad)?;
+    let (date, time) = match rest.split_once('T') {
+        Some((d, t)) if !t.is_empty() => (d, t),
+        Some(_) => return Err(bad()),
+        None => (rest, ""),
+    };
+    let (mut months, mut millis) = (0u32, 0i64);
+    let mut read = |part: &str, units: &[(char, i64, bool)]| -> Result<()> {
+        let mut number = String::new();
+        for c in part.chars() {
+            if c.is_ascii_digit() || c == '.' {
+                number.push(c);
+                continue;
+            }
+            let (_, scale, is_months) = units.iter().find(|(u, _, _)| *u == c).ok_or_else(bad)?;
+            let n: f64 = number.parse().map_err(|_| bad())?;
+            number.clear();
+            if *is_months {
+                months = months.saturating_add((n * *scale as f64) as u32);
+            } else {
+                millis = millis.saturating_add((n * *scale as f64) as i64);
+            }
+        }
+        if number.is_empty() {
+            Ok(())
+        } else {
+            Err(bad())
+        }
+    };
+    read(
+        date,
+        &[
+            ('Y', 12, true),
+            ('M', 1, true),
+            ('W', 604_800_000, false),
+            ('D', 86_400_000, false),
+        ],
+    )?;
+    read(
+        time,
+        &[
+            ('H', 3_600_000, false),
+            ('M', 60_000, false),
+            ('S', 1_000, false),
+        ],
+    )?;
+    Ok(match (months, millis) {
+        (0, 0) => Period::Whole,
+        (12, 0) => Period::Calendar(AggrPeriod::Year),
+        (1, 0) => Period::Calendar(AggrPeriod::Month),
+        (0, 86_400_000) => Period::Calendar(AggrPeriod::Day),
+        (0, 3_600_000) => Period::Calendar(AggrPeriod::Hour),
+        (0, 60_000) => Period::Calendar(AggrPeriod::Minute),
+        (0, 1_000) => Period::Calendar(AggrPeriod::Second),
+        (m, 0) => Period::Every {
+            months: m,
+            millis: 0,
+        },
+        (0, ms) => Period::Every {
+            months: 0,
+            millis: ms,
+        },
+        _ => {
+            return Err(Error(LdError::new(
+                ErrorKind::OperationNotSupported,
+                format!(
+                "aggrPeriodDuration {text}: months together with days or times are not supported"
+            ),
+            )))
+        }
+    })
+}
+
+/// Whether `time` starts a bucket of `unit`.
+fn aligned(time: i64, unit: AggrPeriod) -> bool {
+    use chrono::{DateTime, Datelike, Timelike, Utc};
+    let Some(t) = DateTime::<Utc>::from_timestamp_millis(time) else {
+        return false;
+    };
+    let midnight = t.num_seconds_from_midnight() == 0 && t.timestamp_subsec_millis() == 0;
+    match unit {
+        AggrPeriod::Second => time.rem_euclid(1_000) == 0,
+        AggrPeriod::Minute => time.rem_euclid(60_000) == 0,
+        AggrPeriod::Hour => time.rem_euclid(3_600_000) == 0,
+        AggrPeriod::Day => midnight,
+        AggrPeriod::Month => midnight && t.day() == 1,
+        AggrPeriod::Year => midnight && t.day() == 1 && t.month() == 1,
+    }
+}
+
+/// `time` plus `months` calendar months (UTC).
+fn add_months(time: i64, months: u32) -> i64 {
+    use chrono::{DateTime, Months, Utc};
+    if months == 0 {
+        return time;
+    }
+    DateTime::<Utc>::from_timestamp_millis(time)
+        .and_then(|t| t.checked_add_months(Months::new(months)))
+        .map_or(i64::MAX, |t| t.timestamp_millis())
+}
+
+/// Where the whole range ends: after its last instant, or now when it
+/// has none.
+fn whole_range_end(range: &Range) -> i64 {
+    range.to.map_or_else(weft_model::now_ms, |to| to + 1)
 }
 
 /// "Create or Update Temporal Representation of an Entity"
@@ -588,4 +884,81 @@ fn attribute(instances: &[HistoryRow], simplified: bool) -> Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_calendar_units_or_fixed_steps() {
+        let p = |t: &str| period(t).map_err(|e| e.0.kind);
+        assert_eq!(p("P1D"), Ok(Period::Calendar(AggrPeriod::Day)));
+        assert_eq!(p("PT1M"), Ok(Period::Calendar(AggrPeriod::Minute)));
+        assert_eq!(p("P1Y"), Ok(Period::Calendar(AggrPeriod::Year)));
+        assert_eq!(p("P0D"), Ok(Period::Whole));
+        assert_eq!(
+            p("PT15M"),
+            Ok(Period::Every {
+                months: 0,
+                millis: 900_000
+            })
+        );
+        assert_eq!(
+            p("P1W"),
+            Ok(Period::Every {
+                months: 0,
+                millis: 604_800_000
+            })
+        );
+        assert_eq!(
+            p("P1Y6M"),
+            Ok(Period::Every {
+                months: 18,
+                millis: 0
+            })
+        );
+        assert_eq!(p("P1MT1H"), Err(ErrorKind::OperationNotSupported));
+        for bad in ["1D", "P", "PT", "P1X", "PT1", "P1DT"] {
+            assert_eq!(p(bad), Err(ErrorKind::BadRequestData), "{bad}");
+        }
+    }
+
+    #[test]
+    fn calendar_alignment() {
+        let t = |s: &str| parse_datetime(s).unwrap();
+        assert!(aligned(t("2024-05-01T00:00:00Z"), AggrPeriod::Month));
+        assert!(!aligned(t("2024-05-02T00:00:00Z"), AggrPeriod::Month));
+        assert!(aligned(t("2024-05-02T00:00:00Z"), AggrPeriod::Day));
+        assert!(!aligned(t("2024-05-02T00:00:01Z"), AggrPeriod::Minute));
+        assert!(aligned(t("2024-01-01T00:00:00Z"), AggrPeriod::Year));
+    }
+
+    #[test]
+    fn methods_over_instances() {
+        let row = |value: &str, number: Option<f64>| HistoryRow {
+            tenant: String::new(),
+            service_path: "/".into(),
+            entity_id: "urn:a:1".into(),
+            entity_type: "T".into(),
+            attr: "x".into(),
+            attr_type: "Property".into(),
+            time: 0,
+            instance: 0,
+            value: value.into(),
+            number,
+        };
+        let rows = [
+            row("1", Some(1.0)),
+            row("1", Some(1.0)),
+            row("4", Some(4.0)),
+            row("\"a\"", None),
+        ];
+        assert_eq!(compute(Method::Rollup(AggrMethod::Count), &rows), json!(4));
+        assert_eq!(compute(Method::DistinctCount, &rows), json!(3));
+        assert_eq!(compute(Method::Sumsq, &rows), json!(18.0));
+        assert_eq!(compute(Method::Rollup(AggrMethod::Max), &rows), json!(4.0));
+        assert_eq!(compute(Method::Stddev, &rows[..2]), json!(0.0));
+        assert_eq!(compute(Method::Sumsq, &rows[3..]), Value::Null);
+    }
 }
