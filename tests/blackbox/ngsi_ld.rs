@@ -1773,6 +1773,16 @@ async fn temporal_representations_written_and_deleted() {
     .await;
     assert_eq!(status, 404, "history only: no current entity was made");
 
+    // One attribute's instances deleted (5.6.13): the other's stay.
+    let attr_path = "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Meter:1/attrs/power";
+    let (status, _, body) = ld(&c, "DELETE", attr_path, &[], None).await;
+    assert_eq!(status, 204, "{body}");
+    let (_, _, got) = ld(&c, "GET", path, &[], None).await;
+    assert!(got.get("power").is_none(), "{got}");
+    assert_eq!(got["energy"]["values"].as_array().unwrap().len(), 3);
+    let (status, _, _) = ld(&c, "DELETE", attr_path, &[], None).await;
+    assert_eq!(status, 404, "nothing left of it");
+
     let (status, _, _) = ld(
         &c,
         "DELETE",

@@ -80,6 +80,7 @@ macro_rules! conformance_tests {
             history_aggregates_by_month_and_year,
             history_delete_by_id_and_type,
             history_delete_of_a_range_keeps_the_rest_and_its_rollups_right,
+            history_delete_of_one_attribute_keeps_the_others,
             history_delete_stays_in_its_service_path,
             history_feed_is_queued_with_the_change_and_consumed_once,
             notified_rows_are_queued_then_moved_once,
@@ -2479,6 +2480,25 @@ pub(crate) async fn history_delete_of_a_range_keeps_the_rest_and_its_rollups_rig
 where
     B::Store: HistoryStore + ContextStore + UnitStore,
 {
+    range_delete::<B>(Vec::new()).await;
+}
+
+/// A delete of one attribute over a range: the attribute's rows in range
+/// go, the entity's other attributes stay, in the rows and the rollups.
+pub(crate) async fn history_delete_of_one_attribute_keeps_the_others<B: Backend>()
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    range_delete::<B>(vec!["x".into()]).await;
+}
+
+/// Deletes the range below of R's `attrs` (empty: all), then checks every
+/// series' rows and rollups against what should be left.
+async fn range_delete<B: Backend>(attrs: Vec<String>)
+where
+    B::Store: HistoryStore + ContextStore + UnitStore,
+{
+    let covered = |attr: &str| attrs.is_empty() || attrs.iter().any(|a| a == attr);
     let backend = B::fresh().await;
     let store = backend.open().await;
     const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
@@ -2501,15 +2521,19 @@ where
         .iter()
         .filter(|r| r.entity_id == "R" && r.attr == "x" && in_range(r.time))
         .count();
-    let gone_y = rows
-        .iter()
-        .filter(|r| r.entity_id == "R" && r.attr == "y" && in_range(r.time))
-        .count();
+    let gone_y = if covered("y") {
+        rows.iter()
+            .filter(|r| r.entity_id == "R" && r.attr == "y" && in_range(r.time))
+            .count()
+    } else {
+        0
+    };
     assert!(gone_x > crate::HISTORY_DELETE_CHUNK);
     let deleted = store
         .delete_history(&HistoryDelete {
             from: Some(from),
             to: Some(to),
+            attrs: attrs.clone(),
             ..hdelete(Some("R"), None)
         })
         .await
@@ -2518,7 +2542,7 @@ where
 
     let kept: Vec<&HistoryRow> = rows
         .iter()
-        .filter(|r| r.entity_id != "R" || !in_range(r.time))
+        .filter(|r| r.entity_id != "R" || !in_range(r.time) || !covered(&r.attr))
         .collect();
     for (id, attr) in [("R", "x"), ("R", "y"), ("S", "x")] {
         let q = HistoryQuery {
@@ -2592,6 +2616,7 @@ where
         .delete_history(&HistoryDelete {
             from: Some(from),
             to: Some(to),
+            attrs: attrs.clone(),
             ..hdelete(Some("R"), None)
         })
         .await

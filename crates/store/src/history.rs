@@ -867,9 +867,17 @@ pub struct HistoryDelete {
     /// Only rows at or before this time (epoch ms, inclusive, as
     /// QuantumLeap's `toDate`).
     pub to: Option<i64>,
+    /// Only these attributes' rows (NGSI-LD's "Delete Attribute from
+    /// Temporal Representation"); empty: every attribute's.
+    pub attrs: Vec<String>,
 }
 
 impl HistoryDelete {
+    /// Whether the delete covers attribute `attr`.
+    pub(crate) fn covers_attr(&self, attr: &str) -> bool {
+        self.attrs.is_empty() || self.attrs.iter().any(|a| a == attr)
+    }
+
     /// Whether an entity recorded under `path` is in the delete's scope.
     pub(crate) fn covers_path(&self, path: &str) -> bool {
         self.service_path

@@ -36,6 +36,7 @@ fn target(
         entity_type,
         from: params.from.map(|d| d.1),
         to: params.to.map(|d| d.1),
+        attrs: Vec::new(),
     })
 }
 

@@ -36,7 +36,7 @@ use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
 use weft_pipeline::ld_contexts::LdContexts;
 
 use crate::ngsi::params::{content_type, media_type, Params};
-use crate::routes::{get, patch, post, Access, Routes, Scope};
+use crate::routes::{delete, get, patch, post, Access, Routes, Scope};
 use crate::AppState;
 
 /// The NGSI-LD tenant header.
@@ -111,6 +111,10 @@ pub fn routes() -> Routes {
         .route(
             "/ngsi-ld/v1/temporal/entities/{id}/attrs",
             post(WRITE, temporal::append),
+        )
+        .route(
+            "/ngsi-ld/v1/temporal/entities/{id}/attrs/{attr}",
+            delete(WRITE, temporal::delete_attr),
         )
         .route(
             "/ngsi-ld/v1/entityOperations/create",

@@ -699,23 +699,45 @@ pub async fn delete(
     req: LdRequest,
     Path(id): Path<String>,
 ) -> Result<Response> {
+    delete_history(&state, &req, &id, Vec::new()).await
+}
+
+/// "Delete Attribute from Temporal Representation"
+/// (`DELETE /ngsi-ld/v1/temporal/entities/{id}/attrs/{attrId}`): every
+/// instance of the attribute leaves the history; the entity's other
+/// attributes and its current state stay.
+pub async fn delete_attr(
+    State(state): State<AppState>,
+    req: LdRequest,
+    Path((id, attr)): Path<(String, String)>,
+) -> Result<Response> {
+    let stored = req.context.to_stored(&attr);
+    delete_history(&state, &req, &id, vec![stored]).await
+}
+
+/// Deletes entity `id`'s history, of `attrs` only when some are named:
+/// 204, or 404 when there was none.
+async fn delete_history(
+    state: &AppState,
+    req: &LdRequest,
+    id: &str,
+    attrs: Vec<String>,
+) -> Result<Response> {
     state.services.history.settle().await;
     let deleted = state
         .services
         .store
         .delete_history(&HistoryDelete {
             tenant: req.tenant.clone(),
-            service_path: None,
-            entity_id: Some(id.clone()),
-            entity_type: None,
-            from: None,
-            to: None,
+            entity_id: Some(id.to_string()),
+            attrs,
+            ..HistoryDelete::default()
         })
         .await
         .map_err(store_error)?;
     if deleted == 0 {
         return Err(Error(LdError::not_found(format!(
-            "no history of an entity with id {id}"
+            "no such history of an entity with id {id}"
         ))));
     }
     Ok(StatusCode::NO_CONTENT.into_response())

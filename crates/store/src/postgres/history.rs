@@ -541,7 +541,10 @@ async fn delete_history(c: &Conn, d: &HistoryDelete) -> Result<DeleteStep> {
     let mut budget = HISTORY_DELETE_CHUNK;
     let mut step = DeleteStep::default();
     for (id, ty) in &entities {
-        for (_, series) in entity_attrs(&**c, tenant, id, ty).await? {
+        for (attr, series) in entity_attrs(&**c, tenant, id, ty).await? {
+            if !d.covers_attr(&attr) {
+                continue;
+            }
             if budget == 0 {
                 return Ok(step);
             }

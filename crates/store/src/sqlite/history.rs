@@ -846,7 +846,8 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
     let mut budget = HISTORY_DELETE_CHUNK as u64;
     let mut step = DeleteStep::default();
     for key in delete_targets(conn, d)? {
-        let attrs = entity_attrs(conn, key)?;
+        let mut attrs = entity_attrs(conn, key)?;
+        attrs.retain(|a| d.covers_attr(a));
         for attr in &attrs {
             for period in ROLLUP_PERIODS {
                 let (first, last) = covered_buckets(d.from, d.to, period);
@@ -856,6 +857,16 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
                 )?
                 .execute((key, attr, period, first, last))?;
             }
+        }
+        if !d.attrs.is_empty() {
+            let rows_doomed = delete_state_attrs(conn, key, d, budget, &attrs, &cut)?;
+            step.rows += rows_doomed;
+            budget = budget.saturating_sub(rows_doomed);
+            if budget == 0 {
+                return Ok(step);
+            }
+            forget_if_empty(conn, key)?;
+            continue;
         }
         let mut doomed: Vec<DoomedState> = Vec::new();
         let mut rows_doomed = 0u64;
@@ -892,6 +903,70 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
     }
     step.done = true;
     Ok(step)
+}
+
+/// [`delete_history`] of some attributes only (`d.attrs`, those of them
+/// the entity has: `attrs`): each state in range that holds one loses
+/// them (a state left with none is deleted), about `budget` rows at
+/// most; the buckets the range cuts through are corrected for them.
+/// Answers the rows deleted.
+fn delete_state_attrs(
+    conn: &Connection,
+    key: i64,
+    d: &HistoryDelete,
+    budget: u64,
+    attrs: &[String],
+    cut: &[(i64, i64)],
+) -> rusqlite::Result<u64> {
+    if attrs.is_empty() {
+        return Ok(0);
+    }
+    let (from, to) = d.time_range();
+    let mut doomed: Vec<DoomedState> = Vec::new();
+    let mut kept: Vec<(i64, i64, StoredAttrs)> = Vec::new();
+    let mut rows_doomed = 0u64;
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT time, instance, rows, attrs FROM history_states \
+                 WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
+        )?;
+        let mut rows = stmt.query((key, from, to))?;
+        while rows_doomed < budget {
+            let Some(row) = rows.next()? else { break };
+            let mut state = state_attrs(row, 3)?;
+            let removed: StoredAttrs = attrs.iter().filter_map(|a| state.remove_entry(a)).collect();
+            if removed.is_empty() {
+                continue;
+            }
+            rows_doomed += removed.len() as u64;
+            let (time, instance) = (row.get(0)?, row.get(1)?);
+            doomed.push((time, instance, removed.len() as u64, removed));
+            kept.push((time, instance, state));
+        }
+    }
+    for (time, instance, state) in &kept {
+        if state.is_empty() {
+            conn.prepare_cached(
+                "DELETE FROM history_states WHERE entity = ?1 AND time = ?2 AND instance = ?3",
+            )?
+            .execute((key, time, instance))?;
+        } else {
+            let (text, n) = encode_attrs(
+                state
+                    .iter()
+                    .map(|(a, StoredAttr(t, v, num))| (a.as_str(), t.as_str(), v.as_str(), *num)),
+            );
+            conn.prepare_cached(
+                "UPDATE history_states SET attrs = ?4, rows = ?5 \
+                 WHERE entity = ?1 AND time = ?2 AND instance = ?3",
+            )?
+            .execute((key, time, instance, text, n as i64))?;
+        }
+    }
+    for &(period, bucket) in cut {
+        correct_cut_bucket(conn, key, attrs, &doomed, period, bucket)?;
+    }
+    Ok(rows_doomed)
 }
 
 /// Corrects an entity's rollups of the bucket `(period, bucket)` a delete
