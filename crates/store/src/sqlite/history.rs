@@ -869,20 +869,11 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
             continue;
         }
         let mut doomed: Vec<DoomedState> = Vec::new();
-        let mut rows_doomed = 0u64;
-        {
-            let mut stmt = conn.prepare_cached(
-                "SELECT time, instance, rows, attrs FROM history_states \
-                     WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
-            )?;
-            let mut rows = stmt.query((key, from, to))?;
-            while rows_doomed < budget {
-                let Some(row) = rows.next()? else { break };
-                let n = row.get::<_, i64>(2)? as u64;
-                doomed.push((row.get(0)?, row.get(1)?, n, state_attrs(row, 3)?));
-                rows_doomed += n;
-            }
-        }
+        let rows_doomed =
+            scan_states(conn, key, (from, to), budget, |time, instance, n, state| {
+                doomed.push((time, instance, n, state));
+                n
+            })?;
         if let Some(&(last, last_instance, _, _)) = doomed.last() {
             // Exactly the states read: up to the last one's (time, instance).
             conn.prepare_cached(
@@ -905,6 +896,31 @@ fn delete_history(conn: &Connection, d: &HistoryDelete) -> rusqlite::Result<Dele
     Ok(step)
 }
 
+/// Reads entity `key`'s states in `range` (inclusive), oldest first,
+/// handing each (time, instance, rows, attributes) to `take`, which
+/// answers how many rows of it are doomed, until `budget` rows are;
+/// answers how many were.
+fn scan_states(
+    conn: &Connection,
+    key: i64,
+    (from, to): (i64, i64),
+    budget: u64,
+    mut take: impl FnMut(i64, i64, u64, StoredAttrs) -> u64,
+) -> rusqlite::Result<u64> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT time, instance, rows, attrs FROM history_states \
+             WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
+    )?;
+    let mut rows = stmt.query((key, from, to))?;
+    let mut doomed = 0u64;
+    while doomed < budget {
+        let Some(row) = rows.next()? else { break };
+        let n = row.get::<_, i64>(2)? as u64;
+        doomed += take(row.get(0)?, row.get(1)?, n, state_attrs(row, 3)?);
+    }
+    Ok(doomed)
+}
+
 /// [`delete_history`] of some attributes only (`d.attrs`, those of them
 /// the entity has: `attrs`): each state in range that holds one loses
 /// them (a state left with none is deleted), about `budget` rows at
@@ -924,26 +940,21 @@ fn delete_state_attrs(
     let (from, to) = d.time_range();
     let mut doomed: Vec<DoomedState> = Vec::new();
     let mut kept: Vec<(i64, i64, StoredAttrs)> = Vec::new();
-    let mut rows_doomed = 0u64;
-    {
-        let mut stmt = conn.prepare_cached(
-            "SELECT time, instance, rows, attrs FROM history_states \
-                 WHERE entity = ?1 AND time >= ?2 AND time <= ?3 ORDER BY time, instance",
-        )?;
-        let mut rows = stmt.query((key, from, to))?;
-        while rows_doomed < budget {
-            let Some(row) = rows.next()? else { break };
-            let mut state = state_attrs(row, 3)?;
+    let rows_doomed = scan_states(
+        conn,
+        key,
+        (from, to),
+        budget,
+        |time, instance, _, mut state| {
             let removed: StoredAttrs = attrs.iter().filter_map(|a| state.remove_entry(a)).collect();
-            if removed.is_empty() {
-                continue;
+            let n = removed.len() as u64;
+            if n > 0 {
+                doomed.push((time, instance, n, removed));
+                kept.push((time, instance, state));
             }
-            rows_doomed += removed.len() as u64;
-            let (time, instance) = (row.get(0)?, row.get(1)?);
-            doomed.push((time, instance, removed.len() as u64, removed));
-            kept.push((time, instance, state));
-        }
-    }
+            n
+        },
+    )?;
     for (time, instance, state) in &kept {
         if state.is_empty() {
             conn.prepare_cached(
