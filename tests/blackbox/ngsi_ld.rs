@@ -521,7 +521,7 @@ async fn a_clients_context_names_its_terms() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(headers["content-type"], LD);
+    assert_eq!(headers["content-type"], "application/json");
     assert_eq!(doc["@context"]["speed"], "http://example.org/speed");
     let (_, _, core) = ld(&c, "GET", "/ngsi-ld/v1/jsonldContexts/core", &[], None).await;
     assert_eq!(core["@context"]["Property"], "ngsi-ld:Property");

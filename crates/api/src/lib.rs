@@ -189,6 +189,7 @@ where
         // Here rather than as a layer of the router, which would wrap
         // (and clone, and box the future of) every route on every request.
         limit_body(&mut req);
+        ngsi_ld::trim_trailing_slash(&mut req);
         Either::Right(self.others.call(req))
     }
 }

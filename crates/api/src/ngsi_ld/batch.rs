@@ -88,9 +88,16 @@ async fn item_context(
     req: &LdRequest,
     item: &Value,
 ) -> std::result::Result<std::sync::Arc<weft_model::ngsi_ld::Context>, LdError> {
-    match item.get("@context") {
-        Some(ctx) => state.services.ld_contexts.resolve(Some(ctx)).await,
-        None => Ok(req.context.clone()),
+    match (item.get("@context"), req.body_is_ld()) {
+        (Some(ctx), true) => state.services.ld_contexts.resolve(Some(ctx)).await,
+        (None, false) => Ok(req.context.clone()),
+        // A batch of JSON-LD carries each entity's context in the entity.
+        (None, true) => Err(LdError::bad_request(
+            "an entity of an application/ld+json batch carries its @context",
+        )),
+        (Some(_), false) => Err(LdError::bad_request(
+            "an entity of an application/json batch cannot carry an @context: send it in a Link header",
+        )),
     }
 }
 
@@ -198,14 +205,27 @@ pub async fn update(
 
 /// "Batch Entity Merge" (`…/entityOperations/merge`): each entity's
 /// attributes added, or merged into those it has (the members and
-/// sub-attributes given replace theirs, the others stay), as Merge Entity
-/// does one. 204, or 207 when some entity failed.
+/// sub-attributes given replace theirs, the others stay; those whose
+/// value is `urn:ngsi-ld:null` deleted), as Merge Entity does one. 204,
+/// or 207 when some entity failed.
 pub async fn merge(
     State(state): State<AppState>,
     mut req: LdRequest,
     body: Bytes,
 ) -> Result<Response> {
-    append_each(&state, &mut req, &body, UpdateOptions::default()).await
+    let mut outcome = Outcome::default();
+    for item in items(&mut req, &body).await? {
+        let id = item_id(&item);
+        let result = async {
+            let ctx = item_context(&state, &req, &item).await?;
+            let (attrs, nulls) = super::entities::merge_fragment(&ctx, &id, item)?;
+            let (found, target) = existing(&state, &req, &id)?;
+            super::entities::merge_into(&state, &found.entity, &target, attrs, nulls).await
+        }
+        .await;
+        outcome.record(id, result);
+    }
+    Ok(outcome.answer(StatusCode::NO_CONTENT.into_response()))
 }
 
 /// Appends each entity's attributes to the entity of its id with
@@ -223,13 +243,19 @@ async fn append_each(
             let ctx = item_context(state, req, &item).await?;
             let e = entity::parse_entity(&item, &ctx)?;
             let (_, target) = existing(state, req, &e.id)?;
-            state
+            let written = state
                 .services
                 .ngsi_writer
                 .apply(&target, Write::Append(e.attrs), opts)
                 .await
-                .map(drop)
-                .map_err(from_ngsi)
+                .map_err(from_ngsi)?;
+            match written.outcome.failed.as_slice() {
+                [] => Ok(()),
+                kept => Err(LdError::bad_request(format!(
+                    "attributes exist and noOverwrite was asked: {}",
+                    kept.join(", ")
+                ))),
+            }
         }
         .await;
         outcome.record(id, result);

@@ -108,7 +108,11 @@ pub async fn serve(
     Path(id): Path<String>,
 ) -> Result<Response> {
     if id == CORE_ID {
-        return Ok(([(header::CONTENT_TYPE, LD_JSON)], CORE_CONTEXT_JSON).into_response());
+        return Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            CORE_CONTEXT_JSON,
+        )
+            .into_response());
     }
     let (info, doc) = state
         .services
@@ -119,7 +123,7 @@ pub async fn serve(
         let url = Value::String(shown_url(&headers, &info));
         return Ok(json_answer(describe(&info, url)));
     }
-    Ok(([(header::CONTENT_TYPE, LD_JSON)], doc.to_string()).into_response())
+    Ok(json_answer((*doc).clone()))
 }
 
 /// "Delete and Reload @context" (`DELETE /ngsi-ld/v1/jsonldContexts/{id}`):

@@ -11,11 +11,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use regex::Regex;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use weft_model::geo::Shape;
 use weft_model::ngsi::{AttrMap, UpdateOptions};
 use weft_model::ngsi_ld::entity::{self, Format, Render};
-use weft_model::ngsi_ld::{LdError, LdQuery};
+use weft_model::ngsi_ld::{Context, LdError, LdQuery};
 use weft_pipeline::context::{EntityFilter, EntityResolver, StoredEntity, Target};
 use weft_pipeline::ngsi_write::{Write, Written};
 
@@ -130,14 +130,52 @@ pub async fn retrieve(
         .filter(|e| type_matches(&req, &params, e))
         .ok_or_else(|| LdError::not_found(format!("no entity with id {id}")))?;
     let attrs = stored_attrs(&req, &params);
+    if let Some(names) = &attrs {
+        if !names.is_empty() && !names.iter().any(|n| found.entity.attrs.contains_key(n)) {
+            return Err(Error(LdError::not_found(format!(
+                "entity {id} has none of the attributes asked"
+            ))));
+        }
+    }
     let how = Render {
         attrs: attrs.as_deref(),
         ..render_options(&req, &params)
     };
+    let shown = projected(entity::render_entity(&found.entity, &how), &params);
+    if shown.is_empty() {
+        return Err(Error(LdError::not_found(format!(
+            "nothing of entity {id} is left to show"
+        ))));
+    }
     Ok(req.answer_entities(
-        Value::Object(entity::render_entity(&found.entity, &how)),
+        Value::Object(shown),
         params.get("geometryProperty").unwrap_or("location"),
     ))
+}
+
+/// `idPattern` compiled; quantifiers on quantifiers (`**`), which POSIX
+/// regular expressions leave undefined, are refused.
+fn id_pattern(p: &str) -> std::result::Result<Regex, LdError> {
+    let stacked = ["**", "++", "*+", "+*", "?*", "?+"]
+        .iter()
+        .any(|q| p.contains(q));
+    if stacked {
+        return Err(LdError::bad_request(format!(
+            "idPattern: repeated quantifiers in {p}"
+        )));
+    }
+    Regex::new(p).map_err(|e| LdError::bad_request(format!("idPattern: {e}")))
+}
+
+/// An entity as `pick` (only the members named, `id` and `type`
+/// included) or `omit` (all but those named) project it.
+fn projected(mut entity: Map<String, Value>, params: &LdParams) -> Map<String, Value> {
+    if let Some(pick) = params.list("pick") {
+        entity.retain(|k, _| pick.iter().any(|p| p == k));
+    } else if let Some(omit) = params.list("omit") {
+        entity.retain(|k, _| !omit.iter().any(|o| o == k));
+    }
+    entity
 }
 
 /// "Query Entities" (`GET /ngsi-ld/v1/entities`): by `id`, `idPattern`,
@@ -150,12 +188,20 @@ pub async fn query(
     params: LdParams,
 ) -> Result<Response> {
     let attrs = stored_attrs(&req, &params);
+    let ids = params.list("id").unwrap_or_default();
+    if params.get("id").is_some() && ids.is_empty() {
+        return Err(Error(LdError::bad_request("id names at least one entity")));
+    }
+    for id in &ids {
+        if !entity::is_uri(id) {
+            return Err(Error(LdError::bad_request(format!(
+                "id is a list of URIs: {id:?}"
+            ))));
+        }
+    }
     let filter = EntityFilter {
-        ids: params.list("id").unwrap_or_default(),
-        id_pattern: params
-            .get("idPattern")
-            .map(|p| Regex::new(p).map_err(|e| LdError::bad_request(format!("idPattern: {e}"))))
-            .transpose()?,
+        ids,
+        id_pattern: params.get("idPattern").map(|p| id_pattern(p)).transpose()?,
         types: params
             .list("type")
             .unwrap_or_default()
@@ -181,7 +227,8 @@ pub async fn query(
         && filter.types.is_empty()
         && q.is_none()
         && geo.is_none()
-        && attrs.is_none();
+        && attrs.is_none()
+        && params.get("local") != Some("true");
     if unfiltered {
         return Err(Error(LdError::bad_request(
             "a query names at least one of id, idPattern, type, attrs, q or a geo-query",
@@ -216,7 +263,7 @@ pub async fn query(
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|e| Value::Object(entity::render_entity(&e.entity, &how)))
+        .map(|e| Value::Object(projected(entity::render_entity(&e.entity, &how), &params)))
         .collect();
     let mut resp = req.answer_entities(
         Value::Array(page),
@@ -287,7 +334,7 @@ pub async fn replace(
     body: Bytes,
 ) -> Result<Response> {
     let value = req.body(&body).await?;
-    let attrs = fragment_attrs(&req, &id, value)?;
+    let attrs = fragment_attrs(&req.context, &id, value)?;
     let (_, target) = existing(&state, &req, &id)?;
     let opts = UpdateOptions {
         override_metadata: true,
@@ -306,15 +353,67 @@ pub async fn merge(
     body: Bytes,
 ) -> Result<Response> {
     let value = req.body(&body).await?;
-    let attrs = fragment_attrs(&req, &id, value)?;
-    let (_, target) = existing(&state, &req, &id)?;
-    write_then_no_content(
-        &state,
-        &target,
-        Write::Append(attrs),
-        UpdateOptions::default(),
-    )
-    .await
+    let (attrs, nulls) = merge_fragment(&req.context, &id, value)?;
+    let (found, target) = existing(&state, &req, &id)?;
+    merge_into(&state, &found.entity, &target, attrs, nulls).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A merge fragment for entity `id`: the attributes to merge, and those
+/// to delete (their value is `urn:ngsi-ld:null`), as stored names.
+pub(super) fn merge_fragment(
+    ctx: &Context,
+    id: &str,
+    value: Value,
+) -> std::result::Result<(AttrMap, Vec<String>), LdError> {
+    let Value::Object(mut map) = value else {
+        return Err(LdError::invalid("an entity is a JSON object"));
+    };
+    let nulls: Vec<String> = map
+        .iter()
+        .filter(|(_, v)| entity::is_null_attribute(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for name in &nulls {
+        map.remove(name);
+    }
+    let attrs = fragment_attrs(ctx, id, Value::Object(map))?;
+    let nulls = nulls.iter().map(|n| ctx.to_stored(n)).collect();
+    Ok((attrs, nulls))
+}
+
+/// Merges `attrs` into `entity` (at `target`) and deletes the attributes
+/// named in `nulls` it has.
+pub(super) async fn merge_into(
+    state: &AppState,
+    entity: &weft_model::ngsi::Entity,
+    target: &Target,
+    attrs: AttrMap,
+    nulls: Vec<String>,
+) -> std::result::Result<(), LdError> {
+    if !attrs.is_empty() || nulls.is_empty() {
+        write(
+            state,
+            target,
+            Write::Append(attrs),
+            UpdateOptions::default(),
+        )
+        .await?;
+    }
+    let doomed: Vec<String> = nulls
+        .into_iter()
+        .filter(|n| entity.attrs.contains_key(n))
+        .collect();
+    if !doomed.is_empty() {
+        write(
+            state,
+            target,
+            Write::DeleteAttrs(doomed),
+            UpdateOptions::default(),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// "Replace Attribute" (`PUT …/entities/{id}/attrs/{attr}`): the
@@ -353,19 +452,21 @@ pub async fn replace_attr(
 
 /// The attributes of an entity fragment addressed to entity `id` (an
 /// `id` in the body must be that one).
-fn fragment_attrs(req: &LdRequest, id: &str, value: Value) -> Result<AttrMap> {
-    check_id(id)?;
+fn fragment_attrs(ctx: &Context, id: &str, value: Value) -> std::result::Result<AttrMap, LdError> {
+    if !entity::is_uri(id) {
+        return Err(LdError::bad_request(format!("the id is not a URI: {id:?}")));
+    }
     let Value::Object(map) = value else {
-        return Err(Error(LdError::invalid("an entity is a JSON object")));
+        return Err(LdError::invalid("an entity is a JSON object"));
     };
     if let Some(given) = map.get("id").or_else(|| map.get("@id")) {
         if given.as_str() != Some(id) {
-            return Err(Error(LdError::bad_request(
+            return Err(LdError::bad_request(
                 "the body's id is not the entity's of the path",
-            )));
+            ));
         }
     }
-    Ok(entity::parse_attrs(&map, &req.context)?)
+    entity::parse_attrs(&map, ctx)
 }
 
 /// "Partial Attribute Update" (`PATCH …/entities/{id}/attrs/{attr}`):
@@ -385,15 +486,20 @@ pub async fn update_attr(
         .attrs
         .get(&name)
         .ok_or_else(|| LdError::not_found(format!("entity {id} has no attribute {attr}")))?;
+    if entity::is_null_attribute(&fragment) {
+        return write_then_no_content(
+            &state,
+            &target,
+            Write::DeleteAttr(name),
+            UpdateOptions::default(),
+        )
+        .await;
+    }
     if let Value::Object(map) = &mut fragment {
         map.remove("@context");
         // A fragment naming no value keeps the attribute's (and its kind).
         let kind = entity::AttrKind::of_stored(&current.attr_type);
-        if !map.contains_key("type")
-            && !["value", "object", "languageMap"]
-                .iter()
-                .any(|m| map.contains_key(*m))
-        {
+        if !map.contains_key("type") && !entity::has_value_member(map) {
             map.insert("type".into(), Value::String(kind.name().into()));
             map.insert(kind.value_member().into(), current.value.clone());
         }

@@ -138,6 +138,28 @@ pub fn routes() -> Routes {
         )
 }
 
+/// NGSI-LD clients (and ETSI's test suite) write collection paths with a
+/// trailing slash (`/ngsi-ld/v1/entities/`): the path is read without it,
+/// so both spellings reach the same route.
+pub fn trim_trailing_slash<B>(req: &mut axum::http::Request<B>) {
+    let uri = req.uri();
+    let path = uri.path();
+    if !(path.starts_with("/ngsi-ld/v1/")
+        && path.len() > "/ngsi-ld/v1/".len()
+        && path.ends_with('/'))
+    {
+        return;
+    }
+    let trimmed = path.trim_end_matches('/');
+    let rebuilt = match uri.query() {
+        Some(q) => format!("{trimmed}?{q}"),
+        None => trimmed.to_string(),
+    };
+    if let Ok(uri) = rebuilt.parse() {
+        *req.uri_mut() = uri;
+    }
+}
+
 /// An NGSI-LD error answer: problem details with the kind's status.
 #[derive(Debug)]
 pub struct Error(pub LdError);
@@ -197,6 +219,8 @@ pub struct LdRequest {
     content_type: Option<String>,
     /// Whether a `Link` header named a context.
     link_given: bool,
+    /// Whether the body read was JSON-LD (`application/ld+json`).
+    body_ld: bool,
     /// Where a JSON-LD body's own context is resolved.
     contexts: Arc<LdContexts>,
 }
@@ -226,6 +250,7 @@ impl FromRequestParts<AppState> for LdRequest {
             form: answer_form(&parts.headers)?,
             content_type: content_type(&parts.headers),
             link_given,
+            body_ld: false,
             contexts: state.services.ld_contexts.clone(),
         })
     }
@@ -273,6 +298,10 @@ impl LdRequest {
                 )))
             }
         };
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(Error(LdError::bad_request("the body is empty")));
+        }
+        self.body_ld = ld;
         let value = weft_model::json::parse_within_limits(body)
             .map_err(|e| LdError::invalid(format!("the body is not JSON NGSI-LD reads: {e}")))?;
         let inline = value.get("@context");
@@ -300,6 +329,12 @@ impl LdRequest {
         Ok(value)
     }
 
+    /// Whether the body [`LdRequest::body`] read was JSON-LD: each entity
+    /// of a JSON-LD batch carries its own `@context`.
+    pub fn body_is_ld(&self) -> bool {
+        self.body_ld
+    }
+
     /// The answer `body` (an entity or a list of them, or another NGSI-LD
     /// object) in the representation asked for; GeoJSON is answered as
     /// JSON (only entities have a GeoJSON form, see
@@ -319,13 +354,17 @@ impl LdRequest {
         let name = self
             .context
             .from_stored(&self.context.to_stored(geometry_property));
-        let body = match body {
+        let mut body = match body {
             Value::Array(items) => serde_json::json!({
                 "type": "FeatureCollection",
                 "features": items.into_iter().map(|e| entity::feature(e, &name)).collect::<Vec<_>>(),
             }),
             one => entity::feature(one, &name),
         };
+        // GeoJSON readers ignore it; NGSI-LD clients read the names with it.
+        if let Value::Object(map) = &mut body {
+            map.insert("@context".into(), self.context.answer_context());
+        }
         let mut resp = self.answer_with(StatusCode::OK, body);
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(GEO_JSON));
@@ -488,15 +527,86 @@ impl<S: Send + Sync> FromRequestParts<S> for LdParams {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self> {
         let query = parts.uri.query().unwrap_or("");
-        Ok(LdParams(Params::from_pairs(
+        let params = LdParams(Params::from_pairs(
             form_urlencoded::parse(query.as_bytes())
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
-        )))
+        ));
+        params.check()?;
+        Ok(params)
     }
 }
 
+/// The words `options` may hold, across the operations.
+const OPTIONS: &[&str] = &[
+    "keyValues",
+    "simplified",
+    "concise",
+    "normalized",
+    "sysAttrs",
+    "temporalValues",
+    "aggregatedValues",
+    "noOverwrite",
+    "replace",
+    "update",
+];
+
+/// The representations `format` names.
+const FORMATS: &[&str] = &["keyValues", "simplified", "concise", "normalized"];
+
 impl LdParams {
+    /// Refuses what no operation reads: an `options` word or a `format`
+    /// NGSI-LD does not define, `pick` with `omit`, an empty or malformed
+    /// name in `attrs`, `pick` or `omit`.
+    fn check(&self) -> Result<()> {
+        for word in self.list("options").unwrap_or_default() {
+            if !OPTIONS.contains(&word.as_str()) {
+                return Err(Error(LdError::invalid(format!(
+                    "options: unknown option {word}"
+                ))));
+            }
+        }
+        if let Some(format) = self.get("format") {
+            if !FORMATS.contains(&format) {
+                return Err(Error(LdError::invalid(format!(
+                    "format is normalized, concise, keyValues or simplified, not {format}"
+                ))));
+            }
+        }
+        if self.get("pick").is_some() && self.get("omit").is_some() {
+            return Err(Error(LdError::bad_request(
+                "pick and omit exclude each other",
+            )));
+        }
+        if self.get("attrs").is_some() && (self.get("pick").is_some() || self.get("omit").is_some())
+        {
+            return Err(Error(LdError::bad_request(
+                "attrs goes with neither pick nor omit",
+            )));
+        }
+        if let Some(attrs) = self.list("attrs") {
+            if attrs.iter().any(|a| a == "id" || a == "type") {
+                return Err(Error(LdError::bad_request(
+                    "attrs names attributes: id and type are always shown",
+                )));
+            }
+        }
+        for key in ["attrs", "pick", "omit"] {
+            let Some(raw) = self.get(key) else { continue };
+            let bad = raw.split(',').any(|n| {
+                n.is_empty()
+                    || n.chars()
+                        .any(|c| c.is_whitespace() || "<>\"'=;()[]{}".contains(c))
+            });
+            if bad {
+                return Err(Error(LdError::bad_request(format!(
+                    "{key} is a comma list of names: {raw}"
+                ))));
+            }
+        }
+        Ok(())
+    }
+
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key)

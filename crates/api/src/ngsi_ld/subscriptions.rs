@@ -26,6 +26,9 @@ pub async fn create(
     let value = req.body(&body).await?;
     let id = format!("urn:ngsi-ld:Subscription:{}", uuid::Uuid::new_v4());
     let sub = ld::parse(&value, req.context.clone(), id, weft_model::now_ms())?;
+    if let Some(url) = sub.ld.as_ref().and_then(|ld| ld.jsonld_context.as_deref()) {
+        context_available(&state, url).await?;
+    }
     let id = state
         .services
         .subscriptions
@@ -89,6 +92,9 @@ pub async fn update(
 ) -> Result<Response> {
     check_id(&id)?;
     let value = req.body(&body).await?;
+    if let Some(Value::String(url)) = value.get("jsonldContext") {
+        context_available(&state, url).await?;
+    }
     let ctx = req.context.clone();
     let now = weft_model::now_ms();
     state
@@ -114,4 +120,17 @@ pub async fn remove(
         .delete(&req.tenant, &id, Api::NgsiLd)
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Whether the context a subscription names for its notifications
+/// (`jsonldContext`) can be read: fetched (and kept) now, so that a
+/// subscription is not taken with a context its receivers cannot read
+/// (503 `LdContextNotAvailable` otherwise).
+async fn context_available(state: &AppState, url: &str) -> Result<()> {
+    state
+        .services
+        .ld_contexts
+        .resolve(Some(&Value::String(url.to_string())))
+        .await?;
+    Ok(())
 }

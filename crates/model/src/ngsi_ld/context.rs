@@ -154,23 +154,12 @@ impl Context {
         Ok(ctx)
     }
 
-    /// What answers name as their `@context`: the client's own context
-    /// followed by the core's URL, or the core's URL alone.
+    /// What answers name as their `@context`: the context the client gave,
+    /// as it gave it (the core applies after it anyway), or the core's URL.
     pub fn answer_context(&self) -> Value {
         match &self.given {
             None => Value::String(CORE_CONTEXT_URL.to_string()),
-            Some(Value::Array(items)) => {
-                let mut items = items.clone();
-                if !items.iter().any(|v| v.as_str().is_some_and(is_core_url)) {
-                    items.push(Value::String(CORE_CONTEXT_URL.to_string()));
-                }
-                Value::Array(items)
-            }
-            Some(Value::String(url)) if is_core_url(url) => Value::String(url.clone()),
-            Some(other) => Value::Array(vec![
-                other.clone(),
-                Value::String(CORE_CONTEXT_URL.to_string()),
-            ]),
+            Some(given) => given.clone(),
         }
     }
 

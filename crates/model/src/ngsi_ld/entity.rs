@@ -38,6 +38,10 @@ pub const OBSERVED_AT: &str = "observedAt";
 /// The metadata name `unitCode` is kept under.
 pub const UNIT_CODE: &str = "unitCode";
 
+/// The value that deletes an attribute in a merge or a partial update
+/// (NGSI-LD's `urn:ngsi-ld:null`).
+pub const NULL_URI: &str = "urn:ngsi-ld:null";
+
 /// The longest name (of an entity type, attribute or sub-attribute, as
 /// stored) weft accepts: IRIs are longer than NGSIv2 names.
 pub const MAX_NAME_LEN: usize = 1024;
@@ -214,6 +218,32 @@ fn check_name(name: &str, what: &str) -> Result<(), LdError> {
     }
 }
 
+/// Whether an attribute body asks for the attribute's deletion: its
+/// value (in any of the kinds' value members, or bare) is
+/// [`NULL_URI`], or its language map's `@none` is.
+pub fn is_null_attribute(body: &Value) -> bool {
+    let null = |v: &Value| v.as_str() == Some(NULL_URI);
+    match body {
+        Value::String(_) => null(body),
+        Value::Object(map) => {
+            KINDS
+                .iter()
+                .any(|k| map.get(k.value_member()).is_some_and(null))
+                || map
+                    .get("languageMap")
+                    .and_then(|m| m.get("@none"))
+                    .is_some_and(null)
+        }
+        _ => false,
+    }
+}
+
+/// Whether an attribute fragment gives a value (in any kind's value
+/// member).
+pub fn has_value_member(map: &Map<String, Value>) -> bool {
+    KINDS.iter().any(|k| map.contains_key(k.value_member()))
+}
+
 /// Reads an NGSI-LD entity (normalized or concise) with `ctx`: its id,
 /// its type and its attributes, as weft stores them. The creation stamps
 /// are the writer's.
@@ -268,6 +298,11 @@ pub fn parse_type(t: &Value, ctx: &Context) -> Result<String, LdError> {
         _ => return Err(LdError::bad_request("the entity type is not a string")),
     };
     check_name(name, "entity type")?;
+    if ctx.expand(name).starts_with('@') {
+        return Err(LdError::bad_request(format!(
+            "the entity type {name} is a JSON-LD keyword"
+        )));
+    }
     Ok(ctx.to_stored(name))
 }
 
@@ -286,9 +321,43 @@ pub fn parse_attrs(map: &Map<String, Value>, ctx: &Context) -> Result<AttrMap, L
                 "{EXPIRATION_ATTR} is reserved by the NGSIv2 API"
             )));
         }
-        attrs.insert(stored, parse_attribute(name, value, ctx)?);
+        let attr = if stored == SCOPE {
+            parse_scope(value)?
+        } else {
+            parse_attribute(name, value, ctx)?
+        };
+        attrs.insert(stored, attr);
     }
     Ok(attrs)
+}
+
+/// The entity member naming the scopes an entity is in (clause 4.18):
+/// kept as an attribute of type [`SCOPE_TYPE`], shown as its bare value.
+pub const SCOPE: &str = "scope";
+
+/// The stored type of an entity's [`SCOPE`].
+pub const SCOPE_TYPE: &str = "Scope";
+
+/// `scope`: a scope (`/Madrid/Gardens`) or a list of them.
+fn parse_scope(value: &Value) -> Result<Attribute, LdError> {
+    let valid = |v: &Value| {
+        v.as_str().is_some_and(|s| {
+            s.starts_with('/')
+                && s.len() > 1
+                && s[1..].split('/').all(|part| !part.is_empty())
+                && !s.contains(|c: char| c.is_whitespace() || c == '#' || c == '+')
+        })
+    };
+    let ok = match value {
+        Value::Array(items) => !items.is_empty() && items.iter().all(valid),
+        other => valid(other),
+    };
+    if !ok {
+        return Err(LdError::bad_request(
+            "scope is a scope (/a/b) or a list of them",
+        ));
+    }
+    Ok(Attribute::new(value.clone(), SCOPE_TYPE.to_string()))
 }
 
 /// Reads one attribute, normalized (`{"type": "Property", "value": …}`)
@@ -542,7 +611,12 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
         if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == name)) {
             continue;
         }
-        out.insert(ctx.from_stored(name), render_attribute(attr, how));
+        let shown = if attr.attr_type == SCOPE_TYPE && name == SCOPE {
+            attr.value.clone()
+        } else {
+            render_attribute(attr, how)
+        };
+        out.insert(ctx.from_stored(name), shown);
     }
     out
 }

@@ -157,8 +157,16 @@ pub struct LdSubscription {
     pub q: Option<(String, LdQuery)>,
     /// `geoQ`.
     pub geo_q: Option<GeoQ>,
+    /// Whether `isActive` was given (it is shown back only then, or when
+    /// false).
+    pub is_active_given: bool,
     /// `notification.attributes` as the client wrote them.
     pub attributes: Vec<String>,
+    /// `notification.pick`: only these members of each entity notified
+    /// (`id` and `type` included).
+    pub pick: Vec<String>,
+    /// `notification.omit`: these members of each entity left out.
+    pub omit: Vec<String>,
     /// `notification.format`.
     pub format: Format,
     /// `notification.endpoint.accept`.
@@ -347,7 +355,10 @@ fn parse_with(
         triggers_given,
         q,
         geo_q,
+        is_active_given: obj.contains_key("isActive"),
         attributes: params.attributes.clone(),
+        pick: params.pick,
+        omit: params.omit,
         format: params.format,
         accept: params.accept,
         sys_attrs: params.sys_attrs,
@@ -555,7 +566,9 @@ fn render_with(
         }
         out.insert("geoQ".into(), Value::Object(m));
     }
-    out.insert("isActive".into(), (sub.status != Status::Inactive).into());
+    if ld.is_active_given || sub.status == Status::Inactive {
+        out.insert("isActive".into(), (sub.status != Status::Inactive).into());
+    }
     let status = if sub.expired(now) {
         "expired"
     } else if sub.status == Status::Inactive {
@@ -602,6 +615,12 @@ fn render_notification(
     if !n.attrs.is_empty() {
         out.insert("attributes".into(), names_value(&n.attrs, ctx));
     }
+    if !ld.pick.is_empty() {
+        out.insert("pick".into(), strings(&ld.pick));
+    }
+    if !ld.omit.is_empty() {
+        out.insert("omit".into(), strings(&ld.omit));
+    }
     let format = match ld.format {
         Format::Normalized => "normalized",
         Format::Concise => "concise",
@@ -631,9 +650,12 @@ fn render_notification(
         endpoint.insert("notifierInfo".into(), key_values(&ld.notifier_info));
     }
     out.insert("endpoint".into(), Value::Object(endpoint));
-    let failed = st.last_failure.is_some() && st.last_failure >= st.last_success;
-    out.insert("status".into(), if failed { "failed" } else { "ok" }.into());
-    out.insert("timesSent".into(), st.times_sent.into());
+    // Said once there is something to say.
+    if st.times_sent > 0 {
+        let failed = st.last_failure.is_some() && st.last_failure >= st.last_success;
+        out.insert("status".into(), if failed { "failed" } else { "ok" }.into());
+        out.insert("timesSent".into(), st.times_sent.into());
+    }
     if let Some(t) = st.last_notification {
         out.insert("lastNotification".into(), format_datetime(t).into());
     }
@@ -725,6 +747,8 @@ pub fn from_storage(value: &Value) -> Result<Subscription, LdError> {
 /// What `notification` (NotificationParams, clause 5.2.14) says.
 struct Params {
     attributes: Vec<String>,
+    pick: Vec<String>,
+    omit: Vec<String>,
     format: Format,
     accept: Accept,
     sys_attrs: bool,
@@ -743,6 +767,21 @@ fn notification_params(v: &Value, ctx: &Context) -> Result<Params, LdError> {
         None => Vec::new(),
         Some(v) => names(v, "notification.attributes")?,
     };
+    let projection = |key: &str| match obj.get(key) {
+        None => Ok(Vec::new()),
+        Some(v) => names(v, &format!("notification.{key}")),
+    };
+    let (pick, omit) = (projection("pick")?, projection("omit")?);
+    if !attributes.is_empty() && !(pick.is_empty() && omit.is_empty()) {
+        return Err(LdError::bad_request(
+            "notification.attributes goes with neither pick nor omit",
+        ));
+    }
+    if !pick.is_empty() && !omit.is_empty() {
+        return Err(LdError::bad_request(
+            "notification.pick and omit exclude each other",
+        ));
+    }
     let format = match obj.get("format").map(Value::as_str) {
         None | Some(Some("normalized")) => Format::Normalized,
         Some(Some("keyValues" | "simplified")) => Format::KeyValues,
@@ -798,6 +837,8 @@ fn notification_params(v: &Value, ctx: &Context) -> Result<Params, LdError> {
     }
     Ok(Params {
         attributes,
+        pick,
+        omit,
         format,
         accept,
         sys_attrs,
@@ -1046,6 +1087,10 @@ fn key_value_list(v: Option<&Value>, what: &str) -> Result<Vec<(String, String)>
         .collect()
 }
 
+fn strings(list: &[String]) -> Value {
+    Value::Array(list.iter().map(|s| Value::String(s.clone())).collect())
+}
+
 fn key_values(list: &[(String, String)]) -> Value {
     Value::Array(
         list.iter()
@@ -1092,10 +1137,13 @@ mod tests {
         let shown = render(&sub, &core(), NOW, false).unwrap();
         assert_eq!(shown["id"], "urn:ngsi-ld:Subscription:1");
         assert_eq!(shown["status"], "active");
-        assert_eq!(shown["isActive"], true);
+        assert!(shown.get("isActive").is_none(), "shown only when given");
         assert_eq!(shown["entities"], json!([{"type": "Vehicle"}]));
         assert_eq!(shown["notification"]["format"], "normalized");
-        assert_eq!(shown["notification"]["status"], "ok");
+        assert!(
+            shown["notification"].get("status").is_none(),
+            "nothing sent yet"
+        );
         assert_eq!(
             shown["notification"]["endpoint"],
             json!({"uri": "http://receiver.example/notify", "accept": "application/json"})

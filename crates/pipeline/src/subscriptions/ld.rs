@@ -155,7 +155,13 @@ fn render(sub: &Subscription, ld: &LdSubscription, entity: &Entity) -> Map<Strin
         attrs: (!attrs.is_empty()).then_some(attrs.as_slice()),
         lang: ld.lang.as_deref(),
     };
-    entity::render_entity(entity, &how)
+    let mut shown = entity::render_entity(entity, &how);
+    if !ld.pick.is_empty() {
+        shown.retain(|k, _| ld.pick.iter().any(|p| p == k));
+    } else if !ld.omit.is_empty() {
+        shown.retain(|k, _| !ld.omit.iter().any(|o| o == k));
+    }
+    shown
 }
 
 /// The notification of `entities` (rendered) to the subscription's
