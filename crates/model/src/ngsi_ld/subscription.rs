@@ -772,7 +772,7 @@ fn notification_params(v: &Value, ctx: &Context) -> Result<Params, LdError> {
         Some(v) => names(v, &format!("notification.{key}")),
     };
     let (pick, omit) = (projection("pick")?, projection("omit")?);
-    if !attributes.is_empty() && !(pick.is_empty() && omit.is_empty()) {
+    if !attributes.is_empty() && (!pick.is_empty() || !omit.is_empty()) {
         return Err(LdError::bad_request(
             "notification.attributes goes with neither pick nor omit",
         ));
