@@ -201,7 +201,7 @@ pub async fn query(
     }
     let filter = EntityFilter {
         ids,
-        id_pattern: params.get("idPattern").map(|p| id_pattern(p)).transpose()?,
+        id_pattern: params.get("idPattern").map(id_pattern).transpose()?,
         types: params
             .list("type")
             .unwrap_or_default()
