@@ -495,12 +495,29 @@ fn with_metadata(value: Value, kind: AttrKind, metadata: MetadataMap) -> Attribu
     attr
 }
 
-/// A GeoProperty, its geometry checked.
+/// A GeoProperty, its geometry checked as GeoJSON (RFC 7946) has it:
+/// positions in range, rings of four positions or more, closed. A ring
+/// whose edges cross on the sphere, which NGSIv2's `geo:json` refuses as
+/// MongoDB would, is taken: GeoJSON does not forbid it, and NGSI-LD
+/// clients (ETSI's test suite among them) send such rings.
 fn geo_attribute(name: &str, geometry: Value, metadata: MetadataMap) -> Result<Attribute, LdError> {
-    if let Err(e) = Shape::from_attribute("geo:json", &geometry) {
+    let closed = |ring: &Value| {
+        ring.as_array()
+            .is_some_and(|r| r.len() >= 4 && r.first() == r.last())
+    };
+    let rings_closed = match (
+        geometry.get("type").and_then(Value::as_str),
+        geometry.get("coordinates"),
+    ) {
+        (Some("Polygon"), Some(Value::Array(rings))) => rings.iter().all(closed),
+        (Some("MultiPolygon"), Some(Value::Array(polygons))) => polygons
+            .iter()
+            .all(|p| p.as_array().is_some_and(|rings| rings.iter().all(closed))),
+        _ => true,
+    };
+    if !rings_closed || Shape::of_stored_attribute("geo:json", &geometry).is_none() {
         return Err(LdError::bad_request(format!(
-            "attribute {name}: not a GeoJSON geometry: {}",
-            e.description()
+            "attribute {name}: not a GeoJSON geometry"
         )));
     }
     Ok(with_metadata(geometry, AttrKind::GeoProperty, metadata))
