@@ -298,9 +298,6 @@ impl LdRequest {
                 )))
             }
         };
-        if body.iter().all(u8::is_ascii_whitespace) {
-            return Err(Error(LdError::bad_request("the body is empty")));
-        }
         self.body_ld = ld;
         let value = weft_model::json::parse_within_limits(body)
             .map_err(|e| LdError::invalid(format!("the body is not JSON NGSI-LD reads: {e}")))?;
