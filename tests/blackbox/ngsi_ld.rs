@@ -1135,7 +1135,7 @@ async fn temporal_evolution_from_the_one_history() {
     let server = Server::start();
     let c = server.client();
     let json_ct = "application/json";
-    let at = |minute: u32| format!("2024-05-01T10:{minute:02}:00.000Z");
+    let at = |minute: u32| format!("2024-05-01T10:{minute:02}:00Z");
     let sensor = json!({"id": "urn:ngsi-ld:Sensor:1", "type": "Sensor",
         "temperature": {"type": "Property", "value": 20, "observedAt": at(0)}});
     let (status, _, _) = ld(
@@ -1264,7 +1264,7 @@ async fn temporal_evolution_from_the_one_history() {
     )
     .await;
     assert_eq!(status, 200, "{aggr}");
-    let hour = ["2024-05-01T10:00:00.000Z", "2024-05-01T11:00:00.000Z"];
+    let hour = ["2024-05-01T10:00:00Z", "2024-05-01T11:00:00Z"];
     assert_eq!(
         aggr["temperature"]["avg"],
         json!([[21.5, hour[0], hour[1]]])
@@ -1717,7 +1717,7 @@ async fn temporal_representations_written_and_deleted() {
     let server = Server::start();
     let c = server.client();
     let json_ct = "application/json";
-    let at = |minute: u32| format!("2024-07-01T08:{minute:02}:00.000Z");
+    let at = |minute: u32| format!("2024-07-01T08:{minute:02}:00Z");
     let meter = json!({"id": "urn:ngsi-ld:Meter:1", "type": "Meter",
         "energy": [{"type": "Property", "value": 1, "observedAt": at(0)},
                    {"type": "Property", "value": 2, "observedAt": at(1)}]});

@@ -188,6 +188,10 @@ pub async fn query(
     params: LdParams,
 ) -> Result<Response> {
     let attrs = stored_attrs(&req, &params);
+    // Entities are chosen by `attrs` only; `pick` shapes what is shown.
+    let having: Option<Vec<String>> = params
+        .list("attrs")
+        .map(|names| names.iter().map(|n| req.context.to_stored(n)).collect());
     let ids = params.list("id").unwrap_or_default();
     if params.get("id").is_some() && ids.is_empty() {
         return Err(Error(LdError::bad_request("id names at least one entity")));
@@ -227,7 +231,7 @@ pub async fn query(
         && filter.types.is_empty()
         && q.is_none()
         && geo.is_none()
-        && attrs.is_none()
+        && having.is_none()
         && params.get("local") != Some("true");
     if unfiltered {
         return Err(Error(LdError::bad_request(
@@ -241,7 +245,7 @@ pub async fn query(
         .query(&req.tenant, &filter)
         .into_iter()
         .filter(|e| {
-            attrs
+            having
                 .as_ref()
                 .is_none_or(|names| names.iter().any(|n| e.entity.attrs.contains_key(n)))
                 && q.as_ref()

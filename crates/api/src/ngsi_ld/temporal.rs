@@ -339,8 +339,8 @@ impl Aggregation {
                 {
                     list.push(json!([
                         a.value,
-                        format_datetime(a.start),
-                        format_datetime(a.end)
+                        instant(a.start),
+                        instant(a.end)
                     ]));
                 }
             }
@@ -633,6 +633,21 @@ fn add_months(time: i64, months: u32) -> i64 {
         .map_or(i64::MAX, |t| t.timestamp_millis())
 }
 
+/// A time of the temporal API's answers: as an instance's `observedAt`
+/// is usually written, with milliseconds only when there are some
+/// (`2020-08-01T14:07:00Z`, `2020-08-01T14:07:00.250Z`).
+fn instant(ms: i64) -> String {
+    if ms.rem_euclid(1000) == 0 {
+        let text = format_datetime(ms);
+        match text.strip_suffix(".000Z") {
+            Some(head) => format!("{head}Z"),
+            None => text,
+        }
+    } else {
+        format_datetime(ms)
+    }
+}
+
 /// Where the whole range ends: after its last instant, or now when it
 /// has none.
 fn whole_range_end(range: &Range) -> i64 {
@@ -889,7 +904,7 @@ fn attribute(instances: &[HistoryRow], simplified: bool) -> Value {
         let member = kind.values_member();
         let values: Vec<Value> = instances
             .iter()
-            .map(|r| json!([value_of(r), format_datetime(r.time)]))
+            .map(|r| json!([value_of(r), instant(r.time)]))
             .collect();
         return json!({"type": kind.name(), member: values});
     }
@@ -901,7 +916,7 @@ fn attribute(instances: &[HistoryRow], simplified: bool) -> Value {
                 json!({
                     "type": kind.name(),
                     member: value_of(r),
-                    "observedAt": format_datetime(r.time),
+                    "observedAt": instant(r.time),
                 })
             })
             .collect(),
