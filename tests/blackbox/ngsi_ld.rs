@@ -1823,3 +1823,110 @@ async fn temporal_representations_written_and_deleted() {
     .await;
     assert_eq!(status, 400, "no instance");
 }
+
+/// 4.5.5: several instances of one attribute, told apart by `datasetId`:
+/// created together, shown as an array, each updated and deleted on its
+/// own (or all with `deleteAll`); NGSIv2 sees each instance as an
+/// attribute of its own.
+#[tokio::test]
+async fn attribute_instances_by_dataset_id() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let id = "urn:ngsi-ld:Vehicle:D1";
+    let vehicle = json!({"id": id, "type": "Vehicle",
+        "speed": [{"type": "Property", "value": 50},
+                  {"type": "Property", "value": 53, "datasetId": "urn:ngsi-ld:Dataset:gps"}]});
+    let (status, _, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some((json_ct, &vehicle)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let path = format!("/ngsi-ld/v1/entities/{id}");
+    let (_, _, got) = ld(&c, "GET", &path, &[], None).await;
+    assert_eq!(got, vehicle);
+    let (_, _, v2) = call(&c, "GET", &format!("/v2/entities/{id}"), &[], None).await;
+    assert_eq!(v2["speed urn:ngsi-ld:Dataset:gps"]["value"], 53, "{v2}");
+
+    // One instance updated, then deleted; the other stays.
+    let update = json!({"type": "Property", "value": 60, "datasetId": "urn:ngsi-ld:Dataset:gps"});
+    let (status, _, body) = ld(
+        &c,
+        "PATCH",
+        &format!("{path}/attrs/speed"),
+        &[],
+        Some((json_ct, &update)),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (_, _, got) = ld(&c, "GET", &path, &[], None).await;
+    assert_eq!(got["speed"][0]["value"], 50, "{got}");
+    assert_eq!(got["speed"][1], update);
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("{path}/attrs/speed?datasetId=urn:ngsi-ld:Dataset:gps"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, got) = ld(&c, "GET", &path, &[], None).await;
+    assert_eq!(got["speed"], json!({"type": "Property", "value": 50}));
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("{path}/attrs/speed?datasetId=urn:ngsi-ld:Dataset:gps"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "gone already");
+
+    // Appended back, then every instance deleted at once.
+    let more = json!({"speed": {"type": "Property", "value": 70, "datasetId": "urn:ngsi-ld:Dataset:radar"}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        &format!("{path}/attrs"),
+        &[],
+        Some((json_ct, &more)),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, got) = ld(&c, "GET", &format!("{path}?options=keyValues"), &[], None).await;
+    assert_eq!(got["speed"], json!([50, 70]));
+    let (status, _, _) = ld(
+        &c,
+        "DELETE",
+        &format!("{path}/attrs/speed?deleteAll=true"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, got) = ld(&c, "GET", &path, &[], None).await;
+    assert!(got.get("speed").is_none(), "{got}");
+
+    for bad in [
+        json!({"id": "urn:ngsi-ld:Vehicle:D2", "type": "Vehicle",
+               "speed": [{"type": "Property", "value": 1, "datasetId": "urn:a:1"},
+                         {"type": "Property", "value": 2, "datasetId": "urn:a:1"}]}),
+        json!({"id": "urn:ngsi-ld:Vehicle:D3", "type": "Vehicle",
+               "speed": {"type": "Property", "value": 1, "datasetId": "not a uri"}}),
+    ] {
+        let (status, _, problem) = ld(
+            &c,
+            "POST",
+            "/ngsi-ld/v1/entities",
+            &[],
+            Some((json_ct, &bad)),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {problem}");
+    }
+}

@@ -433,7 +433,8 @@ pub async fn replace_attr(
     if let Value::Object(map) = &mut fragment {
         map.remove("@context");
     }
-    let name = req.context.to_stored(&attr);
+    let dataset = entity::dataset_of(&fragment)?;
+    let name = entity::instance_name(&req.context.to_stored(&attr), dataset.as_deref());
     let parsed = entity::parse_attribute(&attr, &fragment, &req.context)?;
     let (found, target) = existing(&state, &req, &id)?;
     if !found.entity.attrs.contains_key(&name) {
@@ -483,7 +484,8 @@ pub async fn update_attr(
 ) -> Result<Response> {
     check_id(&id)?;
     let mut fragment = req.body(&body).await?;
-    let name = req.context.to_stored(&attr);
+    let dataset = entity::dataset_of(&fragment)?;
+    let name = entity::instance_name(&req.context.to_stored(&attr), dataset.as_deref());
     let (found, target) = existing(&state, &req, &id)?;
     let current = found
         .entity
@@ -518,24 +520,47 @@ pub async fn update_attr(
     .await
 }
 
-/// "Delete Entity Attribute" (`DELETE …/entities/{id}/attrs/{attr}`).
+/// "Delete Entity Attribute" (`DELETE …/entities/{id}/attrs/{attr}`):
+/// the default instance, the one of `datasetId`, or with `deleteAll=true`
+/// every instance.
 pub async fn remove_attr(
     State(state): State<AppState>,
     req: LdRequest,
+    params: LdParams,
     Path((id, attr)): Path<(String, String)>,
 ) -> Result<Response> {
     check_id(&id)?;
     let (found, target) = existing(&state, &req, &id)?;
-    let name = req.context.to_stored(&attr);
-    if !found.entity.attrs.contains_key(&name) {
+    let base = req.context.to_stored(&attr);
+    let doomed: Vec<String> = if params.get("deleteAll") == Some("true") {
+        found
+            .entity
+            .attrs
+            .keys()
+            .filter(|n| entity::split_instance(n).0 == base)
+            .map(str::to_string)
+            .collect()
+    } else {
+        let dataset = params.get("datasetId");
+        if dataset.is_some_and(|d| !entity::is_uri(d)) {
+            return Err(Error(LdError::bad_request("datasetId is a URI")));
+        }
+        let name = entity::instance_name(&base, dataset);
+        if found.entity.attrs.contains_key(&name) {
+            vec![name]
+        } else {
+            Vec::new()
+        }
+    };
+    if doomed.is_empty() {
         return Err(Error(LdError::not_found(format!(
-            "entity {id} has no attribute {attr}"
+            "entity {id} has no attribute {attr} (of that datasetId)"
         ))));
     }
     write_then_no_content(
         &state,
         &target,
-        Write::DeleteAttr(name),
+        Write::DeleteAttrs(doomed),
         UpdateOptions::default(),
     )
     .await

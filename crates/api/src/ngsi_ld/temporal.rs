@@ -337,11 +337,7 @@ impl Aggregation {
                     .map(|m| m.entry(name).or_insert_with(|| json!([])))
                     .and_then(Value::as_array_mut)
                 {
-                    list.push(json!([
-                        a.value,
-                        instant(a.start),
-                        instant(a.end)
-                    ]));
+                    list.push(json!([a.value, instant(a.start), instant(a.end)]));
                 }
             }
         }
@@ -785,9 +781,12 @@ async fn record(
             one => vec![one],
         };
         for instance in instances {
+            let dataset = entity::dataset_of(instance)?;
             let attr = entity::parse_attribute(name, instance, &req.context)?;
             let mut state_of = Entity::new(id, entity_type);
-            state_of.attrs.insert(stored.clone(), attr);
+            state_of
+                .attrs
+                .insert(entity::instance_name(&stored, dataset.as_deref()), attr);
             states.push(NotifiedEntity::from(state_of));
         }
     }
@@ -886,14 +885,49 @@ fn render(req: &LdRequest, params: &LdParams, rows: Vec<HistoryRow>) -> Vec<Valu
             );
             for (name, mut instances) in attrs {
                 instances.sort_by_key(|r| (r.time, r.instance));
-                out.insert(
-                    req.context.from_stored(&name),
-                    attribute(&instances, simplified),
-                );
+                let (base, dataset) = entity::split_instance(&name);
+                let mut shown = attribute(&instances, simplified);
+                if let Some(dataset) = dataset {
+                    mark_dataset(&mut shown, dataset);
+                }
+                let key = req.context.from_stored(base);
+                // The instances of every datasetId of one attribute
+                // together: one list of instances, or one simplified
+                // object per datasetId.
+                match (out.remove(&key), shown) {
+                    (None, shown) => {
+                        out.insert(key, shown);
+                    }
+                    (Some(Value::Array(mut before)), Value::Array(more)) => {
+                        before.extend(more);
+                        out.insert(key, Value::Array(before));
+                    }
+                    (Some(Value::Array(mut before)), one) => {
+                        before.push(one);
+                        out.insert(key, Value::Array(before));
+                    }
+                    (Some(before), one) => {
+                        out.insert(key, Value::Array(vec![before, one]));
+                    }
+                }
             }
             Some(Value::Object(out))
         })
         .collect()
+}
+
+/// Marks an attribute's temporal rendering (a list of instances, or a
+/// simplified object) with its `datasetId`.
+fn mark_dataset(shown: &mut Value, dataset: &str) {
+    let mark = |v: &mut Value| {
+        if let Value::Object(m) = v {
+            m.insert("datasetId".into(), Value::String(dataset.to_string()));
+        }
+    };
+    match shown {
+        Value::Array(items) => items.iter_mut().for_each(mark),
+        one => mark(one),
+    }
 }
 
 /// One attribute's instances, normalized or simplified.

@@ -321,12 +321,28 @@ pub fn parse_attrs(map: &Map<String, Value>, ctx: &Context) -> Result<AttrMap, L
                 "{EXPIRATION_ATTR} is reserved by the NGSIv2 API"
             )));
         }
-        let attr = if stored == SCOPE {
-            parse_scope(value)?
-        } else {
-            parse_attribute(name, value, ctx)?
+        if stored == SCOPE {
+            attrs.insert(stored, parse_scope(value)?);
+            continue;
+        }
+        let instances: Vec<&Value> = match value {
+            Value::Array(items) if items.iter().any(is_attribute_instance) => {
+                items.iter().collect()
+            }
+            one => vec![one],
         };
-        attrs.insert(stored, attr);
+        let mut seen: Vec<Option<String>> = Vec::new();
+        for instance in instances {
+            let dataset = dataset_of(instance)?;
+            if seen.contains(&dataset) {
+                return Err(LdError::bad_request(format!(
+                    "attribute {name}: two instances of one datasetId"
+                )));
+            }
+            let attr = parse_attribute(name, instance, ctx)?;
+            attrs.insert(instance_name(&stored, dataset.as_deref()), attr);
+            seen.push(dataset);
+        }
     }
     Ok(attrs)
 }
@@ -370,10 +386,9 @@ pub fn parse_attribute(name: &str, value: &Value, ctx: &Context) -> Result<Attri
             return Err(LdError::bad_request(format!("attribute {name} is null")));
         }
         Value::Array(items) if items.iter().any(is_attribute_instance) => {
-            return Err(LdError::new(
-                ErrorKind::OperationNotSupported,
-                format!("attribute {name}: several instances (datasetId) are not supported"),
-            ));
+            return Err(LdError::bad_request(format!(
+                "attribute {name}: one instance is written at a time here"
+            )));
         }
         // A concise Property.
         other => return Ok(Attribute::new(other.clone(), AttrKind::Property.name())),
@@ -415,12 +430,6 @@ pub fn parse_attribute(name: &str, value: &Value, ctx: &Context) -> Result<Attri
         // A concise Property whose value is an object.
         None => return Ok(Attribute::new(value.clone(), AttrKind::Property.name())),
     };
-    if map.contains_key("datasetId") {
-        return Err(LdError::new(
-            ErrorKind::OperationNotSupported,
-            format!("attribute {name}: several instances (datasetId) are not supported"),
-        ));
-    }
     let member = kind.value_member();
     let content = match map.get(member) {
         None | Some(Value::Null) => {
@@ -624,18 +633,89 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
             Value::String(format_datetime(entity.date_modified)),
         );
     }
+    // Instances of one attribute (datasetId) are shown together: one
+    // alone as it is, several as an array.
+    let mut shown: Vec<(String, Vec<Value>)> = Vec::new();
     for (name, attr) in entity.attrs.iter() {
-        if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == name)) {
+        let (base, dataset) = split_instance(name);
+        if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == base)) {
             continue;
         }
-        let shown = if attr.attr_type == SCOPE_TYPE && name == SCOPE {
+        let value = if attr.attr_type == SCOPE_TYPE && name == SCOPE {
             attr.value.clone()
         } else {
-            render_attribute(attr, how)
+            let mut value = render_attribute(attr, how);
+            if let Some(dataset) = dataset {
+                with_dataset(&mut value, dataset, how.format);
+            }
+            value
         };
-        out.insert(ctx.from_stored(name), shown);
+        let key = ctx.from_stored(base);
+        match shown.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, values)) => values.push(value),
+            None => shown.push((key, vec![value])),
+        }
+    }
+    for (key, mut values) in shown {
+        let value = if values.len() == 1 {
+            values.remove(0)
+        } else {
+            Value::Array(values)
+        };
+        out.insert(key, value);
     }
     out
+}
+
+/// Marks a rendered instance with its `datasetId` (a bare concise value
+/// becomes `{"value": …}` to carry it; keyValues shows values only).
+fn with_dataset(value: &mut Value, dataset: &str, format: Format) {
+    if format == Format::KeyValues {
+        return;
+    }
+    if !value.is_object()
+        || GEOMETRY_TYPES.contains(&value.get("type").and_then(Value::as_str).unwrap_or(""))
+    {
+        let inner = std::mem::take(value);
+        *value = Value::Object(Map::from_iter([("value".to_string(), inner)]));
+    }
+    if let Value::Object(map) = value {
+        map.insert("datasetId".into(), Value::String(dataset.to_string()));
+    }
+}
+
+/// What separates an attribute's name from an instance's `datasetId` in
+/// the name the instance is stored under: neither names nor URIs hold a
+/// space.
+pub const DATASET_SEPARATOR: char = ' ';
+
+/// The stored name of the instance `dataset` of attribute `base` (the
+/// default instance, without one, is stored under the attribute's name).
+pub fn instance_name(base: &str, dataset: Option<&str>) -> String {
+    match dataset {
+        Some(d) => format!("{base}{DATASET_SEPARATOR}{d}"),
+        None => base.to_string(),
+    }
+}
+
+/// A stored name's attribute and `datasetId` (none: the default
+/// instance).
+pub fn split_instance(name: &str) -> (&str, Option<&str>) {
+    match name.split_once(DATASET_SEPARATOR) {
+        Some((base, dataset)) => (base, Some(dataset)),
+        None => (name, None),
+    }
+}
+
+/// The `datasetId` of an attribute instance body, checked: a URI, or none.
+pub fn dataset_of(body: &Value) -> Result<Option<String>, LdError> {
+    match body.get("datasetId") {
+        None => Ok(None),
+        Some(Value::String(d)) if is_uri(d) => Ok(Some(d.clone())),
+        Some(other) => Err(LdError::bad_request(format!(
+            "a datasetId is a URI, not {other}"
+        ))),
+    }
 }
 
 /// An entity as a GeoJSON Feature: its geometry the value of attribute

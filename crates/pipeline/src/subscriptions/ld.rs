@@ -56,7 +56,11 @@ pub(crate) fn fires(
         return None;
     }
     let watched = &sub.subject.condition.attrs;
-    let watching = |name: &str| watched.is_empty() || watched.iter().any(|w| w == name);
+    // An instance of a watched attribute (datasetId) is watched too.
+    let watching = |name: &str| {
+        let base = entity::split_instance(name).0;
+        watched.is_empty() || watched.iter().any(|w| w == base)
+    };
     let entity = &change.entity;
     let kind = match change.alteration {
         Alteration::Created => {
