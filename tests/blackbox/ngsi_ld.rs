@@ -762,6 +762,24 @@ async fn queries_and_tenants() {
     .await;
     assert_eq!(ids(&page), ["urn:ngsi-ld:Vehicle:2"]);
     assert_eq!(headers["ngsild-results-count"], "3");
+    // 4.23: ordered by a member, here the id, descending.
+    let (status, _, ordered) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Vehicle&orderBy=id;desc",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{ordered}");
+    assert_eq!(
+        ids(&ordered),
+        [
+            "urn:ngsi-ld:Vehicle:3",
+            "urn:ngsi-ld:Vehicle:2",
+            "urn:ngsi-ld:Vehicle:1"
+        ]
+    );
     let (_, _, by_pattern) = ld(&c, "GET", "/ngsi-ld/v1/entities?idPattern=.*:3$", &[], None).await;
     assert_eq!(ids(&by_pattern), ["urn:ngsi-ld:Vehicle:3"]);
     let (_, _, by_attr) = ld(&c, "GET", "/ngsi-ld/v1/entities?attrs=speed", &[], None).await;

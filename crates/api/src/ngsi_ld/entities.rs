@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 use weft_model::geo::Shape;
 use weft_model::ngsi::{AttrMap, UpdateOptions};
 use weft_model::ngsi_ld::entity::{self, Format, Render};
+use weft_model::ngsi_ld::order::OrderBy;
 use weft_model::ngsi_ld::{Context, LdError, LdQuery};
 use weft_pipeline::context::{EntityFilter, EntityResolver, StoredEntity, Target};
 use weft_pipeline::ngsi_write::{Write, Written};
@@ -239,7 +240,11 @@ pub async fn query(
         )));
     }
     let (limit, offset) = paging(&params)?;
-    let found: Vec<StoredEntity> = state
+    let order = params
+        .get("orderBy")
+        .map(|o| OrderBy::parse(o, &req.context))
+        .transpose()?;
+    let mut found: Vec<StoredEntity> = state
         .services
         .context
         .query(&req.tenant, &filter)
@@ -259,6 +264,10 @@ pub async fn query(
                 })
         })
         .collect();
+    if let Some(order) = &order {
+        // Stable: ties keep the order of creation.
+        found.sort_by(|a, b| order.compare(&a.entity, &b.entity));
+    }
     let how = Render {
         attrs: attrs.as_deref(),
         ..render_options(&req, &params)

@@ -12,6 +12,7 @@
 pub mod context;
 pub mod entity;
 pub mod geo;
+pub mod order;
 pub mod query;
 pub mod subscription;
 
