@@ -1905,6 +1905,31 @@ async fn attribute_instances_by_dataset_id() {
     .await;
     assert_eq!(status, 404, "gone already");
 
+    // urn:ngsi-ld:null in an update deletes (5.6.2): here the default
+    // instance.
+    let nulled = json!({"speed": {"type": "Property", "value": "urn:ngsi-ld:null"}});
+    let (status, _, body) = ld(
+        &c,
+        "PATCH",
+        &format!("{path}/attrs"),
+        &[],
+        Some((json_ct, &nulled)),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (_, _, got) = ld(&c, "GET", &path, &[], None).await;
+    assert!(got.get("speed").is_none(), "{got}");
+    let back = json!({"speed": {"type": "Property", "value": 50}});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        &format!("{path}/attrs"),
+        &[],
+        Some((json_ct, &back)),
+    )
+    .await;
+    assert_eq!(status, 204);
+
     // Appended back, then every instance deleted at once.
     let more = json!({"speed": {"type": "Property", "value": 70, "datasetId": "urn:ngsi-ld:Dataset:radar"}});
     let (status, _, _) = ld(

@@ -310,14 +310,22 @@ pub async fn append(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response> {
-    let attrs = attrs_body(&mut req, &body).await?;
+    let (attrs, nulls) = attrs_body(&mut req, &id, &body).await?;
     let opts = UpdateOptions {
         append_strict: params.option("noOverwrite"),
         override_metadata: true,
         ..UpdateOptions::default()
     };
     let reason = "attribute exists and noOverwrite was asked";
-    write_reported(&state, &req, &id, Write::Append(attrs), opts, reason).await
+    write_reported(
+        &state,
+        &req,
+        &id,
+        (Write::Append(attrs), nulls),
+        opts,
+        reason,
+    )
+    .await
 }
 
 /// "Update Entity Attributes" (`PATCH …/entities/{id}/attrs`): the
@@ -329,13 +337,21 @@ pub async fn update(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response> {
-    let attrs = attrs_body(&mut req, &body).await?;
+    let (attrs, nulls) = attrs_body(&mut req, &id, &body).await?;
     let opts = UpdateOptions {
         override_metadata: true,
         ..UpdateOptions::default()
     };
     let reason = "the entity has no such attribute";
-    write_reported(&state, &req, &id, Write::Update(attrs), opts, reason).await
+    write_reported(
+        &state,
+        &req,
+        &id,
+        (Write::Update(attrs), nulls),
+        opts,
+        reason,
+    )
+    .await
 }
 
 /// "Replace Entity" (`PUT /ngsi-ld/v1/entities/{id}`): every attribute
@@ -575,16 +591,17 @@ pub async fn remove_attr(
     .await
 }
 
-/// The attributes of an append or update body.
-async fn attrs_body(req: &mut LdRequest, body: &Bytes) -> Result<AttrMap> {
+/// The attributes of an append or update body, and those it deletes
+/// (their value is `urn:ngsi-ld:null`).
+async fn attrs_body(req: &mut LdRequest, id: &str, body: &Bytes) -> Result<(AttrMap, Vec<String>)> {
     let value = req.body(body).await?;
-    let Value::Object(map) = value else {
+    let Value::Object(map) = &value else {
         return Err(Error(LdError::invalid("the attributes are a JSON object")));
     };
     if map.keys().all(|k| k == "@context") {
         return Err(Error(LdError::bad_request("no attribute given")));
     }
-    Ok(entity::parse_attrs(&map, &req.context)?)
+    Ok(merge_fragment(&req.context, id, value)?)
 }
 
 /// Runs an attribute write on entity `id`, wherever it lives: 204 when
@@ -594,18 +611,34 @@ async fn write_reported(
     state: &AppState,
     req: &LdRequest,
     id: &str,
-    write: Write,
+    (write, nulls): (Write, Vec<String>),
     opts: UpdateOptions,
     reason: &str,
 ) -> Result<Response> {
     check_id(id)?;
-    let (_, target) = existing(state, req, id)?;
-    let written = state
-        .services
-        .ngsi_writer
-        .apply(&target, write, opts)
-        .await?;
-    Ok(update_result(req, &written, reason))
+    let (found, target) = existing(state, req, id)?;
+    let attrs_given = match &write {
+        Write::Append(a) | Write::Update(a) => !a.is_empty(),
+        _ => true,
+    };
+    let written = if attrs_given || nulls.is_empty() {
+        Some(
+            state
+                .services
+                .ngsi_writer
+                .apply(&target, write, opts)
+                .await?,
+        )
+    } else {
+        None
+    };
+    if !nulls.is_empty() {
+        merge_into(state, &found.entity, &target, AttrMap::new(), nulls).await?;
+    }
+    Ok(match written {
+        Some(written) => update_result(req, &written, reason),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
 }
 
 /// 204 when every attribute was written, else 207 with the update
