@@ -780,7 +780,14 @@ async fn queries_and_tenants() {
             "urn:ngsi-ld:Vehicle:1"
         ]
     );
-    let (_, _, by_pattern) = ld(&c, "GET", "/ngsi-ld/v1/entities?idPattern=.*:3$", &[], None).await;
+    let (_, _, by_pattern) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Vehicle&idPattern=.*:3$",
+        &[],
+        None,
+    )
+    .await;
     assert_eq!(ids(&by_pattern), ["urn:ngsi-ld:Vehicle:3"]);
     let (_, _, by_attr) = ld(&c, "GET", "/ngsi-ld/v1/entities?attrs=speed", &[], None).await;
     assert_eq!(ids(&by_attr).len(), 3, "the Bike is another tenant's");

@@ -227,16 +227,16 @@ pub async fn query(
     let geoproperty = req
         .context
         .to_stored(params.get("geoproperty").unwrap_or("location"));
-    let unfiltered = filter.ids.is_empty()
-        && filter.id_pattern.is_none()
-        && filter.types.is_empty()
+    // Ids alone are not enough: a query names what kind of entities
+    // (5.7.2: type, attrs, q, a geo-query, or local=true).
+    let unfiltered = filter.types.is_empty()
         && q.is_none()
         && geo.is_none()
         && having.is_none()
         && params.get("local") != Some("true");
     if unfiltered {
         return Err(Error(LdError::bad_request(
-            "a query names at least one of id, idPattern, type, attrs, q or a geo-query",
+            "a query names at least one of type, attrs, q or a geo-query",
         )));
     }
     let (limit, offset) = paging(&params)?;
@@ -264,6 +264,16 @@ pub async fn query(
                 })
         })
         .collect();
+    if let Some(pick) = params.list("pick") {
+        // An entity of which nothing picked is left is not an answer.
+        let core = pick.iter().any(|p| p == "id" || p == "type");
+        found.retain(|e| {
+            core || e.entity.attrs.keys().any(|n| {
+                let base = entity::split_instance(n).0;
+                pick.iter().any(|p| *p == req.context.from_stored(base))
+            })
+        });
+    }
     if let Some(order) = &order {
         // Stable: ties keep the order of creation.
         found.sort_by(|a, b| order.compare(&a.entity, &b.entity));
