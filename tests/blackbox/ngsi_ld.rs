@@ -762,6 +762,18 @@ async fn queries_and_tenants() {
     .await;
     assert_eq!(ids(&page), ["urn:ngsi-ld:Vehicle:2"]);
     assert_eq!(headers["ngsild-results-count"], "3");
+    // The same query by POST (5.7.2).
+    let posted = json!({"type": "Query", "entities": [{"type": "Vehicle"}], "q": "speed>0"});
+    let (status, _, by_post) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/query?limit=2",
+        &[],
+        Some(("application/json", &posted)),
+    )
+    .await;
+    assert_eq!(status, 200, "{by_post}");
+    assert_eq!(by_post.as_array().unwrap().len(), 2, "{by_post}");
     // 4.23: ordered by a member, here the id, descending.
     let (status, _, ordered) = ld(
         &c,

@@ -78,6 +78,11 @@ impl Params {
         Params(pairs)
     }
 
+    /// The parameters, in order.
+    pub(crate) fn pairs(&self) -> &[(String, String)] {
+        &self.0
+    }
+
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0

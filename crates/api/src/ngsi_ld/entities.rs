@@ -299,6 +299,88 @@ pub async fn query(
     Ok(resp)
 }
 
+/// "Query Entities" by POST (`POST /ngsi-ld/v1/entityOperations/query`,
+/// 5.7.2): the query in the body (a `Query`: `entities`, `attrs`, `q`,
+/// `geoQ`), paging and options in the URL; answered as the GET is. The
+/// selectors of `entities` are read as one: their ids, id pattern and
+/// types.
+pub async fn query_by_post(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    params: LdParams,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let Value::Object(map) = &value else {
+        return Err(Error(LdError::invalid("a query is a JSON object")));
+    };
+    if map.get("type").and_then(Value::as_str) != Some("Query") {
+        return Err(Error(LdError::bad_request(
+            "the type of a query is \"Query\"",
+        )));
+    }
+    let bad = |what: &str| Error(LdError::bad_request(format!("query: {what}")));
+    let texts = |v: &Value| -> Result<Vec<String>> {
+        v.as_array()
+            .ok_or_else(|| bad("attrs is an array of names"))?
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("attrs is an array of names"))
+            })
+            .collect()
+    };
+    let mut extra: Vec<(String, String)> = Vec::new();
+    if let Some(entities) = map.get("entities") {
+        let (mut ids, mut types) = (Vec::new(), Vec::new());
+        for selector in entities
+            .as_array()
+            .ok_or_else(|| bad("entities is an array"))?
+        {
+            let field = |k: &str| selector.get(k).and_then(Value::as_str).map(str::to_string);
+            if let Some(id) = field("id") {
+                ids.push(id);
+            }
+            if let Some(pattern) = field("idPattern") {
+                extra.push(("idPattern".into(), pattern));
+            }
+            if let Some(t) = field("type") {
+                types.push(t);
+            }
+        }
+        if !ids.is_empty() {
+            extra.push(("id".into(), ids.join(",")));
+        }
+        if !types.is_empty() {
+            extra.push(("type".into(), types.join(",")));
+        }
+    }
+    if let Some(attrs) = map.get("attrs") {
+        extra.push(("attrs".into(), texts(attrs)?.join(",")));
+    }
+    if let Some(q) = map.get("q") {
+        extra.push((
+            "q".into(),
+            q.as_str().ok_or_else(|| bad("q is a string"))?.into(),
+        ));
+    }
+    if let Some(geo) = map.get("geoQ") {
+        for key in ["georel", "geometry", "geoproperty"] {
+            if let Some(v) = geo.get(key).and_then(Value::as_str) {
+                extra.push((key.into(), v.into()));
+            }
+        }
+        match geo.get("coordinates") {
+            Some(Value::String(c)) => extra.push(("coordinates".into(), c.clone())),
+            Some(c @ Value::Array(_)) => extra.push(("coordinates".into(), c.to_string())),
+            _ => {}
+        }
+    }
+    let params = params.extended(extra)?;
+    query(State(state), req, params).await
+}
+
 /// "Delete Entity" (`DELETE /ngsi-ld/v1/entities/{id}`).
 pub async fn remove(
     State(state): State<AppState>,

@@ -136,6 +136,10 @@ pub fn routes() -> Routes {
             "/ngsi-ld/v1/entityOperations/delete",
             post(WRITE, batch::delete),
         )
+        .route(
+            "/ngsi-ld/v1/entityOperations/query",
+            post(READ, query_by_post),
+        )
 }
 
 /// NGSI-LD clients (and ETSI's test suite) write collection paths with a
@@ -602,6 +606,16 @@ impl LdParams {
             }
         }
         Ok(())
+    }
+
+    /// These parameters and `extra` (read from a body, as `POST
+    /// /entityOperations/query`'s), checked as the URL's are.
+    pub fn extended(&self, extra: Vec<(String, String)>) -> Result<LdParams> {
+        let mut pairs = self.0.pairs().to_vec();
+        pairs.extend(extra);
+        let params = LdParams(Params::from_pairs(pairs));
+        params.check()?;
+        Ok(params)
     }
 
     /// The first value of `key`.
