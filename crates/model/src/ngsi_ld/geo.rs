@@ -26,7 +26,12 @@ pub fn geo_query(
             ))
         }
     };
-    let rel = relation(georel)?;
+    // An entity contains a point exactly when the point lies on it: for a
+    // Point, `contains` is `intersects`.
+    let rel = match (georel, geometry) {
+        ("contains", "Point") => "intersects".to_string(),
+        _ => relation(georel)?,
+    };
     let coords: Value = serde_json::from_str(coordinates)
         .map_err(|_| LdError::bad_request(format!("coordinates are not JSON: {coordinates}")))?;
     let (shape, points) = match geometry {
@@ -88,7 +93,7 @@ fn relation(georel: &str) -> Result<String, LdError> {
         "contains" | "overlaps" => {
             return Err(LdError::new(
                 ErrorKind::OperationNotSupported,
-                format!("georel {name} is not supported"),
+                format!("georel {name} is supported for a Point only (contains)"),
             ))
         }
         other => return Err(LdError::bad_request(format!("georel: {other}"))),
@@ -122,6 +127,25 @@ mod tests {
     use super::*;
     use crate::geo::{Position, Shape};
 
+    #[test]
+    fn an_entity_contains_a_point_it_covers() {
+        let polygon = Shape::Polygon(vec![vec![
+            Position::new(0.0, 0.0),
+            Position::new(2.0, 0.0),
+            Position::new(2.0, 2.0),
+            Position::new(0.0, 2.0),
+            Position::new(0.0, 0.0),
+        ]]);
+        assert!(q("contains", "Point", "[1, 1]").matches(&polygon));
+        assert!(!q("contains", "Point", "[3, 3]").matches(&polygon));
+        assert!(geo_query(
+            Some("contains"),
+            Some("Polygon"),
+            Some("[[[0,0],[1,0],[1,1],[0,0]]]")
+        )
+        .is_err());
+    }
+
     fn q(rel: &str, geometry: &str, coords: &str) -> GeoQuery {
         geo_query(Some(rel), Some(geometry), Some(coords))
             .unwrap()
@@ -147,7 +171,7 @@ mod tests {
             ("within", "Point", "nope", Some(ErrorKind::BadRequestData)),
             ("within", "Circle", "[1,2]", Some(ErrorKind::BadRequestData)),
             (
-                "contains",
+                "overlaps",
                 "Point",
                 "[1,2]",
                 Some(ErrorKind::OperationNotSupported),
