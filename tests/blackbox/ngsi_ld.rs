@@ -1613,12 +1613,23 @@ async fn geo_queries() {
     let (status, _, problem) = ld(
         &c,
         "GET",
-        &query("georel=contains&geometry=Point&coordinates=%5B1%2C2%5D"),
+        &query("georel=overlaps&geometry=Point&coordinates=%5B1%2C2%5D"),
         &[],
         None,
     )
     .await;
     assert_eq!(status, 422, "{problem}");
+    // An entity contains a point it covers: Madrid's is its own.
+    let (status, _, madrid) = ld(
+        &c,
+        "GET",
+        &query("georel=contains&geometry=Point&coordinates=%5B-3.70%2C40.42%5D"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{madrid}");
+    assert_eq!(ids(&madrid), ["madrid"]);
 }
 
 /// 4.5.16 and 4.5.18: entities as GeoJSON (`Accept: application/geo+json`,
