@@ -171,11 +171,8 @@ fn id_pattern(p: &str) -> std::result::Result<Regex, LdError> {
 /// An entity as `pick` (only the members named, `id` and `type`
 /// included) or `omit` (all but those named) project it.
 fn projected(mut entity: Map<String, Value>, params: &LdParams) -> Map<String, Value> {
-    if let Some(pick) = params.list("pick") {
-        entity.retain(|k, _| pick.iter().any(|p| p == k));
-    } else if let Some(omit) = params.list("omit") {
-        entity.retain(|k, _| !omit.iter().any(|o| o == k));
-    }
+    let (pick, omit) = (params.list("pick"), params.list("omit"));
+    entity::project(&mut entity, pick.as_deref(), omit.as_deref());
     entity
 }
 

@@ -1296,7 +1296,8 @@ pub(crate) fn parse_stats(v: &Value) -> NotificationStats {
     }
 }
 
-fn strings(list: &[String]) -> Value {
+/// A list of names as a JSON array.
+pub(crate) fn strings(list: &[String]) -> Value {
     Value::Array(list.iter().map(|s| Value::String(s.clone())).collect())
 }
 

@@ -633,6 +633,17 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
             Value::String(format_datetime(entity.date_modified)),
         );
     }
+    let instances = entity.attrs.keys().any(|n| n.contains(DATASET_SEPARATOR));
+    if !instances {
+        // The common case: one instance of each attribute, shown in order.
+        for (name, attr) in entity.attrs.iter() {
+            if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == name)) {
+                continue;
+            }
+            out.insert(ctx.from_stored(name), render_member(name, attr, how));
+        }
+        return out;
+    }
     // Instances of one attribute (datasetId) are shown together: one
     // alone as it is, several as an array.
     let mut shown: Vec<(String, Vec<Value>)> = Vec::new();
@@ -641,15 +652,10 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
         if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == base)) {
             continue;
         }
-        let value = if attr.attr_type == SCOPE_TYPE && name == SCOPE {
-            attr.value.clone()
-        } else {
-            let mut value = render_attribute(attr, how);
-            if let Some(dataset) = dataset {
-                with_dataset(&mut value, dataset, how.format);
-            }
-            value
-        };
+        let mut value = render_member(name, attr, how);
+        if let Some(dataset) = dataset {
+            with_dataset(&mut value, dataset, how.format);
+        }
         let key = ctx.from_stored(base);
         match shown.iter_mut().find(|(k, _)| *k == key) {
             Some((_, values)) => values.push(value),
@@ -665,6 +671,27 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
         out.insert(key, value);
     }
     out
+}
+
+/// A rendered entity as `pick` (only the members named, `id` and `type`
+/// included) or `omit` (all but those named) project it (clause 4.21);
+/// neither given (`None`, or empty): as it is.
+pub fn project(entity: &mut Map<String, Value>, pick: Option<&[String]>, omit: Option<&[String]>) {
+    match (pick, omit) {
+        (Some(pick), _) if !pick.is_empty() => entity.retain(|k, _| pick.iter().any(|p| p == k)),
+        (_, Some(omit)) if !omit.is_empty() => entity.retain(|k, _| !omit.iter().any(|o| o == k)),
+        _ => {}
+    }
+}
+
+/// One stored attribute as an entity member: the `scope` bare, any other
+/// as an NGSI-LD attribute.
+fn render_member(name: &str, attr: &Attribute, how: &Render) -> Value {
+    if attr.attr_type == SCOPE_TYPE && name == SCOPE {
+        attr.value.clone()
+    } else {
+        render_attribute(attr, how)
+    }
 }
 
 /// Marks a rendered instance with its `datasetId` (a bare concise value

@@ -31,8 +31,8 @@ use super::query::LdQuery;
 use super::LdError;
 use crate::geo::GeoQuery;
 use crate::ngsi::subscription::{
-    parse_stats, Condition, CustomPayload, Endpoint, EntitySelector, Guarantee, MqttEndpoint,
-    Notification, NotificationStats, Status, Subject, Subscription,
+    parse_stats, strings, Condition, CustomPayload, Endpoint, EntitySelector, Guarantee,
+    MqttEndpoint, Notification, NotificationStats, Status, Subject, Subscription,
 };
 use crate::ngsi::{format_datetime, parse_datetime, Format as V2Format};
 
@@ -1085,10 +1085,6 @@ fn key_value_list(v: Option<&Value>, what: &str) -> Result<Vec<(String, String)>
             Ok((key.to_string(), value.to_string()))
         })
         .collect()
-}
-
-fn strings(list: &[String]) -> Value {
-    Value::Array(list.iter().map(|s| Value::String(s.clone())).collect())
 }
 
 fn key_values(list: &[(String, String)]) -> Value {

@@ -160,11 +160,7 @@ fn render(sub: &Subscription, ld: &LdSubscription, entity: &Entity) -> Map<Strin
         lang: ld.lang.as_deref(),
     };
     let mut shown = entity::render_entity(entity, &how);
-    if !ld.pick.is_empty() {
-        shown.retain(|k, _| ld.pick.iter().any(|p| p == k));
-    } else if !ld.omit.is_empty() {
-        shown.retain(|k, _| !ld.omit.iter().any(|o| o == k));
-    }
+    entity::project(&mut shown, Some(&ld.pick), Some(&ld.omit));
     shown
 }
 
@@ -382,5 +378,94 @@ impl Subscriptions {
             Enqueued::Parked => self.sender.drain(entry).await,
             Enqueued::Refused(job, reason) => self.refused(entry, &job, reason),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use weft_model::ngsi::{AttrChange, Attribute};
+    use weft_model::ngsi_ld::subscription;
+    use weft_model::ngsi_ld::Context;
+
+    fn sub(extra: Value) -> Subscription {
+        let mut body = json!({
+            "type": "Subscription",
+            "entities": [{"type": "Vehicle"}],
+            "notification": {"endpoint": {"uri": "http://receiver.example/n"}},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        subscription::parse(&body, Context::core(), "urn:x:sub".into(), 0).unwrap()
+    }
+
+    fn change(alteration: Alteration, touched: &[(&str, ChangeKind)], speed: i64) -> EntityChange {
+        let mut e = Entity::new("urn:ngsi-ld:Vehicle:1", "Vehicle");
+        e.attrs.insert(
+            "speed".to_string(),
+            Attribute::new(json!(speed), "Property"),
+        );
+        e.attrs
+            .insert("brand".to_string(), Attribute::new(json!("x"), "Property"));
+        EntityChange {
+            tenant: String::new(),
+            service_path: "/".into(),
+            entity: Arc::new(e),
+            alteration,
+            attrs: touched
+                .iter()
+                .map(|(name, kind)| AttrChange {
+                    name: name.to_string(),
+                    kind: *kind,
+                    previous: None,
+                    modified: true,
+                })
+                .collect(),
+            origin: None,
+        }
+    }
+
+    fn fired(s: &Subscription, c: &EntityChange) -> Option<AlterationType> {
+        fires(s, s.ld.as_deref().unwrap(), c)
+    }
+
+    #[test]
+    fn default_triggers_are_attributes_created_and_updated() {
+        let s = sub(json!({"watchedAttributes": ["speed"]}));
+        let created = change(Alteration::Created, &[], 1);
+        assert_eq!(fired(&s, &created), Some(AlterationType::EntityCreate));
+        let speed = change(Alteration::Updated, &[("speed", ChangeKind::Updated)], 1);
+        assert_eq!(fired(&s, &speed), Some(AlterationType::EntityChange));
+        let brand = change(Alteration::Updated, &[("brand", ChangeKind::Updated)], 1);
+        assert_eq!(fired(&s, &brand), None, "not watched");
+        let gone = change(Alteration::Updated, &[("speed", ChangeKind::Deleted)], 1);
+        assert_eq!(fired(&s, &gone), None, "attributeDeleted not asked");
+        assert_eq!(fired(&s, &change(Alteration::Deleted, &[], 1)), None);
+    }
+
+    #[test]
+    fn asked_triggers_q_and_instances() {
+        let s = sub(
+            json!({"notificationTrigger": ["entityDeleted", "attributeDeleted"], "q": "speed>5"}),
+        );
+        let gone = change(Alteration::Updated, &[("speed", ChangeKind::Deleted)], 9);
+        assert_eq!(fired(&s, &gone), Some(AlterationType::EntityChange));
+        let slow = change(Alteration::Updated, &[("speed", ChangeKind::Deleted)], 1);
+        assert_eq!(fired(&s, &slow), None, "q does not hold");
+        let deleted = change(Alteration::Deleted, &[], 9);
+        assert_eq!(fired(&s, &deleted), Some(AlterationType::EntityDelete));
+        // An instance of a watched attribute is watched.
+        let s = sub(json!({"watchedAttributes": ["speed"]}));
+        let instance = change(
+            Alteration::Updated,
+            &[("speed urn:ngsi-ld:Dataset:1", ChangeKind::Updated)],
+            1,
+        );
+        assert!(fired(&s, &instance).is_some());
+        // A periodic subscription fires for no change.
+        let periodic = sub(json!({"timeInterval": 5}));
+        assert_eq!(fired(&periodic, &change(Alteration::Created, &[], 1)), None);
     }
 }
