@@ -1613,13 +1613,60 @@ async fn geo_queries() {
     let (status, _, problem) = ld(
         &c,
         "GET",
-        &query("georel=overlaps&geometry=Point&coordinates=%5B1%2C2%5D"),
+        &query("georel=within&geometry=MultiPoint&coordinates=%5B%5B1%2C2%5D%5D"),
         &[],
         None,
     )
     .await;
     assert_eq!(status, 422, "{problem}");
-    // An entity contains a point it covers: Madrid's is its own.
+    // A shop's point lies in Portugal but neither covers nor overlaps it.
+    for rel in ["contains", "overlaps"] {
+        let (status, _, none) = ld(
+            &c,
+            "GET",
+            &query(&format!(
+                "georel={rel}&geometry=Polygon&coordinates={portugal}"
+            )),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{none}");
+        assert_eq!(ids(&none), Vec::<String>::new(), "{rel}");
+    }
+    // An area contains what it covers and overlaps what it shares part of.
+    let iberia = json!({"id": "urn:ngsi-ld:Shop:iberia", "type": "Shop", "location": {
+        "type": "GeoProperty",
+        "value": {"type": "Polygon", "coordinates": [[[-10, 36], [3, 36], [3, 44], [-10, 44], [-10, 36]]]}
+    }});
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entities",
+        &[],
+        Some(("application/json", &iberia)),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let france =
+        "%5B%5B%5B-2%2C43%5D%2C%5B7%2C43%5D%2C%5B7%2C50%5D%2C%5B-2%2C50%5D%2C%5B-2%2C43%5D%5D%5D";
+    for (rel, area, found) in [
+        ("contains", portugal, vec!["iberia"]),
+        ("contains", france, vec![]),
+        ("overlaps", france, vec!["iberia"]),
+        ("overlaps", portugal, vec![]),
+    ] {
+        let (_, _, answer) = ld(
+            &c,
+            "GET",
+            &query(&format!("georel={rel}&geometry=Polygon&coordinates={area}")),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(ids(&answer), found, "{rel} {area}");
+    }
+    // An entity contains a point it covers: Madrid's is its own, Iberia covers it.
     let (status, _, madrid) = ld(
         &c,
         "GET",
@@ -1629,7 +1676,7 @@ async fn geo_queries() {
     )
     .await;
     assert_eq!(status, 200, "{madrid}");
-    assert_eq!(ids(&madrid), ["madrid"]);
+    assert_eq!(ids(&madrid), ["madrid", "iberia"]);
 }
 
 /// 4.5.16 and 4.5.18: entities as GeoJSON (`Accept: application/geo+json`,

@@ -35,6 +35,13 @@ pub enum GeoRel {
     Equals,
     /// The location and the query geometry share no point.
     Disjoint,
+    /// The location covers the query geometry (NGSI-LD's `contains`;
+    /// NGSIv2 has no word for it). Computed on the plane, as PostGIS's
+    /// `ST_Covers` does.
+    Contains,
+    /// The location and the query geometry share points without either
+    /// covering the other (NGSI-LD's `overlaps`, on the plane).
+    Overlaps,
 }
 
 /// The reference geometry of a geo-query (`geometry` + `coords`).
@@ -262,7 +269,7 @@ impl GeoQuery {
                 GeoRel::Intersects => return super::plane::intersects(shape, &self.shape),
                 GeoRel::Disjoint => return !super::plane::intersects(shape, &self.shape),
                 GeoRel::CoveredBy => return super::plane::covered_by(shape, &self.shape),
-                GeoRel::Near { .. } | GeoRel::Equals => {}
+                GeoRel::Near { .. } | GeoRel::Equals | GeoRel::Contains | GeoRel::Overlaps => {}
             }
         }
         match self.rel {
@@ -280,7 +287,19 @@ impl GeoQuery {
                 .as_ref()
                 .is_some_and(|region| shape.parts().covered_by(region)),
             GeoRel::Equals => *shape == self.shape,
+            GeoRel::Contains => super::plane::covered_by(&self.shape, shape),
+            GeoRel::Overlaps => {
+                super::plane::intersects(shape, &self.shape)
+                    && !super::plane::covered_by(shape, &self.shape)
+                    && !super::plane::covered_by(&self.shape, shape)
+            }
         }
+    }
+
+    /// This query with relation `rel` instead (NGSI-LD's relations that
+    /// NGSIv2's parameters cannot name).
+    pub fn with_rel(self, rel: GeoRel) -> GeoQuery {
+        GeoQuery { rel, ..self }
     }
 
     /// Distance in meters from the query point to the nearest point of

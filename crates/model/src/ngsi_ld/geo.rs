@@ -1,17 +1,18 @@
 //! NGSI-LD geo-queries (clause 4.10): `georel` (`near;maxDistance==m`,
-//! `within`, `intersects`, `equals`, `disjoint`), `geometry` (a GeoJSON
-//! type) and `coordinates` (GeoJSON coordinates, longitude first), read
-//! into the geo-query NGSIv2 evaluates ([`crate::geo::GeoQuery`]), so a
-//! relation means the same on both APIs.
+//! `within`, `intersects`, `equals`, `disjoint`, `contains`, `overlaps`),
+//! `geometry` (a GeoJSON type) and `coordinates` (GeoJSON coordinates,
+//! longitude first), read into the geo-query NGSIv2 evaluates
+//! ([`crate::geo::GeoQuery`]), so a relation means the same on both APIs;
+//! `contains` and `overlaps`, which NGSIv2 cannot ask, are computed on
+//! the plane as PostGIS does.
 
 use serde_json::Value;
 
 use super::{ErrorKind, LdError};
-use crate::geo::GeoQuery;
+use crate::geo::{GeoQuery, GeoRel};
 
 /// The geo-query of the three parameters, or `None` when none is given;
-/// a relation NGSIv2's geo-queries have no counterpart for (`contains`,
-/// `overlaps`) or a geometry of several parts is `OperationNotSupported`.
+/// a geometry of several parts is `OperationNotSupported`.
 pub fn geo_query(
     georel: Option<&str>,
     geometry: Option<&str>,
@@ -26,11 +27,12 @@ pub fn geo_query(
             ))
         }
     };
-    // An entity contains a point exactly when the point lies on it: for a
-    // Point, `contains` is `intersects`.
-    let rel = match (georel, geometry) {
-        ("contains", "Point") => "intersects".to_string(),
-        _ => relation(georel)?,
+    // `contains` and `overlaps` are read as `intersects` (which accepts
+    // every geometry), then set.
+    let (rel, ld_only) = match georel {
+        "contains" => ("intersects".to_string(), Some(GeoRel::Contains)),
+        "overlaps" => ("intersects".to_string(), Some(GeoRel::Overlaps)),
+        _ => (relation(georel)?, None),
     };
     let coords: Value = serde_json::from_str(coordinates)
         .map_err(|_| LdError::bad_request(format!("coordinates are not JSON: {coordinates}")))?;
@@ -63,9 +65,12 @@ pub fn geo_query(
         .map(lat_lon)
         .collect::<Result<Vec<_>, _>>()?
         .join(";");
-    GeoQuery::parse(&rel, shape, &coords)
-        .map(Some)
-        .map_err(|e| LdError::bad_request(format!("geo-query: {}", e.reason())))
+    let query = GeoQuery::parse(&rel, shape, &coords)
+        .map_err(|e| LdError::bad_request(format!("geo-query: {}", e.reason())))?;
+    Ok(Some(match ld_only {
+        Some(rel) => query.with_rel(rel),
+        None => query,
+    }))
 }
 
 /// `georel` in NGSIv2's words.
@@ -90,12 +95,6 @@ fn relation(georel: &str) -> Result<String, LdError> {
         "intersects" => "intersects",
         "equals" => "equals",
         "disjoint" => "disjoint",
-        "contains" | "overlaps" => {
-            return Err(LdError::new(
-                ErrorKind::OperationNotSupported,
-                format!("georel {name} is supported for a Point only (contains)"),
-            ))
-        }
         other => return Err(LdError::bad_request(format!("georel: {other}"))),
     };
     if parts.next().is_some() {
@@ -127,23 +126,36 @@ mod tests {
     use super::*;
     use crate::geo::{Position, Shape};
 
+    fn square(x0: f64, y0: f64, x1: f64, y1: f64) -> Shape {
+        Shape::Polygon(vec![[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]
+            .iter()
+            .map(|&(x, y)| Position::new(x, y))
+            .collect()])
+    }
+
     #[test]
-    fn an_entity_contains_a_point_it_covers() {
-        let polygon = Shape::Polygon(vec![vec![
-            Position::new(0.0, 0.0),
-            Position::new(2.0, 0.0),
-            Position::new(2.0, 2.0),
-            Position::new(0.0, 2.0),
-            Position::new(0.0, 0.0),
-        ]]);
+    fn an_entity_contains_what_it_covers() {
+        let polygon = square(0.0, 0.0, 2.0, 2.0);
         assert!(q("contains", "Point", "[1, 1]").matches(&polygon));
         assert!(!q("contains", "Point", "[3, 3]").matches(&polygon));
-        assert!(geo_query(
-            Some("contains"),
-            Some("Polygon"),
-            Some("[[[0,0],[1,0],[1,1],[0,0]]]")
-        )
-        .is_err());
+        let inner = "[[[0.5,0.5],[1.5,0.5],[1.5,1.5],[0.5,0.5]]]";
+        assert!(q("contains", "Polygon", inner).matches(&polygon));
+        let across = "[[[1,1],[3,1],[3,3],[1,1]]]";
+        assert!(!q("contains", "Polygon", across).matches(&polygon));
+        assert!(q("contains", "LineString", "[[0.5,0.5],[1.5,1.5]]").matches(&polygon));
+        // A point covers no polygon.
+        assert!(!q("contains", "Polygon", inner).matches(&Shape::Point(Position::new(1.0, 1.0))));
+    }
+
+    #[test]
+    fn areas_overlap_when_they_share_points_and_neither_covers_the_other() {
+        let polygon = square(0.0, 0.0, 2.0, 2.0);
+        let across = "[[[1,1],[3,1],[3,3],[1,3],[1,1]]]";
+        assert!(q("overlaps", "Polygon", across).matches(&polygon));
+        let inner = "[[[0.5,0.5],[1.5,0.5],[1.5,1.5],[0.5,0.5]]]";
+        assert!(!q("overlaps", "Polygon", inner).matches(&polygon));
+        let apart = "[[[5,5],[6,5],[6,6],[5,5]]]";
+        assert!(!q("overlaps", "Polygon", apart).matches(&polygon));
     }
 
     fn q(rel: &str, geometry: &str, coords: &str) -> GeoQuery {
@@ -170,12 +182,7 @@ mod tests {
             ("near", "Point", "[1,2]", None),
             ("within", "Point", "nope", Some(ErrorKind::BadRequestData)),
             ("within", "Circle", "[1,2]", Some(ErrorKind::BadRequestData)),
-            (
-                "overlaps",
-                "Point",
-                "[1,2]",
-                Some(ErrorKind::OperationNotSupported),
-            ),
+            ("touches", "Point", "[1,2]", Some(ErrorKind::BadRequestData)),
             (
                 "within",
                 "MultiPolygon",
