@@ -654,7 +654,7 @@ async fn attributes_appended_updated_and_deleted() {
     assert_eq!(got["color"]["value"], "red");
     assert_eq!(got["doors"], json!({"type": "Property", "value": 4}));
     assert_eq!(got["speed"]["value"], 80);
-    assert_eq!(got["speed"]["observedAt"], "2020-01-01T00:00:00.000Z");
+    assert_eq!(got["speed"]["observedAt"], "2020-01-01T00:00:00Z");
 
     let (status, _, _) = ld(&c, "DELETE", &format!("{attrs}/color"), &[], None).await;
     assert_eq!(status, 204);
@@ -1946,6 +1946,26 @@ async fn attribute_instances_by_dataset_id() {
     assert_eq!(got, vehicle);
     let (_, _, v2) = call(&c, "GET", &format!("/v2/entities/{id}"), &[], None).await;
     assert_eq!(v2["speed urn:ngsi-ld:Dataset:gps"]["value"], 53, "{v2}");
+    // `datasetId` shows only the instances named (`@none`: the default).
+    for (datasets, speed) in [
+        (
+            "urn:ngsi-ld:Dataset:gps",
+            json!({"type": "Property", "value": 53, "datasetId": "urn:ngsi-ld:Dataset:gps"}),
+        ),
+        ("@none", json!({"type": "Property", "value": 50})),
+        ("@none,urn:ngsi-ld:Dataset:gps", vehicle["speed"].clone()),
+        ("urn:ngsi-ld:Dataset:radar", Value::Null),
+    ] {
+        let (_, _, got) = ld(
+            &c,
+            "GET",
+            &format!("/ngsi-ld/v1/entities?type=Vehicle&datasetId={datasets}"),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(got[0]["speed"], speed, "{datasets}: {got}");
+    }
 
     // One instance updated, then deleted; the other stays.
     let update = json!({"type": "Property", "value": 60, "datasetId": "urn:ngsi-ld:Dataset:gps"});
@@ -2047,6 +2067,122 @@ async fn attribute_instances_by_dataset_id() {
             Some((json_ct, &bad)),
         )
         .await;
+        assert_eq!(status, 400, "{bad}: {problem}");
+    }
+}
+
+/// 4.5.23: linked entities (`join`): inline in the Relationship or listed
+/// after the entity, `joinLevel` levels deep, projected by the braces of
+/// `pick` and `omit` (4.21); a missing linked entity leaves the
+/// Relationship as it is.
+#[tokio::test]
+async fn linked_entities_joined_inline_and_flat() {
+    let server = Server::start();
+    let c = server.client();
+    let rel = |to: &str| json!({"type": "Relationship", "object": to});
+    let entities = json!([
+        {"id": "urn:ngsi-ld:Building:B1", "type": "Building", "locatedAt": rel("urn:ngsi-ld:City:Paris")},
+        {"id": "urn:ngsi-ld:Building:B2", "type": "Building", "locatedAt": rel("urn:ngsi-ld:City:Nowhere")},
+        {"id": "urn:ngsi-ld:City:Paris", "type": "City",
+         "name": {"type": "Property", "value": "Paris"}, "isIn": rel("urn:ngsi-ld:Country:France")},
+        {"id": "urn:ngsi-ld:Country:France", "type": "Country", "name": {"type": "Property", "value": "France"}}
+    ]);
+    let (status, _, body) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/create",
+        &[],
+        Some(("application/json", &entities)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let get = |query: &str| {
+        let c = c.clone();
+        let path = format!("/ngsi-ld/v1/entities/urn:ngsi-ld:Building:B1?{query}");
+        async move { ld(&c, "GET", &path, &[], None).await }
+    };
+    let city = json!({"id": "urn:ngsi-ld:City:Paris", "type": "City",
+        "name": {"type": "Property", "value": "Paris"}, "isIn": rel("urn:ngsi-ld:Country:France")});
+    let france = entities[3].clone();
+
+    let (status, _, inline) = get("join=inline").await;
+    assert_eq!(status, 200, "{inline}");
+    assert_eq!(inline["locatedAt"]["object"], "urn:ngsi-ld:City:Paris");
+    assert_eq!(inline["locatedAt"]["entity"], city);
+    let (_, _, deep) = get("join=inline&joinLevel=2").await;
+    assert_eq!(deep["locatedAt"]["entity"]["isIn"]["entity"], france);
+    let (_, _, kv) = get("join=inline&options=keyValues").await;
+    assert_eq!(kv["locatedAt"]["id"], "urn:ngsi-ld:City:Paris", "{kv}");
+    assert_eq!(kv["locatedAt"]["name"], "Paris");
+
+    let (_, _, flat) = get("join=flat&joinLevel=2").await;
+    let ids: Vec<&str> = flat
+        .as_array()
+        .expect("flat is a list")
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "urn:ngsi-ld:Building:B1",
+            "urn:ngsi-ld:City:Paris",
+            "urn:ngsi-ld:Country:France"
+        ]
+    );
+    assert!(flat[0]["locatedAt"].get("entity").is_none());
+
+    let (_, _, picked) =
+        get("join=inline&joinLevel=2&pick=id,locatedAt%7Bname,isIn%7Bid%7D%7D").await;
+    assert_eq!(
+        picked,
+        json!({"id": "urn:ngsi-ld:Building:B1", "locatedAt": {
+            "type": "Relationship", "object": "urn:ngsi-ld:City:Paris",
+            "entity": {"name": {"type": "Property", "value": "Paris"},
+                       "isIn": {"type": "Relationship", "object": "urn:ngsi-ld:Country:France",
+                                "entity": {"id": "urn:ngsi-ld:Country:France"}}}}})
+    );
+    let (_, _, omitted) = get("join=flat&omit=type,locatedAt%7Bname%7D").await;
+    assert_eq!(omitted[0].get("type"), None, "{omitted}");
+    assert_eq!(omitted[1].get("name"), None, "{omitted}");
+    assert_eq!(omitted[1]["type"], "City");
+
+    // A Relationship to nothing: the entity as it is, an object even flat.
+    let b2 = "/ngsi-ld/v1/entities/urn:ngsi-ld:Building:B2";
+    for join in ["inline", "flat"] {
+        let (status, _, got) = ld(&c, "GET", &format!("{b2}?join={join}"), &[], None).await;
+        assert_eq!(status, 200);
+        assert_eq!(got, entities[1], "{join}");
+    }
+    // Queries join each entity; flat lists the linked ones once, after.
+    let (_, _, listed) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/entities?type=Building&join=flat",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(listed.as_array().unwrap().len(), 3, "{listed}");
+    assert_eq!(listed[2], city);
+    let query = json!({"type": "Query", "entities": [{"type": "Building"}], "join": "inline"});
+    let (_, _, posted) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/entityOperations/query",
+        &[],
+        Some(("application/json", &query)),
+    )
+    .await;
+    assert_eq!(posted[0]["locatedAt"]["entity"], city, "{posted}");
+
+    for bad in [
+        "join=deep",
+        "join=inline&joinLevel=0",
+        "pick=id,locatedAt%7Bname",
+        "omit=a%7B%7D",
+    ] {
+        let (status, _, problem) = get(bad).await;
         assert_eq!(status, 400, "{bad}: {problem}");
     }
 }

@@ -6,6 +6,8 @@
 //! through the NGSI write ([`weft_pipeline::ngsi_write`], the one NGSIv2
 //! uses) or reads the context, and renders.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,10 +18,12 @@ use weft_model::geo::Shape;
 use weft_model::ngsi::{AttrMap, UpdateOptions};
 use weft_model::ngsi_ld::entity::{self, Format, Render};
 use weft_model::ngsi_ld::order::OrderBy;
+use weft_model::ngsi_ld::projection::{Mode, Projection};
 use weft_model::ngsi_ld::{Context, LdError, LdQuery};
 use weft_pipeline::context::{EntityFilter, EntityResolver, StoredEntity, Target};
 use weft_pipeline::ngsi_write::{Write, Written};
 
+use super::join::{Join, Linker};
 use super::{Error, LdParams, LdRequest, Result};
 use crate::AppState;
 
@@ -43,22 +47,68 @@ fn render_options<'a>(req: &'a LdRequest, params: &'a LdParams) -> Render<'a> {
         sys_attrs: params.option("sysAttrs"),
         attrs: None,
         lang: params.get("lang"),
+        datasets: None,
     }
 }
 
 /// `attrs` (and `pick`'s attribute names) as stored names.
 fn stored_attrs(req: &LdRequest, params: &LdParams) -> Option<Vec<String>> {
     let mut names: Option<Vec<String>> = None;
-    for key in ["attrs", "pick"] {
-        if let Some(list) = params.list(key) {
-            let list = list
-                .iter()
-                .filter(|n| !matches!(n.as_str(), "id" | "type"))
-                .map(|n| req.context.to_stored(n));
-            names.get_or_insert_with(Vec::new).extend(list);
-        }
+    let picked = picked(params);
+    for list in [params.list("attrs"), picked].into_iter().flatten() {
+        let list = list
+            .iter()
+            .filter(|n| !matches!(n.as_str(), "id" | "type"))
+            .map(|n| req.context.to_stored(n));
+        names.get_or_insert_with(Vec::new).extend(list);
     }
     names
+}
+
+/// The names `pick` gives at its top level.
+fn picked(params: &LdParams) -> Option<Vec<String>> {
+    let projection = params.projection().ok().flatten()?;
+    (projection.mode() == Mode::Pick).then(|| projection.names().map(str::to_string).collect())
+}
+
+/// Entities as shown, their linked entities (`join`) added: inline in
+/// each, or listed after them (a single entity with none linked stays
+/// an object).
+fn joined(
+    state: &AppState,
+    req: &LdRequest,
+    params: &LdParams,
+    projection: Option<&Projection>,
+    mut entities: Vec<(&Arc<weft_model::ngsi::Entity>, Map<String, Value>)>,
+    single: bool,
+) -> Value {
+    let linker = Linker {
+        state,
+        tenant: &req.tenant,
+        how: render_options(req, params),
+    };
+    let mut linked = Vec::new();
+    match Join::of(params) {
+        Some(Join::Inline { level }) => {
+            for (stored, shown) in &mut entities {
+                linker.inline(stored, shown, projection, level);
+            }
+        }
+        Some(Join::Flat { level }) => {
+            let roots: Vec<_> = entities.iter().map(|(e, m)| (*e, m)).collect();
+            linked = linker.flat(&roots, projection, level);
+        }
+        None => {}
+    }
+    let mut shown: Vec<Value> = entities
+        .into_iter()
+        .map(|(_, m)| Value::Object(m))
+        .collect();
+    if single && linked.is_empty() {
+        return shown.pop().unwrap_or(Value::Null);
+    }
+    shown.extend(linked);
+    Value::Array(shown)
 }
 
 /// "Create Entity" (`POST /ngsi-ld/v1/entities`): 201 with its
@@ -138,20 +188,31 @@ pub async fn retrieve(
             ))));
         }
     }
+    let datasets = params.list("datasetId");
     let how = Render {
         attrs: attrs.as_deref(),
+        datasets: datasets.as_deref(),
         ..render_options(&req, &params)
     };
-    let shown = projected(entity::render_entity(&found.entity, &how), &params);
+    let projection = params.projection()?;
+    let shown = projected(
+        entity::render_entity(&found.entity, &how),
+        projection.as_ref(),
+    );
     if shown.is_empty() {
         return Err(Error(LdError::not_found(format!(
             "nothing of entity {id} is left to show"
         ))));
     }
-    Ok(req.answer_entities(
-        Value::Object(shown),
-        params.get("geometryProperty").unwrap_or("location"),
-    ))
+    let answer = joined(
+        &state,
+        &req,
+        &params,
+        projection.as_ref(),
+        vec![(&found.entity, shown)],
+        true,
+    );
+    Ok(req.answer_entities(answer, params.get("geometryProperty").unwrap_or("location")))
 }
 
 /// `idPattern` compiled; quantifiers on quantifiers (`**`), which POSIX
@@ -170,9 +231,13 @@ fn id_pattern(p: &str) -> std::result::Result<Regex, LdError> {
 
 /// An entity as `pick` (only the members named, `id` and `type`
 /// included) or `omit` (all but those named) project it.
-fn projected(mut entity: Map<String, Value>, params: &LdParams) -> Map<String, Value> {
-    let (pick, omit) = (params.list("pick"), params.list("omit"));
-    entity::project(&mut entity, pick.as_deref(), omit.as_deref());
+fn projected(
+    mut entity: Map<String, Value>,
+    projection: Option<&Projection>,
+) -> Map<String, Value> {
+    if let Some(p) = projection {
+        p.apply(&mut entity);
+    }
     entity
 }
 
@@ -261,7 +326,7 @@ pub async fn query(
                 })
         })
         .collect();
-    if let Some(pick) = params.list("pick") {
+    if let Some(pick) = picked(&params) {
         // An entity of which nothing picked is left is not an answer.
         let core = pick.iter().any(|p| p == "id" || p == "type");
         found.retain(|e| {
@@ -275,20 +340,25 @@ pub async fn query(
         // Stable: ties keep the order of creation.
         found.sort_by(|a, b| order.compare(&a.entity, &b.entity));
     }
+    let datasets = params.list("datasetId");
     let how = Render {
         attrs: attrs.as_deref(),
+        datasets: datasets.as_deref(),
         ..render_options(&req, &params)
     };
-    let page: Vec<Value> = found
+    let projection = params.projection()?;
+    let page: Vec<_> = found
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|e| Value::Object(projected(entity::render_entity(&e.entity, &how), &params)))
+        .map(|e| {
+            let shown = projected(entity::render_entity(&e.entity, &how), projection.as_ref());
+            (&e.entity, shown)
+        })
         .collect();
-    let mut resp = req.answer_entities(
-        Value::Array(page),
-        params.get("geometryProperty").unwrap_or("location"),
-    );
+    let answer = joined(&state, &req, &params, projection.as_ref(), page, false);
+    let mut resp =
+        req.answer_entities(answer, params.get("geometryProperty").unwrap_or("location"));
     if params.get("count") == Some("true") {
         resp.headers_mut()
             .insert("ngsild-results-count", found.len().into());
@@ -298,7 +368,9 @@ pub async fn query(
 
 /// "Query Entities" by POST (`POST /ngsi-ld/v1/entityOperations/query`,
 /// 5.7.2): the query in the body (a `Query`: `entities`, `attrs`, `q`,
-/// `geoQ`), paging and options in the URL; answered as the GET is. The
+/// `geoQ`, and `join`, `joinLevel`, `pick`, `omit`, `lang`,
+/// `geometryProperty` as the URL's parameters), paging and options in the
+/// URL; answered as the GET is. The
 /// selectors of `entities` are read as one: their ids, id pattern and
 /// types.
 pub async fn query_by_post(
@@ -361,6 +433,25 @@ pub async fn query_by_post(
             "q".into(),
             q.as_str().ok_or_else(|| bad("q is a string"))?.into(),
         ));
+    }
+    // Members named as the URL's parameters, read as those.
+    for key in [
+        "join",
+        "joinLevel",
+        "pick",
+        "omit",
+        "lang",
+        "geometryProperty",
+    ] {
+        match map.get(key) {
+            Some(Value::String(v)) => extra.push((key.into(), v.clone())),
+            Some(Value::Number(n)) => extra.push((key.into(), n.to_string())),
+            Some(names @ Value::Array(_)) if key == "pick" || key == "omit" => {
+                extra.push((key.into(), texts(names)?.join(",")))
+            }
+            Some(_) => return Err(bad(&format!("{key} is a string"))),
+            None => {}
+        }
     }
     if let Some(geo) = map.get("geoQ") {
         for key in ["georel", "geometry", "geoproperty"] {

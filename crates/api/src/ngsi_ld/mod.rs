@@ -19,6 +19,7 @@ pub mod batch;
 pub mod contexts;
 pub mod discovery;
 pub mod entities;
+pub mod join;
 pub mod subscriptions;
 pub mod temporal;
 
@@ -31,6 +32,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 use weft_model::ngsi::{tenancy, NgsiError};
+use weft_model::ngsi_ld::projection::{Mode, Projection};
 use weft_model::ngsi_ld::{entity, Context, ErrorKind, LdError};
 use weft_pipeline::context::{Target, Tenancy, DEFAULT_TENANT};
 use weft_pipeline::ld_contexts::LdContexts;
@@ -558,7 +560,8 @@ const FORMATS: &[&str] = &["keyValues", "simplified", "concise", "normalized"];
 impl LdParams {
     /// Refuses what no operation reads: an `options` word or a `format`
     /// NGSI-LD does not define, `pick` with `omit`, an empty or malformed
-    /// name in `attrs`, `pick` or `omit`.
+    /// name in `attrs`, `pick` or `omit`, a `join` or `joinLevel` that
+    /// names no way of joining.
     fn check(&self) -> Result<()> {
         for word in self.list("options").unwrap_or_default() {
             if !OPTIONS.contains(&word.as_str()) {
@@ -592,8 +595,22 @@ impl LdParams {
                 )));
             }
         }
-        for key in ["attrs", "pick", "omit"] {
-            let Some(raw) = self.get(key) else { continue };
+        self.projection()?;
+        if let Some(join) = self.get("join") {
+            if !matches!(join, "inline" | "flat" | "@none") {
+                return Err(Error(LdError::bad_request(format!(
+                    "join is inline, flat or @none, not {join}"
+                ))));
+            }
+        }
+        if let Some(level) = self.get("joinLevel") {
+            if !level.parse::<u32>().is_ok_and(|l| l > 0) {
+                return Err(Error(LdError::bad_request(format!(
+                    "joinLevel is a positive integer, not {level}"
+                ))));
+            }
+        }
+        if let Some(raw) = self.get("attrs") {
             let bad = raw.split(',').any(|n| {
                 n.is_empty()
                     || n.chars()
@@ -601,11 +618,26 @@ impl LdParams {
             });
             if bad {
                 return Err(Error(LdError::bad_request(format!(
-                    "{key} is a comma list of names: {raw}"
+                    "attrs is a comma list of names: {raw}"
                 ))));
             }
         }
         Ok(())
+    }
+
+    /// `pick` or `omit` (they exclude each other), read.
+    pub fn projection(&self) -> Result<Option<Projection>> {
+        let (mode, raw) = match (self.get("pick"), self.get("omit")) {
+            (Some(raw), _) => (Mode::Pick, raw),
+            (_, Some(raw)) => (Mode::Omit, raw),
+            _ => return Ok(None),
+        };
+        Projection::parse(mode, raw).map(Some).map_err(|why| {
+            Error(LdError::bad_request(format!(
+                "{} is a comma list of names: {why}",
+                if mode == Mode::Pick { "pick" } else { "omit" }
+            )))
+        })
     }
 
     /// These parameters and `extra` (read from a body, as `POST

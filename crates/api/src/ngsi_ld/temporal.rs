@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use weft_model::history::notified::NotifiedEntity;
-use weft_model::ngsi::{format_datetime, parse_datetime, Entity};
+use weft_model::ngsi::{parse_datetime, Entity};
 use weft_model::ngsi_ld::entity;
-use weft_model::ngsi_ld::entity::AttrKind;
+use weft_model::ngsi_ld::entity::{instant, AttrKind};
 use weft_model::ngsi_ld::{ErrorKind, LdError};
 use weft_store::{AggrMethod, AggrPeriod, HistoryDelete, HistoryQuery, HistoryRow, StoreError};
 
@@ -627,21 +627,6 @@ fn add_months(time: i64, months: u32) -> i64 {
     DateTime::<Utc>::from_timestamp_millis(time)
         .and_then(|t| t.checked_add_months(Months::new(months)))
         .map_or(i64::MAX, |t| t.timestamp_millis())
-}
-
-/// A time of the temporal API's answers: as an instance's `observedAt`
-/// is usually written, with milliseconds only when there are some
-/// (`2020-08-01T14:07:00Z`, `2020-08-01T14:07:00.250Z`).
-fn instant(ms: i64) -> String {
-    if ms.rem_euclid(1000) == 0 {
-        let text = format_datetime(ms);
-        match text.strip_suffix(".000Z") {
-            Some(head) => format!("{head}Z"),
-            None => text,
-        }
-    } else {
-        format_datetime(ms)
-    }
 }
 
 /// Where the whole range ends: after its last instant, or now when it

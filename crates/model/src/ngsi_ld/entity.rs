@@ -533,7 +533,7 @@ fn geo_attribute(name: &str, geometry: Value, metadata: MetadataMap) -> Result<A
 }
 
 /// The sub-attributes of an attribute, as its metadata: `observedAt`
-/// (checked and normalized), `unitCode`, and every member that is not
+/// (checked), `unitCode`, and every member that is not
 /// one of the attribute's own.
 fn parse_sub_attributes(
     name: &str,
@@ -542,13 +542,17 @@ fn parse_sub_attributes(
 ) -> Result<MetadataMap, LdError> {
     let mut metadata = MetadataMap::new();
     if let Some(at) = map.get(OBSERVED_AT) {
-        let ms = at.as_str().and_then(parse_datetime).ok_or_else(|| {
-            LdError::bad_request(format!("attribute {name}: observedAt is not a DateTime"))
-        })?;
+        // Kept as written (`…T12:00:04Z` reads back so, not as
+        // `…T12:00:04.000Z`), once it reads as a DateTime.
+        if at.as_str().is_none_or(|t| parse_datetime(t).is_none()) {
+            return Err(LdError::bad_request(format!(
+                "attribute {name}: observedAt is not a DateTime"
+            )));
+        }
         metadata.insert(
             OBSERVED_AT,
             Metadata {
-                value: Value::String(format_datetime(ms)),
+                value: at.clone(),
                 md_type: "DateTime".to_string(),
             },
         );
@@ -611,6 +615,9 @@ pub struct Render<'a> {
     /// of this language (else of `@none`, else the first), with a `lang`
     /// member naming the one chosen.
     pub lang: Option<&'a str>,
+    /// `datasetId`: only the instances of these datasets (`@none`: the
+    /// default instance); `None`: all.
+    pub datasets: Option<&'a [String]>,
 }
 
 /// A stored entity as NGSI-LD (without `@context`: the surface adds it or
@@ -634,7 +641,7 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
         );
     }
     let instances = entity.attrs.keys().any(|n| n.contains(DATASET_SEPARATOR));
-    if !instances {
+    if !instances && how.datasets.is_none() {
         // The common case: one instance of each attribute, shown in order.
         for (name, attr) in entity.attrs.iter() {
             if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == name)) {
@@ -650,6 +657,12 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
     for (name, attr) in entity.attrs.iter() {
         let (base, dataset) = split_instance(name);
         if name == EXPIRATION_ATTR || how.attrs.is_some_and(|a| !a.iter().any(|n| n == base)) {
+            continue;
+        }
+        let wanted = how
+            .datasets
+            .is_none_or(|d| d.iter().any(|w| *w == dataset.unwrap_or(NO_DATASET)));
+        if !wanted {
             continue;
         }
         let mut value = render_member(name, attr, how);
@@ -677,9 +690,10 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
 /// included) or `omit` (all but those named) project it (clause 4.21);
 /// neither given (`None`, or empty): as it is.
 pub fn project(entity: &mut Map<String, Value>, pick: Option<&[String]>, omit: Option<&[String]>) {
+    use super::projection::{Mode, Projection};
     match (pick, omit) {
-        (Some(pick), _) if !pick.is_empty() => entity.retain(|k, _| pick.iter().any(|p| p == k)),
-        (_, Some(omit)) if !omit.is_empty() => entity.retain(|k, _| !omit.iter().any(|o| o == k)),
+        (Some(pick), _) if !pick.is_empty() => Projection::of_names(Mode::Pick, pick).apply(entity),
+        (_, Some(omit)) if !omit.is_empty() => Projection::of_names(Mode::Omit, omit).apply(entity),
         _ => {}
     }
 }
@@ -710,6 +724,21 @@ fn with_dataset(value: &mut Value, dataset: &str, format: Format) {
         map.insert("datasetId".into(), Value::String(dataset.to_string()));
     }
 }
+
+/// A time as NGSI-LD answers show it (`observedAt`, the temporal API's
+/// instants): as it is usually written, with milliseconds only when
+/// there are some (`2020-08-01T14:07:00Z`, `2020-08-01T14:07:00.250Z`).
+pub fn instant(ms: i64) -> String {
+    let text = format_datetime(ms);
+    match text.strip_suffix(".000Z") {
+        Some(head) => format!("{head}Z"),
+        None => text,
+    }
+}
+
+/// What `datasetId` names the default instance (the one without a
+/// `datasetId`) by.
+pub const NO_DATASET: &str = "@none";
 
 /// What separates an attribute's name from an instance's `datasetId` in
 /// the name the instance is stored under: neither names nor URIs hold a
@@ -854,6 +883,7 @@ mod tests {
             sys_attrs: false,
             attrs: None,
             lang: None,
+            datasets: None,
         }
     }
 
@@ -878,8 +908,7 @@ mod tests {
             entity.attrs.get("isParked").unwrap().attr_type,
             "Relationship"
         );
-        let mut expected = body.clone();
-        expected["speed"]["observedAt"] = json!("2018-08-07T12:00:00.000Z");
+        let expected = body.clone();
         assert_eq!(
             Value::Object(render_entity(&entity, &normalized(&ctx))),
             expected

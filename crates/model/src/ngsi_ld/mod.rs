@@ -13,6 +13,7 @@ pub mod context;
 pub mod entity;
 pub mod geo;
 pub mod order;
+pub mod projection;
 pub mod query;
 pub mod subscription;
 

@@ -158,6 +158,7 @@ fn render(sub: &Subscription, ld: &LdSubscription, entity: &Entity) -> Map<Strin
         sys_attrs: ld.sys_attrs,
         attrs: (!attrs.is_empty()).then_some(attrs.as_slice()),
         lang: ld.lang.as_deref(),
+        datasets: None,
     };
     let mut shown = entity::render_entity(entity, &how);
     entity::project(&mut shown, Some(&ld.pick), Some(&ld.omit));
