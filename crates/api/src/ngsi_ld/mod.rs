@@ -555,7 +555,14 @@ const OPTIONS: &[&str] = &[
 ];
 
 /// The representations `format` names.
-const FORMATS: &[&str] = &["keyValues", "simplified", "concise", "normalized"];
+const FORMATS: &[&str] = &[
+    "keyValues",
+    "simplified",
+    "concise",
+    "normalized",
+    "temporalValues",
+    "aggregatedValues",
+];
 
 impl LdParams {
     /// Refuses what no operation reads: an `options` word or a `format`
@@ -573,7 +580,7 @@ impl LdParams {
         if let Some(format) = self.get("format") {
             if !FORMATS.contains(&format) {
                 return Err(Error(LdError::invalid(format!(
-                    "format is normalized, concise, keyValues or simplified, not {format}"
+                    "format is normalized, concise, keyValues, simplified, temporalValues or aggregatedValues, not {format}"
                 ))));
             }
         }

@@ -18,10 +18,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
+use weft_model::geo::Shape;
 use weft_model::history::notified::NotifiedEntity;
 use weft_model::ngsi::{parse_datetime, Entity};
 use weft_model::ngsi_ld::entity;
 use weft_model::ngsi_ld::entity::{instant, AttrKind};
+use weft_model::ngsi_ld::projection::{Mode, Projection};
 use weft_model::ngsi_ld::{ErrorKind, LdError};
 use weft_store::{AggrMethod, AggrPeriod, HistoryDelete, HistoryQuery, HistoryRow, StoreError};
 
@@ -40,6 +42,9 @@ struct Range {
     from: Option<i64>,
     to: Option<i64>,
     last_n: Option<usize>,
+    /// Where aggregation periods start: `timeAt` of `after` and
+    /// `between`; without one, each entity's first instance.
+    origin: Option<i64>,
 }
 
 impl Range {
@@ -49,6 +54,7 @@ impl Range {
             from: None,
             to: None,
             last_n: Some(1),
+            origin: None,
         }
     }
 
@@ -100,7 +106,16 @@ impl Range {
                 })
             })
             .transpose()?;
-        Ok(Range { from, to, last_n })
+        let origin = match params.get("timerel") {
+            Some("after" | "between") => at,
+            _ => None,
+        };
+        Ok(Range {
+            from,
+            to,
+            last_n,
+            origin,
+        })
     }
 }
 
@@ -112,28 +127,55 @@ pub async fn retrieve(
     params: LdParams,
     Path(id): Path<String>,
 ) -> Result<Response> {
+    super::entities::check_id(&id)?;
     let range = Range::from_params(&params)?;
     let attrs = stored_attrs(&req, &params);
-    if let Some(aggregation) = Aggregation::from_params(&params)? {
-        let mut found = aggregation
+    let projection = params.projection()?;
+    let found = if let Some(aggregation) = Aggregation::from_params(&params)? {
+        aggregation
             .run(&state, &req, vec![id.clone()], &attrs, &range)
-            .await?;
-        if let Some(entity) = found.pop() {
-            return Ok(req.answer(entity));
-        }
+            .await?
+            .pop()
     } else {
         let rows = history(&state, &req, vec![id.clone()], None, &attrs, &range).await?;
-        if let Some(entity) = render(&req, &params, rows).pop() {
-            return Ok(req.answer(entity));
+        render(&req, &params, rows).pop()
+    };
+    // An entity with nothing recorded in the range: its id and type.
+    let entity = match found {
+        Some(entity) => entity,
+        None => {
+            let found = super::entities::find(&state, &req.tenant, &id).ok_or_else(|| {
+                LdError::not_found(format!("no history of an entity with id {id}"))
+            })?;
+            json!({
+                "id": id,
+                "type": req.context.from_stored(&found.entity.entity_type),
+            })
+        }
+    };
+    let entity = projected(entity, projection.as_ref());
+    if entity.as_object().is_none_or(Map::is_empty) {
+        return Err(Error(LdError::not_found(format!(
+            "nothing of entity {id} is left to show"
+        ))));
+    }
+    if let Some(p) = projection.as_ref().filter(|p| p.mode() == Mode::Pick) {
+        let named = |k: &String| p.names().any(|n| n == k);
+        if !entity.as_object().is_some_and(|m| m.keys().any(named)) {
+            return Err(Error(LdError::not_found(format!(
+                "entity {id} has none of the members picked"
+            ))));
         }
     }
-    // An entity with nothing recorded in the range: its id and type.
-    let found = super::entities::find(&state, &req.tenant, &id)
-        .ok_or_else(|| LdError::not_found(format!("no history of an entity with id {id}")))?;
-    Ok(req.answer(json!({
-        "id": id,
-        "type": req.context.from_stored(&found.entity.entity_type),
-    })))
+    Ok(req.answer(entity))
+}
+
+/// A temporal entity as `pick` or `omit` project it.
+fn projected(mut entity: Value, projection: Option<&Projection>) -> Value {
+    if let (Some(p), Value::Object(map)) = (projection, &mut entity) {
+        p.apply(map);
+    }
+    entity
 }
 
 /// "Query Temporal Evolution of Entities"
@@ -154,11 +196,23 @@ pub async fn query(
         .map(|t| req.context.to_stored(t))
         .collect();
     let ids = params.list("id").unwrap_or_default();
-    if types.is_empty() && ids.is_empty() && attrs.is_empty() {
+    let geo = weft_model::ngsi_ld::geo::geo_query(
+        params.get("georel"),
+        params.get("geometry"),
+        params.get("coordinates"),
+    )?;
+    // As for Query Entities, ids alone do not make a query (5.7.4).
+    let unfiltered = types.is_empty()
+        && attrs.is_empty()
+        && geo.is_none()
+        && params.get("q").is_none()
+        && params.get("local") != Some("true");
+    if unfiltered {
         return Err(Error(LdError::bad_request(
-            "a temporal query names at least one of id, type or attrs",
+            "a temporal query names at least one of type, attrs, q or a geo-query",
         )));
     }
+    let projection = params.projection()?;
     let limit = match params.get("limit") {
         None => DEFAULT_ENTITIES,
         Some(l) => l
@@ -194,16 +248,40 @@ pub async fn query(
             chosen.push(e.entity_id);
         }
     }
+    if let Some(geo) = &geo {
+        // An entity is chosen when one of its GeoProperty's instances in
+        // the range stands in the relation asked.
+        let geoproperty = req
+            .context
+            .to_stored(params.get("geoproperty").unwrap_or("location"));
+        let rows = history(&state, &req, chosen.clone(), None, &[geoproperty], &range).await?;
+        let matching: std::collections::HashSet<&str> = rows
+            .iter()
+            .filter(|r| {
+                serde_json::from_str::<Value>(&r.value)
+                    .ok()
+                    .and_then(|v| Shape::of_stored_attribute("geo:json", &v))
+                    .is_some_and(|shape| geo.matches(&shape))
+            })
+            .map(|r| r.entity_id.as_str())
+            .collect();
+        chosen.retain(|id| matching.contains(id.as_str()));
+    }
     let page: Vec<String> = chosen.into_iter().skip(offset).take(limit).collect();
     if page.is_empty() {
         return Ok(req.answer(Value::Array(Vec::new())));
     }
-    if let Some(aggregation) = Aggregation::from_params(&params)? {
-        let found = aggregation.run(&state, &req, page, &attrs, &range).await?;
-        return Ok(req.answer(Value::Array(found)));
-    }
-    let rows = history(&state, &req, page, None, &attrs, &range).await?;
-    Ok(req.answer(Value::Array(render(&req, &params, rows))))
+    let found = if let Some(aggregation) = Aggregation::from_params(&params)? {
+        aggregation.run(&state, &req, page, &attrs, &range).await?
+    } else {
+        let rows = history(&state, &req, page, None, &attrs, &range).await?;
+        render(&req, &params, rows)
+    };
+    let found = found
+        .into_iter()
+        .map(|e| projected(e, projection.as_ref()))
+        .collect();
+    Ok(req.answer(Value::Array(found)))
 }
 
 /// An aggregated temporal request (`aggrMethods`, `aggrPeriodDuration`).
@@ -236,11 +314,28 @@ enum Method {
 enum Period {
     /// The whole range as one (`P0D`, or none given).
     Whole,
-    /// One UTC calendar unit, as the rollups keep them.
+    /// One calendar unit: answered from the rollups when the periods
+    /// start on one (`timeAt` on a unit's start).
     Calendar(AggrPeriod),
-    /// Any other duration: so many months, or so many milliseconds, from
-    /// the range's start (its first instance without `timeAt`).
+    /// Any other duration: so many months, or so many milliseconds.
     Every { months: u32, millis: i64 },
+}
+
+impl Period {
+    /// The period as so many months and milliseconds; `None` for the
+    /// whole range.
+    fn step(self) -> Option<(u32, i64)> {
+        match self {
+            Period::Whole => None,
+            Period::Calendar(AggrPeriod::Year) => Some((12, 0)),
+            Period::Calendar(AggrPeriod::Month) => Some((1, 0)),
+            Period::Calendar(AggrPeriod::Day) => Some((0, 86_400_000)),
+            Period::Calendar(AggrPeriod::Hour) => Some((0, 3_600_000)),
+            Period::Calendar(AggrPeriod::Minute) => Some((0, 60_000)),
+            Period::Calendar(AggrPeriod::Second) => Some((0, 1_000)),
+            Period::Every { months, millis } => Some((months, millis)),
+        }
+    }
 }
 
 /// One aggregated value of one series.
@@ -303,7 +398,9 @@ impl Aggregation {
             .all(|(_, m)| matches!(m, Method::Rollup(_)))
             && match self.period {
                 Period::Whole => true,
-                Period::Calendar(p) => range.from.is_none_or(|f| aligned(f, p)),
+                // The rollups' buckets start on calendar units: they
+                // answer when the periods asked start on one too.
+                Period::Calendar(p) => range.origin.is_some_and(|o| aligned(o, p)),
                 Period::Every { .. } => false,
             };
         let found = if from_rollups {
@@ -420,6 +517,16 @@ impl Aggregation {
             }
             series.entry(key).or_default().push(row);
         }
+        // Without timeAt, an entity's periods start at its first instance.
+        let mut first: BTreeMap<&str, i64> = BTreeMap::new();
+        for ((entity, _), instances) in &series {
+            for r in instances {
+                let t = first.entry(entity.as_str()).or_insert(r.time);
+                *t = (*t).min(r.time);
+            }
+        }
+        let first: BTreeMap<String, i64> =
+            first.into_iter().map(|(e, t)| (e.to_string(), t)).collect();
         let mut out: Vec<(&'static str, Vec<Aggregate>)> =
             self.methods.iter().map(|(n, _)| (*n, Vec::new())).collect();
         for key in order {
@@ -427,7 +534,8 @@ impl Aggregation {
                 continue;
             };
             instances.sort_by_key(|r| (r.time, r.instance));
-            for (start, end, bucket) in self.buckets(&instances, range) {
+            let origin = range.origin.or_else(|| first.get(&key.0).copied());
+            for (start, end, bucket) in self.buckets(&instances, origin, range) {
                 for ((_, method), (_, list)) in self.methods.iter().zip(out.iter_mut()) {
                     list.push(Aggregate {
                         entity_id: bucket[0].entity_id.clone(),
@@ -443,27 +551,29 @@ impl Aggregation {
         out
     }
 
-    /// A series' instances (oldest first) cut into the buckets that hold
-    /// some: (start, end, instances).
+    /// A series' instances (oldest first) cut into the periods from
+    /// `origin` (its first instance if `None`) that hold some: (start,
+    /// end, instances).
     fn buckets<'r>(
         &self,
         instances: &'r [HistoryRow],
+        origin: Option<i64>,
         range: &Range,
     ) -> Vec<(i64, i64, &'r [HistoryRow])> {
         let Some(first) = instances.first() else {
             return Vec::new();
         };
-        let origin = range.from.unwrap_or(first.time);
-        let next = |start: i64| -> i64 {
-            match self.period {
-                Period::Whole => i64::MAX,
-                Period::Calendar(p) => p.bucket_end(start),
-                Period::Every { months, millis } => add_months(start, months) + millis,
-            }
-        };
-        if self.period == Period::Whole {
+        let origin = origin.unwrap_or(first.time).min(first.time);
+        let Some((months, millis)) = self.period.step() else {
             return vec![(first.time, whole_range_end(range), instances)];
-        }
+        };
+        // Fixed steps jump to the period holding the first instance.
+        let origin = if months == 0 && millis > 0 {
+            origin + (first.time - origin) / millis * millis
+        } else {
+            origin
+        };
+        let next = |start: i64| add_months(start, months) + millis;
         let mut out = Vec::new();
         let (mut start, mut i) = (origin, 0);
         while i < instances.len() {
@@ -652,6 +762,9 @@ pub async fn create(
     let (id, entity_type) = entity::parse_id_and_type(map, &req.context)?;
     let id = id.as_str();
     let existed = has_history(&state, &req, id).await?;
+    if existed {
+        replace_instances(&state, &req, id, map).await?;
+    }
     record(&state, &req, id, &entity_type, map).await?;
     if existed {
         return Ok(StatusCode::NO_CONTENT.into_response());
@@ -695,6 +808,7 @@ pub async fn delete(
     req: LdRequest,
     Path(id): Path<String>,
 ) -> Result<Response> {
+    super::entities::check_id(&id)?;
     delete_history(&state, &req, &id, Vec::new()).await
 }
 
@@ -737,6 +851,52 @@ async fn delete_history(
         ))));
     }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Deletes the instances of entity `id`'s history that those of `map`
+/// replace: of the same attribute and dataset, observed at the same
+/// time (an upsert of a temporal representation sends them again).
+async fn replace_instances(
+    state: &AppState,
+    req: &LdRequest,
+    id: &str,
+    map: &Map<String, Value>,
+) -> Result<()> {
+    state.services.history.settle().await;
+    for (name, value) in map {
+        if matches!(name.as_str(), "id" | "@id" | "type" | "@type" | "@context") {
+            continue;
+        }
+        let stored = req.context.to_stored(name);
+        let instances = match value {
+            Value::Array(items) => items.iter().collect(),
+            one => vec![one],
+        };
+        for instance in instances {
+            let Some(at) = instance
+                .get(entity::OBSERVED_AT)
+                .and_then(Value::as_str)
+                .and_then(parse_datetime)
+            else {
+                continue;
+            };
+            let dataset = entity::dataset_of(instance)?;
+            state
+                .services
+                .store
+                .delete_history(&HistoryDelete {
+                    tenant: req.tenant.clone(),
+                    entity_id: Some(id.to_string()),
+                    attrs: vec![entity::instance_name(&stored, dataset.as_deref())],
+                    from: Some(at),
+                    to: Some(at),
+                    ..HistoryDelete::default()
+                })
+                .await
+                .map_err(store_error)?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether entity `id` has any history.
@@ -921,9 +1081,22 @@ fn attribute(instances: &[HistoryRow], simplified: bool) -> Value {
     let value_of = |r: &HistoryRow| serde_json::from_str(&r.value).unwrap_or(Value::Null);
     if simplified {
         let member = kind.values_member();
+        // A value that is not a bare value or object id is named by its
+        // member (`[{"languageMap": {…}}, time]`).
+        let wrapped = !matches!(
+            kind,
+            AttrKind::Property | AttrKind::Relationship | AttrKind::GeoProperty
+        );
         let values: Vec<Value> = instances
             .iter()
-            .map(|r| json!([value_of(r), instant(r.time)]))
+            .map(|r| {
+                let value = if wrapped {
+                    json!({kind.value_member(): value_of(r)})
+                } else {
+                    value_of(r)
+                };
+                json!([value, instant(r.time)])
+            })
             .collect();
         return json!({"type": kind.name(), member: values});
     }
