@@ -367,12 +367,8 @@ pub async fn query(
 }
 
 /// "Query Entities" by POST (`POST /ngsi-ld/v1/entityOperations/query`,
-/// 5.7.2): the query in the body (a `Query`: `entities`, `attrs`, `q`,
-/// `geoQ`, and `join`, `joinLevel`, `pick`, `omit`, `lang`,
-/// `geometryProperty` as the URL's parameters), paging and options in the
-/// URL; answered as the GET is. The
-/// selectors of `entities` are read as one: their ids, id pattern and
-/// types.
+/// 5.7.2): the query in the body ([`query_params`]), paging and options
+/// in the URL; answered as the GET is.
 pub async fn query_by_post(
     State(state): State<AppState>,
     mut req: LdRequest,
@@ -380,7 +376,18 @@ pub async fn query_by_post(
     body: Bytes,
 ) -> Result<Response> {
     let value = req.body(&body).await?;
-    let Value::Object(map) = &value else {
+    let params = params.extended(query_params(&value)?)?;
+    query(State(state), req, params).await
+}
+
+/// A `Query` (5.2.23) read as the URL parameters of the same query:
+/// `entities` (their ids, id patterns and types read as one), `attrs`,
+/// `q`, `geoQ`, `temporalQ`, and `join`, `joinLevel`, `pick`, `omit`,
+/// `lang`, `geometryProperty`, `aggrMethods`, `aggrPeriodDuration` as
+/// themselves. Both POST queries (entities and temporal) read their body
+/// with it.
+pub(super) fn query_params(value: &Value) -> Result<Vec<(String, String)>> {
+    let Value::Object(map) = value else {
         return Err(Error(LdError::invalid("a query is a JSON object")));
     };
     if map.get("type").and_then(Value::as_str) != Some("Query") {
@@ -435,18 +442,27 @@ pub async fn query_by_post(
         ));
     }
     // Members named as the URL's parameters, read as those.
-    for key in [
+    let temporal = map.get("temporalQ").and_then(Value::as_object);
+    let members = [
         "join",
         "joinLevel",
         "pick",
         "omit",
         "lang",
         "geometryProperty",
-    ] {
-        match map.get(key) {
+        "aggrMethods",
+        "aggrPeriodDuration",
+    ]
+    .into_iter()
+    .map(|k| (k, map.get(k)));
+    let temporal_members = ["timerel", "timeAt", "endTimeAt", "lastN", "timeproperty"]
+        .into_iter()
+        .map(|k| (k, temporal.and_then(|t| t.get(k))));
+    for (key, found) in members.chain(temporal_members) {
+        match found {
             Some(Value::String(v)) => extra.push((key.into(), v.clone())),
             Some(Value::Number(n)) => extra.push((key.into(), n.to_string())),
-            Some(names @ Value::Array(_)) if key == "pick" || key == "omit" => {
+            Some(names @ Value::Array(_)) if matches!(key, "pick" | "omit" | "aggrMethods") => {
                 extra.push((key.into(), texts(names)?.join(",")))
             }
             Some(_) => return Err(bad(&format!("{key} is a string"))),
@@ -465,8 +481,7 @@ pub async fn query_by_post(
             _ => {}
         }
     }
-    let params = params.extended(extra)?;
-    query(State(state), req, params).await
+    Ok(extra)
 }
 
 /// "Delete Entity" (`DELETE /ngsi-ld/v1/entities/{id}`).

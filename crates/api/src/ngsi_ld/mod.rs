@@ -119,6 +119,10 @@ pub fn routes() -> Routes {
             delete(WRITE, temporal::delete_attr),
         )
         .route(
+            "/ngsi-ld/v1/temporal/entityOperations/query",
+            post(READ, temporal::query_by_post),
+        )
+        .route(
             "/ngsi-ld/v1/entityOperations/create",
             post(WRITE, batch::create),
         )

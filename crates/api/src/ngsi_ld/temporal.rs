@@ -284,6 +284,20 @@ pub async fn query(
     Ok(req.answer(Value::Array(found)))
 }
 
+/// "Query Temporal Evolution of Entities" by POST (`POST
+/// /ngsi-ld/v1/temporal/entityOperations/query`, 5.7.4): a `Query` in
+/// the body (its `temporalQ` the time range), answered as the GET is.
+pub async fn query_by_post(
+    State(state): State<AppState>,
+    mut req: LdRequest,
+    params: LdParams,
+    body: Bytes,
+) -> Result<Response> {
+    let value = req.body(&body).await?;
+    let params = params.extended(super::entities::query_params(&value)?)?;
+    query(State(state), req, params).await
+}
+
 /// An aggregated temporal request (`aggrMethods`, `aggrPeriodDuration`).
 /// Totals, sums, means, minima and maxima over one calendar unit (or the
 /// whole range) come from the history's rollups, which QuantumLeap's API
@@ -354,6 +368,13 @@ impl Aggregation {
         let Some(names) = params.list("aggrMethods") else {
             return Ok(None);
         };
+        // `format` names the representation over `options`.
+        if params
+            .get("format")
+            .is_some_and(|f| f != "aggregatedValues")
+        {
+            return Ok(None);
+        }
         let mut methods = Vec::new();
         for name in &names {
             let method = match name.as_str() {
@@ -974,14 +995,15 @@ async fn history(
     range: &Range,
 ) -> Result<Vec<HistoryRow>> {
     state.services.history.settle().await;
-    state
+    // An attribute's instances (`datasetId`) are series of their own,
+    // named after it: all are read, those of other attributes dropped.
+    let mut rows = state
         .services
         .store
         .query_history(&HistoryQuery {
             tenant: req.tenant.clone(),
             entity_ids,
             entity_type,
-            attrs: attrs.to_vec(),
             from: range.from,
             to: range.to,
             last_n: range.last_n,
@@ -989,7 +1011,13 @@ async fn history(
             ..HistoryQuery::default()
         })
         .await
-        .map_err(store_error)
+        .map_err(store_error)?;
+    if !attrs.is_empty() {
+        rows.retain(|r| {
+            r.attr.is_empty() || attrs.iter().any(|a| a == entity::split_instance(&r.attr).0)
+        });
+    }
+    Ok(rows)
 }
 
 fn store_error(e: StoreError) -> Error {
@@ -1001,8 +1029,17 @@ fn store_error(e: StoreError) -> Error {
 
 /// The rows as temporal entities, in the order the entities first
 /// appear; each attribute's instances oldest first.
-fn render(req: &LdRequest, params: &LdParams, rows: Vec<HistoryRow>) -> Vec<Value> {
+fn render(req: &LdRequest, params: &LdParams, mut rows: Vec<HistoryRow>) -> Vec<Value> {
     let simplified = params.option("temporalValues");
+    if let Some(datasets) = params.list("datasetId") {
+        // Only the instances of the datasets named (`@none`: the default).
+        rows.retain(|r| {
+            let dataset = entity::split_instance(&r.attr)
+                .1
+                .unwrap_or(entity::NO_DATASET);
+            r.attr.is_empty() || datasets.iter().any(|d| d == dataset)
+        });
+    }
     let mut order: Vec<String> = Vec::new();
     let mut by_entity: BTreeMap<String, (String, BTreeMap<String, Vec<HistoryRow>>)> =
         BTreeMap::new();
