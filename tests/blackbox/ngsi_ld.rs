@@ -2186,3 +2186,154 @@ async fn linked_entities_joined_inline_and_flat() {
         assert_eq!(status, 400, "{bad}: {problem}");
     }
 }
+
+/// 5.6.11, 5.7.3, 5.7.4 and 4.5.19 as ETSI's suite reads them: an upsert
+/// replaces the instances observed at the same time; aggregation
+/// periods start at `timeAt` (or the entity's first instance); `attrs`
+/// and `datasetId` choose instances; `pick`, geo-queries and the query
+/// by POST.
+#[tokio::test]
+async fn temporal_instances_replaced_aggregated_and_chosen() {
+    let server = Server::start();
+    let c = server.client();
+    let json_ct = "application/json";
+    let at = |minute: u32| format!("2024-07-01T{:02}:{:02}:00Z", 8 + minute / 60, minute % 60);
+    let point = |lon: f64| json!({"type": "Point", "coordinates": [lon, 41.0]});
+    let car = |id: &str, lon: f64| {
+        json!({"id": id, "type": "Car",
+            "speed": [{"type": "Property", "value": 10, "observedAt": at(3)},
+                      {"type": "Property", "value": 30, "observedAt": at(5)},
+                      {"type": "Property", "value": 50, "observedAt": at(70)},
+                      {"type": "Property", "value": 7, "observedAt": at(5), "datasetId": "urn:ngsi-ld:Dataset:gps"}],
+            "location": {"type": "GeoProperty", "value": point(lon), "observedAt": at(3)}})
+    };
+    for (id, lon) in [("urn:ngsi-ld:Car:A", -8.6), ("urn:ngsi-ld:Car:B", 2.3)] {
+        let (status, _, body) = ld(
+            &c,
+            "POST",
+            "/ngsi-ld/v1/temporal/entities",
+            &[],
+            Some((json_ct, &car(id, lon))),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // Sent again with one value changed: replaced, not doubled.
+    let mut again = car("urn:ngsi-ld:Car:A", -8.6);
+    again["speed"][0]["value"] = json!(11);
+    let (status, _, _) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entities",
+        &[],
+        Some((json_ct, &again)),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let path = "/ngsi-ld/v1/temporal/entities/urn:ngsi-ld:Car:A";
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        &format!("{path}?options=temporalValues&datasetId=@none"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got["speed"]["values"],
+        json!([[11, at(3)], [30, at(5)], [50, at(70)]]),
+        "{got}"
+    );
+    // `attrs` names an attribute: each of its instances comes.
+    let (_, _, got) = ld(&c, "GET", &format!("{path}?attrs=speed"), &[], None).await;
+    assert_eq!(got["speed"].as_array().map(Vec::len), Some(4), "{got}");
+    assert!(got.get("location").is_none());
+    let (_, _, got) = ld(&c, "GET", &format!("{path}?pick=id,speed"), &[], None).await;
+    assert!(
+        got.get("type").is_none() && got.get("speed").is_some(),
+        "{got}"
+    );
+    let (status, _, _) = ld(&c, "GET", &format!("{path}?pick=wings"), &[], None).await;
+    assert_eq!(status, 404, "nothing picked is there");
+
+    // Hours from the first instance (08:03), or from timeAt.
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        &format!("{path}?options=aggregatedValues&aggrMethods=max&aggrPeriodDuration=PT1H&datasetId=@none&attrs=speed"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got["speed"]["max"],
+        json!([[30.0, at(3), at(63)], [50.0, at(63), at(123)]]),
+        "{got}"
+    );
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        &format!("{path}?options=aggregatedValues&aggrMethods=max&aggrPeriodDuration=PT1H&attrs=speed&timerel=after&timeAt=2024-07-01T08:00:00Z"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        got["speed"]["max"][0],
+        json!([30.0, at(0), at(60)]),
+        "{got}"
+    );
+
+    // Near Porto, by GET and by POST.
+    let near = "georel=near%3BmaxDistance%3D%3D20000&geometry=Point&coordinates=%5B-8.6%2C41.0%5D";
+    let (_, _, got) = ld(
+        &c,
+        "GET",
+        &format!("/ngsi-ld/v1/temporal/entities?type=Car&{near}"),
+        &[],
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = got
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["urn:ngsi-ld:Car:A"], "{got}");
+    let query = json!({"type": "Query", "entities": [{"type": "Car"}],
+        "temporalQ": {"timerel": "after", "timeAt": at(60)}});
+    let (status, _, got) = ld(
+        &c,
+        "POST",
+        "/ngsi-ld/v1/temporal/entityOperations/query",
+        &[],
+        Some((json_ct, &query)),
+    )
+    .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got.as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        got[0]["speed"],
+        json!([{"type": "Property", "value": 50, "observedAt": at(70)}])
+    );
+    // Ids alone are not a temporal query; an id is a URI.
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/temporal/entities?id=urn:ngsi-ld:Car:A",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _, _) = ld(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/temporal/entities/not-a-uri",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+}
