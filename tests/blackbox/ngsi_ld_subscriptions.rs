@@ -467,7 +467,9 @@ async fn formats_triggers_and_geo_queries() {
     .await;
     assert_eq!(status, 204);
     let n = receiver.next().await.json();
-    assert!(n["data"][0].get("brandName").is_none(), "{n}");
+    // Shown as deleted (4.5.22): in keyValues, the null URI.
+    assert_eq!(n["data"][0]["brandName"], "urn:ngsi-ld:null", "{n}");
+    assert_eq!(n["data"][0]["speed"], 20, "{n}");
 
     // The entity removed: its id and type.
     let (status, _, _) = call_as(
@@ -480,7 +482,16 @@ async fn formats_triggers_and_geo_queries() {
     .await;
     assert_eq!(status, 204);
     let n = receiver.next().await.json();
-    assert_eq!(n["data"], json!([{"id": id, "type": "Vehicle"}]));
+    let gone = &n["data"][0];
+    assert_eq!(
+        (&gone["id"], &gone["type"]),
+        (&json!(id), &json!("Vehicle"))
+    );
+    assert!(gone["deletedAt"].is_string(), "{n}");
+    // Nothing watched, changes shown: every attribute as deleted.
+    assert_eq!(gone["speed"], "urn:ngsi-ld:null", "{n}");
+    // A JSON-LD notification's entities carry the context too.
+    assert_eq!(gone["@context"], n["@context"]);
 
     // Another tenant's entity notifies nothing.
     let (status, _) = post_json(&c, "/ngsi-ld/v1/entities", &[], &vehicle(id, 10)).await;

@@ -103,7 +103,8 @@ pub fn http() -> reqwest::Client {
 }
 
 /// The HTTP client of notifications: hyper's pooled HTTP/1.1 client, plain
-/// or over TLS ([`tls_config`]); it never follows redirects.
+/// or over TLS ([`tls_config`]), writing header names in title case; it
+/// never follows redirects.
 pub type NotificationClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Builds the notification client, keeping up to `idle_per_host`
@@ -119,6 +120,10 @@ pub fn notification_client(idle_per_host: usize) -> NotificationClient {
         .enable_http1()
         .wrap_connector(http);
     Client::builder(TokioExecutor::new())
+        // Header names as Orion and most servers write them (`Link`,
+        // `Fiware-Service`): receivers that match names case-sensitively
+        // (ETSI's suite, simple scripts) find them.
+        .http1_title_case_headers(true)
         .pool_max_idle_per_host(idle_per_host)
         .pool_idle_timeout(IDLE_TIMEOUT)
         .build(https)

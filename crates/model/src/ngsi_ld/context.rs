@@ -164,10 +164,20 @@ impl Context {
     }
 
     /// The URL an answer's `Link` header names: the client's context when
-    /// it was given by URL, else the core's.
+    /// it was given by one URL (alone, or in a list beside the core's),
+    /// else the core's.
     pub fn link_url(&self) -> &str {
         match &self.given {
             Some(Value::String(url)) => url,
+            Some(Value::Array(items)) => {
+                let mut urls = items
+                    .iter()
+                    .filter(|i| i.as_str() != Some(CORE_CONTEXT_URL));
+                match (urls.next().and_then(Value::as_str), urls.next()) {
+                    (Some(url), None) => url,
+                    _ => CORE_CONTEXT_URL,
+                }
+            }
             _ => CORE_CONTEXT_URL,
         }
     }

@@ -630,7 +630,9 @@ pub fn render_entity(entity: &Entity, how: &Render) -> Map<String, Value> {
         "type".into(),
         Value::String(ctx.from_stored(&entity.entity_type)),
     );
-    if how.sys_attrs && how.format != Format::KeyValues {
+    // The entity's own times show in every representation (its
+    // attributes' only where they have members to hold them).
+    if how.sys_attrs {
         out.insert(
             "createdAt".into(),
             Value::String(format_datetime(entity.date_created)),

@@ -922,50 +922,71 @@ fn every_entity() -> EntitySelector {
 }
 
 /// `entities`: a non-empty array of EntitySelectors, each with a `type`
-/// and optionally an `id` or an `idPattern`.
+/// and optionally an `id` or an `idPattern`. A type that is a selection
+/// of alternatives (clause 4.17: `(Building|Tower)`, `Building,Tower`)
+/// is a selector per type.
 fn selectors(v: &Value, ctx: &Context) -> Result<Vec<EntitySelector>, LdError> {
     let items = v
         .as_array()
         .filter(|items| !items.is_empty())
         .ok_or_else(|| LdError::bad_request("entities is a non-empty array"))?;
-    items
-        .iter()
-        .map(|item| {
-            let obj = item
-                .as_object()
-                .ok_or_else(|| LdError::bad_request("an entities item is an object"))?;
-            let entity_type = match obj.get("type") {
-                Some(t) => super::entity::parse_type(t, ctx)?,
-                None => {
-                    return Err(LdError::bad_request("an entities item names a type"));
+    let mut out = Vec::new();
+    for item in items {
+        let alternatives: Vec<Value> = match item.get("type").and_then(Value::as_str) {
+            Some(t) if t.contains(['|', ',', '(', ')']) => t
+                .split(['|', ','])
+                .map(|term| Value::String(term.trim_matches(['(', ')', ' ']).to_string()))
+                .collect(),
+            _ => vec![item.get("type").cloned().unwrap_or(Value::Null)],
+        };
+        for alternative in alternatives {
+            let mut one = item.clone();
+            if let Value::Object(map) = &mut one {
+                if map.contains_key("type") {
+                    map.insert("type".into(), alternative);
                 }
-            };
-            let id = match obj.get("id") {
-                None => None,
-                Some(Value::String(id)) if is_uri(id) => Some(id.clone()),
-                Some(other) => {
-                    return Err(LdError::bad_request(format!(
-                        "an entities item's id is not a URI: {other}"
-                    )))
-                }
-            };
-            let id_pattern = match obj.get("idPattern") {
-                None => None,
-                // An id names the one entity; a pattern beside it is moot.
-                Some(_) if id.is_some() => None,
-                Some(Value::String(p)) => Some(
-                    Regex::new(p).map_err(|e| LdError::bad_request(format!("idPattern: {e}")))?,
-                ),
-                Some(_) => return Err(LdError::bad_request("idPattern is a string")),
-            };
-            Ok(EntitySelector {
-                id,
-                id_pattern,
-                entity_type: Some(entity_type),
-                type_pattern: None,
-            })
-        })
-        .collect()
+            }
+            out.push(selector(&one, ctx)?);
+        }
+    }
+    Ok(out)
+}
+
+/// One EntitySelector of `entities`.
+fn selector(item: &Value, ctx: &Context) -> Result<EntitySelector, LdError> {
+    let obj = item
+        .as_object()
+        .ok_or_else(|| LdError::bad_request("an entities item is an object"))?;
+    let entity_type = match obj.get("type") {
+        Some(t) => super::entity::parse_type(t, ctx)?,
+        None => {
+            return Err(LdError::bad_request("an entities item names a type"));
+        }
+    };
+    let id = match obj.get("id") {
+        None => None,
+        Some(Value::String(id)) if is_uri(id) => Some(id.clone()),
+        Some(other) => {
+            return Err(LdError::bad_request(format!(
+                "an entities item's id is not a URI: {other}"
+            )))
+        }
+    };
+    let id_pattern = match obj.get("idPattern") {
+        None => None,
+        // An id names the one entity; a pattern beside it is moot.
+        Some(_) if id.is_some() => None,
+        Some(Value::String(p)) => {
+            Some(Regex::new(p).map_err(|e| LdError::bad_request(format!("idPattern: {e}")))?)
+        }
+        Some(_) => return Err(LdError::bad_request("idPattern is a string")),
+    };
+    Ok(EntitySelector {
+        id,
+        id_pattern,
+        entity_type: Some(entity_type),
+        type_pattern: None,
+    })
 }
 
 fn triggers(v: &Value) -> Result<Vec<Trigger>, LdError> {

@@ -121,19 +121,99 @@ pub(crate) fn request(
     correlator: &str,
 ) -> Result<Request, NotSent> {
     let ctx = ld.context.as_ref();
+    let now = format_datetime(weft_model::now_ms());
+    let watched = &t.sub.subject.condition.attrs;
     let entity = if t.alteration == AlterationType::EntityDelete {
+        // The entity as gone: its id, type and deletion time, and each
+        // watched attribute as deleted.
         let mut m = Map::new();
         m.insert("id".into(), t.entity.id.clone().into());
         m.insert("type".into(), ctx.from_stored(&t.entity.entity_type).into());
+        if ld.sys_attrs {
+            m.insert(
+                "createdAt".into(),
+                format_datetime(t.entity.date_created).into(),
+            );
+            m.insert(
+                "modifiedAt".into(),
+                format_datetime(t.entity.date_modified).into(),
+            );
+        }
+        m.insert("deletedAt".into(), now.clone().into());
+        // The watched attributes, or, to show what changed, all.
+        for (name, attr) in t.entity.attrs.iter() {
+            let shown = if watched.is_empty() {
+                ld.show_changes
+            } else {
+                watched.iter().any(|w| w == name)
+            };
+            if shown {
+                m.insert(ctx.from_stored(name), deleted(ld, attr, &now));
+            }
+        }
         m
     } else {
         let mut m = render(t.sub, ld, t.entity);
         if ld.show_changes && ld.format != Format::KeyValues {
             previous_values(t, ld, &mut m);
         }
+        // Attributes the change deleted show as deleted.
+        for change in t.touched {
+            let shown = watched.is_empty() || watched.iter().any(|w| *w == change.name);
+            if let (ChangeKind::Deleted, Some(previous), true) =
+                (change.kind, &change.previous, shown)
+            {
+                m.insert(ctx.from_stored(&change.name), deleted(ld, previous, &now));
+            }
+        }
         m
     };
     notify(t.sub, ld, t.tenant, vec![entity], correlator)
+}
+
+/// A deleted attribute (`previous` before its deletion) as notifications
+/// show it: its value `urn:ngsi-ld:null` (clause 4.5.22), with
+/// `deletedAt` (and the attribute's own times) under `sysAttrs`, and its
+/// previous value under `showChanges`.
+fn deleted(ld: &LdSubscription, previous: &weft_model::ngsi::Attribute, now: &str) -> Value {
+    const NULL: &str = "urn:ngsi-ld:null";
+    if ld.format == Format::KeyValues {
+        return Value::String(NULL.into());
+    }
+    let kind = AttrKind::of_stored(&previous.attr_type);
+    let mut out = Map::new();
+    if ld.format == Format::Normalized {
+        out.insert("type".into(), kind.name().into());
+    }
+    let member = kind.value_member();
+    let null = match kind {
+        AttrKind::LanguageProperty => serde_json::json!({"@none": NULL}),
+        _ => Value::String(NULL.into()),
+    };
+    out.insert(member.into(), null);
+    if ld.sys_attrs {
+        for (key, md) in [("createdAt", "dateCreated"), ("modifiedAt", "dateModified")] {
+            if let Some(at) = previous.metadata.get(md) {
+                out.insert(key.into(), at.value.clone());
+            }
+        }
+        out.insert("deletedAt".into(), now.into());
+    }
+    if ld.show_changes {
+        out.insert(previous_key(member), previous.value.clone());
+    }
+    Value::Object(out)
+}
+
+/// `previousValue`, `previousObject`, … for a value member.
+fn previous_key(member: &str) -> String {
+    let mut key = String::from("previous");
+    let mut chars = member.chars();
+    if let Some(first) = chars.next() {
+        key.push(first.to_ascii_uppercase());
+        key.push_str(chars.as_str());
+    }
+    key
 }
 
 /// The request of a periodic notification (`timeInterval`): every entity
@@ -165,6 +245,15 @@ fn render(sub: &Subscription, ld: &LdSubscription, entity: &Entity) -> Map<Strin
     shown
 }
 
+/// The `@context` a JSON-LD notification names: `jsonldContext`, else
+/// the subscription's own.
+fn jsonld_context(ld: &LdSubscription) -> Value {
+    match &ld.jsonld_context {
+        Some(url) => Value::String(url.clone()),
+        None => ld.context.as_ref().answer_context(),
+    }
+}
+
 /// The notification of `entities` (rendered) to the subscription's
 /// endpoint.
 fn notify(
@@ -188,6 +277,16 @@ fn notify(
             Value::Array(entities.into_iter().map(Value::Object).collect())
         }
     };
+    let mut data = data;
+    if ld.accept == Accept::JsonLd {
+        // Each entity of a JSON-LD notification carries its context.
+        let context = jsonld_context(ld);
+        for entity in data.as_array_mut().into_iter().flatten() {
+            if let Value::Object(map) = entity {
+                map.insert("@context".into(), context.clone());
+            }
+        }
+    }
     let mut notification = Map::new();
     notification.insert(
         "id".into(),
@@ -204,11 +303,7 @@ fn notify(
     let mut headers: Vec<(String, String)> = Vec::with_capacity(8);
     headers.push(("Content-Type".into(), ld.accept.media_type().into()));
     if ld.accept == Accept::JsonLd {
-        let context = match &ld.jsonld_context {
-            Some(url) => Value::String(url.clone()),
-            None => ctx.answer_context(),
-        };
-        notification.insert("@context".into(), context);
+        notification.insert("@context".into(), jsonld_context(ld));
     } else {
         headers.push(("Link".into(), link_header(link)));
     }
@@ -266,13 +361,7 @@ fn previous_values(t: &Trigger<'_>, ld: &LdSubscription, entity: &mut Map<String
             continue;
         };
         let member = AttrKind::of_stored(&previous.attr_type).value_member();
-        let mut key = String::from("previous");
-        let mut chars = member.chars();
-        if let Some(first) = chars.next() {
-            key.push(first.to_ascii_uppercase());
-            key.push_str(chars.as_str());
-        }
-        shown.insert(key, previous.value.clone());
+        shown.insert(previous_key(member), previous.value.clone());
     }
 }
 
