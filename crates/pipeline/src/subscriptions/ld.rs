@@ -159,7 +159,7 @@ pub(crate) fn request(
         }
         // Attributes the change deleted show as deleted.
         for change in t.touched {
-            let shown = watched.is_empty() || watched.iter().any(|w| *w == change.name);
+            let shown = watched.is_empty() || watched.contains(&change.name);
             if let (ChangeKind::Deleted, Some(previous), true) =
                 (change.kind, &change.previous, shown)
             {
