@@ -147,6 +147,25 @@ async fn subscriptions_are_created_read_listed_updated_and_deleted() {
     assert_eq!(headers["ngsild-results-count"], "2");
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["id"], "urn:ngsi-ld:Subscription:one");
+    // Links to the pages before and after, beside the context's.
+    let links = headers["link"].to_str().unwrap();
+    assert!(
+        links.contains("</ngsi-ld/v1/subscriptions?limit=1&offset=1>;rel=\"next\""),
+        "{links}"
+    );
+    assert!(!links.contains("rel=\"prev\""), "{links}");
+    let (_, headers, _) = call_as(
+        &c,
+        "GET",
+        "/ngsi-ld/v1/subscriptions?limit=1&offset=1",
+        &[("Accept", "application/ld+json")],
+        None,
+    )
+    .await;
+    assert_eq!(
+        headers["link"],
+        "</ngsi-ld/v1/subscriptions?limit=1&offset=0>;rel=\"prev\";type=\"application/ld+json\""
+    );
     let (_, _, v2) = call(&c, "GET", "/v2/subscriptions", &[], None).await;
     assert_eq!(v2.as_array().unwrap().len(), 1, "{v2}");
     let (status, _, _) = call(

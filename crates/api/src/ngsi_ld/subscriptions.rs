@@ -5,7 +5,7 @@
 //! ([`weft_pipeline::subscriptions`]); each API sees only its own.
 
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
@@ -60,6 +60,30 @@ pub async fn query(
     if params.get("count") == Some("true") {
         resp.headers_mut()
             .insert("ngsild-results-count", total.into());
+    }
+    // The pages before and after (NGSI-LD's pagination links), beside
+    // any context link.
+    let page_link = |offset: usize, rel: &str| {
+        format!(
+            "</ngsi-ld/v1/subscriptions?limit={limit}&offset={offset}>;rel=\"{rel}\";type=\"application/ld+json\""
+        )
+    };
+    let mut links: Vec<String> = resp
+        .headers()
+        .get_all(header::LINK)
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    if offset > 0 && limit > 0 {
+        links.push(page_link(offset.saturating_sub(limit), "prev"));
+    }
+    if offset + limit < total && limit > 0 {
+        links.push(page_link(offset + limit, "next"));
+    }
+    if let Ok(value) = HeaderValue::from_str(&links.join(", ")) {
+        if !links.is_empty() {
+            resp.headers_mut().insert(header::LINK, value);
+        }
     }
     Ok(resp)
 }
