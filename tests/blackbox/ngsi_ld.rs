@@ -630,8 +630,8 @@ async fn attributes_appended_updated_and_deleted() {
         )),
     )
     .await;
-    assert_eq!(status, 207, "{report}");
-    assert_eq!(report["notUpdated"][0]["attributeName"], "wings");
+    // An attribute the entity lacks is appended (NGSI-LD 1.6 and later).
+    assert_eq!(status, 204, "{report}");
 
     // A partial update changes what it names and keeps the rest.
     let (status, _, _) = ld(
@@ -643,6 +643,19 @@ async fn attributes_appended_updated_and_deleted() {
     )
     .await;
     assert_eq!(status, 204);
+    // It does not change what kind of attribute it is.
+    let (status, _, _) = ld(
+        &c,
+        "PATCH",
+        &format!("{attrs}/speed"),
+        &[],
+        Some((
+            json_ct,
+            &json!({"type": "Relationship", "object": "urn:ngsi-ld:X:1"}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 400);
     let (_, _, got) = ld(
         &c,
         "GET",
@@ -653,6 +666,7 @@ async fn attributes_appended_updated_and_deleted() {
     .await;
     assert_eq!(got["color"]["value"], "red");
     assert_eq!(got["doors"], json!({"type": "Property", "value": 4}));
+    assert_eq!(got["wings"], json!({"type": "Property", "value": 2}));
     assert_eq!(got["speed"]["value"], 80);
     assert_eq!(got["speed"]["observedAt"], "2020-01-01T00:00:00Z");
 

@@ -537,12 +537,14 @@ pub async fn update(
         override_metadata: true,
         ..UpdateOptions::default()
     };
-    let reason = "the entity has no such attribute";
+    // Since NGSI-LD 1.6 an attribute (or instance) the entity lacks is
+    // appended, not refused, as ETSI's suite and Stellio have it.
+    let reason = "the attribute could not be written";
     write_reported(
         &state,
         &req,
         &id,
-        (Write::Update(attrs), nulls),
+        (Write::Append(attrs), nulls),
         opts,
         reason,
     )
@@ -725,6 +727,15 @@ pub async fn update_attr(
         map.remove("@context");
         // A fragment naming no value keeps the attribute's (and its kind).
         let kind = entity::AttrKind::of_stored(&current.attr_type);
+        // A partial update changes an attribute, not what kind it is.
+        if let Some(given) = map.get("type").and_then(Value::as_str) {
+            if given != kind.name() {
+                return Err(Error(LdError::bad_request(format!(
+                    "attribute {attr} is a {}, not a {given}",
+                    kind.name()
+                ))));
+            }
+        }
         if !map.contains_key("type") && !entity::has_value_member(map) {
             map.insert("type".into(), Value::String(kind.name().into()));
             map.insert(kind.value_member().into(), current.value.clone());
