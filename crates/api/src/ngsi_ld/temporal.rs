@@ -884,40 +884,45 @@ async fn replace_instances(
     map: &Map<String, Value>,
 ) -> Result<()> {
     state.services.history.settle().await;
-    for (name, value) in map {
-        if matches!(name.as_str(), "id" | "@id" | "type" | "@type" | "@context") {
+    for (name, instance) in instances(map) {
+        let Some(at) = instance
+            .get(entity::OBSERVED_AT)
+            .and_then(Value::as_str)
+            .and_then(parse_datetime)
+        else {
             continue;
-        }
-        let stored = req.context.to_stored(name);
-        let instances = match value {
-            Value::Array(items) => items.iter().collect(),
-            one => vec![one],
         };
-        for instance in instances {
-            let Some(at) = instance
-                .get(entity::OBSERVED_AT)
-                .and_then(Value::as_str)
-                .and_then(parse_datetime)
-            else {
-                continue;
-            };
-            let dataset = entity::dataset_of(instance)?;
-            state
-                .services
-                .store
-                .delete_history(&HistoryDelete {
-                    tenant: req.tenant.clone(),
-                    entity_id: Some(id.to_string()),
-                    attrs: vec![entity::instance_name(&stored, dataset.as_deref())],
-                    from: Some(at),
-                    to: Some(at),
-                    ..HistoryDelete::default()
-                })
-                .await
-                .map_err(store_error)?;
-        }
+        let dataset = entity::dataset_of(instance)?;
+        let stored = req.context.to_stored(name);
+        state
+            .services
+            .store
+            .delete_history(&HistoryDelete {
+                tenant: req.tenant.clone(),
+                entity_id: Some(id.to_string()),
+                attrs: vec![entity::instance_name(&stored, dataset.as_deref())],
+                from: Some(at),
+                to: Some(at),
+                ..HistoryDelete::default()
+            })
+            .await
+            .map_err(store_error)?;
     }
     Ok(())
+}
+
+/// The attribute instances of a temporal representation: each member
+/// but the id, the type and the context, one per instance of an array.
+fn instances(map: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+    map.iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "id" | "@id" | "type" | "@type" | "@context"))
+        .flat_map(|(name, value)| {
+            let items: Vec<&Value> = match value {
+                Value::Array(items) => items.iter().collect(),
+                one => vec![one],
+            };
+            items.into_iter().map(move |instance| (name, instance))
+        })
 }
 
 /// Whether entity `id` has any history.
@@ -937,24 +942,15 @@ async fn record(
     map: &Map<String, Value>,
 ) -> Result<()> {
     let mut states = Vec::new();
-    for (name, value) in map {
-        if matches!(name.as_str(), "id" | "@id" | "type" | "@type" | "@context") {
-            continue;
-        }
+    for (name, instance) in instances(map) {
+        let dataset = entity::dataset_of(instance)?;
+        let attr = entity::parse_attribute(name, instance, &req.context)?;
         let stored = req.context.to_stored(name);
-        let instances = match value {
-            Value::Array(items) => items.iter().collect(),
-            one => vec![one],
-        };
-        for instance in instances {
-            let dataset = entity::dataset_of(instance)?;
-            let attr = entity::parse_attribute(name, instance, &req.context)?;
-            let mut state_of = Entity::new(id, entity_type);
-            state_of
-                .attrs
-                .insert(entity::instance_name(&stored, dataset.as_deref()), attr);
-            states.push(NotifiedEntity::from(state_of));
-        }
+        let mut state_of = Entity::new(id, entity_type);
+        state_of
+            .attrs
+            .insert(entity::instance_name(&stored, dataset.as_deref()), attr);
+        states.push(NotifiedEntity::from(state_of));
     }
     if states.is_empty() {
         return Err(Error(LdError::bad_request("no attribute instance given")));
