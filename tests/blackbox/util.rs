@@ -32,8 +32,6 @@ pub struct Server {
     data: PathBuf,
     _dir: Option<tempfile::TempDir>,
     env: Vec<(String, String)>,
-    /// The database made for this server alone, dropped with it.
-    database: Option<String>,
 }
 
 impl Server {
@@ -52,14 +50,11 @@ impl Server {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let mut database = None;
         if std::env::var("WEFT_TEST_BACKEND").as_deref() == Ok("postgres")
             && !env.iter().any(|(k, _)| k == "WEFT_STORE__BACKEND")
         {
-            let url = fresh_postgres_database();
             env.push(("WEFT_STORE__BACKEND".into(), "postgres".into()));
-            env.push(("WEFT_STORE__URL".into(), url.clone()));
-            database = Some(url);
+            env.push(("WEFT_STORE__URL".into(), fresh_postgres_database()));
         }
         let (child, url) = spawn(&data, &env);
         Server {
@@ -68,7 +63,6 @@ impl Server {
             data,
             _dir: Some(dir),
             env,
-            database,
         }
     }
 
@@ -177,51 +171,38 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
-        // A run of the whole suite makes hundreds of databases: each goes
-        // with its server, so the test server's disk stays small.
-        if let Some(url) = self.database.take() {
-            let name = url.rsplit('/').next().unwrap_or_default().to_string();
-            let _ = on_test_postgres(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-        }
     }
 }
 
 /// A new, empty database on the test PostgreSQL server; its URL.
 pub fn fresh_postgres_database() -> String {
-    let admin = test_postgres_url();
+    let admin = std::env::var("WEFT_TEST_POSTGRES_URL")
+        .expect("WEFT_TEST_BACKEND=postgres needs WEFT_TEST_POSTGRES_URL (scripts/test sets both)");
     let name = format!("weft_bb_{}", uuid::Uuid::new_v4().simple());
-    on_test_postgres(format!("CREATE DATABASE {name}")).expect("create database");
-    let base = admin.split('?').next().unwrap_or(&admin);
-    let (server, _) = base.rsplit_once('/').expect("the URL names a database");
-    format!("{server}/{name}")
-}
-
-fn test_postgres_url() -> String {
-    std::env::var("WEFT_TEST_POSTGRES_URL")
-        .expect("WEFT_TEST_BACKEND=postgres needs WEFT_TEST_POSTGRES_URL (scripts/test sets both)")
-}
-
-/// Runs `sql` on the test PostgreSQL server's administrative database;
-/// never panics (a server's drop calls it while a test may be unwinding).
-fn on_test_postgres(sql: String) -> Result<(), String> {
-    let url = test_postgres_url();
+    let create = format!("CREATE DATABASE {name}");
+    let url = admin.clone();
     // On a thread of its own: callers may be inside a tokio runtime.
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| e.to_string())?;
+            .expect("a runtime");
         runtime.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| format!("the test PostgreSQL does not answer: {e}"))?;
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("the test PostgreSQL answers");
             tokio::spawn(connection);
-            client.batch_execute(&sql).await.map_err(|e| e.to_string())
-        })
+            client
+                .batch_execute(&create)
+                .await
+                .expect("create database");
+        });
     })
     .join()
-    .unwrap_or_else(|_| Err("the statement's thread panicked".into()))
+    .expect("creating the database");
+    let base = admin.split('?').next().unwrap_or(&admin);
+    let (server, _) = base.rsplit_once('/').expect("the URL names a database");
+    format!("{server}/{name}")
 }
 
 fn spawn(data: &Path, env: &[(String, String)]) -> (Child, String) {
