@@ -643,6 +643,18 @@ async fn attributes_appended_updated_and_deleted() {
     )
     .await;
     assert_eq!(status, 204);
+    // Replacing takes an attribute's name: not a keyword, not `scope`.
+    for name in ["@invalid", "scope"] {
+        let (status, _, _) = ld(
+            &c,
+            "PUT",
+            &format!("{attrs}/{name}"),
+            &[],
+            Some((json_ct, &json!({"type": "Property", "value": 1}))),
+        )
+        .await;
+        assert_eq!(status, 400, "{name}");
+    }
     // It does not change what kind of attribute it is.
     let (status, _, _) = ld(
         &c,

@@ -651,6 +651,12 @@ pub async fn replace_attr(
     body: Bytes,
 ) -> Result<Response> {
     check_id(&id)?;
+    entity::check_attribute_name(&attr)?;
+    if req.context.to_stored(&attr) == entity::SCOPE {
+        return Err(Error(LdError::bad_request(
+            "scope is not an attribute: it is replaced with the entity",
+        )));
+    }
     let mut fragment = req.body(&body).await?;
     if let Value::Object(map) = &mut fragment {
         map.remove("@context");

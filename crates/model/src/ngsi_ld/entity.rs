@@ -218,6 +218,17 @@ fn check_name(name: &str, what: &str) -> Result<(), LdError> {
     }
 }
 
+/// Checks an attribute's name as a client wrote it in a path: a name,
+/// not a JSON-LD keyword (`@id`, `@invalid`).
+pub fn check_attribute_name(name: &str) -> Result<(), LdError> {
+    if name.starts_with('@') {
+        return Err(LdError::bad_request(format!(
+            "invalid attribute name: {name:?}"
+        )));
+    }
+    check_name(name, "attribute")
+}
+
 /// Whether an attribute body asks for the attribute's deletion: its
 /// value (in any of the kinds' value members, or bare) is
 /// [`NULL_URI`], or its language map's `@none` is.
