@@ -1187,6 +1187,50 @@ mod tests {
     }
 
     #[test]
+    fn periods_start_at_their_origin_and_skip_empty_ones() {
+        let hour = 3_600_000;
+        let row = |time: i64| HistoryRow {
+            tenant: String::new(),
+            service_path: "/".into(),
+            entity_id: "urn:a:1".into(),
+            entity_type: "T".into(),
+            attr: "x".into(),
+            attr_type: "Property".into(),
+            time,
+            instance: 0,
+            value: "1".into(),
+            number: Some(1.0),
+        };
+        let aggregation = Aggregation {
+            methods: vec![("max", Method::Rollup(AggrMethod::Max))],
+            period: Period::Calendar(AggrPeriod::Hour),
+        };
+        let range = Range {
+            from: None,
+            to: None,
+            last_n: None,
+            origin: None,
+        };
+        // 00:03, 00:30, 03:10: hours from 00:03; the empty ones left out.
+        let rows = [row(180_000), row(1_800_000), row(3 * hour + 600_000)];
+        let spans: Vec<(i64, i64, usize)> = aggregation
+            .buckets(&rows, None, &range)
+            .into_iter()
+            .map(|(start, end, b)| (start, end, b.len()))
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                (180_000, hour + 180_000, 2),
+                (3 * hour + 180_000, 4 * hour + 180_000, 1)
+            ]
+        );
+        // From a timeAt long before: the step lands on the first period.
+        let from_origin = aggregation.buckets(&rows, Some(180_000 - 1000 * hour), &range);
+        assert_eq!(from_origin[0].0, 180_000);
+    }
+
+    #[test]
     fn calendar_alignment() {
         let t = |s: &str| parse_datetime(s).unwrap();
         assert!(aligned(t("2024-05-01T00:00:00Z"), AggrPeriod::Month));

@@ -338,3 +338,15 @@ fn polygon(v: &Value, check: Check) -> Option<Vec<Vec<Position>>> {
 /// by the request size) is accepted unchecked rather than let one request
 /// hold a worker for seconds.
 const MAX_CHECKED_RING: usize = 2_000;
+
+#[cfg(test)]
+impl Shape {
+    /// The square from (`x0`, `y0`) to (`x1`, `y1`) (longitude, latitude),
+    /// for tests of the relations.
+    pub(crate) fn square(x0: f64, y0: f64, x1: f64, y1: f64) -> Shape {
+        Shape::Polygon(vec![[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]
+            .iter()
+            .map(|&(x, y)| Position::new(x, y))
+            .collect()])
+    }
+}

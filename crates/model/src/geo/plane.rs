@@ -223,13 +223,6 @@ mod tests {
         Shape::LineString(ps.iter().map(|&(x, y)| Position::new(x, y)).collect())
     }
 
-    fn square(x0: f64, y0: f64, x1: f64, y1: f64) -> Shape {
-        Shape::Polygon(vec![[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]
-            .iter()
-            .map(|&(x, y)| Position::new(x, y))
-            .collect()])
-    }
-
     #[test]
     fn a_point_halfway_along_a_straight_line_is_on_it() {
         let diagonal = line(&[(0.0, 0.0), (2.0, 2.0)]);
@@ -257,9 +250,9 @@ mod tests {
 
     #[test]
     fn polygons_cover_what_lies_inside_or_on_them() {
-        let region = square(0.0, 0.0, 3.0, 3.0);
+        let region = Shape::square(0.0, 0.0, 3.0, 3.0);
         assert!(covered_by(&pt(3.0, 1.0), &region), "boundary included");
-        assert!(covered_by(&square(0.5, 0.5, 1.5, 1.5), &region));
+        assert!(covered_by(&Shape::square(0.5, 0.5, 1.5, 1.5), &region));
         assert!(covered_by(&line(&[(0.0, 0.0), (3.0, 3.0)]), &region));
         assert!(!covered_by(&line(&[(1.0, 1.0), (4.0, 1.0)]), &region));
         assert!(!covered_by(&pt(3.5, 1.0), &region));
@@ -282,17 +275,17 @@ mod tests {
         assert!(covered_by(&line(&[(0.5, 0.5), (2.5, 0.5)]), &u));
         // A hole inside the shape.
         let holed = Shape::Polygon(vec![
-            match square(0.0, 0.0, 3.0, 3.0) {
+            match Shape::square(0.0, 0.0, 3.0, 3.0) {
                 Shape::Polygon(mut r) => r.remove(0),
                 _ => unreachable!(),
             },
-            match square(1.0, 1.0, 2.0, 2.0) {
+            match Shape::square(1.0, 1.0, 2.0, 2.0) {
                 Shape::Polygon(mut r) => r.remove(0),
                 _ => unreachable!(),
             },
         ]);
-        assert!(!covered_by(&square(0.5, 0.5, 2.5, 2.5), &holed));
-        assert!(covered_by(&square(0.1, 0.1, 0.9, 0.9), &holed));
+        assert!(!covered_by(&Shape::square(0.5, 0.5, 2.5, 2.5), &holed));
+        assert!(covered_by(&Shape::square(0.1, 0.1, 0.9, 0.9), &holed));
     }
 
     #[test]
@@ -304,22 +297,22 @@ mod tests {
 
     #[test]
     fn shapes_intersect_by_crossing_touching_or_containing() {
-        let region = square(0.5, 0.5, 1.5, 1.5);
+        let region = Shape::square(0.5, 0.5, 1.5, 1.5);
         assert!(
             intersects(&line(&[(0.0, 1.0), (2.0, 1.0)]), &region),
             "crossing"
         );
         assert!(intersects(&pt(1.0, 1.0), &region), "inside");
         assert!(
-            intersects(&square(0.9, 0.9, 1.1, 1.1), &region),
+            intersects(&Shape::square(0.9, 0.9, 1.1, 1.1), &region),
             "contained"
         );
         assert!(
-            intersects(&region, &square(0.9, 0.9, 1.1, 1.1)),
+            intersects(&region, &Shape::square(0.9, 0.9, 1.1, 1.1)),
             "containing"
         );
         assert!(
-            intersects(&square(1.5, 0.0, 2.0, 0.5), &region),
+            intersects(&Shape::square(1.5, 0.0, 2.0, 0.5), &region),
             "touching at a corner"
         );
         assert!(!intersects(&pt(10.0, 10.0), &region));

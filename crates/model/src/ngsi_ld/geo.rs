@@ -126,16 +126,9 @@ mod tests {
     use super::*;
     use crate::geo::{Position, Shape};
 
-    fn square(x0: f64, y0: f64, x1: f64, y1: f64) -> Shape {
-        Shape::Polygon(vec![[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]
-            .iter()
-            .map(|&(x, y)| Position::new(x, y))
-            .collect()])
-    }
-
     #[test]
     fn an_entity_contains_what_it_covers() {
-        let polygon = square(0.0, 0.0, 2.0, 2.0);
+        let polygon = Shape::square(0.0, 0.0, 2.0, 2.0);
         assert!(q("contains", "Point", "[1, 1]").matches(&polygon));
         assert!(!q("contains", "Point", "[3, 3]").matches(&polygon));
         let inner = "[[[0.5,0.5],[1.5,0.5],[1.5,1.5],[0.5,0.5]]]";
@@ -149,7 +142,7 @@ mod tests {
 
     #[test]
     fn areas_overlap_when_they_share_points_and_neither_covers_the_other() {
-        let polygon = square(0.0, 0.0, 2.0, 2.0);
+        let polygon = Shape::square(0.0, 0.0, 2.0, 2.0);
         let across = "[[[1,1],[3,1],[3,3],[1,3],[1,1]]]";
         assert!(q("overlaps", "Polygon", across).matches(&polygon));
         let inner = "[[[0.5,0.5],[1.5,0.5],[1.5,1.5],[0.5,0.5]]]";

@@ -517,6 +517,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn deleted_attributes_show_the_null_uri_in_their_kind() {
+        let now = "2026-01-01T00:00:00.000Z";
+        let speed = Attribute::new(json!(55), "Property");
+        let street = Attribute::new(json!({"fr": "rue"}), "LanguageProperty");
+        let kv = sub(json!({"notification": {"format": "keyValues",
+            "endpoint": {"uri": "http://receiver.example/n"}}}));
+        assert_eq!(
+            deleted(kv.ld.as_deref().unwrap(), &speed, now),
+            json!("urn:ngsi-ld:null")
+        );
+        let full = sub(
+            json!({"notification": {"sysAttrs": true, "showChanges": true,
+            "endpoint": {"uri": "http://receiver.example/n"}}}),
+        );
+        let ld = full.ld.as_deref().unwrap();
+        assert_eq!(
+            deleted(ld, &speed, now),
+            json!({"type": "Property", "value": "urn:ngsi-ld:null",
+                   "deletedAt": now, "previousValue": 55})
+        );
+        assert_eq!(
+            deleted(ld, &street, now)["languageMap"],
+            json!({"@none": "urn:ngsi-ld:null"})
+        );
+    }
+
     fn fired(s: &Subscription, c: &EntityChange) -> Option<AlterationType> {
         fires(s, s.ld.as_deref().unwrap(), c)
     }
